@@ -1,0 +1,6 @@
+//! Dump files: the schema ([`model`]), reading them back ([`read`]) and writing them atomically
+//! ([`write`]).
+
+pub mod model;
+pub mod read;
+pub mod write;

@@ -1,0 +1,15 @@
+//! oomshim: explains CUDA out-of-memory errors.
+//!
+//! The crate builds two things from one core: `liboomshim.so` (the preload shim; its C ABI lives
+//! in [`ffi`] alone) and the `oomshim` CLI. Everything outside `ffi` is plain Rust, testable
+//! without CUDA.
+
+pub mod config;
+pub mod dump;
+pub mod ffi;
+pub mod ledger;
+pub mod report;
+pub mod runtime;
+pub mod stacks;
+pub mod testbed;
+pub mod verdict;
