@@ -1,1 +1,274 @@
-//! (placeholder)
+//! The shim's settings, read once from `OOMSHIM_*` environment variables. Parsing is a pure
+//! function of a lookup so it is tested without touching the real environment; a malformed value
+//! yields a warning naming the variable and the default used, never a failure.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default dump directory, relative to the program's working directory.
+pub const DEFAULT_DIR: &str = "oomshim-dumps";
+pub const DEFAULT_DEPTH: usize = 64;
+/// Frames kept at most, whatever `OOMSHIM_DEPTH` says: bounds the per-allocation cost.
+pub const MAX_DEPTH: usize = 256;
+pub const DEFAULT_TOP: usize = 20;
+pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_secs(10);
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StackMode {
+    /// No stacks: the cheapest mode; dumps still have sizes, APIs and totals.
+    Off,
+    /// Native return addresses, symbolised when a dump is written.
+    Native,
+}
+
+impl StackMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StackMode::Off => "off",
+            StackMode::Native => "native",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// `OOMSHIM_DIR`: where dumps go.
+    pub dir: PathBuf,
+    /// `OOMSHIM_DEPTH`: frames captured per allocation.
+    pub depth: usize,
+    /// `OOMSHIM_STACKS`: `native` (default) or `off`.
+    pub stacks: StackMode,
+    /// `OOMSHIM_TOP`: holders and sites written to a dump.
+    pub top: usize,
+    /// `OOMSHIM_MIN_INTERVAL`: failures on one device closer than this to the last dumped one
+    /// join its burst instead of writing a new dump.
+    pub min_interval: Duration,
+    /// `OOMSHIM_SETTLE`: how long the writer waits after a failure to learn whether a retry
+    /// recovered it, before writing the dump and the summary.
+    pub settle: Duration,
+    /// `OOMSHIM_LOG`: a tracing filter (e.g. `debug`) for the shim's own logs; off when unset.
+    pub log: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            dir: PathBuf::from(DEFAULT_DIR),
+            depth: DEFAULT_DEPTH,
+            stacks: StackMode::Native,
+            top: DEFAULT_TOP,
+            min_interval: DEFAULT_MIN_INTERVAL,
+            settle: DEFAULT_SETTLE,
+            log: None,
+        }
+    }
+}
+
+/// A malformed setting: the variable, what it held, and the default used instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    pub var: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+    pub used: String,
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ignoring {}={:?}: expected {}; using {}",
+            self.var, self.value, self.expected, self.used
+        )
+    }
+}
+
+impl Config {
+    /// Reads the configuration through `lookup` (normally `std::env::var`).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> (Config, Vec<Warning>) {
+        let mut cfg = Config::default();
+        let mut warnings = Vec::new();
+        let mut warn = |var: &'static str, value: &str, expected: &'static str, used: String| {
+            warnings.push(Warning { var, value: value.to_string(), expected, used })
+        };
+
+        if let Some(v) = lookup("OOMSHIM_DIR") {
+            if v.trim().is_empty() {
+                warn("OOMSHIM_DIR", &v, "a directory path", DEFAULT_DIR.to_string());
+            } else {
+                cfg.dir = PathBuf::from(v);
+            }
+        }
+        if let Some(v) = lookup("OOMSHIM_DEPTH") {
+            match v.trim().parse::<usize>() {
+                Ok(d) if (1..=MAX_DEPTH).contains(&d) => cfg.depth = d,
+                _ => warn(
+                    "OOMSHIM_DEPTH",
+                    &v,
+                    "an integer from 1 to 256",
+                    DEFAULT_DEPTH.to_string(),
+                ),
+            }
+        }
+        if let Some(v) = lookup("OOMSHIM_STACKS") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "native" | "on" => cfg.stacks = StackMode::Native,
+                "off" | "none" => cfg.stacks = StackMode::Off,
+                _ => warn("OOMSHIM_STACKS", &v, "`native` or `off`", "native".to_string()),
+            }
+        }
+        if let Some(v) = lookup("OOMSHIM_TOP") {
+            match v.trim().parse::<usize>() {
+                Ok(n) if n >= 1 && n <= 100_000 => cfg.top = n,
+                _ => warn("OOMSHIM_TOP", &v, "an integer from 1 to 100000", DEFAULT_TOP.to_string()),
+            }
+        }
+        if let Some(v) = lookup("OOMSHIM_MIN_INTERVAL") {
+            match parse_duration(&v) {
+                Some(d) => cfg.min_interval = d,
+                None => warn(
+                    "OOMSHIM_MIN_INTERVAL",
+                    &v,
+                    "a duration such as `10s`, `500ms` or `0`",
+                    "10s".to_string(),
+                ),
+            }
+        }
+        if let Some(v) = lookup("OOMSHIM_SETTLE") {
+            match parse_duration(&v) {
+                Some(d) if d <= Duration::from_secs(600) => cfg.settle = d,
+                _ => warn(
+                    "OOMSHIM_SETTLE",
+                    &v,
+                    "a duration up to 600s such as `2s` or `0`",
+                    "2s".to_string(),
+                ),
+            }
+        }
+        if let Some(v) = lookup("OOMSHIM_LOG") {
+            let v = v.trim();
+            if !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("off") {
+                cfg.log = Some(v.to_string());
+            }
+        }
+        (cfg, warnings)
+    }
+}
+
+/// Parses `10s`, `1.5s`, `500ms`, `2m`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (s, 1.0)
+    };
+    let x: f64 = num.trim().parse().ok()?;
+    if !x.is_finite() || x < 0.0 || x * scale > 1e9 {
+        return None;
+    }
+    Some(Duration::from_secs_f64(x * scale))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(pairs: &[(&str, &str)]) -> (Config, Vec<Warning>) {
+        let map: HashMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_when_nothing_is_set() {
+        let (cfg, warnings) = parse(&[]);
+        assert_eq!(cfg, Config::default());
+        assert!(warnings.is_empty());
+        assert_eq!(cfg.dir, PathBuf::from("oomshim-dumps"));
+        assert_eq!(cfg.depth, 64);
+        assert_eq!(cfg.stacks, StackMode::Native);
+    }
+
+    #[test]
+    fn valid_values_are_taken() {
+        let (cfg, warnings) = parse(&[
+            ("OOMSHIM_DIR", "/data/dumps"),
+            ("OOMSHIM_DEPTH", "32"),
+            ("OOMSHIM_STACKS", "off"),
+            ("OOMSHIM_TOP", "5"),
+            ("OOMSHIM_MIN_INTERVAL", "500ms"),
+            ("OOMSHIM_SETTLE", "0"),
+            ("OOMSHIM_LOG", "debug"),
+        ]);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(cfg.dir, PathBuf::from("/data/dumps"));
+        assert_eq!(cfg.depth, 32);
+        assert_eq!(cfg.stacks, StackMode::Off);
+        assert_eq!(cfg.top, 5);
+        assert_eq!(cfg.min_interval, Duration::from_millis(500));
+        assert_eq!(cfg.settle, Duration::ZERO);
+        assert_eq!(cfg.log.as_deref(), Some("debug"));
+    }
+
+    #[test]
+    fn each_malformed_value_warns_once_and_keeps_the_default() {
+        let (cfg, warnings) = parse(&[
+            ("OOMSHIM_DIR", "  "),
+            ("OOMSHIM_DEPTH", "lots"),
+            ("OOMSHIM_STACKS", "python"),
+            ("OOMSHIM_TOP", "0"),
+            ("OOMSHIM_MIN_INTERVAL", "-3s"),
+            ("OOMSHIM_SETTLE", "forever"),
+        ]);
+        assert_eq!(cfg, Config::default());
+        let vars: Vec<&str> = warnings.iter().map(|w| w.var).collect();
+        assert_eq!(
+            vars,
+            [
+                "OOMSHIM_DIR",
+                "OOMSHIM_DEPTH",
+                "OOMSHIM_STACKS",
+                "OOMSHIM_TOP",
+                "OOMSHIM_MIN_INTERVAL",
+                "OOMSHIM_SETTLE"
+            ]
+        );
+        let text = warnings[1].to_string();
+        assert!(text.contains("OOMSHIM_DEPTH") && text.contains("\"lots\"") && text.contains("64"), "{text}");
+    }
+
+    #[test]
+    fn depth_is_bounded() {
+        let (cfg, w) = parse(&[("OOMSHIM_DEPTH", "100000")]);
+        assert_eq!(cfg.depth, DEFAULT_DEPTH);
+        assert_eq!(w.len(), 1);
+        let (cfg, w) = parse(&[("OOMSHIM_DEPTH", "256")]);
+        assert_eq!(cfg.depth, 256);
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn log_off_values_disable_logging() {
+        for v in ["", "0", "off", "OFF"] {
+            assert_eq!(parse(&[("OOMSHIM_LOG", v)]).0.log, None, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s"), Some(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1.5"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("0"), Some(Duration::ZERO));
+        assert_eq!(parse_duration("nan"), None);
+        assert_eq!(parse_duration("1e300"), None);
+        assert_eq!(parse_duration(""), None);
+    }
+}

@@ -1,1 +1,433 @@
-//! (placeholder)
+//! The ledger: every live allocation of the process (address → what, where, who, when, which
+//! stack), per-device totals and peaks, and the interned stacks. Pure Rust; many threads record
+//! into it at once, so the maps are sharded and the totals are atomics. No lock here is ever held
+//! while calling out of this module.
+
+use rustc_hash::FxHashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Devices with their own counters; higher indices share the last slot.
+pub const MAX_DEVICES: usize = 64;
+const SHARDS: usize = 64;
+
+/// Which hooked function made an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Api {
+    CudaMalloc,
+    CudaMallocAsync,
+    CudaMallocFromPoolAsync,
+    CudaMallocManaged,
+    CudaMallocPitch,
+    CudaMalloc3D,
+    CudaMallocHost,
+    CudaHostAlloc,
+}
+
+impl Api {
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::CudaMalloc => "cudaMalloc",
+            Api::CudaMallocAsync => "cudaMallocAsync",
+            Api::CudaMallocFromPoolAsync => "cudaMallocFromPoolAsync",
+            Api::CudaMallocManaged => "cudaMallocManaged",
+            Api::CudaMallocPitch => "cudaMallocPitch",
+            Api::CudaMalloc3D => "cudaMalloc3D",
+            Api::CudaMallocHost => "cudaMallocHost",
+            Api::CudaHostAlloc => "cudaHostAlloc",
+        }
+    }
+
+    /// Page-locked host memory: tracked, never counted as device memory.
+    pub fn is_pinned_host(self) -> bool {
+        matches!(self, Api::CudaMallocHost | Api::CudaHostAlloc)
+    }
+}
+
+/// Identifier of an interned stack; [`StackId::EMPTY`] when no stack was captured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackId(pub u32);
+
+impl StackId {
+    pub const EMPTY: StackId = StackId(0);
+}
+
+/// One live allocation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Allocation {
+    /// Bytes as the caller requested them.
+    pub bytes: u64,
+    pub api: Api,
+    /// CUDA device ordinal; -1 for pinned host memory.
+    pub device: i32,
+    /// Stream handle (0 for APIs without one).
+    pub stream: usize,
+    /// Kernel thread id of the allocating thread.
+    pub thread: u64,
+    /// Nanoseconds since the shim started.
+    pub time_ns: u64,
+    /// 1 for the first allocation recorded, then increasing.
+    pub seq: u64,
+    pub stack: StackId,
+}
+
+#[derive(Default)]
+struct Counters {
+    bytes: AtomicU64,
+    count: AtomicU64,
+    peak_bytes: AtomicU64,
+}
+
+impl Counters {
+    fn add(&self, bytes: u64) {
+        let now = self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.peak_bytes.fetch_max(now, Ordering::Relaxed);
+    }
+    fn sub(&self, bytes: u64) {
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
+    fn read(&self) -> Totals {
+        Totals {
+            bytes: self.bytes.load(Ordering::Relaxed),
+            count: self.count.load(Ordering::Relaxed),
+            peak_bytes: self.peak_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Live bytes, live count and peak bytes of one device (or of pinned host memory).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub bytes: u64,
+    pub count: u64,
+    pub peak_bytes: u64,
+}
+
+/// A consistent-enough copy of the ledger for a dump: each shard is copied under its own lock,
+/// so allocations racing with the copy may or may not appear, but none appears twice.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub allocations: Vec<(usize, Allocation)>,
+    /// (device, totals) for every device that ever held tracked memory.
+    pub devices: Vec<(i32, Totals)>,
+    pub pinned_host: Totals,
+    pub unknown_frees: u64,
+    pub total_allocations: u64,
+}
+
+pub struct Ledger {
+    shards: Box<[Mutex<FxHashMap<usize, Allocation>>]>,
+    devices: Box<[Counters]>,
+    pinned_host: Counters,
+    unknown_frees: AtomicU64,
+    seq: AtomicU64,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn shard_of(addr: usize) -> usize {
+    // CUDA addresses are at least 256-byte aligned: mix in the higher bits.
+    let x = (addr >> 8) as u64;
+    (x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS
+}
+
+fn device_slot(device: i32) -> usize {
+    (device.max(0) as usize).min(MAX_DEVICES - 1)
+}
+
+impl Ledger {
+    pub fn new() -> Self {
+        Ledger {
+            shards: (0..SHARDS).map(|_| Mutex::new(FxHashMap::default())).collect(),
+            devices: (0..MAX_DEVICES).map(|_| Counters::default()).collect(),
+            pinned_host: Counters::default(),
+            unknown_frees: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    /// Next allocation sequence number.
+    pub fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn counters(&self, alloc: &Allocation) -> &Counters {
+        if alloc.api.is_pinned_host() {
+            &self.pinned_host
+        } else {
+            &self.devices[device_slot(alloc.device)]
+        }
+    }
+
+    fn shard(&self, addr: usize) -> std::sync::MutexGuard<'_, FxHashMap<usize, Allocation>> {
+        // A poisoned shard only means a panic elsewhere; the map itself is still sound.
+        self.shards[shard_of(addr)].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a successful allocation. If the address was already live (its free went through
+    /// a path the shim does not see), the stale entry is replaced and returned.
+    pub fn record_alloc(&self, addr: usize, alloc: Allocation) -> Option<Allocation> {
+        let old = self.shard(addr).insert(addr, alloc);
+        if let Some(old) = &old {
+            self.counters(old).sub(old.bytes);
+        }
+        self.counters(&alloc).add(alloc.bytes);
+        old
+    }
+
+    /// Removes an allocation before the real free runs, so that the address, once the runtime
+    /// hands it out again, can never be confused with this one. Unknown addresses are counted.
+    pub fn take(&self, addr: usize) -> Option<Allocation> {
+        let old = self.shard(addr).remove(&addr);
+        match &old {
+            Some(a) => self.counters(a).sub(a.bytes),
+            None => {
+                self.unknown_frees.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        old
+    }
+
+    /// Puts back an allocation whose free failed (the memory is still held).
+    pub fn reinstate(&self, addr: usize, alloc: Allocation) {
+        let mut shard = self.shard(addr);
+        // Something may have been recorded at this address meanwhile; the newer entry wins.
+        if let std::collections::hash_map::Entry::Vacant(v) = shard.entry(addr) {
+            v.insert(alloc);
+            drop(shard);
+            self.counters(&alloc).add(alloc.bytes);
+        }
+    }
+
+    pub fn device_totals(&self, device: i32) -> Totals {
+        self.devices[device_slot(device)].read()
+    }
+
+    pub fn pinned_host_totals(&self) -> Totals {
+        self.pinned_host.read()
+    }
+
+    /// Allocations recorded since start.
+    pub fn total_allocations(&self) -> u64 {
+        self.seq.load(Ordering::Relaxed)
+    }
+
+    pub fn unknown_frees(&self) -> u64 {
+        self.unknown_frees.load(Ordering::Relaxed)
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let mut allocations = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            allocations.extend(shard.iter().map(|(a, v)| (*a, *v)));
+        }
+        let devices = self
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (i as i32, c.read()))
+            .filter(|(_, t)| t.peak_bytes > 0 || t.count > 0)
+            .collect();
+        Snapshot {
+            allocations,
+            devices,
+            pinned_host: self.pinned_host.read(),
+            unknown_frees: self.unknown_frees(),
+            total_allocations: self.seq.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Interned stacks: identical return-address lists share one [`StackId`]. Sharded by hash so
+/// threads recording different stacks rarely meet on a lock.
+pub struct StackTable {
+    shards: Box<[Mutex<StackShard>]>,
+}
+
+#[derive(Default)]
+struct StackShard {
+    ids: FxHashMap<Box<[usize]>, u32>,
+    stacks: Vec<Box<[usize]>>,
+}
+
+const STACK_SHARD_BITS: u32 = 5;
+const STACK_SHARDS: usize = 1 << STACK_SHARD_BITS;
+const STACK_INDEX_BITS: u32 = 32 - STACK_SHARD_BITS;
+
+impl Default for StackTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StackTable {
+    pub fn new() -> Self {
+        StackTable { shards: (0..STACK_SHARDS).map(|_| Mutex::new(StackShard::default())).collect() }
+    }
+
+    /// Returns the id of `frames`, adding it if new. An empty stack is [`StackId::EMPTY`]; a
+    /// table that is full (2^27 stacks in a shard) also answers EMPTY rather than failing.
+    pub fn intern(&self, frames: &[usize]) -> StackId {
+        if frames.is_empty() {
+            return StackId::EMPTY;
+        }
+        let mut h = rustc_hash::FxBuildHasher.build_hasher();
+        frames.hash(&mut h);
+        let shard_index = (h.finish() >> (64 - STACK_SHARD_BITS)) as usize;
+        let mut shard = self.shards[shard_index].lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&i) = shard.ids.get(frames) {
+            return Self::id(shard_index, i);
+        }
+        let i = shard.stacks.len() as u32;
+        if i >= (1 << STACK_INDEX_BITS) - 1 {
+            return StackId::EMPTY;
+        }
+        let boxed: Box<[usize]> = frames.into();
+        shard.stacks.push(boxed.clone());
+        shard.ids.insert(boxed, i);
+        Self::id(shard_index, i)
+    }
+
+    fn id(shard: usize, index: u32) -> StackId {
+        // +1 keeps 0 free for EMPTY.
+        StackId(((shard as u32) << STACK_INDEX_BITS | index) + 1)
+    }
+
+    /// The frames of a stack id; empty for EMPTY or an unknown id.
+    pub fn frames(&self, id: StackId) -> Vec<usize> {
+        if id == StackId::EMPTY {
+            return Vec::new();
+        }
+        let raw = id.0 - 1;
+        let shard = (raw >> STACK_INDEX_BITS) as usize;
+        let index = (raw & ((1 << STACK_INDEX_BITS) - 1)) as usize;
+        let Some(shard) = self.shards.get(shard) else { return Vec::new() };
+        let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+        shard.stacks.get(index).map(|s| s.to_vec()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn alloc(bytes: u64, api: Api, device: i32) -> Allocation {
+        Allocation { bytes, api, device, stream: 0, thread: 1, time_ns: 0, seq: 0, stack: StackId::EMPTY }
+    }
+
+    #[test]
+    fn totals_follow_allocs_and_frees() {
+        let l = Ledger::new();
+        l.record_alloc(0x1000, alloc(100, Api::CudaMalloc, 0));
+        l.record_alloc(0x2000, alloc(50, Api::CudaMallocAsync, 0));
+        l.record_alloc(0x3000, alloc(7, Api::CudaMalloc, 1));
+        assert_eq!(l.device_totals(0), Totals { bytes: 150, count: 2, peak_bytes: 150 });
+        assert_eq!(l.take(0x1000).map(|a| a.bytes), Some(100));
+        assert_eq!(l.device_totals(0), Totals { bytes: 50, count: 1, peak_bytes: 150 });
+        assert_eq!(l.device_totals(1).bytes, 7);
+        assert_eq!(l.unknown_frees(), 0);
+    }
+
+    #[test]
+    fn pinned_host_is_never_device_memory() {
+        let l = Ledger::new();
+        l.record_alloc(0x5000, alloc(4096, Api::CudaMallocHost, -1));
+        l.record_alloc(0x6000, alloc(8192, Api::CudaHostAlloc, -1));
+        assert_eq!(l.device_totals(0).bytes, 0);
+        assert_eq!(l.pinned_host_totals().bytes, 12288);
+        assert!(l.snapshot().devices.is_empty());
+    }
+
+    #[test]
+    fn unknown_free_is_counted_and_changes_nothing() {
+        let l = Ledger::new();
+        l.record_alloc(0x1000, alloc(100, Api::CudaMalloc, 0));
+        assert!(l.take(0xdead00).is_none());
+        assert!(l.take(0x1000).is_some());
+        assert!(l.take(0x1000).is_none(), "double free is unknown the second time");
+        assert_eq!(l.unknown_frees(), 2);
+        assert_eq!(l.device_totals(0).bytes, 0);
+    }
+
+    #[test]
+    fn failed_free_is_reinstated() {
+        let l = Ledger::new();
+        l.record_alloc(0x1000, alloc(100, Api::CudaMalloc, 0));
+        let a = l.take(0x1000).unwrap();
+        l.reinstate(0x1000, a);
+        assert_eq!(l.device_totals(0), Totals { bytes: 100, count: 1, peak_bytes: 100 });
+        // An address already re-recorded by a newer allocation keeps the newer entry.
+        let b = l.take(0x1000).unwrap();
+        l.record_alloc(0x1000, alloc(30, Api::CudaMalloc, 0));
+        l.reinstate(0x1000, b);
+        assert_eq!(l.device_totals(0).bytes, 30);
+    }
+
+    #[test]
+    fn reused_address_replaces_stale_entry() {
+        let l = Ledger::new();
+        l.record_alloc(0x1000, alloc(100, Api::CudaMalloc, 0));
+        let old = l.record_alloc(0x1000, alloc(40, Api::CudaMalloc, 0));
+        assert_eq!(old.map(|a| a.bytes), Some(100));
+        assert_eq!(l.device_totals(0).bytes, 40);
+        assert_eq!(l.device_totals(0).count, 1);
+    }
+
+    #[test]
+    fn high_device_ordinals_share_the_last_slot() {
+        let l = Ledger::new();
+        l.record_alloc(0x1000, alloc(1, Api::CudaMalloc, 1000));
+        assert_eq!(l.device_totals(MAX_DEVICES as i32 - 1).bytes, 1);
+    }
+
+    #[test]
+    fn concurrent_threads_keep_exact_totals() {
+        let l = Arc::new(Ledger::new());
+        let threads: Vec<_> = (0..16)
+            .map(|t| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    for i in 0..20_000usize {
+                        let addr = (t << 32) | (i << 9);
+                        l.record_alloc(addr, alloc(512, Api::CudaMalloc, (t % 2) as i32));
+                        if i % 4 != 0 {
+                            assert!(l.take(addr).is_some());
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let live = 16 * 5_000;
+        let snap = l.snapshot();
+        assert_eq!(snap.allocations.len(), live);
+        assert_eq!(l.device_totals(0).bytes + l.device_totals(1).bytes, 512 * live as u64);
+        assert_eq!(l.device_totals(0).count + l.device_totals(1).count, live as u64);
+    }
+
+    #[test]
+    fn stacks_intern_to_stable_ids() {
+        let t = StackTable::new();
+        let a = t.intern(&[1, 2, 3]);
+        let b = t.intern(&[1, 2, 4]);
+        assert_ne!(a, b);
+        assert_eq!(t.intern(&[1, 2, 3]), a);
+        assert_eq!(t.frames(a), vec![1, 2, 3]);
+        assert_eq!(t.frames(b), vec![1, 2, 4]);
+        assert_eq!(t.intern(&[]), StackId::EMPTY);
+        assert!(t.frames(StackId::EMPTY).is_empty());
+        assert!(t.frames(StackId(u32::MAX)).is_empty());
+    }
+}

@@ -1,1 +1,911 @@
-//! (placeholder)
+//! Findings from a dump: whose memory filled the device, in plain words, with the numbers that
+//! show it. Pure functions of the dump; table-tested.
+//!
+//! Kinds, first match wins for an out-of-memory dump (one with a `failed_request`):
+//! - [`REQUEST_EXCEEDS_DEVICE`]: the request alone is larger than the device's total memory.
+//! - [`FRAGMENTATION`]: the dump's free-block data shows enough free memory in total but no
+//!   block large enough (only when a free-block source is available, never guessed).
+//! - [`UNTRACKED_MEMORY`]: less than half of the memory in use was allocated by this process
+//!   through calls the shim tracks (or, without device numbers, it tracked nothing at all).
+//! - [`OWN_ALLOCATIONS`]: otherwise; this process's tracked allocations fill the device.
+//!
+//! A dump without a failed request gets [`SNAPSHOT`].
+
+use crate::dump::model::{DeviceInfo, Dump, FailedRequest, Frame, Site, Verdict};
+use crate::report::units::{bytes_with_exact, clean, human_bytes, percent, share, thousands};
+use crate::report::{frame_label, free_blocks_available, named_frames, sorted_sites, used_bytes};
+
+pub const REQUEST_EXCEEDS_DEVICE: &str = "request_exceeds_device";
+pub const FRAGMENTATION: &str = "fragmentation";
+pub const UNTRACKED_MEMORY: &str = "untracked_memory";
+pub const OWN_ALLOCATIONS: &str = "own_allocations";
+pub const SNAPSHOT: &str = "snapshot";
+
+/// Longest function name quoted in a verdict.
+const MAX_FUNCTION: usize = 100;
+
+/// Judges a dump. Uses everything in it except its own `verdict` field. Deterministic.
+pub fn judge(dump: &Dump) -> Verdict {
+    match &dump.failed_request {
+        Some(request) => judge_oom(dump, request),
+        None => judge_snapshot(dump),
+    }
+}
+
+/// The failing device's numbers, from the capture if complete, else from the last failure of the
+/// burst, else whatever is known.
+struct DeviceNumbers {
+    index: i32,
+    total: Option<u64>,
+    free: Option<u64>,
+    /// Tracked bytes on the device; `None` when the dump has neither a device entry nor a last
+    /// failure for it.
+    tracked: Option<u64>,
+    count: Option<u64>,
+    /// The numbers came from `last_failure`, not from the capture.
+    from_last_failure: bool,
+}
+
+impl DeviceNumbers {
+    fn of(dump: &Dump, request: &FailedRequest) -> DeviceNumbers {
+        let device: Option<&DeviceInfo> = dump.devices.iter().find(|d| d.index == request.device);
+        let last = request.last_failure.as_ref();
+        let from_device = device.is_some_and(|d| d.total_bytes.is_some() && d.free_bytes.is_some());
+        let from_last =
+            !from_device && last.is_some_and(|l| l.total_bytes.is_some() && l.free_bytes.is_some());
+        if from_last {
+            let l = last.expect("checked");
+            return DeviceNumbers {
+                index: request.device,
+                total: l.total_bytes,
+                free: l.free_bytes,
+                tracked: Some(l.tracked_bytes),
+                count: None,
+                from_last_failure: true,
+            };
+        }
+        DeviceNumbers {
+            index: request.device,
+            total: device
+                .and_then(|d| d.total_bytes)
+                .or(last.and_then(|l| l.total_bytes)),
+            free: device.and_then(|d| d.free_bytes),
+            tracked: device
+                .map(|d| d.tracked_bytes)
+                .or(last.map(|l| l.tracked_bytes)),
+            count: device.map(|d| d.tracked_count),
+            from_last_failure: false,
+        }
+    }
+
+    fn used(&self) -> Option<u64> {
+        used_bytes(self.total, self.free)
+    }
+}
+
+/// The largest site and how to name it.
+struct TopSite<'a> {
+    site: &'a Site,
+    label: String,
+}
+
+fn top_site(dump: &Dump) -> Option<TopSite<'_>> {
+    let site = *sorted_sites(dump).first()?;
+    Some(TopSite {
+        site,
+        label: site_label(&site.stack),
+    })
+}
+
+/// The innermost named frame of a stack, `function (file:line)`; a plain description when no
+/// frame has a name.
+fn site_label(stack: &[Frame]) -> String {
+    match named_frames(stack).next() {
+        Some(frame) => frame_label(frame, MAX_FUNCTION),
+        None => match stack.first() {
+            Some(frame) => format!(
+                "an unnamed site (innermost address {})",
+                clean(&frame.address)
+            ),
+            None => "a site without a recorded stack".to_string(),
+        },
+    }
+}
+
+fn count_word(n: u64, one: &str, many: &str) -> String {
+    format!("{} {}", thousands(n), if n == 1 { one } else { many })
+}
+
+fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
+    let n = DeviceNumbers::of(dump, request);
+    let used = n.used();
+    let tracked = n.tracked.unwrap_or(0);
+    let top = top_site(dump);
+    let req = human_bytes(request.bytes);
+    let dev = n.index;
+    let fb = &dump.free_blocks;
+    let fragmented = free_blocks_available(dump)
+        && matches!((fb.total_free_bytes, fb.largest_free_bytes),
+            (Some(total), Some(largest)) if total >= request.bytes && largest < request.bytes);
+
+    let kind = if n.total.is_some_and(|total| request.bytes > total) {
+        REQUEST_EXCEEDS_DEVICE
+    } else if fragmented {
+        FRAGMENTATION
+    } else if match used {
+        Some(used) => used > 0 && (tracked as f64) < 0.5 * used as f64,
+        None => tracked == 0,
+    } {
+        UNTRACKED_MEMORY
+    } else {
+        OWN_ALLOCATIONS
+    };
+
+    // --- evidence -------------------------------------------------------------------------
+    let mut evidence = Vec::new();
+    evidence.push(format!(
+        "failed request: {} via {} on device {dev} (error {})",
+        bytes_with_exact(request.bytes),
+        clean(&request.api),
+        request.error_code
+    ));
+    if let Some(frame) = named_frames(&request.stack).next() {
+        evidence.push(format!(
+            "failing call: {}",
+            frame_label(frame, MAX_FUNCTION)
+        ));
+    }
+    let when = if n.from_last_failure {
+        " at the last failure of the burst"
+    } else {
+        ""
+    };
+    match (n.total, used) {
+        (Some(total), Some(used)) => evidence.push(format!(
+            "device {dev}{when}: {} of {} in use; {} tracked ({} of used)",
+            human_bytes(used),
+            human_bytes(total),
+            human_bytes(tracked),
+            percent(share(tracked, used))
+        )),
+        _ => {
+            let total = n
+                .total
+                .map(|t| format!(" (total {})", human_bytes(t)))
+                .unwrap_or_default();
+            let tracked_text = match (n.tracked, n.count) {
+                (Some(t), Some(c)) => format!(
+                    "{} tracked in {}",
+                    human_bytes(t),
+                    count_word(c, "allocation", "allocations")
+                ),
+                (Some(t), None) => format!("{} tracked", human_bytes(t)),
+                (None, _) => "no tracked numbers for this device".to_string(),
+            };
+            evidence.push(format!(
+                "device {dev}: memory numbers unavailable{total}; {tracked_text}"
+            ));
+        }
+    }
+    if let Some(free) = n.free {
+        let relation = if free >= request.bytes {
+            "not less than"
+        } else {
+            "less than"
+        };
+        evidence.push(format!(
+            "device {dev}{when}: {} free, {relation} the {req} request",
+            human_bytes(free)
+        ));
+    }
+    let untracked = used.map(|u| u.saturating_sub(tracked));
+    if let (Some(untracked), Some(used)) = (untracked, used) {
+        if untracked > 0 {
+            evidence.push(format!(
+                "untracked: {} of the {} in use ({})",
+                human_bytes(untracked),
+                human_bytes(used),
+                percent(share(untracked, used))
+            ));
+        }
+    }
+    if let Some(top) = &top {
+        let of_used = match used {
+            Some(u) if u > 0 => format!(" ({} of used)", percent(share(top.site.bytes, u))),
+            _ => String::new(),
+        };
+        evidence.push(format!(
+            "top site: {} holds {} in {}{of_used}",
+            top.label,
+            human_bytes(top.site.bytes),
+            count_word(top.site.count, "allocation", "allocations"),
+        ));
+    }
+    let devices_holding = dump.devices.iter().filter(|d| d.tracked_bytes > 0).count();
+    if devices_holding > 1 && top.is_some() {
+        evidence.push(format!(
+            "{devices_holding} devices hold tracked memory; sites are not split by device"
+        ));
+    }
+    if request.failures_in_burst > 1 {
+        evidence.push(format!(
+            "failures in this burst: {}",
+            thousands(request.failures_in_burst.into())
+        ));
+    }
+    if let Some(last) = &request.last_failure {
+        let mut text = format!(
+            "last failure of the burst: {} via {}",
+            human_bytes(last.bytes),
+            clean(&last.api)
+        );
+        match (last.free_bytes, last.total_bytes) {
+            (Some(free), Some(total)) => {
+                text += &format!("; {} free of {}", human_bytes(free), human_bytes(total))
+            }
+            (Some(free), None) => text += &format!("; {} free", human_bytes(free)),
+            _ => {}
+        }
+        text += &format!("; {} tracked", human_bytes(last.tracked_bytes));
+        evidence.push(text);
+    }
+    if free_blocks_available(dump) {
+        if let (Some(total), Some(largest)) = (fb.total_free_bytes, fb.largest_free_bytes) {
+            let frag = fb
+                .fragmentation
+                .filter(|f| f.is_finite())
+                .map(|f| format!(" ({} fragmentation)", percent(Some(f * 100.0))))
+                .unwrap_or_default();
+            evidence.push(format!(
+                "free blocks ({}): {} free, largest block {}{frag}",
+                clean(&fb.source),
+                human_bytes(total),
+                human_bytes(largest)
+            ));
+        }
+    }
+    evidence.push(
+        match request.recovered {
+            Some(true) => {
+                "recovered: yes, a later request of at least this size succeeded (the retry worked)"
+            }
+            Some(false) => {
+                "recovered: no, no later request of this size succeeded (the program saw the error)"
+            }
+            None => "recovered: unknown (the dump was written before a retry could be seen)",
+        }
+        .to_string(),
+    );
+
+    // --- summary and suggestions ----------------------------------------------------------
+    let mut suggestions = Vec::new();
+    let top_text = |used: Option<u64>| -> String {
+        match &top {
+            Some(top) => {
+                let share_text = match used {
+                    Some(u) if u > 0 => format!(
+                        " ({} of the memory in use)",
+                        percent(share(top.site.bytes, u))
+                    ),
+                    _ => String::new(),
+                };
+                format!(
+                    " The largest allocation site, {}, holds {} in {}{share_text}.",
+                    top.label,
+                    human_bytes(top.site.bytes),
+                    count_word(top.site.count, "allocation", "allocations")
+                )
+            }
+            None => " No allocation sites were recorded.".to_string(),
+        }
+    };
+    let failing_at = named_frames(&request.stack)
+        .next()
+        .map(|f| format!(" at {}", frame_label(f, MAX_FUNCTION)))
+        .unwrap_or_default();
+
+    let judged = match kind {
+        REQUEST_EXCEEDS_DEVICE => {
+            let total = n.total.unwrap_or(0);
+            suggestions.push(format!(
+                "Make the allocation itself smaller: find what asks for {req}{failing_at} and reduce the batch size or sequence length, or split the work into chunks."
+            ));
+            suggestions.push(
+                "Check the size computation: a request this large often comes from a wrong shape or an overflowed dimension.".to_string(),
+            );
+            suggestions.push(
+                "If the data really is this large, spread it over several devices (sharding, tensor or pipeline parallelism) or keep it in host memory.".to_string(),
+            );
+            format!(
+                "The failed request alone is larger than the whole device: {req} was asked of device {dev}, which has {} in total. \
+                 No amount of freeing memory makes it fit; the allocation itself must shrink.",
+                human_bytes(total)
+            )
+        }
+        FRAGMENTATION => {
+            let total_free = fb.total_free_bytes.unwrap_or(0);
+            let largest = fb.largest_free_bytes.unwrap_or(0);
+            suggestions.push(
+                "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so the cache grows segments instead of needing one contiguous free block.".to_string(),
+            );
+            suggestions.push(
+                "Keep tensor shapes steady (pad or bucket variable-length inputs) so freed blocks are reused instead of split.".to_string(),
+            );
+            suggestions.push(
+                "`torch.cuda.empty_cache()` returns only unused cached segments to the driver; it does not join blocks split by live tensors.".to_string(),
+            );
+            format!(
+                "The free memory is fragmented: {} was free in the allocator's blocks ({}), more than the {req} request, \
+                 but the largest free block was only {}, so no single block could hold it.{}",
+                human_bytes(total_free),
+                clean(&fb.source),
+                human_bytes(largest),
+                top_text(used)
+            )
+        }
+        UNTRACKED_MEMORY => {
+            suggestions.push(format!(
+                "Run `nvidia-smi` to see which processes hold memory on GPU {dev}; if another job is there, \
+                 run on a free GPU (`CUDA_VISIBLE_DEVICES`) or wait until it finishes."
+            ));
+            suggestions.push(
+                "If this process is alone on the GPU, the untracked memory is its own: the CUDA context and library workspaces \
+                 (cuBLAS, cuDNN, NCCL) take from a few hundred MiB to a few GiB per device; much more than that points to an \
+                 allocation path the shim does not hook yet."
+                    .to_string(),
+            );
+            match (n.total, used) {
+                (Some(total), Some(used)) => format!(
+                    "Most of the memory in use on device {dev} was not allocated by this process through calls oomshim tracks: \
+                     {} of {} was in use, and this process's tracked allocations account for only {} ({}), leaving {} untracked. \
+                     That memory belongs to another process on the same GPU, or this process got it in ways the shim does not see: \
+                     the CUDA context, libraries, or allocation paths not hooked yet.",
+                    human_bytes(used),
+                    human_bytes(total),
+                    human_bytes(tracked),
+                    percent(share(tracked, used)),
+                    human_bytes(used.saturating_sub(tracked))
+                ),
+                _ => format!(
+                    "The device's memory numbers were unavailable, and this process held no tracked memory on device {dev} when {req} \
+                     failed, so the memory in use was not allocated through calls oomshim tracks: it belongs to another process, or \
+                     this process got it in ways the shim does not see (the CUDA context, libraries, or allocation paths not hooked yet)."
+                ),
+            }
+        }
+        _ => {
+            let site = top
+                .as_ref()
+                .map(|t| t.label.as_str())
+                .unwrap_or("the largest allocation sites");
+            suggestions.push(format!(
+                "Free or shrink what {site} keeps alive. Tensors kept across steps are the usual cause: store `loss.item()` \
+                 rather than `loss`, `detach()` what you keep for logging, don't accumulate outputs on the GPU, and run \
+                 evaluation under `torch.inference_mode()`."
+            ));
+            suggestions.push(
+                "Reduce the batch size (or sequence length); gradient accumulation keeps the effective batch size.".to_string(),
+            );
+            let mut hints = Vec::new();
+            if request.failures_in_burst > 1 {
+                hints.push(format!(
+                    "the allocation failed {} times in one burst",
+                    request.failures_in_burst
+                ));
+            }
+            if let Some(free) = n.free.filter(|&f| f >= request.bytes && request.bytes > 0) {
+                hints.push(format!(
+                    "{} was free, not less than the {req} request",
+                    human_bytes(free)
+                ));
+            }
+            if !hints.is_empty() && !free_blocks_available(dump) {
+                suggestions.push(format!(
+                    "Possibly fragmentation ({}), though the shim cannot see the framework's free blocks here, so this is not \
+                     established: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` may help if it is.",
+                    hints.join("; ")
+                ));
+            }
+            match (n.total, used) {
+                (Some(total), Some(0)) => format!(
+                    "Device {dev} showed no memory in use when the dump was written ({} total), so the state at capture does not \
+                     explain the failure of {req}: memory was probably released between the failure and the capture.{}",
+                    human_bytes(total),
+                    top_text(used)
+                ),
+                (Some(total), Some(used)) => format!(
+                    "This process's own allocations fill device {dev}: {} of the {} in use ({}) was allocated by this process, \
+                     out of {} in total, when {req} more was requested.{}",
+                    human_bytes(tracked),
+                    human_bytes(used),
+                    percent(share(tracked, used)),
+                    human_bytes(total),
+                    top_text(Some(used))
+                ),
+                _ => {
+                    suggestions.push(format!(
+                        "Run `nvidia-smi` to check whether other processes also use GPU {dev}."
+                    ));
+                    format!(
+                        "The device's memory numbers were unavailable, so this rests on tracked bytes alone: this process held {} \
+                         of tracked memory on device {dev} when {req} more was requested; whether other processes also used the \
+                         device cannot be told from this dump.{}",
+                        human_bytes(tracked),
+                        top_text(None)
+                    )
+                }
+            }
+        }
+    };
+
+    let summary = match request.recovered {
+        Some(true) => format!(
+            "This failure was recovered by a retry: a later request of at least {req} on device {dev} succeeded, so the program \
+             did not see this error. {judged}"
+        ),
+        Some(false) => format!("{judged} The retry did not succeed: the program saw this out-of-memory error."),
+        None => judged,
+    };
+
+    Verdict {
+        kind: kind.to_string(),
+        summary,
+        evidence,
+        suggestions,
+    }
+}
+
+fn judge_snapshot(dump: &Dump) -> Verdict {
+    let tracked: u64 = dump
+        .devices
+        .iter()
+        .map(|d| d.tracked_bytes)
+        .fold(0, u64::saturating_add);
+    let count: u64 = dump
+        .devices
+        .iter()
+        .map(|d| d.tracked_count)
+        .fold(0, u64::saturating_add);
+    let holding = dump.devices.iter().filter(|d| d.tracked_bytes > 0).count();
+    let top = top_site(dump);
+
+    let mut evidence = Vec::new();
+    for d in &dump.devices {
+        let mut line = format!("device {}: ", d.index);
+        match (d.total_bytes, used_bytes(d.total_bytes, d.free_bytes)) {
+            (Some(total), Some(used)) => {
+                line += &format!(
+                    "{} of {} in use; {} tracked ({} of used)",
+                    human_bytes(used),
+                    human_bytes(total),
+                    human_bytes(d.tracked_bytes),
+                    percent(share(d.tracked_bytes, used))
+                )
+            }
+            _ => {
+                line += &format!(
+                    "memory numbers unavailable; {} tracked",
+                    human_bytes(d.tracked_bytes)
+                )
+            }
+        }
+        line += &format!(
+            " in {}, peak {}",
+            count_word(d.tracked_count, "allocation", "allocations"),
+            human_bytes(d.peak_tracked_bytes)
+        );
+        evidence.push(line);
+    }
+    if let Some(top) = &top {
+        evidence.push(format!(
+            "top site: {} holds {} in {} ({} of tracked)",
+            top.label,
+            human_bytes(top.site.bytes),
+            count_word(top.site.count, "allocation", "allocations"),
+            percent(share(top.site.bytes, tracked)),
+        ));
+    }
+    if dump.pinned_host.bytes > 0 {
+        evidence.push(format!(
+            "pinned host memory: {} in {} (not device memory)",
+            human_bytes(dump.pinned_host.bytes),
+            count_word(dump.pinned_host.count, "allocation", "allocations")
+        ));
+    }
+
+    let reason = clean(&dump.reason);
+    let opening = if dump.reason == "oom" {
+        "The dump says out-of-memory but records no failed request; here is what was held."
+            .to_string()
+    } else {
+        format!("On-demand dump ({reason}).")
+    };
+    let held = format!(
+        " This process holds {} of tracked device memory in {} on {}.",
+        human_bytes(tracked),
+        count_word(count, "allocation", "allocations"),
+        count_word(holding as u64, "device", "devices")
+    );
+    let site = match &top {
+        Some(top) => format!(
+            " The largest allocation site, {}, holds {} in {} ({} of tracked).",
+            top.label,
+            human_bytes(top.site.bytes),
+            count_word(top.site.count, "allocation", "allocations"),
+            percent(share(top.site.bytes, tracked))
+        ),
+        None => " No allocation sites were recorded.".to_string(),
+    };
+    let suggestions = vec![
+        "To find a leak, take dumps at two points of the run and compare the sites: one whose bytes grow with the step count keeps memory alive across steps."
+            .to_string(),
+    ];
+    Verdict {
+        kind: SNAPSHOT.to_string(),
+        summary: format!("{opening}{held}{site}"),
+        evidence,
+        suggestions,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::dump::model::*;
+
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+
+    fn frame(function: Option<&str>, file: Option<&str>, line: Option<u32>) -> Frame {
+        Frame {
+            address: "0x7f00deadbeef".into(),
+            function: function.map(Into::into),
+            file: file.map(Into::into),
+            line,
+            module: None,
+            inlined: false,
+        }
+    }
+
+    fn site(bytes: u64, count: u64) -> Site {
+        Site {
+            bytes,
+            count,
+            stack: vec![
+                frame(None, None, None),
+                frame(Some("forward"), Some("model.py"), Some(42)),
+                frame(Some("train_step"), Some("train.py"), Some(88)),
+            ],
+        }
+    }
+
+    /// A hand-built OOM dump on device 0: `total`/`free` may be None.
+    pub(crate) fn oom_dump(
+        request: u64,
+        total: Option<u64>,
+        free: Option<u64>,
+        tracked: u64,
+    ) -> Dump {
+        Dump {
+            schema: SCHEMA.into(),
+            reason: "oom".into(),
+            time: "2026-11-29T15:43:11.123Z".into(),
+            time_unix_ms: 1_795_966_991_123,
+            process: ProcessInfo {
+                pid: 4812,
+                host: "gpu-node-7".into(),
+                command_line: vec!["python".into(), "train.py".into()],
+                rank: None,
+                local_rank: None,
+                world_size: None,
+            },
+            failed_request: Some(FailedRequest {
+                bytes: request,
+                api: "cudaMalloc".into(),
+                device: 0,
+                error_code: 2,
+                stack: vec![frame(Some("cudaMalloc"), None, None)],
+                failures_in_burst: 1,
+                recovered: None,
+                last_failure: None,
+            }),
+            devices: vec![DeviceInfo {
+                index: 0,
+                name: Some("NVIDIA H200".into()),
+                total_bytes: total,
+                free_bytes: free,
+                tracked_bytes: tracked,
+                tracked_count: 12,
+                peak_tracked_bytes: tracked,
+            }],
+            pinned_host: PinnedHost::default(),
+            largest_holders: vec![],
+            sites: if tracked > 0 {
+                vec![site(tracked / 4, 3), site(tracked / 2, 5)]
+            } else {
+                vec![]
+            },
+            free_blocks: FreeBlocks {
+                source: "unavailable".into(),
+                reason: Some("under LD_PRELOAD the framework's cache hides free blocks".into()),
+                total_free_bytes: None,
+                largest_free_bytes: None,
+                fragmentation: None,
+                histogram: vec![],
+            },
+            verdict: Verdict {
+                kind: "ignored".into(),
+                summary: String::new(),
+                evidence: vec![],
+                suggestions: vec![],
+            },
+            recording: Recording::default(),
+        }
+    }
+
+    fn contains_all(haystack: &str, needles: &[&str]) -> bool {
+        needles.iter().all(|n| haystack.contains(n))
+    }
+
+    #[test]
+    fn kinds_table() {
+        struct Case {
+            name: &'static str,
+            dump: Dump,
+            kind: &'static str,
+            summary_has: &'static [&'static str],
+            evidence_has: &'static [&'static str],
+            suggestions_has: &'static [&'static str],
+        }
+        let mut recovered = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
+        recovered.failed_request.as_mut().unwrap().recovered = Some(true);
+        let mut stood = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
+        stood.failed_request.as_mut().unwrap().recovered = Some(false);
+        let mut burst = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
+        burst.failed_request.as_mut().unwrap().failures_in_burst = 3;
+        let mut from_last = oom_dump(2 * GIB, None, None, 78 * GIB);
+        from_last.failed_request.as_mut().unwrap().last_failure = Some(LastFailure {
+            bytes: 2 * GIB,
+            api: "cudaMalloc".into(),
+            time_unix_ms: 1,
+            tracked_bytes: 10 * GIB,
+            free_bytes: Some(GIB),
+            total_bytes: Some(80 * GIB),
+        });
+        let mut fragmented = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 70 * GIB);
+        fragmented.free_blocks = FreeBlocks {
+            source: "torch-snapshot".into(),
+            reason: None,
+            total_free_bytes: Some(8 * GIB),
+            largest_free_bytes: Some(GIB),
+            fragmentation: Some(0.875),
+            histogram: vec![],
+        };
+        let mut other_device = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
+        other_device.failed_request.as_mut().unwrap().device = 3;
+        let mut big_request_no_free = oom_dump(100 * GIB, Some(80 * GIB), None, 0);
+        big_request_no_free.devices[0].free_bytes = None;
+
+        let cases = vec![
+            Case {
+                name: "own allocations fill the device",
+                dump: oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB),
+                kind: OWN_ALLOCATIONS,
+                summary_has: &["own allocations fill device 0", "78.00 GiB of the 79.00 GiB in use (98.7%)", "forward (model.py:42)", "39.00 GiB in 5 allocations (49.4% of the memory in use)"],
+                evidence_has: &["device 0: 79.00 GiB of 80.00 GiB in use; 78.00 GiB tracked (98.7% of used)", "top site: forward (model.py:42) holds 39.00 GiB in 5 allocations (49.4% of used)", "1.00 GiB free, less than the 2.00 GiB request", "recovered: unknown"],
+                suggestions_has: &["forward (model.py:42) keeps alive", "loss.item()", "batch size"],
+            },
+            Case {
+                name: "untracked: another process",
+                dump: oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 10 * GIB),
+                kind: UNTRACKED_MEMORY,
+                summary_has: &["79.00 GiB of 80.00 GiB was in use", "only 10.00 GiB (12.7%)", "69.00 GiB untracked", "another process", "CUDA context"],
+                evidence_has: &["untracked: 69.00 GiB of the 79.00 GiB in use (87.3%)"],
+                suggestions_has: &["nvidia-smi", "CUDA_VISIBLE_DEVICES"],
+            },
+            Case {
+                name: "request exceeds device",
+                dump: oom_dump(100 * GIB, Some(80 * GIB), Some(79 * GIB), GIB),
+                kind: REQUEST_EXCEEDS_DEVICE,
+                summary_has: &["larger than the whole device: 100.00 GiB was asked of device 0, which has 80.00 GiB in total"],
+                evidence_has: &["failed request: 100.00 GiB (107,374,182,400 bytes) via cudaMalloc on device 0 (error 2)", "failing call: cudaMalloc"],
+                suggestions_has: &["100.00 GiB at cudaMalloc", "wrong shape"],
+            },
+            Case {
+                name: "request exceeds device, free unknown",
+                dump: big_request_no_free,
+                kind: REQUEST_EXCEEDS_DEVICE,
+                summary_has: &["which has 80.00 GiB in total"],
+                evidence_has: &["memory numbers unavailable (total 80.00 GiB); 0 B tracked in 12 allocations"],
+                suggestions_has: &[],
+            },
+            Case {
+                name: "device numbers unavailable, tracked bytes present",
+                dump: oom_dump(2 * GIB, None, None, 40 * GIB),
+                kind: OWN_ALLOCATIONS,
+                summary_has: &["memory numbers were unavailable", "tracked bytes alone", "40.00 GiB", "forward (model.py:42)"],
+                evidence_has: &["device 0: memory numbers unavailable; 40.00 GiB tracked in 12 allocations"],
+                suggestions_has: &["nvidia-smi"],
+            },
+            Case {
+                name: "device numbers unavailable, nothing tracked",
+                dump: oom_dump(2 * GIB, None, None, 0),
+                kind: UNTRACKED_MEMORY,
+                summary_has: &["memory numbers were unavailable", "no tracked memory on device 0"],
+                evidence_has: &["memory numbers unavailable; 0 B tracked in 12 allocations"],
+                suggestions_has: &["nvidia-smi"],
+            },
+            Case {
+                name: "free known, total unknown",
+                dump: oom_dump(2 * GIB, None, Some(GIB), 40 * GIB),
+                kind: OWN_ALLOCATIONS,
+                summary_has: &["tracked bytes alone"],
+                evidence_has: &["1.00 GiB free, less than the 2.00 GiB request"],
+                suggestions_has: &[],
+            },
+            Case {
+                name: "failing device not in the device list",
+                dump: other_device,
+                kind: UNTRACKED_MEMORY,
+                summary_has: &["no tracked memory on device 3"],
+                evidence_has: &["device 3: memory numbers unavailable; no tracked numbers for this device"],
+                suggestions_has: &["GPU 3"],
+            },
+            Case {
+                name: "numbers from the last failure",
+                dump: from_last,
+                kind: UNTRACKED_MEMORY,
+                summary_has: &["only 10.00 GiB"],
+                evidence_has: &["device 0 at the last failure of the burst: 79.00 GiB of 80.00 GiB in use; 10.00 GiB tracked", "last failure of the burst: 2.00 GiB via cudaMalloc; 1.00 GiB free of 80.00 GiB; 10.00 GiB tracked"],
+                suggestions_has: &[],
+            },
+            Case {
+                name: "recovered",
+                dump: recovered,
+                kind: OWN_ALLOCATIONS,
+                summary_has: &["This failure was recovered by a retry", "did not see this error", "own allocations"],
+                evidence_has: &["recovered: yes"],
+                suggestions_has: &[],
+            },
+            Case {
+                name: "stood",
+                dump: stood,
+                kind: OWN_ALLOCATIONS,
+                summary_has: &["the program saw this out-of-memory error"],
+                evidence_has: &["recovered: no"],
+                suggestions_has: &[],
+            },
+            Case {
+                name: "burst hints at fragmentation as a possibility",
+                dump: burst,
+                kind: OWN_ALLOCATIONS,
+                summary_has: &[],
+                evidence_has: &["failures in this burst: 3"],
+                suggestions_has: &["Possibly fragmentation (the allocation failed 3 times in one burst)", "not established", "expandable_segments:True"],
+            },
+            Case {
+                name: "small request with more free than asked",
+                dump: oom_dump(512 * MIB, Some(80 * GIB), Some(GIB), 78 * GIB + 512 * MIB),
+                kind: OWN_ALLOCATIONS,
+                summary_has: &[],
+                evidence_has: &["1.00 GiB free, not less than the 512.00 MiB request"],
+                suggestions_has: &["Possibly fragmentation (1.00 GiB was free, not less than the 512.00 MiB request)"],
+            },
+            Case {
+                name: "fragmentation shown by free-block data",
+                dump: fragmented,
+                kind: FRAGMENTATION,
+                summary_has: &["fragmented: 8.00 GiB was free in the allocator's blocks (torch-snapshot)", "largest free block was only 1.00 GiB"],
+                evidence_has: &["free blocks (torch-snapshot): 8.00 GiB free, largest block 1.00 GiB (87.5% fragmentation)"],
+                suggestions_has: &["expandable_segments:True", "empty_cache"],
+            },
+            Case {
+                name: "empty device at capture",
+                dump: oom_dump(2 * GIB, Some(80 * GIB), Some(80 * GIB), 0),
+                kind: OWN_ALLOCATIONS,
+                summary_has: &["showed no memory in use", "released between the failure and the capture", "No allocation sites were recorded"],
+                evidence_has: &["0 B of 80.00 GiB in use; 0 B tracked (n/a of used)"],
+                suggestions_has: &[],
+            },
+        ];
+        for case in cases {
+            let v = judge(&case.dump);
+            assert_eq!(v.kind, case.kind, "{}: {v:#?}", case.name);
+            assert!(
+                contains_all(&v.summary, case.summary_has),
+                "{}: summary {:?}",
+                case.name,
+                v.summary
+            );
+            let evidence = v.evidence.join("\n");
+            assert!(
+                contains_all(&evidence, case.evidence_has),
+                "{}: evidence\n{evidence}",
+                case.name
+            );
+            let suggestions = v.suggestions.join("\n");
+            assert!(
+                contains_all(&suggestions, case.suggestions_has),
+                "{}: suggestions\n{suggestions}",
+                case.name
+            );
+            assert!(!v.summary.contains('\n'), "{}: one paragraph", case.name);
+            assert!(
+                !suggestions.to_lowercase().contains("kill"),
+                "{}: never suggest killing",
+                case.name
+            );
+            assert_eq!(judge(&case.dump), v, "{}: deterministic", case.name);
+        }
+    }
+
+    #[test]
+    fn fragmentation_is_only_a_possibility_when_free_blocks_unavailable() {
+        let v = judge(&oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB));
+        assert!(!v.suggestions.join(" ").contains("fragmentation"), "{v:#?}");
+    }
+
+    #[test]
+    fn snapshot() {
+        let mut dump = oom_dump(0, Some(80 * GIB), Some(40 * GIB), 38 * GIB);
+        dump.failed_request = None;
+        dump.reason = "manual".into();
+        dump.pinned_host = PinnedHost {
+            bytes: 256 * MIB,
+            count: 4,
+            peak_bytes: 256 * MIB,
+        };
+        let v = judge(&dump);
+        assert_eq!(v.kind, SNAPSHOT);
+        assert!(
+            contains_all(
+                &v.summary,
+                &[
+                    "On-demand dump (manual).",
+                    "38.00 GiB of tracked device memory in 12 allocations on 1 device.",
+                    "forward (model.py:42), holds 19.00 GiB in 5 allocations (50.0% of tracked)"
+                ]
+            ),
+            "{}",
+            v.summary
+        );
+        assert_eq!(v.evidence[0], "device 0: 40.00 GiB of 80.00 GiB in use; 38.00 GiB tracked (95.0% of used) in 12 allocations, peak 38.00 GiB");
+        assert!(v
+            .evidence
+            .iter()
+            .any(|e| e.starts_with("pinned host memory: 256.00 MiB in 4 allocations")));
+
+        dump.sites.clear();
+        dump.devices.clear();
+        dump.reason = "oom".into();
+        let v = judge(&dump);
+        assert_eq!(v.kind, SNAPSHOT);
+        assert!(v.summary.contains("records no failed request"));
+        assert!(v.summary.contains("No allocation sites were recorded"));
+    }
+
+    #[test]
+    fn site_labels() {
+        assert_eq!(site_label(&[]), "a site without a recorded stack");
+        assert_eq!(
+            site_label(&[frame(None, None, None)]),
+            "an unnamed site (innermost address 0x7f00deadbeef)"
+        );
+        assert_eq!(site_label(&site(1, 1).stack), "forward (model.py:42)");
+    }
+
+    #[test]
+    fn extreme_numbers_do_not_panic() {
+        for (req, total, free, tracked) in [
+            (u64::MAX, Some(u64::MAX), Some(u64::MAX), u64::MAX),
+            (0, Some(0), Some(u64::MAX), 0),
+            (0, Some(0), Some(0), u64::MAX),
+            (1, None, Some(0), 0),
+        ] {
+            let mut dump = oom_dump(req, total, free, tracked);
+            dump.devices.push(dump.devices[0].clone());
+            dump.failed_request.as_mut().unwrap().failures_in_burst = u32::MAX;
+            let _ = judge(&dump);
+        }
+    }
+}

@@ -1,1 +1,112 @@
-fn main(){}
+//! The `oomshim` command line: parses arguments and dispatches to `oomshim::cli`.
+
+use clap::{Parser, Subcommand};
+use oomshim::cli::{self, EXIT_BAD_INPUT};
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "oomshim", version, about = "Explains CUDA out-of-memory errors")]
+struct Args {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a program with liboomshim.so preloaded; dumps are written when it runs out of memory.
+    Run {
+        /// Directory for dumps (sets OOMSHIM_DIR; default ./oomshim-dumps).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The shim library (default: liboomshim.so next to this binary).
+        #[arg(long)]
+        lib: Option<PathBuf>,
+        /// The program and its arguments, after `--`.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<OsString>,
+    },
+    /// Print a dump as a readable report.
+    Report {
+        dump: PathBuf,
+        /// How many holders and sites to show.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+        /// Print the report as JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a bundled leaky training loop on a simulated CUDA device (no GPU needed) and report
+    /// the dump it produces.
+    Demo {
+        /// Directory for the dump (default ./oomshim-dumps).
+        #[arg(long, default_value = "oomshim-dumps")]
+        dir: PathBuf,
+        /// The shim library (default: liboomshim.so next to this binary).
+        #[arg(long)]
+        lib: Option<PathBuf>,
+    },
+}
+
+fn color_wanted() -> bool {
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+fn fail(msg: &str, code: i32) -> ExitCode {
+    eprintln!("oomshim: error: {msg}");
+    ExitCode::from(code as u8)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match args.command {
+        Cmd::Run { dir, lib, command } => {
+            let lib = match cli::run::find_library(lib.as_deref()) {
+                Ok(l) => l,
+                Err(e) => return fail(&e, 1),
+            };
+            let opts = cli::run::RunOptions { lib, dir: dir.as_deref(), command: &command, extra_env: vec![] };
+            match cli::run::run(&opts) {
+                Ok((_, code)) => ExitCode::from(code.clamp(0, 255) as u8),
+                Err(e) => fail(&e, 127),
+            }
+        }
+        Cmd::Report { dump, top, json } => match cli::report(&dump, top, json, color_wanted()) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e, EXIT_BAD_INPUT),
+        },
+        Cmd::Demo { dir, lib } => {
+            let lib = match cli::run::find_library(lib.as_deref()) {
+                Ok(l) => l,
+                Err(e) => return fail(&e, 1),
+            };
+            eprintln!(
+                "oomshim demo: a training loop that keeps every activation runs on a simulated {} CUDA \
+                 device under the shim until it runs out of memory…",
+                cli::demo::DEMO_CAPACITY
+            );
+            match cli::demo::run_demo(lib, &dir) {
+                Ok(out) => {
+                    eprintln!(
+                        "oomshim demo: the client exited with status {}; its dump is {}\n",
+                        out.client_exit,
+                        out.dump.display()
+                    );
+                    match cli::report(&out.dump, 10, false, color_wanted()) {
+                        Ok(text) => {
+                            print!("{text}");
+                            ExitCode::SUCCESS
+                        }
+                        Err(e) => fail(&e, 1),
+                    }
+                }
+                Err(e) => fail(&e, 1),
+            }
+        }
+    }
+}

@@ -1,1 +1,234 @@
-//! (placeholder)
+//! Writing dump files: unique names per host, pid, rank and sequence; atomic (temporary file,
+//! fsync, then a rename that never replaces an existing file); a fallback to a private
+//! directory under the temp dir when the configured one cannot be written.
+
+use std::ffi::CString;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Identity that makes dump names unique across the hosts and ranks of a job.
+#[derive(Debug, Clone)]
+pub struct DumpName {
+    pub host: String,
+    pub pid: u32,
+    pub rank: Option<u32>,
+}
+
+impl DumpName {
+    /// `oomshim-HOST-PID[-rRANK]-SEQ.json`
+    pub fn file_name(&self, seq: u32) -> String {
+        let host = sanitize(&self.host);
+        match self.rank {
+            Some(r) => format!("oomshim-{host}-{}-r{r}-{seq}.json", self.pid),
+            None => format!("oomshim-{host}-{}-{seq}.json", self.pid),
+        }
+    }
+}
+
+fn sanitize(s: &str) -> String {
+    let out: String = s
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-' { c } else { '_' })
+        .take(64)
+        .collect();
+    if out.is_empty() { "host".to_string() } else { out }
+}
+
+/// Where a dump landed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub path: PathBuf,
+    /// Set when the configured directory could not be used: why, in one line.
+    pub fell_back: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct WriteError {
+    pub message: String,
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+static NEXT_SEQ: AtomicU32 = AtomicU32::new(1);
+
+/// Writes `bytes` as a new dump in `dir`, or in the per-user fallback directory if `dir` fails.
+pub fn write_dump(dir: &Path, name: &DumpName, bytes: &[u8]) -> Result<Written, WriteError> {
+    match write_in(dir, name, bytes) {
+        Ok(path) => Ok(Written { path, fell_back: None }),
+        Err(first) => {
+            let fallback = fallback_dir();
+            let why = format!("cannot write to {}: {first}", dir.display());
+            match prepare_private_dir(&fallback).and_then(|_| write_in(&fallback, name, bytes)) {
+                Ok(path) => Ok(Written { path, fell_back: Some(why) }),
+                Err(second) => Err(WriteError {
+                    message: format!("{why}; fallback {} failed too: {second}", fallback.display()),
+                }),
+            }
+        }
+    }
+}
+
+/// `$TMPDIR/oomshim-UID` (or `/tmp/oomshim-UID`): private to the user, since the temp dir is shared.
+pub fn fallback_dir() -> PathBuf {
+    let uid = unsafe { libc::geteuid() };
+    std::env::temp_dir().join(format!("oomshim-{uid}"))
+}
+
+fn prepare_private_dir(dir: &Path) -> io::Result<()> {
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    // Refuse a directory someone else planted (or a symlink to one).
+    let meta = fs::symlink_metadata(dir)?;
+    if !meta.is_dir() || meta.uid() != unsafe { libc::geteuid() } {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "exists but is not a directory owned by this user",
+        ));
+    }
+    Ok(())
+}
+
+fn write_in(dir: &Path, name: &DumpName, bytes: &[u8]) -> io::Result<PathBuf> {
+    fs::create_dir_all(dir)?;
+    let seq_tmp = NEXT_SEQ.load(Ordering::Relaxed);
+    let tmp = dir.join(format!(".oomshim-{}-{}-{}.tmp", name.pid, seq_tmp, unique_suffix()));
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)?;
+    let result = file.write_all(bytes).and_then(|_| file.sync_all());
+    drop(file);
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    // Claim the next free name without ever replacing a file.
+    for _ in 0..10_000 {
+        let seq = NEXT_SEQ.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(name.file_name(seq));
+        match rename_noreplace(&tmp, &path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+        }
+    }
+    let _ = fs::remove_file(&tmp);
+    Err(io::Error::new(io::ErrorKind::AlreadyExists, "no free dump name"))
+}
+
+fn unique_suffix() -> u64 {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    ((COUNTER.fetch_add(1, Ordering::Relaxed) as u64) << 32) | nanos as u64
+}
+
+/// `renameat2(RENAME_NOREPLACE)`, or `link` + `unlink` where the file system lacks it.
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    let c_from = CString::new(from.as_os_str().as_bytes())?;
+    let c_to = CString::new(to.as_os_str().as_bytes())?;
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            c_from.as_ptr(),
+            libc::AT_FDCWD,
+            c_to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::ENOTSUP) => {
+            fs::hard_link(from, to)?;
+            let _ = fs::remove_file(from);
+            Ok(())
+        }
+        _ => Err(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name() -> DumpName {
+        DumpName { host: "gpu-node 7".into(), pid: 4242, rank: None }
+    }
+
+    #[test]
+    fn names_carry_host_pid_rank_and_sequence() {
+        assert_eq!(name().file_name(1), "oomshim-gpu-node_7-4242-1.json");
+        let ranked = DumpName { rank: Some(3), ..name() };
+        assert_eq!(ranked.file_name(2), "oomshim-gpu-node_7-4242-r3-2.json");
+        assert_eq!(DumpName { host: "".into(), ..name() }.file_name(1), "oomshim-host-4242-1.json");
+    }
+
+    #[test]
+    fn writes_atomically_and_never_overwrites() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = write_dump(dir.path(), &name(), b"{\"a\":1}").unwrap();
+        let b = write_dump(dir.path(), &name(), b"{\"b\":2}").unwrap();
+        assert_ne!(a.path, b.path);
+        assert!(a.fell_back.is_none());
+        assert_eq!(fs::read(&a.path).unwrap(), b"{\"a\":1}");
+        assert_eq!(fs::read(&b.path).unwrap(), b"{\"b\":2}");
+        // No temporary files are left behind.
+        let names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names.iter().all(|n| n.starts_with("oomshim-") && n.ends_with(".json")));
+        let mode = fs::metadata(&a.path).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+
+    #[test]
+    fn an_existing_file_with_the_next_name_is_skipped_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let seq = NEXT_SEQ.load(Ordering::Relaxed);
+        for s in seq..seq + 3 {
+            fs::write(dir.path().join(name().file_name(s)), b"keep").unwrap();
+        }
+        let w = write_dump(dir.path(), &name(), b"new").unwrap();
+        for s in seq..seq + 3 {
+            let p = dir.path().join(name().file_name(s));
+            if p != w.path {
+                assert_eq!(fs::read(&p).unwrap(), b"keep");
+            }
+        }
+        assert_eq!(fs::read(&w.path).unwrap(), b"new");
+    }
+
+    #[test]
+    fn unusable_directory_falls_back_to_the_private_temp_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("not-a-dir");
+        fs::write(&file, b"x").unwrap();
+        let w = write_dump(&file.join("sub"), &name(), b"{}").unwrap();
+        assert!(w.path.starts_with(fallback_dir()), "{:?}", w.path);
+        assert!(w.fell_back.as_deref().unwrap().contains("not-a-dir"));
+        fs::remove_file(&w.path).unwrap();
+    }
+}

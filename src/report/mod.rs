@@ -1,1 +1,671 @@
-//! (placeholder)
+//! Reporters: pure functions from a parsed dump to text ([`terminal`]) or a machine-readable
+//! report model ([`render_json`]); [`units`] formats sizes and text for both.
+//!
+//! The report shows the verdict as [`crate::verdict::judge`] finds it now (the rules may be newer
+//! than the shim that wrote the dump); the verdict stored in the dump is kept in the JSON report
+//! as `recorded_verdict`.
+
+pub mod terminal;
+pub mod units;
+
+use serde_json::{json, Value};
+
+use crate::dump::model::{Dump, Frame, Holder, Site};
+use crate::verdict::judge;
+use units::{clean, human_bytes, share};
+
+pub use terminal::render_terminal;
+
+/// Identifies the layout of [`render_json`]'s output; bumped when a key changes meaning or goes.
+pub const REPORT_SCHEMA: &str = "oomshim.report/1";
+
+/// How much a report shows and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportOptions {
+    /// Rows in the largest-holders and sites tables (0 shows none).
+    pub top: usize,
+    /// ANSI colour in terminal output; the CLI decides (TTY, `NO_COLOR`). Ignored by JSON.
+    pub color: bool,
+}
+
+impl Default for ReportOptions {
+    fn default() -> Self {
+        ReportOptions {
+            top: 10,
+            color: false,
+        }
+    }
+}
+
+/// Frames shown per holder or site.
+pub(crate) const FRAMES_SHOWN: usize = 3;
+
+/// Frames that carry a function name, innermost first. Frames without one (addresses the
+/// symboliser could not name) are skipped in every report. So are the CUDA allocation call
+/// itself and frames inside the CUDA runtime/driver or the shim (see [`is_cuda_api_frame`]),
+/// which only repeat the API column, unless no other named frame is left.
+pub fn named_frames(stack: &[Frame]) -> impl Iterator<Item = &Frame> {
+    let named = || {
+        stack.iter().filter(|f| {
+            f.function
+                .as_deref()
+                .is_some_and(|name| !name.trim().is_empty())
+        })
+    };
+    let has_caller = named().any(|f| !is_cuda_api_frame(f));
+    named().filter(move |f| !(has_caller && is_cuda_api_frame(f)))
+}
+
+/// CUDA allocation entry points, without `_v2`-style and per-thread suffixes.
+const CUDA_ALLOC_FUNCTIONS: &[&str] = &[
+    "cudaMalloc",
+    "cudaMallocAsync",
+    "cudaMallocFromPoolAsync",
+    "cudaMallocManaged",
+    "cudaMallocPitch",
+    "cudaMalloc3D",
+    "cudaMallocHost",
+    "cudaHostAlloc",
+    "cuMemAlloc",
+    "cuMemAllocAsync",
+    "cuMemAllocFromPoolAsync",
+    "cuMemAllocManaged",
+    "cuMemAllocPitch",
+    "cuMemAllocHost",
+    "cuMemHostAlloc",
+    "cuMemCreate",
+    "cuMemMap",
+    "cuMemAddressReserve",
+];
+
+/// A frame in the CUDA runtime or driver library (`libcudart.so*`, `libcuda.so*`), in the shim
+/// (`liboomshim*`), or a CUDA allocation function by name (a statically linked runtime).
+pub fn is_cuda_api_frame(frame: &Frame) -> bool {
+    let module = frame.module.as_deref().unwrap_or("");
+    let module = module.rsplit('/').next().unwrap_or(module);
+    if module.starts_with("libcudart.so")
+        || module.starts_with("libcuda.so")
+        || module.starts_with("liboomshim")
+    {
+        return true;
+    }
+    let Some(function) = frame.function.as_deref() else {
+        return false;
+    };
+    let mut base = function;
+    for suffix in ["_ptsz", "_ptds", "_v2", "_v3"] {
+        base = base.strip_suffix(suffix).unwrap_or(base);
+    }
+    CUDA_ALLOC_FUNCTIONS.contains(&base)
+}
+
+/// `function (file:line)`, `function (file)`, or `function [module file name]` when only the
+/// module is known; the function name is shortened to `max_function` characters and control
+/// characters are escaped.
+pub fn frame_label(frame: &Frame, max_function: usize) -> String {
+    let function = units::truncate_function(
+        &clean(frame.function.as_deref().unwrap_or("?")),
+        max_function,
+    );
+    match (&frame.file, frame.line) {
+        (Some(file), Some(line)) if !file.is_empty() => {
+            format!("{function} ({}:{line})", clean(file))
+        }
+        (Some(file), None) if !file.is_empty() => format!("{function} ({})", clean(file)),
+        _ => match frame.module.as_deref().filter(|m| !m.is_empty()) {
+            Some(module) => {
+                let base = module.rsplit('/').next().unwrap_or(module);
+                format!("{function} [{}]", clean(base))
+            }
+            None => function,
+        },
+    }
+}
+
+/// Holders largest first (stable for equal sizes), whatever order the dump has them in.
+pub(crate) fn sorted_holders(dump: &Dump) -> Vec<&Holder> {
+    let mut holders: Vec<&Holder> = dump.largest_holders.iter().collect();
+    holders.sort_by_key(|h| std::cmp::Reverse(h.bytes));
+    holders
+}
+
+/// Sites largest first (stable for equal sizes).
+pub(crate) fn sorted_sites(dump: &Dump) -> Vec<&Site> {
+    let mut sites: Vec<&Site> = dump.sites.iter().collect();
+    sites.sort_by_key(|s| std::cmp::Reverse(s.bytes));
+    sites
+}
+
+/// Used bytes of a device (`total - free`) when both are known.
+pub(crate) fn used_bytes(total: Option<u64>, free: Option<u64>) -> Option<u64> {
+    Some(total?.saturating_sub(free?))
+}
+
+/// What the failed request's `recovered` means, as one word: `recovered`, `stood`, `unknown`.
+pub fn recovery_word(recovered: Option<bool>) -> &'static str {
+    match recovered {
+        Some(true) => "recovered",
+        Some(false) => "stood",
+        None => "unknown",
+    }
+}
+
+fn frames_json(stack: &[Frame]) -> Value {
+    Value::Array(
+        named_frames(stack)
+            .take(FRAMES_SHOWN)
+            .map(|f| {
+                json!({
+                    "function": f.function,
+                    "file": f.file,
+                    "line": f.line,
+                    "module": f.module,
+                    "address": f.address,
+                    "label": frame_label(f, usize::MAX),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The report model as JSON. Keys (all always present; `null` where unknown):
+///
+/// - `report`: [`REPORT_SCHEMA`]; `dump_schema`: the dump's `schema`.
+/// - `header`: `reason`, `oom` (bool: a failed request is present), `time`, `time_unix_ms`, `pid`,
+///   `host`, `command_line` (array), `rank`, `local_rank`, `world_size`, `oomshim_version`.
+/// - `failed_request`: `null` or `bytes`, `bytes_human`, `api`, `device`, `error_code`,
+///   `recovery` (`recovered` | `stood` | `unknown`), `failures_in_burst`, `top_frames`,
+///   `last_failure` (`null` or `bytes`, `api`, `time_unix_ms`, `tracked_bytes`, `free_bytes`,
+///   `total_bytes`).
+/// - `devices[]`: `index`, `name`, `total_bytes`, `free_bytes`, `used_bytes`, `tracked_bytes`,
+///   `tracked_count`, `peak_tracked_bytes`, `tracked_percent_of_used`.
+/// - `verdict`: `kind`, `summary`, `evidence[]`, `suggestions[]` (judged now);
+///   `recorded_verdict`: the same four keys as stored in the dump.
+/// - `top_holders[]` (at most `opts.top`, largest first): `rank` (1-based), `bytes`,
+///   `bytes_human`, `api`, `device`, `stream`, `thread`, `age_s`, `address`, `seq`, `top_frames`.
+/// - `top_sites[]` (at most `opts.top`): `rank`, `bytes`, `bytes_human`, `count`,
+///   `percent_of_tracked`, `top_frames`.
+/// - `holders_total`, `sites_total`: how many the dump lists.
+/// - `pinned_host`: `bytes`, `count`, `peak_bytes`.
+/// - `free_blocks`: `source`, `available` (bool), `reason`, `total_free_bytes`,
+///   `largest_free_bytes`, `fragmentation`, `histogram[]` (`lo`, `hi`, `count`, `bytes`).
+/// - `recording`: `version`, `stacks`, `depth`, `unknown_frees`, `live_allocations`,
+///   `total_allocations`, `oom_failures`.
+///
+/// `top_frames[]`: the first three frames that have a function name, innermost first:
+/// `function`, `file`, `line`, `module`, `address`, `label` (`function (file:line)`).
+pub fn render_json(dump: &Dump, opts: &ReportOptions) -> Value {
+    let process = &dump.process;
+    let verdict = judge(dump);
+    let tracked_total: u64 = dump
+        .devices
+        .iter()
+        .map(|d| d.tracked_bytes)
+        .fold(0, u64::saturating_add);
+    let failed_request = match &dump.failed_request {
+        None => Value::Null,
+        Some(req) => json!({
+            "bytes": req.bytes,
+            "bytes_human": human_bytes(req.bytes),
+            "api": req.api,
+            "device": req.device,
+            "error_code": req.error_code,
+            "recovery": recovery_word(req.recovered),
+            "failures_in_burst": req.failures_in_burst,
+            "top_frames": frames_json(&req.stack),
+            "last_failure": match &req.last_failure {
+                None => Value::Null,
+                Some(lf) => json!({
+                    "bytes": lf.bytes,
+                    "api": lf.api,
+                    "time_unix_ms": lf.time_unix_ms,
+                    "tracked_bytes": lf.tracked_bytes,
+                    "free_bytes": lf.free_bytes,
+                    "total_bytes": lf.total_bytes,
+                }),
+            },
+        }),
+    };
+    let devices: Vec<Value> = dump
+        .devices
+        .iter()
+        .map(|d| {
+            let used = used_bytes(d.total_bytes, d.free_bytes);
+            json!({
+                "index": d.index,
+                "name": d.name,
+                "total_bytes": d.total_bytes,
+                "free_bytes": d.free_bytes,
+                "used_bytes": used,
+                "tracked_bytes": d.tracked_bytes,
+                "tracked_count": d.tracked_count,
+                "peak_tracked_bytes": d.peak_tracked_bytes,
+                "tracked_percent_of_used": used.and_then(|u| share(d.tracked_bytes, u)).map(round1),
+            })
+        })
+        .collect();
+    let holders: Vec<Value> = sorted_holders(dump)
+        .into_iter()
+        .take(opts.top)
+        .enumerate()
+        .map(|(i, h)| {
+            json!({
+                "rank": i + 1,
+                "bytes": h.bytes,
+                "bytes_human": human_bytes(h.bytes),
+                "api": h.api,
+                "device": h.device,
+                "stream": h.stream,
+                "thread": h.thread,
+                "age_s": if h.age_s.is_finite() { json!(h.age_s) } else { Value::Null },
+                "address": h.address,
+                "seq": h.seq,
+                "top_frames": frames_json(&h.stack),
+            })
+        })
+        .collect();
+    let sites: Vec<Value> = sorted_sites(dump)
+        .into_iter()
+        .take(opts.top)
+        .enumerate()
+        .map(|(i, s)| {
+            json!({
+                "rank": i + 1,
+                "bytes": s.bytes,
+                "bytes_human": human_bytes(s.bytes),
+                "count": s.count,
+                "percent_of_tracked": share(s.bytes, tracked_total).map(round1),
+                "top_frames": frames_json(&s.stack),
+            })
+        })
+        .collect();
+    let fb = &dump.free_blocks;
+    json!({
+        "report": REPORT_SCHEMA,
+        "dump_schema": dump.schema,
+        "header": {
+            "reason": dump.reason,
+            "oom": dump.failed_request.is_some(),
+            "time": dump.time,
+            "time_unix_ms": dump.time_unix_ms,
+            "pid": process.pid,
+            "host": process.host,
+            "command_line": process.command_line,
+            "rank": process.rank,
+            "local_rank": process.local_rank,
+            "world_size": process.world_size,
+            "oomshim_version": dump.recording.version,
+        },
+        "failed_request": failed_request,
+        "devices": devices,
+        "verdict": {
+            "kind": verdict.kind,
+            "summary": verdict.summary,
+            "evidence": verdict.evidence,
+            "suggestions": verdict.suggestions,
+        },
+        "recorded_verdict": {
+            "kind": dump.verdict.kind,
+            "summary": dump.verdict.summary,
+            "evidence": dump.verdict.evidence,
+            "suggestions": dump.verdict.suggestions,
+        },
+        "top_holders": holders,
+        "holders_total": dump.largest_holders.len(),
+        "top_sites": sites,
+        "sites_total": dump.sites.len(),
+        "pinned_host": {
+            "bytes": dump.pinned_host.bytes,
+            "count": dump.pinned_host.count,
+            "peak_bytes": dump.pinned_host.peak_bytes,
+        },
+        "free_blocks": {
+            "source": fb.source,
+            "available": free_blocks_available(dump),
+            "reason": fb.reason,
+            "total_free_bytes": fb.total_free_bytes,
+            "largest_free_bytes": fb.largest_free_bytes,
+            "fragmentation": fb.fragmentation.filter(|f| f.is_finite()),
+            "histogram": fb.histogram.iter().map(|b| json!({
+                "lo": b.lo, "hi": b.hi, "count": b.count, "bytes": b.bytes,
+            })).collect::<Vec<_>>(),
+        },
+        "recording": {
+            "version": dump.recording.version,
+            "stacks": dump.recording.stacks,
+            "depth": dump.recording.depth,
+            "unknown_frees": dump.recording.unknown_frees,
+            "live_allocations": dump.recording.live_allocations,
+            "total_allocations": dump.recording.total_allocations,
+            "oom_failures": dump.recording.oom_failures,
+        },
+    })
+}
+
+/// Whether the dump carries free-block data (its source is not `unavailable`).
+pub(crate) fn free_blocks_available(dump: &Dump) -> bool {
+    dump.free_blocks.source != "unavailable"
+}
+
+fn round1(x: f64) -> Value {
+    if x.is_finite() {
+        json!((x * 10.0).round() / 10.0)
+    } else {
+        Value::Null
+    }
+}
+
+/// Test fixtures under `tests/fixtures/` and golden-file comparison. `OOMSHIM_BLESS=1` rewrites
+/// the expected files instead of comparing.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use std::path::PathBuf;
+
+    use crate::dump::model::Dump;
+    use crate::dump::read::read_dump;
+
+    /// Dumps under `tests/fixtures/<name>.json` that have golden reports.
+    pub fn fixture_names() -> &'static [&'static str] {
+        &[
+            "oom_own_allocations",
+            "oom_untracked",
+            "oom_request_exceeds_device",
+            "oom_fragmentation",
+            "snapshot",
+            "minimal_unavailable",
+        ]
+    }
+
+    pub fn fixture_path(file: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(file)
+    }
+
+    pub fn load_fixture(name: &str) -> Dump {
+        let path = fixture_path(&format!("{name}.json"));
+        read_dump(&path).unwrap_or_else(|e| panic!("fixture: {e}"))
+    }
+
+    /// Compares `actual` with the expected file `tests/fixtures/<file>`; with `OOMSHIM_BLESS=1`
+    /// writes `actual` there instead.
+    pub fn check_golden(file: &str, actual: &str) {
+        let path = fixture_path(file);
+        if std::env::var_os("OOMSHIM_BLESS").is_some_and(|v| v == "1") {
+            std::fs::write(&path, actual).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            return;
+        }
+        let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (run with OOMSHIM_BLESS=1 to create it)",
+                path.display()
+            )
+        });
+        if expected != actual {
+            let first = expected
+                .lines()
+                .zip(actual.lines())
+                .position(|(a, b)| a != b)
+                .unwrap_or_else(|| expected.lines().count().min(actual.lines().count()));
+            panic!(
+                "{} differs from the rendered output at line {}:\n  expected: {:?}\n  actual:   {:?}\n\
+                 --- actual output ---\n{actual}\n(run with OOMSHIM_BLESS=1 to accept)",
+                path.display(),
+                first + 1,
+                expected.lines().nth(first).unwrap_or("<end>"),
+                actual.lines().nth(first).unwrap_or("<end>"),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fixtures::{check_golden, fixture_names, load_fixture};
+
+    #[test]
+    fn frame_labels() {
+        let f = |function: Option<&str>,
+                 file: Option<&str>,
+                 line: Option<u32>,
+                 module: Option<&str>| Frame {
+            address: "0x1".into(),
+            function: function.map(Into::into),
+            file: file.map(Into::into),
+            line,
+            module: module.map(Into::into),
+            inlined: false,
+        };
+        assert_eq!(
+            frame_label(&f(Some("forward"), Some("model.py"), Some(42), None), 80),
+            "forward (model.py:42)"
+        );
+        assert_eq!(
+            frame_label(&f(Some("forward"), Some("model.py"), None, None), 80),
+            "forward (model.py)"
+        );
+        assert_eq!(
+            frame_label(
+                &f(
+                    Some("cudaMalloc"),
+                    None,
+                    None,
+                    Some("/usr/lib/libcudart.so.13")
+                ),
+                80
+            ),
+            "cudaMalloc [libcudart.so.13]"
+        );
+        assert_eq!(frame_label(&f(Some("main"), None, None, None), 80), "main");
+        let stack = vec![
+            f(None, None, None, None),
+            f(Some(""), None, None, None),
+            f(Some("a"), None, None, None),
+        ];
+        assert_eq!(named_frames(&stack).count(), 1);
+        // CUDA API frames are skipped when a caller is named, kept when nothing else is.
+        let api = f(Some("cudaMalloc"), None, None, Some("/x/libcudart.so.13"));
+        let static_api = f(Some("cuMemAlloc_v2"), None, None, Some("/opt/app"));
+        let shim = f(
+            Some("oomshim::ffi::hook"),
+            None,
+            None,
+            Some("/x/liboomshim.so"),
+        );
+        let user = f(
+            Some("alloc_matrix"),
+            Some("m.cu"),
+            Some(3),
+            Some("/opt/app"),
+        );
+        let stack = vec![shim.clone(), api.clone(), static_api.clone(), user.clone()];
+        let names: Vec<_> = named_frames(&stack)
+            .map(|f| f.function.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["alloc_matrix"]);
+        let stack = vec![api, static_api];
+        assert_eq!(named_frames(&stack).count(), 2);
+    }
+
+    #[test]
+    fn json_report_golden() {
+        for name in fixture_names() {
+            let dump = load_fixture(name);
+            let value = render_json(
+                &dump,
+                &ReportOptions {
+                    top: 5,
+                    color: false,
+                },
+            );
+            let text = serde_json::to_string_pretty(&value).unwrap() + "\n";
+            // Compared as JSON values, so key order (serde_json's `preserve_order` feature, which
+            // another dependency could switch on) does not matter; text diff on a mismatch.
+            let file = format!("{name}.report.json");
+            let expected = std::fs::read(fixtures::fixture_path(&file))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+            if expected.as_ref() != Some(&value) {
+                check_golden(&file, &text);
+            }
+        }
+    }
+
+    #[test]
+    fn json_report_keys_are_stable() {
+        for name in fixture_names() {
+            let dump = load_fixture(name);
+            let v = render_json(&dump, &ReportOptions::default());
+            let keys = |v: &Value| -> Vec<String> {
+                let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+                k.sort();
+                k
+            };
+            assert_eq!(
+                keys(&v),
+                [
+                    "devices",
+                    "dump_schema",
+                    "failed_request",
+                    "free_blocks",
+                    "header",
+                    "holders_total",
+                    "pinned_host",
+                    "recorded_verdict",
+                    "recording",
+                    "report",
+                    "sites_total",
+                    "top_holders",
+                    "top_sites",
+                    "verdict"
+                ]
+            );
+            assert_eq!(v["report"], REPORT_SCHEMA);
+            assert_eq!(
+                keys(&v["header"]),
+                [
+                    "command_line",
+                    "host",
+                    "local_rank",
+                    "oom",
+                    "oomshim_version",
+                    "pid",
+                    "rank",
+                    "reason",
+                    "time",
+                    "time_unix_ms",
+                    "world_size"
+                ]
+            );
+            assert_eq!(
+                keys(&v["verdict"]),
+                ["evidence", "kind", "suggestions", "summary"]
+            );
+            for d in v["devices"].as_array().unwrap() {
+                assert_eq!(
+                    keys(d),
+                    [
+                        "free_bytes",
+                        "index",
+                        "name",
+                        "peak_tracked_bytes",
+                        "total_bytes",
+                        "tracked_bytes",
+                        "tracked_count",
+                        "tracked_percent_of_used",
+                        "used_bytes"
+                    ]
+                );
+            }
+            for h in v["top_holders"].as_array().unwrap() {
+                assert_eq!(
+                    keys(h),
+                    [
+                        "address",
+                        "age_s",
+                        "api",
+                        "bytes",
+                        "bytes_human",
+                        "device",
+                        "rank",
+                        "seq",
+                        "stream",
+                        "thread",
+                        "top_frames"
+                    ]
+                );
+                for f in h["top_frames"].as_array().unwrap() {
+                    assert_eq!(
+                        keys(f),
+                        ["address", "file", "function", "label", "line", "module"]
+                    );
+                }
+            }
+            for s in v["top_sites"].as_array().unwrap() {
+                assert_eq!(
+                    keys(s),
+                    [
+                        "bytes",
+                        "bytes_human",
+                        "count",
+                        "percent_of_tracked",
+                        "rank",
+                        "top_frames"
+                    ]
+                );
+            }
+            if !v["failed_request"].is_null() {
+                assert_eq!(
+                    keys(&v["failed_request"]),
+                    [
+                        "api",
+                        "bytes",
+                        "bytes_human",
+                        "device",
+                        "error_code",
+                        "failures_in_burst",
+                        "last_failure",
+                        "recovery",
+                        "top_frames"
+                    ]
+                );
+            }
+            assert_eq!(
+                keys(&v["free_blocks"]),
+                [
+                    "available",
+                    "fragmentation",
+                    "histogram",
+                    "largest_free_bytes",
+                    "reason",
+                    "source",
+                    "total_free_bytes"
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn top_limits_rows() {
+        let dump = load_fixture("oom_own_allocations");
+        let v = render_json(
+            &dump,
+            &ReportOptions {
+                top: 2,
+                color: false,
+            },
+        );
+        assert_eq!(v["top_holders"].as_array().unwrap().len(), 2);
+        assert_eq!(v["top_sites"].as_array().unwrap().len(), 2);
+        let v = render_json(
+            &dump,
+            &ReportOptions {
+                top: 0,
+                color: false,
+            },
+        );
+        assert!(v["top_holders"].as_array().unwrap().is_empty());
+        assert_eq!(v["holders_total"], dump.largest_holders.len());
+    }
+}

@@ -1,0 +1,289 @@
+//! The exported functions. Each hook calls the real function exactly once with exactly the
+//! caller's arguments, returns exactly its result, and only reads out-parameters after a
+//! success (never dereferencing NULL). Recording happens after the call, inside the guard.
+
+#![allow(non_snake_case, reason = "CUDA's exported names")]
+
+use super::cuda_error::{INITIALIZATION_ERROR, MEMORY_ALLOCATION, SUCCESS};
+use super::{Guard, RealFn};
+use crate::ledger::Api;
+use crate::runtime;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+
+type Stream = *mut c_void;
+type MemPool = *mut c_void;
+
+/// `struct cudaExtent`, passed by value to cudaMalloc3D.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CudaExtent {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+}
+
+/// `struct cudaPitchedPtr`, written by cudaMalloc3D.
+#[repr(C)]
+pub struct CudaPitchedPtr {
+    pub ptr: *mut c_void,
+    pub pitch: usize,
+    pub xsize: usize,
+    pub ysize: usize,
+}
+
+/// Resolves the real function of the given type, or returns the runtime's error from the hook.
+macro_rules! real {
+    ($name:literal, $ty:ty) => {{
+        static REAL: RealFn = RealFn::new($name);
+        match REAL.get() {
+            Some(p) => std::mem::transmute::<usize, $ty>(p),
+            None => return INITIALIZATION_ERROR,
+        }
+    }};
+}
+
+unsafe fn read_ptr(out: *mut *mut c_void) -> usize {
+    if out.is_null() { 0 } else { *out as usize }
+}
+
+/// The calling thread's current device, from the real runtime (no context is created by it).
+fn current_device() -> i32 {
+    static GET: RealFn = RealFn::new(c"cudaGetDevice");
+    let Some(p) = GET.get() else { return 0 };
+    let f: unsafe extern "C" fn(*mut c_int) -> c_int = unsafe { std::mem::transmute(p) };
+    let mut d: c_int = 0;
+    if unsafe { f(&mut d) } == SUCCESS { d } else { 0 }
+}
+
+/// (free, total) bytes of the calling thread's current device.
+fn mem_info() -> Option<(u64, u64)> {
+    static GET: RealFn = RealFn::new(c"cudaMemGetInfo");
+    let f: unsafe extern "C" fn(*mut usize, *mut usize) -> c_int =
+        unsafe { std::mem::transmute(GET.get()?) };
+    let (mut free, mut total) = (0usize, 0usize);
+    (unsafe { f(&mut free, &mut total) } == SUCCESS).then_some((free as u64, total as u64))
+}
+
+/// The device's name: the leading `char name[256]` of `cudaDeviceProp`, whatever its version.
+fn device_name(device: i32) -> Option<String> {
+    static V2: RealFn = RealFn::new(c"cudaGetDeviceProperties_v2");
+    static V1: RealFn = RealFn::new(c"cudaGetDeviceProperties");
+    let p = V2.get().or_else(|| V1.get())?;
+    let f: unsafe extern "C" fn(*mut u8, c_int) -> c_int = unsafe { std::mem::transmute(p) };
+    // Far larger than any cudaDeviceProp so far (about 1 KiB), so any version fits.
+    let mut buf = vec![0u8; 16 * 1024];
+    if unsafe { f(buf.as_mut_ptr(), device) } != SUCCESS {
+        return None;
+    }
+    let name = CStr::from_bytes_until_nul(&buf[..256]).ok()?;
+    Some(name.to_string_lossy().into_owned())
+}
+
+/// Bookkeeping after an allocation call returned `rc`.
+fn after_alloc(guard: &Guard, api: Api, rc: c_int, addr: usize, bytes: u64, stream: usize) {
+    guard.run(|| {
+        if rc == SUCCESS {
+            if addr != 0 {
+                let device = if api.is_pinned_host() { -1 } else { current_device() };
+                runtime::record_alloc(api, addr, bytes, device, stream);
+            }
+        } else if rc == MEMORY_ALLOCATION {
+            if api.is_pinned_host() {
+                runtime::record_pinned_failure(api, bytes);
+            } else {
+                let device = current_device();
+                runtime::record_oom(runtime::OomEvent {
+                    api,
+                    bytes,
+                    device,
+                    error_code: rc,
+                    mem_info: mem_info(),
+                    device_name: runtime::cached_device_name(device, device_name),
+                    stream,
+                });
+            }
+        }
+    });
+}
+
+/// Removes `ptr` from the ledger before the real free runs (see `Ledger::take`); puts it back
+/// if the free fails.
+unsafe fn free_with(guard: Option<&Guard>, ptr: *mut c_void, real_free: impl FnOnce() -> c_int) -> c_int {
+    let taken = match guard {
+        Some(g) if !ptr.is_null() => g.run(|| runtime::take(ptr as usize)).flatten(),
+        _ => None,
+    };
+    let rc = real_free();
+    if rc != SUCCESS {
+        if let (Some(g), Some(a)) = (guard, taken) {
+            g.run(|| runtime::reinstate(ptr as usize, a));
+        }
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> c_int {
+    let real = real!(c"cudaMalloc", unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int);
+    let guard = Guard::enter();
+    let rc = real(dev_ptr, size);
+    if let Some(g) = &guard {
+        after_alloc(g, Api::CudaMalloc, rc, read_ptr(dev_ptr), size as u64, 0);
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaFree(dev_ptr: *mut c_void) -> c_int {
+    let real = real!(c"cudaFree", unsafe extern "C" fn(*mut c_void) -> c_int);
+    let guard = Guard::enter();
+    free_with(guard.as_ref(), dev_ptr, || real(dev_ptr))
+}
+
+/// A hook for a stream-ordered allocation function (and, invoked again, its per-thread-stream
+/// `_ptsz` twin: same signature, different real function).
+macro_rules! async_alloc_hook {
+    ($name:ident, $real:literal, $api:expr, ($($arg:ident : $ty:ty),*), $stream:ident) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dev_ptr: *mut *mut c_void, size: usize $(, $arg: $ty)*) -> c_int {
+            let real = real!($real, unsafe extern "C" fn(*mut *mut c_void, usize $(, $ty)*) -> c_int);
+            let guard = Guard::enter();
+            let rc = real(dev_ptr, size $(, $arg)*);
+            if let Some(g) = &guard {
+                after_alloc(g, $api, rc, read_ptr(dev_ptr), size as u64, $stream as usize);
+            }
+            rc
+        }
+    };
+}
+
+async_alloc_hook!(cudaMallocAsync, c"cudaMallocAsync", Api::CudaMallocAsync, (stream: Stream), stream);
+async_alloc_hook!(cudaMallocAsync_ptsz, c"cudaMallocAsync_ptsz", Api::CudaMallocAsync, (stream: Stream), stream);
+async_alloc_hook!(
+    cudaMallocFromPoolAsync,
+    c"cudaMallocFromPoolAsync",
+    Api::CudaMallocFromPoolAsync,
+    (pool: MemPool, stream: Stream),
+    stream
+);
+async_alloc_hook!(
+    cudaMallocFromPoolAsync_ptsz,
+    c"cudaMallocFromPoolAsync_ptsz",
+    Api::CudaMallocFromPoolAsync,
+    (pool: MemPool, stream: Stream),
+    stream
+);
+
+macro_rules! async_free_hook {
+    ($name:ident, $real:literal) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dev_ptr: *mut c_void, stream: Stream) -> c_int {
+            let real = real!($real, unsafe extern "C" fn(*mut c_void, Stream) -> c_int);
+            let guard = Guard::enter();
+            free_with(guard.as_ref(), dev_ptr, || real(dev_ptr, stream))
+        }
+    };
+}
+
+async_free_hook!(cudaFreeAsync, c"cudaFreeAsync");
+async_free_hook!(cudaFreeAsync_ptsz, c"cudaFreeAsync_ptsz");
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
+    let real = real!(c"cudaMallocManaged", unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int);
+    let guard = Guard::enter();
+    let rc = real(dev_ptr, size, flags);
+    if let Some(g) = &guard {
+        after_alloc(g, Api::CudaMallocManaged, rc, read_ptr(dev_ptr), size as u64, 0);
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMallocPitch(
+    dev_ptr: *mut *mut c_void,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+) -> c_int {
+    let real = real!(c"cudaMallocPitch", unsafe extern "C" fn(*mut *mut c_void, *mut usize, usize, usize) -> c_int);
+    let guard = Guard::enter();
+    let rc = real(dev_ptr, pitch, width, height);
+    if let Some(g) = &guard {
+        // The allocation holds pitch × height bytes; before success only width × height is known.
+        let row = if rc == SUCCESS && !pitch.is_null() { *pitch } else { width };
+        let bytes = (row as u64).saturating_mul(height as u64);
+        after_alloc(g, Api::CudaMallocPitch, rc, read_ptr(dev_ptr), bytes, 0);
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMalloc3D(pitched: *mut CudaPitchedPtr, extent: CudaExtent) -> c_int {
+    let real = real!(c"cudaMalloc3D", unsafe extern "C" fn(*mut CudaPitchedPtr, CudaExtent) -> c_int);
+    let guard = Guard::enter();
+    let rc = real(pitched, extent);
+    if let Some(g) = &guard {
+        let (addr, row) = if rc == SUCCESS && !pitched.is_null() {
+            ((*pitched).ptr as usize, (*pitched).pitch)
+        } else {
+            (0, extent.width)
+        };
+        let bytes = (row as u64)
+            .saturating_mul(extent.height as u64)
+            .saturating_mul(extent.depth as u64);
+        after_alloc(g, Api::CudaMalloc3D, rc, addr, bytes, 0);
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> c_int {
+    let real = real!(c"cudaMallocHost", unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int);
+    let guard = Guard::enter();
+    let rc = real(ptr, size);
+    if let Some(g) = &guard {
+        after_alloc(g, Api::CudaMallocHost, rc, read_ptr(ptr), size as u64, 0);
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
+    let real = real!(c"cudaHostAlloc", unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int);
+    let guard = Guard::enter();
+    let rc = real(ptr, size, flags);
+    if let Some(g) = &guard {
+        after_alloc(g, Api::CudaHostAlloc, rc, read_ptr(ptr), size as u64, 0);
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> c_int {
+    let real = real!(c"cudaFreeHost", unsafe extern "C" fn(*mut c_void) -> c_int);
+    let guard = Guard::enter();
+    free_with(guard.as_ref(), ptr, || real(ptr))
+}
+
+/// Writes a dump now. `reason` (may be NULL) is recorded in the dump's `reason` key.
+/// Returns 0 when a dump was written, -1 otherwise (the reason is printed on stderr).
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_dump(reason: *const c_char) -> c_int {
+    let Some(guard) = Guard::enter() else { return -1 };
+    let reason = if reason.is_null() {
+        "on-demand".to_string()
+    } else {
+        CStr::from_ptr(reason).to_string_lossy().into_owned()
+    };
+    let written = guard.run(|| {
+        let device = runtime::device_for_on_demand_dump(current_device);
+        let info = device.and_then(|_| mem_info());
+        let name = device.and_then(|d| runtime::cached_device_name(d, device_name));
+        runtime::dump_now(&reason, device, info, name)
+    });
+    match written {
+        Some(true) => 0,
+        _ => -1,
+    }
+}

@@ -1,0 +1,295 @@
+//! Turning a captured ledger state into a [`Dump`]: largest holders, sites, devices, process
+//! identity, symbolised stacks (the only place symbolisation happens) and the verdict.
+
+use super::{unix_ms, Shim};
+use crate::dump::model::*;
+use crate::ledger::{Allocation, Api, Snapshot, StackId};
+use rustc_hash::FxHashMap;
+use std::time::SystemTime;
+
+/// The state at the moment a dump describes.
+pub(crate) struct Capture {
+    pub snapshot: Snapshot,
+    pub time: SystemTime,
+    /// Shim clock at capture, for allocation ages.
+    pub now_ns: u64,
+    pub failing: Option<Failing>,
+    /// The device whose free/total bytes were asked for, if any.
+    pub device: Option<i32>,
+    pub mem_info: Option<(u64, u64)>,
+    pub device_name: Option<String>,
+}
+
+pub(crate) struct Failing {
+    pub api: Api,
+    pub bytes: u64,
+    pub device: i32,
+    pub error_code: i32,
+    pub stack: StackId,
+}
+
+pub(crate) struct BurstInfo {
+    pub failures: u32,
+    pub recovered: Option<bool>,
+    pub last: LastFailure,
+}
+
+pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<BurstInfo>) -> Dump {
+    let top = s.config.top;
+    let device_allocs: Vec<&(usize, Allocation)> =
+        cap.snapshot.allocations.iter().filter(|(_, a)| !a.api.is_pinned_host()).collect();
+
+    let mut holders = device_allocs.clone();
+    holders.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.1.seq.cmp(&b.1.seq)));
+    holders.truncate(top);
+
+    let mut by_site: FxHashMap<StackId, (u64, u64)> = FxHashMap::default();
+    for (_, a) in &device_allocs {
+        let e = by_site.entry(a.stack).or_default();
+        e.0 += a.bytes;
+        e.1 += 1;
+    }
+    let mut sites: Vec<(StackId, u64, u64)> = by_site.into_iter().map(|(k, (b, c))| (k, b, c)).collect();
+    sites.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    sites.truncate(top);
+
+    // Symbolise every address needed, once, in one batch.
+    let mut stack_ids: Vec<StackId> = holders.iter().map(|(_, a)| a.stack).collect();
+    stack_ids.extend(sites.iter().map(|s| s.0));
+    stack_ids.extend(cap.failing.as_ref().map(|f| f.stack));
+    stack_ids.sort();
+    stack_ids.dedup();
+    let raw: FxHashMap<StackId, Vec<usize>> = stack_ids.iter().map(|&id| (id, s.stacks.frames(id))).collect();
+    let mut addrs: Vec<usize> = raw.values().flatten().copied().collect();
+    addrs.sort_unstable();
+    addrs.dedup();
+    let symbols: FxHashMap<usize, Vec<Frame>> = if addrs.is_empty() {
+        FxHashMap::default()
+    } else {
+        addrs.iter().copied().zip(crate::stacks::symbolize(&addrs)).collect()
+    };
+    let frames_of = |id: StackId| -> Vec<Frame> {
+        raw.get(&id)
+            .map(|pcs| {
+                pcs.iter()
+                    .flat_map(|pc| {
+                        symbols.get(pc).cloned().unwrap_or_else(|| {
+                            vec![Frame { address: format!("{pc:#x}"), ..Frame::default() }]
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+
+    let largest_holders = holders
+        .iter()
+        .map(|(addr, a)| Holder {
+            bytes: a.bytes,
+            address: format!("{addr:#x}"),
+            api: a.api.name().to_string(),
+            device: a.device,
+            stream: has_stream(a.api).then(|| format!("{:#x}", a.stream)),
+            thread: a.thread,
+            age_s: cap.now_ns.saturating_sub(a.time_ns) as f64 / 1e9,
+            seq: a.seq,
+            stack: frames_of(a.stack),
+        })
+        .collect();
+    let sites = sites
+        .iter()
+        .map(|&(id, bytes, count)| Site { bytes, count, stack: frames_of(id) })
+        .collect();
+
+    let mut devices: Vec<DeviceInfo> = cap
+        .snapshot
+        .devices
+        .iter()
+        .map(|&(index, t)| DeviceInfo {
+            index,
+            name: None,
+            total_bytes: None,
+            free_bytes: None,
+            tracked_bytes: t.bytes,
+            tracked_count: t.count,
+            peak_tracked_bytes: t.peak_bytes,
+        })
+        .collect();
+    if let Some(d) = cap.device {
+        let info = match devices.iter_mut().find(|x| x.index == d) {
+            Some(x) => x,
+            None => {
+                devices.push(DeviceInfo {
+                    index: d,
+                    name: None,
+                    total_bytes: None,
+                    free_bytes: None,
+                    tracked_bytes: 0,
+                    tracked_count: 0,
+                    peak_tracked_bytes: 0,
+                });
+                devices.last_mut().expect("just pushed")
+            }
+        };
+        info.name = cap.device_name.clone();
+        info.free_bytes = cap.mem_info.map(|m| m.0);
+        info.total_bytes = cap.mem_info.map(|m| m.1);
+    }
+    devices.sort_by_key(|d| d.index);
+
+    let failed_request = cap.failing.as_ref().map(|f| {
+        let burst = burst.as_ref();
+        FailedRequest {
+            bytes: f.bytes,
+            api: f.api.name().to_string(),
+            device: f.device,
+            error_code: f.error_code,
+            stack: frames_of(f.stack),
+            failures_in_burst: burst.map_or(1, |b| b.failures),
+            recovered: burst.and_then(|b| b.recovered),
+            last_failure: burst.map(|b| b.last.clone()),
+        }
+    });
+
+    let mut dump = Dump {
+        schema: SCHEMA.to_string(),
+        reason: reason.to_string(),
+        time: rfc3339(cap.time),
+        time_unix_ms: unix_ms(cap.time),
+        process: process_info(),
+        failed_request,
+        devices,
+        pinned_host: PinnedHost {
+            bytes: cap.snapshot.pinned_host.bytes,
+            count: cap.snapshot.pinned_host.count,
+            peak_bytes: cap.snapshot.pinned_host.peak_bytes,
+        },
+        largest_holders,
+        sites,
+        free_blocks: FreeBlocks {
+            source: "unavailable".to_string(),
+            reason: Some(
+                "under LD_PRELOAD the shim sees the framework's segments, not its free blocks; \
+                 run with oomshim as the allocator to see them"
+                    .to_string(),
+            ),
+            total_free_bytes: None,
+            largest_free_bytes: None,
+            fragmentation: None,
+            histogram: Vec::new(),
+        },
+        verdict: Verdict { kind: String::new(), summary: String::new(), evidence: vec![], suggestions: vec![] },
+        recording: Recording {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            stacks: s.config.stacks.as_str().to_string(),
+            depth: s.config.depth as u32,
+            unknown_frees: cap.snapshot.unknown_frees,
+            live_allocations: cap.snapshot.allocations.len() as u64,
+            total_allocations: cap.snapshot.total_allocations,
+            oom_failures: s.oom_failures.load(std::sync::atomic::Ordering::Relaxed),
+        },
+    };
+    dump.verdict = crate::verdict::judge(&dump);
+    dump
+}
+
+fn has_stream(api: Api) -> bool {
+    matches!(api, Api::CudaMallocAsync | Api::CudaMallocFromPoolAsync)
+}
+
+/// `function (file:line)` of the innermost frame with a name, for one-line summaries.
+pub(crate) fn describe_site(stack: &[Frame]) -> String {
+    match stack.iter().find(|f| f.function.is_some()) {
+        Some(f) => {
+            let name = f.function.as_deref().unwrap_or("?");
+            match (&f.file, f.line) {
+                (Some(file), Some(line)) => {
+                    let short = file.rsplit('/').next().unwrap_or(file);
+                    format!("{name} ({short}:{line})")
+                }
+                _ => name.to_string(),
+            }
+        }
+        None => stack.first().map(|f| f.address.clone()).unwrap_or_else(|| "an unknown site".to_string()),
+    }
+}
+
+fn process_info() -> ProcessInfo {
+    let env_u32 = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<u32>().ok());
+    let command_line = std::fs::read("/proc/self/cmdline")
+        .map(|raw| {
+            raw.split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    ProcessInfo {
+        pid: std::process::id(),
+        host: hostname(),
+        command_line,
+        rank: env_u32("RANK"),
+        local_rank: env_u32("LOCAL_RANK"),
+        world_size: env_u32("WORLD_SIZE"),
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return "unknown".to_string();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// RFC 3339 UTC with milliseconds, from the civil-from-days algorithm (no time zone data needed).
+pub(crate) fn rfc3339(t: SystemTime) -> String {
+    let ms = unix_ms(t);
+    let (secs, millis) = (ms / 1000, ms % 1000);
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + if month <= 2 { 1 } else { 0 };
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{millis:03}Z")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn rfc3339_matches_known_instants() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let t = UNIX_EPOCH + Duration::from_millis(1_795_966_991_123);
+        assert_eq!(rfc3339(t), "2026-11-29T15:43:11.123Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn site_description_uses_the_innermost_named_frame() {
+        let frames = vec![
+            Frame { address: "0x1".into(), ..Frame::default() },
+            Frame {
+                address: "0x2".into(),
+                function: Some("forward_layer".into()),
+                file: Some("/src/demo_train.c".into()),
+                line: Some(55),
+                ..Frame::default()
+            },
+        ];
+        assert_eq!(describe_site(&frames), "forward_layer (demo_train.c:55)");
+        assert_eq!(describe_site(&frames[..1]), "0x1");
+        assert_eq!(describe_site(&[]), "an unknown site");
+    }
+}

@@ -1,0 +1,286 @@
+//! The out-of-memory path. The first failure on a device captures the ledger at once (the most
+//! telling moment) and hands it to a writer thread; failures that follow within
+//! `OOMSHIM_MIN_INTERVAL` join that burst. The writer waits up to `OOMSHIM_SETTLE` to learn
+//! whether the framework's retry succeeded (PyTorch frees its cache and retries), then writes
+//! the dump and the stderr summary: loud when the failure stood, one quiet line when it was
+//! recovered. At exit, a waiting dump is written at once.
+
+use super::assemble::{self, Capture, Failing};
+use super::{unix_ms, Shim};
+use crate::dump::model::{Dump, LastFailure};
+use crate::dump::write::{write_dump, DumpName, WriteError, Written};
+use crate::ledger::{Api, StackId, MAX_DEVICES};
+use crate::report::units::{human_bytes, thousands};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Mutex, MutexGuard, Condvar};
+use std::time::{Duration, Instant, SystemTime};
+
+/// What the hook saw when an allocation failed.
+pub struct OomEvent {
+    pub api: Api,
+    pub bytes: u64,
+    pub device: i32,
+    pub error_code: i32,
+    /// (free, total) from the runtime, asked on the failing thread right after the failure.
+    pub mem_info: Option<(u64, u64)>,
+    pub device_name: Option<String>,
+    pub stream: usize,
+}
+
+struct Burst {
+    started: Instant,
+    request_bytes: u64,
+    failures: u32,
+    recovered: bool,
+    last: LastFailure,
+    written: bool,
+}
+
+#[derive(Default)]
+struct State {
+    bursts: Vec<Option<Burst>>,
+    flushing: bool,
+    jobs_in_flight: u32,
+}
+
+struct Job {
+    slot: usize,
+    capture: Capture,
+    started: Instant,
+}
+
+pub(crate) struct OomTracker {
+    /// Per device: a written-or-not burst still wants to hear of a successful retry. Read on
+    /// every allocation, so it is an atomic and the lock is taken only when it is set.
+    pending: Box<[AtomicBool]>,
+    state: Mutex<State>,
+    changed: Condvar,
+    /// The writer thread's queue and the pid that started it (a forked child starts its own).
+    writer: Mutex<Option<(u32, Sender<Job>)>>,
+}
+
+fn slot(device: i32) -> usize {
+    (device.max(0) as usize).min(MAX_DEVICES - 1)
+}
+
+impl OomTracker {
+    pub(crate) fn new() -> Self {
+        OomTracker {
+            pending: (0..MAX_DEVICES).map(|_| AtomicBool::new(false)).collect(),
+            state: Mutex::new(State { bursts: (0..MAX_DEVICES).map(|_| None).collect(), ..State::default() }),
+            changed: Condvar::new(),
+            writer: Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn on_failure(&self, s: &'static Shim, ev: OomEvent, stack: StackId) {
+        let now = Instant::now();
+        let slot = slot(ev.device);
+        let last = LastFailure {
+            bytes: ev.bytes,
+            api: ev.api.name().to_string(),
+            time_unix_ms: unix_ms(SystemTime::now()),
+            tracked_bytes: s.ledger.device_totals(ev.device).bytes,
+            free_bytes: ev.mem_info.map(|m| m.0),
+            total_bytes: ev.mem_info.map(|m| m.1),
+        };
+        {
+            let mut st = self.lock();
+            if let Some(b) = st.bursts[slot].as_mut() {
+                if now.duration_since(b.started) < s.config.min_interval {
+                    b.failures += 1;
+                    b.last = last;
+                    tracing::debug!(device = ev.device, failures = b.failures, "failure joins burst");
+                    return;
+                }
+            }
+            st.bursts[slot] = Some(Burst {
+                started: now,
+                request_bytes: ev.bytes,
+                failures: 1,
+                recovered: false,
+                last,
+                written: false,
+            });
+            st.jobs_in_flight += 1;
+        }
+        self.pending[slot].store(true, Ordering::Release);
+        let capture = Capture {
+            snapshot: s.ledger.snapshot(),
+            time: SystemTime::now(),
+            now_ns: s.now_ns(),
+            device: Some(ev.device),
+            mem_info: ev.mem_info,
+            device_name: ev.device_name.clone(),
+            failing: Some(Failing {
+                api: ev.api,
+                bytes: ev.bytes,
+                device: ev.device,
+                error_code: ev.error_code,
+                stack,
+            }),
+        };
+        self.submit(s, Job { slot, capture, started: now });
+    }
+
+    /// A successful device allocation: recovers a waiting burst when it is at least as large as
+    /// the request that failed (the framework's retry).
+    pub(crate) fn note_success(&self, device: i32, bytes: u64) {
+        let slot = slot(device);
+        if !self.pending[slot].load(Ordering::Relaxed) {
+            return;
+        }
+        let mut st = self.lock();
+        if let Some(b) = st.bursts[slot].as_mut() {
+            if !b.written && bytes >= b.request_bytes {
+                b.recovered = true;
+                self.pending[slot].store(false, Ordering::Relaxed);
+                self.changed.notify_all();
+            }
+        }
+    }
+
+    fn submit(&self, s: &'static Shim, job: Job) {
+        let pid = std::process::id();
+        let mut writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        if writer.as_ref().map(|(p, _)| *p) != Some(pid) {
+            let (tx, rx) = channel::<Job>();
+            let spawned = std::thread::Builder::new()
+                .name("oomshim-writer".into())
+                .spawn(move || {
+                    for job in rx {
+                        s.oom.finish(s, job);
+                    }
+                });
+            *writer = match spawned {
+                Ok(_) => {
+                    crate::ffi::flush_dumps_at_exit();
+                    Some((pid, tx))
+                }
+                Err(_) => None,
+            };
+        }
+        let job = match writer.as_ref() {
+            Some((_, tx)) => match tx.send(job) {
+                Ok(()) => return,
+                Err(e) => e.0,
+            },
+            None => job,
+        };
+        drop(writer);
+        // No writer thread could be had: write on this thread rather than lose the dump.
+        self.finish(s, job);
+    }
+
+    /// Waits for the burst to settle, then writes the dump and the summary.
+    fn finish(&self, s: &Shim, job: Job) {
+        let deadline = job.started + s.config.settle;
+        let mut st = self.lock();
+        loop {
+            let b = st.bursts[job.slot].as_ref();
+            let now = Instant::now();
+            if st.flushing || now >= deadline || b.is_none_or(|b| b.recovered) {
+                break;
+            }
+            st = self.changed.wait_timeout(st, deadline - now).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+        }
+        // With no settle window the outcome is unknown when the dump is written, not "stood".
+        let settled = st.flushing || (!s.config.settle.is_zero() && Instant::now() >= deadline);
+        let burst = st.bursts[job.slot].as_mut().map(|b| {
+            b.written = true;
+            let recovered = if b.recovered { Some(true) } else if settled { Some(false) } else { None };
+            assemble::BurstInfo { failures: b.failures, recovered, last: b.last.clone() }
+        });
+        self.pending[job.slot].store(false, Ordering::Relaxed);
+        drop(st);
+
+        let dump = assemble::assemble(s, "oom", &job.capture, burst);
+        let written = write(s, &dump);
+        print_summary(&dump, &written);
+
+        let mut st = self.lock();
+        st.jobs_in_flight = st.jobs_in_flight.saturating_sub(1);
+        self.changed.notify_all();
+    }
+
+    /// Ends every settle wait now and waits (at most `limit`) for pending dumps to be written.
+    pub(crate) fn flush(&self, limit: Duration) {
+        let until = Instant::now() + limit;
+        let mut st = self.lock();
+        st.flushing = true;
+        self.changed.notify_all();
+        while st.jobs_in_flight > 0 {
+            let now = Instant::now();
+            if now >= until {
+                eprintln!("oomshim: gave up waiting for a dump to be written at exit");
+                return;
+            }
+            st = self.changed.wait_timeout(st, until - now).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+}
+
+/// Serialises and writes a dump; a fallback directory is announced once.
+pub(super) fn write(s: &Shim, dump: &Dump) -> Result<Written, WriteError> {
+    static FALLBACK_SAID: AtomicBool = AtomicBool::new(false);
+    let bytes = serde_json::to_vec_pretty(dump).map_err(|e| WriteError { message: e.to_string() })?;
+    let name = DumpName { host: dump.process.host.clone(), pid: dump.process.pid, rank: dump.process.rank };
+    let written = write_dump(&s.config.dir, &name, &bytes)?;
+    if let Some(why) = &written.fell_back {
+        if !FALLBACK_SAID.swap(true, Ordering::Relaxed) {
+            eprintln!("oomshim: {why}; writing dumps to {} instead", written.path.parent().unwrap_or(&written.path).display());
+        }
+    }
+    Ok(written)
+}
+
+fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
+    let Some(req) = &dump.failed_request else { return };
+    let where_ = match written {
+        Ok(w) => format!("dump: {}", w.path.display()),
+        Err(e) => format!("no dump written: {e}"),
+    };
+    let what = format!("{} of {} on device {}", req.api, human_bytes(req.bytes), req.device);
+    if req.recovered == Some(true) {
+        eprintln!("oomshim: {what} failed, then a retry succeeded (recovered); {where_}");
+        return;
+    }
+    let mut out = format!("oomshim: CUDA out of memory on device {} ({} of {} failed", req.device, req.api, human_bytes(req.bytes));
+    if req.failures_in_burst > 1 {
+        out.push_str(&format!("; {} failures in this burst", req.failures_in_burst));
+    }
+    out.push_str(")\n");
+    if let Some(d) = dump.devices.iter().find(|d| d.index == req.device) {
+        out.push_str(&format!(
+            "oomshim:   this process holds {} in {} allocations on device {}",
+            human_bytes(d.tracked_bytes),
+            thousands(d.tracked_count),
+            d.index
+        ));
+        if let (Some(free), Some(total)) = (d.free_bytes, d.total_bytes) {
+            out.push_str(&format!("; the device has {} free of {}", human_bytes(free), human_bytes(total)));
+        }
+        out.push('\n');
+    }
+    let holders: Vec<String> = dump
+        .largest_holders
+        .iter()
+        .filter(|h| h.device == req.device)
+        .take(3)
+        .map(|h| format!("{} at {}", human_bytes(h.bytes), assemble::describe_site(&h.stack)))
+        .collect();
+    if !holders.is_empty() {
+        out.push_str(&format!("oomshim:   largest: {}\n", holders.join("; ")));
+    }
+    out.push_str(&format!("oomshim:   verdict: {}: {}\n", dump.verdict.kind, dump.verdict.summary));
+    out.push_str(&format!("oomshim:   {where_}"));
+    if let Ok(w) = written {
+        out.push_str(&format!("  (oomshim report {})", w.path.display()));
+    }
+    eprintln!("{out}");
+}

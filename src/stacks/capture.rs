@@ -1,0 +1,677 @@
+//! Native stack capture for the hot path (inside every hooked allocation call).
+//!
+//! x86-64: in-process DWARF CFI unwinding with `framehop`. The module list comes from
+//! `dl_iterate_phdr`; each module's `.eh_frame_hdr`/`.eh_frame` bytes are handed to framehop
+//! straight from the mapped image (no copy, no file I/O). Each thread keeps its own framehop rule
+//! cache (509 slots, allocation-free policy), so a warm capture costs one cache probe plus one or
+//! two stack reads per frame. Stack reads are confined to `[sp, top of this thread's stack)`, so
+//! a wrong unwind rule can end the walk early but can never fault. Where a pc has no CFI (JIT
+//! code, stripped `.eh_frame`), framehop falls back to the frame-pointer rule, which only moves
+//! towards the stack top (monotonic) and reads through the same bounded reader.
+//!
+//! Other architectures: a bounded, validated frame-pointer walk (no CFI).
+
+use std::cell::{Cell, UnsafeCell};
+
+/// Most frames skipped at the top of a stack (the capture itself and, with
+/// `skip_own_module`, the shim's own frames) before giving up.
+const MAX_SKIPPED: usize = 64;
+
+thread_local! {
+    /// Set while this thread is inside [`capture`]. Kept in its own `const`, drop-free slot so
+    /// that testing it never runs lazy thread-local initialisation (signal handlers may land
+    /// anywhere, including inside that initialisation).
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+    static STATE: UnsafeCell<Option<Box<ThreadState>>> = const { UnsafeCell::new(None) };
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Test hook run inside `capture` while the thread is marked busy (re-entrancy test).
+    pub(crate) static TEST_REENTER: Cell<Option<fn()>> = const { Cell::new(None) };
+}
+
+/// Per-thread state: stack bounds, and on x86-64 the framehop rule cache and the module snapshot.
+struct ThreadState {
+    /// Highest address (exclusive) of this thread's stack; 0 when unknown (capture then yields 0).
+    stack_hi: u64,
+    #[cfg(target_arch = "x86_64")]
+    dwarf: dwarf::ThreadUnwinder,
+}
+
+impl ThreadState {
+    fn new() -> Box<ThreadState> {
+        Box::new(ThreadState {
+            stack_hi: thread_stack_top().unwrap_or(0),
+            #[cfg(target_arch = "x86_64")]
+            dwarf: dwarf::ThreadUnwinder::new(),
+        })
+    }
+}
+
+/// Top (highest address, exclusive) of the calling thread's stack, from `pthread_getattr_np`.
+/// For the main thread glibc reads /proc/self/maps here: done once per thread.
+fn thread_stack_top() -> Option<u64> {
+    // SAFETY: plain libc calls on a zeroed attribute object that we destroy afterwards.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr: *mut libc::c_void = std::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let rc = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        if rc != 0 || addr.is_null() || size == 0 {
+            return None;
+        }
+        (addr as u64).checked_add(size as u64)
+    }
+}
+
+/// Reads one 8-byte word of the current thread's stack if `[addr, addr + 8)` lies inside
+/// `[lo, hi)`; never touches anything else.
+#[inline(always)]
+fn read_bounded(addr: u64, lo: u64, hi: u64) -> Result<u64, ()> {
+    // `hi - lo >= 8` is checked by callers before walking.
+    if addr >= lo && addr <= hi - 8 {
+        // SAFETY: inside the mapped stack of this thread, at or above the current sp.
+        Ok(unsafe { std::ptr::read_unaligned(addr as *const u64) })
+    } else {
+        Err(())
+    }
+}
+
+/// Runs `f` with this thread's state, unless the thread is already inside a capture (returns 0),
+/// its thread-locals are gone (thread exit: returns 0) or `f` panics (returns 0).
+#[inline(always)]
+fn with_thread_state(f: impl FnOnce(&mut ThreadState) -> usize) -> usize {
+    let entered = BUSY
+        .try_with(|b| {
+            if b.get() {
+                false
+            } else {
+                b.set(true);
+                true
+            }
+        })
+        .unwrap_or(false);
+    if !entered {
+        return 0;
+    }
+    let n = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        STATE
+            .try_with(|slot| {
+                // SAFETY: BUSY guarantees exclusive access on this thread; other threads have
+                // their own slot.
+                let slot = unsafe { &mut *slot.get() };
+                let st = slot.get_or_insert_with(ThreadState::new);
+                #[cfg(test)]
+                if let Some(hook) = TEST_REENTER.with(|h| h.get()) {
+                    hook();
+                }
+                f(st)
+            })
+            .unwrap_or(0)
+    }))
+    .unwrap_or(0);
+    let _ = BUSY.try_with(|b| b.set(false));
+    n
+}
+
+/// Writes the calling thread's return addresses, innermost first, into `out`; returns how many.
+///
+/// Every entry is a *return address* (the instruction after a call): `out[0]` is the return
+/// address into the function that called `capture` (or, with `skip_own_module`, into the first
+/// function outside the object that contains `capture`, i.e. the caller of the shim's hook).
+/// Symbolise `addr - 1` to name the call line ([`super::symbolize`] does).
+///
+/// With `skip_own_module`, leading frames whose pc lies inside the object that contains this
+/// function (liboomshim.so when loaded as the shim) are skipped, so the stack starts at the
+/// caller of the hook.
+///
+/// Never panics, never faults on a bad unwind (all stack reads are bounds-checked against this
+/// thread's stack), allocates only on a thread's first call and when the module list must be
+/// rebuilt. Returns 0 when called re-entrantly on one thread (e.g. from a signal handler that
+/// interrupted a capture), during thread exit, or if the stack bounds are unknown.
+#[inline(never)]
+pub fn capture(out: &mut [usize], skip_own_module: bool) -> usize {
+    if out.is_empty() {
+        return 0;
+    }
+    // Registers of *this* frame: the walk starts here and is still valid while `capture` has
+    // not returned (everything at or above this sp is left untouched by the callees below).
+    let regs = arch::read_regs!();
+    with_thread_state(|st| walk(st, regs, out, skip_own_module))
+}
+
+/// A bounded, validated frame-pointer walk (`[fp] = caller fp`, `[fp + 8] = return address`).
+/// Correct only through code that keeps frame pointers; kept as the fallback on non-x86-64
+/// targets and as a speed baseline. Same output convention and safety as [`capture`].
+#[inline(never)]
+pub fn capture_frame_pointers(out: &mut [usize]) -> usize {
+    if out.is_empty() {
+        return 0;
+    }
+    let regs = arch::read_regs!();
+    with_thread_state(|st| fp_walk(regs.sp, regs.fp, st.stack_hi, out))
+}
+
+fn fp_walk(sp: u64, mut fp: u64, hi: u64, out: &mut [usize]) -> usize {
+    if hi < sp.saturating_add(16) {
+        return 0;
+    }
+    let mut n = 0;
+    while n < out.len() {
+        if fp < sp || fp % 8 != 0 || fp > hi - 16 {
+            break;
+        }
+        let (Ok(next), Ok(ret)) = (read_bounded(fp, sp, hi), read_bounded(fp + 8, sp, hi)) else {
+            break;
+        };
+        if ret == 0 {
+            break;
+        }
+        out[n] = ret as usize;
+        n += 1;
+        if next <= fp {
+            break;
+        }
+        fp = next;
+    }
+    n
+}
+
+/// Rebuilds the list of loaded objects the unwinder knows, now. `capture` does this by itself on
+/// first use and when it meets a pc inside an object loaded later; calling it at shim start and
+/// after a hooked `dlopen` returns moves that cost (and the loader lock `dl_iterate_phdr` takes)
+/// out of the allocation path. Never call it from a signal handler.
+pub fn refresh_modules() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let _ = std::panic::catch_unwind(dwarf::publish_new_snapshot);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn walk(st: &mut ThreadState, regs: arch::Regs, out: &mut [usize], skip_own: bool) -> usize {
+    st.dwarf.capture(regs, st.stack_hi, out, skip_own)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn walk(st: &mut ThreadState, regs: arch::Regs, out: &mut [usize], skip_own: bool) -> usize {
+    // Frame-pointer only. `skip_own_module` is approximated by dladdr-free range checks being
+    // unavailable here: the shim's own frames stay in the stack on these targets.
+    let _ = skip_own;
+    fp_walk(regs.sp, regs.fp, st.stack_hi, out)
+}
+
+mod arch {
+    #[derive(Clone, Copy, Debug)]
+    pub struct Regs {
+        pub pc: u64,
+        pub sp: u64,
+        pub fp: u64,
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! read_regs {
+        () => {{
+            let (pc, sp, fp): (u64, u64, u64);
+            // SAFETY: reads rip/rsp/rbp into general registers; no memory access.
+            unsafe {
+                ::core::arch::asm!(
+                    "lea {pc}, [rip]",
+                    "mov {sp}, rsp",
+                    "mov {fp}, rbp",
+                    pc = out(reg) pc,
+                    sp = out(reg) sp,
+                    fp = out(reg) fp,
+                    options(nomem, nostack, preserves_flags)
+                );
+            }
+            $crate::stacks::capture::arch::Regs { pc, sp, fp }
+        }};
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    macro_rules! read_regs {
+        () => {{
+            let (pc, sp, fp): (u64, u64, u64);
+            // SAFETY: reads pc/sp/x29 into general registers; no memory access.
+            unsafe {
+                ::core::arch::asm!(
+                    "adr {pc}, .",
+                    "mov {sp}, sp",
+                    "mov {fp}, x29",
+                    pc = out(reg) pc,
+                    sp = out(reg) sp,
+                    fp = out(reg) fp,
+                    options(nomem, nostack, preserves_flags)
+                );
+            }
+            $crate::stacks::capture::arch::Regs { pc, sp, fp }
+        }};
+    }
+
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    macro_rules! read_regs {
+        () => {{
+            // Unsupported architecture: an empty stack (sp = fp = 0 makes every walk stop).
+            $crate::stacks::capture::arch::Regs { pc: 0, sp: 0, fp: 0 }
+        }};
+    }
+
+    pub(crate) use read_regs;
+}
+
+#[cfg(target_arch = "x86_64")]
+mod dwarf {
+    use super::arch::Regs;
+    use super::{read_bounded, MAX_SKIPPED};
+    use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+    use framehop::{
+        ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder,
+    };
+    use std::ops::{Deref, Range};
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    use std::sync::{Arc, RwLock};
+
+    type Policy = MustNotAllocateDuringUnwind;
+    type Cache = CacheX86_64<Policy>;
+
+    /// Bytes of a loaded object, read in place. Loaded objects stay mapped until `dlclose`; to
+    /// survive that too, every access (framehop dereferences these only on a rule-cache miss)
+    /// first asks glibc's lock-free `_dl_find_object` whether the object that owns this unwind
+    /// data is still the one mapped there, and yields an empty slice if not.
+    #[derive(Clone, Copy, Default)]
+    pub(super) struct MappedBytes {
+        ptr: usize,
+        len: usize,
+        /// Address of the owning object's PT_GNU_EH_FRAME (`.eh_frame_hdr`).
+        owner_hdr: usize,
+    }
+
+    impl Deref for MappedBytes {
+        type Target = [u8];
+        fn deref(&self) -> &[u8] {
+            if self.len == 0 || !object_still_loaded(self.owner_hdr) {
+                return &[];
+            }
+            // SAFETY: a range of a loaded object's PT_LOAD segment, checked above to be mapped.
+            unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+        }
+    }
+
+    /// Set when unwind data of an unloaded object was refused; the next capture that sees it
+    /// rebuilds the module list.
+    static SAW_STALE: AtomicBool = AtomicBool::new(false);
+
+    #[repr(C)]
+    struct DlFindObject {
+        flags: u64,
+        map_start: *mut libc::c_void,
+        map_end: *mut libc::c_void,
+        link_map: *mut libc::c_void,
+        eh_frame: *mut libc::c_void,
+        reserved: [u64; 7],
+    }
+    type DlFindObjectFn = unsafe extern "C" fn(*mut libc::c_void, *mut DlFindObject) -> libc::c_int;
+
+    /// `_dl_find_object` (glibc >= 2.35), resolved at the first snapshot; 1 = not yet looked up,
+    /// 0 = unavailable.
+    static DL_FIND_OBJECT: AtomicUsize = AtomicUsize::new(1);
+
+    fn dl_find_object_fn() -> Option<DlFindObjectFn> {
+        let mut f = DL_FIND_OBJECT.load(Ordering::Acquire);
+        if f == 1 {
+            // SAFETY: dlsym with a NUL-terminated name.
+            f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) } as usize;
+            DL_FIND_OBJECT.store(f, Ordering::Release);
+        }
+        if f <= 1 {
+            None
+        } else {
+            // SAFETY: the address of glibc's `_dl_find_object`, whose C signature this is.
+            Some(unsafe { std::mem::transmute::<usize, DlFindObjectFn>(f) })
+        }
+    }
+
+    /// `Some(eh_frame_hdr address)` of the object mapped at `addr` (0 if it has none), `None` if
+    /// no object is; `Err` when glibc cannot tell (before 2.35).
+    fn find_object(addr: u64) -> Result<Option<usize>, ()> {
+        let Some(f) = dl_find_object_fn() else {
+            return Err(());
+        };
+        // SAFETY: lock-free, async-signal-safe lookup that only writes `res`.
+        let mut res: DlFindObject = unsafe { std::mem::zeroed() };
+        if unsafe { f(addr as *mut libc::c_void, &mut res) } == 0 {
+            Ok(Some(res.eh_frame as usize))
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn object_still_loaded(owner_hdr: usize) -> bool {
+        match find_object(owner_hdr as u64) {
+            Ok(Some(hdr)) if hdr == owner_hdr => true,
+            Ok(_) => {
+                SAW_STALE.store(true, Ordering::Relaxed);
+                false
+            }
+            // Unknown (old glibc): trust the snapshot, as every in-process unwinder without a
+            // dlclose hook does.
+            Err(()) => true,
+        }
+    }
+
+    /// An immutable view of the loaded objects, shared by all threads.
+    pub(super) struct Snapshot {
+        generation: u64,
+        unwinder: UnwinderX86_64<MappedBytes, Policy>,
+        /// Executable ranges of every known object, sorted, non-overlapping.
+        ranges: Vec<Range<u64>>,
+        /// Executable range of the object containing this code (the shim).
+        own: Range<u64>,
+        /// `dl_iterate_phdr` load/unload counters when this snapshot was taken.
+        adds: u64,
+        subs: u64,
+    }
+
+    impl Snapshot {
+        fn covers(&self, pc: u64) -> bool {
+            let i = self.ranges.partition_point(|r| r.start <= pc);
+            i > 0 && pc < self.ranges[i - 1].end
+        }
+    }
+
+    static CURRENT: RwLock<Option<Arc<Snapshot>>> = RwLock::new(None);
+    static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+    fn current_snapshot() -> Option<Arc<Snapshot>> {
+        let cur = CURRENT.read().unwrap_or_else(|e| e.into_inner()).clone();
+        match cur {
+            Some(s) => Some(s),
+            None => Some(publish_new_snapshot()),
+        }
+    }
+
+    /// Builds a snapshot from `dl_iterate_phdr` (no lock of ours held meanwhile) and publishes it.
+    pub(super) fn publish_new_snapshot() -> Arc<Snapshot> {
+        let _ = dl_find_object_fn();
+        let mut snap = build_snapshot();
+        let mut slot = CURRENT.write().unwrap_or_else(|e| e.into_inner());
+        let generation = GENERATION.load(Ordering::Relaxed) + 1;
+        snap.generation = generation;
+        let snap = Arc::new(snap);
+        *slot = Some(snap.clone());
+        GENERATION.store(generation, Ordering::Release);
+        snap
+    }
+
+    struct Object {
+        name: String,
+        bias: u64,
+        exec: Range<u64>,
+        /// (`.eh_frame_hdr` svma range, `.eh_frame` svma range); absent without CFI.
+        cfi: Option<(Range<u64>, Range<u64>)>,
+    }
+
+    struct Collected {
+        objects: Vec<Object>,
+        adds: u64,
+        subs: u64,
+    }
+
+    unsafe extern "C" fn collect_cb(
+        info: *mut libc::dl_phdr_info,
+        size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        let out = &mut *(data as *mut Collected);
+        let info = &*info;
+        if size >= std::mem::size_of::<libc::dl_phdr_info>() {
+            out.adds = info.dlpi_adds;
+            out.subs = info.dlpi_subs;
+        }
+        if info.dlpi_phdr.is_null() || info.dlpi_phnum == 0 {
+            return 0;
+        }
+        let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
+        let bias = info.dlpi_addr;
+        let mut exec: Option<Range<u64>> = None;
+        let mut hdr: Option<Range<u64>> = None;
+        for ph in phdrs {
+            if ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_X != 0 && ph.p_memsz > 0 {
+                let (s, e) = (ph.p_vaddr, ph.p_vaddr.saturating_add(ph.p_memsz));
+                exec = Some(match exec {
+                    None => s..e,
+                    Some(r) => r.start.min(s)..r.end.max(e),
+                });
+            } else if ph.p_type == libc::PT_GNU_EH_FRAME && ph.p_memsz >= 8 {
+                hdr = Some(ph.p_vaddr..ph.p_vaddr.saturating_add(ph.p_memsz));
+            }
+        }
+        let Some(exec) = exec else { return 0 };
+        let cfi = hdr.and_then(|hdr| {
+            let eh = eh_frame_svma(bias, &hdr)?;
+            // `.eh_frame` has no length in memory: bound it by the end of its PT_LOAD segment.
+            let seg = phdrs.iter().find(|ph| {
+                ph.p_type == libc::PT_LOAD
+                    && ph.p_vaddr <= eh
+                    && eh < ph.p_vaddr.saturating_add(ph.p_memsz)
+            })?;
+            Some((hdr, eh..seg.p_vaddr.saturating_add(seg.p_memsz)))
+        });
+        let name = if info.dlpi_name.is_null() {
+            String::new()
+        } else {
+            std::ffi::CStr::from_ptr(info.dlpi_name).to_string_lossy().into_owned()
+        };
+        let exec = exec.start.wrapping_add(bias)..exec.end.wrapping_add(bias);
+        if exec.start < exec.end {
+            out.objects.push(Object { name, bias, exec, cfi });
+        }
+        0
+    }
+
+    /// Decodes `eh_frame_ptr` of a mapped `.eh_frame_hdr` (svma range `hdr`) into the svma of
+    /// `.eh_frame`.
+    fn eh_frame_svma(bias: u64, hdr: &Range<u64>) -> Option<u64> {
+        let base = bias.wrapping_add(hdr.start) as *const u8;
+        // SAFETY: PT_GNU_EH_FRAME lies inside a loaded segment; we read at most 12 bytes of it
+        // and its size (p_memsz >= 8) was checked, more below before 8-byte reads.
+        let (version, enc) = unsafe { (*base, *base.add(1)) };
+        if version != 1 {
+            return None;
+        }
+        let field = hdr.start + 4;
+        let (value, size): (i64, u64) = unsafe {
+            let p = base.add(4);
+            match enc & 0x0f {
+                0x03 => (std::ptr::read_unaligned(p as *const u32) as i64, 4),
+                0x0b => (std::ptr::read_unaligned(p as *const i32) as i64, 4),
+                0x00 | 0x04 | 0x0c if hdr.end - hdr.start >= 12 => {
+                    (std::ptr::read_unaligned(p as *const i64), 8)
+                }
+                _ => return None,
+            }
+        };
+        let _ = size;
+        match enc & 0x70 {
+            0x00 => Some(value as u64),
+            0x10 => Some(field.wrapping_add(value as u64)),
+            0x30 => Some(hdr.start.wrapping_add(value as u64)),
+            _ => None,
+        }
+    }
+
+    fn build_snapshot() -> Snapshot {
+        let mut c = Collected {
+            objects: Vec::with_capacity(64),
+            adds: 0,
+            subs: 0,
+        };
+        // SAFETY: the callback only reads what the loader hands it.
+        unsafe {
+            libc::dl_iterate_phdr(Some(collect_cb), &mut c as *mut Collected as *mut libc::c_void);
+        }
+        c.objects.sort_by_key(|o| o.exec.start);
+        let own_pc = super::capture as *const () as u64;
+        let mut own = 0..0;
+        let mut ranges: Vec<Range<u64>> = Vec::with_capacity(c.objects.len());
+        let mut unwinder = UnwinderX86_64::<MappedBytes, Policy>::new();
+        for o in c.objects {
+            if ranges.last().is_some_and(|r| r.end > o.exec.start) {
+                continue; // overlapping: keep the first, never feed framehop overlaps
+            }
+            if o.exec.contains(&own_pc) {
+                own = o.exec.clone();
+            }
+            ranges.push(o.exec.clone());
+            let mut info = ExplicitModuleSectionInfo::<MappedBytes> {
+                base_svma: 0,
+                ..Default::default()
+            };
+            if let Some((hdr, eh)) = &o.cfi {
+                let owner_hdr = o.bias.wrapping_add(hdr.start) as usize;
+                let bytes = |r: &Range<u64>| MappedBytes {
+                    ptr: o.bias.wrapping_add(r.start) as usize,
+                    len: (r.end - r.start) as usize,
+                    owner_hdr,
+                };
+                info.eh_frame_hdr_svma = Some(hdr.clone());
+                info.eh_frame_hdr = Some(bytes(hdr));
+                info.eh_frame_svma = Some(eh.clone());
+                info.eh_frame = Some(bytes(eh));
+            }
+            unwinder.add_module(Module::new(o.name, o.exec.clone(), o.bias, info));
+        }
+        Snapshot {
+            generation: 0,
+            unwinder,
+            ranges,
+            own,
+            adds: c.adds,
+            subs: c.subs,
+        }
+    }
+
+    /// `dl_iterate_phdr`'s load/unload counters, read from its first object (takes the loader
+    /// lock briefly). Only used before rebuilding.
+    fn loader_counters() -> (u64, u64) {
+        unsafe extern "C" fn first_cb(
+            info: *mut libc::dl_phdr_info,
+            size: libc::size_t,
+            data: *mut libc::c_void,
+        ) -> libc::c_int {
+            if size >= std::mem::size_of::<libc::dl_phdr_info>() {
+                let out = &mut *(data as *mut (u64, u64));
+                *out = ((*info).dlpi_adds, (*info).dlpi_subs);
+            }
+            1
+        }
+        let mut out = (0u64, 0u64);
+        // SAFETY: the callback writes only `out`.
+        unsafe {
+            libc::dl_iterate_phdr(Some(first_cb), &mut out as *mut (u64, u64) as *mut libc::c_void);
+        }
+        out
+    }
+
+    pub(super) struct ThreadUnwinder {
+        cache: Box<Cache>,
+        snap: Option<Arc<Snapshot>>,
+    }
+
+    impl ThreadUnwinder {
+        pub(super) fn new() -> Self {
+            ThreadUnwinder {
+                cache: Box::new(Cache::new_in()),
+                snap: None,
+            }
+        }
+
+        pub(super) fn capture(&mut self, regs: Regs, hi: u64, out: &mut [usize], skip_own: bool) -> usize {
+            if hi < regs.sp.saturating_add(16) {
+                return 0; // sp outside the known stack (e.g. sigaltstack): refuse
+            }
+            let generation = GENERATION.load(Ordering::Acquire);
+            if self.snap.as_ref().is_none_or(|s| s.generation != generation) {
+                self.snap = current_snapshot();
+            }
+            let Some(snap) = self.snap.as_deref() else {
+                return 0;
+            };
+            let misses = self.cache.stats().misses();
+            let n = walk(snap, &mut self.cache, regs, hi, out, skip_own);
+            if self.cache.stats().misses() == misses {
+                return n; // every rule came from the cache: nothing new to learn
+            }
+            // Rules were looked up: was a pc inside an object we do not know yet (dlopen), or was
+            // unwind data refused because its object was unloaded? Then rebuild once and redo.
+            // Rebuild only if the loader's load/unload counters moved since the snapshot, so
+            // code outside any object (JIT) or objects glibc will not describe never cause a
+            // rebuild storm.
+            let stale = SAW_STALE.swap(false, Ordering::Relaxed);
+            if !stale && !out[..n].iter().any(|&pc| unknown_object_at(snap, pc as u64)) {
+                return n;
+            }
+            if loader_counters() == (snap.adds, snap.subs) {
+                return n;
+            }
+            let fresh = publish_new_snapshot();
+            let n = walk(&fresh, &mut self.cache, regs, hi, out, skip_own);
+            self.snap = Some(fresh);
+            n
+        }
+    }
+
+    /// True when `pc` lies in no object of `snap` but inside some loaded object.
+    fn unknown_object_at(snap: &Snapshot, pc: u64) -> bool {
+        if snap.covers(pc) {
+            return false;
+        }
+        match find_object(pc) {
+            Ok(found) => found.is_some(),
+            Err(()) => true, // cannot tell: let the loader counters decide
+        }
+    }
+
+    /// One walk from `regs` (a pc inside `capture`). The first frame (capture itself) is always
+    /// dropped; with `skip_own` so are the following frames inside the shim's own object.
+    #[inline(always)]
+    fn walk(snap: &Snapshot, cache: &mut Cache, regs: Regs, hi: u64, out: &mut [usize], skip_own: bool) -> usize {
+        let lo = regs.sp;
+        let mut read_stack = |addr: u64| read_bounded(addr, lo, hi);
+        let mut uregs = UnwindRegsX86_64::new(regs.pc, regs.sp, regs.fp);
+        let mut addr = FrameAddress::from_instruction_pointer(regs.pc);
+        let own = if skip_own { snap.own.clone() } else { 0..0 };
+        let mut skipping = true;
+        let mut skipped = 0usize;
+        let mut n = 0usize;
+        while n < out.len() {
+            let ra = match snap.unwinder.unwind_frame(addr, &mut uregs, cache, &mut read_stack) {
+                Ok(Some(ra)) => ra,
+                _ => break,
+            };
+            let Some(next) = FrameAddress::from_return_address(ra) else {
+                break;
+            };
+            addr = next;
+            if skipping {
+                if own.start <= ra && ra < own.end {
+                    skipped += 1;
+                    if skipped > MAX_SKIPPED {
+                        break;
+                    }
+                    continue;
+                }
+                skipping = false;
+            }
+            out[n] = ra as usize;
+            n += 1;
+        }
+        n
+    }
+}

@@ -1,0 +1,191 @@
+//! Symbolisation of captured stacks, at dump time only (never on the allocation path).
+//!
+//! One batched `blazesym` request over `/proc/self/maps` (DWARF line tables and inline info where
+//! the objects carry them, ELF symbols otherwise, names demangled). Module paths come from the
+//! loader's own list (`dl_iterate_phdr`), canonicalised, so frames of one object always carry the
+//! same string whether or not a symbol was found.
+
+use crate::dump::model::Frame;
+use blazesym::symbolize::source::{Process, Source};
+use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer};
+use blazesym::Pid;
+use std::ops::Range;
+
+/// Symbolises absolute addresses of this process. Returns one `Vec<Frame>` per input address:
+/// normally one frame; several when inlined functions are known (innermost inline first, each
+/// but the last with `inlined: true`). Never fails: unknown fields stay `None`, `address` is
+/// always set (`0x…`, the address as given).
+///
+/// Every address is taken to be a *return address*, as [`super::capture`] produces them: the
+/// lookup uses `addr - 1` so that file:line name the call, not the line after it.
+pub fn symbolize(addrs: &[usize]) -> Vec<Vec<Frame>> {
+    if addrs.is_empty() {
+        return Vec::new();
+    }
+    match std::panic::catch_unwind(|| symbolize_inner(addrs)) {
+        Ok(v) if v.len() == addrs.len() => v,
+        _ => addrs.iter().map(|&a| vec![bare_frame(a, None)]).collect(),
+    }
+}
+
+fn bare_frame(addr: usize, module: Option<String>) -> Frame {
+    Frame {
+        address: format!("{addr:#x}"),
+        function: None,
+        file: None,
+        line: None,
+        module,
+        inlined: false,
+    }
+}
+
+fn symbolize_inner(addrs: &[usize]) -> Vec<Vec<Frame>> {
+    let lookups: Vec<u64> = addrs.iter().map(|&a| (a as u64).saturating_sub(1)).collect();
+    let modules = ModuleMap::new();
+    let symbolizer = Symbolizer::builder()
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        .enable_demangling(true)
+        .build();
+    let source = |map_files: bool| {
+        let mut p = Process::new(Pid::Slf);
+        // perf maps are for JIT runtimes that write /tmp/perf-PID.map; harmless when absent.
+        p.map_files = map_files;
+        Source::Process(p)
+    };
+    // `/proc/self/map_files` can be refused (some containers); symbolic paths then.
+    let results = symbolizer
+        .symbolize(&source(true), Input::AbsAddr(&lookups))
+        .or_else(|_| symbolizer.symbolize(&source(false), Input::AbsAddr(&lookups)))
+        .ok();
+
+    let mut out = Vec::with_capacity(addrs.len());
+    for (i, &addr) in addrs.iter().enumerate() {
+        let module = modules.path_of(lookups[i]);
+        let sym = results
+            .as_ref()
+            .and_then(|r| r.get(i))
+            .and_then(Symbolized::as_sym);
+        let Some(sym) = sym else {
+            out.push(vec![bare_frame(addr, module)]);
+            continue;
+        };
+        let module = module.or_else(|| sym.module.as_ref().map(|m| m.to_string_lossy().into_owned()));
+        let address = format!("{addr:#x}");
+        let mut frames = Vec::with_capacity(1 + sym.inlined.len());
+        // blazesym lists inlined calls outermost first, each carrying the location inside it;
+        // the dump wants the innermost first.
+        for inl in sym.inlined.iter().rev() {
+            let (file, line) = file_line(inl.code_info.as_ref());
+            frames.push(Frame {
+                address: address.clone(),
+                function: Some(inl.name.to_string()),
+                file,
+                line,
+                module: module.clone(),
+                inlined: true,
+            });
+        }
+        let (file, line) = file_line(sym.code_info.as_deref());
+        frames.push(Frame {
+            address,
+            function: Some(sym.name.to_string()),
+            file,
+            line,
+            module,
+            inlined: false,
+        });
+        out.push(frames);
+    }
+    out
+}
+
+fn file_line(ci: Option<&CodeInfo<'_>>) -> (Option<String>, Option<u32>) {
+    match ci {
+        Some(ci) => (Some(ci.to_path().to_string_lossy().into_owned()), ci.line),
+        None => (None, None),
+    }
+}
+
+/// Loaded objects' address ranges (all PT_LOAD segments) and canonical paths.
+struct ModuleMap {
+    /// Sorted by start.
+    ranges: Vec<(Range<u64>, usize)>,
+    paths: Vec<String>,
+}
+
+impl ModuleMap {
+    fn new() -> ModuleMap {
+        struct Acc {
+            ranges: Vec<(Range<u64>, usize)>,
+            names: Vec<String>,
+        }
+        unsafe extern "C" fn cb(
+            info: *mut libc::dl_phdr_info,
+            _size: libc::size_t,
+            data: *mut libc::c_void,
+        ) -> libc::c_int {
+            let acc = &mut *(data as *mut Acc);
+            let info = &*info;
+            if info.dlpi_phdr.is_null() {
+                return 0;
+            }
+            let idx = acc.names.len();
+            let name = if info.dlpi_name.is_null() {
+                String::new()
+            } else {
+                std::ffi::CStr::from_ptr(info.dlpi_name).to_string_lossy().into_owned()
+            };
+            acc.names.push(name);
+            let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
+            for ph in phdrs {
+                if ph.p_type == libc::PT_LOAD && ph.p_memsz > 0 {
+                    let s = info.dlpi_addr.wrapping_add(ph.p_vaddr);
+                    acc.ranges.push((s..s.saturating_add(ph.p_memsz), idx));
+                }
+            }
+            0
+        }
+        let mut acc = Acc {
+            ranges: Vec::new(),
+            names: Vec::new(),
+        };
+        // SAFETY: the callback only reads what the loader hands it.
+        unsafe {
+            libc::dl_iterate_phdr(Some(cb), &mut acc as *mut Acc as *mut libc::c_void);
+        }
+        acc.ranges.sort_by_key(|r| r.0.start);
+        let exe = std::env::current_exe().ok();
+        let paths = acc
+            .names
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| {
+                if name.is_empty() {
+                    // The main program (first object) has an empty name.
+                    return match (&exe, i) {
+                        (Some(p), 0) => p.to_string_lossy().into_owned(),
+                        _ => name,
+                    };
+                }
+                std::fs::canonicalize(&name)
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or(name)
+            })
+            .collect();
+        ModuleMap {
+            ranges: acc.ranges,
+            paths,
+        }
+    }
+
+    fn path_of(&self, addr: u64) -> Option<String> {
+        let i = self.ranges.partition_point(|r| r.0.start <= addr);
+        let (r, idx) = self.ranges.get(i.checked_sub(1)?)?;
+        if addr < r.end {
+            self.paths.get(*idx).filter(|p| !p.is_empty()).cloned()
+        } else {
+            None
+        }
+    }
+}

@@ -1,0 +1,170 @@
+"""Every GPU check of oomshim in one call, a table printed last. Runs on the GPU machine from the
+repository root, with target/release/liboomshim.so and target/release/oomshim built elsewhere and
+carried along. Usage: python3 tests/gpu/run_all.py [OUT_DIR]"""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LIB = os.path.join(ROOT, "target/release/liboomshim.so")
+CLI = os.path.join(ROOT, "target/release/oomshim")
+OUT = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="oomshim-gpu-")
+WORK = tempfile.mkdtemp(prefix="oomshim-gpu-work-")
+rows = []  # (check, result, detail)
+
+
+def row(check, ok, detail):
+    rows.append((check, "PASS" if ok else "FAIL", detail))
+    print(f"[{'PASS' if ok else 'FAIL'}] {check}: {detail}", flush=True)
+
+
+def run(cmd, env=None, timeout=300):
+    e = dict(os.environ)
+    e.update(env or {})
+    p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
+    return p
+
+
+def dumps_in(d):
+    return sorted(glob.glob(os.path.join(d, "oomshim-*.json")))
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def names(stack):
+    return [f.get("function") or "" for f in stack]
+
+
+def gib(b):
+    return f"{b / 2**30:.2f} GiB"
+
+
+def nvcc(src, out):
+    p = run(["nvcc", "-O2", "-g", "-cudart", "shared", "-o", out, src])
+    if p.returncode != 0:
+        print(p.stderr)
+    return p.returncode == 0
+
+
+def check_nvcc_leak():
+    exe = os.path.join(WORK, "leak")
+    if not nvcc(os.path.join(ROOT, "tests/gpu/leak.cu"), exe):
+        row("nvcc leak: build", False, "nvcc failed")
+        return
+    bare = run([exe])
+    d = os.path.join(OUT, "nvcc")
+    os.makedirs(d, exist_ok=True)
+    shim = run([exe], env={"LD_PRELOAD": LIB, "OOMSHIM_DIR": d})
+    same = bare.stdout == shim.stdout and bare.returncode == shim.returncode
+    row("nvcc leak: stdout and exit code unchanged", same,
+        f"exit {bare.returncode} vs {shim.returncode}; {bare.stdout.splitlines()[0] if bare.stdout else ''}")
+    files = dumps_in(d)
+    if len(files) != 1:
+        row("nvcc leak: one dump", False, f"{len(files)} dumps; stderr: {shim.stderr[-800:]}")
+        return
+    dump = load(files[0])
+    held = int(shim.stdout.split()[1])
+    fr = dump["failed_request"]
+    dev = [x for x in dump["devices"] if x["index"] == fr["device"]][0]
+    ok = fr["bytes"] == 2**30 and fr["api"] == "cudaMalloc" and dev["tracked_bytes"] == held * 2**30
+    row("nvcc leak: dump numbers", ok,
+        f"failed {fr['bytes']} B via {fr['api']}; tracked {gib(dev['tracked_bytes'])} = {held} chunks; "
+        f"free {gib(dev['free_bytes'] or 0)} of {gib(dev['total_bytes'] or 0)}; verdict {dump['verdict']['kind']}")
+    top = dump["largest_holders"][0]
+    row("nvcc leak: stack names grow_leaky_buffer", "grow_leaky_buffer" in " ".join(names(top["stack"])),
+        " <- ".join(n for n in names(top["stack"])[:4] if n))
+    shutil.copy(files[0], os.path.join(OUT, "nvcc-dump.json"))
+    with open(os.path.join(OUT, "nvcc-stderr.txt"), "w") as f:
+        f.write(shim.stderr)
+
+
+def check_torch():
+    script = os.path.join(ROOT, "tests/gpu/torch_leak.py")
+    bare = run([sys.executable, script], timeout=400)
+    d = os.path.join(OUT, "torch")
+    os.makedirs(d, exist_ok=True)
+    shim = run([CLI, "run", "--dir", d, "--lib", LIB, "--", sys.executable, script], timeout=400)
+    try:
+        rb = json.loads(bare.stdout.strip().splitlines()[-1])
+        rs = json.loads(shim.stdout.strip().splitlines()[-1])
+    except Exception:
+        row("torch leak: ran", False, f"bare rc {bare.returncode} shim rc {shim.returncode}: {shim.stderr[-1500:]}")
+        return
+    same = (rb["raised"] == rs["raised"] == "OutOfMemoryError" and rb["message_head"] == rs["message_head"]
+            and rb["step"] == rs["step"] and bare.returncode == shim.returncode)
+    row("torch leak: OutOfMemoryError raised as without the shim", same,
+        f"{rs['raised']} at step {rs['step']} (bare: step {rb['step']}); exit {shim.returncode}")
+    files = dumps_in(d)
+    if not files:
+        row("torch leak: dump exists", False, shim.stderr[-1500:])
+        return
+    dump = load(files[0])
+    row("torch leak: dump exists", len(files) == 1, f"{len(files)} dump(s); verdict {dump['verdict']['kind']}")
+    fr = dump["failed_request"]
+    last = fr.get("last_failure") or {}
+    reserved = rs["reserved"]
+    tracked = last.get("tracked_bytes", -1)
+    err = abs(tracked - reserved) / reserved
+    row("torch leak: tracked_bytes vs torch reserved (at the last failure of the burst)", err <= 0.01,
+        f"tracked {tracked} vs reserved {reserved} ({err * 100:.3f}%); first failure: tracked "
+        f"{[x for x in dump['devices'] if x['index'] == fr['device']][0]['tracked_bytes']}, burst of {fr['failures_in_burst']}")
+    free = last.get("free_bytes")
+    ferr = abs(free - rs["free"]) / max(rs["total"], 1) if free is not None else 1
+    row("torch leak: free_bytes vs torch.cuda.mem_get_info", free is not None and ferr <= 0.01,
+        f"dump {free} vs torch {rs['free']} (diff {ferr * 100:.3f}% of total)")
+    top = dump["largest_holders"][0] if dump["largest_holders"] else {"stack": []}
+    row("torch leak: holders have native stacks", len(top["stack"]) > 3,
+        " <- ".join(n for n in names(top["stack"])[:5] if n)[:200])
+    shutil.copy(files[0], os.path.join(OUT, "torch-dump.json"))
+    with open(os.path.join(OUT, "torch-stderr.txt"), "w") as f:
+        f.write(shim.stderr)
+    rep = run([CLI, "report", files[0]])
+    row("torch leak: oomshim report renders", rep.returncode == 0 and "verdict" in rep.stdout.lower(),
+        f"{len(rep.stdout.splitlines())} lines")
+    with open(os.path.join(OUT, "torch-report.txt"), "w") as f:
+        f.write(rep.stdout + rep.stderr)
+
+
+def check_overhead():
+    exe = os.path.join(WORK, "pair")
+    if not nvcc(os.path.join(ROOT, "tests/gpu/pair_bench.cu"), exe):
+        row("overhead: build", False, "nvcc failed")
+        return
+    bare, shim = [], []
+    for _ in range(3):  # interleaved, to share drift
+        b = run([exe]); s = run([exe], env={"LD_PRELOAD": LIB, "OOMSHIM_DEPTH": "32"})
+        bare.append(float(b.stdout.split()[1])); shim.append(float(s.stdout.split()[1]))
+    bm, sm = sorted(bare)[1], sorted(shim)[1]
+    row("overhead: cudaMalloc+cudaFree 512 B per pair", True,
+        f"bare {bm / 1000:.2f} us, shim {sm / 1000:.2f} us, added {(sm - bm):.0f} ns ({sm / bm:.3f}x)")
+
+
+def main():
+    for f in (LIB, CLI):
+        if not os.path.exists(f):
+            print(f"missing {f}: build with cargo build --release and carry it")
+            return 1
+    print(subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip())
+    import torch
+    print("torch", torch.__version__, "cuda", torch.version.cuda)
+    for check in (check_nvcc_leak, check_torch, check_overhead):
+        try:
+            check()
+        except Exception as e:  # a broken check is a failed row, not a lost table
+            row(check.__name__, False, f"{type(e).__name__}: {e}")
+    print("\n| check | result | detail |\n|---|---|---|")
+    for c, r, d in rows:
+        print(f"| {c} | {r} | {d} |")
+    return 0 if all(r == "PASS" for _, r, _ in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,355 @@
+//! The shim in real processes: C clients built against the simulated CUDA runtime run under
+//! `LD_PRELOAD=liboomshim.so`, and the dumps they leave are read back and checked.
+
+use oomshim::dump::model::{Dump, Frame};
+use oomshim::dump::read::read_dump;
+use oomshim::testbed;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+fn shim_lib() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_oomshim"));
+    let lib = exe.parent().unwrap().join("liboomshim.so");
+    assert!(lib.is_file(), "{} was not built", lib.display());
+    lib
+}
+
+/// Runs a test client (with or without the shim) under a watchdog: a hang fails the test
+/// instead of blocking the suite.
+fn run_client(name: &str, args: &[&str], env: &[(&str, &str)], with_shim: bool) -> Output {
+    let mut cmd = Command::new(testbed::client(name));
+    cmd.args(args)
+        .env_remove("LD_PRELOAD")
+        .env("OOMSHIM_SETTLE", "0.2s")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    if with_shim {
+        cmd.env("LD_PRELOAD", shim_lib());
+    }
+    wait_with_watchdog(cmd, Duration::from_secs(120))
+}
+
+fn wait_with_watchdog(mut cmd: Command, limit: Duration) -> Output {
+    let mut child = cmd.spawn().expect("spawn client");
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            child.kill().ok();
+            panic!("watchdog: {:?} still running after {limit:?} (deadlock?)", cmd.get_program());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn dumps_in(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn only_dump(dir: &Path) -> Dump {
+    let files = dumps_in(dir);
+    assert_eq!(files.len(), 1, "expected exactly one dump in {}: {files:?}", dir.display());
+    read_dump(&files[0]).expect("dump parses")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn value_after(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key).map(|v| v.trim().split_whitespace().next().unwrap().parse().unwrap()))
+        .unwrap_or_else(|| panic!("no `{key}` in output:\n{text}"))
+}
+
+fn has_frame<'a>(stack: &'a [Frame], function: &str) -> Option<&'a Frame> {
+    stack.iter().find(|f| f.function.as_deref() == Some(function))
+}
+
+/// Line numbers in a client source whose text contains `needle`.
+fn source_lines(client_source: &str, needle: &str) -> Vec<u32> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients").join(client_source);
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.contains(needle))
+        .map(|(i, _)| i as u32 + 1)
+        .collect()
+}
+
+#[test]
+fn leak_until_oom_writes_one_dump_that_names_the_leak() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("SIMCUDA_CAPACITY", "2G"), ("OOMSHIM_DIR", dir.path().to_str().unwrap())];
+    let bare = run_client("leak_until_oom", &[], &env, false);
+    let shim = run_client("leak_until_oom", &[], &env, true);
+    assert_eq!(stdout(&bare), stdout(&shim), "program output changed by the shim");
+    assert_eq!(bare.status.code(), shim.status.code());
+    assert!(stderr(&bare).is_empty());
+
+    let held = value_after(&stdout(&shim), "held ");
+    assert!(held > 10, "{}", stdout(&shim));
+    let dump = only_dump(dir.path());
+    assert_eq!(dump.schema, "oomshim.dump/1");
+    assert_eq!(dump.reason, "oom");
+    let req = dump.failed_request.as_ref().expect("failed_request");
+    assert_eq!(req.bytes, 64 * MIB);
+    assert_eq!(req.api, "cudaMalloc");
+    assert_eq!(req.error_code, 2);
+    assert_eq!(req.recovered, Some(false), "the program never retried");
+    assert!(has_frame(&req.stack, "leaky_cache_grow").is_some(), "failing stack: {:?}", req.stack);
+
+    let dev = dump.devices.iter().find(|d| d.index == 0).expect("device 0");
+    assert_eq!(dev.tracked_bytes, held * 64 * MIB, "tracked bytes equal what the client holds");
+    assert_eq!(dev.tracked_count, held);
+    assert_eq!(dev.total_bytes, Some(2 << 30));
+    assert!(dev.free_bytes.unwrap() < 64 * MIB, "free {:?}", dev.free_bytes);
+    assert_eq!(dev.name.as_deref(), Some("oomshim simulated device"));
+
+    let top = &dump.largest_holders[0];
+    assert_eq!(top.bytes, 64 * MIB);
+    let frame = has_frame(&top.stack, "leaky_cache_grow").unwrap_or_else(|| panic!("{:?}", top.stack));
+    assert!(frame.file.as_deref().unwrap_or("").ends_with("leak_until_oom.c"), "{frame:?}");
+    let call_lines = source_lines("leak_until_oom.c", "cudaMalloc(");
+    assert!(call_lines.contains(&frame.line.unwrap_or(0)), "line {:?} not a cudaMalloc call {call_lines:?}", frame.line);
+    assert!(has_frame(&top.stack, "main").is_some(), "the walk continues past the leak: {:?}", top.stack);
+
+    assert_eq!(dump.sites.len(), 1, "every chunk comes from the same site");
+    assert_eq!(dump.sites[0].count, held);
+    assert_eq!(dump.verdict.kind, "own_allocations");
+    assert!(dump.verdict.summary.contains("leaky_cache_grow"), "{}", dump.verdict.summary);
+
+    let err = stderr(&shim);
+    assert!(err.contains("oomshim: CUDA out of memory on device 0 (cudaMalloc of 64.00 MiB failed"), "{err}");
+    assert!(err.contains("leaky_cache_grow"), "{err}");
+    assert!(err.contains(dir.path().to_str().unwrap()), "summary names the dump: {err}");
+}
+
+#[test]
+fn sixteen_threads_leave_an_exact_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("OOMSHIM_DIR", dir.path().to_str().unwrap())];
+    let out = run_client("threads", &["20000"], &env, true);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(value_after(&text, "dump_rc "), 0);
+    let dump = only_dump(dir.path());
+    assert_eq!(dump.reason, "threads-end");
+    assert!(dump.failed_request.is_none());
+    let tracked: u64 = dump.devices.iter().map(|d| d.tracked_bytes).sum();
+    let count: u64 = dump.devices.iter().map(|d| d.tracked_count).sum();
+    assert_eq!(tracked, value_after(&text, "held_bytes "));
+    assert_eq!(count, value_after(&text, "held_count "));
+    assert_eq!(dump.recording.unknown_frees, 0);
+    assert_eq!(dump.recording.live_allocations, count);
+    assert!(dump.recording.total_allocations >= 16 * 20000);
+    assert!(dump.largest_holders.iter().all(|h| !h.stack.is_empty()));
+}
+
+#[test]
+fn every_result_and_out_parameter_passes_through_unchanged() {
+    let bare = run_client("passthrough", &[], &[], false);
+    let shim = run_client("passthrough", &[], &[], true);
+    assert_eq!(bare.status.code(), Some(0), "the client disagrees with the sim: {}", stdout(&bare));
+    assert_eq!(stdout(&bare), stdout(&shim));
+    assert_eq!(bare.status.code(), shim.status.code());
+    assert!(stdout(&bare).lines().count() > 50, "the client exercised little");
+}
+
+#[test]
+fn a_recovered_failure_is_one_quiet_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("SIMCUDA_CAPACITY", "2G"), ("OOMSHIM_DIR", dir.path().to_str().unwrap()), ("OOMSHIM_SETTLE", "5s")];
+    let start = Instant::now();
+    let out = run_client("retry_after_oom", &[], &env, true);
+    assert!(out.status.success());
+    assert!(stdout(&out).contains("recovered 1"));
+    assert!(start.elapsed() < Duration::from_secs(4), "recovery ends the settle wait early");
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("recovered") && !err.contains("CUDA out of memory"), "{err}");
+    let dump = only_dump(dir.path());
+    let req = dump.failed_request.unwrap();
+    assert_eq!(req.recovered, Some(true));
+    assert_eq!(req.bytes, 256 * MIB);
+}
+
+#[test]
+fn unwritable_dump_dir_falls_back_to_the_private_temp_dir() {
+    let tmp = tempfile::tempdir().unwrap();
+    let env = [
+        ("SIMCUDA_CAPACITY", "1G"),
+        ("OOMSHIM_DIR", "/proc/oomshim-cannot-write-here"),
+        ("TMPDIR", tmp.path().to_str().unwrap()),
+    ];
+    let bare = run_client("leak_until_oom", &[], &env, false);
+    let shim = run_client("leak_until_oom", &[], &env, true);
+    assert_eq!(stdout(&bare), stdout(&shim));
+    assert_eq!(bare.status.code(), shim.status.code());
+    let uid = unsafe { libc::geteuid() };
+    let fallback = tmp.path().join(format!("oomshim-{uid}"));
+    let dump = only_dump(&fallback);
+    assert_eq!(dump.failed_request.unwrap().bytes, 64 * MIB);
+    let err = stderr(&shim);
+    assert!(err.contains("cannot write to /proc/oomshim-cannot-write-here"), "{err}");
+}
+
+#[test]
+fn nowhere_to_write_costs_one_message_and_nothing_else() {
+    let env = [
+        ("SIMCUDA_CAPACITY", "1G"),
+        ("OOMSHIM_DIR", "/proc/oomshim-no"),
+        ("TMPDIR", "/proc/oomshim-no-either"),
+    ];
+    let bare = run_client("leak_until_oom", &[], &env, false);
+    let shim = run_client("leak_until_oom", &[], &env, true);
+    assert_eq!(stdout(&bare), stdout(&shim));
+    assert_eq!(bare.status.code(), shim.status.code());
+    let err = stderr(&shim);
+    assert!(err.contains("no dump written"), "{err}");
+}
+
+#[test]
+fn malformed_settings_warn_once_each_and_defaults_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("SIMCUDA_CAPACITY", "1G"),
+        ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+        ("OOMSHIM_DEPTH", "lots"),
+        ("OOMSHIM_TOP", "-1"),
+    ];
+    let bare = run_client("leak_until_oom", &[], &env, false);
+    let shim = run_client("leak_until_oom", &[], &env, true);
+    assert_eq!(stdout(&bare), stdout(&shim));
+    let err = stderr(&shim);
+    let depth_lines: Vec<&str> = err.lines().filter(|l| l.contains("OOMSHIM_DEPTH")).collect();
+    assert_eq!(depth_lines.len(), 1, "{err}");
+    assert!(depth_lines[0].contains("\"lots\"") && depth_lines[0].contains("using 64"), "{err}");
+    assert_eq!(err.lines().filter(|l| l.contains("OOMSHIM_TOP")).count(), 1, "{err}");
+    let dump = only_dump(dir.path());
+    assert_eq!(dump.recording.depth, 64);
+}
+
+#[test]
+fn stacks_off_still_counts_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("SIMCUDA_CAPACITY", "1G"), ("OOMSHIM_DIR", dir.path().to_str().unwrap()), ("OOMSHIM_STACKS", "off")];
+    let out = run_client("leak_until_oom", &[], &env, true);
+    let held = value_after(&stdout(&out), "held ");
+    let dump = only_dump(dir.path());
+    assert_eq!(dump.recording.stacks, "off");
+    assert_eq!(dump.devices[0].tracked_bytes, held * 64 * MIB);
+    assert!(dump.largest_holders.iter().all(|h| h.stack.is_empty()));
+}
+
+#[test]
+fn no_cuda_in_the_process_means_no_messages_and_no_change() {
+    let bare = Command::new("/bin/echo").arg("hello").output().unwrap();
+    let shim = Command::new("/bin/echo").arg("hello").env("LD_PRELOAD", shim_lib()).output().unwrap();
+    assert_eq!(bare.stdout, shim.stdout);
+    assert!(shim.stderr.is_empty(), "{}", String::from_utf8_lossy(&shim.stderr));
+}
+
+fn cli() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_oomshim"))
+}
+
+#[test]
+fn oomshim_run_preloads_and_returns_the_childs_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = cli()
+        .args(["run", "--dir", dir.path().to_str().unwrap(), "--"])
+        .arg(testbed::client("leak_until_oom"))
+        .env("SIMCUDA_CAPACITY", "1G")
+        .env("OOMSHIM_SETTLE", "0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).starts_with("held "));
+    let dump = only_dump(dir.path());
+    assert_eq!(dump.failed_request.unwrap().bytes, 64 * MIB);
+
+    let status = cli().args(["run", "--", "sh", "-c", "exit 7"]).status().unwrap();
+    assert_eq!(status.code(), Some(7));
+    let status = cli().args(["run", "--", "sh", "-c", "kill -KILL $$"]).status().unwrap();
+    assert_eq!(status.code(), Some(128 + 9));
+}
+
+#[test]
+fn oomshim_run_forwards_signals_sent_to_it() {
+    let child = cli()
+        .args(["run", "--", "sh", "-c", "trap 'echo got-term; exit 42' TERM; echo ready; while :; do sleep 0.05; done"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut out = child.stdout.unwrap();
+    let mut buf = [0u8; 6];
+    std::io::Read::read_exact(&mut out, &mut buf).unwrap();
+    assert_eq!(&buf, b"ready\n");
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(rest.contains("got-term"), "{rest}");
+}
+
+#[test]
+fn oomshim_report_reads_a_real_dump_and_rejects_garbage() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("SIMCUDA_CAPACITY", "1G"), ("OOMSHIM_DIR", dir.path().to_str().unwrap())];
+    run_client("leak_until_oom", &[], &env, true);
+    let dump = dumps_in(dir.path()).remove(0);
+    let out = cli().arg("report").arg(&dump).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("leaky_cache_grow") && text.contains("64.00 MiB"), "{text}");
+    let json = cli().arg("report").arg(&dump).arg("--json").output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("--json prints JSON");
+    assert!(v.is_object());
+
+    let garbage = dir.path().join("garbage.json");
+    std::fs::write(&garbage, b"{\"schema\": \"oomshim.dump/1\", \"reason\": ").unwrap();
+    let out = cli().arg("report").arg(&garbage).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("garbage.json"), "{err}");
+}
+
+#[test]
+fn oomshim_demo_runs_end_to_end_without_a_gpu() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = cli().arg("demo").current_dir(cwd.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report = stdout(&out);
+    assert!(report.contains("save_activation_for_logging") || report.contains("forward_layer"), "{report}");
+    let dumps = dumps_in(&cwd.path().join("oomshim-dumps"));
+    assert_eq!(dumps.len(), 1);
+    let dump = read_dump(&dumps[0]).unwrap();
+    assert_eq!(dump.reason, "oom");
+    assert_eq!(dump.verdict.kind, "own_allocations");
+    assert!(dump.pinned_host.bytes > 0, "the demo's pinned staging buffer is tracked apart");
+}

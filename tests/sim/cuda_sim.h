@@ -1,0 +1,138 @@
+/*
+ * cuda_sim.h — the subset of the CUDA runtime API that oomshim's simulated libcudart.so.13
+ * implements and its test clients call. Written for this project from the documented ABI
+ * (type layouts, error-code values and prototypes are those of the real runtime); it is not a
+ * copy of NVIDIA's headers and declares nothing beyond what the simulation provides.
+ *
+ * Also declares the simulation's control functions (simcuda_*), which exist only in the sim.
+ */
+#ifndef OOMSHIM_CUDA_SIM_H
+#define OOMSHIM_CUDA_SIM_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Error codes: numeric values are the real runtime's. */
+enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInitializationError = 3,
+    cudaErrorNoDevice = 100,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorNotSupported = 801,
+    cudaErrorUnknown = 999
+};
+typedef enum cudaError cudaError_t;
+
+/* Opaque handles, as in the real runtime. */
+typedef struct CUstream_st *cudaStream_t;
+typedef struct CUmemPoolHandle_st *cudaMemPool_t;
+
+/* Special stream handles. */
+#define cudaStreamLegacy ((cudaStream_t)0x1)
+#define cudaStreamPerThread ((cudaStream_t)0x2)
+
+/* cudaMallocManaged flags. */
+#define cudaMemAttachGlobal 0x01
+#define cudaMemAttachHost 0x02
+
+/* cudaHostAlloc flags. */
+#define cudaHostAllocDefault 0x00
+#define cudaHostAllocPortable 0x01
+#define cudaHostAllocMapped 0x02
+#define cudaHostAllocWriteCombined 0x04
+
+struct cudaExtent {
+    size_t width;  /* bytes */
+    size_t height; /* rows */
+    size_t depth;  /* slices */
+};
+
+struct cudaPitchedPtr {
+    void *ptr;
+    size_t pitch;
+    size_t xsize;
+    size_t ysize;
+};
+
+/*
+ * Device properties. The real struct begins with `char name[256]`; the simulation writes only
+ * that field. The rest is reserved space, at least as large as the real struct, so a caller's
+ * buffer is always big enough.
+ */
+struct cudaDeviceProp {
+    char name[256];
+    unsigned char reserved_[4096];
+};
+
+/* Device management */
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int *device);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device);
+cudaError_t cudaGetDeviceProperties_v2(struct cudaDeviceProp *prop, int device);
+cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
+
+/* Errors */
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+const char *cudaGetErrorString(cudaError_t error);
+const char *cudaGetErrorName(cudaError_t error);
+
+/* Streams */
+cudaError_t cudaStreamCreate(cudaStream_t *stream);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+
+/* Device memory */
+cudaError_t cudaMalloc(void **devPtr, size_t size);
+cudaError_t cudaFree(void *devPtr);
+cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags);
+cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height);
+cudaError_t cudaMalloc3D(struct cudaPitchedPtr *pitchedDevPtr, struct cudaExtent extent);
+
+/* Stream-ordered allocator */
+cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream);
+cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream);
+cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool,
+                                    cudaStream_t stream);
+cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t stream);
+cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t stream);
+cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool,
+                                         cudaStream_t stream);
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int device);
+
+/* Pinned host memory */
+cudaError_t cudaMallocHost(void **ptr, size_t size);
+cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags);
+cudaError_t cudaFreeHost(void *ptr);
+
+/*
+ * Simulation control (not part of CUDA).
+ *
+ * simcuda_inject_error(code, count): the next `count` allocation or free calls (any API above
+ *   that allocates or frees device, managed or pinned memory) return `code` with no side effect
+ *   other than writing NULL to the allocation's pointer out-parameter when it is non-NULL.
+ *   Replaces any pending injection; code 0 or count <= 0 cancels it. Returns the number of
+ *   injected failures that were still pending.
+ * simcuda_used_bytes(device): bytes charged to live allocations on `device` (excluding the
+ *   context overhead and other-process bytes); 0 for a bad device index.
+ * simcuda_pinned_used_bytes(): bytes charged to live pinned host allocations.
+ * simcuda_live_allocations(): number of live device + managed + pinned allocations.
+ */
+int simcuda_inject_error(int code, int count);
+size_t simcuda_used_bytes(int device);
+size_t simcuda_pinned_used_bytes(void);
+size_t simcuda_live_allocations(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OOMSHIM_CUDA_SIM_H */
