@@ -69,7 +69,10 @@ fn main() {
             .arg(&src)
             .arg("-L")
             .arg(&out)
+            // --as-needed: a client that names no CUDA function (no_runtime.c) gets no runtime.
+            .arg("-Wl,--as-needed")
             .arg("-l:libcudart.so.13")
+            .arg("-Wl,--no-as-needed")
             .arg("-Wl,-rpath,$ORIGIN")
             .args(["-ldl", "-lpthread"]);
         compiler.run(cmd, &format!("test client {name}"));

@@ -90,12 +90,22 @@ impl Config {
         let mut cfg = Config::default();
         let mut warnings = Vec::new();
         let mut warn = |var: &'static str, value: &str, expected: &'static str, used: String| {
-            warnings.push(Warning { var, value: value.to_string(), expected, used })
+            warnings.push(Warning {
+                var,
+                value: value.to_string(),
+                expected,
+                used,
+            })
         };
 
         if let Some(v) = lookup("OOMSHIM_DIR") {
             if v.trim().is_empty() {
-                warn("OOMSHIM_DIR", &v, "a directory path", DEFAULT_DIR.to_string());
+                warn(
+                    "OOMSHIM_DIR",
+                    &v,
+                    "a directory path",
+                    DEFAULT_DIR.to_string(),
+                );
             } else {
                 cfg.dir = PathBuf::from(v);
             }
@@ -115,13 +125,23 @@ impl Config {
             match v.trim().to_ascii_lowercase().as_str() {
                 "native" | "on" => cfg.stacks = StackMode::Native,
                 "off" | "none" => cfg.stacks = StackMode::Off,
-                _ => warn("OOMSHIM_STACKS", &v, "`native` or `off`", "native".to_string()),
+                _ => warn(
+                    "OOMSHIM_STACKS",
+                    &v,
+                    "`native` or `off`",
+                    "native".to_string(),
+                ),
             }
         }
         if let Some(v) = lookup("OOMSHIM_TOP") {
             match v.trim().parse::<usize>() {
                 Ok(n) if n >= 1 && n <= 100_000 => cfg.top = n,
-                _ => warn("OOMSHIM_TOP", &v, "an integer from 1 to 100000", DEFAULT_TOP.to_string()),
+                _ => warn(
+                    "OOMSHIM_TOP",
+                    &v,
+                    "an integer from 1 to 100000",
+                    DEFAULT_TOP.to_string(),
+                ),
             }
         }
         if let Some(v) = lookup("OOMSHIM_MIN_INTERVAL") {
@@ -181,8 +201,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn parse(pairs: &[(&str, &str)]) -> (Config, Vec<Warning>) {
-        let map: HashMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Config::from_lookup(|k| map.get(k).cloned())
     }
 
@@ -241,7 +263,10 @@ mod tests {
             ]
         );
         let text = warnings[1].to_string();
-        assert!(text.contains("OOMSHIM_DEPTH") && text.contains("\"lots\"") && text.contains("64"), "{text}");
+        assert!(
+            text.contains("OOMSHIM_DEPTH") && text.contains("\"lots\"") && text.contains("64"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -4,9 +4,70 @@
 //! while calling out of this module.
 
 use rustc_hash::FxHashMap;
+use std::cell::UnsafeCell;
 use std::hash::{BuildHasher, Hash, Hasher};
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+
+/// A lock for the ledger's shards. Critical sections are a hash-map insert or remove, so a
+/// spin-then-yield lock is cheaper than a futex mutex: unlocking is a plain store, not an atomic
+/// read-modify-write, which is a measurable share of a hooked call.
+struct ShardLock<T> {
+    locked: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// Safety: access to `value` is serialised by `locked`.
+unsafe impl<T: Send> Sync for ShardLock<T> {}
+
+struct ShardGuard<'a, T>(&'a ShardLock<T>);
+
+impl<T> ShardLock<T> {
+    fn new(value: T) -> Self {
+        ShardLock {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    fn lock(&self) -> ShardGuard<'_, T> {
+        let mut spins = 0u32;
+        while self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // The holder may be descheduled (or rehashing a large map): let it run.
+                std::thread::yield_now();
+            }
+        }
+        ShardGuard(self)
+    }
+}
+
+impl<T> Deref for ShardGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        unsafe { &*self.0.value.get() }
+    }
+}
+
+impl<T> DerefMut for ShardGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        unsafe { &mut *self.0.value.get() }
+    }
+}
+
+impl<T> Drop for ShardGuard<'_, T> {
+    fn drop(&mut self) {
+        self.0.locked.store(false, Ordering::Release);
+    }
+}
 
 /// Devices with their own counters; higher indices share the last slot.
 pub const MAX_DEVICES: usize = 64;
@@ -73,29 +134,24 @@ pub struct Allocation {
     pub stack: StackId,
 }
 
+/// Live bytes and peak of one device. The live count is not kept here: it is derived from the
+/// shards when asked (rarely), which saves an atomic update on every call.
 #[derive(Default)]
 struct Counters {
     bytes: AtomicU64,
-    count: AtomicU64,
     peak_bytes: AtomicU64,
 }
 
 impl Counters {
     fn add(&self, bytes: u64) {
         let now = self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.peak_bytes.fetch_max(now, Ordering::Relaxed);
+        // A plain load first: the read-modify-write is needed only when a new peak is set.
+        if now > self.peak_bytes.load(Ordering::Relaxed) {
+            self.peak_bytes.fetch_max(now, Ordering::Relaxed);
+        }
     }
     fn sub(&self, bytes: u64) {
         self.bytes.fetch_sub(bytes, Ordering::Relaxed);
-        self.count.fetch_sub(1, Ordering::Relaxed);
-    }
-    fn read(&self) -> Totals {
-        Totals {
-            bytes: self.bytes.load(Ordering::Relaxed),
-            count: self.count.load(Ordering::Relaxed),
-            peak_bytes: self.peak_bytes.load(Ordering::Relaxed),
-        }
     }
 }
 
@@ -120,7 +176,7 @@ pub struct Snapshot {
 }
 
 pub struct Ledger {
-    shards: Box<[Mutex<FxHashMap<usize, Allocation>>]>,
+    shards: Box<[ShardLock<FxHashMap<usize, Allocation>>]>,
     devices: Box<[Counters]>,
     pinned_host: Counters,
     unknown_frees: AtomicU64,
@@ -146,7 +202,9 @@ fn device_slot(device: i32) -> usize {
 impl Ledger {
     pub fn new() -> Self {
         Ledger {
-            shards: (0..SHARDS).map(|_| Mutex::new(FxHashMap::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| ShardLock::new(FxHashMap::default()))
+                .collect(),
             devices: (0..MAX_DEVICES).map(|_| Counters::default()).collect(),
             pinned_host: Counters::default(),
             unknown_frees: AtomicU64::new(0),
@@ -167,9 +225,8 @@ impl Ledger {
         }
     }
 
-    fn shard(&self, addr: usize) -> std::sync::MutexGuard<'_, FxHashMap<usize, Allocation>> {
-        // A poisoned shard only means a panic elsewhere; the map itself is still sound.
-        self.shards[shard_of(addr)].lock().unwrap_or_else(|e| e.into_inner())
+    fn shard(&self, addr: usize) -> ShardGuard<'_, FxHashMap<usize, Allocation>> {
+        self.shards[shard_of(addr)].lock()
     }
 
     /// Records a successful allocation. If the address was already live (its free went through
@@ -207,12 +264,43 @@ impl Ledger {
         }
     }
 
+    /// Live bytes of a device (one atomic load: cheap enough for the OOM path).
+    pub fn device_bytes(&self, device: i32) -> u64 {
+        self.devices[device_slot(device)]
+            .bytes
+            .load(Ordering::Relaxed)
+    }
+
+    /// Peak live bytes of a device since start.
+    pub fn device_peak_bytes(&self, device: i32) -> u64 {
+        self.devices[device_slot(device)]
+            .peak_bytes
+            .load(Ordering::Relaxed)
+    }
+
+    /// Bytes, count and peak of a device; the count walks every shard.
     pub fn device_totals(&self, device: i32) -> Totals {
-        self.devices[device_slot(device)].read()
+        let slot = device_slot(device);
+        self.totals(&self.devices[slot], |a| {
+            !a.api.is_pinned_host() && device_slot(a.device) == slot
+        })
     }
 
     pub fn pinned_host_totals(&self) -> Totals {
-        self.pinned_host.read()
+        self.totals(&self.pinned_host, |a| a.api.is_pinned_host())
+    }
+
+    fn totals(&self, c: &Counters, counts: impl Fn(&Allocation) -> bool) -> Totals {
+        let count = self
+            .shards
+            .iter()
+            .map(|s| s.lock().values().filter(|a| counts(a)).count() as u64)
+            .sum();
+        Totals {
+            bytes: c.bytes.load(Ordering::Relaxed),
+            count,
+            peak_bytes: c.peak_bytes.load(Ordering::Relaxed),
+        }
     }
 
     /// Allocations recorded since start.
@@ -227,20 +315,34 @@ impl Ledger {
     pub fn snapshot(&self) -> Snapshot {
         let mut allocations = Vec::new();
         for shard in self.shards.iter() {
-            let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            let shard = shard.lock();
             allocations.extend(shard.iter().map(|(a, v)| (*a, *v)));
         }
+        let mut counts = vec![0u64; MAX_DEVICES];
+        let mut pinned_count = 0;
+        for (_, a) in &allocations {
+            if a.api.is_pinned_host() {
+                pinned_count += 1;
+            } else {
+                counts[device_slot(a.device)] += 1;
+            }
+        }
+        let read = |c: &Counters, count: u64| Totals {
+            bytes: c.bytes.load(Ordering::Relaxed),
+            count,
+            peak_bytes: c.peak_bytes.load(Ordering::Relaxed),
+        };
         let devices = self
             .devices
             .iter()
             .enumerate()
-            .map(|(i, c)| (i as i32, c.read()))
+            .map(|(i, c)| (i as i32, read(c, counts[i])))
             .filter(|(_, t)| t.peak_bytes > 0 || t.count > 0)
             .collect();
         Snapshot {
             allocations,
             devices,
-            pinned_host: self.pinned_host.read(),
+            pinned_host: read(&self.pinned_host, pinned_count),
             unknown_frees: self.unknown_frees(),
             total_allocations: self.seq.load(Ordering::Relaxed),
         }
@@ -250,7 +352,7 @@ impl Ledger {
 /// Interned stacks: identical return-address lists share one [`StackId`]. Sharded by hash so
 /// threads recording different stacks rarely meet on a lock.
 pub struct StackTable {
-    shards: Box<[Mutex<StackShard>]>,
+    shards: Box<[ShardLock<StackShard>]>,
 }
 
 #[derive(Default)]
@@ -271,7 +373,11 @@ impl Default for StackTable {
 
 impl StackTable {
     pub fn new() -> Self {
-        StackTable { shards: (0..STACK_SHARDS).map(|_| Mutex::new(StackShard::default())).collect() }
+        StackTable {
+            shards: (0..STACK_SHARDS)
+                .map(|_| ShardLock::new(StackShard::default()))
+                .collect(),
+        }
     }
 
     /// Returns the id of `frames`, adding it if new. An empty stack is [`StackId::EMPTY`]; a
@@ -283,7 +389,7 @@ impl StackTable {
         let mut h = rustc_hash::FxBuildHasher.build_hasher();
         frames.hash(&mut h);
         let shard_index = (h.finish() >> (64 - STACK_SHARD_BITS)) as usize;
-        let mut shard = self.shards[shard_index].lock().unwrap_or_else(|e| e.into_inner());
+        let mut shard = self.shards[shard_index].lock();
         if let Some(&i) = shard.ids.get(frames) {
             return Self::id(shard_index, i);
         }
@@ -310,9 +416,15 @@ impl StackTable {
         let raw = id.0 - 1;
         let shard = (raw >> STACK_INDEX_BITS) as usize;
         let index = (raw & ((1 << STACK_INDEX_BITS) - 1)) as usize;
-        let Some(shard) = self.shards.get(shard) else { return Vec::new() };
-        let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
-        shard.stacks.get(index).map(|s| s.to_vec()).unwrap_or_default()
+        let Some(shard) = self.shards.get(shard) else {
+            return Vec::new();
+        };
+        let shard = shard.lock();
+        shard
+            .stacks
+            .get(index)
+            .map(|s| s.to_vec())
+            .unwrap_or_default()
     }
 }
 
@@ -322,7 +434,16 @@ mod tests {
     use std::sync::Arc;
 
     fn alloc(bytes: u64, api: Api, device: i32) -> Allocation {
-        Allocation { bytes, api, device, stream: 0, thread: 1, time_ns: 0, seq: 0, stack: StackId::EMPTY }
+        Allocation {
+            bytes,
+            api,
+            device,
+            stream: 0,
+            thread: 1,
+            time_ns: 0,
+            seq: 0,
+            stack: StackId::EMPTY,
+        }
     }
 
     #[test]
@@ -331,9 +452,23 @@ mod tests {
         l.record_alloc(0x1000, alloc(100, Api::CudaMalloc, 0));
         l.record_alloc(0x2000, alloc(50, Api::CudaMallocAsync, 0));
         l.record_alloc(0x3000, alloc(7, Api::CudaMalloc, 1));
-        assert_eq!(l.device_totals(0), Totals { bytes: 150, count: 2, peak_bytes: 150 });
+        assert_eq!(
+            l.device_totals(0),
+            Totals {
+                bytes: 150,
+                count: 2,
+                peak_bytes: 150
+            }
+        );
         assert_eq!(l.take(0x1000).map(|a| a.bytes), Some(100));
-        assert_eq!(l.device_totals(0), Totals { bytes: 50, count: 1, peak_bytes: 150 });
+        assert_eq!(
+            l.device_totals(0),
+            Totals {
+                bytes: 50,
+                count: 1,
+                peak_bytes: 150
+            }
+        );
         assert_eq!(l.device_totals(1).bytes, 7);
         assert_eq!(l.unknown_frees(), 0);
     }
@@ -354,7 +489,10 @@ mod tests {
         l.record_alloc(0x1000, alloc(100, Api::CudaMalloc, 0));
         assert!(l.take(0xdead00).is_none());
         assert!(l.take(0x1000).is_some());
-        assert!(l.take(0x1000).is_none(), "double free is unknown the second time");
+        assert!(
+            l.take(0x1000).is_none(),
+            "double free is unknown the second time"
+        );
         assert_eq!(l.unknown_frees(), 2);
         assert_eq!(l.device_totals(0).bytes, 0);
     }
@@ -365,7 +503,14 @@ mod tests {
         l.record_alloc(0x1000, alloc(100, Api::CudaMalloc, 0));
         let a = l.take(0x1000).unwrap();
         l.reinstate(0x1000, a);
-        assert_eq!(l.device_totals(0), Totals { bytes: 100, count: 1, peak_bytes: 100 });
+        assert_eq!(
+            l.device_totals(0),
+            Totals {
+                bytes: 100,
+                count: 1,
+                peak_bytes: 100
+            }
+        );
         // An address already re-recorded by a newer allocation keeps the newer entry.
         let b = l.take(0x1000).unwrap();
         l.record_alloc(0x1000, alloc(30, Api::CudaMalloc, 0));
@@ -413,8 +558,14 @@ mod tests {
         let live = 16 * 5_000;
         let snap = l.snapshot();
         assert_eq!(snap.allocations.len(), live);
-        assert_eq!(l.device_totals(0).bytes + l.device_totals(1).bytes, 512 * live as u64);
-        assert_eq!(l.device_totals(0).count + l.device_totals(1).count, live as u64);
+        assert_eq!(
+            l.device_totals(0).bytes + l.device_totals(1).bytes,
+            512 * live as u64
+        );
+        assert_eq!(
+            l.device_totals(0).count + l.device_totals(1).count,
+            live as u64
+        );
     }
 
     #[test]

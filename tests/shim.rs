@@ -45,7 +45,10 @@ fn wait_with_watchdog(mut cmd: Command, limit: Duration) -> Output {
         }
         if start.elapsed() > limit {
             child.kill().ok();
-            panic!("watchdog: {:?} still running after {limit:?} (deadlock?)", cmd.get_program());
+            panic!(
+                "watchdog: {:?} still running after {limit:?} (deadlock?)",
+                cmd.get_program()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -66,7 +69,12 @@ fn dumps_in(dir: &Path) -> Vec<PathBuf> {
 
 fn only_dump(dir: &Path) -> Dump {
     let files = dumps_in(dir);
-    assert_eq!(files.len(), 1, "expected exactly one dump in {}: {files:?}", dir.display());
+    assert_eq!(
+        files.len(),
+        1,
+        "expected exactly one dump in {}: {files:?}",
+        dir.display()
+    );
     read_dump(&files[0]).expect("dump parses")
 }
 
@@ -80,17 +88,24 @@ fn stderr(o: &Output) -> String {
 
 fn value_after(text: &str, key: &str) -> u64 {
     text.lines()
-        .find_map(|l| l.strip_prefix(key).map(|v| v.trim().split_whitespace().next().unwrap().parse().unwrap()))
+        .find_map(|l| {
+            l.strip_prefix(key)
+                .map(|v| v.trim().split_whitespace().next().unwrap().parse().unwrap())
+        })
         .unwrap_or_else(|| panic!("no `{key}` in output:\n{text}"))
 }
 
 fn has_frame<'a>(stack: &'a [Frame], function: &str) -> Option<&'a Frame> {
-    stack.iter().find(|f| f.function.as_deref() == Some(function))
+    stack
+        .iter()
+        .find(|f| f.function.as_deref() == Some(function))
 }
 
 /// Line numbers in a client source whose text contains `needle`.
 fn source_lines(client_source: &str, needle: &str) -> Vec<u32> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients").join(client_source);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/clients")
+        .join(client_source);
     std::fs::read_to_string(path)
         .unwrap()
         .lines()
@@ -103,10 +118,17 @@ fn source_lines(client_source: &str, needle: &str) -> Vec<u32> {
 #[test]
 fn leak_until_oom_writes_one_dump_that_names_the_leak() {
     let dir = tempfile::tempdir().unwrap();
-    let env = [("SIMCUDA_CAPACITY", "2G"), ("OOMSHIM_DIR", dir.path().to_str().unwrap())];
+    let env = [
+        ("SIMCUDA_CAPACITY", "2G"),
+        ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+    ];
     let bare = run_client("leak_until_oom", &[], &env, false);
     let shim = run_client("leak_until_oom", &[], &env, true);
-    assert_eq!(stdout(&bare), stdout(&shim), "program output changed by the shim");
+    assert_eq!(
+        stdout(&bare),
+        stdout(&shim),
+        "program output changed by the shim"
+    );
     assert_eq!(bare.status.code(), shim.status.code());
     assert!(stderr(&bare).is_empty());
 
@@ -120,32 +142,74 @@ fn leak_until_oom_writes_one_dump_that_names_the_leak() {
     assert_eq!(req.api, "cudaMalloc");
     assert_eq!(req.error_code, 2);
     assert_eq!(req.recovered, Some(false), "the program never retried");
-    assert!(has_frame(&req.stack, "leaky_cache_grow").is_some(), "failing stack: {:?}", req.stack);
+    assert!(
+        has_frame(&req.stack, "leaky_cache_grow").is_some(),
+        "failing stack: {:?}",
+        req.stack
+    );
 
-    let dev = dump.devices.iter().find(|d| d.index == 0).expect("device 0");
-    assert_eq!(dev.tracked_bytes, held * 64 * MIB, "tracked bytes equal what the client holds");
+    let dev = dump
+        .devices
+        .iter()
+        .find(|d| d.index == 0)
+        .expect("device 0");
+    assert_eq!(
+        dev.tracked_bytes,
+        held * 64 * MIB,
+        "tracked bytes equal what the client holds"
+    );
     assert_eq!(dev.tracked_count, held);
     assert_eq!(dev.total_bytes, Some(2 << 30));
-    assert!(dev.free_bytes.unwrap() < 64 * MIB, "free {:?}", dev.free_bytes);
+    assert!(
+        dev.free_bytes.unwrap() < 64 * MIB,
+        "free {:?}",
+        dev.free_bytes
+    );
     assert_eq!(dev.name.as_deref(), Some("oomshim simulated device"));
 
     let top = &dump.largest_holders[0];
     assert_eq!(top.bytes, 64 * MIB);
-    let frame = has_frame(&top.stack, "leaky_cache_grow").unwrap_or_else(|| panic!("{:?}", top.stack));
-    assert!(frame.file.as_deref().unwrap_or("").ends_with("leak_until_oom.c"), "{frame:?}");
+    let frame =
+        has_frame(&top.stack, "leaky_cache_grow").unwrap_or_else(|| panic!("{:?}", top.stack));
+    assert!(
+        frame
+            .file
+            .as_deref()
+            .unwrap_or("")
+            .ends_with("leak_until_oom.c"),
+        "{frame:?}"
+    );
     let call_lines = source_lines("leak_until_oom.c", "cudaMalloc(");
-    assert!(call_lines.contains(&frame.line.unwrap_or(0)), "line {:?} not a cudaMalloc call {call_lines:?}", frame.line);
-    assert!(has_frame(&top.stack, "main").is_some(), "the walk continues past the leak: {:?}", top.stack);
+    assert!(
+        call_lines.contains(&frame.line.unwrap_or(0)),
+        "line {:?} not a cudaMalloc call {call_lines:?}",
+        frame.line
+    );
+    assert!(
+        has_frame(&top.stack, "main").is_some(),
+        "the walk continues past the leak: {:?}",
+        top.stack
+    );
 
     assert_eq!(dump.sites.len(), 1, "every chunk comes from the same site");
     assert_eq!(dump.sites[0].count, held);
     assert_eq!(dump.verdict.kind, "own_allocations");
-    assert!(dump.verdict.summary.contains("leaky_cache_grow"), "{}", dump.verdict.summary);
+    assert!(
+        dump.verdict.summary.contains("leaky_cache_grow"),
+        "{}",
+        dump.verdict.summary
+    );
 
     let err = stderr(&shim);
-    assert!(err.contains("oomshim: CUDA out of memory on device 0 (cudaMalloc of 64.00 MiB failed"), "{err}");
+    assert!(
+        err.contains("oomshim: CUDA out of memory on device 0 (cudaMalloc of 64.00 MiB failed"),
+        "{err}"
+    );
     assert!(err.contains("leaky_cache_grow"), "{err}");
-    assert!(err.contains(dir.path().to_str().unwrap()), "summary names the dump: {err}");
+    assert!(
+        err.contains(dir.path().to_str().unwrap()),
+        "summary names the dump: {err}"
+    );
 }
 
 #[test]
@@ -173,24 +237,42 @@ fn sixteen_threads_leave_an_exact_ledger() {
 fn every_result_and_out_parameter_passes_through_unchanged() {
     let bare = run_client("passthrough", &[], &[], false);
     let shim = run_client("passthrough", &[], &[], true);
-    assert_eq!(bare.status.code(), Some(0), "the client disagrees with the sim: {}", stdout(&bare));
+    assert_eq!(
+        bare.status.code(),
+        Some(0),
+        "the client disagrees with the sim: {}",
+        stdout(&bare)
+    );
     assert_eq!(stdout(&bare), stdout(&shim));
     assert_eq!(bare.status.code(), shim.status.code());
-    assert!(stdout(&bare).lines().count() > 50, "the client exercised little");
+    assert!(
+        stdout(&bare).lines().count() > 50,
+        "the client exercised little"
+    );
 }
 
 #[test]
 fn a_recovered_failure_is_one_quiet_line() {
     let dir = tempfile::tempdir().unwrap();
-    let env = [("SIMCUDA_CAPACITY", "2G"), ("OOMSHIM_DIR", dir.path().to_str().unwrap()), ("OOMSHIM_SETTLE", "5s")];
+    let env = [
+        ("SIMCUDA_CAPACITY", "2G"),
+        ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+        ("OOMSHIM_SETTLE", "5s"),
+    ];
     let start = Instant::now();
     let out = run_client("retry_after_oom", &[], &env, true);
     assert!(out.status.success());
     assert!(stdout(&out).contains("recovered 1"));
-    assert!(start.elapsed() < Duration::from_secs(4), "recovery ends the settle wait early");
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "recovery ends the settle wait early"
+    );
     let err = stderr(&out);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("recovered") && !err.contains("CUDA out of memory"), "{err}");
+    assert!(
+        err.contains("recovered") && !err.contains("CUDA out of memory"),
+        "{err}"
+    );
     let dump = only_dump(dir.path());
     let req = dump.failed_request.unwrap();
     assert_eq!(req.recovered, Some(true));
@@ -214,7 +296,10 @@ fn unwritable_dump_dir_falls_back_to_the_private_temp_dir() {
     let dump = only_dump(&fallback);
     assert_eq!(dump.failed_request.unwrap().bytes, 64 * MIB);
     let err = stderr(&shim);
-    assert!(err.contains("cannot write to /proc/oomshim-cannot-write-here"), "{err}");
+    assert!(
+        err.contains("cannot write to /proc/oomshim-cannot-write-here"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -245,10 +330,20 @@ fn malformed_settings_warn_once_each_and_defaults_apply() {
     let shim = run_client("leak_until_oom", &[], &env, true);
     assert_eq!(stdout(&bare), stdout(&shim));
     let err = stderr(&shim);
-    let depth_lines: Vec<&str> = err.lines().filter(|l| l.contains("OOMSHIM_DEPTH")).collect();
+    let depth_lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("OOMSHIM_DEPTH"))
+        .collect();
     assert_eq!(depth_lines.len(), 1, "{err}");
-    assert!(depth_lines[0].contains("\"lots\"") && depth_lines[0].contains("using 64"), "{err}");
-    assert_eq!(err.lines().filter(|l| l.contains("OOMSHIM_TOP")).count(), 1, "{err}");
+    assert!(
+        depth_lines[0].contains("\"lots\"") && depth_lines[0].contains("using 64"),
+        "{err}"
+    );
+    assert_eq!(
+        err.lines().filter(|l| l.contains("OOMSHIM_TOP")).count(),
+        1,
+        "{err}"
+    );
     let dump = only_dump(dir.path());
     assert_eq!(dump.recording.depth, 64);
 }
@@ -256,7 +351,11 @@ fn malformed_settings_warn_once_each_and_defaults_apply() {
 #[test]
 fn stacks_off_still_counts_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let env = [("SIMCUDA_CAPACITY", "1G"), ("OOMSHIM_DIR", dir.path().to_str().unwrap()), ("OOMSHIM_STACKS", "off")];
+    let env = [
+        ("SIMCUDA_CAPACITY", "1G"),
+        ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+        ("OOMSHIM_STACKS", "off"),
+    ];
     let out = run_client("leak_until_oom", &[], &env, true);
     let held = value_after(&stdout(&out), "held ");
     let dump = only_dump(dir.path());
@@ -268,9 +367,17 @@ fn stacks_off_still_counts_exactly() {
 #[test]
 fn no_cuda_in_the_process_means_no_messages_and_no_change() {
     let bare = Command::new("/bin/echo").arg("hello").output().unwrap();
-    let shim = Command::new("/bin/echo").arg("hello").env("LD_PRELOAD", shim_lib()).output().unwrap();
+    let shim = Command::new("/bin/echo")
+        .arg("hello")
+        .env("LD_PRELOAD", shim_lib())
+        .output()
+        .unwrap();
     assert_eq!(bare.stdout, shim.stdout);
-    assert!(shim.stderr.is_empty(), "{}", String::from_utf8_lossy(&shim.stderr));
+    assert!(
+        shim.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&shim.stderr)
+    );
 }
 
 fn cli() -> Command {
@@ -292,16 +399,28 @@ fn oomshim_run_preloads_and_returns_the_childs_status() {
     let dump = only_dump(dir.path());
     assert_eq!(dump.failed_request.unwrap().bytes, 64 * MIB);
 
-    let status = cli().args(["run", "--", "sh", "-c", "exit 7"]).status().unwrap();
+    let status = cli()
+        .args(["run", "--", "sh", "-c", "exit 7"])
+        .status()
+        .unwrap();
     assert_eq!(status.code(), Some(7));
-    let status = cli().args(["run", "--", "sh", "-c", "kill -KILL $$"]).status().unwrap();
+    let status = cli()
+        .args(["run", "--", "sh", "-c", "kill -KILL $$"])
+        .status()
+        .unwrap();
     assert_eq!(status.code(), Some(128 + 9));
 }
 
 #[test]
 fn oomshim_run_forwards_signals_sent_to_it() {
     let child = cli()
-        .args(["run", "--", "sh", "-c", "trap 'echo got-term; exit 42' TERM; echo ready; while :; do sleep 0.05; done"])
+        .args([
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "trap 'echo got-term; exit 42' TERM; echo ready; while :; do sleep 0.05; done",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -319,14 +438,25 @@ fn oomshim_run_forwards_signals_sent_to_it() {
 #[test]
 fn oomshim_report_reads_a_real_dump_and_rejects_garbage() {
     let dir = tempfile::tempdir().unwrap();
-    let env = [("SIMCUDA_CAPACITY", "1G"), ("OOMSHIM_DIR", dir.path().to_str().unwrap())];
+    let env = [
+        ("SIMCUDA_CAPACITY", "1G"),
+        ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+    ];
     run_client("leak_until_oom", &[], &env, true);
     let dump = dumps_in(dir.path()).remove(0);
     let out = cli().arg("report").arg(&dump).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.contains("leaky_cache_grow") && text.contains("64.00 MiB"), "{text}");
-    let json = cli().arg("report").arg(&dump).arg("--json").output().unwrap();
+    assert!(
+        text.contains("leaky_cache_grow") && text.contains("64.00 MiB"),
+        "{text}"
+    );
+    let json = cli()
+        .arg("report")
+        .arg(&dump)
+        .arg("--json")
+        .output()
+        .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("--json prints JSON");
     assert!(v.is_object());
 
@@ -345,11 +475,32 @@ fn oomshim_demo_runs_end_to_end_without_a_gpu() {
     let out = cli().arg("demo").current_dir(cwd.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let report = stdout(&out);
-    assert!(report.contains("save_activation_for_logging") || report.contains("forward_layer"), "{report}");
+    assert!(
+        report.contains("save_activation_for_logging") || report.contains("forward_layer"),
+        "{report}"
+    );
     let dumps = dumps_in(&cwd.path().join("oomshim-dumps"));
     assert_eq!(dumps.len(), 1);
     let dump = read_dump(&dumps[0]).unwrap();
     assert_eq!(dump.reason, "oom");
     assert_eq!(dump.verdict.kind, "own_allocations");
-    assert!(dump.pinned_host.bytes > 0, "the demo's pinned staging buffer is tracked apart");
+    assert!(
+        dump.pinned_host.bytes > 0,
+        "the demo's pinned staging buffer is tracked apart"
+    );
+}
+
+#[test]
+fn a_missing_runtime_returns_cuda_initialization_error_and_says_so_once() {
+    let bare = run_client("no_runtime", &[], &[], false);
+    assert_eq!(stdout(&bare), "no cudaMalloc in this process\n");
+    let shim = run_client("no_runtime", &[], &[], true);
+    assert_eq!(shim.status.code(), Some(0));
+    assert_eq!(
+        stdout(&shim),
+        "cudaMalloc -> 3, out untouched\ncudaFree -> 3\n"
+    );
+    let err = stderr(&shim);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cudaMalloc was not found"), "{err}");
 }

@@ -8,7 +8,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "oomshim", version, about = "Explains CUDA out-of-memory errors")]
+#[command(
+    name = "oomshim",
+    version,
+    about = "Explains CUDA out-of-memory errors"
+)]
 struct Args {
     #[command(subcommand)]
     command: Cmd,
@@ -67,7 +71,12 @@ fn main() -> ExitCode {
                 Ok(l) => l,
                 Err(e) => return fail(&e, 1),
             };
-            let opts = cli::run::RunOptions { lib, dir: dir.as_deref(), command: &command, extra_env: vec![] };
+            let opts = cli::run::RunOptions {
+                lib,
+                dir: dir.as_deref(),
+                command: &command,
+                extra_env: vec![],
+            };
             match cli::run::run(&opts) {
                 Ok((_, code)) => ExitCode::from(code.clamp(0, 255) as u8),
                 Err(e) => fail(&e, 127),

@@ -25,24 +25,34 @@ pub fn run_demo(lib: PathBuf, dump_dir: &Path) -> Result<DemoOutcome, String> {
     fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
     let runtime = work.join("libcudart.so.13");
     let client = work.join("demo_train");
-    fs::write(&runtime, SIM_CUDART_SO).map_err(|e| format!("cannot write {}: {e}", runtime.display()))?;
-    fs::write(&client, DEMO_CLIENT).map_err(|e| format!("cannot write {}: {e}", client.display()))?;
+    fs::write(&runtime, SIM_CUDART_SO)
+        .map_err(|e| format!("cannot write {}: {e}", runtime.display()))?;
+    fs::write(&client, DEMO_CLIENT)
+        .map_err(|e| format!("cannot write {}: {e}", client.display()))?;
     fs::set_permissions(&client, fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
 
-    fs::create_dir_all(dump_dir).map_err(|e| format!("cannot create {}: {e}", dump_dir.display()))?;
+    fs::create_dir_all(dump_dir)
+        .map_err(|e| format!("cannot create {}: {e}", dump_dir.display()))?;
     let command = [client.clone().into_os_string()];
     let (pid, client_exit) = run(&RunOptions {
         lib,
         dir: Some(dump_dir),
         command: &command,
         extra_env: vec![
-            (OsString::from("SIMCUDA_CAPACITY"), OsString::from(DEMO_CAPACITY)),
+            (
+                OsString::from("SIMCUDA_CAPACITY"),
+                OsString::from(DEMO_CAPACITY),
+            ),
             // The demo process exits right after its OOM; no need to wait for a retry.
             (OsString::from("OOMSHIM_SETTLE"), OsString::from("0.2s")),
         ],
     })?;
-    let dump = find_dump_of(dump_dir, pid)
-        .ok_or_else(|| format!("the demo client (pid {pid}) left no dump in {}", dump_dir.display()))?;
+    let dump = find_dump_of(dump_dir, pid).ok_or_else(|| {
+        format!(
+            "the demo client (pid {pid}) left no dump in {}",
+            dump_dir.display()
+        )
+    })?;
     Ok(DemoOutcome { client_exit, dump })
 }
 
@@ -54,9 +64,9 @@ pub fn find_dump_of(dir: &Path, pid: u32) -> Option<PathBuf> {
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("oomshim-") && n.ends_with(".json") && n.contains(&marker))
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with("oomshim-") && n.ends_with(".json") && n.contains(&marker)
+            })
         })
         .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
 }

@@ -16,7 +16,9 @@ pub fn report(path: &Path, top: usize, json: bool, color: bool) -> Result<String
     let opts = crate::report::ReportOptions { top, color };
     if json {
         let value = crate::report::render_json(&dump, &opts);
-        serde_json::to_string_pretty(&value).map(|s| s + "\n").map_err(|e| e.to_string())
+        serde_json::to_string_pretty(&value)
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string())
     } else {
         Ok(crate::report::render_terminal(&dump, &opts))
     }

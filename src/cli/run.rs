@@ -19,7 +19,8 @@ pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf, String> {
     if let Some(p) = explicit {
         return std::fs::canonicalize(p).map_err(|e| format!("--lib {}: {e}", p.display()));
     }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot locate the oomshim binary: {e}"))?;
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot locate the oomshim binary: {e}"))?;
     let beside = exe.parent().map(|d| d.join(LIB_NAME));
     match beside {
         Some(p) if p.is_file() => Ok(p),
@@ -36,7 +37,11 @@ pub fn preload_value(lib: &Path, existing: Option<&OsStr>) -> OsString {
     if let Some(existing) = existing {
         let rest: Vec<&str> = existing
             .to_str()
-            .map(|s| s.split([':', ' ']).filter(|p| !p.is_empty() && Path::new(p) != lib).collect())
+            .map(|s| {
+                s.split([':', ' '])
+                    .filter(|p| !p.is_empty() && Path::new(p) != lib)
+                    .collect()
+            })
             .unwrap_or_default();
         if existing.to_str().is_none() {
             // Not UTF-8: keep it byte for byte.
@@ -68,10 +73,16 @@ pub struct RunOptions<'a> {
 
 /// Runs the command to completion; returns (child pid, exit code).
 pub fn run(opts: &RunOptions) -> Result<(u32, i32), String> {
-    let (program, args) = opts.command.split_first().ok_or("no command given (usage: oomshim run -- CMD ARGS…)")?;
+    let (program, args) = opts
+        .command
+        .split_first()
+        .ok_or("no command given (usage: oomshim run -- CMD ARGS…)")?;
     let mut cmd = Command::new(program);
     cmd.args(args);
-    cmd.env("LD_PRELOAD", preload_value(&opts.lib, std::env::var_os("LD_PRELOAD").as_deref()));
+    cmd.env(
+        "LD_PRELOAD",
+        preload_value(&opts.lib, std::env::var_os("LD_PRELOAD").as_deref()),
+    );
     if let Some(dir) = opts.dir {
         cmd.env("OOMSHIM_DIR", dir);
     }
@@ -80,8 +91,11 @@ pub fn run(opts: &RunOptions) -> Result<(u32, i32), String> {
     }
     // Register before spawning so no signal falls in between.
     let forwarded = [SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2];
-    let mut signals = SignalsInfo::<WithOrigin>::new(forwarded).map_err(|e| format!("cannot set up signal forwarding: {e}"))?;
-    let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", program.to_string_lossy()))?;
+    let mut signals = SignalsInfo::<WithOrigin>::new(forwarded)
+        .map_err(|e| format!("cannot set up signal forwarding: {e}"))?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", program.to_string_lossy()))?;
     let pid = child.id();
     let handle = signals.handle();
     let forwarder = std::thread::spawn(move || {
@@ -93,7 +107,9 @@ pub fn run(opts: &RunOptions) -> Result<(u32, i32), String> {
             }
         }
     });
-    let status = child.wait().map_err(|e| format!("waiting for the child failed: {e}"))?;
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for the child failed: {e}"))?;
     handle.close();
     let _ = forwarder.join();
     Ok((pid, exit_code(status)))
@@ -106,7 +122,10 @@ mod tests {
     #[test]
     fn preload_puts_the_shim_first_and_keeps_the_rest() {
         let lib = Path::new("/opt/oomshim/liboomshim.so");
-        assert_eq!(preload_value(lib, None), OsString::from("/opt/oomshim/liboomshim.so"));
+        assert_eq!(
+            preload_value(lib, None),
+            OsString::from("/opt/oomshim/liboomshim.so")
+        );
         assert_eq!(
             preload_value(lib, Some(OsStr::new("/usr/lib/libjemalloc.so other.so"))),
             OsString::from("/opt/oomshim/liboomshim.so:/usr/lib/libjemalloc.so:other.so")
@@ -116,7 +135,10 @@ mod tests {
             OsString::from("/opt/oomshim/liboomshim.so"),
             "never preloaded twice"
         );
-        assert_eq!(preload_value(lib, Some(OsStr::new(""))), OsString::from("/opt/oomshim/liboomshim.so"));
+        assert_eq!(
+            preload_value(lib, Some(OsStr::new(""))),
+            OsString::from("/opt/oomshim/liboomshim.so")
+        );
     }
 
     #[test]

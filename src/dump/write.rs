@@ -32,10 +32,20 @@ impl DumpName {
 fn sanitize(s: &str) -> String {
     let out: String = s
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .take(64)
         .collect();
-    if out.is_empty() { "host".to_string() } else { out }
+    if out.is_empty() {
+        "host".to_string()
+    } else {
+        out
+    }
 }
 
 /// Where a dump landed.
@@ -62,14 +72,23 @@ static NEXT_SEQ: AtomicU32 = AtomicU32::new(1);
 /// Writes `bytes` as a new dump in `dir`, or in the per-user fallback directory if `dir` fails.
 pub fn write_dump(dir: &Path, name: &DumpName, bytes: &[u8]) -> Result<Written, WriteError> {
     match write_in(dir, name, bytes) {
-        Ok(path) => Ok(Written { path, fell_back: None }),
+        Ok(path) => Ok(Written {
+            path,
+            fell_back: None,
+        }),
         Err(first) => {
             let fallback = fallback_dir();
             let why = format!("cannot write to {}: {first}", dir.display());
             match prepare_private_dir(&fallback).and_then(|_| write_in(&fallback, name, bytes)) {
-                Ok(path) => Ok(Written { path, fell_back: Some(why) }),
+                Ok(path) => Ok(Written {
+                    path,
+                    fell_back: Some(why),
+                }),
                 Err(second) => Err(WriteError {
-                    message: format!("{why}; fallback {} failed too: {second}", fallback.display()),
+                    message: format!(
+                        "{why}; fallback {} failed too: {second}",
+                        fallback.display()
+                    ),
                 }),
             }
         }
@@ -102,7 +121,12 @@ fn prepare_private_dir(dir: &Path) -> io::Result<()> {
 fn write_in(dir: &Path, name: &DumpName, bytes: &[u8]) -> io::Result<PathBuf> {
     fs::create_dir_all(dir)?;
     let seq_tmp = NEXT_SEQ.load(Ordering::Relaxed);
-    let tmp = dir.join(format!(".oomshim-{}-{}-{}.tmp", name.pid, seq_tmp, unique_suffix()));
+    let tmp = dir.join(format!(
+        ".oomshim-{}-{}-{}.tmp",
+        name.pid,
+        seq_tmp,
+        unique_suffix()
+    ));
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -129,7 +153,10 @@ fn write_in(dir: &Path, name: &DumpName, bytes: &[u8]) -> io::Result<PathBuf> {
         }
     }
     let _ = fs::remove_file(&tmp);
-    Err(io::Error::new(io::ErrorKind::AlreadyExists, "no free dump name"))
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        "no free dump name",
+    ))
 }
 
 fn unique_suffix() -> u64 {
@@ -173,15 +200,29 @@ mod tests {
     use super::*;
 
     fn name() -> DumpName {
-        DumpName { host: "gpu-node 7".into(), pid: 4242, rank: None }
+        DumpName {
+            host: "gpu-node 7".into(),
+            pid: 4242,
+            rank: None,
+        }
     }
 
     #[test]
     fn names_carry_host_pid_rank_and_sequence() {
         assert_eq!(name().file_name(1), "oomshim-gpu-node_7-4242-1.json");
-        let ranked = DumpName { rank: Some(3), ..name() };
+        let ranked = DumpName {
+            rank: Some(3),
+            ..name()
+        };
         assert_eq!(ranked.file_name(2), "oomshim-gpu-node_7-4242-r3-2.json");
-        assert_eq!(DumpName { host: "".into(), ..name() }.file_name(1), "oomshim-host-4242-1.json");
+        assert_eq!(
+            DumpName {
+                host: "".into(),
+                ..name()
+            }
+            .file_name(1),
+            "oomshim-host-4242-1.json"
+        );
     }
 
     #[test]
@@ -199,7 +240,9 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names.len(), 2, "{names:?}");
-        assert!(names.iter().all(|n| n.starts_with("oomshim-") && n.ends_with(".json")));
+        assert!(names
+            .iter()
+            .all(|n| n.starts_with("oomshim-") && n.ends_with(".json")));
         let mode = fs::metadata(&a.path).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o600);
     }

@@ -43,7 +43,11 @@ macro_rules! real {
 }
 
 unsafe fn read_ptr(out: *mut *mut c_void) -> usize {
-    if out.is_null() { 0 } else { *out as usize }
+    if out.is_null() {
+        0
+    } else {
+        *out as usize
+    }
 }
 
 /// The calling thread's current device, from the real runtime (no context is created by it).
@@ -52,7 +56,11 @@ fn current_device() -> i32 {
     let Some(p) = GET.get() else { return 0 };
     let f: unsafe extern "C" fn(*mut c_int) -> c_int = unsafe { std::mem::transmute(p) };
     let mut d: c_int = 0;
-    if unsafe { f(&mut d) } == SUCCESS { d } else { 0 }
+    if unsafe { f(&mut d) } == SUCCESS {
+        d
+    } else {
+        0
+    }
 }
 
 /// (free, total) bytes of the calling thread's current device.
@@ -66,8 +74,8 @@ fn mem_info() -> Option<(u64, u64)> {
 
 /// The device's name: the leading `char name[256]` of `cudaDeviceProp`, whatever its version.
 fn device_name(device: i32) -> Option<String> {
-    static V2: RealFn = RealFn::new(c"cudaGetDeviceProperties_v2");
-    static V1: RealFn = RealFn::new(c"cudaGetDeviceProperties");
+    static V2: RealFn = RealFn::optional(c"cudaGetDeviceProperties_v2");
+    static V1: RealFn = RealFn::optional(c"cudaGetDeviceProperties");
     let p = V2.get().or_else(|| V1.get())?;
     let f: unsafe extern "C" fn(*mut u8, c_int) -> c_int = unsafe { std::mem::transmute(p) };
     // Far larger than any cudaDeviceProp so far (about 1 KiB), so any version fits.
@@ -84,7 +92,11 @@ fn after_alloc(guard: &Guard, api: Api, rc: c_int, addr: usize, bytes: u64, stre
     guard.run(|| {
         if rc == SUCCESS {
             if addr != 0 {
-                let device = if api.is_pinned_host() { -1 } else { current_device() };
+                let device = if api.is_pinned_host() {
+                    -1
+                } else {
+                    current_device()
+                };
                 runtime::record_alloc(api, addr, bytes, device, stream);
             }
         } else if rc == MEMORY_ALLOCATION {
@@ -108,7 +120,11 @@ fn after_alloc(guard: &Guard, api: Api, rc: c_int, addr: usize, bytes: u64, stre
 
 /// Removes `ptr` from the ledger before the real free runs (see `Ledger::take`); puts it back
 /// if the free fails.
-unsafe fn free_with(guard: Option<&Guard>, ptr: *mut c_void, real_free: impl FnOnce() -> c_int) -> c_int {
+unsafe fn free_with(
+    guard: Option<&Guard>,
+    ptr: *mut c_void,
+    real_free: impl FnOnce() -> c_int,
+) -> c_int {
     let taken = match guard {
         Some(g) if !ptr.is_null() => g.run(|| runtime::take(ptr as usize)).flatten(),
         _ => None,
@@ -124,7 +140,10 @@ unsafe fn free_with(guard: Option<&Guard>, ptr: *mut c_void, real_free: impl FnO
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> c_int {
-    let real = real!(c"cudaMalloc", unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int);
+    let real = real!(
+        c"cudaMalloc",
+        unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int
+    );
     let guard = Guard::enter();
     let rc = real(dev_ptr, size);
     if let Some(g) = &guard {
@@ -189,12 +208,26 @@ async_free_hook!(cudaFreeAsync, c"cudaFreeAsync");
 async_free_hook!(cudaFreeAsync_ptsz, c"cudaFreeAsync_ptsz");
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
-    let real = real!(c"cudaMallocManaged", unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int);
+pub unsafe extern "C" fn cudaMallocManaged(
+    dev_ptr: *mut *mut c_void,
+    size: usize,
+    flags: c_uint,
+) -> c_int {
+    let real = real!(
+        c"cudaMallocManaged",
+        unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int
+    );
     let guard = Guard::enter();
     let rc = real(dev_ptr, size, flags);
     if let Some(g) = &guard {
-        after_alloc(g, Api::CudaMallocManaged, rc, read_ptr(dev_ptr), size as u64, 0);
+        after_alloc(
+            g,
+            Api::CudaMallocManaged,
+            rc,
+            read_ptr(dev_ptr),
+            size as u64,
+            0,
+        );
     }
     rc
 }
@@ -206,12 +239,19 @@ pub unsafe extern "C" fn cudaMallocPitch(
     width: usize,
     height: usize,
 ) -> c_int {
-    let real = real!(c"cudaMallocPitch", unsafe extern "C" fn(*mut *mut c_void, *mut usize, usize, usize) -> c_int);
+    let real = real!(
+        c"cudaMallocPitch",
+        unsafe extern "C" fn(*mut *mut c_void, *mut usize, usize, usize) -> c_int
+    );
     let guard = Guard::enter();
     let rc = real(dev_ptr, pitch, width, height);
     if let Some(g) = &guard {
         // The allocation holds pitch × height bytes; before success only width × height is known.
-        let row = if rc == SUCCESS && !pitch.is_null() { *pitch } else { width };
+        let row = if rc == SUCCESS && !pitch.is_null() {
+            *pitch
+        } else {
+            width
+        };
         let bytes = (row as u64).saturating_mul(height as u64);
         after_alloc(g, Api::CudaMallocPitch, rc, read_ptr(dev_ptr), bytes, 0);
     }
@@ -220,7 +260,10 @@ pub unsafe extern "C" fn cudaMallocPitch(
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaMalloc3D(pitched: *mut CudaPitchedPtr, extent: CudaExtent) -> c_int {
-    let real = real!(c"cudaMalloc3D", unsafe extern "C" fn(*mut CudaPitchedPtr, CudaExtent) -> c_int);
+    let real = real!(
+        c"cudaMalloc3D",
+        unsafe extern "C" fn(*mut CudaPitchedPtr, CudaExtent) -> c_int
+    );
     let guard = Guard::enter();
     let rc = real(pitched, extent);
     if let Some(g) = &guard {
@@ -239,7 +282,10 @@ pub unsafe extern "C" fn cudaMalloc3D(pitched: *mut CudaPitchedPtr, extent: Cuda
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> c_int {
-    let real = real!(c"cudaMallocHost", unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int);
+    let real = real!(
+        c"cudaMallocHost",
+        unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int
+    );
     let guard = Guard::enter();
     let rc = real(ptr, size);
     if let Some(g) = &guard {
@@ -250,7 +296,10 @@ pub unsafe extern "C" fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> c
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
-    let real = real!(c"cudaHostAlloc", unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int);
+    let real = real!(
+        c"cudaHostAlloc",
+        unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int
+    );
     let guard = Guard::enter();
     let rc = real(ptr, size, flags);
     if let Some(g) = &guard {
@@ -270,7 +319,9 @@ pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> c_int {
 /// Returns 0 when a dump was written, -1 otherwise (the reason is printed on stderr).
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_dump(reason: *const c_char) -> c_int {
-    let Some(guard) = Guard::enter() else { return -1 };
+    let Some(guard) = Guard::enter() else {
+        return -1;
+    };
     let reason = if reason.is_null() {
         "on-demand".to_string()
     } else {

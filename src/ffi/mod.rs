@@ -39,7 +39,14 @@ impl Guard {
         }
         // try_with: during thread teardown the slot may be gone; then stay out of the way.
         let entered = IN_HOOK
-            .try_with(|c| if c.get() { false } else { c.set(true); true })
+            .try_with(|c| {
+                if c.get() {
+                    false
+                } else {
+                    c.set(true);
+                    true
+                }
+            })
             .unwrap_or(false);
         entered.then_some(Guard(()))
     }

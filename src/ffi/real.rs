@@ -10,18 +10,36 @@ const UNRESOLVED: usize = 0;
 const MISSING: usize = 1;
 
 /// Sonames of the CUDA runtime tried when `RTLD_NEXT` finds nothing, newest first.
-const RUNTIME_SONAMES: [&CStr; 4] =
-    [c"libcudart.so.13", c"libcudart.so.12", c"libcudart.so.11.0", c"libcudart.so"];
+const RUNTIME_SONAMES: [&CStr; 4] = [
+    c"libcudart.so.13",
+    c"libcudart.so.12",
+    c"libcudart.so.11.0",
+    c"libcudart.so",
+];
 
 /// A lazily resolved pointer to the real `name`.
 pub struct RealFn {
     name: &'static CStr,
     ptr: AtomicUsize,
+    /// A function some runtime versions lack (the shim copes): its absence is not reported.
+    optional: bool,
 }
 
 impl RealFn {
     pub const fn new(name: &'static CStr) -> Self {
-        RealFn { name, ptr: AtomicUsize::new(UNRESOLVED) }
+        RealFn {
+            name,
+            ptr: AtomicUsize::new(UNRESOLVED),
+            optional: false,
+        }
+    }
+
+    pub const fn optional(name: &'static CStr) -> Self {
+        RealFn {
+            name,
+            ptr: AtomicUsize::new(UNRESOLVED),
+            optional: true,
+        }
     }
 
     pub fn name(&self) -> &'static str {
@@ -35,7 +53,7 @@ impl RealFn {
             UNRESOLVED => {
                 let found = resolve(self.name);
                 self.ptr.store(found.unwrap_or(MISSING), Ordering::Release);
-                if found.is_none() {
+                if found.is_none() && !self.optional {
                     crate::runtime::report_missing(self.name());
                 }
                 found

@@ -36,8 +36,12 @@ pub(crate) struct BurstInfo {
 
 pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<BurstInfo>) -> Dump {
     let top = s.config.top;
-    let device_allocs: Vec<&(usize, Allocation)> =
-        cap.snapshot.allocations.iter().filter(|(_, a)| !a.api.is_pinned_host()).collect();
+    let device_allocs: Vec<&(usize, Allocation)> = cap
+        .snapshot
+        .allocations
+        .iter()
+        .filter(|(_, a)| !a.api.is_pinned_host())
+        .collect();
 
     let mut holders = device_allocs.clone();
     holders.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.1.seq.cmp(&b.1.seq)));
@@ -49,7 +53,8 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
         e.0 += a.bytes;
         e.1 += 1;
     }
-    let mut sites: Vec<(StackId, u64, u64)> = by_site.into_iter().map(|(k, (b, c))| (k, b, c)).collect();
+    let mut sites: Vec<(StackId, u64, u64)> =
+        by_site.into_iter().map(|(k, (b, c))| (k, b, c)).collect();
     sites.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     sites.truncate(top);
 
@@ -59,14 +64,21 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
     stack_ids.extend(cap.failing.as_ref().map(|f| f.stack));
     stack_ids.sort();
     stack_ids.dedup();
-    let raw: FxHashMap<StackId, Vec<usize>> = stack_ids.iter().map(|&id| (id, s.stacks.frames(id))).collect();
+    let raw: FxHashMap<StackId, Vec<usize>> = stack_ids
+        .iter()
+        .map(|&id| (id, s.stacks.frames(id)))
+        .collect();
     let mut addrs: Vec<usize> = raw.values().flatten().copied().collect();
     addrs.sort_unstable();
     addrs.dedup();
     let symbols: FxHashMap<usize, Vec<Frame>> = if addrs.is_empty() {
         FxHashMap::default()
     } else {
-        addrs.iter().copied().zip(crate::stacks::symbolize(&addrs)).collect()
+        addrs
+            .iter()
+            .copied()
+            .zip(crate::stacks::symbolize(&addrs))
+            .collect()
     };
     let frames_of = |id: StackId| -> Vec<Frame> {
         raw.get(&id)
@@ -74,7 +86,10 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
                 pcs.iter()
                     .flat_map(|pc| {
                         symbols.get(pc).cloned().unwrap_or_else(|| {
-                            vec![Frame { address: format!("{pc:#x}"), ..Frame::default() }]
+                            vec![Frame {
+                                address: format!("{pc:#x}"),
+                                ..Frame::default()
+                            }]
                         })
                     })
                     .collect()
@@ -98,7 +113,11 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
         .collect();
     let sites = sites
         .iter()
-        .map(|&(id, bytes, count)| Site { bytes, count, stack: frames_of(id) })
+        .map(|&(id, bytes, count)| Site {
+            bytes,
+            count,
+            stack: frames_of(id),
+        })
         .collect();
 
     let mut devices: Vec<DeviceInfo> = cap
@@ -178,7 +197,12 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
             fragmentation: None,
             histogram: Vec::new(),
         },
-        verdict: Verdict { kind: String::new(), summary: String::new(), evidence: vec![], suggestions: vec![] },
+        verdict: Verdict {
+            kind: String::new(),
+            summary: String::new(),
+            evidence: vec![],
+            suggestions: vec![],
+        },
         recording: Recording {
             version: env!("CARGO_PKG_VERSION").to_string(),
             stacks: s.config.stacks.as_str().to_string(),
@@ -210,12 +234,19 @@ pub(crate) fn describe_site(stack: &[Frame]) -> String {
                 _ => name.to_string(),
             }
         }
-        None => stack.first().map(|f| f.address.clone()).unwrap_or_else(|| "an unknown site".to_string()),
+        None => stack
+            .first()
+            .map(|f| f.address.clone())
+            .unwrap_or_else(|| "an unknown site".to_string()),
     }
 }
 
 fn process_info() -> ProcessInfo {
-    let env_u32 = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<u32>().ok());
+    let env_u32 = |k: &str| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+    };
     let command_line = std::fs::read("/proc/self/cmdline")
         .map(|raw| {
             raw.split(|&b| b == 0)
@@ -279,7 +310,10 @@ mod tests {
     #[test]
     fn site_description_uses_the_innermost_named_frame() {
         let frames = vec![
-            Frame { address: "0x1".into(), ..Frame::default() },
+            Frame {
+                address: "0x1".into(),
+                ..Frame::default()
+            },
             Frame {
                 address: "0x2".into(),
                 function: Some("forward_layer".into()),

@@ -8,17 +8,17 @@ mod oom;
 
 pub use oom::OomEvent;
 
-use crate::config::{Config, StackMode, MAX_DEPTH};
+use crate::config::{Config, StackMode, DEFAULT_DEPTH, MAX_DEPTH};
 use crate::ledger::{Allocation, Api, Ledger, StackId, StackTable};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 pub struct Shim {
     pub config: Config,
     ledger: Ledger,
     stacks: StackTable,
-    start: Instant,
+    start_ns: u64,
     oom: oom::OomTracker,
     oom_failures: AtomicU64,
     pinned_failures: AtomicU64,
@@ -72,41 +72,67 @@ impl Shim {
         // This std is private to liboomshim.so, so the hook only silences the shim's own
         // panics: they are reported once by `disable` instead of as a backtrace in the host.
         std::panic::set_hook(Box::new(|_| {}));
+        if config.stacks == StackMode::Native {
+            // Learn the loaded objects now, once, rather than inside a later allocation.
+            crate::stacks::refresh_modules();
+        }
         tracing::debug!(?config, "oomshim started");
         Shim {
             config,
             ledger: Ledger::new(),
             stacks: StackTable::new(),
-            start: Instant::now(),
+            start_ns: coarse_monotonic_ns(),
             oom: oom::OomTracker::new(),
             oom_failures: AtomicU64::new(0),
             pinned_failures: AtomicU64::new(0),
         }
     }
 
+    /// Nanoseconds since start on the coarse monotonic clock: a few ns to read instead of
+    /// ~20, and its millisecond resolution is plenty for allocation ages.
     fn now_ns(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
+        coarse_monotonic_ns().saturating_sub(self.start_ns)
     }
 
     fn capture_stack(&self) -> StackId {
         if self.config.stacks == StackMode::Off {
             return StackId::EMPTY;
         }
-        let mut frames = [0usize; MAX_DEPTH];
-        let n = crate::stacks::capture(&mut frames[..self.config.depth], true);
-        self.stacks.intern(&frames[..n])
+        // The buffer is zeroed on every call: keep it no larger than the usual depth needs.
+        let depth = self.config.depth;
+        if depth <= DEFAULT_DEPTH {
+            let mut frames = [0usize; DEFAULT_DEPTH];
+            let n = crate::stacks::capture(&mut frames[..depth], true);
+            self.stacks.intern(&frames[..n])
+        } else {
+            let mut frames = [0usize; MAX_DEPTH];
+            let n = crate::stacks::capture(&mut frames[..depth], true);
+            self.stacks.intern(&frames[..n])
+        }
     }
+}
+
+fn coarse_monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn thread_id() -> u64 {
     thread_local! {
         static TID: u64 = unsafe { libc::syscall(libc::SYS_gettid) as u64 };
     }
-    TID.try_with(|t| *t).unwrap_or_else(|_| unsafe { libc::syscall(libc::SYS_gettid) as u64 })
+    TID.try_with(|t| *t)
+        .unwrap_or_else(|_| unsafe { libc::syscall(libc::SYS_gettid) as u64 })
 }
 
 pub(crate) fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// A successful allocation of `bytes` at `addr`.
@@ -181,11 +207,16 @@ pub fn device_for_on_demand_dump(current: fn() -> i32) -> Option<i32> {
         return None; // CUDA may not even be loaded: ask it nothing.
     }
     let d = current();
-    (s.ledger.device_totals(d).peak_bytes > 0).then_some(d)
+    (s.ledger.device_peak_bytes(d) > 0).then_some(d)
 }
 
 /// Writes an on-demand dump on the calling thread. True when a dump file was written.
-pub fn dump_now(reason: &str, device: Option<i32>, mem_info: Option<(u64, u64)>, name: Option<String>) -> bool {
+pub fn dump_now(
+    reason: &str,
+    device: Option<i32>,
+    mem_info: Option<(u64, u64)>,
+    name: Option<String>,
+) -> bool {
     let Some(s) = shim() else { return false };
     let capture = assemble::Capture {
         snapshot: s.ledger.snapshot(),

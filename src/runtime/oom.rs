@@ -13,7 +13,7 @@ use crate::ledger::{Api, StackId, MAX_DEVICES};
 use crate::report::units::{human_bytes, thousands};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Mutex, MutexGuard, Condvar};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 /// What the hook saw when an allocation failed.
@@ -68,7 +68,10 @@ impl OomTracker {
     pub(crate) fn new() -> Self {
         OomTracker {
             pending: (0..MAX_DEVICES).map(|_| AtomicBool::new(false)).collect(),
-            state: Mutex::new(State { bursts: (0..MAX_DEVICES).map(|_| None).collect(), ..State::default() }),
+            state: Mutex::new(State {
+                bursts: (0..MAX_DEVICES).map(|_| None).collect(),
+                ..State::default()
+            }),
             changed: Condvar::new(),
             writer: Mutex::new(None),
         }
@@ -85,7 +88,7 @@ impl OomTracker {
             bytes: ev.bytes,
             api: ev.api.name().to_string(),
             time_unix_ms: unix_ms(SystemTime::now()),
-            tracked_bytes: s.ledger.device_totals(ev.device).bytes,
+            tracked_bytes: s.ledger.device_bytes(ev.device),
             free_bytes: ev.mem_info.map(|m| m.0),
             total_bytes: ev.mem_info.map(|m| m.1),
         };
@@ -95,7 +98,11 @@ impl OomTracker {
                 if now.duration_since(b.started) < s.config.min_interval {
                     b.failures += 1;
                     b.last = last;
-                    tracing::debug!(device = ev.device, failures = b.failures, "failure joins burst");
+                    tracing::debug!(
+                        device = ev.device,
+                        failures = b.failures,
+                        "failure joins burst"
+                    );
                     return;
                 }
             }
@@ -125,7 +132,14 @@ impl OomTracker {
                 stack,
             }),
         };
-        self.submit(s, Job { slot, capture, started: now });
+        self.submit(
+            s,
+            Job {
+                slot,
+                capture,
+                started: now,
+            },
+        );
     }
 
     /// A successful device allocation: recovers a waiting burst when it is at least as large as
@@ -187,14 +201,28 @@ impl OomTracker {
             if st.flushing || now >= deadline || b.is_none_or(|b| b.recovered) {
                 break;
             }
-            st = self.changed.wait_timeout(st, deadline - now).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+            st = self
+                .changed
+                .wait_timeout(st, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
         }
         // With no settle window the outcome is unknown when the dump is written, not "stood".
         let settled = st.flushing || (!s.config.settle.is_zero() && Instant::now() >= deadline);
         let burst = st.bursts[job.slot].as_mut().map(|b| {
             b.written = true;
-            let recovered = if b.recovered { Some(true) } else if settled { Some(false) } else { None };
-            assemble::BurstInfo { failures: b.failures, recovered, last: b.last.clone() }
+            let recovered = if b.recovered {
+                Some(true)
+            } else if settled {
+                Some(false)
+            } else {
+                None
+            };
+            assemble::BurstInfo {
+                failures: b.failures,
+                recovered,
+                last: b.last.clone(),
+            }
         });
         self.pending[job.slot].store(false, Ordering::Relaxed);
         drop(st);
@@ -220,7 +248,11 @@ impl OomTracker {
                 eprintln!("oomshim: gave up waiting for a dump to be written at exit");
                 return;
             }
-            st = self.changed.wait_timeout(st, until - now).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+            st = self
+                .changed
+                .wait_timeout(st, until - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
         }
     }
 }
@@ -228,31 +260,55 @@ impl OomTracker {
 /// Serialises and writes a dump; a fallback directory is announced once.
 pub(super) fn write(s: &Shim, dump: &Dump) -> Result<Written, WriteError> {
     static FALLBACK_SAID: AtomicBool = AtomicBool::new(false);
-    let bytes = serde_json::to_vec_pretty(dump).map_err(|e| WriteError { message: e.to_string() })?;
-    let name = DumpName { host: dump.process.host.clone(), pid: dump.process.pid, rank: dump.process.rank };
+    let bytes = serde_json::to_vec_pretty(dump).map_err(|e| WriteError {
+        message: e.to_string(),
+    })?;
+    let name = DumpName {
+        host: dump.process.host.clone(),
+        pid: dump.process.pid,
+        rank: dump.process.rank,
+    };
     let written = write_dump(&s.config.dir, &name, &bytes)?;
     if let Some(why) = &written.fell_back {
         if !FALLBACK_SAID.swap(true, Ordering::Relaxed) {
-            eprintln!("oomshim: {why}; writing dumps to {} instead", written.path.parent().unwrap_or(&written.path).display());
+            eprintln!(
+                "oomshim: {why}; writing dumps to {} instead",
+                written.path.parent().unwrap_or(&written.path).display()
+            );
         }
     }
     Ok(written)
 }
 
 fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
-    let Some(req) = &dump.failed_request else { return };
+    let Some(req) = &dump.failed_request else {
+        return;
+    };
     let where_ = match written {
         Ok(w) => format!("dump: {}", w.path.display()),
         Err(e) => format!("no dump written: {e}"),
     };
-    let what = format!("{} of {} on device {}", req.api, human_bytes(req.bytes), req.device);
+    let what = format!(
+        "{} of {} on device {}",
+        req.api,
+        human_bytes(req.bytes),
+        req.device
+    );
     if req.recovered == Some(true) {
         eprintln!("oomshim: {what} failed, then a retry succeeded (recovered); {where_}");
         return;
     }
-    let mut out = format!("oomshim: CUDA out of memory on device {} ({} of {} failed", req.device, req.api, human_bytes(req.bytes));
+    let mut out = format!(
+        "oomshim: CUDA out of memory on device {} ({} of {} failed",
+        req.device,
+        req.api,
+        human_bytes(req.bytes)
+    );
     if req.failures_in_burst > 1 {
-        out.push_str(&format!("; {} failures in this burst", req.failures_in_burst));
+        out.push_str(&format!(
+            "; {} failures in this burst",
+            req.failures_in_burst
+        ));
     }
     out.push_str(")\n");
     if let Some(d) = dump.devices.iter().find(|d| d.index == req.device) {
@@ -263,7 +319,11 @@ fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
             d.index
         ));
         if let (Some(free), Some(total)) = (d.free_bytes, d.total_bytes) {
-            out.push_str(&format!("; the device has {} free of {}", human_bytes(free), human_bytes(total)));
+            out.push_str(&format!(
+                "; the device has {} free of {}",
+                human_bytes(free),
+                human_bytes(total)
+            ));
         }
         out.push('\n');
     }
@@ -272,12 +332,21 @@ fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
         .iter()
         .filter(|h| h.device == req.device)
         .take(3)
-        .map(|h| format!("{} at {}", human_bytes(h.bytes), assemble::describe_site(&h.stack)))
+        .map(|h| {
+            format!(
+                "{} at {}",
+                human_bytes(h.bytes),
+                assemble::describe_site(&h.stack)
+            )
+        })
         .collect();
     if !holders.is_empty() {
         out.push_str(&format!("oomshim:   largest: {}\n", holders.join("; ")));
     }
-    out.push_str(&format!("oomshim:   verdict: {}: {}\n", dump.verdict.kind, dump.verdict.summary));
+    out.push_str(&format!(
+        "oomshim:   verdict: {}: {}\n",
+        dump.verdict.kind, dump.verdict.summary
+    ));
     out.push_str(&format!("oomshim:   {where_}"));
     if let Ok(w) = written {
         out.push_str(&format!("  (oomshim report {})", w.path.display()));

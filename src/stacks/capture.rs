@@ -1,21 +1,26 @@
 //! Native stack capture for the hot path (inside every hooked allocation call).
 //!
-//! x86-64: in-process DWARF CFI unwinding with `framehop`. The module list comes from
-//! `dl_iterate_phdr`; each module's `.eh_frame_hdr`/`.eh_frame` bytes are handed to framehop
-//! straight from the mapped image (no copy, no file I/O). Each thread keeps its own framehop rule
-//! cache (509 slots, allocation-free policy), so a warm capture costs one cache probe plus one or
-//! two stack reads per frame. Stack reads are confined to `[sp, top of this thread's stack)`, so
-//! a wrong unwind rule can end the walk early but can never fault. Where a pc has no CFI (JIT
-//! code, stripped `.eh_frame`), framehop falls back to the frame-pointer rule, which only moves
-//! towards the stack top (monotonic) and reads through the same bounded reader.
+//! x86-64: in-process DWARF CFI unwinding. The module list comes from `dl_iterate_phdr`; each
+//! object's `.eh_frame_hdr`/`.eh_frame` bytes are handed to `framehop` straight from the mapped
+//! image (no copy, no file I/O). Two cache levels per thread:
+//!
+//! 1. a direct-mapped table (4096 slots, 64 KiB) from return address to a compact rule in the
+//!    three registers a walk needs (`sp' = sp + k`, return address at `sp' - 8`, bp unchanged or
+//!    reloaded from `sp + j`; or the frame-pointer rule; or "end of stack"). A warm frame costs
+//!    one table probe and one or two stack loads, all inlined: ~4 ns/frame;
+//! 2. framehop (its own 509-slot rule cache, allocation-free policy), which evaluates the CFI
+//!    when the table misses; the compact rule is read off framehop's result on two synthetic
+//!    stacks (see `learn`). Rules framehop cannot cache (CFA given by a DWARF expression, as in
+//!    signal trampolines) are left to framehop on every walk.
+//!
+//! Stack reads are confined to `[sp, top of this thread's stack)`, so a wrong rule can end a walk
+//! early but never fault, and every step must move sp strictly up, so a walk always ends. Where
+//! a pc has no CFI (JIT code, objects without `.eh_frame_hdr`), framehop gives the frame-pointer
+//! rule, validated the same way.
 //!
 //! Other architectures: a bounded, validated frame-pointer walk (no CFI).
 
 use std::cell::{Cell, UnsafeCell};
-
-/// Most frames skipped at the top of a stack (the capture itself and, with
-/// `skip_own_module`, the shim's own frames) before giving up.
-const MAX_SKIPPED: usize = 64;
 
 thread_local! {
     /// Set while this thread is inside [`capture`]. Kept in its own `const`, drop-free slot so
@@ -82,24 +87,25 @@ fn read_bounded(addr: u64, lo: u64, hi: u64) -> Result<u64, ()> {
     }
 }
 
-/// Runs `f` with this thread's state, unless the thread is already inside a capture (returns 0),
-/// its thread-locals are gone (thread exit: returns 0) or `f` panics (returns 0).
+/// Runs `f` with this thread marked busy, unless it already is (re-entry, e.g. from a signal
+/// handler: `None`) or its thread-locals are gone (thread exit: `None`). A panic in `f` is
+/// caught (`None`); it never crosses into the host program.
+#[inline(always)]
+fn while_busy<R>(f: impl FnOnce() -> R) -> Option<R> {
+    let entered = BUSY.try_with(|b| !b.replace(true)).unwrap_or(false);
+    if !entered {
+        return None;
+    }
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok();
+    let _ = BUSY.try_with(|b| b.set(false));
+    r
+}
+
+/// Runs `f` with this thread's state (created on first use), inside [`while_busy`]; 0 when
+/// that refuses.
 #[inline(always)]
 fn with_thread_state(f: impl FnOnce(&mut ThreadState) -> usize) -> usize {
-    let entered = BUSY
-        .try_with(|b| {
-            if b.get() {
-                false
-            } else {
-                b.set(true);
-                true
-            }
-        })
-        .unwrap_or(false);
-    if !entered {
-        return 0;
-    }
-    let n = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    while_busy(|| {
         STATE
             .try_with(|slot| {
                 // SAFETY: BUSY guarantees exclusive access on this thread; other threads have
@@ -113,10 +119,8 @@ fn with_thread_state(f: impl FnOnce(&mut ThreadState) -> usize) -> usize {
                 f(st)
             })
             .unwrap_or(0)
-    }))
-    .unwrap_or(0);
-    let _ = BUSY.try_with(|b| b.set(false));
-    n
+    })
+    .unwrap_or(0)
 }
 
 /// Writes the calling thread's return addresses, innermost first, into `out`; returns how many.
@@ -145,6 +149,24 @@ pub fn capture(out: &mut [usize], skip_own_module: bool) -> usize {
     with_thread_state(|st| walk(st, regs, out, skip_own_module))
 }
 
+/// Test only: one register snapshot, walked twice: by [`capture`]'s two-level walk into `fast`
+/// and by framehop alone (every frame through framehop's rule evaluation) into `reference`.
+#[cfg(all(test, target_arch = "x86_64"))]
+#[inline(never)]
+pub(crate) fn capture_with_reference(
+    fast: &mut [usize],
+    reference: &mut [usize],
+) -> (usize, usize) {
+    let regs = arch::read_regs!();
+    let mut r = (0, 0);
+    with_thread_state(|st| {
+        r.0 = st.dwarf.capture(regs, st.stack_hi, fast, false);
+        r.1 = st.dwarf.reference_walk(regs, st.stack_hi, reference);
+        0
+    });
+    r
+}
+
 /// A bounded, validated frame-pointer walk (`[fp] = caller fp`, `[fp + 8] = return address`).
 /// Correct only through code that keeps frame pointers; kept as the fallback on non-x86-64
 /// targets and as a speed baseline. Same output convention and safety as [`capture`].
@@ -163,7 +185,7 @@ fn fp_walk(sp: u64, mut fp: u64, hi: u64, out: &mut [usize]) -> usize {
     }
     let mut n = 0;
     while n < out.len() {
-        if fp < sp || fp % 8 != 0 || fp > hi - 16 {
+        if fp < sp || !fp.is_multiple_of(8) || fp > hi - 16 {
             break;
         }
         let (Ok(next), Ok(ret)) = (read_bounded(fp, sp, hi), read_bounded(fp + 8, sp, hi)) else {
@@ -187,10 +209,10 @@ fn fp_walk(sp: u64, mut fp: u64, hi: u64, out: &mut [usize]) -> usize {
 /// after a hooked `dlopen` returns moves that cost (and the loader lock `dl_iterate_phdr` takes)
 /// out of the allocation path. Never call it from a signal handler.
 pub fn refresh_modules() {
+    // Marked busy so that a capture in a signal handler landing here returns 0 instead of
+    // waiting for the lock this holds.
     #[cfg(target_arch = "x86_64")]
-    {
-        let _ = std::panic::catch_unwind(dwarf::publish_new_snapshot);
-    }
+    let _ = while_busy(dwarf::publish_new_snapshot);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -200,8 +222,8 @@ fn walk(st: &mut ThreadState, regs: arch::Regs, out: &mut [usize], skip_own: boo
 
 #[cfg(not(target_arch = "x86_64"))]
 fn walk(st: &mut ThreadState, regs: arch::Regs, out: &mut [usize], skip_own: bool) -> usize {
-    // Frame-pointer only. `skip_own_module` is approximated by dladdr-free range checks being
-    // unavailable here: the shim's own frames stay in the stack on these targets.
+    // Frame-pointer only (no CFI unwinder here); `skip_own_module` is not implemented: the
+    // shim's own frames stay at the top of the stack on these targets.
     let _ = skip_own;
     fp_walk(regs.sp, regs.fp, st.stack_hi, out)
 }
@@ -209,6 +231,7 @@ fn walk(st: &mut ThreadState, regs: arch::Regs, out: &mut [usize], skip_own: boo
 mod arch {
     #[derive(Clone, Copy, Debug)]
     pub struct Regs {
+        #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
         pub pc: u64,
         pub sp: u64,
         pub fp: u64,
@@ -258,7 +281,11 @@ mod arch {
     macro_rules! read_regs {
         () => {{
             // Unsupported architecture: an empty stack (sp = fp = 0 makes every walk stop).
-            $crate::stacks::capture::arch::Regs { pc: 0, sp: 0, fp: 0 }
+            $crate::stacks::capture::arch::Regs {
+                pc: 0,
+                sp: 0,
+                fp: 0,
+            }
         }};
     }
 
@@ -268,7 +295,7 @@ mod arch {
 #[cfg(target_arch = "x86_64")]
 mod dwarf {
     use super::arch::Regs;
-    use super::{read_bounded, MAX_SKIPPED};
+    use super::read_bounded;
     use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
     use framehop::{
         ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder,
@@ -277,25 +304,39 @@ mod dwarf {
     use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
     use std::sync::{Arc, RwLock};
 
+    /// Most frames skipped at the top of a stack (with `skip_own_module`, the shim's own
+    /// frames) before giving up.
+    const MAX_SKIPPED: usize = 64;
+
     type Policy = MustNotAllocateDuringUnwind;
     type Cache = CacheX86_64<Policy>;
 
     /// Bytes of a loaded object, read in place. Loaded objects stay mapped until `dlclose`; to
     /// survive that too, every access (framehop dereferences these only on a rule-cache miss)
-    /// first asks glibc's lock-free `_dl_find_object` whether the object that owns this unwind
-    /// data is still the one mapped there, and yields an empty slice if not.
+    /// first asks glibc's lock-free `_dl_find_object` whether the object that owned this unwind
+    /// data at snapshot time is still the one mapped there and still spans these bytes, and
+    /// yields an empty slice if not.
     #[derive(Clone, Copy, Default)]
     pub(super) struct MappedBytes {
         ptr: usize,
         len: usize,
-        /// Address of the owning object's PT_GNU_EH_FRAME (`.eh_frame_hdr`).
-        owner_hdr: usize,
+        /// The owning object as `_dl_find_object` described it at snapshot time.
+        owner: Owner,
+    }
+
+    #[derive(Clone, Copy, Default)]
+    struct Owner {
+        /// Address of its PT_GNU_EH_FRAME (`.eh_frame_hdr`).
+        hdr: usize,
+        /// Its `struct link_map *`; 0 when glibc could not describe it (before 2.35, or an
+        /// object still being loaded): then it is trusted unchecked.
+        link_map: usize,
     }
 
     impl Deref for MappedBytes {
         type Target = [u8];
         fn deref(&self) -> &[u8] {
-            if self.len == 0 || !object_still_loaded(self.owner_hdr) {
+            if self.len == 0 || !still_loaded(&self.owner, self.ptr, self.len) {
                 return &[];
             }
             // SAFETY: a range of a loaded object's PT_LOAD segment, checked above to be mapped.
@@ -337,30 +378,58 @@ mod dwarf {
         }
     }
 
-    /// `Some(eh_frame_hdr address)` of the object mapped at `addr` (0 if it has none), `None` if
-    /// no object is; `Err` when glibc cannot tell (before 2.35).
-    fn find_object(addr: u64) -> Result<Option<usize>, ()> {
+    /// What `_dl_find_object` says about the object mapped at `addr`.
+    struct Found {
+        map: Range<usize>,
+        link_map: usize,
+        /// Its PT_GNU_EH_FRAME address, 0 if none.
+        hdr: usize,
+    }
+
+    /// `Ok(Some)` for the object mapped at `addr`, `Ok(None)` if no object is; `Err` when glibc
+    /// cannot tell (before 2.35).
+    fn find_object(addr: u64) -> Result<Option<Found>, ()> {
         let Some(f) = dl_find_object_fn() else {
             return Err(());
         };
         // SAFETY: lock-free, async-signal-safe lookup that only writes `res`.
         let mut res: DlFindObject = unsafe { std::mem::zeroed() };
         if unsafe { f(addr as *mut libc::c_void, &mut res) } == 0 {
-            Ok(Some(res.eh_frame as usize))
+            Ok(Some(Found {
+                map: res.map_start as usize..res.map_end as usize,
+                link_map: res.link_map as usize,
+                hdr: res.eh_frame as usize,
+            }))
         } else {
             Ok(None)
         }
     }
 
-    fn object_still_loaded(owner_hdr: usize) -> bool {
-        match find_object(owner_hdr as u64) {
-            Ok(Some(hdr)) if hdr == owner_hdr => true,
+    fn owner_of(hdr: usize) -> Owner {
+        let link_map = match find_object(hdr as u64) {
+            Ok(Some(f)) if f.hdr == hdr => f.link_map,
+            _ => 0,
+        };
+        Owner { hdr, link_map }
+    }
+
+    fn still_loaded(owner: &Owner, ptr: usize, len: usize) -> bool {
+        if owner.link_map == 0 {
+            return true;
+        }
+        match find_object(owner.hdr as u64) {
+            Ok(Some(f))
+                if f.hdr == owner.hdr
+                    && f.link_map == owner.link_map
+                    && f.map.start <= ptr
+                    && ptr.saturating_add(len) <= f.map.end =>
+            {
+                true
+            }
             Ok(_) => {
                 SAW_STALE.store(true, Ordering::Relaxed);
                 false
             }
-            // Unknown (old glibc): trust the snapshot, as every in-process unwinder without a
-            // dlclose hook does.
             Err(()) => true,
         }
     }
@@ -466,11 +535,18 @@ mod dwarf {
         let name = if info.dlpi_name.is_null() {
             String::new()
         } else {
-            std::ffi::CStr::from_ptr(info.dlpi_name).to_string_lossy().into_owned()
+            std::ffi::CStr::from_ptr(info.dlpi_name)
+                .to_string_lossy()
+                .into_owned()
         };
         let exec = exec.start.wrapping_add(bias)..exec.end.wrapping_add(bias);
         if exec.start < exec.end {
-            out.objects.push(Object { name, bias, exec, cfi });
+            out.objects.push(Object {
+                name,
+                bias,
+                exec,
+                cfi,
+            });
         }
         0
     }
@@ -514,7 +590,10 @@ mod dwarf {
         };
         // SAFETY: the callback only reads what the loader hands it.
         unsafe {
-            libc::dl_iterate_phdr(Some(collect_cb), &mut c as *mut Collected as *mut libc::c_void);
+            libc::dl_iterate_phdr(
+                Some(collect_cb),
+                &mut c as *mut Collected as *mut libc::c_void,
+            );
         }
         c.objects.sort_by_key(|o| o.exec.start);
         let own_pc = super::capture as *const () as u64;
@@ -534,11 +613,11 @@ mod dwarf {
                 ..Default::default()
             };
             if let Some((hdr, eh)) = &o.cfi {
-                let owner_hdr = o.bias.wrapping_add(hdr.start) as usize;
+                let owner = owner_of(o.bias.wrapping_add(hdr.start) as usize);
                 let bytes = |r: &Range<u64>| MappedBytes {
                     ptr: o.bias.wrapping_add(r.start) as usize,
                     len: (r.end - r.start) as usize,
-                    owner_hdr,
+                    owner,
                 };
                 info.eh_frame_hdr_svma = Some(hdr.clone());
                 info.eh_frame_hdr = Some(bytes(hdr));
@@ -574,13 +653,100 @@ mod dwarf {
         let mut out = (0u64, 0u64);
         // SAFETY: the callback writes only `out`.
         unsafe {
-            libc::dl_iterate_phdr(Some(first_cb), &mut out as *mut (u64, u64) as *mut libc::c_void);
+            libc::dl_iterate_phdr(
+                Some(first_cb),
+                &mut out as *mut (u64, u64) as *mut libc::c_void,
+            );
         }
         out
     }
 
+    /// Slots of the per-thread first-level rule table (power of two; 16 bytes each).
+    const FAST_SLOTS: usize = 4096;
+
+    /// How to step from a return address to its caller, in the only registers the walk needs
+    /// (sp, bp, return address). Learned once per return address from framehop, which derives
+    /// it from the object's CFI (or, without CFI, the frame-pointer rule).
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    enum Rule {
+        /// `sp' = sp + sp_delta`, return address at `sp' - 8`, `bp' = bp` or `*(sp + bp_off)`.
+        Sp { sp_delta: u32, bp_off: Option<i32> },
+        /// `sp' = bp + 16`, `bp' = *bp`, return address at `bp + 8`.
+        FramePointer,
+        /// The outermost frame (CFI marks the return address undefined).
+        End,
+        /// Not expressible above (CFA from a DWARF expression, e.g. signal trampolines): let
+        /// framehop evaluate it against the real stack every time.
+        Framehop,
+        /// `ra` is the kernel's signal-return trampoline (glibc `__restore_rt`): the interrupted
+        /// registers are in the `ucontext_t` at sp, and the next pc is not a return address.
+        SignalReturn,
+    }
+
+    /// One slot of the first-level table, 16 bytes. `sp_delta > 0`: [`Rule::Sp`] with
+    /// `bp_off == NO_BP` meaning bp unchanged; `sp_delta == 0`: `bp_off` holds one of the
+    /// `KIND_*` values.
+    #[derive(Clone, Copy)]
+    #[repr(C, align(16))]
+    struct Entry {
+        /// Lookup address (return address - 1); 0 = empty.
+        key: u64,
+        sp_delta: u32,
+        bp_off: i32,
+    }
+
+    const NO_BP: i32 = i32::MIN;
+    const KIND_END: i32 = 0;
+    const KIND_FP: i32 = 1;
+    const KIND_FRAMEHOP: i32 = 2;
+    const KIND_SIGNAL: i32 = 3;
+
+    /// `mov $15, %rax; syscall` (rt_sigreturn): glibc's x86-64 `__restore_rt`.
+    const RESTORE_RT: [u8; 9] = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+    /// Offsets in the `ucontext_t` a signal frame starts with (x86-64): `uc_mcontext.gregs`
+    /// begins at 40; REG_RBP = 10, REG_RSP = 15, REG_RIP = 16.
+    const UC_RBP: u64 = 40 + 10 * 8;
+    const UC_RSP: u64 = 40 + 15 * 8;
+    const UC_RIP: u64 = 40 + 16 * 8;
+
+    /// All zero, so a fresh table is a zeroed allocation (pages faulted in only when touched).
+    const EMPTY: Entry = Entry {
+        key: 0,
+        sp_delta: 0,
+        bp_off: KIND_END,
+    };
+
+    impl Entry {
+        fn new(key: u64, rule: Rule) -> Entry {
+            let (sp_delta, bp_off) = match rule {
+                Rule::Sp { sp_delta, bp_off } => (sp_delta, bp_off.unwrap_or(NO_BP)),
+                Rule::FramePointer => (0, KIND_FP),
+                Rule::End => (0, KIND_END),
+                Rule::Framehop => (0, KIND_FRAMEHOP),
+                Rule::SignalReturn => (0, KIND_SIGNAL),
+            };
+            Entry {
+                key,
+                sp_delta,
+                bp_off,
+            }
+        }
+    }
+
+    type FastTable = [Entry; FAST_SLOTS];
+
+    #[inline(always)]
+    fn slot_of(key: u64) -> usize {
+        ((key ^ (key >> 12) ^ (key >> 24)) as usize) & (FAST_SLOTS - 1)
+    }
+
+    /// Per-thread unwinding state. Two cache levels: `fast`, a direct-mapped table of compact
+    /// rules keyed by return address (the steady-state path: one probe and one or two stack
+    /// reads per frame, all inlined), and framehop's own rule cache behind it, which evaluates
+    /// CFI on a miss.
     pub(super) struct ThreadUnwinder {
         cache: Box<Cache>,
+        fast: Box<FastTable>,
         snap: Option<Arc<Snapshot>>,
     }
 
@@ -588,24 +754,45 @@ mod dwarf {
         pub(super) fn new() -> Self {
             ThreadUnwinder {
                 cache: Box::new(Cache::new_in()),
+                // SAFETY: `Entry` is plain integers; all-zero is `EMPTY`.
+                fast: unsafe { Box::<FastTable>::new_zeroed().assume_init() },
                 snap: None,
             }
         }
 
-        pub(super) fn capture(&mut self, regs: Regs, hi: u64, out: &mut [usize], skip_own: bool) -> usize {
+        fn set_snapshot(&mut self, snap: Option<Arc<Snapshot>>) {
+            let first = self.snap.is_none();
+            self.snap = snap;
+            if !first {
+                self.fast.fill(EMPTY); // learned rules belong to one module list
+            }
+        }
+
+        pub(super) fn capture(
+            &mut self,
+            regs: Regs,
+            hi: u64,
+            out: &mut [usize],
+            skip_own: bool,
+        ) -> usize {
             if hi < regs.sp.saturating_add(16) {
                 return 0; // sp outside the known stack (e.g. sigaltstack): refuse
             }
             let generation = GENERATION.load(Ordering::Acquire);
-            if self.snap.as_ref().is_none_or(|s| s.generation != generation) {
-                self.snap = current_snapshot();
+            if self
+                .snap
+                .as_ref()
+                .is_none_or(|s| s.generation != generation)
+            {
+                self.set_snapshot(current_snapshot());
             }
-            let Some(snap) = self.snap.as_deref() else {
+            // Borrowed, not cloned: no shared reference count touched per capture.
+            let ThreadUnwinder { cache, fast, snap } = self;
+            let Some(snap) = snap.as_deref() else {
                 return 0;
             };
-            let misses = self.cache.stats().misses();
-            let n = walk(snap, &mut self.cache, regs, hi, out, skip_own);
-            if self.cache.stats().misses() == misses {
+            let (n, learned) = walk(snap, cache, fast, regs, hi, out, skip_own);
+            if !learned {
                 return n; // every rule came from the cache: nothing new to learn
             }
             // Rules were looked up: was a pc inside an object we do not know yet (dlopen), or was
@@ -614,15 +801,55 @@ mod dwarf {
             // code outside any object (JIT) or objects glibc will not describe never cause a
             // rebuild storm.
             let stale = SAW_STALE.swap(false, Ordering::Relaxed);
-            if !stale && !out[..n].iter().any(|&pc| unknown_object_at(snap, pc as u64)) {
+            if !stale
+                && !out[..n]
+                    .iter()
+                    .any(|&pc| unknown_object_at(snap, pc as u64))
+            {
                 return n;
             }
             if loader_counters() == (snap.adds, snap.subs) {
                 return n;
             }
             let fresh = publish_new_snapshot();
-            let n = walk(&fresh, &mut self.cache, regs, hi, out, skip_own);
-            self.snap = Some(fresh);
+            self.set_snapshot(Some(fresh.clone()));
+            walk(
+                &fresh,
+                &mut self.cache,
+                &mut self.fast,
+                regs,
+                hi,
+                out,
+                skip_own,
+            )
+            .0
+        }
+    }
+
+    #[cfg(test)]
+    impl ThreadUnwinder {
+        /// framehop's own iterator over the real stack, first frame dropped as in `walk`.
+        pub(super) fn reference_walk(&mut self, regs: Regs, hi: u64, out: &mut [usize]) -> usize {
+            let Some(snap) = self.snap.clone() else {
+                return 0;
+            };
+            let lo = regs.sp;
+            let mut read = move |addr: u64| read_bounded(addr, lo, hi);
+            let uregs = UnwindRegsX86_64::new(regs.pc, regs.sp, regs.fp);
+            let mut it = snap
+                .unwinder
+                .iter_frames(regs.pc, uregs, &mut *self.cache, &mut read);
+            let _ = it.next(); // the pc inside `capture`
+            let mut n = 0;
+            while n < out.len() {
+                match it.next() {
+                    Ok(Some(f)) => {
+                        out[n] = f.address() as usize;
+                        n += 1;
+                    }
+                    _ => break,
+                }
+            }
             n
         }
     }
@@ -638,40 +865,208 @@ mod dwarf {
         }
     }
 
+    /// Learns the compact rule for return address `ra` by letting framehop unwind one frame
+    /// over two synthetic stacks whose every word holds (a tag and) its own address: where the
+    /// new sp, bp and return address come from then shows in the values. framehop only caches
+    /// rules that do not depend on register or memory values, so two runs with different
+    /// synthetic sp/bp agreeing means the rule is exactly such a cached rule.
+    #[cold]
+    #[inline(never)]
+    fn learn(snap: &Snapshot, cache: &mut Cache, ra: u64) -> Rule {
+        const TAG: u64 = 0x5a5a << 48;
+        const LOW: u64 = (1 << 48) - 1;
+        let Some(addr) = FrameAddress::from_return_address(ra) else {
+            return Rule::End;
+        };
+        if is_signal_trampoline(snap, ra) {
+            return Rule::SignalReturn;
+        }
+        let mut learned = None;
+        for (s, b) in [(0x1000_0000u64, 0x7000_0000u64), (0x2000_0000, 0x6800_0000)] {
+            let mut regs = UnwindRegsX86_64::new(ra, s, b);
+            let mut synthetic = |a: u64| Ok(TAG | (a & LOW));
+            let rule = match snap
+                .unwinder
+                .unwind_frame(addr, &mut regs, cache, &mut synthetic)
+            {
+                Ok(None) => Rule::End,
+                Ok(Some(ret)) => {
+                    let (sp, bp) = (regs.sp(), regs.bp());
+                    if ret != TAG | (sp.wrapping_sub(8) & LOW) {
+                        Rule::Framehop
+                    } else if sp == b + 16 && bp == TAG | b {
+                        Rule::FramePointer
+                    } else if sp > s && sp - s <= 1 << 20 && (sp - s) % 8 == 0 {
+                        let bp_off = if bp == b {
+                            Some(None)
+                        } else if bp & !LOW == TAG {
+                            let off = (bp & LOW) as i64 - s as i64;
+                            (off.abs() <= 1 << 20 && off % 8 == 0).then_some(Some(off as i32))
+                        } else {
+                            None
+                        };
+                        match bp_off {
+                            Some(bp_off) => Rule::Sp {
+                                sp_delta: (sp - s) as u32,
+                                bp_off,
+                            },
+                            None => Rule::Framehop,
+                        }
+                    } else {
+                        Rule::Framehop
+                    }
+                }
+                Err(_) => Rule::Framehop,
+            };
+            match learned {
+                None => learned = Some(rule),
+                Some(first) if first == rule => {}
+                Some(_) => return Rule::Framehop,
+            }
+        }
+        learned.unwrap_or(Rule::Framehop)
+    }
+
+    /// Whether the code at `ra` (inside a known object, so mapped and readable) is the
+    /// rt_sigreturn trampoline.
+    fn is_signal_trampoline(snap: &Snapshot, ra: u64) -> bool {
+        let i = snap.ranges.partition_point(|r| r.start <= ra);
+        let Some(r) = i.checked_sub(1).map(|i| &snap.ranges[i]) else {
+            return false;
+        };
+        if ra < r.start || ra.saturating_add(RESTORE_RT.len() as u64) > r.end {
+            return false;
+        }
+        // SAFETY: inside the executable segment of a loaded object.
+        let code = unsafe { std::slice::from_raw_parts(ra as *const u8, RESTORE_RT.len()) };
+        code == RESTORE_RT
+    }
+
     /// One walk from `regs` (a pc inside `capture`). The first frame (capture itself) is always
     /// dropped; with `skip_own` so are the following frames inside the shim's own object.
+    /// Returns the frame count and whether any rule had to be learned (cache miss).
     #[inline(always)]
-    fn walk(snap: &Snapshot, cache: &mut Cache, regs: Regs, hi: u64, out: &mut [usize], skip_own: bool) -> usize {
+    fn walk(
+        snap: &Snapshot,
+        cache: &mut Cache,
+        fast: &mut FastTable,
+        regs: Regs,
+        hi: u64,
+        out: &mut [usize],
+        skip_own: bool,
+    ) -> (usize, bool) {
         let lo = regs.sp;
-        let mut read_stack = |addr: u64| read_bounded(addr, lo, hi);
+        let mut read = move |addr: u64| read_bounded(addr, lo, hi);
+        // The first frame (a pc, not a return address) goes through framehop: its cache holds
+        // this one rule after the first capture.
         let mut uregs = UnwindRegsX86_64::new(regs.pc, regs.sp, regs.fp);
-        let mut addr = FrameAddress::from_instruction_pointer(regs.pc);
+        let pc = FrameAddress::from_instruction_pointer(regs.pc);
+        let mut ra = match snap.unwinder.unwind_frame(pc, &mut uregs, cache, &mut read) {
+            Ok(Some(ra)) => ra,
+            _ => return (0, false),
+        };
+        let (mut sp, mut bp) = (uregs.sp(), uregs.bp());
         let own = if skip_own { snap.own.clone() } else { 0..0 };
-        let mut skipping = true;
+        let mut skipping = skip_own;
         let mut skipped = 0usize;
+        let mut learned = false;
+        // After a signal frame the next address is an interrupted pc, not a return address.
+        let mut at_pc = false;
         let mut n = 0usize;
-        while n < out.len() {
-            let ra = match snap.unwinder.unwind_frame(addr, &mut uregs, cache, &mut read_stack) {
-                Ok(Some(ra)) => ra,
-                _ => break,
-            };
-            let Some(next) = FrameAddress::from_return_address(ra) else {
+        loop {
+            if ra == 0 {
                 break;
-            };
-            addr = next;
-            if skipping {
-                if own.start <= ra && ra < own.end {
-                    skipped += 1;
-                    if skipped > MAX_SKIPPED {
-                        break;
-                    }
-                    continue;
-                }
-                skipping = false;
             }
-            out[n] = ra as usize;
-            n += 1;
+            if skipping && own.start <= ra && ra < own.end {
+                skipped += 1;
+                if skipped > MAX_SKIPPED {
+                    break;
+                }
+            } else {
+                skipping = false;
+                out[n] = ra as usize;
+                n += 1;
+                if n == out.len() {
+                    break;
+                }
+            }
+            if at_pc {
+                // framehop with first-frame semantics (lookup at the pc itself).
+                at_pc = false;
+                let mut u = UnwindRegsX86_64::new(ra, sp, bp);
+                let addr = FrameAddress::from_instruction_pointer(ra);
+                match snap.unwinder.unwind_frame(addr, &mut u, cache, &mut read) {
+                    Ok(Some(next)) if u.sp() > sp => {
+                        sp = u.sp();
+                        bp = u.bp();
+                        ra = next;
+                        continue;
+                    }
+                    _ => break,
+                }
+            }
+            let key = ra - 1;
+            let slot = slot_of(key);
+            let mut e = fast[slot];
+            if e.key != key {
+                learned = true;
+                e = Entry::new(key, learn(snap, cache, ra));
+                fast[slot] = e;
+            }
+            if e.sp_delta != 0 {
+                // sp < hi and sp_delta <= 1 MiB: no overflow.
+                let new_sp = sp + e.sp_delta as u64;
+                let Ok(next) = read(new_sp - 8) else { break };
+                if e.bp_off != NO_BP {
+                    let Ok(b) = read(sp.wrapping_add(e.bp_off as i64 as u64)) else {
+                        break;
+                    };
+                    bp = b;
+                }
+                sp = new_sp;
+                ra = next;
+            } else if e.bp_off == KIND_FP {
+                // Validated: strictly towards the stack top, inside the stack.
+                if bp < sp || bp > hi - 16 {
+                    break;
+                }
+                let (Ok(next_bp), Ok(next)) = (read(bp), read(bp + 8)) else {
+                    break;
+                };
+                sp = bp + 16;
+                bp = next_bp;
+                ra = next;
+            } else if e.bp_off == KIND_FRAMEHOP {
+                let Some(addr) = FrameAddress::from_return_address(ra) else {
+                    break;
+                };
+                let mut u = UnwindRegsX86_64::new(ra, sp, bp);
+                match snap.unwinder.unwind_frame(addr, &mut u, cache, &mut read) {
+                    Ok(Some(next)) if u.sp() > sp => {
+                        sp = u.sp();
+                        bp = u.bp();
+                        ra = next;
+                    }
+                    _ => break,
+                }
+            } else if e.bp_off == KIND_SIGNAL {
+                // sp is the address of the ucontext_t the kernel pushed.
+                let (Ok(pc), Ok(new_sp), Ok(new_bp)) =
+                    (read(sp + UC_RIP), read(sp + UC_RSP), read(sp + UC_RBP))
+                else {
+                    break;
+                };
+                if new_sp <= sp {
+                    break;
+                }
+                sp = new_sp;
+                bp = new_bp;
+                ra = pc;
+                at_pc = true;
+            } else {
+                break; // KIND_END
+            }
         }
-        n
+        (n, learned)
     }
 }

@@ -87,12 +87,22 @@ mod tests {
         .unwrap();
         // The innermost frame is the call of `capture` in stk_level_three: right file, the line.
         let first = &syms[0].last().unwrap();
-        assert!(first.function.as_deref().unwrap().contains("stk_level_three"), "{first:?}");
+        assert!(
+            first
+                .function
+                .as_deref()
+                .unwrap()
+                .contains("stk_level_three"),
+            "{first:?}"
+        );
         let file = first.file.as_deref().unwrap_or("");
         assert!(file.ends_with("stacks/mod.rs"), "{first:?}");
         assert_eq!(first.line, Some(line), "{first:?}");
         assert_eq!(first.address, format!("{:#x}", buf[0]));
-        assert!(first.module.as_deref().is_some_and(|m| !m.is_empty()), "{first:?}");
+        assert!(
+            first.module.as_deref().is_some_and(|m| !m.is_empty()),
+            "{first:?}"
+        );
         // Called again from another line of this test: the same stack but for that one frame.
         let mut again = [0usize; 64];
         let (n2, _) = stk_level_one(&mut again);
@@ -134,7 +144,13 @@ mod tests {
 
     #[test]
     fn symbolize_never_fails() {
-        let out = symbolize(&[0, 1, usize::MAX, 0x1000, symbolize_never_fails as *const () as usize]);
+        let out = symbolize(&[
+            0,
+            1,
+            usize::MAX,
+            0x1000,
+            symbolize_never_fails as *const () as usize,
+        ]);
         assert_eq!(out.len(), 5);
         for (f, a) in out.iter().zip([0usize, 1, usize::MAX, 0x1000]) {
             assert_eq!(f[0].address, format!("{a:#x}"));
@@ -150,19 +166,36 @@ mod tests {
         assert!(n <= 64);
     }
 
-    /// Signals landing inside and outside captures: no crash, a nested capture returns 0 and a
-    /// capture in a handler that did not interrupt one works.
+    /// Raises SIGUSR2 on this thread from a known frame.
+    #[inline(never)]
+    fn stk_raises_signal() {
+        unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGUSR2) };
+        black_box(());
+    }
+
+    /// Signals landing inside and outside captures: no crash, a nested capture returns 0, and a
+    /// capture in a handler walks through the signal frame into the interrupted code.
     #[test]
     fn signals_during_capture_are_safe() {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Mutex;
         static IN_HANDLER_TOTAL: AtomicUsize = AtomicUsize::new(0);
         static IN_HANDLER_ZERO: AtomicUsize = AtomicUsize::new(0);
+        static RECORD: AtomicBool = AtomicBool::new(false);
+        static RECORDED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
         extern "C" fn handler(_: libc::c_int) {
-            let mut buf = [0usize; 32];
+            let mut buf = [0usize; 64];
             let n = capture(&mut buf, false);
             IN_HANDLER_TOTAL.fetch_add(1, Ordering::Relaxed);
             if n == 0 {
                 IN_HANDLER_ZERO.fetch_add(1, Ordering::Relaxed);
+            }
+            if RECORD.swap(false, Ordering::Relaxed) {
+                // Only while the test thread is blocked in pthread_kill: no lock is held.
+                if let Ok(mut v) = RECORDED.try_lock() {
+                    v.clear();
+                    v.extend_from_slice(&buf[..n]);
+                }
             }
         }
         let mut buf = [0usize; 64];
@@ -173,6 +206,22 @@ mod tests {
             sa.sa_flags = libc::SA_RESTART;
             let mut old: libc::sigaction = std::mem::zeroed();
             assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, &mut old), 0);
+
+            // Through the signal frame (glibc's __restore_rt) into the interrupted code.
+            RECORD.store(true, Ordering::Relaxed);
+            stk_raises_signal();
+            let recorded = RECORDED.lock().unwrap().clone();
+            let names = names(&symbolize(&recorded));
+            in_order(
+                &names,
+                &[
+                    "handler",
+                    "stk_raises_signal",
+                    "signals_during_capture_are_safe",
+                ],
+            )
+            .unwrap();
+
             let target = libc::pthread_self() as usize;
             static STOP: AtomicBool = AtomicBool::new(false);
             STOP.store(false, Ordering::Relaxed);
@@ -194,10 +243,15 @@ mod tests {
             STOP.store(true, Ordering::Relaxed);
             killer.join().unwrap();
             std::thread::sleep(std::time::Duration::from_millis(20));
-            assert_eq!(libc::sigaction(libc::SIGUSR2, &old, std::ptr::null_mut()), 0);
+            assert_eq!(
+                libc::sigaction(libc::SIGUSR2, &old, std::ptr::null_mut()),
+                0
+            );
             let total = IN_HANDLER_TOTAL.load(Ordering::Relaxed);
             let zero = IN_HANDLER_ZERO.load(Ordering::Relaxed);
-            eprintln!("signals: {total} handled, {zero} returned 0 (nested), {loops} outer captures");
+            eprintln!(
+                "signals: {total} handled, {zero} returned 0 (nested), {loops} outer captures"
+            );
             assert!(total > 0);
         }
     }
@@ -236,10 +290,33 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
         buf: [usize; 64],
         n: usize,
         skip_own: bool,
+        /// Also walk with framehop alone into `reference` (x86-64).
+        with_reference: bool,
+        reference: [usize; 64],
+        n_reference: usize,
+    }
+
+    impl CbState {
+        fn new(skip_own: bool, with_reference: bool) -> Self {
+            CbState {
+                buf: [0; 64],
+                n: 0,
+                skip_own,
+                with_reference,
+                reference: [0; 64],
+                n_reference: 0,
+            }
+        }
     }
 
     extern "C" fn c_callback(ctx: *mut libc::c_void) {
         let st = unsafe { &mut *(ctx as *mut CbState) };
+        #[cfg(target_arch = "x86_64")]
+        if st.with_reference {
+            (st.n, st.n_reference) =
+                capture::capture_with_reference(&mut st.buf, &mut st.reference);
+            return;
+        }
         st.n = capture(&mut st.buf, st.skip_own);
     }
 
@@ -264,7 +341,14 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
         let lib = dir.path().join("libcchain.so");
         std::fs::write(&src, C_SOURCE).unwrap();
         let status = std::process::Command::new("gcc")
-            .args(["-O2", "-fomit-frame-pointer", "-g", "-shared", "-fPIC", "-o"])
+            .args([
+                "-O2",
+                "-fomit-frame-pointer",
+                "-g",
+                "-shared",
+                "-fPIC",
+                "-o",
+            ])
             .arg(&lib)
             .arg(&src)
             .status()
@@ -278,7 +362,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
         let outer: COuter = unsafe { std::mem::transmute(sym) };
 
         for skip_own in [false, true] {
-            let mut st = CbState { buf: [0; 64], n: 0, skip_own };
+            let mut st = CbState::new(skip_own, false);
             stk_rust_calls_into_c(outer, &mut st);
             let syms = symbolize(&st.buf[..st.n]);
             let names = names(&syms);
@@ -296,12 +380,136 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
             if skip_own {
                 // Frames inside this test binary (the "own module") were skipped: the stack
                 // starts at the call into the callback inside c_inner.
-                assert!(first.function.as_deref().unwrap().contains("c_inner"), "{first:?}");
+                assert!(
+                    first.function.as_deref().unwrap().contains("c_inner"),
+                    "{first:?}"
+                );
                 let c_frame = first;
-                assert!(c_frame.file.as_deref().unwrap_or("").ends_with("cchain.c"), "{c_frame:?}");
-                assert!(c_frame.module.as_deref().unwrap_or("").ends_with("libcchain.so"));
+                assert!(
+                    c_frame.file.as_deref().unwrap_or("").ends_with("cchain.c"),
+                    "{c_frame:?}"
+                );
+                assert!(c_frame
+                    .module
+                    .as_deref()
+                    .unwrap_or("")
+                    .ends_with("libcchain.so"));
             }
         }
+        // The two-level walk gives exactly what framehop alone gives, cold and warm.
+        for _ in 0..2 {
+            let mut st = CbState::new(false, true);
+            stk_rust_calls_into_c(outer, &mut st);
+            assert!(st.n > 6);
+            assert_eq!(&st.buf[..st.n], &st.reference[..st.n_reference]);
+        }
         unsafe { libc::dlclose(handle) };
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(never)]
+    fn stk_ref_two(fast: &mut [usize], reference: &mut [usize]) -> (usize, usize) {
+        let r = capture::capture_with_reference(fast, reference);
+        black_box(r)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(never)]
+    fn stk_ref_one(fast: &mut [usize], reference: &mut [usize]) -> (usize, usize) {
+        let r = stk_ref_two(black_box(fast), reference);
+        black_box(r)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn two_level_walk_agrees_with_framehop() {
+        for _ in 0..3 {
+            let (mut fast, mut reference) = ([0usize; 64], [0usize; 64]);
+            let (a, b) = stk_ref_one(&mut fast, &mut reference);
+            assert!(a > 4);
+            assert_eq!(&fast[..a], &reference[..b]);
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    /// Compiles `source` into `dir/name` and loads it; returns the handle.
+    fn build_and_load(dir: &std::path::Path, name: &str, source: &str) -> *mut libc::c_void {
+        let src = dir.join(format!("{name}.c"));
+        let lib = dir.join(format!("lib{name}.so"));
+        std::fs::write(&src, source).unwrap();
+        let status = std::process::Command::new("gcc")
+            .args([
+                "-O2",
+                "-fomit-frame-pointer",
+                "-g",
+                "-shared",
+                "-fPIC",
+                "-o",
+            ])
+            .arg(&lib)
+            .arg(&src)
+            .status()
+            .expect("gcc must be installed for this test");
+        assert!(status.success());
+        let path = std::ffi::CString::new(lib.to_str().unwrap()).unwrap();
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!handle.is_null());
+        handle
+    }
+
+    /// dlclose, then another library (likely at the same address): no crash without telling
+    /// the unwinder; right stacks after `refresh_modules`.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn survives_dlclose_and_reload() {
+        let other = r#"
+typedef void (*cb_t)(void *);
+volatile int sink2;
+__attribute__((noinline)) void d_three(cb_t cb, void *ctx) {
+    volatile char pad[200]; pad[0] = 1;
+    __asm__ volatile("xor %%ebp, %%ebp" ::: "rbp");
+    cb(ctx); sink2 += pad[0];
+}
+__attribute__((noinline)) void d_two(cb_t cb, void *ctx) {
+    volatile char pad[8]; pad[0] = 1; d_three(cb, ctx); sink2 += pad[0];
+}
+__attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
+    volatile char pad[120]; pad[0] = 1; d_two(cb, ctx); sink2 += pad[0];
+}
+"#;
+        let dir = tempfile::tempdir().unwrap();
+        let h1 = build_and_load(dir.path(), "first", C_SOURCE);
+        let outer1: COuter = unsafe { std::mem::transmute(libc::dlsym(h1, c"c_outer".as_ptr())) };
+        let mut st = CbState::new(false, false);
+        stk_rust_calls_into_c(outer1, &mut st);
+        in_order(
+            &names(&symbolize(&st.buf[..st.n])),
+            &["c_inner", "c_middle", "c_outer"],
+        )
+        .unwrap();
+        let base1 = outer1 as usize;
+        unsafe { libc::dlclose(h1) };
+
+        let h2 = build_and_load(dir.path(), "second", other);
+        let outer2: COuter = unsafe { std::mem::transmute(libc::dlsym(h2, c"c_outer".as_ptr())) };
+        eprintln!(
+            "c_outer before/after reload: {base1:#x} / {:#x}",
+            outer2 as usize
+        );
+        let mut st = CbState::new(false, false);
+        stk_rust_calls_into_c(outer2, &mut st); // must not crash; may be short or wrong
+        if std::env::var_os("OOMSHIM_TEST_VERBOSE").is_some() {
+            eprintln!("before refresh: {:?}", names(&symbolize(&st.buf[..st.n])));
+        }
+        refresh_modules();
+        let mut st = CbState::new(false, false);
+        stk_rust_calls_into_c(outer2, &mut st);
+        let names = names(&symbolize(&st.buf[..st.n]));
+        in_order(
+            &names,
+            &["d_three", "d_two", "c_outer", "stk_rust_calls_into_c"],
+        )
+        .unwrap();
+        unsafe { libc::dlclose(h2) };
     }
 }

@@ -40,7 +40,10 @@ fn bare_frame(addr: usize, module: Option<String>) -> Frame {
 }
 
 fn symbolize_inner(addrs: &[usize]) -> Vec<Vec<Frame>> {
-    let lookups: Vec<u64> = addrs.iter().map(|&a| (a as u64).saturating_sub(1)).collect();
+    let lookups: Vec<u64> = addrs
+        .iter()
+        .map(|&a| (a as u64).saturating_sub(1))
+        .collect();
     let modules = ModuleMap::new();
     let symbolizer = Symbolizer::builder()
         .enable_code_info(true)
@@ -70,7 +73,11 @@ fn symbolize_inner(addrs: &[usize]) -> Vec<Vec<Frame>> {
             out.push(vec![bare_frame(addr, module)]);
             continue;
         };
-        let module = module.or_else(|| sym.module.as_ref().map(|m| m.to_string_lossy().into_owned()));
+        let module = module.or_else(|| {
+            sym.module
+                .as_ref()
+                .map(|m| m.to_string_lossy().into_owned())
+        });
         let address = format!("{addr:#x}");
         let mut frames = Vec::with_capacity(1 + sym.inlined.len());
         // blazesym lists inlined calls outermost first, each carrying the location inside it;
@@ -134,7 +141,9 @@ impl ModuleMap {
             let name = if info.dlpi_name.is_null() {
                 String::new()
             } else {
-                std::ffi::CStr::from_ptr(info.dlpi_name).to_string_lossy().into_owned()
+                std::ffi::CStr::from_ptr(info.dlpi_name)
+                    .to_string_lossy()
+                    .into_owned()
             };
             acc.names.push(name);
             let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);

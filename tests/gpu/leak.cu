@@ -7,8 +7,12 @@
 #define CHUNK (1ull << 30)
 static void* chunks[4096];
 
+static unsigned long long g_leaked;
+
 __attribute__((noinline)) cudaError_t grow_leaky_buffer(int i) {
-    return cudaMalloc(&chunks[i], CHUNK);  // the leak: never freed
+    cudaError_t rc = cudaMalloc(&chunks[i], CHUNK);  // the leak: never freed
+    if (rc == cudaSuccess) g_leaked += CHUNK;  // work after the call: no tail call, a real frame
+    return rc;
 }
 
 int main(void) {

@@ -137,13 +137,27 @@ def check_overhead():
     if not nvcc(os.path.join(ROOT, "tests/gpu/pair_bench.cu"), exe):
         row("overhead: build", False, "nvcc failed")
         return
-    bare, shim = [], []
-    for _ in range(3):  # interleaved, to share drift
-        b = run([exe]); s = run([exe], env={"LD_PRELOAD": LIB, "OOMSHIM_DEPTH": "32"})
-        bare.append(float(b.stdout.split()[1])); shim.append(float(s.stdout.split()[1]))
-    bm, sm = sorted(bare)[1], sorted(shim)[1]
-    row("overhead: cudaMalloc+cudaFree 512 B per pair", True,
-        f"bare {bm / 1000:.2f} us, shim {sm / 1000:.2f} us, added {(sm - bm):.0f} ns ({sm / bm:.3f}x)")
+    variants = {
+        "bare": {},
+        "shim": {"LD_PRELOAD": LIB, "OOMSHIM_DEPTH": "32"},
+        "shim, stacks off": {"LD_PRELOAD": LIB, "OOMSHIM_STACKS": "off"},
+    }
+    got = {k: {"pair_ns_median": [], "malloc_ns_median": [], "free_ns_median": []} for k in variants}
+    for _ in range(5):  # interleaved, so drift hits every variant alike
+        for name, env in variants.items():
+            p = run([exe, "31", "400"], env=env)
+            for line in p.stdout.splitlines():
+                k, v = line.split()
+                got[name][k].append(float(v))
+    med = {n: {k: sorted(v)[len(v) // 2] for k, v in m.items()} for n, m in got.items()}
+    with open(os.path.join(OUT, "overhead.json"), "w") as f:
+        json.dump(got, f)
+    for metric, label in (("malloc_ns_median", "cudaMalloc 512 B"), ("free_ns_median", "cudaFree 512 B"),
+                          ("pair_ns_median", "cudaMalloc+cudaFree pair 512 B")):
+        b, s_, o = med["bare"][metric], med["shim"][metric], med["shim, stacks off"][metric]
+        row(f"overhead: {label}", True,
+            f"bare {b / 1000:.2f} us; shim {s_ / 1000:.2f} us (+{s_ - b:.0f} ns, {s_ / b:.3f}x); "
+            f"stacks off {o / 1000:.2f} us (+{o - b:.0f} ns)")
 
 
 def main():

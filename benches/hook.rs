@@ -1,0 +1,94 @@
+//! Added cost of a hooked cudaMalloc + cudaFree pair (512 B) against the simulated runtime, with
+//! 32 frames of stack, next to the bare pair measured in the same run.
+//!
+//! The bench loads target/<profile>/liboomshim.so with dlopen, exactly the library users preload,
+//! and calls its hooks from 32 frames deep; it does not link the oomshim crate, so the only hooks
+//! in the process are the library's.
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use std::ffi::{c_int, c_void, CString};
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+
+type Malloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
+type Free = unsafe extern "C" fn(*mut c_void) -> c_int;
+
+fn profile_dir() -> PathBuf {
+    // target/<profile>/deps/hook-HASH -> target/<profile>
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// The newest simulated runtime built by build.rs for this profile.
+fn sim_runtime() -> PathBuf {
+    let build = profile_dir().join("build");
+    std::fs::read_dir(&build)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("out/sim/libcudart.so.13"))
+        .filter(|p| p.is_file())
+        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .expect("simulated libcudart.so.13 (build the package first)")
+}
+
+unsafe fn open(path: &Path, flags: c_int) -> *mut c_void {
+    let c = CString::new(path.to_str().unwrap()).unwrap();
+    let h = libc::dlopen(c.as_ptr(), flags);
+    assert!(!h.is_null(), "dlopen {}", path.display());
+    h
+}
+
+unsafe fn sym<T: Copy>(handle: *mut c_void, name: &str) -> T {
+    let c = CString::new(name).unwrap();
+    let p = libc::dlsym(handle, c.as_ptr());
+    assert!(!p.is_null(), "{name}");
+    std::mem::transmute_copy(&p)
+}
+
+/// Runs `f` from `depth` frames further down the stack.
+#[inline(never)]
+fn at_depth(depth: usize, f: &mut dyn FnMut()) {
+    if depth == 0 {
+        f()
+    } else {
+        at_depth(black_box(depth - 1), f);
+        black_box(depth);
+    }
+}
+
+#[inline(always)]
+unsafe fn pair(malloc: Malloc, free: Free) {
+    let mut p: *mut c_void = std::ptr::null_mut();
+    assert_eq!(malloc(&mut p, 512), 0);
+    assert_eq!(free(black_box(p)), 0);
+}
+
+fn hook_overhead(c: &mut Criterion) {
+    let dumps = std::env::temp_dir().join(format!("oomshim-bench-{}", std::process::id()));
+    // Read once by the shim at its first hooked call.
+    std::env::set_var("OOMSHIM_DEPTH", "32");
+    std::env::set_var("OOMSHIM_DIR", &dumps);
+    unsafe {
+        let runtime = open(&sim_runtime(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
+        let shim = open(
+            &profile_dir().join("liboomshim.so"),
+            libc::RTLD_NOW | libc::RTLD_LOCAL,
+        );
+        let (bare_malloc, bare_free): (Malloc, Free) =
+            (sym(runtime, "cudaMalloc"), sym(runtime, "cudaFree"));
+        let (shim_malloc, shim_free): (Malloc, Free) =
+            (sym(shim, "cudaMalloc"), sym(shim, "cudaFree"));
+        let mut group = c.benchmark_group("cudaMalloc+cudaFree 512 B, 32 frames deep");
+        group.bench_function("bare (simulated runtime)", |b| {
+            at_depth(32, &mut || b.iter(|| pair(bare_malloc, bare_free)))
+        });
+        group.bench_function("through liboomshim.so", |b| {
+            at_depth(32, &mut || b.iter(|| pair(shim_malloc, shim_free)))
+        });
+        group.finish();
+    }
+    let _ = std::fs::remove_dir_all(dumps);
+}
+
+criterion_group!(benches, hook_overhead);
+criterion_main!(benches);
