@@ -504,3 +504,61 @@ fn a_missing_runtime_returns_cuda_initialization_error_and_says_so_once() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("cudaMalloc was not found"), "{err}");
 }
+
+#[test]
+fn frees_of_unknown_pointers_are_counted_and_passed_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("OOMSHIM_DIR", dir.path().to_str().unwrap())];
+    let bare = run_client("frees_and_bursts", &["frees"], &env, false);
+    let shim = run_client("frees_and_bursts", &["frees"], &env, true);
+    assert_eq!(stdout(&bare), stdout(&shim));
+    assert_eq!(shim.status.code(), Some(0), "{}", stderr(&shim));
+    assert!(stdout(&shim).contains("cudaFree(p) again -> 1"), "the sim rejects a double free");
+    let dump = only_dump(dir.path());
+    assert_eq!(dump.reason, "frees-end");
+    // The double free, the stack address and the made-up async free; cudaFree(NULL) is no free.
+    assert_eq!(dump.recording.unknown_frees, 3);
+    assert_eq!(dump.recording.live_allocations, 0);
+    assert_eq!(dump.devices.iter().map(|d| d.tracked_bytes).sum::<u64>(), 0);
+}
+
+#[test]
+fn a_burst_of_failures_writes_one_dump_unless_the_interval_is_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("SIMCUDA_CAPACITY", "1G"), ("OOMSHIM_DIR", dir.path().to_str().unwrap())];
+    let bare = run_client("frees_and_bursts", &["burst", "5"], &env, false);
+    let shim = run_client("frees_and_bursts", &["burst", "5"], &env, true);
+    assert_eq!(stdout(&bare), stdout(&shim));
+    let dump = only_dump(dir.path());
+    let req = dump.failed_request.unwrap();
+    assert_eq!(req.failures_in_burst, 6, "the first failure and five retries");
+    assert_eq!(req.recovered, Some(false));
+    assert_eq!(dump.recording.oom_failures, 6);
+    assert_eq!(stderr(&shim).matches("CUDA out of memory").count(), 1, "{}", stderr(&shim));
+
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("SIMCUDA_CAPACITY", "1G"),
+        ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+        ("OOMSHIM_MIN_INTERVAL", "0"),
+    ];
+    run_client("frees_and_bursts", &["burst", "2"], &env, true);
+    assert_eq!(dumps_in(dir.path()).len(), 3, "no de-duplication with a zero interval");
+}
+
+#[test]
+fn the_library_exports_the_hooks_and_nothing_else() {
+    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(shim_lib()).output().expect("nm");
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().last().map(str::to_string))
+        .collect();
+    names.sort();
+    let mut expected = vec![
+        "cudaFree", "cudaFreeAsync", "cudaFreeAsync_ptsz", "cudaFreeHost", "cudaHostAlloc", "cudaMalloc",
+        "cudaMalloc3D", "cudaMallocAsync", "cudaMallocAsync_ptsz", "cudaMallocFromPoolAsync",
+        "cudaMallocFromPoolAsync_ptsz", "cudaMallocHost", "cudaMallocManaged", "cudaMallocPitch", "oomshim_dump",
+    ];
+    expected.sort();
+    assert_eq!(names, expected);
+}

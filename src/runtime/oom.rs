@@ -327,19 +327,23 @@ fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
         }
         out.push('\n');
     }
-    let holders: Vec<String> = dump
-        .largest_holders
-        .iter()
-        .filter(|h| h.device == req.device)
-        .take(3)
-        .map(|h| {
-            format!(
-                "{} at {}",
-                human_bytes(h.bytes),
-                assemble::describe_site(&h.stack)
-            )
-        })
-        .collect();
+    // The largest holders, one entry per allocation site: a leak holds many equal blocks.
+    let mut seen: Vec<&[crate::dump::model::Frame]> = Vec::new();
+    let mut holders: Vec<String> = Vec::new();
+    for h in dump.largest_holders.iter().filter(|h| h.device == req.device) {
+        if holders.len() == 3 {
+            break;
+        }
+        if seen.contains(&h.stack.as_slice()) {
+            continue;
+        }
+        seen.push(&h.stack);
+        let site = dump.sites.iter().find(|s| s.stack == h.stack).filter(|s| s.count > 1);
+        let all = site
+            .map(|s| format!(" (×{}, {} at this site)", thousands(s.count), human_bytes(s.bytes)))
+            .unwrap_or_default();
+        holders.push(format!("{}{all} at {}", human_bytes(h.bytes), assemble::describe_site(&h.stack)));
+    }
     if !holders.is_empty() {
         out.push_str(&format!("oomshim:   largest: {}\n", holders.join("; ")));
     }
