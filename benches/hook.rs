@@ -13,6 +13,18 @@ use std::path::{Path, PathBuf};
 type Malloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
 type Free = unsafe extern "C" fn(*mut c_void) -> c_int;
 
+/// Brings target/<profile>/liboomshim.so up to date: `cargo bench` builds the library for the
+/// bench as an rlib only, not the cdylib measured here.
+fn build_shim() {
+    let profile = if cfg!(debug_assertions) { "dev" } else { "release" };
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["build", "--lib", "--quiet", "--profile", profile])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("cargo");
+    assert!(status.success(), "building liboomshim.so failed");
+}
+
 fn profile_dir() -> PathBuf {
     // target/<profile>/deps/hook-HASH -> target/<profile>
     let exe = std::env::current_exe().unwrap();
@@ -64,6 +76,7 @@ unsafe fn pair(malloc: Malloc, free: Free) {
 }
 
 fn hook_overhead(c: &mut Criterion) {
+    build_shim();
     let dumps = std::env::temp_dir().join(format!("oomshim-bench-{}", std::process::id()));
     // Read once by the shim at its first hooked call.
     std::env::set_var("OOMSHIM_DEPTH", "32");

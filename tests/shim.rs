@@ -1,6 +1,9 @@
 //! The shim in real processes: C clients built against the simulated CUDA runtime run under
 //! `LD_PRELOAD=liboomshim.so`, and the dumps they leave are read back and checked.
 
+mod common;
+
+use common::shim_lib;
 use oomshim::dump::model::{Dump, Frame};
 use oomshim::dump::read::read_dump;
 use oomshim::testbed;
@@ -9,13 +12,6 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
-
-fn shim_lib() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_oomshim"));
-    let lib = exe.parent().unwrap().join("liboomshim.so");
-    assert!(lib.is_file(), "{} was not built", lib.display());
-    lib
-}
 
 /// Runs a test client (with or without the shim) under a watchdog: a hang fails the test
 /// instead of blocking the suite.
@@ -380,7 +376,9 @@ fn no_cuda_in_the_process_means_no_messages_and_no_change() {
     );
 }
 
+/// The CLI, with liboomshim.so built next to it (where `run` and `demo` look for it).
 fn cli() -> Command {
+    shim_lib();
     Command::new(env!("CARGO_BIN_EXE_oomshim"))
 }
 
