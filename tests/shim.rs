@@ -560,3 +560,40 @@ fn the_library_exports_the_hooks_and_nothing_else() {
     expected.sort();
     assert_eq!(names, expected);
 }
+
+#[test]
+fn diff_and_merge_work_on_real_dumps() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two ranks of one "job": rank 1 gets a smaller device and runs out sooner.
+    for (rank, capacity) in [("0", "2G"), ("1", "1G")] {
+        let env = [
+            ("SIMCUDA_CAPACITY", capacity),
+            ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+            ("RANK", rank),
+            ("WORLD_SIZE", "2"),
+        ];
+        run_client("leak_until_oom", &[], &env, true);
+    }
+    let dumps = dumps_in(dir.path());
+    assert_eq!(dumps.len(), 2);
+    assert!(dumps.iter().any(|p| p.to_str().unwrap().contains("-r1-")), "rank in the file name: {dumps:?}");
+
+    let out = cli().arg("merge").arg(dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("2 dump(s)") && text.contains("peak tracked memory per process"), "{text}");
+
+    let (small, big) = {
+        let a = read_dump(&dumps[0]).unwrap();
+        if a.process.rank == Some(1) { (dumps[0].clone(), dumps[1].clone()) } else { (dumps[1].clone(), dumps[0].clone()) }
+    };
+    let out = cli().arg("diff").arg(&small).arg(&big).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let growth = text.lines().find(|l| l.contains("leaky_cache_grow")).unwrap_or_else(|| panic!("{text}"));
+    assert!(growth.trim_start().starts_with('+'), "the leak grew between the dumps: {growth}");
+
+    let empty = tempfile::tempdir().unwrap();
+    let out = cli().arg("merge").arg(empty.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

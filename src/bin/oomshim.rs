@@ -42,6 +42,24 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Compare two dumps of one program: growth and shrinkage by allocation site.
+    Diff {
+        before: PathBuf,
+        after: PathBuf,
+        /// How many sites to show.
+        #[arg(long, default_value_t = 20)]
+        top: usize,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One table of the dumps of all ranks of a job (a directory, shared by hosts or not).
+    Merge {
+        dir: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a bundled leaky training loop on a simulated CUDA device (no GPU needed) and report
     /// the dump it produces.
     Demo {
@@ -83,6 +101,20 @@ fn main() -> ExitCode {
             }
         }
         Cmd::Report { dump, top, json } => match cli::report(&dump, top, json, color_wanted()) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e, EXIT_BAD_INPUT),
+        },
+        Cmd::Diff { before, after, top, json } => match cli::diff(&before, &after, top, json) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e, EXIT_BAD_INPUT),
+        },
+        Cmd::Merge { dir, json } => match cli::merge(&dir, json) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS

@@ -23,3 +23,34 @@ pub fn report(path: &Path, top: usize, json: bool, color: bool) -> Result<String
         Ok(crate::report::render_terminal(&dump, &opts))
     }
 }
+
+/// `oomshim diff A B`: growth and shrinkage by site between two dumps.
+pub fn diff(before: &Path, after: &Path, top: usize, json: bool) -> Result<String, String> {
+    let a = crate::dump::read::read_dump(before).map_err(|e| e.to_string())?;
+    let b = crate::dump::read::read_dump(after).map_err(|e| e.to_string())?;
+    let d = crate::report::diff::diff(&a, &b);
+    if json {
+        let v = crate::report::diff::diff_json(&d, top);
+        serde_json::to_string_pretty(&v).map(|s| s + "\n").map_err(|e| e.to_string())
+    } else {
+        Ok(crate::report::diff::render_diff(&d, top))
+    }
+}
+
+/// `oomshim merge DIR`: all ranks' dumps in one table. No dump at all is an error.
+pub fn merge(dir: &Path, json: bool) -> Result<String, String> {
+    let m = crate::report::merge::merge_dir(dir)?;
+    if m.rows.is_empty() {
+        let mut msg = format!("no oomshim dumps in {}", dir.display());
+        if let Some(p) = m.problems.first() {
+            msg.push_str(&format!(" ({} unreadable, e.g. {p})", m.problems.len()));
+        }
+        return Err(msg);
+    }
+    if json {
+        let v = crate::report::merge::merge_json(&m);
+        serde_json::to_string_pretty(&v).map(|s| s + "\n").map_err(|e| e.to_string())
+    } else {
+        Ok(crate::report::merge::render_merge(&m))
+    }
+}

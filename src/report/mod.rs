@@ -5,6 +5,8 @@
 //! than the shim that wrote the dump); the verdict stored in the dump is kept in the JSON report
 //! as `recorded_verdict`.
 
+pub mod diff;
+pub mod merge;
 pub mod terminal;
 pub mod units;
 
