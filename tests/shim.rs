@@ -597,3 +597,29 @@ fn diff_and_merge_work_on_real_dumps() {
     let out = cli().arg("merge").arg(empty.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn export_writes_a_memory_viz_pickle_python_can_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("SIMCUDA_CAPACITY", "1G"), ("OOMSHIM_DIR", dir.path().to_str().unwrap())];
+    run_client("leak_until_oom", &[], &env, true);
+    let dump = dumps_in(dir.path()).remove(0);
+    let out = dir.path().join("snapshot.pickle");
+    let status = cli().arg("export").arg(&dump).arg("--memory-viz").arg(&out).status().unwrap();
+    assert!(status.success());
+    let check = r#"
+import pickle, sys
+d = pickle.load(open(sys.argv[1], "rb"))
+segs = sorted(d["segments"], key=lambda s: -s["total_size"])
+b = segs[0]["blocks"][0]
+assert b["state"] == "active_allocated" and b["size"] == segs[0]["total_size"], b
+print(segs[0]["total_size"], [f["name"] for f in b["frames"]])
+"#;
+    let Ok(py) = Command::new("python3").arg("-c").arg(check).arg(&out).output() else {
+        eprintln!("python3 not found: pickle not read back");
+        return;
+    };
+    assert!(py.status.success(), "{}", stderr(&py));
+    let text = stdout(&py);
+    assert!(text.starts_with(&(64 * MIB).to_string()) && text.contains("leaky_cache_grow"), "{text}");
+}

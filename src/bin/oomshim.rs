@@ -53,6 +53,13 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Convert a dump for PyTorch's memory viewer.
+    Export {
+        dump: PathBuf,
+        /// Write a torch.cuda.memory._snapshot()-style pickle here.
+        #[arg(long, value_name = "OUT.pickle")]
+        memory_viz: PathBuf,
+    },
     /// One table of the dumps of all ranks of a job (a directory, shared by hosts or not).
     Merge {
         dir: PathBuf,
@@ -110,6 +117,13 @@ fn main() -> ExitCode {
         Cmd::Diff { before, after, top, json } => match cli::diff(&before, &after, top, json) {
             Ok(text) => {
                 print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e, EXIT_BAD_INPUT),
+        },
+        Cmd::Export { dump, memory_viz } => match cli::export_memory_viz(&dump, &memory_viz) {
+            Ok(text) => {
+                eprint!("{text}");
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&e, EXIT_BAD_INPUT),

@@ -54,3 +54,22 @@ pub fn merge(dir: &Path, json: bool) -> Result<String, String> {
         Ok(crate::report::merge::render_merge(&m))
     }
 }
+
+/// `oomshim export DUMP --memory-viz OUT`: writes the PyTorch memory snapshot pickle; the file
+/// appears whole or not at all.
+pub fn export_memory_viz(dump: &Path, out: &Path) -> Result<String, String> {
+    let d = crate::dump::read::read_dump(dump).map_err(|e| e.to_string())?;
+    let bytes = crate::report::export::memory_viz(&d)?;
+    let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::write(&tmp, &bytes)
+        .and_then(|_| std::fs::rename(&tmp, out))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!("cannot write {}: {e}", out.display())
+        })?;
+    Ok(format!(
+        "wrote {} ({} segments); open it at https://pytorch.org/memory_viz or with torch.cuda._memory_viz\n",
+        out.display(),
+        d.largest_holders.len()
+    ))
+}

@@ -6,6 +6,7 @@
 //! as `recorded_verdict`.
 
 pub mod diff;
+pub mod export;
 pub mod merge;
 pub mod terminal;
 pub mod units;

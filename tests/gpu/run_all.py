@@ -125,11 +125,35 @@ def check_torch():
     shutil.copy(files[0], os.path.join(OUT, "torch-dump.json"))
     with open(os.path.join(OUT, "torch-stderr.txt"), "w") as f:
         f.write(shim.stderr)
+    check_memory_viz(files[0], dump)
     rep = run([CLI, "report", files[0]])
     row("torch leak: oomshim report renders", rep.returncode == 0 and "verdict" in rep.stdout.lower(),
         f"{len(rep.stdout.splitlines())} lines")
     with open(os.path.join(OUT, "torch-report.txt"), "w") as f:
         f.write(rep.stdout + rep.stderr)
+
+
+def check_memory_viz(dump_path, dump):
+    """oomshim export --memory-viz, read back by torch's own torch.cuda._memory_viz."""
+    pk = os.path.join(OUT, "torch-snapshot.pickle")
+    p = run([CLI, "export", dump_path, "--memory-viz", pk])
+    if p.returncode != 0:
+        row("memory_viz export", False, p.stderr[-500:])
+        return
+    code = (
+        "import pickle, sys\n"
+        "from torch.cuda import _memory_viz as mv\n"
+        "d = pickle.load(open(sys.argv[1], 'rb'))\n"
+        "mv.segsum(d); mv.trace(d); mv.trace_plot(d); mv.segment_plot(d)\n"
+        "mv.segments(d, format_flamegraph=lambda s: s)\n"
+        "top = max(d['segments'], key=lambda s: s['total_size'])\n"
+        "print(top['total_size'], top['blocks'][0]['frames'][0]['name'][:80])\n"
+    )
+    v = run([sys.executable, "-c", code, pk])
+    top = dump["largest_holders"][0]
+    ok = v.returncode == 0 and v.stdout.split()[0] == str(top["bytes"])
+    row("memory_viz export read by torch.cuda._memory_viz (segsum, trace, trace_plot, segment_plot)", ok,
+        (v.stdout.strip() or v.stderr[-400:])[:200])
 
 
 def check_overhead():
