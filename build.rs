@@ -33,7 +33,33 @@ fn main() {
 
     let compiler = Compiler::find();
 
+    // The simulated driver: SONAME libcuda.so.1, unversioned cu* exports (as NVIDIA's).
+    let mut cmd = compiler.command();
+    cmd.args(COMMON_FLAGS)
+        .args(["-fPIC", "-shared", "-Wl,-soname,libcuda.so.1"])
+        .arg(format!(
+            "-Wl,--version-script={}",
+            sim_src.join("libcuda.map").display()
+        ))
+        .arg("-o")
+        .arg(out.join("libcuda.so.1"))
+        .arg(sim_src.join("cuda_driver_sim.c"))
+        .arg("-lpthread");
+    compiler.run(cmd, "the simulated libcuda.so.1");
+
+    // A helper library for the dlsym(RTLD_NEXT, …) caller-identity test (drv_static.c).
+    let mut cmd = compiler.command();
+    cmd.args(COMMON_FLAGS)
+        .args(CLIENT_FLAGS) // its dlsym call must not become a tail jump: the caller matters
+        .args(["-fPIC", "-shared", "-Wl,-soname,libdrvnext.so"])
+        .arg("-o")
+        .arg(out.join("libdrvnext.so"))
+        .arg(sim_src.join("drv_next_helper.c"))
+        .arg("-ldl");
+    compiler.run(cmd, "the helper libdrvnext.so");
+
     // The simulated runtime: SONAME libcudart.so.13, every cuda* symbol versioned by the map.
+    // It dlopens libcuda.so.1 from its own directory ($ORIGIN), as the real one finds the driver.
     let lib = out.join("libcudart.so.13");
     let mut cmd = compiler.command();
     cmd.args(COMMON_FLAGS)
@@ -42,10 +68,11 @@ fn main() {
             "-Wl,--version-script={}",
             sim_src.join("libcudart.map").display()
         ))
+        .arg("-Wl,-rpath,$ORIGIN")
         .arg("-o")
         .arg(&lib)
         .arg(sim_src.join("cudart_sim.c"))
-        .arg("-lpthread");
+        .args(["-ldl", "-lpthread"]);
     compiler.run(cmd, "the simulated libcudart.so.13");
 
     // Clients: linked against the sim by its SONAME, found next to them through $ORIGIN.
@@ -72,6 +99,9 @@ fn main() {
             // --as-needed: a client that names no CUDA function (no_runtime.c) gets no runtime.
             .arg("-Wl,--as-needed")
             .arg("-l:libcudart.so.13")
+            // The driver and the helper only where a client names them (tests/clients/drv_*.c).
+            .arg("-l:libcuda.so.1")
+            .arg("-l:libdrvnext.so")
             .arg("-Wl,--no-as-needed")
             .arg("-Wl,-rpath,$ORIGIN")
             .args(["-ldl", "-lpthread"]);

@@ -16,7 +16,11 @@ type Free = unsafe extern "C" fn(*mut c_void) -> c_int;
 /// Brings target/<profile>/liboomshim.so up to date: `cargo bench` builds the library for the
 /// bench as an rlib only, not the cdylib measured here.
 fn build_shim() {
-    let profile = if cfg!(debug_assertions) { "dev" } else { "release" };
+    let profile = if cfg!(debug_assertions) {
+        "dev"
+    } else {
+        "release"
+    };
     let status = std::process::Command::new(env!("CARGO"))
         .args(["build", "--lib", "--quiet", "--profile", profile])
         .current_dir(env!("CARGO_MANIFEST_DIR"))

@@ -20,6 +20,11 @@ pub enum StackMode {
     Off,
     /// Native return addresses, symbolised when a dump is written.
     Native,
+    /// The allocating thread's Python stack only (file:line per frame), no native unwinding.
+    Python,
+    /// Native and Python stacks, merged in dumps (the default). In a process without Python it
+    /// costs what `native` costs.
+    All,
 }
 
 impl StackMode {
@@ -27,7 +32,19 @@ impl StackMode {
         match self {
             StackMode::Off => "off",
             StackMode::Native => "native",
+            StackMode::Python => "python",
+            StackMode::All => "all",
         }
+    }
+
+    /// Native return addresses are captured.
+    pub fn native(self) -> bool {
+        matches!(self, StackMode::Native | StackMode::All)
+    }
+
+    /// Python stacks are captured (where the thread has a Python thread state).
+    pub fn python(self) -> bool {
+        matches!(self, StackMode::Python | StackMode::All)
     }
 }
 
@@ -37,7 +54,7 @@ pub struct Config {
     pub dir: PathBuf,
     /// `OOMSHIM_DEPTH`: frames captured per allocation.
     pub depth: usize,
-    /// `OOMSHIM_STACKS`: `native` (default) or `off`.
+    /// `OOMSHIM_STACKS`: `all` (default), `native`, `python` or `off`.
     pub stacks: StackMode,
     /// `OOMSHIM_TOP`: holders and sites written to a dump.
     pub top: usize,
@@ -56,7 +73,7 @@ impl Default for Config {
         Config {
             dir: PathBuf::from(DEFAULT_DIR),
             depth: DEFAULT_DEPTH,
-            stacks: StackMode::Native,
+            stacks: StackMode::All,
             top: DEFAULT_TOP,
             min_interval: DEFAULT_MIN_INTERVAL,
             settle: DEFAULT_SETTLE,
@@ -123,13 +140,15 @@ impl Config {
         }
         if let Some(v) = lookup("OOMSHIM_STACKS") {
             match v.trim().to_ascii_lowercase().as_str() {
-                "native" | "on" => cfg.stacks = StackMode::Native,
+                "all" | "on" => cfg.stacks = StackMode::All,
+                "native" => cfg.stacks = StackMode::Native,
+                "python" => cfg.stacks = StackMode::Python,
                 "off" | "none" => cfg.stacks = StackMode::Off,
                 _ => warn(
                     "OOMSHIM_STACKS",
                     &v,
-                    "`native` or `off`",
-                    "native".to_string(),
+                    "`all`, `native`, `python` or `off`",
+                    "all".to_string(),
                 ),
             }
         }
@@ -215,7 +234,23 @@ mod tests {
         assert!(warnings.is_empty());
         assert_eq!(cfg.dir, PathBuf::from("oomshim-dumps"));
         assert_eq!(cfg.depth, 64);
-        assert_eq!(cfg.stacks, StackMode::Native);
+        assert_eq!(cfg.stacks, StackMode::All);
+    }
+
+    #[test]
+    fn stack_modes() {
+        for (v, mode, native, python) in [
+            ("all", StackMode::All, true, true),
+            ("native", StackMode::Native, true, false),
+            ("PYTHON", StackMode::Python, false, true),
+            ("off", StackMode::Off, false, false),
+        ] {
+            let (cfg, w) = parse(&[("OOMSHIM_STACKS", v)]);
+            assert!(w.is_empty(), "{v}: {w:?}");
+            assert_eq!(cfg.stacks, mode, "{v}");
+            assert_eq!((mode.native(), mode.python()), (native, python), "{v}");
+            assert_eq!(mode.as_str(), v.to_ascii_lowercase());
+        }
     }
 
     #[test]
@@ -244,7 +279,7 @@ mod tests {
         let (cfg, warnings) = parse(&[
             ("OOMSHIM_DIR", "  "),
             ("OOMSHIM_DEPTH", "lots"),
-            ("OOMSHIM_STACKS", "python"),
+            ("OOMSHIM_STACKS", "pyth0n"),
             ("OOMSHIM_TOP", "0"),
             ("OOMSHIM_MIN_INTERVAL", "-3s"),
             ("OOMSHIM_SETTLE", "forever"),

@@ -85,6 +85,19 @@ pub enum Api {
     CudaMalloc3D,
     CudaMallocHost,
     CudaHostAlloc,
+    // Driver API (src/ffi/driver.rs). Named as programs write them, without the `_v2`/`_ptsz`
+    // of the exported symbol.
+    CuMemAlloc,
+    CuMemAllocPitch,
+    CuMemAllocManaged,
+    CuMemAllocAsync,
+    CuMemAllocFromPoolAsync,
+    CuMemAllocHost,
+    CuMemHostAlloc,
+    /// Physical memory of a VMM handle on a device (src/runtime/vmm.rs).
+    CuMemCreate,
+    /// Physical memory of a VMM handle located in host memory (HOST/HOST_NUMA).
+    CuMemCreateHost,
 }
 
 impl Api {
@@ -98,12 +111,38 @@ impl Api {
             Api::CudaMalloc3D => "cudaMalloc3D",
             Api::CudaMallocHost => "cudaMallocHost",
             Api::CudaHostAlloc => "cudaHostAlloc",
+            Api::CuMemAlloc => "cuMemAlloc",
+            Api::CuMemAllocPitch => "cuMemAllocPitch",
+            Api::CuMemAllocManaged => "cuMemAllocManaged",
+            Api::CuMemAllocAsync => "cuMemAllocAsync",
+            Api::CuMemAllocFromPoolAsync => "cuMemAllocFromPoolAsync",
+            Api::CuMemAllocHost => "cuMemAllocHost",
+            Api::CuMemHostAlloc => "cuMemHostAlloc",
+            Api::CuMemCreate | Api::CuMemCreateHost => "cuMemCreate",
         }
     }
 
     /// Page-locked host memory: tracked, never counted as device memory.
     pub fn is_pinned_host(self) -> bool {
-        matches!(self, Api::CudaMallocHost | Api::CudaHostAlloc)
+        matches!(
+            self,
+            Api::CudaMallocHost
+                | Api::CudaHostAlloc
+                | Api::CuMemAllocHost
+                | Api::CuMemHostAlloc
+                | Api::CuMemCreateHost
+        )
+    }
+
+    /// Stream-ordered allocations: their stream is meaningful.
+    pub fn has_stream(self) -> bool {
+        matches!(
+            self,
+            Api::CudaMallocAsync
+                | Api::CudaMallocFromPoolAsync
+                | Api::CuMemAllocAsync
+                | Api::CuMemAllocFromPoolAsync
+        )
     }
 }
 
@@ -131,7 +170,12 @@ pub struct Allocation {
     pub time_ns: u64,
     /// 1 for the first allocation recorded, then increasing.
     pub seq: u64,
+    /// Native stack (in the shim's native [`StackTable`]).
     pub stack: StackId,
+    /// Python stack of the allocating thread (in the shim's second, Python [`StackTable`]:
+    /// packed `(code id, offset)` frames from [`crate::pystack::capture`]); EMPTY when the thread
+    /// had none or Python stacks are off.
+    pub py_stack: StackId,
 }
 
 /// Live bytes and peak of one device. The live count is not kept here: it is derived from the
@@ -443,6 +487,7 @@ mod tests {
             time_ns: 0,
             seq: 0,
             stack: StackId::EMPTY,
+            py_stack: StackId::EMPTY,
         }
     }
 

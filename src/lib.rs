@@ -7,8 +7,10 @@
 pub mod cli;
 pub mod config;
 pub mod dump;
+pub mod facts;
 pub mod ffi;
 pub mod ledger;
+pub mod pystack;
 pub mod report;
 pub mod runtime;
 pub mod stacks;

@@ -564,6 +564,7 @@ pub(crate) mod tests {
             line,
             module: None,
             inlined: false,
+            kind: Default::default(),
         }
     }
 
@@ -605,6 +606,7 @@ pub(crate) mod tests {
                 device: 0,
                 error_code: 2,
                 stack: vec![frame(Some("cudaMalloc"), None, None)],
+                stack_merge: None,
                 failures_in_burst: 1,
                 recovered: None,
                 last_failure: None,
@@ -640,6 +642,8 @@ pub(crate) mod tests {
                 suggestions: vec![],
             },
             recording: Recording::default(),
+            pools: Vec::new(),
+            vmm: None,
         }
     }
 

@@ -511,7 +511,10 @@ fn frees_of_unknown_pointers_are_counted_and_passed_through() {
     let shim = run_client("frees_and_bursts", &["frees"], &env, true);
     assert_eq!(stdout(&bare), stdout(&shim));
     assert_eq!(shim.status.code(), Some(0), "{}", stderr(&shim));
-    assert!(stdout(&shim).contains("cudaFree(p) again -> 1"), "the sim rejects a double free");
+    assert!(
+        stdout(&shim).contains("cudaFree(p) again -> 1"),
+        "the sim rejects a double free"
+    );
     let dump = only_dump(dir.path());
     assert_eq!(dump.reason, "frees-end");
     // The double free, the stack address and the made-up async free; cudaFree(NULL) is no free.
@@ -523,16 +526,27 @@ fn frees_of_unknown_pointers_are_counted_and_passed_through() {
 #[test]
 fn a_burst_of_failures_writes_one_dump_unless_the_interval_is_zero() {
     let dir = tempfile::tempdir().unwrap();
-    let env = [("SIMCUDA_CAPACITY", "1G"), ("OOMSHIM_DIR", dir.path().to_str().unwrap())];
+    let env = [
+        ("SIMCUDA_CAPACITY", "1G"),
+        ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+    ];
     let bare = run_client("frees_and_bursts", &["burst", "5"], &env, false);
     let shim = run_client("frees_and_bursts", &["burst", "5"], &env, true);
     assert_eq!(stdout(&bare), stdout(&shim));
     let dump = only_dump(dir.path());
     let req = dump.failed_request.unwrap();
-    assert_eq!(req.failures_in_burst, 6, "the first failure and five retries");
+    assert_eq!(
+        req.failures_in_burst, 6,
+        "the first failure and five retries"
+    );
     assert_eq!(req.recovered, Some(false));
     assert_eq!(dump.recording.oom_failures, 6);
-    assert_eq!(stderr(&shim).matches("CUDA out of memory").count(), 1, "{}", stderr(&shim));
+    assert_eq!(
+        stderr(&shim).matches("CUDA out of memory").count(),
+        1,
+        "{}",
+        stderr(&shim)
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let env = [
@@ -541,22 +555,46 @@ fn a_burst_of_failures_writes_one_dump_unless_the_interval_is_zero() {
         ("OOMSHIM_MIN_INTERVAL", "0"),
     ];
     run_client("frees_and_bursts", &["burst", "2"], &env, true);
-    assert_eq!(dumps_in(dir.path()).len(), 3, "no de-duplication with a zero interval");
+    assert_eq!(
+        dumps_in(dir.path()).len(),
+        3,
+        "no de-duplication with a zero interval"
+    );
 }
 
 #[test]
 fn the_library_exports_the_hooks_and_nothing_else() {
-    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(shim_lib()).output().expect("nm");
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(shim_lib())
+        .output()
+        .expect("nm");
     let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().last().map(str::to_string))
         .collect();
     names.sort();
     let mut expected = vec![
-        "cudaFree", "cudaFreeAsync", "cudaFreeAsync_ptsz", "cudaFreeHost", "cudaHostAlloc", "cudaMalloc",
-        "cudaMalloc3D", "cudaMallocAsync", "cudaMallocAsync_ptsz", "cudaMallocFromPoolAsync",
-        "cudaMallocFromPoolAsync_ptsz", "cudaMallocHost", "cudaMallocManaged", "cudaMallocPitch", "oomshim_dump",
+        "cudaFree",
+        "cudaFreeAsync",
+        "cudaFreeAsync_ptsz",
+        "cudaFreeHost",
+        "cudaHostAlloc",
+        "cudaMalloc",
+        "cudaMalloc3D",
+        "cudaMallocAsync",
+        "cudaMallocAsync_ptsz",
+        "cudaMallocFromPoolAsync",
+        "cudaMallocFromPoolAsync_ptsz",
+        "cudaMallocHost",
+        "cudaMallocManaged",
+        "cudaMallocPitch",
+        "oomshim_dump",
+        "dlsym",
     ];
+    // The driver functions and resolvers come from their single-source tables (issue #3).
+    expected.extend(oomshim::ffi::driver_exported_names());
+    expected.extend(oomshim::ffi::RUNTIME_RESOLVERS);
     expected.sort();
     assert_eq!(names, expected);
 }
@@ -576,22 +614,38 @@ fn diff_and_merge_work_on_real_dumps() {
     }
     let dumps = dumps_in(dir.path());
     assert_eq!(dumps.len(), 2);
-    assert!(dumps.iter().any(|p| p.to_str().unwrap().contains("-r1-")), "rank in the file name: {dumps:?}");
+    assert!(
+        dumps.iter().any(|p| p.to_str().unwrap().contains("-r1-")),
+        "rank in the file name: {dumps:?}"
+    );
 
     let out = cli().arg("merge").arg(dir.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.contains("2 dump(s)") && text.contains("peak tracked memory per process"), "{text}");
+    assert!(
+        text.contains("2 dump(s)") && text.contains("peak tracked memory per process"),
+        "{text}"
+    );
 
     let (small, big) = {
         let a = read_dump(&dumps[0]).unwrap();
-        if a.process.rank == Some(1) { (dumps[0].clone(), dumps[1].clone()) } else { (dumps[1].clone(), dumps[0].clone()) }
+        if a.process.rank == Some(1) {
+            (dumps[0].clone(), dumps[1].clone())
+        } else {
+            (dumps[1].clone(), dumps[0].clone())
+        }
     };
     let out = cli().arg("diff").arg(&small).arg(&big).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
-    let growth = text.lines().find(|l| l.contains("leaky_cache_grow")).unwrap_or_else(|| panic!("{text}"));
-    assert!(growth.trim_start().starts_with('+'), "the leak grew between the dumps: {growth}");
+    let growth = text
+        .lines()
+        .find(|l| l.contains("leaky_cache_grow"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        growth.trim_start().starts_with('+'),
+        "the leak grew between the dumps: {growth}"
+    );
 
     let empty = tempfile::tempdir().unwrap();
     let out = cli().arg("merge").arg(empty.path()).output().unwrap();
@@ -601,11 +655,20 @@ fn diff_and_merge_work_on_real_dumps() {
 #[test]
 fn export_writes_a_memory_viz_pickle_python_can_read() {
     let dir = tempfile::tempdir().unwrap();
-    let env = [("SIMCUDA_CAPACITY", "1G"), ("OOMSHIM_DIR", dir.path().to_str().unwrap())];
+    let env = [
+        ("SIMCUDA_CAPACITY", "1G"),
+        ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+    ];
     run_client("leak_until_oom", &[], &env, true);
     let dump = dumps_in(dir.path()).remove(0);
     let out = dir.path().join("snapshot.pickle");
-    let status = cli().arg("export").arg(&dump).arg("--memory-viz").arg(&out).status().unwrap();
+    let status = cli()
+        .arg("export")
+        .arg(&dump)
+        .arg("--memory-viz")
+        .arg(&out)
+        .status()
+        .unwrap();
     assert!(status.success());
     let check = r#"
 import pickle, sys
@@ -615,11 +678,19 @@ b = segs[0]["blocks"][0]
 assert b["state"] == "active_allocated" and b["size"] == segs[0]["total_size"], b
 print(segs[0]["total_size"], [f["name"] for f in b["frames"]])
 "#;
-    let Ok(py) = Command::new("python3").arg("-c").arg(check).arg(&out).output() else {
+    let Ok(py) = Command::new("python3")
+        .arg("-c")
+        .arg(check)
+        .arg(&out)
+        .output()
+    else {
         eprintln!("python3 not found: pickle not read back");
         return;
     };
     assert!(py.status.success(), "{}", stderr(&py));
     let text = stdout(&py);
-    assert!(text.starts_with(&(64 * MIB).to_string()) && text.contains("leaky_cache_grow"), "{text}");
+    assert!(
+        text.starts_with(&(64 * MIB).to_string()) && text.contains("leaky_cache_grow"),
+        "{text}"
+    );
 }

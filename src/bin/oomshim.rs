@@ -28,6 +28,10 @@ enum Cmd {
         /// The shim library (default: liboomshim.so next to this binary).
         #[arg(long)]
         lib: Option<PathBuf>,
+        /// Don't inject the Python hook that saves PyTorch's own memory snapshot when torch
+        /// raises OutOfMemoryError (also: OOMSHIM_TORCH_HOOK=0).
+        #[arg(long)]
+        no_torch_hook: bool,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<OsString>,
@@ -41,6 +45,10 @@ enum Cmd {
         /// Print the report as JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Write a self-contained HTML report (verdict, flame graph, sortable tables) here
+        /// instead of printing; shows every holder and site in the dump (`--top` is ignored).
+        #[arg(long, value_name = "OUT.html", conflicts_with = "json")]
+        html: Option<PathBuf>,
     },
     /// Compare two dumps of one program: growth and shrinkage by allocation site.
     Diff {
@@ -91,13 +99,19 @@ fn fail(msg: &str, code: i32) -> ExitCode {
 fn main() -> ExitCode {
     let args = Args::parse();
     match args.command {
-        Cmd::Run { dir, lib, command } => {
+        Cmd::Run {
+            dir,
+            lib,
+            no_torch_hook,
+            command,
+        } => {
             let lib = match cli::run::find_library(lib.as_deref()) {
                 Ok(l) => l,
                 Err(e) => return fail(&e, 1),
             };
             let opts = cli::run::RunOptions {
                 lib,
+                torch_hook: !no_torch_hook,
                 dir: dir.as_deref(),
                 command: &command,
                 extra_env: vec![],
@@ -107,14 +121,32 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e, 127),
             }
         }
-        Cmd::Report { dump, top, json } => match cli::report(&dump, top, json, color_wanted()) {
+        Cmd::Report {
+            dump,
+            html: Some(out),
+            ..
+        } => match cli::report_html(&dump, &out) {
+            Ok(text) => {
+                eprint!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e, EXIT_BAD_INPUT),
+        },
+        Cmd::Report {
+            dump, top, json, ..
+        } => match cli::report(&dump, top, json, color_wanted()) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&e, EXIT_BAD_INPUT),
         },
-        Cmd::Diff { before, after, top, json } => match cli::diff(&before, &after, top, json) {
+        Cmd::Diff {
+            before,
+            after,
+            top,
+            json,
+        } => match cli::diff(&before, &after, top, json) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS

@@ -36,6 +36,7 @@ pub fn run_demo(lib: PathBuf, dump_dir: &Path) -> Result<DemoOutcome, String> {
     let command = [client.clone().into_os_string()];
     let (pid, client_exit) = run(&RunOptions {
         lib,
+        torch_hook: false,
         dir: Some(dump_dir),
         command: &command,
         extra_env: vec![
@@ -65,7 +66,10 @@ pub fn find_dump_of(dir: &Path, pid: u32) -> Option<PathBuf> {
         .map(|e| e.path())
         .filter(|p| {
             p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                n.starts_with("oomshim-") && n.ends_with(".json") && n.contains(&marker)
+                n.starts_with("oomshim-")
+                    && !n.starts_with("oomshim-torch-")
+                    && n.ends_with(".json")
+                    && n.contains(&marker)
             })
         })
         .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())

@@ -10,18 +10,42 @@ use std::path::Path;
 /// Exit code for unreadable or invalid input files.
 pub const EXIT_BAD_INPUT: i32 = 2;
 
-/// `oomshim report`: prints a dump as text or as the JSON report model.
+/// `oomshim report`: prints a dump as text or as the JSON report model. PyTorch's own summary of
+/// its cache, saved by the `oomshim run` Python hook next to the dump, is merged in when found.
 pub fn report(path: &Path, top: usize, json: bool, color: bool) -> Result<String, String> {
-    let dump = crate::dump::read::read_dump(path).map_err(|e| e.to_string())?;
+    let mut dump = crate::dump::read::read_dump(path).map_err(|e| e.to_string())?;
+    let torch = crate::report::torch_cache::find_for(path, &dump);
+    if let Some((_, cache)) = &torch {
+        crate::report::torch_cache::apply(&mut dump, cache);
+    }
     let opts = crate::report::ReportOptions { top, color };
     if json {
-        let value = crate::report::render_json(&dump, &opts);
+        let mut value = crate::report::render_json(&dump, &opts);
+        if let (Some(obj), Some((p, _))) = (value.as_object_mut(), &torch) {
+            obj.insert("torch_cache_file".into(), serde_json::json!(p));
+        }
         serde_json::to_string_pretty(&value)
             .map(|s| s + "\n")
             .map_err(|e| e.to_string())
     } else {
-        Ok(crate::report::render_terminal(&dump, &opts))
+        let mut text = crate::report::render_terminal(&dump, &opts);
+        if let Some((p, cache)) = &torch {
+            text.push('\n');
+            text.push_str(&crate::report::torch_cache::describe(p, cache));
+        }
+        Ok(text)
     }
+}
+
+/// `oomshim report DUMP --html OUT`: the self-contained HTML page, written atomically.
+pub fn report_html(path: &Path, out: &Path) -> Result<String, String> {
+    let mut dump = crate::dump::read::read_dump(path).map_err(|e| e.to_string())?;
+    if let Some((_, cache)) = crate::report::torch_cache::find_for(path, &dump) {
+        crate::report::torch_cache::apply(&mut dump, &cache);
+    }
+    crate::report::html::write_html(&dump, out)
+        .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    Ok(format!("wrote {}\n", out.display()))
 }
 
 /// `oomshim diff A B`: growth and shrinkage by site between two dumps.
@@ -31,7 +55,9 @@ pub fn diff(before: &Path, after: &Path, top: usize, json: bool) -> Result<Strin
     let d = crate::report::diff::diff(&a, &b);
     if json {
         let v = crate::report::diff::diff_json(&d, top);
-        serde_json::to_string_pretty(&v).map(|s| s + "\n").map_err(|e| e.to_string())
+        serde_json::to_string_pretty(&v)
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string())
     } else {
         Ok(crate::report::diff::render_diff(&d, top))
     }
@@ -49,7 +75,9 @@ pub fn merge(dir: &Path, json: bool) -> Result<String, String> {
     }
     if json {
         let v = crate::report::merge::merge_json(&m);
-        serde_json::to_string_pretty(&v).map(|s| s + "\n").map_err(|e| e.to_string())
+        serde_json::to_string_pretty(&v)
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string())
     } else {
         Ok(crate::report::merge::render_merge(&m))
     }

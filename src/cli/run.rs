@@ -64,8 +64,43 @@ pub fn exit_code(status: std::process::ExitStatus) -> i32 {
     }
 }
 
+/// The Python hook (see shim/python/oomshim_hook): saves torch's own snapshot when torch raises
+/// OutOfMemoryError, so reports can show its cache.
+const TORCH_HOOK: &str = include_str!("../../shim/python/oomshim_hook/sitecustomize.py");
+
+/// Writes the Python hook into the user's private oomshim directory (once per version) and
+/// returns the directory to put first on PYTHONPATH.
+pub fn python_hook_dir() -> Result<PathBuf, String> {
+    let base = crate::dump::write::fallback_dir();
+    crate::dump::write::prepare_private_dir(&base)
+        .map_err(|e| format!("{}: {e}", base.display()))?;
+    let dir = base.join(format!("python-hook-{}", env!("CARGO_PKG_VERSION")));
+    let file = dir.join("sitecustomize.py");
+    if std::fs::read_to_string(&file).ok().as_deref() == Some(TORCH_HOOK) {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let tmp = dir.join(format!(".sitecustomize.py.{}", std::process::id()));
+    std::fs::write(&tmp, TORCH_HOOK)
+        .and_then(|_| std::fs::rename(&tmp, &file))
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    Ok(dir)
+}
+
+/// `PYTHONPATH` with `dir` first.
+pub fn pythonpath_value(dir: &Path, existing: Option<&OsStr>) -> OsString {
+    let mut v = OsString::from(dir.as_os_str());
+    if let Some(e) = existing.filter(|e| !e.is_empty()) {
+        v.push(":");
+        v.push(e);
+    }
+    v
+}
+
 pub struct RunOptions<'a> {
     pub lib: PathBuf,
+    /// Inject the Python hook that saves torch's snapshot at OutOfMemoryError.
+    pub torch_hook: bool,
     pub dir: Option<&'a Path>,
     pub command: &'a [OsString],
     pub extra_env: Vec<(OsString, OsString)>,
@@ -85,6 +120,18 @@ pub fn run(opts: &RunOptions) -> Result<(u32, i32), String> {
     );
     if let Some(dir) = opts.dir {
         cmd.env("OOMSHIM_DIR", dir);
+    }
+    if opts.torch_hook {
+        match python_hook_dir() {
+            Ok(dir) => {
+                cmd.env(
+                    "PYTHONPATH",
+                    pythonpath_value(&dir, std::env::var_os("PYTHONPATH").as_deref()),
+                );
+            }
+            // The program still runs, with the shim; only torch's own snapshot will be missing.
+            Err(e) => eprintln!("oomshim: the Python hook is off: {e}"),
+        }
     }
     for (k, v) in &opts.extra_env {
         cmd.env(k, v);

@@ -33,6 +33,54 @@ pub struct Dump {
     pub verdict: Verdict,
     /// Counters about the recording itself.
     pub recording: Recording,
+    /// Stream-ordered memory pools the process allocated from (`cuMemPoolGetAttribute`), asked on
+    /// the failing thread at the failure (or the caller's, on demand); absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolInfo>,
+    /// CUDA virtual memory management (`cuMemAddressReserve`/`cuMemMap`), as recorded at the
+    /// same moment; absent when the process used none. The physical handles themselves are
+    /// holders (`api: "cuMemCreate"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmm: Option<VmmInfo>,
+}
+
+/// Reserved address ranges and mappings: how a VMM allocator (PyTorch's expandable segments,
+/// XLA) lays out its physical handles.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmmInfo {
+    pub reserved_ranges: u64,
+    pub reserved_bytes: u64,
+    pub mappings: u64,
+    pub mapped_bytes: u64,
+    /// Handles released while still mapped: held until their last unmap.
+    pub released_but_mapped: u64,
+    /// Reserved ranges with the most bytes mapped, at most 20.
+    pub ranges: Vec<VmmRange>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmmRange {
+    /// Start of the reserved range (hex).
+    pub address: String,
+    pub reserved_bytes: u64,
+    pub mapped_bytes: u64,
+    pub mappings: u64,
+}
+
+/// One stream-ordered memory pool: what it holds on its device. Bytes freed with
+/// `cudaFreeAsync`/`cuMemFreeAsync` leave the ledger but stay reserved by the pool
+/// (`cached_bytes`) until it is trimmed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolInfo {
+    pub device: i32,
+    /// The pool handle (hex).
+    pub pool: String,
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`: device memory the pool holds.
+    pub reserved_bytes: u64,
+    /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`: of that, in live allocations.
+    pub used_bytes: u64,
+    /// reserved − used: freed memory the pool keeps cached.
+    pub cached_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,6 +109,9 @@ pub struct FailedRequest {
     pub error_code: i32,
     /// Allocation stack of the failing call, innermost frame first.
     pub stack: Vec<Frame>,
+    /// How Python frames were merged into `stack` (see [`StackMerge`]); absent without any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack_merge: Option<StackMerge>,
     /// Failures on this device inside the de-duplication interval that began with this one
     /// (1 = only this one). Frameworks free their caches and retry, so bursts are normal.
     pub failures_in_burst: u32,
@@ -120,11 +171,18 @@ pub struct Holder {
     pub stream: Option<String>,
     /// Kernel thread id of the allocating thread.
     pub thread: u64,
+    /// The allocating thread's name (`/proc/self/task/TID/comm`: read at dump time while the
+    /// thread lives, else as seen at its first allocation); absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_name: Option<String>,
     /// Seconds between the allocation and the capture.
     pub age_s: f64,
     /// Allocation sequence number (1 = first tracked allocation of the process).
     pub seq: u64,
     pub stack: Vec<Frame>,
+    /// How Python frames were merged into `stack`; absent when it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack_merge: Option<StackMerge>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -132,6 +190,48 @@ pub struct Site {
     pub bytes: u64,
     pub count: u64,
     pub stack: Vec<Frame>,
+}
+
+/// How a stack's Python frames were placed among its native frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StackMerge {
+    /// Each group of Python frames run by one native `_PyEval_EvalFrameDefault` call replaced
+    /// that eval frame (innermost group at the innermost eval frame; groups beyond the eval
+    /// frames found, e.g. in a truncated native stack, all at the outermost one).
+    EvalFrames,
+    /// No eval frame was found in the native stack (not symbolised, or cut by the depth
+    /// limit): the Python frames follow the native frames, i.e. they are placed as the callers
+    /// of everything native.
+    Outer,
+    /// No native stack was captured (`OOMSHIM_STACKS=python`): Python frames only.
+    PythonOnly,
+}
+
+/// Stacks with Python frames, by [`StackMerge`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergeCounts {
+    pub eval_frames: u64,
+    pub outer: u64,
+    pub python_only: u64,
+}
+
+/// What a frame is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FrameKind {
+    /// Machine code: `address` is an instruction address.
+    #[default]
+    Native,
+    /// A Python frame: `function` is the code object's qualified name, `file`/`line` the
+    /// executing line, `address` the code object's address when it was seen.
+    Python,
+}
+
+impl FrameKind {
+    pub fn is_native(&self) -> bool {
+        *self == FrameKind::Native
+    }
 }
 
 /// One stack frame. Fields are null where the symboliser did not know them.
@@ -151,6 +251,9 @@ pub struct Frame {
     /// True for a frame inlined into the next one out.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub inlined: bool,
+    /// `"python"` for a Python frame; absent (`"native"`) otherwise.
+    #[serde(default, skip_serializing_if = "FrameKind::is_native")]
+    pub kind: FrameKind,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -193,8 +296,15 @@ pub struct Verdict {
 pub struct Recording {
     /// oomshim version that wrote the dump.
     pub version: String,
-    /// `native` or `off`.
+    /// `all`, `native`, `python` or `off`.
     pub stacks: String,
+    /// The interpreter whose Python stacks were read (`CPython 3.11`); absent when none was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
+    /// How many of the dump's distinct stacks (holders, sites, failed request) had Python frames
+    /// merged each way; absent when none had Python frames.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_merge: Option<MergeCounts>,
     pub depth: u32,
     /// Frees (and async frees) of pointers the ledger did not know: passed through, counted here.
     pub unknown_frees: u64,

@@ -101,7 +101,7 @@ pub fn fallback_dir() -> PathBuf {
     std::env::temp_dir().join(format!("oomshim-{uid}"))
 }
 
-fn prepare_private_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn prepare_private_dir(dir: &Path) -> io::Result<()> {
     match fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}

@@ -97,6 +97,9 @@ fn after_alloc(guard: &Guard, api: Api, rc: c_int, addr: usize, bytes: u64, stre
                 } else {
                     current_device()
                 };
+                if api.has_stream() {
+                    super::pools::note(device, None);
+                }
                 runtime::record_alloc(api, addr, bytes, device, stream);
             }
         } else if rc == MEMORY_ALLOCATION {
@@ -104,6 +107,7 @@ fn after_alloc(guard: &Guard, api: Api, rc: c_int, addr: usize, bytes: u64, stre
                 runtime::record_pinned_failure(api, bytes);
             } else {
                 let device = current_device();
+                super::pools::at_failure(device);
                 runtime::record_oom(runtime::OomEvent {
                     api,
                     bytes,
@@ -328,9 +332,30 @@ pub unsafe extern "C" fn oomshim_dump(reason: *const c_char) -> c_int {
         CStr::from_ptr(reason).to_string_lossy().into_owned()
     };
     let written = guard.run(|| {
-        let device = runtime::device_for_on_demand_dump(current_device);
-        let info = device.and_then(|_| mem_info());
-        let name = device.and_then(|d| runtime::cached_device_name(d, device_name));
+        // Through the runtime when the process has one, else through the driver (a static
+        // runtime or a driver-only program): never a "not found" message for the absent one.
+        static RUNTIME: RealFn = RealFn::optional(c"cudaGetDevice");
+        type Ask = (
+            fn() -> i32,
+            fn() -> Option<(u64, u64)>,
+            fn(i32) -> Option<String>,
+        );
+        let (current, info_of, name_of): Ask = if RUNTIME.get().is_some() {
+            (current_device, mem_info, device_name)
+        } else {
+            (
+                super::driver::current_device,
+                super::driver::mem_info,
+                super::driver::device_name,
+            )
+        };
+        let device = runtime::device_for_on_demand_dump(current);
+        runtime::set_pool_snapshot(
+            device.map(super::pools::snapshot).unwrap_or_default(),
+            false,
+        );
+        let info = device.and_then(|_| info_of());
+        let name = device.and_then(|d| runtime::cached_device_name(d, name_of));
         runtime::dump_now(&reason, device, info, name)
     });
     match written {

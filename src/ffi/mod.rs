@@ -3,8 +3,16 @@
 //! failures (panics, re-entry) from ever reaching the host program. Bookkeeping lives in
 //! [`crate::runtime`]; this module only translates between C and it.
 
+mod dl;
+mod driver;
 mod hooks;
+mod pools;
 mod real;
+mod resolve;
+
+pub(crate) use dl::real_dlsym;
+pub use driver::exported_names as driver_exported_names;
+pub use resolve::RUNTIME_RESOLVERS;
 
 pub use real::RealFn;
 
@@ -48,7 +56,13 @@ impl Guard {
                 }
             })
             .unwrap_or(false);
-        entered.then_some(Guard(()))
+        // Not `then_some(Guard(()))`: that builds a Guard even when not entered, and its drop
+        // would clear the outer hook's flag.
+        if entered {
+            Some(Guard(()))
+        } else {
+            None
+        }
     }
 
     /// Runs shim code; a panic in it turns the shim into pass-through for the rest of the

@@ -80,7 +80,7 @@ fn resolve(name: &CStr) -> Option<usize> {
         // Never resolve to a hook of this library (e.g. a second copy's lookup landing here).
         (p != 0 && object_base(p) != Some(own)).then_some(p)
     };
-    let next = not_ours(unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) });
+    let next = not_ours(unsafe { super::real_dlsym(libc::RTLD_NEXT, name.as_ptr()) });
     if let Some(p) = next {
         pin_object_of(p);
         return Some(p);
@@ -92,7 +92,7 @@ fn resolve(name: &CStr) -> Option<usize> {
         if handle.is_null() {
             continue;
         }
-        if let Some(p) = not_ours(unsafe { libc::dlsym(handle, name.as_ptr()) }) {
+        if let Some(p) = not_ours(unsafe { super::real_dlsym(handle, name.as_ptr()) }) {
             return Some(p);
         }
         unsafe { libc::dlclose(handle) };

@@ -2,8 +2,8 @@
 //! site. Sites are matched by their symbolised stack (function, file, line of every frame), never
 //! by address, so two runs of the same program (different address-space layouts) line up.
 
-use super::units::{human_bytes, thousands};
 use super::named_frames;
+use super::units::{human_bytes, thousands};
 use crate::dump::model::{Dump, Frame};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -66,7 +66,10 @@ fn site_label(stack: &[Frame]) -> String {
             let name = f.function.as_deref().unwrap_or("?");
             match (&f.file, f.line) {
                 (Some(file), Some(line)) => {
-                    format!("{name} ({}:{line})", file.rsplit('/').next().unwrap_or(file))
+                    format!(
+                        "{name} ({}:{line})",
+                        file.rsplit('/').next().unwrap_or(file)
+                    )
                 }
                 _ => name.to_string(),
             }
@@ -83,13 +86,15 @@ pub fn diff(before: &Dump, after: &Dump) -> Diff {
     let mut sites: BTreeMap<Vec<String>, SiteChange> = BTreeMap::new();
     for (is_after, dump) in [(false, before), (true, after)] {
         for s in &dump.sites {
-            let e = sites.entry(site_key(&s.stack)).or_insert_with(|| SiteChange {
-                label: site_label(&s.stack),
-                before_bytes: 0,
-                after_bytes: 0,
-                before_count: 0,
-                after_count: 0,
-            });
+            let e = sites
+                .entry(site_key(&s.stack))
+                .or_insert_with(|| SiteChange {
+                    label: site_label(&s.stack),
+                    before_bytes: 0,
+                    after_bytes: 0,
+                    before_count: 0,
+                    after_count: 0,
+                });
             if is_after {
                 e.after_bytes += s.bytes;
                 e.after_count += s.count;
@@ -100,16 +105,32 @@ pub fn diff(before: &Dump, after: &Dump) -> Diff {
         }
     }
     let mut sites: Vec<SiteChange> = sites.into_values().collect();
-    sites.sort_by(|a, b| b.delta().cmp(&a.delta()).then_with(|| a.label.cmp(&b.label)));
+    sites.sort_by(|a, b| {
+        b.delta()
+            .cmp(&a.delta())
+            .then_with(|| a.label.cmp(&b.label))
+    });
 
     let mut devices: BTreeMap<i32, DeviceChange> = BTreeMap::new();
     for d in &before.devices {
-        devices.entry(d.index).or_insert(DeviceChange { index: d.index, before_bytes: 0, after_bytes: 0 }).before_bytes =
-            d.tracked_bytes;
+        devices
+            .entry(d.index)
+            .or_insert(DeviceChange {
+                index: d.index,
+                before_bytes: 0,
+                after_bytes: 0,
+            })
+            .before_bytes = d.tracked_bytes;
     }
     for d in &after.devices {
-        devices.entry(d.index).or_insert(DeviceChange { index: d.index, before_bytes: 0, after_bytes: 0 }).after_bytes =
-            d.tracked_bytes;
+        devices
+            .entry(d.index)
+            .or_insert(DeviceChange {
+                index: d.index,
+                before_bytes: 0,
+                after_bytes: 0,
+            })
+            .after_bytes = d.tracked_bytes;
     }
 
     let warning = (before.process.command_line != after.process.command_line).then(|| {
@@ -119,7 +140,12 @@ pub fn diff(before: &Dump, after: &Dump) -> Diff {
             after.process.command_line.join(" ")
         )
     });
-    Diff { devices: devices.into_values().collect(), sites, warning, listed: (before.sites.len(), after.sites.len()) }
+    Diff {
+        devices: devices.into_values().collect(),
+        sites,
+        warning,
+        listed: (before.sites.len(), after.sites.len()),
+    }
 }
 
 fn signed(delta: i128) -> String {
@@ -147,7 +173,11 @@ pub fn render_diff(d: &Diff, top: usize) -> String {
             signed(dev.after_bytes as i128 - dev.before_bytes as i128)
         ));
     }
-    let changed: Vec<&SiteChange> = d.sites.iter().filter(|s| s.delta() != 0 || s.before_count != s.after_count).collect();
+    let changed: Vec<&SiteChange> = d
+        .sites
+        .iter()
+        .filter(|s| s.delta() != 0 || s.before_count != s.after_count)
+        .collect();
     out.push_str(&format!(
         "\nSites that changed ({} of {} sites; largest growth first)\n",
         changed.len(),
@@ -194,12 +224,13 @@ pub fn diff_json(d: &Diff, top: usize) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dump::read::parse_dump;
     use crate::dump::model::Site;
+    use crate::dump::read::parse_dump;
     use std::path::Path;
 
     fn fixture() -> Dump {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/oom_own_allocations.json");
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/oom_own_allocations.json");
         parse_dump(&std::fs::read(&path).unwrap(), &path).unwrap()
     }
 
@@ -218,16 +249,44 @@ mod tests {
         let mut a = fixture();
         let mut b = fixture();
         a.sites = vec![
-            Site { bytes: 100, count: 1, stack: vec![frame("leak", 10, "0x1000")] },
-            Site { bytes: 500, count: 5, stack: vec![frame("steady", 20, "0x2000")] },
-            Site { bytes: 80, count: 2, stack: vec![frame("shrinks", 30, "0x3000")] },
+            Site {
+                bytes: 100,
+                count: 1,
+                stack: vec![frame("leak", 10, "0x1000")],
+            },
+            Site {
+                bytes: 500,
+                count: 5,
+                stack: vec![frame("steady", 20, "0x2000")],
+            },
+            Site {
+                bytes: 80,
+                count: 2,
+                stack: vec![frame("shrinks", 30, "0x3000")],
+            },
         ];
         // Same functions at other addresses (another run), one new site.
         b.sites = vec![
-            Site { bytes: 900, count: 9, stack: vec![frame("leak", 10, "0x7000")] },
-            Site { bytes: 500, count: 5, stack: vec![frame("steady", 20, "0x8000")] },
-            Site { bytes: 20, count: 1, stack: vec![frame("shrinks", 30, "0x9000")] },
-            Site { bytes: 50, count: 1, stack: vec![frame("new_site", 40, "0xa000")] },
+            Site {
+                bytes: 900,
+                count: 9,
+                stack: vec![frame("leak", 10, "0x7000")],
+            },
+            Site {
+                bytes: 500,
+                count: 5,
+                stack: vec![frame("steady", 20, "0x8000")],
+            },
+            Site {
+                bytes: 20,
+                count: 1,
+                stack: vec![frame("shrinks", 30, "0x9000")],
+            },
+            Site {
+                bytes: 50,
+                count: 1,
+                stack: vec![frame("new_site", 40, "0xa000")],
+            },
         ];
         let d = diff(&a, &b);
         assert_eq!(d.sites.len(), 4, "{:?}", d.sites);
@@ -240,7 +299,10 @@ mod tests {
         assert!(d.warning.is_none());
         let text = render_diff(&d, 10);
         assert!(text.contains("+800 B") && text.contains("-60 B"), "{text}");
-        assert!(!text.contains("steady"), "unchanged sites are not listed: {text}");
+        assert!(
+            !text.contains("steady"),
+            "unchanged sites are not listed: {text}"
+        );
         let j = diff_json(&d, 2);
         assert_eq!(j["sites"].as_array().unwrap().len(), 2);
         assert_eq!(j["sites"][0]["delta_bytes"], 800);
@@ -251,6 +313,9 @@ mod tests {
         let a = fixture();
         let mut b = fixture();
         b.process.command_line = vec!["other".into()];
-        assert!(diff(&a, &b).warning.unwrap().contains("different command lines"));
+        assert!(diff(&a, &b)
+            .warning
+            .unwrap()
+            .contains("different command lines"));
     }
 }

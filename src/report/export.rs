@@ -50,7 +50,11 @@ struct VizFrame {
 
 fn viz_frame(f: &Frame) -> VizFrame {
     VizFrame {
-        filename: f.file.clone().or_else(|| f.module.clone()).unwrap_or_else(|| "??".to_string()),
+        filename: f
+            .file
+            .clone()
+            .or_else(|| f.module.clone())
+            .unwrap_or_else(|| "??".to_string()),
         line: f.line.unwrap_or(0) as u64,
         name: f.function.clone().unwrap_or_else(|| f.address.clone()),
     }
@@ -72,19 +76,39 @@ fn segment(h: &Holder) -> Segment {
         active_size: h.bytes,
         requested_size: h.bytes,
         stream: h.stream.as_deref().map(parse_hex).unwrap_or(0),
-        segment_type: if h.bytes < (1 << 20) { "small" } else { "large" },
+        segment_type: if h.bytes < (1 << 20) {
+            "small"
+        } else {
+            "large"
+        },
         segment_pool_id: (0, 0),
         is_expandable: false,
         frames: Vec::new(),
-        blocks: vec![Block { address, size: h.bytes, requested_size: h.bytes, state: "active_allocated", frames }],
+        blocks: vec![Block {
+            address,
+            size: h.bytes,
+            requested_size: h.bytes,
+            state: "active_allocated",
+            frames,
+        }],
     }
 }
 
 /// The snapshot pickle (protocol 3) for `dump`.
 pub fn memory_viz(dump: &Dump) -> Result<Vec<u8>, String> {
-    let devices = dump.devices.iter().map(|d| d.index.max(0) as usize + 1).max().unwrap_or(1);
+    let devices = dump
+        .devices
+        .iter()
+        .map(|d| d.index.max(0) as usize + 1)
+        .max()
+        .unwrap_or(1);
     let snapshot = Snapshot {
-        segments: dump.largest_holders.iter().filter(|h| h.device >= 0).map(segment).collect(),
+        segments: dump
+            .largest_holders
+            .iter()
+            .filter(|h| h.device >= 0)
+            .map(segment)
+            .collect(),
         device_traces: vec![Vec::new(); devices],
     };
     serde_pickle::to_vec(&snapshot, serde_pickle::SerOptions::new()).map_err(|e| e.to_string())
@@ -99,29 +123,49 @@ mod tests {
 
     fn key<'a>(v: &'a Value, k: &str) -> &'a Value {
         match v {
-            Value::Dict(d) => d.get(&HashableValue::String(k.to_string())).unwrap_or_else(|| panic!("no key {k}")),
+            Value::Dict(d) => d
+                .get(&HashableValue::String(k.to_string()))
+                .unwrap_or_else(|| panic!("no key {k}")),
             _ => panic!("not a dict: {v:?}"),
         }
     }
 
     #[test]
     fn holders_become_segments_with_one_active_block() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/oom_own_allocations.json");
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/oom_own_allocations.json");
         let dump = parse_dump(&std::fs::read(&path).unwrap(), &path).unwrap();
         let bytes = memory_viz(&dump).unwrap();
         let v: Value = serde_pickle::value_from_slice(&bytes, DeOptions::new()).unwrap();
-        let Value::List(segments) = key(&v, "segments") else { panic!() };
+        let Value::List(segments) = key(&v, "segments") else {
+            panic!()
+        };
         assert_eq!(segments.len(), dump.largest_holders.len());
         let top = &dump.largest_holders[0];
-        assert_eq!(key(&segments[0], "total_size"), &Value::I64(top.bytes as i64));
-        let Value::List(blocks) = key(&segments[0], "blocks") else { panic!() };
-        assert_eq!(key(&blocks[0], "state"), &Value::String("active_allocated".into()));
-        let Value::List(frames) = key(&blocks[0], "frames") else { panic!() };
+        assert_eq!(
+            key(&segments[0], "total_size"),
+            &Value::I64(top.bytes as i64)
+        );
+        let Value::List(blocks) = key(&segments[0], "blocks") else {
+            panic!()
+        };
+        assert_eq!(
+            key(&blocks[0], "state"),
+            &Value::String("active_allocated".into())
+        );
+        let Value::List(frames) = key(&blocks[0], "frames") else {
+            panic!()
+        };
         assert_eq!(frames.len(), top.stack.len());
         let named = top.stack.iter().position(|f| f.function.is_some()).unwrap();
-        assert_eq!(key(&frames[named], "name"), &Value::String(top.stack[named].function.clone().unwrap()));
+        assert_eq!(
+            key(&frames[named], "name"),
+            &Value::String(top.stack[named].function.clone().unwrap())
+        );
         assert!(matches!(key(&segments[0], "segment_pool_id"), Value::Tuple(t) if t.len() == 2));
-        let Value::List(traces) = key(&v, "device_traces") else { panic!() };
+        let Value::List(traces) = key(&v, "device_traces") else {
+            panic!()
+        };
         assert!(!traces.is_empty());
     }
 }

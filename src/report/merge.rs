@@ -70,7 +70,11 @@ fn json_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         let p = e?.path();
         if p.is_dir() {
             if let Ok(sub) = std::fs::read_dir(&p) {
-                out.extend(sub.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| is_json(p)));
+                out.extend(
+                    sub.filter_map(|e| e.ok())
+                        .map(|e| e.path())
+                        .filter(|p| is_json(p)),
+                );
             }
         } else if is_json(&p) {
             out.push(p);
@@ -106,7 +110,11 @@ pub fn merge_dir(dir: &Path) -> Result<Merged, String> {
         ))
     });
     let findings = imbalance(&rows);
-    Ok(Merged { rows, findings, problems })
+    Ok(Merged {
+        rows,
+        findings,
+        problems,
+    })
 }
 
 fn who(r: &Row) -> String {
@@ -122,7 +130,10 @@ fn imbalance(rows: &[Row]) -> Vec<String> {
     // One entry per process: its highest peak across its dumps, and whether it ran out.
     let mut procs: Vec<(&Row, u64, bool)> = Vec::new();
     for r in rows {
-        match procs.iter_mut().find(|(p, _, _)| p.host == r.host && p.pid == r.pid) {
+        match procs
+            .iter_mut()
+            .find(|(p, _, _)| p.host == r.host && p.pid == r.pid)
+        {
             Some(e) => {
                 e.1 = e.1.max(r.peak_tracked_bytes);
                 e.2 |= r.reason == "oom";
@@ -137,8 +148,16 @@ fn imbalance(rows: &[Row]) -> Vec<String> {
     let mut peaks: Vec<u64> = procs.iter().map(|p| p.1).collect();
     peaks.sort_unstable();
     let median = peaks[peaks.len() / 2];
-    let (max_row, max_peak, _) = procs.iter().max_by_key(|p| p.1).copied().expect("two or more");
-    let (_, min_peak, _) = procs.iter().min_by_key(|p| p.1).copied().expect("two or more");
+    let (max_row, max_peak, _) = procs
+        .iter()
+        .max_by_key(|p| p.1)
+        .copied()
+        .expect("two or more");
+    let (_, min_peak, _) = procs
+        .iter()
+        .min_by_key(|p| p.1)
+        .copied()
+        .expect("two or more");
     out.push(format!(
         "peak tracked memory per process: min {}, median {}, max {} ({})",
         human_bytes(min_peak),
@@ -157,7 +176,12 @@ fn imbalance(rows: &[Row]) -> Vec<String> {
     }
     let oom: Vec<&(&Row, u64, bool)> = procs.iter().filter(|p| p.2).collect();
     if !oom.is_empty() && oom.len() < procs.len() {
-        let others_max = procs.iter().filter(|p| !p.2).map(|p| p.1).max().unwrap_or(0);
+        let others_max = procs
+            .iter()
+            .filter(|p| !p.2)
+            .map(|p| p.1)
+            .max()
+            .unwrap_or(0);
         for (r, peak, _) in oom {
             out.push(format!(
                 "{} ran out of memory at {} tracked while the {} other process(es) peaked at {} at most",
@@ -184,7 +208,9 @@ pub fn render_merge(m: &Merged) -> String {
             r.rank.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
             super::units::truncate_middle(&super::units::clean(&r.host), 20),
             r.pid,
-            r.device.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
+            r.device
+                .map(|x| x.to_string())
+                .unwrap_or_else(|| "-".into()),
             super::units::truncate_middle(&super::units::clean(&r.reason), 12),
             human_bytes(r.tracked_bytes),
             human_bytes(r.peak_tracked_bytes),
@@ -229,7 +255,9 @@ mod tests {
     use crate::dump::read::parse_dump;
 
     fn fixture(name: &str) -> Dump {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
         parse_dump(&std::fs::read(&path).unwrap(), &path).unwrap()
     }
 
@@ -245,7 +273,11 @@ mod tests {
             let mut d = base.clone();
             d.process.rank = Some(rank);
             d.process.pid = 100 + rank;
-            d.process.host = if rank < 2 { "node-a".into() } else { "node-b".into() };
+            d.process.host = if rank < 2 {
+                "node-a".into()
+            } else {
+                "node-b".into()
+            };
             if rank != 3 {
                 d.reason = "snapshot-at-exit".into();
                 d.failed_request = None;
@@ -261,17 +293,44 @@ mod tests {
             }
             let sub = dir.path().join(&d.process.host);
             std::fs::create_dir_all(&sub).unwrap();
-            write(&sub, &format!("oomshim-{}-{}-r{rank}-1.json", d.process.host, d.process.pid), &d);
+            write(
+                &sub,
+                &format!(
+                    "oomshim-{}-{}-r{rank}-1.json",
+                    d.process.host, d.process.pid
+                ),
+                &d,
+            );
         }
         std::fs::write(dir.path().join("notes.json"), b"{\"not\": \"a dump\"}").unwrap();
-        std::fs::write(dir.path().join("broken.json"), b"{\"schema\": \"oomshim.dump/1\", \"reason\"").unwrap();
+        std::fs::write(
+            dir.path().join("broken.json"),
+            b"{\"schema\": \"oomshim.dump/1\", \"reason\"",
+        )
+        .unwrap();
         let m = merge_dir(dir.path()).unwrap();
         assert_eq!(m.rows.len(), 4);
-        assert_eq!(m.rows.iter().map(|r| r.rank).collect::<Vec<_>>(), [Some(0), Some(1), Some(2), Some(3)]);
-        assert_eq!(m.problems.len(), 1, "only the broken dump is a problem: {:?}", m.problems);
+        assert_eq!(
+            m.rows.iter().map(|r| r.rank).collect::<Vec<_>>(),
+            [Some(0), Some(1), Some(2), Some(3)]
+        );
+        assert_eq!(
+            m.problems.len(),
+            1,
+            "only the broken dump is a problem: {:?}",
+            m.problems
+        );
         let text = render_merge(&m);
-        assert!(text.contains("imbalance: rank 3 (node-b pid 103) peaked at 79.00 GiB"), "{text}");
-        assert!(text.contains("rank 3 (node-b pid 103) ran out of memory at 79.00 GiB tracked while the 3 other"), "{text}");
+        assert!(
+            text.contains("imbalance: rank 3 (node-b pid 103) peaked at 79.00 GiB"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "rank 3 (node-b pid 103) ran out of memory at 79.00 GiB tracked while the 3 other"
+            ),
+            "{text}"
+        );
         assert!(text.contains("broken.json"), "{text}");
         let j = merge_json(&m);
         assert_eq!(j["rows"].as_array().unwrap().len(), 4);
@@ -284,6 +343,8 @@ mod tests {
         let m = merge_dir(dir.path()).unwrap();
         assert_eq!(m.rows.len(), 1);
         assert!(m.findings.is_empty());
-        assert!(merge_dir(&dir.path().join("missing")).unwrap_err().contains("missing"));
+        assert!(merge_dir(&dir.path().join("missing"))
+            .unwrap_err()
+            .contains("missing"));
     }
 }

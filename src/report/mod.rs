@@ -7,13 +7,15 @@
 
 pub mod diff;
 pub mod export;
+pub mod html;
 pub mod merge;
 pub mod terminal;
+pub mod torch_cache;
 pub mod units;
 
 use serde_json::{json, Value};
 
-use crate::dump::model::{Dump, Frame, Holder, Site};
+use crate::dump::model::{Dump, Frame, FrameKind, Holder, Site};
 use crate::verdict::judge;
 use units::{clean, human_bytes, share};
 
@@ -47,12 +49,18 @@ pub(crate) const FRAMES_SHOWN: usize = 3;
 /// symboliser could not name) are skipped in every report. So are the CUDA allocation call
 /// itself and frames inside the CUDA runtime/driver or the shim (see [`is_cuda_api_frame`]),
 /// which only repeat the API column, unless no other named frame is left.
+///
+/// A stack with Python frames is named by them alone: the innermost Python frame is the site
+/// (`forward (train.py:57)`), its callers follow; the native frames between them are the
+/// interpreter's and the framework's.
 pub fn named_frames(stack: &[Frame]) -> impl Iterator<Item = &Frame> {
-    let named = || {
-        stack.iter().filter(|f| {
-            f.function
-                .as_deref()
-                .is_some_and(|name| !name.trim().is_empty())
+    let python = stack.iter().any(|f| f.kind == FrameKind::Python);
+    let named = move || {
+        stack.iter().filter(move |f| {
+            (!python || f.kind == FrameKind::Python)
+                && f.function
+                    .as_deref()
+                    .is_some_and(|name| !name.trim().is_empty())
         })
     };
     let has_caller = named().any(|f| !is_cuda_api_frame(f));
@@ -428,6 +436,31 @@ mod tests {
     use fixtures::{check_golden, fixture_names, load_fixture};
 
     #[test]
+    fn python_frames_name_a_stack_that_has_them() {
+        let f = |name: &str, kind: FrameKind| Frame {
+            address: "0x1".into(),
+            function: Some(name.into()),
+            kind,
+            ..Frame::default()
+        };
+        let stack = vec![
+            f("simcall_alloc", FrameKind::Native),
+            f("forward", FrameKind::Python),
+            f("PyObject_Call", FrameKind::Native),
+            f("main", FrameKind::Python),
+        ];
+        let names: Vec<_> = named_frames(&stack)
+            .map(|f| f.function.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["forward", "main"]);
+        assert_eq!(
+            named_frames(&stack[..1]).count(),
+            1,
+            "native-only stacks are unchanged"
+        );
+    }
+
+    #[test]
     fn frame_labels() {
         let f = |function: Option<&str>,
                  file: Option<&str>,
@@ -439,6 +472,7 @@ mod tests {
             line,
             module: module.map(Into::into),
             inlined: false,
+            kind: Default::default(),
         };
         assert_eq!(
             frame_label(&f(Some("forward"), Some("model.py"), Some(42), None), 80),

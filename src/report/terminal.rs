@@ -753,6 +753,7 @@ mod tests {
             device: -1,
             stream: None,
             thread: 0,
+            thread_name: None,
             age_s: f64::NAN,
             seq: 0,
             stack: vec![
@@ -763,6 +764,7 @@ mod tests {
                     line: Some(u32::MAX),
                     module: None,
                     inlined: false,
+                    kind: Default::default(),
                 },
                 Frame {
                     address: "0x2".into(),
@@ -771,8 +773,10 @@ mod tests {
                     line: None,
                     module: None,
                     inlined: false,
+                    kind: Default::default(),
                 },
             ],
+            stack_merge: None,
         }];
         dump.free_blocks = FreeBlocks {
             source: "oomshim-allocator".into(),

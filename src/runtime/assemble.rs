@@ -26,6 +26,7 @@ pub(crate) struct Failing {
     pub device: i32,
     pub error_code: i32,
     pub stack: StackId,
+    pub py_stack: StackId,
 }
 
 pub(crate) struct BurstInfo {
@@ -47,76 +48,69 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
     holders.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.1.seq.cmp(&b.1.seq)));
     holders.truncate(top);
 
-    let mut by_site: FxHashMap<StackId, (u64, u64)> = FxHashMap::default();
+    // A site is one (native stack, Python stack) pair.
+    let mut by_site: FxHashMap<StackKey, (u64, u64)> = FxHashMap::default();
     for (_, a) in &device_allocs {
-        let e = by_site.entry(a.stack).or_default();
+        let e = by_site.entry((a.stack, a.py_stack)).or_default();
         e.0 += a.bytes;
         e.1 += 1;
     }
-    let mut sites: Vec<(StackId, u64, u64)> =
+    let mut sites: Vec<(StackKey, u64, u64)> =
         by_site.into_iter().map(|(k, (b, c))| (k, b, c)).collect();
     sites.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     sites.truncate(top);
 
-    // Symbolise every address needed, once, in one batch.
-    let mut stack_ids: Vec<StackId> = holders.iter().map(|(_, a)| a.stack).collect();
-    stack_ids.extend(sites.iter().map(|s| s.0));
-    stack_ids.extend(cap.failing.as_ref().map(|f| f.stack));
-    stack_ids.sort();
-    stack_ids.dedup();
-    let raw: FxHashMap<StackId, Vec<usize>> = stack_ids
-        .iter()
-        .map(|&id| (id, s.stacks.frames(id)))
-        .collect();
-    let mut addrs: Vec<usize> = raw.values().flatten().copied().collect();
-    addrs.sort_unstable();
-    addrs.dedup();
-    let symbols: FxHashMap<usize, Vec<Frame>> = if addrs.is_empty() {
-        FxHashMap::default()
-    } else {
-        addrs
-            .iter()
-            .copied()
-            .zip(crate::stacks::symbolize(&addrs))
-            .collect()
+    let mut keys: Vec<StackKey> = holders.iter().map(|(_, a)| (a.stack, a.py_stack)).collect();
+    keys.extend(sites.iter().map(|s| s.0));
+    keys.extend(cap.failing.as_ref().map(|f| (f.stack, f.py_stack)));
+    keys.sort();
+    keys.dedup();
+    let stacks = symbolize_stacks(s, &keys);
+    let stack_of = |k: StackKey| -> (Vec<Frame>, Option<StackMerge>) {
+        stacks.get(&k).cloned().unwrap_or_default()
     };
-    let frames_of = |id: StackId| -> Vec<Frame> {
-        raw.get(&id)
-            .map(|pcs| {
-                pcs.iter()
-                    .flat_map(|pc| {
-                        symbols.get(pc).cloned().unwrap_or_else(|| {
-                            vec![Frame {
-                                address: format!("{pc:#x}"),
-                                ..Frame::default()
-                            }]
-                        })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let mut merge_counts = MergeCounts::default();
+    for (_, m) in stacks.values() {
+        match m {
+            Some(StackMerge::EvalFrames) => merge_counts.eval_frames += 1,
+            Some(StackMerge::Outer) => merge_counts.outer += 1,
+            Some(StackMerge::PythonOnly) => merge_counts.python_only += 1,
+            None => {}
+        }
+    }
 
+    // Thread names, read once per distinct thread.
+    let mut thread_names: FxHashMap<u64, Option<String>> = FxHashMap::default();
+    for (_, a) in &holders {
+        thread_names
+            .entry(a.thread)
+            .or_insert_with(|| super::thread_name(a.thread));
+    }
     let largest_holders = holders
         .iter()
-        .map(|(addr, a)| Holder {
-            bytes: a.bytes,
-            address: format!("{addr:#x}"),
-            api: a.api.name().to_string(),
-            device: a.device,
-            stream: has_stream(a.api).then(|| format!("{:#x}", a.stream)),
-            thread: a.thread,
-            age_s: cap.now_ns.saturating_sub(a.time_ns) as f64 / 1e9,
-            seq: a.seq,
-            stack: frames_of(a.stack),
+        .map(|(addr, a)| {
+            let (stack, stack_merge) = stack_of((a.stack, a.py_stack));
+            Holder {
+                bytes: a.bytes,
+                address: format!("{addr:#x}"),
+                api: a.api.name().to_string(),
+                device: a.device,
+                stream: has_stream(a.api).then(|| format!("{:#x}", a.stream)),
+                thread: a.thread,
+                thread_name: thread_names.get(&a.thread).cloned().flatten(),
+                age_s: cap.now_ns.saturating_sub(a.time_ns) as f64 / 1e9,
+                seq: a.seq,
+                stack,
+                stack_merge,
+            }
         })
         .collect();
     let sites = sites
         .iter()
-        .map(|&(id, bytes, count)| Site {
+        .map(|&(key, bytes, count)| Site {
             bytes,
             count,
-            stack: frames_of(id),
+            stack: stack_of(key).0,
         })
         .collect();
 
@@ -158,18 +152,21 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
 
     let failed_request = cap.failing.as_ref().map(|f| {
         let burst = burst.as_ref();
+        let (stack, stack_merge) = stack_of((f.stack, f.py_stack));
         FailedRequest {
             bytes: f.bytes,
             api: f.api.name().to_string(),
             device: f.device,
             error_code: f.error_code,
-            stack: frames_of(f.stack),
+            stack,
+            stack_merge,
             failures_in_burst: burst.map_or(1, |b| b.failures),
             recovered: burst.and_then(|b| b.recovered),
             last_failure: burst.map(|b| b.last.clone()),
         }
     });
 
+    let extras = super::take_dump_extras(cap.failing.is_some());
     let mut dump = Dump {
         schema: SCHEMA.to_string(),
         reason: reason.to_string(),
@@ -206,24 +203,156 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
         recording: Recording {
             version: env!("CARGO_PKG_VERSION").to_string(),
             stacks: s.config.stacks.as_str().to_string(),
+            python: crate::pystack::interpreter(),
+            python_merge: (merge_counts != MergeCounts::default()).then_some(merge_counts),
             depth: s.config.depth as u32,
             unknown_frees: cap.snapshot.unknown_frees,
             live_allocations: cap.snapshot.allocations.len() as u64,
             total_allocations: cap.snapshot.total_allocations,
             oom_failures: s.oom_failures.load(std::sync::atomic::Ordering::Relaxed),
         },
+        // Pools and VMM state taken on the failing (or calling) thread; see src/runtime/vmm.rs.
+        pools: extras.pools,
+        vmm: extras.vmm,
     };
     dump.verdict = crate::verdict::judge(&dump);
     dump
 }
 
+/// A native stack id and a Python stack id: what one allocation's stack is.
+type StackKey = (StackId, StackId);
+
+/// Symbolises the native stacks of `keys` in one batch, resolves their Python stacks, and merges
+/// each pair.
+fn symbolize_stacks(
+    s: &Shim,
+    keys: &[StackKey],
+) -> FxHashMap<StackKey, (Vec<Frame>, Option<StackMerge>)> {
+    let mut native_ids: Vec<StackId> = keys.iter().map(|k| k.0).collect();
+    native_ids.sort();
+    native_ids.dedup();
+    let raw: FxHashMap<StackId, Vec<usize>> = native_ids
+        .iter()
+        .map(|&id| (id, s.stacks.frames(id)))
+        .collect();
+    let mut addrs: Vec<usize> = raw.values().flatten().copied().collect();
+    addrs.sort_unstable();
+    addrs.dedup();
+    let symbols: FxHashMap<usize, Vec<Frame>> = if addrs.is_empty() {
+        FxHashMap::default()
+    } else {
+        addrs
+            .iter()
+            .copied()
+            .zip(crate::stacks::symbolize(&addrs))
+            .collect()
+    };
+    let frames_of = |id: StackId| -> Vec<Frame> {
+        raw.get(&id)
+            .map(|pcs| {
+                pcs.iter()
+                    .flat_map(|pc| {
+                        symbols.get(pc).cloned().unwrap_or_else(|| {
+                            vec![Frame {
+                                address: format!("{pc:#x}"),
+                                ..Frame::default()
+                            }]
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let native_captured = s.config.stacks.native();
+    keys.iter()
+        .map(|&(native, python)| {
+            let py = crate::pystack::resolve(&s.py_stacks.frames(python));
+            (
+                (native, python),
+                merge_stacks(frames_of(native), &py, native_captured),
+            )
+        })
+        .collect()
+}
+
+/// The native frame that runs a group of Python frames.
+const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
+
+/// Merges a Python stack into a native one (both innermost first): each group of Python frames
+/// that one native eval-loop call ran replaces that call's `_PyEval_EvalFrameDefault` frame,
+/// innermost group at the innermost eval frame; groups left over when the native stack shows
+/// fewer eval frames (cut by the depth limit) all go at the outermost one. Without any eval frame
+/// the Python frames follow the native ones (they are the callers of everything captured).
+pub(crate) fn merge_stacks(
+    native: Vec<Frame>,
+    python: &[crate::pystack::PyFrame],
+    native_captured: bool,
+) -> (Vec<Frame>, Option<StackMerge>) {
+    if python.is_empty() {
+        return (native, None);
+    }
+    let py_frame = |p: &crate::pystack::PyFrame| Frame {
+        address: format!("{:#x}", p.code),
+        function: Some(p.function.clone()),
+        file: Some(p.file.clone()),
+        line: p.line,
+        module: None,
+        inlined: false,
+        kind: FrameKind::Python,
+    };
+    // Groups of Python frames, innermost first; each ends at its eval call's outermost frame.
+    let mut groups: Vec<Vec<Frame>> = vec![Vec::new()];
+    for p in python {
+        groups.last_mut().expect("one group").push(py_frame(p));
+        if p.group_end {
+            groups.push(Vec::new());
+        }
+    }
+    groups.retain(|g| !g.is_empty());
+    if !native_captured && native.is_empty() {
+        return (groups.concat(), Some(StackMerge::PythonOnly));
+    }
+    let is_eval = |f: &Frame| f.function.as_deref() == Some(EVAL_FRAME);
+    let evals = native.iter().filter(|f| is_eval(f)).count();
+    if evals == 0 {
+        let mut out = native;
+        out.extend(groups.concat());
+        return (out, Some(StackMerge::Outer));
+    }
+    let mut out = Vec::with_capacity(native.len() + python.len());
+    let mut groups = groups.into_iter();
+    let mut seen = 0;
+    for f in native {
+        if !is_eval(&f) {
+            out.push(f);
+            continue;
+        }
+        seen += 1;
+        let before = out.len();
+        if seen < evals {
+            if let Some(g) = groups.next() {
+                out.extend(g);
+            }
+        } else {
+            out.extend(groups.by_ref().flatten());
+        }
+        if out.len() == before {
+            out.push(f); // no Python frames left for this eval frame: keep it
+        }
+    }
+    (out, Some(StackMerge::EvalFrames))
+}
+
 fn has_stream(api: Api) -> bool {
-    matches!(api, Api::CudaMallocAsync | Api::CudaMallocFromPoolAsync)
+    api.has_stream() // runtime and driver stream-ordered APIs (src/ledger.rs)
 }
 
 /// `function (file:line)` of the innermost frame with a name, for one-line summaries.
 pub(crate) fn describe_site(stack: &[Frame]) -> String {
-    match stack.iter().find(|f| f.function.is_some()) {
+    let python = stack
+        .iter()
+        .find(|f| f.kind == FrameKind::Python && f.function.is_some());
+    match python.or_else(|| stack.iter().find(|f| f.function.is_some())) {
         Some(f) => {
             let name = f.function.as_deref().unwrap_or("?");
             match (&f.file, f.line) {
@@ -305,6 +434,91 @@ mod tests {
         assert_eq!(rfc3339(t), "2026-11-29T15:43:11.123Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
+    }
+
+    fn native(name: &str) -> Frame {
+        Frame {
+            address: "0x1".into(),
+            function: Some(name.into()),
+            ..Frame::default()
+        }
+    }
+
+    fn py(name: &str, group_end: bool) -> crate::pystack::PyFrame {
+        crate::pystack::PyFrame {
+            function: name.into(),
+            file: "train.py".into(),
+            line: Some(7),
+            code: 0x10,
+            group_end,
+        }
+    }
+
+    fn names(frames: &[Frame]) -> Vec<String> {
+        frames
+            .iter()
+            .map(|f| {
+                let n = f.function.clone().unwrap_or_default();
+                if f.kind == FrameKind::Python {
+                    format!("py:{n}")
+                } else {
+                    n
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn python_groups_replace_their_eval_frames() {
+        let stack = vec![
+            native("simcall_alloc"),
+            native("_PyEval_EvalFrameDefault"),
+            native("PyObject_Call"),
+            native("_PyEval_EvalFrameDefault"),
+            native("main"),
+        ];
+        let python = [py("forward", false), py("step", true), py("<module>", true)];
+        let (merged, how) = merge_stacks(stack.clone(), &python, true);
+        assert_eq!(how, Some(StackMerge::EvalFrames));
+        assert_eq!(
+            names(&merged),
+            [
+                "simcall_alloc",
+                "py:forward",
+                "py:step",
+                "PyObject_Call",
+                "py:<module>",
+                "main"
+            ]
+        );
+        // More groups than eval frames (a truncated native stack): the rest at the outermost.
+        let (merged, _) = merge_stacks(stack[..2].to_vec(), &python, true);
+        assert_eq!(
+            names(&merged),
+            ["simcall_alloc", "py:forward", "py:step", "py:<module>"]
+        );
+        // No eval frame: Python frames are the callers of everything native.
+        let (merged, how) = merge_stacks(vec![native("simcall_alloc")], &python, true);
+        assert_eq!(how, Some(StackMerge::Outer));
+        assert_eq!(
+            names(&merged),
+            ["simcall_alloc", "py:forward", "py:step", "py:<module>"]
+        );
+        // Python only; and no Python frames leaves the native stack untouched.
+        let (merged, how) = merge_stacks(vec![], &python, false);
+        assert_eq!(how, Some(StackMerge::PythonOnly));
+        assert_eq!(merged.len(), 3);
+        assert_eq!(merge_stacks(stack.clone(), &[], true), (stack, None));
+    }
+
+    #[test]
+    fn site_description_prefers_the_innermost_python_frame() {
+        let (merged, _) = merge_stacks(
+            vec![native("simcall_alloc"), native("_PyEval_EvalFrameDefault")],
+            &[py("forward", true)],
+            true,
+        );
+        assert_eq!(describe_site(&merged), "forward (train.py:7)");
     }
 
     #[test]

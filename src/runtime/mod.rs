@@ -8,7 +8,7 @@ mod oom;
 
 pub use oom::OomEvent;
 
-use crate::config::{Config, StackMode, DEFAULT_DEPTH, MAX_DEPTH};
+use crate::config::{Config, DEFAULT_DEPTH, MAX_DEPTH};
 use crate::ledger::{Allocation, Api, Ledger, StackId, StackTable};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -18,6 +18,8 @@ pub struct Shim {
     pub config: Config,
     ledger: Ledger,
     stacks: StackTable,
+    /// Python stacks: packed `(code id, offset)` frames, interned like native ones.
+    py_stacks: StackTable,
     start_ns: u64,
     oom: oom::OomTracker,
     oom_failures: AtomicU64,
@@ -72,15 +74,20 @@ impl Shim {
         // This std is private to liboomshim.so, so the hook only silences the shim's own
         // panics: they are reported once by `disable` instead of as a backtrace in the host.
         std::panic::set_hook(Box::new(|_| {}));
-        if config.stacks == StackMode::Native {
+        if config.stacks.native() {
             // Learn the loaded objects now, once, rather than inside a later allocation.
             crate::stacks::refresh_modules();
+        }
+        if config.stacks.python() {
+            // One dlsym lookup; a process without Python pays nothing more.
+            crate::pystack::init();
         }
         tracing::debug!(?config, "oomshim started");
         Shim {
             config,
             ledger: Ledger::new(),
             stacks: StackTable::new(),
+            py_stacks: StackTable::new(),
             start_ns: coarse_monotonic_ns(),
             oom: oom::OomTracker::new(),
             oom_failures: AtomicU64::new(0),
@@ -94,8 +101,32 @@ impl Shim {
         coarse_monotonic_ns().saturating_sub(self.start_ns)
     }
 
+    /// The native and the Python stack of the calling thread, as configured.
+    fn capture_stacks(&self) -> (StackId, StackId) {
+        let native = if self.config.stacks.native() {
+            self.capture_stack()
+        } else {
+            StackId::EMPTY
+        };
+        let python = if self.config.stacks.python() {
+            self.capture_py_stack()
+        } else {
+            StackId::EMPTY
+        };
+        (native, python)
+    }
+
+    fn capture_py_stack(&self) -> StackId {
+        if !crate::pystack::active() {
+            return StackId::EMPTY; // no Python in this process: nothing more to pay
+        }
+        let mut frames = [0usize; crate::pystack::MAX_PY_FRAMES];
+        let n = crate::pystack::capture(&mut frames);
+        self.py_stacks.intern(&frames[..n])
+    }
+
     fn capture_stack(&self) -> StackId {
-        if self.config.stacks == StackMode::Off {
+        if !self.config.stacks.native() {
             return StackId::EMPTY;
         }
         // The buffer is zeroed on every call: keep it no larger than the usual depth needs.
@@ -129,6 +160,46 @@ fn thread_id() -> u64 {
         .unwrap_or_else(|_| unsafe { libc::syscall(libc::SYS_gettid) as u64 })
 }
 
+/// Names of threads seen allocating, from `/proc/self/task/TID/comm` at their first allocation:
+/// the name a dump shows for a thread that has exited by then.
+static THREAD_NAMES: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
+
+/// Reads the calling thread's name once, at its first allocation.
+fn note_thread_name() {
+    thread_local! {
+        static NAMED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if NAMED.try_with(|n| n.replace(true)).unwrap_or(true) {
+        return;
+    }
+    let tid = thread_id();
+    if let Some(name) = read_thread_name(tid) {
+        let mut names = THREAD_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+        names.retain(|(t, _)| *t != tid);
+        names.push((tid, name));
+    }
+}
+
+fn read_thread_name(tid: u64) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/self/task/{tid}/comm")).ok()?;
+    let name = String::from_utf8_lossy(&raw)
+        .trim_end_matches('\n')
+        .to_string();
+    (!name.is_empty()).then_some(name)
+}
+
+/// A thread's name for a dump: read now when the thread is alive, else as first seen.
+pub(crate) fn thread_name(tid: u64) -> Option<String> {
+    read_thread_name(tid).or_else(|| {
+        THREAD_NAMES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(t, _)| *t == tid)
+            .map(|(_, n)| n.clone())
+    })
+}
+
 pub(crate) fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -138,6 +209,8 @@ pub(crate) fn unix_ms(t: SystemTime) -> u64 {
 /// A successful allocation of `bytes` at `addr`.
 pub fn record_alloc(api: Api, addr: usize, bytes: u64, device: i32, stream: usize) {
     let Some(s) = shim() else { return };
+    note_thread_name();
+    let (stack, py_stack) = s.capture_stacks();
     let alloc = Allocation {
         bytes,
         api,
@@ -146,7 +219,8 @@ pub fn record_alloc(api: Api, addr: usize, bytes: u64, device: i32, stream: usiz
         thread: thread_id(),
         time_ns: s.now_ns(),
         seq: s.ledger.next_seq(),
-        stack: s.capture_stack(),
+        stack,
+        py_stack,
     };
     s.ledger.record_alloc(addr, alloc);
     if !api.is_pinned_host() {
@@ -170,8 +244,8 @@ pub fn reinstate(addr: usize, alloc: Allocation) {
 pub fn record_oom(event: OomEvent) {
     let Some(s) = shim() else { return };
     s.oom_failures.fetch_add(1, Ordering::Relaxed);
-    let stack = s.capture_stack();
-    s.oom.on_failure(s, event, stack);
+    let stacks = s.capture_stacks();
+    s.oom.on_failure(s, event, stacks);
 }
 
 /// Pinned host memory ran out: host memory, not a device OOM; counted and passed through.
@@ -245,5 +319,113 @@ pub fn dump_now(
 pub fn flush_at_exit() {
     if let Some(s) = SHIM.get() {
         s.oom.flush(std::time::Duration::from_secs(30));
+    }
+}
+
+// ---------- driver API and VMM glue (issue #3; owned by src/ffi/driver.rs and vmm.rs) ----------
+
+mod vmm;
+
+pub use vmm::{
+    address_free_begin as vmm_address_free_begin, created as vmm_created,
+    handle_key as vmm_handle_key, mapped as vmm_mapped, release_begin as vmm_release_begin,
+    reserved as vmm_reserved, set_pool_snapshot, summary as vmm_summary, take_dump_extras,
+    totals as vmm_totals, undo as vmm_undo, unmap_begin as vmm_unmap_begin, DumpExtras, VmmTotals,
+    VmmUndo,
+};
+
+/// Says once that a real CUDA driver function could not be found.
+pub fn report_missing_driver(name: &str) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "oomshim: the real {name} was not found in this process (is the CUDA driver loaded?); \
+             calls to it return CUDA_ERROR_NOT_INITIALIZED"
+        );
+    }
+}
+
+/// Support for benchmarks (`benches/dump.rs`): a shim state built directly, without hooks or a
+/// device, and the dump an out-of-memory failure would write for it. Not part of the API.
+#[doc(hidden)]
+pub mod bench_support {
+    use super::*;
+
+    /// A shim holding `allocations` live device allocations over `stacks` distinct native
+    /// stacks (each `frames` return addresses from `pool`, varied per stack so every stack is
+    /// distinct but every address stays inside the pool's functions).
+    pub struct Synthetic(Shim);
+
+    pub fn synthetic(allocations: usize, stacks: usize, pool: &[usize], top: usize) -> Synthetic {
+        let config = Config {
+            top,
+            ..Config::default()
+        };
+        let s = Shim {
+            config,
+            ledger: Ledger::new(),
+            stacks: StackTable::new(),
+            py_stacks: StackTable::new(),
+            start_ns: coarse_monotonic_ns(),
+            oom: oom::OomTracker::new(),
+            oom_failures: AtomicU64::new(1),
+            pinned_failures: AtomicU64::new(0),
+        };
+        let ids: Vec<StackId> = (0..stacks)
+            .map(|i| {
+                let mut frames: Vec<usize> = pool.to_vec();
+                let n = frames.len();
+                // Three mixed offsets (< 128 bytes each) make 10^6 distinct stacks.
+                frames[0] += i % 97;
+                frames[1 % n] += (i / 97) % 103;
+                frames[2 % n] += (i / (97 * 103)) % 101;
+                // The other frames vary too, as in real programs (~2,000 distinct addresses).
+                for (k, f) in frames.iter_mut().enumerate().skip(3) {
+                    *f += (i.wrapping_mul(2_654_435_761) >> (k % 24)) % 64;
+                }
+                s.stacks.intern(&frames)
+            })
+            .collect();
+        for i in 0..allocations {
+            let alloc = Allocation {
+                bytes: 512 + (i as u64 % 4096) * 1024,
+                api: Api::CudaMalloc,
+                device: 0,
+                stream: 0,
+                thread: 1,
+                time_ns: 0,
+                seq: s.ledger.next_seq(),
+                stack: ids[i % ids.len().max(1)],
+                py_stack: StackId::EMPTY,
+            };
+            s.ledger.record_alloc(0x7f00_0000_0000 + i * 4096, alloc);
+        }
+        Synthetic(s)
+    }
+
+    impl Synthetic {
+        /// Snapshot, assemble (symbolise, sites, verdict) and serialise an OOM dump, as the
+        /// writer does; returns the JSON bytes.
+        pub fn dump_json(&self) -> Vec<u8> {
+            let s = &self.0;
+            let capture = assemble::Capture {
+                snapshot: s.ledger.snapshot(),
+                time: SystemTime::now(),
+                now_ns: s.now_ns(),
+                device: Some(0),
+                mem_info: Some((0, 80 << 30)),
+                device_name: Some("bench".into()),
+                failing: Some(assemble::Failing {
+                    api: Api::CudaMalloc,
+                    bytes: 1 << 30,
+                    device: 0,
+                    error_code: 2,
+                    stack: StackId::EMPTY,
+                    py_stack: StackId::EMPTY,
+                }),
+            };
+            let dump = assemble::assemble(s, "oom", &capture, None);
+            serde_json::to_vec_pretty(&dump).expect("a dump serialises")
+        }
     }
 }

@@ -81,7 +81,7 @@ impl OomTracker {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn on_failure(&self, s: &'static Shim, ev: OomEvent, stack: StackId) {
+    pub(crate) fn on_failure(&self, s: &'static Shim, ev: OomEvent, stacks: (StackId, StackId)) {
         let now = Instant::now();
         let slot = slot(ev.device);
         let last = LastFailure {
@@ -129,7 +129,8 @@ impl OomTracker {
                 bytes: ev.bytes,
                 device: ev.device,
                 error_code: ev.error_code,
-                stack,
+                stack: stacks.0,
+                py_stack: stacks.1,
             }),
         };
         self.submit(
@@ -330,7 +331,11 @@ fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
     // The largest holders, one entry per allocation site: a leak holds many equal blocks.
     let mut seen: Vec<&[crate::dump::model::Frame]> = Vec::new();
     let mut holders: Vec<String> = Vec::new();
-    for h in dump.largest_holders.iter().filter(|h| h.device == req.device) {
+    for h in dump
+        .largest_holders
+        .iter()
+        .filter(|h| h.device == req.device)
+    {
         if holders.len() == 3 {
             break;
         }
@@ -338,11 +343,25 @@ fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
             continue;
         }
         seen.push(&h.stack);
-        let site = dump.sites.iter().find(|s| s.stack == h.stack).filter(|s| s.count > 1);
+        let site = dump
+            .sites
+            .iter()
+            .find(|s| s.stack == h.stack)
+            .filter(|s| s.count > 1);
         let all = site
-            .map(|s| format!(" (×{}, {} at this site)", thousands(s.count), human_bytes(s.bytes)))
+            .map(|s| {
+                format!(
+                    " (×{}, {} at this site)",
+                    thousands(s.count),
+                    human_bytes(s.bytes)
+                )
+            })
             .unwrap_or_default();
-        holders.push(format!("{}{all} at {}", human_bytes(h.bytes), assemble::describe_site(&h.stack)));
+        holders.push(format!(
+            "{}{all} at {}",
+            human_bytes(h.bytes),
+            assemble::describe_site(&h.stack)
+        ));
     }
     if !holders.is_empty() {
         out.push_str(&format!("oomshim:   largest: {}\n", holders.join("; ")));

@@ -367,7 +367,8 @@ mod dwarf {
         let mut f = DL_FIND_OBJECT.load(Ordering::Acquire);
         if f == 1 {
             // SAFETY: dlsym with a NUL-terminated name.
-            f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) } as usize;
+            f = unsafe { crate::ffi::real_dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) }
+                as usize;
             DL_FIND_OBJECT.store(f, Ordering::Release);
         }
         if f <= 1 {

@@ -36,6 +36,7 @@ fn bare_frame(addr: usize, module: Option<String>) -> Frame {
         line: None,
         module,
         inlined: false,
+        kind: Default::default(),
     }
 }
 
@@ -91,6 +92,7 @@ fn symbolize_inner(addrs: &[usize]) -> Vec<Vec<Frame>> {
                 line,
                 module: module.clone(),
                 inlined: true,
+                kind: Default::default(),
             });
         }
         let (file, line) = file_line(sym.code_info.as_deref());
@@ -101,6 +103,7 @@ fn symbolize_inner(addrs: &[usize]) -> Vec<Vec<Frame>> {
             line,
             module,
             inlined: false,
+            kind: Default::default(),
         });
         out.push(frames);
     }

@@ -30,7 +30,9 @@ def run(cmd, env=None, timeout=300):
 
 
 def dumps_in(d):
-    return sorted(glob.glob(os.path.join(d, "oomshim-*.json")))
+    """The shim's dumps (not the Python hook's oomshim-torch-* files beside them)."""
+    return sorted(p for p in glob.glob(os.path.join(d, "oomshim-*.json"))
+                  if not os.path.basename(p).startswith("oomshim-torch-"))
 
 
 def load(path):
@@ -156,6 +158,42 @@ def check_memory_viz(dump_path, dump):
         (v.stdout.strip() or v.stderr[-400:])[:200])
 
 
+def check_torch_fragmentation():
+    """The Python hook saves torch's snapshot at OutOfMemoryError; the report merges it and names
+    fragmentation (the brief's 1 GiB segments split by 600 MiB tensors)."""
+    script = os.path.join(ROOT, "tests/gpu/torch_fragmentation.py")
+    d = os.path.join(OUT, "frag")
+    os.makedirs(d, exist_ok=True)
+    p = run([CLI, "run", "--dir", d, "--lib", LIB, "--", sys.executable, script], timeout=400)
+    try:
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+    except Exception:
+        row("torch fragmentation: ran", False, p.stderr[-800:])
+        return
+    files = dumps_in(d)
+    torch_files = sorted(glob.glob(os.path.join(d, "oomshim-torch-*.json")))
+    row("torch fragmentation: OOM raised, shim dump and torch snapshot saved",
+        r.get("raised") == "OutOfMemoryError" and len(files) >= 1 and len(torch_files) >= 1,
+        f"{r.get('segments')} segments, reserved {gib(r.get('reserved', 0))}, allocated {gib(r.get('allocated', 0))}; "
+        f"{len(files)} dump(s), {len(torch_files)} torch snapshot(s)")
+    if not files:
+        return
+    rep = run([CLI, "report", files[-1], "--json"])
+    try:
+        j = json.loads(rep.stdout)
+    except Exception:
+        row("torch fragmentation: report", False, rep.stderr[-500:])
+        return
+    kind = (j.get("verdict") or {}).get("kind")
+    fb = j.get("free_blocks") or {}
+    row("torch fragmentation: verdict names fragmentation from torch's free blocks", kind == "fragmentation",
+        f"verdict {kind}; free blocks from {fb.get('source')}: total {gib(fb.get('total_free_bytes') or 0)}, "
+        f"largest {gib(fb.get('largest_free_bytes') or 0)}")
+    text = run([CLI, "report", files[-1]])
+    with open(os.path.join(OUT, "frag-report.txt"), "w") as f:
+        f.write(text.stdout + text.stderr)
+
+
 def check_overhead():
     exe = os.path.join(WORK, "pair")
     if not nvcc(os.path.join(ROOT, "tests/gpu/pair_bench.cu"), exe):
@@ -199,7 +237,7 @@ def main():
                          capture_output=True, text=True).stdout.strip())
     import torch
     print("torch", torch.__version__, "cuda", torch.version.cuda)
-    for check in (check_nvcc_leak, check_torch, check_overhead):
+    for check in (check_nvcc_leak, check_torch, check_torch_fragmentation, check_overhead):
         try:
             check()
         except Exception as e:  # a broken check is a failed row, not a lost table

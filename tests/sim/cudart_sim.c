@@ -40,6 +40,18 @@
  *   - Error injection: simcuda_inject_error(code, count) makes the next `count` allocation or
  *     free calls (cudaFree(NULL) included) return `code` without side effects except the NULL
  *     written to an allocation's pointer out-parameter.
+ *   - The driver: at start-up the runtime reaches the driver the way the real runtime does,
+ *     dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL) (found next to this library through its
+ *     $ORIGIN run path) + dlsym(handle, "cuGetProcAddress_v2") + one cuGetProcAddress_v2 per
+ *     driver function, keeping the pointers. Without a driver everything above still holds.
+ *     cudaGetDriverEntryPoint[ByVersion][_ptsz] answer through that cuGetProcAddress_v2
+ *     pointer (cudaErrorSymbolNotFound when the driver has no such function or there is no
+ *     driver).
+ *   - SIMCUDA_RUNTIME_VIA_DRIVER=1 (and a driver found): cudaMalloc, cudaFree and
+ *     cudaMemGetInfo are served by the driver's cuMemAlloc_v2, cuMemFree_v2 and
+ *     cuMemGetInfo_v2 through those pointers (the driver's memory and rules, not the ones
+ *     above; driver error codes pass through, they share the runtime's numbers for the codes
+ *     used here). Off by default, so the runtime's own rules and counters apply.
  *
  * Internal calls never go through an exported function (that would be a PLT call an interposer
  * sees twice); every export is a thin wrapper around static helpers.
@@ -48,6 +60,7 @@
 #include "cuda_sim.h"
 
 #include <ctype.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -172,7 +185,45 @@ static void init_config(void) {
     }
 }
 
-static void ensure_init(void) { pthread_once(&g_once, init_config); }
+/* ---------- the driver, reached as the real runtime reaches it ---------- */
+
+typedef int (*drv_getproc_fn)(const char *, void **, int, unsigned long long, int *);
+typedef int (*drv_alloc_fn)(unsigned long long *, size_t);
+typedef int (*drv_free_fn)(unsigned long long);
+typedef int (*drv_meminfo_fn)(size_t *, size_t *);
+
+static drv_getproc_fn g_drv_getproc;
+static drv_alloc_fn g_drv_alloc;
+static drv_free_fn g_drv_free;
+static drv_meminfo_fn g_drv_meminfo;
+static int g_via_driver;
+
+static void *drv_proc(const char *name) {
+    void *p = NULL;
+    int status = 0;
+    if (g_drv_getproc == NULL || g_drv_getproc(name, &p, 13000, 0, &status) != 0) return NULL;
+    return p;
+}
+
+static void init_driver(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) return;
+    g_drv_getproc = (drv_getproc_fn)dlsym(h, "cuGetProcAddress_v2");
+    if (g_drv_getproc == NULL) return;
+    g_drv_alloc = (drv_alloc_fn)drv_proc("cuMemAlloc");
+    g_drv_free = (drv_free_fn)drv_proc("cuMemFree");
+    g_drv_meminfo = (drv_meminfo_fn)drv_proc("cuMemGetInfo");
+    const char *v = getenv("SIMCUDA_RUNTIME_VIA_DRIVER");
+    g_via_driver = v != NULL && strcmp(v, "1") == 0 && g_drv_alloc != NULL && g_drv_free != NULL &&
+                   g_drv_meminfo != NULL;
+}
+
+static void init_all(void) {
+    init_config();
+    init_driver();
+}
+
+static void ensure_init(void) { pthread_once(&g_once, init_all); }
 
 /* ---------- helpers (call with g_lock held unless noted) ---------- */
 
@@ -511,6 +562,7 @@ cudaError_t cudaGetDeviceProperties_v2(struct cudaDeviceProp *prop, int device) 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     ensure_init();
     if (free_bytes == NULL || total_bytes == NULL) return fail(cudaErrorInvalidValue);
+    if (g_via_driver) return fail((cudaError_t)g_drv_meminfo(free_bytes, total_bytes));
     pthread_mutex_lock(&g_lock);
     int d = t_device;
     cudaError_t rc = check_device(d);
@@ -540,6 +592,7 @@ static const struct error_entry g_errors[] = {
     {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
     {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorSymbolNotFound, "cudaErrorSymbolNotFound", "named symbol not found"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
@@ -630,11 +683,64 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 
 /* ---------- exported: device memory ---------- */
 
+static cudaError_t via_driver_malloc(void **devPtr, size_t size) {
+    if (devPtr == NULL) return fail(cudaErrorInvalidValue);
+    if (size == 0) {
+        *devPtr = NULL;
+        return cudaSuccess;
+    }
+    unsigned long long p = 0;
+    cudaError_t rc = (cudaError_t)g_drv_alloc(&p, size);
+    *devPtr = rc == cudaSuccess ? (void *)(uintptr_t)p : NULL;
+    return fail(rc);
+}
+
 cudaError_t cudaMalloc(void **devPtr, size_t size) {
+    ensure_init();
+    if (g_via_driver) return via_driver_malloc(devPtr, size);
     return alloc_common(devPtr, size, t_device, KIND_DEVICE, 1);
 }
 
-cudaError_t cudaFree(void *devPtr) { return free_common(devPtr); }
+cudaError_t cudaFree(void *devPtr) {
+    ensure_init();
+    if (g_via_driver) return fail((cudaError_t)g_drv_free((unsigned long long)(uintptr_t)devPtr));
+    return free_common(devPtr);
+}
+
+/* ---------- exported: driver entry points ---------- */
+
+static cudaError_t entry_point(const char *symbol, void **funcPtr, unsigned int version,
+                               unsigned long long flags, int *status) {
+    ensure_init();
+    if (symbol == NULL || funcPtr == NULL) return fail(cudaErrorInvalidValue);
+    *funcPtr = NULL;
+    int st = 1; /* cudaDriverEntryPointSymbolNotFound */
+    int rc = g_drv_getproc != NULL ? g_drv_getproc(symbol, funcPtr, (int)version, flags, &st) : 500;
+    if (status != NULL) *status = st;
+    return rc == 0 ? cudaSuccess : fail(cudaErrorSymbolNotFound);
+}
+
+cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPtr, unsigned long long flags,
+                                    int *driverStatus) {
+    return entry_point(symbol, funcPtr, 13000, flags, driverStatus);
+}
+
+cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr,
+                                         unsigned long long flags, int *driverStatus) {
+    return entry_point(symbol, funcPtr, 13000, flags, driverStatus);
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
+                                             unsigned int cudaVersion, unsigned long long flags,
+                                             int *driverStatus) {
+    return entry_point(symbol, funcPtr, cudaVersion, flags, driverStatus);
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol, void **funcPtr,
+                                                  unsigned int cudaVersion,
+                                                  unsigned long long flags, int *driverStatus) {
+    return entry_point(symbol, funcPtr, cudaVersion, flags, driverStatus);
+}
 
 cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags) {
     if (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost) {

@@ -1,0 +1,7 @@
+//! Facts about the machine gathered when a dump is written, outside the ledger: which processes
+//! hold memory on the GPU ([`gpu_processes`], through NVML) and how much host memory is left
+//! ([`host`]). Each is best-effort: a missing NVML or an unreadable /proc file is reported as
+//! such in the dump, never a failure.
+
+pub mod gpu_processes;
+pub mod host;

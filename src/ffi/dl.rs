@@ -1,0 +1,117 @@
+//! `dlsym`: the exported interposer and the real one behind it.
+//!
+//! Static cudart (nvcc's default, CuPy, RAPIDS) and XLA's libcuda stub reach the driver with
+//! `dlopen("libcuda.so.1")` + `dlsym(handle, …)`, which no PLT hook sees. The shim therefore
+//! exports `dlsym`:
+//!
+//! - `RTLD_DEFAULT` (0) and `RTLD_NEXT` (-1) lookups are resolved by glibc relative to the
+//!   *caller's* return address. The export is a naked stub that tail-jumps to the real `dlsym` for
+//!   those, so the caller's identity is preserved exactly (a Rust wrapper would make the shim the
+//!   caller and `RTLD_NEXT` would resolve relative to it).
+//! - Any other handle goes to [`dlsym_with_handle`], which calls the real `dlsym` and, only when
+//!   the result is the real address of a driver function the shim tracks, returns the shim's
+//!   wrapper of exactly that function (pointer identity, see [`super::driver`]).
+//!
+//! The real `dlsym` comes from `dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34")` (glibc ≥ 2.34), else
+//! `"GLIBC_2.2.5"` (older glibc, where it lives in libdl). It is looked up by one `.init_array`
+//! constructor that does nothing else, and again lazily if a `dlsym` call arrives before that
+//! constructor ran (another library's constructor). The shim's own code must never call the
+//! exported `dlsym` for a handle lookup: it uses [`real_dlsym`].
+
+use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The real `dlsym`; 0 until looked up.
+static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// What `dlsym` resolves to when glibc offers none under either version: NULL, never a crash.
+unsafe extern "C" fn no_dlsym(_: *mut c_void, _: *const c_char) -> *mut c_void {
+    std::ptr::null_mut()
+}
+
+/// Looks up the real `dlsym` once; returns its address (never 0).
+extern "C" fn ensure_real_dlsym() -> usize {
+    let p = REAL_DLSYM.load(Ordering::Acquire);
+    if p != 0 {
+        return p;
+    }
+    let mut f = 0usize;
+    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+        // SAFETY: NUL-terminated strings; dlvsym is not interposed by the shim.
+        f = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) } as usize;
+        if f != 0 {
+            break;
+        }
+    }
+    if f == 0 {
+        f = no_dlsym as DlsymFn as usize;
+    }
+    REAL_DLSYM.store(f, Ordering::Release);
+    f
+}
+
+extern "C" fn init_real_dlsym() {
+    ensure_real_dlsym();
+}
+
+/// The only load-time work of the shim: one `dlvsym` lookup.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT_REAL_DLSYM: extern "C" fn() = init_real_dlsym;
+
+/// The real `dlsym(handle, name)`, called from the shim: `RTLD_NEXT` here is relative to the shim.
+pub(crate) unsafe fn real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let f: DlsymFn = std::mem::transmute(ensure_real_dlsym());
+    f(handle, name)
+}
+
+/// `dlsym` for a real handle (not `RTLD_DEFAULT`/`RTLD_NEXT`): the real lookup, with a tracked
+/// driver function swapped for its wrapper.
+unsafe extern "C" fn dlsym_with_handle(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let found = real_dlsym(handle, name);
+    if found.is_null() || name.is_null() {
+        return found;
+    }
+    match std::panic::catch_unwind(|| super::driver::substitute_from_handle(handle, found as usize))
+    {
+        Ok(p) => p as *mut c_void,
+        Err(_) => found,
+    }
+}
+
+/// The exported `dlsym`. x86-64 System V: `handle` in rdi, `name` in rsi. RTLD_DEFAULT and
+/// RTLD_NEXT tail-jump to the real `dlsym` with the caller's return address untouched; other
+/// handles tail-jump to [`dlsym_with_handle`]. If the real `dlsym` is not known yet, it is looked
+/// up first with the arguments saved and the stack aligned.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    std::arch::naked_asm!(
+        "test rdi, rdi",
+        "je 2f",
+        "cmp rdi, -1",
+        "je 2f",
+        "jmp {with_handle}",
+        "2:",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "je 3f",
+        "jmp rax",
+        "3:",
+        // Entry: rsp = 8 mod 16. Two pushes and 8 bytes make it 0 mod 16 for the call.
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {ensure}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "jmp rax",
+        with_handle = sym dlsym_with_handle,
+        real = sym REAL_DLSYM,
+        ensure = sym ensure_real_dlsym,
+    )
+}

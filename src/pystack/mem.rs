@@ -1,0 +1,166 @@
+//! Reading the interpreter's memory from inside the process. Two readers with one interface:
+//!
+//! - [`Checked`] copies through `process_vm_readv(2)` on our own pid (or `/proc/self/mem` where
+//!   that syscall is refused): an unmapped address gives `None`, never a fault. Used for the first
+//!   walk on each thread (it validates the layout guess for this interpreter) and for everything
+//!   read when a code object is seen for the first time (names, line table).
+//! - [`Direct`] dereferences, after checking that the address is plausible (user-space, aligned,
+//!   not near zero). Used for the hot path once the checked walk succeeded on this thread: it
+//!   then only follows the current thread's own, frozen frame chain with a layout that has been
+//!   proven right.
+//!
+//! The unsafe reads of this module are the only ones of [`super`].
+
+use std::sync::OnceLock;
+
+/// Lowest and highest address a user-space object can live at on x86-64/aarch64 (48-bit VA).
+const LOW: usize = 0x1_0000;
+const HIGH: usize = 0x0000_8000_0000_0000;
+
+/// True when `[addr, addr + size)` is a plausible user-space range aligned to `align`.
+#[inline]
+pub fn plausible(addr: usize, size: usize, align: usize) -> bool {
+    addr >= LOW
+        && addr.checked_add(size).is_some_and(|end| end <= HIGH)
+        && addr.is_multiple_of(align)
+}
+
+pub trait Mem {
+    /// Copies `buf.len()` bytes from `addr`; false when they cannot be read.
+    fn bytes(&self, addr: usize, buf: &mut [u8]) -> bool;
+
+    /// A plain value at `addr` (must be naturally aligned).
+    fn get<T: Copy + Default>(&self, addr: usize) -> Option<T>;
+
+    fn ptr(&self, addr: usize) -> Option<usize> {
+        self.get::<usize>(addr)
+    }
+
+    /// A u64 at any alignment.
+    fn unaligned_u64(&self, addr: usize) -> Option<u64> {
+        let mut b = [0u8; 8];
+        self.bytes(addr, &mut b).then(|| u64::from_ne_bytes(b))
+    }
+}
+
+/// Dereferences plausible addresses. See the module notes for when this is used.
+pub struct Direct;
+
+impl Mem for Direct {
+    #[inline]
+    fn bytes(&self, addr: usize, buf: &mut [u8]) -> bool {
+        if !plausible(addr, buf.len(), 1) {
+            return false;
+        }
+        // SAFETY: only used on the current thread's frozen frame chain and the objects it
+        // references, after a checked walk with the same layout succeeded on this thread.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, buf.as_mut_ptr(), buf.len()) };
+        true
+    }
+
+    #[inline]
+    fn get<T: Copy + Default>(&self, addr: usize) -> Option<T> {
+        if !plausible(addr, std::mem::size_of::<T>(), std::mem::align_of::<T>()) {
+            return None;
+        }
+        // SAFETY: as above; the address is aligned for T.
+        Some(unsafe { std::ptr::read_volatile(addr as *const T) })
+    }
+
+    #[inline]
+    fn unaligned_u64(&self, addr: usize) -> Option<u64> {
+        if !plausible(addr, 8, 1) {
+            return None;
+        }
+        // SAFETY: as above.
+        Some(unsafe { std::ptr::read_unaligned(addr as *const u64) })
+    }
+}
+
+/// Copies through the kernel: faults become `None`.
+pub struct Checked;
+
+impl Mem for Checked {
+    fn bytes(&self, addr: usize, buf: &mut [u8]) -> bool {
+        if buf.is_empty() {
+            return true;
+        }
+        if !plausible(addr, buf.len(), 1) {
+            return false;
+        }
+        match vm_read(addr, buf) {
+            Some(ok) => ok,
+            None => proc_mem_read(addr, buf),
+        }
+    }
+
+    fn get<T: Copy + Default>(&self, addr: usize) -> Option<T> {
+        if !plausible(addr, std::mem::size_of::<T>(), std::mem::align_of::<T>()) {
+            return None;
+        }
+        let mut v = T::default();
+        // SAFETY: a T is plain old data here (integers and pointers); we overwrite its bytes.
+        let buf = unsafe {
+            std::slice::from_raw_parts_mut(
+                (&mut v as *mut T).cast::<u8>(),
+                std::mem::size_of::<T>(),
+            )
+        };
+        self.bytes(addr, buf).then_some(v)
+    }
+}
+
+/// `process_vm_readv` on ourselves: `Some(true)` read, `Some(false)` not readable, `None` the
+/// syscall itself is unavailable (seccomp, old kernel).
+fn vm_read(addr: usize, buf: &mut [u8]) -> Option<bool> {
+    static UNAVAILABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if UNAVAILABLE.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: the local iovec covers `buf` exactly; the remote side is checked by the kernel.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if n == buf.len() as isize {
+        return Some(true);
+    }
+    if n < 0 {
+        let e = std::io::Error::last_os_error().raw_os_error();
+        if matches!(e, Some(libc::ENOSYS) | Some(libc::EPERM)) {
+            UNAVAILABLE.store(true, std::sync::atomic::Ordering::Relaxed);
+            return None;
+        }
+    }
+    Some(false)
+}
+
+fn proc_mem_read(addr: usize, buf: &mut [u8]) -> bool {
+    static FD: OnceLock<Option<std::fs::File>> = OnceLock::new();
+    let Some(file) = FD.get_or_init(|| std::fs::File::open("/proc/self/mem").ok()) else {
+        return false;
+    };
+    use std::os::unix::fs::FileExt;
+    file.read_exact_at(buf, addr as u64).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checked_reads_never_fault() {
+        let x: u64 = 0x1122_3344_5566_7788;
+        assert_eq!(Checked.get::<u64>(&x as *const u64 as usize), Some(x));
+        assert_eq!(Checked.get::<u64>(8), None);
+        assert_eq!(Checked.get::<u64>(0x7000_0000_0008), None); // unmapped (almost surely)
+        assert_eq!(Checked.get::<u64>((&x as *const u64 as usize) + 1), None); // misaligned
+        assert_eq!(Direct.get::<u64>(&x as *const u64 as usize), Some(x));
+        assert_eq!(Direct.get::<u64>(0), None);
+    }
+}

@@ -1,0 +1,681 @@
+// oomshim HTML report. Vanilla JS, no libraries, no network. Every string from the dump is
+// untrusted: it reaches the page only through textContent, setAttribute or createTextNode.
+(function () {
+  'use strict';
+  var T0 = performance.now();
+  var SELFTEST = location.hash === '#selftest';
+  var errors = [];
+  window.addEventListener('error', function (e) {
+    errors.push('error: ' + (e && e.message ? e.message : String(e)));
+  });
+  window.addEventListener('unhandledrejection', function (e) {
+    errors.push('unhandled rejection: ' + String(e && e.reason));
+  });
+  var consoleError = console.error;
+  console.error = function () {
+    errors.push('console.error: ' + Array.prototype.map.call(arguments, String).join(' '));
+    return consoleError.apply(console, arguments);
+  };
+
+  // ---- helpers -------------------------------------------------------------------------------
+
+  function el(tag, attrs) {
+    var e = document.createElement(tag);
+    if (attrs) {
+      for (var k in attrs) {
+        if (!Object.prototype.hasOwnProperty.call(attrs, k) || attrs[k] == null) continue;
+        if (k === 'text') e.textContent = attrs[k];
+        else if (k === 'class') e.className = attrs[k];
+        else e.setAttribute(k, attrs[k]);
+      }
+    }
+    for (var i = 2; i < arguments.length; i++) add(e, arguments[i]);
+    return e;
+  }
+  // Appends each further argument: a node, text, an array of them; null/false are skipped.
+  function add(parent) {
+    for (var i = 1; i < arguments.length; i++) {
+      var child = arguments[i];
+      if (child == null || child === false) continue;
+      if (Array.isArray(child)) { child.forEach(function (c) { add(parent, c); }); continue; }
+      parent.appendChild(typeof child === 'object' ? child : document.createTextNode(String(child)));
+    }
+  }
+  function byId(id) { return document.getElementById(id); }
+
+  var UNITS = ['KiB', 'MiB', 'GiB', 'TiB', 'PiB', 'EiB'];
+  // Same as units::human_bytes: binary units, two decimals, never 1024.00 of a unit.
+  function humanBytes(b) {
+    if (b == null) return 'n/a';
+    if (b < 1024) return String(b) + ' B';
+    var v = b / 1024, u = 0;
+    while (u + 1 < UNITS.length && Math.round(v * 100) >= 102400) { v /= 1024; u++; }
+    return v.toFixed(2) + ' ' + UNITS[u];
+  }
+  function thousands(n) {
+    if (n == null) return 'n/a';
+    var s = String(Math.round(n)), out = '';
+    for (var i = 0; i < s.length; i++) {
+      if (i > 0 && (s.length - i) % 3 === 0) out += ',';
+      out += s[i];
+    }
+    return out;
+  }
+  function exact(b) { return b < 1024 ? humanBytes(b) : humanBytes(b) + ' (' + thousands(b) + ' bytes)'; }
+  function percent(part, whole) {
+    if (!whole) return 'n/a';
+    var p = part * 100 / whole;
+    return isFinite(p) ? p.toFixed(1) + '%' : 'n/a';
+  }
+  function humanAge(s) {
+    if (s == null || !isFinite(s) || s < 0) return '?';
+    if (s < 1) return (s * 1000).toFixed(0) + ' ms';
+    if (s < 60) return s.toFixed(1) + ' s';
+    if (s < 3600) return (s / 60).toFixed(1) + ' min';
+    if (s < 86400) return (s / 3600).toFixed(1) + ' h';
+    return (s / 86400).toFixed(1) + ' d';
+  }
+  function shellQuote(a) {
+    return /^[A-Za-z0-9_\-.,:\/=+@%]+$/.test(a) ? a : '"' + a.replace(/(["\\$`])/g, '\\$1') + '"';
+  }
+  // Runs one section's renderer; a failure shows in that section and is recorded, the rest renders.
+  function section(id, fn) {
+    var s = byId(id);
+    try { fn(s); } catch (err) {
+      console.error('rendering #' + id + ' failed: ' + (err && err.stack ? err.stack : err));
+      add(s, el('div', { class: 'error-box', text: 'This section could not be rendered: ' + err }));
+    }
+  }
+
+  // ---- data ----------------------------------------------------------------------------------
+
+  var D = JSON.parse(byId('oomshim-data').textContent);
+  var FR = D.frames, ST = D.stacks;
+  var HC = {}, SC = {};
+  D.holder_columns.forEach(function (c, i) { HC[c] = i; });
+  D.site_columns.forEach(function (c, i) { SC[c] = i; });
+  var trackedTotal = D.devices.reduce(function (a, d) { return a + d.tracked_bytes; }, 0);
+
+  // The frames the text report names (report::named_frames): with Python frames only those;
+  // only frames with a function name; CUDA API/runtime frames only when nothing else is left.
+  var namedCache = new Map();
+  function namedFrames(si) {
+    var got = namedCache.get(si);
+    if (got) return got;
+    var stack = ST[si];
+    var py = stack.some(function (i) { return FR[i].k === 'py'; });
+    var named = stack.filter(function (i) { return (!py || FR[i].k === 'py') && FR[i].n; });
+    var hasCaller = named.some(function (i) { return !FR[i].a; });
+    got = hasCaller ? named.filter(function (i) { return !FR[i].a; }) : named;
+    namedCache.set(si, got);
+    return got;
+  }
+  function topLabel(si) {
+    var n = namedFrames(si);
+    return n.length ? FR[n[0]].l : '';
+  }
+  function kindTag(f) { return el('span', { class: 'kind ' + f.k, text: f.k === 'py' ? 'PY' : 'C' }); }
+
+  // The first named frames of a stack, and the whole stack behind a <details> built on demand.
+  function stackCell(si, shown) {
+    var wrap = el('div', { class: 'frames' });
+    var n = namedFrames(si);
+    if (!n.length) add(wrap, el('div', { class: 'muted', text: ST[si].length ? '(no named frames)' : '(no stack)' }));
+    n.slice(0, shown).forEach(function (i) { add(wrap, el('div', { title: FR[i].l }, kindTag(FR[i]), FR[i].l)); });
+    if (ST[si].length) {
+      var det = el('details', { class: 'stack' }, el('summary', { text: 'all ' + ST[si].length + ' frames' }));
+      det.addEventListener('toggle', function () {
+        if (!det.open || det.querySelector('ol')) return;
+        var keep = new Set(n);
+        add(det, el('ol', null, ST[si].map(function (i) {
+          var f = FR[i];
+          return el('li', { class: keep.has(i) ? null : 'dim', title: f.addr }, kindTag(f), f.l, f.i ? ' (inlined)' : '');
+        })));
+      });
+      add(wrap, det);
+    }
+    return wrap;
+  }
+
+  // ---- header --------------------------------------------------------------------------------
+
+  section('top', function () {
+    var req = D.failed_request, p = D.process;
+    var headline = req
+      ? 'Out of memory on device ' + req.device + ' (' + humanBytes(req.bytes) + ' via ' + req.api + ')'
+      : 'Snapshot of device memory (reason: ' + D.reason + ')';
+    byId('headline').textContent = headline;
+    document.title = 'oomshim: ' + D.verdict.kind + ' on ' + p.host + ' (pid ' + p.pid + ')';
+    var meta = byId('meta');
+    var who = 'pid ' + p.pid + ' on ' + p.host;
+    if (p.rank != null) who += ', rank ' + p.rank;
+    if (p.local_rank != null) who += ' / local rank ' + p.local_rank;
+    if (p.world_size != null) who += ', world size ' + p.world_size;
+    add(meta, el('span', { text: D.time }));
+    add(meta, el('span', { text: who }));
+    if (p.command_line.length) add(meta, el('span', null, 'command ', el('code', { text: p.command_line.map(shellQuote).join(' ') })));
+  });
+
+  // ---- verdict -------------------------------------------------------------------------------
+
+  section('verdict', function (s) {
+    var v = D.verdict;
+    if (!D.failed_request) s.classList.add('snapshot');
+    add(s, el('h2', null, 'Verdict', el('span', { id: 'verdict-kind', class: 'badge ' + (D.failed_request ? 'oom' : 'snap'), text: v.kind })));
+    add(s, el('p', { id: 'verdict-summary', text: v.summary }));
+    if (v.evidence.length) add(s, el('h3', { text: 'Evidence' }), el('ul', { id: 'verdict-evidence' }, v.evidence.map(function (e) { return el('li', { text: e }); })));
+    if (v.suggestions.length) add(s, el('h3', { text: 'Suggestions' }), el('ul', { id: 'verdict-suggestions' }, v.suggestions.map(function (e) { return el('li', { text: e }); })));
+    if (D.recorded_verdict_kind && D.recorded_verdict_kind !== v.kind) {
+      add(s, el('p', { class: 'muted', text: 'The dump recorded the verdict "' + D.recorded_verdict_kind + '"; this report judges it with the current rules.' }));
+    }
+  });
+
+  // ---- failed request ------------------------------------------------------------------------
+
+  var OUTCOME = {
+    recovered: 'recovered: a retry succeeded; the program did not see this error',
+    stood: 'stood: no retry succeeded; the program saw this error',
+    unknown: 'unknown: the dump was written before a retry could succeed'
+  };
+  section('failed', function (s) {
+    var r = D.failed_request;
+    add(s, el('h2', { text: 'Failed request' }));
+    if (!r) { add(s, el('p', { class: 'muted', text: 'None: this dump was requested (reason: ' + D.reason + '), not written for an out-of-memory failure.' })); return; }
+    var dl = el('dl', { class: 'kv' });
+    function row(k, v) { add(dl, el('dt', { text: k }), el('dd', null, v)); }
+    row('size', el('span', { id: 'failed-size', class: 'mono', text: exact(r.bytes) }));
+    row('call', r.api + ' on device ' + r.device + ', error ' + r.error_code);
+    row('outcome', OUTCOME[r.recovery] || r.recovery);
+    row('burst', r.failures_in_burst === 1 ? '1 failure' : thousands(r.failures_in_burst) + ' failures');
+    var lf = r.last_failure;
+    if (lf) row('last', humanBytes(lf.bytes) + ' via ' + lf.api + ', ' + humanBytes(lf.free_bytes) + ' free of ' + humanBytes(lf.total_bytes) + ', ' + humanBytes(lf.tracked_bytes) + ' tracked');
+    row('stack', stackCell(r.stack, 6));
+    add(s, dl);
+  });
+
+  // ---- devices -------------------------------------------------------------------------------
+
+  section('devices', function (s) {
+    add(s, el('h2', { text: 'Devices' }));
+    if (!D.devices.length) { add(s, el('p', { class: 'muted', text: 'No devices in this dump.' })); return; }
+    var cols = ['dev', 'name', 'total', 'free', 'used', 'tracked', 'allocs', 'peak', 'tracked % of used', 'memory'];
+    var num = { dev: 1, total: 1, free: 1, used: 1, tracked: 1, allocs: 1, peak: 1, 'tracked % of used': 1 };
+    var tb = el('tbody');
+    D.devices.forEach(function (d) {
+      var bar = el('div', { class: 'usage', title: 'tracked ' + humanBytes(d.tracked_bytes) + ', untracked ' + humanBytes(d.used_bytes == null ? null : Math.max(0, d.used_bytes - d.tracked_bytes)) + ', free ' + humanBytes(d.free_bytes) });
+      if (d.total_bytes) {
+        var own = Math.min(d.tracked_bytes, d.used_bytes == null ? d.tracked_bytes : d.used_bytes);
+        var untracked = d.used_bytes == null ? 0 : Math.max(0, d.used_bytes - own);
+        add(bar, el('div', { class: 'own', style: 'width:' + (own * 100 / d.total_bytes).toFixed(3) + '%' }));
+        add(bar, el('div', { class: 'untracked', style: 'width:' + (untracked * 100 / d.total_bytes).toFixed(3) + '%' }));
+      }
+      add(tb, el('tr', null,
+        el('td', { class: 'num', text: d.index }),
+        el('td', { text: d.name == null ? '?' : d.name }),
+        el('td', { class: 'num', text: humanBytes(d.total_bytes) }),
+        el('td', { class: 'num', text: humanBytes(d.free_bytes) }),
+        el('td', { class: 'num', text: humanBytes(d.used_bytes) }),
+        el('td', { class: 'num', text: humanBytes(d.tracked_bytes) }),
+        el('td', { class: 'num', text: thousands(d.tracked_count) }),
+        el('td', { class: 'num', text: humanBytes(d.peak_tracked_bytes) }),
+        el('td', { class: 'num', text: d.used_bytes == null ? 'n/a' : percent(d.tracked_bytes, d.used_bytes) }),
+        el('td', null, bar)));
+    });
+    add(s, el('table', null, el('thead', null, el('tr', null, cols.map(function (c) { return el('th', { class: num[c] ? 'num' : null, text: c }); }))), tb));
+    add(s, el('div', { class: 'legend' },
+      el('span', { style: '--c: var(--own)', text: 'tracked (this process)' }),
+      el('span', { style: '--c: var(--untracked)', text: 'used, not tracked' }),
+      el('span', { style: '--c: var(--free)', text: 'free' })));
+    var ph = D.pinned_host;
+    add(s, el('p', { class: 'muted', text: 'Pinned host memory: ' + humanBytes(ph.bytes) + ' in ' + thousands(ph.count) + ' allocations (peak ' + humanBytes(ph.peak_bytes) + '); host memory, not counted as device memory.' }));
+  });
+
+  // ---- flame (icicle) graph ------------------------------------------------------------------
+
+  // Boxes narrower than MIN_PX are not drawn (counted in the info line); at most MAX_BOXES are.
+  var ROW = 20, MIN_PX = 3, MAX_BOXES = 4000;
+  var flame = { source: null, all: true, root: null, zoom: null, boxes: [] };
+
+  function buildTree(source, all) {
+    var rows = source === 'sites' ? D.sites : D.holders;
+    var bi = 0, ci = source === 'sites' ? SC.count : -1, si = source === 'sites' ? SC.stack : HC.stack;
+    var root = { f: -1, v: 0, n: 0, ch: new Map(), parent: null, depth: 0 };
+    for (var r = 0; r < rows.length; r++) {
+      var row = rows[r], b = row[bi], c = ci < 0 ? 1 : row[ci];
+      var frames = all ? ST[row[si]] : namedFrames(row[si]);
+      var node = root;
+      root.v += b; root.n += c;
+      for (var i = frames.length - 1; i >= 0; i--) {
+        var f = frames[i], child = node.ch.get(f);
+        if (!child) { child = { f: f, v: 0, n: 0, ch: new Map(), parent: node, depth: node.depth + 1 }; node.ch.set(f, child); }
+        child.v += b; child.n += c;
+        node = child;
+      }
+    }
+    return root;
+  }
+  function nodeLabel(n, full) {
+    if (n.f < 0) return 'all (' + (flame.source === 'sites' ? 'allocation sites' : 'largest holders') + ')';
+    return full ? FR[n.f].l : FR[n.f].s;
+  }
+  function nodeClass(n) {
+    if (n.f < 0) return 'root';
+    var f = FR[n.f];
+    if (f.a) return 'cuda';
+    if (!f.n) return 'unnamed';
+    return f.k;
+  }
+  function nodeInfo(n) {
+    var total = flame.root.v;
+    var unit = flame.source === 'sites' ? ' allocations' : ' holders';
+    return nodeLabel(n, true) + ': ' + humanBytes(n.v) + ' (' + percent(n.v, total) + ' of all shown, ' + thousands(n.n) + unit + ')';
+  }
+  function childrenBySize(n) {
+    return Array.from(n.ch.values()).sort(function (a, b) { return b.v - a.v || a.f - b.f; });
+  }
+
+  function renderFlame() {
+    var graph = byId('flame-graph'), crumbs = byId('flame-crumbs');
+    graph.textContent = '';
+    crumbs.textContent = '';
+    flame.boxes = [];
+    var path = [];
+    for (var a = flame.zoom; a; a = a.parent) path.unshift(a);
+    path.forEach(function (p, i) {
+      if (i) add(crumbs, el('span', { class: 'sep', text: '›' }));
+      var link = el('a', { 'data-depth': String(p.depth), title: nodeLabel(p, true), text: i ? FR[p.f].s : 'all' });
+      link.addEventListener('click', function () { zoomTo(p); });
+      add(crumbs, link);
+    });
+    var frag = document.createDocumentFragment();
+    var maxDepth = 0, skipped = 0;
+    var minFraction = MIN_PX / Math.max(graph.clientWidth || 0, 300);
+    function box(n, left, width, anc) {
+      var b = el('div', {
+        class: 'fl ' + nodeClass(n) + (anc ? ' anc' : ''),
+        'data-i': String(flame.boxes.length),
+        title: nodeInfo(n),
+        style: 'left:' + (left * 100).toFixed(4) + '%;width:' + (width * 100).toFixed(4) + '%;top:' + (n.depth * ROW) + 'px',
+        text: nodeLabel(n, false)
+      });
+      flame.boxes.push(n);
+      frag.appendChild(b);
+      if (n.depth > maxDepth) maxDepth = n.depth;
+    }
+    path.slice(0, -1).forEach(function (p) { box(p, 0, 1, true); });
+    var z = flame.zoom;
+    var queue = [[z, 0, 1]];
+    while (queue.length) {
+      var item = queue.shift(), n = item[0], left = item[1], width = item[2];
+      if (flame.boxes.length >= MAX_BOXES) { skipped++; continue; }
+      box(n, left, width, false);
+      var x = left;
+      childrenBySize(n).forEach(function (c) {
+        var w = z.v > 0 ? width * c.v / n.v : 0;
+        if (!(w >= minFraction)) { skipped++; return; }
+        queue.push([c, x, w]);
+        x += w;
+      });
+    }
+    graph.appendChild(frag);
+    graph.style.height = ((maxDepth + 1) * ROW + 2) + 'px';
+    byId('flame-info').textContent = (z.f < 0 ? 'Click a box to zoom into it; click the top box or "all" to go back.' : 'Zoomed: ' + nodeInfo(z)) +
+      (skipped ? ' (' + thousands(skipped) + ' boxes too narrow to draw)' : '');
+  }
+  function zoomTo(n) { flame.zoom = n; renderFlame(); }
+  function rebuildFlame() {
+    flame.root = buildTree(flame.source, flame.all);
+    flame.zoom = flame.root;
+    renderFlame();
+  }
+
+  section('flame', function (s) {
+    add(s, el('h2', { text: 'Live bytes by stack' }));
+    if (!D.sites.length && !D.holders.length) { add(s, el('p', { class: 'muted', text: 'No live allocations listed in this dump.' })); return; }
+    flame.source = D.sites.length && (D.sites.length >= 3 || D.holders.length <= D.sites.length) ? 'sites' : 'holders';
+    var controls = el('div', { class: 'controls' });
+    ['sites', 'holders'].forEach(function (src) {
+      var input = el('input', { type: 'radio', name: 'flame-source', value: src, id: 'flame-src-' + src });
+      input.checked = flame.source === src;
+      input.disabled = src === 'sites' ? !D.sites.length : !D.holders.length;
+      input.addEventListener('change', function () { if (input.checked) { flame.source = src; rebuildFlame(); } });
+      add(controls, el('label', null, input, ' ', src === 'sites' ? 'allocation sites (' + thousands(D.sites.length) + ')' : 'largest holders (' + thousands(D.holders.length) + ')'));
+    });
+    var allBox = el('input', { type: 'checkbox', id: 'flame-all' });
+    allBox.checked = flame.all;
+    allBox.addEventListener('change', function () { flame.all = allBox.checked; rebuildFlame(); });
+    add(controls, el('label', { title: 'Unchecked: only the frames the text report names (Python frames when the stack has them; no CUDA runtime frames)' }, allBox, ' all frames (Python and native)'));
+    var reset = el('button', { type: 'button', text: 'Reset zoom' });
+    reset.addEventListener('click', function () { zoomTo(flame.root); });
+    add(controls, reset);
+    add(s, controls);
+    add(s, el('div', { class: 'legend' },
+      el('span', { style: '--c: var(--py)', text: 'Python' }),
+      el('span', { style: '--c: var(--native)', text: 'native' }),
+      el('span', { style: '--c: var(--cuda)', text: 'CUDA runtime / shim' }),
+      el('span', { style: '--c: var(--unnamed)', text: 'no symbol' }),
+      el('span', { class: 'muted', text: 'outermost caller at the top, the allocating frame at the leaf; width = live bytes' })));
+    add(s, el('div', { id: 'flame-crumbs' }));
+    add(s, el('div', { id: 'flame-info' }));
+    var graph = el('div', { id: 'flame-graph' });
+    graph.addEventListener('click', function (e) {
+      var t = e.target.closest ? e.target.closest('.fl') : null;
+      if (!t) return;
+      var n = flame.boxes[+t.getAttribute('data-i')];
+      if (!n) return;
+      zoomTo(n === flame.zoom && n.parent ? n.parent : n);
+    });
+    graph.addEventListener('mouseover', function (e) {
+      var t = e.target.closest ? e.target.closest('.fl') : null;
+      if (t) byId('flame-info').textContent = nodeInfo(flame.boxes[+t.getAttribute('data-i')]);
+    });
+    add(s, graph);
+    rebuildFlame();
+  });
+
+  // ---- sortable tables -----------------------------------------------------------------------
+
+  var PAGE = 500;
+  // columns: {label, key(row) for sorting, cell(row, rank) -> td, num, desc (first click order)}
+  function sortableTable(s, id, rows, columns, initial) {
+    var state = { col: initial, desc: columns[initial].desc, order: null, shown: 0 };
+    var thead = el('tr');
+    var ths = columns.map(function (c, ci) {
+      var th = el('th', { class: (c.num ? 'num ' : '') + (c.key ? 'sortable' : ''), 'data-col': c.label, scope: 'col' });
+      if (c.key) {
+        th.setAttribute('tabindex', '0');
+        th.addEventListener('click', function () { sortBy(ci); });
+        th.addEventListener('keydown', function (e) { if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); sortBy(ci); } });
+      }
+      add(th, el('span', { text: c.label }), el('span', { class: 'arrow' }));
+      add(thead, th);
+      return th;
+    });
+    var tbody = el('tbody');
+    var foot = el('div', { class: 'table-foot' });
+    var status = el('span');
+    var more = el('button', { type: 'button' });
+    more.addEventListener('click', function () { showMore(PAGE); });
+    add(foot, status, more);
+    add(s, el('div', { class: 'table-wrap' }, el('table', { id: id }, el('thead', null, thead), tbody)), foot);
+
+    // Rank: position by size (largest first), as in the text report.
+    var rank = new Array(rows.length);
+    var bySize = rows.map(function (_, i) { return i; });
+    bySize.sort(function (a, b) { return rows[b][0] - rows[a][0] || a - b; });
+    bySize.forEach(function (ri, pos) { rank[ri] = pos + 1; });
+
+    function sortBy(ci) {
+      if (state.col === ci) state.desc = !state.desc; else { state.col = ci; state.desc = columns[ci].desc; }
+      apply();
+    }
+    function apply() {
+      var c = columns[state.col], sign = state.desc ? -1 : 1;
+      var keys = rows.map(function (r, i) { return c.key(r, rank[i]); });
+      var order = rows.map(function (_, i) { return i; });
+      order.sort(function (a, b) {
+        var x = keys[a], y = keys[b];
+        if (x === y) return rank[a] - rank[b];
+        if (x == null) return 1;
+        if (y == null) return -1;
+        return (x < y ? -1 : 1) * sign;
+      });
+      state.order = order;
+      ths.forEach(function (th, i) {
+        th.setAttribute('aria-sort', i === state.col ? (state.desc ? 'descending' : 'ascending') : 'none');
+        th.lastChild.textContent = i === state.col ? (state.desc ? '▼' : '▲') : '';
+      });
+      tbody.textContent = '';
+      state.shown = 0;
+      showMore(PAGE);
+    }
+    function showMore(n) {
+      var frag = document.createDocumentFragment();
+      var end = Math.min(state.order.length, state.shown + n);
+      for (var i = state.shown; i < end; i++) {
+        var ri = state.order[i], r = rows[ri];
+        frag.appendChild(el('tr', null, columns.map(function (c) { return c.cell(r, rank[ri]); })));
+      }
+      tbody.appendChild(frag);
+      state.shown = end;
+      status.textContent = 'Showing ' + thousands(state.shown) + ' of ' + thousands(rows.length) + (rows.length ? '; click a column header to sort.' : '.');
+      more.hidden = state.shown >= rows.length;
+      more.textContent = 'Show ' + thousands(Math.min(PAGE, rows.length - state.shown)) + ' more';
+    }
+    apply();
+    return { sortBy: sortBy, state: state, rows: rows, columns: columns, tbody: tbody, more: more };
+  }
+  function td(text, cls, title) { return el('td', { class: cls, text: text, title: title }); }
+  var tables = {};
+
+  section('holders', function (s) {
+    var live = D.recording.live_allocations;
+    add(s, el('h2', { text: 'Largest holders' }),
+      el('p', { class: 'muted', text: thousands(D.holders.length) + ' listed in the dump; ' + thousands(live) + ' allocations live when it was written.' }));
+    if (!D.holders.length) { add(s, el('p', { class: 'muted', text: 'The dump lists no live allocations.' })); return; }
+    var h = HC;
+    tables.holders = sortableTable(s, 'holders-table', D.holders, [
+      { label: '#', num: true, key: function (r, rk) { return rk; }, desc: false, cell: function (r, rk) { return td(rk, 'num'); } },
+      { label: 'bytes', num: true, key: function (r) { return r[h.bytes]; }, desc: true, cell: function (r) { return td(humanBytes(r[h.bytes]), 'num', thousands(r[h.bytes]) + ' bytes'); } },
+      { label: 'api', key: function (r) { return r[h.api]; }, desc: false, cell: function (r) { return td(r[h.api], 'mono'); } },
+      { label: 'dev', num: true, key: function (r) { return r[h.device]; }, desc: false, cell: function (r) { return td(r[h.device], 'num'); } },
+      { label: 'thread', key: function (r) { return r[h.thread_name] != null ? r[h.thread_name] : ''; }, desc: false, cell: function (r) { return td(r[h.thread_name] != null ? r[h.thread_name] + ' (' + r[h.thread] + ')' : String(r[h.thread]), 'mono'); } },
+      { label: 'age', num: true, key: function (r) { return r[h.age_s]; }, desc: true, cell: function (r) { return td(humanAge(r[h.age_s]), 'num'); } },
+      { label: 'seq', num: true, key: function (r) { return r[h.seq]; }, desc: true, cell: function (r) { return td(thousands(r[h.seq]), 'num'); } },
+      { label: 'address', key: function (r) { return r[h.address]; }, desc: false, cell: function (r) { return td(r[h.address], 'mono', r[h.stream] != null ? 'stream ' + r[h.stream] : null); } },
+      { label: 'stack', key: function (r) { return topLabel(r[h.stack]); }, desc: false, cell: function (r) { return el('td', null, stackCell(r[h.stack], 3)); } }
+    ], 1);
+  });
+
+  section('sites', function (s) {
+    add(s, el('h2', { text: 'Allocation sites' }),
+      el('p', { class: 'muted', text: thousands(D.sites.length) + ' sites listed in the dump; live bytes by allocation stack.' }));
+    if (!D.sites.length) { add(s, el('p', { class: 'muted', text: 'The dump lists no allocation sites.' })); return; }
+    var c = SC;
+    tables.sites = sortableTable(s, 'sites-table', D.sites, [
+      { label: '#', num: true, key: function (r, rk) { return rk; }, desc: false, cell: function (r, rk) { return td(rk, 'num'); } },
+      { label: 'bytes', num: true, key: function (r) { return r[c.bytes]; }, desc: true, cell: function (r) { return td(humanBytes(r[c.bytes]), 'num', thousands(r[c.bytes]) + ' bytes'); } },
+      { label: 'allocs', num: true, key: function (r) { return r[c.count]; }, desc: true, cell: function (r) { return td(thousands(r[c.count]), 'num'); } },
+      { label: 'tracked %', num: true, key: function (r) { return r[c.bytes]; }, desc: true, cell: function (r) { return td(percent(r[c.bytes], trackedTotal), 'num'); } },
+      { label: 'stack', key: function (r) { return topLabel(r[c.stack]); }, desc: false, cell: function (r) { return el('td', null, stackCell(r[c.stack], 3)); } }
+    ], 1);
+  });
+
+  // ---- free blocks ---------------------------------------------------------------------------
+
+  section('free-blocks', function (s) {
+    var fb = D.free_blocks, req = D.failed_request;
+    add(s, el('h2', { text: 'Free blocks' }));
+    if (!fb.available) {
+      add(s, el('p', { id: 'free-blocks-unavailable' }, el('strong', { text: 'Unavailable' }), fb.reason ? ': ' + fb.reason : ' (source: ' + fb.source + ')'));
+      return;
+    }
+    var dl = el('dl', { class: 'kv' });
+    function row(k, v) { add(dl, el('dt', { text: k }), el('dd', { text: v })); }
+    row('source', fb.source);
+    row('total free', humanBytes(fb.total_free_bytes));
+    row('largest free block', humanBytes(fb.largest_free_bytes));
+    if (fb.fragmentation != null) row('fragmentation', (fb.fragmentation * 100).toFixed(1) + '% (1 − largest / total free)');
+    if (req) row('failed request', humanBytes(req.bytes) + (fb.largest_free_bytes != null && req.bytes > fb.largest_free_bytes ? ': larger than the largest free block' : ''));
+    add(s, dl);
+    var bins = fb.histogram;
+    if (!bins.length) { add(s, el('p', { class: 'muted', text: 'No histogram in this dump.' })); return; }
+    var mode = 'bytes';
+    var controls = el('div', { class: 'controls' });
+    var chart = el('div');
+    ['bytes', 'count'].forEach(function (m) {
+      var input = el('input', { type: 'radio', name: 'hist-mode', value: m });
+      input.checked = m === mode;
+      input.addEventListener('change', function () { if (input.checked) { mode = m; draw(); } });
+      add(controls, el('label', null, input, ' ', m === 'bytes' ? 'free bytes per size class' : 'free blocks per size class'));
+    });
+    add(s, el('h3', { text: 'Histogram of free blocks by size' }), controls, chart);
+    function draw() {
+      chart.textContent = '';
+      var vi = mode === 'bytes' ? 3 : 2;
+      var max = bins.reduce(function (m, b) { return Math.max(m, b[vi]); }, 0) || 1;
+      var hist = el('div', { class: 'hist', id: 'free-histogram' });
+      var labels = el('div', { class: 'hist-labels' });
+      bins.forEach(function (b) {
+        var v = b[vi];
+        add(hist, el('div', { class: 'bar', title: humanBytes(b[0]) + ' – ' + humanBytes(b[1]) + ': ' + thousands(b[2]) + ' blocks, ' + humanBytes(b[3]) },
+          el('div', { class: 'val', text: mode === 'bytes' ? humanBytes(v) : thousands(v) }),
+          el('div', { class: 'fill', style: 'height:' + (v * 100 / max).toFixed(2) + '%' })));
+        add(labels, el('div', { title: humanBytes(b[0]) + ' – ' + humanBytes(b[1]), text: humanBytes(b[0]) + '–' + humanBytes(b[1]) }));
+      });
+      if (req) {
+        // The request's place on the (ordered) bins: inside the bin that holds it, log-scaled.
+        var n = bins.length, pos = n, x = req.bytes;
+        for (var i = 0; i < n; i++) {
+          var lo = bins[i][0], hi = bins[i][1];
+          if (x < lo) { pos = i; break; }
+          if (x < hi) {
+            var f = lo > 0 ? (Math.log(x) - Math.log(lo)) / (Math.log(hi) - Math.log(lo)) : (x - lo) / (hi - lo);
+            pos = i + Math.min(Math.max(f, 0), 1);
+            break;
+          }
+        }
+        var right = pos > n / 2;
+        var marker = el('div', { class: 'marker' + (right ? ' right' : ''), id: 'request-marker', title: 'failed request: ' + exact(x) },
+          el('span', { text: (pos >= n ? 'request ' + humanBytes(x) + ' (larger than every bin) →' : '▼ request ' + humanBytes(x)) }));
+        // 4px padding each side and 4px gaps: place by fraction of the bar area.
+        marker.style.left = 'calc(4px + (100% - 8px) * ' + (pos / n).toFixed(5) + ')';
+        add(hist, marker);
+      }
+      add(chart, hist, labels);
+    }
+    draw();
+  });
+
+  // ---- other processes (only when the dump has them) ---------------------------------------------
+
+  section('processes', function (s) {
+    var ps = D.processes;
+    if (!Array.isArray(ps) || !ps.length || typeof ps[0] !== 'object' || !ps[0]) return;
+    s.hidden = false;
+    var keys = Object.keys(ps[0]);
+    add(s, el('h2', { text: 'Other processes on the device' }),
+      el('table', null, el('thead', null, el('tr', null, keys.map(function (k) { return el('th', { text: k }); }))),
+        el('tbody', null, ps.map(function (p) {
+          return el('tr', null, keys.map(function (k) {
+            var v = p && typeof p === 'object' ? p[k] : null;
+            return td(/bytes/.test(k) && typeof v === 'number' ? humanBytes(v) : v == null ? '' : typeof v === 'object' ? JSON.stringify(v) : String(v));
+          }));
+        }))));
+  });
+
+  section('recording', function (s) {
+    var r = D.recording;
+    add(s, el('h2', { text: 'Recording' }));
+    add(s, el('p', { class: 'muted', text: 'oomshim ' + r.version + ', stacks ' + r.stacks + (r.python ? ' (' + r.python + ')' : '') + ' (depth ' + r.depth + '); ' +
+      thousands(r.live_allocations) + ' allocations live, ' + thousands(r.total_allocations) + ' recorded in total, ' +
+      thousands(r.unknown_frees) + ' unknown frees, ' + thousands(r.oom_failures) + ' OOM failures. Dump schema ' + D.schema + '.' }));
+  });
+
+  var renderMs = performance.now() - T0;
+
+  // ---- self-test (URL hash #selftest) ----------------------------------------------------------
+
+  function selftest() {
+    var checks = [];
+    function check(name, ok, detail) { checks.push({ name: name, ok: !!ok, detail: detail == null ? null : String(detail) }); }
+    function visible(e) { if (!e) return false; var r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; }
+    try {
+      var vk = byId('verdict-kind'), vs = byId('verdict-summary');
+      check('verdict kind visible', visible(vk) && vk.textContent === D.verdict.kind, vk && vk.textContent);
+      check('verdict summary visible', visible(vs) && vs.textContent === D.verdict.summary && vs.textContent.length > 0);
+      if (D.holders.length) {
+        var max = D.holders.reduce(function (m, r) { return Math.max(m, r[HC.bytes]); }, 0);
+        var first = document.querySelector('#holders-table tbody tr');
+        var cell = first && first.children[1];
+        check('top holder visible', visible(first) && visible(cell) && cell.textContent === humanBytes(max), cell && cell.textContent);
+      } else {
+        check('top holder visible', true, 'no holders in dump');
+      }
+      // Flame: click the first box below the root, the zoom must change and the box fill the width.
+      if (flame.root && flame.root.ch.size) {
+        var graph = byId('flame-graph');
+        var boxes = graph.querySelectorAll('.fl');
+        var target = null;
+        var gw0 = graph.getBoundingClientRect().width;
+        // The first box below the root, preferring one narrower than the graph (so widths change).
+        for (var i = 0; i < boxes.length; i++) {
+          if (boxes[i].classList.contains('root')) continue;
+          if (!target) target = boxes[i];
+          if (boxes[i].getBoundingClientRect().width < gw0 - 3) { target = boxes[i]; break; }
+        }
+        var node = target && flame.boxes[+target.getAttribute('data-i')];
+        var gw = graph.getBoundingClientRect().width;
+        var before = target ? target.getBoundingClientRect().width : 0;
+        check('flame boxes visible', visible(target) && boxes.length > 1, boxes.length + ' boxes');
+        if (target) {
+          var zoomBefore = flame.zoom;
+          target.click();
+          var zoomed = flame.zoom === node && zoomBefore !== node;
+          var nb = null, all = graph.querySelectorAll('.fl');
+          for (var j = 0; j < all.length; j++) { if (flame.boxes[+all[j].getAttribute('data-i')] === node && !all[j].classList.contains('anc')) nb = all[j]; }
+          var after = nb ? nb.getBoundingClientRect().width : 0;
+          check('flame click zooms', zoomed && nb && Math.abs(after - gw) < 3, 'width ' + before.toFixed(1) + ' -> ' + after.toFixed(1) + ' of ' + gw.toFixed(1));
+          var crumb = byId('flame-crumbs').querySelector('a');
+          if (crumb) crumb.click();
+          check('breadcrumb zooms out', flame.zoom === flame.root);
+        }
+      } else {
+        check('flame boxes visible', true, 'no stacks to draw');
+      }
+      // Sorting: click a header and compare the first row with the data's extreme value.
+      var t = tables.holders || tables.sites;
+      if (t) {
+        var seqCol = t.columns.findIndex(function (c) { return c.label === (tables.holders ? 'seq' : 'allocs'); });
+        var th = document.querySelector('#' + (tables.holders ? 'holders' : 'sites') + '-table th[data-col="' + t.columns[seqCol].label + '"]');
+        var idx = tables.holders ? HC.seq : SC.count;
+        th.click();
+        var desc = th.getAttribute('aria-sort') === 'descending';
+        var vals = t.rows.map(function (r) { return r[idx]; });
+        var want = desc ? Math.max.apply(null, vals.slice(0, 50000)) : Math.min.apply(null, vals.slice(0, 50000));
+        if (vals.length > 50000) vals.forEach(function (v) { want = desc ? Math.max(want, v) : Math.min(want, v); });
+        var firstRow = document.querySelector('#' + (tables.holders ? 'holders' : 'sites') + '-table tbody tr');
+        var got = firstRow.children[seqCol].textContent;
+        check('header click sorts', got === thousands(want) && th.getAttribute('aria-sort') !== 'none', th.getAttribute('aria-sort') + ' first ' + got + ' want ' + thousands(want));
+        th.click();
+        var got2 = document.querySelector('#' + (tables.holders ? 'holders' : 'sites') + '-table tbody tr').children[seqCol].textContent;
+        var want2 = desc ? vals.reduce(function (m, v) { return Math.min(m, v); }, Infinity) : vals.reduce(function (m, v) { return Math.max(m, v); }, -Infinity);
+        check('second click reverses', got2 === thousands(want2), got2 + ' want ' + thousands(want2));
+        if (t.rows.length > PAGE) {
+          var before = t.tbody.children.length;
+          t.more.click();
+          check('show more adds rows', before === PAGE && t.tbody.children.length === Math.min(2 * PAGE, t.rows.length),
+            before + ' -> ' + t.tbody.children.length);
+        }
+        // Back to largest first.
+        var bytesTh = document.querySelector('#' + (tables.holders ? 'holders' : 'sites') + '-table th[data-col="bytes"]');
+        bytesTh.click();
+        if (bytesTh.getAttribute('aria-sort') !== 'descending') bytesTh.click();
+      } else {
+        check('header click sorts', true, 'no table rows');
+      }
+      var rows = document.querySelectorAll('tbody tr').length;
+      check('DOM rows capped', rows <= 3 * PAGE + D.devices.length + 100, rows + ' rows');
+      if (!D.free_blocks.available) {
+        var un = byId('free-blocks-unavailable');
+        check('free blocks reason shown', visible(un) && (!D.free_blocks.reason || un.textContent.indexOf(D.free_blocks.reason) >= 0));
+      } else if (D.free_blocks.histogram.length) {
+        check('histogram drawn', visible(byId('free-histogram')) && (!D.failed_request || visible(byId('request-marker'))));
+      }
+    } catch (err) {
+      errors.push('selftest: ' + (err && err.stack ? err.stack : err));
+    }
+    check('no script errors', errors.length === 0, errors.join(' | '));
+    var result = {
+      passed: checks.every(function (c) { return c.ok; }),
+      checks: checks,
+      errors: errors,
+      render_ms: Math.round(renderMs),
+      holders: D.holders.length,
+      sites: D.sites.length,
+      flame_boxes: byId('flame-graph') ? byId('flame-graph').children.length : 0
+    };
+    document.body.appendChild(el('pre', { id: 'selftest-result', text: JSON.stringify(result) }));
+  }
+  if (SELFTEST) setTimeout(selftest, 0);
+})();

@@ -1,0 +1,233 @@
+//! PyTorch's own view of its cache, saved by the Python hook `oomshim run` injects
+//! (shim/python/oomshim_hook) when torch raises OutOfMemoryError, and merged into the report of
+//! the shim's dump from the same process. Under LD_PRELOAD the shim sees torch's segments but
+//! not the free blocks inside them; torch's snapshot has them, which is what tells fragmentation
+//! apart from plain exhaustion.
+
+use super::units::{human_bytes, percent};
+use crate::dump::model::{Dump, FreeBlocks, HistogramBin};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+pub const SCHEMA: &str = "oomshim.torch/1";
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct TorchCache {
+    pub schema: String,
+    pub pid: u32,
+    pub host: String,
+    pub device: i32,
+    pub request_bytes: u64,
+    #[serde(default)]
+    pub device_total_bytes: Option<u64>,
+    #[serde(default)]
+    pub device_free_bytes: Option<u64>,
+    #[serde(default)]
+    pub alloc_conf: String,
+    #[serde(default)]
+    pub torch_version: Option<String>,
+    #[serde(default)]
+    pub time_unix_ms: u64,
+    pub cache: CacheSummary,
+    #[serde(default)]
+    pub snapshot_file: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct CacheSummary {
+    pub segments: u64,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+    pub total_free_bytes: u64,
+    pub largest_free_bytes: u64,
+    pub inactive_split_bytes: u64,
+    #[serde(default)]
+    pub fragmentation: Option<f64>,
+    #[serde(default)]
+    pub histogram: Vec<HistogramBin>,
+}
+
+/// Files the hook writes are small; anything larger is not one of them.
+const MAX_BYTES: u64 = 64 << 20;
+
+fn read(path: &Path) -> Option<TorchCache> {
+    if std::fs::metadata(path).ok()?.len() > MAX_BYTES {
+        return None;
+    }
+    let c: TorchCache = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    (c.schema == SCHEMA).then_some(c)
+}
+
+/// The hook's summary written by the same process (host and pid) as `dump`, in the dump's
+/// directory: the one closest in time to the dump.
+pub fn find_for(dump_path: &Path, dump: &Dump) -> Option<(PathBuf, TorchCache)> {
+    let dir = dump_path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let prefix = format!("oomshim-torch-{}-{}", dump.process.host, dump.process.pid);
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".json"))
+        })
+        .filter_map(|p| read(&p).map(|c| (p, c)))
+        .filter(|(_, c)| c.pid == dump.process.pid && c.host == dump.process.host)
+        .min_by_key(|(_, c)| c.time_unix_ms.abs_diff(dump.time_unix_ms))
+}
+
+/// Fills the dump's free blocks from torch's snapshot when the shim could not see them (and the
+/// snapshot is of the failing device), so the verdict can judge fragmentation.
+pub fn apply(dump: &mut Dump, cache: &TorchCache) -> bool {
+    let failing = dump.failed_request.as_ref().map(|r| r.device);
+    if dump.free_blocks.source != "unavailable" || failing.is_some_and(|d| d != cache.device) {
+        return false;
+    }
+    let c = &cache.cache;
+    dump.free_blocks = FreeBlocks {
+        source: "torch-snapshot".to_string(),
+        reason: None,
+        total_free_bytes: Some(c.total_free_bytes),
+        largest_free_bytes: Some(c.largest_free_bytes),
+        fragmentation: c.fragmentation,
+        histogram: c.histogram.clone(),
+    };
+    true
+}
+
+/// Lines for the report: torch's cache at the error.
+pub fn describe(path: &Path, cache: &TorchCache) -> String {
+    let c = &cache.cache;
+    let mut out = format!(
+        "PyTorch's cache when it raised OutOfMemoryError (from {})\n",
+        path.display()
+    );
+    out.push_str(&format!(
+        "  reserved {} in {} segments; allocated {}; free inside the cache {} (largest block {}, {} of it in split segments)\n",
+        human_bytes(c.reserved_bytes),
+        c.segments,
+        human_bytes(c.allocated_bytes),
+        human_bytes(c.total_free_bytes),
+        human_bytes(c.largest_free_bytes),
+        human_bytes(c.inactive_split_bytes),
+    ));
+    out.push_str(&format!(
+        "  request {}; fragmentation {}; free on the device {}\n",
+        human_bytes(cache.request_bytes),
+        percent(c.fragmentation),
+        cache
+            .device_free_bytes
+            .map(human_bytes)
+            .unwrap_or_else(|| "unknown".into()),
+    ));
+    out.push_str(&format!(
+        "  PYTORCH_CUDA_ALLOC_CONF={}\n",
+        if cache.alloc_conf.is_empty() {
+            "(not set)"
+        } else {
+            cache.alloc_conf.as_str()
+        }
+    ));
+    if let Some(f) = &cache.snapshot_file {
+        out.push_str(&format!(
+            "  full snapshot: {f} (open it at https://pytorch.org/memory_viz)\n"
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dump::read::parse_dump;
+
+    fn fixture() -> Dump {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/oom_own_allocations.json");
+        parse_dump(&std::fs::read(&path).unwrap(), &path).unwrap()
+    }
+
+    fn fragmented(dump: &Dump) -> TorchCache {
+        let req = dump.failed_request.as_ref().unwrap();
+        TorchCache {
+            schema: SCHEMA.into(),
+            pid: dump.process.pid,
+            host: dump.process.host.clone(),
+            device: req.device,
+            request_bytes: req.bytes,
+            device_total_bytes: None,
+            device_free_bytes: Some(100 << 20),
+            alloc_conf: String::new(),
+            torch_version: Some("2.11.0".into()),
+            time_unix_ms: dump.time_unix_ms + 5,
+            cache: CacheSummary {
+                segments: 139,
+                reserved_bytes: 139 << 30,
+                allocated_bytes: 81 << 30,
+                // Plenty free in total, but every block is smaller than the request.
+                total_free_bytes: 58 << 30,
+                largest_free_bytes: req.bytes / 2,
+                inactive_split_bytes: 58 << 30,
+                fragmentation: Some(0.99),
+                histogram: vec![HistogramBin {
+                    lo: 256 << 20,
+                    hi: 512 << 20,
+                    count: 139,
+                    bytes: 58 << 30,
+                }],
+            },
+            snapshot_file: Some("oomshim-torch-x.pickle".into()),
+        }
+    }
+
+    #[test]
+    fn torch_free_blocks_turn_the_verdict_into_fragmentation() {
+        let mut dump = fixture();
+        let cache = fragmented(&dump);
+        assert!(apply(&mut dump, &cache));
+        assert_eq!(dump.free_blocks.source, "torch-snapshot");
+        assert_eq!(crate::verdict::judge(&dump).kind, "fragmentation");
+        assert!(!apply(&mut dump, &cache), "applied once");
+        let text = describe(Path::new("x.json"), &cache);
+        assert!(
+            text.contains("139 segments") && text.contains("(not set)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn companions_are_found_by_host_and_pid_and_foreign_files_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let dump = fixture();
+        let dump_path = dir.path().join("oomshim-dump.json");
+        std::fs::write(&dump_path, serde_json::to_vec(&dump).unwrap()).unwrap();
+        assert!(find_for(&dump_path, &dump).is_none());
+        let c = fragmented(&dump);
+        let json = serde_json::json!({
+            "schema": SCHEMA, "pid": c.pid, "host": c.host, "device": c.device, "request_bytes": c.request_bytes,
+            "time_unix_ms": c.time_unix_ms,
+            "cache": {"segments": 1, "reserved_bytes": 1, "allocated_bytes": 0, "total_free_bytes": 1,
+                      "largest_free_bytes": 1, "inactive_split_bytes": 0, "fragmentation": 0.0, "histogram": []}
+        });
+        let name = format!(
+            "oomshim-torch-{}-{}-1.json",
+            dump.process.host, dump.process.pid
+        );
+        std::fs::write(dir.path().join(&name), serde_json::to_vec(&json).unwrap()).unwrap();
+        std::fs::write(
+            dir.path().join(format!(
+                "oomshim-torch-{}-{}-2.json",
+                dump.process.host, dump.process.pid
+            )),
+            b"{not json",
+        )
+        .unwrap();
+        let (p, found) = find_for(&dump_path, &dump).unwrap();
+        assert!(p.ends_with(&name));
+        assert_eq!(found.cache.segments, 1);
+    }
+}

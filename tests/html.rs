@@ -1,0 +1,539 @@
+//! `oomshim report DUMP --html OUT.html`: the page's structure and safety (library and CLI), a
+//! 100,000-holder dump, and a real headless Chromium run of the page's built-in self-test
+//! (`#selftest`) plus a screenshot. The browser part is skipped, with a message, when `chromium`
+//! is not on PATH (`.ci/run` installs it).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use oomshim::dump::model::{Dump, Frame, FrameKind};
+use oomshim::dump::read::read_dump;
+use oomshim::report::html::{render_html, write_html};
+use oomshim::verdict::judge;
+use serde_json::Value;
+
+const EVIL: &str = "</script><script>alert(1)</script><img src=x onerror=alert(2)>";
+
+fn fixtures_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// Every dump fixture (`tests/fixtures/*.json` except the `*.report.json` golden files).
+fn fixture_dumps() -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(fixtures_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.ends_with(".json") && !name.ends_with(".report.json")
+        })
+        .collect();
+    out.sort();
+    assert!(out.len() >= 7, "fixtures: {out:?}");
+    out
+}
+
+fn load(path: &Path) -> Dump {
+    read_dump(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The JSON embedded in the page, parsed.
+fn embedded_data(page: &str) -> Value {
+    let open = "<script type=\"application/json\" id=\"oomshim-data\">";
+    let start = page.find(open).expect("data element") + open.len();
+    let end = start + page[start..].find("</script>").expect("end of data");
+    serde_json::from_str(&page[start..end]).expect("embedded JSON parses")
+}
+
+/// The page without its data element: the fixed template (style, skeleton, script).
+fn template(page: &str) -> String {
+    let open = "<script type=\"application/json\" id=\"oomshim-data\">";
+    let start = page.find(open).unwrap() + open.len();
+    let end = start + page[start..].find("</script>").unwrap();
+    format!("{}{}", &page[..start], &page[end..])
+}
+
+fn assert_no_external_urls(page: &str, what: &str) {
+    let lower = page.to_ascii_lowercase();
+    for attr in ["src", "href", "action", "srcset", "poster"] {
+        for q in ["\"", "'", ""] {
+            for scheme in ["http:", "https:", "//"] {
+                let bad = format!("{attr}={q}{scheme}");
+                assert!(!lower.contains(&bad), "{what}: external reference {bad:?}");
+            }
+        }
+    }
+    assert!(!lower.contains("url(http"), "{what}: CSS url()");
+    assert!(!lower.contains("@import"), "{what}: CSS @import");
+    let t = template(page).to_ascii_lowercase();
+    assert!(
+        !t.contains("http:") && !t.contains("https:"),
+        "{what}: URL in the template"
+    );
+}
+
+fn assert_structure(page: &str, dump: &Dump, what: &str) {
+    assert!(page.starts_with("<!DOCTYPE html>"), "{what}");
+    assert!(page.contains("Content-Security-Policy"), "{what}: CSP");
+    assert_eq!(
+        page.matches("<script").count(),
+        2,
+        "{what}: script elements"
+    );
+    assert_eq!(page.matches("</script>").count(), 2, "{what}: script ends");
+    assert!(!page.contains("innerHTML"), "{what}: no innerHTML");
+    assert!(page.ends_with("</html>\n"), "{what}");
+    assert_no_external_urls(page, what);
+    let data = embedded_data(page);
+    let verdict = judge(dump);
+    assert_eq!(data["verdict"]["kind"], verdict.kind.as_str(), "{what}");
+    assert_eq!(
+        data["verdict"]["summary"],
+        verdict.summary.as_str(),
+        "{what}"
+    );
+    assert_eq!(
+        data["holders"].as_array().unwrap().len(),
+        dump.largest_holders.len(),
+        "{what}"
+    );
+    assert_eq!(
+        data["sites"].as_array().unwrap().len(),
+        dump.sites.len(),
+        "{what}"
+    );
+    assert_eq!(
+        data["free_blocks"]["source"],
+        dump.free_blocks.source.as_str()
+    );
+    for id in [
+        "verdict",
+        "failed",
+        "devices",
+        "flame",
+        "holders",
+        "sites",
+        "free-blocks",
+    ] {
+        assert!(
+            page.contains(&format!("<section id=\"{id}\">")),
+            "{what}: #{id}"
+        );
+    }
+    // The verdict comes first, then the failed request, the devices, the flame graph.
+    let pos = |id: &str| page.find(&format!("<section id=\"{id}\"")).unwrap();
+    assert!(pos("verdict") < pos("failed") && pos("failed") < pos("devices"));
+    assert!(pos("devices") < pos("flame") && pos("flame") < pos("holders"));
+}
+
+#[test]
+fn fixtures_render_self_contained_pages() {
+    for path in fixture_dumps() {
+        let dump = load(&path);
+        let page = render_html(&dump);
+        assert_structure(&page, &dump, &path.display().to_string());
+    }
+}
+
+#[test]
+fn hostile_strings_are_inert() {
+    let path = fixtures_dir().join("html_python_hostile.json");
+    let dump = load(&path);
+    let page = render_html(&dump);
+    assert_structure(&page, &dump, "hostile");
+    assert!(!page.contains(EVIL));
+    assert!(!page.contains("<img"));
+    assert!(!page.contains("<script>alert"));
+    let data = embedded_data(&page);
+    // The strings survive unchanged once parsed: they are shown, as text.
+    assert!(data["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["fn"] == EVIL && f["k"] == "py"));
+    assert!(data["process"]["host"].as_str().unwrap().ends_with(EVIL));
+    assert_eq!(data["process"]["command_line"][3], EVIL);
+    let names: Vec<&Value> = data["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| &h[6])
+        .collect();
+    assert!(names.iter().any(|n| *n == EVIL), "thread_name kept");
+    // Python and native frames are both in the frame table.
+    let kinds: Vec<&str> = data["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["k"].as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&"py") && kinds.contains(&"c"));
+}
+
+fn oomshim() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_oomshim"))
+}
+
+#[test]
+fn cli_writes_the_page_atomically() {
+    let dir = tempfile::tempdir().unwrap();
+    for path in fixture_dumps() {
+        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let out = dir.path().join(format!("{stem}.html"));
+        std::fs::write(&out, "old contents").unwrap();
+        let run = oomshim()
+            .arg("report")
+            .arg(&path)
+            .arg("--html")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(run.status.success(), "{stem}: {run:?}");
+        assert!(run.stdout.is_empty(), "{stem}: nothing on stdout");
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(stderr.starts_with("wrote "), "{stem}: {stderr}");
+        let page = std::fs::read_to_string(&out).unwrap();
+        let dump = load(&path);
+        assert_eq!(page, render_html(&dump), "{stem}: CLI and library agree");
+        assert_structure(&page, &dump, &stem);
+    }
+    // Only the pages are left: no temporary files.
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".html"))
+        .collect();
+    left.sort();
+    assert!(left.is_empty(), "left behind: {left:?}");
+
+    // A bad dump: exit 2 and no page.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{not json").unwrap();
+    let out = dir.path().join("bad.html");
+    let run = oomshim()
+        .args(["report"])
+        .arg(&bad)
+        .arg("--html")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(2), "{run:?}");
+    assert!(!out.exists());
+    // An unwritable destination is an error, not a panic.
+    let run = oomshim()
+        .arg("report")
+        .arg(fixtures_dir().join("snapshot.json"))
+        .arg("--html")
+        .arg(dir.path().join("no/such/dir/x.html"))
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(2), "{run:?}");
+    assert!(String::from_utf8_lossy(&run.stderr).contains("cannot write"));
+    // --html and --json exclude each other.
+    let run = oomshim()
+        .arg("report")
+        .arg(fixtures_dir().join("snapshot.json"))
+        .args(["--json", "--html"])
+        .arg(dir.path().join("y.html"))
+        .output()
+        .unwrap();
+    assert!(!run.status.success());
+}
+
+const LARGE_HOLDERS: usize = 100_000;
+
+/// A dump with 100,000 holders over 2,000 distinct stacks (Python over native frames) and 5,000
+/// sites, built from the hostile fixture so new schema fields keep their defaults.
+fn large_dump() -> &'static Dump {
+    static DUMP: OnceLock<Dump> = OnceLock::new();
+    DUMP.get_or_init(|| {
+        let mut dump = load(&fixtures_dir().join("html_python_hostile.json"));
+        let holder = dump.largest_holders[0].clone();
+        let site = dump.sites[0].clone();
+        let frame = |i: usize, python: bool| Frame {
+            address: format!("0x{:x}", 0x7f00_0000_0000u64 + i as u64 * 16),
+            function: Some(if python {
+                format!("layer_{i}.forward")
+            } else {
+                format!("at::native::kernel_{i}(at::Tensor const&)")
+            }),
+            file: Some(if python {
+                format!("/home/ada/proj/layers/l{}.py", i % 37)
+            } else {
+                format!("/pytorch/aten/src/k{}.cpp", i % 23)
+            }),
+            line: Some((i % 900) as u32 + 1),
+            module: (!python).then(|| "/usr/lib/libtorch_cuda.so".to_string()),
+            kind: if python {
+                FrameKind::Python
+            } else {
+                FrameKind::Native
+            },
+            ..Default::default()
+        };
+        let stacks: Vec<Vec<Frame>> = (0..2000)
+            .map(|s| {
+                let mut st = vec![frame(10_000 + s % 50, false), frame(20_000 + s % 7, false)];
+                for d in 0..6 {
+                    st.push(frame(s / (1 << d) % 500 + d * 1000, true));
+                }
+                st.push(frame(30_000, true));
+                st
+            })
+            .collect();
+        dump.largest_holders = (0..LARGE_HOLDERS)
+            .map(|i| {
+                let mut h = holder.clone();
+                h.bytes = ((LARGE_HOLDERS - i) as u64) * 4096 + 512;
+                h.address = format!("0x{:x}", 0x7f10_0000_0000u64 + i as u64 * 0x10_0000);
+                h.seq = (i as u64 * 7919) % 1_000_003;
+                h.age_s = (i % 5000) as f64 * 0.25;
+                h.thread = 4000 + (i % 8) as u64;
+                h.thread_name = Some(format!("worker-{}", i % 8));
+                h.stack = stacks[i % stacks.len()].clone();
+                h
+            })
+            .collect();
+        dump.sites = (0..5000)
+            .map(|i| {
+                let mut s = site.clone();
+                s.bytes = ((5000 - i) as u64) << 20;
+                s.count = (i % 97) as u64 + 1;
+                s.stack = stacks[i % stacks.len()].clone();
+                s
+            })
+            .collect();
+        dump
+    })
+}
+
+#[test]
+fn hundred_thousand_holders_render_quickly() {
+    let dump = large_dump();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("large.html");
+    let start = Instant::now();
+    write_html(dump, &out).unwrap();
+    let took = start.elapsed();
+    let size = std::fs::metadata(&out).unwrap().len();
+    println!(
+        "100,000 holders: rendered and written in {:.0} ms, {:.1} MiB",
+        took.as_secs_f64() * 1000.0,
+        size as f64 / (1 << 20) as f64
+    );
+    let limit = if cfg!(debug_assertions) { 30 } else { 5 };
+    assert!(took < Duration::from_secs(limit), "took {took:?}");
+    assert!(size < 32 << 20, "{size} bytes");
+    let page = std::fs::read_to_string(&out).unwrap();
+    let data = embedded_data(&page);
+    assert_eq!(data["holders"].as_array().unwrap().len(), LARGE_HOLDERS);
+    let stacks = data["stacks"].as_array().unwrap().len();
+    assert!((1000..=2001).contains(&stacks), "{stacks} distinct stacks");
+}
+
+// ---- the real browser --------------------------------------------------------------------------
+
+fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("chromium"))
+        .find(|p| p.is_file())
+}
+
+/// Runs headless Chromium on `url` with `extra` flags; stdout goes to `stdout_file`. Killed after
+/// two minutes.
+fn run_chromium(exe: &Path, url: &str, extra: &[String], stdout_file: &Path) {
+    let profile = tempfile::tempdir().unwrap();
+    let stderr_file = stdout_file.with_extension("stderr");
+    let mut child = Command::new(exe)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--virtual-time-budget=5000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(extra)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(stdout_file).unwrap())
+        .stderr(std::fs::File::create(&stderr_file).unwrap())
+        .spawn()
+        .expect("start chromium");
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(
+                status.success(),
+                "chromium {url}: {status}; stderr:\n{}",
+                std::fs::read_to_string(&stderr_file).unwrap_or_default()
+            );
+            return;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("chromium {url}: no result after 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn unescape_html(text: &str) -> String {
+    text.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&nbsp;", "\u{a0}")
+        .replace("&amp;", "&")
+}
+
+/// Loads `page#selftest` in Chromium and returns the self-test's result and the dumped DOM.
+fn browser_selftest(exe: &Path, page: &Path) -> (Value, String) {
+    let dom_file = page.with_extension("dom.html");
+    let url = format!("file://{}#selftest", page.display());
+    run_chromium(exe, &url, &["--dump-dom".to_string()], &dom_file);
+    let dom = std::fs::read_to_string(&dom_file).unwrap();
+    let open = "<pre id=\"selftest-result\">";
+    let start = dom
+        .find(open)
+        .unwrap_or_else(|| panic!("{}: no self-test result in the DOM", page.display()))
+        + open.len();
+    let end = start + dom[start..].find("</pre>").unwrap();
+    let result: Value = serde_json::from_str(&unescape_html(&dom[start..end]))
+        .unwrap_or_else(|e| panic!("{}: self-test result: {e}", page.display()));
+    (result, dom)
+}
+
+fn assert_selftest_passed(result: &Value, what: &str) {
+    let failed: Vec<&Value> = result["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["ok"] != true)
+        .collect();
+    assert!(
+        result["passed"] == true && failed.is_empty(),
+        "{what}: self-test failed: {failed:?}; errors {}",
+        result["errors"]
+    );
+    assert_eq!(
+        result["errors"],
+        serde_json::json!([]),
+        "{what}: script errors"
+    );
+}
+
+#[test]
+fn pages_pass_their_self_test_in_headless_chromium() {
+    let Some(exe) = chromium() else {
+        println!(
+            "SKIPPED: `chromium` is not on PATH; install it (apt-get install -y chromium) to run \
+             the browser test of the HTML report"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for path in fixture_dumps() {
+        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let page = dir.path().join(format!("{stem}.html"));
+        let run = oomshim()
+            .arg("report")
+            .arg(&path)
+            .arg("--html")
+            .arg(&page)
+            .output()
+            .unwrap();
+        assert!(run.status.success(), "{run:?}");
+        let (result, dom) = browser_selftest(&exe, &page);
+        assert_selftest_passed(&result, &stem);
+        let checks = result["checks"].as_array().unwrap().len();
+        assert!(checks >= 6, "{stem}: {checks} checks");
+        // Hostile strings stayed text: no element was made from them.
+        assert_eq!(dom.matches("<script").count(), 2, "{stem}");
+        assert!(!dom.contains("<img"), "{stem}");
+        let dump = load(&path);
+        assert!(
+            dom.contains(&format!(">{}<", judge(&dump).kind)),
+            "{stem}: verdict kind in the DOM"
+        );
+        if stem == "html_python_hostile" {
+            assert!(dom.contains("&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;"));
+        }
+    }
+
+    // The 100,000-holder page: renders, stays capped, passes the same checks.
+    let large = dir.path().join("large.html");
+    write_html(large_dump(), &large).unwrap();
+    let start = Instant::now();
+    let (result, dom) = browser_selftest(&exe, &large);
+    println!(
+        "100,000 holders in Chromium: page script {} ms, whole headless run {:.1} s",
+        result["render_ms"],
+        start.elapsed().as_secs_f64()
+    );
+    assert_selftest_passed(&result, "large");
+    assert_eq!(result["holders"], LARGE_HOLDERS);
+    let names: Vec<&str> = result["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    for want in [
+        "top holder visible",
+        "flame click zooms",
+        "header click sorts",
+        "show more adds rows",
+    ] {
+        assert!(
+            names.contains(&want),
+            "large: check {want:?} did not run: {names:?}"
+        );
+    }
+    let rows = dom.matches("<tr").count();
+    assert!(rows < 2000, "{rows} table rows in the DOM");
+    assert!(result["render_ms"].as_u64().unwrap() < 10_000);
+
+    // A screenshot to look at (kept under target/, not committed).
+    let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("html-report");
+    std::fs::create_dir_all(&shots).unwrap();
+    for (name, page) in [
+        (
+            "html_python_hostile",
+            dir.path().join("html_python_hostile.html"),
+        ),
+        (
+            "oom_fragmentation",
+            dir.path().join("oom_fragmentation.html"),
+        ),
+        ("large_100k", large.clone()),
+    ] {
+        let png = shots.join(format!("{name}.png"));
+        let _ = std::fs::remove_file(&png);
+        run_chromium(
+            &exe,
+            &format!("file://{}", page.display()),
+            &[
+                format!("--screenshot={}", png.display()),
+                "--window-size=1280,2000".to_string(),
+            ],
+            &shots.join(format!("{name}.stdout")),
+        );
+        let bytes = std::fs::read(&png).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{}", png.display());
+        assert!(
+            bytes.len() > 20_000,
+            "{}: {} bytes",
+            png.display(),
+            bytes.len()
+        );
+        println!("screenshot: {}", png.display());
+    }
+}
