@@ -5,6 +5,8 @@
 //! - [`REQUEST_EXCEEDS_DEVICE`]: the request alone is larger than the device's total memory.
 //! - [`FRAGMENTATION`]: the dump's free-block data shows enough free memory in total but no
 //!   block large enough (only when a free-block source is available, never guessed).
+//! - [`OTHER_PROCESSES`]: less than half of the memory in use is this process's, and other
+//!   processes that NVML lists on the device hold at least half of the rest.
 //! - [`UNTRACKED_MEMORY`]: less than half of the memory in use was allocated by this process
 //!   through calls the shim tracks (or, without device numbers, it tracked nothing at all).
 //! - [`OWN_ALLOCATIONS`]: otherwise; this process's tracked allocations fill the device.
@@ -12,11 +14,13 @@
 //! A dump without a failed request gets [`SNAPSHOT`].
 
 use crate::dump::model::{DeviceInfo, Dump, FailedRequest, Frame, Site, Verdict};
+use crate::facts::gpu_processes::{GpuProcess, Relation};
 use crate::report::units::{bytes_with_exact, clean, human_bytes, percent, share, thousands};
 use crate::report::{frame_label, free_blocks_available, named_frames, sorted_sites, used_bytes};
 
 pub const REQUEST_EXCEEDS_DEVICE: &str = "request_exceeds_device";
 pub const FRAGMENTATION: &str = "fragmentation";
+pub const OTHER_PROCESSES: &str = "other_processes";
 pub const UNTRACKED_MEMORY: &str = "untracked_memory";
 pub const OWN_ALLOCATIONS: &str = "own_allocations";
 pub const SNAPSHOT: &str = "snapshot";
@@ -128,6 +132,9 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
         && matches!((fb.total_free_bytes, fb.largest_free_bytes),
             (Some(total), Some(largest)) if total >= request.bytes && largest < request.bytes);
 
+    let others = other_processes(dump, dev);
+    let others_bytes: u64 = others.iter().filter_map(|p| p.used_bytes).sum();
+    let untracked = used.map_or(0, |u| u.saturating_sub(tracked));
     let kind = if n.total.is_some_and(|total| request.bytes > total) {
         REQUEST_EXCEEDS_DEVICE
     } else if fragmented {
@@ -136,7 +143,11 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
         Some(used) => used > 0 && (tracked as f64) < 0.5 * used as f64,
         None => tracked == 0,
     } {
-        UNTRACKED_MEMORY
+        if others_bytes > 0 && others_bytes as f64 >= 0.5 * untracked as f64 {
+            OTHER_PROCESSES
+        } else {
+            UNTRACKED_MEMORY
+        }
     } else {
         OWN_ALLOCATIONS
     };
@@ -278,6 +289,26 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
     );
 
     // --- summary and suggestions ----------------------------------------------------------
+    match dump.gpu_processes.as_ref().filter(|g| g.device == dev) {
+        Some(g) if g.error.is_some() => evidence.push(format!(
+            "other processes on device {dev}: unknown ({})",
+            clean(g.error.as_deref().unwrap_or(""))
+        )),
+        Some(g) => {
+            for p in g.processes.iter().take(5) {
+                evidence.push(format!(
+                    "process {} ({}, {}) holds {} on device {dev} (NVML)",
+                    p.pid,
+                    clean(p.name.as_deref().unwrap_or("name not visible")),
+                    p.relation.words(),
+                    p.used_bytes
+                        .map(human_bytes)
+                        .unwrap_or_else(|| "an unknown amount".to_string())
+                ));
+            }
+        }
+        None => {}
+    }
     let mut suggestions = Vec::new();
     let top_text = |used: Option<u64>| -> String {
         match &top {
@@ -341,6 +372,53 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
                 clean(&fb.source),
                 human_bytes(largest),
                 top_text(used)
+            )
+        }
+        OTHER_PROCESSES => {
+            let biggest = others
+                .iter()
+                .max_by_key(|p| p.used_bytes.unwrap_or(0))
+                .expect("others is not empty");
+            for p in &others {
+                let who = format!(
+                    "process {} ({})",
+                    p.pid,
+                    clean(p.name.as_deref().unwrap_or("name not visible"))
+                );
+                suggestions.push(match p.relation {
+                    Relation::Child => format!(
+                        "{who} is a child of this process and holds GPU memory: child processes such as data-loader \
+                         workers should not touch CUDA; create tensors on the GPU only in the main process."
+                    ),
+                    Relation::Parent => format!(
+                        "{who} is this process's parent (a launcher?) and holds GPU memory: keep the launcher off the GPU."
+                    ),
+                    Relation::SameUser => format!(
+                        "{who} is yours: if it is a finished or stale job, end it yourself, or run on another GPU \
+                         (`CUDA_VISIBLE_DEVICES`)."
+                    ),
+                    Relation::OtherUser | Relation::Unknown => format!(
+                        "{who} is not yours: run on a free GPU (`CUDA_VISIBLE_DEVICES`), wait for it, or ask its owner or the \
+                         cluster scheduler; don't try to kill it."
+                    ),
+                    Relation::This => continue,
+                });
+                if suggestions.len() >= 4 {
+                    break;
+                }
+            }
+            format!(
+                "Other processes hold most of the memory on device {dev}: {} of the {} in use belongs to {}, the largest \
+                 being process {} ({}, {}) with {}. This process's tracked allocations are only {}, so the {req} request \
+                 failed for lack of room the other processes occupy.",
+                human_bytes(others_bytes),
+                used.map(human_bytes).unwrap_or_else(|| "memory".to_string()),
+                count_word(others.len() as u64, "other process", "other processes"),
+                biggest.pid,
+                clean(biggest.name.as_deref().unwrap_or("name not visible")),
+                biggest.relation.words(),
+                biggest.used_bytes.map(human_bytes).unwrap_or_else(|| "an unknown amount".to_string()),
+                human_bytes(tracked)
             )
         }
         UNTRACKED_MEMORY => {
@@ -548,6 +626,16 @@ fn judge_snapshot(dump: &Dump) -> Verdict {
     }
 }
 
+/// Processes other than this one that NVML lists on `device`.
+fn other_processes(dump: &Dump, device: i32) -> Vec<&GpuProcess> {
+    dump.gpu_processes
+        .iter()
+        .filter(|g| g.device == device)
+        .flat_map(|g| g.processes.iter())
+        .filter(|p| p.relation != Relation::This)
+        .collect()
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -644,6 +732,8 @@ pub(crate) mod tests {
             recording: Recording::default(),
             pools: Vec::new(),
             vmm: None,
+            host: None,
+            gpu_processes: None,
         }
     }
 
@@ -911,5 +1001,118 @@ pub(crate) mod tests {
             dump.failed_request.as_mut().unwrap().failures_in_burst = u32::MAX;
             let _ = judge(&dump);
         }
+    }
+}
+
+#[cfg(test)]
+mod process_tests {
+    use super::*;
+    use crate::dump::model::GpuProcesses;
+    use crate::facts::gpu_processes::GpuProcess;
+
+    fn untracked_fixture() -> Dump {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/oom_untracked.json");
+        crate::dump::read::parse_dump(&std::fs::read(&path).unwrap(), &path).unwrap()
+    }
+
+    fn with_processes(processes: Vec<GpuProcess>, error: Option<&str>) -> Dump {
+        let mut d = untracked_fixture();
+        let device = d.failed_request.as_ref().unwrap().device;
+        d.gpu_processes = Some(GpuProcesses {
+            device,
+            matched_by: "index".into(),
+            processes,
+            error: error.map(str::to_string),
+        });
+        d
+    }
+
+    fn used_untracked(d: &Dump) -> u64 {
+        let failing = d.failed_request.as_ref().unwrap().device;
+        let dev = d.devices.iter().find(|x| x.index == failing).unwrap();
+        dev.total_bytes.unwrap() - dev.free_bytes.unwrap() - dev.tracked_bytes
+    }
+
+    #[test]
+    fn another_users_process_holding_the_untracked_memory_is_named() {
+        let base = untracked_fixture();
+        let other = GpuProcess {
+            pid: 4242,
+            name: Some("python".into()),
+            used_bytes: Some(used_untracked(&base) * 9 / 10),
+            relation: Relation::OtherUser,
+        };
+        let me = GpuProcess {
+            pid: base.process.pid,
+            name: None,
+            used_bytes: Some(1 << 30),
+            relation: Relation::This,
+        };
+        let v = judge(&with_processes(vec![other, me], None));
+        assert_eq!(v.kind, OTHER_PROCESSES, "{v:?}");
+        assert!(
+            v.summary.contains("process 4242 (python, another user's)"),
+            "{}",
+            v.summary
+        );
+        assert!(
+            v.evidence
+                .iter()
+                .any(|e| e.starts_with("process 4242 (python, another user's) holds")),
+            "{:?}",
+            v.evidence
+        );
+        assert!(
+            v.suggestions
+                .iter()
+                .any(|s| s.contains("don't try to kill it")),
+            "{:?}",
+            v.suggestions
+        );
+        assert!(!v.suggestions.iter().any(|s| s.contains("end it yourself")));
+    }
+
+    #[test]
+    fn a_child_process_gets_advice_about_workers() {
+        let base = untracked_fixture();
+        let child = GpuProcess {
+            pid: 77,
+            name: Some("pt_data_worker".into()),
+            used_bytes: Some(used_untracked(&base)),
+            relation: Relation::Child,
+        };
+        let v = judge(&with_processes(vec![child], None));
+        assert_eq!(v.kind, OTHER_PROCESSES);
+        assert!(
+            v.suggestions
+                .iter()
+                .any(|s| s.contains("child of this process")),
+            "{:?}",
+            v.suggestions
+        );
+    }
+
+    #[test]
+    fn small_other_processes_or_no_nvml_leave_it_untracked() {
+        let base = untracked_fixture();
+        let small = GpuProcess {
+            pid: 5,
+            name: None,
+            used_bytes: Some(used_untracked(&base) / 10),
+            relation: Relation::SameUser,
+        };
+        assert_eq!(
+            judge(&with_processes(vec![small], None)).kind,
+            UNTRACKED_MEMORY
+        );
+        let v = judge(&with_processes(
+            vec![],
+            Some("NVML is not available (library not found)"),
+        ));
+        assert_eq!(v.kind, UNTRACKED_MEMORY);
+        assert!(v.evidence.iter().any(
+            |e| e.contains("other processes on device") && e.contains("NVML is not available")
+        ));
     }
 }

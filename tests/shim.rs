@@ -694,3 +694,24 @@ print(segs[0]["total_size"], [f["name"] for f in b["frames"]])
         "{text}"
     );
 }
+
+#[test]
+fn dumps_carry_host_memory_and_say_why_gpu_processes_are_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("SIMCUDA_CAPACITY", "1G"),
+        ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+    ];
+    run_client("leak_until_oom", &[], &env, true);
+    let dump = only_dump(dir.path());
+    let host = dump.host.expect("host memory");
+    assert!(host.total_bytes.unwrap() > 0 && host.rss_bytes.unwrap() > 0);
+    let procs = dump.gpu_processes.expect("gpu_processes");
+    assert_eq!(procs.device, 0);
+    if !Path::new("/dev/nvidiactl").exists() {
+        assert!(
+            procs.error.as_deref().unwrap_or("").contains("NVML"),
+            "{procs:?}"
+        );
+    }
+}

@@ -42,6 +42,28 @@ pub struct Dump {
     /// holders (`api: "cuMemCreate"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vmm: Option<VmmInfo>,
+    /// Host memory when the dump was written (a CPU-side OOM starts here; pinned memory counts
+    /// against it). Absent in dumps of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<crate::facts::host::HostMemory>,
+    /// Processes holding memory on the failing (or current) device, from NVML.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_processes: Option<GpuProcesses>,
+}
+
+/// Who else uses the device, as NVML sees it when the dump is written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuProcesses {
+    /// The CUDA device ordinal these processes are on.
+    pub device: i32,
+    /// How the CUDA device was found in NVML: `"uuid"` (from CUDA_VISIBLE_DEVICES) or
+    /// `"index"` (CUDA's ordinal taken as NVML's; true unless devices are reordered).
+    pub matched_by: String,
+    /// Largest first; empty when NVML could not be asked (see `error`).
+    pub processes: Vec<crate::facts::gpu_processes::GpuProcess>,
+    /// Why NVML could not answer (no driver, no NVML library, no permission).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Reserved address ranges and mappings: how a VMM allocator (PyTorch's expandable segments,

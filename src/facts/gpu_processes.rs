@@ -22,6 +22,20 @@ pub enum Relation {
     Unknown,
 }
 
+impl Relation {
+    /// In words, as reports say it ("another user's").
+    pub fn words(self) -> &'static str {
+        match self {
+            Relation::This => "this process",
+            Relation::Child => "a child of this process",
+            Relation::Parent => "this process's parent",
+            Relation::SameUser => "yours",
+            Relation::OtherUser => "another user's",
+            Relation::Unknown => "not visible from here",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuProcess {
     pub pid: u32,
@@ -134,6 +148,37 @@ pub fn on_device(uuid: Option<&str>, index: u32) -> Result<Vec<GpuProcess>, Stri
     Ok(out)
 }
 
+/// How to find CUDA ordinal `device` in NVML: `CUDA_VISIBLE_DEVICES` (its value, passed in)
+/// renumbers devices; entries are NVML indices or UUIDs. Returns (uuid, index, matched_by).
+pub fn nvml_identity(device: i32, visible: Option<&str>) -> (Option<String>, u32, &'static str) {
+    let ordinal = device.max(0) as usize;
+    if let Some(entry) = visible.and_then(|v| v.split(',').map(str::trim).nth(ordinal)) {
+        if entry.starts_with("GPU-") {
+            return (Some(entry.to_string()), 0, "uuid");
+        }
+        if let Ok(i) = entry.parse::<u32>() {
+            return (None, i, "index");
+        }
+    }
+    (None, ordinal as u32, "index")
+}
+
+/// The processes on CUDA device `device`, for a dump.
+pub fn for_dump(device: i32) -> crate::dump::model::GpuProcesses {
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let (uuid, index, matched_by) = nvml_identity(device, visible.as_deref());
+    let (processes, error) = match on_device(uuid.as_deref(), index) {
+        Ok(p) => (p, None),
+        Err(e) => (Vec::new(), Some(e)),
+    };
+    crate::dump::model::GpuProcesses {
+        device,
+        matched_by: matched_by.to_string(),
+        processes,
+        error,
+    }
+}
+
 /// The `GPU-xxxxxxxx-xxxx-…` form NVML uses for a 16-byte CUDA device UUID.
 pub fn uuid_string(bytes: &[u8; 16]) -> String {
     let h: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
@@ -183,6 +228,21 @@ mod tests {
         let me = proc_facts(std::process::id());
         assert!(me.visible);
         assert_eq!(me.ppid, Some(unsafe { libc::getppid() } as u32));
+    }
+
+    #[test]
+    fn cuda_visible_devices_maps_ordinals_to_nvml() {
+        assert_eq!(nvml_identity(0, None), (None, 0, "index"));
+        assert_eq!(nvml_identity(1, Some("3,5")), (None, 5, "index"));
+        assert_eq!(
+            nvml_identity(0, Some("GPU-abc, 2")),
+            (Some("GPU-abc".to_string()), 0, "uuid")
+        );
+        assert_eq!(
+            nvml_identity(4, Some("1")),
+            (None, 4, "index"),
+            "out of range: CUDA's ordinal"
+        );
     }
 
     #[test]

@@ -263,9 +263,14 @@ pub fn html_payload(dump: &Dump) -> Value {
             "fragmentation": fb.fragmentation.filter(|f| f.is_finite()),
             "histogram": fb.histogram.iter().map(|b| json!([b.lo, b.hi, b.count, b.bytes])).collect::<Vec<_>>(),
         },
-        // Other processes on the device: not in `oomshim.dump/1` yet; the page shows a table
-        // when this is a non-empty array of objects.
-        "processes": Value::Null,
+        // Other processes on the device (NVML); the page shows a table when this is a
+        // non-empty array of objects.
+        "processes": dump.gpu_processes.as_ref().map(|g| g.processes.iter().map(|p| json!({
+            "pid": p.pid,
+            "name": p.name,
+            "used_bytes": p.used_bytes,
+            "relation": p.relation,
+        })).collect::<Vec<_>>()),
         "recording": {
             "version": dump.recording.version,
             "stacks": dump.recording.stacks,

@@ -13,7 +13,8 @@ use super::{
 };
 use crate::dump::model::{Dump, FailedRequest, Frame};
 use crate::verdict::{
-    judge, FRAGMENTATION, OWN_ALLOCATIONS, REQUEST_EXCEEDS_DEVICE, SNAPSHOT, UNTRACKED_MEMORY,
+    judge, FRAGMENTATION, OTHER_PROCESSES, OWN_ALLOCATIONS, REQUEST_EXCEEDS_DEVICE, SNAPSHOT,
+    UNTRACKED_MEMORY,
 };
 
 /// Width that prose (summary, suggestions) is wrapped to.
@@ -37,9 +38,11 @@ pub fn render_terminal(dump: &Dump, opts: &ReportOptions) -> String {
     }
     verdict(&mut out, &s, dump);
     devices(&mut out, &s, dump);
+    gpu_processes(&mut out, &s, dump);
     holders(&mut out, &s, dump, opts.top);
     sites(&mut out, &s, dump, opts.top);
     pinned(&mut out, &s, dump);
+    host(&mut out, &s, dump);
     free_blocks(&mut out, &s, dump);
     recording(&mut out, &s, dump);
     out
@@ -66,7 +69,7 @@ impl Style {
     }
     fn kind(&self, kind: &str) -> String {
         let code = match kind {
-            REQUEST_EXCEEDS_DEVICE | UNTRACKED_MEMORY => "1;31",
+            REQUEST_EXCEEDS_DEVICE | UNTRACKED_MEMORY | OTHER_PROCESSES => "1;31",
             OWN_ALLOCATIONS | FRAGMENTATION => "1;33",
             SNAPSHOT => "1;36",
             _ => "1",
@@ -454,6 +457,56 @@ fn pinned(out: &mut String, s: &Style, dump: &Dump) {
         plural(p.count, "allocation", "allocations"),
         human_bytes(p.peak_bytes)
     );
+}
+
+/// Processes NVML lists on the device (absent in dumps without them).
+fn gpu_processes(out: &mut String, s: &Style, dump: &Dump) {
+    let Some(g) = &dump.gpu_processes else { return };
+    let _ = writeln!(
+        out,
+        "\n{}",
+        s.title(&format!("Processes on device {} (NVML)", g.device))
+    );
+    if let Some(e) = &g.error {
+        let _ = writeln!(out, "  unknown: {}", clean(e));
+        return;
+    }
+    if g.processes.is_empty() {
+        let _ = writeln!(out, "  none listed");
+        return;
+    }
+    for p in &g.processes {
+        let relation = p.relation.words();
+        let _ = writeln!(
+            out,
+            "  {:>8}  {:>12}  {:<24} {}",
+            p.pid,
+            p.used_bytes.map(human_bytes).unwrap_or_else(|| "?".into()),
+            clean(p.name.as_deref().unwrap_or("-")),
+            relation
+        );
+    }
+}
+
+/// Host memory when the dump was written (absent in older dumps).
+fn host(out: &mut String, s: &Style, dump: &Dump) {
+    let Some(h) = &dump.host else { return };
+    let opt = |b: Option<u64>| b.map(human_bytes).unwrap_or_else(|| "?".into());
+    let mut line = format!(
+        "{} {} available of {}; this process's RSS {}",
+        s.title("Host memory:"),
+        opt(h.available_bytes),
+        opt(h.total_bytes),
+        opt(h.rss_bytes)
+    );
+    if let Some(limit) = h.cgroup_limit_bytes {
+        line.push_str(&format!(
+            "; cgroup limit {} (using {})",
+            human_bytes(limit),
+            opt(h.cgroup_usage_bytes)
+        ));
+    }
+    let _ = writeln!(out, "{line}");
 }
 
 fn free_blocks(out: &mut String, s: &Style, dump: &Dump) {

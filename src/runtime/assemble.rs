@@ -214,6 +214,9 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
         // Pools and VMM state taken on the failing (or calling) thread; see src/runtime/vmm.rs.
         pools: extras.pools,
         vmm: extras.vmm,
+        host: Some(crate::facts::host::read()),
+        // Asked only for a device the process uses: NVML is loaded on this (writer) thread.
+        gpu_processes: cap.device.map(crate::facts::gpu_processes::for_dump),
     };
     dump.verdict = crate::verdict::judge(&dump);
     dump
