@@ -52,9 +52,15 @@ pub(crate) const FRAMES_SHOWN: usize = 3;
 ///
 /// A stack with Python frames is named by them alone: the innermost Python frame is the site
 /// (`forward (train.py:57)`), its callers follow; the native frames between them are the
-/// interpreter's and the framework's.
+/// interpreter's and the framework's. Innermost Python frames of installed packages and the
+/// standard library (`relu (torch/nn/functional.py)`) are passed over when the program's own
+/// code is further out: the site is the user's line that called into the library.
 pub fn named_frames(stack: &[Frame]) -> impl Iterator<Item = &Frame> {
     let python = stack.iter().any(|f| f.kind == FrameKind::Python);
+    let user_code = python
+        && stack
+            .iter()
+            .any(|f| f.kind == FrameKind::Python && !is_library_python_frame(f));
     let named = move || {
         stack.iter().filter(move |f| {
             (!python || f.kind == FrameKind::Python)
@@ -64,7 +70,22 @@ pub fn named_frames(stack: &[Frame]) -> impl Iterator<Item = &Frame> {
         })
     };
     let has_caller = named().any(|f| !is_cuda_api_frame(f));
-    named().filter(move |f| !(has_caller && is_cuda_api_frame(f)))
+    named()
+        .filter(move |f| !(has_caller && is_cuda_api_frame(f)))
+        .skip_while(move |f| user_code && is_library_python_frame(f))
+}
+
+/// Python code that is not the program's own: installed packages (`site-packages`,
+/// `dist-packages`), the standard library (`…/lib/python3.N/…`) and frozen modules.
+pub fn is_library_python_frame(f: &Frame) -> bool {
+    f.kind == FrameKind::Python
+        && f.file.as_deref().is_some_and(|p| {
+            p.contains("/site-packages/")
+                || p.contains("/dist-packages/")
+                || p.starts_with("<frozen")
+                || p.split('/')
+                    .any(|c| c.starts_with("python3.") || c.starts_with("python2."))
+        })
 }
 
 /// CUDA allocation entry points, without `_v2`-style and per-thread suffixes.
@@ -427,6 +448,70 @@ pub(crate) mod fixtures {
                 actual.lines().nth(first).unwrap_or("<end>"),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod library_frame_tests {
+    use super::*;
+
+    fn py(function: &str, file: &str, line: u32) -> Frame {
+        Frame {
+            address: "0x1".into(),
+            function: Some(function.into()),
+            file: Some(file.into()),
+            line: Some(line),
+            kind: FrameKind::Python,
+            ..Frame::default()
+        }
+    }
+
+    #[test]
+    fn sites_are_named_after_the_programs_own_line() {
+        let stack = vec![
+            Frame {
+                address: "0x2".into(),
+                function: Some("cudaMalloc".into()),
+                ..Frame::default()
+            },
+            py(
+                "relu",
+                "/venv/lib/python3.12/site-packages/torch/nn/functional.py",
+                1723,
+            ),
+            py(
+                "forward",
+                "/venv/lib/python3.12/site-packages/torch/nn/modules/activation.py",
+                144,
+            ),
+            py("train_step", "/home/ada/train.py", 17),
+            py("<module>", "/home/ada/train.py", 40),
+        ];
+        let names: Vec<&str> = named_frames(&stack)
+            .map(|f| f.function.as_deref().unwrap())
+            .collect();
+        assert_eq!(names, ["train_step", "<module>"]);
+        // Only library code: it is named as it is.
+        let lib_only = &stack[..3];
+        assert_eq!(
+            named_frames(lib_only).next().unwrap().function.as_deref(),
+            Some("relu")
+        );
+        assert!(is_library_python_frame(&py(
+            "f",
+            "/usr/lib/python3.11/threading.py",
+            1
+        )));
+        assert!(is_library_python_frame(&py(
+            "f",
+            "<frozen importlib._bootstrap>",
+            1
+        )));
+        assert!(!is_library_python_frame(&py(
+            "f",
+            "/srv/python-apps/train.py",
+            1
+        )));
     }
 }
 

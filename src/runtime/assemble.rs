@@ -352,10 +352,8 @@ fn has_stream(api: Api) -> bool {
 
 /// `function (file:line)` of the innermost frame with a name, for one-line summaries.
 pub(crate) fn describe_site(stack: &[Frame]) -> String {
-    let python = stack
-        .iter()
-        .find(|f| f.kind == FrameKind::Python && f.function.is_some());
-    match python.or_else(|| stack.iter().find(|f| f.function.is_some())) {
+    // The same frame the reports name a site by (the program's own Python line when known).
+    match crate::report::named_frames(stack).next() {
         Some(f) => {
             let name = f.function.as_deref().unwrap_or("?");
             match (&f.file, f.line) {
