@@ -328,40 +328,30 @@ fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
         }
         out.push('\n');
     }
-    // The largest holders, one entry per allocation site: a leak holds many equal blocks.
-    let mut seen: Vec<&[crate::dump::model::Frame]> = Vec::new();
+    // The largest holders, one entry per site as the reports name it (the program's own line):
+    // a leak holds many equal blocks, often through slightly different native paths.
+    let mut seen: Vec<String> = Vec::new();
     let mut holders: Vec<String> = Vec::new();
-    for h in dump
-        .largest_holders
-        .iter()
-        .filter(|h| h.device == req.device)
-    {
+    for h in dump.largest_holders.iter().filter(|h| h.device == req.device) {
         if holders.len() == 3 {
             break;
         }
-        if seen.contains(&h.stack.as_slice()) {
+        let name = assemble::describe_site(&h.stack);
+        if seen.contains(&name) {
             continue;
         }
-        seen.push(&h.stack);
-        let site = dump
+        let (count, bytes) = dump
             .sites
             .iter()
-            .find(|s| s.stack == h.stack)
-            .filter(|s| s.count > 1);
-        let all = site
-            .map(|s| {
-                format!(
-                    " (×{}, {} at this site)",
-                    thousands(s.count),
-                    human_bytes(s.bytes)
-                )
-            })
-            .unwrap_or_default();
-        holders.push(format!(
-            "{}{all} at {}",
-            human_bytes(h.bytes),
-            assemble::describe_site(&h.stack)
-        ));
+            .filter(|s| assemble::describe_site(&s.stack) == name)
+            .fold((0u64, 0u64), |(c, b), s| (c + s.count, b + s.bytes));
+        let all = if count > 1 {
+            format!(" (×{}, {} at this site)", thousands(count), human_bytes(bytes))
+        } else {
+            String::new()
+        };
+        holders.push(format!("{}{all} at {name}", human_bytes(h.bytes)));
+        seen.push(name);
     }
     if !holders.is_empty() {
         out.push_str(&format!("oomshim:   largest: {}\n", holders.join("; ")));
