@@ -25,8 +25,11 @@ def row(check, ok, detail):
 def run(cmd, env=None, timeout=300):
     e = dict(os.environ)
     e.update(env or {})
-    p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
-    return p
+    try:
+        return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as t:
+        # A slow step is a failed row, not a lost table.
+        return subprocess.CompletedProcess(cmd, 124, t.stdout or "", f"timed out after {timeout} s")
 
 
 def dumps_in(d):
@@ -247,6 +250,85 @@ def check_driver_paths():
         rows.append((check, "PASS" if ok else "FAIL", detail))
 
 
+def check_python_stacks():
+    """Issue 5 on the GPU: file:line with every tensor reaching cudaMalloc, an OOM inside
+    backward(), the per-tensor cost of each stack mode against torch's own recorder, and the
+    time to write a dump of 100,000 live tensors against torch's _dump_snapshot."""
+    nocache = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    # (a) every tensor is a cudaMalloc: the holders are tensors, the site the script's line.
+    d = os.path.join(OUT, "nocache")
+    os.makedirs(d, exist_ok=True)
+    script = os.path.join(ROOT, "tests/gpu/torch_leak.py")
+    p = run([CLI, "run", "--dir", d, "--lib", LIB, "--", sys.executable, script], env=nocache, timeout=400)
+    files = dumps_in(d)
+    if files:
+        dump = load(files[0])
+        summary = dump["verdict"]["summary"]
+        row("python stacks, PYTORCH_NO_CUDA_MEMORY_CACHING=1: top site is the script's line",
+            "torch_leak.py:12" in summary,
+            f"{dump['recording']['live_allocations']} live allocations; {summary[summary.find('site'):][:120]}")
+    else:
+        row("python stacks, PYTORCH_NO_CUDA_MEMORY_CACHING=1: dump", False, p.stderr[-400:])
+    # (b) an OOM inside loss.backward().
+    d = os.path.join(OUT, "backward")
+    os.makedirs(d, exist_ok=True)
+    p = run([CLI, "run", "--dir", d, "--lib", LIB, "--", sys.executable,
+             os.path.join(ROOT, "tests/gpu/torch_backward_oom.py")], timeout=400)
+    files = dumps_in(d)
+    try:
+        where = json.loads(p.stdout.strip().splitlines()[-1])
+    except Exception:
+        where = {}
+    if files:
+        dump = load(files[-1])
+        fr = dump.get("failed_request") or {}
+        py = [f for f in fr.get("stack", []) if f.get("kind") == "python"]
+        native = [f.get("function") for f in fr.get("stack", []) if f.get("function") and f.get("kind") != "python"]
+        autograd = [n for n in native if "autograd" in n.lower() or "Engine" in n]
+        threads = sorted({h.get("thread_name") for h in dump["largest_holders"] if h.get("thread_name")})
+        row(f"python stacks: OOM inside {where.get('oom_in')} (batch {where.get('batch')})", True,
+            f"failing stack: {len(py)} Python frames, autograd frames: {autograd[:2]}; "
+            f"innermost named: {native[:1]}; holder threads {threads[:4]}; verdict {dump['verdict']['kind']}")
+    else:
+        row("python stacks: OOM inside backward: dump", False, p.stderr[-400:] or p.stdout[-400:])
+    # (c) cost per torch.empty + del, interleaved.
+    cost = os.path.join(ROOT, "tests/gpu/torch_cost.py")
+    variants = [("torch, caching allocator", [cost, "plain"], {}),
+                ("torch _record_memory_history(stacks='python')", [cost, "hist_python"], {}),
+                ("torch _record_memory_history() (python+C++)", [cost, "hist_all"], {})]
+    for mode in ("off", "native", "python", "all"):
+        variants.append((f"shim OOMSHIM_STACKS={mode}, caching allocator", [cost, "plain"],
+                         {"LD_PRELOAD": LIB, "OOMSHIM_STACKS": mode}))
+    variants.append(("torch, no caching (every tensor a cudaMalloc)", [cost, "plain", "5000"], dict(nocache)))
+    for mode in ("off", "native", "python", "all"):
+        variants.append((f"shim OOMSHIM_STACKS={mode}, no caching", [cost, "plain", "5000"],
+                         dict(nocache, LD_PRELOAD=LIB, OOMSHIM_STACKS=mode)))
+    got = {}
+    for _ in range(1):
+        for label, args, env in variants:
+            p = run(["taskset", "-c", "2", sys.executable] + args, env=env, timeout=200)
+            try:
+                got.setdefault(label, []).append(json.loads(p.stdout.strip().splitlines()[-1])["us_per_iter"])
+            except Exception:
+                got.setdefault(label, [])
+    for label, _, _ in variants:
+        v = got.get(label) or []
+        row(f"cost per torch.empty+del: {label}", bool(v), f"{min(v):.2f} us/iter" if v else "no result")
+    # (d) time to write a dump of 100,000 live tensors.
+    p = run([sys.executable, os.path.join(ROOT, "tests/gpu/torch_dumptime.py"), "oomshim"],
+            env=dict(nocache, LD_PRELOAD=LIB, OOMSHIM_DIR=os.path.join(OUT, "dumptime")), timeout=300)
+    q = run([sys.executable, os.path.join(ROOT, "tests/gpu/torch_dumptime.py"), "torch"], timeout=150)
+    try:
+        a = json.loads(p.stdout.strip().splitlines()[-1])
+        b = json.loads(q.stdout.strip().splitlines()[-1]) if q.returncode == 0 else None
+        torch_text = (f"torch {b['seconds']:.2f} s ({b['bytes'] / 2**20:.0f} MiB)" if b else
+                      "torch did not finish within 150 s")
+        row("dump of 100,000 live tensors: oomshim_dump vs torch _dump_snapshot (C++ stacks)", a["rc"] == 0,
+            f"oomshim {a['seconds']:.2f} s, {torch_text}")
+    except Exception:
+        row("dump of 100,000 live tensors", False, (p.stderr + q.stderr)[-400:])
+
+
 def check_overhead():
     exe = os.path.join(WORK, "pair")
     if not nvcc(os.path.join(ROOT, "tests/gpu/pair_bench.cu"), exe):
@@ -291,7 +373,7 @@ def main():
     import torch
     print("torch", torch.__version__, "cuda", torch.version.cuda)
     checks = (check_nvcc_leak, check_torch, check_torch_fragmentation, check_other_process, check_driver_paths,
-              check_overhead)
+              check_python_stacks, check_overhead)
     # OOMSHIM_GPU_CHECKS=check_torch,check_overhead runs a subset.
     only = [c for c in os.environ.get("OOMSHIM_GPU_CHECKS", "").split(",") if c]
     for check in (c for c in checks if not only or c.__name__ in only):
