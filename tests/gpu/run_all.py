@@ -250,6 +250,32 @@ def check_driver_paths():
         rows.append((check, "PASS" if ok else "FAIL", detail))
 
 
+def check_backward_oom():
+    """An OOM inside loss.backward(): what the dump says about who allocated."""
+    d = os.path.join(OUT, "backward")
+    os.makedirs(d, exist_ok=True)
+    p = run([CLI, "run", "--dir", d, "--lib", LIB, "--", sys.executable,
+             os.path.join(ROOT, "tests/gpu/torch_backward_oom.py")], timeout=400)
+    files = dumps_in(d)
+    try:
+        where = json.loads(p.stdout.strip().splitlines()[-1])
+    except Exception:
+        where = {}
+    if files:
+        dump = load(files[-1])
+        fr = dump.get("failed_request") or {}
+        py = [f for f in fr.get("stack", []) if f.get("kind") == "python"]
+        native = [f.get("function") for f in fr.get("stack", []) if f.get("function") and f.get("kind") != "python"]
+        engine = [n[:70] for n in native if "Engine" in n][:2]
+        threads = sorted({h.get("thread_name") for h in dump["largest_holders"] if h.get("thread_name")})
+        summary = dump["verdict"]["summary"]
+        row(f"python stacks: OOM inside {where.get('oom_in')}", where.get("oom_in") == "backward",
+            f"failing call: {len(py)} Python frames, engine frames {engine}; holder threads {threads[:4]}; "
+            f"{summary[summary.find('site'):][:110]}")
+    else:
+        row("python stacks: OOM inside backward: dump", False, p.stderr[-400:] or p.stdout[-400:])
+
+
 def check_python_stacks():
     """Issue 5 on the GPU: file:line with every tensor reaching cudaMalloc, an OOM inside
     backward(), the per-tensor cost of each stack mode against torch's own recorder, and the
@@ -269,28 +295,6 @@ def check_python_stacks():
             f"{dump['recording']['live_allocations']} live allocations; {summary[summary.find('site'):][:120]}")
     else:
         row("python stacks, PYTORCH_NO_CUDA_MEMORY_CACHING=1: dump", False, p.stderr[-400:])
-    # (b) an OOM inside loss.backward().
-    d = os.path.join(OUT, "backward")
-    os.makedirs(d, exist_ok=True)
-    p = run([CLI, "run", "--dir", d, "--lib", LIB, "--", sys.executable,
-             os.path.join(ROOT, "tests/gpu/torch_backward_oom.py")], timeout=400)
-    files = dumps_in(d)
-    try:
-        where = json.loads(p.stdout.strip().splitlines()[-1])
-    except Exception:
-        where = {}
-    if files:
-        dump = load(files[-1])
-        fr = dump.get("failed_request") or {}
-        py = [f for f in fr.get("stack", []) if f.get("kind") == "python"]
-        native = [f.get("function") for f in fr.get("stack", []) if f.get("function") and f.get("kind") != "python"]
-        autograd = [n for n in native if "autograd" in n.lower() or "Engine" in n]
-        threads = sorted({h.get("thread_name") for h in dump["largest_holders"] if h.get("thread_name")})
-        row(f"python stacks: OOM inside {where.get('oom_in')} (batch {where.get('batch')})", True,
-            f"failing stack: {len(py)} Python frames, autograd frames: {autograd[:2]}; "
-            f"innermost named: {native[:1]}; holder threads {threads[:4]}; verdict {dump['verdict']['kind']}")
-    else:
-        row("python stacks: OOM inside backward: dump", False, p.stderr[-400:] or p.stdout[-400:])
     # (c) cost per torch.empty + del, interleaved.
     cost = os.path.join(ROOT, "tests/gpu/torch_cost.py")
     variants = [("torch, caching allocator", [cost, "plain"], {}),
@@ -373,7 +377,7 @@ def main():
     import torch
     print("torch", torch.__version__, "cuda", torch.version.cuda)
     checks = (check_nvcc_leak, check_torch, check_torch_fragmentation, check_other_process, check_driver_paths,
-              check_python_stacks, check_overhead)
+              check_python_stacks, check_overhead, check_backward_oom)
     # OOMSHIM_GPU_CHECKS=check_torch,check_overhead runs a subset.
     only = [c for c in os.environ.get("OOMSHIM_GPU_CHECKS", "").split(",") if c]
     for check in (c for c in checks if not only or c.__name__ in only):
