@@ -11,7 +11,7 @@ use oomshim::dump::read::read_dump;
 use oomshim::testbed;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -36,18 +36,7 @@ fn run(name: &str, args: &[&str], env: &[(&str, &str)], with_shim: bool) -> Outp
     if with_shim {
         cmd.env("LD_PRELOAD", shim_lib());
     }
-    let mut child = cmd.spawn().expect("spawn client");
-    let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            child.kill().ok();
-            panic!("watchdog: {name} {args:?} still running after 120 s (deadlock?)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::wait_with_watchdog(cmd, Duration::from_secs(120))
 }
 
 fn stdout(o: &Output) -> String {

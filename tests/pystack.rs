@@ -17,7 +17,7 @@ use oomshim::pystack::MAX_PY_FRAMES;
 use oomshim::testbed;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
@@ -195,21 +195,7 @@ fn run_python(py: &Python, script: &Path, args: &[&Path], env: &[(&str, &str)]) 
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("spawn python");
-    let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            child.kill().ok();
-            panic!(
-                "watchdog: {} still running after 120s (deadlock?)",
-                script.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::wait_with_watchdog(cmd, Duration::from_secs(120))
 }
 
 fn only_dump(dir: &Path) -> Dump {

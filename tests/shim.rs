@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::shim_lib;
+use common::{shim_lib, wait_with_watchdog};
 use oomshim::dump::model::{Dump, Frame};
 use oomshim::dump::read::read_dump;
 use oomshim::testbed;
@@ -30,24 +30,6 @@ fn run_client(name: &str, args: &[&str], env: &[(&str, &str)], with_shim: bool) 
         cmd.env("LD_PRELOAD", shim_lib());
     }
     wait_with_watchdog(cmd, Duration::from_secs(120))
-}
-
-fn wait_with_watchdog(mut cmd: Command, limit: Duration) -> Output {
-    let mut child = cmd.spawn().expect("spawn client");
-    let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if start.elapsed() > limit {
-            child.kill().ok();
-            panic!(
-                "watchdog: {:?} still running after {limit:?} (deadlock?)",
-                cmd.get_program()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn dumps_in(dir: &Path) -> Vec<PathBuf> {

@@ -41,13 +41,18 @@ pub fn disable(why: &str) {
     }
 }
 
-/// Says once per function that a real CUDA function could not be found.
+/// Says once that a real CUDA runtime function could not be found.
 pub fn report_missing(name: &str) {
     static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
+    say_missing_once(&SAID, name, "runtime", "cudaErrorInitializationError");
+}
+
+/// One message per layer for the whole process: the first missing function names the problem.
+fn say_missing_once(said: &AtomicBool, name: &str, layer: &str, returns: &str) {
+    if !said.swap(true, Ordering::Relaxed) {
         eprintln!(
-            "oomshim: the real {name} was not found in this process (is the CUDA runtime loaded?); \
-             calls to it return cudaErrorInitializationError"
+            "oomshim: the real {name} was not found in this process (is the CUDA {layer} loaded?); \
+             calls to it return {returns}"
         );
     }
 }
@@ -337,12 +342,7 @@ pub use vmm::{
 /// Says once that a real CUDA driver function could not be found.
 pub fn report_missing_driver(name: &str) {
     static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
-        eprintln!(
-            "oomshim: the real {name} was not found in this process (is the CUDA driver loaded?); \
-             calls to it return CUDA_ERROR_NOT_INITIALIZED"
-        );
-    }
+    say_missing_once(&SAID, name, "driver", "CUDA_ERROR_NOT_INITIALIZED");
 }
 
 /// Support for benchmarks (`benches/dump.rs`): a shim state built directly, without hooks or a

@@ -332,7 +332,11 @@ fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
     // a leak holds many equal blocks, often through slightly different native paths.
     let mut seen: Vec<String> = Vec::new();
     let mut holders: Vec<String> = Vec::new();
-    for h in dump.largest_holders.iter().filter(|h| h.device == req.device) {
+    for h in dump
+        .largest_holders
+        .iter()
+        .filter(|h| h.device == req.device)
+    {
         if holders.len() == 3 {
             break;
         }
@@ -346,7 +350,11 @@ fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
             .filter(|s| assemble::describe_site(&s.stack) == name)
             .fold((0u64, 0u64), |(c, b), s| (c + s.count, b + s.bytes));
         let all = if count > 1 {
-            format!(" (×{}, {} at this site)", thousands(count), human_bytes(bytes))
+            format!(
+                " (×{}, {} at this site)",
+                thousands(count),
+                human_bytes(bytes)
+            )
         } else {
             String::new()
         };

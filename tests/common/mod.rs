@@ -1,8 +1,11 @@
 //! Shared by the integration tests that run programs under the shim.
 
+#![allow(dead_code, reason = "each test binary uses its own subset")]
+
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// `liboomshim.so` of the profile under test, built (or brought up to date) first: `cargo test`
 /// compiles the library only as an rlib for the tests, never the cdylib users preload, so a
@@ -27,4 +30,24 @@ pub fn shim_lib() -> PathBuf {
         lib
     })
     .clone()
+}
+
+/// Runs `cmd` to completion under a watchdog: a hang (a deadlock in the shim, say) fails the test
+/// instead of blocking the suite.
+pub fn wait_with_watchdog(mut cmd: Command, limit: Duration) -> Output {
+    let mut child = cmd.spawn().expect("spawn client");
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            child.kill().ok();
+            panic!(
+                "watchdog: {:?} still running after {limit:?} (deadlock?)",
+                cmd.get_program()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
