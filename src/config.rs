@@ -66,6 +66,13 @@ pub struct Config {
     pub settle: Duration,
     /// `OOMSHIM_LOG`: a tracing filter (e.g. `debug`) for the shim's own logs; off when unset.
     pub log: Option<String>,
+    /// `OOMSHIM_SIGNAL`: a signal (`USR1`, `USR2` or a number) that asks for a dump. Off unless
+    /// set: the shim never installs a signal handler unasked.
+    pub dump_signal: Option<i32>,
+    /// `OOMSHIM_INTERVAL`: write a dump this often (off unless set).
+    pub interval: Option<Duration>,
+    /// `OOMSHIM_AT_EXIT`: write a dump of what is still live when the program exits.
+    pub at_exit: bool,
 }
 
 impl Default for Config {
@@ -78,6 +85,9 @@ impl Default for Config {
             min_interval: DEFAULT_MIN_INTERVAL,
             settle: DEFAULT_SETTLE,
             log: None,
+            dump_signal: None,
+            interval: None,
+            at_exit: false,
         }
     }
 }
@@ -185,6 +195,38 @@ impl Config {
                 ),
             }
         }
+        if let Some(v) = lookup("OOMSHIM_SIGNAL") {
+            match parse_signal(&v) {
+                Some(sig) => cfg.dump_signal = sig,
+                None => warn(
+                    "OOMSHIM_SIGNAL",
+                    &v,
+                    "`USR1`, `USR2`, a real-time signal number, or `off`",
+                    "off".to_string(),
+                ),
+            }
+        }
+        if let Some(v) = lookup("OOMSHIM_INTERVAL") {
+            match v.trim() {
+                "" | "0" | "off" => {}
+                t => match parse_duration(t) {
+                    Some(d) if d >= Duration::from_millis(100) => cfg.interval = Some(d),
+                    _ => warn(
+                        "OOMSHIM_INTERVAL",
+                        &v,
+                        "a duration of at least 100ms such as `60s`, or `off`",
+                        "off".to_string(),
+                    ),
+                },
+            }
+        }
+        if let Some(v) = lookup("OOMSHIM_AT_EXIT") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => cfg.at_exit = true,
+                "" | "0" | "false" | "no" | "off" => cfg.at_exit = false,
+                _ => warn("OOMSHIM_AT_EXIT", &v, "`1` or `0`", "0".to_string()),
+            }
+        }
         if let Some(v) = lookup("OOMSHIM_LOG") {
             let v = v.trim();
             if !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("off") {
@@ -192,6 +234,24 @@ impl Config {
             }
         }
         (cfg, warnings)
+    }
+}
+
+/// `Some(None)` for off, `Some(Some(signo))` for a signal the shim may take over: SIGUSR1,
+/// SIGUSR2 or a real-time signal; never one a program or the kernel relies on (SEGV, CHLD, …).
+fn parse_signal(s: &str) -> Option<Option<i32>> {
+    let t = s.trim().to_ascii_uppercase();
+    let name = t.strip_prefix("SIG").unwrap_or(&t);
+    match name {
+        "" | "0" | "OFF" => Some(None),
+        "USR1" => Some(Some(libc::SIGUSR1)),
+        "USR2" => Some(Some(libc::SIGUSR2)),
+        n => {
+            let signo: i32 = n.parse().ok()?;
+            let (lo, hi) = (libc::SIGRTMIN(), libc::SIGRTMAX());
+            (signo == libc::SIGUSR1 || signo == libc::SIGUSR2 || (lo..=hi).contains(&signo))
+                .then_some(Some(signo))
+        }
     }
 }
 
@@ -319,6 +379,48 @@ mod tests {
         for v in ["", "0", "off", "OFF"] {
             assert_eq!(parse(&[("OOMSHIM_LOG", v)]).0.log, None, "{v:?}");
         }
+    }
+
+    #[test]
+    fn on_demand_triggers_are_off_unless_asked_and_checked() {
+        let (cfg, w) = parse(&[]);
+        assert_eq!(
+            (cfg.dump_signal, cfg.interval, cfg.at_exit),
+            (None, None, false)
+        );
+        assert!(w.is_empty());
+        let (cfg, w) = parse(&[
+            ("OOMSHIM_SIGNAL", "SIGUSR2"),
+            ("OOMSHIM_INTERVAL", "60s"),
+            ("OOMSHIM_AT_EXIT", "1"),
+        ]);
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(cfg.dump_signal, Some(libc::SIGUSR2));
+        assert_eq!(cfg.interval, Some(Duration::from_secs(60)));
+        assert!(cfg.at_exit);
+        assert_eq!(
+            parse(&[("OOMSHIM_SIGNAL", "usr1")]).0.dump_signal,
+            Some(libc::SIGUSR1)
+        );
+        let (cfg, w) = parse(&[
+            ("OOMSHIM_SIGNAL", "SEGV"),
+            ("OOMSHIM_INTERVAL", "1ms"),
+            ("OOMSHIM_AT_EXIT", "maybe"),
+        ]);
+        assert_eq!(
+            (cfg.dump_signal, cfg.interval, cfg.at_exit),
+            (None, None, false)
+        );
+        let vars: Vec<&str> = w.iter().map(|w| w.var).collect();
+        assert_eq!(
+            vars,
+            ["OOMSHIM_SIGNAL", "OOMSHIM_INTERVAL", "OOMSHIM_AT_EXIT"]
+        );
+        assert_eq!(
+            parse(&[("OOMSHIM_SIGNAL", "11")]).0.dump_signal,
+            None,
+            "SIGSEGV by number is refused"
+        );
     }
 
     #[test]

@@ -697,3 +697,146 @@ fn dumps_carry_host_memory_and_say_why_gpu_processes_are_unknown() {
         );
     }
 }
+
+#[test]
+fn on_demand_dumps_by_signal_interval_and_exit_are_opt_in() {
+    // Not asked for: no handler, so SIGUSR2's default action ends the program as without the shim.
+    let bare = run_client("on_demand", &["signal"], &[], false);
+    let shim = run_client("on_demand", &["signal"], &[], true);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(bare.status.signal(), Some(libc::SIGUSR2));
+    assert_eq!(
+        shim.status.signal(),
+        Some(libc::SIGUSR2),
+        "no handler installed unasked"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = run_client(
+        "on_demand",
+        &["signal"],
+        &[("OOMSHIM_DIR", d), ("OOMSHIM_SIGNAL", "USR2")],
+        true,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dump = only_dump(dir.path());
+    assert_eq!(dump.reason, "signal");
+    assert_eq!(
+        dump.devices.iter().map(|d| d.tracked_bytes).sum::<u64>(),
+        6 * MIB
+    );
+    assert!(has_frame(&dump.largest_holders[0].stack, "keep_three_buffers").is_some());
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = run_client(
+        "on_demand",
+        &["sleep", "1300"],
+        &[("OOMSHIM_DIR", d), ("OOMSHIM_INTERVAL", "0.3s")],
+        true,
+    );
+    assert!(out.status.success());
+    let dumps = dumps_in(dir.path());
+    assert!((2..=5).contains(&dumps.len()), "{dumps:?}");
+    assert!(dumps
+        .iter()
+        .all(|p| read_dump(p).unwrap().reason == "interval"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = run_client(
+        "on_demand",
+        &["exit"],
+        &[("OOMSHIM_DIR", d), ("OOMSHIM_AT_EXIT", "1")],
+        true,
+    );
+    assert!(out.status.success());
+    let dump = only_dump(dir.path());
+    assert_eq!(dump.reason, "exit");
+    assert_eq!(
+        dump.recording.live_allocations, 2,
+        "what the program never freed"
+    );
+    assert_eq!(dump.devices[0].tracked_bytes, 5 * MIB);
+}
+
+/// A dump the simulated CUDA produced, with what differs from run to run and machine to machine
+/// (pid, host, times, thread ids, the checkout's paths, libc frames) pinned down.
+fn normalised(mut d: Dump) -> Dump {
+    d.process.pid = 4242;
+    d.process.host = "host".into();
+    d.process.command_line = vec!["leak_until_oom".into()];
+    d.time = "2026-01-01T00:00:00.000Z".into();
+    d.time_unix_ms = 0;
+    d.recording.version = "x".into();
+    d.host = None;
+    d.gpu_processes = None;
+    let keep = |f: &Frame| {
+        f.module
+            .as_deref()
+            .map(|m| m.rsplit('/').next().unwrap_or(m))
+            .is_some_and(|m| m == "leak_until_oom" || m == "libcudart.so.13")
+    };
+    let fix = |stack: &mut Vec<Frame>| {
+        stack.retain(keep);
+        for f in stack.iter_mut() {
+            f.address = "0x0".into();
+            f.module = f
+                .module
+                .as_deref()
+                .map(|m| m.rsplit('/').next().unwrap_or(m).to_string());
+            f.file = f
+                .file
+                .as_deref()
+                .map(|m| m.rsplit('/').next().unwrap_or(m).to_string());
+        }
+    };
+    if let Some(r) = d.failed_request.as_mut() {
+        fix(&mut r.stack);
+        if let Some(l) = r.last_failure.as_mut() {
+            l.time_unix_ms = 0;
+        }
+    }
+    for h in &mut d.largest_holders {
+        fix(&mut h.stack);
+        h.thread = 1;
+        h.age_s = 0.0;
+    }
+    for s in &mut d.sites {
+        fix(&mut s.stack);
+    }
+    d
+}
+
+#[test]
+fn golden_terminal_report_of_a_simulated_oom() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("SIMCUDA_CAPACITY", "1G"),
+        ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+    ];
+    run_client("leak_until_oom", &[], &env, true);
+    let dump = normalised(only_dump(dir.path()));
+    let text = oomshim::report::render_terminal(
+        &dump,
+        &oomshim::report::ReportOptions {
+            top: 3,
+            color: false,
+        },
+    );
+    let golden =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sim_leak_until_oom.report.txt");
+    if std::env::var_os("OOMSHIM_BLESS").is_some_and(|v| v == "1") {
+        std::fs::write(&golden, &text).unwrap();
+        return;
+    }
+    let expected =
+        std::fs::read_to_string(&golden).expect("golden file (OOMSHIM_BLESS=1 writes it)");
+    assert_eq!(
+        text,
+        expected,
+        "rendered report differs from {} (OOMSHIM_BLESS=1 to accept)",
+        golden.display()
+    );
+}

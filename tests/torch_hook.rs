@@ -224,3 +224,38 @@ fn a_failing_snapshot_is_one_message_and_the_program_goes_on() {
         "{err}"
     );
 }
+
+#[test]
+fn python_can_ask_the_shim_for_a_dump() {
+    let Some(e) = env() else { return };
+    let pkg = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shim/python");
+    let program = "import oomshim\nprint(oomshim.loaded(), oomshim.dump('from-python'))";
+    // Without the shim: a clear error.
+    let bare = Command::new("python3")
+        .arg("-c")
+        .arg(program)
+        .env("PYTHONPATH", &pkg)
+        .output()
+        .unwrap();
+    assert!(!bare.status.success());
+    assert!(String::from_utf8_lossy(&bare.stderr).contains("liboomshim.so is not loaded"));
+    // Under the shim: a dump with that reason.
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(program)
+        .env("PYTHONPATH", &pkg)
+        .env("LD_PRELOAD", common::shim_lib())
+        .env("OOMSHIM_DIR", &e.dumps)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "True True",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dumps = files(&e.dumps, "json");
+    assert_eq!(dumps.len(), 1);
+    let d = oomshim::dump::read::read_dump(&dumps[0]).unwrap();
+    assert_eq!(d.reason, "from-python");
+}

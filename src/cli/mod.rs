@@ -13,6 +13,26 @@ pub const EXIT_BAD_INPUT: i32 = 2;
 /// `oomshim report`: prints a dump as text or as the JSON report model. PyTorch's own summary of
 /// its cache, saved by the `oomshim run` Python hook next to the dump, is merged in when found.
 pub fn report(path: &Path, top: usize, json: bool, color: bool) -> Result<String, String> {
+    with_progress("reading", path, || report_inner(path, top, json, color))
+}
+
+/// A spinner on stderr while `f` runs, when stderr is a terminal and the dump is large enough
+/// for the wait to be felt (tens of MiB of JSON take seconds to parse, symbolise and render).
+fn with_progress<R>(what: &str, input: &Path, f: impl FnOnce() -> R) -> R {
+    use std::io::IsTerminal;
+    let big = std::fs::metadata(input).is_ok_and(|m| m.len() > 32 << 20);
+    if !big || !std::io::stderr().is_terminal() {
+        return f();
+    }
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_message(format!("{what} {}", input.display()));
+    spinner.enable_steady_tick(std::time::Duration::from_millis(100));
+    let r = f();
+    spinner.finish_and_clear();
+    r
+}
+
+fn report_inner(path: &Path, top: usize, json: bool, color: bool) -> Result<String, String> {
     let mut dump = crate::dump::read::read_dump(path).map_err(|e| e.to_string())?;
     let torch = crate::report::torch_cache::find_for(path, &dump);
     if let Some((_, cache)) = &torch {
@@ -39,6 +59,10 @@ pub fn report(path: &Path, top: usize, json: bool, color: bool) -> Result<String
 
 /// `oomshim report DUMP --html OUT`: the self-contained HTML page, written atomically.
 pub fn report_html(path: &Path, out: &Path) -> Result<String, String> {
+    with_progress("rendering", path, || report_html_inner(path, out))
+}
+
+fn report_html_inner(path: &Path, out: &Path) -> Result<String, String> {
     let mut dump = crate::dump::read::read_dump(path).map_err(|e| e.to_string())?;
     if let Some((_, cache)) = crate::report::torch_cache::find_for(path, &dump) {
         crate::report::torch_cache::apply(&mut dump, &cache);
@@ -86,6 +110,10 @@ pub fn merge(dir: &Path, json: bool) -> Result<String, String> {
 /// `oomshim export DUMP --memory-viz OUT`: writes the PyTorch memory snapshot pickle; the file
 /// appears whole or not at all.
 pub fn export_memory_viz(dump: &Path, out: &Path) -> Result<String, String> {
+    with_progress("exporting", dump, || export_memory_viz_inner(dump, out))
+}
+
+fn export_memory_viz_inner(dump: &Path, out: &Path) -> Result<String, String> {
     let d = crate::dump::read::read_dump(dump).map_err(|e| e.to_string())?;
     let bytes = crate::report::export::memory_viz(&d)?;
     let tmp = out.with_extension(format!("tmp-{}", std::process::id()));

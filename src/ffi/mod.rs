@@ -101,3 +101,82 @@ pub(crate) fn flush_dumps_at_exit() {
         libc::atexit(flush_at_exit);
     });
 }
+
+/// Runs shim work from a thread of the shim's own (a trigger thread, an exit handler) inside the
+/// guard, so anything it calls that is hooked passes straight through. `None` when refused.
+pub(crate) fn guarded<R>(f: impl FnOnce() -> R) -> Option<R> {
+    let guard = Guard::enter()?;
+    guard.run(f)
+}
+
+/// The write end of the pipe the dump signal's handler pokes, or -1.
+static DUMP_SIGNAL_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+struct OldAction(libc::sigaction);
+// Safety: a plain C struct, written once before the handler is installed and only read after.
+unsafe impl Sync for OldAction {}
+unsafe impl Send for OldAction {}
+static OLD_DUMP_ACTION: std::sync::OnceLock<OldAction> = std::sync::OnceLock::new();
+
+/// `OOMSHIM_SIGNAL`'s handler: async-signal-safe, it only writes one byte to a pipe (a writer
+/// thread does the dump) and then runs whatever handler the program had installed before.
+extern "C" fn on_dump_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    unsafe {
+        let errno = *libc::__errno_location();
+        let fd = DUMP_SIGNAL_FD.load(std::sync::atomic::Ordering::Relaxed);
+        if fd >= 0 {
+            let byte = 1u8;
+            libc::write(fd, (&byte as *const u8).cast(), 1);
+        }
+        *libc::__errno_location() = errno;
+        if let Some(OldAction(old)) = OLD_DUMP_ACTION.get() {
+            let h = old.sa_sigaction;
+            if h != libc::SIG_DFL && h != libc::SIG_IGN {
+                if old.sa_flags & libc::SA_SIGINFO != 0 {
+                    let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                        std::mem::transmute(h);
+                    f(sig, info, ctx);
+                } else {
+                    let f: extern "C" fn(libc::c_int) = std::mem::transmute(h);
+                    f(sig);
+                }
+            }
+        }
+    }
+}
+
+/// Installs the dump signal's handler, which pokes `write_fd`. Once per process.
+pub(crate) fn install_dump_signal(signo: i32, write_fd: i32) -> std::io::Result<()> {
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(signo, std::ptr::null(), &mut old) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if OLD_DUMP_ACTION.set(OldAction(old)).is_err() {
+            return Ok(()); // already installed
+        }
+        DUMP_SIGNAL_FD.store(write_fd, std::sync::atomic::Ordering::Relaxed);
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = on_dump_signal
+            as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+            as usize;
+        act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut act.sa_mask);
+        if libc::sigaction(signo, &act, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// `OOMSHIM_AT_EXIT`: a dump of what is still live when the program exits.
+extern "C" fn dump_at_exit() {
+    let _ = catch_unwind(crate::runtime::at_exit_dump);
+}
+
+pub(crate) fn register_exit_dump() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| unsafe {
+        libc::atexit(dump_at_exit);
+    });
+}

@@ -185,8 +185,8 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
         free_blocks: FreeBlocks {
             source: "unavailable".to_string(),
             reason: Some(
-                "under LD_PRELOAD the shim sees the framework's segments, not its free blocks; \
-                 run with oomshim as the allocator to see them"
+                "under LD_PRELOAD the shim sees the framework's segments, not the free blocks inside them; \
+                 for PyTorch, `oomshim run` saves torch's own view next to the dump"
                     .to_string(),
             ),
             total_free_bytes: None,

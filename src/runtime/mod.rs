@@ -61,7 +61,60 @@ fn shim() -> Option<&'static Shim> {
     if disabled() {
         return None;
     }
-    Some(SHIM.get_or_init(Shim::start))
+    let s = SHIM.get_or_init(Shim::start);
+    static TRIGGERS: std::sync::Once = std::sync::Once::new();
+    // After the state exists (the trigger threads use it); one atomic load on later calls.
+    TRIGGERS.call_once(|| start_triggers(s));
+    Some(s)
+}
+
+/// The opt-in on-demand dumps: a signal (`OOMSHIM_SIGNAL`), a period (`OOMSHIM_INTERVAL`) and
+/// the program's exit (`OOMSHIM_AT_EXIT`). These dumps ask CUDA nothing (no device free/total):
+/// from a thread of the shim's own, asking could create a CUDA context.
+fn start_triggers(s: &'static Shim) {
+    if let Some(signo) = s.config.dump_signal {
+        let mut fds = [0i32; 2];
+        let ok = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0
+            && unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) } == 0;
+        let reader = fds[0];
+        let spawned = ok
+            && std::thread::Builder::new()
+                .name("oomshim-signal".into())
+                .spawn(move || {
+                    let mut buf = [0u8; 64];
+                    // Several signals before a dump finishes are one dump.
+                    while unsafe { libc::read(reader, buf.as_mut_ptr().cast(), buf.len()) } > 0 {
+                        crate::ffi::guarded(|| dump_now("signal", None, None, None));
+                    }
+                })
+                .is_ok();
+        match spawned.then(|| crate::ffi::install_dump_signal(signo, fds[1])) {
+            Some(Ok(())) => tracing::debug!(signo, "dump signal installed"),
+            Some(Err(e)) => eprintln!("oomshim: OOMSHIM_SIGNAL: cannot install the handler ({e})"),
+            None => eprintln!("oomshim: OOMSHIM_SIGNAL: cannot start the dump thread"),
+        }
+    }
+    if let Some(every) = s.config.interval {
+        let spawned = std::thread::Builder::new()
+            .name("oomshim-interval".into())
+            .spawn(move || loop {
+                std::thread::sleep(every);
+                crate::ffi::guarded(|| dump_now("interval", None, None, None));
+            });
+        if spawned.is_err() {
+            eprintln!("oomshim: OOMSHIM_INTERVAL: cannot start the dump thread");
+        }
+    }
+    if s.config.at_exit {
+        crate::ffi::register_exit_dump();
+    }
+}
+
+/// `OOMSHIM_AT_EXIT`: what is still live when the program ends (a leak report).
+pub fn at_exit_dump() {
+    if SHIM.get().is_some() {
+        crate::ffi::guarded(|| dump_now("exit", None, None, None));
+    }
 }
 
 impl Shim {

@@ -333,6 +333,22 @@ def check_python_stacks():
         row("dump of 100,000 live tensors", False, (p.stderr + q.stderr)[-400:])
 
 
+def check_torchrun():
+    """Issue 7: a 2-rank torchrun job on one GPU where rank 1 leaks; `oomshim merge` names it."""
+    d = os.path.join(OUT, "torchrun")
+    os.makedirs(d, exist_ok=True)
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    p = run([CLI, "run", "--dir", d, "--lib", LIB, "--", torchrun, "--nproc_per_node=2", "--master_port=29533",
+             os.path.join(ROOT, "tests/gpu/torchrun_leak.py")], env={"OOMSHIM_AT_EXIT": "1"}, timeout=300)
+    m = run([CLI, "merge", d])
+    text = m.stdout
+    with open(os.path.join(OUT, "torchrun-merge.txt"), "w") as f:
+        f.write(text + m.stderr + "\n--- job stderr ---\n" + p.stderr[-3000:])
+    ok = m.returncode == 0 and "rank 1" in text and "ran out of memory" in text
+    line = next((l.strip() for l in text.splitlines() if "ran out of memory" in l), text[-300:])
+    row("torchrun 2 ranks on one GPU: oomshim merge names the leaking rank", ok, f"job exit {p.returncode}; {line[:220]}")
+
+
 def check_overhead():
     exe = os.path.join(WORK, "pair")
     if not nvcc(os.path.join(ROOT, "tests/gpu/pair_bench.cu"), exe):
@@ -377,7 +393,7 @@ def main():
     import torch
     print("torch", torch.__version__, "cuda", torch.version.cuda)
     checks = (check_nvcc_leak, check_torch, check_torch_fragmentation, check_other_process, check_driver_paths,
-              check_python_stacks, check_overhead, check_backward_oom)
+              check_python_stacks, check_overhead, check_backward_oom, check_torchrun)
     # OOMSHIM_GPU_CHECKS=check_torch,check_overhead runs a subset.
     only = [c for c in os.environ.get("OOMSHIM_GPU_CHECKS", "").split(",") if c]
     for check in (c for c in checks if not only or c.__name__ in only):

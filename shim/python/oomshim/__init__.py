@@ -1,0 +1,39 @@
+"""oomshim from Python: ask the running shim (liboomshim.so, loaded by `oomshim run` or
+LD_PRELOAD) for a dump.
+
+    import oomshim
+    oomshim.dump("before-eval")     # writes a dump now; returns its success
+
+The package is pure Python and never loads CUDA or torch; without the shim in the process,
+dump() raises RuntimeError saying how to load it.
+"""
+
+import ctypes
+
+__all__ = ["dump", "loaded"]
+
+
+def _entry():
+    try:
+        return ctypes.CDLL(None).oomshim_dump
+    except (AttributeError, OSError):
+        return None
+
+
+def loaded():
+    """True when liboomshim.so is loaded in this process."""
+    return _entry() is not None
+
+
+def dump(reason="python"):
+    """Writes a dump of the shim's ledger now, with `reason` as its reason. Returns True when a
+    dump was written (its path is printed on stderr by the shim)."""
+    fn = _entry()
+    if fn is None:
+        raise RuntimeError(
+            "liboomshim.so is not loaded in this process: start the program with "
+            "`oomshim run -- python ...` or LD_PRELOAD=/path/to/liboomshim.so"
+        )
+    fn.argtypes = [ctypes.c_char_p]
+    fn.restype = ctypes.c_int
+    return fn(str(reason).encode("utf-8", "replace")) == 0
