@@ -68,23 +68,32 @@ pub fn exit_code(status: std::process::ExitStatus) -> i32 {
 /// OutOfMemoryError, so reports can show its cache.
 const TORCH_HOOK: &str = include_str!("../../shim/python/oomshim_hook/sitecustomize.py");
 
+/// The `oomshim` Python package (`oomshim.dump()`, …), made importable for programs started by
+/// `oomshim run` without installing it.
+const PY_PACKAGE: &str = include_str!("../../shim/python/oomshim/__init__.py");
+
 /// Writes the Python hook into the user's private oomshim directory (once per version) and
 /// returns the directory to put first on PYTHONPATH.
 pub fn python_hook_dir() -> Result<PathBuf, String> {
     let base = crate::dump::write::fallback_dir();
-    crate::dump::write::prepare_private_dir(&base)
-        .map_err(|e| format!("{}: {e}", base.display()))?;
+    crate::dump::write::prepare_private_dir(&base).map_err(|e| format!("{}: {e}", base.display()))?;
     let dir = base.join(format!("python-hook-{}", env!("CARGO_PKG_VERSION")));
-    let file = dir.join("sitecustomize.py");
-    if std::fs::read_to_string(&file).ok().as_deref() == Some(TORCH_HOOK) {
-        return Ok(dir);
-    }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let tmp = dir.join(format!(".sitecustomize.py.{}", std::process::id()));
-    std::fs::write(&tmp, TORCH_HOOK)
-        .and_then(|_| std::fs::rename(&tmp, &file))
-        .map_err(|e| format!("{}: {e}", file.display()))?;
+    write_if_changed(&dir.join("sitecustomize.py"), TORCH_HOOK)?;
+    write_if_changed(&dir.join("oomshim").join("__init__.py"), PY_PACKAGE)?;
     Ok(dir)
+}
+
+/// Writes `text` to `file` atomically unless it already holds exactly that.
+fn write_if_changed(file: &Path, text: &str) -> Result<(), String> {
+    if std::fs::read_to_string(file).ok().as_deref() == Some(text) {
+        return Ok(());
+    }
+    let dir = file.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let tmp = dir.join(format!(".{}.{}", file.file_name().and_then(|n| n.to_str()).unwrap_or("f"), std::process::id()));
+    std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, file))
+        .map_err(|e| format!("{}: {e}", file.display()))
 }
 
 /// `PYTHONPATH` with `dir` first.
