@@ -349,6 +349,46 @@ def check_torchrun():
     row("torchrun 2 ranks on one GPU: oomshim merge names the leaking rank", ok, f"job exit {p.returncode}; {line[:220]}")
 
 
+def check_verdicts():
+    """Issue 6 on the GPU: each case's top finding. (The other-process case is check_other_process.)"""
+    # A single request larger than the device.
+    d = os.path.join(OUT, "toolarge")
+    os.makedirs(d, exist_ok=True)
+    p = run([CLI, "run", "--dir", d, "--lib", LIB, "--", sys.executable, "-c",
+             "import torch\ntry:\n    torch.empty(200 << 30, dtype=torch.uint8, device='cuda')\n"
+             "except torch.cuda.OutOfMemoryError:\n    print('raised')"], timeout=120)
+    files = dumps_in(d)
+    kind = load(files[0])["verdict"]["kind"] if files else None
+    row("verdict: a request larger than the device", kind == "request_exceeds_device",
+        f"{kind}; program printed {p.stdout.strip()!r}")
+    # The leak, with steps marked through the oomshim package that `oomshim run` provides.
+    d = os.path.join(OUT, "torch")
+    files = dumps_in(d)
+    if files:
+        dump = load(files[0])
+        v = dump["verdict"]
+        growth = dump.get("growth")
+        row("verdict: activations kept in a list -> leak with bytes per step", v["kind"] == "leak",
+            f"{v['kind']}: {v['summary'][:200]}; growth key: {json.dumps(growth)[:160] if growth else None}")
+    # Fragmentation: the suggestion, and the same program succeeding with expandable segments.
+    files = dumps_in(os.path.join(OUT, "frag"))
+    if files:
+        rep = run([CLI, "report", files[-1], "--json"])
+        try:
+            sugg = " ".join(json.loads(rep.stdout)["verdict"]["suggestions"])
+        except Exception:
+            sugg = ""
+        row("verdict: fragmentation suggests expandable_segments", "expandable_segments:True" in sugg, sugg[:160])
+    p = run([sys.executable, os.path.join(ROOT, "tests/gpu/torch_fragmentation.py")],
+            env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, timeout=300)
+    try:
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+    except Exception:
+        r = {}
+    row("fragmentation case succeeds under expandable_segments:True", r.get("raised") is None and "segments" in r,
+        f"{r}")
+
+
 def check_overhead():
     exe = os.path.join(WORK, "pair")
     if not nvcc(os.path.join(ROOT, "tests/gpu/pair_bench.cu"), exe):
@@ -393,7 +433,7 @@ def main():
     import torch
     print("torch", torch.__version__, "cuda", torch.version.cuda)
     checks = (check_nvcc_leak, check_torch, check_torch_fragmentation, check_other_process, check_driver_paths,
-              check_python_stacks, check_overhead, check_backward_oom, check_torchrun)
+              check_python_stacks, check_overhead, check_backward_oom, check_torchrun, check_verdicts)
     # OOMSHIM_GPU_CHECKS=check_torch,check_overhead runs a subset.
     only = [c for c in os.environ.get("OOMSHIM_GPU_CHECKS", "").split(",") if c]
     for check in (c for c in checks if not only or c.__name__ in only):

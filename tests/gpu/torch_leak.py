@@ -6,6 +6,12 @@ import sys
 
 import torch
 
+try:  # importable under `oomshim run`; marks steps so the shim can measure growth per step
+    from oomshim import step as step_mark
+except ImportError:
+    def step_mark():
+        pass
+
 
 def train_step(model, history):
     x = torch.randn(4096, 8192, device="cuda")
@@ -25,6 +31,7 @@ def main():
             while step < 100000:
                 train_step(model, history)
                 step += 1
+                step_mark()
     except torch.cuda.OutOfMemoryError as e:
         free, total = torch.cuda.mem_get_info()
         result = {
