@@ -50,6 +50,18 @@ impl<T> ShardLock<T> {
     }
 }
 
+impl<T> ShardLock<T> {
+    /// Takes the lock and keeps it past any guard: for `fork`, which must not copy a shard
+    /// another thread is changing. [`Self::force_unlock`] releases it (in the parent and the child).
+    fn lock_for_fork(&self) {
+        std::mem::forget(self.lock());
+    }
+
+    fn force_unlock(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+}
+
 impl<T> Deref for ShardGuard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
@@ -256,6 +268,21 @@ impl Ledger {
         }
     }
 
+    /// Before `fork`: takes every shard's lock, so the child gets no shard frozen mid-change
+    /// by a thread that does not exist there. Undone by [`Self::after_fork`] in both processes.
+    pub fn before_fork(&self) {
+        for s in self.shards.iter() {
+            s.lock_for_fork();
+        }
+    }
+
+    /// After `fork`, in the parent and in the child: releases what [`Self::before_fork`] took.
+    pub fn after_fork(&self) {
+        for s in self.shards.iter() {
+            s.force_unlock();
+        }
+    }
+
     /// Next allocation sequence number.
     pub fn next_seq(&self) -> u64 {
         self.seq.fetch_add(1, Ordering::Relaxed) + 1
@@ -356,6 +383,15 @@ impl Ledger {
         self.unknown_frees.load(Ordering::Relaxed)
     }
 
+    /// Calls `f` for every live allocation, one shard at a time under that shard's lock (a cold
+    /// path: growth samples). `f` must not call back into the ledger.
+    pub fn for_each_live(&self, mut f: impl FnMut(&Allocation)) {
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            shard.values().for_each(&mut f);
+        }
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let mut allocations = Vec::new();
         for shard in self.shards.iter() {
@@ -421,6 +457,20 @@ impl StackTable {
             shards: (0..STACK_SHARDS)
                 .map(|_| ShardLock::new(StackShard::default()))
                 .collect(),
+        }
+    }
+
+    /// Before `fork`: takes every shard's lock (see [`Ledger::before_fork`]).
+    pub fn before_fork(&self) {
+        for s in self.shards.iter() {
+            s.lock_for_fork();
+        }
+    }
+
+    /// After `fork`, in the parent and in the child: releases what `before_fork` took.
+    pub fn after_fork(&self) {
+        for s in self.shards.iter() {
+            s.force_unlock();
         }
     }
 

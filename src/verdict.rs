@@ -9,11 +9,18 @@
 //!   processes that NVML lists on the device hold at least half of the rest.
 //! - [`UNTRACKED_MEMORY`]: less than half of the memory in use was allocated by this process
 //!   through calls the shim tracks (or, without device numbers, it tracked nothing at all).
+//! - [`LEAK`]: this process's allocations fill the device and the dump's `growth` (per marked
+//!   step) shows one site growing by at least [`LEAK_MIN_BYTES_PER_STEP`] a step, carrying at
+//!   least [`LEAK_MIN_SHARE`] of the growth.
 //! - [`OWN_ALLOCATIONS`]: otherwise; this process's tracked allocations fill the device.
+//!
+//! [`HOST_MEMORY`] is the kind only when the failed request was for page-locked host memory;
+//! otherwise low host memory (below [`HOST_MIN_AVAILABLE_SHARE`] available, or a cgroup at
+//! [`CGROUP_MAX_USAGE_SHARE`] of its limit) is a secondary finding in the evidence.
 //!
 //! A dump without a failed request gets [`SNAPSHOT`].
 
-use crate::dump::model::{DeviceInfo, Dump, FailedRequest, Frame, Site, Verdict};
+use crate::dump::model::{DeviceInfo, Dump, FailedRequest, Frame, GrowthSite, Site, Verdict};
 use crate::facts::gpu_processes::{GpuProcess, Relation};
 use crate::report::units::{bytes_with_exact, clean, human_bytes, percent, share, thousands};
 use crate::report::{frame_label, free_blocks_available, named_frames, sorted_sites, used_bytes};
@@ -23,7 +30,21 @@ pub const FRAGMENTATION: &str = "fragmentation";
 pub const OTHER_PROCESSES: &str = "other_processes";
 pub const UNTRACKED_MEMORY: &str = "untracked_memory";
 pub const OWN_ALLOCATIONS: &str = "own_allocations";
+pub const LEAK: &str = "leak";
+pub const HOST_MEMORY: &str = "host_memory";
 pub const SNAPSHOT: &str = "snapshot";
+
+/// Smallest growth per step of one site for [`LEAK`]: below it, growth is noise (counters,
+/// small caches), not what fills a device.
+pub const LEAK_MIN_BYTES_PER_STEP: u64 = 1 << 20;
+/// Smallest share of the growth per step (the larger of the growing sites' sum and the fitted
+/// growth of all tracked bytes) that the leaking site must carry for [`LEAK`]: the site is
+/// *the* leak, not one of many growing things.
+pub const LEAK_MIN_SHARE: f64 = 0.5;
+/// Host memory is low when `MemAvailable` is below this share of `MemTotal`.
+pub const HOST_MIN_AVAILABLE_SHARE: f64 = 0.05;
+/// ... or when the cgroup's usage is at least this share of its limit.
+pub const CGROUP_MAX_USAGE_SHARE: f64 = 0.95;
 
 /// Longest function name quoted in a verdict.
 const MAX_FUNCTION: usize = 100;
@@ -120,6 +141,116 @@ fn count_word(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
 
+/// The site that leaks, per marked step (see [`LEAK`]).
+struct LeakFinding<'a> {
+    site: &'a GrowthSite,
+    label: String,
+    share: f64,
+    projected: Option<u64>,
+}
+
+fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
+    let g = dump.growth.as_ref().filter(|g| g.unit == "step")?;
+    let site = g.sites.iter().max_by_key(|s| s.bytes_per_step)?;
+    if site.bytes_per_step < LEAK_MIN_BYTES_PER_STEP {
+        return None;
+    }
+    let sum: u64 = g.sites.iter().map(|s| s.bytes_per_step).sum();
+    let points: Vec<(u64, u64)> = g.tracked.iter().map(|p| (p.step, p.bytes)).collect();
+    let all = crate::runtime::fit_growth(&points).map_or(0.0, |f| f.0);
+    let whole = (sum as f64).max(all);
+    let share = site.bytes_per_step as f64 / whole;
+    (share >= LEAK_MIN_SHARE).then(|| LeakFinding {
+        site,
+        label: site_label(&site.stack),
+        share,
+        projected: site.projected_oom_step,
+    })
+}
+
+/// `PYTORCH_CUDA_ALLOC_CONF` in the dump's configuration snapshot.
+fn alloc_conf(dump: &Dump) -> Option<&str> {
+    dump.config
+        .as_ref()?
+        .env
+        .get("PYTORCH_CUDA_ALLOC_CONF")
+        .map(|s| s.as_str())
+}
+
+/// True when `PYTORCH_CUDA_ALLOC_CONF` already enables expandable segments.
+fn expandable_segments_on(dump: &Dump) -> bool {
+    alloc_conf(dump).is_some_and(|c| {
+        let c: String = c.chars().filter(|ch| !ch.is_whitespace()).collect();
+        c.to_ascii_lowercase().contains("expandable_segments:true")
+    })
+}
+
+/// Evidence that host memory is low, when it is.
+fn host_pressure(dump: &Dump) -> Option<String> {
+    let h = dump.host.as_ref()?;
+    if let (Some(avail), Some(total)) = (h.available_bytes, h.total_bytes) {
+        if total > 0 && (avail as f64) < HOST_MIN_AVAILABLE_SHARE * total as f64 {
+            return Some(format!(
+                "host memory is low: {} available of {} ({})",
+                human_bytes(avail),
+                human_bytes(total),
+                percent(share(avail, total))
+            ));
+        }
+    }
+    if let (Some(usage), Some(limit)) = (h.cgroup_usage_bytes, h.cgroup_limit_bytes) {
+        if limit > 0 && usage as f64 >= CGROUP_MAX_USAGE_SHARE * limit as f64 {
+            return Some(format!(
+                "host memory is low: the cgroup uses {} of its {} limit ({})",
+                human_bytes(usage),
+                human_bytes(limit),
+                percent(share(usage, limit))
+            ));
+        }
+    }
+    None
+}
+
+const HOST_SUGGESTION: &str = "Host memory is nearly exhausted (a CPU-side out-of-memory kill may follow): use fewer      DataLoader workers, fewer or smaller pinned buffers (`pin_memory`, `cudaMallocHost`), and don't keep results on the host      across steps.";
+
+fn is_pinned_api(api: &str) -> bool {
+    matches!(
+        api,
+        "cudaMallocHost" | "cudaHostAlloc" | "cuMemAllocHost" | "cuMemHostAlloc"
+    )
+}
+
+/// One line per growing site (at most 3), from the dump's `growth`.
+fn growth_evidence(dump: &Dump, evidence: &mut Vec<String>) {
+    if let Some(g) = &dump.growth {
+        for site in g.sites.iter().take(3) {
+            let projected = site
+                .projected_oom_step
+                .map(|p| {
+                    format!(
+                        "; free memory runs out at {} {p} at this rate",
+                        clean(&g.unit)
+                    )
+                })
+                .unwrap_or_default();
+            evidence.push(format!(
+                "growth: {} adds {} per {} (R² {:.2} over {} samples, {} at {} {} to {} at {} {}){projected}",
+                site_label(&site.stack),
+                human_bytes(site.bytes_per_step),
+                clean(&g.unit),
+                site.r_squared,
+                site.samples,
+                human_bytes(site.first.bytes),
+                clean(&g.unit),
+                site.first.step,
+                human_bytes(site.last.bytes),
+                clean(&g.unit),
+                site.last.step,
+            ));
+        }
+    }
+}
+
 fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
     let n = DeviceNumbers::of(dump, request);
     let used = n.used();
@@ -135,7 +266,11 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
     let others = other_processes(dump, dev);
     let others_bytes: u64 = others.iter().filter_map(|p| p.used_bytes).sum();
     let untracked = used.map_or(0, |u| u.saturating_sub(tracked));
-    let kind = if n.total.is_some_and(|total| request.bytes > total) {
+    let leak = leak_finding(dump);
+    let host_low = host_pressure(dump);
+    let kind = if is_pinned_api(&request.api) {
+        HOST_MEMORY
+    } else if n.total.is_some_and(|total| request.bytes > total) {
         REQUEST_EXCEEDS_DEVICE
     } else if fragmented {
         FRAGMENTATION
@@ -148,6 +283,8 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
         } else {
             UNTRACKED_MEMORY
         }
+    } else if leak.is_some() {
+        LEAK
     } else {
         OWN_ALLOCATIONS
     };
@@ -231,6 +368,13 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
             human_bytes(top.site.bytes),
             count_word(top.site.count, "allocation", "allocations"),
         ));
+    }
+    growth_evidence(dump, &mut evidence);
+    if let Some(text) = &host_low {
+        evidence.push(text.clone());
+    }
+    if let Some(conf) = alloc_conf(dump) {
+        evidence.push(format!("PYTORCH_CUDA_ALLOC_CONF={}", clean(conf)));
     }
     let devices_holding = dump.devices.iter().filter(|d| d.tracked_bytes > 0).count();
     if devices_holding > 1 && top.is_some() {
@@ -356,9 +500,11 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
         FRAGMENTATION => {
             let total_free = fb.total_free_bytes.unwrap_or(0);
             let largest = fb.largest_free_bytes.unwrap_or(0);
-            suggestions.push(
-                "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so the cache grows segments instead of needing one contiguous free block.".to_string(),
-            );
+            if !expandable_segments_on(dump) {
+                suggestions.push(
+                    "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so the cache grows segments instead of needing one contiguous free block.".to_string(),
+                );
+            }
             suggestions.push(
                 "Keep tensor shapes steady (pad or bucket variable-length inputs) so freed blocks are reused instead of split.".to_string(),
             );
@@ -451,6 +597,44 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
                 ),
             }
         }
+        HOST_MEMORY => {
+            suggestions.push(HOST_SUGGESTION.to_string());
+            format!(
+                "Page-locked host memory ran out: {req} via {} failed. This is host memory, not device memory; pinned buffers \
+                 count against the machine's (or the container's) RAM.",
+                clean(&request.api)
+            )
+        }
+        LEAK => {
+            let l = leak.as_ref().expect("kind is leak");
+            suggestions.push(format!(
+                "Find what {} keeps from each step. The classic causes: accumulating a tensor that is still on the GPU and \
+                 attached to the graph (`total_loss += loss` or `losses.append(loss)`: keep `loss.item()`), keeping outputs or \
+                 activations for logging (keep `t.detach().cpu()`), and appending model outputs to a list across steps.",
+                l.label
+            ));
+            suggestions.push(
+                "Run evaluation under `torch.inference_mode()` (or `torch.no_grad()`) so it keeps no graph.".to_string(),
+            );
+            let projected = l
+                .projected
+                .map(|p| format!(" At that rate the device's free memory runs out at step {p}."))
+                .unwrap_or_default();
+            format!(
+                "A leak: memory allocated at {} grows by {} every step ({} steps observed, from {} at step {} to {} at step {}), \
+                 {} of the growth per step.{projected} This process's own allocations fill device {dev}: {} tracked when {req} \
+                 more was requested.",
+                l.label,
+                human_bytes(l.site.bytes_per_step),
+                l.site.samples,
+                human_bytes(l.site.first.bytes),
+                l.site.first.step,
+                human_bytes(l.site.last.bytes),
+                l.site.last.step,
+                percent(Some((l.share * 100.0).min(100.0))),
+                human_bytes(tracked),
+            )
+        }
         _ => {
             let site = top
                 .as_ref()
@@ -477,7 +661,7 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
                     human_bytes(free)
                 ));
             }
-            if !hints.is_empty() && !free_blocks_available(dump) {
+            if !hints.is_empty() && !free_blocks_available(dump) && !expandable_segments_on(dump) {
                 suggestions.push(format!(
                     "Possibly fragmentation ({}), though the shim cannot see the framework's free blocks here, so this is not \
                      established: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` may help if it is.",
@@ -516,6 +700,9 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
         }
     };
 
+    if host_low.is_some() && kind != HOST_MEMORY {
+        suggestions.push(HOST_SUGGESTION.to_string());
+    }
     let summary = match request.recovered {
         Some(true) => format!(
             "This failure was recovered by a retry: a later request of at least {req} on device {dev} succeeded, so the program \
@@ -583,6 +770,7 @@ fn judge_snapshot(dump: &Dump) -> Verdict {
             percent(share(top.site.bytes, tracked)),
         ));
     }
+    growth_evidence(dump, &mut evidence);
     if dump.pinned_host.bytes > 0 {
         evidence.push(format!(
             "pinned host memory: {} in {} (not device memory)",
@@ -734,6 +922,8 @@ pub(crate) mod tests {
             vmm: None,
             host: None,
             gpu_processes: None,
+            growth: None,
+            config: None,
         }
     }
 
@@ -1114,5 +1304,251 @@ mod process_tests {
         assert!(v.evidence.iter().any(
             |e| e.contains("other processes on device") && e.contains("NVML is not available")
         ));
+    }
+}
+
+#[cfg(test)]
+mod growth_tests {
+    use super::tests::oom_dump;
+    use super::*;
+    use crate::dump::model::*;
+    use crate::facts::host::HostMemory;
+
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+
+    fn growth_site(name: &str, per_step: u64, steps: u64) -> GrowthSite {
+        GrowthSite {
+            bytes_per_step: per_step,
+            r_squared: 1.0,
+            samples: steps,
+            first: GrowthPoint { step: 1, bytes: 0 },
+            last: GrowthPoint {
+                step: steps,
+                bytes: per_step * (steps - 1),
+            },
+            projected_oom_step: Some(steps + 2),
+            stack: vec![Frame {
+                address: "0x1".into(),
+                function: Some(name.into()),
+                file: Some("train.py".into()),
+                line: Some(12),
+                ..Frame::default()
+            }],
+        }
+    }
+
+    fn with_growth(unit: &str, sites: Vec<GrowthSite>) -> Dump {
+        let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
+        let rate: u64 = sites.iter().map(|s| s.bytes_per_step).sum();
+        d.growth = Some(Growth {
+            unit: unit.into(),
+            samples: 10,
+            current: 10,
+            free_bytes: Some(GIB),
+            projected_oom_step: Some(12),
+            tracked: (1..=10)
+                .map(|i| GrowthPoint {
+                    step: i,
+                    bytes: i * rate,
+                })
+                .collect(),
+            sites,
+        });
+        d
+    }
+
+    #[test]
+    fn leak_thresholds_table() {
+        // (name, dump, kind)
+        let cases: Vec<(&str, Dump, &str)> = vec![
+            (
+                "one site grows 96 MiB a step",
+                with_growth("step", vec![growth_site("keep_activations", 96 * MIB, 10)]),
+                LEAK,
+            ),
+            (
+                "exactly the threshold",
+                with_growth(
+                    "step",
+                    vec![growth_site("keep", LEAK_MIN_BYTES_PER_STEP, 10)],
+                ),
+                LEAK,
+            ),
+            (
+                "below the threshold",
+                with_growth(
+                    "step",
+                    vec![growth_site("keep", LEAK_MIN_BYTES_PER_STEP - 1, 10)],
+                ),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "growth per second is not a step leak",
+                with_growth("second", vec![growth_site("keep", 96 * MIB, 10)]),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "the largest of two equal sites carries only half: still a leak at 50%",
+                with_growth(
+                    "step",
+                    vec![
+                        growth_site("a", 10 * MIB, 10),
+                        growth_site("b", 10 * MIB, 10),
+                    ],
+                ),
+                LEAK,
+            ),
+            (
+                "three equal growing sites: none is the leak",
+                with_growth(
+                    "step",
+                    vec![
+                        growth_site("a", 10 * MIB, 10),
+                        growth_site("b", 10 * MIB, 10),
+                        growth_site("c", 10 * MIB, 10),
+                    ],
+                ),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "no growth key",
+                oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB),
+                OWN_ALLOCATIONS,
+            ),
+        ];
+        for (name, dump, kind) in cases {
+            let v = judge(&dump);
+            assert_eq!(v.kind, kind, "{name}: {}", v.summary);
+        }
+        // A request larger than the device still wins over a leak.
+        let mut d = with_growth("step", vec![growth_site("keep", 96 * MIB, 10)]);
+        d.failed_request.as_mut().unwrap().bytes = 100 * GIB;
+        assert_eq!(judge(&d).kind, REQUEST_EXCEEDS_DEVICE);
+    }
+
+    #[test]
+    fn leak_verdict_names_site_rate_and_projection() {
+        let v = judge(&with_growth(
+            "step",
+            vec![
+                growth_site("keep_activations", 96 * MIB, 10),
+                growth_site("small", 2 * MIB, 10),
+            ],
+        ));
+        assert_eq!(v.kind, LEAK);
+        for needle in [
+            "keep_activations (train.py:12)",
+            "96.00 MiB every step",
+            "10 steps observed",
+            "runs out at step 12",
+        ] {
+            assert!(v.summary.contains(needle), "{needle}: {}", v.summary);
+        }
+        assert!(v.evidence.iter().any(
+            |e| e.starts_with("growth: keep_activations (train.py:12) adds 96.00 MiB per step")
+        ));
+        let s = v.suggestions.join("\n");
+        for needle in ["loss.item()", "detach().cpu()", "append"] {
+            assert!(s.contains(needle), "{needle}: {s}");
+        }
+    }
+
+    #[test]
+    fn fragmentation_suggestion_respects_alloc_conf() {
+        let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 70 * GIB);
+        d.free_blocks = FreeBlocks {
+            source: "torch-snapshot".into(),
+            reason: None,
+            total_free_bytes: Some(8 * GIB),
+            largest_free_bytes: Some(GIB),
+            fragmentation: Some(0.875),
+            histogram: vec![],
+        };
+        let v = judge(&d);
+        assert_eq!(v.kind, FRAGMENTATION);
+        assert!(v
+            .suggestions
+            .iter()
+            .any(|s| s.contains("expandable_segments:True")));
+        let mut conf = ConfigSnapshot::default();
+        conf.env.insert(
+            "PYTORCH_CUDA_ALLOC_CONF".into(),
+            "max_split_size_mb:128, expandable_segments: True".into(),
+        );
+        d.config = Some(conf);
+        let v = judge(&d);
+        assert_eq!(v.kind, FRAGMENTATION);
+        assert!(
+            !v.suggestions
+                .iter()
+                .any(|s| s.contains("expandable_segments")),
+            "{:?}",
+            v.suggestions
+        );
+        assert!(v
+            .evidence
+            .iter()
+            .any(|e| e.contains("PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128")));
+    }
+
+    #[test]
+    fn host_memory_table() {
+        let host = |total, avail, limit, usage| HostMemory {
+            total_bytes: total,
+            available_bytes: avail,
+            cgroup_limit_bytes: limit,
+            cgroup_usage_bytes: usage,
+            rss_bytes: None,
+        };
+        // (host, low?)
+        let cases = [
+            (host(Some(100 * GIB), Some(4 * GIB), None, None), true),
+            (host(Some(100 * GIB), Some(5 * GIB), None, None), false),
+            (
+                host(
+                    Some(100 * GIB),
+                    Some(50 * GIB),
+                    Some(10 * GIB),
+                    Some(9_500 * MIB),
+                ),
+                false,
+            ),
+            (
+                host(
+                    Some(100 * GIB),
+                    Some(50 * GIB),
+                    Some(10 * GIB),
+                    Some(9_800 * MIB),
+                ),
+                true,
+            ),
+            (host(None, None, None, None), false),
+        ];
+        for (h, low) in cases {
+            let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
+            d.host = Some(h.clone());
+            let v = judge(&d);
+            assert_eq!(
+                v.kind, OWN_ALLOCATIONS,
+                "a device verdict is not overridden"
+            );
+            assert_eq!(
+                v.evidence
+                    .iter()
+                    .any(|e| e.starts_with("host memory is low")),
+                low,
+                "{h:?}"
+            );
+            assert_eq!(
+                v.suggestions
+                    .iter()
+                    .any(|s| s.contains("DataLoader workers")),
+                low
+            );
+        }
+        let mut d = oom_dump(GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
+        d.failed_request.as_mut().unwrap().api = "cudaMallocHost".into();
+        assert_eq!(judge(&d).kind, HOST_MEMORY);
     }
 }

@@ -263,7 +263,12 @@ fn python_can_ask_the_shim_for_a_dump() {
 #[test]
 fn oomshim_run_makes_the_python_package_importable() {
     let Some(e) = env() else { return };
-    let out = run_python(&e, "import oomshim\nprint(oomshim.loaded(), oomshim.dump('via-run'))", &[], true);
+    let out = run_python(
+        &e,
+        "import oomshim\nprint(oomshim.loaded(), oomshim.dump('via-run'))",
+        &[],
+        true,
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "True True");
     let dumps = files(&e.dumps, "json");
     assert_eq!(dumps.len(), 1, "{dumps:?}");

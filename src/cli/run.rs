@@ -76,7 +76,8 @@ const PY_PACKAGE: &str = include_str!("../../shim/python/oomshim/__init__.py");
 /// returns the directory to put first on PYTHONPATH.
 pub fn python_hook_dir() -> Result<PathBuf, String> {
     let base = crate::dump::write::fallback_dir();
-    crate::dump::write::prepare_private_dir(&base).map_err(|e| format!("{}: {e}", base.display()))?;
+    crate::dump::write::prepare_private_dir(&base)
+        .map_err(|e| format!("{}: {e}", base.display()))?;
     let dir = base.join(format!("python-hook-{}", env!("CARGO_PKG_VERSION")));
     write_if_changed(&dir.join("sitecustomize.py"), TORCH_HOOK)?;
     write_if_changed(&dir.join("oomshim").join("__init__.py"), PY_PACKAGE)?;
@@ -90,7 +91,11 @@ fn write_if_changed(file: &Path, text: &str) -> Result<(), String> {
     }
     let dir = file.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let tmp = dir.join(format!(".{}.{}", file.file_name().and_then(|n| n.to_str()).unwrap_or("f"), std::process::id()));
+    let tmp = dir.join(format!(
+        ".{}.{}",
+        file.file_name().and_then(|n| n.to_str()).unwrap_or("f"),
+        std::process::id()
+    ));
     std::fs::write(&tmp, text)
         .and_then(|_| std::fs::rename(&tmp, file))
         .map_err(|e| format!("{}: {e}", file.display()))

@@ -49,6 +49,72 @@ pub struct Dump {
     /// Processes holding memory on the failing (or current) device, from NVML.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_processes: Option<GpuProcesses>,
+    /// Live device bytes per allocation site over steps (or seconds): the sites that grow.
+    /// Absent before two samples were taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth: Option<Growth>,
+    /// The allocator-relevant configuration: allowlisted environment variables and CUDA
+    /// versions. Never the whole environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<ConfigSnapshot>,
+}
+
+/// History of live device bytes per allocation site (src/runtime/growth.rs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Growth {
+    /// `"step"` when the program marks steps (`oomshim_step()`), else `"second"` (1 s buckets).
+    pub unit: String,
+    /// Samples taken since start (or since the first step mark).
+    pub samples: u64,
+    /// The step (or second since start) of the last sample.
+    pub current: u64,
+    /// Free device bytes used for the projections (the failing or current device).
+    #[serde(default)]
+    pub free_bytes: Option<u64>,
+    /// The step at which the growing sites together exhaust `free_bytes`, from `current`.
+    #[serde(default)]
+    pub projected_oom_step: Option<u64>,
+    /// Sites whose live bytes grow (linear fit, positive slope, R² ≥ 0.9, ≥ 4 samples), largest
+    /// growth first, at most 10.
+    pub sites: Vec<GrowthSite>,
+    /// Tracked device bytes (all sites) at each of the last 64 samples.
+    #[serde(default)]
+    pub tracked: Vec<GrowthPoint>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GrowthSite {
+    /// Slope of the fit: live bytes added per step (per second when `unit` is `"second"`).
+    pub bytes_per_step: u64,
+    pub r_squared: f64,
+    /// Samples fitted (at most 64).
+    pub samples: u64,
+    pub first: GrowthPoint,
+    pub last: GrowthPoint,
+    /// The step at which this site alone exhausts the free bytes.
+    #[serde(default)]
+    pub projected_oom_step: Option<u64>,
+    pub stack: Vec<Frame>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GrowthPoint {
+    /// Step number (or second since start).
+    pub step: u64,
+    pub bytes: u64,
+}
+
+/// Configuration at dump time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConfigSnapshot {
+    /// Allowlisted variables that are set, by name (values cut at 1024 bytes).
+    pub env: std::collections::BTreeMap<String, String>,
+    /// `cuDriverGetVersion` (e.g. 13000 for 13.0), asked on the failing thread.
+    #[serde(default)]
+    pub cuda_driver_version: Option<i32>,
+    /// `cudaRuntimeGetVersion` of the dynamically linked runtime, when it has one.
+    #[serde(default)]
+    pub cuda_runtime_version: Option<i32>,
 }
 
 /// Who else uses the device, as NVML sees it when the dump is written.

@@ -5,8 +5,8 @@
 use std::ffi::CString;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::{AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -118,45 +118,133 @@ pub(crate) fn prepare_private_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-fn write_in(dir: &Path, name: &DumpName, bytes: &[u8]) -> io::Result<PathBuf> {
+/// The directory a dump really goes to, opened (`O_DIRECTORY`) so that everything after the
+/// checks happens relative to the descriptor and a path swapped meanwhile cannot redirect it.
+///
+/// - A symlink at `dir` is followed only when it belongs to this user (or root): one planted
+///   by another user in a shared directory is refused.
+/// - A directory others can write to (mode `o+w`, such as `/tmp`) is shared: the dump goes to
+///   its per-user subdirectory `oomshim-UID`, created 0700 and checked to be ours.
+fn open_target_dir(dir: &Path) -> io::Result<(std::fs::File, PathBuf)> {
     fs::create_dir_all(dir)?;
+    let euid = unsafe { libc::geteuid() };
+    let link = fs::symlink_metadata(dir)?;
+    if link.file_type().is_symlink() && link.uid() != euid && link.uid() != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "is a symlink owned by another user (not followed)",
+        ));
+    }
+    let open = |p: &Path, nofollow: bool| {
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(
+                libc::O_DIRECTORY | libc::O_CLOEXEC | if nofollow { libc::O_NOFOLLOW } else { 0 },
+            )
+            .open(p)
+    };
+    let fd = open(dir, false)?;
+    let meta = fd.metadata()?;
+    if meta.mode() & 0o002 == 0 {
+        return Ok((fd, dir.to_path_buf()));
+    }
+    // Shared (world-writable): never write into it directly.
+    let private = dir.join(format!("oomshim-{euid}"));
+    prepare_private_dir(&private)?;
+    let fd = open(&private, true)?;
+    let meta = fd.metadata()?;
+    if meta.uid() != euid || meta.mode() & 0o077 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is not a private directory of this user",
+                private.display()
+            ),
+        ));
+    }
+    Ok((fd, private))
+}
+
+fn c_name(name: &str) -> io::Result<CString> {
+    CString::new(name).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+fn write_in(dir: &Path, name: &DumpName, bytes: &[u8]) -> io::Result<PathBuf> {
+    let (dir_fd, dir) = open_target_dir(dir)?;
+    let dfd = dir_fd.as_raw_fd();
     let seq_tmp = NEXT_SEQ.load(Ordering::Relaxed);
-    let tmp = dir.join(format!(
-        ".oomshim-{}-{}-{}.tmp",
-        name.pid,
-        seq_tmp,
-        unique_suffix()
-    ));
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)?;
-    let result = file.write_all(bytes).and_then(|_| file.sync_all());
+    let tmp_name = format!(".oomshim-{}-{}-{}.tmp", name.pid, seq_tmp, unique_suffix());
+    let c_tmp = c_name(&tmp_name)?;
+    let fd = unsafe {
+        libc::openat(
+            dfd,
+            c_tmp.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    // A full disk or RLIMIT_FSIZE must fail this write, not kill the program: SIGXFSZ is held
+    // off on this thread meanwhile (and a pending one consumed), so the write returns EFBIG.
+    let result = without_sigxfsz(|| file.write_all(bytes).and_then(|_| file.sync_all()));
     drop(file);
+    let remove_tmp = || unsafe {
+        libc::unlinkat(dfd, c_tmp.as_ptr(), 0);
+    };
     if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
+        remove_tmp();
         return Err(e);
     }
     // Claim the next free name without ever replacing a file.
     for _ in 0..10_000 {
         let seq = NEXT_SEQ.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(name.file_name(seq));
-        match rename_noreplace(&tmp, &path) {
-            Ok(()) => return Ok(path),
+        let file_name = name.file_name(seq);
+        let c_to = c_name(&file_name)?;
+        match rename_noreplace(dfd, &c_tmp, &c_to) {
+            Ok(()) => return Ok(dir.join(file_name)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) => {
-                let _ = fs::remove_file(&tmp);
+                remove_tmp();
                 return Err(e);
             }
         }
     }
-    let _ = fs::remove_file(&tmp);
+    remove_tmp();
     Err(io::Error::new(
         io::ErrorKind::AlreadyExists,
         "no free dump name",
     ))
+}
+
+/// Runs `f` with SIGXFSZ blocked on this thread; a SIGXFSZ that `f` raised is consumed.
+fn without_sigxfsz<R>(f: impl FnOnce() -> R) -> R {
+    unsafe {
+        let mut block: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut block);
+        libc::sigaddset(&mut block, libc::SIGXFSZ);
+        let blocked = libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old) == 0;
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigpending(&mut before);
+        let was_pending = libc::sigismember(&before, libc::SIGXFSZ) == 1;
+        let r = f();
+        if blocked {
+            let mut after: libc::sigset_t = std::mem::zeroed();
+            libc::sigpending(&mut after);
+            if !was_pending && libc::sigismember(&after, libc::SIGXFSZ) == 1 {
+                let zero = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                libc::sigtimedwait(&block, std::ptr::null_mut(), &zero);
+            }
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        }
+        r
+    }
 }
 
 fn unique_suffix() -> u64 {
@@ -168,27 +256,21 @@ fn unique_suffix() -> u64 {
     ((COUNTER.fetch_add(1, Ordering::Relaxed) as u64) << 32) | nanos as u64
 }
 
-/// `renameat2(RENAME_NOREPLACE)`, or `link` + `unlink` where the file system lacks it.
-fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    let c_from = CString::new(from.as_os_str().as_bytes())?;
-    let c_to = CString::new(to.as_os_str().as_bytes())?;
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            c_from.as_ptr(),
-            libc::AT_FDCWD,
-            c_to.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
+/// `renameat2(RENAME_NOREPLACE)` inside one directory, or `linkat` + `unlinkat` where the file
+/// system lacks it.
+fn rename_noreplace(dfd: libc::c_int, from: &CString, to: &CString) -> io::Result<()> {
+    let rc =
+        unsafe { libc::renameat2(dfd, from.as_ptr(), dfd, to.as_ptr(), libc::RENAME_NOREPLACE) };
     if rc == 0 {
         return Ok(());
     }
     let err = io::Error::last_os_error();
     match err.raw_os_error() {
         Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::ENOTSUP) => {
-            fs::hard_link(from, to)?;
-            let _ = fs::remove_file(from);
+            if unsafe { libc::linkat(dfd, from.as_ptr(), dfd, to.as_ptr(), 0) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            unsafe { libc::unlinkat(dfd, from.as_ptr(), 0) };
             Ok(())
         }
         _ => Err(err),
@@ -273,5 +355,49 @@ mod tests {
         assert!(w.path.starts_with(fallback_dir()), "{:?}", w.path);
         assert!(w.fell_back.as_deref().unwrap().contains("not-a-dir"));
         fs::remove_file(&w.path).unwrap();
+    }
+
+    #[test]
+    fn symlinks_planted_at_the_next_dump_names_are_neither_followed_nor_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let victim = elsewhere.path().join("victim");
+        fs::write(&victim, b"keep").unwrap();
+        let seq = NEXT_SEQ.load(Ordering::Relaxed);
+        for s in seq..seq + 3 {
+            std::os::unix::fs::symlink(&victim, dir.path().join(name().file_name(s))).unwrap();
+        }
+        let w = write_dump(dir.path(), &name(), b"new").unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"keep");
+        assert!(!fs::symlink_metadata(&w.path)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(fs::read(&w.path).unwrap(), b"new");
+        for s in seq..seq + 3 {
+            let p = dir.path().join(name().file_name(s));
+            if p != w.path {
+                assert!(fs::symlink_metadata(&p).unwrap().file_type().is_symlink());
+            }
+        }
+    }
+
+    #[test]
+    fn a_world_writable_directory_gets_a_private_subdirectory() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let shared = base.path().join("shared");
+        fs::create_dir(&shared).unwrap();
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+        let w = write_dump(&shared, &name(), b"{}").unwrap();
+        let uid = unsafe { libc::geteuid() };
+        assert_eq!(
+            w.path.parent().unwrap(),
+            shared.join(format!("oomshim-{uid}"))
+        );
+        assert!(w.fell_back.is_none());
+        let meta = fs::metadata(w.path.parent().unwrap()).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o700);
+        assert_eq!(fs::metadata(&w.path).unwrap().mode() & 0o777, 0o600);
     }
 }

@@ -3,5 +3,6 @@
 //! ([`host`]). Each is best-effort: a missing NVML or an unreadable /proc file is reported as
 //! such in the dump, never a failure.
 
+pub mod env;
 pub mod gpu_processes;
 pub mod host;

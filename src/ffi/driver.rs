@@ -558,8 +558,18 @@ unsafe fn read_host(out: *mut *mut c_void) -> u64 {
     }
 }
 
+/// `cuDriverGetVersion`: context-free.
+pub(crate) fn driver_version() -> Option<i32> {
+    static GET: Helper = Helper::new(c"cuDriverGetVersion");
+    let f: unsafe extern "C" fn(*mut c_int) -> CUresult =
+        unsafe { std::mem::transmute(GET.get()?) };
+    let mut v: c_int = 0;
+    (unsafe { f(&mut v) } == CUDA_SUCCESS && v > 0).then_some(v)
+}
+
 fn oom(api: Api, bytes: u64, device: i32, rc: CUresult, stream: usize) {
     super::pools::at_failure(device);
+    runtime::note_cuda_versions(driver_version, || None);
     runtime::record_oom(runtime::OomEvent {
         api,
         bytes,

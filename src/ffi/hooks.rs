@@ -108,6 +108,7 @@ fn after_alloc(guard: &Guard, api: Api, rc: c_int, addr: usize, bytes: u64, stre
             } else {
                 let device = current_device();
                 super::pools::at_failure(device);
+                runtime::note_cuda_versions(super::driver::driver_version, runtime_version);
                 runtime::record_oom(runtime::OomEvent {
                     api,
                     bytes,
@@ -317,6 +318,24 @@ pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> c_int {
     let real = real!(c"cudaFreeHost", unsafe extern "C" fn(*mut c_void) -> c_int);
     let guard = Guard::enter();
     free_with(guard.as_ref(), ptr, || real(ptr))
+}
+
+/// `cudaRuntimeGetVersion` of the runtime in the process (optional: no message when absent).
+fn runtime_version() -> Option<i32> {
+    static GET: RealFn = RealFn::optional(c"cudaRuntimeGetVersion");
+    let f: unsafe extern "C" fn(*mut c_int) -> c_int = unsafe { std::mem::transmute(GET.get()?) };
+    let mut v: c_int = 0;
+    (unsafe { f(&mut v) } == SUCCESS && v > 0).then_some(v)
+}
+
+/// Marks the end of a training step: the shim samples live device bytes per allocation site
+/// (see the dump's `growth` key). One walk of the live allocations, off the allocation path:
+/// cheap enough for every step.
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_step() {
+    if let Some(guard) = Guard::enter() {
+        guard.run(runtime::step);
+    }
 }
 
 /// Writes a dump now. `reason` (may be NULL) is recorded in the dump's `reason` key.

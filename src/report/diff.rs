@@ -205,17 +205,29 @@ pub fn render_diff(d: &Diff, top: usize) -> String {
     out
 }
 
+/// A byte delta as a JSON number: exact within i64/u64, else (only from hostile dumps, beyond
+/// ±2^64) the nearest f64. `json!` of such an i128 would panic.
+fn delta_json(delta: i128) -> Value {
+    if let Ok(v) = i64::try_from(delta) {
+        Value::from(v)
+    } else if let Ok(v) = u64::try_from(delta) {
+        Value::from(v)
+    } else {
+        Value::from(delta as f64)
+    }
+}
+
 pub fn diff_json(d: &Diff, top: usize) -> Value {
     json!({
         "report": "oomshim.diff/1",
         "warning": d.warning,
         "devices": d.devices.iter().map(|x| json!({
             "index": x.index, "before_bytes": x.before_bytes, "after_bytes": x.after_bytes,
-            "delta_bytes": x.after_bytes as i128 - x.before_bytes as i128,
+            "delta_bytes": delta_json(x.after_bytes as i128 - x.before_bytes as i128),
         })).collect::<Vec<_>>(),
         "sites": d.sites.iter().take(top).map(|s| json!({
             "site": s.label, "before_bytes": s.before_bytes, "after_bytes": s.after_bytes,
-            "delta_bytes": s.delta(), "before_count": s.before_count, "after_count": s.after_count,
+            "delta_bytes": delta_json(s.delta()), "before_count": s.before_count, "after_count": s.after_count,
         })).collect::<Vec<_>>(),
         "sites_listed": [d.listed.0, d.listed.1],
     })

@@ -43,6 +43,7 @@ pub fn render_terminal(dump: &Dump, opts: &ReportOptions) -> String {
     sites(&mut out, &s, dump, opts.top);
     pinned(&mut out, &s, dump);
     host(&mut out, &s, dump);
+    config(&mut out, &s, dump);
     free_blocks(&mut out, &s, dump);
     recording(&mut out, &s, dump);
     out
@@ -70,7 +71,7 @@ impl Style {
     fn kind(&self, kind: &str) -> String {
         let code = match kind {
             REQUEST_EXCEEDS_DEVICE | UNTRACKED_MEMORY | OTHER_PROCESSES => "1;31",
-            OWN_ALLOCATIONS | FRAGMENTATION => "1;33",
+            OWN_ALLOCATIONS | FRAGMENTATION | crate::verdict::LEAK => "1;33",
             SNAPSHOT => "1;36",
             _ => "1",
         };
@@ -507,6 +508,29 @@ fn host(out: &mut String, s: &Style, dump: &Dump) {
         ));
     }
     let _ = writeln!(out, "{line}");
+}
+
+/// The configuration snapshot: CUDA versions and the allowlisted framework variables. The
+/// shim's own `OOMSHIM_*` settings stay in the dump (the recording line shows their effect).
+fn config(out: &mut String, s: &Style, dump: &Dump) {
+    let Some(c) = &dump.config else { return };
+    let mut parts = Vec::new();
+    let v = crate::facts::env::version_text;
+    match (c.cuda_driver_version, c.cuda_runtime_version) {
+        (Some(d), Some(r)) => parts.push(format!("CUDA driver {}, runtime {}", v(d), v(r))),
+        (Some(d), None) => parts.push(format!("CUDA driver {}", v(d))),
+        (None, Some(r)) => parts.push(format!("CUDA runtime {}", v(r))),
+        (None, None) => {}
+    }
+    for (k, val) in &c.env {
+        if !k.starts_with(crate::facts::env::ALLOWED_PREFIX) {
+            parts.push(format!("{}={}", clean(k), clean(val)));
+        }
+    }
+    if parts.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "{} {}", s.title("Configuration:"), parts.join("; "));
 }
 
 fn free_blocks(out: &mut String, s: &Style, dump: &Dump) {

@@ -217,6 +217,18 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
         host: Some(crate::facts::host::read()),
         // Asked only for a device the process uses: NVML is loaded on this (writer) thread.
         gpu_processes: cap.device.map(crate::facts::gpu_processes::for_dump),
+        growth: s.growth.analyse(cap.mem_info.map(|m| m.0), |pairs| {
+            let named = symbolize_stacks(s, pairs);
+            pairs
+                .iter()
+                .map(|k| named.get(k).map(|v| v.0.clone()).unwrap_or_default())
+                .collect()
+        }),
+        config: Some(crate::facts::env::snapshot(
+            |k| std::env::var(k).ok(),
+            std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()),
+            super::cuda_versions(),
+        )),
     };
     dump.verdict = crate::verdict::judge(&dump);
     dump

@@ -4,9 +4,15 @@
 //! inside its guard, never holding a lock across a call into CUDA.
 
 mod assemble;
+mod growth;
 mod oom;
 
 pub use oom::OomEvent;
+
+/// The growth fit (slope, R²) of `(step, bytes)` points, for the verdict; `None` unless growing.
+pub fn fit_growth(points: &[(u64, u64)]) -> Option<(f64, f64)> {
+    growth::fit(points).map(|f| (f.slope, f.r2))
+}
 
 use crate::config::{Config, DEFAULT_DEPTH, MAX_DEPTH};
 use crate::ledger::{Allocation, Api, Ledger, StackId, StackTable};
@@ -24,6 +30,8 @@ pub struct Shim {
     oom: oom::OomTracker,
     oom_failures: AtomicU64,
     pinned_failures: AtomicU64,
+    /// Live bytes per site over steps or time buckets (src/runtime/growth.rs).
+    growth: growth::Tracker,
 }
 
 static SHIM: OnceLock<Shim> = OnceLock::new();
@@ -150,6 +158,7 @@ impl Shim {
             oom: oom::OomTracker::new(),
             oom_failures: AtomicU64::new(0),
             pinned_failures: AtomicU64::new(0),
+            growth: growth::Tracker::new(),
         }
     }
 
@@ -284,6 +293,37 @@ pub fn record_alloc(api: Api, addr: usize, bytes: u64, device: i32, stream: usiz
     if !api.is_pinned_host() {
         s.oom.note_success(device, bytes);
     }
+    // One relaxed load; a sample (cold) once per time bucket, only while no step is marked.
+    if s.growth.bucket_due(alloc.time_ns) {
+        s.growth.sample_bucket(&s.ledger, alloc.time_ns);
+    }
+}
+
+/// The program marked the end of a step (`oomshim_step()`): samples live bytes per site.
+/// Returns the step number (1 for the first mark), 0 when the shim is off.
+pub fn step() -> u64 {
+    match shim() {
+        Some(s) => s.growth.step(&s.ledger),
+        None => 0,
+    }
+}
+
+/// `cuDriverGetVersion` (context-free), asked once on a failing thread; read by dumps.
+static DRIVER_VERSION: OnceLock<Option<i32>> = OnceLock::new();
+/// `cudaRuntimeGetVersion` of the dynamically linked runtime, asked once the same way.
+static RUNTIME_VERSION: OnceLock<Option<i32>> = OnceLock::new();
+
+/// Asks the CUDA versions once, on the failing thread (which already calls CUDA there).
+pub fn note_cuda_versions(driver: fn() -> Option<i32>, runtime: fn() -> Option<i32>) {
+    DRIVER_VERSION.get_or_init(driver);
+    RUNTIME_VERSION.get_or_init(runtime);
+}
+
+pub(crate) fn cuda_versions() -> (Option<i32>, Option<i32>) {
+    (
+        DRIVER_VERSION.get().copied().flatten(),
+        RUNTIME_VERSION.get().copied().flatten(),
+    )
 }
 
 /// Removes a live allocation before it is freed; unknown pointers are counted.
@@ -423,6 +463,7 @@ pub mod bench_support {
             oom: oom::OomTracker::new(),
             oom_failures: AtomicU64::new(1),
             pinned_failures: AtomicU64::new(0),
+            growth: growth::Tracker::new(),
         };
         let ids: Vec<StackId> = (0..stacks)
             .map(|i| {

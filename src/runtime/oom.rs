@@ -66,6 +66,9 @@ fn slot(device: i32) -> usize {
 
 impl OomTracker {
     pub(crate) fn new() -> Self {
+        // At shim start, once: from here on a `fork` cannot copy a lock of the shim's own into
+        // the child while another thread holds it (see `before_fork`).
+        crate::ffi::register_fork_handlers(before_fork, after_fork_in_parent, after_fork_in_child);
         OomTracker {
             pending: (0..MAX_DEVICES).map(|_| AtomicBool::new(false)).collect(),
             state: Mutex::new(State {
@@ -256,6 +259,69 @@ impl OomTracker {
                 .unwrap_or_else(|e| e.into_inner().0);
         }
     }
+}
+
+type WriterSlot = Option<(u32, Sender<Job>)>;
+
+thread_local! {
+    /// The OOM tracker's locks, held by the forking thread from `before_fork` to the matching
+    /// after-fork handler (the child's only thread is that same thread, with the same slot).
+    static FORK_HELD: std::cell::RefCell<Option<(MutexGuard<'static, WriterSlot>, MutexGuard<'static, State>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `pthread_atfork` prepare, in the forking thread: takes every lock a hook or the writer takes
+/// (the OOM tracker's, the ledger's and both stack tables' shards), so the child never starts
+/// with a lock that a thread absent from it holds. No path holds one of these while waiting for
+/// another, so taking them all cannot deadlock.
+fn before_fork() {
+    let Some(s) = super::SHIM.get() else {
+        return;
+    };
+    let writer = s.oom.writer.lock().unwrap_or_else(|e| e.into_inner());
+    let state = s.oom.lock();
+    s.stacks.before_fork();
+    s.py_stacks.before_fork();
+    s.ledger.before_fork();
+    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some((writer, state)));
+}
+
+fn after_fork(child: bool) {
+    let Some(s) = super::SHIM.get() else {
+        return;
+    };
+    s.ledger.after_fork();
+    s.py_stacks.after_fork();
+    s.stacks.after_fork();
+    let held = FORK_HELD.try_with(|h| h.borrow_mut().take()).ok().flatten();
+    let Some((mut writer, mut state)) = held else {
+        return;
+    };
+    if child {
+        // The child has no writer thread and none of the parent's jobs: start afresh. The
+        // parent's queue is leaked, not dropped (its receiver lives in a thread that is gone).
+        if let Some(old) = writer.take() {
+            std::mem::forget(old);
+        }
+        let fresh = State {
+            bursts: (0..MAX_DEVICES).map(|_| None).collect(),
+            ..State::default()
+        };
+        std::mem::forget(std::mem::replace(&mut *state, fresh));
+        for p in s.oom.pending.iter() {
+            p.store(false, Ordering::Relaxed);
+        }
+    }
+    drop(state);
+    drop(writer);
+}
+
+fn after_fork_in_parent() {
+    after_fork(false);
+}
+
+fn after_fork_in_child() {
+    after_fork(true);
 }
 
 /// Serialises and writes a dump; a fallback directory is announced once.

@@ -18,6 +18,7 @@
  * stderr and exit 1. Exit 0 if no allocation fails within MAX_STEPS.
  */
 #include "cuda_sim.h"
+#include <dlfcn.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,8 +120,11 @@ int main(void) {
     }
     printf("model loaded: %.2f GiB of weights\n", (double)WEIGHTS_BYTES / (double)(1024 * MiB));
     fflush(stdout);
+    /* Like `oomshim.step()` in a Python loop: marks each step when oomshim is loaded. */
+    void (*mark_step)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "oomshim_step");
     for (int step = 1; step <= MAX_STEPS; step++) {
         rc = train_step(step);
+        if (rc == cudaSuccess && mark_step != NULL) mark_step();
         if (rc != cudaSuccess) {
             fflush(stdout);
             report_oom(step, rc);

@@ -218,9 +218,15 @@ static void init_driver(void) {
                    g_drv_meminfo != NULL;
 }
 
+/* fork() from a multithreaded program: the child must not inherit g_lock held by a thread that
+ * does not exist there (tests/clients/rel_fork.c allocates in forked children). */
+static void fork_prepare(void) { pthread_mutex_lock(&g_lock); }
+static void fork_release(void) { pthread_mutex_unlock(&g_lock); }
+
 static void init_all(void) {
     init_config();
     init_driver();
+    pthread_atfork(fork_prepare, fork_release, fork_release);
 }
 
 static void ensure_init(void) { pthread_once(&g_once, init_all); }

@@ -3,6 +3,7 @@ LD_PRELOAD) for a dump.
 
     import oomshim
     oomshim.dump("before-eval")     # writes a dump now; returns its success
+    oomshim.step()                  # marks a training step (growth per step, leak verdict)
 
 The package is pure Python and never loads CUDA or torch; without the shim in the process,
 dump() raises RuntimeError saying how to load it.
@@ -10,7 +11,7 @@ dump() raises RuntimeError saying how to load it.
 
 import ctypes
 
-__all__ = ["dump", "loaded"]
+__all__ = ["dump", "loaded", "step"]
 
 
 def _entry():
@@ -37,3 +38,24 @@ def dump(reason="python"):
     fn.argtypes = [ctypes.c_char_p]
     fn.restype = ctypes.c_int
     return fn(str(reason).encode("utf-8", "replace")) == 0
+
+
+_step_fn = None
+
+
+def step():
+    """Marks the end of a training step. The shim samples the live device bytes of each
+    allocation site at every mark; a dump then reports the sites that grow step after step
+    (its `growth` key, and the `leak` verdict). Returns True when the shim saw the mark. Without
+    the shim in the process it does nothing and returns False, so it can stay in the loop."""
+    global _step_fn
+    if _step_fn is None:
+        try:
+            fn = ctypes.CDLL(None).oomshim_step
+        except (AttributeError, OSError):
+            return False
+        fn.argtypes = []
+        fn.restype = None
+        _step_fn = fn
+    _step_fn()
+    return True

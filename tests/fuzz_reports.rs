@@ -1,0 +1,357 @@
+//! Issue 8, hostile input: a mutation fuzzer for the dump reader and every reporter (terminal,
+//! JSON, HTML, diff, merge, export), in process, on stable Rust (cargo-fuzz needs nightly).
+//!
+//! Seeds are the dumps under `tests/fixtures` and `fuzz/corpus`. Each round mutates one seed,
+//! either as JSON (numbers to extremes, strings to hostile text, keys removed, values of the
+//! wrong type, arrays multiplied, objects nested) or as bytes (flips, cuts, splices), then parses
+//! it and, when it parses, runs every reporter on it. A panic is a finding: the input is saved
+//! to `fuzz/crashes/` and the test fails.
+//!
+//! - `cargo test --release --test fuzz_reports` replays `fuzz/corpus` and `fuzz/crashes` (fast).
+//! - `OOMSHIM_FUZZ_SECS=600 cargo test --release --test fuzz_reports -- --ignored --nocapture`
+//!   fuzzes for that long (`OOMSHIM_FUZZ_SEED` repeats a run).
+
+use oomshim::dump::read::parse_dump;
+use oomshim::report::{self, ReportOptions};
+use serde_json::{json, Value};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next() % n as u64) as usize
+        }
+    }
+}
+
+fn json_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn seeds() -> Vec<Vec<u8>> {
+    let mut files = json_files(&root().join("tests/fixtures"));
+    files.retain(|p| !p.to_string_lossy().contains(".report."));
+    files.extend(json_files(&root().join("fuzz/corpus")));
+    files.iter().filter_map(|p| std::fs::read(p).ok()).collect()
+}
+
+/// Runs the reader and every reporter on `bytes`. Ok(true) when it parsed as a dump.
+fn exercise(bytes: &[u8], other: &oomshim::dump::model::Dump, scratch: &Path) -> bool {
+    let Ok(dump) = parse_dump(bytes, Path::new("fuzz.json")) else {
+        return false;
+    };
+    for top in [0, 3, usize::MAX] {
+        for color in [false, true] {
+            let opts = ReportOptions { top, color };
+            let _ = report::terminal::render_terminal(&dump, &opts);
+            let _ = report::render_json(&dump, &opts);
+        }
+    }
+    let _ = report::html::render_html(&dump);
+    let _ = report::html::script_safe_json(&report::html::html_payload(&dump));
+    for (a, b) in [(&dump, other), (other, &dump), (&dump, &dump)] {
+        let d = report::diff::diff(a, b);
+        let _ = report::diff::render_diff(&d, 10);
+        let _ = report::diff::diff_json(&d, usize::MAX);
+    }
+    let _ = report::export::memory_viz(&dump);
+    // merge reads a directory: this dump next to another one.
+    let dir = scratch.join("merge");
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join("a.json"), bytes);
+    if let Ok(m) = report::merge::merge_dir(&dir) {
+        let _ = report::merge::render_merge(&m);
+        let _ = report::merge::merge_json(&m);
+    }
+    true
+}
+
+const HOSTILE_STRINGS: &[&str] = &[
+    "",
+    "<script>alert(1)</script>",
+    "</script><!--",
+    "\u{202e}evil\u{0}nul",
+    "\u{1F600}\u{FE0F}\u{200D}",
+    "%s%n%x",
+    "../../../../etc/passwd",
+    "\x1b[31mred\x1b[0m",
+    "a\nb\r\nc\td",
+];
+
+fn hostile_value(rng: &mut Rng) -> Value {
+    match rng.below(14) {
+        0 => json!(0),
+        1 => json!(u64::MAX),
+        2 => json!(-1),
+        3 => json!(i64::MIN),
+        4 => json!(1e308),
+        5 => json!(-0.5),
+        6 => json!(null),
+        7 => json!(true),
+        8 => json!([]),
+        9 => json!({}),
+        10 => json!(u32::MAX),
+        11 => Value::String("x".repeat(rng.below(100_000))),
+        12 => json!(usize::MAX as f64),
+        _ => Value::String(HOSTILE_STRINGS[rng.below(HOSTILE_STRINGS.len())].to_string()),
+    }
+}
+
+/// Picks a random node (pre-order index) and returns a mutable reference to it.
+fn nth_node(v: &mut Value, mut n: usize) -> &mut Value {
+    fn walk<'a>(v: &'a mut Value, n: &mut usize) -> Option<&'a mut Value> {
+        if *n == 0 {
+            return Some(v);
+        }
+        *n -= 1;
+        match v {
+            Value::Array(a) => {
+                for x in a.iter_mut() {
+                    if let Some(r) = walk(x, n) {
+                        return Some(r);
+                    }
+                }
+                None
+            }
+            Value::Object(o) => {
+                for (_, x) in o.iter_mut() {
+                    if let Some(r) = walk(x, n) {
+                        return Some(r);
+                    }
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+    let total = count(v);
+    n %= total.max(1);
+    // Two passes: find the node, then return it (the borrow checker wants one path).
+    walk(v, &mut n).expect("n < node count")
+}
+
+fn count(v: &Value) -> usize {
+    1 + match v {
+        Value::Array(a) => a.iter().map(count).sum(),
+        Value::Object(o) => o.values().map(count).sum(),
+        _ => 0,
+    }
+}
+
+fn mutate_json(v: &mut Value, rng: &mut Rng) {
+    let rounds = 1 + rng.below(4);
+    for _ in 0..rounds {
+        let n = rng.below(count(v));
+        let node = nth_node(v, n);
+        match rng.below(8) {
+            0..=2 => *node = hostile_value(rng),
+            3 => {
+                if let Value::Object(o) = node {
+                    let keys: Vec<String> = o.keys().cloned().collect();
+                    if !keys.is_empty() {
+                        o.remove(&keys[rng.below(keys.len())]);
+                    }
+                }
+            }
+            4 => {
+                if let Value::Array(a) = node {
+                    if let Some(first) = a.first().cloned() {
+                        let times = 1 + rng.below(300);
+                        for _ in 0..times {
+                            a.push(first.clone());
+                        }
+                    }
+                }
+            }
+            5 => {
+                let inner = node.take();
+                *node = json!([inner]);
+            }
+            6 => {
+                if let Value::Number(x) = node {
+                    if let Some(u) = x.as_u64() {
+                        *node = json!(u.wrapping_mul(1 << (rng.below(64))));
+                    }
+                }
+            }
+            _ => {
+                if let Value::Array(a) = node {
+                    a.clear();
+                } else if let Value::Object(o) = node {
+                    o.insert("extra".into(), hostile_value(rng));
+                }
+            }
+        }
+    }
+}
+
+fn mutate_bytes(b: &mut Vec<u8>, rng: &mut Rng) {
+    if b.is_empty() {
+        b.push(b'{');
+    }
+    match rng.below(5) {
+        0 => {
+            let i = rng.below(b.len());
+            b[i] ^= 1 << rng.below(8);
+        }
+        1 => b.truncate(rng.below(b.len())),
+        2 => {
+            let i = rng.below(b.len());
+            let tok: &[u8] = [
+                &b"\""[..],
+                b"{",
+                b"[",
+                b"]",
+                b"}",
+                b",",
+                b":",
+                b"\\u0000",
+                b"1e999",
+            ][rng.below(9)];
+            b.splice(i..i, tok.iter().copied());
+        }
+        3 => {
+            let i = rng.below(b.len());
+            let j = (i + rng.below(64)).min(b.len());
+            b.drain(i..j);
+        }
+        _ => {
+            let i = rng.below(b.len());
+            b[i] = rng.next() as u8;
+        }
+    }
+}
+
+fn save_crash(bytes: &[u8]) -> PathBuf {
+    let dir = root().join("fuzz/crashes");
+    let _ = std::fs::create_dir_all(&dir);
+    let mut h: u64 = 0xcbf29ce484222325;
+    for &b in bytes {
+        h = (h ^ b as u64).wrapping_mul(0x100000001b3);
+    }
+    let p = dir.join(format!("crash-{h:016x}.json"));
+    let _ = std::fs::write(&p, bytes);
+    p
+}
+
+fn base_other() -> oomshim::dump::model::Dump {
+    let p = root().join("tests/fixtures/oom_own_allocations.json");
+    parse_dump(&std::fs::read(&p).unwrap(), &p).unwrap()
+}
+
+#[test]
+fn corpus_and_past_crashes_never_panic_any_reporter() {
+    let scratch = tempfile::tempdir().unwrap();
+    let other = base_other();
+    let mut files = json_files(&root().join("fuzz/corpus"));
+    files.extend(json_files(&root().join("fuzz/crashes")));
+    for f in files {
+        let bytes = std::fs::read(&f).unwrap();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            exercise(&bytes, &other, scratch.path())
+        }));
+        assert!(r.is_ok(), "{} panics a reporter", f.display());
+    }
+}
+
+#[test]
+#[ignore = "fuzzing: run with OOMSHIM_FUZZ_SECS=600 -- --ignored --nocapture"]
+fn fuzz_reader_and_reporters() {
+    let secs: u64 = std::env::var("OOMSHIM_FUZZ_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let seed: u64 = std::env::var("OOMSHIM_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("fuzz: seed {seed}, {secs} s");
+    let mut rng = Rng(seed);
+    let seeds = seeds();
+    assert!(!seeds.is_empty());
+    let parsed: Vec<Option<Value>> = seeds
+        .iter()
+        .map(|b| serde_json::from_slice(b).ok())
+        .collect();
+    let other = base_other();
+    let scratch = tempfile::tempdir().unwrap();
+    std::panic::set_hook(Box::new(|_| {}));
+    let until = Instant::now() + Duration::from_secs(secs);
+    let (mut runs, mut dumps, mut crashes) = (0u64, 0u64, Vec::new());
+    while Instant::now() < until {
+        let i = rng.below(seeds.len());
+        let input = match (&parsed[i], rng.below(4)) {
+            (Some(v), 0..=2) => {
+                let mut v = v.clone();
+                mutate_json(&mut v, &mut rng);
+                let mut b = serde_json::to_vec(&v).unwrap();
+                if rng.below(10) == 0 {
+                    mutate_bytes(&mut b, &mut rng);
+                }
+                b
+            }
+            _ => {
+                let mut b = seeds[i].clone();
+                for _ in 0..1 + rng.below(8) {
+                    mutate_bytes(&mut b, &mut rng);
+                }
+                b
+            }
+        };
+        runs += 1;
+        match catch_unwind(AssertUnwindSafe(|| {
+            exercise(&input, &other, scratch.path())
+        })) {
+            Ok(true) => dumps += 1,
+            Ok(false) => {}
+            Err(e) => {
+                let what = e
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| e.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                let p = save_crash(&input);
+                eprintln!("fuzz: panic ({what}); saved {}", p.display());
+                crashes.push(p);
+            }
+        }
+    }
+    let _ = std::panic::take_hook();
+    eprintln!(
+        "fuzz: {runs} inputs, {dumps} parsed as dumps and went through every reporter, {} panics",
+        crashes.len()
+    );
+    assert!(crashes.is_empty(), "panics: {crashes:?}");
+}
