@@ -137,7 +137,7 @@ def check_torch():
     row("torch leak: top site names the script's file:line (Python stack)",
         bool(mine) and "torch_leak.py" in dump["verdict"]["summary"],
         f"{first.get('function')} (torch_leak.py:{first.get('line')}) `{src}`; verdict: "
-        f"{dump['verdict']['summary'][dump['verdict']['summary'].find('site'):][:110]}")
+        f"{dump['verdict']['summary'][:110]}")
     shutil.copy(files[0], os.path.join(OUT, "torch-dump.json"))
     with open(os.path.join(OUT, "torch-stderr.txt"), "w") as f:
         f.write(shim.stderr)
