@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{shim_lib, wait_with_watchdog};
+use common::{run_client, shim_lib};
 use oomshim::dump::model::{Dump, Frame};
 use oomshim::dump::read::read_dump;
 use oomshim::testbed;
@@ -12,25 +12,6 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
-
-/// Runs a test client (with or without the shim) under a watchdog: a hang fails the test
-/// instead of blocking the suite.
-fn run_client(name: &str, args: &[&str], env: &[(&str, &str)], with_shim: bool) -> Output {
-    let mut cmd = Command::new(testbed::client(name));
-    cmd.args(args)
-        .env_remove("LD_PRELOAD")
-        .env("OOMSHIM_SETTLE", "0.2s")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    if with_shim {
-        cmd.env("LD_PRELOAD", shim_lib());
-    }
-    wait_with_watchdog(cmd, Duration::from_secs(120))
-}
 
 fn dumps_in(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)

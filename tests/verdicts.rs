@@ -4,32 +4,14 @@
 
 mod common;
 
-use common::{shim_lib, wait_with_watchdog};
+use common::{run_client, shim_lib, wait_with_watchdog};
 use oomshim::dump::model::Dump;
 use oomshim::dump::read::read_dump;
-use oomshim::testbed;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
-
-fn run_client(name: &str, args: &[&str], env: &[(&str, &str)], with_shim: bool) -> Output {
-    let mut cmd = Command::new(testbed::client(name));
-    cmd.args(args)
-        .env_remove("LD_PRELOAD")
-        .env("OOMSHIM_SETTLE", "0.2s")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    if with_shim {
-        cmd.env("LD_PRELOAD", shim_lib());
-    }
-    wait_with_watchdog(cmd, Duration::from_secs(120))
-}
 
 fn only_dump_file(dir: &Path) -> PathBuf {
     let files: Vec<PathBuf> = std::fs::read_dir(dir)

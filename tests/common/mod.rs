@@ -3,7 +3,7 @@
 #![allow(dead_code, reason = "each test binary uses its own subset")]
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -50,4 +50,23 @@ pub fn wait_with_watchdog(mut cmd: Command, limit: Duration) -> Output {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Runs a simulated-CUDA test client (with or without the shim) under the watchdog, with a short
+/// settle window so OOM dumps are written promptly.
+pub fn run_client(name: &str, args: &[&str], env: &[(&str, &str)], with_shim: bool) -> Output {
+    let mut cmd = Command::new(oomshim::testbed::client(name));
+    cmd.args(args)
+        .env_remove("LD_PRELOAD")
+        .env("OOMSHIM_SETTLE", "0.2s")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    if with_shim {
+        cmd.env("LD_PRELOAD", shim_lib());
+    }
+    wait_with_watchdog(cmd, Duration::from_secs(120))
 }
