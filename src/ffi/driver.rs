@@ -567,56 +567,22 @@ pub(crate) fn driver_version() -> Option<i32> {
     (unsafe { f(&mut v) } == CUDA_SUCCESS && v > 0).then_some(v)
 }
 
+/// The driver layer's answers for the shared bookkeeping (`super::after_alloc`).
+static DRIVER: super::Layer = super::Layer {
+    current_device,
+    mem_info,
+    device_name,
+    runtime_version: || None,
+};
+
 fn oom(api: Api, bytes: u64, device: i32, rc: CUresult, stream: usize) {
-    super::pools::at_failure(device);
-    runtime::note_cuda_versions(driver_version, || None);
-    runtime::record_oom(runtime::OomEvent {
-        api,
-        bytes,
-        device,
-        error_code: rc,
-        mem_info: mem_info(),
-        device_name: runtime::cached_device_name(device, device_name),
-        stream,
-    });
+    super::record_oom(&DRIVER, api, bytes, device, rc, stream);
 }
 
-/// Bookkeeping after a driver allocation returned `rc`.
 fn after_alloc(guard: &Guard, api: Api, rc: CUresult, addr: u64, bytes: u64, stream: usize) {
-    guard.run(|| {
-        if rc == CUDA_SUCCESS {
-            if addr != 0 {
-                let device = if api.is_pinned_host() {
-                    -1
-                } else {
-                    current_device()
-                };
-                if api.has_stream() {
-                    super::pools::note(device, None);
-                }
-                runtime::record_alloc(api, addr as usize, bytes, device, stream);
-            }
-        } else if rc == CUDA_ERROR_OUT_OF_MEMORY {
-            if api.is_pinned_host() {
-                runtime::record_pinned_failure(api, bytes);
-            } else {
-                oom(api, bytes, current_device(), rc, stream);
-            }
-        }
-    });
+    super::after_alloc(&DRIVER, guard, api, rc, addr as usize, bytes, stream);
 }
 
-/// Removes `ptr` from the ledger before the real free runs; puts it back if the free fails.
 fn free_with(guard: Option<&Guard>, ptr: u64, real_free: impl FnOnce() -> CUresult) -> CUresult {
-    let taken = match guard {
-        Some(g) if ptr != 0 => g.run(|| runtime::take(ptr as usize)).flatten(),
-        _ => None,
-    };
-    let rc = real_free();
-    if rc != CUDA_SUCCESS {
-        if let (Some(g), Some(a)) = (guard, taken) {
-            g.run(|| runtime::reinstate(ptr as usize, a));
-        }
-    }
-    rc
+    super::free_with(guard, ptr as usize, real_free)
 }

@@ -4,7 +4,7 @@
 
 #![allow(non_snake_case, reason = "CUDA's exported names")]
 
-use super::cuda_error::{INITIALIZATION_ERROR, MEMORY_ALLOCATION, SUCCESS};
+use super::cuda_error::{INITIALIZATION_ERROR, SUCCESS};
 use super::{Guard, RealFn};
 use crate::ledger::Api;
 use crate::runtime;
@@ -87,60 +87,20 @@ fn device_name(device: i32) -> Option<String> {
     Some(name.to_string_lossy().into_owned())
 }
 
-/// Bookkeeping after an allocation call returned `rc`.
+/// The runtime layer's answers for the shared bookkeeping (`super::after_alloc`).
+static RUNTIME: super::Layer = super::Layer {
+    current_device,
+    mem_info,
+    device_name,
+    runtime_version,
+};
+
 fn after_alloc(guard: &Guard, api: Api, rc: c_int, addr: usize, bytes: u64, stream: usize) {
-    guard.run(|| {
-        if rc == SUCCESS {
-            if addr != 0 {
-                let device = if api.is_pinned_host() {
-                    -1
-                } else {
-                    current_device()
-                };
-                if api.has_stream() {
-                    super::pools::note(device, None);
-                }
-                runtime::record_alloc(api, addr, bytes, device, stream);
-            }
-        } else if rc == MEMORY_ALLOCATION {
-            if api.is_pinned_host() {
-                runtime::record_pinned_failure(api, bytes);
-            } else {
-                let device = current_device();
-                super::pools::at_failure(device);
-                runtime::note_cuda_versions(super::driver::driver_version, runtime_version);
-                runtime::record_oom(runtime::OomEvent {
-                    api,
-                    bytes,
-                    device,
-                    error_code: rc,
-                    mem_info: mem_info(),
-                    device_name: runtime::cached_device_name(device, device_name),
-                    stream,
-                });
-            }
-        }
-    });
+    super::after_alloc(&RUNTIME, guard, api, rc, addr, bytes, stream);
 }
 
-/// Removes `ptr` from the ledger before the real free runs (see `Ledger::take`); puts it back
-/// if the free fails.
-unsafe fn free_with(
-    guard: Option<&Guard>,
-    ptr: *mut c_void,
-    real_free: impl FnOnce() -> c_int,
-) -> c_int {
-    let taken = match guard {
-        Some(g) if !ptr.is_null() => g.run(|| runtime::take(ptr as usize)).flatten(),
-        _ => None,
-    };
-    let rc = real_free();
-    if rc != SUCCESS {
-        if let (Some(g), Some(a)) = (guard, taken) {
-            g.run(|| runtime::reinstate(ptr as usize, a));
-        }
-    }
-    rc
+fn free_with(guard: Option<&Guard>, ptr: *mut c_void, real_free: impl FnOnce() -> c_int) -> c_int {
+    super::free_with(guard, ptr as usize, real_free)
 }
 
 #[no_mangle]

@@ -237,3 +237,98 @@ pub(crate) fn register_fork_handlers(prepare: fn(), parent: fn(), child: fn()) {
         tracing::debug!(rc, "pthread_atfork failed");
     }
 }
+
+/// What the bookkeeping shared by the runtime hooks and the driver hooks asks of its layer.
+/// Both layers report success as 0 and out-of-memory as 2 (`cudaErrorMemoryAllocation`,
+/// `CUDA_ERROR_OUT_OF_MEMORY`), so only these queries differ.
+pub(crate) struct Layer {
+    /// The calling thread's current device (no context is created by asking).
+    pub current_device: fn() -> i32,
+    /// (free, total) of the calling thread's current device.
+    pub mem_info: fn() -> Option<(u64, u64)>,
+    pub device_name: fn(i32) -> Option<String>,
+    /// The runtime's version, where this layer can tell it.
+    pub runtime_version: fn() -> Option<i32>,
+}
+
+// The shared code compares with the runtime's codes; the driver's are the same numbers.
+const _: () = assert!(
+    driver::CUDA_SUCCESS == cuda_error::SUCCESS
+        && driver::CUDA_ERROR_OUT_OF_MEMORY == cuda_error::MEMORY_ALLOCATION
+);
+
+/// A device allocation failed for lack of memory: asks the layer about the device on the
+/// failing thread (the one place that may ask CUDA safely) and hands the failure on.
+pub(crate) fn record_oom(
+    layer: &Layer,
+    api: crate::ledger::Api,
+    bytes: u64,
+    device: i32,
+    rc: i32,
+    stream: usize,
+) {
+    pools::at_failure(device);
+    crate::runtime::note_cuda_versions(driver::driver_version, layer.runtime_version);
+    crate::runtime::record_oom(crate::runtime::OomEvent {
+        api,
+        bytes,
+        device,
+        error_code: rc,
+        mem_info: (layer.mem_info)(),
+        device_name: crate::runtime::cached_device_name(device, layer.device_name),
+        stream,
+    });
+}
+
+/// Bookkeeping after an allocation call of either layer returned `rc`.
+pub(crate) fn after_alloc(
+    layer: &Layer,
+    guard: &Guard,
+    api: crate::ledger::Api,
+    rc: std::ffi::c_int,
+    addr: usize,
+    bytes: u64,
+    stream: usize,
+) {
+    guard.run(|| {
+        if rc == cuda_error::SUCCESS {
+            if addr != 0 {
+                let device = if api.is_pinned_host() {
+                    -1
+                } else {
+                    (layer.current_device)()
+                };
+                if api.has_stream() {
+                    pools::note(device, None);
+                }
+                crate::runtime::record_alloc(api, addr, bytes, device, stream);
+            }
+        } else if rc == cuda_error::MEMORY_ALLOCATION {
+            if api.is_pinned_host() {
+                crate::runtime::record_pinned_failure(api, bytes);
+            } else {
+                record_oom(layer, api, bytes, (layer.current_device)(), rc, stream);
+            }
+        }
+    });
+}
+
+/// Removes `ptr` from the ledger before the real free runs (the runtime may hand the address
+/// to another thread the moment it is freed; see `Ledger::take`); puts it back if the free fails.
+pub(crate) fn free_with(
+    guard: Option<&Guard>,
+    ptr: usize,
+    real_free: impl FnOnce() -> std::ffi::c_int,
+) -> std::ffi::c_int {
+    let taken = match guard {
+        Some(g) if ptr != 0 => g.run(|| crate::runtime::take(ptr)).flatten(),
+        _ => None,
+    };
+    let rc = real_free();
+    if rc != cuda_error::SUCCESS {
+        if let (Some(g), Some(a)) = (guard, taken) {
+            g.run(|| crate::runtime::reinstate(ptr, a));
+        }
+    }
+    rc
+}
