@@ -4,6 +4,7 @@
 //! in [`ffi`] alone) and the `oomshim` CLI. Everything outside `ffi` is plain Rust, testable
 //! without CUDA.
 
+pub mod alloc;
 pub mod cli;
 pub mod config;
 pub mod dump;
