@@ -1,32 +1,47 @@
 //! Findings from a dump: whose memory filled the device, in plain words, with the numbers that
-//! show it. Pure functions of the dump; table-tested.
+//! show it, and what to change. Pure functions of the dump; table-tested.
 //!
-//! Kinds, first match wins for an out-of-memory dump (one with a `failed_request`):
-//! - [`REQUEST_EXCEEDS_DEVICE`]: the request alone is larger than the device's total memory.
-//! - [`FRAGMENTATION`]: the dump's free-block data shows enough free memory in total but no
-//!   block large enough (only when a free-block source is available, never guessed).
-//! - [`OTHER_PROCESSES`]: less than half of the memory in use is this process's, and other
-//!   processes that NVML lists on the device hold at least half of the rest.
-//! - [`UNTRACKED_MEMORY`]: less than half of the memory in use was allocated by this process
-//!   through calls the shim tracks (or, without device numbers, it tracked nothing at all).
-//! - [`LEAK`]: this process's allocations fill the device and the dump's `growth` (per marked
-//!   step) shows one site growing by at least [`LEAK_MIN_BYTES_PER_STEP`] a step, carrying at
-//!   least [`LEAK_MIN_SHARE`] of the growth.
-//! - [`OWN_ALLOCATIONS`]: otherwise; this process's tracked allocations fill the device.
-//!
-//! [`HOST_MEMORY`] is the kind only when the failed request was for page-locked host memory;
-//! otherwise low host memory (below [`HOST_MIN_AVAILABLE_SHARE`] available, or a cgroup at
-//! [`CGROUP_MAX_USAGE_SHARE`] of its limit) is a secondary finding in the evidence.
+//! An out-of-memory dump (one with a `failed_request`) gets every finding that holds, ranked by
+//! the bytes each explains (ties in the order below); the verdict's `kind`, `summary` and
+//! `suggestions` are the top finding's (the suggestions of the others follow, without repeats):
+//! - [`REQUEST_EXCEEDS_DEVICE`] (bytes: the request): the request alone is larger than the
+//!   device's total memory. Nothing else is judged then: no freeing makes it fit.
+//! - [`OTHER_PROCESSES`] (bytes: what they hold): processes other than this one that NVML lists
+//!   on the device hold at least [`OTHER_PROCESSES_MIN_SHARE`] of its memory.
+//! - [`LEAK`] (bytes: the leaking site's growth over the samples): the dump's `growth`, per
+//!   marked or detected step, shows one site growing by at least [`LEAK_MIN_BYTES_PER_STEP`] a
+//!   step and carrying at least [`LEAK_MIN_SHARE`] of the growth. Detected steps count only when
+//!   at least [`DETECTED_MIN_FREEING_SHARE`] of the sampled intervals freed memory.
+//! - [`FRAGMENTATION`] (bytes: free in the cache): a free-block source (torch's snapshot or
+//!   oomshim's allocator) shows at least the request free in total, but no block that large.
+//!   Many distinct large request sizes ([`DYNAMIC_MIN_DISTINCT_LARGE`]) name dynamic shapes as
+//!   the cause, with bucketing as the fix.
+//! - [`FRAMEWORK_CACHE`] (bytes: reserved but unallocated): not fragmented, and the cache's
+//!   releasable free bytes are at least [`FRAMEWORK_CACHE_MIN_REQUEST_SHARE`] of the request
+//!   and, with the device's free bytes, enough for it.
+//! - [`UNTRACKED_MEMORY`] (bytes: untracked less what other processes explain): less than
+//!   [`UNTRACKED_MIN_SHARE`] of the memory in use is this process's tracked allocations (or,
+//!   without device numbers, it tracked nothing), and other processes explain less than that
+//!   share of the rest.
+//! - [`OWN_ALLOCATIONS`] (bytes: tracked): the residual account, when this process's tracked
+//!   allocations are most of the memory in use and no more specific account of them (leak,
+//!   fragmentation, framework cache) holds.
+//! - [`HOST_MEMORY`]: the only finding when the failed request was for page-locked host memory;
+//!   otherwise low host memory (below [`HOST_MIN_AVAILABLE_SHARE`] available, or a cgroup at
+//!   [`CGROUP_MAX_USAGE_SHARE`] of its limit) is a finding with this process's pinned bytes.
 //!
 //! A dump without a failed request gets [`SNAPSHOT`].
 
-use crate::dump::model::{DeviceInfo, Dump, FailedRequest, Frame, GrowthSite, Site, Verdict};
+use crate::dump::model::{
+    DetectedSteps, DeviceInfo, Dump, FailedRequest, Finding, Frame, GrowthSite, Site, Verdict,
+};
 use crate::facts::gpu_processes::{GpuProcess, Relation};
 use crate::report::units::{bytes_with_exact, clean, human_bytes, percent, share, thousands};
 use crate::report::{frame_label, free_blocks_available, named_frames, sorted_sites, used_bytes};
 
 pub const REQUEST_EXCEEDS_DEVICE: &str = "request_exceeds_device";
 pub const FRAGMENTATION: &str = "fragmentation";
+pub const FRAMEWORK_CACHE: &str = "framework_cache";
 pub const OTHER_PROCESSES: &str = "other_processes";
 pub const UNTRACKED_MEMORY: &str = "untracked_memory";
 pub const OWN_ALLOCATIONS: &str = "own_allocations";
@@ -41,6 +56,26 @@ pub const LEAK_MIN_BYTES_PER_STEP: u64 = 1 << 20;
 /// growth of all tracked bytes) that the leaking site must carry for [`LEAK`]: the site is
 /// *the* leak, not one of many growing things.
 pub const LEAK_MIN_SHARE: f64 = 0.5;
+/// Smallest share of sampled intervals that freed memory for detected steps to support a
+/// [`LEAK`]: a training step frees its working memory; a loop that only allocates (loading
+/// weights layer by layer) also repeats, and its growth is no leak.
+pub const DETECTED_MIN_FREEING_SHARE: f64 = 0.5;
+/// Smallest share of the device's memory that other processes must hold for
+/// [`OTHER_PROCESSES`]: display servers and monitoring agents hold a few hundred MiB, which
+/// does not change what fits.
+pub const OTHER_PROCESSES_MIN_SHARE: f64 = 0.05;
+/// Below this share of the memory in use, this process's tracked allocations are not what
+/// fills the device ([`UNTRACKED_MEMORY`]); at or above it they are ([`OWN_ALLOCATIONS`]).
+pub const UNTRACKED_MIN_SHARE: f64 = 0.5;
+/// Smallest releasable cache, as a share of the request, for [`FRAMEWORK_CACHE`]: a cache that
+/// holds half the request or more is a real part of the missing room, not crumbs.
+pub const FRAMEWORK_CACHE_MIN_REQUEST_SHARE: f64 = 0.5;
+/// Distinct large request sizes (see `request_sizes`) from which shapes count as dynamic: a
+/// steady training loop repeats a handful of sizes; variable-length batches make dozens.
+pub const DYNAMIC_MIN_DISTINCT_LARGE: u64 = 16;
+/// ... and the share of large requests with a size of their own: a long steady run repeats its
+/// sizes many times (a low share), even when it has many tensors of different sizes.
+pub const DYNAMIC_MIN_DISTINCT_SHARE: f64 = 0.25;
 /// Host memory is low when `MemAvailable` is below this share of `MemTotal`.
 pub const HOST_MIN_AVAILABLE_SHARE: f64 = 0.05;
 /// ... or when the cgroup's usage is at least this share of its limit.
@@ -147,10 +182,24 @@ struct LeakFinding<'a> {
     label: String,
     share: f64,
     projected: Option<u64>,
+    /// Set when the steps were detected, not marked.
+    detected: Option<DetectedSteps>,
 }
 
 fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
     let g = dump.growth.as_ref().filter(|g| g.unit == "step")?;
+    let detected = match g.steps.as_deref() {
+        Some("detected") => {
+            let d = g.detected.as_ref()?;
+            if d.intervals == 0
+                || (d.freeing_intervals as f64) < DETECTED_MIN_FREEING_SHARE * d.intervals as f64
+            {
+                return None;
+            }
+            Some(d.clone())
+        }
+        _ => None,
+    };
     let site = g.sites.iter().max_by_key(|s| s.bytes_per_step)?;
     if site.bytes_per_step < LEAK_MIN_BYTES_PER_STEP {
         return None;
@@ -165,6 +214,7 @@ fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
         label: site_label(&site.stack),
         share,
         projected: site.projected_oom_step,
+        detected,
     })
 }
 
@@ -211,7 +261,9 @@ fn host_pressure(dump: &Dump) -> Option<String> {
     None
 }
 
-const HOST_SUGGESTION: &str = "Host memory is nearly exhausted (a CPU-side out-of-memory kill may follow): use fewer      DataLoader workers, fewer or smaller pinned buffers (`pin_memory`, `cudaMallocHost`), and don't keep results on the host      across steps.";
+const HOST_SUGGESTION: &str = "Host memory is nearly exhausted (a CPU-side out-of-memory kill may follow): use fewer \
+     DataLoader workers, fewer or smaller pinned buffers (`pin_memory`, `cudaMallocHost`), and don't keep results on the \
+     host across steps.";
 
 fn is_pinned_api(api: &str) -> bool {
     matches!(
@@ -223,6 +275,14 @@ fn is_pinned_api(api: &str) -> bool {
 /// One line per growing site (at most 3), from the dump's `growth`.
 fn growth_evidence(dump: &Dump, evidence: &mut Vec<String>) {
     if let Some(g) = &dump.growth {
+        if let (Some("detected"), Some(d)) = (g.steps.as_deref(), &g.detected) {
+            evidence.push(format!(
+                "steps detected automatically (no oomshim_step marks): every {} allocations, anchored at {}; {} steps",
+                thousands(d.period),
+                short_label(&d.anchor),
+                thousands(d.steps)
+            ));
+        }
         for site in g.sites.iter().take(3) {
             let projected = site
                 .projected_oom_step
@@ -251,45 +311,278 @@ fn growth_evidence(dump: &Dump, evidence: &mut Vec<String>) {
     }
 }
 
+/// Everything the findings of one out-of-memory dump are computed from.
+struct Ctx<'a> {
+    dump: &'a Dump,
+    request: &'a FailedRequest,
+    n: DeviceNumbers,
+    used: Option<u64>,
+    tracked: u64,
+    top: Option<TopSite<'a>>,
+    req: String,
+    dev: i32,
+    others: Vec<&'a GpuProcess>,
+    others_bytes: u64,
+}
+
+impl Ctx<'_> {
+    /// The largest site, as a sentence for a summary.
+    fn top_text(&self, used: Option<u64>) -> String {
+        match &self.top {
+            Some(top) => {
+                let share_text = match used {
+                    Some(u) if u > 0 => format!(
+                        " ({} of the memory in use)",
+                        percent(share(top.site.bytes, u))
+                    ),
+                    _ => String::new(),
+                };
+                format!(
+                    " The largest allocation site, {}, holds {} in {}{share_text}.",
+                    top.label,
+                    human_bytes(top.site.bytes),
+                    count_word(top.site.count, "allocation", "allocations")
+                )
+            }
+            None => " No allocation sites were recorded.".to_string(),
+        }
+    }
+
+    fn failing_at(&self) -> String {
+        named_frames(&self.request.stack)
+            .next()
+            .map(|f| format!(" at {}", frame_label(f, MAX_FUNCTION)))
+            .unwrap_or_default()
+    }
+}
+
+/// The free blocks of the framework's cache, when a source shows them.
+struct Cache {
+    source: String,
+    total_free: u64,
+    largest: u64,
+    /// Free bytes `empty_cache` can return: total free less the inactive split bytes (free
+    /// blocks in segments that also hold a live block), when the source knows them.
+    releasable: u64,
+    inactive_split: Option<u64>,
+}
+
+fn cache(dump: &Dump) -> Option<Cache> {
+    if !free_blocks_available(dump) {
+        return None;
+    }
+    let fb = &dump.free_blocks;
+    let total_free = fb.total_free_bytes?;
+    let largest = fb.largest_free_bytes.unwrap_or(0).min(total_free);
+    Some(Cache {
+        source: fb.source.clone(),
+        total_free,
+        largest,
+        releasable: total_free.saturating_sub(fb.inactive_split_bytes.unwrap_or(0)),
+        inactive_split: fb.inactive_split_bytes,
+    })
+}
+
+/// Many distinct large request sizes in the recent history: dynamic shapes (see
+/// [`DYNAMIC_MIN_DISTINCT_LARGE`]). Returns (distinct large sizes, large requests, window).
+fn dynamic_shapes(dump: &Dump) -> Option<(u64, u64, u64)> {
+    let r = dump.request_sizes.as_ref()?;
+    (r.distinct_large >= DYNAMIC_MIN_DISTINCT_LARGE
+        && r.large > 0
+        && r.distinct_large as f64 >= DYNAMIC_MIN_DISTINCT_SHARE * r.large as f64)
+        .then_some((r.distinct_large, r.large, r.window))
+}
+
+fn dynamic_shapes_evidence(dump: &Dump) -> Option<String> {
+    let (distinct, large, window) = dynamic_shapes(dump)?;
+    let large_bytes = dump
+        .request_sizes
+        .as_ref()
+        .map_or(1 << 20, |r| r.large_bytes);
+    Some(format!(
+        "dynamic shapes: {} distinct sizes among the {} requests of at least {} in the last {} requests",
+        thousands(distinct),
+        thousands(large),
+        human_bytes(large_bytes),
+        thousands(window)
+    ))
+}
+
+const BUCKETING: &str = "Pad or bucket variable-length inputs to a few fixed shapes (sequence lengths, image sizes, batch sizes), so freed blocks are reused instead of split into ever new sizes.";
+
+/// The order among findings that explain equal bytes.
+fn priority(kind: &str) -> usize {
+    [
+        REQUEST_EXCEEDS_DEVICE,
+        OTHER_PROCESSES,
+        LEAK,
+        FRAGMENTATION,
+        FRAMEWORK_CACHE,
+        UNTRACKED_MEMORY,
+        OWN_ALLOCATIONS,
+        HOST_MEMORY,
+    ]
+    .iter()
+    .position(|k| *k == kind)
+    .unwrap_or(usize::MAX)
+}
+
+/// Findings ranked by bytes explained (largest first), ties by [`priority`].
+pub fn rank(findings: &mut [Finding]) {
+    findings.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(priority(&a.kind).cmp(&priority(&b.kind)))
+    });
+}
+
+fn finding(kind: &str, bytes: u64, headline: String, summary: String) -> Finding {
+    Finding {
+        kind: kind.to_string(),
+        bytes,
+        headline,
+        summary,
+        evidence: Vec::new(),
+        suggestions: Vec::new(),
+    }
+}
+
+/// The innermost named frame with its file's base name: `forward (model.py:42)` (one-liners).
+pub fn short_label(stack: &[Frame]) -> String {
+    match named_frames(stack).next() {
+        Some(frame) => {
+            let mut f = frame.clone();
+            if let Some(file) = &f.file {
+                f.file = Some(file.rsplit('/').next().unwrap_or(file).to_string());
+            }
+            frame_label(&f, 60)
+        }
+        None => site_label(stack),
+    }
+}
+
 fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
     let n = DeviceNumbers::of(dump, request);
     let used = n.used();
     let tracked = n.tracked.unwrap_or(0);
-    let top = top_site(dump);
-    let req = human_bytes(request.bytes);
     let dev = n.index;
-    let fb = &dump.free_blocks;
-    let fragmented = free_blocks_available(dump)
-        && matches!((fb.total_free_bytes, fb.largest_free_bytes),
-            (Some(total), Some(largest)) if total >= request.bytes && largest < request.bytes);
-
     let others = other_processes(dump, dev);
     let others_bytes: u64 = others.iter().filter_map(|p| p.used_bytes).sum();
-    let untracked = used.map_or(0, |u| u.saturating_sub(tracked));
-    let leak = leak_finding(dump);
-    let host_low = host_pressure(dump);
-    let kind = if is_pinned_api(&request.api) {
-        HOST_MEMORY
-    } else if n.total.is_some_and(|total| request.bytes > total) {
-        REQUEST_EXCEEDS_DEVICE
-    } else if fragmented {
-        FRAGMENTATION
-    } else if match used {
-        Some(used) => used > 0 && (tracked as f64) < 0.5 * used as f64,
-        None => tracked == 0,
-    } {
-        if others_bytes > 0 && others_bytes as f64 >= 0.5 * untracked as f64 {
-            OTHER_PROCESSES
-        } else {
-            UNTRACKED_MEMORY
-        }
-    } else if leak.is_some() {
-        LEAK
-    } else {
-        OWN_ALLOCATIONS
+    let c = Ctx {
+        dump,
+        request,
+        used,
+        tracked,
+        top: top_site(dump),
+        req: human_bytes(request.bytes),
+        dev,
+        others,
+        others_bytes,
+        n,
     };
+    let evidence = general_evidence(&c);
+    let host_low = host_pressure(dump);
 
-    // --- evidence -------------------------------------------------------------------------
+    let mut findings = Vec::new();
+    if is_pinned_api(&request.api) {
+        findings.push(host_memory_failure(&c));
+    } else if c.n.total.is_some_and(|total| request.bytes > total) {
+        findings.push(request_exceeds_device(&c));
+    } else {
+        let cache = cache(dump);
+        let fragmented = cache
+            .as_ref()
+            .is_some_and(|k| k.total_free >= request.bytes && k.largest < request.bytes);
+        if fragmented {
+            findings.push(fragmentation(&c, cache.as_ref().expect("fragmented")));
+        } else if let Some(k) = cache.as_ref().filter(|k| framework_cache_holds(&c, k)) {
+            findings.push(framework_cache(&c, k));
+        }
+        let others_threshold = c.n.total.or(used).map_or(1, |t| {
+            (OTHER_PROCESSES_MIN_SHARE * t as f64).ceil().max(1.0) as u64
+        });
+        let others_found = !c.others.is_empty() && others_bytes >= others_threshold;
+        if others_found {
+            findings.push(other_processes_finding(&c));
+        }
+        // Less than half of the memory in use is this process's tracked allocations.
+        let mostly_untracked = match used {
+            Some(used) => used > 0 && (tracked as f64) < UNTRACKED_MIN_SHARE * used as f64,
+            None => tracked == 0,
+        };
+        let untracked = used.map_or(0, |u| u.saturating_sub(tracked));
+        let unexplained = untracked.saturating_sub(others_bytes);
+        // ... and other processes do not explain most of the rest (when they are a finding).
+        let explained_by_others = others_found
+            && used.is_some()
+            && unexplained as f64 <= UNTRACKED_MIN_SHARE * untracked as f64;
+        if mostly_untracked && !explained_by_others {
+            findings.push(untracked_memory(&c, unexplained));
+        }
+        let leak = leak_finding(dump);
+        if let Some(l) = &leak {
+            findings.push(leak_found(&c, l));
+        }
+        let specific =
+            leak.is_some() || fragmented || findings.iter().any(|f| f.kind == FRAMEWORK_CACHE);
+        if (!mostly_untracked && !specific) || findings.is_empty() {
+            findings.push(own_allocations(&c, cache.as_ref()));
+        }
+    }
+    if let Some(text) = &host_low {
+        if !findings.iter().any(|f| f.kind == HOST_MEMORY) {
+            let mut f = finding(
+                HOST_MEMORY,
+                dump.pinned_host.bytes,
+                text.clone(),
+                format!(
+                    "Besides the device, host memory is low: {}; this process holds {} of page-locked host memory. The \
+                     Linux out-of-memory killer may end the process after the device error.",
+                    text.trim_start_matches("host memory is low: "),
+                    human_bytes(dump.pinned_host.bytes)
+                ),
+            );
+            f.evidence.push(text.clone());
+            f.suggestions.push(HOST_SUGGESTION.to_string());
+            findings.push(f);
+        }
+    }
+    rank(&mut findings);
+
+    let top = &findings[0];
+    let judged = top.summary.clone();
+    let summary = match request.recovered {
+        Some(true) => format!(
+            "This failure was recovered by a retry: a later request of at least {} on device {dev} succeeded, so the program \
+             did not see this error. {judged}",
+            c.req
+        ),
+        Some(false) => format!("{judged} The retry did not succeed: the program saw this out-of-memory error."),
+        None => judged,
+    };
+    let mut suggestions: Vec<String> = Vec::new();
+    for f in &findings {
+        for s in &f.suggestions {
+            if !suggestions.contains(s) {
+                suggestions.push(s.clone());
+            }
+        }
+    }
+    Verdict {
+        kind: top.kind.clone(),
+        summary,
+        evidence,
+        suggestions,
+        findings,
+    }
+}
+
+/// The dump's numbers that every finding rests on.
+fn general_evidence(c: &Ctx) -> Vec<String> {
+    let (dump, request, n, dev, used, tracked) =
+        (c.dump, c.request, &c.n, c.dev, c.used, c.tracked);
+    let fb = &dump.free_blocks;
+    let req = &c.req;
     let mut evidence = Vec::new();
     evidence.push(format!(
         "failed request: {} via {} on device {dev} (error {})",
@@ -357,7 +650,7 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
             ));
         }
     }
-    if let Some(top) = &top {
+    if let Some(top) = &c.top {
         let of_used = match used {
             Some(u) if u > 0 => format!(" ({} of used)", percent(share(top.site.bytes, u))),
             _ => String::new(),
@@ -370,14 +663,14 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
         ));
     }
     growth_evidence(dump, &mut evidence);
-    if let Some(text) = &host_low {
-        evidence.push(text.clone());
+    if let Some(text) = host_pressure(dump) {
+        evidence.push(text);
     }
     if let Some(conf) = alloc_conf(dump) {
         evidence.push(format!("PYTORCH_CUDA_ALLOC_CONF={}", clean(conf)));
     }
     let devices_holding = dump.devices.iter().filter(|d| d.tracked_bytes > 0).count();
-    if devices_holding > 1 && top.is_some() {
+    if devices_holding > 1 && c.top.is_some() {
         evidence.push(format!(
             "{devices_holding} devices hold tracked memory; sites are not split by device"
         ));
@@ -418,6 +711,20 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
                 human_bytes(largest)
             ));
         }
+        if let (Some(reserved), Some(allocated)) = (fb.reserved_bytes, fb.allocated_bytes) {
+            evidence.push(format!(
+                "framework cache: {} reserved, {} allocated, {} reserved but unallocated{}",
+                human_bytes(reserved),
+                human_bytes(allocated),
+                human_bytes(reserved.saturating_sub(allocated)),
+                fb.inactive_split_bytes
+                    .map(|b| format!(" ({} inactive split)", human_bytes(b)))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    if let Some(text) = dynamic_shapes_evidence(dump) {
+        evidence.push(text);
     }
     evidence.push(
         match request.recovered {
@@ -431,8 +738,6 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
         }
         .to_string(),
     );
-
-    // --- summary and suggestions ----------------------------------------------------------
     match dump.gpu_processes.as_ref().filter(|g| g.device == dev) {
         Some(g) if g.error.is_some() => evidence.push(format!(
             "other processes on device {dev}: unknown ({})",
@@ -440,284 +745,540 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
         )),
         Some(g) => {
             for p in g.processes.iter().take(5) {
-                evidence.push(format!(
-                    "process {} ({}, {}) holds {} on device {dev} (NVML)",
-                    p.pid,
-                    clean(p.name.as_deref().unwrap_or("name not visible")),
-                    p.relation.words(),
-                    p.used_bytes
-                        .map(human_bytes)
-                        .unwrap_or_else(|| "an unknown amount".to_string())
-                ));
+                evidence.push(process_line(p, dev));
             }
         }
         None => {}
     }
-    let mut suggestions = Vec::new();
-    let top_text = |used: Option<u64>| -> String {
-        match &top {
-            Some(top) => {
-                let share_text = match used {
-                    Some(u) if u > 0 => format!(
-                        " ({} of the memory in use)",
-                        percent(share(top.site.bytes, u))
-                    ),
-                    _ => String::new(),
-                };
-                format!(
-                    " The largest allocation site, {}, holds {} in {}{share_text}.",
-                    top.label,
-                    human_bytes(top.site.bytes),
-                    count_word(top.site.count, "allocation", "allocations")
-                )
-            }
-            None => " No allocation sites were recorded.".to_string(),
-        }
-    };
-    let failing_at = named_frames(&request.stack)
-        .next()
-        .map(|f| format!(" at {}", frame_label(f, MAX_FUNCTION)))
-        .unwrap_or_default();
+    evidence
+}
 
-    let judged = match kind {
-        REQUEST_EXCEEDS_DEVICE => {
-            let total = n.total.unwrap_or(0);
-            suggestions.push(format!(
-                "Make the allocation itself smaller: find what asks for {req}{failing_at} and reduce the batch size or sequence length, or split the work into chunks."
-            ));
-            suggestions.push(
-                "Check the size computation: a request this large often comes from a wrong shape or an overflowed dimension.".to_string(),
-            );
-            suggestions.push(
-                "If the data really is this large, spread it over several devices (sharding, tensor or pipeline parallelism) or keep it in host memory.".to_string(),
-            );
-            format!(
-                "The failed request alone is larger than the whole device: {req} was asked of device {dev}, which has {} in total. \
-                 No amount of freeing memory makes it fit; the allocation itself must shrink.",
-                human_bytes(total)
-            )
-        }
-        FRAGMENTATION => {
-            let total_free = fb.total_free_bytes.unwrap_or(0);
-            let largest = fb.largest_free_bytes.unwrap_or(0);
-            if !expandable_segments_on(dump) {
-                suggestions.push(
-                    "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so the cache grows segments instead of needing one contiguous free block.".to_string(),
-                );
-            }
-            suggestions.push(
-                "Keep tensor shapes steady (pad or bucket variable-length inputs) so freed blocks are reused instead of split.".to_string(),
-            );
-            suggestions.push(
-                "`torch.cuda.empty_cache()` returns only unused cached segments to the driver; it does not join blocks split by live tensors.".to_string(),
-            );
-            format!(
-                "The free memory is fragmented: {} was free in the allocator's blocks ({}), more than the {req} request, \
-                 but the largest free block was only {}, so no single block could hold it.{}",
-                human_bytes(total_free),
-                clean(&fb.source),
-                human_bytes(largest),
-                top_text(used)
-            )
-        }
-        OTHER_PROCESSES => {
-            let biggest = others
-                .iter()
-                .max_by_key(|p| p.used_bytes.unwrap_or(0))
-                .expect("others is not empty");
-            for p in &others {
-                let who = format!(
-                    "process {} ({})",
-                    p.pid,
-                    clean(p.name.as_deref().unwrap_or("name not visible"))
-                );
-                suggestions.push(match p.relation {
-                    Relation::Child => format!(
-                        "{who} is a child of this process and holds GPU memory: child processes such as data-loader \
-                         workers should not touch CUDA; create tensors on the GPU only in the main process."
-                    ),
-                    Relation::Parent => format!(
-                        "{who} is this process's parent (a launcher?) and holds GPU memory: keep the launcher off the GPU."
-                    ),
-                    Relation::SameUser => format!(
-                        "{who} is yours: if it is a finished or stale job, end it yourself, or run on another GPU \
-                         (`CUDA_VISIBLE_DEVICES`)."
-                    ),
-                    Relation::OtherUser | Relation::Unknown => format!(
-                        "{who} is not yours: run on a free GPU (`CUDA_VISIBLE_DEVICES`), wait for it, or ask its owner or the \
-                         cluster scheduler; don't try to kill it."
-                    ),
-                    Relation::This => continue,
-                });
-                if suggestions.len() >= 4 {
-                    break;
-                }
-            }
-            format!(
-                "Other processes hold most of the memory on device {dev}: {} of the {} in use belongs to {}, the largest \
-                 being process {} ({}, {}) with {}. This process's tracked allocations are only {}, so the {req} request \
-                 failed for lack of room the other processes occupy.",
-                human_bytes(others_bytes),
-                used.map(human_bytes).unwrap_or_else(|| "memory".to_string()),
-                count_word(others.len() as u64, "other process", "other processes"),
-                biggest.pid,
-                clean(biggest.name.as_deref().unwrap_or("name not visible")),
-                biggest.relation.words(),
-                biggest.used_bytes.map(human_bytes).unwrap_or_else(|| "an unknown amount".to_string()),
-                human_bytes(tracked)
-            )
-        }
-        UNTRACKED_MEMORY => {
-            suggestions.push(format!(
-                "Run `nvidia-smi` to see which processes hold memory on GPU {dev}; if another job is there, \
-                 run on a free GPU (`CUDA_VISIBLE_DEVICES`) or wait until it finishes."
-            ));
-            suggestions.push(
-                "If this process is alone on the GPU, the untracked memory is its own: the CUDA context and library workspaces \
-                 (cuBLAS, cuDNN, NCCL) take from a few hundred MiB to a few GiB per device; much more than that points to an \
-                 allocation path the shim does not hook yet."
-                    .to_string(),
-            );
-            match (n.total, used) {
-                (Some(total), Some(used)) => format!(
-                    "Most of the memory in use on device {dev} was not allocated by this process through calls oomshim tracks: \
-                     {} of {} was in use, and this process's tracked allocations account for only {} ({}), leaving {} untracked. \
-                     That memory belongs to another process on the same GPU, or this process got it in ways the shim does not see: \
-                     the CUDA context, libraries, or allocation paths not hooked yet.",
-                    human_bytes(used),
-                    human_bytes(total),
-                    human_bytes(tracked),
-                    percent(share(tracked, used)),
-                    human_bytes(used.saturating_sub(tracked))
-                ),
-                _ => format!(
-                    "The device's memory numbers were unavailable, and this process held no tracked memory on device {dev} when {req} \
-                     failed, so the memory in use was not allocated through calls oomshim tracks: it belongs to another process, or \
-                     this process got it in ways the shim does not see (the CUDA context, libraries, or allocation paths not hooked yet)."
-                ),
-            }
-        }
-        HOST_MEMORY => {
-            suggestions.push(HOST_SUGGESTION.to_string());
-            format!(
-                "Page-locked host memory ran out: {req} via {} failed. This is host memory, not device memory; pinned buffers \
-                 count against the machine's (or the container's) RAM.",
-                clean(&request.api)
-            )
-        }
-        LEAK => {
-            let l = leak.as_ref().expect("kind is leak");
-            suggestions.push(format!(
-                "Find what {} keeps from each step. The classic causes: accumulating a tensor that is still on the GPU and \
-                 attached to the graph (`total_loss += loss` or `losses.append(loss)`: keep `loss.item()`), keeping outputs or \
-                 activations for logging (keep `t.detach().cpu()`), and appending model outputs to a list across steps.",
-                l.label
-            ));
-            suggestions.push(
-                "Run evaluation under `torch.inference_mode()` (or `torch.no_grad()`) so it keeps no graph.".to_string(),
-            );
-            let projected = l
-                .projected
-                .map(|p| format!(" At that rate the device's free memory runs out at step {p}."))
-                .unwrap_or_default();
-            format!(
-                "A leak: memory allocated at {} grows by {} every step ({} steps observed, from {} at step {} to {} at step {}), \
-                 {} of the growth per step.{projected} This process's own allocations fill device {dev}: {} tracked when {req} \
-                 more was requested.",
-                l.label,
-                human_bytes(l.site.bytes_per_step),
-                l.site.samples,
-                human_bytes(l.site.first.bytes),
-                l.site.first.step,
-                human_bytes(l.site.last.bytes),
-                l.site.last.step,
-                percent(Some((l.share * 100.0).min(100.0))),
-                human_bytes(tracked),
-            )
-        }
-        _ => {
-            let site = top
-                .as_ref()
-                .map(|t| t.label.as_str())
-                .unwrap_or("the largest allocation sites");
-            suggestions.push(format!(
-                "Free or shrink what {site} keeps alive. Tensors kept across steps are the usual cause: store `loss.item()` \
-                 rather than `loss`, `detach()` what you keep for logging, don't accumulate outputs on the GPU, and run \
-                 evaluation under `torch.inference_mode()`."
-            ));
-            suggestions.push(
-                "Reduce the batch size (or sequence length); gradient accumulation keeps the effective batch size.".to_string(),
-            );
-            let mut hints = Vec::new();
-            if request.failures_in_burst > 1 {
-                hints.push(format!(
-                    "the allocation failed {} times in one burst",
-                    request.failures_in_burst
-                ));
-            }
-            if let Some(free) = n.free.filter(|&f| f >= request.bytes && request.bytes > 0) {
-                hints.push(format!(
-                    "{} was free, not less than the {req} request",
-                    human_bytes(free)
-                ));
-            }
-            if !hints.is_empty() && !free_blocks_available(dump) && !expandable_segments_on(dump) {
-                suggestions.push(format!(
-                    "Possibly fragmentation ({}), though the shim cannot see the framework's free blocks here, so this is not \
-                     established: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` may help if it is.",
-                    hints.join("; ")
-                ));
-            }
-            match (n.total, used) {
-                (Some(total), Some(0)) => format!(
-                    "Device {dev} showed no memory in use when the dump was written ({} total), so the state at capture does not \
-                     explain the failure of {req}: memory was probably released between the failure and the capture.{}",
-                    human_bytes(total),
-                    top_text(used)
-                ),
-                (Some(total), Some(used)) => format!(
-                    "This process's own allocations fill device {dev}: {} of the {} in use ({}) was allocated by this process, \
-                     out of {} in total, when {req} more was requested.{}",
-                    human_bytes(tracked),
-                    human_bytes(used),
-                    percent(share(tracked, used)),
-                    human_bytes(total),
-                    top_text(Some(used))
-                ),
-                _ => {
-                    suggestions.push(format!(
-                        "Run `nvidia-smi` to check whether other processes also use GPU {dev}."
-                    ));
-                    format!(
-                        "The device's memory numbers were unavailable, so this rests on tracked bytes alone: this process held {} \
-                         of tracked memory on device {dev} when {req} more was requested; whether other processes also used the \
-                         device cannot be told from this dump.{}",
-                        human_bytes(tracked),
-                        top_text(None)
-                    )
-                }
-            }
-        }
-    };
+fn process_line(p: &GpuProcess, dev: i32) -> String {
+    format!(
+        "process {} ({}, {}) holds {} on device {dev} (NVML)",
+        p.pid,
+        clean(p.name.as_deref().unwrap_or("name not visible")),
+        p.relation.words(),
+        p.used_bytes
+            .map(human_bytes)
+            .unwrap_or_else(|| "an unknown amount".to_string())
+    )
+}
 
-    if host_low.is_some() && kind != HOST_MEMORY {
-        suggestions.push(HOST_SUGGESTION.to_string());
-    }
-    let summary = match request.recovered {
-        Some(true) => format!(
-            "This failure was recovered by a retry: a later request of at least {req} on device {dev} succeeded, so the program \
-             did not see this error. {judged}"
+fn host_memory_failure(c: &Ctx) -> Finding {
+    let mut f = finding(
+        HOST_MEMORY,
+        c.request.bytes.max(c.dump.pinned_host.bytes),
+        format!(
+            "page-locked host memory ran out: {} via {} failed, with {} already pinned",
+            c.req,
+            clean(&c.request.api),
+            human_bytes(c.dump.pinned_host.bytes)
         ),
-        Some(false) => format!("{judged} The retry did not succeed: the program saw this out-of-memory error."),
-        None => judged,
-    };
-
-    Verdict {
-        kind: kind.to_string(),
-        summary,
-        evidence,
-        suggestions,
+        format!(
+            "Page-locked host memory ran out: {} via {} failed. This is host memory, not device memory; pinned buffers \
+             count against the machine's (or the container's) RAM.",
+            c.req,
+            clean(&c.request.api)
+        ),
+    );
+    f.evidence.push(format!(
+        "pinned host memory: {} in {}",
+        human_bytes(c.dump.pinned_host.bytes),
+        count_word(c.dump.pinned_host.count, "allocation", "allocations")
+    ));
+    if let Some(text) = host_pressure(c.dump) {
+        f.evidence.push(text);
     }
+    f.suggestions.push(HOST_SUGGESTION.to_string());
+    f
+}
+
+fn request_exceeds_device(c: &Ctx) -> Finding {
+    let total = c.n.total.unwrap_or(0);
+    let (req, dev) = (&c.req, c.dev);
+    let failing_at = c.failing_at();
+    let mut f = finding(
+        REQUEST_EXCEEDS_DEVICE,
+        c.request.bytes,
+        format!(
+            "a single request of {req} is larger than device {dev} ({} in total)",
+            human_bytes(total)
+        ),
+        format!(
+            "The failed request alone is larger than the whole device: {req} was asked of device {dev}, which has {} in total. \
+             No amount of freeing memory makes it fit; the allocation itself must shrink.",
+            human_bytes(total)
+        ),
+    );
+    f.evidence.push(format!(
+        "request {} > device total {} (by {})",
+        bytes_with_exact(c.request.bytes),
+        human_bytes(total),
+        human_bytes(c.request.bytes.saturating_sub(total))
+    ));
+    f.suggestions.push(format!(
+        "Make the allocation itself smaller: find what asks for {req}{failing_at} and reduce the batch size or sequence length, or split the work into chunks."
+    ));
+    f.suggestions.push(
+        "Check the size computation: a request this large often comes from a wrong shape or an overflowed dimension.".to_string(),
+    );
+    f.suggestions.push(
+        "If the data really is this large, spread it over several devices (sharding, tensor or pipeline parallelism) or keep it in host memory.".to_string(),
+    );
+    f
+}
+
+fn fragmentation(c: &Ctx, k: &Cache) -> Finding {
+    let dump = c.dump;
+    let req = &c.req;
+    let dynamic = dynamic_shapes_evidence(dump);
+    let cause = if dynamic.is_some() {
+        " Many distinct large request sizes point to dynamic shapes as the cause: each new size splits cached blocks \
+         differently."
+    } else {
+        ""
+    };
+    let mut f = finding(
+        FRAGMENTATION,
+        k.total_free,
+        format!(
+            "{} free in the cache ({}) but the largest free block is {}, less than the {req} request{}",
+            human_bytes(k.total_free),
+            clean(&k.source),
+            human_bytes(k.largest),
+            if dynamic.is_some() { "; input shapes vary (dynamic shapes)" } else { "" }
+        ),
+        format!(
+            "The free memory is fragmented: {} was free in the allocator's blocks ({}), more than the {req} request, \
+             but the largest free block was only {}, so no single block could hold it.{cause}{}",
+            human_bytes(k.total_free),
+            clean(&k.source),
+            human_bytes(k.largest),
+            c.top_text(c.used)
+        ),
+    );
+    f.evidence.push(format!(
+        "free in the cache {} ≥ request {} > largest free block {}",
+        human_bytes(k.total_free),
+        human_bytes(c.request.bytes),
+        human_bytes(k.largest)
+    ));
+    if let Some(b) = k.inactive_split {
+        f.evidence.push(format!(
+            "inactive split bytes: {} (free blocks inside segments that also hold live tensors)",
+            human_bytes(b)
+        ));
+    }
+    if let Some(d) = &dynamic {
+        f.evidence.push(d.clone());
+        f.suggestions.push(BUCKETING.to_string());
+    }
+    if !expandable_segments_on(dump) {
+        f.suggestions.push(
+            "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so the cache grows segments instead of needing one contiguous free block.".to_string(),
+        );
+    }
+    if dynamic.is_none() && dump.request_sizes.is_none() {
+        f.suggestions.push(
+            "If input shapes vary from step to step, pad or bucket them to a few fixed shapes so freed blocks are reused instead of split.".to_string(),
+        );
+    }
+    f.suggestions.push(
+        "`torch.cuda.empty_cache()` returns only unused cached segments to the driver; it does not join blocks split by live tensors.".to_string(),
+    );
+    f
+}
+
+/// The framework's cache holds enough reserved-but-unallocated memory that releasing it would
+/// make room (see [`FRAMEWORK_CACHE_MIN_REQUEST_SHARE`]).
+fn framework_cache_holds(c: &Ctx, k: &Cache) -> bool {
+    let request = c.request.bytes;
+    k.releasable > 0
+        && k.releasable as f64 >= FRAMEWORK_CACHE_MIN_REQUEST_SHARE * request as f64
+        && c.n
+            .free
+            .is_none_or(|free| k.releasable.saturating_add(free) >= request)
+}
+
+fn framework_cache(c: &Ctx, k: &Cache) -> Finding {
+    let req = &c.req;
+    let free =
+        c.n.free
+            .map(|f| format!(" with the device's {} free", human_bytes(f)))
+            .unwrap_or_default();
+    let mut f = finding(
+        FRAMEWORK_CACHE,
+        k.total_free,
+        format!(
+            "the framework's cache holds {} reserved but unallocated ({} releasable){}, enough for the {req} request",
+            human_bytes(k.total_free),
+            human_bytes(k.releasable),
+            free
+        ),
+        format!(
+            "The framework's cache ({}) holds {} that it reserved from the device but did not hand out; {} of it is in \
+             segments with no live block, which releasing the cache returns to the device: together{free} that is enough \
+             for the {req} request. The memory is not fragmented (the request is larger than the cache's free total), it is \
+             kept in reserve.{}",
+            clean(&k.source),
+            human_bytes(k.total_free),
+            human_bytes(k.releasable),
+            c.top_text(c.used)
+        ),
+    );
+    f.evidence.push(format!(
+        "reserved but unallocated: {}, releasable {}, largest free block {}",
+        human_bytes(k.total_free),
+        human_bytes(k.releasable),
+        human_bytes(k.largest)
+    ));
+    f.suggestions.push(
+        "Release the cache where memory peaks change (between training and evaluation, or before a large allocation): \
+         `torch.cuda.empty_cache()`."
+            .to_string(),
+    );
+    f.suggestions.push(
+        "Let the cache give memory back by itself: `PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8` (or a \
+         smaller cache, `max_split_size_mb`)."
+            .to_string(),
+    );
+    f
+}
+
+fn other_processes_finding(c: &Ctx) -> Finding {
+    let dev = c.dev;
+    let biggest = c
+        .others
+        .iter()
+        .max_by_key(|p| p.used_bytes.unwrap_or(0))
+        .expect("others is not empty");
+    let name = |p: &GpuProcess| clean(p.name.as_deref().unwrap_or("name not visible"));
+    let mut f = finding(
+        OTHER_PROCESSES,
+        c.others_bytes,
+        format!(
+            "other processes hold {} on device {dev}; the largest is process {} ({}, {}) with {}",
+            human_bytes(c.others_bytes),
+            biggest.pid,
+            name(biggest),
+            biggest.relation.words(),
+            biggest
+                .used_bytes
+                .map(human_bytes)
+                .unwrap_or_else(|| "an unknown amount".to_string())
+        ),
+        format!(
+            "Other processes hold memory on device {dev}: {} of the {} in use belongs to {}, the largest being process {} \
+             ({}, {}) with {}. This process's tracked allocations are {}; the {} request failed for lack of room the other \
+             processes occupy.",
+            human_bytes(c.others_bytes),
+            c.used.map(human_bytes).unwrap_or_else(|| "memory".to_string()),
+            count_word(c.others.len() as u64, "other process", "other processes"),
+            biggest.pid,
+            name(biggest),
+            biggest.relation.words(),
+            biggest
+                .used_bytes
+                .map(human_bytes)
+                .unwrap_or_else(|| "an unknown amount".to_string()),
+            human_bytes(c.tracked),
+            c.req
+        ),
+    );
+    for p in c.others.iter().take(5) {
+        f.evidence.push(process_line(p, dev));
+    }
+    for p in &c.others {
+        let who = format!("process {} ({})", p.pid, name(p));
+        f.suggestions.push(match p.relation {
+            Relation::Child => format!(
+                "{who} is a child of this process and holds GPU memory: child processes such as data-loader \
+                 workers should not touch CUDA; create tensors on the GPU only in the main process."
+            ),
+            Relation::Parent => format!(
+                "{who} is this process's parent (a launcher?) and holds GPU memory: keep the launcher off the GPU."
+            ),
+            Relation::SameUser => format!(
+                "{who} is yours: if it is a finished or stale job, end it yourself, or run on another GPU \
+                 (`CUDA_VISIBLE_DEVICES`)."
+            ),
+            Relation::OtherUser | Relation::Unknown => format!(
+                "{who} is not yours: run on a free GPU (`CUDA_VISIBLE_DEVICES`), wait for it, or ask its owner or the \
+                 cluster scheduler; don't try to kill it."
+            ),
+            Relation::This => continue,
+        });
+        if f.suggestions.len() >= 4 {
+            break;
+        }
+    }
+    f
+}
+
+fn untracked_memory(c: &Ctx, unexplained: u64) -> Finding {
+    let (dev, tracked, used) = (c.dev, c.tracked, c.used);
+    let summary = match (c.n.total, used) {
+        (Some(total), Some(used)) => format!(
+            "Most of the memory in use on device {dev} was not allocated by this process through calls oomshim tracks: \
+             {} of {} was in use, and this process's tracked allocations account for only {} ({}), leaving {} untracked. \
+             That memory belongs to another process on the same GPU, or this process got it in ways the shim does not see: \
+             the CUDA context, libraries, or allocation paths not hooked yet.",
+            human_bytes(used),
+            human_bytes(total),
+            human_bytes(tracked),
+            percent(share(tracked, used)),
+            human_bytes(used.saturating_sub(tracked))
+        ),
+        _ => format!(
+            "The device's memory numbers were unavailable, and this process held no tracked memory on device {dev} when {} \
+             failed, so the memory in use was not allocated through calls oomshim tracks: it belongs to another process, or \
+             this process got it in ways the shim does not see (the CUDA context, libraries, or allocation paths not hooked yet).",
+            c.req
+        ),
+    };
+    let headline = match used {
+        Some(used) => format!(
+            "{} of the {} in use on device {dev} is not this process's tracked memory (tracked: {})",
+            human_bytes(used.saturating_sub(tracked)),
+            human_bytes(used),
+            human_bytes(tracked)
+        ),
+        None => format!("device {dev} is full, but this process tracked nothing on it"),
+    };
+    let mut f = finding(UNTRACKED_MEMORY, unexplained, headline, summary);
+    if c.others_bytes > 0 {
+        f.evidence.push(format!(
+            "other processes (NVML) explain {} of it; {} remains unexplained",
+            human_bytes(c.others_bytes),
+            human_bytes(unexplained)
+        ));
+    }
+    f.suggestions.push(format!(
+        "Run `nvidia-smi` to see which processes hold memory on GPU {dev}; if another job is there, \
+         run on a free GPU (`CUDA_VISIBLE_DEVICES`) or wait until it finishes."
+    ));
+    f.suggestions.push(
+        "If this process is alone on the GPU, the untracked memory is its own: the CUDA context and library workspaces \
+         (cuBLAS, cuDNN, NCCL) take from a few hundred MiB to a few GiB per device; much more than that points to an \
+         allocation path the shim does not hook yet."
+            .to_string(),
+    );
+    f
+}
+
+fn leak_found(c: &Ctx, l: &LeakFinding) -> Finding {
+    let g = c.dump.growth.as_ref();
+    let detected = l.detected.as_ref();
+    let how = match detected {
+        Some(d) => format!(
+            " Steps were detected automatically (the program marks none): a pattern of {} allocations repeats, \
+             anchored at {}; {} of {} sampled intervals freed working memory.",
+            thousands(d.period),
+            short_label(&d.anchor),
+            thousands(d.freeing_intervals),
+            thousands(d.intervals)
+        ),
+        None => String::new(),
+    };
+    let projected = l
+        .projected
+        .map(|p| format!(" At that rate the device's free memory runs out at step {p}."))
+        .unwrap_or_default();
+    let grown = l.site.last.bytes.saturating_sub(l.site.first.bytes);
+    let kind_of_steps = if detected.is_some() {
+        "detected"
+    } else {
+        "marked"
+    };
+    let mut f = finding(
+        LEAK,
+        grown,
+        format!(
+            "{} grows by {} every step ({} {kind_of_steps} steps, {} so far){}",
+            short_label(&l.site.stack),
+            human_bytes(l.site.bytes_per_step),
+            l.site.samples,
+            human_bytes(grown),
+            l.projected
+                .map(|p| format!("; free memory runs out at step {p}"))
+                .unwrap_or_default()
+        ),
+        format!(
+            "A leak: memory allocated at {} grows by {} every step ({} steps observed, from {} at step {} to {} at step {}), \
+             {} of the growth per step.{projected} This process's own allocations fill device {}: {} tracked when {} \
+             more was requested.{how}",
+            l.label,
+            human_bytes(l.site.bytes_per_step),
+            l.site.samples,
+            human_bytes(l.site.first.bytes),
+            l.site.first.step,
+            human_bytes(l.site.last.bytes),
+            l.site.last.step,
+            percent(Some((l.share * 100.0).min(100.0))),
+            c.dev,
+            human_bytes(c.tracked),
+            c.req,
+        ),
+    );
+    f.evidence.push(format!(
+        "growth: {} adds {} per step (R² {:.2} over {} samples), {} grown from step {} to {}",
+        l.label,
+        human_bytes(l.site.bytes_per_step),
+        l.site.r_squared,
+        l.site.samples,
+        human_bytes(grown),
+        l.site.first.step,
+        l.site.last.step
+    ));
+    if let Some(d) = detected {
+        f.evidence.push(format!(
+            "steps: detected, not marked (every {} allocations; {} steps; {} allocations since the last)",
+            thousands(d.period),
+            thousands(d.steps),
+            thousands(d.allocations_since_last_step)
+        ));
+    } else if g.is_some() {
+        f.evidence
+            .push("steps: marked by the program (oomshim_step)".to_string());
+    }
+    f.suggestions.push(format!(
+        "Find what {} keeps from each step. The classic causes: accumulating a tensor that is still on the GPU and \
+         attached to the graph (`total_loss += loss` or `losses.append(loss)`: keep `loss.item()`), keeping outputs or \
+         activations for logging (keep `t.detach().cpu()`), and appending model outputs to a list across steps.",
+        l.label
+    ));
+    f.suggestions.push(
+        "Run evaluation under `torch.inference_mode()` (or `torch.no_grad()`) so it keeps no graph.".to_string(),
+    );
+    if detected.is_some() {
+        f.suggestions.push(
+            "Mark steps with `oomshim.step()` (C: `oomshim_step()`) to confirm the growth per step.".to_string(),
+        );
+    }
+    f
+}
+
+fn own_allocations(c: &Ctx, cache: Option<&Cache>) -> Finding {
+    let (dev, tracked, used, req) = (c.dev, c.tracked, c.used, &c.req);
+    let dump = c.dump;
+    let request = c.request;
+    let site = c
+        .top
+        .as_ref()
+        .map(|t| t.label.as_str())
+        .unwrap_or("the largest allocation sites");
+    let largest = match &c.top {
+        Some(t) => format!(
+            "; largest: {}{} at {}",
+            human_bytes(t.site.bytes),
+            if t.site.count > 1 {
+                format!(" (×{})", thousands(t.site.count))
+            } else {
+                String::new()
+            },
+            short_label(&t.site.stack)
+        ),
+        None => String::new(),
+    };
+    let headline = match used {
+        Some(u) if u > 0 => format!(
+            "this process's own allocations fill device {dev}: {} of the {} in use{largest}",
+            human_bytes(tracked),
+            human_bytes(u)
+        ),
+        _ => format!(
+            "this process holds {} on device {dev}{largest}",
+            human_bytes(tracked)
+        ),
+    };
+    let mut suggestions = vec![format!(
+        "Free or shrink what {site} keeps alive. Tensors kept across steps are the usual cause: store `loss.item()` \
+         rather than `loss`, `detach()` what you keep for logging, don't accumulate outputs on the GPU, and run \
+         evaluation under `torch.inference_mode()`."
+    )];
+    suggestions.push(
+        "Reduce the batch size (or sequence length); gradient accumulation keeps the effective batch size.".to_string(),
+    );
+    suggestions.push(
+        "Use mixed precision (`torch.autocast`, bf16/fp16) to halve activation memory, and `optimizer.zero_grad(set_to_none=True)` \
+         so gradients are freed between steps."
+            .to_string(),
+    );
+    let mut evidence = Vec::new();
+    if let Some(k) = cache {
+        evidence.push(format!(
+            "the framework's cache holds {} reserved but unallocated ({} releasable): too little to make room for {req}",
+            human_bytes(k.total_free),
+            human_bytes(k.releasable)
+        ));
+    }
+    let mut hints = Vec::new();
+    if request.failures_in_burst > 1 {
+        hints.push(format!(
+            "the allocation failed {} times in one burst",
+            request.failures_in_burst
+        ));
+    }
+    if let Some(free) =
+        c.n.free
+            .filter(|&f| f >= request.bytes && request.bytes > 0)
+    {
+        hints.push(format!(
+            "{} was free, not less than the {req} request",
+            human_bytes(free)
+        ));
+    }
+    let dynamic = dynamic_shapes_evidence(dump);
+    if let Some(d) = &dynamic {
+        evidence.push(d.clone());
+    }
+    if !hints.is_empty() && !free_blocks_available(dump) && !expandable_segments_on(dump) {
+        if let Some(d) = &dynamic {
+            hints.push(d.clone());
+        }
+        suggestions.push(format!(
+            "Possibly fragmentation ({}), though the shim cannot see the framework's free blocks here, so this is not \
+             established: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` may help if it is.",
+            hints.join("; ")
+        ));
+        if dynamic.is_some() {
+            suggestions.push(BUCKETING.to_string());
+        }
+    }
+    let summary = match (c.n.total, used) {
+        (Some(total), Some(0)) => format!(
+            "Device {dev} showed no memory in use when the dump was written ({} total), so the state at capture does not \
+             explain the failure of {req}: memory was probably released between the failure and the capture.{}",
+            human_bytes(total),
+            c.top_text(used)
+        ),
+        (Some(total), Some(used)) => format!(
+            "This process's own allocations fill device {dev}: {} of the {} in use ({}) was allocated by this process, \
+             out of {} in total, when {req} more was requested.{}",
+            human_bytes(tracked),
+            human_bytes(used),
+            percent(share(tracked, used)),
+            human_bytes(total),
+            c.top_text(Some(used))
+        ),
+        _ => {
+            suggestions.push(format!(
+                "Run `nvidia-smi` to check whether other processes also use GPU {dev}."
+            ));
+            format!(
+                "The device's memory numbers were unavailable, so this rests on tracked bytes alone: this process held {} \
+                 of tracked memory on device {dev} when {req} more was requested; whether other processes also used the \
+                 device cannot be told from this dump.{}",
+                human_bytes(tracked),
+                c.top_text(None)
+            )
+        }
+    };
+    let mut f = finding(OWN_ALLOCATIONS, tracked, headline, summary);
+    f.evidence = evidence;
+    f.suggestions = suggestions;
+    f
 }
 
 fn judge_snapshot(dump: &Dump) -> Verdict {
@@ -806,11 +1367,32 @@ fn judge_snapshot(dump: &Dump) -> Verdict {
         "To find a leak, take dumps at two points of the run and compare the sites: one whose bytes grow with the step count keeps memory alive across steps."
             .to_string(),
     ];
+    let summary = format!("{opening}{held}{site}");
+    let headline = format!(
+        "{}: {} tracked in {} on {}",
+        if dump.reason == "oom" {
+            "out-of-memory dump without a failed request"
+        } else {
+            "on-demand dump"
+        },
+        human_bytes(tracked),
+        count_word(count, "allocation", "allocations"),
+        count_word(holding as u64, "device", "devices")
+    );
+    let findings = vec![Finding {
+        kind: SNAPSHOT.to_string(),
+        bytes: tracked,
+        headline,
+        summary: summary.clone(),
+        evidence: Vec::new(),
+        suggestions: suggestions.clone(),
+    }];
     Verdict {
         kind: SNAPSHOT.to_string(),
-        summary: format!("{opening}{held}{site}"),
+        summary,
         evidence,
         suggestions,
+        findings,
     }
 }
 
@@ -910,8 +1492,10 @@ pub(crate) mod tests {
                 largest_free_bytes: None,
                 fragmentation: None,
                 histogram: vec![],
+                ..Default::default()
             },
             verdict: Verdict {
+                findings: vec![],
                 kind: "ignored".into(),
                 summary: String::new(),
                 evidence: vec![],
@@ -924,6 +1508,7 @@ pub(crate) mod tests {
             gpu_processes: None,
             growth: None,
             config: None,
+            request_sizes: None,
         }
     }
 
@@ -964,6 +1549,7 @@ pub(crate) mod tests {
             largest_free_bytes: Some(GIB),
             fragmentation: Some(0.875),
             histogram: vec![],
+            ..Default::default()
         };
         let mut other_device = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
         other_device.failed_request.as_mut().unwrap().device = 3;
@@ -1343,6 +1929,8 @@ mod growth_tests {
         let rate: u64 = sites.iter().map(|s| s.bytes_per_step).sum();
         d.growth = Some(Growth {
             unit: unit.into(),
+            steps: Some(if unit == "step" { "marked" } else { "time" }.into()),
+            detected: None,
             samples: 10,
             current: 10,
             free_bytes: Some(GIB),
@@ -1464,6 +2052,7 @@ mod growth_tests {
             largest_free_bytes: Some(GIB),
             fragmentation: Some(0.875),
             histogram: vec![],
+            ..Default::default()
         };
         let v = judge(&d);
         assert_eq!(v.kind, FRAGMENTATION);
@@ -1550,5 +2139,556 @@ mod growth_tests {
         let mut d = oom_dump(GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
         d.failed_request.as_mut().unwrap().api = "cudaMallocHost".into();
         assert_eq!(judge(&d).kind, HOST_MEMORY);
+    }
+}
+
+#[cfg(test)]
+mod findings_tests {
+    use super::tests::oom_dump;
+    use super::*;
+    use crate::dump::model::*;
+    use crate::facts::host::HostMemory;
+
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+
+    fn kinds(v: &Verdict) -> Vec<&str> {
+        v.findings.iter().map(|f| f.kind.as_str()).collect()
+    }
+
+    fn growing(name: &str, per_step: u64, steps: u64) -> GrowthSite {
+        GrowthSite {
+            bytes_per_step: per_step,
+            r_squared: 1.0,
+            samples: steps,
+            first: GrowthPoint { step: 1, bytes: 0 },
+            last: GrowthPoint {
+                step: steps,
+                bytes: per_step * (steps - 1),
+            },
+            projected_oom_step: Some(steps + 2),
+            stack: vec![Frame {
+                address: "0x1".into(),
+                function: Some(name.into()),
+                file: Some("/home/u/train.py".into()),
+                line: Some(12),
+                ..Frame::default()
+            }],
+        }
+    }
+
+    fn growth(steps: &str, site: GrowthSite, detected: Option<DetectedSteps>) -> Growth {
+        let rate = site.bytes_per_step;
+        Growth {
+            unit: "step".into(),
+            steps: Some(steps.into()),
+            detected,
+            samples: site.samples,
+            current: site.last.step,
+            free_bytes: Some(GIB),
+            projected_oom_step: site.projected_oom_step,
+            tracked: (1..=site.samples)
+                .map(|i| GrowthPoint {
+                    step: i,
+                    bytes: i * rate,
+                })
+                .collect(),
+            sites: vec![site],
+        }
+    }
+
+    fn process(pid: u32, bytes: u64, relation: Relation) -> GpuProcess {
+        GpuProcess {
+            pid,
+            name: Some("python".into()),
+            used_bytes: Some(bytes),
+            relation,
+        }
+    }
+
+    fn with_processes(d: &mut Dump, processes: Vec<GpuProcess>) {
+        d.gpu_processes = Some(GpuProcesses {
+            device: 0,
+            matched_by: "index".into(),
+            processes,
+            error: None,
+        });
+    }
+
+    fn cache(source: &str, total_free: u64, largest: u64, inactive: Option<u64>) -> FreeBlocks {
+        FreeBlocks {
+            source: source.into(),
+            total_free_bytes: Some(total_free),
+            largest_free_bytes: Some(largest),
+            fragmentation: Some(1.0 - largest as f64 / total_free.max(1) as f64),
+            inactive_split_bytes: inactive,
+            ..Default::default()
+        }
+    }
+
+    fn sizes(distinct_large: u64, large: u64) -> RequestSizes {
+        RequestSizes {
+            window: 4096,
+            distinct: distinct_large + 3,
+            large,
+            distinct_large,
+            large_bytes: MIB,
+            ..Default::default()
+        }
+    }
+
+    fn check_common(v: &Verdict) {
+        assert!(!v.findings.is_empty());
+        assert_eq!(v.kind, v.findings[0].kind, "kind is the top finding's");
+        for w in v.findings.windows(2) {
+            assert!(w[0].bytes >= w[1].bytes, "ranked by bytes: {:?}", kinds(v));
+        }
+        for f in &v.findings {
+            assert!(
+                !f.headline.contains('\n') && !f.headline.is_empty(),
+                "{f:?}"
+            );
+            assert!(!f.summary.contains('\n'), "{f:?}");
+            assert!(
+                f.suggestions.iter().all(|s| !s
+                    .replace("don't try to kill it", "")
+                    .replace("out-of-memory kill", "")
+                    .contains("kill")),
+                "never suggest killing: {f:?}"
+            );
+            for s in &f.suggestions {
+                assert!(
+                    v.suggestions.contains(s),
+                    "verdict carries every suggestion"
+                );
+            }
+        }
+    }
+
+    /// Another process holds 60 GiB AND a leak grows 512 MiB a step AND the cache is fragmented:
+    /// three findings, ranked by the bytes each explains.
+    #[test]
+    fn several_findings_are_ranked_by_bytes_explained() {
+        let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 19 * GIB);
+        with_processes(
+            &mut d,
+            vec![
+                process(4242, 60 * GIB, Relation::OtherUser),
+                process(4812, 19 * GIB, Relation::This),
+            ],
+        );
+        d.growth = Some(growth("marked", growing("keep", 512 * MIB, 20), None));
+        d.free_blocks = cache("torch-snapshot", 4 * GIB, 512 * MIB, Some(3 * GIB));
+        let v = judge(&d);
+        check_common(&v);
+        assert_eq!(kinds(&v), [OTHER_PROCESSES, LEAK, FRAGMENTATION], "{v:#?}");
+        let bytes: Vec<u64> = v.findings.iter().map(|f| f.bytes).collect();
+        assert_eq!(bytes, [60 * GIB, 19 * 512 * MIB, 4 * GIB]);
+        assert_eq!(v.kind, OTHER_PROCESSES);
+        assert!(v.findings[0]
+            .headline
+            .contains("other processes hold 60.00 GiB on device 0; the largest is process 4242 (python, another user's) with 60.00 GiB"));
+        assert!(v.findings[1].headline.contains(
+            "keep (train.py:12) grows by 512.00 MiB every step (20 marked steps, 9.50 GiB so far)"
+        ));
+        assert!(v.findings[2].headline.contains(
+            "4.00 GiB free in the cache (torch-snapshot) but the largest free block is 512.00 MiB"
+        ));
+        assert!(v.findings[2]
+            .evidence
+            .iter()
+            .any(|e| e.starts_with("inactive split bytes: 3.00 GiB")));
+        // Suggestions in rank order: the other process's, the leak's, then fragmentation's.
+        let pos = |needle: &str| {
+            v.suggestions
+                .iter()
+                .position(|s| s.contains(needle))
+                .unwrap()
+        };
+        assert!(pos("don't try to kill it") < pos("loss.item()"));
+        assert!(pos("loss.item()") < pos("expandable_segments:True"));
+        // The untracked memory is the other process's: no untracked finding, and no
+        // own_allocations while a leak accounts for this process's memory.
+        assert_eq!(judge(&d), v, "deterministic");
+    }
+
+    #[test]
+    fn other_processes_threshold() {
+        // 5% of an 80 GiB device is 4 GiB. This process's own allocations fill the rest.
+        for (others, listed) in [(4 * GIB, true), (4 * GIB - 1, false)] {
+            let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 70 * GIB);
+            with_processes(&mut d, vec![process(7, others, Relation::SameUser)]);
+            let v = judge(&d);
+            check_common(&v);
+            let want: &[&str] = if listed {
+                &[OWN_ALLOCATIONS, OTHER_PROCESSES]
+            } else {
+                &[OWN_ALLOCATIONS]
+            };
+            assert_eq!(kinds(&v), want, "{others}");
+            assert_eq!(v.findings[0].bytes, 70 * GIB);
+        }
+    }
+
+    #[test]
+    fn untracked_threshold() {
+        // 79 GiB in use: tracked at half of it is this process's; just below is untracked.
+        let used = 79 * GIB;
+        for (tracked, kind) in [
+            (used / 2, OWN_ALLOCATIONS),
+            (used / 2 - 1, UNTRACKED_MEMORY),
+        ] {
+            let v = judge(&oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), tracked));
+            check_common(&v);
+            assert_eq!(kinds(&v), [kind], "{tracked}");
+        }
+        // Other processes that explain at least half the untracked memory replace it.
+        let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 9 * GIB);
+        with_processes(&mut d, vec![process(9, 35 * GIB, Relation::OtherUser)]);
+        assert_eq!(kinds(&judge(&d)), [OTHER_PROCESSES]);
+        with_processes(&mut d, vec![process(9, 35 * GIB - 1, Relation::OtherUser)]);
+        let v = judge(&d);
+        assert_eq!(kinds(&v), [UNTRACKED_MEMORY, OTHER_PROCESSES], "{v:#?}");
+        assert_eq!(v.findings[0].bytes, 35 * GIB + 1);
+        assert_eq!(v.findings[1].bytes, 35 * GIB - 1);
+    }
+
+    #[test]
+    fn framework_cache_thresholds() {
+        // A 2 GiB request, 1 GiB free on the device, 70 GiB of this process's segments.
+        // (source, total free, largest, inactive split, device free, kind of the top finding)
+        type Case = (&'static str, u64, u64, Option<u64>, u64, &'static str);
+        let cases: Vec<Case> = vec![
+            ("torch-snapshot", GIB, 256 * MIB, None, GIB, FRAMEWORK_CACHE),
+            (
+                "oomshim-allocator",
+                GIB,
+                256 * MIB,
+                Some(0),
+                GIB,
+                FRAMEWORK_CACHE,
+            ),
+            // below half the request: crumbs
+            (
+                "torch-snapshot",
+                GIB - 1,
+                256 * MIB,
+                None,
+                2 * GIB,
+                OWN_ALLOCATIONS,
+            ),
+            // releasing it would not make room: 1.5 GiB + 256 MiB < 2 GiB
+            (
+                "torch-snapshot",
+                1536 * MIB,
+                256 * MIB,
+                None,
+                256 * MIB,
+                OWN_ALLOCATIONS,
+            ),
+            // ... exactly enough
+            (
+                "torch-snapshot",
+                1536 * MIB,
+                256 * MIB,
+                None,
+                512 * MIB,
+                FRAMEWORK_CACHE,
+            ),
+            // inactive split bytes are not releasable: 1.5 GiB - 1 GiB < 1 GiB
+            (
+                "torch-snapshot",
+                1536 * MIB,
+                256 * MIB,
+                Some(GIB),
+                GIB,
+                OWN_ALLOCATIONS,
+            ),
+            // more free than the request but split: fragmentation instead
+            (
+                "torch-snapshot",
+                3 * GIB,
+                256 * MIB,
+                None,
+                GIB,
+                FRAGMENTATION,
+            ),
+            (
+                "oomshim-allocator",
+                3 * GIB,
+                256 * MIB,
+                None,
+                GIB,
+                FRAGMENTATION,
+            ),
+            // the shim cannot see free blocks: neither
+            (
+                "unavailable",
+                3 * GIB,
+                256 * MIB,
+                None,
+                GIB,
+                OWN_ALLOCATIONS,
+            ),
+        ];
+        for (source, total, largest, inactive, free, kind) in cases {
+            let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(free), 70 * GIB);
+            d.free_blocks = cache(source, total, largest, inactive);
+            let v = judge(&d);
+            check_common(&v);
+            assert_eq!(
+                kinds(&v),
+                [kind],
+                "{source} {total} {inactive:?} {free}: {v:#?}"
+            );
+            let s = v.suggestions.join("\n");
+            match kind {
+                FRAMEWORK_CACHE => {
+                    assert_eq!(v.findings[0].bytes, total);
+                    assert!(s.contains("torch.cuda.empty_cache()"), "{s}");
+                    assert!(s.contains("garbage_collection_threshold"), "{s}");
+                    assert!(!s.contains("expandable_segments"), "{s}");
+                }
+                FRAGMENTATION => {
+                    assert_eq!(v.findings[0].bytes, total);
+                    assert!(s.contains("expandable_segments:True"), "{s}");
+                }
+                _ => {
+                    assert!(!s.contains("garbage_collection_threshold"), "{s}");
+                    if source != "unavailable" {
+                        assert!(v.findings[0]
+                            .evidence
+                            .iter()
+                            .any(|e| e.contains("reserved but unallocated")));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dynamic_shapes_thresholds() {
+        // (distinct large sizes, large requests, named?)
+        let cases = [
+            (16, 64, true),
+            (15, 60, false), // too few distinct sizes
+            (16, 65, false), // too few of the large requests have a size of their own
+            (300, 400, true),
+        ];
+        for (distinct, large, named) in cases {
+            let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 70 * GIB);
+            d.free_blocks = cache("torch-snapshot", 8 * GIB, GIB, None);
+            d.request_sizes = Some(sizes(distinct, large));
+            let v = judge(&d);
+            check_common(&v);
+            assert_eq!(v.kind, FRAGMENTATION);
+            let f = &v.findings[0];
+            assert_eq!(
+                f.suggestions
+                    .first()
+                    .is_some_and(|s| s.starts_with("Pad or bucket")),
+                named,
+                "{distinct}/{large}: {:?}",
+                f.suggestions
+            );
+            assert_eq!(f.summary.contains("dynamic shapes"), named);
+            assert_eq!(
+                f.evidence.iter().any(|e| e.starts_with(&format!(
+                    "dynamic shapes: {distinct} distinct sizes among the {large} requests of at least 1.00 MiB"
+                ))),
+                named
+            );
+            if !named {
+                // Shapes are known to be steady: no bucketing advice at all.
+                assert!(
+                    !v.suggestions.iter().any(|s| s.contains("bucket")),
+                    "{:?}",
+                    v.suggestions
+                );
+            }
+        }
+        // Without free blocks, dynamic shapes join the "possibly fragmentation" hint.
+        let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(4 * GIB), 70 * GIB);
+        d.request_sizes = Some(sizes(40, 80));
+        let v = judge(&d);
+        assert_eq!(v.kind, OWN_ALLOCATIONS);
+        assert!(v
+            .suggestions
+            .iter()
+            .any(|s| s.starts_with("Possibly fragmentation")
+                && s.contains("dynamic shapes: 40 distinct sizes")));
+        assert!(v.suggestions.iter().any(|s| s.starts_with("Pad or bucket")));
+    }
+
+    #[test]
+    fn detected_steps_support_a_leak_only_when_steps_free_memory() {
+        let detected = |intervals, freeing| DetectedSteps {
+            period: 2,
+            steps: 20,
+            allocations_since_last_step: 1,
+            intervals,
+            freeing_intervals: freeing,
+            anchor: growing("keep_activations", 1, 2).stack,
+        };
+        // (intervals, freeing, leak?)
+        for (intervals, freeing, leak) in
+            [(10, 5, true), (10, 4, false), (10, 10, true), (0, 0, false)]
+        {
+            let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 70 * GIB);
+            d.growth = Some(growth(
+                "detected",
+                growing("keep_activations", 96 * MIB, 20),
+                Some(detected(intervals, freeing)),
+            ));
+            let v = judge(&d);
+            check_common(&v);
+            if leak {
+                assert_eq!(kinds(&v), [LEAK], "{intervals}/{freeing}");
+                let f = &v.findings[0];
+                assert_eq!(f.bytes, 19 * 96 * MIB);
+                assert!(f.headline.contains("20 detected steps"), "{}", f.headline);
+                assert!(
+                    f.summary.contains("Steps were detected automatically"),
+                    "{}",
+                    f.summary
+                );
+                assert!(f
+                    .evidence
+                    .iter()
+                    .any(|e| e.starts_with("steps: detected, not marked (every 2 allocations")));
+                assert!(f.suggestions.iter().any(|s| s.contains("oomshim.step()")));
+                assert!(v
+                    .evidence
+                    .iter()
+                    .any(|e| e.starts_with("steps detected automatically")));
+            } else {
+                assert_eq!(kinds(&v), [OWN_ALLOCATIONS], "{intervals}/{freeing}");
+            }
+        }
+        // Marked steps need no such check.
+        let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 70 * GIB);
+        d.growth = Some(growth("marked", growing("keep", 96 * MIB, 20), None));
+        let v = judge(&d);
+        assert_eq!(kinds(&v), [LEAK]);
+        assert!(v.findings[0]
+            .evidence
+            .iter()
+            .any(|e| e.contains("marked by the program")));
+        assert!(!v.suggestions.iter().any(|s| s.contains("oomshim.step()")));
+    }
+
+    #[test]
+    fn host_memory_findings() {
+        // MemAvailable (1 GiB) below the 3 GiB this process pinned: a host finding after the
+        // device's, with the pinned bytes.
+        let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 70 * GIB);
+        d.pinned_host = PinnedHost {
+            bytes: 3 * GIB,
+            count: 6,
+            peak_bytes: 3 * GIB,
+        };
+        d.host = Some(HostMemory {
+            total_bytes: Some(64 * GIB),
+            available_bytes: Some(GIB),
+            ..Default::default()
+        });
+        let v = judge(&d);
+        check_common(&v);
+        assert_eq!(kinds(&v), [OWN_ALLOCATIONS, HOST_MEMORY]);
+        assert_eq!(v.findings[1].bytes, 3 * GIB);
+        assert_eq!(
+            v.findings[1].headline,
+            "host memory is low: 1.00 GiB available of 64.00 GiB (1.6%)"
+        );
+        // A cgroup at its limit, and a failed pinned request: the host finding alone.
+        d.host = Some(HostMemory {
+            total_bytes: Some(64 * GIB),
+            available_bytes: Some(40 * GIB),
+            cgroup_limit_bytes: Some(8 * GIB),
+            cgroup_usage_bytes: Some(8 * GIB),
+            rss_bytes: None,
+        });
+        d.failed_request.as_mut().unwrap().api = "cudaHostAlloc".into();
+        let v = judge(&d);
+        check_common(&v);
+        assert_eq!(kinds(&v), [HOST_MEMORY]);
+        assert_eq!(v.findings[0].bytes, 3 * GIB);
+        assert!(v.findings[0]
+            .evidence
+            .iter()
+            .any(|e| e.contains("the cgroup uses 8.00 GiB of its 8.00 GiB limit")));
+    }
+
+    #[test]
+    fn small_other_processes_leave_the_untracked_memory_a_finding() {
+        // 1 GiB in use on an 80 GiB device: 0.4 GiB tracked, another process holds 0.4 GiB,
+        // below the 5% that makes it a finding: the untracked memory is the finding, whole.
+        let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(79 * GIB), 400 * MIB);
+        with_processes(&mut d, vec![process(3, 400 * MIB, Relation::OtherUser)]);
+        let v = judge(&d);
+        check_common(&v);
+        assert_eq!(kinds(&v), [UNTRACKED_MEMORY]);
+        assert_eq!(v.findings[0].bytes, GIB - 800 * MIB);
+    }
+
+    #[test]
+    fn every_dump_gets_at_least_one_finding() {
+        let values = [
+            None,
+            Some(0),
+            Some(1),
+            Some(GIB),
+            Some(80 * GIB),
+            Some(u64::MAX),
+        ];
+        for total in values {
+            for free in values {
+                for tracked in [0, 1, GIB, 79 * GIB, u64::MAX] {
+                    for others in [0, GIB, 60 * GIB] {
+                        let mut d = oom_dump(2 * GIB, total, free, tracked);
+                        with_processes(&mut d, vec![process(3, others, Relation::Unknown)]);
+                        let v = judge(&d);
+                        assert!(
+                            !v.findings.is_empty(),
+                            "{total:?} {free:?} {tracked} {others}"
+                        );
+                        check_common(&v);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_larger_than_the_device_is_the_only_finding() {
+        let mut d = oom_dump(100 * GIB, Some(80 * GIB), Some(GIB), 70 * GIB);
+        with_processes(&mut d, vec![process(1, 9 * GIB, Relation::OtherUser)]);
+        d.free_blocks = cache("torch-snapshot", 8 * GIB, GIB, None);
+        let v = judge(&d);
+        check_common(&v);
+        assert_eq!(kinds(&v), [REQUEST_EXCEEDS_DEVICE]);
+        assert_eq!(v.findings[0].bytes, 100 * GIB);
+        assert_eq!(
+            v.findings[0].headline,
+            "a single request of 100.00 GiB is larger than device 0 (80.00 GiB in total)"
+        );
+    }
+
+    #[test]
+    fn old_dumps_without_findings_still_parse_and_get_them_when_judged() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/oom_fragmentation.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("\"findings\""));
+        let d = crate::dump::read::parse_dump(text.as_bytes(), &path).unwrap();
+        assert!(d.verdict.findings.is_empty());
+        let v = judge(&d);
+        check_common(&v);
+        assert_eq!(v.kind, FRAGMENTATION);
+        // Serialised, the new keys appear; an empty list is left out.
+        let json = serde_json::to_string(&v).unwrap();
+        assert!(json.contains("\"findings\":[{\"kind\":\"fragmentation\""));
+        let empty = serde_json::to_string(&Verdict::default()).unwrap();
+        assert!(!empty.contains("findings"));
     }
 }

@@ -57,13 +57,59 @@ pub struct Dump {
     /// versions. Never the whole environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<ConfigSnapshot>,
+    /// The distribution of recent device request sizes (dynamic shapes show as many distinct
+    /// large sizes). Absent in dumps of older versions and before any allocation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_sizes: Option<RequestSizes>,
+}
+
+/// Sizes of the most recent device allocation requests (src/runtime/growth.rs): a ring of the
+/// last `window` requests.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestSizes {
+    /// Requests in the ring (at most 4096; fewer early in a run).
+    pub window: u64,
+    /// Distinct sizes among them.
+    pub distinct: u64,
+    /// Requests of at least `large_bytes`, and the distinct sizes among those.
+    pub large: u64,
+    pub distinct_large: u64,
+    /// The size from which a request counts as large (1 MiB).
+    pub large_bytes: u64,
+    /// The most frequent sizes, most frequent first (ties: larger first), at most 10.
+    pub top: Vec<SizeCount>,
+    /// Requests per power-of-two bin `[lo, hi)`, non-empty bins only, ascending.
+    pub bins: Vec<SizeBin>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SizeCount {
+    pub bytes: u64,
+    pub count: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SizeBin {
+    pub lo: u64,
+    pub hi: u64,
+    pub count: u64,
+    pub distinct: u64,
 }
 
 /// History of live device bytes per allocation site (src/runtime/growth.rs).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Growth {
-    /// `"step"` when the program marks steps (`oomshim_step()`), else `"second"` (1 s buckets).
+    /// `"step"` when steps are marked (`oomshim_step()`) or detected, else `"second"` (1 s
+    /// buckets).
     pub unit: String,
+    /// Where the steps came from: `"marked"` (the program calls `oomshim_step()`),
+    /// `"detected"` (a repeating allocation pattern, see `detected`) or `"time"` (no steps: one
+    /// sample per second). Absent in dumps of older versions (`unit` tells marked from time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<String>,
+    /// How the steps were detected, when `steps` is `"detected"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detected: Option<DetectedSteps>,
     /// Samples taken since start (or since the first step mark).
     pub samples: u64,
     /// The step (or second since start) of the last sample.
@@ -80,6 +126,26 @@ pub struct Growth {
     /// Tracked device bytes (all sites) at each of the last 64 samples.
     #[serde(default)]
     pub tracked: Vec<GrowthPoint>,
+}
+
+/// Steps found without marks: one allocation site (the anchor) recurs every `period`
+/// allocations; each recurrence ends a step.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DetectedSteps {
+    /// Allocations per step when the pattern was confirmed.
+    pub period: u64,
+    /// Steps counted since the pattern was confirmed.
+    pub steps: u64,
+    /// Allocations since the last step boundary when the dump was taken (a pattern that stopped
+    /// long ago describes an earlier phase of the run).
+    pub allocations_since_last_step: u64,
+    /// Intervals between samples, and how many of them freed memory (a training step frees
+    /// its working memory; a loop that only accumulates, like loading weights, frees nothing).
+    pub intervals: u64,
+    pub freeing_intervals: u64,
+    /// The anchor site's stack.
+    #[serde(default)]
+    pub anchor: Vec<Frame>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -115,6 +181,10 @@ pub struct ConfigSnapshot {
     /// `cudaRuntimeGetVersion` of the dynamically linked runtime, when it has one.
     #[serde(default)]
     pub cuda_runtime_version: Option<i32>,
+    /// `torch.__version__` when a torch library is loaded in the process (read from the
+    /// package's `version.py` at dump time; nothing is imported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_version: Option<String>,
 }
 
 /// Who else uses the device, as NVML sees it when the dump is written.
@@ -344,7 +414,7 @@ pub struct Frame {
     pub kind: FrameKind,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FreeBlocks {
     /// `"unavailable"` when the shim cannot see free blocks (under LD_PRELOAD the framework's
     /// cache hides them); later sources: `"oomshim-allocator"`, `"torch-snapshot"`.
@@ -360,6 +430,19 @@ pub struct FreeBlocks {
     pub fragmentation: Option<f64>,
     #[serde(default)]
     pub histogram: Vec<HistogramBin>,
+    /// Bytes the framework's cache holds from the device (segments), when the source knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_bytes: Option<u64>,
+    /// Bytes of those segments handed out to live tensors (rounded block sizes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_bytes: Option<u64>,
+    /// Free bytes in segments that also hold a live block: the part `empty_cache` cannot return
+    /// (torch's `inactive_split_bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inactive_split_bytes: Option<u64>,
+    /// Number of segments the cache holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segments: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -370,13 +453,37 @@ pub struct HistogramBin {
     pub bytes: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The verdict: `kind`/`summary`/`suggestions` are those of the top finding (for readers of
+/// older versions); `evidence` holds the dump's general numbers; `findings` every finding that
+/// holds, ranked by the bytes each explains (src/verdict.rs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Verdict {
     /// Machine-readable finding, e.g. `own_allocations`, `untracked_memory`.
     pub kind: String,
     /// One paragraph in plain words.
     pub summary: String,
     pub evidence: Vec<String>,
+    pub suggestions: Vec<String>,
+    /// Ranked findings, top first; absent in dumps of older versions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<Finding>,
+}
+
+/// One cause that holds, with the bytes it explains.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    /// `request_exceeds_device`, `other_processes`, `leak`, `fragmentation`,
+    /// `framework_cache`, `untracked_memory`, `own_allocations`, `host_memory`, `snapshot`.
+    pub kind: String,
+    /// The bytes this finding explains (what ranks it).
+    pub bytes: u64,
+    /// One line with the key numbers (the stderr summary's first line).
+    pub headline: String,
+    /// One paragraph in plain words.
+    pub summary: String,
+    /// The numbers behind it.
+    pub evidence: Vec<String>,
+    /// What to change, only what the evidence supports.
     pub suggestions: Vec<String>,
 }
 

@@ -2,7 +2,8 @@
 //! device memory is allocated or which device is used, plus the CUDA versions. Never the whole
 //! environment: secrets live there.
 
-use crate::dump::model::ConfigSnapshot;
+pub use crate::dump::model::ConfigSnapshot;
+use std::path::{Path, PathBuf};
 
 /// Variables copied into dumps when set, by exact name.
 pub const ALLOWLIST: &[&str] = &[
@@ -57,7 +58,70 @@ pub fn snapshot(
         env,
         cuda_driver_version: driver,
         cuda_runtime_version: runtime,
+        torch_version: None,
     }
+}
+
+/// Longest `version.py` read (torch's is a few hundred bytes).
+const MAX_VERSION_FILE: u64 = 64 * 1024;
+
+/// The torch package directory of a loaded torch library: a mapped file
+/// `…/torch/lib/libtorch*.so*` (`libtorch_cpu.so`, `libtorch_cuda.so`, `libtorch.so`), found in
+/// `/proc/self/maps` text. Nothing is imported or loaded.
+pub fn torch_dir_from_maps(maps: &str) -> Option<PathBuf> {
+    maps.lines().find_map(|line| {
+        // address perms offset dev inode path (the path may contain spaces)
+        let path = line.splitn(6, char::is_whitespace).nth(5)?.trim();
+        let p = Path::new(path);
+        let file = p.file_name()?.to_str()?;
+        if !(file.starts_with("libtorch") && file.contains(".so")) {
+            return None;
+        }
+        let lib = p.parent()?;
+        let pkg = lib.parent()?;
+        (lib.file_name()? == "lib" && pkg.file_name()? == "torch").then(|| pkg.to_path_buf())
+    })
+}
+
+/// `__version__` from the text of torch's `version.py` (`__version__ = '2.11.0+cu130'`).
+pub fn parse_torch_version(text: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let rest = l.trim().strip_prefix("__version__")?;
+        let rest = rest.trim_start().strip_prefix(':').map_or(rest, |r| {
+            // `__version__: str = '…'`
+            r.split_once('=').map_or(r, |x| x.1)
+        });
+        let v = rest.trim_start().strip_prefix('=').unwrap_or(rest).trim();
+        let q = v.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+        let inner = &v[1..];
+        let end = inner.find(q)?;
+        let version = &inner[..end];
+        (!version.is_empty()
+            && version.len() <= 64
+            && version
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+.-_".contains(c)))
+        .then(|| version.to_string())
+    })
+}
+
+/// The version of the torch package a loaded torch library belongs to, from `maps` text.
+pub fn torch_version_in(maps: &str) -> Option<String> {
+    use std::io::Read;
+    let dir = torch_dir_from_maps(maps)?;
+    let mut text = String::new();
+    std::fs::File::open(dir.join("version.py"))
+        .ok()?
+        .take(MAX_VERSION_FILE)
+        .read_to_string(&mut text)
+        .ok()?;
+    parse_torch_version(&text)
+}
+
+/// torch's version when a torch library is loaded in this process (dump time only: reads
+/// /proc/self/maps and one small file).
+pub fn torch_version() -> Option<String> {
+    torch_version_in(&std::fs::read_to_string("/proc/self/maps").ok()?)
 }
 
 /// `13000` → `13.0`, `12080` → `12.8`.
@@ -98,5 +162,52 @@ mod tests {
         assert_eq!(s.cuda_driver_version, Some(13000));
         assert_eq!(version_text(13000), "13.0");
         assert_eq!(version_text(12080), "12.8");
+    }
+
+    #[test]
+    fn torch_version_from_a_fake_torch_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pkg = tmp.path().join("site packages/torch");
+        std::fs::create_dir_all(pkg.join("lib")).unwrap();
+        std::fs::write(pkg.join("lib/libtorch_cpu.so"), b"").unwrap();
+        std::fs::write(
+            pkg.join("version.py"),
+            "from typing import Optional\n__all__ = ['__version__']\n__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\n",
+        )
+        .unwrap();
+        let lib = pkg.join("lib/libtorch_cpu.so");
+        let maps = format!(
+            "7f00a0000000-7f00a0001000 r--p 00000000 08:01 123 /usr/lib/libc.so.6\n\
+             7f00b0000000-7f00b0100000 r-xp 00000000 08:01 456                        {}\n",
+            lib.display()
+        );
+        assert_eq!(torch_dir_from_maps(&maps), Some(pkg.clone()));
+        assert_eq!(torch_version_in(&maps).as_deref(), Some("2.11.0+cu130"));
+        // Not torch: another libtorch-named file outside torch/lib, or no torch at all.
+        let other = "7f-7f r-xp 0 0:0 1 /opt/x/lib/libtorch_cpu.so\n7f-7f r-xp 0 0:0 1 /usr/lib/libcudart.so.13\n";
+        assert_eq!(torch_dir_from_maps(other), None);
+        assert_eq!(torch_version_in(""), None);
+        // A torch directory without version.py.
+        std::fs::remove_file(pkg.join("version.py")).unwrap();
+        assert_eq!(torch_version_in(&maps), None);
+        // This test process has no torch loaded.
+        assert_eq!(torch_version(), None);
+    }
+
+    #[test]
+    fn torch_version_lines() {
+        for (text, want) in [
+            ("__version__ = '2.11.0+cu130'", Some("2.11.0+cu130")),
+            ("__version__ = \"2.5.1\"", Some("2.5.1")),
+            (
+                "__version__: str = '2.6.0a0+git1234'",
+                Some("2.6.0a0+git1234"),
+            ),
+            ("version = '1'", None),
+            ("__version__ = get_version()", None),
+            ("__version__ = '<script>'", None),
+        ] {
+            assert_eq!(parse_torch_version(text).as_deref(), want, "{text}");
+        }
     }
 }

@@ -239,6 +239,7 @@ pub fn html_payload(dump: &Dump) -> Value {
             "summary": verdict.summary,
             "evidence": verdict.evidence,
             "suggestions": verdict.suggestions,
+            "findings": crate::report::findings_json(&verdict.findings),
         },
         "recorded_verdict_kind": recorded.kind,
         "failed_request": failed_request,

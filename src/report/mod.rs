@@ -335,6 +335,7 @@ pub fn render_json(dump: &Dump, opts: &ReportOptions) -> Value {
             "summary": verdict.summary,
             "evidence": verdict.evidence,
             "suggestions": verdict.suggestions,
+            "findings": findings_json(&verdict.findings),
         },
         "recorded_verdict": {
             "kind": dump.verdict.kind,
@@ -375,6 +376,26 @@ pub fn render_json(dump: &Dump, opts: &ReportOptions) -> Value {
 }
 
 /// Whether the dump carries free-block data (its source is not `unavailable`).
+/// The ranked findings for JSON reports, each with its rank and human-readable bytes.
+pub(crate) fn findings_json(findings: &[crate::dump::model::Finding]) -> Vec<Value> {
+    findings
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            json!({
+                "rank": i + 1,
+                "kind": f.kind,
+                "bytes": f.bytes,
+                "bytes_human": human_bytes(f.bytes),
+                "headline": f.headline,
+                "summary": f.summary,
+                "evidence": f.evidence,
+                "suggestions": f.suggestions,
+            })
+        })
+        .collect()
+}
+
 pub(crate) fn free_blocks_available(dump: &Dump) -> bool {
     dump.free_blocks.source != "unavailable"
 }
@@ -682,8 +703,23 @@ mod tests {
             );
             assert_eq!(
                 keys(&v["verdict"]),
-                ["evidence", "kind", "suggestions", "summary"]
+                ["evidence", "findings", "kind", "suggestions", "summary"]
             );
+            for f in v["verdict"]["findings"].as_array().unwrap() {
+                assert_eq!(
+                    keys(f),
+                    [
+                        "bytes",
+                        "bytes_human",
+                        "evidence",
+                        "headline",
+                        "kind",
+                        "rank",
+                        "suggestions",
+                        "summary"
+                    ]
+                );
+            }
             for d in v["devices"].as_array().unwrap() {
                 assert_eq!(
                     keys(d),

@@ -44,9 +44,32 @@ pub fn render_terminal(dump: &Dump, opts: &ReportOptions) -> String {
     pinned(&mut out, &s, dump);
     host(&mut out, &s, dump);
     config(&mut out, &s, dump);
+    request_sizes(&mut out, &s, dump);
     free_blocks(&mut out, &s, dump);
     recording(&mut out, &s, dump);
     out
+}
+
+/// One line on the recent request sizes (many distinct large sizes: dynamic shapes).
+fn request_sizes(out: &mut String, s: &Style, dump: &Dump) {
+    let Some(r) = &dump.request_sizes else { return };
+    let top: Vec<String> = r
+        .top
+        .iter()
+        .take(3)
+        .map(|c| format!("{} ×{}", human_bytes(c.bytes), thousands(c.count)))
+        .collect();
+    let _ = writeln!(
+        out,
+        "{} {} distinct among the last {}; {} distinct of {} requests ≥ {}; most frequent: {}",
+        s.title("Request sizes:"),
+        thousands(r.distinct),
+        plural(r.window, "request", "requests"),
+        thousands(r.distinct_large),
+        thousands(r.large),
+        human_bytes(r.large_bytes),
+        top.join(", ")
+    );
 }
 
 /// ANSI styling that is a no-op without colour.
@@ -71,7 +94,10 @@ impl Style {
     fn kind(&self, kind: &str) -> String {
         let code = match kind {
             REQUEST_EXCEEDS_DEVICE | UNTRACKED_MEMORY | OTHER_PROCESSES => "1;31",
-            OWN_ALLOCATIONS | FRAGMENTATION | crate::verdict::LEAK => "1;33",
+            OWN_ALLOCATIONS
+            | FRAGMENTATION
+            | crate::verdict::LEAK
+            | crate::verdict::FRAMEWORK_CACHE => "1;33",
             SNAPSHOT => "1;36",
             _ => "1",
         };
@@ -223,6 +249,27 @@ fn verdict(out: &mut String, s: &Style, dump: &Dump) {
     let _ = writeln!(out, "\n{} {}", s.title("Verdict:"), s.kind(&v.kind));
     for line in wrap(&v.summary, WRAP, "  ", "  ") {
         let _ = writeln!(out, "{line}");
+    }
+    // The ranked findings, top first, each with the bytes it explains.
+    if v.findings.len() > 1 {
+        let _ = writeln!(out, "  {}", s.title("Findings (by bytes explained)"));
+        for (i, f) in v.findings.iter().enumerate() {
+            let head = format!(
+                "{}. {} ({}): {}",
+                i + 1,
+                clean(&f.kind),
+                human_bytes(f.bytes),
+                clean(&f.headline)
+            );
+            for line in wrap(&head, WRAP, "    ", "       ") {
+                let _ = writeln!(out, "{line}");
+            }
+            for e in &f.evidence {
+                for line in wrap(e, WRAP, "       - ", "         ") {
+                    let _ = writeln!(out, "{line}");
+                }
+            }
+        }
     }
     if !v.evidence.is_empty() {
         let _ = writeln!(out, "  {}", s.title("Evidence"));
@@ -521,6 +568,9 @@ fn config(out: &mut String, s: &Style, dump: &Dump) {
         (Some(d), None) => parts.push(format!("CUDA driver {}", v(d))),
         (None, Some(r)) => parts.push(format!("CUDA runtime {}", v(r))),
         (None, None) => {}
+    }
+    if let Some(t) = &c.torch_version {
+        parts.push(format!("torch {}", clean(t)));
     }
     for (k, val) in &c.env {
         if !k.starts_with(crate::facts::env::ALLOWED_PREFIX) {
@@ -875,6 +925,7 @@ mod tests {
                     bytes: 0,
                 },
             ],
+            ..Default::default()
         };
         for color in [false, true] {
             let text = render_terminal(

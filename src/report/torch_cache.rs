@@ -95,7 +95,18 @@ pub fn apply(dump: &mut Dump, cache: &TorchCache) -> bool {
         largest_free_bytes: Some(c.largest_free_bytes),
         fragmentation: c.fragmentation,
         histogram: c.histogram.clone(),
+        reserved_bytes: Some(c.reserved_bytes),
+        allocated_bytes: Some(c.allocated_bytes),
+        inactive_split_bytes: Some(c.inactive_split_bytes),
+        segments: Some(c.segments),
     };
+    // torch's version as torch itself reported it, when the dump's snapshot did not find one.
+    if let Some(v) = &cache.torch_version {
+        let config = dump.config.get_or_insert_with(Default::default);
+        if config.torch_version.is_none() {
+            config.torch_version = Some(v.clone());
+        }
+    }
     true
 }
 
@@ -190,7 +201,31 @@ mod tests {
         let cache = fragmented(&dump);
         assert!(apply(&mut dump, &cache));
         assert_eq!(dump.free_blocks.source, "torch-snapshot");
-        assert_eq!(crate::verdict::judge(&dump).kind, "fragmentation");
+        // torch's allocated vs reserved, inactive split bytes and segments travel too.
+        let fb = &dump.free_blocks;
+        assert_eq!(
+            (
+                fb.reserved_bytes,
+                fb.allocated_bytes,
+                fb.inactive_split_bytes,
+                fb.segments
+            ),
+            (Some(139 << 30), Some(81 << 30), Some(58 << 30), Some(139))
+        );
+        assert_eq!(
+            dump.config
+                .as_ref()
+                .and_then(|c| c.torch_version.as_deref()),
+            Some("2.11.0"),
+            "torch's own version when the dump found none"
+        );
+        let v = crate::verdict::judge(&dump);
+        assert_eq!(v.kind, "fragmentation");
+        assert_eq!(v.findings[0].bytes, 58 << 30);
+        assert!(v
+            .evidence
+            .iter()
+            .any(|e| e.starts_with("framework cache: 139.00 GiB reserved, 81.00 GiB allocated")));
         assert!(!apply(&mut dump, &cache), "applied once");
         let text = describe(Path::new("x.json"), &cache);
         assert!(

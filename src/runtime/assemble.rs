@@ -182,7 +182,7 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
         },
         largest_holders,
         sites,
-        free_blocks: FreeBlocks {
+        free_blocks: super::allocator::free_blocks(cap.device).unwrap_or_else(|| FreeBlocks {
             source: "unavailable".to_string(),
             reason: Some(
                 "under LD_PRELOAD the shim sees the framework's segments, not the free blocks inside them; \
@@ -193,13 +193,9 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
             largest_free_bytes: None,
             fragmentation: None,
             histogram: Vec::new(),
-        },
-        verdict: Verdict {
-            kind: String::new(),
-            summary: String::new(),
-            evidence: vec![],
-            suggestions: vec![],
-        },
+            ..Default::default()
+        }),
+        verdict: Verdict::default(),
         recording: Recording {
             version: env!("CARGO_PKG_VERSION").to_string(),
             stacks: s.config.stacks.as_str().to_string(),
@@ -217,18 +213,22 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
         host: Some(crate::facts::host::read()),
         // Asked only for a device the process uses: NVML is loaded on this (writer) thread.
         gpu_processes: cap.device.map(crate::facts::gpu_processes::for_dump),
-        growth: s.growth.analyse(cap.mem_info.map(|m| m.0), |pairs| {
+        growth: s.growth.analyse(cap.mem_info.map(|m| m.0), s.ledger.total_allocations(), |pairs| {
             let named = symbolize_stacks(s, pairs);
             pairs
                 .iter()
                 .map(|k| named.get(k).map(|v| v.0.clone()).unwrap_or_default())
                 .collect()
         }),
-        config: Some(crate::facts::env::snapshot(
-            |k| std::env::var(k).ok(),
-            std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()),
-            super::cuda_versions(),
-        )),
+        config: Some(crate::facts::env::ConfigSnapshot {
+            torch_version: crate::facts::env::torch_version(),
+            ..crate::facts::env::snapshot(
+                |k| std::env::var(k).ok(),
+                std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()),
+                super::cuda_versions(),
+            )
+        }),
+        request_sizes: s.growth.request_sizes(),
     };
     dump.verdict = crate::verdict::judge(&dump);
     dump
@@ -363,6 +363,10 @@ fn has_stream(api: Api) -> bool {
 }
 
 /// `function (file:line)` of the innermost frame with a name, for one-line summaries.
+#[allow(
+    dead_code,
+    reason = "the stderr summary now names sites through the verdict's findings"
+)]
 pub(crate) fn describe_site(stack: &[Frame]) -> String {
     // The same frame the reports name a site by (the program's own Python line when known).
     match crate::report::named_frames(stack).next() {

@@ -119,6 +119,12 @@ impl OomTracker {
             });
             st.jobs_in_flight += 1;
         }
+        if !super::room_for_dump(s) {
+            let mut st = self.lock();
+            st.jobs_in_flight = st.jobs_in_flight.saturating_sub(1);
+            self.changed.notify_all();
+            return;
+        }
         self.pending[slot].store(true, Ordering::Release);
         let capture = Capture {
             snapshot: s.ledger.snapshot(),
@@ -164,6 +170,12 @@ impl OomTracker {
     }
 
     fn submit(&self, s: &'static Shim, job: Job) {
+        // After the exit flush the writer thread may never run again (the process is ending):
+        // write on this thread rather than lose the dump.
+        if self.lock().flushing {
+            self.finish(s, job);
+            return;
+        }
         let pid = std::process::id();
         let mut writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         if writer.as_ref().map(|(p, _)| *p) != Some(pid) {
@@ -347,96 +359,110 @@ pub(super) fn write(s: &Shim, dump: &Dump) -> Result<Written, WriteError> {
     Ok(written)
 }
 
-fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
-    let Some(req) = &dump.failed_request else {
-        return;
-    };
+pub(super) fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
+    if let Some(text) = summary_lines(dump, written) {
+        eprintln!("{text}");
+    }
+}
+
+/// The stderr summary of an out-of-memory dump: one quiet line when a retry recovered it, else
+/// two: the failure and the top finding in plain words with its key numbers, then where the
+/// dump is and how to read it. `None` for a dump without a failed request.
+pub(crate) fn summary_lines(dump: &Dump, written: &Result<Written, WriteError>) -> Option<String> {
+    let req = dump.failed_request.as_ref()?;
     let where_ = match written {
         Ok(w) => format!("dump: {}", w.path.display()),
         Err(e) => format!("no dump written: {e}"),
     };
-    let what = format!(
-        "{} of {} on device {}",
-        req.api,
-        human_bytes(req.bytes),
-        req.device
-    );
     if req.recovered == Some(true) {
-        eprintln!("oomshim: {what} failed, then a retry succeeded (recovered); {where_}");
-        return;
+        return Some(format!(
+            "oomshim: {} of {} on device {} failed, then a retry succeeded (recovered); {where_}",
+            req.api,
+            human_bytes(req.bytes),
+            req.device
+        ));
     }
+    let burst = if req.failures_in_burst > 1 {
+        format!(
+            "; {} failures in this burst",
+            thousands(req.failures_in_burst.into())
+        )
+    } else {
+        String::new()
+    };
+    let finding = match dump.verdict.findings.first() {
+        Some(f) => format!("{}: {}", f.kind, f.headline),
+        None => dump.verdict.kind.clone(),
+    };
     let mut out = format!(
-        "oomshim: CUDA out of memory on device {} ({} of {} failed",
+        "oomshim: CUDA out of memory on device {} ({} of {} failed{burst}): {finding}\n",
         req.device,
         req.api,
         human_bytes(req.bytes)
     );
-    if req.failures_in_burst > 1 {
-        out.push_str(&format!(
-            "; {} failures in this burst",
-            req.failures_in_burst
-        ));
-    }
-    out.push_str(")\n");
-    if let Some(d) = dump.devices.iter().find(|d| d.index == req.device) {
-        out.push_str(&format!(
-            "oomshim:   this process holds {} in {} allocations on device {}",
-            human_bytes(d.tracked_bytes),
-            thousands(d.tracked_count),
-            d.index
-        ));
-        if let (Some(free), Some(total)) = (d.free_bytes, d.total_bytes) {
-            out.push_str(&format!(
-                "; the device has {} free of {}",
-                human_bytes(free),
-                human_bytes(total)
-            ));
-        }
-        out.push('\n');
-    }
-    // The largest holders, one entry per site as the reports name it (the program's own line):
-    // a leak holds many equal blocks, often through slightly different native paths.
-    let mut seen: Vec<String> = Vec::new();
-    let mut holders: Vec<String> = Vec::new();
-    for h in dump
-        .largest_holders
-        .iter()
-        .filter(|h| h.device == req.device)
-    {
-        if holders.len() == 3 {
-            break;
-        }
-        let name = assemble::describe_site(&h.stack);
-        if seen.contains(&name) {
-            continue;
-        }
-        let (count, bytes) = dump
-            .sites
-            .iter()
-            .filter(|s| assemble::describe_site(&s.stack) == name)
-            .fold((0u64, 0u64), |(c, b), s| (c + s.count, b + s.bytes));
-        let all = if count > 1 {
-            format!(
-                " (×{}, {} at this site)",
-                thousands(count),
-                human_bytes(bytes)
-            )
-        } else {
-            String::new()
-        };
-        holders.push(format!("{}{all} at {name}", human_bytes(h.bytes)));
-        seen.push(name);
-    }
-    if !holders.is_empty() {
-        out.push_str(&format!("oomshim:   largest: {}\n", holders.join("; ")));
-    }
-    out.push_str(&format!(
-        "oomshim:   verdict: {}: {}\n",
-        dump.verdict.kind, dump.verdict.summary
-    ));
     out.push_str(&format!("oomshim:   {where_}"));
     if let Ok(w) = written {
-        out.push_str(&format!("  (oomshim report {})", w.path.display()));
+        out.push_str(&format!("  (details: oomshim report {})", w.path.display()));
     }
-    eprintln!("{out}");
+    Some(out)
+}
+
+#[cfg(test)]
+mod summary_tests {
+    use super::*;
+    use crate::verdict::tests::oom_dump;
+
+    const GIB: u64 = 1 << 30;
+
+    fn written() -> Result<Written, WriteError> {
+        Ok(Written {
+            path: "/tmp/d/oomshim-h-1-1.json".into(),
+            fell_back: None,
+        })
+    }
+
+    #[test]
+    fn two_lines_name_the_top_finding_and_the_dump() {
+        let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
+        d.failed_request.as_mut().unwrap().failures_in_burst = 3;
+        d.verdict = crate::verdict::judge(&d);
+        let text = summary_lines(&d, &written()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(
+            lines[0],
+            "oomshim: CUDA out of memory on device 0 (cudaMalloc of 2.00 GiB failed; 3 failures in this burst): \
+             own_allocations: this process's own allocations fill device 0: 78.00 GiB of the 79.00 GiB in use; \
+             largest: 39.00 GiB (×5) at forward (model.py:42)"
+        );
+        assert_eq!(
+            lines[1],
+            "oomshim:   dump: /tmp/d/oomshim-h-1-1.json  (details: oomshim report /tmp/d/oomshim-h-1-1.json)"
+        );
+        // No dump written: still two lines, saying why.
+        let err = Err(WriteError {
+            message: "disk full".into(),
+        });
+        let text = summary_lines(&d, &err).unwrap();
+        assert_eq!(text.lines().count(), 2);
+        assert!(
+            text.ends_with("oomshim:   no dump written: disk full"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_recovered_failure_is_one_quiet_line() {
+        let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
+        d.failed_request.as_mut().unwrap().recovered = Some(true);
+        d.verdict = crate::verdict::judge(&d);
+        let text = summary_lines(&d, &written()).unwrap();
+        assert_eq!(
+            text,
+            "oomshim: cudaMalloc of 2.00 GiB on device 0 failed, then a retry succeeded (recovered); \
+             dump: /tmp/d/oomshim-h-1-1.json"
+        );
+        d.failed_request = None;
+        assert!(summary_lines(&d, &written()).is_none());
+    }
 }

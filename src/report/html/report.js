@@ -163,6 +163,14 @@
     if (!D.failed_request) s.classList.add('snapshot');
     add(s, el('h2', null, 'Verdict', el('span', { id: 'verdict-kind', class: 'badge ' + (D.failed_request ? 'oom' : 'snap'), text: v.kind })));
     add(s, el('p', { id: 'verdict-summary', text: v.summary }));
+    // The ranked findings, top first, each with the bytes it explains and its own evidence.
+    if (v.findings && v.findings.length > 1) {
+      add(s, el('h3', { text: 'Findings (by bytes explained)' }), el('ol', { id: 'verdict-findings' }, v.findings.map(function (f) {
+        var li = el('li', null, el('span', { class: 'badge', text: f.kind }), ' ', el('b', { text: humanBytes(f.bytes) }), ': ', f.headline);
+        if (f.evidence && f.evidence.length) add(li, el('ul', null, f.evidence.map(function (e) { return el('li', { text: e }); })));
+        return li;
+      })));
+    }
     if (v.evidence.length) add(s, el('h3', { text: 'Evidence' }), el('ul', { id: 'verdict-evidence' }, v.evidence.map(function (e) { return el('li', { text: e }); })));
     if (v.suggestions.length) add(s, el('h3', { text: 'Suggestions' }), el('ul', { id: 'verdict-suggestions' }, v.suggestions.map(function (e) { return el('li', { text: e }); })));
     if (D.recorded_verdict_kind && D.recorded_verdict_kind !== v.kind) {
@@ -584,6 +592,11 @@
       var vk = byId('verdict-kind'), vs = byId('verdict-summary');
       check('verdict kind visible', visible(vk) && vk.textContent === D.verdict.kind, vk && vk.textContent);
       check('verdict summary visible', visible(vs) && vs.textContent === D.verdict.summary && vs.textContent.length > 0);
+      if (D.verdict.findings && D.verdict.findings.length > 1) {
+        var fl = byId('verdict-findings');
+        check('findings listed in rank order', visible(fl) && fl.children.length === D.verdict.findings.length &&
+          fl.children[0].textContent.indexOf(D.verdict.findings[0].kind) === 0, fl && fl.children.length);
+      }
       if (D.holders.length) {
         var max = D.holders.reduce(function (m, r) { return Math.max(m, r[HC.bytes]); }, 0);
         var first = document.querySelector('#holders-table tbody tr');
