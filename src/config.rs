@@ -73,6 +73,9 @@ pub struct Config {
     pub interval: Option<Duration>,
     /// `OOMSHIM_AT_EXIT`: write a dump of what is still live when the program exits.
     pub at_exit: bool,
+    /// `OOMSHIM_DUMP_MODE`: permission bits of dump files (octal, default 0600). Never
+    /// world-writable; applied exactly (with `fchmod`), so the umask cannot widen or narrow it.
+    pub dump_mode: u32,
 }
 
 impl Default for Config {
@@ -88,6 +91,7 @@ impl Default for Config {
             dump_signal: None,
             interval: None,
             at_exit: false,
+            dump_mode: DEFAULT_DUMP_MODE,
         }
     }
 }
@@ -227,6 +231,17 @@ impl Config {
                 _ => warn("OOMSHIM_AT_EXIT", &v, "`1` or `0`", "0".to_string()),
             }
         }
+        if let Some(v) = lookup("OOMSHIM_DUMP_MODE") {
+            match parse_mode(&v) {
+                Some(m) => cfg.dump_mode = m,
+                None => warn(
+                    "OOMSHIM_DUMP_MODE",
+                    &v,
+                    "octal permission bits such as `0640`, never world-writable",
+                    format!("{DEFAULT_DUMP_MODE:04o}"),
+                ),
+            }
+        }
         if let Some(v) = lookup("OOMSHIM_LOG") {
             let v = v.trim();
             if !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("off") {
@@ -253,6 +268,64 @@ fn parse_signal(s: &str) -> Option<Option<i32>> {
                 .then_some(Some(signo))
         }
     }
+}
+
+/// `OOMSHIM_FAULT`: a fault injected on purpose, for the reliability tests only (RELIABILITY.md,
+/// section 7). Read once, when the shim starts; unset in normal use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    None,
+    /// `panic-in-alloc[:N]`: the shim panics inside the hook of the Nth successful allocation
+    /// (default the first), after the real call returned, as a bug in the bookkeeping would.
+    PanicInAlloc(u64),
+    /// `symbolize`: the symboliser fails (panics inside), as a broken or unreadable object
+    /// would make it; dumps then carry raw addresses.
+    Symbolize,
+}
+
+/// Parses `OOMSHIM_FAULT`'s value; `None` when malformed.
+pub fn parse_fault(s: &str) -> Option<Fault> {
+    let t = s.trim().to_ascii_lowercase();
+    match t.as_str() {
+        "" | "0" | "off" | "none" => Some(Fault::None),
+        "symbolize" => Some(Fault::Symbolize),
+        "panic-in-alloc" => Some(Fault::PanicInAlloc(1)),
+        _ => {
+            let n: u64 = t.strip_prefix("panic-in-alloc:")?.parse().ok()?;
+            (n >= 1).then_some(Fault::PanicInAlloc(n))
+        }
+    }
+}
+
+/// The injected fault of this process, read from the environment on the first call.
+pub fn fault() -> Fault {
+    static FAULT: std::sync::OnceLock<Fault> = std::sync::OnceLock::new();
+    *FAULT.get_or_init(|| match std::env::var("OOMSHIM_FAULT") {
+        Err(_) => Fault::None,
+        Ok(v) => parse_fault(&v).unwrap_or_else(|| {
+            eprintln!(
+                "oomshim: ignoring OOMSHIM_FAULT={v:?}: expected `panic-in-alloc[:N]` or \
+                 `symbolize` (a test hook); using none"
+            );
+            Fault::None
+        }),
+    })
+}
+
+/// Default permission bits of a dump file: readable and writable by its owner only.
+pub const DEFAULT_DUMP_MODE: u32 = 0o600;
+
+/// `0640`, `640` or `0o640`: octal permission bits up to 0777 without the world-writable bit
+/// (a dump anyone could rewrite could lie). Anything else is refused.
+pub fn parse_mode(s: &str) -> Option<u32> {
+    let t = s.trim();
+    let digits = t.strip_prefix("0o").unwrap_or(t);
+    if digits.is_empty() || digits.len() > 4 || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b))
+    {
+        return None;
+    }
+    let m = u32::from_str_radix(digits, 8).ok()?;
+    (m <= 0o777 && m & 0o002 == 0).then_some(m)
 }
 
 /// Parses `10s`, `1.5s`, `500ms`, `2m`, or a bare number of seconds.
@@ -421,6 +494,59 @@ mod tests {
             None,
             "SIGSEGV by number is refused"
         );
+    }
+
+    #[test]
+    fn dump_mode_is_octal_and_never_world_writable() {
+        assert_eq!(parse(&[]).0.dump_mode, 0o600);
+        for (v, m) in [
+            ("0640", 0o640),
+            ("640", 0o640),
+            ("0o440", 0o440),
+            ("0400", 0o400),
+            (" 0600 ", 0o600),
+            ("0755", 0o755),
+        ] {
+            let (cfg, w) = parse(&[("OOMSHIM_DUMP_MODE", v)]);
+            assert!(w.is_empty(), "{v}: {w:?}");
+            assert_eq!(cfg.dump_mode, m, "{v}");
+        }
+        for v in [
+            "0666",
+            "0602",
+            "0777",
+            "1600",
+            "01640",
+            "0800",
+            "rw-r-----",
+            "",
+            "-1",
+            "0x1a0",
+            "06400",
+        ] {
+            let (cfg, w) = parse(&[("OOMSHIM_DUMP_MODE", v)]);
+            assert_eq!(cfg.dump_mode, 0o600, "{v}");
+            assert_eq!(w.len(), 1, "{v}");
+            let text = w[0].to_string();
+            assert!(
+                text.contains("OOMSHIM_DUMP_MODE") && text.contains("using 0600"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn injected_faults() {
+        assert_eq!(parse_fault("panic-in-alloc"), Some(Fault::PanicInAlloc(1)));
+        assert_eq!(
+            parse_fault("PANIC-IN-ALLOC:7"),
+            Some(Fault::PanicInAlloc(7))
+        );
+        assert_eq!(parse_fault("symbolize"), Some(Fault::Symbolize));
+        assert_eq!(parse_fault("off"), Some(Fault::None));
+        for bad in ["panic-in-alloc:0", "panic-in-alloc:x", "panic", "segv"] {
+            assert_eq!(parse_fault(bad), None, "{bad}");
+        }
     }
 
     #[test]

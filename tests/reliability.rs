@@ -90,12 +90,13 @@ fn fork_while_other_threads_allocate_never_deadlocks_the_child() {
         ("SIMCUDA_CAPACITY", "2G"),
         ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
     ];
-    let cmd = client_cmd("rel_fork", &["40", "3", "2"], &env); // builds liboomshim.so first
+    // 40 DataLoader-like children, 3 that fill the device, 2 that exec, 20 that meet every lock.
+    let cmd = client_cmd("rel_fork", &["40", "3", "2", "20"], &env); // builds liboomshim.so first
     let start = Instant::now();
     let o = wait_with_watchdog(cmd, Duration::from_secs(120));
     let text = out(&o);
     assert!(o.status.success(), "{}\n{text}", err(&o));
-    assert_eq!(value_after(&text, "forks_ok "), 45, "{text}");
+    assert_eq!(value_after(&text, "forks_ok "), 65, "{text}");
     assert!(
         start.elapsed() < Duration::from_secs(30),
         "forks took {:?}",
@@ -134,6 +135,22 @@ fn fork_while_other_threads_allocate_never_deadlocks_the_child() {
         assert_eq!(site.len(), 1, "{:?}", d.sites);
         assert_eq!(site[0].count, *n);
         assert_eq!(site[0].bytes, n * 64 * MIB);
+        // Allocated by the child's only thread, whose id is the child's pid (not the id of the
+        // parent's forking thread, which a cached thread id would keep).
+        let fill_holders: Vec<_> = d
+            .largest_holders
+            .iter()
+            .filter(|h| {
+                h.stack
+                    .iter()
+                    .any(|f| f.function.as_deref() == Some("child_fill"))
+            })
+            .collect();
+        assert!(!fill_holders.is_empty());
+        assert!(
+            fill_holders.iter().all(|h| h.thread == *pid as u64),
+            "{pid}: {fill_holders:?}"
+        );
     }
     let execs: Vec<u32> = text
         .lines()
@@ -170,6 +187,19 @@ fn churn_iters() -> String {
 
 #[test]
 fn sixteen_threads_six_apis_dumps_and_ooms_leave_an_exact_ledger() {
+    churn_leaves_an_exact_ledger("rel_churn");
+}
+
+/// The driver API at scale, mixed with the runtime (`rel_drv_churn.c`): cuMemAlloc,
+/// cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemAllocManaged, cuMemAllocHost and VMM
+/// (cuMemCreate + reserve + map + release while mapped, freed by unmap + address free) next to
+/// cudaMalloc, cudaMallocAsync and cudaMallocHost, with dumps and OOMs from both layers.
+#[test]
+fn sixteen_threads_through_the_driver_and_the_runtime_leave_an_exact_ledger() {
+    churn_leaves_an_exact_ledger("rel_drv_churn");
+}
+
+fn churn_leaves_an_exact_ledger(client: &str) {
     let dir = tempfile::tempdir().unwrap();
     let iters = churn_iters();
     let env = [
@@ -177,13 +207,13 @@ fn sixteen_threads_six_apis_dumps_and_ooms_leave_an_exact_ledger() {
         ("OOMSHIM_MIN_INTERVAL", "100ms"),
         ("OOMSHIM_SETTLE", "0"),
     ];
-    let cmd = client_cmd("rel_churn", &[&iters], &env); // builds liboomshim.so first
+    let cmd = client_cmd(client, &[&iters], &env); // builds liboomshim.so first
     let start = Instant::now();
     let o = wait_with_watchdog(cmd, Duration::from_secs(600));
     let took = start.elapsed();
     let text = out(&o);
     assert!(o.status.success(), "{}\n{text}", err(&o));
-    eprintln!("rel_churn {iters}: {took:?}\n{text}");
+    eprintln!("{client} {iters}: {took:?}\n{text}");
     assert_eq!(value_after(&text, "dump_rc "), 0);
     assert!(value_after(&text, "ooms ") > 0, "{text}");
     let all = dumps(dir.path());
@@ -205,6 +235,14 @@ fn sixteen_threads_six_apis_dumps_and_ooms_leave_an_exact_ledger() {
     assert!(d.recording.total_allocations >= 16 * n);
     // Every dump written meanwhile parses (on-demand and OOM alike).
     assert!(all.iter().any(|(_, d)| d.reason == "oom"));
+    if client == "rel_drv_churn" {
+        // Out-of-memory failures of the driver layer were seen as such too.
+        let apis: Vec<&str> = all
+            .iter()
+            .filter_map(|(_, d)| d.failed_request.as_ref().map(|r| r.api.as_str()))
+            .collect();
+        assert!(apis.iter().any(|a| a.starts_with("cuMemAlloc")), "{apis:?}");
+    }
     assert!(entries(dir.path()).iter().all(|n| n.ends_with(".json")));
 }
 
@@ -526,4 +564,837 @@ fn huge_truncated_nested_wrong_typed_and_wrong_schema_files_exit_2_everywhere() 
     assert!(o.status.code().is_some(), "merge crashed: {o:?}");
     let all = format!("{}{}", out(&o), err(&o));
     assert!(all.contains("truncated.json"), "{all}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. randomised differential call sequences (issue 8, item 1)
+
+/// SplitMix64: a tiny seeded generator, so a failing sequence is reproduced from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+    fn one_in(&mut self, n: u64) -> bool {
+        self.below(n) == 0
+    }
+}
+
+/// A request size: mostly small and valid, sometimes zero, odd, large or far too large.
+fn seq_size(r: &mut Rng) -> u64 {
+    match r.below(12) {
+        0 => 0,
+        1 => r.pick(&[1, 511, 513, MIB + 1]),
+        2 => r.pick(&[64 * MIB, 100 * MIB, 300 * MIB]),
+        3 => r.pick(&[1 << 40, 1 << 50, u64::MAX / 2]),
+        4..=6 => 512 * (1 + r.below(64)),
+        _ => 4096 * (1 + r.below(512)),
+    }
+}
+
+/// Which pointer a free gets: mostly a slot's (possibly stale: a double free), sometimes an
+/// interior, stack, made-up or NULL pointer.
+fn seq_which(r: &mut Rng) -> u64 {
+    if r.one_in(6) {
+        1 + r.below(4)
+    } else {
+        0
+    }
+}
+
+/// One random sequence of `len` calls in rel_seq's input language.
+fn gen_sequence(seed: u64, len: usize) -> String {
+    let mut r = Rng(seed);
+    let mut s = String::new();
+    let codes = [1u64, 2, 3, 100, 101, 400, 801, 999];
+    for _ in 0..len {
+        let slot = r.below(16);
+        let line = match r.below(40) {
+            0..=3 => format!("malloc {slot} {} {}", seq_size(&mut r), r.one_in(20) as u8),
+            4 | 5 => format!(
+                "async {slot} {} {} {}",
+                seq_size(&mut r),
+                r.below(3),
+                r.below(2)
+            ),
+            6 => format!(
+                "pool {slot} {} {} {}",
+                seq_size(&mut r),
+                r.one_in(8) as u8,
+                r.below(2)
+            ),
+            7 => format!(
+                "managed {slot} {} {}",
+                seq_size(&mut r),
+                r.pick(&[1, 1, 2, 0, 3])
+            ),
+            8 => format!(
+                "pitch {slot} {} {} {}",
+                r.pick(&[0, 1, 100, 1000, 4096, 1u64 << 40]),
+                r.pick(&[0, 1, 10, 300, 1 << 20]),
+                r.one_in(8) as u8
+            ),
+            9 => {
+                if r.one_in(8) {
+                    "3dnull 0 16 16 16".to_string()
+                } else {
+                    format!(
+                        "3d {slot} {} {} {}",
+                        r.pick(&[0, 1, 1000, 4096, 1 << 30]),
+                        r.pick(&[0, 1, 10, 1 << 10]),
+                        r.pick(&[0, 1, 4, 1 << 10])
+                    )
+                }
+            }
+            10 => format!(
+                "host {slot} {} {}",
+                seq_size(&mut r) % (64 * MIB + 1),
+                if r.one_in(10) { 9 } else { 0 }
+            ),
+            11 => format!(
+                "hostalloc {slot} {} {} {}",
+                seq_size(&mut r) % (64 * MIB + 1),
+                if r.one_in(10) { 9 } else { 0 },
+                r.pick(&[0, 1, 2, 4, 7, 8])
+            ),
+            12..=15 => format!("free {slot} {}", seq_which(&mut r)),
+            16 => format!("freeasync {slot} {} {}", seq_which(&mut r), r.below(2)),
+            17 => format!("freehost {slot} {}", seq_which(&mut r)),
+            18 => format!("setdev {}", r.below(4)),
+            19 => format!("getdev {}", r.one_in(5) as u8),
+            20 => r.pick(&["getlast", "peek", "live"]).to_string(),
+            21 => format!("meminfo {}", r.below(3)),
+            22 => format!("props {} {}", r.below(4), r.one_in(5) as u8),
+            23 => format!("inject {} {}", r.pick(&codes), 1 + r.below(3)),
+            24 | 25 => format!(
+                "{} {slot} {} {}",
+                r.pick(&["cualloc", "cualloc", "gpalloc"]),
+                seq_size(&mut r),
+                if r.one_in(15) { 9 } else { 0 }
+            ),
+            26 => format!(
+                "{} {slot} {} {} {}",
+                r.pick(&["cuasync", "cupool"]),
+                seq_size(&mut r),
+                if r.one_in(15) { 9 } else { 0 },
+                r.one_in(8) as u8
+            ),
+            27 => format!(
+                "cumanaged {slot} {} {} {}",
+                seq_size(&mut r),
+                if r.one_in(15) { 9 } else { 0 },
+                r.pick(&[1, 1, 0, 2])
+            ),
+            28 => format!(
+                "cupitch {slot} {} {} {}",
+                r.pick(&[0, 1, 100, 4096]),
+                r.pick(&[0, 1, 10, 300]),
+                r.one_in(8) as u8
+            ),
+            29 => format!(
+                "{} {slot} {} {} {}",
+                r.pick(&["cuhost", "cuhostalloc"]),
+                seq_size(&mut r) % (64 * MIB + 1),
+                if r.one_in(10) { 9 } else { 0 },
+                r.pick(&[0, 1, 0])
+            ),
+            30 | 31 => format!("cufree {slot} {}", seq_which(&mut r)),
+            32 => format!(
+                "{} {slot} {}",
+                r.pick(&["cufreeasync", "cufreehost"]),
+                seq_which(&mut r)
+            ),
+            33 => format!("cuinject {} {}", r.pick(&codes), 1 + r.below(3)),
+            34 => r.pick(&["cumeminfo", "trim"]).to_string(),
+            35 => format!(
+                "create {} {} {} {}",
+                r.below(4),
+                r.pick(&[2 * MIB, 4 * MIB, 16 * MIB, 1000, 0, 1 << 40]),
+                r.pick(&[0, 0, 1, 2]),
+                r.pick(&[0, 0, 0, 8, 9])
+            ),
+            36 => format!("release {} {}", r.below(4), r.one_in(8) as u8),
+            37 => format!(
+                "reserve {} {}",
+                r.below(4),
+                r.pick(&[2 * MIB, 8 * MIB, 32 * MIB, 1000])
+            ),
+            38 => format!(
+                "{} {} {} {} {}",
+                r.pick(&["map", "map", "unmap"]),
+                r.below(4),
+                r.below(4),
+                r.below(4),
+                1 + r.below(2)
+            ),
+            _ => format!("addrfree {}", r.below(4)),
+        };
+        s.push_str(&line);
+        s.push('\n');
+    }
+    s
+}
+
+/// rel_seq on `input`, with or without the shim: (stdout, stderr, exit code).
+fn run_seq(input: &str, with_shim: bool, dir: &Path) -> (String, String, Option<i32>) {
+    run_seq_env(input, with_shim, dir, &[])
+}
+
+fn run_seq_env(
+    input: &str,
+    with_shim: bool,
+    dir: &Path,
+    extra: &[(&str, &str)],
+) -> (String, String, Option<i32>) {
+    use std::io::Write;
+    let env = [
+        ("SIMCUDA_DEVICES", "2"),
+        ("SIMCUDA_CAPACITY", "768M"),
+        ("SIMCUDA_PINNED_CAPACITY", "96M"),
+        ("OOMSHIM_DIR", dir.to_str().unwrap()),
+        ("OOMSHIM_SETTLE", "0"),
+        ("OOMSHIM_MIN_INTERVAL", "3600s"),
+    ];
+    let mut cmd = client_cmd("rel_seq", &[], &env);
+    cmd.envs(extra.iter().copied());
+    cmd.stdin(Stdio::piped());
+    if !with_shim {
+        cmd.env_remove("LD_PRELOAD");
+    }
+    let mut child = cmd.spawn().expect("spawn rel_seq");
+    let mut stdin = child.stdin.take().unwrap();
+    let bytes = input.as_bytes().to_vec();
+    let feeder = std::thread::spawn(move || {
+        let _ = stdin.write_all(&bytes);
+    });
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            child.kill().ok();
+            panic!("watchdog: rel_seq still running after 60 s (deadlock?)");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    feeder.join().unwrap();
+    let o = child.wait_with_output().unwrap();
+    (out(&o), err(&o), o.status.code())
+}
+
+/// The held totals rel_seq prints: (device 0, device 1, pinned) as (bytes, count).
+fn seq_held(text: &str) -> [(u64, u64); 3] {
+    let mut held = [(0, 0); 3];
+    for l in text.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        match w.as_slice() {
+            ["held", "device", d, "bytes", b, "count", c] => {
+                held[d.parse::<usize>().unwrap()] = (b.parse().unwrap(), c.parse().unwrap())
+            }
+            ["held", "pinned", "bytes", b, "count", c] => {
+                held[2] = (b.parse().unwrap(), c.parse().unwrap())
+            }
+            _ => {}
+        }
+    }
+    held
+}
+
+/// Checks one sequence: output identical with and without the shim, and the shim's ledger at
+/// the end equal to what the program still holds. `Err` says what differed.
+fn check_sequence(seed: u64, len: usize) -> Result<(), String> {
+    let input = gen_sequence(seed, len);
+    let dir = tempfile::tempdir().unwrap();
+    let (bare, _, bare_rc) = run_seq(&input, false, dir.path());
+    let (shim, shim_err, shim_rc) = run_seq(&input, true, dir.path());
+    if bare != shim || bare_rc != shim_rc {
+        let first = bare
+            .lines()
+            .zip(shim.lines())
+            .find(|(a, b)| a != b)
+            .map(|(a, b)| format!("bare: {a}\nshim: {b}"))
+            .unwrap_or_else(|| format!("exit {bare_rc:?} vs {shim_rc:?}, or lengths differ"));
+        return Err(format!(
+            "output differs:\n{first}\nshim stderr:\n{shim_err}"
+        ));
+    }
+    if bare_rc != Some(0) {
+        return Err(format!("rel_seq exited {bare_rc:?}"));
+    }
+    if !shim_err.contains("dump_rc 0") {
+        return Err(format!("no end dump: {shim_err}"));
+    }
+    let end: Vec<Dump> = dumps(dir.path())
+        .into_iter()
+        .map(|(_, d)| d)
+        .filter(|d| d.reason == "seq-end")
+        .collect();
+    if end.len() != 1 {
+        return Err(format!("{} seq-end dumps", end.len()));
+    }
+    let d = &end[0];
+    let held = seq_held(&shim);
+    let dev = |i: i32| {
+        d.devices
+            .iter()
+            .find(|x| x.index == i)
+            .map(|x| (x.tracked_bytes, x.tracked_count))
+            .unwrap_or((0, 0))
+    };
+    let ledger = [dev(0), dev(1), (d.pinned_host.bytes, d.pinned_host.count)];
+    if ledger != held {
+        return Err(format!(
+            "ledger (device 0, device 1, pinned) = {ledger:?}, the program holds {held:?}"
+        ));
+    }
+    Ok(())
+}
+
+#[test]
+fn random_call_sequences_behave_the_same_with_and_without_the_shim() {
+    // OOMSHIM_SEQ_SEED reproduces a run; OOMSHIM_SEQ_COUNT and OOMSHIM_SEQ_LEN scale it.
+    let base: u64 = std::env::var("OOMSHIM_SEQ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    let env_num = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
+    let count = env_num("OOMSHIM_SEQ_COUNT", 200) as u64;
+    let len = env_num("OOMSHIM_SEQ_LEN", 300);
+    eprintln!("random call sequences: base seed {base}, {count} x {len} calls");
+    shim_lib();
+    let start = Instant::now();
+    // Two workers: the machine has two cores and each run is mostly process start-up.
+    let failures: Vec<String> = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..2u64)
+            .map(|w| {
+                sc.spawn(move || {
+                    let mut bad = Vec::new();
+                    let mut i = w;
+                    while i < count && bad.is_empty() {
+                        let seed = base.wrapping_add(i);
+                        if let Err(e) = check_sequence(seed, len) {
+                            let keep = std::env::temp_dir().join(format!("rel_seq-{seed}.txt"));
+                            let _ = fs::write(&keep, gen_sequence(seed, len));
+                            bad.push(format!(
+                                "seed {seed} (OOMSHIM_SEQ_SEED={seed} OOMSHIM_SEQ_COUNT=1, \
+                                 input kept in {}): {e}",
+                                keep.display()
+                            ));
+                        }
+                        i += 2;
+                    }
+                    bad
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    eprintln!(
+        "{count} sequences x {len} calls, each with and without the shim: {:?}",
+        start.elapsed()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. re-entrancy and load order (issue 8, item 3)
+
+/// Runs `client args` bare and under the shim (with `env`, plus `shim_env` for the shim run),
+/// each under a watchdog: stdout and exit status must be the same. Returns the shim run and
+/// the dumps it wrote.
+fn both_same(
+    client: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    shim_env: &[(&str, &str)],
+) -> (Output, Vec<Dump>) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let run = |with_shim: bool| {
+        let mut cmd = client_cmd(client, args, env);
+        cmd.env("OOMSHIM_DIR", &d);
+        if with_shim {
+            for (k, v) in shim_env {
+                cmd.env(k, v);
+            }
+        } else {
+            cmd.env_remove("LD_PRELOAD");
+        }
+        wait_with_watchdog(cmd, Duration::from_secs(60))
+    };
+    let bare = run(false);
+    let shim = run(true);
+    assert_eq!(out(&bare), out(&shim), "{client} {args:?}: {}", err(&shim));
+    assert_eq!(
+        bare.status.code(),
+        shim.status.code(),
+        "{client} {args:?}: {}",
+        err(&shim)
+    );
+    assert_eq!(
+        bare.status.code(),
+        Some(0),
+        "{}\n{}",
+        out(&bare),
+        err(&bare)
+    );
+    // Never a temporary file left behind.
+    assert!(
+        entries(dir.path()).iter().all(|n| n.ends_with(".json")),
+        "{:?}",
+        entries(dir.path())
+    );
+    let all = dumps(dir.path()).into_iter().map(|(_, d)| d).collect();
+    (shim, all)
+}
+
+/// The one dump with `reason`, its device bytes and count must equal the program's `held_*`.
+fn ledger_matches_held(all: &[Dump], reason: &str, text: &str) {
+    let end: Vec<&Dump> = all.iter().filter(|d| d.reason == reason).collect();
+    assert_eq!(end.len(), 1, "{reason}: {} dumps", end.len());
+    let d = end[0];
+    let tracked: u64 = d.devices.iter().map(|x| x.tracked_bytes).sum();
+    let count: u64 = d.devices.iter().map(|x| x.tracked_count).sum();
+    assert_eq!(
+        (tracked, count),
+        (
+            value_after(text, "held_bytes "),
+            value_after(text, "held_count ")
+        ),
+        "{text}"
+    );
+    if text.contains("pinned_bytes ") {
+        assert_eq!(
+            (d.pinned_host.bytes, d.pinned_host.count),
+            (
+                value_after(text, "pinned_bytes "),
+                value_after(text, "pinned_count ")
+            )
+        );
+    }
+}
+
+#[test]
+fn thread_local_destructors_that_free_and_allocate_at_thread_exit() {
+    // The pthread_key destructors run after the thread's thread_local destructors (the
+    // shim's own among them): hooks must still work, and be recorded, there.
+    let (shim, all) = both_same("rel_reenter", &["tls"], &[], &[]);
+    ledger_matches_held(&all, "reenter-end", &out(&shim));
+    assert_eq!(value_after(&out(&shim), "held_count "), 32);
+    assert!(err(&shim).contains("dump_rc 0"), "{}", err(&shim));
+}
+
+#[test]
+fn an_atexit_handler_that_allocates_after_the_shims_exit_flush() {
+    // Registered before the first CUDA call, the program's handler runs after the shim's
+    // (the at-exit dump and the flush of the pending OOM dump). Its calls pass through
+    // unchanged, and its own OOM, after the flush, is written on its own thread (the writer
+    // thread may never run again): with no de-duplication it gets a dump of its own.
+    for min_interval in ["10s", "0"] {
+        let (shim, all) = both_same(
+            "rel_reenter",
+            &["atexit"],
+            &[],
+            &[
+                ("OOMSHIM_AT_EXIT", "1"),
+                ("OOMSHIM_MIN_INTERVAL", min_interval),
+            ],
+        );
+        let text = out(&shim);
+        assert!(
+            text.contains("atexit handler: malloc 0 free 0 oom 2 host 0 freehost 0"),
+            "{text}"
+        );
+        // The OOM before exit was flushed at exit; the exit dump holds the 3 MiB still held.
+        let ooms = all.iter().filter(|d| d.reason == "oom").count();
+        let expected = if min_interval == "0" { 2 } else { 1 };
+        assert_eq!(ooms, expected, "interval {min_interval}: {}", err(&shim));
+        let exit: Vec<&Dump> = all.iter().filter(|d| d.reason == "exit").collect();
+        assert_eq!(exit.len(), 1);
+        let tracked: u64 = exit[0].devices.iter().map(|x| x.tracked_bytes).sum();
+        assert_eq!(tracked, value_after(&text, "held_bytes "));
+    }
+}
+
+#[test]
+fn hooks_from_a_signal_handler_while_the_thread_is_inside_the_shim() {
+    let (shim, all) = both_same("rel_reenter", &["signal"], &[], &[]);
+    let text = out(&shim);
+    assert!(
+        text.contains("handler ran: yes, handler results as documented: yes"),
+        "{text}"
+    );
+    ledger_matches_held(&all, "reenter-end", &text);
+    eprintln!(
+        "{}",
+        err(&shim)
+            .lines()
+            .find(|l| l.contains("handler runs"))
+            .unwrap_or("")
+    );
+}
+
+#[test]
+fn the_first_hooked_calls_from_32_threads_at_once_while_the_shim_starts() {
+    // The start-up race is probabilistic: several fresh processes.
+    for _ in 0..8 {
+        let (shim, all) = both_same("rel_reenter", &["initrace"], &[], &[]);
+        ledger_matches_held(&all, "reenter-end", &out(&shim));
+        let d = all.iter().find(|d| d.reason == "reenter-end").unwrap();
+        assert_eq!(d.recording.unknown_frees, 0);
+        // 32 racers' first allocations plus one allocate/free pair each.
+        assert_eq!(d.recording.total_allocations, 64);
+    }
+}
+
+#[test]
+fn the_shim_loaded_after_cuda_sees_exactly_the_calls_resolved_after_it() {
+    let lib = shim_lib();
+    let lib = lib.to_str().unwrap();
+    let late = |mode: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap();
+        let run = |shim: bool| {
+            let mut cmd = client_cmd("rel_late", &[mode], &[("OOMSHIM_DIR", d)]);
+            cmd.env_remove("LD_PRELOAD");
+            if shim {
+                cmd.env("OOMSHIM_LATE_LIB", lib);
+            }
+            wait_with_watchdog(cmd, Duration::from_secs(60))
+        };
+        let (bare, shim) = (run(false), run(true));
+        assert_eq!(out(&bare), out(&shim), "{mode}: {}", err(&shim));
+        assert_eq!(bare.status.code(), Some(0));
+        assert_eq!(shim.status.code(), Some(0), "{}", err(&shim));
+        let all = dumps(dir.path());
+        assert_eq!(all.len(), 1, "{}", err(&shim));
+        (err(&shim), all.into_iter().next().unwrap().1)
+    };
+    // Runtime opened RTLD_LOCAL, then the shim RTLD_GLOBAL: lookups through the global scope
+    // now reach the shim. It sees D (4 MiB) and E (5 MiB), not A, B, C (made before, or
+    // through pointers looked up before); A's free is an unknown free; D's free through the
+    // old pointer is invisible to it, so D stays in its ledger.
+    let (e, d) = late("late-local");
+    assert!(e.contains("default_is_shim 1"), "{e}");
+    let tracked: u64 = d.devices.iter().map(|x| x.tracked_bytes).sum();
+    assert_eq!(tracked, 9 * MIB);
+    assert_eq!(d.recording.total_allocations, 2);
+    assert_eq!(d.recording.unknown_frees, 1);
+    // Runtime opened RTLD_GLOBAL first: it comes first in the global scope, so the shim
+    // loaded after it sees nothing at all (and says nothing).
+    let (e, d) = late("late-global");
+    assert!(e.contains("default_is_shim 0"), "{e}");
+    assert_eq!(d.recording.total_allocations, 0);
+    assert!(
+        e.lines()
+            .filter(|l| l.starts_with("oomshim:"))
+            .all(|l| l.contains("dump (late-end)")),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_runtime_dlclosed_and_reopened_in_a_loop_while_allocating() {
+    let (shim, all) = both_same("rel_late", &["reload", "300"], &[], &[]);
+    assert!(out(&shim).contains("300 rounds, 300 clean"));
+    ledger_matches_held(&all, "late-end", &out(&shim));
+    let d = all.iter().find(|d| d.reason == "late-end").unwrap();
+    assert_eq!(
+        d.recording.total_allocations, 900,
+        "every round's calls were seen"
+    );
+    assert_eq!(d.recording.unknown_frees, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. a panic inside a hook (issue 8, item 7)
+
+#[test]
+fn an_injected_panic_in_a_hook_switches_the_shim_off_with_one_message() {
+    // OOMSHIM_FAULT=panic-in-alloc:3 (a test hook): the shim panics inside the hook of the
+    // third successful allocation, after the real call returned.
+    let input = "malloc 0 4096\nmalloc 1 8192\ncualloc 2 4096\nmalloc 3 512\nfree 0\n\
+                 host 4 4096\nfreehost 4\ncufree 2\nmalloc 5 1099511627776\n\
+                 cualloc 6 1099511627776\ninject 2 1\nmalloc 7 4096\ngetlast\n\
+                 async 8 4096 1\nfreeasync 8\nlive\n";
+    let dir = tempfile::tempdir().unwrap();
+    let fault = [("OOMSHIM_FAULT", "panic-in-alloc:3")];
+    let (bare, _, bare_rc) = run_seq_env(input, false, dir.path(), &fault);
+    let (shim, e, shim_rc) = run_seq_env(input, true, dir.path(), &fault);
+    // Results, out-parameters and the exit status are unchanged, later calls included.
+    assert_eq!(bare, shim);
+    assert_eq!((bare_rc, shim_rc), (Some(0), Some(0)));
+    // Exactly one message, and it says what happened.
+    let msgs: Vec<&str> = e.lines().filter(|l| l.starts_with("oomshim:")).collect();
+    assert_eq!(msgs.len(), 1, "{e}");
+    assert!(
+        msgs[0].contains("internal error")
+            && msgs[0].contains("panic-in-alloc")
+            && msgs[0].contains("tracking is off"),
+        "{e}"
+    );
+    // Pass-through from then on: the later OOMs write no dump, and the on-demand dump asked
+    // for at the end is refused (-1) without a word.
+    assert!(e.contains("dump_rc -1"), "{e}");
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+
+    // Without the switch the same sequence writes its dumps (the test is not vacuous).
+    let dir = tempfile::tempdir().unwrap();
+    let (plain, e, _) = run_seq_env(input, true, dir.path(), &[]);
+    assert_eq!(plain, bare);
+    assert!(e.contains("dump_rc 0"), "{e}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. dump file mode (issue 8, item 5)
+
+#[test]
+fn oomshim_dump_mode_sets_the_dump_files_permissions_and_refuses_world_writable() {
+    let mode_of = |value: Option<&str>| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut env = vec![("OOMSHIM_DIR", dir.path().to_str().unwrap())];
+        if let Some(v) = value {
+            env.push(("OOMSHIM_DUMP_MODE", v));
+        }
+        let (_, shim) = leak_both(&env, None);
+        let written = dumps(dir.path());
+        assert_eq!(written.len(), 1, "{}", err(&shim));
+        let mode = fs::metadata(&written[0].0).unwrap().mode() & 0o7777;
+        (mode, err(&shim))
+    };
+    assert_eq!(mode_of(None).0, 0o600);
+    let (mode, e) = mode_of(Some("0640"));
+    assert_eq!(mode, 0o640);
+    assert!(!e.contains("OOMSHIM_DUMP_MODE"), "{e}");
+    // 0660 is applied exactly, whatever the umask (the test's 022 would make it 0640).
+    assert_eq!(mode_of(Some("660")).0, 0o660);
+    for bad in ["0666", "0777", "rw-r-----", "9"] {
+        let (mode, e) = mode_of(Some(bad));
+        assert_eq!(mode, 0o600, "{bad}");
+        let msgs: Vec<&str> = e
+            .lines()
+            .filter(|l| l.contains("OOMSHIM_DUMP_MODE"))
+            .collect();
+        assert_eq!(msgs.len(), 1, "{bad}: {e}");
+        assert!(msgs[0].contains("using 0600"), "{e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 10. faults: NVML failing, symbolisation failing, short of host memory (issue 8, item 4)
+
+/// tests/sim/nvml_sim.c built as `libnvidia-ml.so.1` in `dir`.
+fn build_fake_nvml(dir: &Path) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sim/nvml_sim.c");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let status = Command::new(cc)
+        .args([
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-Wl,-soname,libnvidia-ml.so.1",
+            "-o",
+        ])
+        .arg(dir.join("libnvidia-ml.so.1"))
+        .arg(&src)
+        .status()
+        .expect("run the C compiler");
+    assert!(status.success(), "building the simulated NVML failed");
+}
+
+#[test]
+fn nvml_present_but_failing_or_hanging_is_said_in_the_dump_and_changes_nothing() {
+    let lib = tempfile::tempdir().unwrap();
+    build_fake_nvml(lib.path());
+    let cases = [
+        ("init-fails", "0", "NVML is not available"),
+        ("init-fails", "1500", "NVML is not available"), // hangs 1.5 s first
+        ("no-device", "0", "NVML has no such device"),
+        ("list-fails", "0", "NVML could not list processes"),
+    ];
+    for (mode, delay, says) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let env = [
+            ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+            ("LD_LIBRARY_PATH", lib.path().to_str().unwrap()),
+            ("SIMNVML_MODE", mode),
+            ("SIMNVML_DELAY_MS", delay),
+        ];
+        let (_, shim) = leak_both(&env, None);
+        let written = dumps(dir.path());
+        assert_eq!(written.len(), 1, "{mode}: {}", err(&shim));
+        let g = written[0].1.gpu_processes.clone().expect("gpu_processes");
+        let why = g.error.unwrap_or_default();
+        assert!(why.contains(says), "{mode}: {why}");
+        assert!(g.processes.is_empty());
+        // One summary, no NVML noise on the program's stderr.
+        assert!(
+            !err(&shim).to_lowercase().contains("nvml"),
+            "{}",
+            err(&shim)
+        );
+    }
+}
+
+#[test]
+fn symbolisation_failing_still_writes_the_dump_with_raw_addresses() {
+    // OOMSHIM_FAULT=symbolize (a test hook): the symboliser panics inside, as a broken object
+    // file or a bug in it would make it.
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+        ("OOMSHIM_FAULT", "symbolize"),
+    ];
+    let (_, shim) = leak_both(&env, None);
+    let written = dumps(dir.path());
+    assert_eq!(written.len(), 1, "{}", err(&shim));
+    let d = &written[0].1;
+    assert!(!d.sites.is_empty());
+    for s in &d.sites {
+        assert!(!s.stack.is_empty());
+        for f in &s.stack {
+            assert!(f.function.is_none() && f.file.is_none(), "{f:?}");
+            assert!(f.address.starts_with("0x"), "{f:?}");
+        }
+    }
+    assert!(!err(&shim).contains("internal error"), "{}", err(&shim));
+    let msgs = err(&shim)
+        .lines()
+        .filter(|l| l.starts_with("oomshim:"))
+        .count();
+    assert!(msgs >= 1, "the usual summary");
+}
+
+#[test]
+fn the_program_binary_deleted_while_it_runs_still_gets_a_dump() {
+    // The executable (and its debug info) removed after start, as a redeploy would: the
+    // symboliser cannot read it; the dump is written all the same, the program unchanged.
+    let tmp = tempfile::tempdir().unwrap();
+    for name in [
+        "leak_until_oom",
+        "libcudart.so.13",
+        "libcuda.so.1",
+        "libdrvnext.so",
+    ] {
+        let from = testbed::artifact_dir().join(name);
+        if from.exists() {
+            fs::copy(&from, tmp.path().join(name)).unwrap();
+        }
+    }
+    let exe = tmp.path().join("leak_until_oom");
+    let dir = tempfile::tempdir().unwrap();
+    // A wrapper shell deletes the binary between exec and the first OOM: `exec` replaces the
+    // shell, so the running image is the one whose file is gone.
+    let script = format!(
+        "(sleep 0.05; rm -f {exe}) & exec {exe}",
+        exe = exe.display()
+    );
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", &script])
+        .env("LD_PRELOAD", shim_lib())
+        .env("SIMCUDA_CAPACITY", "1G")
+        .env("OOMSHIM_DIR", dir.path())
+        .env("OOMSHIM_SETTLE", "0.3s")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let o = wait_with_watchdog(cmd, Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert!(!exe.exists());
+    let written = dumps(dir.path());
+    assert_eq!(written.len(), 1, "{}", err(&o));
+    assert!(!written[0].1.sites.is_empty());
+}
+
+#[test]
+fn short_of_host_memory_while_dumping_the_program_survives_with_one_message() {
+    // RLIMIT_AS (`ulimit -v`) from 12 to 64 MiB: from tight (the shim and the program barely
+    // load) to roomy. Rust aborts the process when an allocation fails, so before this was
+    // fixed the symboliser's allocations killed the program (exit 134) between 16 and 32 MiB.
+    // Now: the same output and status as the bare run at every limit, at most one message
+    // about it, and a dump (raw addresses when symbolising did not fit).
+    let (mut degraded, mut symbolised) = (0, 0);
+    for mib in (12u64..=64).step_by(4) {
+        let limit = mib << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let mk = |with_shim: bool| {
+            let mut cmd = client_cmd(
+                "leak_until_oom",
+                &[],
+                &[("OOMSHIM_DIR", dir.path().to_str().unwrap())],
+            );
+            cmd.env("SIMCUDA_CAPACITY", "1G");
+            if !with_shim {
+                cmd.env_remove("LD_PRELOAD");
+            }
+            unsafe {
+                cmd.pre_exec(move || {
+                    let rl = libc::rlimit {
+                        rlim_cur: limit,
+                        rlim_max: limit,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_AS, &rl) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            wait_with_watchdog(cmd, Duration::from_secs(60))
+        };
+        let bare = mk(false);
+        if bare.status.code() != Some(0) {
+            continue; // too tight for the program itself
+        }
+        let shim = mk(true);
+        let e = err(&shim);
+        assert_eq!(shim.status.code(), Some(0), "{mib} MiB: {e}");
+        assert_eq!(out(&bare), out(&shim), "{mib} MiB");
+        assert!(!e.contains("memory allocation of"), "{mib} MiB: {e}");
+        assert!(e.matches("too little host memory").count() <= 1, "{e}");
+        assert!(entries(dir.path()).iter().all(|n| n.ends_with(".json")));
+        let written = dumps(dir.path());
+        assert_eq!(written.len(), 1, "{mib} MiB: {e}");
+        let named = written[0].1.sites[0]
+            .stack
+            .iter()
+            .any(|f| f.function.is_some());
+        if e.contains("too little host memory") {
+            assert!(
+                !named,
+                "{mib} MiB: raw addresses when symbolising was skipped"
+            );
+            degraded += 1;
+        } else {
+            assert!(named, "{mib} MiB");
+            symbolised += 1;
+        }
+    }
+    assert!(
+        degraded > 0 && symbolised > 0,
+        "{degraded} degraded, {symbolised} symbolised"
+    );
 }

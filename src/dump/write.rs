@@ -69,9 +69,34 @@ impl std::fmt::Display for WriteError {
 
 static NEXT_SEQ: AtomicU32 = AtomicU32::new(1);
 
+/// Permission bits of the dump files this process writes (`OOMSHIM_DUMP_MODE`, default 0600).
+static FILE_MODE: AtomicU32 = AtomicU32::new(crate::config::DEFAULT_DUMP_MODE);
+
+/// Sets the permission bits of later dump files (from the configuration, at shim start). The
+/// world-writable bit and anything beyond 0777 are dropped whatever the caller says.
+pub fn set_file_mode(mode: u32) {
+    FILE_MODE.store(mode & 0o775, Ordering::Relaxed);
+}
+
+/// The permission bits dump files get.
+pub fn file_mode() -> u32 {
+    FILE_MODE.load(Ordering::Relaxed)
+}
+
 /// Writes `bytes` as a new dump in `dir`, or in the per-user fallback directory if `dir` fails.
 pub fn write_dump(dir: &Path, name: &DumpName, bytes: &[u8]) -> Result<Written, WriteError> {
-    match write_in(dir, name, bytes) {
+    write_dump_with_mode(dir, name, bytes, file_mode())
+}
+
+/// [`write_dump`] with explicit permission bits (the world-writable bit is always dropped).
+pub fn write_dump_with_mode(
+    dir: &Path,
+    name: &DumpName,
+    bytes: &[u8],
+    mode: u32,
+) -> Result<Written, WriteError> {
+    let mode = mode & 0o775;
+    match write_in(dir, name, bytes, mode) {
         Ok(path) => Ok(Written {
             path,
             fell_back: None,
@@ -79,7 +104,9 @@ pub fn write_dump(dir: &Path, name: &DumpName, bytes: &[u8]) -> Result<Written, 
         Err(first) => {
             let fallback = fallback_dir();
             let why = format!("cannot write to {}: {first}", dir.display());
-            match prepare_private_dir(&fallback).and_then(|_| write_in(&fallback, name, bytes)) {
+            match prepare_private_dir(&fallback)
+                .and_then(|_| write_in(&fallback, name, bytes, mode))
+            {
                 Ok(path) => Ok(Written {
                     path,
                     fell_back: Some(why),
@@ -169,7 +196,7 @@ fn c_name(name: &str) -> io::Result<CString> {
     CString::new(name).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
 }
 
-fn write_in(dir: &Path, name: &DumpName, bytes: &[u8]) -> io::Result<PathBuf> {
+fn write_in(dir: &Path, name: &DumpName, bytes: &[u8], mode: u32) -> io::Result<PathBuf> {
     let (dir_fd, dir) = open_target_dir(dir)?;
     let dfd = dir_fd.as_raw_fd();
     let seq_tmp = NEXT_SEQ.load(Ordering::Relaxed);
@@ -180,7 +207,8 @@ fn write_in(dir: &Path, name: &DumpName, bytes: &[u8]) -> io::Result<PathBuf> {
             dfd,
             c_tmp.as_ptr(),
             libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            0o600 as libc::c_uint,
+            // Never wider than 0600 while it is being written, whatever was asked.
+            (mode & 0o600) as libc::c_uint,
         )
     };
     if fd < 0 {
@@ -189,7 +217,14 @@ fn write_in(dir: &Path, name: &DumpName, bytes: &[u8]) -> io::Result<PathBuf> {
     let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
     // A full disk or RLIMIT_FSIZE must fail this write, not kill the program: SIGXFSZ is held
     // off on this thread meanwhile (and a pending one consumed), so the write returns EFBIG.
-    let result = without_sigxfsz(|| file.write_all(bytes).and_then(|_| file.sync_all()));
+    let result = without_sigxfsz(|| file.write_all(bytes).and_then(|_| file.sync_all()))
+        // Exactly the asked bits, whatever the umask took away (never more, never less).
+        .and_then(|_| {
+            if unsafe { libc::fchmod(file.as_raw_fd(), mode as libc::mode_t) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
     drop(file);
     let remove_tmp = || unsafe {
         libc::unlinkat(dfd, c_tmp.as_ptr(), 0);
@@ -380,6 +415,21 @@ mod tests {
                 assert!(fs::symlink_metadata(&p).unwrap().file_type().is_symlink());
             }
         }
+    }
+
+    #[test]
+    fn the_configured_mode_is_applied_exactly_and_never_world_writable() {
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+        // 0660 survives any umask (the usual 022 would have made it 0640): applied exactly.
+        let a = write_dump_with_mode(dir.path(), &name(), b"{}", 0o660).unwrap();
+        assert_eq!(mode(&a.path), 0o660);
+        let b = write_dump_with_mode(dir.path(), &name(), b"{}", 0o400).unwrap();
+        assert_eq!(mode(&b.path), 0o400);
+        // World-writable is dropped even if asked for here (config.rs refuses it already).
+        let c = write_dump_with_mode(dir.path(), &name(), b"{}", 0o666).unwrap();
+        assert_eq!(mode(&c.path), 0o664);
+        assert_eq!(file_mode(), 0o600, "the default");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! turning a captured state into a dump ([`assemble`]). Called only from [`crate::ffi`], always
 //! inside its guard, never holding a lock across a call into CUDA.
 
+pub mod allocator;
 mod assemble;
 mod growth;
 mod oom;
@@ -131,6 +132,8 @@ impl Shim {
         for w in &warnings {
             eprintln!("oomshim: {w}");
         }
+        crate::dump::write::set_file_mode(config.dump_mode);
+        let _ = crate::config::fault(); // the test hook is read once, now
         if let Some(filter) = &config.log {
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
@@ -219,12 +222,58 @@ fn coarse_monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+thread_local! {
+    /// The calling thread's kernel id, read once (0: not yet). A forked child's only thread
+    /// gets a new id: the child's `fork` handler clears it.
+    static TID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 fn thread_id() -> u64 {
-    thread_local! {
-        static TID: u64 = unsafe { libc::syscall(libc::SYS_gettid) as u64 };
+    let cached = TID.try_with(|t| t.get()).unwrap_or(0);
+    if cached != 0 {
+        return cached;
     }
-    TID.try_with(|t| *t)
-        .unwrap_or_else(|_| unsafe { libc::syscall(libc::SYS_gettid) as u64 })
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) as u64 };
+    let _ = TID.try_with(|t| t.set(tid));
+    tid
+}
+
+/// The locks outside the ledger, the stack tables and the OOM tracker (those are taken by
+/// `oom::before_fork`), held by the forking thread across `fork`: the VMM state, the thread
+/// and device name caches, the Python code table and the module snapshot. Each is a leaf (never
+/// held while another lock is taken), so the order they are taken in cannot deadlock.
+type NameLocks = (
+    std::sync::MutexGuard<'static, Vec<(u64, String)>>,
+    std::sync::MutexGuard<'static, Vec<(i32, Option<String>)>>,
+);
+
+thread_local! {
+    static FORK_HELD: std::cell::RefCell<Option<NameLocks>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `fork` prepare handler, run before the OOM tracker's (see `crate::ffi`).
+pub fn fork_prepare() {
+    vmm::fork_prepare();
+    let names = THREAD_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    let devices = DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some((names, devices)));
+    crate::pystack::fork_prepare();
+    crate::stacks::fork_prepare();
+}
+
+/// `fork` parent handler, run after the OOM tracker's.
+pub fn fork_parent() {
+    crate::stacks::fork_release();
+    crate::pystack::fork_release();
+    let _ = FORK_HELD.try_with(|h| drop(h.borrow_mut().take()));
+    vmm::fork_release();
+}
+
+/// `fork` child handler, run after the OOM tracker's: releases the same locks, and this (the
+/// child's only) thread's cached id is the parent thread's, so it is read again.
+pub fn fork_child() {
+    let _ = TID.try_with(|t| t.set(0));
+    fork_parent();
 }
 
 /// Names of threads seen allocating, from `/proc/self/task/TID/comm` at their first allocation:
@@ -275,9 +324,32 @@ pub(crate) fn unix_ms(t: SystemTime) -> u64 {
 
 /// A successful allocation of `bytes` at `addr`.
 pub fn record_alloc(api: Api, addr: usize, bytes: u64, device: i32, stream: usize) {
+    record_alloc_with(api, addr, bytes, device, stream, true);
+}
+
+/// [`record_alloc`], with native stacks only when `native_ok` (allocator mode records tensors
+/// with their Python stack alone unless OOMSHIM_STACKS asks for more: unwinding libtorch on
+/// every tensor would cost more than the allocation itself).
+pub fn record_alloc_with(
+    api: Api,
+    addr: usize,
+    bytes: u64,
+    device: i32,
+    stream: usize,
+    native_ok: bool,
+) {
     let Some(s) = shim() else { return };
     note_thread_name();
-    let (stack, py_stack) = s.capture_stacks();
+    let (stack, py_stack) = if native_ok {
+        s.capture_stacks()
+    } else {
+        let py = if s.config.stacks.python() {
+            s.capture_py_stack()
+        } else {
+            StackId::EMPTY
+        };
+        (StackId::EMPTY, py)
+    };
     let alloc = Allocation {
         bytes,
         api,
@@ -293,10 +365,9 @@ pub fn record_alloc(api: Api, addr: usize, bytes: u64, device: i32, stream: usiz
     if !api.is_pinned_host() {
         s.oom.note_success(device, bytes);
     }
-    // One relaxed load; a sample (cold) once per time bucket, only while no step is marked.
-    if s.growth.bucket_due(alloc.time_ns) {
-        s.growth.sample_bucket(&s.ledger, alloc.time_ns);
-    }
+    // A few relaxed loads and one store: the request size, the step detector's anchor, the time
+    // bucket; samples (cold) at detected steps or once per time bucket (src/runtime/growth.rs).
+    s.growth.on_alloc(&s.ledger, &alloc);
 }
 
 /// The program marked the end of a step (`oomshim_step()`): samples live bytes per site.
@@ -360,15 +431,18 @@ pub fn record_pinned_failure(api: Api, bytes: u64) {
 
 /// The device name, asked of the runtime once per device.
 pub fn cached_device_name(device: i32, ask: fn(i32) -> Option<String>) -> Option<String> {
-    static NAMES: Mutex<Vec<(i32, Option<String>)>> = Mutex::new(Vec::new());
-    if let Some((_, n)) = NAMES.lock().ok()?.iter().find(|(d, _)| *d == device) {
+    let names = || DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, n)) = names().iter().find(|(d, _)| *d == device) {
         return n.clone();
     }
     // Asked without the lock held: this calls into CUDA.
     let name = ask(device);
-    NAMES.lock().ok()?.push((device, name.clone()));
+    names().push((device, name.clone()));
     name
 }
+
+/// Device names asked so far ([`cached_device_name`]).
+static DEVICE_NAMES: Mutex<Vec<(i32, Option<String>)>> = Mutex::new(Vec::new());
 
 /// The device an on-demand dump may ask about: the caller's current device, but only when the
 /// process already allocated on it (asking CUDA about an untouched device would create a
@@ -382,6 +456,27 @@ pub fn device_for_on_demand_dump(current: fn() -> i32) -> Option<i32> {
     (s.ledger.device_peak_bytes(d) > 0).then_some(d)
 }
 
+/// True when the process has the address space a dump needs (about 3 MiB plus 1 KiB per live
+/// allocation, measured with RLIMIT_AS in tests/reliability.rs): Rust aborts on a failed
+/// allocation, so a process out of host memory gets one message instead of a dump, never an
+/// abort. Says so once.
+pub(crate) fn room_for_dump(s: &Shim) -> bool {
+    let mut live = 0usize;
+    s.ledger.for_each_live(|_| live += 1);
+    let need = (3usize << 20).saturating_add(live.saturating_mul(1024));
+    if crate::stacks::address_space_headroom(need) {
+        return true;
+    }
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "oomshim: no dump written: the process is out of host address space ({} needed); the program continues",
+            crate::report::units::human_bytes(need as u64)
+        );
+    }
+    false
+}
+
 /// Writes an on-demand dump on the calling thread. True when a dump file was written.
 pub fn dump_now(
     reason: &str,
@@ -390,6 +485,9 @@ pub fn dump_now(
     name: Option<String>,
 ) -> bool {
     let Some(s) = shim() else { return false };
+    if !room_for_dump(s) {
+        return false;
+    }
     let capture = assemble::Capture {
         snapshot: s.ledger.snapshot(),
         time: SystemTime::now(),

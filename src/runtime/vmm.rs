@@ -52,6 +52,30 @@ fn state() -> MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+type ForkHeld = (
+    MutexGuard<'static, State>,
+    MutexGuard<'static, [Option<(std::time::Instant, DumpExtras)>; 2]>,
+);
+
+thread_local! {
+    /// The VMM state's locks, held by the forking thread across `fork`.
+    static FORK_HELD: std::cell::RefCell<Option<ForkHeld>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `fork` prepare handler: takes the VMM state's lock, then the dump extras' (never held
+/// together elsewhere, and neither is held while another lock is taken: the state is dropped
+/// before the ledger is reached).
+pub(super) fn fork_prepare() {
+    let st = state();
+    let ex = EXTRAS.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some((st, ex)));
+}
+
+/// `fork` parent and child handler: releases them.
+pub(super) fn fork_release() {
+    let _ = FORK_HELD.try_with(|h| drop(h.borrow_mut().take()));
+}
+
 /// What to put back when the real call fails.
 #[derive(Debug)]
 pub enum VmmUndo {

@@ -215,6 +215,22 @@ pub fn refresh_modules() {
     let _ = while_busy(dwarf::publish_new_snapshot);
 }
 
+/// `fork` prepare handler (see `crate::ffi::register_fork_handlers`): takes the module
+/// snapshot's lock, with this thread marked busy meanwhile (a capture from a signal handler on
+/// it returns nothing rather than wait for the lock it holds).
+pub fn fork_prepare() {
+    let _ = BUSY.try_with(|b| b.set(true));
+    #[cfg(target_arch = "x86_64")]
+    dwarf::fork_prepare();
+}
+
+/// `fork` parent and child handler: releases what [`fork_prepare`] took.
+pub fn fork_release() {
+    #[cfg(target_arch = "x86_64")]
+    dwarf::fork_release();
+    let _ = BUSY.try_with(|b| b.set(false));
+}
+
 #[cfg(target_arch = "x86_64")]
 fn walk(st: &mut ThreadState, regs: arch::Regs, out: &mut [usize], skip_own: bool) -> usize {
     st.dwarf.capture(regs, st.stack_hi, out, skip_own)
@@ -464,6 +480,23 @@ mod dwarf {
             Some(s) => Some(s),
             None => Some(publish_new_snapshot()),
         }
+    }
+
+    thread_local! {
+        /// The snapshot lock, held by the forking thread from the `fork` prepare handler to the
+        /// parent's or child's handler, so a child never starts with it write-locked by a
+        /// thread it does not have.
+        static FORK_HELD: std::cell::RefCell<Option<std::sync::RwLockWriteGuard<'static, Option<Arc<Snapshot>>>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    pub(super) fn fork_prepare() {
+        let g = CURRENT.write().unwrap_or_else(|e| e.into_inner());
+        let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some(g));
+    }
+
+    pub(super) fn fork_release() {
+        let _ = FORK_HELD.try_with(|h| drop(h.borrow_mut().take()));
     }
 
     /// Builds a snapshot from `dl_iterate_phdr` (no lock of ours held meanwhile) and publishes it.

@@ -15,8 +15,9 @@
 
 mod capture;
 mod symbolize;
+pub use symbolize::address_space_headroom;
 
-pub use capture::{capture, capture_frame_pointers, refresh_modules};
+pub use capture::{capture, capture_frame_pointers, fork_prepare, fork_release, refresh_modules};
 pub use symbolize::symbolize;
 
 #[cfg(test)]

@@ -41,11 +41,34 @@ fn bare_frame(addr: usize, module: Option<String>) -> Frame {
 }
 
 fn symbolize_inner(addrs: &[usize]) -> Vec<Vec<Frame>> {
+    if crate::config::fault() == crate::config::Fault::Symbolize {
+        panic!("injected fault, OOMSHIM_FAULT=symbolize"); // caught just above: raw addresses
+    }
     let lookups: Vec<u64> = addrs
         .iter()
         .map(|&a| (a as u64).saturating_sub(1))
         .collect();
     let modules = ModuleMap::new();
+    // Out of host memory while dumping: the symboliser maps the objects it reads and parses
+    // their debug information, by far the largest allocations of a dump. Rust aborts the whole
+    // process when an allocation fails, so it is not started without room for it: the dump is
+    // then written with raw addresses (and module paths), with one message.
+    let need = symbolisation_budget(&modules, &lookups);
+    if !address_space_headroom(need) {
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            eprintln!(
+                "oomshim: too little host memory left to symbolise stacks (about {} MiB needed); \
+                 dumps carry raw addresses",
+                need >> 20
+            );
+        }
+        return lookups
+            .iter()
+            .zip(addrs)
+            .map(|(&l, &a)| vec![bare_frame(a, modules.path_of(l))])
+            .collect();
+    }
     let symbolizer = Symbolizer::builder()
         .enable_code_info(true)
         .enable_inlined_fns(true)
@@ -108,6 +131,50 @@ fn symbolize_inner(addrs: &[usize]) -> Vec<Vec<Frame>> {
         out.push(frames);
     }
     out
+}
+
+/// What symbolising `lookups` may take at most, in bytes of address space: each object file
+/// it reads, three times (mapped, plus what is parsed out of its debug information, which may
+/// sit in a separate debug file), and 32 MiB. Measured here: symbolising `leak_until_oom`'s
+/// stacks aborted the process under an `RLIMIT_AS` of 16 to 32 MiB and succeeded from 36 MiB;
+/// this asks for about 37 MiB (RELIABILITY.md, section 4).
+fn symbolisation_budget(modules: &ModuleMap, lookups: &[u64]) -> usize {
+    let mut seen: Vec<String> = Vec::new();
+    for &l in lookups {
+        if let Some(p) = modules.path_of(l) {
+            if !seen.contains(&p) {
+                seen.push(p);
+            }
+        }
+    }
+    let files: u64 = seen
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    (32u64 << 20).saturating_add(files.saturating_mul(3)) as usize
+}
+
+/// True when `bytes` of address space can be had now: a `PROT_NONE` reservation, released at
+/// once. It fails under `RLIMIT_AS` (`ulimit -v`) as the allocations it stands for would; it
+/// costs no memory, and strict overcommit does not charge it. A cgroup memory limit is not seen
+/// (the kernel kills the process on RSS there, with or without the shim's allocations).
+pub fn address_space_headroom(bytes: usize) -> bool {
+    // SAFETY: an anonymous mapping nobody else knows about, unmapped before returning.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            bytes.max(1),
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return false;
+        }
+        libc::munmap(p, bytes.max(1));
+    }
+    true
 }
 
 fn file_line(ci: Option<&CodeInfo<'_>>) -> (Option<String>, Option<u32>) {

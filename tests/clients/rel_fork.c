@@ -9,12 +9,20 @@
  *     print "child_fill PID N" and exit (the shim, if loaded, writes the OOM dump at exit);
  *   - EXECS children that exec this program as "rel_fork exec-child", which allocates three
  *     buffers, asks the shim for a dump ("exec-child") and prints "exec_child PID dump_rc RC".
+ *   - LOCKERS children that start a thread that allocates, run a VMM cycle, allocate and free
+ *     once, and _exit(0): each meets, in the child, every lock the parent's busy threads take.
+ * Besides the workers, three threads keep the shim's other locks busy while main forks: one
+ * starts short-lived threads that each allocate once (the thread-name cache), one makes 1 TiB
+ * cudaMalloc calls fail (the OOM tracker, the device-name cache), one cycles the driver's VMM
+ * calls (the VMM state). A filler child first does the same once each (a new thread that
+ * allocates, a VMM cycle) before it fills the device.
  * Every child arms alarm(30): a child that deadlocks dies of SIGALRM and main reports it.
  * Main prints "forks_ok N" and exits 0 when every child exited 0.
  *
- * Usage: rel_fork [LOADERS FILLERS EXECS]   (default 40 3 2)
+ * Usage: rel_fork [LOADERS FILLERS EXECS [LOCKERS]]   (default 40 3 2 20)
  */
 #define _GNU_SOURCE
+#include "cuda_driver_sim.h"
 #include "cuda_sim.h"
 
 #include <dlfcn.h>
@@ -58,6 +66,62 @@ static void *worker(void *arg) {
     }
     for (int k = 0; k < KEEP; k++)
         if (ring[k] != NULL) cudaFree(ring[k]);
+    return NULL;
+}
+
+static void *one_alloc(void *arg) {
+    (void)arg;
+    void *p = NULL;
+    if (cudaMalloc(&p, 4096) == cudaSuccess) cudaFree(p);
+    return NULL;
+}
+
+/* A new thread whose first allocation notes its name. */
+static int new_thread_allocates(void) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, one_alloc, NULL) != 0) return 1;
+    return pthread_join(t, NULL);
+}
+
+/* One VMM cycle: create, reserve, map, release while mapped, unmap, free the range. */
+static int vmm_cycle(void) {
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemGenericAllocationHandle h = 0;
+    CUdeviceptr va = 0;
+    size_t size = (size_t)2 << 20;
+    if (cuMemCreate(&h, size, &prop, 0) != CUDA_SUCCESS) return 1;
+    if (cuMemAddressReserve(&va, size, 0, 0, 0) != CUDA_SUCCESS) return 2;
+    if (cuMemMap(va, size, 0, h, 0) != CUDA_SUCCESS) return 3;
+    if (cuMemRelease(h) != CUDA_SUCCESS) return 4;
+    if (cuMemUnmap(va, size) != CUDA_SUCCESS) return 5;
+    return cuMemAddressFree(va, size) != CUDA_SUCCESS ? 6 : 0;
+}
+
+static void *namer(void *arg) {
+    (void)arg;
+    while (!atomic_load(&g_stop)) new_thread_allocates();
+    return NULL;
+}
+
+static void *oomer(void *arg) {
+    (void)arg;
+    while (!atomic_load(&g_stop)) {
+        void *p = NULL;
+        cudaMalloc(&p, (size_t)1 << 40);
+        usleep(200);
+    }
+    return NULL;
+}
+
+static atomic_int g_vmm_failed;
+
+static void *vmmer(void *arg) {
+    (void)arg;
+    while (!atomic_load(&g_stop))
+        if (vmm_cycle() != 0) atomic_fetch_add(&g_vmm_failed, 1);
     return NULL;
 }
 
@@ -117,10 +181,15 @@ int main(int argc, char **argv) {
     int loaders = argc > 3 ? atoi(argv[1]) : 40;
     int fillers = argc > 3 ? atoi(argv[2]) : 3;
     int execs = argc > 3 ? atoi(argv[3]) : 2;
+    int lockers = argc > 4 ? atoi(argv[4]) : 20;
 
-    pthread_t tids[WORKERS];
+    pthread_t tids[WORKERS], busy[3];
+    if (cuInit(0) != CUDA_SUCCESS) return 1;
     for (uintptr_t i = 0; i < WORKERS; i++)
         if (pthread_create(&tids[i], NULL, worker, (void *)i) != 0) return 1;
+    void *(*busy_fn[3])(void *) = {namer, oomer, vmmer};
+    for (int i = 0; i < 3; i++)
+        if (pthread_create(&busy[i], NULL, busy_fn[i], NULL) != 0) return 1;
     while (atomic_load(&g_ops) < 1000) usleep(1000);
 
     /* An OOM in the parent first: its burst is open (OOMSHIM_MIN_INTERVAL) when children fork. */
@@ -128,9 +197,12 @@ int main(int argc, char **argv) {
     if (cudaMalloc(&huge, (size_t)1 << 40) == cudaSuccess) return 1;
 
     int failed = 0, forks = 0;
-    int total = loaders + fillers + execs;
+    int total = loaders + fillers + execs + lockers;
     for (int f = 0; f < total; f++) {
-        const char *what = f < loaders ? "loader" : f < loaders + fillers ? "filler" : "exec";
+        const char *what = f < loaders                    ? "loader"
+                           : f < loaders + fillers         ? "filler"
+                           : f < loaders + fillers + execs ? "exec"
+                                                           : "locker";
         fflush(stdout);
         fflush(stderr);
         pid_t pid = fork();
@@ -143,10 +215,17 @@ int main(int argc, char **argv) {
             alarm(30);
             if (f < loaders) _exit(loader_child());
             if (f < loaders + fillers) {
+                if (new_thread_allocates() != 0 || vmm_cycle() != 0) _exit(2);
                 int n = child_fill();
                 printf("child_fill %d %d\n", (int)getpid(), n);
                 fflush(stdout);
                 exit(n > 0 ? 0 : 1);
+            }
+            if (f >= loaders + fillers + execs) {
+                void *p = NULL;
+                if (new_thread_allocates() != 0 || vmm_cycle() != 0) _exit(2);
+                if (cudaMalloc(&p, 4096) != cudaSuccess || cudaFree(p) != cudaSuccess) _exit(3);
+                _exit(0);
             }
             char *args[] = {argv[0], "exec-child", NULL};
             execv(argv[0], args);
@@ -158,6 +237,11 @@ int main(int argc, char **argv) {
     }
     atomic_store(&g_stop, 1);
     for (int i = 0; i < WORKERS; i++) pthread_join(tids[i], NULL);
+    for (int i = 0; i < 3; i++) pthread_join(busy[i], NULL);
+    if (atomic_load(&g_vmm_failed) != 0) {
+        fprintf(stderr, "rel_fork: %d VMM cycles failed\n", atomic_load(&g_vmm_failed));
+        failed++;
+    }
     printf("forks_ok %d\n", forks - failed);
     printf("worker_ops %ld\n", atomic_load(&g_ops));
     fflush(stdout);

@@ -741,3 +741,16 @@ int simcu_inject_error(int code, int count) {
     unlock();
     return pending;
 }
+
+/* ---------- fork safety (added for tests/clients/rel_fork.c, issue 8) ----------
+ *
+ * Like the simulated runtime, the driver's lock is taken around fork(), so a child forked while
+ * another thread is inside the driver does not start with the lock held by a thread it lacks
+ * (which would deadlock the child in the simulation, not in the shim under test).
+ */
+static void fork_prepare_driver(void) { lock(); }
+static void fork_release_driver(void) { unlock(); }
+
+__attribute__((constructor)) static void register_fork_handlers_driver(void) {
+    pthread_atfork(fork_prepare_driver, fork_release_driver, fork_release_driver);
+}
