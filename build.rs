@@ -23,6 +23,7 @@ fn main() {
 
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=CC");
+    println!("cargo:rerun-if-env-changed=CXX");
     println!("cargo:rerun-if-changed={}", sim_src.display());
     println!("cargo:rerun-if-changed={}", clients_src.display());
     for dir in [&sim_src, &clients_src] {
@@ -76,11 +77,30 @@ fn main() {
     compiler.run(cmd, "the simulated libcudart.so.13");
 
     // Clients: linked against the sim by its SONAME, found next to them through $ORIGIN.
-    let clients = list_files(&clients_src, Some("c"));
+    // C++ clients (`*.cpp`): the ones that must catch a C++ exception, as torch does.
+    let cxx = Compiler::find_cxx();
+    // A C++ library that catches the allocator's exception, loaded RTLD_LOCAL by a C client.
+    let mut cmd = cxx.command();
+    cmd.args(COMMON_FLAGS)
+        .args(["-fPIC", "-shared", "-Wl,-soname,libcxxcatch.so"])
+        .arg("-o")
+        .arg(out.join("libcxxcatch.so"))
+        .arg(sim_src.join("cxx_catcher.cpp"))
+        .arg("-ldl");
+    cxx.run(cmd, "the helper libcxxcatch.so");
+    let mut clients: Vec<(PathBuf, &Compiler)> = list_files(&clients_src, Some("c"))
+        .into_iter()
+        .map(|p| (p, &compiler))
+        .collect();
+    clients.extend(
+        list_files(&clients_src, Some("cpp"))
+            .into_iter()
+            .map(|p| (p, &cxx)),
+    );
     if clients.is_empty() {
         panic!("no test clients found in {}", clients_src.display());
     }
-    for src in clients {
+    for (src, compiler) in clients {
         let name = src
             .file_stem()
             .and_then(|s| s.to_str())
@@ -136,6 +156,21 @@ impl Compiler {
                     "oomshim's build needs a C compiler for the simulated CUDA runtime and the \
                      test clients (tests/sim, tests/clients), and none was found: {e}. Install \
                      gcc or clang, or point CC at one."
+                )
+            });
+        Compiler { tool }
+    }
+
+    fn find_cxx() -> Self {
+        let tool = cc::Build::new()
+            .cpp(true)
+            .cargo_metadata(false)
+            .try_get_compiler()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "oomshim's build needs a C++ compiler for the C++ test clients \
+                     (tests/clients/*.cpp), and none was found: {e}. Install g++ or clang++, or \
+                     point CXX at one."
                 )
             });
         Compiler { tool }

@@ -110,6 +110,9 @@ pub enum Api {
     CuMemCreate,
     /// Physical memory of a VMM handle located in host memory (HOST/HOST_NUMA).
     CuMemCreateHost,
+    /// A tensor handed to PyTorch by oomshim's own caching allocator (allocator mode,
+    /// `oomshim_torch_alloc`); its segments are not in the ledger.
+    TorchAlloc,
 }
 
 impl Api {
@@ -131,6 +134,7 @@ impl Api {
             Api::CuMemAllocHost => "cuMemAllocHost",
             Api::CuMemHostAlloc => "cuMemHostAlloc",
             Api::CuMemCreate | Api::CuMemCreateHost => "cuMemCreate",
+            Api::TorchAlloc => "oomshim_torch_alloc",
         }
     }
 

@@ -565,6 +565,8 @@ fn the_library_exports_the_hooks_and_nothing_else() {
     // The driver functions and resolvers come from their single-source tables (issue #3).
     expected.extend(oomshim::ffi::driver_exported_names());
     expected.extend(oomshim::ffi::RUNTIME_RESOLVERS);
+    // Allocator mode's entry points (src/ffi/torch_alloc.rs).
+    expected.extend(oomshim::ffi::TORCH_ALLOCATOR_EXPORTS);
     expected.sort();
     assert_eq!(names, expected);
 }

@@ -273,3 +273,19 @@ fn oomshim_run_makes_the_python_package_importable() {
     let dumps = files(&e.dumps, "json");
     assert_eq!(dumps.len(), 1, "{dumps:?}");
 }
+
+#[test]
+fn a_program_that_keeps_catching_ooms_gets_one_snapshot_per_interval() {
+    let Some(e) = env() else { return };
+    // Three OutOfMemoryErrors in a row, as a loop that catches them and goes on.
+    let program = OOM_PROGRAM.replace(
+        "torch._fake_oom(0, 2 << 30, 80 << 30, 512 << 20)\n",
+        "for _ in range(3):\n    torch._fake_oom(0, 2 << 30, 80 << 30, 512 << 20)\n",
+    );
+    run_python(&e, &program, &[], true);
+    assert_eq!(files(&e.dumps, "json").len(), 1, "default interval: one");
+    assert_eq!(files(&e.dumps, "pickle").len(), 1);
+    let again = env().unwrap();
+    run_python(&again, &program, &[("OOMSHIM_MIN_INTERVAL", "0")], true);
+    assert_eq!(files(&again.dumps, "json").len(), 3, "interval 0: every one");
+}

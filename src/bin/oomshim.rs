@@ -32,6 +32,11 @@ enum Cmd {
         /// raises OutOfMemoryError (also: OOMSHIM_TORCH_HOOK=0).
         #[arg(long)]
         no_torch_hook: bool,
+        /// Make oomshim PyTorch's CUDA allocator (allocator mode): every tensor is recorded with
+        /// its stack and the dump has the exact free-block state. Installed through the same
+        /// Python hook, right after the program imports torch (sets OOMSHIM_TORCH_ALLOCATOR=1).
+        #[arg(long, conflicts_with = "no_torch_hook")]
+        torch_allocator: bool,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<OsString>,
@@ -103,6 +108,7 @@ fn main() -> ExitCode {
             dir,
             lib,
             no_torch_hook,
+            torch_allocator,
             command,
         } => {
             let lib = match cli::run::find_library(lib.as_deref()) {
@@ -114,7 +120,11 @@ fn main() -> ExitCode {
                 torch_hook: !no_torch_hook,
                 dir: dir.as_deref(),
                 command: &command,
-                extra_env: vec![],
+                extra_env: if torch_allocator {
+                    vec![("OOMSHIM_TORCH_ALLOCATOR".into(), "1".into())]
+                } else {
+                    vec![]
+                },
             };
             match cli::run::run(&opts) {
                 Ok((_, code)) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -71,6 +71,8 @@ const TORCH_HOOK: &str = include_str!("../../shim/python/oomshim_hook/sitecustom
 /// The `oomshim` Python package (`oomshim.dump()`, …), made importable for programs started by
 /// `oomshim run` without installing it.
 const PY_PACKAGE: &str = include_str!("../../shim/python/oomshim/__init__.py");
+/// `oomshim.torch`: allocator mode (`--torch-allocator`).
+const PY_TORCH: &str = include_str!("../../shim/python/oomshim/torch.py");
 
 /// Writes the Python hook into the user's private oomshim directory (once per version) and
 /// returns the directory to put first on PYTHONPATH.
@@ -81,6 +83,7 @@ pub fn python_hook_dir() -> Result<PathBuf, String> {
     let dir = base.join(format!("python-hook-{}", env!("CARGO_PKG_VERSION")));
     write_if_changed(&dir.join("sitecustomize.py"), TORCH_HOOK)?;
     write_if_changed(&dir.join("oomshim").join("__init__.py"), PY_PACKAGE)?;
+    write_if_changed(&dir.join("oomshim").join("torch.py"), PY_TORCH)?;
     Ok(dir)
 }
 

@@ -3,16 +3,19 @@
 //! failures (panics, re-entry) from ever reaching the host program. Bookkeeping lives in
 //! [`crate::runtime`]; this module only translates between C and it.
 
+mod cxx_throw;
 mod dl;
 mod driver;
 mod hooks;
 mod pools;
 mod real;
 mod resolve;
+mod torch_alloc;
 
 pub(crate) use dl::real_dlsym;
 pub use driver::exported_names as driver_exported_names;
 pub use resolve::RUNTIME_RESOLVERS;
+pub use torch_alloc::EXPORTED_NAMES as TORCH_ALLOCATOR_EXPORTS;
 
 pub use real::RealFn;
 
@@ -199,8 +202,13 @@ extern "C" {
     ) -> libc::c_int;
 }
 
+// The registered handlers (the OOM tracker's, which take its locks and the ledger's and stack
+// tables' shards) are wrapped by the runtime's, which take the remaining locks: the VMM state,
+// the name caches, the Python code table and the module snapshot (`runtime::fork_prepare`).
+// Released in the reverse order.
 unsafe extern "C" fn fork_prepare() {
     if let Some(h) = FORK_HANDLERS.get() {
+        let _ = catch_unwind(crate::runtime::fork_prepare);
         let _ = catch_unwind(h.prepare);
     }
 }
@@ -208,12 +216,14 @@ unsafe extern "C" fn fork_prepare() {
 unsafe extern "C" fn fork_parent() {
     if let Some(h) = FORK_HANDLERS.get() {
         let _ = catch_unwind(h.parent);
+        let _ = catch_unwind(crate::runtime::fork_parent);
     }
 }
 
 unsafe extern "C" fn fork_child() {
     if let Some(h) = FORK_HANDLERS.get() {
         let _ = catch_unwind(h.child);
+        let _ = catch_unwind(crate::runtime::fork_child);
     }
 }
 
@@ -280,6 +290,17 @@ pub(crate) fn record_oom(
     });
 }
 
+/// `OOMSHIM_FAULT=panic-in-alloc[:N]` (a test hook, see RELIABILITY.md section 7): a panic in
+/// the hook path of the Nth successful allocation, caught by [`Guard::run`] like any other.
+fn inject_alloc_fault() {
+    if let crate::config::Fault::PanicInAlloc(n) = crate::config::fault() {
+        static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        if SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == n {
+            panic!("injected fault, OOMSHIM_FAULT=panic-in-alloc:{n}");
+        }
+    }
+}
+
 /// Bookkeeping after an allocation call of either layer returned `rc`.
 pub(crate) fn after_alloc(
     layer: &Layer,
@@ -293,6 +314,7 @@ pub(crate) fn after_alloc(
     guard.run(|| {
         if rc == cuda_error::SUCCESS {
             if addr != 0 {
+                inject_alloc_fault();
                 let device = if api.is_pinned_host() {
                     -1
                 } else {

@@ -24,8 +24,12 @@ enum cudaError {
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorIllegalState = 401,
+    cudaErrorNotReady = 600,
     cudaErrorSymbolNotFound = 500,
     cudaErrorNotSupported = 801,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
     cudaErrorUnknown = 999
 };
 typedef enum cudaError cudaError_t;
@@ -33,6 +37,8 @@ typedef enum cudaError cudaError_t;
 /* Opaque handles, as in the real runtime. */
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUmemPoolHandle_st *cudaMemPool_t;
+typedef struct CUevent_st *cudaEvent_t;
+typedef struct CUgraph_st *cudaGraph_t;
 
 /* Special stream handles. */
 #define cudaStreamLegacy ((cudaStream_t)0x1)
@@ -91,6 +97,21 @@ cudaError_t cudaStreamCreate(cudaStream_t *stream);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 
+/* Events and stream capture (mode: 0 global, 1 thread-local, 2 relaxed; capture status:
+   0 none, 1 active, 2 invalidated) */
+cudaError_t cudaEventCreate(cudaEvent_t *event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, int mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, int *status);
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, int *status, unsigned long long *id,
+                                     void *graph, void *deps, void *edges, size_t *count);
+cudaError_t cudaThreadExchangeStreamCaptureMode(int *mode);
+
 /* Device memory */
 cudaError_t cudaMalloc(void **devPtr, size_t size);
 cudaError_t cudaFree(void *devPtr);
@@ -135,6 +156,11 @@ cudaError_t cudaFreeHost(void *ptr);
  * simcuda_live_allocations(): number of live device + managed + pinned allocations.
  */
 int simcuda_inject_error(int code, int count);
+/* simcuda_stream_launch(stream): queues one unit of simulated work (a kernel) on the stream; it
+ *   completes at the next cudaStreamSynchronize/cudaDeviceSynchronize/cudaEventSynchronize of an
+ *   event after it, or simcuda_stream_complete(stream). 0, or -1 for an unknown stream. */
+int simcuda_stream_launch(cudaStream_t stream);
+int simcuda_stream_complete(cudaStream_t stream);
 size_t simcuda_used_bytes(int device);
 size_t simcuda_pinned_used_bytes(void);
 size_t simcuda_live_allocations(void);

@@ -537,11 +537,14 @@ cudaError_t cudaGetDevice(int *device) {
     return cudaSuccess;
 }
 
+static void complete_all_work(void);
+
 cudaError_t cudaDeviceSynchronize(void) {
     ensure_init();
     pthread_mutex_lock(&g_lock);
     cudaError_t rc = check_device(t_device);
     if (rc == cudaSuccess) rc = ensure_context(t_device);
+    if (rc == cudaSuccess) complete_all_work();
     pthread_mutex_unlock(&g_lock);
     return fail(rc);
 }
@@ -599,7 +602,11 @@ static const struct error_entry g_errors[] = {
     {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorSymbolNotFound, "cudaErrorSymbolNotFound", "named symbol not found"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported", "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated", "operation failed due to a previous error during capture"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 
@@ -676,15 +683,276 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     return fail(rc);
 }
 
+static void complete_slot_work(cudaStream_t stream);
+
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     ensure_init();
-    if (stream == NULL || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
-        return cudaSuccess;
     pthread_mutex_lock(&g_lock);
     size_t id;
-    cudaError_t rc = stream_id(stream, &id) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+    cudaError_t rc = cudaSuccess;
+    if (stream != NULL && stream != cudaStreamLegacy && stream != cudaStreamPerThread &&
+        !stream_id(stream, &id))
+        rc = cudaErrorInvalidResourceHandle;
+    if (rc == cudaSuccess) complete_slot_work(stream);
     pthread_mutex_unlock(&g_lock);
     return fail(rc);
+}
+
+/* ---------- exported: events and stream capture (allocator mode, src/alloc) ----------
+ *
+ * Streams get simulated work: simcuda_stream_launch() queues one unit of work on a stream, which
+ * completes only when the stream (or the device) is synchronised or simcuda_stream_complete() is
+ * called. An event recorded on a stream is done once the work queued before it completed, so
+ * cudaEventQuery answers cudaErrorNotReady (600) until then, as the real runtime does for a
+ * stream still running kernels. Capture follows the real mode rules closely enough for an
+ * allocator: while a stream captures in global mode, cudaMalloc from a thread whose capture mode
+ * is not relaxed fails with cudaErrorStreamCaptureUnsupported (900) and invalidates the capture.
+ */
+
+#define TRACKED_STREAMS 4096
+#define DEFAULT_STREAM_SLOT TRACKED_STREAMS /* the legacy / per-thread default stream */
+#define EVENT_BASE ((uintptr_t)0x5c0000001000ULL)
+#define EVENT_STRIDE ((uintptr_t)0x40)
+#define MAX_EVENTS 65536
+
+static unsigned long long g_work_submitted[TRACKED_STREAMS + 1];
+static unsigned long long g_work_completed[TRACKED_STREAMS + 1];
+/* Capture state per stream: 0 none, 1 active, 2 invalidated; with its id and mode. */
+static int g_capture_status[TRACKED_STREAMS + 1];
+static unsigned long long g_capture_id[TRACKED_STREAMS + 1];
+static int g_capture_mode[TRACKED_STREAMS + 1];
+static unsigned long long g_next_capture_id = 1;
+static int g_global_captures; /* active captures begun in global mode */
+
+struct sim_event {
+    int live;
+    int slot;                  /* stream slot it was recorded on; -1 = never recorded */
+    unsigned long long target; /* work count of that stream at the record */
+};
+static struct sim_event g_events[MAX_EVENTS];
+static size_t g_event_count;
+
+static __thread int t_capture_mode; /* 0 global, 1 thread-local, 2 relaxed */
+
+/* The slot of a stream handle, or -1 when it is not a live stream (g_lock held). */
+static int work_slot(cudaStream_t s) {
+    if (s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread) return DEFAULT_STREAM_SLOT;
+    size_t id;
+    if (!stream_id(s, &id) || id >= TRACKED_STREAMS) return -1;
+    return (int)id;
+}
+
+static struct sim_event *find_event(cudaEvent_t e) {
+    uintptr_t h = (uintptr_t)e;
+    if (h < EVENT_BASE || (h - EVENT_BASE) % EVENT_STRIDE != 0) return NULL;
+    size_t i = (size_t)((h - EVENT_BASE) / EVENT_STRIDE);
+    if (i >= g_event_count || !g_events[i].live) return NULL;
+    return &g_events[i];
+}
+
+static void complete_slot_work(cudaStream_t stream) {
+    int slot = work_slot(stream);
+    if (slot >= 0) g_work_completed[slot] = g_work_submitted[slot];
+}
+
+static void complete_all_work(void) {
+    for (size_t i = 0; i <= TRACKED_STREAMS; i++) g_work_completed[i] = g_work_submitted[i];
+}
+
+/* True when cudaMalloc from this thread is prohibited by an ongoing capture (g_lock held);
+ * invalidates the captures it would break, as the real runtime does. */
+static int capture_forbids_malloc(void) {
+    if (t_capture_mode == 2 || g_global_captures == 0) return 0;
+    for (size_t i = 0; i <= TRACKED_STREAMS; i++) {
+        if (g_capture_status[i] == 1 && g_capture_mode[i] == 0) {
+            g_capture_status[i] = 2;
+            g_global_captures--;
+        }
+    }
+    return 1;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
+    (void)flags;
+    ensure_init();
+    if (event == NULL) return fail(cudaErrorInvalidValue);
+    pthread_mutex_lock(&g_lock);
+    cudaError_t rc = cudaSuccess;
+    size_t i = 0;
+    while (i < g_event_count && g_events[i].live) i++;
+    if (i == g_event_count) {
+        if (g_event_count == MAX_EVENTS) rc = cudaErrorMemoryAllocation;
+        else g_event_count++;
+    }
+    if (rc == cudaSuccess) {
+        g_events[i].live = 1;
+        g_events[i].slot = -1;
+        g_events[i].target = 0;
+        *event = (cudaEvent_t)(EVENT_BASE + i * EVENT_STRIDE);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return fail(rc);
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, 0); }
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    ensure_init();
+    pthread_mutex_lock(&g_lock);
+    struct sim_event *e = find_event(event);
+    int slot = work_slot(stream);
+    cudaError_t rc = cudaSuccess;
+    if (e == NULL || slot < 0) {
+        rc = cudaErrorInvalidResourceHandle;
+    } else {
+        e->slot = slot;
+        e->target = g_work_submitted[slot];
+    }
+    pthread_mutex_unlock(&g_lock);
+    return fail(rc);
+}
+
+cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream) {
+    return cudaEventRecord(event, stream);
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+    ensure_init();
+    pthread_mutex_lock(&g_lock);
+    struct sim_event *e = find_event(event);
+    cudaError_t rc;
+    if (e == NULL) rc = cudaErrorInvalidResourceHandle;
+    else if (e->slot < 0 || g_work_completed[e->slot] >= e->target) rc = cudaSuccess;
+    else rc = cudaErrorNotReady;
+    pthread_mutex_unlock(&g_lock);
+    /* Not-ready is a status, not an error: the real runtime does not make it sticky either. */
+    return rc == cudaErrorNotReady ? rc : fail(rc);
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    ensure_init();
+    pthread_mutex_lock(&g_lock);
+    struct sim_event *e = find_event(event);
+    cudaError_t rc = cudaErrorInvalidResourceHandle;
+    if (e != NULL) {
+        if (e->slot >= 0 && g_work_completed[e->slot] < e->target)
+            g_work_completed[e->slot] = e->target;
+        rc = cudaSuccess;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return fail(rc);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    ensure_init();
+    pthread_mutex_lock(&g_lock);
+    struct sim_event *e = find_event(event);
+    cudaError_t rc = cudaErrorInvalidResourceHandle;
+    if (e != NULL) {
+        e->live = 0;
+        rc = cudaSuccess;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return fail(rc);
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, int mode) {
+    ensure_init();
+    if (mode < 0 || mode > 2) return fail(cudaErrorInvalidValue);
+    pthread_mutex_lock(&g_lock);
+    int slot = work_slot(stream);
+    cudaError_t rc = cudaSuccess;
+    if (slot < 0 || slot == DEFAULT_STREAM_SLOT) {
+        rc = slot < 0 ? cudaErrorInvalidResourceHandle : cudaErrorStreamCaptureUnsupported;
+    } else if (g_capture_status[slot] != 0) {
+        rc = cudaErrorIllegalState;
+    } else {
+        g_capture_status[slot] = 1;
+        g_capture_id[slot] = g_next_capture_id++;
+        g_capture_mode[slot] = mode;
+        if (mode == 0) g_global_captures++;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return fail(rc);
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
+    ensure_init();
+    if (graph == NULL) return fail(cudaErrorInvalidValue);
+    pthread_mutex_lock(&g_lock);
+    int slot = work_slot(stream);
+    cudaError_t rc = cudaSuccess;
+    if (slot < 0 || slot == DEFAULT_STREAM_SLOT || g_capture_status[slot] == 0) {
+        rc = cudaErrorIllegalState;
+        *graph = NULL;
+    } else {
+        if (g_capture_status[slot] == 1 && g_capture_mode[slot] == 0) g_global_captures--;
+        rc = g_capture_status[slot] == 1 ? cudaSuccess : cudaErrorStreamCaptureInvalidated;
+        *graph = rc == cudaSuccess ? (cudaGraph_t)(uintptr_t)(0x5b0000000000ULL + g_capture_id[slot])
+                                   : NULL;
+        g_capture_status[slot] = 0;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return fail(rc);
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, int *status) {
+    ensure_init();
+    if (status == NULL) return fail(cudaErrorInvalidValue);
+    pthread_mutex_lock(&g_lock);
+    int slot = work_slot(stream);
+    cudaError_t rc = cudaSuccess;
+    if (slot < 0) rc = cudaErrorInvalidResourceHandle;
+    else *status = g_capture_status[slot];
+    pthread_mutex_unlock(&g_lock);
+    return fail(rc);
+}
+
+/* CUDA 13's form; callers of the older 3-argument form pass the same leading arguments. The
+ * trailing out-parameters (graph, dependencies, edge data, count) are optional: NULL is left. */
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, int *status, unsigned long long *id,
+                                     void *graph, void *deps, void *edges, size_t *count) {
+    (void)graph, (void)deps, (void)edges;
+    ensure_init();
+    if (status == NULL) return fail(cudaErrorInvalidValue);
+    pthread_mutex_lock(&g_lock);
+    int slot = work_slot(stream);
+    cudaError_t rc = cudaSuccess;
+    if (slot < 0) {
+        rc = cudaErrorInvalidResourceHandle;
+    } else {
+        *status = g_capture_status[slot];
+        if (id != NULL && g_capture_status[slot] != 0) *id = g_capture_id[slot];
+        if (count != NULL) *count = 0;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return fail(rc);
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(int *mode) {
+    if (mode == NULL || *mode < 0 || *mode > 2) return fail(cudaErrorInvalidValue);
+    int old = t_capture_mode;
+    t_capture_mode = *mode;
+    *mode = old;
+    return cudaSuccess;
+}
+
+int simcuda_stream_launch(cudaStream_t stream) {
+    ensure_init();
+    pthread_mutex_lock(&g_lock);
+    int slot = work_slot(stream);
+    if (slot >= 0) g_work_submitted[slot]++;
+    pthread_mutex_unlock(&g_lock);
+    return slot >= 0 ? 0 : -1;
+}
+
+int simcuda_stream_complete(cudaStream_t stream) {
+    ensure_init();
+    pthread_mutex_lock(&g_lock);
+    int slot = work_slot(stream);
+    if (slot >= 0) g_work_completed[slot] = g_work_submitted[slot];
+    pthread_mutex_unlock(&g_lock);
+    return slot >= 0 ? 0 : -1;
 }
 
 /* ---------- exported: device memory ---------- */
@@ -703,6 +971,13 @@ static cudaError_t via_driver_malloc(void **devPtr, size_t size) {
 
 cudaError_t cudaMalloc(void **devPtr, size_t size) {
     ensure_init();
+    pthread_mutex_lock(&g_lock);
+    int forbidden = capture_forbids_malloc();
+    pthread_mutex_unlock(&g_lock);
+    if (forbidden) {
+        set_null(devPtr);
+        return fail(cudaErrorStreamCaptureUnsupported);
+    }
     if (g_via_driver) return via_driver_malloc(devPtr, size);
     return alloc_common(devPtr, size, t_device, KIND_DEVICE, 1);
 }

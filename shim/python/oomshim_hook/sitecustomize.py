@@ -7,7 +7,9 @@ as `sitecustomize`. It then:
   user had is lost;
 - waits for the program to import torch itself (it never imports torch into a program that
   doesn't);
-- registers torch's out-of-memory observer through torch's lazy-initialisation queue, so CUDA
+- with `--torch-allocator` (OOMSHIM_TORCH_ALLOCATOR=1), makes oomshim torch's CUDA allocator
+  (`oomshim.torch.enable()`) right after torch is imported, and stops there;
+- otherwise registers torch's out-of-memory observer through torch's lazy-initialisation queue, so CUDA
   is never initialised early (that would break programs that fork workers or choose devices
   later).
 
@@ -111,13 +113,35 @@ def _write_atomic(path, data):
 
 
 _count = 0
+_last_saved = None
+
+
+def _min_interval():
+    """OOMSHIM_MIN_INTERVAL as the shim reads it ("10s", "100ms", "2m", "5"): seconds."""
+    raw = os.environ.get("OOMSHIM_MIN_INTERVAL", "10s").strip().lower()
+    units = (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("", 1.0))
+    for suffix, scale in units:
+        if raw.endswith(suffix):
+            try:
+                return max(float(raw[: len(raw) - len(suffix)] if suffix else raw) * scale, 0.0)
+            except ValueError:
+                break
+    return 10.0
 
 
 def _on_oom(torch, device, alloc, device_total, device_free):
     """torch's OOM observer: (device, requested bytes, device total or allowed maximum, free)."""
-    global _count
+    global _count, _last_saved
     try:
         import pickle
+        import time
+
+        # A program that catches OutOfMemoryError and goes on may fail many times a second:
+        # like the shim's own dumps, one snapshot per OOMSHIM_MIN_INTERVAL is enough.
+        now = time.monotonic()
+        if _last_saved is not None and now - _last_saved < _min_interval():
+            return
+        _last_saved = now
 
         _count += 1
         snapshot = torch.cuda.memory._snapshot()
@@ -155,7 +179,27 @@ def _on_oom(torch, device, alloc, device_total, device_free):
         _warn(f"could not save torch's snapshot ({type(e).__name__}: {e})")
 
 
+def _allocator_mode():
+    return os.environ.get("OOMSHIM_TORCH_ALLOCATOR", "").strip().lower() in ("1", "on", "yes", "true")
+
+
+def _enable_allocator(torch):
+    """`oomshim run --torch-allocator`: make oomshim torch's allocator, right after the program
+    imported torch (before it can have initialised CUDA)."""
+    try:
+        import oomshim.torch
+
+        oomshim.torch.enable()
+    except Exception as e:
+        _warn(f"allocator mode is off, torch keeps its own allocator ({type(e).__name__}: {e})")
+
+
 def _attach(torch):
+    if _allocator_mode():
+        # torch's OOM observer and snapshot do not exist under a pluggable allocator; the shim
+        # writes the exact free-block state itself.
+        _enable_allocator(torch)
+        return
     try:
         def register():
             torch._C._cuda_attach_out_of_memory_observer(
