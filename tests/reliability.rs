@@ -1208,29 +1208,11 @@ fn oomshim_dump_mode_sets_the_dump_files_permissions_and_refuses_world_writable(
 // ---------------------------------------------------------------------------------------------
 // 10. faults: NVML failing, symbolisation failing, short of host memory (issue 8, item 4)
 
-/// tests/sim/nvml_sim.c built as `libnvidia-ml.so.1` in `dir`.
-fn build_fake_nvml(dir: &Path) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sim/nvml_sim.c");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    let status = Command::new(cc)
-        .args([
-            "-O2",
-            "-fPIC",
-            "-shared",
-            "-Wl,-soname,libnvidia-ml.so.1",
-            "-o",
-        ])
-        .arg(dir.join("libnvidia-ml.so.1"))
-        .arg(&src)
-        .status()
-        .expect("run the C compiler");
-    assert!(status.success(), "building the simulated NVML failed");
-}
 
 #[test]
 fn nvml_present_but_failing_or_hanging_is_said_in_the_dump_and_changes_nothing() {
     let lib = tempfile::tempdir().unwrap();
-    build_fake_nvml(lib.path());
+    common::build_fake_nvml(lib.path());
     let cases = [
         ("init-fails", "0", "NVML is not available"),
         ("init-fails", "1500", "NVML is not available"), // hangs 1.5 s first

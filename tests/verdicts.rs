@@ -89,24 +89,6 @@ fn report_text(path: &Path) -> String {
     stdout(&out)
 }
 
-/// The simulated NVML (tests/sim/nvml_sim.c) built as `libnvidia-ml.so.1` in `dir`.
-fn build_fake_nvml(dir: &Path) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sim/nvml_sim.c");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    let status = Command::new(cc)
-        .args([
-            "-O2",
-            "-fPIC",
-            "-shared",
-            "-Wl,-soname,libnvidia-ml.so.1",
-            "-o",
-        ])
-        .arg(dir.join("libnvidia-ml.so.1"))
-        .arg(&src)
-        .status()
-        .expect("run the C compiler");
-    assert!(status.success(), "building the simulated NVML failed");
-}
 
 #[test]
 fn a_leak_with_step_marks_is_named_with_bytes_per_step_and_projected_step() {
@@ -302,7 +284,7 @@ fn the_same_leak_without_step_marks_is_own_allocations() {
 fn another_process_holding_memory_is_the_top_finding() {
     let dir = tempfile::tempdir().unwrap();
     let lib = tempfile::tempdir().unwrap();
-    build_fake_nvml(lib.path());
+    common::build_fake_nvml(lib.path());
     // The "other process": a sibling of the program, owned by the same user.
     let mut other = Command::new("sleep").arg("120").spawn().unwrap();
     let other_bytes = 5 * GIB;

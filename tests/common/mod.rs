@@ -70,3 +70,23 @@ pub fn run_client(name: &str, args: &[&str], env: &[(&str, &str)], with_shim: bo
     }
     wait_with_watchdog(cmd, Duration::from_secs(120))
 }
+
+/// The simulated NVML (tests/sim/nvml_sim.c) built as `libnvidia-ml.so.1` in `dir`: built at
+/// test time, not by build.rs, so only the tests that put it on `LD_LIBRARY_PATH` see an NVML.
+pub fn build_fake_nvml(dir: &std::path::Path) {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sim/nvml_sim.c");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let status = Command::new(cc)
+        .args([
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-Wl,-soname,libnvidia-ml.so.1",
+            "-o",
+        ])
+        .arg(dir.join("libnvidia-ml.so.1"))
+        .arg(&src)
+        .status()
+        .expect("run the C compiler");
+    assert!(status.success(), "building the simulated NVML failed");
+}
