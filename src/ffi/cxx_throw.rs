@@ -266,10 +266,6 @@ pub(crate) unsafe fn throw_out_of_memory(message: &[u8]) {
         }
         (rt.throw)(obj, c10.oom_type, Some(c10.dtor));
     }
-    if let Some(e) = &rt.std_runtime_error {
-        let obj = (rt.allocate)(64);
-        std::ptr::write_bytes(obj as *mut u8, 0, 64);
-        (e.ctor)(obj, text.as_ptr());
-        (rt.throw)(obj, e.type_info, Some(e.dtor));
-    }
+    // No c10 in the process: the same text as a plain runtime error.
+    throw_runtime_error(message);
 }

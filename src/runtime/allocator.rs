@@ -4,13 +4,13 @@
 //! cannot serve is final (the cache was already emptied and the request retried), so its dump is
 //! written at once, on the failing thread, and its path goes into the exception the program sees.
 
-use super::assemble::{self, Capture, Failing};
+use super::assemble;
 use super::oom::{self, OomEvent};
 use crate::dump::model::FreeBlocks;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, OnceLock};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 /// Asked for the free-block state of a device when a dump is assembled.
 pub type FreeBlocksSource = fn(i32) -> Option<FreeBlocks>;
@@ -40,12 +40,11 @@ struct LastDump {
 static LAST: Mutex<Vec<LastDump>> = Mutex::new(Vec::new());
 
 /// What became of an allocator-mode out-of-memory failure.
+#[derive(Default)]
 pub struct AllocatorOom {
     /// The dump that explains it (written now, or the burst's earlier one); None when none
     /// could be written.
     pub path: Option<PathBuf>,
-    /// False when this failure joined an earlier dump's burst.
-    pub new_dump: bool,
     /// The verdict's kind and summary, when a dump was assembled now.
     pub verdict: Option<(String, String)>,
 }
@@ -54,11 +53,7 @@ pub struct AllocatorOom {
 /// failure and writes its dump on this thread.
 pub fn oom_now(event: OomEvent) -> AllocatorOom {
     let Some(s) = super::shim() else {
-        return AllocatorOom {
-            path: None,
-            new_dump: false,
-            verdict: None,
-        };
+        return AllocatorOom::default();
     };
     s.oom_failures.fetch_add(1, Ordering::Relaxed);
     let now = Instant::now();
@@ -68,49 +63,21 @@ pub fn oom_now(event: OomEvent) -> AllocatorOom {
             if now.duration_since(l.at) < s.config.min_interval {
                 return AllocatorOom {
                     path: l.path.clone(),
-                    new_dump: false,
                     verdict: None,
                 };
             }
         }
     }
     if !super::room_for_dump(s) {
-        return AllocatorOom {
-            path: None,
-            new_dump: false,
-            verdict: None,
-        };
+        return AllocatorOom::default();
     }
-    let stacks = s.capture_stacks();
-    let capture = Capture {
-        snapshot: s.ledger.snapshot(),
-        time: SystemTime::now(),
-        now_ns: s.now_ns(),
-        device: Some(event.device),
-        mem_info: event.mem_info,
-        device_name: event.device_name.clone(),
-        failing: Some(Failing {
-            api: event.api,
-            bytes: event.bytes,
-            device: event.device,
-            error_code: event.error_code,
-            stack: stacks.0,
-            py_stack: stacks.1,
-        }),
-    };
+    let capture = oom::failure_capture(s, &event, s.capture_stacks());
     // The failure is final (torch's retry already happened inside the allocator): the burst
     // is one failure that stood.
     let burst = assemble::BurstInfo {
         failures: 1,
         recovered: Some(false),
-        last: crate::dump::model::LastFailure {
-            bytes: event.bytes,
-            api: event.api.name().to_string(),
-            time_unix_ms: super::unix_ms(capture.time),
-            tracked_bytes: s.ledger.device_bytes(event.device),
-            free_bytes: event.mem_info.map(|m| m.0),
-            total_bytes: event.mem_info.map(|m| m.1),
-        },
+        last: oom::last_failure(s, &event, capture.time),
     };
     let dump = assemble::assemble(s, "oom", &capture, Some(burst));
     let written = oom::write(s, &dump);
@@ -125,7 +92,6 @@ pub fn oom_now(event: OomEvent) -> AllocatorOom {
     });
     AllocatorOom {
         path,
-        new_dump: true,
         verdict: Some((dump.verdict.kind.clone(), dump.verdict.summary.clone())),
     }
 }

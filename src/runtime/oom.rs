@@ -87,14 +87,7 @@ impl OomTracker {
     pub(crate) fn on_failure(&self, s: &'static Shim, ev: OomEvent, stacks: (StackId, StackId)) {
         let now = Instant::now();
         let slot = slot(ev.device);
-        let last = LastFailure {
-            bytes: ev.bytes,
-            api: ev.api.name().to_string(),
-            time_unix_ms: unix_ms(SystemTime::now()),
-            tracked_bytes: s.ledger.device_bytes(ev.device),
-            free_bytes: ev.mem_info.map(|m| m.0),
-            total_bytes: ev.mem_info.map(|m| m.1),
-        };
+        let last = last_failure(s, &ev, SystemTime::now());
         {
             let mut st = self.lock();
             if let Some(b) = st.bursts[slot].as_mut() {
@@ -126,22 +119,7 @@ impl OomTracker {
             return;
         }
         self.pending[slot].store(true, Ordering::Release);
-        let capture = Capture {
-            snapshot: s.ledger.snapshot(),
-            time: SystemTime::now(),
-            now_ns: s.now_ns(),
-            device: Some(ev.device),
-            mem_info: ev.mem_info,
-            device_name: ev.device_name.clone(),
-            failing: Some(Failing {
-                api: ev.api,
-                bytes: ev.bytes,
-                device: ev.device,
-                error_code: ev.error_code,
-                stack: stacks.0,
-                py_stack: stacks.1,
-            }),
-        };
+        let capture = failure_capture(s, &ev, stacks);
         self.submit(
             s,
             Job {
@@ -270,6 +248,39 @@ impl OomTracker {
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
         }
+    }
+}
+
+/// The ledger and the device as they are at a failure, for its dump: taken on the failing
+/// thread, at once (the most telling moment).
+pub(super) fn failure_capture(s: &Shim, ev: &OomEvent, stacks: (StackId, StackId)) -> Capture {
+    Capture {
+        snapshot: s.ledger.snapshot(),
+        time: SystemTime::now(),
+        now_ns: s.now_ns(),
+        device: Some(ev.device),
+        mem_info: ev.mem_info,
+        device_name: ev.device_name.clone(),
+        failing: Some(Failing {
+            api: ev.api,
+            bytes: ev.bytes,
+            device: ev.device,
+            error_code: ev.error_code,
+            stack: stacks.0,
+            py_stack: stacks.1,
+        }),
+    }
+}
+
+/// The dump's `last_failure` for `ev`, seen at `time`.
+pub(super) fn last_failure(s: &Shim, ev: &OomEvent, time: SystemTime) -> LastFailure {
+    LastFailure {
+        bytes: ev.bytes,
+        api: ev.api.name().to_string(),
+        time_unix_ms: unix_ms(time),
+        tracked_bytes: s.ledger.device_bytes(ev.device),
+        free_bytes: ev.mem_info.map(|m| m.0),
+        total_bytes: ev.mem_info.map(|m| m.1),
     }
 }
 
