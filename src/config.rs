@@ -13,6 +13,9 @@ pub const MAX_DEPTH: usize = 256;
 pub const DEFAULT_TOP: usize = 20;
 pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_secs(10);
 pub const DEFAULT_SETTLE: Duration = Duration::from_secs(2);
+/// Out-of-memory dumps written per minute at most: a program that catches its OOMs in a loop
+/// gets a handful of dumps and a count, not thousands of files.
+pub const DEFAULT_MAX_DUMPS_PER_MINUTE: u64 = 10;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StackMode {
@@ -58,9 +61,12 @@ pub struct Config {
     pub stacks: StackMode,
     /// `OOMSHIM_TOP`: holders and sites written to a dump.
     pub top: usize,
-    /// `OOMSHIM_MIN_INTERVAL`: failures on one device closer than this to the last dumped one
-    /// join its burst instead of writing a new dump.
+    /// `OOMSHIM_MIN_INTERVAL`: the same failure again (same device, size and stack) within this
+    /// interval of its dump is counted as a repeat instead of writing another dump.
     pub min_interval: Duration,
+    /// `OOMSHIM_MAX_DUMPS`: out-of-memory dumps per minute at most (`None`: unlimited); the
+    /// failures over it are counted in the next dump.
+    pub max_dumps_per_minute: Option<u64>,
     /// `OOMSHIM_SETTLE`: how long the writer waits after a failure to learn whether a retry
     /// recovered it, before writing the dump and the summary.
     pub settle: Duration,
@@ -86,6 +92,7 @@ impl Default for Config {
             stacks: StackMode::All,
             top: DEFAULT_TOP,
             min_interval: DEFAULT_MIN_INTERVAL,
+            max_dumps_per_minute: Some(DEFAULT_MAX_DUMPS_PER_MINUTE),
             settle: DEFAULT_SETTLE,
             log: None,
             dump_signal: None,
@@ -186,6 +193,20 @@ impl Config {
                     "a duration such as `10s`, `500ms` or `0`",
                     "10s".to_string(),
                 ),
+            }
+        }
+        if let Some(v) = lookup("OOMSHIM_MAX_DUMPS") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "unlimited" | "off" | "none" => cfg.max_dumps_per_minute = None,
+                t => match t.parse::<u64>() {
+                    Ok(n) if (1..=1_000_000).contains(&n) => cfg.max_dumps_per_minute = Some(n),
+                    _ => warn(
+                        "OOMSHIM_MAX_DUMPS",
+                        &v,
+                        "a number of dumps per minute from 1 to 1000000, or `unlimited`",
+                        DEFAULT_MAX_DUMPS_PER_MINUTE.to_string(),
+                    ),
+                },
             }
         }
         if let Some(v) = lookup("OOMSHIM_SETTLE") {
@@ -396,8 +417,16 @@ mod tests {
             ("OOMSHIM_MIN_INTERVAL", "500ms"),
             ("OOMSHIM_SETTLE", "0"),
             ("OOMSHIM_LOG", "debug"),
+            ("OOMSHIM_MAX_DUMPS", "3"),
         ]);
         assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(cfg.max_dumps_per_minute, Some(3));
+        assert_eq!(
+            parse(&[("OOMSHIM_MAX_DUMPS", "unlimited")])
+                .0
+                .max_dumps_per_minute,
+            None
+        );
         assert_eq!(cfg.dir, PathBuf::from("/data/dumps"));
         assert_eq!(cfg.depth, 32);
         assert_eq!(cfg.stacks, StackMode::Off);
@@ -416,6 +445,7 @@ mod tests {
             ("OOMSHIM_TOP", "0"),
             ("OOMSHIM_MIN_INTERVAL", "-3s"),
             ("OOMSHIM_SETTLE", "forever"),
+            ("OOMSHIM_MAX_DUMPS", "0"),
         ]);
         assert_eq!(cfg, Config::default());
         let vars: Vec<&str> = warnings.iter().map(|w| w.var).collect();
@@ -427,6 +457,7 @@ mod tests {
                 "OOMSHIM_STACKS",
                 "OOMSHIM_TOP",
                 "OOMSHIM_MIN_INTERVAL",
+                "OOMSHIM_MAX_DUMPS",
                 "OOMSHIM_SETTLE"
             ]
         );

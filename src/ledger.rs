@@ -113,6 +113,10 @@ pub enum Api {
     /// A tensor handed to PyTorch by oomshim's own caching allocator (allocator mode,
     /// `oomshim_torch_alloc`); its segments are not in the ledger.
     TorchAlloc,
+    /// Never an allocation: the failing "call" of an out-of-memory error a framework raised
+    /// without any CUDA call failing (torch under `set_per_process_memory_fraction`, XLA inside
+    /// its preallocated pool), reported by oomshim's Python hook.
+    FrameworkAllocator,
 }
 
 impl Api {
@@ -135,6 +139,7 @@ impl Api {
             Api::CuMemHostAlloc => "cuMemHostAlloc",
             Api::CuMemCreate | Api::CuMemCreateHost => "cuMemCreate",
             Api::TorchAlloc => "oomshim_torch_alloc",
+            Api::FrameworkAllocator => "framework_allocator",
         }
     }
 

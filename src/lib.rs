@@ -11,6 +11,7 @@ pub mod dump;
 pub mod facts;
 pub mod ffi;
 pub mod ledger;
+pub mod pyhook;
 pub mod pystack;
 pub mod report;
 pub mod runtime;

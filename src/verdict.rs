@@ -8,12 +8,16 @@
 //!   device's total memory. Nothing else is judged then: no freeing makes it fit.
 //! - [`OTHER_PROCESSES`] (bytes: what they hold): processes other than this one that NVML lists
 //!   on the device hold at least [`OTHER_PROCESSES_MIN_SHARE`] of its memory.
-//! - [`LEAK`] (bytes: the leaking site's growth over the samples): the dump's `growth`, per
-//!   marked or detected step, shows one site growing by at least [`LEAK_MIN_BYTES_PER_STEP`] a
-//!   step and carrying at least [`LEAK_MIN_SHARE`] of the growth. Detected steps count only when
-//!   at least [`DETECTED_MIN_FREEING_SHARE`] of the sampled intervals freed memory.
+//! - [`LEAK`] (bytes: what the process grew by over the fitted steps, up to the failure): the
+//!   process's tracked bytes grow with the steps (marked by the program, by the Python hook's
+//!   optimizer and forward-pass marks, or detected): at least [`LEAK_MIN_BYTES_PER_STEP`] a step,
+//!   R² ≥ 0.9 over at least 4 steps ending at the newest sample, and still that high at the
+//!   failure. The growth is then *named* by site (the program's own line), each with its share.
+//!   Detected steps count only when at least [`DETECTED_MIN_FREEING_SHARE`] of the sampled
+//!   intervals freed memory (a loop that only allocates, like loading weights, repeats too).
 //! - [`FRAGMENTATION`] (bytes: free in the cache): a free-block source (torch's snapshot or
-//!   oomshim's allocator) shows at least the request free in total, but no block that large.
+//!   oomshim's allocator) shows at least the request free in total, and at least
+//!   [`FRAGMENTATION_MIN_RESERVED_SHARE`] of what the cache reserves, but no block that large.
 //!   Many distinct large request sizes ([`DYNAMIC_MIN_DISTINCT_LARGE`]) name dynamic shapes as
 //!   the cause, with bucketing as the fix.
 //! - [`FRAMEWORK_CACHE`] (bytes: reserved but unallocated): not fragmented, and the cache's
@@ -33,7 +37,8 @@
 //! A dump without a failed request gets [`SNAPSHOT`].
 
 use crate::dump::model::{
-    DetectedSteps, DeviceInfo, Dump, FailedRequest, Finding, Frame, GrowthSite, Site, Verdict,
+    DetectedSteps, DeviceInfo, Dump, FailedRequest, Finding, Frame, Growth, GrowthFit, GrowthSite,
+    Site, Verdict,
 };
 use crate::facts::gpu_processes::{GpuProcess, Relation};
 use crate::report::units::{bytes_with_exact, clean, human_bytes, percent, share, thousands};
@@ -49,13 +54,18 @@ pub const LEAK: &str = "leak";
 pub const HOST_MEMORY: &str = "host_memory";
 pub const SNAPSHOT: &str = "snapshot";
 
-/// Smallest growth per step of one site for [`LEAK`]: below it, growth is noise (counters,
+/// Smallest growth per step of the process for [`LEAK`]: below it, growth is noise (counters,
 /// small caches), not what fills a device.
 pub const LEAK_MIN_BYTES_PER_STEP: u64 = 1 << 20;
-/// Smallest share of the growth per step (the larger of the growing sites' sum and the fitted
-/// growth of all tracked bytes) that the leaking site must carry for [`LEAK`]: the site is
-/// *the* leak, not one of many growing things.
-pub const LEAK_MIN_SHARE: f64 = 0.5;
+/// A site carrying at least this share of the growth is named as *the* leak in the headline;
+/// below it the headline names the process's growth and its largest parts.
+pub const LEAK_NAMED_SHARE: f64 = 0.5;
+/// Sites named with their share in a leak's summary.
+const LEAK_SITES_NAMED: usize = 3;
+/// Smallest free share of what the framework's cache reserves for [`FRAGMENTATION`]: when less
+/// than a tenth of the cache is free, even a perfectly compacted cache would be full again within
+/// a step or two; the cache ran out (a leak, or a working set too large), it did not fragment.
+pub const FRAGMENTATION_MIN_RESERVED_SHARE: f64 = 0.1;
 /// Smallest share of sampled intervals that freed memory for detected steps to support a
 /// [`LEAK`]: a training step frees its working memory; a loop that only allocates (loading
 /// weights layer by layer) also repeats, and its growth is no leak.
@@ -176,19 +186,60 @@ fn count_word(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
 
-/// The site that leaks, per marked step (see [`LEAK`]).
+/// The process's growth per step, when it is a leak (see [`LEAK`]).
 struct LeakFinding<'a> {
-    site: &'a GrowthSite,
-    label: String,
-    share: f64,
-    projected: Option<u64>,
+    growth: &'a Growth,
+    fit: GrowthFit,
+    /// Its largest parts, largest first, each with its share (0–1).
+    sites: Vec<(&'a GrowthSite, f64)>,
+    /// What a step is, as counted words (`marked steps`, `optimizer steps`, `forward passes`).
+    steps_word: &'static str,
     /// Set when the steps were detected, not marked.
     detected: Option<DetectedSteps>,
+    /// Bytes grown from the first fitted sample to the failure.
+    grown: u64,
+}
+
+/// How the growth's steps are called in sentences.
+fn steps_word(steps: Option<&str>) -> &'static str {
+    match steps {
+        Some("optimizer") => "optimizer steps",
+        Some("forward") => "forward passes",
+        Some("detected") => "detected steps",
+        _ => "marked steps",
+    }
+}
+
+/// Tracked bytes of every device at the capture (what the growth samples sum).
+fn tracked_all(dump: &Dump) -> u64 {
+    dump.devices
+        .iter()
+        .map(|d| d.tracked_bytes)
+        .fold(0, u64::saturating_add)
+}
+
+/// The process's fitted growth: the dump's own, or (dumps of older versions) fitted from its
+/// tracked samples.
+fn growth_fit(g: &Growth) -> Option<GrowthFit> {
+    if let Some(f) = &g.fit {
+        return Some(f.clone());
+    }
+    let points: Vec<(u64, u64)> = g.tracked.iter().map(|p| (p.step, p.bytes)).collect();
+    let (f, start) = crate::dump::fit::growing_suffix(&points)?;
+    Some(GrowthFit {
+        bytes_per_step: f.slope.round() as u64,
+        r_squared: f.r2,
+        samples: f.n as u64,
+        first: g.tracked[start].clone(),
+        last: g.tracked.last()?.clone(),
+    })
 }
 
 fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
     let g = dump.growth.as_ref().filter(|g| g.unit == "step")?;
-    let detected = match g.steps.as_deref() {
+    let steps = g.steps.as_deref();
+    let detected = match steps {
+        Some("time") => return None,
         Some("detected") => {
             let d = g.detected.as_ref()?;
             if d.intervals == 0
@@ -200,21 +251,43 @@ fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
         }
         _ => None,
     };
-    let site = g.sites.iter().max_by_key(|s| s.bytes_per_step)?;
-    if site.bytes_per_step < LEAK_MIN_BYTES_PER_STEP {
+    let fit = growth_fit(g)?;
+    if fit.bytes_per_step < LEAK_MIN_BYTES_PER_STEP
+        || fit.samples < crate::dump::fit::MIN_SAMPLES as u64
+    {
         return None;
     }
-    let sum: u64 = g.sites.iter().map(|s| s.bytes_per_step).sum();
-    let points: Vec<(u64, u64)> = g.tracked.iter().map(|p| (p.step, p.bytes)).collect();
-    let all = crate::runtime::fit_growth(&points).map_or(0.0, |f| f.0);
-    let whole = (sum as f64).max(all);
-    let share = site.bytes_per_step as f64 / whole;
-    (share >= LEAK_MIN_SHARE).then(|| LeakFinding {
-        site,
-        label: site_label(&site.stack),
-        share,
-        projected: site.projected_oom_step,
+    // Still growing at the failure: what is tracked then has not fallen back below the last
+    // sample by more than a step's growth (a phase that freed its memory is no leak now).
+    let now = tracked_all(dump);
+    if now.saturating_add(fit.bytes_per_step) < fit.last.bytes {
+        return None;
+    }
+    let mut sites: Vec<(&GrowthSite, f64)> = g
+        .sites
+        .iter()
+        .map(|s| {
+            let share = s
+                .share
+                .unwrap_or(s.bytes_per_step as f64 / fit.bytes_per_step.max(1) as f64);
+            (s, share.clamp(0.0, 1.0))
+        })
+        .collect();
+    sites.sort_by_key(|s| std::cmp::Reverse(s.0.bytes_per_step));
+    // Grown over the fitted samples, plus what the step in progress added (at most a step's
+    // worth: more than that was not this growth).
+    let grown = fit
+        .last
+        .bytes
+        .saturating_sub(fit.first.bytes)
+        .saturating_add(now.saturating_sub(fit.last.bytes).min(fit.bytes_per_step));
+    Some(LeakFinding {
+        growth: g,
+        fit,
+        sites,
+        steps_word: steps_word(steps),
         detected,
+        grown,
     })
 }
 
@@ -272,42 +345,51 @@ fn is_pinned_api(api: &str) -> bool {
     )
 }
 
-/// One line per growing site (at most 3), from the dump's `growth`.
+/// The growth in a few lines: how steps were found, the process's fit, the growing sites (at
+/// most 3), from the dump's `growth`.
 fn growth_evidence(dump: &Dump, evidence: &mut Vec<String>) {
-    if let Some(g) = &dump.growth {
-        if let (Some("detected"), Some(d)) = (g.steps.as_deref(), &g.detected) {
-            evidence.push(format!(
-                "steps detected automatically (no oomshim_step marks): every {} allocations, anchored at {}; {} steps",
-                thousands(d.period),
-                short_label(&d.anchor),
-                thousands(d.steps)
-            ));
-        }
-        for site in g.sites.iter().take(3) {
-            let projected = site
-                .projected_oom_step
-                .map(|p| {
-                    format!(
-                        "; free memory runs out at {} {p} at this rate",
-                        clean(&g.unit)
-                    )
-                })
-                .unwrap_or_default();
-            evidence.push(format!(
-                "growth: {} adds {} per {} (R² {:.2} over {} samples, {} at {} {} to {} at {} {}){projected}",
-                site_label(&site.stack),
-                human_bytes(site.bytes_per_step),
-                clean(&g.unit),
-                site.r_squared,
-                site.samples,
-                human_bytes(site.first.bytes),
-                clean(&g.unit),
-                site.first.step,
-                human_bytes(site.last.bytes),
-                clean(&g.unit),
-                site.last.step,
-            ));
-        }
+    let Some(g) = &dump.growth else { return };
+    if let (Some("detected"), Some(d)) = (g.steps.as_deref(), &g.detected) {
+        evidence.push(format!(
+            "steps detected automatically (no step marks): a cycle of {} allocations, anchored at {}; {} steps",
+            thousands(d.period),
+            short_label(&d.anchor),
+            thousands(d.steps)
+        ));
+    }
+    let unit = clean(&g.unit);
+    if let Some(f) = growth_fit(g) {
+        evidence.push(format!(
+            "growth of the process: {} per {unit} (R² {:.2} over {} samples, {} at {unit} {} to {} at {unit} {})",
+            human_bytes(f.bytes_per_step),
+            f.r_squared,
+            f.samples,
+            human_bytes(f.first.bytes),
+            f.first.step,
+            human_bytes(f.last.bytes),
+            f.last.step,
+        ));
+    }
+    for site in g.sites.iter().take(3) {
+        let projected = site
+            .projected_oom_step
+            .map(|p| format!("; free memory runs out at {unit} {p} at this rate"))
+            .unwrap_or_default();
+        let share = site
+            .share
+            .map(|s| format!(", {} of the growth", percent(Some(s * 100.0))))
+            .unwrap_or_default();
+        evidence.push(format!(
+            "growth: {} adds {} per {unit} (R² {:.2} over {} samples{share}, {} at {unit} {} to {} at {unit} {}){projected}",
+            site_name(site),
+            human_bytes(site.bytes_per_step),
+            site.r_squared,
+            site.samples,
+            human_bytes(site.first.bytes),
+            site.first.step,
+            human_bytes(site.last.bytes),
+            site.last.step,
+        ));
     }
 }
 
@@ -365,6 +447,8 @@ struct Cache {
     /// blocks in segments that also hold a live block), when the source knows them.
     releasable: u64,
     inactive_split: Option<u64>,
+    /// What the cache reserves from the device, when the source knows.
+    reserved: Option<u64>,
 }
 
 fn cache(dump: &Dump) -> Option<Cache> {
@@ -380,6 +464,7 @@ fn cache(dump: &Dump) -> Option<Cache> {
         largest,
         releasable: total_free.saturating_sub(fb.inactive_split_bytes.unwrap_or(0)),
         inactive_split: fb.inactive_split_bytes,
+        reserved: fb.reserved_bytes,
     })
 }
 
@@ -490,9 +575,13 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
         findings.push(request_exceeds_device(&c));
     } else {
         let cache = cache(dump);
-        let fragmented = cache
-            .as_ref()
-            .is_some_and(|k| k.total_free >= request.bytes && k.largest < request.bytes);
+        let fragmented = cache.as_ref().is_some_and(|k| {
+            k.total_free >= request.bytes
+                && k.largest < request.bytes
+                && k.reserved.is_none_or(|r| {
+                    k.total_free as f64 >= FRAGMENTATION_MIN_RESERVED_SHARE * r as f64
+                })
+        });
         if fragmented {
             findings.push(fragmentation(&c, cache.as_ref().expect("fragmented")));
         } else if let Some(k) = cache.as_ref().filter(|k| framework_cache_holds(&c, k)) {
@@ -1067,96 +1156,329 @@ fn untracked_memory(c: &Ctx, unexplained: u64) -> Finding {
     f
 }
 
+/// `42% (12.00 MiB per step) at forward (model.py:9)`.
+fn share_text(site: &GrowthSite, share: f64) -> String {
+    format!(
+        "{} ({} per step) at {}",
+        percent(Some((share * 100.0).min(100.0))),
+        human_bytes(site.bytes_per_step),
+        site_name(site)
+    )
+}
+
+/// A growth site's name: its frame, or what its allocations have in common.
+fn site_name(site: &GrowthSite) -> String {
+    match site.grouped_by.as_deref() {
+        Some("no_python") => format!(
+            "allocations without Python frames (autograd's backward threads, C++ code; innermost: {})",
+            short_label(&site.stack)
+        ),
+        _ => short_label(&site.stack),
+    }
+}
+
 fn leak_found(c: &Ctx, l: &LeakFinding) -> Finding {
-    let g = c.dump.growth.as_ref();
-    let detected = l.detected.as_ref();
-    let how = match detected {
-        Some(d) => format!(
-            " Steps were detected automatically (the program marks none): a pattern of {} allocations repeats, \
+    let g = l.growth;
+    let fw = framework(c.dump);
+    let rate = human_bytes(l.fit.bytes_per_step);
+    let n_steps = thousands(l.fit.samples);
+    let projected = g.projected_oom_step;
+    let top = l
+        .sites
+        .first()
+        .filter(|(_, share)| *share >= LEAK_NAMED_SHARE);
+    let parts: Vec<String> = l
+        .sites
+        .iter()
+        .take(LEAK_SITES_NAMED)
+        .map(|(s, share)| share_text(s, *share))
+        .collect();
+    let runs_out = projected
+        .map(|p| format!("; free memory runs out at step {p}"))
+        .unwrap_or_default();
+    let headline = match top {
+        Some((site, share)) => format!(
+            "{} grows by {} every step (over the last {n_steps} {}; {} so far, {} of the growth){runs_out}",
+            site_name(site),
+            human_bytes(site.bytes_per_step),
+            l.steps_word,
+            human_bytes(l.grown),
+            percent(Some((share * 100.0).min(100.0))),
+        ),
+        None if !parts.is_empty() => format!(
+            "the process grows by {rate} every step (over the last {n_steps} {}; {} so far), spread over sites: {}{runs_out}",
+            l.steps_word,
+            human_bytes(l.grown),
+            parts.join(", ")
+        ),
+        None => format!(
+            "the process grows by {rate} every step (over the last {n_steps} {}; {} so far){runs_out}",
+            l.steps_word,
+            human_bytes(l.grown)
+        ),
+    };
+    let how = match (&l.detected, g.steps.as_deref()) {
+        (Some(d), _) => format!(
+            " Steps were detected automatically (the program marks none): a cycle of {} allocations repeats, \
              anchored at {}; {} of {} sampled intervals freed working memory.",
             thousands(d.period),
             short_label(&d.anchor),
             thousands(d.freeing_intervals),
             thousands(d.intervals)
         ),
-        None => String::new(),
+        (None, Some("optimizer")) => {
+            " Steps are the program's optimizer steps (marked by oomshim's Python hook).".to_string()
+        }
+        (None, Some("forward")) => " Steps are forward passes of the program's outermost module (marked by \
+             oomshim's Python hook): an evaluation or inference loop."
+            .to_string(),
+        _ => String::new(),
     };
-    let projected = l
-        .projected
-        .map(|p| format!(" At that rate the device's free memory runs out at step {p}."))
-        .unwrap_or_default();
-    let grown = l.site.last.bytes.saturating_sub(l.site.first.bytes);
-    let kind_of_steps = if detected.is_some() {
-        "detected"
+    let named = if parts.is_empty() {
+        " No single site carries the growth (it is spread over more sites than are kept)."
+            .to_string()
     } else {
-        "marked"
+        format!(" The growth per step comes from: {}.", parts.join("; "))
+    };
+    let projection = match projected {
+        Some(p) => {
+            let next = g.current + 1;
+            if p > next {
+                format!(
+                    " At that rate the device's free memory would run out at step {p}; the failure came earlier, at step \
+                     {next}, because the failed request of {} is larger than what was still free.",
+                    c.req
+                )
+            } else {
+                format!(" At that rate the device's free memory runs out at step {p}.")
+            }
+        }
+        None => String::new(),
     };
     let mut f = finding(
         LEAK,
-        grown,
+        l.grown,
+        headline,
         format!(
-            "{} grows by {} every step ({} {kind_of_steps} steps, {} so far){}",
-            short_label(&l.site.stack),
-            human_bytes(l.site.bytes_per_step),
-            l.site.samples,
-            human_bytes(grown),
-            l.projected
-                .map(|p| format!("; free memory runs out at step {p}"))
-                .unwrap_or_default()
-        ),
-        format!(
-            "A leak: memory allocated at {} grows by {} every step ({} steps observed, from {} at step {} to {} at step {}), \
-             {} of the growth per step.{projected} This process's own allocations fill device {}: {} tracked when {} \
-             more was requested.{how}",
-            l.label,
-            human_bytes(l.site.bytes_per_step),
-            l.site.samples,
-            human_bytes(l.site.first.bytes),
-            l.site.first.step,
-            human_bytes(l.site.last.bytes),
-            l.site.last.step,
-            percent(Some((l.share * 100.0).min(100.0))),
-            c.dev,
-            human_bytes(c.tracked),
+            "A leak: this process's tracked memory grows by {rate} every step ({n_steps} {} observed, from {} at step {} to \
+             {} at step {}, R² {:.2}), and it was still that high when {} more was requested on device {}.{named}{projection}{how}{}",
+            l.steps_word,
+            human_bytes(l.fit.first.bytes),
+            l.fit.first.step,
+            human_bytes(l.fit.last.bytes),
+            l.fit.last.step,
+            l.fit.r_squared,
             c.req,
+            c.dev,
+            segment_note(c.dump),
         ),
     );
     f.evidence.push(format!(
-        "growth: {} adds {} per step (R² {:.2} over {} samples), {} grown from step {} to {}",
-        l.label,
-        human_bytes(l.site.bytes_per_step),
-        l.site.r_squared,
-        l.site.samples,
-        human_bytes(grown),
-        l.site.first.step,
-        l.site.last.step
+        "growth of the process: {rate} per step (R² {:.2} over {} {}), {} from step {} to {}; {} tracked at the failure",
+        l.fit.r_squared,
+        n_steps,
+        l.steps_word,
+        human_bytes(l.fit.last.bytes.saturating_sub(l.fit.first.bytes)),
+        l.fit.first.step,
+        l.fit.last.step,
+        human_bytes(tracked_all(c.dump))
     ));
-    if let Some(d) = detected {
+    for (site, share) in l.sites.iter().take(LEAK_SITES_NAMED) {
         f.evidence.push(format!(
-            "steps: detected, not marked (every {} allocations; {} steps; {} allocations since the last)",
+            "growth: {} ({} of it, R² {:.2}, {} at step {} to {} at step {})",
+            share_text(site, *share),
+            percent(Some((share * 100.0).min(100.0))),
+            site.r_squared,
+            human_bytes(site.first.bytes),
+            site.first.step,
+            human_bytes(site.last.bytes),
+            site.last.step
+        ));
+    }
+    if let Some(d) = &l.detected {
+        f.evidence.push(format!(
+            "steps: detected, not marked (a cycle of {} allocations; {} steps; {} allocations since the last)",
             thousands(d.period),
             thousands(d.steps),
             thousands(d.allocations_since_last_step)
         ));
-    } else if g.is_some() {
-        f.evidence
-            .push("steps: marked by the program (oomshim_step)".to_string());
+    } else {
+        f.evidence.push(format!(
+            "steps: {}",
+            match g.steps.as_deref() {
+                Some("optimizer") =>
+                    "optimizer steps (torch.optim), marked by oomshim's Python hook",
+                Some("forward") =>
+                    "forward passes of the outermost module, marked by oomshim's Python hook",
+                _ => "marked by the program (oomshim_step)",
+            }
+        ));
     }
-    f.suggestions.push(format!(
-        "Find what {} keeps from each step. The classic causes: accumulating a tensor that is still on the GPU and \
-         attached to the graph (`total_loss += loss` or `losses.append(loss)`: keep `loss.item()`), keeping outputs or \
-         activations for logging (keep `t.detach().cpu()`), and appending model outputs to a list across steps.",
-        l.label
-    ));
-    f.suggestions.push(
-        "Run evaluation under `torch.inference_mode()` (or `torch.no_grad()`) so it keeps no graph.".to_string(),
-    );
-    if detected.is_some() {
-        f.suggestions.push(
-            "Mark steps with `oomshim.step()` (C: `oomshim_step()`) to confirm the growth per step.".to_string(),
-        );
+    let label = top
+        .map(|(s, _)| site_name(s))
+        .or_else(|| l.sites.first().map(|(s, _)| site_name(s)))
+        .unwrap_or_else(|| "each step".to_string());
+    f.suggestions.extend(leak_advice(fw, &label));
+    if l.detected.is_some() {
+        f.suggestions.push(match fw {
+            Framework::Native => {
+                "Mark steps with `oomshim_step()` (from `liboomshim.so`) to confirm the growth per step.".to_string()
+            }
+            _ => "Mark steps with `oomshim.step()` to confirm the growth per step.".to_string(),
+        });
     }
     f
+}
+
+/// What to change for a leak, in the terms of the framework the program uses.
+fn leak_advice(fw: Framework, label: &str) -> Vec<String> {
+    match fw {
+        Framework::Torch => vec![
+            format!(
+                "Find what {label} keeps from each step. The classic causes: accumulating a tensor that is still on the GPU \
+                 and attached to the graph (`total_loss += loss` or `losses.append(loss)`: keep `loss.item()`), keeping \
+                 outputs or activations for logging (keep `t.detach().cpu()`), `backward(retain_graph=True)` in a loop, \
+                 and appending model outputs to a list across steps."
+            ),
+            "Run evaluation under `torch.inference_mode()` (or `torch.no_grad()`) so it keeps no graph.".to_string(),
+        ],
+        Framework::Jax => vec![format!(
+            "Find what {label} keeps from each step: JAX arrays appended to a list or stored on an object across steps \
+             stay on the device; keep `float(x)` or `jax.device_get(x)` instead, and don't close over per-step arrays."
+        )],
+        Framework::Cupy => vec![format!(
+            "Find what {label} keeps from each step: CuPy arrays kept across iterations hold their blocks in CuPy's pool; \
+             keep `x.get()` copies on the host, or `del` them (then `cupy.get_default_memory_pool().free_all_blocks()` \
+             returns the cached blocks)."
+        )],
+        Framework::Python | Framework::Native => vec![format!(
+            "Free what {label} allocates every step (a matching free for each allocation), or allocate its buffer once \
+             and reuse it across steps."
+        )],
+    }
+}
+
+/// Under LD_PRELOAD with torch's caching allocator, what a site means (a segment's first
+/// allocation) and what torch says holds the segments now.
+fn segment_note(dump: &Dump) -> String {
+    let torch_segments = framework(dump) == Framework::Torch
+        && dump.failed_request.as_ref().is_some_and(|r| {
+            matches!(
+                r.api.as_str(),
+                "cudaMalloc" | "cuMemCreate" | "cudaMallocAsync" | "framework_allocator"
+            )
+        })
+        && dump.free_blocks.source != "oomshim-allocator";
+    if !torch_segments {
+        return String::new();
+    }
+    let fb = &dump.free_blocks;
+    let held = match (fb.allocated_bytes, fb.reserved_bytes) {
+        (Some(a), Some(r)) => format!(
+            "; torch reports {} of its {} reserved in live tensors and {} free in its cache",
+            human_bytes(a),
+            human_bytes(r),
+            human_bytes(fb.total_free_bytes.unwrap_or(r.saturating_sub(a)))
+        ),
+        _ => String::new(),
+    };
+    format!(
+        " Under LD_PRELOAD oomshim sees torch's segments, not its tensors: a site is where torch first allocated a \
+         segment, which other tensors may share by now{held}. `oomshim run --torch-allocator` records every tensor."
+    )
+}
+
+/// The framework the program uses, for advice (from the dump's list of loaded frameworks;
+/// dumps of older versions: torch's version, or Python frames).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framework {
+    Torch,
+    Jax,
+    Cupy,
+    /// Python without a known framework.
+    Python,
+    /// C, C++ or any program without Python.
+    Native,
+}
+
+fn framework(dump: &Dump) -> Framework {
+    let config = dump.config.as_ref();
+    let listed = |name: &str| config.is_some_and(|c| c.frameworks.iter().any(|f| f == name));
+    if let Some(f) = &dump.framework {
+        match f.name.as_str() {
+            "torch" => return Framework::Torch,
+            "xla" | "jax" => return Framework::Jax,
+            _ => {}
+        }
+    }
+    // Dumps without the list (older versions): the libraries and files in the stacks.
+    let in_stacks = |needles: &[&str]| {
+        dump.failed_request
+            .iter()
+            .map(|r| &r.stack)
+            .chain(dump.sites.iter().map(|s| &s.stack))
+            .flatten()
+            .any(|f| {
+                [f.module.as_deref(), f.file.as_deref()]
+                    .into_iter()
+                    .flatten()
+                    .any(|p| needles.iter().any(|n| p.contains(n)))
+            })
+    };
+    if listed("torch")
+        || config.is_some_and(|c| c.torch_version.is_some())
+        || in_stacks(&["/torch/lib/", "/site-packages/torch/"])
+    {
+        Framework::Torch
+    } else if listed("jax") || in_stacks(&["/jaxlib/", "/site-packages/jax/"]) {
+        Framework::Jax
+    } else if listed("cupy") || in_stacks(&["/cupy/", "/cupy_backends/"]) {
+        Framework::Cupy
+    } else if dump.recording.python.is_some() || in_stacks(&[".py"]) {
+        Framework::Python
+    } else {
+        Framework::Native
+    }
+}
+
+/// What to change when the program's own allocations fill the device, in its framework's terms.
+fn own_advice(fw: Framework, site: &str) -> Vec<String> {
+    match fw {
+        Framework::Torch => vec![
+            format!(
+                "Free or shrink what {site} keeps alive. Tensors kept across steps are the usual cause: store `loss.item()` \
+                 rather than `loss`, `detach()` what you keep for logging, don't accumulate outputs on the GPU, and run \
+                 evaluation under `torch.inference_mode()`."
+            ),
+            "Reduce the batch size (or sequence length); gradient accumulation keeps the effective batch size.".to_string(),
+            "Use mixed precision (`torch.autocast`, bf16/fp16) to halve activation memory, and \
+             `optimizer.zero_grad(set_to_none=True)` so gradients are freed between steps."
+                .to_string(),
+        ],
+        Framework::Jax => vec![
+            format!(
+                "Free or shrink what {site} keeps alive: JAX arrays referenced from lists or objects stay on the device; \
+                 `del` them, or keep `jax.device_get(x)` copies on the host."
+            ),
+            "Reduce the batch size, or shard the arrays over devices; `jax.checkpoint` (rematerialisation) trades compute \
+             for activation memory."
+                .to_string(),
+        ],
+        Framework::Cupy => vec![
+            format!(
+                "Free or shrink what {site} keeps alive: `del` CuPy arrays you no longer need; \
+                 `cupy.get_default_memory_pool().free_all_blocks()` then returns the pool's cached blocks to the device."
+            ),
+            "Process the data in smaller chunks, or keep intermediate results on the host (`x.get()`).".to_string(),
+        ],
+        Framework::Python | Framework::Native => vec![
+            format!(
+                "Free what {site} allocates when it is no longer needed (a matching free for each allocation), or \
+                 allocate less: smaller buffers, or the work in chunks."
+            ),
+            "Reuse buffers instead of allocating new ones for each piece of work.".to_string(),
+        ],
+    }
 }
 
 fn own_allocations(c: &Ctx, cache: Option<&Cache>) -> Finding {
@@ -1182,6 +1504,15 @@ fn own_allocations(c: &Ctx, cache: Option<&Cache>) -> Finding {
         None => String::new(),
     };
     let headline = match used {
+        Some(_)
+            if request.api == "framework_allocator"
+                && dump.framework.as_ref().is_some_and(|f| f.name == "xla") =>
+        {
+            format!(
+                "XLA's memory pool on device {dev} is full: {} tracked, the pool included{largest}",
+                human_bytes(tracked)
+            )
+        }
         Some(u) if u > 0 => format!(
             "this process's own allocations fill device {dev}: {} of the {} in use{largest}",
             human_bytes(tracked),
@@ -1192,20 +1523,29 @@ fn own_allocations(c: &Ctx, cache: Option<&Cache>) -> Finding {
             human_bytes(tracked)
         ),
     };
-    let mut suggestions = vec![format!(
-        "Free or shrink what {site} keeps alive. Tensors kept across steps are the usual cause: store `loss.item()` \
-         rather than `loss`, `detach()` what you keep for logging, don't accumulate outputs on the GPU, and run \
-         evaluation under `torch.inference_mode()`."
-    )];
-    suggestions.push(
-        "Reduce the batch size (or sequence length); gradient accumulation keeps the effective batch size.".to_string(),
-    );
-    suggestions.push(
-        "Use mixed precision (`torch.autocast`, bf16/fp16) to halve activation memory, and `optimizer.zero_grad(set_to_none=True)` \
-         so gradients are freed between steps."
-            .to_string(),
-    );
+    let fw = framework(dump);
+    let xla_pool = fw == Framework::Jax && request.api == "framework_allocator";
+    let mut suggestions = own_advice(fw, site);
+    if xla_pool {
+        suggestions.insert(
+            0,
+            "XLA allocates its pool up front (75% of the device by default) and serves arrays from it, so oomshim sees \
+             the pool, not the arrays in it: `XLA_PYTHON_CLIENT_MEM_FRACTION=.95` gives the pool more of the device, \
+             `XLA_PYTHON_CLIENT_PREALLOCATE=false` grows it on demand, and `XLA_PYTHON_CLIENT_ALLOCATOR=platform` \
+             allocates every array separately (slower), so oomshim names the line of each."
+                .to_string(),
+        );
+    }
     let mut evidence = Vec::new();
+    if let Some(f) = dump.framework.as_ref().filter(|_| xla_pool) {
+        evidence.push(format!(
+            "XLA refused {req} inside its own pool{}",
+            f.message
+                .as_deref()
+                .map(|m| format!(": {}", clean(m)))
+                .unwrap_or_default()
+        ));
+    }
     if let Some(k) = cache {
         evidence.push(format!(
             "the framework's cache holds {} reserved but unallocated ({} releasable): too little to make room for {req}",
@@ -1233,7 +1573,11 @@ fn own_allocations(c: &Ctx, cache: Option<&Cache>) -> Finding {
     if let Some(d) = &dynamic {
         evidence.push(d.clone());
     }
-    if !hints.is_empty() && !free_blocks_available(dump) && !expandable_segments_on(dump) {
+    if fw == Framework::Torch
+        && !hints.is_empty()
+        && !free_blocks_available(dump)
+        && !expandable_segments_on(dump)
+    {
         if let Some(d) = &dynamic {
             hints.push(d.clone());
         }
@@ -1253,14 +1597,29 @@ fn own_allocations(c: &Ctx, cache: Option<&Cache>) -> Finding {
             human_bytes(total),
             c.top_text(used)
         ),
+        (Some(total), Some(used)) if xla_pool => format!(
+            "XLA's memory pool is full: XLA refused {req} inside the pool it allocated from device {dev}, which holds {} \
+             of this process's tracked {} ({} of the device's {}). The program's own arrays fill the pool; oomshim cannot \
+             see which ones, since XLA hands them out of one allocation.{}",
+            human_bytes(c.top.as_ref().map_or(tracked, |t| t.site.bytes)),
+            human_bytes(tracked),
+            percent(share(tracked, total)),
+            human_bytes(total),
+            if used < total / 10 * 9 {
+                format!(" The device itself still had {} free.", human_bytes(total - used))
+            } else {
+                String::new()
+            }
+        ),
         (Some(total), Some(used)) => format!(
             "This process's own allocations fill device {dev}: {} of the {} in use ({}) was allocated by this process, \
-             out of {} in total, when {req} more was requested.{}",
+             out of {} in total, when {req} more was requested.{}{}",
             human_bytes(tracked),
             human_bytes(used),
             percent(share(tracked, used)),
             human_bytes(total),
-            c.top_text(Some(used))
+            c.top_text(Some(used)),
+            segment_note(dump)
         ),
         _ => {
             suggestions.push(format!(
@@ -1467,6 +1826,7 @@ pub(crate) mod tests {
                 stack_merge: None,
                 failures_in_burst: 1,
                 recovered: None,
+                resolution: None,
                 last_failure: None,
             }),
             devices: vec![DeviceInfo {
@@ -1507,8 +1867,13 @@ pub(crate) mod tests {
             host: None,
             gpu_processes: None,
             growth: None,
-            config: None,
+            // A PyTorch program (train.py, model.py): torch is loaded.
+            config: Some(ConfigSnapshot {
+                frameworks: vec!["torch".into()],
+                ..Default::default()
+            }),
             request_sizes: None,
+            framework: None,
         }
     }
 
@@ -1921,6 +2286,8 @@ mod growth_tests {
                 line: Some(12),
                 ..Frame::default()
             }],
+            share: None,
+            grouped_by: None,
         }
     }
 
@@ -1942,6 +2309,7 @@ mod growth_tests {
                 })
                 .collect(),
             sites,
+            fit: None,
         });
         d
     }
@@ -1988,7 +2356,7 @@ mod growth_tests {
                 LEAK,
             ),
             (
-                "three equal growing sites: none is the leak",
+                "three equal growing sites: the process grows, spread over them",
                 with_growth(
                     "step",
                     vec![
@@ -1997,6 +2365,43 @@ mod growth_tests {
                         growth_site("c", 10 * MIB, 10),
                     ],
                 ),
+                LEAK,
+            ),
+            (
+                "the process grows but no site is kept (spread over too many stacks)",
+                with_growth("step", vec![]).tap(|d| {
+                    let g = d.growth.as_mut().unwrap();
+                    g.tracked = (1..=10)
+                        .map(|i| GrowthPoint {
+                            step: i,
+                            bytes: i * 50 * MIB,
+                        })
+                        .collect();
+                }),
+                LEAK,
+            ),
+            (
+                "growth that stopped before the failure (the memory was freed since): what fills \
+                 the device now is not this process's tracked memory",
+                with_growth("step", vec![growth_site("keep", 96 * MIB, 10)]).tap(|d| {
+                    d.devices[0].tracked_bytes = 100 * MIB;
+                }),
+                UNTRACKED_MEMORY,
+            ),
+            (
+                "detected steps that never free: a loading loop, not a leak",
+                with_growth("step", vec![growth_site("load_layer", 96 * MIB, 10)]).tap(|d| {
+                    let g = d.growth.as_mut().unwrap();
+                    g.steps = Some("detected".into());
+                    g.detected = Some(DetectedSteps {
+                        period: 2,
+                        steps: 10,
+                        allocations_since_last_step: 0,
+                        intervals: 9,
+                        freeing_intervals: 0,
+                        anchor: vec![],
+                    });
+                }),
                 OWN_ALLOCATIONS,
             ),
             (
@@ -2015,6 +2420,14 @@ mod growth_tests {
         assert_eq!(judge(&d).kind, REQUEST_EXCEEDS_DEVICE);
     }
 
+    trait Tap: Sized {
+        fn tap(mut self, f: impl FnOnce(&mut Self)) -> Self {
+            f(&mut self);
+            self
+        }
+    }
+    impl Tap for Dump {}
+
     #[test]
     fn leak_verdict_names_site_rate_and_projection() {
         let v = judge(&with_growth(
@@ -2025,21 +2438,60 @@ mod growth_tests {
             ],
         ));
         assert_eq!(v.kind, LEAK);
+        let top = &v.findings[0];
+        assert!(
+            top.headline.starts_with(
+                "keep_activations (train.py:12) grows by 96.00 MiB every step (over the last 10 marked steps;"
+            ) && top.headline.contains("98.0% of the growth")
+                && top.headline.ends_with("free memory runs out at step 12"),
+            "{}",
+            top.headline
+        );
         for needle in [
-            "keep_activations (train.py:12)",
-            "96.00 MiB every step",
-            "10 steps observed",
-            "runs out at step 12",
+            "grows by 98.00 MiB every step",
+            "10 marked steps observed",
+            "98.0% (96.00 MiB per step) at keep_activations (train.py:12)",
+            "2.0% (2.00 MiB per step) at small (train.py:12)",
+            "would run out at step 12; the failure came earlier, at step 11, because the failed request of \
+             2.00 GiB is larger than what was still free",
         ] {
             assert!(v.summary.contains(needle), "{needle}: {}", v.summary);
         }
-        assert!(v.evidence.iter().any(
-            |e| e.starts_with("growth: keep_activations (train.py:12) adds 96.00 MiB per step")
-        ));
+        assert!(
+            v.evidence
+                .iter()
+                .any(|e| e
+                    .starts_with("growth: keep_activations (train.py:12) adds 96.00 MiB per step")),
+            "{:#?}",
+            v.evidence
+        );
         let s = v.suggestions.join("\n");
         for needle in ["loss.item()", "detach().cpu()", "append"] {
             assert!(s.contains(needle), "{needle}: {s}");
         }
+        // Spread: no site carries half; the headline names the process and its parts.
+        let spread = judge(&with_growth(
+            "step",
+            vec![
+                growth_site("a", 10 * MIB, 10),
+                growth_site("b", 10 * MIB, 10),
+                growth_site("c", 10 * MIB, 10),
+            ],
+        ));
+        assert!(
+            spread.findings[0].headline.starts_with(
+                "the process grows by 30.00 MiB every step (over the last 10 marked steps; "
+            ),
+            "{}",
+            spread.findings[0].headline
+        );
+        assert!(
+            spread.findings[0]
+                .headline
+                .contains("spread over sites: 33.3% (10.00 MiB per step) at a"),
+            "{}",
+            spread.findings[0].headline
+        );
     }
 
     #[test]
@@ -2174,6 +2626,8 @@ mod findings_tests {
                 line: Some(12),
                 ..Frame::default()
             }],
+            share: None,
+            grouped_by: None,
         }
     }
 
@@ -2194,6 +2648,7 @@ mod findings_tests {
                 })
                 .collect(),
             sites: vec![site],
+            fit: None,
         }
     }
 
@@ -2283,13 +2738,13 @@ mod findings_tests {
         check_common(&v);
         assert_eq!(kinds(&v), [OTHER_PROCESSES, LEAK, FRAGMENTATION], "{v:#?}");
         let bytes: Vec<u64> = v.findings.iter().map(|f| f.bytes).collect();
-        assert_eq!(bytes, [60 * GIB, 19 * 512 * MIB, 4 * GIB]);
+        assert_eq!(bytes, [60 * GIB, 20 * 512 * MIB, 4 * GIB]);
         assert_eq!(v.kind, OTHER_PROCESSES);
         assert!(v.findings[0]
             .headline
             .contains("other processes hold 60.00 GiB on device 0; the largest is process 4242 (python, another user's) with 60.00 GiB"));
         assert!(v.findings[1].headline.contains(
-            "keep (train.py:12) grows by 512.00 MiB every step (20 marked steps, 9.50 GiB so far)"
+            "keep (train.py:12) grows by 512.00 MiB every step (over the last 20 marked steps; 10.00 GiB so far, 100.0% of the growth)"
         ));
         assert!(v.findings[2].headline.contains(
             "4.00 GiB free in the cache (torch-snapshot) but the largest free block is 512.00 MiB"
@@ -2545,17 +3000,21 @@ mod findings_tests {
             if leak {
                 assert_eq!(kinds(&v), [LEAK], "{intervals}/{freeing}");
                 let f = &v.findings[0];
-                assert_eq!(f.bytes, 19 * 96 * MIB);
-                assert!(f.headline.contains("20 detected steps"), "{}", f.headline);
+                // 19 steps of growth over the samples, and at most one more up to the failure.
+                assert_eq!(f.bytes, 20 * 96 * MIB);
+                assert!(
+                    f.headline.contains("the last 20 detected steps"),
+                    "{}",
+                    f.headline
+                );
                 assert!(
                     f.summary.contains("Steps were detected automatically"),
                     "{}",
                     f.summary
                 );
-                assert!(f
-                    .evidence
-                    .iter()
-                    .any(|e| e.starts_with("steps: detected, not marked (every 2 allocations")));
+                assert!(f.evidence.iter().any(
+                    |e| e.starts_with("steps: detected, not marked (a cycle of 2 allocations")
+                ));
                 assert!(f.suggestions.iter().any(|s| s.contains("oomshim.step()")));
                 assert!(v
                     .evidence

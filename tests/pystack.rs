@@ -26,92 +26,9 @@ fn shim_lib() -> PathBuf {
     common::shim_lib()
 }
 
-const SIMCALL_C: &str = r#"
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <pthread.h>
-#include <stddef.h>
-#include <time.h>
-
-extern int cudaMalloc(void **p, size_t n);
-extern int cudaFree(void *p);
-
-void *simcall_alloc(size_t n) {
-    void *p = 0;
-    if (cudaMalloc(&p, n) != 0) return 0;
-    return p;
-}
-
-int simcall_free(void *p) { return cudaFree(p); }
-
-int simcall_dump(const char *reason) {
-    int (*f)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "oomshim_dump");
-    return f ? f(reason) : -2;
-}
-
-/* A thread with no Python state, named like a torch autograd thread. */
-struct job { size_t n; void *p; };
-static void *native_thread_main(void *arg) {
-    struct job *j = arg;
-    pthread_setname_np(pthread_self(), "autograd_0");
-    j->p = simcall_alloc(j->n);
-    return 0;
-}
-void *simcall_alloc_in_native_thread(size_t n) {
-    pthread_t t;
-    struct job j = { n, 0 };
-    if (pthread_create(&t, 0, native_thread_main, &j) != 0) return 0;
-    pthread_join(t, 0);
-    return j.p;
-}
-
-/* Mean nanoseconds of one cudaMalloc + cudaFree pair, n pairs. */
-double simcall_pairs_ns(long n, size_t bytes) {
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
-    for (long i = 0; i < n; i++) {
-        void *p = 0;
-        if (cudaMalloc(&p, bytes) == 0) cudaFree(p);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    return ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / (double)n;
-}
-"#;
-
-/// Builds libsimcall.so into `dir`; None (with the reason printed) without a C compiler.
+/// libsimcall.so (tests/common): Python's way to the simulated CUDA through the PLT.
 fn build_simcall(dir: &Path) -> Option<PathBuf> {
-    let src = dir.join("simcall.c");
-    std::fs::write(&src, SIMCALL_C).unwrap();
-    let lib = dir.join("libsimcall.so");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    let out = Command::new(&cc)
-        .args([
-            "-O2",
-            "-g",
-            "-fno-optimize-sibling-calls",
-            "-shared",
-            "-fPIC",
-            "-o",
-        ])
-        .arg(&lib)
-        .arg(&src)
-        .arg("-L")
-        .arg(testbed::artifact_dir())
-        .arg("-l:libcudart.so.13")
-        .arg(format!("-Wl,-rpath,{}", testbed::artifact_dir().display()))
-        .args(["-ldl", "-lpthread"])
-        .output();
-    match out {
-        Ok(o) if o.status.success() => Some(lib),
-        Ok(o) => panic!(
-            "compiling libsimcall.so failed:\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        ),
-        Err(e) => {
-            eprintln!("skipped: no C compiler ({cc}: {e})");
-            None
-        }
-    }
+    common::build_simcall(dir)
 }
 
 /// A Python interpreter: its executable and (major, minor).

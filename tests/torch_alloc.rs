@@ -69,15 +69,25 @@ fn a_leak_to_oom_raises_a_catchable_error_naming_a_dump_whose_holders_are_the_te
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_str().unwrap();
         let (out, stdout, stderr) = run(&["leak"], &[("OOMSHIM_DIR", d)], preload);
-        assert_eq!(out.status.code(), Some(0), "preload {preload}\n{stdout}\n{stderr}");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "preload {preload}\n{stdout}\n{stderr}"
+        );
         // 8 GiB device, 256 MiB context: 31 tensors of 256 MiB fit, the 32nd cannot.
         let caught = stdout
             .lines()
             .find(|l| l.starts_with("caught at step "))
             .unwrap_or_else(|| panic!("no exception caught:\n{stdout}\n{stderr}"));
-        assert!(caught.starts_with("caught at step 31: CUDA out of memory. Tried to allocate 256"), "{caught}");
+        assert!(
+            caught.starts_with("caught at step 31: CUDA out of memory. Tried to allocate 256"),
+            "{caught}"
+        );
         assert!(caught.contains("is reserved but unallocated"), "{caught}");
-        assert!(stdout.contains("after free: ok"), "the program must go on after catching:\n{stdout}");
+        assert!(
+            stdout.contains("after free: ok"),
+            "the program must go on after catching:\n{stdout}"
+        );
         let path = dump_path_in(caught);
         assert!(path.starts_with(dir.path()), "{}", path.display());
         assert_eq!(dumps_in(dir.path()), vec![path.clone()], "exactly one dump");
@@ -85,16 +95,24 @@ fn a_leak_to_oom_raises_a_catchable_error_naming_a_dump_whose_holders_are_the_te
         let dump = read_dump(&path);
         assert_eq!(dump.reason, "oom");
         let req = dump.failed_request.as_ref().unwrap();
-        assert_eq!((req.api.as_str(), req.bytes), ("oomshim_torch_alloc", 256 * MIB));
+        assert_eq!(
+            (req.api.as_str(), req.bytes),
+            ("oomshim_torch_alloc", 256 * MIB)
+        );
         let dev = dump.devices.iter().find(|d| d.index == 0).unwrap();
         assert_eq!((dev.tracked_bytes, dev.tracked_count), (31 * 256 * MIB, 31));
         // Every holder is a tensor, none a segment: the segments' cudaMalloc never reaches the
         // ledger, even with the shim also preloaded.
         assert!(!dump.largest_holders.is_empty());
         for h in &dump.largest_holders {
-            assert_eq!((h.api.as_str(), h.bytes), ("oomshim_torch_alloc", 256 * MIB));
+            assert_eq!(
+                (h.api.as_str(), h.bytes),
+                ("oomshim_torch_alloc", 256 * MIB)
+            );
             assert!(
-                h.stack.iter().any(|f| f.function.as_deref() == Some("keep_activations")),
+                h.stack
+                    .iter()
+                    .any(|f| f.function.as_deref() == Some("keep_activations")),
                 "holder stack lacks keep_activations: {:?}",
                 h.stack
             );
@@ -141,7 +159,10 @@ fn fragmentation_is_told_from_exhaustion_with_the_exact_histogram() {
         serde_json::json!([{"lo": 256 * MIB, "hi": 512 * MIB, "count": 6, "bytes": 6 * 424 * MIB}])
     );
 
-    let caught = stdout.lines().find(|l| l.starts_with("caught: ")).expect("2 GiB must fail");
+    let caught = stdout
+        .lines()
+        .find(|l| l.starts_with("caught: "))
+        .expect("2 GiB must fail");
     let dump = read_dump(&dump_path_in(caught));
     assert_eq!(dump.failed_request.as_ref().unwrap().bytes, 2 * GIB);
     assert_eq!(dump.free_blocks.source, "oomshim-allocator");
@@ -157,9 +178,18 @@ fn fragmentation_is_told_from_exhaustion_with_the_exact_histogram() {
 fn a_block_used_on_another_stream_is_not_reused_before_that_streams_work_is_done() {
     let (out, stdout, stderr) = run(&["record_stream"], &[], false);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    assert!(stdout.contains("reused while side stream busy: no"), "{stdout}");
-    assert!(stdout.contains("reused after side stream done: yes"), "{stdout}");
-    assert!(stdout.contains("last error: 0"), "our event calls must not leave an error: {stdout}");
+    assert!(
+        stdout.contains("reused while side stream busy: no"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("reused after side stream done: yes"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("last error: 0"),
+        "our event calls must not leave an error: {stdout}"
+    );
 }
 
 #[test]
@@ -168,7 +198,10 @@ fn cuda_graph_blocks_stay_valid_for_replays_and_the_capture_is_not_broken() {
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     // The segment's cudaMalloc ran in relaxed capture mode: the capture was not invalidated.
     assert!(stdout.contains("capture ended: 0"), "{stdout}");
-    assert!(stdout.contains("captured block reused after capture: no"), "{stdout}");
+    assert!(
+        stdout.contains("captured block reused after capture: no"),
+        "{stdout}"
+    );
     assert!(stdout.contains("last error: 0"), "{stdout}");
 }
 
@@ -179,16 +212,32 @@ fn memory_stats_have_torchs_keys_and_meanings() {
     let live = json_line(&stdout, "stats");
     // 1000 B rounds to 1024 B in a 2 MiB small segment; 5 MiB takes a 20 MiB segment; 100 MiB
     // gets a segment of its own: torch's native policy.
-    assert_eq!(stat(&live, "allocated_bytes.all.current"), 1024 + 5 * MIB + 100 * MIB);
-    assert_eq!(stat(&live, "requested_bytes.all.current"), 1000 + 5 * MIB + 100 * MIB);
-    assert_eq!(stat(&live, "reserved_bytes.all.current"), 2 * MIB + 20 * MIB + 100 * MIB);
+    assert_eq!(
+        stat(&live, "allocated_bytes.all.current"),
+        1024 + 5 * MIB + 100 * MIB
+    );
+    assert_eq!(
+        stat(&live, "requested_bytes.all.current"),
+        1000 + 5 * MIB + 100 * MIB
+    );
+    assert_eq!(
+        stat(&live, "reserved_bytes.all.current"),
+        2 * MIB + 20 * MIB + 100 * MIB
+    );
     assert_eq!(stat(&live, "reserved_bytes.small_pool.current"), 2 * MIB);
     assert_eq!(stat(&live, "segment.all.current"), 3);
     assert_eq!(stat(&live, "allocation.all.current"), 3);
     let freed = json_line(&stdout, "after_free");
     assert_eq!(stat(&freed, "allocated_bytes.all.current"), 0);
-    assert_eq!(stat(&freed, "allocated_bytes.all.peak"), 1024 + 5 * MIB + 100 * MIB);
-    assert_eq!(stat(&freed, "reserved_bytes.all.current"), 122 * MIB, "the cache keeps segments");
+    assert_eq!(
+        stat(&freed, "allocated_bytes.all.peak"),
+        1024 + 5 * MIB + 100 * MIB
+    );
+    assert_eq!(
+        stat(&freed, "reserved_bytes.all.current"),
+        122 * MIB,
+        "the cache keeps segments"
+    );
     let emptied = json_line(&stdout, "after_empty");
     assert_eq!(stat(&emptied, "reserved_bytes.all.current"), 0);
     assert_eq!(stat(&emptied, "segment.all.current"), 0);
@@ -204,8 +253,14 @@ fn four_threads_of_churn_leave_nothing_behind_after_empty_cache() {
     assert_eq!(stat(&after, "active_bytes.all.current"), 0);
     let emptied = json_line(&stdout, "after_empty");
     assert_eq!(stat(&emptied, "reserved_bytes.all.current"), 0);
-    assert!(stdout.contains("sim used: 0\n"), "every segment back to the device: {stdout}");
-    assert!(!stderr.contains("oomshim:"), "no messages in a healthy run: {stderr}");
+    assert!(
+        stdout.contains("sim used: 0\n"),
+        "every segment back to the device: {stdout}"
+    );
+    assert!(
+        !stderr.contains("oomshim:"),
+        "no messages in a healthy run: {stderr}"
+    );
 }
 
 #[test]
@@ -221,7 +276,10 @@ fn a_cuda_error_other_than_out_of_memory_is_a_plain_error_without_a_dump() {
     assert!(stdout.contains("next allocation: ok"), "{stdout}");
     let stats = json_line(&stdout, "stats");
     assert_eq!(stat(&stats, "num_ooms"), 0, "not an out-of-memory error");
-    assert!(dumps_in(dir.path()).is_empty(), "no OOM dump for another error");
+    assert!(
+        dumps_in(dir.path()).is_empty(),
+        "no OOM dump for another error"
+    );
 }
 
 #[test]
@@ -233,11 +291,19 @@ fn the_exception_is_raised_when_the_cpp_runtime_is_loaded_locally_as_python_load
     let out = run_client(
         "torch_alloc_local",
         &[catcher.to_str().unwrap(), lib.to_str().unwrap()],
-        &[("OOMSHIM_DIR", tempfile::tempdir().unwrap().path().to_str().unwrap())],
+        &[(
+            "OOMSHIM_DIR",
+            tempfile::tempdir().unwrap().path().to_str().unwrap(),
+        )],
         false,
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         stdout.starts_with("small 0 huge 1: CUDA out of memory. Tried to allocate 1.00 PiB"),
         "{stdout}"

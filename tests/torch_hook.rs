@@ -1,9 +1,12 @@
-//! The Python hook `oomshim run` injects (shim/python/oomshim_hook), against a stand-in `torch`
-//! package that has the few functions the hook uses and records what is done with them. The
-//! real torch is exercised on the GPU machine (tests/gpu/run_all.py).
+//! oomshim's Python hook (shim/python/oomshim_hook), which the shim puts on a Python program's
+//! path by itself under plain LD_PRELOAD and `oomshim run` puts there too, against a stand-in
+//! `torch` package that has the few functions the hook uses and records what is done with them.
+//! Device memory comes from the simulated CUDA through libsimcall.so (tests/common). The real
+//! torch is exercised on the GPU machine (tests/gpu/zoo).
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -61,6 +64,7 @@ struct Env {
     fake: PathBuf,
     dumps: PathBuf,
     user_site: PathBuf,
+    simcall: PathBuf,
 }
 
 fn env() -> Option<Env> {
@@ -77,6 +81,7 @@ fn env() -> Option<Env> {
     let fake = tmp.path().join("fake");
     std::fs::create_dir_all(fake.join("torch")).unwrap();
     std::fs::write(fake.join("torch/__init__.py"), FAKE_TORCH).unwrap();
+    common::write_fake_torch_step_hooks(&fake.join("torch"));
     let user_site = tmp.path().join("user_site");
     std::fs::create_dir_all(&user_site).unwrap();
     std::fs::write(
@@ -84,34 +89,72 @@ fn env() -> Option<Env> {
         "import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = '1'\n",
     )
     .unwrap();
+    let simcall = common::build_simcall(tmp.path())?;
     let dumps = tmp.path().join("dumps");
     Some(Env {
         fake,
         dumps,
         user_site,
+        simcall,
         _tmp: tmp,
     })
 }
 
-fn run_python(e: &Env, program: &str, extra: &[(&str, &str)], hook: bool) -> Output {
-    common::shim_lib();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_oomshim"));
-    cmd.arg("run").arg("--dir").arg(&e.dumps);
-    if !hook {
-        cmd.arg("--no-torch-hook");
-    }
-    cmd.args(["--", "python3", "-c", program]);
+/// How the program is started.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Launcher {
+    /// `LD_PRELOAD=liboomshim.so python3 …`: the shim puts the hook on the path itself.
+    Preload,
+    /// `oomshim run -- python3 …`.
+    Run,
+    /// `oomshim run --no-torch-hook -- python3 …`.
+    RunWithoutHook,
+}
+
+fn python(e: &Env, launcher: Launcher, program: &str, extra: &[(&str, &str)]) -> Output {
+    let lib = common::shim_lib();
+    let mut cmd = match launcher {
+        Launcher::Preload => {
+            let mut c = Command::new("python3");
+            c.env("LD_PRELOAD", &lib).env("OOMSHIM_DIR", &e.dumps);
+            c
+        }
+        Launcher::Run | Launcher::RunWithoutHook => {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_oomshim"));
+            c.arg("run")
+                .arg("--dir")
+                .arg(&e.dumps)
+                .arg("--lib")
+                .arg(&lib);
+            if launcher == Launcher::RunWithoutHook {
+                c.arg("--no-torch-hook");
+            }
+            c.args(["--", "python3"]);
+            c.env_remove("LD_PRELOAD");
+            c
+        }
+    };
+    cmd.args(["-c", program, e.simcall.to_str().unwrap()]);
     cmd.env(
         "PYTHONPATH",
         format!("{}:{}", e.fake.display(), e.user_site.display()),
-    );
+    )
+    .env("SIMCUDA_CAPACITY", "2G")
+    .env_remove("OOMSHIM_TORCH_HOOK");
     for (k, v) in extra {
         cmd.env(k, v);
     }
-    let out = cmd.output().unwrap();
+    let out = common::wait_with_watchdog(
+        {
+            cmd.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            cmd
+        },
+        std::time::Duration::from_secs(60),
+    );
     assert!(
         out.status.success(),
-        "stdout {} stderr {}",
+        "{launcher:?}: stdout {} stderr {}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -131,98 +174,291 @@ fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
     v
 }
 
-const OOM_PROGRAM: &str = r#"
-import os, sys
-import torch
+fn dumps(dir: &Path) -> Vec<PathBuf> {
+    files(dir, "json")
+        .into_iter()
+        .filter(|p| {
+            !p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("oomshim-torch-")
+        })
+        .collect()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// The start of every test program: the simulated device through libsimcall, and the checks
+/// that the hook is installed the way it should be.
+const PRELUDE: &str = r#"
+import ctypes, os, sys
+sim = ctypes.CDLL(sys.argv[1])
+sim.simcall_alloc.restype = ctypes.c_void_p
+sim.simcall_alloc.argtypes = [ctypes.c_size_t]
+MiB = 1 << 20
 assert os.environ.get("USER_SITECUSTOMIZE_RAN") == "1", "the user's sitecustomize must still run"
+assert not any("python-hook" in p for p in os.environ.get("PYTHONPATH", "").split(":")), \
+    "children must not inherit the hook's directory: " + os.environ.get("PYTHONPATH", "")
+import torch
 assert not torch._observers, "nothing attached before CUDA initialises"
 torch._fake_cuda_init()
-assert len(torch._observers) == 1
-torch._fake_oom(0, 2 << 30, 80 << 30, 512 << 20)
+"#;
+
+/// Fills the simulated device at one line until it fails, then torch says it raised.
+const OOM_PROGRAM: &str = r#"
+assert len(torch._observers) == 1, "torch's OOM observer is attached"
+kept = []
+while True:
+    p = sim.simcall_alloc(128 * MiB)  # the program's line
+    if not p:
+        break
+    kept.append(p)
+torch._fake_oom(0, 128 * MiB, 2 << 30, 0)
 print("ok")
 "#;
 
+fn program(body: &str) -> String {
+    format!("{PRELUDE}{body}")
+}
+
 #[test]
-fn at_oom_the_hook_saves_torchs_cache_next_to_the_dumps() {
+fn under_plain_ld_preload_and_oomshim_run_torchs_word_is_in_the_dump_before_it_is_judged() {
     let Some(e) = env() else { return };
-    let out = run_python(
-        &e,
-        OOM_PROGRAM,
-        &[(
-            "PYTORCH_CUDA_ALLOC_CONF",
-            "garbage_collection_threshold:0.8",
-        )],
-        true,
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
-    assert!(
-        out.stderr.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let summaries = files(&e.dumps, "json");
-    assert_eq!(summaries.len(), 1, "{summaries:?}");
+    let mut verdicts = Vec::new();
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let _ = std::fs::remove_dir_all(&e.dumps);
+        let start = std::time::Instant::now();
+        let out = python(
+            &e,
+            launcher,
+            &program(OOM_PROGRAM),
+            &[
+                (
+                    "PYTORCH_CUDA_ALLOC_CONF",
+                    "garbage_collection_threshold:0.8",
+                ),
+                // torch's word ends the wait: no settle window is sat out.
+                ("OOMSHIM_SETTLE", "30s"),
+            ],
+        );
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(stdout(&out), "ok");
+        let files = dumps(&e.dumps);
+        assert_eq!(files.len(), 1, "{launcher:?}: {files:?}\n{}", stderr(&out));
+        let d = oomshim::dump::read::read_dump(&files[0]).unwrap();
+        let req = d.failed_request.as_ref().unwrap();
+        assert_eq!(req.bytes, 128 << 20);
+        assert_eq!(req.recovered, Some(false));
+        assert_eq!(req.resolution.as_deref(), Some("framework_raised"));
+        let fw = d.framework.as_ref().expect("torch's account");
+        assert_eq!(fw.name, "torch");
+        assert!(fw.raised);
+        assert_eq!(
+            fw.alloc_conf.as_deref(),
+            Some("garbage_collection_threshold:0.8")
+        );
+        assert_eq!(fw.version.as_deref(), Some("0.0-fake"));
+        // torch's cache: 3 segments of 1 GiB, each split by a 600 MiB tensor.
+        let fb = &d.free_blocks;
+        assert_eq!(fb.source, "torch-snapshot");
+        assert_eq!(fb.segments, Some(3));
+        assert_eq!(fb.reserved_bytes, Some(3 << 30));
+        assert_eq!(fb.allocated_bytes, Some(3 * (600 << 20)));
+        assert_eq!(fb.total_free_bytes, Some(3 * ((1 << 30) - (600 << 20))));
+        assert_eq!(fb.largest_free_bytes, Some((1 << 30) - (600 << 20)));
+        assert_eq!(fb.histogram.iter().map(|b| b.count).sum::<u64>(), 3);
+        // The full snapshot beside the dump, under the name the dump gives.
+        let pickle = files[0].with_file_name(fw.snapshot_file.as_deref().unwrap());
+        assert!(pickle.is_file(), "{pickle:?}");
+        assert_eq!(
+            std::fs::metadata(&pickle).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        // stderr says what the dump says, and so does `oomshim report`.
+        let err = stderr(&out);
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("oomshim: CUDA out of memory"))
+            .unwrap_or_else(|| panic!("{err}"));
+        let top = &d.verdict.findings[0];
+        assert!(line.contains("torch raised OutOfMemoryError"), "{line}");
+        assert!(
+            line.ends_with(&format!("{}: {}", top.kind, top.headline)),
+            "{line}\n{top:?}"
+        );
+        let rep = Command::new(env!("CARGO_BIN_EXE_oomshim"))
+            .args(["report", "--json"])
+            .arg(&files[0])
+            .output()
+            .unwrap();
+        let j: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
+        assert_eq!(j["verdict"]["kind"], d.verdict.kind.as_str());
+        assert_eq!(
+            j["verdict"]["findings"][0]["headline"],
+            top.headline.as_str()
+        );
+        verdicts.push((d.verdict.kind.clone(), top.headline.clone()));
+    }
     assert_eq!(
-        files(&e.dumps, "pickle").len(),
-        1,
-        "the full snapshot is kept too"
+        verdicts[0], verdicts[1],
+        "plain LD_PRELOAD and oomshim run agree"
     );
-    let c: oomshim::report::torch_cache::TorchCache =
-        serde_json::from_slice(&std::fs::read(&summaries[0]).unwrap()).unwrap();
-    assert_eq!(c.request_bytes, 2 << 30);
-    assert_eq!(c.device_free_bytes, Some(512 << 20));
-    assert_eq!(c.alloc_conf, "garbage_collection_threshold:0.8");
-    assert_eq!(c.cache.segments, 3);
-    assert_eq!(c.cache.reserved_bytes, 3 << 30);
-    assert_eq!(c.cache.allocated_bytes, 3 * (600 << 20));
-    assert_eq!(c.cache.total_free_bytes, 3 * ((1 << 30) - (600 << 20)));
-    assert_eq!(c.cache.largest_free_bytes, (1 << 30) - (600 << 20));
-    assert_eq!(c.cache.inactive_split_bytes, c.cache.total_free_bytes);
-    let frag = c.cache.fragmentation.unwrap();
-    assert!((frag - 2.0 / 3.0).abs() < 1e-9, "{frag}");
-    assert_eq!(c.cache.histogram.iter().map(|b| b.count).sum::<u64>(), 3);
+}
+
+#[test]
+fn torchs_word_without_a_failed_cuda_call_is_a_dump_of_its_own() {
+    // A memory-fraction cap: torch refuses without asking CUDA.
+    let Some(e) = env() else { return };
+    let out = python(
+        &e,
+        Launcher::Preload,
+        &program("torch._fake_oom(0, 2 << 30, 80 << 30, 512 << 20)\nprint('ok')\n"),
+        &[],
+    );
+    assert_eq!(stdout(&out), "ok");
+    let found = dumps(&e.dumps);
+    assert_eq!(found.len(), 1);
+    let d = oomshim::dump::read::read_dump(&found[0]).unwrap();
+    let req = d.failed_request.as_ref().unwrap();
+    assert_eq!(req.api, "framework_allocator");
+    assert_eq!(req.bytes, 2 << 30);
+    assert_eq!(
+        d.devices[0].total_bytes,
+        Some(80 << 30),
+        "torch's allowed maximum"
+    );
+    assert!(
+        stderr(&out).contains(
+            "(torch's caching allocator of 2.00 GiB refused; torch raised OutOfMemoryError)"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(files(&e.dumps, "pickle").len(), 1);
+}
+
+#[test]
+fn optimizer_steps_and_forward_passes_are_marked_without_user_code() {
+    let Some(e) = env() else { return };
+    // Training: every step keeps 96 MiB; the hook marks torch.optim's steps.
+    let training = r#"
+from torch.optim.optimizer import _fake_step
+kept = []
+for step in range(1000):
+    p = sim.simcall_alloc(96 * MiB)  # kept every step
+    if not p:
+        break
+    kept.append(p)
+    _fake_step()
+torch._fake_oom(0, 96 * MiB, 2 << 30, 0)
+print("ok")
+"#;
+    python(&e, Launcher::Preload, &program(training), &[]);
+    let d = oomshim::dump::read::read_dump(&dumps(&e.dumps)[0]).unwrap();
+    let g = d.growth.as_ref().expect("growth");
+    assert_eq!(g.steps.as_deref(), Some("optimizer"));
+    assert_eq!(d.verdict.kind, "leak", "{:#?}", d.verdict);
+    let headline = &d.verdict.findings[0].headline;
+    assert!(headline.starts_with("<module> (<string>:"), "{headline}");
+    assert!(headline.contains("optimizer steps"), "{headline}");
+    // Evaluation: the outermost module's forward passes are the steps; each keeps 64 MiB.
+    let _ = std::fs::remove_dir_all(&e.dumps);
+    let evaluation = r#"
+from torch.nn.modules.module import Module
+class Head(Module):
+    def forward(self, x):
+        p = sim.simcall_alloc(64 * MiB)  # the prediction, kept
+        if p:
+            kept.append(p)
+        return p
+class Model(Module):
+    pass
+model = Model(children=[Module(params=0), Head(params=1)])
+kept = []
+for batch in range(1000):
+    if not model(1):
+        break
+torch._fake_oom(0, 64 * MiB, 2 << 30, 0)
+print("ok")
+"#;
+    python(&e, Launcher::Preload, &program(evaluation), &[]);
+    let d = oomshim::dump::read::read_dump(&dumps(&e.dumps)[0]).unwrap();
+    let g = d.growth.as_ref().expect("growth");
+    assert_eq!(g.steps.as_deref(), Some("forward"));
+    assert_eq!(d.verdict.kind, "leak", "{:#?}", d.verdict);
+    assert!(
+        d.verdict.findings[0]
+            .headline
+            .starts_with("Head.forward (<string>:"),
+        "{}",
+        d.verdict.findings[0].headline
+    );
+    // The global module hooks are gone once the model is found: only its own hook runs.
+    let check = "from torch.nn.modules import module as m\nm_model = m.Module(children=[m.Module()])\nm_model(1)\nassert not m._pre and not m._post, (m._pre, m._post)\nprint('ok')\n";
+    assert_eq!(
+        stdout(&python(&e, Launcher::Preload, &program(check), &[])),
+        "ok"
+    );
 }
 
 #[test]
 fn a_program_that_never_imports_torch_never_gets_it() {
     let Some(e) = env() else { return };
-    let out = run_python(
-        &e,
-        "import sys, os\nprint('torch' in sys.modules, os.environ.get('USER_SITECUSTOMIZE_RAN'))",
-        &[],
-        true,
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "False 1");
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let out = python(
+            &e,
+            launcher,
+            "import sys, os\nprint('torch' in sys.modules, os.environ.get('USER_SITECUSTOMIZE_RAN'))",
+            &[],
+        );
+        assert_eq!(stdout(&out), "False 1");
+    }
     assert!(files(&e.dumps, "json").is_empty());
 }
 
 #[test]
 fn the_hook_can_be_switched_off() {
     let Some(e) = env() else { return };
-    let program = OOM_PROGRAM.replace(
-        "assert len(torch._observers) == 1",
-        "assert not torch._observers",
+    let program = program("assert not torch._observers\nprint('ok')\n");
+    assert_eq!(
+        stdout(&python(&e, Launcher::RunWithoutHook, &program, &[])),
+        "ok"
     );
-    run_python(&e, &program, &[], false);
-    run_python(&e, &program, &[("OOMSHIM_TORCH_HOOK", "0")], true);
-    assert!(files(&e.dumps, "json").is_empty());
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let out = python(&e, launcher, &program, &[("OOMSHIM_TORCH_HOOK", "0")]);
+        assert_eq!(stdout(&out), "ok");
+    }
 }
 
 #[test]
 fn a_failing_snapshot_is_one_message_and_the_program_goes_on() {
     let Some(e) = env() else { return };
-    let program = OOM_PROGRAM.replace(
-        "import torch\n",
-        "import torch\ntorch.cuda.memory._snapshot = None\n",
+    let body = OOM_PROGRAM.replace(
+        "torch._fake_oom(",
+        "torch.cuda.memory._snapshot = None\ntorch._fake_oom(",
     );
-    let out = run_python(&e, &program, &[], true);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.lines().count(), 1, "{err}");
+    let out = python(&e, Launcher::Preload, &program(&body), &[]);
+    assert_eq!(stdout(&out), "ok");
+    let err = stderr(&out);
+    let hook_lines: Vec<&str> = err.lines().filter(|l| l.contains("python hook")).collect();
+    assert_eq!(hook_lines.len(), 1, "{err}");
     assert!(
-        err.contains("oomshim: torch hook: could not save torch's snapshot"),
+        hook_lines[0].contains("oomshim: python hook: could not give the shim torch's view"),
         "{err}"
     );
+    // The shim's own dump is still written (after the settle window).
+    assert_eq!(dumps(&e.dumps).len(), 1, "{err}");
 }
 
 #[test]
@@ -235,57 +471,81 @@ fn python_can_ask_the_shim_for_a_dump() {
         .arg("-c")
         .arg(program)
         .env("PYTHONPATH", &pkg)
+        .env_remove("LD_PRELOAD")
         .output()
         .unwrap();
     assert!(!bare.status.success());
     assert!(String::from_utf8_lossy(&bare.stderr).contains("liboomshim.so is not loaded"));
-    // Under the shim: a dump with that reason.
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(program)
-        .env("PYTHONPATH", &pkg)
-        .env("LD_PRELOAD", common::shim_lib())
-        .env("OOMSHIM_DIR", &e.dumps)
+    // Under the shim, with the package on no path of the program's own: the hook's directory
+    // carries it, so `import oomshim` works under plain LD_PRELOAD and under oomshim run.
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let _ = std::fs::remove_dir_all(&e.dumps);
+        let out = python(&e, launcher, program, &[]);
+        assert_eq!(stdout(&out), "True True", "{}", stderr(&out));
+        let dumps = dumps(&e.dumps);
+        assert_eq!(dumps.len(), 1);
+        let d = oomshim::dump::read::read_dump(&dumps[0]).unwrap();
+        assert_eq!(d.reason, "from-python");
+    }
+}
+
+#[test]
+fn the_same_oom_caught_again_and_again_is_one_dump_and_a_count() {
+    let Some(e) = env() else { return };
+    // Three OutOfMemoryErrors from one line, as a loop that catches them and goes on.
+    let body =
+        "for _ in range(3):\n    torch._fake_oom(0, 2 << 30, 80 << 30, 512 << 20)\nprint('ok')\n";
+    let out = python(&e, Launcher::Preload, &program(body), &[]);
+    assert_eq!(dumps(&e.dumps).len(), 1, "default interval: one");
+    assert!(
+        stderr(&out)
+            .contains("2 out-of-memory failures after the last dump got no dump of their own"),
+        "{}",
+        stderr(&out)
+    );
+    let again = env().unwrap();
+    python(
+        &again,
+        Launcher::Preload,
+        &program(body),
+        &[("OOMSHIM_MIN_INTERVAL", "0")],
+    );
+    assert_eq!(dumps(&again.dumps).len(), 3, "no interval: one each");
+}
+
+#[test]
+fn with_no_settle_window_torchs_view_is_a_side_file_the_report_merges() {
+    // OOMSHIM_SETTLE=0: the dump is final at the failure, before torch speaks; the hook then
+    // saves torch's view beside it, and `oomshim report` merges it (matched by pid, device and
+    // request).
+    let Some(e) = env() else { return };
+    python(
+        &e,
+        Launcher::Preload,
+        &program(OOM_PROGRAM),
+        &[("OOMSHIM_SETTLE", "0")],
+    );
+    let found = dumps(&e.dumps);
+    assert_eq!(found.len(), 1);
+    let d = oomshim::dump::read::read_dump(&found[0]).unwrap();
+    assert!(d.framework.is_none());
+    assert_eq!(d.free_blocks.source, "unavailable");
+    let side: Vec<PathBuf> = files(&e.dumps, "json")
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("oomshim-torch-")
+        })
+        .collect();
+    assert_eq!(side.len(), 1);
+    let rep = Command::new(env!("CARGO_BIN_EXE_oomshim"))
+        .args(["report", "--json"])
+        .arg(&found[0])
         .output()
         .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "True True",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dumps = files(&e.dumps, "json");
-    assert_eq!(dumps.len(), 1);
-    let d = oomshim::dump::read::read_dump(&dumps[0]).unwrap();
-    assert_eq!(d.reason, "from-python");
-}
-
-#[test]
-fn oomshim_run_makes_the_python_package_importable() {
-    let Some(e) = env() else { return };
-    let out = run_python(
-        &e,
-        "import oomshim\nprint(oomshim.loaded(), oomshim.dump('via-run'))",
-        &[],
-        true,
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "True True");
-    let dumps = files(&e.dumps, "json");
-    assert_eq!(dumps.len(), 1, "{dumps:?}");
-}
-
-#[test]
-fn a_program_that_keeps_catching_ooms_gets_one_snapshot_per_interval() {
-    let Some(e) = env() else { return };
-    // Three OutOfMemoryErrors in a row, as a loop that catches them and goes on.
-    let program = OOM_PROGRAM.replace(
-        "torch._fake_oom(0, 2 << 30, 80 << 30, 512 << 20)\n",
-        "for _ in range(3):\n    torch._fake_oom(0, 2 << 30, 80 << 30, 512 << 20)\n",
-    );
-    run_python(&e, &program, &[], true);
-    assert_eq!(files(&e.dumps, "json").len(), 1, "default interval: one");
-    assert_eq!(files(&e.dumps, "pickle").len(), 1);
-    let again = env().unwrap();
-    run_python(&again, &program, &[("OOMSHIM_MIN_INTERVAL", "0")], true);
-    assert_eq!(files(&again.dumps, "json").len(), 3, "interval 0: every one");
+    let j: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
+    assert_eq!(j["free_blocks"]["source"], "torch-snapshot", "{j:#}");
 }

@@ -116,7 +116,12 @@ struct Env {
 }
 
 fn env() -> Option<Env> {
-    if Command::new("python3").arg("-c").arg("pass").output().is_err() {
+    if Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .output()
+        .is_err()
+    {
         eprintln!("SKIPPED: python3 not found");
         return None;
     }
@@ -124,6 +129,7 @@ fn env() -> Option<Env> {
     let fake = tmp.path().join("fake");
     std::fs::create_dir_all(fake.join("torch")).unwrap();
     std::fs::write(fake.join("torch/__init__.py"), FAKE_TORCH).unwrap();
+    common::write_fake_torch_step_hooks(&fake.join("torch"));
     Some(Env { tmp, fake })
 }
 
@@ -275,5 +281,9 @@ print(ot.memory_allocated(), ot.library_path())
     let text = ok(&out);
     // The preloaded copy is the one torch was given.
     assert_eq!(text.trim(), format!("{} {}", 3 * MIB, lib.display()));
-    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -64,54 +64,14 @@ pub fn exit_code(status: std::process::ExitStatus) -> i32 {
     }
 }
 
-/// The Python hook (see shim/python/oomshim_hook): saves torch's own snapshot when torch raises
-/// OutOfMemoryError, so reports can show its cache.
-const TORCH_HOOK: &str = include_str!("../../shim/python/oomshim_hook/sitecustomize.py");
-
-/// The `oomshim` Python package (`oomshim.dump()`, …), made importable for programs started by
-/// `oomshim run` without installing it.
-const PY_PACKAGE: &str = include_str!("../../shim/python/oomshim/__init__.py");
-/// `oomshim.torch`: allocator mode (`--torch-allocator`).
-const PY_TORCH: &str = include_str!("../../shim/python/oomshim/torch.py");
-
-/// Writes the Python hook into the user's private oomshim directory (once per version) and
-/// returns the directory to put first on PYTHONPATH.
+/// The Python hook's directory (src/pyhook.rs), written if needed.
 pub fn python_hook_dir() -> Result<PathBuf, String> {
-    let base = crate::dump::write::fallback_dir();
-    crate::dump::write::prepare_private_dir(&base)
-        .map_err(|e| format!("{}: {e}", base.display()))?;
-    let dir = base.join(format!("python-hook-{}", env!("CARGO_PKG_VERSION")));
-    write_if_changed(&dir.join("sitecustomize.py"), TORCH_HOOK)?;
-    write_if_changed(&dir.join("oomshim").join("__init__.py"), PY_PACKAGE)?;
-    write_if_changed(&dir.join("oomshim").join("torch.py"), PY_TORCH)?;
-    Ok(dir)
-}
-
-/// Writes `text` to `file` atomically unless it already holds exactly that.
-fn write_if_changed(file: &Path, text: &str) -> Result<(), String> {
-    if std::fs::read_to_string(file).ok().as_deref() == Some(text) {
-        return Ok(());
-    }
-    let dir = file.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.{}",
-        file.file_name().and_then(|n| n.to_str()).unwrap_or("f"),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, text)
-        .and_then(|_| std::fs::rename(&tmp, file))
-        .map_err(|e| format!("{}: {e}", file.display()))
+    crate::pyhook::hook_dir()
 }
 
 /// `PYTHONPATH` with `dir` first.
 pub fn pythonpath_value(dir: &Path, existing: Option<&OsStr>) -> OsString {
-    let mut v = OsString::from(dir.as_os_str());
-    if let Some(e) = existing.filter(|e| !e.is_empty()) {
-        v.push(":");
-        v.push(e);
-    }
-    v
+    crate::pyhook::pythonpath_value(dir, existing)
 }
 
 pub struct RunOptions<'a> {
@@ -149,6 +109,9 @@ pub fn run(opts: &RunOptions) -> Result<(u32, i32), String> {
             // The program still runs, with the shim; only torch's own snapshot will be missing.
             Err(e) => eprintln!("oomshim: the Python hook is off: {e}"),
         }
+    } else {
+        // The shim would put the hook on the path by itself (src/pyhook.rs): say no to it too.
+        cmd.env("OOMSHIM_TORCH_HOOK", "0");
     }
     for (k, v) in &opts.extra_env {
         cmd.env(k, v);

@@ -1,6 +1,7 @@
 //! Dump files: the schema ([`model`]), reading them back ([`read`]) and writing them atomically
 //! ([`write`]).
 
+pub mod fit;
 pub mod model;
 pub mod read;
 pub mod write;

@@ -61,6 +61,64 @@ pub struct Dump {
     /// large sizes). Absent in dumps of older versions and before any allocation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_sizes: Option<RequestSizes>,
+    /// What the framework (PyTorch, XLA) reported about this out-of-memory failure, through
+    /// oomshim's Python hook: whether it raised its out-of-memory error and the state of its
+    /// cache then. Absent when no framework spoke (plain CUDA programs, dumps of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub framework: Option<FrameworkOom>,
+}
+
+/// The framework's own account of an out-of-memory failure (see [`Dump::framework`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FrameworkOom {
+    /// `"torch"` or `"xla"`.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The framework raised its out-of-memory error to the program (`torch.OutOfMemoryError`,
+    /// XLA's `RESOURCE_EXHAUSTED`): the failure stood.
+    pub raised: bool,
+    /// The request as the framework saw it (torch: the rounded block size, before the segment
+    /// rounding that reaches `cudaMalloc`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_bytes: Option<u64>,
+    /// The device's total (or, under `set_per_process_memory_fraction`, the allowed maximum) and
+    /// free bytes as the framework reported them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_total_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_free_bytes: Option<u64>,
+    /// `PYTORCH_CUDA_ALLOC_CONF` (torch) in force, when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc_conf: Option<String>,
+    /// Selected counters of the framework (torch: `num_alloc_retries`, `num_ooms`, …).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub stats: std::collections::BTreeMap<String, u64>,
+    /// The framework's cache at the failure (its free blocks are in the dump's `free_blocks`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheSummary>,
+    /// The file beside the dump holding the framework's full snapshot (torch:
+    /// `torch.cuda.memory._snapshot()` as a pickle, for pytorch.org/memory_viz).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_file: Option<String>,
+    /// The framework's error message, when it gave one (XLA), cut to 1 KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A caching allocator's segments and free blocks on one device, as the framework reports them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CacheSummary {
+    pub segments: u64,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+    pub total_free_bytes: u64,
+    pub largest_free_bytes: u64,
+    pub inactive_split_bytes: u64,
+    #[serde(default)]
+    pub fragmentation: Option<f64>,
+    #[serde(default)]
+    pub histogram: Vec<HistogramBin>,
 }
 
 /// Sizes of the most recent device allocation requests (src/runtime/growth.rs): a ring of the
@@ -99,12 +157,14 @@ pub struct SizeBin {
 /// History of live device bytes per allocation site (src/runtime/growth.rs).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Growth {
-    /// `"step"` when steps are marked (`oomshim_step()`) or detected, else `"second"` (1 s
-    /// buckets).
+    /// `"step"` when steps are marked or detected, else `"second"` (1 s buckets).
     pub unit: String,
     /// Where the steps came from: `"marked"` (the program calls `oomshim_step()`),
-    /// `"detected"` (a repeating allocation pattern, see `detected`) or `"time"` (no steps: one
-    /// sample per second). Absent in dumps of older versions (`unit` tells marked from time).
+    /// `"optimizer"` (every `torch.optim` optimizer step, marked by oomshim's Python hook),
+    /// `"forward"` (every forward pass of the program's outermost `torch.nn.Module`, marked by
+    /// the hook), `"detected"` (a repeating allocation pattern, see `detected`) or `"time"` (no
+    /// steps: one sample per second). Absent in dumps of older versions (`unit` tells marked
+    /// from time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steps: Option<String>,
     /// How the steps were detected, when `steps` is `"detected"`.
@@ -117,15 +177,31 @@ pub struct Growth {
     /// Free device bytes used for the projections (the failing or current device).
     #[serde(default)]
     pub free_bytes: Option<u64>,
-    /// The step at which the growing sites together exhaust `free_bytes`, from `current`.
+    /// The step in which the growth exhausts `free_bytes` at its fitted rate (the step in
+    /// progress is `current + 1`).
     #[serde(default)]
     pub projected_oom_step: Option<u64>,
-    /// Sites whose live bytes grow (linear fit, positive slope, R² ≥ 0.9, ≥ 4 samples), largest
-    /// growth first, at most 10.
+    /// Sites whose live bytes grow, largest growth first, at most 10. With `fit`: each site's
+    /// slope over the fitted stretch, with its `share` of the fitted growth. Without (older
+    /// dumps): sites whose own samples grow steadily (R² ≥ 0.9, ≥ 4 samples).
     pub sites: Vec<GrowthSite>,
     /// Tracked device bytes (all sites) at each of the last 64 samples.
     #[serde(default)]
     pub tracked: Vec<GrowthPoint>,
+    /// The growth of all tracked bytes: the longest stretch of samples, ending at the newest,
+    /// that grows steadily (positive slope, R² ≥ 0.9, ≥ 4 samples); absent when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fit: Option<GrowthFit>,
+}
+
+/// Steady growth of the whole process's tracked bytes (see [`Growth::fit`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GrowthFit {
+    pub bytes_per_step: u64,
+    pub r_squared: f64,
+    pub samples: u64,
+    pub first: GrowthPoint,
+    pub last: GrowthPoint,
 }
 
 /// Steps found without marks: one allocation site (the anchor) recurs every `period`
@@ -161,6 +237,16 @@ pub struct GrowthSite {
     #[serde(default)]
     pub projected_oom_step: Option<u64>,
     pub stack: Vec<Frame>,
+    /// This site's part of the process's fitted growth (0–1), when the dump has a `fit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<f64>,
+    /// How allocations were grouped into this site: `"python_line"` (the program's own Python
+    /// line, library frames passed over), `"python_stack"` (a Python stack with no frame of the
+    /// program's own), `"no_python"` (allocations without Python frames in a Python process:
+    /// autograd's backward threads, C++ code), `"native"` (the first frame outside CUDA, the
+    /// framework's allocator and libc).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grouped_by: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -185,6 +271,10 @@ pub struct ConfigSnapshot {
     /// package's `version.py` at dump time; nothing is imported).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torch_version: Option<String>,
+    /// Frameworks loaded in the process (`torch`, `jax`, `cupy`, `tensorflow`), from the
+    /// libraries mapped at dump time; what the verdict's advice is written for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frameworks: Vec<String>,
 }
 
 /// Who else uses the device, as NVML sees it when the dump is written.
@@ -273,10 +363,17 @@ pub struct FailedRequest {
     /// Failures on this device inside the de-duplication interval that began with this one
     /// (1 = only this one). Frameworks free their caches and retry, so bursts are normal.
     pub failures_in_burst: u32,
-    /// `Some(true)`: a later request of at least `bytes` on this device succeeded within the
-    /// settle window (the framework's retry worked; the program did not see this failure).
-    /// `Some(false)`: none did. `None`: the dump was written before that was known.
+    /// `Some(true)`: the retry of this request (the same thread asking again for at least
+    /// `bytes`, with only frees in between) succeeded: the program did not see this failure.
+    /// `Some(false)`: the failure stood (see `resolution`). `None`: the dump was written before
+    /// that was known.
     pub recovered: Option<bool>,
+    /// How `recovered` was learnt: `retry_succeeded`, `framework_raised` (torch raised
+    /// OutOfMemoryError), `next_request_failed` (the same thread's next request failed too),
+    /// `settle_expired` (no retry succeeded within `OOMSHIM_SETTLE`), `process_exit`,
+    /// `allocator` (oomshim's own allocator gave up after emptying its cache), `unknown`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolution: Option<String>,
     /// State at the last failure of the burst (after the framework freed what it could).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<LastFailure>,
@@ -509,4 +606,15 @@ pub struct Recording {
     pub total_allocations: u64,
     /// Out-of-memory failures seen since start (all devices, including de-duplicated ones).
     pub oom_failures: u64,
+    /// Out-of-memory failures before this dump that got no dump of their own: repeats of a
+    /// dumped failure (same device, size and stack within `OOMSHIM_MIN_INTERVAL`) ...
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub repeated_failures: u64,
+    /// ... and failures over the `OOMSHIM_MAX_DUMPS` per-minute cap.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub suppressed_dumps: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

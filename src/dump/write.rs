@@ -196,12 +196,78 @@ fn c_name(name: &str) -> io::Result<CString> {
     CString::new(name).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
 }
 
-fn write_in(dir: &Path, name: &DumpName, bytes: &[u8], mode: u32) -> io::Result<PathBuf> {
-    let (dir_fd, dir) = open_target_dir(dir)?;
-    let dfd = dir_fd.as_raw_fd();
-    let seq_tmp = NEXT_SEQ.load(Ordering::Relaxed);
-    let tmp_name = format!(".oomshim-{}-{}-{}.tmp", name.pid, seq_tmp, unique_suffix());
-    let c_tmp = c_name(&tmp_name)?;
+/// Temporary dump files are `.oomshim-HOST-PID-N-SUFFIX.tmp`: the host and pid tell whether the
+/// process that wrote one is gone (see [`remove_stale_temps`]).
+fn temp_name(host: &str, pid: u32) -> String {
+    format!(
+        ".oomshim-{}-{pid}-{}-{}.tmp",
+        sanitize(host),
+        NEXT_SEQ.load(Ordering::Relaxed),
+        unique_suffix()
+    )
+}
+
+/// A temporary file of another host is removed only when it is older than this: its writer
+/// cannot be asked whether it is alive.
+const STALE_FOREIGN_TEMP: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Removes the temporary dump files in `dir` that no live writer will finish: those of processes
+/// of this host that no longer exist (a process killed while writing its dump), and those of
+/// other hosts older than [`STALE_FOREIGN_TEMP`]. Only names this module writes are touched.
+fn remove_stale_temps(dfd: libc::c_int, dir: &Path, host: &str) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    let me = std::process::id();
+    let host = sanitize(host);
+    for entry in entries.flatten().take(100_000) {
+        let file = entry.file_name();
+        let Some(name) = file.to_str() else { continue };
+        let Some(rest) = name
+            .strip_prefix(".oomshim-")
+            .and_then(|r| r.strip_suffix(".tmp"))
+        else {
+            continue;
+        };
+        // HOST-PID-N-SUFFIX; the host may contain dashes: take the numbers from the right.
+        let parts: Vec<&str> = rest.rsplitn(4, '-').collect();
+        if parts.len() != 4 || !parts[..3].iter().all(|p| p.parse::<u64>().is_ok()) {
+            continue;
+        }
+        let (pid, their_host) = (parts[2].parse::<u32>().unwrap_or(0), parts[3]);
+        let stale = if their_host == host {
+            pid != me && pid != 0 && !process_exists(pid)
+        } else {
+            entry
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > STALE_FOREIGN_TEMP)
+        };
+        if stale {
+            if let Ok(c) = c_name(name) {
+                unsafe { libc::unlinkat(dfd, c.as_ptr(), 0) };
+            }
+        }
+    }
+}
+
+fn process_exists(pid: u32) -> bool {
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Writes `bytes` to a new temporary file in the directory `dfd`, synced and with exactly `mode`;
+/// returns its name. Nothing is left behind on failure.
+fn write_temp(
+    dfd: libc::c_int,
+    host: &str,
+    pid: u32,
+    bytes: &[u8],
+    mode: u32,
+) -> io::Result<CString> {
+    let c_tmp = c_name(&temp_name(host, pid))?;
     let fd = unsafe {
         libc::openat(
             dfd,
@@ -226,13 +292,62 @@ fn write_in(dir: &Path, name: &DumpName, bytes: &[u8], mode: u32) -> io::Result<
             Ok(())
         });
     drop(file);
+    if let Err(e) = result {
+        unsafe { libc::unlinkat(dfd, c_tmp.as_ptr(), 0) };
+        return Err(e);
+    }
+    Ok(c_tmp)
+}
+
+/// Replaces the dump at `path`, written earlier by this process (a provisional dump whose
+/// outcome is now known), with `bytes`: readers see the old file or the new one, never a mix.
+pub fn rewrite_dump(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    let fail = |e: io::Error| WriteError {
+        message: format!("cannot rewrite {}: {e}", path.display()),
+    };
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let file = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| fail(io::Error::new(io::ErrorKind::InvalidInput, "no file name")))?;
+    let dir_fd = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(fail)?;
+    let dfd = dir_fd.as_raw_fd();
+    let host = hostname_for_temp();
+    let c_tmp =
+        write_temp(dfd, &host, std::process::id(), bytes, file_mode() & 0o775).map_err(fail)?;
+    let c_to = c_name(file).map_err(fail)?;
+    if unsafe { libc::renameat(dfd, c_tmp.as_ptr(), dfd, c_to.as_ptr()) } != 0 {
+        let e = io::Error::last_os_error();
+        unsafe { libc::unlinkat(dfd, c_tmp.as_ptr(), 0) };
+        return Err(fail(e));
+    }
+    Ok(())
+}
+
+fn hostname_for_temp() -> String {
+    let mut buf = [0u8; 256];
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return "host".to_string();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+fn write_in(dir: &Path, name: &DumpName, bytes: &[u8], mode: u32) -> io::Result<PathBuf> {
+    let (dir_fd, dir) = open_target_dir(dir)?;
+    let dfd = dir_fd.as_raw_fd();
+    remove_stale_temps(dfd, &dir, &name.host);
+    let c_tmp = write_temp(dfd, &name.host, name.pid, bytes, mode)?;
     let remove_tmp = || unsafe {
         libc::unlinkat(dfd, c_tmp.as_ptr(), 0);
     };
-    if let Err(e) = result {
-        remove_tmp();
-        return Err(e);
-    }
     // Claim the next free name without ever replacing a file.
     for _ in 0..10_000 {
         let seq = NEXT_SEQ.fetch_add(1, Ordering::Relaxed);

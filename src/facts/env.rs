@@ -59,6 +59,7 @@ pub fn snapshot(
         cuda_driver_version: driver,
         cuda_runtime_version: runtime,
         torch_version: None,
+        frameworks: Vec::new(),
     }
 }
 
@@ -122,6 +123,40 @@ pub fn torch_version_in(maps: &str) -> Option<String> {
 /// /proc/self/maps and one small file).
 pub fn torch_version() -> Option<String> {
     torch_version_in(&std::fs::read_to_string("/proc/self/maps").ok()?)
+}
+
+/// Frameworks whose libraries `maps` (the text of `/proc/self/maps`) shows loaded, in a fixed
+/// order: `torch` (`torch/lib/libtorch*`, `libc10*`), `jax` (`jaxlib/`, `jax_plugins/`), `cupy`
+/// (`cupy/`, `cupy_backends/`), `tensorflow` (`libtensorflow*`). What the verdict's advice is
+/// written for; nothing is loaded or imported.
+pub fn frameworks_in(maps: &str) -> Vec<String> {
+    let mut found = [false; 4];
+    for line in maps.lines() {
+        let Some(path) = line.splitn(6, char::is_whitespace).nth(5).map(str::trim) else {
+            continue;
+        };
+        let file = path.rsplit('/').next().unwrap_or(path);
+        if path.contains("/torch/lib/")
+            && (file.starts_with("libtorch") || file.starts_with("libc10"))
+        {
+            found[0] = true;
+        }
+        if path.contains("/jaxlib/") || path.contains("/jax_plugins/") {
+            found[1] = true;
+        }
+        if path.contains("/cupy/") || path.contains("/cupy_backends/") {
+            found[2] = true;
+        }
+        if file.starts_with("libtensorflow") {
+            found[3] = true;
+        }
+    }
+    ["torch", "jax", "cupy", "tensorflow"]
+        .iter()
+        .zip(found)
+        .filter(|(_, f)| *f)
+        .map(|(n, _)| n.to_string())
+        .collect()
 }
 
 /// `13000` → `13.0`, `12080` → `12.8`.
@@ -192,6 +227,20 @@ mod tests {
         assert_eq!(torch_version_in(&maps), None);
         // This test process has no torch loaded.
         assert_eq!(torch_version(), None);
+    }
+
+    #[test]
+    fn frameworks_from_the_mapped_libraries() {
+        let maps =
+            "7f-7f r-xp 0 0:0 1 /venv/lib/python3.12/site-packages/torch/lib/libc10_cuda.so\n\
+                    7f-7f r-xp 0 0:0 1 /venv/lib/python3.12/site-packages/jaxlib/_jax.so\n\
+                    7f-7f r-xp 0 0:0 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n";
+        assert_eq!(frameworks_in(maps), ["torch", "jax"]);
+        let cupy = "7f-7f r-xp 0 0:0 1 /v/site-packages/cupy_backends/cuda/api/runtime.cpython-312-x86_64-linux-gnu.so\n";
+        assert_eq!(frameworks_in(cupy), ["cupy"]);
+        // A libtorch-named file elsewhere, or none at all: no framework.
+        assert!(frameworks_in("7f-7f r-xp 0 0:0 1 /opt/x/libtorch_cpu.so\n").is_empty());
+        assert!(frameworks_in("").is_empty());
     }
 
     #[test]

@@ -129,7 +129,8 @@ struct SiClassTypeInfo {
 /// info (or std::exception's, when c10 hides it).
 fn synthesized_oom_type() -> Option<*const c_void> {
     let vtable = sym_in(c"_ZTVN10__cxxabiv120__si_class_type_infoE", STDCXX)?;
-    let base = sym_in(c"_ZTIN3c105ErrorE", TORCH).or_else(|| sym_in(c"_ZTISt9exception", STDCXX))?;
+    let base =
+        sym_in(c"_ZTIN3c105ErrorE", TORCH).or_else(|| sym_in(c"_ZTISt9exception", STDCXX))?;
     let ti = Box::new(SiClassTypeInfo {
         // The type info's vtable pointer points past the offset-to-top and RTTI words.
         vtable: (vtable + 2 * std::mem::size_of::<usize>()) as *const c_void,

@@ -54,9 +54,21 @@ extern "C" fn ensure_real_dlsym() -> usize {
 
 extern "C" fn init_real_dlsym() {
     ensure_real_dlsym();
+    // In a Python program that has not started yet: oomshim's Python hook on its path (one
+    // symbol lookup here; src/pyhook.rs).
+    let _ = std::panic::catch_unwind(|| {
+        let found = unsafe { real_dlsym(libc::RTLD_DEFAULT, c"Py_IsInitialized".as_ptr()) };
+        if found.is_null() {
+            return;
+        }
+        let initialized: unsafe extern "C" fn() -> std::ffi::c_int =
+            unsafe { std::mem::transmute(found) };
+        crate::pyhook::prepare_for_python(unsafe { initialized() } == 0);
+    });
 }
 
-/// The only load-time work of the shim: one `dlvsym` lookup.
+/// The only load-time work of the shim: one `dlvsym` lookup, and, in a Python program, one more
+/// lookup and the hook's directory on `PYTHONPATH`.
 #[used]
 #[unsafe(link_section = ".init_array")]
 static INIT_REAL_DLSYM: extern "C" fn() = init_real_dlsym;

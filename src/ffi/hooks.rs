@@ -288,13 +288,88 @@ fn runtime_version() -> Option<i32> {
     (unsafe { f(&mut v) } == SUCCESS && v > 0).then_some(v)
 }
 
+/// The `oomshim_*` functions programs (and oomshim's Python package and hook) call.
+pub const PROGRAM_API: &[&str] = &[
+    "oomshim_dump",
+    "oomshim_step",
+    "oomshim_mark_step",
+    "oomshim_framework_attached",
+    "oomshim_framework_oom",
+];
+
 /// Marks the end of a training step: the shim samples live device bytes per allocation site
 /// (see the dump's `growth` key). One walk of the live allocations, off the allocation path:
 /// cheap enough for every step.
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_step() {
     if let Some(guard) = Guard::enter() {
-        guard.run(runtime::step);
+        guard.run(|| runtime::step(runtime::StepSource::Program));
+    }
+}
+
+/// A step boundary found by `source`: 0 the program itself (the same as `oomshim_step`), 1 an
+/// optimizer step, 2 a forward pass of the program's outermost module (the last two are marked by
+/// oomshim's Python hook). Other values are ignored.
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_mark_step(source: c_int) {
+    let Some(source) = runtime::StepSource::from_code(source) else {
+        return;
+    };
+    if let Some(guard) = Guard::enter() {
+        guard.run(|| runtime::step(source));
+    }
+}
+
+/// oomshim's Python hook attached to a framework's out-of-memory reporting (torch's OOM
+/// observer): failures then wait for the framework's word. `name` is informational.
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_framework_attached(_name: *const c_char) {
+    if let Some(guard) = Guard::enter() {
+        guard.run(runtime::framework_attached);
+    }
+}
+
+/// The framework raised its out-of-memory error on the calling thread. `json`/`len`: the
+/// framework's account as UTF-8 JSON (schema `oomshim.framework-oom/1`, see
+/// `crate::runtime::framework`). Returns once the dump that explains the failure is written
+/// (bounded): its path is copied into `path_out` (`cap` bytes, NUL-terminated; may be NULL) and
+/// 0 is returned when the account is in that dump, 1 when the dump was final before it arrived;
+/// -1 when no dump explains the failure.
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_framework_oom(
+    json: *const c_char,
+    len: usize,
+    path_out: *mut c_char,
+    cap: usize,
+) -> c_int {
+    if json.is_null() || len > runtime::framework::MAX_REPORT_BYTES {
+        return -1;
+    }
+    let Some(guard) = Guard::enter() else {
+        return -1;
+    };
+    let bytes = std::slice::from_raw_parts(json.cast::<u8>(), len);
+    let path = guard
+        .run(|| {
+            let (note, mem_info) = runtime::framework::parse(bytes)?;
+            runtime::framework_oom(note, mem_info)
+        })
+        .flatten();
+    match path {
+        Some((p, included)) => {
+            if !path_out.is_null() && cap > 0 {
+                let text = p.to_string_lossy();
+                let n = text.len().min(cap - 1);
+                std::ptr::copy_nonoverlapping(text.as_ptr(), path_out.cast::<u8>(), n);
+                *path_out.add(n) = 0;
+            }
+            if included {
+                0
+            } else {
+                1
+            }
+        }
+        None => -1,
     }
 }
 
@@ -329,10 +404,7 @@ pub unsafe extern "C" fn oomshim_dump(reason: *const c_char) -> c_int {
             )
         };
         let device = runtime::device_for_on_demand_dump(current);
-        runtime::set_pool_snapshot(
-            device.map(super::pools::snapshot).unwrap_or_default(),
-            false,
-        );
+        runtime::set_pool_snapshot(device.map(super::pools::snapshot).unwrap_or_default());
         let info = device.and_then(|_| info_of());
         let name = device.and_then(|d| runtime::cached_device_name(d, name_of));
         runtime::dump_now(&reason, device, info, name)

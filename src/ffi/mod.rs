@@ -14,6 +14,7 @@ mod torch_alloc;
 
 pub(crate) use dl::real_dlsym;
 pub use driver::exported_names as driver_exported_names;
+pub use hooks::PROGRAM_API as PROGRAM_API_EXPORTS;
 pub use resolve::RUNTIME_RESOLVERS;
 pub use torch_alloc::EXPORTED_NAMES as TORCH_ALLOCATOR_EXPORTS;
 
@@ -277,7 +278,7 @@ pub(crate) fn record_oom(
     rc: i32,
     stream: usize,
 ) {
-    pools::at_failure(device);
+    let extras = pools::at_failure(device);
     crate::runtime::note_cuda_versions(driver::driver_version, layer.runtime_version);
     crate::runtime::record_oom(crate::runtime::OomEvent {
         api,
@@ -287,6 +288,7 @@ pub(crate) fn record_oom(
         mem_info: (layer.mem_info)(),
         device_name: crate::runtime::cached_device_name(device, layer.device_name),
         stream,
+        extras,
     });
 }
 

@@ -60,7 +60,8 @@ const CAPTURE_ACTIVE: c_int = 1;
 macro_rules! real_fn {
     ($name:literal, $ty:ty) => {{
         static REAL: RealFn = RealFn::new($name);
-        REAL.get().map(|p| unsafe { std::mem::transmute::<usize, $ty>(p) })
+        REAL.get()
+            .map(|p| unsafe { std::mem::transmute::<usize, $ty>(p) })
     }};
 }
 
@@ -123,8 +124,7 @@ impl MemorySource for CudaSource {
                 unsafe extern "C" fn(*mut c_int) -> c_int
             );
             let mut mode = CAPTURE_MODE_RELAXED;
-            let relaxed = capturing
-                && exchange.is_some_and(|f| unsafe { f(&mut mode) } == SUCCESS);
+            let relaxed = capturing && exchange.is_some_and(|f| unsafe { f(&mut mode) } == SUCCESS);
             let mut p: *mut c_void = std::ptr::null_mut();
             let rc = unsafe { malloc(&mut p, bytes) };
             if relaxed {
@@ -136,7 +136,11 @@ impl MemorySource for CudaSource {
                 Ok(p as u64)
             } else {
                 clear_last_error();
-                Err(if rc == SUCCESS { super::cuda_error::MEMORY_ALLOCATION } else { rc })
+                Err(if rc == SUCCESS {
+                    super::cuda_error::MEMORY_ALLOCATION
+                } else {
+                    rc
+                })
             }
         })
     }
@@ -182,8 +186,10 @@ impl MemorySource for CudaSource {
     }
 
     fn event_done(&self, event: u64) -> bool {
-        let Some(query) = real_fn!(c"cudaEventQuery", unsafe extern "C" fn(*mut c_void) -> c_int)
-        else {
+        let Some(query) = real_fn!(
+            c"cudaEventQuery",
+            unsafe extern "C" fn(*mut c_void) -> c_int
+        ) else {
             return true;
         };
         match unsafe { query(event as *mut c_void) } {
@@ -199,8 +205,10 @@ impl MemorySource for CudaSource {
     }
 
     fn destroy_event(&self, event: u64) {
-        if let Some(f) = real_fn!(c"cudaEventDestroy", unsafe extern "C" fn(*mut c_void) -> c_int)
-        {
+        if let Some(f) = real_fn!(
+            c"cudaEventDestroy",
+            unsafe extern "C" fn(*mut c_void) -> c_int
+        ) {
             if unsafe { f(event as *mut c_void) } != SUCCESS {
                 clear_last_error();
             }
@@ -251,7 +259,12 @@ fn native_tensor_stacks() -> bool {
     static NATIVE: OnceLock<bool> = OnceLock::new();
     *NATIVE.get_or_init(|| {
         std::env::var("OOMSHIM_STACKS")
-            .map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "all" | "on" | "native"))
+            .map(|v| {
+                matches!(
+                    v.trim().to_ascii_lowercase().as_str(),
+                    "all" | "on" | "native"
+                )
+            })
             .unwrap_or(false)
     })
 }
@@ -283,7 +296,17 @@ fn capture_of(stream: Stream) -> Option<u64> {
     let mut status: c_int = 0;
     let mut id: u64 = 0;
     let null = std::ptr::null_mut();
-    let rc = unsafe { info(stream, &mut status, &mut id, null, null, null, null as *mut usize) };
+    let rc = unsafe {
+        info(
+            stream,
+            &mut status,
+            &mut id,
+            null,
+            null,
+            null,
+            null as *mut usize,
+        )
+    };
     if rc != SUCCESS {
         clear_last_error();
         return None;
@@ -296,10 +319,7 @@ fn retire_ended_captures(a: &CachingAllocator<CudaSource>) {
     if OPEN_CAPTURE_COUNT.load(Ordering::Relaxed) == 0 {
         return;
     }
-    let open: Vec<(usize, u64)> = OPEN_CAPTURES
-        .lock()
-        .map(|v| v.clone())
-        .unwrap_or_default();
+    let open: Vec<(usize, u64)> = OPEN_CAPTURES.lock().map(|v| v.clone()).unwrap_or_default();
     // Asked without the lock held: these are calls into CUDA.
     let ended: Vec<u64> = open
         .iter()
@@ -389,6 +409,7 @@ fn out_of_memory(oom: &OutOfMemory, stream: Stream) -> [u8; MESSAGE_BYTES] {
         mem_info,
         device_name: None,
         stream: stream as usize,
+        extras: Default::default(),
     });
     let fb = &oom.free_blocks;
     let mut text = format!(
@@ -485,7 +506,8 @@ pub unsafe extern "C-unwind" fn oomshim_torch_alloc(
     // The guard makes any hooked call below (the segment's cudaMalloc, when this library is also
     // preloaded) pass straight through.
     let guard = super::Guard::enter();
-    let outcome = contained(|| alloc_impl(size, device, stream)).unwrap_or(Err(Failure::PassThrough));
+    let outcome =
+        contained(|| alloc_impl(size, device, stream)).unwrap_or(Err(Failure::PassThrough));
     drop(guard);
     match outcome {
         Ok(p) => p,
@@ -509,7 +531,12 @@ pub unsafe extern "C-unwind" fn oomshim_torch_alloc(
 /// `void free(void* ptr, size_t size, int device, cudaStream_t stream)`: `size` is the
 /// requested size and `stream` the one current at allocation (torch keeps both).
 #[no_mangle]
-pub unsafe extern "C" fn oomshim_torch_free(ptr: *mut c_void, size: usize, device: c_int, stream: Stream) {
+pub unsafe extern "C" fn oomshim_torch_free(
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: Stream,
+) {
     let _ = (size, stream);
     if ptr.is_null() {
         return;
@@ -585,7 +612,11 @@ unsafe fn copy_out(text: &str, buf: *mut c_char, cap: usize) -> usize {
 
 /// torch's `memory_stats(device)` as a flat JSON object with torch's key names.
 #[no_mangle]
-pub unsafe extern "C" fn oomshim_torch_memory_stats(device: c_int, buf: *mut c_char, cap: usize) -> usize {
+pub unsafe extern "C" fn oomshim_torch_memory_stats(
+    device: c_int,
+    buf: *mut c_char,
+    cap: usize,
+) -> usize {
     let text = contained(|| {
         let stats = allocator().stats(device).torch_keys();
         let map: serde_json::Map<String, serde_json::Value> =
@@ -598,7 +629,11 @@ pub unsafe extern "C" fn oomshim_torch_memory_stats(device: c_int, buf: *mut c_c
 
 /// The free-block state of `device` as JSON (the dump's `free_blocks` object).
 #[no_mangle]
-pub unsafe extern "C" fn oomshim_torch_free_blocks(device: c_int, buf: *mut c_char, cap: usize) -> usize {
+pub unsafe extern "C" fn oomshim_torch_free_blocks(
+    device: c_int,
+    buf: *mut c_char,
+    cap: usize,
+) -> usize {
     let text = contained(|| {
         free_blocks_for_dump(device)
             .and_then(|f| serde_json::to_string(&f).ok())

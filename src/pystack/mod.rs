@@ -722,6 +722,42 @@ pub struct PyFrame {
     pub group_end: bool,
 }
 
+/// Python code that is not the program's own: installed packages (`site-packages`,
+/// `dist-packages`), the standard library (`…/lib/python3.N/…`) and frozen modules.
+pub fn is_library_file(path: &str) -> bool {
+    path.contains("/site-packages/")
+        || path.contains("/dist-packages/")
+        || path.starts_with("<frozen")
+        || path
+            .split('/')
+            .any(|c| c.starts_with("python3.") || c.starts_with("python2."))
+}
+
+/// The innermost frame of the program's own code in packed frames from [`capture`]: its code id
+/// and line (0 when unknown). `None` when every frame is library code (or unknown).
+pub fn user_line(packed: &[usize]) -> Option<(u32, u32)> {
+    let format = INTERP
+        .get()
+        .and_then(|i| i.as_ref())
+        .map(|i| i.layout.line_format)
+        .unwrap_or(LineFormat::Locations);
+    let t = codes();
+    packed.iter().find_map(|&p| {
+        let id = (p & !GROUP_END) >> 32;
+        let offset = (p & 0xffff_ffff) as u32;
+        let c = t.codes.get(id)?;
+        if is_library_file(&c.file) {
+            return None;
+        }
+        let line = if offset == NO_OFFSET {
+            None
+        } else {
+            line_for(format, &c.table, c.first_line, offset)
+        };
+        Some((id as u32, line.unwrap_or(0)))
+    })
+}
+
 /// Resolves packed frames from [`capture`] (innermost first). Unknown ids are dropped.
 pub fn resolve(packed: &[usize]) -> Vec<PyFrame> {
     let format = INTERP

@@ -79,13 +79,9 @@ pub fn named_frames(stack: &[Frame]) -> impl Iterator<Item = &Frame> {
 /// `dist-packages`), the standard library (`…/lib/python3.N/…`) and frozen modules.
 pub fn is_library_python_frame(f: &Frame) -> bool {
     f.kind == FrameKind::Python
-        && f.file.as_deref().is_some_and(|p| {
-            p.contains("/site-packages/")
-                || p.contains("/dist-packages/")
-                || p.starts_with("<frozen")
-                || p.split('/')
-                    .any(|c| c.starts_with("python3.") || c.starts_with("python2."))
-        })
+        && f.file
+            .as_deref()
+            .is_some_and(crate::pystack::is_library_file)
 }
 
 /// CUDA allocation entry points, without `_v2`-style and per-thread suffixes.
@@ -110,20 +106,37 @@ const CUDA_ALLOC_FUNCTIONS: &[&str] = &[
     "cuMemAddressReserve",
 ];
 
-/// A frame in the CUDA runtime or driver library (`libcudart.so*`, `libcuda.so*`), in the shim
-/// (`liboomshim*`), or a CUDA allocation function by name (a statically linked runtime).
+/// Frames that only repeat how memory was allocated, never who wanted it: the CUDA runtime or
+/// driver library (`libcudart.so*`, `libcuda.so*`) and the shim (`liboomshim*`); a statically
+/// linked runtime's internals (`libcudart_static_*`, `cudart::*`, `__cudart*`) and CUDA
+/// allocation functions by name; a framework's allocator (torch's `libc10*`, XLA's
+/// `BFCAllocator` and `stream_executor`, CuPy's memory pool); and libc.
 pub fn is_cuda_api_frame(frame: &Frame) -> bool {
     let module = frame.module.as_deref().unwrap_or("");
     let module = module.rsplit('/').next().unwrap_or(module);
     if module.starts_with("libcudart.so")
         || module.starts_with("libcuda.so")
         || module.starts_with("liboomshim")
+        || module.starts_with("libc10")
+        || module.starts_with("libc.so")
+        || module.starts_with("ld-linux")
     {
         return true;
     }
     let Some(function) = frame.function.as_deref() else {
         return false;
     };
+    if function.starts_with("libcudart_static_")
+        || function.starts_with("cudart::")
+        || function.starts_with("__cudart")
+        || function.starts_with("c10::cuda::")
+        || function.contains("CUDACachingAllocator")
+        || function.contains("BFCAllocator")
+        || function.starts_with("stream_executor::")
+        || function.contains("cupy::memory")
+    {
+        return true;
+    }
     let mut base = function;
     for suffix in ["_ptsz", "_ptds", "_v2", "_v3"] {
         base = base.strip_suffix(suffix).unwrap_or(base);

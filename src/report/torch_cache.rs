@@ -31,6 +31,9 @@ pub struct TorchCache {
     pub cache: CacheSummary,
     #[serde(default)]
     pub snapshot_file: Option<String>,
+    /// The dump this side file belongs to (its file name), when the hook knew it.
+    #[serde(default)]
+    pub dump: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -58,15 +61,22 @@ fn read(path: &Path) -> Option<TorchCache> {
     (c.schema == SCHEMA).then_some(c)
 }
 
-/// The hook's summary written by the same process (host and pid) as `dump`, in the dump's
-/// directory: the one closest in time to the dump.
+/// How far apart a side file and its dump may be written.
+const MATCH_WINDOW_MS: u64 = 60_000;
+
+/// The hook's summary of torch's cache that belongs to `dump`, in the dump's directory: the one
+/// that names the dump, else one of the same process (host and pid) and device whose request
+/// `cudaMalloc` could have been asked for (torch rounds a request up to its segment size: 2 MiB
+/// for small blocks, 20 MiB for medium ones, the next 2 MiB otherwise), written within a minute
+/// of the dump; the closest in time of those.
 pub fn find_for(dump_path: &Path, dump: &Dump) -> Option<(PathBuf, TorchCache)> {
     let dir = dump_path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
+    let own_name = dump_path.file_name().and_then(|n| n.to_str());
     let prefix = format!("oomshim-torch-{}-{}", dump.process.host, dump.process.pid);
-    std::fs::read_dir(dir)
+    let candidates: Vec<(PathBuf, TorchCache)> = std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| e.ok())
         .map(|e| e.path())
@@ -77,7 +87,38 @@ pub fn find_for(dump_path: &Path, dump: &Dump) -> Option<(PathBuf, TorchCache)> 
         })
         .filter_map(|p| read(&p).map(|c| (p, c)))
         .filter(|(_, c)| c.pid == dump.process.pid && c.host == dump.process.host)
+        .collect();
+    if let Some(named) = candidates
+        .iter()
+        .find(|(_, c)| c.dump.is_some() && c.dump.as_deref() == own_name)
+    {
+        return Some(named.clone());
+    }
+    let req = dump.failed_request.as_ref();
+    candidates
+        .into_iter()
+        .filter(|(_, c)| c.dump.is_none() || c.dump.as_deref() == own_name)
+        .filter(|(_, c)| match req {
+            Some(r) => c.device == r.device && could_ask_for(c.request_bytes, r.bytes),
+            None => true,
+        })
+        .filter(|(_, c)| c.time_unix_ms.abs_diff(dump.time_unix_ms) <= MATCH_WINDOW_MS)
         .min_by_key(|(_, c)| c.time_unix_ms.abs_diff(dump.time_unix_ms))
+}
+
+/// True when torch, asked for a block of `torch_bytes`, could have asked CUDA for `cuda_bytes`:
+/// the segment it allocates for the block is at least the block and at most its rounding.
+fn could_ask_for(torch_bytes: u64, cuda_bytes: u64) -> bool {
+    const MIB: u64 = 1 << 20;
+    let segment = if torch_bytes <= MIB {
+        2 * MIB
+    } else if torch_bytes < 10 * MIB {
+        20 * MIB
+    } else {
+        torch_bytes.div_ceil(2 * MIB) * 2 * MIB
+    };
+    // Expandable segments map in 20 MiB pages; allow one page of slack either way.
+    cuda_bytes >= torch_bytes.saturating_sub(20 * MIB) && cuda_bytes <= segment + 20 * MIB
 }
 
 /// Fills the dump's free blocks from torch's snapshot when the shim could not see them (and the
@@ -192,6 +233,7 @@ mod tests {
                 }],
             },
             snapshot_file: Some("oomshim-torch-x.pickle".into()),
+            dump: None,
         }
     }
 
@@ -264,5 +306,26 @@ mod tests {
         let (p, found) = find_for(&dump_path, &dump).unwrap();
         assert!(p.ends_with(&name));
         assert_eq!(found.cache.segments, 1);
+        // Another device's, another request's, or one far apart in time: not this dump's.
+        let req = dump.failed_request.clone().unwrap();
+        for (key, value) in [
+            ("device", serde_json::json!(req.device + 1)),
+            (
+                "request_bytes",
+                serde_json::json!(req.bytes * 4 + (1 << 30)),
+            ),
+            ("time_unix_ms", serde_json::json!(c.time_unix_ms + 120_000)),
+        ] {
+            let mut other = json.clone();
+            other[key] = value;
+            std::fs::write(dir.path().join(&name), serde_json::to_vec(&other).unwrap()).unwrap();
+            assert!(find_for(&dump_path, &dump).is_none(), "{key}");
+        }
+        // One that names the dump wins, whatever its numbers.
+        let mut named = json.clone();
+        named["device"] = serde_json::json!(7);
+        named["dump"] = serde_json::json!("oomshim-dump.json");
+        std::fs::write(dir.path().join(&name), serde_json::to_vec(&named).unwrap()).unwrap();
+        assert!(find_for(&dump_path, &dump).is_some());
     }
 }

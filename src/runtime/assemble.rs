@@ -18,6 +18,8 @@ pub(crate) struct Capture {
     pub device: Option<i32>,
     pub mem_info: Option<(u64, u64)>,
     pub device_name: Option<String>,
+    /// Pools and the VMM layout at that moment.
+    pub extras: super::DumpExtras,
 }
 
 pub(crate) struct Failing {
@@ -31,11 +33,40 @@ pub(crate) struct Failing {
 
 pub(crate) struct BurstInfo {
     pub failures: u32,
-    pub recovered: Option<bool>,
+    pub resolution: super::oom::Resolution,
     pub last: LastFailure,
+    /// Failures before this one that got no dump (repeats, over the cap).
+    pub repeats: u64,
+    pub suppressed: u64,
 }
 
-pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<BurstInfo>) -> Dump {
+/// What is read outside CUDA about a failure, as soon after it as possible (the writer reads it
+/// when the failure reaches it, not when the dump is finally written): NVML's processes on the
+/// device, and host memory.
+#[derive(Debug, Clone)]
+pub(crate) struct Facts {
+    pub gpu_processes: Option<GpuProcesses>,
+    pub host: crate::facts::host::HostMemory,
+}
+
+impl Facts {
+    pub fn read(device: Option<i32>) -> Facts {
+        Facts {
+            // Asked only for a device the process uses: NVML is loaded on the calling thread.
+            gpu_processes: device.map(crate::facts::gpu_processes::for_dump),
+            host: crate::facts::host::read(),
+        }
+    }
+}
+
+pub(crate) fn assemble(
+    s: &Shim,
+    reason: &str,
+    cap: &Capture,
+    burst: Option<BurstInfo>,
+    framework: Option<&super::oom::FrameworkNote>,
+    facts: Option<Facts>,
+) -> Dump {
     let top = s.config.top;
     let device_allocs: Vec<&(usize, Allocation)> = cap
         .snapshot
@@ -150,8 +181,8 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
     }
     devices.sort_by_key(|d| d.index);
 
+    let burst = burst.as_ref();
     let failed_request = cap.failing.as_ref().map(|f| {
-        let burst = burst.as_ref();
         let (stack, stack_merge) = stack_of((f.stack, f.py_stack));
         FailedRequest {
             bytes: f.bytes,
@@ -161,12 +192,29 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
             stack,
             stack_merge,
             failures_in_burst: burst.map_or(1, |b| b.failures),
-            recovered: burst.and_then(|b| b.recovered),
+            recovered: burst.and_then(|b| b.resolution.recovered()),
+            resolution: burst.map(|b| b.resolution.word().to_string()),
             last_failure: burst.map(|b| b.last.clone()),
         }
     });
-
-    let extras = super::take_dump_extras(cap.failing.is_some());
+    let facts = facts.unwrap_or_else(|| Facts::read(cap.device));
+    let free_blocks = framework
+        .and_then(|f| f.free_blocks.clone())
+        .or_else(|| super::allocator::free_blocks(cap.device))
+        .unwrap_or_else(|| FreeBlocks {
+            source: "unavailable".to_string(),
+            reason: Some(
+                "under LD_PRELOAD the shim sees the framework's segments, not the free blocks inside them; \
+                 PyTorch's own view comes through oomshim's Python hook when torch raises OutOfMemoryError"
+                    .to_string(),
+            ),
+            total_free_bytes: None,
+            largest_free_bytes: None,
+            fragmentation: None,
+            histogram: Vec::new(),
+            ..Default::default()
+        });
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     let mut dump = Dump {
         schema: SCHEMA.to_string(),
         reason: reason.to_string(),
@@ -182,19 +230,7 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
         },
         largest_holders,
         sites,
-        free_blocks: super::allocator::free_blocks(cap.device).unwrap_or_else(|| FreeBlocks {
-            source: "unavailable".to_string(),
-            reason: Some(
-                "under LD_PRELOAD the shim sees the framework's segments, not the free blocks inside them; \
-                 for PyTorch, `oomshim run` saves torch's own view next to the dump"
-                    .to_string(),
-            ),
-            total_free_bytes: None,
-            largest_free_bytes: None,
-            fragmentation: None,
-            histogram: Vec::new(),
-            ..Default::default()
-        }),
+        free_blocks,
         verdict: Verdict::default(),
         recording: Recording {
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -206,22 +242,34 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
             live_allocations: cap.snapshot.allocations.len() as u64,
             total_allocations: cap.snapshot.total_allocations,
             oom_failures: s.oom_failures.load(std::sync::atomic::Ordering::Relaxed),
+            repeated_failures: burst.map_or(0, |b| b.repeats),
+            suppressed_dumps: burst.map_or(0, |b| b.suppressed),
         },
-        // Pools and VMM state taken on the failing (or calling) thread; see src/runtime/vmm.rs.
-        pools: extras.pools,
-        vmm: extras.vmm,
-        host: Some(crate::facts::host::read()),
-        // Asked only for a device the process uses: NVML is loaded on this (writer) thread.
-        gpu_processes: cap.device.map(crate::facts::gpu_processes::for_dump),
-        growth: s.growth.analyse(cap.mem_info.map(|m| m.0), s.ledger.total_allocations(), |pairs| {
-            let named = symbolize_stacks(s, pairs);
-            pairs
-                .iter()
-                .map(|k| named.get(k).map(|v| v.0.clone()).unwrap_or_default())
-                .collect()
-        }),
+        // Pools and VMM state taken on the failing (or calling) thread.
+        pools: cap.extras.pools.clone(),
+        vmm: cap.extras.vmm.clone(),
+        host: Some(facts.host),
+        gpu_processes: facts.gpu_processes,
+        growth: s.growth.analyse(
+            cap.mem_info.map(|m| m.0),
+            s.ledger.total_allocations(),
+            |pairs| {
+                let named = symbolize_stacks(s, pairs);
+                pairs
+                    .iter()
+                    .map(|k| named.get(k).map(|v| v.0.clone()).unwrap_or_default())
+                    .collect()
+            },
+        ),
         config: Some(crate::facts::env::ConfigSnapshot {
-            torch_version: crate::facts::env::torch_version(),
+            torch_version: crate::facts::env::torch_version_in(&maps).or_else(|| {
+                framework.and_then(|f| {
+                    (f.account.name == "torch")
+                        .then(|| f.account.version.clone())
+                        .flatten()
+                })
+            }),
+            frameworks: crate::facts::env::frameworks_in(&maps),
             ..crate::facts::env::snapshot(
                 |k| std::env::var(k).ok(),
                 std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()),
@@ -229,6 +277,7 @@ pub(crate) fn assemble(s: &Shim, reason: &str, cap: &Capture, burst: Option<Burs
             )
         }),
         request_sizes: s.growth.request_sizes(),
+        framework: framework.map(|f| f.account.clone()),
     };
     dump.verdict = crate::verdict::judge(&dump);
     dump

@@ -5,15 +5,12 @@
 
 pub mod allocator;
 mod assemble;
+pub mod framework;
 mod growth;
 mod oom;
 
-pub use oom::OomEvent;
-
-/// The growth fit (slope, R²) of `(step, bytes)` points, for the verdict; `None` unless growing.
-pub fn fit_growth(points: &[(u64, u64)]) -> Option<(f64, f64)> {
-    growth::fit(points).map(|f| (f.slope, f.r2))
-}
+pub use growth::StepSource;
+pub use oom::{FrameworkNote, OomEvent};
 
 use crate::config::{Config, DEFAULT_DEPTH, MAX_DEPTH};
 use crate::ledger::{Allocation, Api, Ledger, StackId, StackTable};
@@ -350,12 +347,13 @@ pub fn record_alloc_with(
         };
         (StackId::EMPTY, py)
     };
+    let thread = thread_id();
     let alloc = Allocation {
         bytes,
         api,
         device,
         stream,
-        thread: thread_id(),
+        thread,
         time_ns: s.now_ns(),
         seq: s.ledger.next_seq(),
         stack,
@@ -363,19 +361,68 @@ pub fn record_alloc_with(
     };
     s.ledger.record_alloc(addr, alloc);
     if !api.is_pinned_host() {
-        s.oom.note_success(device, bytes);
+        // One relaxed load unless a failed request waits for its retry.
+        s.oom.note_success(thread, bytes);
     }
     // A few relaxed loads and one store: the request size, the step detector's anchor, the time
-    // bucket; samples (cold) at detected steps or once per time bucket (src/runtime/growth.rs).
-    s.growth.on_alloc(&s.ledger, &alloc);
+    // bucket; samples (cold) at detected steps or once per time bucket (src/runtime/growth).
+    s.growth.on_alloc(&s.ledger, s, &alloc);
 }
 
-/// The program marked the end of a step (`oomshim_step()`): samples live bytes per site.
-/// Returns the step number (1 for the first mark), 0 when the shim is off.
-pub fn step() -> u64 {
+/// A step boundary (`oomshim_step()`, or the Python hook's optimizer and forward-pass marks):
+/// samples live bytes per site. Returns the number of marks of that source so far (1 for the
+/// first), 0 when the shim is off.
+pub fn step(source: StepSource) -> u64 {
     match shim() {
-        Some(s) => s.growth.step(&s.ledger),
+        Some(s) => s.growth.step(&s.ledger, s, source),
         None => 0,
+    }
+}
+
+impl growth::SiteKeyer for Shim {
+    /// The program's own Python line when the stack has one; all Python-less allocations of a
+    /// Python process together; else the native stack (grouped by name at dump time).
+    fn key(&self, native: StackId, python: StackId) -> growth::SiteKey {
+        if python != StackId::EMPTY {
+            let frames = self.py_stacks.frames(python);
+            return match crate::pystack::user_line(&frames) {
+                Some((code, line)) => growth::SiteKey::PyLine(code, line),
+                None => growth::SiteKey::PyStack(python),
+            };
+        }
+        if self.config.stacks.python() && crate::pystack::active() {
+            return growth::SiteKey::NoPython;
+        }
+        growth::SiteKey::Native(native)
+    }
+}
+
+/// A framework hook is attached in this process (oomshim's Python hook registered torch's OOM
+/// observer): failures wait for its word instead of writing a provisional dump.
+pub fn framework_attached() {
+    if let Some(s) = shim() {
+        s.oom.set_hooked();
+    }
+}
+
+/// A framework raised its out-of-memory error on the calling thread (torch's OOM observer via
+/// the Python hook); `mem_info` is the device's (free, total) as the framework reported it.
+/// Returns the dump that explains it, when there is one, and whether the framework's account is
+/// in it (false: the dump was final before the account arrived).
+pub fn framework_oom(
+    note: FrameworkNote,
+    mem_info: Option<(u64, u64)>,
+) -> Option<(std::path::PathBuf, bool)> {
+    let s = shim()?;
+    let stacks = s.capture_stacks();
+    match s
+        .oom
+        .on_framework_oom(s, note, thread_id(), stacks, mem_info)
+    {
+        oom::Handled::Written { path, .. } => path.map(|p| (p, true)),
+        oom::Handled::Explained { path, included } => path.map(|p| (p, included)),
+        oom::Handled::Repeat(path) => path.map(|p| (p, false)),
+        _ => None,
     }
 }
 
@@ -414,7 +461,8 @@ pub fn record_oom(event: OomEvent) {
     let Some(s) = shim() else { return };
     s.oom_failures.fetch_add(1, Ordering::Relaxed);
     let stacks = s.capture_stacks();
-    s.oom.on_failure(s, event, stacks);
+    s.oom
+        .on_failure(s, event, stacks, thread_id(), oom::Mode::Settle);
 }
 
 /// Pinned host memory ran out: host memory, not a device OOM; counted and passed through.
@@ -496,8 +544,9 @@ pub fn dump_now(
         device,
         mem_info,
         device_name: name,
+        extras: take_dump_extras(),
     };
-    let dump = assemble::assemble(s, reason, &capture, None);
+    let dump = assemble::assemble(s, reason, &capture, None, None, None);
     match oom::write(s, &dump) {
         Ok(w) => {
             eprintln!("oomshim: dump ({reason}) written: {}", w.path.display());
@@ -607,6 +656,7 @@ pub mod bench_support {
                 device: Some(0),
                 mem_info: Some((0, 80 << 30)),
                 device_name: Some("bench".into()),
+                extras: Default::default(),
                 failing: Some(assemble::Failing {
                     api: Api::CudaMalloc,
                     bytes: 1 << 30,
@@ -616,7 +666,7 @@ pub mod bench_support {
                     py_stack: StackId::EMPTY,
                 }),
             };
-            let dump = assemble::assemble(s, "oom", &capture, None);
+            let dump = assemble::assemble(s, "oom", &capture, None, None, None);
             serde_json::to_vec_pretty(&dump).expect("a dump serialises")
         }
     }

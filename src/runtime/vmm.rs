@@ -54,7 +54,7 @@ fn state() -> MutexGuard<'static, State> {
 
 type ForkHeld = (
     MutexGuard<'static, State>,
-    MutexGuard<'static, [Option<(std::time::Instant, DumpExtras)>; 2]>,
+    MutexGuard<'static, Option<DumpExtras>>,
 );
 
 thread_local! {
@@ -275,38 +275,27 @@ pub fn summary() -> Option<crate::dump::model::VmmInfo> {
 // ---------- what a dump adds from here: pools and VMM, taken at the failure ----------
 
 /// Pools and VMM state for one dump.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct DumpExtras {
     pub pools: Vec<crate::dump::model::PoolInfo>,
     pub vmm: Option<crate::dump::model::VmmInfo>,
 }
 
-/// [0]: taken at an out-of-memory failure, for the OOM dump: the first failure of a burst wins
-/// (a snapshot older than `OOMSHIM_MIN_INTERVAL` belongs to an earlier burst and is replaced);
-/// [1]: taken by `oomshim_dump`, for that dump. Kept apart so an on-demand dump written while an
-/// OOM dump waits in its settle window cannot take the OOM dump's state.
-static EXTRAS: Mutex<[Option<(std::time::Instant, DumpExtras)>; 2]> = Mutex::new([None, None]);
+/// Taken by `oomshim_dump` on the calling thread, for that dump (an out-of-memory failure's own
+/// travel in its event instead: see `crate::runtime::OomEvent::extras`).
+static EXTRAS: Mutex<Option<DumpExtras>> = Mutex::new(None);
 
-/// Stores the pools asked on a failing (`oom`) or dumping thread, with the VMM layout now.
-pub fn set_pool_snapshot(pools: Vec<crate::dump::model::PoolInfo>, oom: bool) {
+/// Stores the pools asked on a dumping thread, with the VMM layout now.
+pub fn set_pool_snapshot(pools: Vec<crate::dump::model::PoolInfo>) {
     let vmm = summary();
-    let now = std::time::Instant::now();
-    let burst = super::shim().map_or(std::time::Duration::ZERO, |s| s.config.min_interval);
-    let mut slots = EXTRAS.lock().unwrap_or_else(|e| e.into_inner());
-    let slot = &mut slots[if oom { 0 } else { 1 }];
-    let keep = oom
-        && slot
-            .as_ref()
-            .is_some_and(|(t, _)| now.duration_since(*t) < burst);
-    if !keep {
-        *slot = Some((now, DumpExtras { pools, vmm }));
-    }
+    *EXTRAS.lock().unwrap_or_else(|e| e.into_inner()) = Some(DumpExtras { pools, vmm });
 }
 
-/// The stored state for the dump being assembled (an OOM dump or an on-demand one).
-pub fn take_dump_extras(oom: bool) -> DumpExtras {
-    EXTRAS.lock().unwrap_or_else(|e| e.into_inner())[if oom { 0 } else { 1 }]
+/// The stored state for the on-demand dump being assembled.
+pub fn take_dump_extras() -> DumpExtras {
+    EXTRAS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
         .take()
-        .map(|(_, e)| e)
         .unwrap_or_default()
 }

@@ -90,3 +90,177 @@ pub fn build_fake_nvml(dir: &std::path::Path) {
         .expect("run the C compiler");
     assert!(status.success(), "building the simulated NVML failed");
 }
+
+/// A tiny C library for Python test programs (`libsimcall.so`), linked against the simulated
+/// `libcudart.so.13` so its `cudaMalloc` goes through the PLT and the shim sees it
+/// (`ctypes.CDLL(cudart).cudaMalloc` would bypass `LD_PRELOAD`). ctypes releases the GIL around
+/// the call, as PyTorch does around an op.
+const SIMCALL_C: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <time.h>
+
+extern int cudaMalloc(void **p, size_t n);
+extern int cudaFree(void *p);
+
+void *simcall_alloc(size_t n) {
+    void *p = 0;
+    if (cudaMalloc(&p, n) != 0) return 0;
+    return p;
+}
+
+int simcall_free(void *p) { return cudaFree(p); }
+
+int simcall_dump(const char *reason) {
+    int (*f)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "oomshim_dump");
+    return f ? f(reason) : -2;
+}
+
+/* A thread with no Python state, named like a torch autograd thread. */
+struct job { size_t n; void *p; };
+static void *native_thread_main(void *arg) {
+    struct job *j = arg;
+    pthread_setname_np(pthread_self(), "autograd_0");
+    j->p = simcall_alloc(j->n);
+    return 0;
+}
+void *simcall_alloc_in_native_thread(size_t n) {
+    pthread_t t;
+    struct job j = { n, 0 };
+    if (pthread_create(&t, 0, native_thread_main, &j) != 0) return 0;
+    pthread_join(t, 0);
+    return j.p;
+}
+
+/* Mean nanoseconds of one cudaMalloc + cudaFree pair, n pairs. */
+double simcall_pairs_ns(long n, size_t bytes) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < n; i++) {
+        void *p = 0;
+        if (cudaMalloc(&p, bytes) == 0) cudaFree(p);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / (double)n;
+}
+"#;
+
+/// Builds libsimcall.so into `dir`; None (with the reason printed) without a C compiler.
+pub fn build_simcall(dir: &std::path::Path) -> Option<PathBuf> {
+    let src = dir.join("simcall.c");
+    std::fs::write(&src, SIMCALL_C).unwrap();
+    let lib = dir.join("libsimcall.so");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let out = Command::new(&cc)
+        .args([
+            "-O2",
+            "-g",
+            "-fno-optimize-sibling-calls",
+            "-shared",
+            "-fPIC",
+            "-o",
+        ])
+        .arg(&lib)
+        .arg(&src)
+        .arg("-L")
+        .arg(oomshim::testbed::artifact_dir())
+        .arg("-l:libcudart.so.13")
+        .arg(format!(
+            "-Wl,-rpath,{}",
+            oomshim::testbed::artifact_dir().display()
+        ))
+        .args(["-ldl", "-lpthread"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => Some(lib),
+        Ok(o) => panic!(
+            "compiling libsimcall.so failed:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => {
+            eprintln!("skipped: no C compiler ({cc}: {e})");
+            None
+        }
+    }
+}
+
+/// torch's global step hooks, as a stand-in package's submodules (`torch.optim.optimizer`,
+/// `torch.nn.modules.module`): they keep the hooks registered, like torch's, so a test program
+/// can run "optimizer steps" and "forward passes" (`torch.optim.optimizer._fake_step()`,
+/// `torch.nn.modules.module.Module`) and oomshim's Python hook marks them.
+pub fn write_fake_torch_step_hooks(torch_dir: &std::path::Path) {
+    let files: &[(&str, &str)] = &[
+        ("optim/__init__.py", "from . import optimizer\n"),
+        (
+            "optim/optimizer.py",
+            r#"
+_post_hooks = []
+
+def register_optimizer_step_post_hook(hook):
+    _post_hooks.append(hook)
+
+def _fake_step(optimizer=None):
+    for h in list(_post_hooks):
+        h(optimizer, (), {})
+"#,
+        ),
+        ("nn/__init__.py", "from . import modules\n"),
+        ("nn/modules/__init__.py", "from . import module\n"),
+        (
+            "nn/modules/module.py",
+            r#"
+_pre = {}
+_post = {}
+_next = [0]
+
+class _Handle:
+    def __init__(self, table, key):
+        self.table, self.key = table, key
+    def remove(self):
+        self.table.pop(self.key, None)
+
+def register_module_forward_pre_hook(hook):
+    _next[0] += 1
+    _pre[_next[0]] = hook
+    return _Handle(_pre, _next[0])
+
+def register_module_forward_hook(hook, *, always_call=False):
+    _next[0] += 1
+    _post[_next[0]] = hook
+    return _Handle(_post, _next[0])
+
+class Module:
+    """Calls its children's forward inside its own, running global and own hooks as torch's
+    Module.__call__ does."""
+    def __init__(self, children=(), params=1):
+        self.children = list(children)
+        self._params = [object()] * params
+        self._hooks = []
+    def parameters(self):
+        return iter(self._params)
+    def register_forward_hook(self, hook):
+        self._hooks.append(hook)
+    def forward(self, x):
+        for c in self.children:
+            x = c(x)
+        return x
+    def __call__(self, x):
+        for h in list(_pre.values()):
+            h(self, (x,))
+        out = self.forward(x)
+        for h in list(_post.values()):
+            h(self, (x,), out)
+        for h in self._hooks:
+            h(self, (x,), out)
+        return out
+"#,
+        ),
+    ];
+    for (name, text) in files {
+        let path = torch_dir.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+}

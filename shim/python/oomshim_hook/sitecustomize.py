@@ -1,38 +1,37 @@
-"""oomshim's hook for Python programs started by `oomshim run`.
+"""oomshim's hook for Python programs.
 
-`oomshim run` puts this directory first on PYTHONPATH, so Python imports this file at start-up
-as `sitecustomize`. It then:
+liboomshim.so puts this directory first on PYTHONPATH when it is loaded into a Python program
+that has not started yet (plain `LD_PRELOAD=liboomshim.so python train.py`), and `oomshim run`
+does the same; Python then imports this file at start-up as `sitecustomize`. It:
 
-- runs the program's own `sitecustomize`, if one exists further down the path, so nothing the
-  user had is lost;
-- waits for the program to import torch itself (it never imports torch into a program that
-  doesn't);
-- with `--torch-allocator` (OOMSHIM_TORCH_ALLOCATOR=1), makes oomshim torch's CUDA allocator
-  (`oomshim.torch.enable()`) right after torch is imported, and stops there;
-- otherwise registers torch's out-of-memory observer through torch's lazy-initialisation queue, so CUDA
-  is never initialised early (that would break programs that fork workers or choose devices
-  later).
+- removes its directory from the PYTHONPATH the program and its children see (a child under the
+  shim gets it again from the shim), and runs the program's own `sitecustomize`, if one exists
+  further down the path, so nothing the user had is lost;
+- waits for the program to import torch or jax itself (it never imports either into a program
+  that doesn't, and never initialises CUDA);
+- torch, with `OOMSHIM_TORCH_ALLOCATOR=1` (`oomshim run --torch-allocator`): makes oomshim torch's
+  CUDA allocator (`oomshim.torch.enable()`) right after torch is imported, and stops there;
+- torch, otherwise: registers torch's out-of-memory observer (through torch's lazy-initialisation
+  queue) and marks steps for the shim's growth history: every optimizer step
+  (`register_optimizer_step_post_hook`) and every forward pass of the program's outermost module
+  (found once with global module hooks, then watched with a hook on that module alone).
+  `OOMSHIM_AUTO_STEPS=optimizer` keeps only the first, `0` neither;
+- jax: reports an uncaught XLA out-of-memory error (RESOURCE_EXHAUSTED) to the shim, which writes
+  a dump (XLA refuses inside its preallocated pool without any CUDA call failing).
 
-When torch raises OutOfMemoryError, the observer saves two files next to the shim's dump in
-OOMSHIM_DIR:
+When torch raises OutOfMemoryError, the observer hands the shim torch's own account (its cache's
+segments and free blocks, PYTORCH_CUDA_ALLOC_CONF, counters) before the dump is judged, and saves
+`torch.cuda.memory._snapshot()` as a pickle beside the dump (for pytorch.org/memory_viz).
 
-- a summary of torch's cache: reserved and allocated bytes, free blocks, fragmentation, and the
-  PYTORCH_CUDA_ALLOC_CONF in force;
-- `torch.cuda.memory._snapshot()` itself.
-
-`oomshim report` merges these into its report. Set OOMSHIM_TORCH_HOOK=0 to switch all of this
-off. The hook never raises into the program; its own failures are reported once on stderr.
+Set OOMSHIM_TORCH_HOOK=0 to switch all of this off. The hook never raises into the program; its
+own failures are reported once on stderr.
 """
 
-import importlib.machinery
-import importlib.util
-import json
 import os
-import socket
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_SCHEMA = "oomshim.torch/1"
+_SCHEMA = "oomshim.framework-oom/1"
 _said = False
 
 
@@ -41,13 +40,33 @@ def _warn(msg):
     if not _said:
         _said = True
         try:
-            sys.stderr.write(f"oomshim: torch hook: {msg}\n")
+            sys.stderr.write(f"oomshim: python hook: {msg}\n")
         except Exception:
             pass
 
 
+def _off(name, default="1"):
+    return os.environ.get(name, default).strip().lower() in ("0", "off", "no", "false")
+
+
+def _forget_own_path():
+    """This directory leaves the PYTHONPATH children inherit (sys.path keeps it for this
+    process): a child that runs without the shim must not run the hook."""
+    value = os.environ.get("PYTHONPATH")
+    if value is None:
+        return
+    rest = [p for p in value.split(os.pathsep) if p and os.path.abspath(p) != _HERE]
+    if rest:
+        os.environ["PYTHONPATH"] = os.pathsep.join(rest)
+    else:
+        del os.environ["PYTHONPATH"]
+
+
 def _chain_user_sitecustomize():
     """Run the sitecustomize this one shadows, as Python would have."""
+    import importlib.machinery
+    import importlib.util
+
     path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
     if spec is None or spec.loader is None:
@@ -57,9 +76,78 @@ def _chain_user_sitecustomize():
     spec.loader.exec_module(module)
 
 
-def _dump_dir():
-    d = os.environ.get("OOMSHIM_DIR") or "oomshim-dumps"
-    return d
+_shim_lib = None
+
+
+def _shim():
+    """liboomshim.so's functions in this process (loaded by LD_PRELOAD or by oomshim.torch), or
+    None."""
+    global _shim_lib
+    if _shim_lib is None:
+        import ctypes
+
+        lib = None
+        try:
+            lib = ctypes.CDLL(None)
+            lib.oomshim_framework_oom  # noqa: B018 (a lookup: raises when absent)
+        except (AttributeError, OSError):
+            lib = None
+            # Allocator mode without LD_PRELOAD: oomshim.torch loaded the library itself.
+            mod = sys.modules.get("oomshim.torch")
+            state = getattr(mod, "_state", None) if mod else None
+            handle = state.get("lib") if isinstance(state, dict) else None
+            if handle is not None and hasattr(handle, "oomshim_framework_oom"):
+                lib = handle
+        if lib is None:
+            _shim_lib = False
+            return None
+        lib.oomshim_framework_oom.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+        lib.oomshim_framework_oom.restype = ctypes.c_int
+        lib.oomshim_mark_step.argtypes = [ctypes.c_int]
+        lib.oomshim_mark_step.restype = None
+        lib.oomshim_framework_attached.argtypes = [ctypes.c_char_p]
+        lib.oomshim_framework_attached.restype = None
+        _shim_lib = lib
+    return _shim_lib or None
+
+
+def _tell_shim(account):
+    """Hands the framework's account to the shim. Returns (code, dump path or None): 0 the
+    account is in the dump, 1 the dump was final before it arrived, -1 no dump."""
+    import ctypes
+    import json
+
+    lib = _shim()
+    if lib is None:
+        return -1, None
+    data = json.dumps(account).encode()
+    buf = ctypes.create_string_buffer(4096)
+    rc = lib.oomshim_framework_oom(data, len(data), buf, len(buf))
+    path = buf.value.decode("utf-8", "replace") if rc >= 0 and buf.value else None
+    return rc, path
+
+
+def _write_private(path, data):
+    """Writes `data` to `path` (in the shim's dump directory, which it checked to be private or
+    the user's own) through a fresh temporary file that follows no link and no one else can have
+    opened: O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600, then an atomic rename."""
+    import secrets
+
+    d = os.path.dirname(path) or "."
+    tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _free_block_summary(snapshot, device):
@@ -103,84 +191,109 @@ def _free_block_summary(snapshot, device):
     }
 
 
-def _write_atomic(path, data):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 _count = 0
-_last_saved = None
 
 
-def _min_interval():
-    """OOMSHIM_MIN_INTERVAL as the shim reads it ("10s", "100ms", "2m", "5"): seconds."""
-    raw = os.environ.get("OOMSHIM_MIN_INTERVAL", "10s").strip().lower()
-    units = (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("", 1.0))
-    for suffix, scale in units:
-        if raw.endswith(suffix):
-            try:
-                return max(float(raw[: len(raw) - len(suffix)] if suffix else raw) * scale, 0.0)
-            except ValueError:
-                break
-    return 10.0
-
-
-def _on_oom(torch, device, alloc, device_total, device_free):
-    """torch's OOM observer: (device, requested bytes, device total or allowed maximum, free)."""
-    global _count, _last_saved
+def _on_torch_oom(torch, device, alloc, device_total, device_free):
+    """torch's OOM observer: (device, requested bytes, device total or allowed maximum, free).
+    Runs on the failing thread after torch released its allocator lock, before it raises."""
+    global _count
     try:
         import pickle
-        import time
-
-        # A program that catches OutOfMemoryError and goes on may fail many times a second:
-        # like the shim's own dumps, one snapshot per OOMSHIM_MIN_INTERVAL is enough.
-        now = time.monotonic()
-        if _last_saved is not None and now - _last_saved < _min_interval():
-            return
-        _last_saved = now
+        import socket
 
         _count += 1
         snapshot = torch.cuda.memory._snapshot()
         stats = {}
         try:
             s = torch.cuda.memory_stats(device)
-            stats = {k: s[k] for k in ("inactive_split_bytes.all.current", "reserved_bytes.all.current",
-                                       "allocated_bytes.all.current", "num_alloc_retries", "num_ooms") if k in s}
+            stats = {k: int(s[k]) for k in ("inactive_split_bytes.all.current", "reserved_bytes.all.current",
+                                            "allocated_bytes.all.current", "num_alloc_retries", "num_ooms") if k in s}
         except Exception:
             pass
         rank = os.environ.get("RANK")
         name = f"oomshim-torch-{socket.gethostname()}-{os.getpid()}" + (f"-r{rank}" if rank else "") + f"-{_count}"
-        d = _dump_dir()
-        os.makedirs(d, exist_ok=True)
-        summary = {
+        account = {
             "schema": _SCHEMA,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "rank": int(rank) if rank and rank.isdigit() else None,
-            "device": device,
-            "request_bytes": alloc,
-            "device_total_bytes": device_total,
-            "device_free_bytes": device_free,
+            "framework": "torch",
+            "version": getattr(torch, "__version__", None),
+            "raised": True,
+            "device": int(device),
+            "request_bytes": int(alloc),
+            "device_total_bytes": int(device_total),
+            "device_free_bytes": int(device_free),
             "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-            "torch_version": getattr(torch, "__version__", None),
             "stats": stats,
             "cache": _free_block_summary(snapshot, device),
             "snapshot_file": name + ".pickle",
         }
-        import time
-        summary["time_unix_ms"] = int(time.time() * 1000)
-        _write_atomic(os.path.join(d, name + ".pickle"), pickle.dumps(snapshot))
-        _write_atomic(os.path.join(d, name + ".json"), json.dumps(summary, indent=1).encode())
+        rc, dump = _tell_shim(account)
+        if dump is None:
+            return  # no dump explains it (the shim is absent, or the failure was not dumped)
+        d = os.path.dirname(dump)
+        _write_private(os.path.join(d, name + ".pickle"), pickle.dumps(snapshot))
+        if rc == 1:
+            # The dump was final before torch's word arrived (OOMSHIM_SETTLE=0): `oomshim report`
+            # merges this side file, matched by pid, device and request.
+            import json
+            import time
+
+            side = dict(account, schema="oomshim.torch/1", pid=os.getpid(), host=socket.gethostname(),
+                        rank=int(rank) if rank and rank.isdigit() else None,
+                        time_unix_ms=int(time.time() * 1000), dump=os.path.basename(dump))
+            _write_private(os.path.join(d, name + ".json"), json.dumps(side, indent=1).encode())
     except Exception as e:  # never into the program
-        _warn(f"could not save torch's snapshot ({type(e).__name__}: {e})")
+        _warn(f"could not give the shim torch's view ({type(e).__name__}: {e})")
 
 
-def _allocator_mode():
-    return os.environ.get("OOMSHIM_TORCH_ALLOCATOR", "").strip().lower() in ("1", "on", "yes", "true")
+def _auto_steps():
+    v = os.environ.get("OOMSHIM_AUTO_STEPS", "1").strip().lower()
+    if v in ("0", "off", "no", "false"):
+        return ()
+    if v == "optimizer":
+        return ("optimizer",)
+    return ("optimizer", "forward")
+
+
+def _mark_steps(torch, lib):
+    """Step marks without user code: optimizer steps, and forward passes of the outermost
+    module (evaluation and inference loops have no optimizer)."""
+    wanted = _auto_steps()
+    mark = lib.oomshim_mark_step
+    if "optimizer" in wanted:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(lambda optimizer, args, kwargs: mark(1))
+    if "forward" not in wanted:
+        return
+    import threading
+
+    from torch.nn.modules import module as torch_module
+
+    local = threading.local()
+    handles = []
+
+    def pre(module, args):
+        local.depth = getattr(local, "depth", 0) + 1
+
+    def post(module, args, output):
+        local.depth = getattr(local, "depth", 1) - 1
+        if local.depth != 0 or not handles or next(module.parameters(), None) is None:
+            return
+        # The outermost module with parameters: the model. From now on only its own forward
+        # hook runs; the global hooks (which every module call pays for) go.
+        for h in handles:
+            h.remove()
+        handles.clear()
+        module.register_forward_hook(lambda m, a, o: mark(2))
+        mark(2)
+
+    handles.append(torch_module.register_module_forward_pre_hook(pre))
+    try:
+        # always_call: a forward that raises still leaves the depth right.
+        handles.append(torch_module.register_module_forward_hook(post, always_call=True))
+    except TypeError:
+        handles.append(torch_module.register_module_forward_hook(post))
 
 
 def _enable_allocator(torch):
@@ -194,33 +307,110 @@ def _enable_allocator(torch):
         _warn(f"allocator mode is off, torch keeps its own allocator ({type(e).__name__}: {e})")
 
 
-def _attach(torch):
-    if _allocator_mode():
+def _attach_torch(torch):
+    allocator = os.environ.get("OOMSHIM_TORCH_ALLOCATOR", "").strip().lower() in ("1", "on", "yes", "true")
+    if allocator:
         # torch's OOM observer and snapshot do not exist under a pluggable allocator; the shim
         # writes the exact free-block state itself.
         _enable_allocator(torch)
+    lib = _shim()
+    if lib is None:
         return
     try:
-        def register():
-            torch._C._cuda_attach_out_of_memory_observer(
-                lambda device, alloc, total, free: _on_oom(torch, device, alloc, total, free))
-        torch.cuda._lazy_call(register)
+        if not allocator:
+            def register():
+                torch._C._cuda_attach_out_of_memory_observer(
+                    lambda device, alloc, total, free: _on_torch_oom(torch, device, alloc, total, free))
+                lib.oomshim_framework_attached(b"torch")
+
+            torch.cuda._lazy_call(register)
     except Exception as e:
         _warn(f"could not attach to torch ({type(e).__name__}: {e})")
+    try:
+        _mark_steps(torch, lib)
+    except Exception as e:
+        _warn(f"no automatic step marks ({type(e).__name__}: {e})")
 
 
-class _TorchImportWatcher:
-    """A meta-path finder that only watches: when the program imports torch, let it load as
-    usual and attach afterwards."""
+def _xla_oom(exc):
+    """An XLA out-of-memory error reaching the top of a thread: the shim gets XLA's account."""
+    text = str(exc)
+    if "RESOURCE_EXHAUSTED" not in text:
+        return
+    try:
+        import re
+
+        m = re.search(r"allocate (\d+) bytes", text)
+        where = ""
+        tb = exc.__traceback__
+        frame = None
+        while tb is not None:
+            f = tb.tb_frame.f_code.co_filename
+            if "site-packages" not in f and "dist-packages" not in f and not f.startswith("<"):
+                frame = tb
+            tb = tb.tb_next
+        if frame is not None:
+            code = frame.tb_frame.f_code
+            where = f" (raised at {code.co_filename}:{frame.tb_lineno} in {code.co_name})"
+        jax = sys.modules.get("jax")
+        _tell_shim({
+            "schema": _SCHEMA,
+            "framework": "xla",
+            "version": getattr(jax, "__version__", None),
+            "raised": True,
+            "device": 0,
+            "request_bytes": int(m.group(1)) if m else None,
+            "message": text[:800] + where,
+        })
+    except Exception as e:
+        _warn(f"could not give the shim XLA's error ({type(e).__name__}: {e})")
+
+
+def _attach_jax(jax):
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        _xla_oom(value)
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
+    try:
+        import threading
+
+        previous_thread = threading.excepthook
+
+        def thread_excepthook(args):
+            _xla_oom(args.exc_value)
+            previous_thread(args)
+
+        threading.excepthook = thread_excepthook
+    except Exception:
+        pass
+
+
+_WATCHED = {"torch": _attach_torch, "jax": _attach_jax}
+
+
+class _ImportWatcher:
+    """A meta-path finder that only watches: when the program imports torch or jax, let it load
+    as usual and attach afterwards."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch":
+        attach = _WATCHED.pop(name, None)
+        if attach is None:
             return None
+        if not _WATCHED:
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:
+                pass
+        import importlib.util
+
         try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        spec = importlib.util.find_spec(name)
+            # This finder answers None for the name now (it was taken off the watch list).
+            spec = importlib.util.find_spec(name)
+        except Exception:
+            return None
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader = spec.loader
@@ -228,7 +418,10 @@ class _TorchImportWatcher:
 
         def exec_module(module):
             original(module)
-            _attach(module)
+            try:
+                attach(module)
+            except Exception as e:
+                _warn(f"could not attach to {name} ({type(e).__name__}: {e})")
 
         try:
             loader.exec_module = exec_module
@@ -238,13 +431,19 @@ class _TorchImportWatcher:
 
 
 def _install():
-    if os.environ.get("OOMSHIM_TORCH_HOOK", "1").strip().lower() in ("0", "off", "no", "false"):
+    if _off("OOMSHIM_TORCH_HOOK"):
         return
-    if "torch" in sys.modules:
-        _attach(sys.modules["torch"])
-    else:
-        sys.meta_path.insert(0, _TorchImportWatcher())
+    for name in list(_WATCHED):
+        if name in sys.modules:
+            _WATCHED.pop(name)(sys.modules[name])
+    if _WATCHED:
+        sys.meta_path.insert(0, _ImportWatcher())
 
+
+try:
+    _forget_own_path()
+except Exception:
+    pass
 
 try:
     _install()

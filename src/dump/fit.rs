@@ -1,0 +1,170 @@
+//! Linear fits of growth samples: shared by the shim (which fits its step history when it writes
+//! a dump) and the readers (which fit `growth.tracked` of dumps written before the fit was
+//! stored). Plain arithmetic on `(step, bytes)` points.
+
+/// Fewest samples a trend is fitted from.
+pub const MIN_SAMPLES: usize = 4;
+/// Smallest coefficient of determination for growth to count as steady ("monotone-ish": a leak
+/// grows every step; a working set that rises and falls does not).
+pub const MIN_R_SQUARED: f64 = 0.9;
+
+/// A least-squares line through points.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fit {
+    /// Bytes per unit of x.
+    pub slope: f64,
+    /// Coefficient of determination (0 for a flat series).
+    pub r2: f64,
+    /// Points fitted.
+    pub n: usize,
+}
+
+/// The least-squares line through `points`; `None` for fewer than two points or a single x.
+pub fn line(points: &[(u64, u64)]) -> Option<Fit> {
+    let n = points.len();
+    if n < 2 {
+        return None;
+    }
+    let x0 = points[0].0 as f64;
+    let mx = points.iter().map(|p| p.0 as f64 - x0).sum::<f64>() / n as f64;
+    let my = points.iter().map(|p| p.1 as f64).sum::<f64>() / n as f64;
+    let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
+    for p in points {
+        let dx = p.0 as f64 - x0 - mx;
+        let dy = p.1 as f64 - my;
+        sxy += dx * dy;
+        sxx += dx * dx;
+        syy += dy * dy;
+    }
+    if sxx <= 0.0 {
+        return None;
+    }
+    let slope = sxy / sxx;
+    let r2 = if syy > 0.0 {
+        (sxy * sxy) / (sxx * syy)
+    } else {
+        0.0
+    };
+    Some(Fit { slope, r2, n })
+}
+
+/// `Some` only for steady growth: at least [`MIN_SAMPLES`] points, a positive slope and
+/// R² ≥ [`MIN_R_SQUARED`].
+pub fn growing(points: &[(u64, u64)]) -> Option<Fit> {
+    if points.len() < MIN_SAMPLES {
+        return None;
+    }
+    line(points).filter(|f| f.slope > 0.0 && f.r2 >= MIN_R_SQUARED)
+}
+
+/// Steady growth that lasts up to the newest point: where the series changed course last, the
+/// stretch from there to the end, when that stretch is [`growing`]. The change point comes from
+/// a two-segment least-squares fit (any line before it, a line after it) chosen by BIC against
+/// one line for the whole series, so a flat start (healthy steps before a leak began, a loading
+/// phase) is cut off without cutting noise-level wiggles out of a steady leak, and a series that
+/// grew and then stopped ends in a flat stretch that does not grow. Returns the fit and the
+/// index of the stretch's first point.
+pub fn growing_suffix(points: &[(u64, u64)]) -> Option<(Fit, usize)> {
+    let n = points.len();
+    if n < MIN_SAMPLES {
+        return None;
+    }
+    let total_sse = sse(points);
+    // An exact fit has zero error; a floor relative to the series' spread keeps the logarithm
+    // finite without favouring either model.
+    let floor = 1e-9 * (total_sse + 1.0);
+    let bic = |sse: f64, params: f64| {
+        n as f64 * ((sse + floor) / n as f64).ln() + params * (n as f64).ln()
+    };
+    let mut best = (bic(total_sse, 2.0), 0usize);
+    for k in 2..=n - MIN_SAMPLES {
+        let b = bic(sse(&points[..k]) + sse(&points[k..]), 5.0);
+        if b < best.0 {
+            best = (b, k);
+        }
+    }
+    let start = best.1;
+    growing(&points[start..]).map(|f| (f, start))
+}
+
+/// Squared error of the least-squares line through `points` (0 for fewer than three).
+fn sse(points: &[(u64, u64)]) -> f64 {
+    let Some(f) = line(points) else { return 0.0 };
+    let n = points.len() as f64;
+    let x0 = points[0].0 as f64;
+    let mx = points.iter().map(|p| p.0 as f64 - x0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1 as f64).sum::<f64>() / n;
+    points
+        .iter()
+        .map(|p| {
+            let predicted = my + f.slope * (p.0 as f64 - x0 - mx);
+            let e = p.1 as f64 - predicted;
+            e * e
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pts(ys: &[u64]) -> Vec<(u64, u64)> {
+        ys.iter()
+            .enumerate()
+            .map(|(i, &y)| (i as u64 + 1, y))
+            .collect()
+    }
+
+    #[test]
+    fn growing_table() {
+        let mib = 1u64 << 20;
+        // (samples, growing?, slope when growing)
+        let cases: &[(&[u64], bool, f64)] = &[
+            (
+                &[0, 96 * mib, 192 * mib, 288 * mib],
+                true,
+                96.0 * mib as f64,
+            ), // exact linear
+            (&[0, 96 * mib, 192 * mib], false, 0.0), // too few samples
+            (&[5, 5, 5, 5, 5], false, 0.0),          // flat
+            (&[400, 300, 200, 100], false, 0.0),     // shrinking
+            (&[0, 100, 0, 100, 0, 100], false, 0.0), // oscillating
+            (&[0, 110, 190, 310, 400, 490], true, 98.0), // noisy but steady
+            (&[0, 0, 0, 0, 0, 1000], false, 0.0),    // one jump: R² 0.71
+        ];
+        for (ys, want, slope) in cases {
+            let f = growing(&pts(ys));
+            assert_eq!(f.is_some(), *want, "{ys:?}: {f:?}");
+            if let Some(f) = f {
+                assert!((f.slope - slope).abs() < 1.0, "{ys:?}: {f:?}");
+                assert!(f.r2 >= MIN_R_SQUARED);
+            }
+        }
+    }
+
+    #[test]
+    fn the_suffix_starts_where_steady_growth_starts() {
+        // 30 healthy steps, then 20 steps that each keep 100 bytes more: the whole series fits a
+        // line badly (R² < 0.9), the growing tail exactly.
+        let mut ys = vec![1000u64; 30];
+        ys.extend((1..=20).map(|i| 1000 + 100 * i));
+        let all = line(&pts(&ys)).unwrap();
+        assert!(all.r2 < MIN_R_SQUARED, "{all:?}");
+        let (f, start) = growing_suffix(&pts(&ys)).unwrap();
+        assert!((f.slope - 100.0).abs() < 1e-3, "{f:?}");
+        // The last flat sample (step 30) starts the line as well as the first rising one.
+        assert!((29..=30).contains(&start), "{start}");
+        // Growth that stopped: a rise, then a long flat tail, reaches the end with no rise.
+        let mut stopped: Vec<u64> = (0..20).map(|i| 100 * i).collect();
+        stopped.extend(vec![1900; 20]);
+        assert!(growing_suffix(&pts(&stopped)).is_none());
+        assert!(growing_suffix(&pts(&[1, 2])).is_none());
+        // A steady leak with noise keeps all of its samples.
+        let noisy: Vec<u64> = (0..64u64)
+            .map(|i| 1_000_000 + i * 10_000 + [0, 3000, 1000, 4000, 2000][i as usize % 5])
+            .collect();
+        let (f, start) = growing_suffix(&pts(&noisy)).unwrap();
+        assert_eq!(start, 0, "{f:?}");
+        assert!((f.slope - 10_000.0).abs() < 200.0, "{f:?}");
+    }
+}

@@ -1,0 +1,224 @@
+//! A history's samples as the dump's [`Growth`]: the process's fitted growth, and its
+//! attribution to sites, with native stacks grouped by the frame that names them.
+
+use super::{SiteKey, StackPair, MAX_REPORTED};
+use crate::dump::fit;
+use crate::dump::model::{DetectedSteps, Frame, Growth, GrowthFit, GrowthPoint, GrowthSite};
+use std::collections::VecDeque;
+
+/// A site's samples: (step or second, live bytes).
+type Series = Vec<(u64, u64)>;
+
+/// A history as seen under its lock.
+pub(super) struct View<'a> {
+    pub samples: u64,
+    pub totals: &'a VecDeque<(u64, u64)>,
+    pub sites: Vec<SiteView<'a>>,
+    pub intervals: u64,
+    pub freeing_intervals: u64,
+}
+
+/// One site of a [`View`]: its key, a representative stack pair, its samples.
+pub(super) type SiteView<'a> = (SiteKey, StackPair, &'a VecDeque<(u64, u64)>);
+
+/// The same, copied out so the lock is released before stacks are symbolised.
+pub(super) struct Copy {
+    pub steps: &'static str,
+    samples: u64,
+    totals: Series,
+    sites: Vec<(SiteKey, StackPair, Series)>,
+    intervals: u64,
+    freeing_intervals: u64,
+}
+
+/// The detector's state, for `growth.detected`.
+pub(super) struct Detected {
+    pub period: u64,
+    pub steps: u64,
+    pub since: u64,
+    pub anchor: StackPair,
+}
+
+/// Sites whose growth is attributed together: those with the same name.
+struct Group {
+    key: SiteKey,
+    /// The member with the most bytes at the end names the group.
+    stack: Vec<Frame>,
+    series: Vec<(u64, u64)>,
+}
+
+impl Copy {
+    pub fn of(v: View<'_>, steps: &'static str) -> Copy {
+        Copy {
+            steps,
+            samples: v.samples,
+            totals: v.totals.iter().copied().collect(),
+            sites: v
+                .sites
+                .into_iter()
+                .map(|(k, s, pts)| (k, s, pts.iter().copied().collect()))
+                .collect(),
+            intervals: v.intervals,
+            freeing_intervals: v.freeing_intervals,
+        }
+    }
+
+    pub fn growth(
+        self,
+        free_bytes: Option<u64>,
+        detected: Option<Detected>,
+        mut name: impl FnMut(&[StackPair]) -> Vec<Vec<Frame>>,
+    ) -> Growth {
+        let current = self.totals.last().map_or(0, |t| t.0);
+        let total_fit = fit::growing_suffix(&self.totals);
+        // Samples from here on are the stretch the growth is measured over.
+        let from_x = total_fit.map(|(_, start)| self.totals[start].0);
+
+        let mut pairs: Vec<StackPair> = self.sites.iter().map(|s| s.1).collect();
+        if let Some(d) = &detected {
+            pairs.push(d.anchor);
+        }
+        let mut frames = name(&pairs);
+        frames.resize(pairs.len(), Vec::new());
+        let anchor = detected
+            .as_ref()
+            .and_then(|_| frames.pop())
+            .unwrap_or_default();
+
+        let groups = group(self.sites, frames);
+        // The step in which the free bytes run out at this rate: the step in progress is
+        // `current + 1`, and each whole step's worth of free bytes lets one more complete.
+        let projected = |rate: f64| -> Option<u64> {
+            let free = free_bytes?;
+            (rate >= 1.0).then(|| current + 1 + (free as f64 / rate).floor() as u64)
+        };
+        let mut sites: Vec<(f64, GrowthSite)> = groups
+            .into_iter()
+            .filter_map(|g| {
+                let pts: Vec<(u64, u64)> = match from_x {
+                    Some(x) => g.series.iter().copied().filter(|p| p.0 >= x).collect(),
+                    None => g.series.clone(),
+                };
+                let (slope, r2, n) = match (&total_fit, from_x) {
+                    // Attribution of the fitted growth: any rising slope over the stretch.
+                    (Some(_), Some(_)) => {
+                        let f = fit::line(&pts)?;
+                        (f.slope, f.r2, f.n)
+                    }
+                    // No steady growth of the process: only sites that grow steadily themselves.
+                    _ => {
+                        let f = fit::growing(&pts)?;
+                        (f.slope, f.r2, f.n)
+                    }
+                };
+                if slope < 1.0 {
+                    return None;
+                }
+                let first = *pts.first()?;
+                let last = *pts.last()?;
+                let share = total_fit.map(|(f, _)| (slope / f.slope).clamp(0.0, 1.0));
+                Some((
+                    slope,
+                    GrowthSite {
+                        bytes_per_step: slope.round() as u64,
+                        r_squared: round3(r2),
+                        samples: n as u64,
+                        first: point(first),
+                        last: point(last),
+                        projected_oom_step: projected(slope),
+                        stack: g.stack,
+                        share: share.map(round3),
+                        grouped_by: Some(g.key.word().to_string()),
+                    },
+                ))
+            })
+            .collect();
+        sites.sort_by(|a, b| b.0.total_cmp(&a.0));
+        sites.truncate(MAX_REPORTED);
+        let rate = match total_fit {
+            Some((f, _)) => f.slope,
+            None => sites.iter().map(|s| s.0).sum(),
+        };
+        let fit_out = total_fit.map(|(f, start)| GrowthFit {
+            bytes_per_step: f.slope.round() as u64,
+            r_squared: round3(f.r2),
+            samples: f.n as u64,
+            first: point(self.totals[start]),
+            last: point(*self.totals.last().expect("a fit has points")),
+        });
+        Growth {
+            unit: if self.steps == "time" {
+                "second"
+            } else {
+                "step"
+            }
+            .to_string(),
+            steps: Some(self.steps.to_string()),
+            detected: detected.map(|d| DetectedSteps {
+                period: d.period,
+                steps: d.steps,
+                allocations_since_last_step: d.since,
+                intervals: self.intervals,
+                freeing_intervals: self.freeing_intervals,
+                anchor,
+            }),
+            samples: self.samples,
+            current,
+            free_bytes,
+            projected_oom_step: projected(rate),
+            sites: sites.into_iter().map(|s| s.1).collect(),
+            tracked: self.totals.iter().map(|&p| point(p)).collect(),
+            fit: fit_out,
+        }
+    }
+}
+
+fn point((step, bytes): (u64, u64)) -> GrowthPoint {
+    GrowthPoint { step, bytes }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Groups sites by the frame that names them (native stacks that differ only inside the
+/// framework or the CUDA runtime are one site); sites without a named frame stay apart. Each
+/// group's series is the sum of its members' samples at each x.
+fn group(sites: Vec<(SiteKey, StackPair, Series)>, frames: Vec<Vec<Frame>>) -> Vec<Group> {
+    let mut groups: Vec<(Option<String>, Group, u64)> = Vec::new();
+    for ((key, _, series), stack) in sites.into_iter().zip(frames) {
+        let label = crate::report::named_frames(&stack).next().map(|f| {
+            format!(
+                "{}|{}",
+                key.word(),
+                crate::report::frame_label(f, usize::MAX)
+            )
+        });
+        let last = series.last().map_or(0, |p| p.1);
+        let found = label
+            .as_ref()
+            .and_then(|l| groups.iter().position(|g| g.0.as_deref() == Some(l)));
+        match found {
+            Some(i) => {
+                let g = &mut groups[i];
+                g.1.series = add_series(&g.1.series, &series);
+                if last > g.2 {
+                    g.1.stack = stack;
+                    g.2 = last;
+                }
+            }
+            None => groups.push((label, Group { key, stack, series }, last)),
+        }
+    }
+    groups.into_iter().map(|g| g.1).collect()
+}
+
+/// The pointwise sum of two series sampled at the same xs (a series that starts later counts
+/// 0 before its first sample).
+fn add_series(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out: std::collections::BTreeMap<u64, u64> = a.iter().copied().collect();
+    for &(x, y) in b {
+        *out.entry(x).or_insert(0) += y;
+    }
+    out.into_iter().collect()
+}

@@ -1,0 +1,354 @@
+/*
+ * oom_patterns: the out-of-memory patterns of real programs, against the simulated device, one
+ * per mode (argv[1]). Each prints what it did, so runs with and without the shim compare.
+ *
+ *   cache recover   a caching allocator (like PyTorch's): blocks freed by the program stay in
+ *                   its cache; a failed cudaMalloc releases the cache (cudaFree of every cached
+ *                   block) and retries the same size on the same thread. Here the retry
+ *                   succeeds and the loop goes on to its end.
+ *   cache raise     the same, but the cache is too small: the retry fails too and the
+ *                   "framework" raises (prints OutOfMemoryError and exits 1).
+ *   two             two distinct failures 3 ms apart on one thread: 256 MiB (caught: the
+ *                   program allocates 4 KiB and goes on), then 96 MiB; then the 96 MiB failure
+ *                   again after another success (a repeat).
+ *   spread          a leak spread over many stacks: each step, `leak_level` recurses 1..24
+ *                   frames deep and keeps 1 MiB at the bottom (24 distinct stacks); working
+ *                   memory is freed; steps are marked as oomshim's Python hook marks optimizer
+ *                   steps (`oomshim_mark_step(1)`).
+ *   nofree MARK     each step keeps three blocks and frees nothing (a cache warm in steady
+ *                   state); MARK=1 marks steps (`oomshim_mark_step(1)`), MARK=0 marks none.
+ *   layers          a training step of 6 layers (a kept 1 MiB activation and a freed 4 MiB
+ *                   gradient each) plus a loss and an update, never marked: steps must be
+ *                   detected as the whole cycle, not the layer.
+ *   load            loading a model too big for the device: a weight and a bias per layer,
+ *                   never freed, no steps. Not a leak.
+ *   late N          N healthy steps (marked with oomshim_step), then a leak of 64 MiB a step.
+ *   static          a static-runtime-style client: the allocation goes through an internal
+ *                   function named like static cudart's (`libcudart_static_…`), called from
+ *                   `grow_static_buffers`, which leaks until a cudaMalloc fails.
+ *   abort MS        fills the device, then aborts MS milliseconds after the first failure
+ *                   (CUDA_CHECK style, after logging).
+ */
+#include "cuda_sim.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MiB ((size_t)1 << 20)
+
+/* Functions whose names the tests assert: never inlined, and never folded by GCC's identical
+ * code folding into a twin with the same body (which would lend them its name). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NAMED __attribute__((noinline, noipa))
+#else
+#define NAMED __attribute__((noinline))
+#endif
+#define MAX_HELD 65536
+
+static void *g_held[MAX_HELD];
+static int g_nheld;
+
+static void hold(void *p) {
+    if (g_nheld < MAX_HELD) g_held[g_nheld++] = p;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Allocates 64 MiB blocks (held) until at most `leave` + 64 MiB is free, without ever failing. */
+NAMED static void fill_leaving(size_t leave) {
+    for (;;) {
+        size_t free_b = 0, total = 0;
+        if (cudaMemGetInfo(&free_b, &total) != cudaSuccess || free_b < leave + 64 * MiB) return;
+        void *p = NULL;
+        if (cudaMalloc(&p, 64 * MiB) != cudaSuccess) return;
+        hold(p);
+    }
+}
+
+/* The shim's step marks, as its Python hook calls them (absent without the shim). */
+static void mark(int source) {
+    void (*f)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "oomshim_mark_step");
+    if (f) f(source);
+}
+static void program_step(void) {
+    void (*f)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "oomshim_step");
+    if (f) f();
+}
+
+/* ---------------- cache ---------------- */
+
+#define CACHE_MAX 4096
+static void *g_cache[CACHE_MAX];
+static int g_ncache;
+
+NAMED static int cache_release_all(void) {
+    int n = g_ncache;
+    for (int i = 0; i < g_ncache; i++) cudaFree(g_cache[i]);
+    g_ncache = 0;
+    return n;
+}
+
+/* A caching allocator's malloc: a cached block of the size if there is one, else cudaMalloc;
+ * on failure, release the cache and retry once on this thread. */
+NAMED static void *cache_malloc(size_t n, int *failures) {
+    if (g_ncache > 0 && n == 64 * MiB) return g_cache[--g_ncache];
+    void *p = NULL;
+    if (cudaMalloc(&p, n) == cudaSuccess) return p;
+    (*failures)++;
+    cache_release_all();
+    if (cudaMalloc(&p, n) == cudaSuccess) return p;
+    (*failures)++;
+    return NULL;
+}
+
+NAMED static void cache_free(void *p) {
+    if (g_ncache < CACHE_MAX) g_cache[g_ncache++] = p;
+    else cudaFree(p);
+}
+
+NAMED static int train_with_cache(int recover) {
+    /* Warm the cache: 64 MiB blocks used once and "freed" into the cache. */
+    int failures = 0;
+    int warm = recover ? 8 : 1;
+    void *tmp[8];
+    for (int i = 0; i < warm; i++) tmp[i] = cache_malloc(64 * MiB, &failures);
+    for (int i = 0; i < warm; i++) cache_free(tmp[i]);
+    /* The model: fills the device up to 256 MiB short. */
+    fill_leaving(256 * MiB);
+    /* A large activation: no room, until the cache is released. */
+    void *big = cache_malloc(recover ? 512 * MiB : 768 * MiB, &failures);
+    printf("activation %s after %d failure(s)\n", big ? "allocated" : "refused", failures);
+    if (!big) {
+        printf("OutOfMemoryError\n");
+        return 1;
+    }
+    printf("trained\n");
+    return 0;
+}
+
+/* ---------------- two ---------------- */
+
+NAMED static int try_alloc(size_t n) {
+    void *p = NULL;
+    int rc = (int)cudaMalloc(&p, n);
+    if (rc == cudaSuccess) hold(p);
+    return rc;
+}
+
+NAMED static int two_failures(void) {
+    /* Leave exactly 80 MiB free: 96 MiB fails, 4 KiB fits. */
+    fill_leaving(128 * MiB);
+    size_t free_b = 0, total = 0;
+    cudaMemGetInfo(&free_b, &total);
+    if (free_b > 80 * MiB) try_alloc(free_b - 80 * MiB);
+    printf("first %d\n", try_alloc(256 * MiB));
+    printf("small %d\n", try_alloc(4096));
+    sleep_ms(3);
+    for (int i = 0; i < 2; i++) {
+        /* The same call twice: the second, after a success in between, repeats the first. */
+        printf("96 MiB %d\n", try_alloc(96 * MiB));
+        printf("small %d\n", try_alloc(4096));
+    }
+    return 0;
+}
+
+/* ---------------- spread ---------------- */
+
+NAMED static int leak_level(int depth) {
+    if (depth > 1) {
+        int rc = leak_level(depth - 1);
+        __asm__ volatile("" ::: "memory"); /* keep the frame: no tail call */
+        return rc;
+    }
+    void *p = NULL;
+    int rc = (int)cudaMalloc(&p, MiB);
+    if (rc == cudaSuccess) hold(p);
+    return rc;
+}
+
+NAMED static int working_memory(size_t n) {
+    void *p = NULL;
+    int rc = (int)cudaMalloc(&p, n);
+    if (rc == cudaSuccess) cudaFree(p);
+    return rc;
+}
+
+NAMED static int spread_leak(void) {
+    for (int step = 1; step < 100000; step++) {
+        for (int d = 1; d <= 24; d++) {
+            int rc = leak_level(d);
+            if (rc != 0) {
+                printf("step %d: leak_level failed with %d\n", step, rc);
+                return 0;
+            }
+        }
+        if (working_memory(32 * MiB) != 0) {
+            printf("step %d: working_memory failed\n", step);
+            return 0;
+        }
+        mark(1);
+    }
+    return 0;
+}
+
+/* ---------------- nofree ---------------- */
+
+NAMED static int keep_step_state(size_t n) {
+    void *p = NULL;
+    int rc = (int)cudaMalloc(&p, n);
+    if (rc == cudaSuccess) hold(p);
+    return rc;
+}
+
+NAMED static int never_free(int marks) {
+    for (int step = 1; step < 100000; step++) {
+        for (int k = 0; k < 3; k++) {
+            int rc = keep_step_state((16 + 8 * (size_t)k) * MiB);
+            if (rc != 0) {
+                printf("step %d: keep_step_state failed with %d\n", step, rc);
+                return 0;
+            }
+        }
+        if (marks) mark(1);
+    }
+    return 0;
+}
+
+/* ---------------- layers ---------------- */
+
+NAMED static int layer_forward(void) {
+    void *p = NULL;
+    int rc = (int)cudaMalloc(&p, MiB);
+    if (rc == cudaSuccess) hold(p);
+    return rc;
+}
+NAMED static int layer_backward(void) { return working_memory(4 * MiB); }
+NAMED static int loss_and_update(void) {
+    int rc = working_memory(2 * MiB);
+    return rc ? rc : working_memory(3 * MiB);
+}
+
+NAMED static int detected_layers(void) {
+    for (int step = 1; step < 100000; step++) {
+        for (int l = 0; l < 6; l++) {
+            int rc = layer_forward();
+            if (rc == 0) rc = layer_backward();
+            if (rc != 0) {
+                printf("step %d: layer %d failed with %d\n", step, l, rc);
+                return 0;
+            }
+        }
+        if (loss_and_update() != 0) {
+            printf("step %d: update failed\n", step);
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* ---------------- load ---------------- */
+
+NAMED static int load_weight(size_t n) {
+    void *p = NULL;
+    int rc = (int)cudaMalloc(&p, n);
+    if (rc == cudaSuccess) hold(p);
+    return rc;
+}
+NAMED static int load_bias(size_t n) {
+    void *p = NULL;
+    int rc = (int)cudaMalloc(&p, n);
+    if (rc == cudaSuccess) hold(p);
+    return rc;
+}
+
+NAMED static int load_model(void) {
+    for (int layer = 0; layer < 100000; layer++) {
+        int rc = load_weight(48 * MiB);
+        if (rc == 0) rc = load_bias(MiB);
+        if (rc != 0) {
+            printf("layer %d: loading failed with %d\n", layer, rc);
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* ---------------- late ---------------- */
+
+NAMED static int keep_late(void) {
+    void *p = NULL;
+    int rc = (int)cudaMalloc(&p, 64 * MiB);
+    if (rc == cudaSuccess) hold(p);
+    return rc;
+}
+
+NAMED static int late_leak(int healthy) {
+    for (int step = 1; step < 100000; step++) {
+        if (working_memory(128 * MiB) != 0) {
+            printf("step %d: working memory failed\n", step);
+            return 0;
+        }
+        if (step > healthy && keep_late() != 0) {
+            printf("step %d: keep_late failed\n", step);
+            return 0;
+        }
+        program_step();
+    }
+    return 0;
+}
+
+/* ---------------- static ---------------- */
+
+/* Named like static cudart's internal functions: the site must be named by its caller. */
+NAMED int libcudart_static_3f2a9c01d8e4b7a6c5d2e1f0a9b8c7d6e5f4a3b2(void **p, size_t n) {
+    int rc = (int)cudaMalloc(p, n);
+    __asm__ volatile("" ::: "memory");
+    return rc;
+}
+
+NAMED static int grow_static_buffers(void) {
+    for (int i = 0; i < 100000; i++) {
+        void *p = NULL;
+        int rc = libcudart_static_3f2a9c01d8e4b7a6c5d2e1f0a9b8c7d6e5f4a3b2(&p, 128 * MiB);
+        if (rc != 0) {
+            printf("buffer %d: failed with %d\n", i, rc);
+            return 0;
+        }
+        hold(p);
+    }
+    return 0;
+}
+
+/* ---------------- abort ---------------- */
+
+NAMED static int fill_then_abort(long ms) {
+    int rc;
+    while ((rc = try_alloc(256 * MiB)) == cudaSuccess) {
+    }
+    printf("failed with %d\n", rc);
+    fflush(stdout);
+    sleep_ms(ms);
+    abort();
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    const char *arg = argc > 2 ? argv[2] : "";
+    if (!strcmp(mode, "cache")) return train_with_cache(!strcmp(arg, "recover"));
+    if (!strcmp(mode, "two")) return two_failures();
+    if (!strcmp(mode, "spread")) return spread_leak();
+    if (!strcmp(mode, "nofree")) return never_free(atoi(arg));
+    if (!strcmp(mode, "layers")) return detected_layers();
+    if (!strcmp(mode, "load")) return load_model();
+    if (!strcmp(mode, "late")) return late_leak(atoi(arg));
+    if (!strcmp(mode, "static")) return grow_static_buffers();
+    if (!strcmp(mode, "abort")) return fill_then_abort(atol(arg));
+    fprintf(stderr, "usage: oom_patterns cache recover|raise | two | spread | nofree 0|1 | layers | load | late N | static | abort\n");
+    return 2;
+}

@@ -1,0 +1,21 @@
+"""A training loop that keeps every step's output, and with it the autograd graph
+(`backward(retain_graph=True)`). No step marks: the optimizer's steps are the steps."""
+import torch
+import torch.nn as nn
+
+from _zoo import load_weights
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4096, 8192), nn.GELU(), nn.Linear(8192, 4096)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+weights = load_weights(24)
+outputs = []
+print("training")
+for step in range(1, 10_000):
+    x = torch.randn(16384, 4096, device="cuda")
+    out = model(x)  # EXPECT-LINE
+    loss = out.pow(2).mean()
+    loss.backward(retain_graph=True)
+    opt.step()
+    opt.zero_grad()
+    outputs.append(out)
