@@ -3,6 +3,7 @@
 //! which start one.
 
 pub mod demo;
+pub mod locate;
 pub mod run;
 
 use std::path::Path;

@@ -10,26 +10,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// File name of the shim library.
-pub const LIB_NAME: &str = "liboomshim.so";
-
-/// The library to preload: `explicit` when given (it must exist), else `liboomshim.so` next to
-/// the running oomshim binary.
-pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf, String> {
-    if let Some(p) = explicit {
-        return std::fs::canonicalize(p).map_err(|e| format!("--lib {}: {e}", p.display()));
-    }
-    let exe =
-        std::env::current_exe().map_err(|e| format!("cannot locate the oomshim binary: {e}"))?;
-    let beside = exe.parent().map(|d| d.join(LIB_NAME));
-    match beside {
-        Some(p) if p.is_file() => Ok(p),
-        _ => Err(format!(
-            "{LIB_NAME} not found next to {} (build it with `cargo build --release`, or pass --lib PATH)",
-            exe.display()
-        )),
-    }
-}
+pub use super::locate::{find_library, LIB_NAME};
 
 /// `LD_PRELOAD` with `lib` first and whatever was already there after it (once).
 pub fn preload_value(lib: &Path, existing: Option<&OsStr>) -> OsString {
@@ -73,6 +54,8 @@ const TORCH_HOOK: &str = include_str!("../../shim/python/oomshim_hook/sitecustom
 const PY_PACKAGE: &str = include_str!("../../shim/python/oomshim/__init__.py");
 /// `oomshim.torch`: allocator mode (`--torch-allocator`).
 const PY_TORCH: &str = include_str!("../../shim/python/oomshim/torch.py");
+/// `oomshim._locate`: where the library is (imported by `oomshim.torch`).
+const PY_LOCATE: &str = include_str!("../../shim/python/oomshim/_locate.py");
 
 /// Writes the Python hook into the user's private oomshim directory (once per version) and
 /// returns the directory to put first on PYTHONPATH.
@@ -84,6 +67,7 @@ pub fn python_hook_dir() -> Result<PathBuf, String> {
     write_if_changed(&dir.join("sitecustomize.py"), TORCH_HOOK)?;
     write_if_changed(&dir.join("oomshim").join("__init__.py"), PY_PACKAGE)?;
     write_if_changed(&dir.join("oomshim").join("torch.py"), PY_TORCH)?;
+    write_if_changed(&dir.join("oomshim").join("_locate.py"), PY_LOCATE)?;
     Ok(dir)
 }
 
@@ -210,11 +194,5 @@ mod tests {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(exit_code(std::process::ExitStatus::from_raw(3 << 8)), 3);
         assert_eq!(exit_code(std::process::ExitStatus::from_raw(9)), 128 + 9);
-    }
-
-    #[test]
-    fn explicit_library_must_exist() {
-        let err = find_library(Some(Path::new("/nonexistent/liboomshim.so"))).unwrap_err();
-        assert!(err.contains("/nonexistent/liboomshim.so"), "{err}");
     }
 }
