@@ -443,6 +443,50 @@ pub struct FreeBlocks {
     /// Number of segments the cache holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments: Option<u64>,
+    /// Allocator mode: the failing (or current) device's segments with every block, in address
+    /// order, as the allocator holds them (what `export --memory-viz` lays out). At most
+    /// [`SEGMENT_MAP_MAX_BLOCKS`] blocks; `segment_map_omitted` counts the segments left out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segment_map: Vec<SegmentEntry>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub segment_map_omitted: u64,
+}
+
+/// Blocks a dump's `segment_map` holds at most (about 100 bytes of JSON each).
+pub const SEGMENT_MAP_MAX_BLOCKS: usize = 100_000;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One segment the allocator got from CUDA, with its blocks in address order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentEntry {
+    /// Hex.
+    pub address: String,
+    pub bytes: u64,
+    /// Hex stream handle the segment serves.
+    pub stream: String,
+    /// `"small"` (2 MiB segments for requests up to 1 MiB) or `"large"`.
+    pub pool: String,
+    /// The CUDA graph capture (torch's private pool) the segment belongs to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<u64>,
+    pub blocks: Vec<SegmentBlock>,
+}
+
+/// One block of a segment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentBlock {
+    /// Hex.
+    pub address: String,
+    /// The block's (rounded) size.
+    pub bytes: u64,
+    /// The size asked for; 0 for a free block.
+    pub requested_bytes: u64,
+    /// torch's snapshot states: `active_allocated`, `active_pending_free` (freed, waiting for a
+    /// `record_stream` event), `inactive` (free).
+    pub state: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
