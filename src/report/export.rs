@@ -200,8 +200,12 @@ pub fn memory_viz(dump: &Dump) -> Result<MemoryViz, String> {
     let mut segments = Vec::with_capacity(raw.len());
     for seg in &raw {
         let base = cursor;
-        cursor = cursor
-            .checked_add(seg.size.div_ceil(SEGMENT_ALIGN).max(1) * SEGMENT_ALIGN)
+        cursor = seg
+            .size
+            .div_ceil(SEGMENT_ALIGN)
+            .max(1)
+            .checked_mul(SEGMENT_ALIGN)
+            .and_then(|span| cursor.checked_add(span))
             .filter(|&c| c <= MAX_SAFE_INTEGER)
             .ok_or("the dump's segments do not fit the viewer's 53-bit address space")?;
         let stream = stream_rank(seg.stream);
@@ -215,11 +219,13 @@ pub fn memory_viz(dump: &Dump) -> Result<MemoryViz, String> {
         });
         let mut first_seq: Option<(u64, u64)> = None;
         for b in &seg.blocks {
+            // Inside the segment at the block's real offset; a block outside its segment (a
+            // hostile or inconsistent dump) goes where the previous one ended.
             let addr = match (b.real, seg.real) {
-                (Some(r), Some(s)) if r >= s => base + (r - s),
-                _ => base + offset,
+                (Some(r), Some(s)) if r >= s && r - s < seg.size => base + (r - s),
+                _ => base.saturating_add(offset),
             };
-            offset = addr - base + b.size;
+            offset = (addr - base).saturating_add(b.size);
             let frames = match (b.holder, b.state) {
                 (Some(h), _) => viz_frames(&h.stack),
                 (None, "inactive") => Vec::new(),
@@ -275,9 +281,17 @@ pub fn memory_viz(dump: &Dump) -> Result<MemoryViz, String> {
                 .iter()
                 .filter(|b| b.state == "active_allocated")
                 .map(|b| b.size)
-                .sum(),
-            active_size: blocks.iter().filter(active).map(|b| b.size).sum(),
-            requested_size: blocks.iter().filter(active).map(|b| b.requested_size).sum(),
+                .fold(0, u64::saturating_add),
+            active_size: blocks
+                .iter()
+                .filter(active)
+                .map(|b| b.size)
+                .fold(0, u64::saturating_add),
+            requested_size: blocks
+                .iter()
+                .filter(active)
+                .map(|b| b.requested_size)
+                .fold(0, u64::saturating_add),
             stream,
             segment_type: if seg.size <= (2 << 20) {
                 "small"
@@ -376,7 +390,7 @@ fn segments_of<'a>(dump: &'a Dump, warnings: &mut Vec<String>) -> Vec<RawSegment
                         placed[i] = true;
                     } else if state == "active_allocated" {
                         unlisted.0 += 1;
-                        unlisted.1 += b.requested_bytes;
+                        unlisted.1 = unlisted.1.saturating_add(b.requested_bytes);
                     }
                     RawBlock {
                         real: Some(real),
@@ -445,7 +459,7 @@ fn segments_of<'a>(dump: &'a Dump, warnings: &mut Vec<String>) -> Vec<RawSegment
             continue;
         }
         let listed: Vec<&&Holder> = holders.iter().filter(|h| h.device == d.index).collect();
-        let bytes: u64 = listed.iter().map(|h| h.bytes).sum();
+        let bytes: u64 = listed.iter().map(|h| h.bytes).fold(0, u64::saturating_add);
         let rest = d.tracked_bytes.saturating_sub(bytes);
         if rest == 0 {
             continue;
@@ -855,6 +869,33 @@ mod tests {
             first.contains("forward (/home/ada/proj/model.py:42)"),
             "{first}"
         );
+    }
+
+    #[test]
+    fn hostile_sizes_and_addresses_fail_cleanly_or_export() {
+        let mut dump = fixture("oom_own_allocations.json");
+        dump.largest_holders[0].bytes = u64::MAX;
+        dump.largest_holders[1].address = "not hex".into();
+        dump.devices[0].tracked_bytes = u64::MAX;
+        let err = memory_viz(&dump).err().expect("too large for 53 bits");
+        assert!(err.contains("53-bit"), "{err}");
+        let mut dump = fixture("oom_own_allocations.json");
+        dump.free_blocks.source = "oomshim-allocator".into();
+        dump.free_blocks.segment_map = vec![SegmentEntry {
+            address: "0x1000".into(),
+            bytes: 4096,
+            stream: "zz".into(),
+            pool: "large".into(),
+            capture: None,
+            blocks: vec![SegmentBlock {
+                address: "0xffffffffffffffff".into(),
+                bytes: u64::MAX,
+                requested_bytes: u64::MAX,
+                state: "weird".into(),
+            }],
+        }];
+        let _ = memory_viz(&dump);
+        let _ = folded(&dump);
     }
 
     #[test]
