@@ -162,7 +162,8 @@ def check_memory_viz(dump_path, dump):
         "d = pickle.load(open(sys.argv[1], 'rb'))\n"
         "mv.segsum(d); mv.trace(d); mv.trace_plot(d); mv.segment_plot(d)\n"
         "mv.segments(d, format_flamegraph=lambda s: s)\n"
-        "top = max(d['segments'], key=lambda s: s['total_size'])\n"
+        # The largest holder's segment (not the remainder segment, which has no real address).
+        "top = max((s for s in d['segments'] if 'oomshim_address' in s), key=lambda s: s['total_size'])\n"
         "print(top['total_size'], top['blocks'][0]['frames'][0]['name'][:80])\n"
     )
     v = run([sys.executable, "-c", code, pk])
