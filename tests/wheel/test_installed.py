@@ -149,5 +149,7 @@ if __name__ == "__main__":
     # Run from outside the checkout, so `import oomshim` can only be the installed copy.
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    if os.environ.get("SIM_CUDART"):
+        os.environ["SIM_CUDART"] = os.path.abspath(os.environ["SIM_CUDART"])
     os.chdir(tempfile.gettempdir())
     unittest.main(verbosity=2)
