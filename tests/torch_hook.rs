@@ -64,7 +64,7 @@ struct Env {
 }
 
 fn env() -> Option<Env> {
-    if Command::new("python3")
+    if Command::new(&common::python_side().python)
         .arg("-c")
         .arg("pass")
         .output()
@@ -93,14 +93,16 @@ fn env() -> Option<Env> {
     })
 }
 
+/// `oomshim run -- python -c PROGRAM` with the CLI and Python under test (common::python_side:
+/// the repository's, or the installed wheel's, which finds its own library).
 fn run_python(e: &Env, program: &str, extra: &[(&str, &str)], hook: bool) -> Output {
-    common::shim_lib();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_oomshim"));
+    let side = common::python_side();
+    let mut cmd = Command::new(&side.cli);
     cmd.arg("run").arg("--dir").arg(&e.dumps);
     if !hook {
         cmd.arg("--no-torch-hook");
     }
-    cmd.args(["--", "python3", "-c", program]);
+    cmd.arg("--").arg(&side.python).args(["-c", program]);
     cmd.env(
         "PYTHONPATH",
         format!("{}:{}", e.fake.display(), e.user_site.display()),
@@ -228,10 +230,11 @@ fn a_failing_snapshot_is_one_message_and_the_program_goes_on() {
 #[test]
 fn python_can_ask_the_shim_for_a_dump() {
     let Some(e) = env() else { return };
-    let pkg = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shim/python");
+    let side = common::python_side();
+    let pkg = side.pythonpath(&[]);
     let program = "import oomshim\nprint(oomshim.loaded(), oomshim.dump('from-python'))";
     // Without the shim: a clear error.
-    let bare = Command::new("python3")
+    let bare = Command::new(&side.python)
         .arg("-c")
         .arg(program)
         .env("PYTHONPATH", &pkg)
@@ -240,11 +243,11 @@ fn python_can_ask_the_shim_for_a_dump() {
     assert!(!bare.status.success());
     assert!(String::from_utf8_lossy(&bare.stderr).contains("liboomshim.so is not loaded"));
     // Under the shim: a dump with that reason.
-    let out = Command::new("python3")
+    let out = Command::new(&side.python)
         .arg("-c")
         .arg(program)
         .env("PYTHONPATH", &pkg)
-        .env("LD_PRELOAD", common::shim_lib())
+        .env("LD_PRELOAD", &side.lib)
         .env("OOMSHIM_DIR", &e.dumps)
         .output()
         .unwrap();
