@@ -17,6 +17,159 @@ pub const DEFAULT_SETTLE: Duration = Duration::from_secs(2);
 /// gets a handful of dumps and a count, not thousands of files.
 pub const DEFAULT_MAX_DUMPS_PER_MINUTE: u64 = 10;
 
+/// One `OOMSHIM_*` setting as users see it: the one list behind `oomshim env` (and
+/// `oomshim help env`) and the README's table of settings (a test keeps the two equal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setting {
+    pub name: &'static str,
+    /// The default as a user would write it (`—` where unset means "not used").
+    pub default: &'static str,
+    /// What it does, in Markdown (inline code in backticks).
+    pub meaning: &'static str,
+}
+
+/// Every setting a user may set, in the order they are documented. Adding one is adding a row
+/// here (and running the README test with `OOMSHIM_BLESS=1` to copy it into the README); a test
+/// fails when the code reads an `OOMSHIM_*` variable this table lacks.
+pub const SETTINGS: &[Setting] = &[
+    Setting {
+        name: "OOMSHIM_DIR",
+        default: DEFAULT_DIR,
+        meaning: "Where dumps are written, relative to the program's working directory (created if missing). A world-writable directory such as `/tmp` gets a private `DIR/oomshim-UID/` (0700, owner checked), and a symlink there is followed only if it is yours or root's. If the directory cannot be written, dumps go to `$TMPDIR/oomshim-UID/` (0700, checked to be yours), and stderr says so once. A full disk leaves no partial file, and the program goes on.",
+    },
+    Setting {
+        name: "OOMSHIM_DEPTH",
+        default: "64",
+        meaning: "Native frames captured per allocation (1–256).",
+    },
+    Setting {
+        name: "OOMSHIM_STACKS",
+        default: "all",
+        meaning: "`all`: the native stack and, on threads running Python, the Python stack, merged in dumps (see Python stacks). `native`: native stacks only. `python`: Python stacks only (no native unwinding). `off`: no stacks (cheapest); sizes, APIs and totals are still exact. Native stacks are symbolised only when a dump is written.",
+    },
+    Setting {
+        name: "OOMSHIM_TOP",
+        default: "20",
+        meaning: "Largest holders and sites written into a dump (1–100000).",
+    },
+    Setting {
+        name: "OOMSHIM_MIN_INTERVAL",
+        default: "10s",
+        meaning: "The same failure again (same device, size and stack) within this interval of its dump is counted as a repeat instead of getting a dump of its own; a failure of another size, or at another line, is always a new one. Retries of one request (the same thread asking for the same size with only frees between) are never repeats: they are part of its dump. Accepts `500ms`, `10s`, `2m`, or a bare number of seconds.",
+    },
+    Setting {
+        name: "OOMSHIM_MAX_DUMPS",
+        default: "10",
+        meaning: "Out-of-memory dumps written per minute at most (`unlimited` for no cap): a program that catches its failures in a loop gets a few dumps and a count. Failures over the cap are counted in the next dump and said once at exit.",
+    },
+    Setting {
+        name: "OOMSHIM_SETTLE",
+        default: "2s",
+        meaning: "How long a failure's dump waits to learn whether a retry recovered it (at most 600s); torch's word (through the Python hook) ends the wait at once, and with the hook attached the wait is at least 30s. Without a framework hook a provisional dump is written at once and replaced when the outcome is known. `0` writes the dump before the failing call returns (with `recovered: null`); it blocks that thread only.",
+    },
+    Setting {
+        name: "OOMSHIM_LOG",
+        default: "off",
+        meaning: "A `tracing` filter for the shim's own diagnostics on stderr, for example `debug`.",
+    },
+    Setting {
+        name: "OOMSHIM_SIGNAL",
+        default: "off",
+        meaning: "`USR1`, `USR2` or a real-time signal number: that signal writes a dump (reason `signal`). Other signals are refused.",
+    },
+    Setting {
+        name: "OOMSHIM_INTERVAL",
+        default: "off",
+        meaning: "Write a dump this often (at least 100ms; reason `interval`).",
+    },
+    Setting {
+        name: "OOMSHIM_AT_EXIT",
+        default: "0",
+        meaning: "`1` writes a dump of what is still live at exit (reason `exit`).",
+    },
+    Setting {
+        name: "OOMSHIM_DUMP_MODE",
+        default: "0600",
+        meaning: "Permission bits of dump files, in octal (`0640` lets the group read them). Never world-writable; applied exactly, whatever the umask.",
+    },
+    Setting {
+        name: "OOMSHIM_TORCH_HOOK",
+        default: "1",
+        meaning: "`0` switches off oomshim's Python hook, which the shim puts on a Python program's path by itself (plain `LD_PRELOAD`) and `oomshim run` puts there too (see With PyTorch): torch's OOM observer, the automatic step marks, JAX's out-of-memory errors.",
+    },
+    Setting {
+        name: "OOMSHIM_AUTO_STEPS",
+        default: "1",
+        meaning: "Steps the Python hook marks in PyTorch programs: `1` every `torch.optim` optimizer step and every forward pass of the program's outermost module, `optimizer` the first only, `0` none (then only `oomshim.step()` and detected steps).",
+    },
+    Setting {
+        name: "OOMSHIM_TORCH_HISTORY",
+        default: "1",
+        meaning: "`1`: once the shim sees the process grow step after step under plain preload, the Python hook asks torch to record the Python stack of each new tensor (`torch.cuda.memory._record_memory_history`, about 2 µs per allocation from then on), so the dump names the lines that hold the growth. `0` never asks.",
+    },
+    Setting {
+        name: "OOMSHIM_TORCH_ALLOCATOR",
+        default: "0",
+        meaning: "`1` makes the injected hook enable allocator mode right after the program imports torch (what `oomshim run --torch-allocator` sets).",
+    },
+    Setting {
+        name: "OOMSHIM_LIB",
+        default: "—",
+        meaning: "Where the CLI (`run`, `demo`) and `oomshim.torch.enable()` find `liboomshim.so`; it must name a file. Unset, each looks beside itself (see Set-up and PyTorch allocator mode).",
+    },
+];
+
+/// `oomshim env`: every setting with its default, wrapped to `width` columns, backticks dropped.
+pub fn settings_help(width: usize) -> String {
+    let intro = "Settings are environment variables, read once by the shim at the first hooked \
+                 call. A malformed value is never fatal: one warning on stderr names it and the \
+                 default applies.";
+    let mut out = wrap(intro, width).join("\n") + "\n";
+    for s in SETTINGS {
+        out.push('\n');
+        out.push_str(&format!("{}  (default: {})\n", s.name, s.default));
+        for line in wrap(&s.meaning.replace('`', ""), width.saturating_sub(4).max(20)) {
+            out.push_str("    ");
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The README's table of settings (section "Environment variables"), generated from
+/// [`SETTINGS`]; a test keeps the README equal to it.
+pub fn settings_markdown_table() -> String {
+    let mut out = String::from("| variable | default | meaning |\n| --- | --- | --- |\n");
+    for s in SETTINGS {
+        let default = match s.default {
+            "—" => "—".to_string(),
+            d => format!("`{d}`"),
+        };
+        out.push_str(&format!("| `{}` | {default} | {} |\n", s.name, s.meaning));
+    }
+    out
+}
+
+/// Greedy word wrap; a word longer than `width` gets a line of its own.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StackMode {
     /// No stacks: the cheapest mode; dumps still have sizes, APIs and totals.
@@ -578,6 +731,124 @@ mod tests {
         for bad in ["panic-in-alloc:0", "panic-in-alloc:x", "panic", "segv"] {
             assert_eq!(parse_fault(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn each_documented_default_is_the_real_default() {
+        for s in SETTINGS {
+            if matches!(
+                s.name,
+                "OOMSHIM_TORCH_HOOK"
+                    | "OOMSHIM_TORCH_ALLOCATOR"
+                    | "OOMSHIM_LIB"
+                    | "OOMSHIM_AUTO_STEPS"
+                    | "OOMSHIM_TORCH_HISTORY"
+            ) {
+                continue; // read by the Python hook and the library locators, not by Config
+            }
+            let (cfg, w) = parse(&[(s.name, s.default)]);
+            assert!(w.is_empty(), "{}={}: {w:?}", s.name, s.default);
+            assert_eq!(cfg, Config::default(), "{}={}", s.name, s.default);
+        }
+        // And each Config-read setting is one that Config really reads: a changed value shows.
+        for (name, other) in [
+            ("OOMSHIM_DEPTH", "3"),
+            ("OOMSHIM_TOP", "3"),
+            ("OOMSHIM_STACKS", "off"),
+            ("OOMSHIM_AT_EXIT", "1"),
+            ("OOMSHIM_DUMP_MODE", "0640"),
+        ] {
+            assert!(SETTINGS.iter().any(|s| s.name == name));
+            assert_ne!(parse(&[(name, other)]).0, Config::default(), "{name}");
+        }
+    }
+
+    #[test]
+    fn every_variable_the_code_reads_is_in_the_table() {
+        // Test hooks, not settings: documented where they are used.
+        const INTERNAL: &[&str] = &["OOMSHIM_FAULT", "OOMSHIM_BLESS", "OOMSHIM_TEST_VERBOSE"];
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut read = std::collections::BTreeSet::new();
+        let mut stack = vec![root.join("src"), root.join("shim/python")];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()) {
+                if entry.is_dir() {
+                    stack.push(entry);
+                    continue;
+                }
+                let Ok(mut text) = std::fs::read_to_string(&entry) else {
+                    continue;
+                };
+                if entry.ends_with("src/config.rs") {
+                    // The table itself and these tests name every setting: not a use.
+                    let start = text.find("pub const SETTINGS").unwrap();
+                    let end = start + text[start..].find("\n];\n").unwrap();
+                    let tests = text.find("#[cfg(test)]").unwrap();
+                    text = format!("{}{}", &text[..start], &text[end..tests]);
+                }
+                let mut rest = text.as_str();
+                while let Some(i) = rest.find("OOMSHIM_") {
+                    let name: String = rest[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                        .collect();
+                    rest = &rest[i + name.len()..];
+                    let name = name.trim_end_matches('_');
+                    if name.len() > "OOMSHIM_".len() {
+                        read.insert(name.to_string());
+                    }
+                }
+            }
+        }
+        let listed: std::collections::BTreeSet<String> =
+            SETTINGS.iter().map(|s| s.name.to_string()).collect();
+        let missing: Vec<&String> = read
+            .iter()
+            .filter(|n| !listed.contains(*n) && !INTERNAL.contains(&n.as_str()))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "settings read but not in SETTINGS: {missing:?}"
+        );
+        let unread: Vec<&String> = listed.iter().filter(|n| !read.contains(*n)).collect();
+        assert!(unread.is_empty(), "in SETTINGS but never read: {unread:?}");
+    }
+
+    /// The README's table is [`settings_markdown_table`]; `OOMSHIM_BLESS=1` rewrites it.
+    #[test]
+    fn the_readme_table_is_the_settings_table() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+        let readme = std::fs::read_to_string(&path).unwrap();
+        let start = readme
+            .find("| variable | default | meaning |")
+            .expect("README has the settings table");
+        let end = start + readme[start..].find("\n\n").expect("a blank line after it") + 1;
+        let expected = settings_markdown_table();
+        if std::env::var_os("OOMSHIM_BLESS").is_some_and(|v| v == "1") {
+            let updated = format!("{}{expected}{}", &readme[..start], &readme[end..]);
+            std::fs::write(&path, updated).unwrap();
+            return;
+        }
+        assert_eq!(
+            &readme[start..end],
+            expected,
+            "README's settings table differs from config::SETTINGS (run this test with \
+             OOMSHIM_BLESS=1 to rewrite it)"
+        );
+    }
+
+    #[test]
+    fn settings_help_lists_every_setting_with_its_default_wrapped() {
+        let text = settings_help(80);
+        for s in SETTINGS {
+            assert!(
+                text.contains(&format!("{}  (default: {})", s.name, s.default)),
+                "{}",
+                s.name
+            );
+        }
+        assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
+        assert!(!text.contains('`'));
     }
 
     #[test]

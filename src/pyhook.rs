@@ -27,6 +27,14 @@ pub const FILES: &[(&str, &str)] = &[
         "oomshim/torch.py",
         include_str!("../shim/python/oomshim/torch.py"),
     ),
+    (
+        "oomshim/_locate.py",
+        include_str!("../shim/python/oomshim/_locate.py"),
+    ),
+    (
+        "oomshim/__main__.py",
+        include_str!("../shim/python/oomshim/__main__.py"),
+    ),
 ];
 
 /// FNV-1a of the files: names the directory, so a changed hook never meets an old copy.

@@ -161,11 +161,19 @@ struct TopSite<'a> {
 
 fn top_site(dump: &Dump) -> Option<TopSite<'_>> {
     let site = *sorted_sites(dump).first()?;
-    Some(TopSite {
-        site,
-        label: site_label(&site.stack),
-    })
+    let label = if site.stack.is_empty() && dump.recording.python.is_some() {
+        // A Python process records a tensor's Python stack only: none means a thread without
+        // Python frames allocated it.
+        NO_PYTHON_FRAMES.to_string()
+    } else {
+        site_label(&site.stack)
+    };
+    Some(TopSite { site, label })
 }
+
+/// What allocations without Python frames in a Python process are.
+const NO_PYTHON_FRAMES: &str =
+    "allocations without Python frames (autograd's backward threads, C++ code)";
 
 /// The innermost named frame of a stack, `function (file:line)`; a plain description when no
 /// frame has a name.
@@ -232,6 +240,7 @@ fn growth_fit(g: &Growth) -> Option<GrowthFit> {
         samples: f.n as u64,
         first: g.tracked[start].clone(),
         last: g.tracked.last()?.clone(),
+        of: Some("tracked".to_string()),
     })
 }
 
@@ -257,9 +266,13 @@ fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
     {
         return None;
     }
-    // Still growing at the failure: what is tracked then has not fallen back below the last
-    // sample by more than a step's growth (a phase that freed its memory is no leak now).
-    let now = tracked_all(dump);
+    // Still growing at the failure: what is live then has not fallen back below the last sample
+    // by more than a step's growth (a phase that freed its memory is no leak now). The
+    // framework's live tensors are compared with its own count at the failure.
+    let now = match fit.of.as_deref() {
+        Some("framework_live") => dump.free_blocks.allocated_bytes.unwrap_or(fit.last.bytes),
+        _ => tracked_all(dump),
+    };
     if now.saturating_add(fit.bytes_per_step) < fit.last.bytes {
         return None;
     }
@@ -428,6 +441,15 @@ impl Ctx<'_> {
             }
             None => " No allocation sites were recorded.".to_string(),
         }
+    }
+
+    /// ` at function (file:line)` of the failing call, the file's base name only (headlines).
+    fn failing_at_short(&self) -> String {
+        named_frames(&self.request.stack)
+            .next()
+            .filter(|f| !crate::report::is_cuda_api_frame(f))
+            .map(|_| format!(" at {}", short_label(&self.request.stack)))
+            .unwrap_or_default()
     }
 
     fn failing_at(&self) -> String {
@@ -891,7 +913,8 @@ fn request_exceeds_device(c: &Ctx) -> Finding {
         REQUEST_EXCEEDS_DEVICE,
         c.request.bytes,
         format!(
-            "a single request of {req} is larger than device {dev} ({} in total)",
+            "a single request of {req}{} is larger than device {dev} ({} in total)",
+            c.failing_at_short(),
             human_bytes(total)
         ),
         format!(
@@ -932,10 +955,11 @@ fn fragmentation(c: &Ctx, k: &Cache) -> Finding {
         FRAGMENTATION,
         k.total_free,
         format!(
-            "{} free in the cache ({}) but the largest free block is {}, less than the {req} request{}",
+            "{} free in the cache ({}) but the largest free block is {}, less than the {req} request{}{}",
             human_bytes(k.total_free),
             clean(&k.source),
             human_bytes(k.largest),
+            c.failing_at_short(),
             if dynamic.is_some() { "; input shapes vary (dynamic shapes)" } else { "" }
         ),
         format!(
@@ -1169,10 +1193,7 @@ fn share_text(site: &GrowthSite, share: f64) -> String {
 /// A growth site's name: its frame, or what its allocations have in common.
 fn site_name(site: &GrowthSite) -> String {
     match site.grouped_by.as_deref() {
-        Some("no_python") => format!(
-            "allocations without Python frames (autograd's backward threads, C++ code; innermost: {})",
-            short_label(&site.stack)
-        ),
+        Some("no_python") => NO_PYTHON_FRAMES.to_string(),
         _ => short_label(&site.stack),
     }
 }
@@ -1196,7 +1217,29 @@ fn leak_found(c: &Ctx, l: &LeakFinding) -> Finding {
     let runs_out = projected
         .map(|p| format!("; free memory runs out at step {p}"))
         .unwrap_or_default();
-    let headline = match top {
+    // Under preload oomshim sees torch's segments: when its sites name no line of the program
+    // (new segments come from the backward pass), torch's own records of where the live tensors
+    // were allocated, kept since the growth began, name the line.
+    let recorded = c
+        .dump
+        .framework
+        .as_ref()
+        .and_then(|f| f.attribution.as_ref())
+        .filter(|a| a.recorded_bytes > 0 && !a.lines.is_empty());
+    let named_by_shim = top.is_some_and(|(s, _)| s.grouped_by.as_deref() != Some("no_python"));
+    let headline = match (top, recorded) {
+        (_, Some(a)) if !named_by_shim => {
+            let line = &a.lines[0];
+            format!(
+                "{} holds the growth ({} of the tensors allocated since it began, by torch's records): the process grows by \
+                 {rate} every step (over the last {n_steps} {}; {} so far){runs_out}",
+                recorded_label(line),
+                percent(share(line.bytes, a.recorded_bytes)),
+                l.steps_word,
+                human_bytes(l.grown),
+            )
+        }
+        _ => match top {
         Some((site, share)) => format!(
             "{} grows by {} every step (over the last {n_steps} {}; {} so far, {} of the growth){runs_out}",
             site_name(site),
@@ -1216,7 +1259,29 @@ fn leak_found(c: &Ctx, l: &LeakFinding) -> Finding {
             l.steps_word,
             human_bytes(l.grown)
         ),
+        },
     };
+    let records = recorded
+        .map(|a| {
+            let parts: Vec<String> = a
+                .lines
+                .iter()
+                .take(LEAK_SITES_NAMED)
+                .map(|line| {
+                    format!(
+                        "{} at {}",
+                        percent(share(line.bytes, a.recorded_bytes)),
+                        recorded_label(line)
+                    )
+                })
+                .collect();
+            format!(
+                " torch's records of the {} of tensors allocated since the growth began put {}.",
+                human_bytes(a.recorded_bytes),
+                parts.join(", ")
+            )
+        })
+        .unwrap_or_default();
     let how = match (&l.detected, g.steps.as_deref()) {
         (Some(d), _) => format!(
             " Steps were detected automatically (the program marks none): a cycle of {} allocations repeats, \
@@ -1260,8 +1325,13 @@ fn leak_found(c: &Ctx, l: &LeakFinding) -> Finding {
         l.grown,
         headline,
         format!(
-            "A leak: this process's tracked memory grows by {rate} every step ({n_steps} {} observed, from {} at step {} to \
-             {} at step {}, R² {:.2}), and it was still that high when {} more was requested on device {}.{named}{projection}{how}{}",
+            "A leak: {} grows by {rate} every step ({n_steps} {} observed, from {} at step {} to \
+             {} at step {}, R² {:.2}), and it was still that high when {} more was requested on device {}.{named}{records}{projection}{how}{}",
+            if l.fit.of.as_deref() == Some("framework_live") {
+                "the memory of torch's live tensors (its `memory_allocated()` at every step)"
+            } else {
+                "this process's tracked memory"
+            },
             l.steps_word,
             human_bytes(l.fit.first.bytes),
             l.fit.first.step,
@@ -1314,10 +1384,13 @@ fn leak_found(c: &Ctx, l: &LeakFinding) -> Finding {
             }
         ));
     }
-    let label = top
-        .map(|(s, _)| site_name(s))
-        .or_else(|| l.sites.first().map(|(s, _)| site_name(s)))
-        .unwrap_or_else(|| "each step".to_string());
+    let label = match (named_by_shim, recorded) {
+        (false, Some(a)) => recorded_label(&a.lines[0]),
+        _ => top
+            .map(|(s, _)| site_name(s))
+            .or_else(|| l.sites.first().map(|(s, _)| site_name(s)))
+            .unwrap_or_else(|| "each step".to_string()),
+    };
     f.suggestions.extend(leak_advice(fw, &label));
     if l.detected.is_some() {
         f.suggestions.push(match fw {
@@ -1328,6 +1401,17 @@ fn leak_found(c: &Ctx, l: &LeakFinding) -> Finding {
         });
     }
     f
+}
+
+/// `function (file:line)` of a line from the framework's records, with the file's base name.
+fn recorded_label(line: &crate::dump::model::AttributedLine) -> String {
+    let file = line.file.rsplit('/').next().unwrap_or(&line.file);
+    format!(
+        "{} ({}:{})",
+        clean(&crate::report::units::truncate_function(&line.function, 60)),
+        clean(file),
+        line.line
+    )
 }
 
 /// What to change for a leak, in the terms of the framework the program uses.
@@ -1352,8 +1436,8 @@ fn leak_advice(fw: Framework, label: &str) -> Vec<String> {
              returns the cached blocks)."
         )],
         Framework::Python | Framework::Native => vec![format!(
-            "Free what {label} allocates every step (a matching free for each allocation), or allocate its buffer once \
-             and reuse it across steps."
+            "Free what {label} allocates every step (a `cudaFree` for each `cudaMalloc`), or allocate its buffer once and \
+             reuse it across steps."
         )],
     }
 }
@@ -1499,7 +1583,11 @@ fn own_allocations(c: &Ctx, cache: Option<&Cache>) -> Finding {
             } else {
                 String::new()
             },
-            short_label(&t.site.stack)
+            if t.label == NO_PYTHON_FRAMES {
+                t.label.clone()
+            } else {
+                short_label(&t.site.stack)
+            }
         ),
         None => String::new(),
     };
@@ -2310,6 +2398,7 @@ mod growth_tests {
                 .collect(),
             sites,
             fit: None,
+            framework_live: vec![],
         });
         d
     }
@@ -2649,6 +2738,7 @@ mod findings_tests {
                 .collect(),
             sites: vec![site],
             fit: None,
+            framework_live: vec![],
         }
     }
 

@@ -81,6 +81,7 @@ fn exercise(bytes: &[u8], other: &oomshim::dump::model::Dump, scratch: &Path) ->
         let _ = report::diff::diff_json(&d, usize::MAX);
     }
     let _ = report::export::memory_viz(&dump);
+    let _ = report::export::folded(&dump);
     // merge reads a directory: this dump next to another one.
     let dir = scratch.join("merge");
     let _ = std::fs::create_dir_all(&dir);

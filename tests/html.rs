@@ -466,6 +466,34 @@ fn pages_pass_their_self_test_in_headless_chromium() {
         if stem == "html_python_hostile" {
             assert!(dom.contains("&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;"));
         }
+        let check = |name: &str| {
+            result["checks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["name"] == name)
+                .cloned()
+        };
+        assert!(
+            check("no literal backticks in the verdict").is_some(),
+            "{stem}"
+        );
+        if stem == "oom_leak_steps" {
+            // The demo's leak: 64 step samples, the fitted 96 MiB/step line, the 8 GiB capacity.
+            let chart = check("growth chart drawn").expect("the chart check ran");
+            assert_eq!(chart["detail"], "64 points, fit true, capacity true");
+            assert!(dom.contains("id=\"growth-fit\""), "{stem}: fit line");
+            assert!(dom.contains("+96.00 MiB per step"), "{stem}: caption");
+            // Its 19 identical 96 MiB activations are one row.
+            let grouped = check("identical holders grouped").expect("the grouping check ran");
+            assert_eq!(grouped["detail"], "20 holders in 2 rows");
+            assert!(dom.contains("19 × 96.00 MiB"), "{stem}");
+            // The verdict's `code` spans are <code> elements.
+            assert!(dom.contains("<code>cudaFree</code>"), "{stem}");
+            // Sites by default: the leak's share of the icicle is the site's, not the holders'.
+            let sites = check("icicle defaults to sites").expect("the icicle check ran");
+            assert_eq!(sites["ok"], true, "{stem}");
+        }
     }
 
     // The 100,000-holder page: renders, stays capped, passes the same checks.
@@ -513,6 +541,7 @@ fn pages_pass_their_self_test_in_headless_chromium() {
             "oom_fragmentation",
             dir.path().join("oom_fragmentation.html"),
         ),
+        ("oom_leak_steps", dir.path().join("oom_leak_steps.html")),
         ("large_100k", large.clone()),
     ] {
         let png = shots.join(format!("{name}.png"));

@@ -68,7 +68,7 @@ struct Env {
 }
 
 fn env() -> Option<Env> {
-    if Command::new("python3")
+    if Command::new(&common::python_side().python)
         .arg("-c")
         .arg("pass")
         .output()
@@ -111,25 +111,23 @@ enum Launcher {
     RunWithoutHook,
 }
 
+/// Runs PROGRAM with the Python, CLI and library under test (common::python_side: the
+/// repository's, or the installed wheel's).
 fn python(e: &Env, launcher: Launcher, program: &str, extra: &[(&str, &str)]) -> Output {
-    let lib = common::shim_lib();
+    let side = common::python_side();
     let mut cmd = match launcher {
         Launcher::Preload => {
-            let mut c = Command::new("python3");
-            c.env("LD_PRELOAD", &lib).env("OOMSHIM_DIR", &e.dumps);
+            let mut c = Command::new(&side.python);
+            c.env("LD_PRELOAD", &side.lib).env("OOMSHIM_DIR", &e.dumps);
             c
         }
         Launcher::Run | Launcher::RunWithoutHook => {
-            let mut c = Command::new(env!("CARGO_BIN_EXE_oomshim"));
-            c.arg("run")
-                .arg("--dir")
-                .arg(&e.dumps)
-                .arg("--lib")
-                .arg(&lib);
+            let mut c = Command::new(&side.cli);
+            c.arg("run").arg("--dir").arg(&e.dumps);
             if launcher == Launcher::RunWithoutHook {
                 c.arg("--no-torch-hook");
             }
-            c.args(["--", "python3"]);
+            c.arg("--").arg(&side.python);
             c.env_remove("LD_PRELOAD");
             c
         }
@@ -297,7 +295,7 @@ fn under_plain_ld_preload_and_oomshim_run_torchs_word_is_in_the_dump_before_it_i
             line.ends_with(&format!("{}: {}", top.kind, top.headline)),
             "{line}\n{top:?}"
         );
-        let rep = Command::new(env!("CARGO_BIN_EXE_oomshim"))
+        let rep = Command::new(&common::python_side().cli)
             .args(["report", "--json"])
             .arg(&files[0])
             .output()
@@ -464,13 +462,13 @@ fn a_failing_snapshot_is_one_message_and_the_program_goes_on() {
 #[test]
 fn python_can_ask_the_shim_for_a_dump() {
     let Some(e) = env() else { return };
-    let pkg = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shim/python");
+    let side = common::python_side();
     let program = "import oomshim\nprint(oomshim.loaded(), oomshim.dump('from-python'))";
     // Without the shim: a clear error.
-    let bare = Command::new("python3")
+    let bare = Command::new(&side.python)
         .arg("-c")
         .arg(program)
-        .env("PYTHONPATH", &pkg)
+        .env("PYTHONPATH", side.pythonpath(&[]))
         .env_remove("LD_PRELOAD")
         .output()
         .unwrap();
@@ -541,7 +539,7 @@ fn with_no_settle_window_torchs_view_is_a_side_file_the_report_merges() {
         })
         .collect();
     assert_eq!(side.len(), 1);
-    let rep = Command::new(env!("CARGO_BIN_EXE_oomshim"))
+    let rep = Command::new(&common::python_side().cli)
         .args(["report", "--json"])
         .arg(&found[0])
         .output()

@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 const FAKE_TORCH: &str = r#"
@@ -116,7 +116,7 @@ struct Env {
 }
 
 fn env() -> Option<Env> {
-    if Command::new("python3")
+    if Command::new(&common::python_side().python)
         .arg("-c")
         .arg("pass")
         .output()
@@ -133,22 +133,21 @@ fn env() -> Option<Env> {
     Some(Env { tmp, fake })
 }
 
-fn package_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("shim/python")
-}
-
+/// Runs `program` with the package under test (common::python_side: the repository's, or the
+/// installed wheel's, which must then find its bundled library without OOMSHIM_LIB).
 fn python(e: &Env, program: &str, extra: &[(&str, &str)]) -> Output {
-    let lib = common::shim_lib();
-    let mut cmd = Command::new("python3");
+    let side = common::python_side();
+    let mut cmd = Command::new(&side.python);
     cmd.args(["-c", program])
         .env_remove("LD_PRELOAD")
-        .env(
-            "PYTHONPATH",
-            format!("{}:{}", package_dir().display(), e.fake.display()),
-        )
+        .env("PYTHONPATH", side.pythonpath(&[&e.fake]))
         .env("SIM_CUDART", oomshim::testbed::sim_cudart())
-        .env("OOMSHIM_LIB", &lib)
         .env("OOMSHIM_DIR", e.tmp.path().join("dumps"));
+    if side.installed {
+        cmd.env_remove("OOMSHIM_LIB");
+    } else {
+        cmd.env("OOMSHIM_LIB", &side.lib);
+    }
     for (k, v) in extra {
         cmd.env(k, v);
     }
@@ -239,11 +238,21 @@ fn the_library_is_found_by_the_documented_rule() {
     // Without it: the copy already loaded in the process wins (one shim state per process).
     let lib = common::shim_lib();
     let program = format!(
-        "import ctypes, os\nctypes.CDLL({lib:?})\nos.environ.pop('OOMSHIM_LIB')\nimport oomshim.torch as ot\nprint(ot.library_path())",
+        "import ctypes, os\nctypes.CDLL({lib:?})\nos.environ.pop('OOMSHIM_LIB', None)\nimport oomshim.torch as ot\nprint(ot.library_path())",
         lib = lib.display().to_string()
     );
     let out = python(&e, &program, &[]);
     assert_eq!(ok(&out).trim(), lib.display().to_string());
+    // Installed: nothing loaded, no OOMSHIM_LIB: the wheel's own copy.
+    let side = common::python_side();
+    if side.installed {
+        let out = python(
+            &e,
+            "import oomshim.torch as ot\nprint(ot.library_path())",
+            &[],
+        );
+        assert_eq!(ok(&out).trim(), side.lib.display().to_string());
+    }
 }
 
 #[test]
@@ -256,7 +265,7 @@ fn oomshim_run_torch_allocator_enables_it_without_code_changes() {
         "import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = '1'\n",
     )
     .unwrap();
-    let lib = common::shim_lib();
+    let side = common::python_side();
     let program = r#"
 import os, torch, oomshim.torch as ot
 assert os.environ.get("USER_SITECUSTOMIZE_RAN") == "1"
@@ -264,12 +273,17 @@ assert ot.enabled(), "the hook enables allocator mode right after `import torch`
 p = torch._empty(3 << 20)
 print(ot.memory_allocated(), ot.library_path())
 "#;
-    let out = Command::new(env!("CARGO_BIN_EXE_oomshim"))
-        .args(["run", "--torch-allocator", "--dir"])
-        .arg(e.tmp.path().join("dumps"))
-        .arg("--lib")
-        .arg(&lib)
-        .args(["--", "python3", "-c", program])
+    let mut cmd = Command::new(&side.cli);
+    cmd.args(["run", "--torch-allocator", "--dir"])
+        .arg(e.tmp.path().join("dumps"));
+    // Installed, the CLI finds the wheel's library itself.
+    if !side.installed {
+        cmd.arg("--lib").arg(&side.lib);
+    }
+    let out = cmd
+        .arg("--")
+        .arg(&side.python)
+        .args(["-c", program])
         .env(
             "PYTHONPATH",
             format!("{}:{}", e.fake.display(), user_site.display()),
@@ -280,6 +294,7 @@ print(ot.memory_allocated(), ot.library_path())
         .unwrap();
     let text = ok(&out);
     // The preloaded copy is the one torch was given.
+    let lib = std::fs::canonicalize(&side.lib).unwrap();
     assert_eq!(text.trim(), format!("{} {}", 3 * MIB, lib.display()));
     assert!(
         out.stderr.is_empty(),

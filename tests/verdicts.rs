@@ -543,7 +543,7 @@ fn a_request_larger_than_the_device_is_named() {
     assert_eq!(
         line1,
         "oomshim: CUDA out of memory on device 0 (cudaMalloc of 3.00 GiB failed): request_exceeds_device: \
-         a single request of 3.00 GiB is larger than device 0 (1.00 GiB in total)"
+         a single request of 3.00 GiB at main (steps_leak.c:46) is larger than device 0 (1.00 GiB in total)"
     );
 }
 

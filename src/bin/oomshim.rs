@@ -11,7 +11,12 @@ use std::process::ExitCode;
 #[command(
     name = "oomshim",
     version,
-    about = "Explains CUDA out-of-memory errors"
+    about = "Explains CUDA out-of-memory errors",
+    long_about = "Explains CUDA out-of-memory errors. `oomshim run` starts a program with \
+                  liboomshim.so preloaded; when a device allocation fails, the shim writes a dump \
+                  (JSON) naming the largest holders, the allocation sites, the free blocks and a \
+                  verdict. The other commands read dumps.",
+    after_help = "Examples:\n  oomshim demo                               # the whole job on a simulated GPU\n  oomshim run -- python train.py             # record, and dump at out-of-memory\n  oomshim report oomshim-dumps               # the newest dump, explained\n  oomshim help env                           # every OOMSHIM_* setting"
 )]
 struct Args {
     #[command(subcommand)]
@@ -21,12 +26,16 @@ struct Args {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a program with liboomshim.so preloaded; dumps are written when it runs out of memory.
+    #[command(
+        after_help = "Examples:\n  oomshim run -- python train.py\n  oomshim run --dir /shared/dumps --torch-allocator -- torchrun --nproc-per-node 8 train.py\n\nSettings (OOMSHIM_DIR, OOMSHIM_TOP, …): oomshim help env"
+    )]
     Run {
         /// Directory for dumps (sets OOMSHIM_DIR; default ./oomshim-dumps).
-        #[arg(long)]
+        #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
-        /// The shim library (default: liboomshim.so next to this binary).
-        #[arg(long)]
+        /// The shim library (default: OOMSHIM_LIB, else liboomshim.so next to this binary or in
+        /// the Python package it was installed with).
+        #[arg(long, value_name = "PATH")]
         lib: Option<PathBuf>,
         /// Don't inject the Python hook that saves PyTorch's own memory snapshot when torch
         /// raises OutOfMemoryError (also: OOMSHIM_TORCH_HOOK=0).
@@ -38,43 +47,76 @@ enum Cmd {
         #[arg(long, conflicts_with = "no_torch_hook")]
         torch_allocator: bool,
         /// The program and its arguments, after `--`.
-        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
         command: Vec<OsString>,
     },
-    /// Print a dump as a readable report.
+    /// Print a dump as a readable report (or as JSON, or as one HTML page).
+    #[command(
+        after_help = "Examples:\n  oomshim report oomshim-dumps/oomshim-host-4242-1.json\n  oomshim report oomshim-dumps --top 20     # the newest dump in the directory\n  oomshim report DUMP --json | jq .growth\n  oomshim report DUMP --html report.html"
+    )]
     Report {
+        /// A dump file, or a directory: its newest dump (by time of writing; torch's side files
+        /// oomshim-torch-* are not dumps).
+        #[arg(value_name = "DUMP|DIR")]
         dump: PathBuf,
         /// How many holders and sites to show.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, value_name = "N")]
         top: usize,
-        /// Print the report as JSON instead of text.
+        /// Print the report as JSON: everything the dump knows, in the documented shape
+        /// `oomshim.report/1` (README: Report JSON).
         #[arg(long)]
         json: bool,
-        /// Write a self-contained HTML report (verdict, flame graph, sortable tables) here
-        /// instead of printing; shows every holder and site in the dump (`--top` is ignored).
+        /// Write a self-contained HTML report (verdict, growth chart, icicle graph, sortable
+        /// tables) here instead of printing; shows every holder and site in the dump (`--top` is
+        /// ignored).
         #[arg(long, value_name = "OUT.html", conflicts_with = "json")]
         html: Option<PathBuf>,
     },
     /// Compare two dumps of one program: growth and shrinkage by allocation site.
+    #[command(
+        after_help = "Example:\n  oomshim diff oomshim-dumps/oomshim-host-4242-1.json oomshim-dumps/oomshim-host-4242-2.json"
+    )]
     Diff {
+        /// The earlier dump.
+        #[arg(value_name = "BEFORE")]
         before: PathBuf,
+        /// The later dump; sites are matched by their symbolised stacks, never by address.
+        #[arg(value_name = "AFTER")]
         after: PathBuf,
         /// How many sites to show.
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = 20, value_name = "N")]
         top: usize,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
-    /// Convert a dump for PyTorch's memory viewer.
+    /// Convert a dump for PyTorch's memory viewer or for flame-graph tools.
+    #[command(
+        after_help = "Examples:\n  oomshim export DUMP --memory-viz snapshot.pickle   # open at https://pytorch.org/memory_viz\n  oomshim export DUMP --folded - | flamegraph.pl > holders.svg\n  oomshim export DUMP --folded stacks.folded        # load into https://www.speedscope.app"
+    )]
     Export {
+        /// The dump to convert.
+        #[arg(value_name = "DUMP")]
         dump: PathBuf,
-        /// Write a torch.cuda.memory._snapshot()-style pickle here.
-        #[arg(long, value_name = "OUT.pickle")]
-        memory_viz: PathBuf,
+        /// Write a torch.cuda.memory._snapshot()-style pickle here (segments, blocks and an
+        /// allocation timeline).
+        #[arg(long, value_name = "OUT.pickle", required_unless_present = "folded")]
+        memory_viz: Option<PathBuf>,
+        /// Write folded stacks (`outer;…;inner bytes`, one line per stack) here, `-` for stdout:
+        /// the input of flamegraph.pl, inferno and speedscope.
+        #[arg(long, value_name = "OUT.folded")]
+        folded: Option<PathBuf>,
     },
     /// One table of the dumps of all ranks of a job (a directory, shared by hosts or not).
+    #[command(after_help = "Example:\n  oomshim merge /shared/dumps --json")]
     Merge {
+        /// The directory to read (and one level of subdirectories).
+        #[arg(value_name = "DIR")]
         dir: PathBuf,
         /// Print JSON instead of text.
         #[arg(long)]
@@ -82,14 +124,21 @@ enum Cmd {
     },
     /// Run a bundled leaky training loop on a simulated CUDA device (no GPU needed) and report
     /// the dump it produces.
+    #[command(after_help = "Example:\n  oomshim demo --dir /tmp/demo-dumps")]
     Demo {
         /// Directory for the dump (default ./oomshim-dumps).
-        #[arg(long, default_value = "oomshim-dumps")]
+        #[arg(long, default_value = "oomshim-dumps", value_name = "DIR")]
         dir: PathBuf,
-        /// The shim library (default: liboomshim.so next to this binary).
-        #[arg(long)]
+        /// The shim library (default: found as for `run`).
+        #[arg(long, value_name = "PATH")]
         lib: Option<PathBuf>,
     },
+    /// List every OOMSHIM_* setting with its default and meaning (also: oomshim help env).
+    #[command(
+        long_about = oomshim::config::settings_help(100),
+        after_help = "Example:\n  OOMSHIM_DIR=/shared/dumps OOMSHIM_TOP=50 oomshim run -- python train.py"
+    )]
+    Env,
 }
 
 fn color_wanted() -> bool {
@@ -99,6 +148,43 @@ fn color_wanted() -> bool {
 fn fail(msg: &str, code: i32) -> ExitCode {
     eprintln!("oomshim: error: {msg}");
     ExitCode::from(code as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Args;
+    use clap::CommandFactory;
+
+    /// Every argument of every subcommand has help text, and every subcommand an example.
+    #[test]
+    fn help_describes_every_argument_and_shows_an_example() {
+        let cmd = Args::command();
+        cmd.clone().debug_assert();
+        for sub in cmd.get_subcommands() {
+            let after = sub
+                .get_after_help()
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            assert!(
+                after.contains("Example"),
+                "{} has no example",
+                sub.get_name()
+            );
+            assert!(sub.get_about().is_some(), "{} has no about", sub.get_name());
+            for arg in sub.get_arguments() {
+                if matches!(arg.get_id().as_str(), "help" | "version") {
+                    continue;
+                }
+                assert!(
+                    arg.get_help()
+                        .is_some_and(|h| !h.to_string().trim().is_empty()),
+                    "{} {} has no help",
+                    sub.get_name(),
+                    arg.get_id()
+                );
+            }
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -163,13 +249,29 @@ fn main() -> ExitCode {
             }
             Err(e) => fail(&e, EXIT_BAD_INPUT),
         },
-        Cmd::Export { dump, memory_viz } => match cli::export_memory_viz(&dump, &memory_viz) {
-            Ok(text) => {
-                eprint!("{text}");
-                ExitCode::SUCCESS
+        Cmd::Export {
+            dump,
+            memory_viz,
+            folded,
+        } => {
+            if let Some(out) = &memory_viz {
+                match cli::export_memory_viz(&dump, out) {
+                    Ok(text) => eprint!("{text}"),
+                    Err(e) => return fail(&e, EXIT_BAD_INPUT),
+                }
             }
-            Err(e) => fail(&e, EXIT_BAD_INPUT),
-        },
+            if let Some(out) = &folded {
+                match cli::export_folded(&dump, out) {
+                    Ok(text) => eprint!("{text}"),
+                    Err(e) => return fail(&e, EXIT_BAD_INPUT),
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Cmd::Env => {
+            print!("{}", oomshim::config::settings_help(100));
+            ExitCode::SUCCESS
+        }
         Cmd::Merge { dir, json } => match cli::merge(&dir, json) {
             Ok(text) => {
                 print!("{text}");

@@ -3,6 +3,7 @@
 //! which start one.
 
 pub mod demo;
+pub mod locate;
 pub mod run;
 
 use std::path::Path;
@@ -13,7 +14,45 @@ pub const EXIT_BAD_INPUT: i32 = 2;
 /// `oomshim report`: prints a dump as text or as the JSON report model. PyTorch's own summary of
 /// its cache, saved by the `oomshim run` Python hook next to the dump, is merged in when found.
 pub fn report(path: &Path, top: usize, json: bool, color: bool) -> Result<String, String> {
+    let path = &resolve_dump(path)?;
     with_progress("reading", path, || report_inner(path, top, json, color))
+}
+
+/// `path` itself, or for a directory its newest dump (by modification time, which is when the
+/// shim renamed it into place; ties by name). Torch's side files (`oomshim-torch-*`) and other
+/// files are not dumps. A directory says on stderr which dump it chose.
+pub fn resolve_dump(path: &Path) -> Result<std::path::PathBuf, String> {
+    if !path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    let entries =
+        std::fs::read_dir(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let newest = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("oomshim-")
+                && !name.starts_with("oomshim-torch-")
+                && name.ends_with(".json")
+                && e.file_type().is_ok_and(|t| t.is_file())
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max();
+    match newest {
+        Some((_, p)) => {
+            eprintln!(
+                "oomshim: the newest dump in {}: {}",
+                path.display(),
+                p.display()
+            );
+            Ok(p)
+        }
+        None => Err(format!(
+            "no oomshim dumps (oomshim-*.json) in {}",
+            path.display()
+        )),
+    }
 }
 
 /// A spinner on stderr while `f` runs, when stderr is a terminal and the dump is large enough
@@ -59,6 +98,7 @@ fn report_inner(path: &Path, top: usize, json: bool, color: bool) -> Result<Stri
 
 /// `oomshim report DUMP --html OUT`: the self-contained HTML page, written atomically.
 pub fn report_html(path: &Path, out: &Path) -> Result<String, String> {
+    let path = &resolve_dump(path)?;
     with_progress("rendering", path, || report_html_inner(path, out))
 }
 
@@ -115,7 +155,8 @@ pub fn export_memory_viz(dump: &Path, out: &Path) -> Result<String, String> {
 
 fn export_memory_viz_inner(dump: &Path, out: &Path) -> Result<String, String> {
     let d = crate::dump::read::read_dump(dump).map_err(|e| e.to_string())?;
-    let bytes = crate::report::export::memory_viz(&d)?;
+    let viz = crate::report::export::memory_viz(&d)?;
+    let bytes = viz.bytes;
     let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
     std::fs::write(&tmp, &bytes)
         .and_then(|_| std::fs::rename(&tmp, out))
@@ -123,9 +164,51 @@ fn export_memory_viz_inner(dump: &Path, out: &Path) -> Result<String, String> {
             let _ = std::fs::remove_file(&tmp);
             format!("cannot write {}: {e}", out.display())
         })?;
-    Ok(format!(
+    let mut note = String::new();
+    if let Some(w) = &viz.warning {
+        note.push_str(&format!("oomshim: warning: {w}\n"));
+    }
+    note.push_str(&format!(
         "wrote {} ({} segments); open it at https://pytorch.org/memory_viz or with torch.cuda._memory_viz\n",
         out.display(),
-        d.largest_holders.len()
-    ))
+        viz.segments
+    ));
+    Ok(note)
+}
+
+/// `oomshim export DUMP --folded OUT`: folded stacks of the dump's sites (`-` writes to stdout).
+/// Returns what to print on stderr: where it went, and a warning when the dump's sites do not
+/// cover every tracked byte (the rest is one line of its own).
+pub fn export_folded(dump: &Path, out: &Path) -> Result<String, String> {
+    let d = crate::dump::read::read_dump(dump).map_err(|e| e.to_string())?;
+    let folded = crate::report::export::folded(&d);
+    let mut note = String::new();
+    if let Some(w) = &folded.warning {
+        note.push_str(&format!("oomshim: warning: {w}\n"));
+    }
+    if out == Path::new("-") {
+        use std::io::Write;
+        std::io::stdout()
+            .write_all(folded.text.as_bytes())
+            .map_err(|e| format!("cannot write to stdout: {e}"))?;
+    } else {
+        write_atomically(out, folded.text.as_bytes())?;
+        note.push_str(&format!(
+            "wrote {} ({} stacks); open it with flamegraph.pl, inferno-flamegraph or https://www.speedscope.app\n",
+            out.display(),
+            folded.lines
+        ));
+    }
+    Ok(note)
+}
+
+/// Writes `bytes` to `out` through a temporary file renamed into place: whole or not at all.
+fn write_atomically(out: &Path, bytes: &[u8]) -> Result<(), String> {
+    let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::write(&tmp, bytes)
+        .and_then(|_| std::fs::rename(&tmp, out))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!("cannot write {}: {e}", out.display())
+        })
 }

@@ -10,26 +10,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// File name of the shim library.
-pub const LIB_NAME: &str = "liboomshim.so";
-
-/// The library to preload: `explicit` when given (it must exist), else `liboomshim.so` next to
-/// the running oomshim binary.
-pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf, String> {
-    if let Some(p) = explicit {
-        return std::fs::canonicalize(p).map_err(|e| format!("--lib {}: {e}", p.display()));
-    }
-    let exe =
-        std::env::current_exe().map_err(|e| format!("cannot locate the oomshim binary: {e}"))?;
-    let beside = exe.parent().map(|d| d.join(LIB_NAME));
-    match beside {
-        Some(p) if p.is_file() => Ok(p),
-        _ => Err(format!(
-            "{LIB_NAME} not found next to {} (build it with `cargo build --release`, or pass --lib PATH)",
-            exe.display()
-        )),
-    }
-}
+pub use super::locate::{find_library, LIB_NAME};
 
 /// `LD_PRELOAD` with `lib` first and whatever was already there after it (once).
 pub fn preload_value(lib: &Path, existing: Option<&OsStr>) -> OsString {
@@ -173,11 +154,5 @@ mod tests {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(exit_code(std::process::ExitStatus::from_raw(3 << 8)), 3);
         assert_eq!(exit_code(std::process::ExitStatus::from_raw(9)), 128 + 9);
-    }
-
-    #[test]
-    fn explicit_library_must_exist() {
-        let err = find_library(Some(Path::new("/nonexistent/liboomshim.so"))).unwrap_err();
-        assert!(err.contains("/nonexistent/liboomshim.so"), "{err}");
     }
 }

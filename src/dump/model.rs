@@ -104,6 +104,31 @@ pub struct FrameworkOom {
     /// The framework's error message, when it gave one (XLA), cut to 1 KiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Where the live tensors come from, by the framework's own records (torch's
+    /// `_record_memory_history`, which oomshim's Python hook turns on once the process grows
+    /// step after step under plain preload): absent when it kept none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attribution: Option<Attribution>,
+}
+
+/// Live tensors by the program's line that allocated them, from the framework's records.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Attribution {
+    /// Live bytes the records cover (tensors allocated since recording began) ...
+    pub recorded_bytes: u64,
+    /// ... and those they do not (allocated before).
+    pub unrecorded_bytes: u64,
+    /// Largest first, at most 10: the innermost frame of the program's own code of each tensor.
+    pub lines: Vec<AttributedLine>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AttributedLine {
+    pub file: String,
+    pub line: u32,
+    pub function: String,
+    pub bytes: u64,
+    pub blocks: u64,
 }
 
 /// A caching allocator's segments and free blocks on one device, as the framework reports them.
@@ -188,6 +213,10 @@ pub struct Growth {
     /// Tracked device bytes (all sites) at each of the last 64 samples.
     #[serde(default)]
     pub tracked: Vec<GrowthPoint>,
+    /// The framework's own count of its live tensors at the same samples (torch's
+    /// `memory_allocated()`, given by the Python hook with each mark); absent without it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub framework_live: Vec<GrowthPoint>,
     /// The growth of all tracked bytes: the longest stretch of samples, ending at the newest,
     /// that grows steadily (positive slope, R² ≥ 0.9, ≥ 4 samples); absent when there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -202,6 +231,10 @@ pub struct GrowthFit {
     pub samples: u64,
     pub first: GrowthPoint,
     pub last: GrowthPoint,
+    /// The series fitted: `"tracked"` (the process's tracked bytes) or `"framework_live"`
+    /// (the framework's live tensors, when the marks carried them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub of: Option<String>,
 }
 
 /// Steps found without marks: one allocation site (the anchor) recurs every `period`
@@ -540,6 +573,50 @@ pub struct FreeBlocks {
     /// Number of segments the cache holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments: Option<u64>,
+    /// Allocator mode: the failing (or current) device's segments with every block, in address
+    /// order, as the allocator holds them (what `export --memory-viz` lays out). At most
+    /// [`SEGMENT_MAP_MAX_BLOCKS`] blocks; `segment_map_omitted` counts the segments left out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segment_map: Vec<SegmentEntry>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub segment_map_omitted: u64,
+}
+
+/// Blocks a dump's `segment_map` holds at most (about 100 bytes of JSON each).
+pub const SEGMENT_MAP_MAX_BLOCKS: usize = 100_000;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One segment the allocator got from CUDA, with its blocks in address order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentEntry {
+    /// Hex.
+    pub address: String,
+    pub bytes: u64,
+    /// Hex stream handle the segment serves.
+    pub stream: String,
+    /// `"small"` (2 MiB segments for requests up to 1 MiB) or `"large"`.
+    pub pool: String,
+    /// The CUDA graph capture (torch's private pool) the segment belongs to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<u64>,
+    pub blocks: Vec<SegmentBlock>,
+}
+
+/// One block of a segment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentBlock {
+    /// Hex.
+    pub address: String,
+    /// The block's (rounded) size.
+    pub bytes: u64,
+    /// The size asked for; 0 for a free block.
+    pub requested_bytes: u64,
+    /// torch's snapshot states: `active_allocated`, `active_pending_free` (freed, waiting for a
+    /// `record_stream` event), `inactive` (free).
+    pub state: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -613,8 +690,4 @@ pub struct Recording {
     /// ... and failures over the `OOMSHIM_MAX_DUMPS` per-minute cap.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub suppressed_dumps: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }

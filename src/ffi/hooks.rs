@@ -293,6 +293,7 @@ pub const PROGRAM_API: &[&str] = &[
     "oomshim_dump",
     "oomshim_step",
     "oomshim_mark_step",
+    "oomshim_mark_step_live",
     "oomshim_framework_attached",
     "oomshim_framework_oom",
 ];
@@ -303,21 +304,41 @@ pub const PROGRAM_API: &[&str] = &[
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_step() {
     if let Some(guard) = Guard::enter() {
-        guard.run(|| runtime::step(runtime::StepSource::Program));
+        guard.run(|| runtime::step(runtime::StepSource::Program, None));
     }
 }
 
 /// A step boundary found by `source`: 0 the program itself (the same as `oomshim_step`), 1 an
 /// optimizer step, 2 a forward pass of the program's outermost module (the last two are marked by
-/// oomshim's Python hook). Other values are ignored.
+/// oomshim's Python hook). Other values are ignored. Returns 1 when the process has grown
+/// steadily with these steps so far (the hook then asks torch to record where new tensors come
+/// from), else 0.
 #[no_mangle]
-pub unsafe extern "C" fn oomshim_mark_step(source: c_int) {
+pub unsafe extern "C" fn oomshim_mark_step(source: c_int) -> c_int {
+    mark_step(source, None)
+}
+
+/// [`oomshim_mark_step`], with the framework's own count of its live tensors at this step
+/// (torch's `memory_allocated()`): under preload the shim sees torch's segments, whose cache
+/// grows with varying shapes although no tensor is kept; the leak is judged on these bytes.
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_mark_step_live(source: c_int, live_bytes: u64) -> c_int {
+    mark_step(source, Some(live_bytes))
+}
+
+fn mark_step(source: c_int, live: Option<u64>) -> c_int {
     let Some(source) = runtime::StepSource::from_code(source) else {
-        return;
+        return 0;
     };
-    if let Some(guard) = Guard::enter() {
-        guard.run(|| runtime::step(source));
-    }
+    let Some(guard) = Guard::enter() else {
+        return 0;
+    };
+    guard
+        .run(|| {
+            runtime::step(source, live);
+            runtime::growing(source)
+        })
+        .map_or(0, c_int::from)
 }
 
 /// oomshim's Python hook attached to a framework's out-of-memory reporting (torch's OOM
@@ -333,8 +354,8 @@ pub unsafe extern "C" fn oomshim_framework_attached(_name: *const c_char) {
 /// framework's account as UTF-8 JSON (schema `oomshim.framework-oom/1`, see
 /// `crate::runtime::framework`). Returns once the dump that explains the failure is written
 /// (bounded): its path is copied into `path_out` (`cap` bytes, NUL-terminated; may be NULL) and
-/// 0 is returned when the account is in that dump, 1 when the dump was final before it arrived;
-/// -1 when no dump explains the failure.
+/// 0 is returned when the account is in that dump, 1 when the dump was final before it arrived,
+/// 2 when the failure repeats an earlier dumped one; -1 when no dump explains the failure.
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_framework_oom(
     json: *const c_char,
@@ -356,18 +377,14 @@ pub unsafe extern "C" fn oomshim_framework_oom(
         })
         .flatten();
     match path {
-        Some((p, included)) => {
+        Some((p, word)) => {
             if !path_out.is_null() && cap > 0 {
                 let text = p.to_string_lossy();
                 let n = text.len().min(cap - 1);
                 std::ptr::copy_nonoverlapping(text.as_ptr(), path_out.cast::<u8>(), n);
                 *path_out.add(n) = 0;
             }
-            if included {
-                0
-            } else {
-                1
-            }
+            word as c_int
         }
         None => -1,
     }

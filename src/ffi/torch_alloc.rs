@@ -220,7 +220,7 @@ impl MemorySource for CudaSource {
 fn allocator() -> &'static CachingAllocator<CudaSource> {
     static ALLOCATOR: OnceLock<CachingAllocator<CudaSource>> = OnceLock::new();
     ALLOCATOR.get_or_init(|| {
-        crate::runtime::allocator::set_free_blocks_source(free_blocks_for_dump);
+        crate::runtime::allocator::set_free_blocks_source(free_blocks_with_segment_map);
         CachingAllocator::new(CudaSource, config_from_env())
     })
 }
@@ -687,5 +687,49 @@ fn free_blocks_for_dump(device: i32) -> Option<FreeBlocks> {
         allocated_bytes: Some(f.allocated_bytes),
         inactive_split_bytes: Some(f.inactive_split_bytes),
         segments: Some(f.segments),
+        ..Default::default()
     })
+}
+
+/// [`free_blocks_for_dump`] plus every segment with its blocks (a scan of the device's segments,
+/// done only when a dump is assembled), so `export --memory-viz` can lay out the real cache.
+fn free_blocks_with_segment_map(device: i32) -> Option<FreeBlocks> {
+    use crate::alloc::{BlockState, PoolKind};
+    use crate::dump::model::{SegmentBlock, SegmentEntry, SEGMENT_MAP_MAX_BLOCKS};
+    let mut fb = free_blocks_for_dump(device)?;
+    let mut blocks = 0usize;
+    for seg in allocator().segments(device) {
+        if blocks + seg.blocks.len() > SEGMENT_MAP_MAX_BLOCKS {
+            fb.segment_map_omitted += 1;
+            continue;
+        }
+        blocks += seg.blocks.len();
+        fb.segment_map.push(SegmentEntry {
+            address: format!("{:#x}", seg.addr),
+            bytes: seg.size,
+            stream: format!("{:#x}", seg.stream),
+            pool: match seg.pool {
+                PoolKind::Small => "small",
+                PoolKind::Large => "large",
+            }
+            .to_string(),
+            capture: seg.capture,
+            blocks: seg
+                .blocks
+                .iter()
+                .map(|b| SegmentBlock {
+                    address: format!("{:#x}", b.addr),
+                    bytes: b.size,
+                    requested_bytes: b.requested,
+                    state: match b.state {
+                        BlockState::ActiveAllocated => "active_allocated",
+                        BlockState::ActivePendingFree => "active_pending_free",
+                        BlockState::Inactive => "inactive",
+                    }
+                    .to_string(),
+                })
+                .collect(),
+        });
+    }
+    Some(fb)
 }

@@ -728,6 +728,9 @@ pub fn is_library_file(path: &str) -> bool {
     path.contains("/site-packages/")
         || path.contains("/dist-packages/")
         || path.starts_with("<frozen")
+        // oomshim's own Python hook (its frames are on the stack when torch's word arrives).
+        || path.contains("/python-hook-")
+        || path.contains("/oomshim_hook/")
         || path
             .split('/')
             .any(|c| c.starts_with("python3.") || c.starts_with("python2."))

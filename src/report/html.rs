@@ -1,6 +1,7 @@
 //! `oomshim report DUMP --html OUT.html`: one self-contained HTML file (no network: the script
 //! and style are inline, the page's Content-Security-Policy forbids every fetch) that shows the
-//! verdict, the failed request, the devices, an icicle graph of live bytes by stack, sortable
+//! verdict, the failed request, the devices, a chart of tracked bytes per step (or second) with
+//! the fitted leak line and the device's capacity, an icicle graph of live bytes by stack, sortable
 //! tables of holders and sites, and the free-block histogram.
 //!
 //! The page is a fixed skeleton plus the dump's data as JSON in a
@@ -222,6 +223,27 @@ pub fn html_payload(dump: &Dump) -> Value {
         .collect();
     let fb = &dump.free_blocks;
     let recorded = &dump.verdict;
+    let growth = dump.growth.as_ref().map(|g| {
+        json!({
+            "unit": g.unit,
+            "steps": g.steps,
+            "samples": g.samples,
+            "current": g.current,
+            "free_bytes": g.free_bytes,
+            "projected_oom_step": g.projected_oom_step,
+            "capacity_bytes": crate::report::growth_capacity(dump),
+            "tracked": g.tracked.iter().map(|p| json!([p.step, p.bytes])).collect::<Vec<_>>(),
+            "sites": g.sites.iter().map(|s| json!({
+                "bytes_per_step": s.bytes_per_step,
+                "r_squared": if s.r_squared.is_finite() { json!(s.r_squared) } else { Value::Null },
+                "samples": s.samples,
+                "first": [s.first.step, s.first.bytes],
+                "last": [s.last.step, s.last.bytes],
+                "projected_oom_step": s.projected_oom_step,
+                "stack": interner.stack(&s.stack),
+            })).collect::<Vec<_>>(),
+        })
+    });
     json!({
         "schema": dump.schema,
         "reason": dump.reason,
@@ -253,6 +275,7 @@ pub fn html_payload(dump: &Dump) -> Value {
         "holders": holders,
         "site_columns": SITE_COLUMNS,
         "sites": sites,
+        "growth": growth,
         "frames": interner.frames,
         "stacks": interner.stacks,
         "free_blocks": {
@@ -333,6 +356,7 @@ const SKELETON: &str = r#"<header id="top"><h1>oomshim report</h1><div id="headl
 <section id="verdict"></section>
 <section id="failed"></section>
 <section id="devices"></section>
+<section id="growth"></section>
 <section id="flame"></section>
 <section id="holders"></section>
 <section id="sites"></section>

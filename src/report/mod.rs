@@ -239,6 +239,21 @@ fn frames_json(stack: &[Frame]) -> Value {
 ///
 /// `top_frames[]`: the first three frames that have a function name, innermost first:
 /// `function`, `file`, `line`, `module`, `address`, `label` (`function (file:line)`).
+///
+/// Added in the same schema (new keys only; the keys above keep their meaning):
+///
+/// - `top_holders[]` also `thread_name`, `stack_merge`; `recording` also `python`,
+///   `python_merge`; `free_blocks` also `reserved_bytes`, `allocated_bytes`,
+///   `inactive_split_bytes`, `segments`, `segment_map[]`, `segment_map_omitted`.
+/// - `growth`: `null`, or the dump's `growth` as written (`unit`, `steps`, `detected`,
+///   `samples`, `current`, `free_bytes`, `projected_oom_step`, `tracked[]` of `step`/`bytes`,
+///   `sites[]` with `bytes_per_step`, `r_squared`, `samples`, `first`, `last`,
+///   `projected_oom_step`, `stack`), each site with `top_frames` and `label` (its innermost named
+///   frame) added, and `capacity_bytes`: the device's total bytes the chart is drawn against.
+/// - `gpu_processes`, `host`, `request_sizes`, `config`, `vmm`: `null` or the dump's objects as
+///   written; `pools[]`: the dump's pools (empty when none).
+///
+/// The dump's keys are documented in the README (Dump schema).
 pub fn render_json(dump: &Dump, opts: &ReportOptions) -> Value {
     let process = &dump.process;
     let verdict = judge(dump);
@@ -305,6 +320,8 @@ pub fn render_json(dump: &Dump, opts: &ReportOptions) -> Value {
                 "age_s": if h.age_s.is_finite() { json!(h.age_s) } else { Value::Null },
                 "address": h.address,
                 "seq": h.seq,
+                "thread_name": h.thread_name,
+                "stack_merge": h.stack_merge,
                 "top_frames": frames_json(&h.stack),
             })
         })
@@ -375,7 +392,20 @@ pub fn render_json(dump: &Dump, opts: &ReportOptions) -> Value {
             "histogram": fb.histogram.iter().map(|b| json!({
                 "lo": b.lo, "hi": b.hi, "count": b.count, "bytes": b.bytes,
             })).collect::<Vec<_>>(),
+            "reserved_bytes": fb.reserved_bytes,
+            "allocated_bytes": fb.allocated_bytes,
+            "inactive_split_bytes": fb.inactive_split_bytes,
+            "segments": fb.segments,
+            "segment_map": fb.segment_map,
+            "segment_map_omitted": fb.segment_map_omitted,
         },
+        "growth": growth_json(dump),
+        "gpu_processes": dump.gpu_processes,
+        "host": dump.host,
+        "request_sizes": dump.request_sizes,
+        "config": dump.config,
+        "pools": dump.pools,
+        "vmm": dump.vmm,
         "recording": {
             "version": dump.recording.version,
             "stacks": dump.recording.stacks,
@@ -384,8 +414,45 @@ pub fn render_json(dump: &Dump, opts: &ReportOptions) -> Value {
             "live_allocations": dump.recording.live_allocations,
             "total_allocations": dump.recording.total_allocations,
             "oom_failures": dump.recording.oom_failures,
+            "python": dump.recording.python,
+            "python_merge": dump.recording.python_merge,
         },
     })
+}
+
+/// The dump's `growth` for the JSON report: as written, each site with its `top_frames` and
+/// `label`, plus the device capacity a chart of it is drawn against.
+fn growth_json(dump: &Dump) -> Value {
+    let Some(g) = &dump.growth else {
+        return Value::Null;
+    };
+    let mut v = serde_json::to_value(g).unwrap_or(Value::Null);
+    if let Some(sites) = v.get_mut("sites").and_then(Value::as_array_mut) {
+        for (site, s) in sites.iter_mut().zip(&g.sites) {
+            site["top_frames"] = frames_json(&s.stack);
+            site["label"] = json!(named_frames(&s.stack)
+                .next()
+                .map(|f| frame_label(f, usize::MAX)));
+        }
+    }
+    v["capacity_bytes"] = json!(growth_capacity(dump));
+    v
+}
+
+/// The total bytes of the device a growth chart is drawn against: the failing device's, else
+/// the largest device's known total.
+pub(crate) fn growth_capacity(dump: &Dump) -> Option<u64> {
+    let failing = dump.failed_request.as_ref().map(|r| r.device);
+    dump.devices
+        .iter()
+        .find(|d| Some(d.index) == failing && d.total_bytes.is_some())
+        .or_else(|| {
+            dump.devices
+                .iter()
+                .filter(|d| d.total_bytes.is_some())
+                .max_by_key(|d| d.total_bytes)
+        })
+        .and_then(|d| d.total_bytes)
 }
 
 /// Whether the dump carries free-block data (its source is not `unavailable`).
@@ -668,6 +735,107 @@ mod tests {
         }
     }
 
+    /// What a leak report needs from JSON: the growth samples and fits, who else uses the
+    /// device, host memory, request sizes and the configuration, as the dump has them.
+    #[test]
+    fn json_report_carries_everything_the_dump_knows() {
+        use crate::dump::model::{
+            ConfigSnapshot, GpuProcesses, Growth, GrowthPoint, GrowthSite, RequestSizes, SizeCount,
+        };
+        let mut dump = load_fixture("oom_own_allocations");
+        let stack = dump.sites[0].stack.clone();
+        dump.growth = Some(Growth {
+            unit: "step".into(),
+            steps: Some("marked".into()),
+            samples: 3,
+            current: 12,
+            free_bytes: Some(1 << 30),
+            projected_oom_step: Some(20),
+            sites: vec![GrowthSite {
+                bytes_per_step: 96 << 20,
+                r_squared: 0.998,
+                samples: 3,
+                first: GrowthPoint {
+                    step: 10,
+                    bytes: 1 << 30,
+                },
+                last: GrowthPoint {
+                    step: 12,
+                    bytes: (1 << 30) + (192 << 20),
+                },
+                projected_oom_step: Some(22),
+                stack: stack.clone(),
+                ..Default::default()
+            }],
+            tracked: (10..13)
+                .map(|step| GrowthPoint {
+                    step,
+                    bytes: step << 30,
+                })
+                .collect(),
+            ..Default::default()
+        });
+        dump.gpu_processes = Some(GpuProcesses {
+            device: 0,
+            matched_by: "index".into(),
+            processes: vec![],
+            error: Some("no NVML".into()),
+        });
+        dump.host = Some(crate::facts::host::HostMemory {
+            total_bytes: Some(64 << 30),
+            available_bytes: Some(1 << 30),
+            ..Default::default()
+        });
+        dump.request_sizes = Some(RequestSizes {
+            window: 10,
+            distinct: 2,
+            top: vec![SizeCount {
+                bytes: 512,
+                count: 9,
+            }],
+            ..Default::default()
+        });
+        let mut env = std::collections::BTreeMap::new();
+        env.insert(
+            "PYTORCH_CUDA_ALLOC_CONF".to_string(),
+            "expandable_segments:True".to_string(),
+        );
+        dump.config = Some(ConfigSnapshot {
+            env,
+            cuda_driver_version: Some(13000),
+            ..Default::default()
+        });
+        let v = render_json(&dump, &ReportOptions::default());
+        assert_eq!(
+            v["gpu_processes"],
+            serde_json::to_value(&dump.gpu_processes).unwrap()
+        );
+        assert_eq!(v["host"], serde_json::to_value(&dump.host).unwrap());
+        assert_eq!(
+            v["request_sizes"],
+            serde_json::to_value(&dump.request_sizes).unwrap()
+        );
+        assert_eq!(v["config"], serde_json::to_value(&dump.config).unwrap());
+        assert_eq!(
+            v["config"]["env"]["PYTORCH_CUDA_ALLOC_CONF"],
+            "expandable_segments:True"
+        );
+        let g = &v["growth"];
+        assert_eq!(g["tracked"].as_array().unwrap().len(), 3);
+        assert_eq!(g["tracked"][2], json!({"step": 12, "bytes": 12u64 << 30}));
+        assert_eq!(g["sites"][0]["bytes_per_step"], 96 << 20);
+        assert_eq!(g["sites"][0]["r_squared"], 0.998);
+        assert_eq!(
+            g["sites"][0]["stack"],
+            serde_json::to_value(&stack).unwrap()
+        );
+        let named = named_frames(&stack).next().unwrap();
+        assert_eq!(g["sites"][0]["label"], frame_label(named, usize::MAX));
+        assert_eq!(g["sites"][0]["top_frames"], frames_json(&stack));
+        let total = dump.devices[0].total_bytes;
+        assert_eq!(g["capacity_bytes"], json!(total));
+    }
+
     #[test]
     fn json_report_keys_are_stable() {
         for name in fixture_names() {
@@ -681,20 +849,27 @@ mod tests {
             assert_eq!(
                 keys(&v),
                 [
+                    "config",
                     "devices",
                     "dump_schema",
                     "failed_request",
                     "free_blocks",
+                    "gpu_processes",
+                    "growth",
                     "header",
                     "holders_total",
+                    "host",
                     "pinned_host",
+                    "pools",
                     "recorded_verdict",
                     "recording",
                     "report",
+                    "request_sizes",
                     "sites_total",
                     "top_holders",
                     "top_sites",
-                    "verdict"
+                    "verdict",
+                    "vmm"
                 ]
             );
             assert_eq!(v["report"], REPORT_SCHEMA);
@@ -761,8 +936,10 @@ mod tests {
                         "device",
                         "rank",
                         "seq",
+                        "stack_merge",
                         "stream",
                         "thread",
+                        "thread_name",
                         "top_frames"
                     ]
                 );
@@ -805,11 +982,17 @@ mod tests {
             assert_eq!(
                 keys(&v["free_blocks"]),
                 [
+                    "allocated_bytes",
                     "available",
                     "fragmentation",
                     "histogram",
+                    "inactive_split_bytes",
                     "largest_free_bytes",
                     "reason",
+                    "reserved_bytes",
+                    "segment_map",
+                    "segment_map_omitted",
+                    "segments",
                     "source",
                     "total_free_bytes"
                 ]

@@ -140,6 +140,7 @@ pub fn apply(dump: &mut Dump, cache: &TorchCache) -> bool {
         allocated_bytes: Some(c.allocated_bytes),
         inactive_split_bytes: Some(c.inactive_split_bytes),
         segments: Some(c.segments),
+        ..Default::default()
     };
     // torch's version as torch itself reported it, when the dump's snapshot did not find one.
     if let Some(v) = &cache.torch_version {

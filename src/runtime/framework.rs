@@ -4,7 +4,7 @@
 //! under LD_PRELOAD; they become the dump's `free_blocks` before the verdict is judged.
 
 use super::oom::FrameworkNote;
-use crate::dump::model::{CacheSummary, FrameworkOom, FreeBlocks};
+use crate::dump::model::{Attribution, CacheSummary, FrameworkOom, FreeBlocks};
 use serde::Deserialize;
 
 pub const SCHEMA: &str = "oomshim.framework-oom/1";
@@ -38,6 +38,8 @@ struct Report {
     snapshot_file: Option<String>,
     #[serde(default)]
     message: Option<String>,
+    #[serde(default)]
+    attribution: Option<Attribution>,
 }
 
 fn yes() -> bool {
@@ -74,6 +76,7 @@ pub fn parse(bytes: &[u8]) -> Option<(FrameworkNote, Option<(u64, u64)>)> {
         allocated_bytes: Some(c.allocated_bytes),
         inactive_split_bytes: Some(c.inactive_split_bytes),
         segments: Some(c.segments),
+        ..Default::default()
     });
     let mem_info = match (r.device_free_bytes, r.device_total_bytes) {
         (Some(f), Some(t)) => Some((f, t)),
@@ -91,6 +94,14 @@ pub fn parse(bytes: &[u8]) -> Option<(FrameworkNote, Option<(u64, u64)>)> {
         cache: r.cache,
         snapshot_file: r.snapshot_file.map(|f| cut(f, 255)),
         message: r.message.map(|m| cut(m, MAX_MESSAGE)),
+        attribution: r.attribution.map(|mut a| {
+            a.lines.truncate(10);
+            for l in &mut a.lines {
+                l.file = cut(std::mem::take(&mut l.file), 1024);
+                l.function = cut(std::mem::take(&mut l.function), 256);
+            }
+            a
+        }),
     };
     Some((
         FrameworkNote {

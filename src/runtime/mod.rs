@@ -370,12 +370,24 @@ pub fn record_alloc_with(
 }
 
 /// A step boundary (`oomshim_step()`, or the Python hook's optimizer and forward-pass marks):
-/// samples live bytes per site. Returns the number of marks of that source so far (1 for the
+/// samples live bytes per site; `framework_live` is the framework's own count of its live
+/// tensors then, when the mark carries it. Returns the number of marks of that source so far (1 for the
 /// first), 0 when the shim is off.
-pub fn step(source: StepSource) -> u64 {
+pub fn step(source: StepSource, framework_live: Option<u64>) -> u64 {
     match shim() {
-        Some(s) => s.growth.step(&s.ledger, s, source),
+        Some(s) => s.growth.step(&s.ledger, s, source, framework_live),
         None => 0,
+    }
+}
+
+/// True when the process has grown steadily with `source`'s steps so far (the verdict's leak
+/// threshold per step): the Python hook then asks torch to record where new tensors come from.
+pub fn growing(source: StepSource) -> bool {
+    match shim() {
+        Some(s) => s
+            .growth
+            .growing(source, crate::verdict::LEAK_MIN_BYTES_PER_STEP),
+        None => false,
     }
 }
 
@@ -405,23 +417,42 @@ pub fn framework_attached() {
     }
 }
 
+/// What a framework's word about an out-of-memory error came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameworkWord {
+    /// It is in the dump that explains the failure.
+    Included = 0,
+    /// The dump was final before it arrived (`OOMSHIM_SETTLE=0`).
+    TooLate = 1,
+    /// The failure repeats an earlier dumped one.
+    Repeat = 2,
+}
+
 /// A framework raised its out-of-memory error on the calling thread (torch's OOM observer via
 /// the Python hook); `mem_info` is the device's (free, total) as the framework reported it.
-/// Returns the dump that explains it, when there is one, and whether the framework's account is
-/// in it (false: the dump was final before the account arrived).
+/// Returns the dump that explains it, when there is one, and what became of the word.
 pub fn framework_oom(
     note: FrameworkNote,
     mem_info: Option<(u64, u64)>,
-) -> Option<(std::path::PathBuf, bool)> {
+) -> Option<(std::path::PathBuf, FrameworkWord)> {
     let s = shim()?;
     let stacks = s.capture_stacks();
     match s
         .oom
         .on_framework_oom(s, note, thread_id(), stacks, mem_info)
     {
-        oom::Handled::Written { path, .. } => path.map(|p| (p, true)),
-        oom::Handled::Explained { path, included } => path.map(|p| (p, included)),
-        oom::Handled::Repeat(path) => path.map(|p| (p, false)),
+        oom::Handled::Written { path, .. } => path.map(|p| (p, FrameworkWord::Included)),
+        oom::Handled::Explained { path, included } => path.map(|p| {
+            (
+                p,
+                if included {
+                    FrameworkWord::Included
+                } else {
+                    FrameworkWord::TooLate
+                },
+            )
+        }),
+        oom::Handled::Repeat(path) => path.map(|p| (p, FrameworkWord::Repeat)),
         _ => None,
     }
 }

@@ -121,6 +121,9 @@ struct Request {
     /// A framework's own refusal (no CUDA call failed): a later word of the framework is a new
     /// failure, never about this one.
     framework_only: bool,
+    /// A repeat of an earlier dumped failure (no dump of its own; `path` is that dump's): kept
+    /// so the framework's word about it is recognised.
+    repeat: bool,
 }
 
 struct Job {
@@ -135,7 +138,8 @@ struct Dumped {
     request: u64,
     device: i32,
     bytes: u64,
-    stacks: (StackId, StackId),
+    /// Where it failed: [`site_of`] its stacks.
+    site: u64,
     at: Instant,
     path: Option<PathBuf>,
 }
@@ -152,6 +156,9 @@ struct State {
     suppressed: u64,
     /// Said at exit (once) when failures after the last dump got none.
     said_at_exit: bool,
+    /// Recovered failures written (the first gets a dump), and those only counted since.
+    recovered_dumps: u64,
+    recovered_quiet: u64,
     flushing: bool,
     /// The pid whose writer thread runs (a forked child starts its own).
     writer_pid: u32,
@@ -163,6 +170,8 @@ struct State {
 const KEEP_DONE: usize = 16;
 /// How long after its failure a framework's word is matched to a request.
 const FRAMEWORK_MATCH: Duration = Duration::from_secs(60);
+/// The least a failure waits for the word of an attached framework hook.
+const HOOKED_SETTLE: Duration = Duration::from_secs(30);
 /// How long the framework's thread waits for the dump its word completes.
 const FRAMEWORK_WAIT: Duration = Duration::from_secs(30);
 
@@ -265,7 +274,32 @@ impl OomTracker {
         let settle_now = mode == Mode::Settle && (s.config.settle.is_zero() || flushing);
         let queued = mode == Mode::Settle && !settle_now;
         match self.admit(&mut st, s, &ev, stacks, now, if queued { id } else { 0 }) {
-            Admit::Repeat(path) => return Handled::Repeat(path),
+            Admit::Repeat(path) => {
+                // Remembered, so the framework's word about this failure finds it (and makes
+                // no dump of its own).
+                st.requests.push(Request {
+                    id,
+                    thread,
+                    device: ev.device,
+                    bytes: ev.bytes,
+                    failures: 1,
+                    last,
+                    started: now,
+                    moved_on: true,
+                    outcome: Some(Resolution::Unknown),
+                    framework: None,
+                    hooked: false,
+                    job: None,
+                    path: path.clone(),
+                    done: true,
+                    repeats: 0,
+                    suppressed: 0,
+                    framework_only: false,
+                    repeat: true,
+                });
+                self.trim(&mut st);
+                return Handled::Repeat(path);
+            }
             Admit::Capped => return Handled::NoDump,
             Admit::New => {}
         }
@@ -304,6 +338,7 @@ impl OomTracker {
                     repeats,
                     suppressed,
                     framework_only: false,
+                    repeat: false,
                 });
                 self.open.fetch_add(1, Ordering::Relaxed);
                 self.trim(&mut st);
@@ -383,13 +418,15 @@ impl OomTracker {
                 repeats: 0,
                 suppressed: 0,
                 framework_only: req.api == Api::FrameworkAllocator.name(),
+                repeat: false,
             });
             self.trim(&mut st);
+            let site = site_of(stacks);
             if let Some(d) = st.dumped.iter_mut().rev().find(|d| {
                 d.request == 0
                     && d.device == req.device
                     && d.bytes == req.bytes
-                    && d.stacks == stacks
+                    && d.site == site
                     && d.path.is_none()
             }) {
                 d.path = path.clone();
@@ -417,10 +454,11 @@ impl OomTracker {
         let interval = s.config.min_interval;
         st.dumped
             .retain(|d| now.duration_since(d.at) < interval.max(FRAMEWORK_MATCH));
+        let site = site_of(stacks);
         if let Some(d) = st.dumped.iter().find(|d| {
             d.device == ev.device
                 && d.bytes == ev.bytes
-                && d.stacks == stacks
+                && d.site == site
                 && now.duration_since(d.at) < interval
         }) {
             let path = d.path.clone();
@@ -445,7 +483,7 @@ impl OomTracker {
             request,
             device: ev.device,
             bytes: ev.bytes,
-            stacks,
+            site,
             at: now,
             path: None,
         });
@@ -469,8 +507,10 @@ impl OomTracker {
                 r.outcome = Some(Resolution::RetrySucceeded);
                 let id = r.id;
                 self.open.fetch_sub(1, Ordering::Relaxed);
-                // A recovered failure is no failure to repeat: the same one again is news.
+                // A recovered failure is no failure to repeat (the same one again is news), and
+                // takes no place under the dump cap.
                 st.dumped.retain(|d| d.request != id);
+                st.recent.pop_back();
                 self.changed.notify_all();
             } else {
                 r.moved_on = true;
@@ -497,8 +537,13 @@ impl OomTracker {
                 r.thread == thread
                     && r.device == note.device
                     && !r.framework_only
+                    // A failure that recovered is not the one the framework raises now.
+                    && r.outcome != Some(Resolution::RetrySucceeded)
                     && now.duration_since(r.started) < FRAMEWORK_MATCH
             }) {
+                if r.repeat {
+                    return Handled::Repeat(r.path.clone());
+                }
                 if r.done {
                     // Its dump was already final (`OOMSHIM_SETTLE=0`, or the settle window
                     // passed): it stays as written, so stderr and the dump agree.
@@ -665,7 +710,14 @@ impl OomTracker {
             let mut wait = Duration::from_secs(3600);
             for r in &st.requests {
                 let Some(job) = &r.job else { continue };
-                let deadline = r.started + s.config.settle;
+                // With a framework hook attached its word is worth waiting for: torch empties its
+                // cache and retries before it raises, which can take seconds on a full device.
+                let settle = if r.hooked {
+                    s.config.settle.max(HOOKED_SETTLE)
+                } else {
+                    s.config.settle
+                };
+                let deadline = r.started + settle;
                 if r.outcome.is_some() || flushing || now >= deadline {
                     return Work::Write {
                         id: r.id,
@@ -714,6 +766,29 @@ impl OomTracker {
             }
         };
         let Some(mut job) = r.job.take() else { return };
+        if resolution == Resolution::RetrySucceeded {
+            // The first recovered failure gets its dump and one quiet line; later ones (a cache
+            // that keeps running full and recovering) are counted and said once at exit.
+            let quiet = st.recovered_dumps > 0;
+            let r = st
+                .requests
+                .iter_mut()
+                .find(|r| r.id == id)
+                .expect("found above");
+            if quiet {
+                r.done = true;
+                if let Some(p) = r.path.take() {
+                    let _ = std::fs::remove_file(p); // its provisional dump
+                }
+                st.recovered_quiet += 1;
+                self.changed.notify_all();
+                return;
+            }
+            st.recovered_dumps += 1;
+        }
+        let Some(r) = st.requests.iter_mut().find(|r| r.id == id) else {
+            return;
+        };
         let burst = assemble::BurstInfo {
             failures: r.failures,
             resolution,
@@ -789,11 +864,19 @@ impl OomTracker {
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
         }
-        let (repeats, suppressed) = (st.repeats, st.suppressed);
-        if (repeats > 0 || suppressed > 0) && !st.said_at_exit {
+        let (repeats, suppressed, recovered) = (st.repeats, st.suppressed, st.recovered_quiet);
+        if (repeats > 0 || suppressed > 0 || recovered > 0) && !st.said_at_exit {
             st.said_at_exit = true;
             drop(st);
-            say(&without_dump_line(repeats, suppressed));
+            if repeats > 0 || suppressed > 0 {
+                say(&without_dump_line(repeats, suppressed));
+            }
+            if recovered > 0 {
+                say(&format!(
+                    "{} more out-of-memory failures were recovered by their retry (counted, no dump each: only the first gets one)",
+                    thousands(recovered)
+                ));
+            }
         }
     }
 
@@ -810,6 +893,16 @@ impl OomTracker {
                 None => return,
             }
         }
+    }
+}
+
+/// Where a failure happened, for recognising a repeat: its Python stack when it has one (threads
+/// running the same code reach CUDA through different native paths), else its native stack.
+fn site_of((native, python): (StackId, StackId)) -> u64 {
+    if python != StackId::EMPTY {
+        (1u64 << 63) | python.0 as u64
+    } else {
+        native.0 as u64
     }
 }
 

@@ -264,3 +264,71 @@ class Module:
         std::fs::write(path, text).unwrap();
     }
 }
+
+/// Where the Python-package tests (tests/torch_package.rs, tests/torch_hook.rs) get Python, the
+/// CLI, the `oomshim` package and the library: this repository (`python3`, the CLI cargo built,
+/// `shim/python` on `PYTHONPATH`, the cargo-built library), or with `OOMSHIM_TEST_VENV=DIR` the
+/// wheel installed in that venv (its `bin/python`, its `bin/oomshim`, the installed package and
+/// its bundled library; `.ci/run` runs them both ways).
+pub struct PythonSide {
+    pub python: PathBuf,
+    pub cli: PathBuf,
+    /// The package's directory for `PYTHONPATH`; None when it is installed.
+    pub package: Option<PathBuf>,
+    /// The library the package uses: the wheel's bundled copy, or the cargo-built one.
+    pub lib: PathBuf,
+    pub installed: bool,
+}
+
+pub fn python_side() -> &'static PythonSide {
+    static SIDE: OnceLock<PythonSide> = OnceLock::new();
+    SIDE.get_or_init(|| match std::env::var_os("OOMSHIM_TEST_VENV") {
+        Some(venv) => {
+            let venv = PathBuf::from(venv);
+            let python = venv.join("bin/python");
+            let out = Command::new(&python)
+                .args([
+                    "-c",
+                    "import oomshim._locate as l; print(l.bundled_library() or '')",
+                ])
+                .current_dir(std::env::temp_dir())
+                .env_remove("PYTHONPATH")
+                .output()
+                .expect("run the venv's python");
+            let lib = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+            assert!(
+                lib.is_file(),
+                "OOMSHIM_TEST_VENV={}: no bundled liboomshim.so ({})",
+                venv.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            PythonSide {
+                python,
+                cli: venv.join("bin/oomshim"),
+                package: None,
+                lib,
+                installed: true,
+            }
+        }
+        None => PythonSide {
+            python: PathBuf::from("python3"),
+            cli: PathBuf::from(env!("CARGO_BIN_EXE_oomshim")),
+            package: Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("shim/python")),
+            lib: shim_lib(),
+            installed: false,
+        },
+    })
+}
+
+impl PythonSide {
+    /// `PYTHONPATH` with the package (when not installed) first, then `extra`.
+    pub fn pythonpath(&self, extra: &[&std::path::Path]) -> std::ffi::OsString {
+        let dirs: Vec<PathBuf> = self
+            .package
+            .iter()
+            .cloned()
+            .chain(extra.iter().map(|p| p.to_path_buf()))
+            .collect();
+        std::env::join_paths(dirs).expect("PYTHONPATH")
+    }
+}

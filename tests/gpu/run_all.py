@@ -10,8 +10,9 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LIB = os.path.join(ROOT, "target/release/liboomshim.so")
-CLI = os.path.join(ROOT, "target/release/oomshim")
+# OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI: the build to test (carried stripped copies), else the repo's.
+LIB = os.environ.get("OOMSHIM_GPU_LIB") or os.path.join(ROOT, "target/release/liboomshim.so")
+CLI = os.environ.get("OOMSHIM_GPU_CLI") or os.path.join(ROOT, "target/release/oomshim")
 OUT = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="oomshim-gpu-")
 WORK = tempfile.mkdtemp(prefix="oomshim-gpu-work-")
 rows = []  # (check, result, detail)
@@ -162,7 +163,8 @@ def check_memory_viz(dump_path, dump):
         "d = pickle.load(open(sys.argv[1], 'rb'))\n"
         "mv.segsum(d); mv.trace(d); mv.trace_plot(d); mv.segment_plot(d)\n"
         "mv.segments(d, format_flamegraph=lambda s: s)\n"
-        "top = max(d['segments'], key=lambda s: s['total_size'])\n"
+        # The largest holder's segment (not the remainder segment, which has no real address).
+        "top = max((s for s in d['segments'] if 'oomshim_address' in s), key=lambda s: s['total_size'])\n"
         "print(top['total_size'], top['blocks'][0]['frames'][0]['name'][:80])\n"
     )
     v = run([sys.executable, "-c", code, pk])
@@ -598,6 +600,47 @@ def check_soak():
         f"+ cuBLAS's own {s_.get('cublas_own')}; unknown frees {s_.get('unknown_frees')}")
 
 
+def check_zoo():
+    """Issue 12: the OOM zoo (tests/gpu/zoo), every program bare and under each launcher, scored.
+    Its own table goes to OUT/zoo.log; here, one row per launcher and per failing run."""
+    budget = int(os.environ.get("OOMSHIM_ZOO_SECONDS", "470"))
+    env = {"ZOO_WORK": os.path.join(WORK, "zoo"), "OOMSHIM_GPU_LIB": LIB, "OOMSHIM_GPU_CLI": CLI}
+    only = [c for c in os.environ.get("OOMSHIM_ZOO_CASES", "").split(",") if c]
+    p = run([sys.executable, os.path.join(ROOT, "tests/gpu/zoo/run_zoo.py"), OUT] + only, env=env, timeout=budget)
+    with open(os.path.join(OUT, "zoo.log"), "w") as f:
+        f.write(p.stdout + p.stderr)
+    try:
+        scored = [json.loads(l) for l in open(os.path.join(OUT, "zoo.jsonl")) if l.strip()]
+    except OSError:
+        scored = []
+    scored = [r for r in scored if r.get("launcher") not in ("bare", "build")]
+    by = {}
+    for r in scored:
+        by.setdefault(r["launcher"], []).append(r)
+        if not (r.get("output_unchanged") and r.get("dump_ok") and r.get("verdict_ok") and r.get("agree")):
+            row(f"zoo {r['case']} ({r['launcher']})", False,
+                f"out {r.get('output_unchanged')}, dumps {r.get('stood')}/{r.get('dumps')}, verdict {r.get('verdicts')}, "
+                f"line {r.get('line_ok')}, agree {r.get('agree')}: {r.get('headline', '')[:160]}")
+    for launcher, rs in by.items():
+        n = len(rs)
+        pct = lambda k: 100 * sum(1 for r in rs if r.get(k)) // n
+        line = [r for r in rs if r.get("line_ok") is not None]
+        row(f"zoo under {launcher}: {n} programs", pct("output_unchanged") == 100 and pct("verdict_ok") >= 95,
+            f"output unchanged {pct('output_unchanged')}%, dumps {pct('dump_ok')}%, verdict right {pct('verdict_ok')}%, "
+            f"line named {100 * sum(1 for r in line if r['line_ok']) // max(len(line), 1)}% of {len(line)}, "
+            f"stderr = report {pct('agree')}%")
+
+
+def check_views():
+    """Issue 13: memory_viz pickles against torch's own viewer, and the wheel installed."""
+    sys.path.insert(0, os.path.join(ROOT, "tests/gpu"))
+    import check_memory_viz
+    import check_wheel
+    for mod in (check_memory_viz, check_wheel):
+        for check, ok, detail in mod.main(ROOT, LIB, CLI, WORK):
+            row(check, ok, detail)
+
+
 def main():
     for f in (LIB, CLI):
         if not os.path.exists(f):
@@ -607,9 +650,9 @@ def main():
                          capture_output=True, text=True).stdout.strip())
     import torch
     print("torch", torch.__version__, "cuda", torch.version.cuda)
-    checks = (check_nvcc_leak, check_torch, check_torch_fragmentation, check_other_process, check_driver_paths,
-              check_python_stacks, check_overhead, check_backward_oom, check_torchrun, check_verdicts,
-              check_torch_allocator, check_soak)
+    checks = (check_zoo, check_views, check_nvcc_leak, check_torch, check_torch_fragmentation, check_other_process,
+              check_driver_paths, check_python_stacks, check_overhead, check_backward_oom, check_torchrun,
+              check_verdicts, check_torch_allocator, check_soak)
     # OOMSHIM_GPU_CHECKS=check_torch,check_overhead runs a subset.
     only = [c for c in os.environ.get("OOMSHIM_GPU_CHECKS", "").split(",") if c]
     for check in (c for c in checks if not only or c.__name__ in only):

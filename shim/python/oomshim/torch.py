@@ -21,13 +21,15 @@ The library is found by this rule, first match wins:
   1. the `OOMSHIM_LIB` environment variable (a path to liboomshim.so);
   2. the liboomshim.so already loaded in this process (by `oomshim run` or LD_PRELOAD), so there
      is only ever one copy of the shim's state;
-  3. liboomshim.so next to this package (a wheel or a copied install);
-  4. the build directory of the repository this package sits in (target/release).
+  3. liboomshim.so inside this package (the wheel);
+  4. the build directory of the repository this package sits in (target/release, or
+     target/release/deps where `cargo run` leaves it; the newer of the two).
 """
 
 import ctypes
 import json
-import os
+
+from . import _locate
 
 __all__ = [
     "enable",
@@ -52,45 +54,10 @@ _FREE = "oomshim_torch_free"
 _state = {"lib": None, "path": None, "allocator": None, "keep": []}
 
 
-def _loaded_copy():
-    """The path of a liboomshim.so already mapped into this process, if any."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rstrip("\n").split(None, 5)[-1] if len(line.split(None, 5)) == 6 else ""
-                if os.path.basename(path) == "liboomshim.so" and os.path.exists(path):
-                    return path
-    except OSError:
-        pass
-    return None
-
-
 def library_path():
-    """Where liboomshim.so is, by the documented rule; raises FileNotFoundError naming every
-    place it looked."""
-    tried = []
-    explicit = os.environ.get("OOMSHIM_LIB")
-    if explicit:
-        if os.path.isfile(explicit):
-            return os.path.abspath(explicit)
-        raise FileNotFoundError(f"OOMSHIM_LIB={explicit} does not name a file")
-    loaded = _loaded_copy()
-    if loaded:
-        return loaded
-    tried.append("no liboomshim.so loaded in this process")
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidates = [
-        os.path.join(here, "liboomshim.so"),
-        os.path.normpath(os.path.join(here, "..", "..", "..", "target", "release", "liboomshim.so")),
-    ]
-    for c in candidates:
-        if os.path.isfile(c):
-            return c
-        tried.append(c)
-    raise FileNotFoundError(
-        "liboomshim.so not found; set OOMSHIM_LIB=/path/to/liboomshim.so (build it with "
-        "`cargo build --release`). Looked at: " + "; ".join(tried)
-    )
+    """Where liboomshim.so is, by the documented rule (see oomshim._locate.library_path); raises
+    FileNotFoundError naming every place it looked."""
+    return _locate.library_path()
 
 
 def _lib():

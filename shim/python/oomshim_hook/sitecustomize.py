@@ -104,7 +104,9 @@ def _shim():
         lib.oomshim_framework_oom.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
         lib.oomshim_framework_oom.restype = ctypes.c_int
         lib.oomshim_mark_step.argtypes = [ctypes.c_int]
-        lib.oomshim_mark_step.restype = None
+        lib.oomshim_mark_step.restype = ctypes.c_int
+        lib.oomshim_mark_step_live.argtypes = [ctypes.c_int, ctypes.c_uint64]
+        lib.oomshim_mark_step_live.restype = ctypes.c_int
         lib.oomshim_framework_attached.argtypes = [ctypes.c_char_p]
         lib.oomshim_framework_attached.restype = None
         _shim_lib = lib
@@ -113,7 +115,8 @@ def _shim():
 
 def _tell_shim(account):
     """Hands the framework's account to the shim. Returns (code, dump path or None): 0 the
-    account is in the dump, 1 the dump was final before it arrived, -1 no dump."""
+    account is in the dump, 1 the dump was final before it arrived, 2 the failure repeats an
+    earlier dumped one, -1 no dump."""
     import ctypes
     import json
 
@@ -192,6 +195,45 @@ def _free_block_summary(snapshot, device):
 
 
 _count = 0
+# torch's allocation records (`_record_memory_history`), turned on by `_mark` once the shim says
+# the process grows step after step.
+_history = {"on": False}
+
+
+def _attribution(snapshot, device):
+    """Live tensors on `device` by the innermost line of the program's own code that allocated
+    them, from torch's records (blocks allocated since recording began carry their frames)."""
+    lines = {}
+    recorded = unrecorded = 0
+    for seg in snapshot.get("segments", []):
+        if seg.get("device") != device:
+            continue
+        for b in seg.get("blocks", []):
+            if b.get("state") != "active_allocated":
+                continue
+            size = b.get("size", 0)
+            frames = b.get("frames") or []
+            if not frames:
+                unrecorded += size
+                continue
+            recorded += size
+            own = [f for f in frames if not _library_file(f.get("filename", ""))]
+            f = own[0] if own else frames[0]
+            key = (f.get("filename", "?"), int(f.get("line", 0) or 0), f.get("name", "?"))
+            entry = lines.setdefault(key, [0, 0])
+            entry[0] += size
+            entry[1] += 1
+    if not recorded:
+        return None
+    top = sorted(lines.items(), key=lambda kv: -kv[1][0])[:10]
+    return {"recorded_bytes": recorded, "unrecorded_bytes": unrecorded,
+            "lines": [{"file": k[0], "line": k[1], "function": k[2], "bytes": v[0], "blocks": v[1]} for k, v in top]}
+
+
+def _library_file(path):
+    """Installed packages, the standard library, frozen modules: not the program's own code."""
+    return ("/site-packages/" in path or "/dist-packages/" in path or path.startswith("<frozen")
+            or any(part.startswith(("python3.", "python2.")) for part in path.split("/")))
 
 
 def _on_torch_oom(torch, device, alloc, device_total, device_free):
@@ -227,9 +269,11 @@ def _on_torch_oom(torch, device, alloc, device_total, device_free):
             "cache": _free_block_summary(snapshot, device),
             "snapshot_file": name + ".pickle",
         }
+        if _history["on"]:
+            account["attribution"] = _attribution(snapshot, device)
         rc, dump = _tell_shim(account)
-        if dump is None:
-            return  # no dump explains it (the shim is absent, or the failure was not dumped)
+        if dump is None or rc == 2:
+            return  # no dump explains it, or an earlier dump does (a repeat): nothing to add
         d = os.path.dirname(dump)
         _write_private(os.path.join(d, name + ".pickle"), pickle.dumps(snapshot))
         if rc == 1:
@@ -255,11 +299,33 @@ def _auto_steps():
     return ("optimizer", "forward")
 
 
-def _mark_steps(torch, lib):
+def _mark_steps(torch, lib, allocator):
     """Step marks without user code: optimizer steps, and forward passes of the outermost
-    module (evaluation and inference loops have no optimizer)."""
+    module (evaluation and inference loops have no optimizer). When the shim answers a mark
+    with "the process grows step after step", torch is asked to record the Python stack of each
+    new tensor (preload only: in allocator mode the shim sees every tensor itself), so the dump
+    can name the line that holds the growth."""
     wanted = _auto_steps()
-    mark = lib.oomshim_mark_step
+    record = not allocator and not _off("OOMSHIM_TORCH_HISTORY")
+
+    def mark(source):
+        if allocator:
+            growing = lib.oomshim_mark_step(source)
+        else:
+            # torch's own count of its live tensors: under preload the shim sees torch's
+            # segments, which a cache grows with varying shapes though no tensor is kept.
+            try:
+                live = int(torch.cuda.memory_allocated())
+            except Exception:
+                live = None
+            growing = lib.oomshim_mark_step(source) if live is None else lib.oomshim_mark_step_live(source, live)
+        if growing == 1 and record and not _history["on"]:
+            _history["on"] = True
+            try:
+                torch.cuda.memory._record_memory_history(enabled="state", context="alloc", stacks="python")
+            except Exception as e:
+                _warn(f"torch's allocation records are off ({type(e).__name__}: {e})")
+
     if "optimizer" in wanted:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -319,15 +385,21 @@ def _attach_torch(torch):
     try:
         if not allocator:
             def register():
-                torch._C._cuda_attach_out_of_memory_observer(
-                    lambda device, alloc, total, free: _on_torch_oom(torch, device, alloc, total, free))
-                lib.oomshim_framework_attached(b"torch")
+                # Runs inside torch's lazy CUDA initialisation: nothing may escape into it (the
+                # cudaMallocAsync backend, for one, refuses OOM observers).
+                try:
+                    torch._C._cuda_attach_out_of_memory_observer(
+                        lambda device, alloc, total, free: _on_torch_oom(torch, device, alloc, total, free))
+                    lib.oomshim_framework_attached(b"torch")
+                except Exception as e:
+                    _warn(f"torch's out-of-memory observer is off ({type(e).__name__}: {e}); dumps come "
+                          f"without torch's view of its cache")
 
             torch.cuda._lazy_call(register)
     except Exception as e:
         _warn(f"could not attach to torch ({type(e).__name__}: {e})")
     try:
-        _mark_steps(torch, lib)
+        _mark_steps(torch, lib, allocator)
     except Exception as e:
         _warn(f"no automatic step marks ({type(e).__name__}: {e})")
 

@@ -42,6 +42,14 @@
     }
   }
   function byId(id) { return document.getElementById(id); }
+  // The verdict's sentences mark code with Markdown backticks (`expandable_segments:True`): each
+  // span becomes a <code> element (its text through textContent), the backticks disappear.
+  function rich(text) {
+    var parts = String(text).split('`');
+    if (parts.length % 2 === 0) return [String(text)]; // unbalanced: keep it as it is
+    return parts.map(function (p, i) { return i % 2 ? el('code', { text: p }) : p; }).filter(function (p) { return p !== ''; });
+  }
+  function richEl(tag, attrs, text) { return el(tag, attrs, rich(text)); }
 
   var UNITS = ['KiB', 'MiB', 'GiB', 'TiB', 'PiB', 'EiB'];
   // Same as units::human_bytes: binary units, two decimals, never 1024.00 of a unit.
@@ -162,17 +170,17 @@
     var v = D.verdict;
     if (!D.failed_request) s.classList.add('snapshot');
     add(s, el('h2', null, 'Verdict', el('span', { id: 'verdict-kind', class: 'badge ' + (D.failed_request ? 'oom' : 'snap'), text: v.kind })));
-    add(s, el('p', { id: 'verdict-summary', text: v.summary }));
+    add(s, richEl('p', { id: 'verdict-summary' }, v.summary));
     // The ranked findings, top first, each with the bytes it explains and its own evidence.
     if (v.findings && v.findings.length > 1) {
       add(s, el('h3', { text: 'Findings (by bytes explained)' }), el('ol', { id: 'verdict-findings' }, v.findings.map(function (f) {
-        var li = el('li', null, el('span', { class: 'badge', text: f.kind }), ' ', el('b', { text: humanBytes(f.bytes) }), ': ', f.headline);
-        if (f.evidence && f.evidence.length) add(li, el('ul', null, f.evidence.map(function (e) { return el('li', { text: e }); })));
+        var li = el('li', null, el('span', { class: 'badge', text: f.kind }), ' ', el('b', { text: humanBytes(f.bytes) }), ': ', rich(f.headline));
+        if (f.evidence && f.evidence.length) add(li, el('ul', null, f.evidence.map(function (e) { return richEl('li', null, e); })));
         return li;
       })));
     }
-    if (v.evidence.length) add(s, el('h3', { text: 'Evidence' }), el('ul', { id: 'verdict-evidence' }, v.evidence.map(function (e) { return el('li', { text: e }); })));
-    if (v.suggestions.length) add(s, el('h3', { text: 'Suggestions' }), el('ul', { id: 'verdict-suggestions' }, v.suggestions.map(function (e) { return el('li', { text: e }); })));
+    if (v.evidence.length) add(s, el('h3', { text: 'Evidence' }), el('ul', { id: 'verdict-evidence' }, v.evidence.map(function (e) { return richEl('li', null, e); })));
+    if (v.suggestions.length) add(s, el('h3', { text: 'Suggestions' }), el('ul', { id: 'verdict-suggestions' }, v.suggestions.map(function (e) { return richEl('li', null, e); })));
     if (D.recorded_verdict_kind && D.recorded_verdict_kind !== v.kind) {
       add(s, el('p', { class: 'muted', text: 'The dump recorded the verdict "' + D.recorded_verdict_kind + '"; this report judges it with the current rules.' }));
     }
@@ -236,6 +244,92 @@
       el('span', { style: '--c: var(--free)', text: 'free' })));
     var ph = D.pinned_host;
     add(s, el('p', { class: 'muted', text: 'Pinned host memory: ' + humanBytes(ph.bytes) + ' in ' + thousands(ph.count) + ' allocations (peak ' + humanBytes(ph.peak_bytes) + '); host memory, not counted as device memory.' }));
+  });
+
+  // ---- growth chart --------------------------------------------------------------------------
+
+  // SVG's namespace, from the parser itself (the page names no URL, not even a namespace's).
+  var SVG = new DOMParser().parseFromString('<svg></svg>', 'text/html').body.firstChild.namespaceURI;
+  function svg(tag, attrs) {
+    var e = document.createElementNS(SVG, tag);
+    for (var k in attrs) if (Object.prototype.hasOwnProperty.call(attrs, k) && attrs[k] != null) {
+      if (k === 'text') e.textContent = attrs[k]; else e.setAttribute(k, attrs[k]);
+    }
+    return e;
+  }
+  // Tracked bytes at each sample, the top growing site's fitted line drawn through the last sample
+  // out to the step where free memory runs out, and the device's capacity.
+  var growthChart = null;
+  section('growth', function (s) {
+    var g = D.growth;
+    var unit = g && g.unit === 'second' ? 'second' : 'step';
+    add(s, el('h2', { text: 'Tracked bytes per ' + unit }));
+    if (!g || g.tracked.length < 2) {
+      add(s, el('p', { class: 'muted', id: 'growth-none', text: 'No growth history in this dump: it needs two samples (a step mark with oomshim.step() / oomshim_step(), a detected step, or one sample per second).' }));
+      return;
+    }
+    var pts = g.tracked, site = g.sites.length ? g.sites[0] : null;
+    var last = pts[pts.length - 1];
+    var x0 = pts[0][0], x1 = last[0];
+    var fitEnd = null;
+    if (site) {
+      // Out to the projected step, within four times the sampled span (a far projection would
+      // squash the samples into a corner).
+      var end = site.projected_oom_step != null ? site.projected_oom_step : (g.projected_oom_step != null ? g.projected_oom_step : x1);
+      end = Math.min(Math.max(end, x1), x1 + 4 * Math.max(1, x1 - x0));
+      var fitStart = Math.max(x0, Math.min(site.first[0], x1));
+      fitEnd = end;
+      x1 = Math.max(x1, end);
+    }
+    var fitY = function (x) { return last[1] + site.bytes_per_step * (x - last[0]); };
+    var ymax = pts.reduce(function (m, p) { return Math.max(m, p[1]); }, 0);
+    if (g.capacity_bytes) ymax = Math.max(ymax, g.capacity_bytes);
+    if (site) ymax = Math.max(ymax, Math.min(fitY(fitEnd), (g.capacity_bytes || fitY(fitEnd)) * 1.2));
+    ymax = ymax * 1.05 || 1;
+    if (x1 === x0) x1 = x0 + 1;
+    var W = 800, H = 260, L = 78, R = 16, TOP = 12, B = 34;
+    var X = function (x) { return L + (x - x0) * (W - L - R) / (x1 - x0); };
+    var Y = function (y) { return TOP + (H - TOP - B) * (1 - Math.min(y, ymax) / ymax); };
+    var chart = svg('svg', { id: 'growth-chart', viewBox: '0 0 ' + W + ' ' + H, role: 'img', 'aria-label': 'tracked bytes per ' + unit });
+    var axes = svg('g', { class: 'axes' });
+    for (var i = 0; i <= 4; i++) {
+      var yv = ymax * i / 4, yy = Y(yv);
+      axes.appendChild(svg('line', { x1: L, x2: W - R, y1: yy, y2: yy, class: 'grid' }));
+      axes.appendChild(svg('text', { x: L - 6, y: yy + 4, 'text-anchor': 'end', text: humanBytes(Math.round(yv)) }));
+      var xv = Math.round(x0 + (x1 - x0) * i / 4);
+      axes.appendChild(svg('text', { x: X(xv), y: H - B + 16, 'text-anchor': 'middle', text: String(xv) }));
+    }
+    axes.appendChild(svg('text', { x: (L + W - R) / 2, y: H - 4, 'text-anchor': 'middle', text: unit === 'step' ? 'step' : 'seconds since start' }));
+    chart.appendChild(axes);
+    if (g.capacity_bytes) {
+      var cy = Y(g.capacity_bytes);
+      chart.appendChild(svg('line', { id: 'growth-capacity', x1: L, x2: W - R, y1: cy, y2: cy, class: 'capacity' }));
+      chart.appendChild(svg('text', { x: W - R - 4, y: cy - 5, 'text-anchor': 'end', class: 'capacity-label', text: 'device capacity ' + humanBytes(g.capacity_bytes) }));
+    }
+    if (site) {
+      chart.appendChild(svg('line', { id: 'growth-fit', x1: X(fitStart), y1: Y(fitY(fitStart)), x2: X(fitEnd), y2: Y(fitY(fitEnd)), class: 'fit' }));
+    }
+    var line = svg('polyline', { id: 'growth-tracked', class: 'tracked', points: pts.map(function (p) { return X(p[0]).toFixed(1) + ',' + Y(p[1]).toFixed(1); }).join(' ') });
+    chart.appendChild(line);
+    pts.forEach(function (p) {
+      chart.appendChild(svg('circle', { cx: X(p[0]), cy: Y(p[1]), r: 2.2, class: 'dot' })).appendChild(svg('title', { text: unit + ' ' + p[0] + ': ' + exact(p[1]) }));
+    });
+    add(s, el('div', { class: 'chart-wrap' }, chart));
+    var legend = el('div', { class: 'legend' },
+      el('span', { style: '--c: var(--own)', text: 'tracked device bytes (' + thousands(pts.length) + ' samples' + (g.steps ? ', ' + g.steps + ' steps' : '') + ')' }),
+      site ? el('span', { style: '--c: var(--fit)', text: 'fitted growth of the top site' }) : null,
+      g.capacity_bytes ? el('span', { style: '--c: var(--capacity)', text: 'device capacity' }) : null);
+    add(s, legend);
+    if (site) {
+      var label = topLabel(site.stack) || '(no named frame)';
+      var r2 = site.r_squared == null ? '' : ' (R² ' + site.r_squared.toFixed(3) + ' over ' + site.samples + ' samples)';
+      var out = site.projected_oom_step != null ? '; at that rate free memory runs out at ' + unit + ' ' + thousands(site.projected_oom_step) : '';
+      add(s, el('p', { id: 'growth-caption' }, unit === 'step' ? 'Fitted leak: ' : 'Growth per second (evidence only: loading also grows steadily): ',
+        el('code', { text: label }), ' +' + humanBytes(site.bytes_per_step) + ' per ' + unit + r2 + out + '.'));
+    } else {
+      add(s, el('p', { class: 'muted', id: 'growth-caption', text: 'No site grows steadily (a fit needs a positive slope with R² ≥ 0.9 over at least 4 samples).' }));
+    }
+    growthChart = { svg: chart, line: line, points: pts.length, fit: site != null, capacity: !!g.capacity_bytes };
   });
 
   // ---- flame (icicle) graph ------------------------------------------------------------------
@@ -340,7 +434,8 @@
   section('flame', function (s) {
     add(s, el('h2', { text: 'Live bytes by stack' }));
     if (!D.sites.length && !D.holders.length) { add(s, el('p', { class: 'muted', text: 'No live allocations listed in this dump.' })); return; }
-    flame.source = D.sites.length && (D.sites.length >= 3 || D.holders.length <= D.sites.length) ? 'sites' : 'holders';
+    // Sites are all of the live bytes by stack; holders only the largest allocations.
+    flame.source = D.sites.length ? 'sites' : 'holders';
     var controls = el('div', { class: 'controls' });
     ['sites', 'holders'].forEach(function (src) {
       var input = el('input', { type: 'radio', name: 'flame-source', value: src, id: 'flame-src-' + src });
@@ -456,22 +551,53 @@
   function td(text, cls, title) { return el('td', { class: cls, text: text, title: title }); }
   var tables = {};
 
+  // Identical holders (same size, API, device and stack: a leak's twenty 96 MiB activations) are
+  // one row, count × size. Row layout, column 0 the row's bytes (the tables rank by it):
+  var G = { bytes: 0, count: 1, size: 2, api: 3, device: 4, thread: 5, age_min: 6, age_max: 7, seq_min: 8, seq_max: 9, address: 10, stream: 11, stack: 12 };
+  function groupHolders() {
+    var h = HC, groups = new Map(), rows = [];
+    D.holders.forEach(function (r) {
+      var key = r[h.bytes] + '\u0000' + r[h.api] + '\u0000' + r[h.device] + '\u0000' + r[h.stack];
+      var g = groups.get(key);
+      var thread = r[h.thread_name] != null ? r[h.thread_name] + ' (' + r[h.thread] + ')' : String(r[h.thread]);
+      if (!g) {
+        g = [0, 0, r[h.bytes], r[h.api], r[h.device], thread, r[h.age_s], r[h.age_s], r[h.seq], r[h.seq], r[h.address], r[h.stream], r[h.stack]];
+        groups.set(key, g);
+        rows.push(g);
+      }
+      g[G.bytes] += r[h.bytes];
+      g[G.count] += 1;
+      if (g[G.thread] !== thread) g[G.thread] = 'several threads';
+      if (r[h.age_s] != null) {
+        if (g[G.age_min] == null || r[h.age_s] < g[G.age_min]) g[G.age_min] = r[h.age_s];
+        if (g[G.age_max] == null || r[h.age_s] > g[G.age_max]) g[G.age_max] = r[h.age_s];
+      }
+      if (r[h.seq] < g[G.seq_min]) { g[G.seq_min] = r[h.seq]; g[G.address] = r[h.address]; g[G.stream] = r[h.stream]; }
+      if (r[h.seq] > g[G.seq_max]) g[G.seq_max] = r[h.seq];
+    });
+    return rows;
+  }
+  function range(lo, hi, fmt) { return lo === hi ? fmt(lo) : fmt(lo) + '–' + fmt(hi); }
+
   section('holders', function (s) {
     var live = D.recording.live_allocations;
+    var rows = groupHolders();
+    var grouped = D.holders.length - rows.length;
     add(s, el('h2', { text: 'Largest holders' }),
-      el('p', { class: 'muted', text: thousands(D.holders.length) + ' listed in the dump; ' + thousands(live) + ' allocations live when it was written.' }));
+      el('p', { class: 'muted', id: 'holders-note', text: thousands(D.holders.length) + ' listed in the dump; ' + thousands(live) + ' allocations live when it was written.' +
+        (grouped ? ' Identical holders (same size, API, device and stack) are one row: ' + thousands(D.holders.length) + ' holders in ' + thousands(rows.length) + ' rows.' : '') }));
     if (!D.holders.length) { add(s, el('p', { class: 'muted', text: 'The dump lists no live allocations.' })); return; }
-    var h = HC;
-    tables.holders = sortableTable(s, 'holders-table', D.holders, [
+    tables.holders = sortableTable(s, 'holders-table', rows, [
       { label: '#', num: true, key: function (r, rk) { return rk; }, desc: false, cell: function (r, rk) { return td(rk, 'num'); } },
-      { label: 'bytes', num: true, key: function (r) { return r[h.bytes]; }, desc: true, cell: function (r) { return td(humanBytes(r[h.bytes]), 'num', thousands(r[h.bytes]) + ' bytes'); } },
-      { label: 'api', key: function (r) { return r[h.api]; }, desc: false, cell: function (r) { return td(r[h.api], 'mono'); } },
-      { label: 'dev', num: true, key: function (r) { return r[h.device]; }, desc: false, cell: function (r) { return td(r[h.device], 'num'); } },
-      { label: 'thread', key: function (r) { return r[h.thread_name] != null ? r[h.thread_name] : ''; }, desc: false, cell: function (r) { return td(r[h.thread_name] != null ? r[h.thread_name] + ' (' + r[h.thread] + ')' : String(r[h.thread]), 'mono'); } },
-      { label: 'age', num: true, key: function (r) { return r[h.age_s]; }, desc: true, cell: function (r) { return td(humanAge(r[h.age_s]), 'num'); } },
-      { label: 'seq', num: true, key: function (r) { return r[h.seq]; }, desc: true, cell: function (r) { return td(thousands(r[h.seq]), 'num'); } },
-      { label: 'address', key: function (r) { return r[h.address]; }, desc: false, cell: function (r) { return td(r[h.address], 'mono', r[h.stream] != null ? 'stream ' + r[h.stream] : null); } },
-      { label: 'stack', key: function (r) { return topLabel(r[h.stack]); }, desc: false, cell: function (r) { return el('td', null, stackCell(r[h.stack], 3)); } }
+      { label: 'bytes', num: true, key: function (r) { return r[G.bytes]; }, desc: true, cell: function (r) { return td(humanBytes(r[G.bytes]), 'num', thousands(r[G.bytes]) + ' bytes'); } },
+      { label: 'count × size', num: true, key: function (r) { return r[G.count]; }, desc: true, cell: function (r) { return td(r[G.count] > 1 ? thousands(r[G.count]) + ' × ' + humanBytes(r[G.size]) : humanBytes(r[G.size]), 'num'); } },
+      { label: 'api', key: function (r) { return r[G.api]; }, desc: false, cell: function (r) { return td(r[G.api], 'mono'); } },
+      { label: 'dev', num: true, key: function (r) { return r[G.device]; }, desc: false, cell: function (r) { return td(r[G.device], 'num'); } },
+      { label: 'thread', key: function (r) { return r[G.thread]; }, desc: false, cell: function (r) { return td(r[G.thread], 'mono'); } },
+      { label: 'age', num: true, key: function (r) { return r[G.age_max]; }, desc: true, cell: function (r) { return td(range(r[G.age_min], r[G.age_max], humanAge), 'num'); } },
+      { label: 'seq', num: true, key: function (r) { return r[G.seq_min]; }, desc: true, cell: function (r) { return td(range(r[G.seq_min], r[G.seq_max], thousands), 'num'); } },
+      { label: 'address', key: function (r) { return r[G.address]; }, desc: false, cell: function (r) { return td(r[G.address] + (r[G.count] > 1 ? ' (first of ' + thousands(r[G.count]) + ')' : ''), 'mono', r[G.stream] != null ? 'stream ' + r[G.stream] : null); } },
+      { label: 'stack', key: function (r) { return topLabel(r[G.stack]); }, desc: false, cell: function (r) { return el('td', null, stackCell(r[G.stack], 3)); } }
     ], 1);
   });
 
@@ -591,14 +717,16 @@
     try {
       var vk = byId('verdict-kind'), vs = byId('verdict-summary');
       check('verdict kind visible', visible(vk) && vk.textContent === D.verdict.kind, vk && vk.textContent);
-      check('verdict summary visible', visible(vs) && vs.textContent === D.verdict.summary && vs.textContent.length > 0);
+      // Code spans are <code> elements: the text is the summary without its backticks.
+      check('verdict summary visible', visible(vs) && vs.textContent === D.verdict.summary.replace(/`/g, '') &&
+        vs.textContent.length > 0);
       if (D.verdict.findings && D.verdict.findings.length > 1) {
         var fl = byId('verdict-findings');
         check('findings listed in rank order', visible(fl) && fl.children.length === D.verdict.findings.length &&
           fl.children[0].textContent.indexOf(D.verdict.findings[0].kind) === 0, fl && fl.children.length);
       }
       if (D.holders.length) {
-        var max = D.holders.reduce(function (m, r) { return Math.max(m, r[HC.bytes]); }, 0);
+        var max = tables.holders.rows.reduce(function (m, r) { return Math.max(m, r[G.bytes]); }, 0);
         var first = document.querySelector('#holders-table tbody tr');
         var cell = first && first.children[1];
         check('top holder visible', visible(first) && visible(cell) && cell.textContent === humanBytes(max), cell && cell.textContent);
@@ -641,17 +769,17 @@
       if (t) {
         var seqCol = t.columns.findIndex(function (c) { return c.label === (tables.holders ? 'seq' : 'allocs'); });
         var th = document.querySelector('#' + (tables.holders ? 'holders' : 'sites') + '-table th[data-col="' + t.columns[seqCol].label + '"]');
-        var idx = tables.holders ? HC.seq : SC.count;
+        var idx = tables.holders ? G.seq_min : SC.count;
         th.click();
         var desc = th.getAttribute('aria-sort') === 'descending';
         var vals = t.rows.map(function (r) { return r[idx]; });
         var want = desc ? Math.max.apply(null, vals.slice(0, 50000)) : Math.min.apply(null, vals.slice(0, 50000));
         if (vals.length > 50000) vals.forEach(function (v) { want = desc ? Math.max(want, v) : Math.min(want, v); });
         var firstRow = document.querySelector('#' + (tables.holders ? 'holders' : 'sites') + '-table tbody tr');
-        var got = firstRow.children[seqCol].textContent;
+        var got = firstRow.children[seqCol].textContent.split('–')[0];
         check('header click sorts', got === thousands(want) && th.getAttribute('aria-sort') !== 'none', th.getAttribute('aria-sort') + ' first ' + got + ' want ' + thousands(want));
         th.click();
-        var got2 = document.querySelector('#' + (tables.holders ? 'holders' : 'sites') + '-table tbody tr').children[seqCol].textContent;
+        var got2 = document.querySelector('#' + (tables.holders ? 'holders' : 'sites') + '-table tbody tr').children[seqCol].textContent.split('–')[0];
         var want2 = desc ? vals.reduce(function (m, v) { return Math.min(m, v); }, Infinity) : vals.reduce(function (m, v) { return Math.max(m, v); }, -Infinity);
         check('second click reverses', got2 === thousands(want2), got2 + ' want ' + thousands(want2));
         if (t.rows.length > PAGE) {
@@ -667,6 +795,28 @@
       } else {
         check('header click sorts', true, 'no table rows');
       }
+      // Identical holders are one row each.
+      if (tables.holders) {
+        var keys = new Set(D.holders.map(function (r) { return r[HC.bytes] + '/' + r[HC.api] + '/' + r[HC.device] + '/' + r[HC.stack]; }));
+        var counted = tables.holders.rows.reduce(function (a, r) { return a + r[G.count]; }, 0);
+        check('identical holders grouped', tables.holders.rows.length === keys.size && counted === D.holders.length,
+          D.holders.length + ' holders in ' + tables.holders.rows.length + ' rows');
+      }
+      // The growth chart: every sample on the line, the fit and the capacity where the dump has them.
+      if (D.growth && D.growth.tracked.length >= 2) {
+        var gc = growthChart;
+        // A horizontal line has no height: drawn means present and wide.
+        var wide = function (e) { return !!e && e.getBoundingClientRect().width > 100; };
+        var parts = gc ? [visible(byId('growth-chart')), gc.line.points.numberOfItems === D.growth.tracked.length, wide(gc.line),
+          !D.growth.sites.length || wide(byId('growth-fit')), !D.growth.capacity_bytes || wide(byId('growth-capacity'))] : [false];
+        check('growth chart drawn', parts.every(Boolean),
+          gc ? gc.points + ' points, fit ' + gc.fit + ', capacity ' + gc.capacity + (parts.every(Boolean) ? '' : ' [' + parts.join(',') + ']') : 'no chart');
+      }
+      check('icicle defaults to sites', !D.sites.length || flame.source === 'sites', flame.source);
+      // Verdict sentences: code spans are <code>, no literal backtick is left.
+      var ticks = 0, walker = document.createTreeWalker(byId('verdict'), NodeFilter.SHOW_TEXT);
+      while (walker.nextNode()) if (walker.currentNode.nodeValue.indexOf('`') >= 0) ticks++;
+      check('no literal backticks in the verdict', ticks === 0, ticks + ' text nodes with backticks');
       var rows = document.querySelectorAll('tbody tr').length;
       check('DOM rows capped', rows <= 3 * PAGE + D.devices.length + 100, rows + ' rows');
       if (!D.free_blocks.available) {

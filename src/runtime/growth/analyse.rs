@@ -13,6 +13,7 @@ type Series = Vec<(u64, u64)>;
 pub(super) struct View<'a> {
     pub samples: u64,
     pub totals: &'a VecDeque<(u64, u64)>,
+    pub framework_live: &'a VecDeque<(u64, u64)>,
     pub sites: Vec<SiteView<'a>>,
     pub intervals: u64,
     pub freeing_intervals: u64,
@@ -26,6 +27,7 @@ pub(super) struct Copy {
     pub steps: &'static str,
     samples: u64,
     totals: Series,
+    framework_live: Series,
     sites: Vec<(SiteKey, StackPair, Series)>,
     intervals: u64,
     freeing_intervals: u64,
@@ -53,6 +55,7 @@ impl Copy {
             steps,
             samples: v.samples,
             totals: v.totals.iter().copied().collect(),
+            framework_live: v.framework_live.iter().copied().collect(),
             sites: v
                 .sites
                 .into_iter()
@@ -70,9 +73,19 @@ impl Copy {
         mut name: impl FnMut(&[StackPair]) -> Vec<Vec<Frame>>,
     ) -> Growth {
         let current = self.totals.last().map_or(0, |t| t.0);
-        let total_fit = fit::growing_suffix(&self.totals);
+        // The framework's own count of its live tensors, when every sample has one: under
+        // preload the tracked bytes are its segments, which a cache of varying shapes grows
+        // without any tensor being kept.
+        let live =
+            self.framework_live.len() == self.totals.len() && !self.framework_live.is_empty();
+        let fitted: &Series = if live {
+            &self.framework_live
+        } else {
+            &self.totals
+        };
+        let total_fit = fit::growing_suffix(fitted);
         // Samples from here on are the stretch the growth is measured over.
-        let from_x = total_fit.map(|(_, start)| self.totals[start].0);
+        let from_x = total_fit.map(|(_, start)| fitted[start].0);
 
         let mut pairs: Vec<StackPair> = self.sites.iter().map(|s| s.1).collect();
         if let Some(d) = &detected {
@@ -143,8 +156,9 @@ impl Copy {
             bytes_per_step: f.slope.round() as u64,
             r_squared: round3(f.r2),
             samples: f.n as u64,
-            first: point(self.totals[start]),
-            last: point(*self.totals.last().expect("a fit has points")),
+            first: point(fitted[start]),
+            last: point(*fitted.last().expect("a fit has points")),
+            of: Some(if live { "framework_live" } else { "tracked" }.to_string()),
         });
         Growth {
             unit: if self.steps == "time" {
@@ -168,6 +182,7 @@ impl Copy {
             projected_oom_step: projected(rate),
             sites: sites.into_iter().map(|s| s.1).collect(),
             tracked: self.totals.iter().map(|&p| point(p)).collect(),
+            framework_live: self.framework_live.iter().map(|&p| point(p)).collect(),
             fit: fit_out,
         }
     }

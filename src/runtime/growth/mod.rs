@@ -51,6 +51,9 @@ pub const MAX_SITES: usize = 128;
 pub const RING: usize = 64;
 /// Width of a time bucket when no step is marked or detected.
 pub const BUCKET_NS: u64 = 1_000_000_000;
+/// Samples a marked history needs before its growth counts as steady for [`Tracker::growing`]:
+/// more than a fit needs, so warm-up steps (optimizer state, caches filling) do not count.
+pub const SUSPECT_MIN_SAMPLES: usize = 6;
 /// Growing sites reported in a dump, largest growth first.
 pub const MAX_REPORTED: usize = 10;
 /// A sample walks every live allocation. At a detected step one is taken only when at least
@@ -155,6 +158,10 @@ struct History {
     sites: FxHashMap<SiteKey, SiteHistory>,
     /// (x, tracked device bytes of the process) per sample.
     totals: VecDeque<(u64, u64)>,
+    /// (x, live bytes as the framework counts them) per marked sample, when the mark carried
+    /// them (torch's `memory_allocated()`, from the Python hook): under preload the tracked bytes
+    /// are torch's segments, cache included; these are its tensors.
+    framework_live: VecDeque<(u64, u64)>,
     /// Live allocations (all kinds) at the last sample, and the allocation sequence number then.
     live: u64,
     sample_seq: u64,
@@ -381,9 +388,33 @@ impl Tracker {
         );
     }
 
+    /// True when `source`'s history grows steadily up to now (at least [`SUSPECT_MIN_SAMPLES`]
+    /// samples, `min_bytes_per_step` a step): the Python hook then asks torch to record where
+    /// each new tensor comes from. A few microseconds (a fit over at most [`RING`] samples).
+    pub fn growing(&self, source: StepSource, min_bytes_per_step: u64) -> bool {
+        let Some(h) = self.lock() else { return false };
+        let marked = &h.marked[source as usize];
+        let series = if marked.framework_live.is_empty() {
+            &marked.totals
+        } else {
+            &marked.framework_live
+        };
+        let totals: Vec<(u64, u64)> = series.iter().copied().collect();
+        drop(h);
+        totals.len() >= SUSPECT_MIN_SAMPLES
+            && crate::dump::fit::growing_suffix(&totals)
+                .is_some_and(|(f, _)| f.slope >= min_bytes_per_step as f64)
+    }
+
     /// A step boundary marked by `source`: from now on no steps are detected and no time
     /// buckets taken. Returns the number of marks of that source so far (1 for the first).
-    pub fn step(&self, ledger: &Ledger, keyer: &dyn SiteKeyer, source: StepSource) -> u64 {
+    pub fn step(
+        &self,
+        ledger: &Ledger,
+        keyer: &dyn SiteKeyer,
+        source: StepSource,
+        framework_live: Option<u64>,
+    ) -> u64 {
         self.next_bucket_ns.store(u64::MAX, Ordering::Relaxed);
         let n = self.marks[source as usize].fetch_add(1, Ordering::Relaxed) + 1;
         match source {
@@ -399,14 +430,11 @@ impl Tracker {
         self.anchor_deadline.store(u64::MAX, Ordering::Relaxed);
         let Some(mut h) = self.lock() else { return n };
         let Histories { marked, keys, .. } = &mut *h;
-        sample(
-            &mut marked[source as usize],
-            keys,
-            ledger,
-            keyer,
-            n,
-            ledger.total_allocations(),
-        );
+        let history = &mut marked[source as usize];
+        sample(history, keys, ledger, keyer, n, ledger.total_allocations());
+        if let Some(bytes) = framework_live {
+            push_ring(&mut history.framework_live, (n, bytes));
+        }
         n
     }
 
@@ -495,6 +523,7 @@ fn history_view(h: &History) -> analyse::View<'_> {
     analyse::View {
         samples: h.samples,
         totals: &h.totals,
+        framework_live: &h.framework_live,
         sites: h
             .sites
             .iter()

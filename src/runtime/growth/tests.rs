@@ -76,7 +76,7 @@ impl Run {
         self.ledger.take(addr);
     }
     fn mark(&mut self, source: StepSource) -> u64 {
-        self.t.step(&self.ledger, &keyer, source)
+        self.t.step(&self.ledger, &keyer, source, None)
     }
     fn growth(&self) -> Option<Growth> {
         self.t
@@ -122,7 +122,7 @@ fn time_buckets_until_the_first_step_mark() {
     assert_eq!(g.sites[0].bytes_per_step, MIB);
     assert_eq!(g.projected_oom_step, None, "no free bytes known");
     // A step mark stops the buckets; the marked history has one sample yet.
-    assert_eq!(t.step(&ledger, &keyer, StepSource::Program), 1);
+    assert_eq!(t.step(&ledger, &keyer, StepSource::Program, None), 1);
     assert!(!t.bucket_due(u64::MAX - 1));
     assert!(t.analyse(None, 0, namer).is_none());
 }
@@ -148,7 +148,7 @@ fn ring_and_site_bounds() {
                 },
             );
         }
-        t.step(&ledger, &keyer, StepSource::Program);
+        t.step(&ledger, &keyer, StepSource::Program, None);
     }
     let h = t.lock().unwrap();
     let marked = &h.marked[StepSource::Program as usize];
@@ -394,4 +394,37 @@ fn request_sizes_ring_and_summary() {
     assert_eq!(s.top.len(), sizes::TOP_SIZES);
     let bins: u64 = s.bins.iter().map(|b| b.count).sum();
     assert_eq!(bins, 4096);
+}
+
+#[test]
+fn a_cache_that_grows_with_the_shapes_is_no_growth_of_live_tensors() {
+    // Under preload the tracked bytes are torch's segments: a run whose batches get longer
+    // grows its cache every step, while torch's live tensors at every step end stay the same.
+    let mut r = Run::new();
+    for step in 1..=12u64 {
+        r.alloc(1, step * 64 * MIB); // a new, larger segment; the old ones stay cached
+        r.t.step(&r.ledger, &keyer, StepSource::Optimizer, Some(512 * MIB));
+    }
+    let g = r.growth().unwrap();
+    assert_eq!(g.framework_live.len(), 12);
+    assert!(g.fit.is_none(), "{:?}", g.fit);
+    // A real leak: the live tensors grow too.
+    let mut r = Run::new();
+    for step in 1..=12u64 {
+        r.alloc(1, 64 * MIB);
+        r.t.step(
+            &r.ledger,
+            &keyer,
+            StepSource::Optimizer,
+            Some(step * 64 * MIB),
+        );
+    }
+    let fit = r.growth().unwrap().fit.unwrap();
+    assert_eq!(fit.of.as_deref(), Some("framework_live"));
+    assert_eq!(fit.bytes_per_step, 64 * MIB);
+    assert!(r.t.growing(StepSource::Optimizer, MIB));
+    assert!(
+        !r.t.growing(StepSource::Program, MIB),
+        "no marks of that source"
+    );
 }

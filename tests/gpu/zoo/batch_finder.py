@@ -7,7 +7,7 @@ model = nn.Linear(8192, 8192, dtype=torch.bfloat16).cuda()
 batch = 1 << 23
 while batch >= 1024:
     try:
-        x = torch.randn(batch, 8192, dtype=torch.bfloat16, device="cuda")
+        x = torch.randn(batch, 8192, dtype=torch.bfloat16, device="cuda")  # EXPECT-LINE
         out = model(x)  # EXPECT-LINE
         out.float().mean().backward()
         print(f"batch {batch} fits")

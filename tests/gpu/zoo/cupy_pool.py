@@ -4,5 +4,5 @@ import cupy as cp
 kept = []
 print("running")
 for step in range(1, 100_000):
-    x = cp.ones((8192, 8192), cp.float32)
+    x = cp.ones((8192, 8192), cp.float32)  # EXPECT-LINE (the pool's blocks are first allocated here)
     kept.append(x * step)  # EXPECT-LINE

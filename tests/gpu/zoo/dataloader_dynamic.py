@@ -14,8 +14,9 @@ class Lengths(Dataset):
         return 400
 
     def __getitem__(self, i):
-        # Sequence lengths grow with a wobble: each batch has a shape of its own.
-        n = 256 + (i * 37) % 512 + i * 24
+        # Sequence lengths grow with a wobble: each batch has a shape of its own, and the last
+        # ones are far longer than the first.
+        n = 256 + (i * 37) % 512 + i * i
         return torch.randint(0, 32000, (n,))
 
 
@@ -26,7 +27,7 @@ def collate(batch):
 
 model = nn.Sequential(nn.Embedding(32000, 1024), nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-weights = load_weights(12)
+weights = load_weights(8)
 print("training")
 for tokens in DataLoader(Lengths(), batch_size=8, collate_fn=collate):
     tokens = tokens.cuda()

@@ -13,11 +13,11 @@ with torch.inference_mode():
     for request in range(1, 100_000):
         n = (300 + (request * 7919) % 400) << 20
         activation = torch.empty(n, dtype=torch.uint8, device="cuda")
-        cache.append(torch.empty(8 << 20, dtype=torch.uint8, device="cuda"))
+        cache.append(torch.empty(8 << 20, dtype=torch.uint8, device="cuda"))  # EXPECT-LINE
         del activation
         if request % 50 == 0:
             try:
-                big = torch.empty(6 << 30, dtype=torch.uint8, device="cuda")  # EXPECT-LINE
+                big = torch.empty(6 << 30, dtype=torch.uint8, device="cuda")
             except torch.OutOfMemoryError:
                 report_truth(6 << 30)
                 raise

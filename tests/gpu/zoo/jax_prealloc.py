@@ -6,6 +6,6 @@ import jax.numpy as jnp
 kept = []
 print("running")
 for step in range(1, 100_000):
-    y = jnp.full((8192, 8192), step, jnp.float32)  # EXPECT-LINE
+    y = jnp.full((16384, 16384), step, jnp.float32)  # EXPECT-LINE
     y.block_until_ready()
     kept.append(y)

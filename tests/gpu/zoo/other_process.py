@@ -5,4 +5,4 @@ GiB = 1 << 30
 print("allocating")
 chunks = []
 for i in range(1000):
-    chunks.append(torch.empty(GiB, dtype=torch.uint8, device="cuda"))  # EXPECT-LINE
+    chunks.append(torch.empty(GiB, dtype=torch.uint8, device="cuda"))

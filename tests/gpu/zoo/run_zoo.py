@@ -63,7 +63,7 @@ CASES = [
     Case("other_process", "other_process.py", {"other_processes"}, holder=True),
     Case("threads_oom", "threads_oom.py", {"own_allocations"}, count=1),
     Case("dataloader_dynamic", "dataloader_dynamic.py", {"own_allocations"}),
-    Case("inference_dynamic", "inference_dynamic.py", set(), truth=True),
+    Case("inference_dynamic", "inference_dynamic.py", {"own_allocations", "leak"}, truth=True),
     Case("jax_list", "jax_list.py", {"leak"}, launchers=NO_ALLOCATOR,
          env={"XLA_PYTHON_CLIENT_ALLOCATOR": "platform", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}),
     Case("jax_prealloc", "jax_prealloc.py", {"own_allocations"}, launchers=NO_ALLOCATOR),
@@ -86,11 +86,10 @@ def run(cmd, env, timeout, cwd=None):
         return 124, out, err + f"\n[timed out after {timeout} s]", time.time() - t0
 
 
-def expect_line(path):
-    for i, line in enumerate(open(path), 1):
-        if "EXPECT-LINE" in line:
-            return f"{os.path.basename(path)}:{i}"
-    return None
+def expect_lines(path):
+    """`file:line` of every line marked EXPECT-LINE (any of them may be named); [] when the
+    line is not the point (another process holds the GPU)."""
+    return [f"{os.path.basename(path)}:{i}" for i, line in enumerate(open(path), 1) if "EXPECT-LINE" in line]
 
 
 def dumps_in(d):
@@ -134,13 +133,17 @@ def score(case, launcher, bare, result, d, line):
         m = re.search(r"^truth: (\w+)", bare[2], re.M)
         right = {m.group(1)} if m else set()
         row["truth"] = m.group(1) if m else None
+        if row["truth"] == "own_allocations":
+            # Not fragmentation by torch's account; the kept cache entries also make it a leak.
+            right |= case.final
     row["verdict"] = final["verdict"]["kind"]
     row["verdicts"] = [d["verdict"]["kind"] for _, d in stood]
     row["verdict_ok"] = row["verdict"] in right and (case.kinds is None or set(row["verdicts"]) <= case.kinds)
     row["headline"] = top.get("headline", "")[:300]
     row["line"] = line
     base = os.path.splitext(os.path.basename(case.program))[0]
-    row["line_ok"] = line is not None and (line in row["headline"] or line in final["verdict"].get("summary", ""))
+    # Named in the headline (the first line a user reads): None when no line is expected.
+    row["line_ok"] = any(l in row["headline"] for l in line) if line else None
     # stderr: one summary per stood dump, in order; the last says the final dump's top finding.
     lines = summaries(err)
     said = lines[-1] if lines else ""
@@ -174,7 +177,7 @@ def main():
         if only and case.name not in only:
             continue
         src = os.path.join(HERE, case.program)
-        line = expect_line(src)
+        line = expect_lines(src)
         if case.build:
             exe = os.path.join(work, case.name)
             b = run(["nvcc", "-O2", "-g", *case.build, "-o", exe, src], {}, 240)
@@ -227,7 +230,7 @@ def main():
     for r in scored:
         print(f"{r['case']:24} {r['launcher']:8} {'Y' if r.get('output_unchanged') else 'N':4} "
               f"{'Y' if r.get('dump_ok') else 'N':4} {str(r.get('verdict')):24} {'Y' if r.get('verdict_ok') else 'N':3} "
-              f"{'Y' if r.get('line_ok') else 'N':4} {'Y' if r.get('agree') else 'N':5}")
+              f"{({True: 'Y', False: 'N'}).get(r.get('line_ok'), '-'):4} {'Y' if r.get('agree') else 'N':5}")
     by = {}
     for r in scored:
         s = by.setdefault(r["launcher"], [0, 0, 0, 0, 0, 0])
@@ -235,7 +238,7 @@ def main():
         s[1] += bool(r.get("output_unchanged"))
         s[2] += bool(r.get("dump_ok"))
         s[3] += bool(r.get("verdict_ok"))
-        s[4] += bool(r.get("line_ok"))
+        s[4] += r.get("line_ok") is not False
         s[5] += bool(r.get("agree"))
     print()
     print(f"{'launcher':8} {'runs':>4} {'output':>7} {'dumps':>6} {'verdict':>8} {'line':>5} {'agree':>6}")

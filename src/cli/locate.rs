@@ -1,0 +1,200 @@
+//! Where the CLI finds `liboomshim.so` for `run` and `demo`. The same places serve every way the
+//! CLI is installed: a cargo build (`target/release/`, or `target/release/deps/` where
+//! `cargo run` leaves the library), the wheel (the library inside the `oomshim` Python package,
+//! the CLI in the environment's `bin/`), or anywhere by `--lib` / `OOMSHIM_LIB`.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// File name of the shim library.
+pub const LIB_NAME: &str = "liboomshim.so";
+
+/// The environment variable that names the library (also read by `oomshim.torch`).
+pub const LIB_ENV: &str = "OOMSHIM_LIB";
+
+/// The library to preload, by this rule (first match wins):
+///
+/// 1. `--lib PATH` (it must exist);
+/// 2. `OOMSHIM_LIB` when set (it must exist: a wrong explicit setting is an error, never
+///    silently replaced by another copy);
+/// 3. `liboomshim.so` next to the binary, or in `deps/` beside it — the newer of the two, since
+///    `cargo run` rebuilds only the `deps/` copy and would otherwise leave a stale one in front;
+/// 4. the `oomshim` Python package of the prefix the binary is installed in
+///    (`BIN/../lib/python3.*/site-packages/oomshim/liboomshim.so`, where the wheel puts it).
+///
+/// The error names every place tried.
+pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot locate the oomshim binary: {e}"))?;
+    find_library_from(explicit, std::env::var_os(LIB_ENV), &exe)
+}
+
+/// [`find_library`] with its inputs given: testable without touching the process.
+pub fn find_library_from(
+    explicit: Option<&Path>,
+    env_lib: Option<OsString>,
+    exe: &Path,
+) -> Result<PathBuf, String> {
+    if let Some(p) = explicit {
+        return std::fs::canonicalize(p).map_err(|e| format!("--lib {}: {e}", p.display()));
+    }
+    if let Some(v) = env_lib.filter(|v| !v.is_empty()) {
+        let p = PathBuf::from(&v);
+        return if p.is_file() {
+            std::fs::canonicalize(&p).map_err(|e| format!("{LIB_ENV}={}: {e}", p.display()))
+        } else {
+            Err(format!("{LIB_ENV}={} does not name a file", p.display()))
+        };
+    }
+    let mut tried = vec![format!("{LIB_ENV} (unset)")];
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let beside = [dir.join(LIB_NAME), dir.join("deps").join(LIB_NAME)];
+    let newest = beside
+        .iter()
+        .filter_map(|p| Some((std::fs::metadata(p).ok()?.modified().ok()?, p)))
+        .filter(|(_, p)| p.is_file())
+        .max_by_key(|(t, _)| *t);
+    if let Some((_, p)) = newest {
+        return Ok(p.clone());
+    }
+    tried.extend(beside.iter().map(|p| p.display().to_string()));
+    let (found, pattern) = in_python_prefix(dir);
+    if let Some(p) = found {
+        return Ok(p);
+    }
+    tried.push(pattern);
+    Err(format!(
+        "{LIB_NAME} not found; tried {}. Build it with `cargo build --release`, install the \
+         wheel (README: Install), or pass --lib PATH / set {LIB_ENV}",
+        tried.join(", ")
+    ))
+}
+
+/// `liboomshim.so` in the `oomshim` package of the Python prefix whose `bin/` is `bin_dir`, and
+/// the pattern searched (for the error message).
+fn in_python_prefix(bin_dir: &Path) -> (Option<PathBuf>, String) {
+    let prefix = bin_dir.parent().unwrap_or(bin_dir);
+    let pattern = prefix
+        .join("lib/python3.*/site-packages/oomshim")
+        .join(LIB_NAME)
+        .display()
+        .to_string();
+    let mut candidates = Vec::new();
+    for lib in ["lib", "lib64"] {
+        let Ok(entries) = std::fs::read_dir(prefix.join(lib)) else {
+            continue;
+        };
+        for entry in entries.filter_map(|e| e.ok()) {
+            if !entry.file_name().to_string_lossy().starts_with("python3") {
+                continue;
+            }
+            // Debian's system Python installs into dist-packages.
+            for packages in ["site-packages", "dist-packages"] {
+                let p = entry.path().join(packages).join("oomshim").join(LIB_NAME);
+                if p.is_file() {
+                    candidates.push(p);
+                }
+            }
+        }
+    }
+    // Several Python versions in one prefix: the highest version's copy, deterministically.
+    candidates.sort();
+    (candidates.pop(), pattern)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn touch(p: &Path) {
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, b"").unwrap();
+    }
+
+    #[test]
+    fn explicit_library_must_exist() {
+        let err = find_library_from(
+            Some(Path::new("/nonexistent/liboomshim.so")),
+            None,
+            Path::new("/x/oomshim"),
+        )
+        .unwrap_err();
+        assert!(err.contains("/nonexistent/liboomshim.so"), "{err}");
+    }
+
+    #[test]
+    fn oomshim_lib_wins_over_the_copies_beside_and_must_exist() {
+        let t = tempfile::tempdir().unwrap();
+        let exe = t.path().join("release/oomshim");
+        touch(&t.path().join("release/liboomshim.so"));
+        let mine = t.path().join("mine.so");
+        touch(&mine);
+        let got = find_library_from(None, Some(mine.clone().into()), &exe).unwrap();
+        assert_eq!(got, fs::canonicalize(&mine).unwrap());
+        let err = find_library_from(None, Some("/nope/liboomshim.so".into()), &exe).unwrap_err();
+        assert_eq!(err, "OOMSHIM_LIB=/nope/liboomshim.so does not name a file");
+    }
+
+    #[test]
+    fn cargo_run_layout_finds_the_newer_of_beside_and_deps() {
+        let t = tempfile::tempdir().unwrap();
+        let exe = t.path().join("release/oomshim");
+        let deps = t.path().join("release/deps/liboomshim.so");
+        touch(&deps);
+        // `cargo run`: only deps/ has the library.
+        assert_eq!(find_library_from(None, None, &exe).unwrap(), deps);
+        // An older copy beside the binary (an earlier `cargo build`) must not shadow it.
+        let beside = t.path().join("release/liboomshim.so");
+        touch(&beside);
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        fs::File::options()
+            .write(true)
+            .open(&beside)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        assert_eq!(find_library_from(None, None, &exe).unwrap(), deps);
+        fs::File::options()
+            .write(true)
+            .open(&deps)
+            .unwrap()
+            .set_modified(old - std::time::Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(find_library_from(None, None, &exe).unwrap(), beside);
+    }
+
+    #[test]
+    fn a_wheel_install_finds_the_library_in_the_python_package() {
+        let t = tempfile::tempdir().unwrap();
+        let exe = t.path().join("venv/bin/oomshim");
+        let lib = t
+            .path()
+            .join("venv/lib/python3.12/site-packages/oomshim/liboomshim.so");
+        touch(&lib);
+        assert_eq!(find_library_from(None, None, &exe).unwrap(), lib);
+    }
+
+    #[test]
+    fn the_error_names_every_place_tried() {
+        let t = tempfile::tempdir().unwrap();
+        let exe = t.path().join("bin/oomshim");
+        let err = find_library_from(None, None, &exe).unwrap_err();
+        for place in [
+            "OOMSHIM_LIB (unset)".to_string(),
+            t.path().join("bin/liboomshim.so").display().to_string(),
+            t.path()
+                .join("bin/deps/liboomshim.so")
+                .display()
+                .to_string(),
+            t.path()
+                .join("lib/python3.*/site-packages/oomshim/liboomshim.so")
+                .display()
+                .to_string(),
+            "--lib PATH".to_string(),
+        ] {
+            assert!(err.contains(&place), "{place} missing from: {err}");
+        }
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
