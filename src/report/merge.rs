@@ -84,8 +84,10 @@ fn json_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// Named `*.json`. Whether it is a regular file is decided by the reader, on the descriptor it
+/// opened (a FIFO or device planted under such a name is refused there, without blocking).
 fn is_json(p: &Path) -> bool {
-    p.is_file() && p.extension().is_some_and(|x| x == "json")
+    p.extension().is_some_and(|x| x == "json")
 }
 
 /// Reads every dump under `dir`. Foreign JSON files are skipped quietly; broken dumps are listed
@@ -97,7 +99,8 @@ pub fn merge_dir(dir: &Path) -> Result<Merged, String> {
     for f in files {
         match read_dump(&f) {
             Ok(d) => rows.push(row(f, &d)),
-            Err(DumpError::WrongSchema { .. }) => {}
+            // Not dumps: foreign JSON, and FIFOs, devices or directories named like one.
+            Err(DumpError::WrongSchema { .. } | DumpError::NotRegular { .. }) => {}
             Err(e) => problems.push(e.to_string()),
         }
     }

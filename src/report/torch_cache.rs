@@ -6,6 +6,7 @@
 
 use super::units::{human_bytes, percent};
 use crate::dump::model::{Dump, FreeBlocks, HistogramBin};
+use crate::dump::read::Links;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -48,13 +49,18 @@ pub struct CacheSummary {
 }
 
 /// Files the hook writes are small; anything larger is not one of them.
-const MAX_BYTES: u64 = 64 << 20;
+pub const MAX_BYTES: u64 = 64 << 20;
 
+/// A side file, if `path` is one: a regular file (never a FIFO or device, and never through a
+/// symlink: it is found by name in a directory others may write to), at most [`MAX_BYTES`].
 fn read(path: &Path) -> Option<TorchCache> {
-    if std::fs::metadata(path).ok()?.len() > MAX_BYTES {
-        return None;
-    }
-    let c: TorchCache = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    let bytes = crate::dump::read::read_bounded(path, MAX_BYTES, Links::Refuse).ok()?;
+    parse(&bytes)
+}
+
+/// A side file's bytes as its summary, when they are one.
+pub fn parse(bytes: &[u8]) -> Option<TorchCache> {
+    let c: TorchCache = serde_json::from_slice(bytes).ok()?;
     (c.schema == SCHEMA).then_some(c)
 }
 
