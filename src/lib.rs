@@ -14,6 +14,7 @@ pub mod ledger;
 pub mod pystack;
 pub mod report;
 pub mod runtime;
+mod signals;
 pub mod stacks;
 pub mod testbed;
 pub mod verdict;

@@ -194,3 +194,133 @@ fn a_torch_side_file_that_links_elsewhere_is_not_followed() {
         text(&o.stdout)
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// 3. output files: planted symlinks and permission bits
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+#[test]
+fn export_never_writes_through_a_symlink_planted_at_its_temporary_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    fs::write(&victim, b"precious").unwrap();
+    let out = dir.path().join("snap.pickle");
+    // The old temporary name was OUT.tmp-PID (out.with_extension): plant it for many pids.
+    let last: u32 = fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1);
+    for pid in last + 1..last + 3000 {
+        std::os::unix::fs::symlink(&victim, dir.path().join(format!("snap.tmp-{pid}"))).unwrap();
+    }
+    let o = oomshim(&[
+        "export",
+        fixture("oom_own_allocations.json").to_str().unwrap(),
+        "--memory-viz",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(
+        fs::read(&victim).unwrap() == b"precious",
+        "written through a planted symlink"
+    );
+    let meta = fs::symlink_metadata(&out).unwrap();
+    assert!(meta.file_type().is_file(), "the output is a regular file");
+    // Every planted link is still a link to the victim; nothing else was left behind.
+    let extra: Vec<String> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "victim" && n != "snap.pickle" && !n.starts_with("snap.tmp-"))
+        .collect();
+    assert!(extra.is_empty(), "{extra:?}");
+}
+
+#[test]
+fn html_reports_and_pickles_inherit_the_dumps_permission_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    // The usual umask would make a fresh file 0644: it must not decide.
+    let dump = dir.path().join("dump.json");
+    for (dump_mode, want) in [
+        (0o600, 0o600),
+        (0o640, 0o640),
+        (0o644, 0o644),
+        (0o400, 0o600),
+    ] {
+        fs::copy(fixture("oom_own_allocations.json"), &dump).unwrap();
+        fs::set_permissions(&dump, fs::Permissions::from_mode(dump_mode)).unwrap();
+        let html = dir.path().join("r.html");
+        let pickle = dir.path().join("s.pickle");
+        let o = oomshim(&[
+            "report",
+            dump.to_str().unwrap(),
+            "--html",
+            html.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        let o = oomshim(&[
+            "export",
+            dump.to_str().unwrap(),
+            "--memory-viz",
+            pickle.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        for out in [&html, &pickle] {
+            let mode = fs::metadata(out).unwrap().mode() & 0o7777;
+            assert_eq!(
+                mode,
+                want,
+                "{} from a {dump_mode:o} dump is {mode:o}",
+                out.display()
+            );
+        }
+        fs::set_permissions(&dump, fs::Permissions::from_mode(0o600)).unwrap();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 15. RLIMIT_FSIZE
+
+use std::os::unix::process::CommandExt;
+
+#[test]
+fn rlimit_fsize_fails_html_and_export_cleanly_and_leaves_no_temporary_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    fs::create_dir(&out).unwrap();
+    let dump = fixture("oom_own_allocations.json");
+    for args in [
+        vec![
+            "report".to_string(),
+            dump.display().to_string(),
+            "--html".into(),
+            out.join("r.html").display().to_string(),
+        ],
+        vec![
+            "export".to_string(),
+            dump.display().to_string(),
+            "--memory-viz".into(),
+            out.join("s.pickle").display().to_string(),
+        ],
+    ] {
+        let mut cmd = cli();
+        cmd.args(&args);
+        unsafe {
+            cmd.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 1000,
+                    rlim_max: 1000,
+                };
+                libc::setrlimit(libc::RLIMIT_FSIZE, &lim);
+                Ok(())
+            });
+        }
+        let o = wait_with_watchdog(cmd, Duration::from_secs(60));
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {:?} {err}", o.status);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("File too large"), "{err}");
+        let left: Vec<_> = fs::read_dir(&out).unwrap().collect();
+        assert!(left.is_empty(), "{args:?} left {left:?}");
+    }
+}

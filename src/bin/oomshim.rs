@@ -101,8 +101,19 @@ fn fail(msg: &str, code: i32) -> ExitCode {
     ExitCode::from(code as u8)
 }
 
+/// A file write beyond `RLIMIT_FSIZE` raises SIGXFSZ, whose default action kills the process
+/// and leaves a half-written temporary file. Ignored, the write fails with EFBIG instead: the
+/// writer removes its temporary file and the error is reported. Not for `run` and `demo`: an
+/// ignored signal stays ignored across `exec`, and the program must start as it would bare.
+fn ignore_sigxfsz() {
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
+    if !matches!(args.command, Cmd::Run { .. } | Cmd::Demo { .. }) {
+        ignore_sigxfsz();
+    }
     match args.command {
         Cmd::Run {
             dir,

@@ -5,10 +5,22 @@
 pub mod demo;
 pub mod run;
 
+use crate::report::units::clean_path;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 /// Exit code for unreadable or invalid input files.
 pub const EXIT_BAD_INPUT: i32 = 2;
+
+/// Permission bits for a file made from the dump at `input` (an HTML report, a pickle): what
+/// the dump's owner may do, and no more for anyone else than the dump allows (its read bits).
+/// A dump can hold secrets (the command line), so its 0600 must not become a report's 0644;
+/// the umask has no say. Owner read/write always, so the file can be replaced later.
+pub fn output_mode(input: &Path) -> u32 {
+    std::fs::metadata(input)
+        .map(|m| 0o600 | (m.mode() & 0o044))
+        .unwrap_or(0o600)
+}
 
 /// `oomshim report`: prints a dump as text or as the JSON report model. PyTorch's own summary of
 /// its cache, saved by the `oomshim run` Python hook next to the dump, is merged in when found.
@@ -67,9 +79,9 @@ fn report_html_inner(path: &Path, out: &Path) -> Result<String, String> {
     if let Some((_, cache)) = crate::report::torch_cache::find_for(path, &dump) {
         crate::report::torch_cache::apply(&mut dump, &cache);
     }
-    crate::report::html::write_html(&dump, out)
-        .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
-    Ok(format!("wrote {}\n", out.display()))
+    crate::report::html::write_html_with_mode(&dump, out, output_mode(path))
+        .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
+    Ok(format!("wrote {}\n", clean_path(out)))
 }
 
 /// `oomshim diff A B`: growth and shrinkage by site between two dumps.
@@ -116,16 +128,11 @@ pub fn export_memory_viz(dump: &Path, out: &Path) -> Result<String, String> {
 fn export_memory_viz_inner(dump: &Path, out: &Path) -> Result<String, String> {
     let d = crate::dump::read::read_dump(dump).map_err(|e| e.to_string())?;
     let bytes = crate::report::export::memory_viz(&d)?;
-    let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::write(&tmp, &bytes)
-        .and_then(|_| std::fs::rename(&tmp, out))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            format!("cannot write {}: {e}", out.display())
-        })?;
+    crate::dump::write::write_file_atomically(out, &bytes, output_mode(dump))
+        .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
     Ok(format!(
         "wrote {} ({} segments); open it at https://pytorch.org/memory_viz or with torch.cuda._memory_viz\n",
-        out.display(),
+        clean_path(out),
         d.largest_holders.len()
     ))
 }
