@@ -324,3 +324,41 @@ fn rlimit_fsize_fails_html_and_export_cleanly_and_leaves_no_temporary_file() {
         assert!(left.is_empty(), "{args:?} left {left:?}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// 12. allocations sized by a dump's values
+
+use serde_json::Value;
+
+fn fixture_json(name: &str) -> Value {
+    serde_json::from_slice(&fs::read(fixture(name)).unwrap()).unwrap()
+}
+
+#[test]
+fn a_device_index_of_i32_max_costs_no_huge_allocation_anywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut v = fixture_json("oom_own_allocations.json");
+    for d in v["devices"].as_array_mut().unwrap() {
+        d["index"] = json!(i32::MAX);
+    }
+    v["failed_request"]["device"] = json!(i32::MAX);
+    for h in v["largest_holders"].as_array_mut().unwrap() {
+        h["device"] = json!(i32::MAX);
+    }
+    let dump = dir.path().join("big-index.json");
+    fs::write(&dump, serde_json::to_vec(&v).unwrap()).unwrap();
+    let d = dump.to_str().unwrap();
+    let out = dir.path().join("o");
+    let o = out.to_str().unwrap();
+    for args in [
+        vec!["export", d, "--memory-viz", o],
+        vec!["report", d],
+        vec!["report", d, "--json"],
+        vec!["report", d, "--html", o],
+        vec!["diff", d, d],
+        vec!["merge", dir.path().to_str().unwrap()],
+    ] {
+        let o = oomshim(&args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", text(&o.stderr));
+    }
+}

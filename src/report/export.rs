@@ -94,19 +94,30 @@ fn segment(h: &Holder) -> Segment {
     }
 }
 
-/// The snapshot pickle (protocol 3) for `dump`.
+/// Device ordinals the snapshot has trace lists for: torch's snapshot holds one (empty here)
+/// list per device, indexed by ordinal, so the count follows the highest ordinal, not the
+/// number of devices. A dump's ordinal is only a number in a file: a hostile 2147483647 must
+/// not make a list of 2^31 lists (48 GiB). No machine has more GPUs than this.
+pub const MAX_DEVICES: usize = 1024;
+
+/// The snapshot pickle (protocol 3) for `dump`. Holders on devices at or beyond
+/// [`MAX_DEVICES`] (only in a corrupt or hostile dump) are left out.
 pub fn memory_viz(dump: &Dump) -> Result<Vec<u8>, String> {
+    let on_a_device = |d: i32| d >= 0 && (d as usize) < MAX_DEVICES;
     let devices = dump
         .devices
         .iter()
-        .map(|d| d.index.max(0) as usize + 1)
+        .map(|d| d.index)
+        .chain(dump.largest_holders.iter().map(|h| h.device))
+        .filter(|&d| on_a_device(d))
+        .map(|d| d as usize + 1)
         .max()
         .unwrap_or(1);
     let snapshot = Snapshot {
         segments: dump
             .largest_holders
             .iter()
-            .filter(|h| h.device >= 0)
+            .filter(|h| on_a_device(h.device))
             .map(segment)
             .collect(),
         device_traces: vec![Vec::new(); devices],
