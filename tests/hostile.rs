@@ -362,3 +362,214 @@ fn a_device_index_of_i32_max_costs_no_huge_allocation_anywhere() {
         assert_eq!(o.status.code(), Some(0), "{args:?}: {}", text(&o.stderr));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// 13. terminal escapes from dumps and file names
+
+use oomshim::dump::read::parse_dump;
+use oomshim::testbed;
+
+/// A compiled test client run under the shim, with `cwd` and extra environment.
+fn client(name: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(testbed::client(name));
+    cmd.args(args)
+        .env_remove("OOMSHIM_DIR")
+        .env("OOMSHIM_SETTLE", "0.2s")
+        .env("LD_PRELOAD", shim_lib())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+fn json_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Escape sequences, control characters and C1 controls (U+009B is CSI for many terminals).
+const HOSTILE: &str = "\x1b]0;pwned\x07\x1b[2J\u{9b}31m\r\x08\x7f\t\nZ";
+
+/// True for any character a terminal may interpret, other than the newline ending a line.
+fn is_terminal_control(c: char) -> bool {
+    c != '\n' && c.is_control()
+}
+
+fn assert_no_terminal_controls(what: &str, bytes: &[u8]) {
+    let s = std::str::from_utf8(bytes).unwrap_or_else(|e| panic!("{what}: not UTF-8: {e}"));
+    if let Some((i, c)) = s.char_indices().find(|&(_, c)| is_terminal_control(c)) {
+        let from = s[..i].rfind('\n').map_or(0, |n| n + 1);
+        panic!(
+            "{what}: control character {c:?} reaches the terminal, in the line {:?}",
+            &s[from..(i + 40).min(s.len())]
+        );
+    }
+}
+
+/// Every string of `v` with the hostile payload appended, where the dump still parses with it
+/// (strings that are enum-like keep their values).
+fn poison_strings(v: &mut Value) {
+    fn pointers(v: &Value, at: String, out: &mut Vec<String>) {
+        match v {
+            Value::String(_) => out.push(at),
+            Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    pointers(x, format!("{at}/{i}"), out);
+                }
+            }
+            Value::Object(o) => {
+                for (k, x) in o {
+                    pointers(
+                        x,
+                        format!("{at}/{}", k.replace('~', "~0").replace('/', "~1")),
+                        out,
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    pointers(v, String::new(), &mut all);
+    for p in all {
+        if p == "/schema" {
+            continue;
+        }
+        let old = v.pointer(&p).cloned().unwrap();
+        let new = format!("{}{HOSTILE}", old.as_str().unwrap());
+        *v.pointer_mut(&p).unwrap() = Value::String(new);
+        let bytes = serde_json::to_vec(v).unwrap();
+        if parse_dump(&bytes, Path::new("x")).is_err() {
+            *v.pointer_mut(&p).unwrap() = old;
+        }
+    }
+}
+
+/// A real dump from the shim (growth, config, host memory, verdict findings), with NVML's
+/// process table and the free-block state filled in, every string poisoned.
+fn hostile_dump(dir: &Path) -> Value {
+    let dumps = dir.join("src");
+    let o = wait_with_watchdog(
+        client(
+            "steps_leak",
+            &[],
+            &[
+                ("SIMCUDA_CAPACITY", "1G"),
+                ("OOMSHIM_DIR", dumps.to_str().unwrap()),
+                ("OOMSHIM_SETTLE", "0"),
+            ],
+        ),
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let path = json_files(&dumps).into_iter().next().expect("a dump");
+    let mut v: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    v["gpu_processes"] = json!({
+        "device": 0, "matched_by": "index",
+        "processes": [{"pid": 7, "name": "other", "used_bytes": 1024, "relation": "other_user"}],
+    });
+    v["process"]["command_line"] = json!(["python", "train.py"]);
+    v["config"]["env"]["PYTORCH_CUDA_ALLOC_CONF"] = json!("expandable_segments:False");
+    poison_strings(&mut v);
+    v
+}
+
+#[test]
+fn no_terminal_control_reaches_stdout_or_stderr_from_any_subcommand() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = hostile_dump(dir.path());
+    let host = v["process"]["host"].as_str().unwrap().to_string();
+    let pid = v["process"]["pid"].as_u64().unwrap();
+    assert!(host.contains('\x1b'), "the host name was poisoned");
+    let jobs = dir.path().join(format!("job{HOSTILE}"));
+    fs::create_dir(&jobs).unwrap();
+    // Two ranks, so merge prints its balance lines (with the host names in them).
+    let a = jobs.join(format!("oomshim-{HOSTILE}-a.json"));
+    fs::write(&a, serde_json::to_vec(&v).unwrap()).unwrap();
+    let mut w = v.clone();
+    w["process"]["pid"] = json!(pid + 1);
+    w["process"]["rank"] = json!(1);
+    w["reason"] = json!("snapshot");
+    for d in w["devices"].as_array_mut().unwrap() {
+        d["peak_tracked_bytes"] = json!(1);
+    }
+    let b = jobs.join("b.json");
+    fs::write(&b, serde_json::to_vec(&w).unwrap()).unwrap();
+    // A broken dump and a torch side file of the first process, both hostile too.
+    fs::write(
+        jobs.join(format!("broken{HOSTILE}.json")),
+        br#"{"schema": "oomshim.dump/1", "reason""#,
+    )
+    .unwrap();
+    let side = json!({
+        "schema": "oomshim.torch/1", "pid": pid, "host": host, "device": 0, "request_bytes": 1,
+        "time_unix_ms": v["time_unix_ms"], "alloc_conf": format!("expandable{HOSTILE}"),
+        "snapshot_file": format!("snap{HOSTILE}.pickle"), "torch_version": format!("2.11{HOSTILE}"),
+        "cache": {"segments": 1, "reserved_bytes": 1, "allocated_bytes": 0, "total_free_bytes": 1,
+                  "largest_free_bytes": 1, "inactive_split_bytes": 0, "histogram": []}
+    });
+    fs::write(
+        jobs.join(format!("oomshim-torch-{host}-{pid}-1.json")),
+        serde_json::to_vec(&side).unwrap(),
+    )
+    .unwrap();
+    let missing = jobs.join(format!("missing{HOSTILE}.json"));
+    let html = jobs.join(format!("r{HOSTILE}.html"));
+    let pickle = jobs.join(format!("s{HOSTILE}.pickle"));
+    let (a, b, j) = (
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        jobs.to_str().unwrap(),
+    );
+    let (m, h, p) = (
+        missing.to_str().unwrap(),
+        html.to_str().unwrap(),
+        pickle.to_str().unwrap(),
+    );
+    let nodir = format!("{j}/no{HOSTILE}dir/r.html");
+    let runs: Vec<Vec<&str>> = vec![
+        vec!["report", a],
+        vec!["report", a, "--top", "100"],
+        vec!["report", a, "--html", h],
+        vec!["report", m],
+        vec!["report", j],
+        vec!["diff", a, b],
+        vec!["diff", b, a],
+        vec!["diff", a, m],
+        vec!["export", a, "--memory-viz", p],
+        vec!["export", m, "--memory-viz", p],
+        vec!["merge", j],
+        vec!["merge", m],
+        vec!["report", a, "--html", &nodir],
+        vec!["run", "--", m],
+    ];
+    for args in &runs {
+        let o = oomshim(args);
+        let code = o.status.code();
+        assert!(
+            matches!(code, Some(0..=2) | Some(125..=127)),
+            "{args:?}: {code:?}"
+        );
+        assert_no_terminal_controls(&format!("{args:?} stdout"), &o.stdout);
+        assert_no_terminal_controls(&format!("{args:?} stderr"), &o.stderr);
+        if code != Some(0) {
+            assert_eq!(text(&o.stderr).lines().count(), 1, "{args:?}: one line");
+        }
+    }
+    // The hostile strings were printed (escaped), not dropped: the test is not vacuous.
+    let o = oomshim(&["report", a]);
+    assert!(text(&o.stdout).contains("\\u{1b}"), "{}", text(&o.stdout));
+    let o = oomshim(&["merge", j]);
+    assert!(text(&o.stdout).contains("Balance"), "{}", text(&o.stdout));
+}

@@ -96,8 +96,10 @@ fn color_wanted() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
+/// One line on stderr, whatever the message holds (file names and dump strings can carry
+/// newlines and escape sequences: shown escaped), then the exit status.
 fn fail(msg: &str, code: i32) -> ExitCode {
-    eprintln!("oomshim: error: {msg}");
+    eprintln!("oomshim: error: {}", oomshim::report::units::clean(msg));
     ExitCode::from(code as u8)
 }
 
@@ -203,7 +205,7 @@ fn main() -> ExitCode {
                     eprintln!(
                         "oomshim demo: the client exited with status {}; its dump is {}\n",
                         out.client_exit,
-                        out.dump.display()
+                        oomshim::report::units::clean_path(&out.dump)
                     );
                     match cli::report(&out.dump, 10, false, color_wanted()) {
                         Ok(text) => {

@@ -37,7 +37,7 @@ fn with_progress<R>(what: &str, input: &Path, f: impl FnOnce() -> R) -> R {
         return f();
     }
     let spinner = indicatif::ProgressBar::new_spinner();
-    spinner.set_message(format!("{what} {}", input.display()));
+    spinner.set_message(format!("{what} {}", clean_path(input)));
     spinner.enable_steady_tick(std::time::Duration::from_millis(100));
     let r = f();
     spinner.finish_and_clear();
@@ -103,9 +103,13 @@ pub fn diff(before: &Path, after: &Path, top: usize, json: bool) -> Result<Strin
 pub fn merge(dir: &Path, json: bool) -> Result<String, String> {
     let m = crate::report::merge::merge_dir(dir)?;
     if m.rows.is_empty() {
-        let mut msg = format!("no oomshim dumps in {}", dir.display());
+        let mut msg = format!("no oomshim dumps in {}", clean_path(dir));
         if let Some(p) = m.problems.first() {
-            msg.push_str(&format!(" ({} unreadable, e.g. {p})", m.problems.len()));
+            msg.push_str(&format!(
+                " ({} unreadable, e.g. {})",
+                m.problems.len(),
+                crate::report::units::clean(p)
+            ));
         }
         return Err(msg);
     }

@@ -93,7 +93,7 @@ fn is_json(p: &Path) -> bool {
 /// Reads every dump under `dir`. Foreign JSON files are skipped quietly; broken dumps are listed
 /// in `problems`. An unreadable directory is an error.
 pub fn merge_dir(dir: &Path) -> Result<Merged, String> {
-    let files = json_files(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let files = json_files(dir).map_err(|e| format!("{}: {e}", super::units::clean_path(dir)))?;
     let mut rows = Vec::new();
     let mut problems = Vec::new();
     for f in files {
@@ -120,10 +120,12 @@ pub fn merge_dir(dir: &Path) -> Result<Merged, String> {
     })
 }
 
+/// A process in words, for the balance lines (the host name comes from a dump: cleaned).
 fn who(r: &Row) -> String {
+    let host = super::units::truncate_middle(&super::units::clean(&r.host), 64);
     match r.rank {
-        Some(rank) => format!("rank {rank} ({} pid {})", r.host, r.pid),
-        None => format!("{} pid {}", r.host, r.pid),
+        Some(rank) => format!("rank {rank} ({host} pid {})", r.pid),
+        None => format!("{host} pid {}", r.pid),
     }
 }
 

@@ -4,7 +4,7 @@
 //! not the free blocks inside them; torch's snapshot has them, which is what tells fragmentation
 //! apart from plain exhaustion.
 
-use super::units::{human_bytes, percent};
+use super::units::{clean, clean_path, human_bytes, percent};
 use crate::dump::model::{Dump, FreeBlocks, HistogramBin};
 use crate::dump::read::Links;
 use serde::Deserialize;
@@ -121,7 +121,7 @@ pub fn describe(path: &Path, cache: &TorchCache) -> String {
     let c = &cache.cache;
     let mut out = format!(
         "PyTorch's cache when it raised OutOfMemoryError (from {})\n",
-        path.display()
+        clean_path(path)
     );
     out.push_str(&format!(
         "  reserved {} in {} segments; allocated {}; free inside the cache {} (largest block {}, {} of it in split segments)\n",
@@ -144,14 +144,15 @@ pub fn describe(path: &Path, cache: &TorchCache) -> String {
     out.push_str(&format!(
         "  PYTORCH_CUDA_ALLOC_CONF={}\n",
         if cache.alloc_conf.is_empty() {
-            "(not set)"
+            "(not set)".to_string()
         } else {
-            cache.alloc_conf.as_str()
+            clean(&cache.alloc_conf)
         }
     ));
     if let Some(f) = &cache.snapshot_file {
         out.push_str(&format!(
-            "  full snapshot: {f} (open it at https://pytorch.org/memory_viz)\n"
+            "  full snapshot: {} (open it at https://pytorch.org/memory_viz)\n",
+            clean(f)
         ));
     }
     out
