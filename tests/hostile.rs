@@ -573,3 +573,61 @@ fn no_terminal_control_reaches_stdout_or_stderr_from_any_subcommand() {
     let o = oomshim(&["merge", j]);
     assert!(text(&o.stdout).contains("Balance"), "{}", text(&o.stdout));
 }
+
+// ---------------------------------------------------------------------------------------------
+// 14. stdout errors
+
+use std::os::fd::{FromRawFd, OwnedFd};
+
+/// A pipe whose read end is already closed.
+fn dead_pipe() -> OwnedFd {
+    let mut fds = [0; 2];
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    unsafe {
+        libc::close(fds[0]);
+        OwnedFd::from_raw_fd(fds[1])
+    }
+}
+
+#[test]
+fn a_closed_pipe_or_a_full_disk_on_stdout_ends_cleanly_never_with_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::copy(
+        fixture("oom_own_allocations.json"),
+        dir.path().join("a.json"),
+    )
+    .unwrap();
+    let dump = dir.path().join("a.json");
+    let d = dump.to_str().unwrap();
+    let j = dir.path().to_str().unwrap();
+    for args in [
+        vec!["report", d],
+        vec!["report", d, "--json"],
+        vec!["diff", d, d],
+        vec!["merge", j],
+        vec!["merge", j, "--json"],
+    ] {
+        // `| head -1` that has gone: a broken pipe ends quietly with status 0.
+        let mut cmd = cli();
+        cmd.args(&args).stdout(Stdio::from(dead_pipe()));
+        let o = wait_with_watchdog(cmd, Duration::from_secs(60));
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", text(&o.stderr));
+        assert_eq!(text(&o.stderr), "", "{args:?}");
+        // `> /dev/full`: one line naming the problem, exit 1.
+        let mut cmd = cli();
+        cmd.args(&args).stdout(
+            fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        );
+        let o = wait_with_watchdog(cmd, Duration::from_secs(60));
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("stdout") && err.contains("No space left on device"),
+            "{err}"
+        );
+    }
+}
