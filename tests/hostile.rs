@@ -631,3 +631,41 @@ fn a_closed_pipe_or_a_full_disk_on_stdout_ends_cleanly_never_with_a_panic() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The GPU process table of a dump is paged
+
+#[test]
+fn a_gpu_process_table_of_5000_rows_shows_the_largest_and_counts_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut v = fixture_json("oom_own_allocations.json");
+    let processes: Vec<Value> = (0..5000u64)
+        .map(|i| {
+            json!({"pid": 10_000 + i, "name": format!("p{i}"), "used_bytes": (5000 - i) << 20,
+                   "relation": if i == 4321 { "this" } else { "other_user" }})
+        })
+        .collect();
+    v["gpu_processes"] = json!({"device": 0, "matched_by": "index", "processes": processes});
+    let dump = dir.path().join("d.json");
+    fs::write(&dump, serde_json::to_vec(&v).unwrap()).unwrap();
+    let o = oomshim(&["report", dump.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    // Table rows: "  PID  BYTES  NAME  RELATION" (the verdict names a few processes too).
+    let table_rows = |out: &str| {
+        out.lines()
+            .filter(|l| {
+                l.trim_start().starts_with(|c: char| c.is_ascii_digit())
+                    && l.ends_with("another user's")
+            })
+            .count()
+    };
+    let rows = table_rows(&out);
+    assert!((1..=20).contains(&rows), "{rows} rows:\n{out}");
+    assert!(out.contains("this process"), "this process is always shown");
+    assert!(out.contains("more processes"), "{out}");
+    let o = oomshim(&["report", dump.to_str().unwrap(), "--top", "3"]);
+    let out = text(&o.stdout);
+    assert_eq!(table_rows(&out), 3, "{out}");
+    assert!(out.contains("4,996 more processes"), "{out}");
+}
