@@ -669,3 +669,152 @@ fn a_gpu_process_table_of_5000_rows_shows_the_largest_and_counts_the_rest() {
     assert_eq!(table_rows(&out), 3, "{out}");
     assert!(out.contains("4,996 more processes"), "{out}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// 8 and 9. oomshim run: signals, library paths, exit codes
+
+use std::io::Write;
+
+/// `oomshim run -- count_signals`, started in its own process group; returns it with its stdout
+/// after "ready".
+fn run_counter() -> (std::process::Child, std::process::ChildStdout) {
+    let mut cmd = cli();
+    cmd.args(["run", "--"])
+        .arg(testbed::client("count_signals"))
+        .process_group(0);
+    let mut child = cmd.spawn().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut buf = [0u8; 6];
+    out.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ready\n");
+    (child, out)
+}
+
+fn counts_after(child: std::process::Child, mut out: std::process::ChildStdout) -> String {
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    rest.trim().to_string()
+}
+
+#[test]
+fn oomshim_run_delivers_a_signal_sent_to_its_process_group_exactly_once() {
+    let (child, out) = run_counter();
+    // As `timeout`, schedulers and `kill -TERM -PGID` send it: to the whole group.
+    assert_eq!(
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGTERM) },
+        0
+    );
+    assert_eq!(counts_after(child, out), "term 1 int 0");
+}
+
+#[test]
+fn oomshim_run_delivers_a_signal_sent_to_its_pid_exactly_once() {
+    let (child, out) = run_counter();
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(counts_after(child, out), "term 1 int 0");
+}
+
+#[test]
+fn ctrl_c_on_the_terminal_reaches_the_program_under_oomshim_run_exactly_once() {
+    let (mut master, mut slave) = (-1, -1);
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty");
+    let master = unsafe { fs::File::from_raw_fd(master) };
+    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    let mut cmd = cli();
+    cmd.args(["run", "--"])
+        .arg(testbed::client("count_signals"))
+        .stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::from(slave.try_clone().unwrap()))
+        .stderr(Stdio::from(slave.try_clone().unwrap()));
+    unsafe {
+        // A session of its own with the pty as controlling terminal: a terminal's foreground job.
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(slave);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    let mut reader = master.try_clone().unwrap();
+    while !text(&got).contains("ready") {
+        let n = reader.read(&mut buf).unwrap();
+        assert!(n > 0, "{}", text(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    (&master).write_all(&[0x03]).unwrap(); // Ctrl-C
+    while !text(&got).contains("term ") {
+        match reader.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    let status = child.wait().unwrap();
+    let out = text(&got);
+    assert!(out.contains("term 0 int 1"), "{out:?} ({status:?})");
+}
+
+#[test]
+fn oomshim_run_refuses_a_library_path_ld_so_would_split() {
+    for name in ["with space", "with:colon"] {
+        let dir = tempfile::tempdir().unwrap();
+        let libdir = dir.path().join(name);
+        fs::create_dir(&libdir).unwrap();
+        let lib = libdir.join("liboomshim.so");
+        fs::copy(shim_lib(), &lib).unwrap();
+        let dumps = dir.path().join("dumps");
+        let mut cmd = cli();
+        cmd.args(["run", "--lib"])
+            .arg(&lib)
+            .arg("--dir")
+            .arg(&dumps)
+            .arg("--")
+            .arg(testbed::client("leak_until_oom"))
+            .env("SIMCUDA_CAPACITY", "1G");
+        let o = wait_with_watchdog(cmd, Duration::from_secs(60));
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{name}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("LD_PRELOAD") && err.contains("spaces and colons"),
+            "{err}"
+        );
+        assert!(o.stdout.is_empty(), "the program did not run untracked");
+    }
+}
+
+#[test]
+fn oomshim_run_exits_126_for_a_program_that_cannot_run_and_127_for_a_missing_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("not-executable.sh");
+    fs::write(&script, "#!/bin/sh\necho ran\n").unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o644)).unwrap();
+    let o = oomshim(&["run", "--", script.to_str().unwrap()]);
+    // Root may execute a file without x bits only when some x bit is set: none is, so 126 too.
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("not-executable.sh"));
+    let o = oomshim(&["run", "--", dir.path().to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(126),
+        "a directory: {}",
+        text(&o.stderr)
+    );
+    let o = oomshim(&["run", "--", "no-such-program-oomshim-test"]);
+    assert_eq!(o.status.code(), Some(127), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stderr).lines().count(), 1);
+}

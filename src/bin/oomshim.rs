@@ -156,7 +156,7 @@ fn main() -> ExitCode {
         } => {
             let lib = match cli::run::find_library(lib.as_deref()) {
                 Ok(l) => l,
-                Err(e) => return fail(&e, 1),
+                Err(e) => return fail(&e, cli::run::EXIT_RUN_FAILED),
             };
             let opts = cli::run::RunOptions {
                 lib,
@@ -169,10 +169,9 @@ fn main() -> ExitCode {
                     vec![]
                 },
             };
-            match cli::run::run(&opts) {
-                Ok((_, code)) => ExitCode::from(code.clamp(0, 255) as u8),
-                Err(e) => fail(&e, 127),
-            }
+            // Returns only if the program could not be started.
+            let e = cli::run::exec(&opts);
+            fail(&e.message, e.code)
         }
         Cmd::Report {
             dump,

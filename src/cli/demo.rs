@@ -2,7 +2,7 @@
 //! with a classic leak runs against the bundled simulated CUDA device under the shim until it
 //! runs out of memory; the dump it leaves is then reported.
 
-use super::run::{run, RunOptions};
+use super::run::{spawn_and_wait, RunOptions};
 use crate::testbed::{DEMO_CLIENT, SIM_CUDART_SO};
 use std::ffi::OsString;
 use std::fs;
@@ -34,7 +34,7 @@ pub fn run_demo(lib: PathBuf, dump_dir: &Path) -> Result<DemoOutcome, String> {
     fs::create_dir_all(dump_dir)
         .map_err(|e| format!("cannot create {}: {e}", dump_dir.display()))?;
     let command = [client.clone().into_os_string()];
-    let (pid, client_exit) = run(&RunOptions {
+    let (pid, client_exit) = spawn_and_wait(&RunOptions {
         lib,
         torch_hook: false,
         dir: Some(dump_dir),
@@ -47,7 +47,8 @@ pub fn run_demo(lib: PathBuf, dump_dir: &Path) -> Result<DemoOutcome, String> {
             // The demo process exits right after its OOM; no need to wait for a retry.
             (OsString::from("OOMSHIM_SETTLE"), OsString::from("0.2s")),
         ],
-    })?;
+    })
+    .map_err(|e| e.message)?;
     let dump = find_dump_of(dump_dir, pid).ok_or_else(|| {
         format!(
             "the demo client (pid {pid}) left no dump in {}",
