@@ -818,3 +818,78 @@ fn oomshim_run_exits_126_for_a_program_that_cannot_run_and_127_for_a_missing_one
     assert_eq!(o.status.code(), Some(127), "{}", text(&o.stderr));
     assert_eq!(text(&o.stderr).lines().count(), 1);
 }
+
+// ---------------------------------------------------------------------------------------------
+// 1. demo: a planted work directory
+
+/// A shared library whose constructor leaves `marker` behind: what an attacker would plant as
+/// `libcuda.so.1` where the demo's simulated runtime looks for it ($ORIGIN).
+fn build_planted_library(dir: &Path, marker: &Path) -> PathBuf {
+    let src = dir.join("planted.c");
+    fs::write(
+        &src,
+        format!(
+            "#include <stdio.h>\n__attribute__((constructor)) static void planted(void) {{\n  \
+             FILE *f = fopen(\"{}\", \"w\"); if (f) {{ fputs(\"ran\", f); fclose(f); }}\n}}\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let lib = dir.join("libcuda.so.1");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let status = Command::new(cc)
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(status.success(), "building the planted library");
+    lib
+}
+
+#[test]
+fn demo_never_runs_code_from_a_work_directory_planted_in_tmpdir() {
+    let base = tempfile::tempdir().unwrap();
+    let tmpdir = base.path().join("tmp");
+    fs::create_dir(&tmpdir).unwrap();
+    let marker = base.path().join("planted-code-ran");
+    let lib = build_planted_library(base.path(), &marker);
+    // The demo's old work directory was $TMPDIR/oomshim-demo-PID: plant one for each of the
+    // next few thousand pids (hard links of the library, so this costs nothing).
+    let last: u32 = fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1);
+    let max: u32 = fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(32768);
+    let mut planted = 0;
+    for pid in (last + 1..last + 3000).map(|p| 300 + (p - 300) % (max - 300)) {
+        let d = tmpdir.join(format!("oomshim-demo-{pid}"));
+        if fs::create_dir(&d).is_ok() && fs::hard_link(&lib, d.join("libcuda.so.1")).is_ok() {
+            planted += 1;
+        }
+    }
+    assert!(planted > 2000);
+    let cwd = base.path().join("cwd");
+    fs::create_dir(&cwd).unwrap();
+    let mut cmd = cli();
+    cmd.arg("demo").env("TMPDIR", &tmpdir).current_dir(&cwd);
+    let o = wait_with_watchdog(cmd, Duration::from_secs(120));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(
+        !marker.exists(),
+        "the demo ran a library planted in $TMPDIR/oomshim-demo-PID"
+    );
+    // Its own work directory was fresh and is gone: only the planted ones are left.
+    let left: Vec<String> = fs::read_dir(&tmpdir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            !n.strip_prefix("oomshim-demo-")
+                .is_some_and(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
