@@ -303,7 +303,7 @@ pub fn fault() -> Fault {
     *FAULT.get_or_init(|| match std::env::var("OOMSHIM_FAULT") {
         Err(_) => Fault::None,
         Ok(v) => parse_fault(&v).unwrap_or_else(|| {
-            eprintln!(
+            crate::say!(
                 "oomshim: ignoring OOMSHIM_FAULT={v:?}: expected `panic-in-alloc[:N]` or \
                  `symbolize` (a test hook); using none"
             );

@@ -893,3 +893,109 @@ fn demo_never_runs_code_from_a_work_directory_planted_in_tmpdir() {
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// 5 and 6. the shim's stderr: a file that took over fd 2, a pipe nobody reads
+
+#[test]
+fn the_shim_never_writes_into_a_file_that_took_over_fd_2() {
+    for mode in ["closed-stderr", "closed-stderr-early"] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("program.log");
+        let o = wait_with_watchdog(
+            client(
+                "hostile_host",
+                &[mode, file.to_str().unwrap()],
+                &[
+                    ("SIMCUDA_CAPACITY", "1G"),
+                    ("OOMSHIM_DIR", dir.path().join("d").to_str().unwrap()),
+                ],
+            ),
+            Duration::from_secs(60),
+        );
+        assert!(o.status.success(), "{mode}: {:?}", o.status);
+        assert!(text(&o.stdout).contains("dump 0"), "{}", text(&o.stdout));
+        assert_eq!(
+            fs::read_to_string(&file).unwrap(),
+            "program line\n",
+            "{mode}: the shim wrote into the program's file"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs src/runtime/oom.rs's print_summary switched to runtime::say (the lead's file)"]
+fn the_oom_summary_never_lands_in_a_file_that_took_over_fd_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("program.log");
+    let o = wait_with_watchdog(
+        client(
+            "hostile_host",
+            &["closed-stderr", file.to_str().unwrap(), "oom"],
+            &[
+                ("SIMCUDA_CAPACITY", "1G"),
+                ("OOMSHIM_DIR", dir.path().join("d").to_str().unwrap()),
+                ("OOMSHIM_SETTLE", "0"),
+            ],
+        ),
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success());
+    assert!(text(&o.stdout).contains("oom 2"));
+    assert_eq!(fs::read_to_string(&file).unwrap(), "program line\n");
+}
+
+fn run_with_dead_stderr(mode: &str) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = client(
+        "hostile_host",
+        &[mode],
+        &[
+            ("SIMCUDA_CAPACITY", "1G"),
+            ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+            ("OOMSHIM_SETTLE", "0"),
+        ],
+    );
+    cmd.stderr(Stdio::from(dead_pipe()));
+    wait_with_watchdog(cmd, Duration::from_secs(60))
+}
+
+#[test]
+fn a_stderr_pipe_whose_reader_is_gone_never_kills_the_program() {
+    let o = run_with_dead_stderr("dump");
+    assert_eq!(o.status.code(), Some(0), "killed: {:?}", o.status);
+    assert_eq!(text(&o.stdout), "dump 0\ndone\n");
+}
+
+#[test]
+#[ignore = "needs src/runtime/oom.rs's print_summary switched to runtime::say (the lead's file)"]
+fn a_stderr_pipe_whose_reader_is_gone_never_kills_the_program_at_an_oom() {
+    let o = run_with_dead_stderr("oom");
+    assert_eq!(o.status.code(), Some(0), "killed: {:?}", o.status);
+    assert_eq!(text(&o.stdout), "oom 2\ndone\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// A 10 MB reason for oomshim_dump
+
+#[test]
+fn a_huge_hostile_dump_reason_is_bounded_and_sanitised() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = wait_with_watchdog(
+        client(
+            "hostile_host",
+            &["reason", "10000000"],
+            &[("OOMSHIM_DIR", dir.path().to_str().unwrap())],
+        ),
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success());
+    assert!(text(&o.stdout).contains("dump 0"));
+    assert!(o.stderr.len() < 4096, "{} bytes on stderr", o.stderr.len());
+    assert_no_terminal_controls("stderr", &o.stderr);
+    let dumps = json_files(dir.path());
+    assert_eq!(dumps.len(), 1);
+    let d = read_dump(&dumps[0]).unwrap();
+    assert!(d.reason.len() <= 1024, "{} bytes of reason", d.reason.len());
+    assert!(!d.reason.chars().any(char::is_control), "{:?}", d.reason);
+}

@@ -172,6 +172,19 @@ pub(crate) fn install_dump_signal(signo: i32, write_fd: i32) -> std::io::Result<
     Ok(())
 }
 
+/// What the shim notes the moment it is loaded, before the program's `main` can change it:
+/// the identity of fd 2, so the shim never writes into a file that later took that number
+/// (`runtime::say`). One `fstat`: nothing is allocated, nothing can fail loudly.
+extern "C" fn note_load_time_facts() {
+    let _ = catch_unwind(|| {
+        crate::runtime::say::note_stderr_at_load();
+    });
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static NOTE_LOAD_TIME_FACTS: extern "C" fn() = note_load_time_facts;
+
 /// `OOMSHIM_AT_EXIT`: a dump of what is still live when the program exits.
 extern "C" fn dump_at_exit() {
     let _ = catch_unwind(crate::runtime::at_exit_dump);

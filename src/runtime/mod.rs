@@ -7,6 +7,7 @@ pub mod allocator;
 mod assemble;
 mod growth;
 mod oom;
+pub mod say;
 
 pub use oom::OomEvent;
 
@@ -46,7 +47,9 @@ pub fn disabled() -> bool {
 /// Switches the shim to pass-through for the rest of the process, saying why once.
 pub fn disable(why: &str) {
     if !DISABLED.swap(true, Ordering::Relaxed) {
-        eprintln!("oomshim: {why}; tracking is off from here on, the program continues unchanged");
+        crate::say!(
+            "oomshim: {why}; tracking is off from here on, the program continues unchanged"
+        );
     }
 }
 
@@ -59,7 +62,7 @@ pub fn report_missing(name: &str) {
 /// One message per layer for the whole process: the first missing function names the problem.
 fn say_missing_once(said: &AtomicBool, name: &str, layer: &str, returns: &str) {
     if !said.swap(true, Ordering::Relaxed) {
-        eprintln!(
+        crate::say!(
             "oomshim: the real {name} was not found in this process (is the CUDA {layer} loaded?); \
              calls to it return {returns}"
         );
@@ -99,8 +102,10 @@ fn start_triggers(s: &'static Shim) {
                 .is_ok();
         match spawned.then(|| crate::ffi::install_dump_signal(signo, fds[1])) {
             Some(Ok(())) => tracing::debug!(signo, "dump signal installed"),
-            Some(Err(e)) => eprintln!("oomshim: OOMSHIM_SIGNAL: cannot install the handler ({e})"),
-            None => eprintln!("oomshim: OOMSHIM_SIGNAL: cannot start the dump thread"),
+            Some(Err(e)) => {
+                crate::say!("oomshim: OOMSHIM_SIGNAL: cannot install the handler ({e})")
+            }
+            None => crate::say!("oomshim: OOMSHIM_SIGNAL: cannot start the dump thread"),
         }
     }
     if let Some(every) = s.config.interval {
@@ -111,7 +116,7 @@ fn start_triggers(s: &'static Shim) {
                 crate::ffi::guarded(|| dump_now("interval", None, None, None));
             });
         if spawned.is_err() {
-            eprintln!("oomshim: OOMSHIM_INTERVAL: cannot start the dump thread");
+            crate::say!("oomshim: OOMSHIM_INTERVAL: cannot start the dump thread");
         }
     }
     if s.config.at_exit {
@@ -130,7 +135,7 @@ impl Shim {
     fn start() -> Shim {
         let (config, warnings) = Config::from_lookup(|k| std::env::var(k).ok());
         for w in &warnings {
-            eprintln!("oomshim: {w}");
+            crate::say!("oomshim: {w}");
         }
         crate::dump::write::set_file_mode(config.dump_mode);
         let _ = crate::config::fault(); // the test hook is read once, now
@@ -421,7 +426,7 @@ pub fn record_oom(event: OomEvent) {
 pub fn record_pinned_failure(api: Api, bytes: u64) {
     let Some(s) = shim() else { return };
     if s.pinned_failures.fetch_add(1, Ordering::Relaxed) == 0 {
-        eprintln!(
+        crate::say!(
             "oomshim: {} of {} of page-locked host memory failed (host memory, not device memory)",
             api.name(),
             crate::report::units::human_bytes(bytes)
@@ -469,12 +474,32 @@ pub(crate) fn room_for_dump(s: &Shim) -> bool {
     }
     static SAID: AtomicBool = AtomicBool::new(false);
     if !SAID.swap(true, Ordering::Relaxed) {
-        eprintln!(
+        crate::say!(
             "oomshim: no dump written: the process is out of host address space ({} needed); the program continues",
             crate::report::units::human_bytes(need as u64)
         );
     }
     false
+}
+
+/// Longest dump reason kept, in characters: a label, not a log.
+pub const MAX_REASON_CHARS: usize = 200;
+
+/// The reason a program passed to `oomshim_dump`, as the dump records it and stderr echoes it:
+/// at most [`MAX_REASON_CHARS`] characters (only the first bytes of a huge one are even
+/// looked at), invalid UTF-8 replaced and control characters shown escaped, so a reason can
+/// neither flood stderr nor drive the terminal.
+pub fn dump_reason(raw: &[u8]) -> String {
+    let head = &raw[..raw.len().min(MAX_REASON_CHARS * 4)];
+    let text = String::from_utf8_lossy(head);
+    let mut out: String = crate::report::units::clean(&text)
+        .chars()
+        .take(MAX_REASON_CHARS)
+        .collect();
+    if out.len() < raw.len() && out.chars().count() == MAX_REASON_CHARS {
+        out.push('…');
+    }
+    out
 }
 
 /// Writes an on-demand dump on the calling thread. True when a dump file was written.
@@ -500,11 +525,11 @@ pub fn dump_now(
     let dump = assemble::assemble(s, reason, &capture, None);
     match oom::write(s, &dump) {
         Ok(w) => {
-            eprintln!("oomshim: dump ({reason}) written: {}", w.path.display());
+            crate::say!("oomshim: dump ({reason}) written: {}", w.path.display());
             true
         }
         Err(e) => {
-            eprintln!("oomshim: could not write the dump ({reason}): {e}");
+            crate::say!("oomshim: could not write the dump ({reason}): {e}");
             false
         }
     }
@@ -515,6 +540,22 @@ pub fn dump_now(
 pub fn flush_at_exit() {
     if let Some(s) = SHIM.get() {
         s.oom.flush(std::time::Duration::from_secs(30));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dump_reasons_are_bounded_and_clean() {
+        assert_eq!(dump_reason(b"before-eval"), "before-eval");
+        assert_eq!(dump_reason(b"a\x1b[2Jb\n"), "a\\u{1b}[2Jb\\n");
+        assert_eq!(dump_reason(b"\xff ok"), "\u{fffd} ok");
+        let huge = dump_reason(&vec![b'r'; 10_000_000]);
+        assert_eq!(huge.chars().count(), MAX_REASON_CHARS + 1);
+        assert!(huge.ends_with('…'));
+        assert!(!dump_reason(&vec![0x07; 5000]).chars().any(char::is_control));
     }
 }
 
