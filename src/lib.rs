@@ -11,6 +11,7 @@ pub mod dump;
 pub mod facts;
 pub mod ffi;
 pub mod ledger;
+mod own_fd;
 pub mod pystack;
 pub mod report;
 pub mod runtime;

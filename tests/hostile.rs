@@ -999,3 +999,40 @@ fn a_huge_hostile_dump_reason_is_bounded_and_sanitised() {
     assert!(d.reason.len() <= 1024, "{} bytes of reason", d.reason.len());
     assert!(!d.reason.chars().any(char::is_control), "{:?}", d.reason);
 }
+
+// ---------------------------------------------------------------------------------------------
+// 7. OOMSHIM_SIGNAL after the program closed and reused descriptors
+
+#[test]
+fn the_dump_signal_never_writes_into_a_file_that_reused_a_shim_descriptor() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("program-file");
+    let dumps = dir.path().join("dumps");
+    let o = wait_with_watchdog(
+        client(
+            "hostile_host",
+            &["closefrom", prefix.to_str().unwrap()],
+            &[
+                ("OOMSHIM_SIGNAL", "USR2"),
+                ("OOMSHIM_DIR", dumps.to_str().unwrap()),
+            ],
+        ),
+        Duration::from_secs(60),
+    );
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{out}{}", text(&o.stderr));
+    let sizes: Vec<&str> = out.lines().filter(|l| l.starts_with("file ")).collect();
+    assert!(sizes.len() >= 4, "{out}");
+    for l in &sizes {
+        assert!(
+            l.ends_with(" size 0"),
+            "the shim wrote into the program's file: {out}"
+        );
+    }
+    // And the signal still asked for its dump.
+    let signal_dumps = json_files(&dumps)
+        .iter()
+        .filter(|p| read_dump(p).is_ok_and(|d| d.reason == "signal"))
+        .count();
+    assert_eq!(signal_dumps, 1, "{out}{}", text(&o.stderr));
+}

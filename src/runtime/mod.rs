@@ -85,22 +85,17 @@ fn shim() -> Option<&'static Shim> {
 /// from a thread of the shim's own, asking could create a CUDA context.
 fn start_triggers(s: &'static Shim) {
     if let Some(signo) = s.config.dump_signal {
-        let mut fds = [0i32; 2];
-        let ok = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0
-            && unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) } == 0;
-        let reader = fds[0];
-        let spawned = ok
+        // The handler posts a semaphore (no descriptor the program could close or reuse,
+        // see `ffi::wait_for_dump_signal`); this thread writes the dump.
+        let spawned = crate::ffi::dump_signal_init()
             && std::thread::Builder::new()
                 .name("oomshim-signal".into())
-                .spawn(move || {
-                    let mut buf = [0u8; 64];
-                    // Several signals before a dump finishes are one dump.
-                    while unsafe { libc::read(reader, buf.as_mut_ptr().cast(), buf.len()) } > 0 {
-                        crate::ffi::guarded(|| dump_now("signal", None, None, None));
-                    }
+                .spawn(|| loop {
+                    crate::ffi::wait_for_dump_signal();
+                    crate::ffi::guarded(|| dump_now("signal", None, None, None));
                 })
                 .is_ok();
-        match spawned.then(|| crate::ffi::install_dump_signal(signo, fds[1])) {
+        match spawned.then(|| crate::ffi::install_dump_signal(signo)) {
             Some(Ok(())) => tracing::debug!(signo, "dump signal installed"),
             Some(Err(e)) => {
                 crate::say!("oomshim: OOMSHIM_SIGNAL: cannot install the handler ({e})")
