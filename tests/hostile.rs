@@ -1036,3 +1036,44 @@ fn the_dump_signal_never_writes_into_a_file_that_reused_a_shim_descriptor() {
         .count();
     assert_eq!(signal_dumps, 1, "{out}{}", text(&o.stderr));
 }
+
+// ---------------------------------------------------------------------------------------------
+// 10. the dump directory after a chdir
+
+#[test]
+fn a_relative_dump_dir_is_where_the_program_started_not_where_it_chdired_to() {
+    for (mode, dir_setting) in [
+        ("chdir", None),
+        ("chdir-early", None),
+        ("chdir", Some("rel-dumps")),
+        ("chdir-early", Some("rel-dumps")),
+    ] {
+        let base = tempfile::tempdir().unwrap();
+        let start = base.path().join("start");
+        let elsewhere = base.path().join("elsewhere");
+        fs::create_dir(&start).unwrap();
+        fs::create_dir(&elsewhere).unwrap();
+        let mut env = vec![("SIMCUDA_CAPACITY", "1G")];
+        if let Some(d) = dir_setting {
+            env.push(("OOMSHIM_DIR", d));
+        }
+        let mut cmd = client("hostile_host", &[mode, elsewhere.to_str().unwrap()], &env);
+        cmd.current_dir(&start);
+        let o = wait_with_watchdog(cmd, Duration::from_secs(60));
+        assert!(o.status.success(), "{}", text(&o.stderr));
+        let name = dir_setting.unwrap_or("oomshim-dumps");
+        let want = start.join(name);
+        let got = json_files(&want);
+        assert_eq!(got.len(), 1, "{mode} {dir_setting:?}: {}", text(&o.stderr));
+        assert!(
+            fs::read_dir(&elsewhere).unwrap().next().is_none(),
+            "{mode}: dumps went to the directory the program moved to"
+        );
+        // stderr names the dump by its absolute path.
+        assert!(
+            text(&o.stderr).contains(&got[0].display().to_string()),
+            "{}",
+            text(&o.stderr)
+        );
+    }
+}

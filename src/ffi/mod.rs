@@ -202,11 +202,14 @@ pub(crate) fn install_dump_signal(signo: i32) -> std::io::Result<()> {
 }
 
 /// What the shim notes the moment it is loaded, before the program's `main` can change it:
-/// the identity of fd 2, so the shim never writes into a file that later took that number
-/// (`runtime::say`). One `fstat`: nothing is allocated, nothing can fail loudly.
+/// the identity of fd 2 (so the shim never writes into a file that later took that number,
+/// `runtime::say`) and the working directory (a relative `OOMSHIM_DIR` is relative to where
+/// the program started, not to where it has moved by its first CUDA call). One `fstat` and one
+/// `getcwd` into a static buffer: nothing is allocated, nothing can fail loudly.
 extern "C" fn note_load_time_facts() {
     let _ = catch_unwind(|| {
         crate::runtime::say::note_stderr_at_load();
+        crate::runtime::note_start_dir();
     });
 }
 

@@ -128,10 +128,14 @@ pub fn at_exit_dump() {
 
 impl Shim {
     fn start() -> Shim {
-        let (config, warnings) = Config::from_lookup(|k| std::env::var(k).ok());
+        let (mut config, warnings) = Config::from_lookup(|k| std::env::var(k).ok());
         for w in &warnings {
             crate::say!("oomshim: {w}");
         }
+        // Once, now: a relative directory is relative to where the program started (noted
+        // when the shim was loaded), whatever it chdirs to later; messages name it absolutely.
+        let base = start_dir().or_else(|| std::env::current_dir().ok());
+        config.dir = crate::config::resolve_dir(&config.dir, base.as_deref());
         crate::dump::write::set_file_mode(config.dump_mode);
         let _ = crate::config::fault(); // the test hook is read once, now
         if let Some(filter) = &config.log {
@@ -528,6 +532,50 @@ pub fn dump_now(
             false
         }
     }
+}
+
+/// The working directory when the shim was loaded ([`note_start_dir`]), in a static buffer:
+/// noted from the load-time constructor, where nothing should be allocated.
+struct StartDir {
+    len: std::sync::atomic::AtomicUsize,
+    buf: std::cell::UnsafeCell<[u8; START_DIR_MAX]>,
+}
+/// `PATH_MAX`: a longer working directory is not noted (the one at start-up is used then).
+const START_DIR_MAX: usize = 4096;
+// Safety: `buf` is written once, by `note_start_dir`, before `len` is published (Release);
+// readers read it only after seeing a non-zero `len` (Acquire), and never write it.
+unsafe impl Sync for StartDir {}
+static START_DIR: StartDir = StartDir {
+    len: std::sync::atomic::AtomicUsize::new(0),
+    buf: std::cell::UnsafeCell::new([0; START_DIR_MAX]),
+};
+
+/// Notes the working directory (`getcwd` into the static buffer). Called once, from the
+/// shim's load-time constructor (`crate::ffi`), when a preloaded shim sees the directory the
+/// program was started in.
+pub(crate) fn note_start_dir() {
+    use std::sync::atomic::Ordering;
+    if START_DIR.len.load(Ordering::Acquire) != 0 {
+        return;
+    }
+    let buf = START_DIR.buf.get().cast::<libc::c_char>();
+    if unsafe { libc::getcwd(buf, START_DIR_MAX) }.is_null() {
+        return; // deleted, unreachable or too long: the directory at start-up is used then
+    }
+    let len = unsafe { libc::strlen(buf) };
+    START_DIR.len.store(len, Ordering::Release);
+}
+
+/// The working directory the shim noted when it was loaded.
+fn start_dir() -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let len = START_DIR.len.load(Ordering::Acquire);
+    if len == 0 {
+        return None;
+    }
+    let all: &[u8; START_DIR_MAX] = unsafe { &*START_DIR.buf.get() };
+    let bytes = &all[..len];
+    Some(std::ffi::OsStr::from_bytes(bytes).into())
 }
 
 /// Called at process exit: lets a dump that waits to learn whether its failure was recovered
