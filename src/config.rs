@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Default dump directory, relative to the program's working directory.
+/// Default dump directory, relative to the working directory the program started in (see
+/// [`resolve_dir`]).
 pub const DEFAULT_DIR: &str = "oomshim-dumps";
 pub const DEFAULT_DEPTH: usize = 64;
 /// Frames kept at most, whatever `OOMSHIM_DEPTH` says: bounds the per-allocation cost.
@@ -35,7 +36,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "OOMSHIM_DIR",
         default: DEFAULT_DIR,
-        meaning: "Where dumps are written, relative to the program's working directory (created if missing). A world-writable directory such as `/tmp` gets a private `DIR/oomshim-UID/` (0700, owner checked), and a symlink there is followed only if it is yours or root's. If the directory cannot be written, dumps go to `$TMPDIR/oomshim-UID/` (0700, checked to be yours), and stderr says so once. A full disk leaves no partial file, and the program goes on.",
+        meaning: "Where dumps are written (created if missing). A relative path is relative to the working directory the program had when the shim was loaded (for `LD_PRELOAD` and `oomshim run`: where the program was started), resolved once to an absolute path; a later `chdir` of the program moves nothing, and stderr names dumps by their absolute path. (If that directory could not be read then, the one at the first CUDA call is used.) A world-writable directory such as `/tmp` gets a private `DIR/oomshim-UID/` (0700, owner checked), and a symlink there is followed only if it is yours or root's. If the directory cannot be written, dumps go to `$TMPDIR/oomshim-UID/` (0700, checked to be yours), and stderr says so once. A full disk leaves no partial file, and the program goes on.",
     },
     Setting {
         name: "OOMSHIM_DEPTH",
@@ -457,6 +458,25 @@ pub enum Fault {
     Symbolize,
 }
 
+/// The dump directory as used: `dir` when absolute, else `dir` under `base` (the working
+/// directory the program started in), with `.` components dropped so messages read well.
+/// Resolved once, when the shim starts: a program that `chdir`s later (to `/`, say) must not
+/// move its dumps, nor have stderr name a path that means something else to the user. Without
+/// a base (no working directory could be read) the relative path stays as it is.
+pub fn resolve_dir(dir: &std::path::Path, base: Option<&std::path::Path>) -> PathBuf {
+    if dir.is_absolute() {
+        return dir.to_path_buf();
+    }
+    let rest: PathBuf = dir
+        .components()
+        .filter(|c| !matches!(c, std::path::Component::CurDir))
+        .collect();
+    match base {
+        Some(b) if b.is_absolute() => b.join(rest),
+        _ => dir.to_path_buf(),
+    }
+}
+
 /// Parses `OOMSHIM_FAULT`'s value; `None` when malformed.
 pub fn parse_fault(s: &str) -> Option<Fault> {
     let t = s.trim().to_ascii_lowercase();
@@ -477,7 +497,7 @@ pub fn fault() -> Fault {
     *FAULT.get_or_init(|| match std::env::var("OOMSHIM_FAULT") {
         Err(_) => Fault::None,
         Ok(v) => parse_fault(&v).unwrap_or_else(|| {
-            eprintln!(
+            crate::say!(
                 "oomshim: ignoring OOMSHIM_FAULT={v:?}: expected `panic-in-alloc[:N]` or \
                  `symbolize` (a test hook); using none"
             );
@@ -860,5 +880,33 @@ mod tests {
         assert_eq!(parse_duration("nan"), None);
         assert_eq!(parse_duration("1e300"), None);
         assert_eq!(parse_duration(""), None);
+    }
+
+    #[test]
+    fn relative_dump_dirs_are_resolved_against_the_start_directory() {
+        use std::path::Path;
+        let base = Some(Path::new("/work/run"));
+        assert_eq!(
+            resolve_dir(Path::new(DEFAULT_DIR), base),
+            Path::new("/work/run/oomshim-dumps")
+        );
+        assert_eq!(
+            resolve_dir(Path::new("./a/./b"), base),
+            Path::new("/work/run/a/b")
+        );
+        assert_eq!(
+            resolve_dir(Path::new("../shared"), base),
+            Path::new("/work/run/../shared"),
+            "`..` kept: the start directory may be a symlink"
+        );
+        assert_eq!(
+            resolve_dir(Path::new("/data/d"), base),
+            Path::new("/data/d")
+        );
+        assert_eq!(resolve_dir(Path::new("rel"), None), Path::new("rel"));
+        assert_eq!(
+            resolve_dir(Path::new("rel"), Some(Path::new("not/absolute"))),
+            Path::new("rel")
+        );
     }
 }

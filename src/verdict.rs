@@ -1214,9 +1214,17 @@ fn leak_found(c: &Ctx, l: &LeakFinding) -> Finding {
         .take(LEAK_SITES_NAMED)
         .map(|(s, share)| share_text(s, *share))
         .collect();
-    let runs_out = projected
-        .map(|p| format!("; free memory runs out at step {p}"))
-        .unwrap_or_default();
+    // The step in progress at the failure: when the projection is later, a request larger than
+    // one step's growth came first.
+    let failing_step = g.current + 1;
+    let runs_out = match projected {
+        Some(p) if p > failing_step => format!(
+            "; free memory would run out at step {p}, but the {} request failed earlier, in step {failing_step}",
+            c.req
+        ),
+        Some(p) => format!("; free memory runs out at step {p}"),
+        None => String::new(),
+    };
     // Under preload oomshim sees torch's segments: when its sites name no line of the program
     // (new segments come from the backward pass), torch's own records of where the live tensors
     // were allocated, kept since the growth began, name the line.
@@ -2532,7 +2540,9 @@ mod growth_tests {
             top.headline.starts_with(
                 "keep_activations (train.py:12) grows by 96.00 MiB every step (over the last 10 marked steps;"
             ) && top.headline.contains("98.0% of the growth")
-                && top.headline.ends_with("free memory runs out at step 12"),
+                && top.headline.ends_with(
+                    "free memory would run out at step 12, but the 2.00 GiB request failed earlier, in step 11"
+                ),
             "{}",
             top.headline
         );

@@ -1,13 +1,16 @@
 //! Issue 8, hostile input: a mutation fuzzer for the dump reader and every reporter (terminal,
 //! JSON, HTML, diff, merge, export), in process, on stable Rust (cargo-fuzz needs nightly).
 //!
-//! Seeds are the dumps under `tests/fixtures` and `fuzz/corpus`. Each round mutates one seed,
+//! Seeds are the dumps under `tests/fixtures` and `fuzz/corpus`, and the torch side files
+//! (`oomshim-torch-*.json`, which `report` merges into the dump of the same process) under
+//! `fuzz/corpus/torch`. Each round mutates one seed,
 //! either as JSON (numbers to extremes, strings to hostile text, keys removed, values of the
 //! wrong type, arrays multiplied, objects nested) or as bytes (flips, cuts, splices), then parses
 //! it and, when it parses, runs every reporter on it. A panic is a finding: the input is saved
 //! to `fuzz/crashes/` and the test fails.
 //!
-//! - `cargo test --release --test fuzz_reports` replays `fuzz/corpus` and `fuzz/crashes` (fast).
+//! - `cargo test --release --test fuzz_reports` replays `fuzz/corpus` and `fuzz/crashes` (fast);
+//!   a side file's crash is saved as `fuzz/crashes/torch-*.json` and replayed as one.
 //! - `OOMSHIM_FUZZ_SECS=600 cargo test --release --test fuzz_reports -- --ignored --nocapture`
 //!   fuzzes for that long (`OOMSHIM_FUZZ_SEED` repeats a run).
 
@@ -91,6 +94,50 @@ fn exercise(bytes: &[u8], other: &oomshim::dump::model::Dump, scratch: &Path) ->
         let _ = report::merge::merge_json(&m);
     }
     true
+}
+
+/// A torch side file `bytes`, found by `report` next to a dump of its process, then everything
+/// `report` does with it: parse, merge into the dump (its free blocks feed the verdict), the
+/// lines describing it, and every renderer of the merged dump. Ok(true) when it parsed.
+fn exercise_torch(bytes: &[u8], dump: &oomshim::dump::model::Dump, scratch: &Path) -> bool {
+    use oomshim::report::torch_cache;
+    let dir = scratch.join("torch");
+    let _ = std::fs::create_dir_all(&dir);
+    let dump_path = dir.join("oomshim-dump.json");
+    let _ = std::fs::write(&dump_path, serde_json::to_vec(dump).unwrap());
+    let side = dir.join(format!(
+        "oomshim-torch-{}-{}-1.json",
+        dump.process.host, dump.process.pid
+    ));
+    let _ = std::fs::write(&side, bytes);
+    let found = torch_cache::find_for(&dump_path, dump);
+    let Some(cache) = torch_cache::parse(bytes) else {
+        return false;
+    };
+    // Found through the directory too, unless the mutation changed its host or pid.
+    assert!(
+        found.is_some() || cache.pid != dump.process.pid || cache.host != dump.process.host,
+        "a side file of the dump's process was not found"
+    );
+    let mut merged = dump.clone();
+    torch_cache::apply(&mut merged, &cache);
+    let _ = torch_cache::describe(&side, &cache);
+    let _ = oomshim::verdict::judge(&merged);
+    for top in [0, usize::MAX] {
+        let opts = ReportOptions { top, color: false };
+        let _ = report::terminal::render_terminal(&merged, &opts);
+        let _ = report::render_json(&merged, &opts);
+    }
+    let _ = report::html::render_html(&merged);
+    let _ = report::export::memory_viz(&merged);
+    true
+}
+
+fn torch_seeds() -> Vec<Vec<u8>> {
+    json_files(&root().join("fuzz/corpus/torch"))
+        .iter()
+        .filter_map(|p| std::fs::read(p).ok())
+        .collect()
 }
 
 const HOSTILE_STRINGS: &[&str] = &[
@@ -249,14 +296,14 @@ fn mutate_bytes(b: &mut Vec<u8>, rng: &mut Rng) {
     }
 }
 
-fn save_crash(bytes: &[u8]) -> PathBuf {
+fn save_crash(bytes: &[u8], prefix: &str) -> PathBuf {
     let dir = root().join("fuzz/crashes");
     let _ = std::fs::create_dir_all(&dir);
     let mut h: u64 = 0xcbf29ce484222325;
     for &b in bytes {
         h = (h ^ b as u64).wrapping_mul(0x100000001b3);
     }
-    let p = dir.join(format!("crash-{h:016x}.json"));
+    let p = dir.join(format!("{prefix}-{h:016x}.json"));
     let _ = std::fs::write(&p, bytes);
     p
 }
@@ -272,12 +319,34 @@ fn corpus_and_past_crashes_never_panic_any_reporter() {
     let other = base_other();
     let mut files = json_files(&root().join("fuzz/corpus"));
     files.extend(json_files(&root().join("fuzz/crashes")));
-    for f in files {
+    let (side_files, dumps): (Vec<PathBuf>, Vec<PathBuf>) = files.into_iter().partition(|f| {
+        f.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("torch-"))
+    });
+    for f in dumps {
         let bytes = std::fs::read(&f).unwrap();
         let r = catch_unwind(AssertUnwindSafe(|| {
             exercise(&bytes, &other, scratch.path())
         }));
         assert!(r.is_ok(), "{} panics a reporter", f.display());
+    }
+    let mut side_files = side_files;
+    side_files.extend(json_files(&root().join("fuzz/corpus/torch")));
+    assert!(
+        !side_files.is_empty(),
+        "the torch side-file seeds are there"
+    );
+    for f in side_files {
+        let bytes = std::fs::read(&f).unwrap();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            exercise_torch(&bytes, &other, scratch.path())
+        }));
+        assert!(r.is_ok(), "{} panics a reporter", f.display());
+        assert!(
+            !f.starts_with(root().join("fuzz/corpus")) || r.unwrap(),
+            "{} is a side file",
+            f.display()
+        );
     }
 }
 
@@ -307,11 +376,51 @@ fn fuzz_reader_and_reporters() {
         .map(|b| serde_json::from_slice(b).ok())
         .collect();
     let other = base_other();
+    let torch = torch_seeds();
+    assert!(!torch.is_empty());
+    let torch_parsed: Vec<Option<Value>> = torch
+        .iter()
+        .map(|b| serde_json::from_slice(b).ok())
+        .collect();
     let scratch = tempfile::tempdir().unwrap();
     std::panic::set_hook(Box::new(|_| {}));
     let until = Instant::now() + Duration::from_secs(secs);
     let (mut runs, mut dumps, mut crashes) = (0u64, 0u64, Vec::new());
+    let mut side_files = 0u64;
     while Instant::now() < until {
+        // One round in five mutates a torch side file instead of a dump.
+        if rng.below(5) == 0 {
+            let i = rng.below(torch.len());
+            let mut b = match &torch_parsed[i] {
+                Some(v) if rng.below(4) != 0 => {
+                    let mut v = v.clone();
+                    mutate_json(&mut v, &mut rng);
+                    serde_json::to_vec(&v).unwrap()
+                }
+                _ => torch[i].clone(),
+            };
+            if rng.below(4) == 0 {
+                mutate_bytes(&mut b, &mut rng);
+            }
+            runs += 1;
+            match catch_unwind(AssertUnwindSafe(|| {
+                exercise_torch(&b, &other, scratch.path())
+            })) {
+                Ok(true) => side_files += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    let what = e
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| e.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    let p = save_crash(&b, "torch");
+                    eprintln!("fuzz: panic ({what}); saved {}", p.display());
+                    crashes.push(p);
+                }
+            }
+            continue;
+        }
         let i = rng.below(seeds.len());
         let input = match (&parsed[i], rng.below(4)) {
             (Some(v), 0..=2) => {
@@ -343,7 +452,7 @@ fn fuzz_reader_and_reporters() {
                     .map(|s| s.to_string())
                     .or_else(|| e.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
-                let p = save_crash(&input);
+                let p = save_crash(&input, "crash");
                 eprintln!("fuzz: panic ({what}); saved {}", p.display());
                 crashes.push(p);
             }
@@ -351,7 +460,8 @@ fn fuzz_reader_and_reporters() {
     }
     let _ = std::panic::take_hook();
     eprintln!(
-        "fuzz: {runs} inputs, {dumps} parsed as dumps and went through every reporter, {} panics",
+        "fuzz: {runs} inputs, {dumps} parsed as dumps and went through every reporter, \
+         {side_files} parsed as torch side files and were merged and reported, {} panics",
         crashes.len()
     );
     assert!(crashes.is_empty(), "panics: {crashes:?}");

@@ -145,9 +145,49 @@ fn color_wanted() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
+/// Status when stdout cannot be written for a reason other than a reader that went away.
+const EXIT_OUTPUT_FAILED: u8 = 1;
+
+/// Writes `text` to stdout and flushes it. A reader that went away (`EPIPE`, as after
+/// `oomshim merge DIR | head -1`) ends the program quietly with status 0: the reader chose to
+/// stop, and `set -o pipefail` scripts should not fail for it (ripgrep does the same). Any
+/// other error (`> /dev/full`) is one line on stderr and status 1, never a panic.
+fn print_out(text: &str) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            note(&format!("oomshim: error: cannot write to stdout: {e}\n"));
+            ExitCode::from(EXIT_OUTPUT_FAILED)
+        }
+    }
+}
+
+/// Writes `text` to stderr; a stderr that cannot be written is not worth failing for (and must
+/// never panic, as `eprint!` does).
+fn note(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// One line on stderr, whatever the message holds (file names and dump strings can carry
+/// newlines and escape sequences: shown escaped), then the exit status.
 fn fail(msg: &str, code: i32) -> ExitCode {
-    eprintln!("oomshim: error: {msg}");
-    ExitCode::from(code as u8)
+    note(&format!(
+        "oomshim: error: {}\n",
+        oomshim::report::units::clean(msg)
+    ));
+    ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+/// A file write beyond `RLIMIT_FSIZE` raises SIGXFSZ, whose default action kills the process
+/// and leaves a half-written temporary file. Ignored, the write fails with EFBIG instead: the
+/// writer removes its temporary file and the error is reported. Not for `run` and `demo`: an
+/// ignored signal stays ignored across `exec`, and the program must start as it would bare.
+fn ignore_sigxfsz() {
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
 }
 
 #[cfg(test)]
@@ -189,6 +229,9 @@ mod tests {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if !matches!(args.command, Cmd::Run { .. } | Cmd::Demo { .. }) {
+        ignore_sigxfsz();
+    }
     match args.command {
         Cmd::Run {
             dir,
@@ -199,7 +242,7 @@ fn main() -> ExitCode {
         } => {
             let lib = match cli::run::find_library(lib.as_deref()) {
                 Ok(l) => l,
-                Err(e) => return fail(&e, 1),
+                Err(e) => return fail(&e, cli::run::EXIT_RUN_FAILED),
             };
             let opts = cli::run::RunOptions {
                 lib,
@@ -212,10 +255,9 @@ fn main() -> ExitCode {
                     vec![]
                 },
             };
-            match cli::run::run(&opts) {
-                Ok((_, code)) => ExitCode::from(code.clamp(0, 255) as u8),
-                Err(e) => fail(&e, 127),
-            }
+            // Returns only if the program could not be started.
+            let e = cli::run::exec(&opts);
+            fail(&e.message, e.code)
         }
         Cmd::Report {
             dump,
@@ -223,7 +265,7 @@ fn main() -> ExitCode {
             ..
         } => match cli::report_html(&dump, &out) {
             Ok(text) => {
-                eprint!("{text}");
+                note(&text);
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&e, EXIT_BAD_INPUT),
@@ -231,10 +273,7 @@ fn main() -> ExitCode {
         Cmd::Report {
             dump, top, json, ..
         } => match cli::report(&dump, top, json, color_wanted()) {
-            Ok(text) => {
-                print!("{text}");
-                ExitCode::SUCCESS
-            }
+            Ok(text) => print_out(&text),
             Err(e) => fail(&e, EXIT_BAD_INPUT),
         },
         Cmd::Diff {
@@ -243,10 +282,7 @@ fn main() -> ExitCode {
             top,
             json,
         } => match cli::diff(&before, &after, top, json) {
-            Ok(text) => {
-                print!("{text}");
-                ExitCode::SUCCESS
-            }
+            Ok(text) => print_out(&text),
             Err(e) => fail(&e, EXIT_BAD_INPUT),
         },
         Cmd::Export {
@@ -256,13 +292,13 @@ fn main() -> ExitCode {
         } => {
             if let Some(out) = &memory_viz {
                 match cli::export_memory_viz(&dump, out) {
-                    Ok(text) => eprint!("{text}"),
+                    Ok(text) => note(&text),
                     Err(e) => return fail(&e, EXIT_BAD_INPUT),
                 }
             }
             if let Some(out) = &folded {
                 match cli::export_folded(&dump, out) {
-                    Ok(text) => eprint!("{text}"),
+                    Ok(text) => note(&text),
                     Err(e) => return fail(&e, EXIT_BAD_INPUT),
                 }
             }
@@ -273,10 +309,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Cmd::Merge { dir, json } => match cli::merge(&dir, json) {
-            Ok(text) => {
-                print!("{text}");
-                ExitCode::SUCCESS
-            }
+            Ok(text) => print_out(&text),
             Err(e) => fail(&e, EXIT_BAD_INPUT),
         },
         Cmd::Demo { dir, lib } => {
@@ -284,23 +317,20 @@ fn main() -> ExitCode {
                 Ok(l) => l,
                 Err(e) => return fail(&e, 1),
             };
-            eprintln!(
+            note(&format!(
                 "oomshim demo: a training loop that keeps every activation runs on a simulated {} CUDA \
-                 device under the shim until it runs out of memory…",
+                 device under the shim until it runs out of memory…\n",
                 cli::demo::DEMO_CAPACITY
-            );
+            ));
             match cli::demo::run_demo(lib, &dir) {
                 Ok(out) => {
-                    eprintln!(
-                        "oomshim demo: the client exited with status {}; its dump is {}\n",
+                    note(&format!(
+                        "oomshim demo: the client exited with status {}; its dump is {}\n\n",
                         out.client_exit,
-                        out.dump.display()
-                    );
+                        oomshim::report::units::clean_path(&out.dump)
+                    ));
                     match cli::report(&out.dump, 10, false, color_wanted()) {
-                        Ok(text) => {
-                            print!("{text}");
-                            ExitCode::SUCCESS
-                        }
+                        Ok(text) => print_out(&text),
                         Err(e) => fail(&e, 1),
                     }
                 }

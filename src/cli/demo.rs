@@ -2,11 +2,14 @@
 //! with a classic leak runs against the bundled simulated CUDA device under the shim until it
 //! runs out of memory; the dump it leaves is then reported.
 
-use super::run::{run, RunOptions};
+use super::run::{spawn_and_wait, RunOptions};
+use crate::report::units::clean_path;
 use crate::testbed::{DEMO_CLIENT, SIM_CUDART_SO};
 use std::ffi::OsString;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::io::Write;
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Capacity of the simulated device the demo runs on.
@@ -20,21 +23,18 @@ pub struct DemoOutcome {
 /// Unpacks the client and runtime into a private temporary directory, runs the client under
 /// the shim with dumps going to `dump_dir`, and returns the dump it wrote.
 pub fn run_demo(lib: PathBuf, dump_dir: &Path) -> Result<DemoOutcome, String> {
-    let work = std::env::temp_dir().join(format!("oomshim-demo-{}", std::process::id()));
-    let _cleanup = RemoveOnDrop(work.clone());
-    fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
-    let runtime = work.join("libcudart.so.13");
-    let client = work.join("demo_train");
-    fs::write(&runtime, SIM_CUDART_SO)
-        .map_err(|e| format!("cannot write {}: {e}", runtime.display()))?;
-    fs::write(&client, DEMO_CLIENT)
-        .map_err(|e| format!("cannot write {}: {e}", client.display()))?;
-    fs::set_permissions(&client, fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
+    let work = private_work_dir(&std::env::temp_dir())?;
+    // The simulated runtime loads the driver (libcuda.so.1) from its own directory: the
+    // directory must hold exactly what the demo put there, hence a fresh private one.
+    let runtime = work.path().join(crate::testbed::SIM_CUDART_NAME);
+    let client = work.path().join(crate::testbed::DEMO_CLIENT_NAME);
+    create_new_file(&runtime, SIM_CUDART_SO, 0o600)?;
+    create_new_file(&client, DEMO_CLIENT, 0o700)?;
 
     fs::create_dir_all(dump_dir)
-        .map_err(|e| format!("cannot create {}: {e}", dump_dir.display()))?;
+        .map_err(|e| format!("cannot create {}: {e}", clean_path(dump_dir)))?;
     let command = [client.clone().into_os_string()];
-    let (pid, client_exit) = run(&RunOptions {
+    let (pid, client_exit) = spawn_and_wait(&RunOptions {
         lib,
         torch_hook: false,
         dir: Some(dump_dir),
@@ -47,11 +47,12 @@ pub fn run_demo(lib: PathBuf, dump_dir: &Path) -> Result<DemoOutcome, String> {
             // The demo process exits right after its OOM; no need to wait for a retry.
             (OsString::from("OOMSHIM_SETTLE"), OsString::from("0.2s")),
         ],
-    })?;
+    })
+    .map_err(|e| e.message)?;
     let dump = find_dump_of(dump_dir, pid).ok_or_else(|| {
         format!(
             "the demo client (pid {pid}) left no dump in {}",
-            dump_dir.display()
+            clean_path(dump_dir)
         )
     })?;
     Ok(DemoOutcome { client_exit, dump })
@@ -75,10 +76,77 @@ pub fn find_dump_of(dir: &Path, pid: u32) -> Option<PathBuf> {
         .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
 }
 
-struct RemoveOnDrop(PathBuf);
+/// A directory of the demo's own, removed with everything in it when dropped.
+pub struct WorkDir(PathBuf);
 
-impl Drop for RemoveOnDrop {
+impl WorkDir {
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for WorkDir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A new directory `PARENT/oomshim-demo-XXXXXX` from `mkdtemp`: a random name, created 0700
+/// by this call (never one that existed before, whoever made it), so nothing another user
+/// planted in a shared temporary directory can end up in it.
+pub fn private_work_dir(parent: &Path) -> Result<WorkDir, String> {
+    let mut template = parent
+        .join("oomshim-demo-XXXXXX")
+        .into_os_string()
+        .into_vec();
+    template.push(0);
+    let made = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
+    if made.is_null() {
+        let e = std::io::Error::last_os_error();
+        return Err(format!(
+            "cannot create a private directory in {}: {e}",
+            clean_path(parent)
+        ));
+    }
+    template.pop();
+    Ok(WorkDir(PathBuf::from(std::ffi::OsString::from_vec(
+        template,
+    ))))
+}
+
+/// Creates `path` as a new file (`O_EXCL|O_NOFOLLOW`) holding `bytes`, with `mode`.
+fn create_new_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), String> {
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .and_then(|mut f| f.write_all(bytes))
+        .map_err(|e| format!("cannot write {}: {e}", clean_path(path)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn work_directories_are_fresh_private_and_removed() {
+        let parent = std::env::temp_dir();
+        let dir = private_work_dir(&parent).unwrap();
+        let meta = fs::symlink_metadata(dir.path()).unwrap();
+        assert!(meta.is_dir());
+        assert_eq!(meta.mode() & 0o777, 0o700);
+        assert_eq!(meta.uid(), unsafe { libc::geteuid() });
+        let other = private_work_dir(&parent).unwrap();
+        assert_ne!(dir.path(), other.path(), "a new name every time");
+        let path = dir.path().to_path_buf();
+        drop(dir);
+        assert!(!path.exists(), "removed when dropped");
+        let err = private_work_dir(Path::new("/nonexistent-oomshim"))
+            .err()
+            .unwrap();
+        assert!(err.contains("/nonexistent-oomshim"), "{err}");
     }
 }

@@ -6,10 +6,22 @@ pub mod demo;
 pub mod locate;
 pub mod run;
 
+use crate::report::units::clean_path;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 /// Exit code for unreadable or invalid input files.
 pub const EXIT_BAD_INPUT: i32 = 2;
+
+/// Permission bits for a file made from the dump at `input` (an HTML report, a pickle): what
+/// the dump's owner may do, and no more for anyone else than the dump allows (its read bits).
+/// A dump can hold secrets (the command line), so its 0600 must not become a report's 0644;
+/// the umask has no say. Owner read/write always, so the file can be replaced later.
+pub fn output_mode(input: &Path) -> u32 {
+    std::fs::metadata(input)
+        .map(|m| 0o600 | (m.mode() & 0o044))
+        .unwrap_or(0o600)
+}
 
 /// `oomshim report`: prints a dump as text or as the JSON report model. PyTorch's own summary of
 /// its cache, saved by the `oomshim run` Python hook next to the dump, is merged in when found.
@@ -43,14 +55,14 @@ pub fn resolve_dump(path: &Path) -> Result<std::path::PathBuf, String> {
         Some((_, p)) => {
             eprintln!(
                 "oomshim: the newest dump in {}: {}",
-                path.display(),
-                p.display()
+                clean_path(path),
+                clean_path(&p)
             );
             Ok(p)
         }
         None => Err(format!(
             "no oomshim dumps (oomshim-*.json) in {}",
-            path.display()
+            clean_path(path)
         )),
     }
 }
@@ -64,7 +76,7 @@ fn with_progress<R>(what: &str, input: &Path, f: impl FnOnce() -> R) -> R {
         return f();
     }
     let spinner = indicatif::ProgressBar::new_spinner();
-    spinner.set_message(format!("{what} {}", input.display()));
+    spinner.set_message(format!("{what} {}", clean_path(input)));
     spinner.enable_steady_tick(std::time::Duration::from_millis(100));
     let r = f();
     spinner.finish_and_clear();
@@ -107,9 +119,9 @@ fn report_html_inner(path: &Path, out: &Path) -> Result<String, String> {
     if let Some((_, cache)) = crate::report::torch_cache::find_for(path, &dump) {
         crate::report::torch_cache::apply(&mut dump, &cache);
     }
-    crate::report::html::write_html(&dump, out)
-        .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
-    Ok(format!("wrote {}\n", out.display()))
+    crate::report::html::write_html_with_mode(&dump, out, output_mode(path))
+        .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
+    Ok(format!("wrote {}\n", clean_path(out)))
 }
 
 /// `oomshim diff A B`: growth and shrinkage by site between two dumps.
@@ -131,9 +143,13 @@ pub fn diff(before: &Path, after: &Path, top: usize, json: bool) -> Result<Strin
 pub fn merge(dir: &Path, json: bool) -> Result<String, String> {
     let m = crate::report::merge::merge_dir(dir)?;
     if m.rows.is_empty() {
-        let mut msg = format!("no oomshim dumps in {}", dir.display());
+        let mut msg = format!("no oomshim dumps in {}", clean_path(dir));
         if let Some(p) = m.problems.first() {
-            msg.push_str(&format!(" ({} unreadable, e.g. {p})", m.problems.len()));
+            msg.push_str(&format!(
+                " ({} unreadable, e.g. {})",
+                m.problems.len(),
+                crate::report::units::clean(p)
+            ));
         }
         return Err(msg);
     }
@@ -156,21 +172,18 @@ pub fn export_memory_viz(dump: &Path, out: &Path) -> Result<String, String> {
 fn export_memory_viz_inner(dump: &Path, out: &Path) -> Result<String, String> {
     let d = crate::dump::read::read_dump(dump).map_err(|e| e.to_string())?;
     let viz = crate::report::export::memory_viz(&d)?;
-    let bytes = viz.bytes;
-    let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::write(&tmp, &bytes)
-        .and_then(|_| std::fs::rename(&tmp, out))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            format!("cannot write {}: {e}", out.display())
-        })?;
+    crate::dump::write::write_file_atomically(out, &viz.bytes, output_mode(dump))
+        .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
     let mut note = String::new();
     if let Some(w) = &viz.warning {
-        note.push_str(&format!("oomshim: warning: {w}\n"));
+        note.push_str(&format!(
+            "oomshim: warning: {}\n",
+            crate::report::units::clean(w)
+        ));
     }
     note.push_str(&format!(
         "wrote {} ({} segments); open it at https://pytorch.org/memory_viz or with torch.cuda._memory_viz\n",
-        out.display(),
+        clean_path(out),
         viz.segments
     ));
     Ok(note)
@@ -184,7 +197,10 @@ pub fn export_folded(dump: &Path, out: &Path) -> Result<String, String> {
     let folded = crate::report::export::folded(&d);
     let mut note = String::new();
     if let Some(w) = &folded.warning {
-        note.push_str(&format!("oomshim: warning: {w}\n"));
+        note.push_str(&format!(
+            "oomshim: warning: {}\n",
+            crate::report::units::clean(w)
+        ));
     }
     if out == Path::new("-") {
         use std::io::Write;
@@ -192,23 +208,13 @@ pub fn export_folded(dump: &Path, out: &Path) -> Result<String, String> {
             .write_all(folded.text.as_bytes())
             .map_err(|e| format!("cannot write to stdout: {e}"))?;
     } else {
-        write_atomically(out, folded.text.as_bytes())?;
+        crate::dump::write::write_file_atomically(out, folded.text.as_bytes(), output_mode(dump))
+            .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
         note.push_str(&format!(
             "wrote {} ({} stacks); open it with flamegraph.pl, inferno-flamegraph or https://www.speedscope.app\n",
-            out.display(),
+            clean_path(out),
             folded.lines
         ));
     }
     Ok(note)
-}
-
-/// Writes `bytes` to `out` through a temporary file renamed into place: whole or not at all.
-fn write_atomically(out: &Path, bytes: &[u8]) -> Result<(), String> {
-    let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::write(&tmp, bytes)
-        .and_then(|_| std::fs::rename(&tmp, out))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            format!("cannot write {}: {e}", out.display())
-        })
 }

@@ -1,16 +1,73 @@
-//! `oomshim run -- CMD`: starts CMD with liboomshim.so preloaded, forwards the signals sent to
-//! oomshim, and exits as the child did (128 + signal when it was killed).
+//! `oomshim run -- CMD`: starts CMD with liboomshim.so preloaded.
+//!
+//! **oomshim replaces itself with the program** (`execvp`, as `env`, `nice` and `numactl` do)
+//! instead of starting it as a child. The program keeps oomshim's pid, process group, session
+//! and terminal, so every signal reaches it exactly as it would without oomshim, exactly once:
+//! `kill PID`, `kill -TERM -PGID` from `timeout` or a scheduler, the terminal's Ctrl-C and
+//! Ctrl-Z, a cgroup-wide kill that signals each pid. A parent that forwards signals cannot do
+//! that: a signal sent to the process group reaches both, and `siginfo` does not say whether
+//! a signal was sent to the group or to the pid, so any forwarding rule either drops the
+//! direct one or doubles the group one; putting the child in a process group of its own
+//! instead takes it out of the terminal's foreground group (SIGTTIN on the first read from
+//! the terminal, a `pdb` prompt in a training script) and out of the group a scheduler kills.
+//! The exit status is the program's own too (a program killed by a signal is seen killed by
+//! it). Nothing is left to do after the program ends, so nothing is lost by not waiting.
+//!
+//! Exit statuses of oomshim itself, as `env` and the shells use them: 125 when oomshim cannot
+//! prepare the run (no usable library), 126 when the program exists but cannot be executed,
+//! 127 when it is not found.
 
-use signal_hook::consts::signal::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
-use signal_hook::iterator::exfiltrator::WithOrigin;
-use signal_hook::iterator::SignalsInfo;
-use signal_hook::low_level::siginfo::Cause;
 use std::ffi::{OsStr, OsString};
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub use super::locate::{find_library, LIB_NAME};
+
+/// oomshim could not prepare the run (e.g. no library it can preload).
+pub const EXIT_RUN_FAILED: i32 = 125;
+/// The program exists but could not be executed (no execute permission, a directory, a bad
+/// interpreter), as shells report it.
+pub const EXIT_CANNOT_EXECUTE: i32 = 126;
+/// The program was not found, as shells report it.
+pub const EXIT_NOT_FOUND: i32 = 127;
+
+/// Why the program was not run: one line, and the exit status to end with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunError {
+    pub message: String,
+    pub code: i32,
+}
+
+impl RunError {
+    fn setup(message: String) -> RunError {
+        RunError {
+            message,
+            code: EXIT_RUN_FAILED,
+        }
+    }
+}
+
+/// ld.so splits `LD_PRELOAD` at spaces and colons (ld.so(8)), and has no way to quote them: a
+/// library whose path holds either would not be loaded, and the program would run untracked
+/// with only ld.so's warning. Refused up front instead, saying what to do.
+pub fn check_preloadable(lib: &Path) -> Result<(), String> {
+    if lib
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .any(|&b| b == b' ' || b == b':')
+    {
+        return Err(format!(
+            "cannot preload {}: ld.so splits LD_PRELOAD at spaces and colons, so the library's \
+             path must hold neither; copy or link {LIB_NAME} to a path without them (for example \
+             ~/.local/lib/{LIB_NAME}) and pass it with --lib",
+            crate::report::units::clean_path(lib)
+        ));
+    }
+    Ok(())
+}
 
 /// `LD_PRELOAD` with `lib` first and whatever was already there after it (once).
 pub fn preload_value(lib: &Path, existing: Option<&OsStr>) -> OsString {
@@ -64,12 +121,12 @@ pub struct RunOptions<'a> {
     pub extra_env: Vec<(OsString, OsString)>,
 }
 
-/// Runs the command to completion; returns (child pid, exit code).
-pub fn run(opts: &RunOptions) -> Result<(u32, i32), String> {
-    let (program, args) = opts
-        .command
-        .split_first()
-        .ok_or("no command given (usage: oomshim run -- CMD ARGS…)")?;
+/// The program's command: its arguments, the preload and the settings in its environment.
+pub fn command(opts: &RunOptions) -> Result<Command, RunError> {
+    let (program, args) = opts.command.split_first().ok_or_else(|| {
+        RunError::setup("no command given (usage: oomshim run -- CMD ARGS…)".into())
+    })?;
+    check_preloadable(&opts.lib).map_err(RunError::setup)?;
     let mut cmd = Command::new(program);
     cmd.args(args);
     cmd.env(
@@ -77,7 +134,12 @@ pub fn run(opts: &RunOptions) -> Result<(u32, i32), String> {
         preload_value(&opts.lib, std::env::var_os("LD_PRELOAD").as_deref()),
     );
     if let Some(dir) = opts.dir {
-        cmd.env("OOMSHIM_DIR", dir);
+        // Absolute, so the Python hook (which reads it too) agrees with the shim wherever the
+        // program moves to; the shim itself resolves a relative one where the program started.
+        cmd.env(
+            "OOMSHIM_DIR",
+            std::path::absolute(dir).unwrap_or(dir.into()),
+        );
     }
     if opts.torch_hook {
         match python_hook_dir() {
@@ -97,30 +159,65 @@ pub fn run(opts: &RunOptions) -> Result<(u32, i32), String> {
     for (k, v) in &opts.extra_env {
         cmd.env(k, v);
     }
-    // Register before spawning so no signal falls in between.
-    let forwarded = [SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2];
-    let mut signals = SignalsInfo::<WithOrigin>::new(forwarded)
-        .map_err(|e| format!("cannot set up signal forwarding: {e}"))?;
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", program.to_string_lossy()))?;
+    Ok(cmd)
+}
+
+/// Replaces this process with the program (see the module's comment for why). Returns only
+/// when that failed, with why and the shell's status for it.
+pub fn exec(opts: &RunOptions) -> RunError {
+    match command(opts) {
+        Ok(mut cmd) => launch_error(&opts.command[0], cmd.exec()),
+        Err(e) => e,
+    }
+}
+
+/// Runs the program as a child to completion (for `oomshim demo`, which reports its dump
+/// afterwards); returns (child pid, exit code as a shell reports it).
+pub fn spawn_and_wait(opts: &RunOptions) -> Result<(u32, i32), RunError> {
+    let mut cmd = command(opts)?;
+    let mut child = cmd.spawn().map_err(|e| launch_error(&opts.command[0], e))?;
     let pid = child.id();
-    let handle = signals.handle();
-    let forwarder = std::thread::spawn(move || {
-        for origin in signals.forever() {
-            // Signals the terminal sends (Ctrl-C) reach the child directly: it is in our process
-            // group. Forwarding those too would deliver them twice; forward only sent ones.
-            if !matches!(origin.cause, Cause::Kernel) {
-                unsafe { libc::kill(pid as libc::pid_t, origin.signal) };
-            }
-        }
-    });
     let status = child
         .wait()
-        .map_err(|e| format!("waiting for the child failed: {e}"))?;
-    handle.close();
-    let _ = forwarder.join();
+        .map_err(|e| RunError::setup(format!("waiting for the child failed: {e}")))?;
     Ok((pid, exit_code(status)))
+}
+
+/// An `exec` failure as shells report it: 127 when the program is nowhere to be found, 126
+/// when it is there but cannot be executed (no execute permission, a directory, a missing
+/// interpreter or loader, a wrong architecture).
+fn launch_error(program: &OsStr, e: std::io::Error) -> RunError {
+    let name = crate::report::units::clean(&program.to_string_lossy());
+    if e.kind() == std::io::ErrorKind::NotFound && !program_exists(program) {
+        let where_ = if program.as_bytes().contains(&b'/') {
+            "no such file"
+        } else {
+            "not in PATH"
+        };
+        return RunError {
+            message: format!("cannot run {name}: command not found ({where_})"),
+            code: EXIT_NOT_FOUND,
+        };
+    }
+    let hint = match e.kind() {
+        std::io::ErrorKind::PermissionDenied => " (is it an executable file? chmod +x)",
+        std::io::ErrorKind::NotFound => " (its interpreter or loader is missing)",
+        _ => "",
+    };
+    RunError {
+        message: format!("cannot run {name}: {e}{hint}"),
+        code: EXIT_CANNOT_EXECUTE,
+    }
+}
+
+/// Whether `program` names something that exists: the path itself when it has a `/`, else an
+/// entry of `PATH` (glibc's default when unset), as `execvp` looks it up.
+fn program_exists(program: &OsStr) -> bool {
+    if program.as_bytes().contains(&b'/') {
+        return Path::new(program).exists();
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
+    std::env::split_paths(&path).any(|d| d.join(program).exists())
 }
 
 #[cfg(test)]
@@ -154,5 +251,23 @@ mod tests {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(exit_code(std::process::ExitStatus::from_raw(3 << 8)), 3);
         assert_eq!(exit_code(std::process::ExitStatus::from_raw(9)), 128 + 9);
+    }
+
+    #[test]
+    fn explicit_library_must_exist() {
+        let err = find_library(Some(Path::new("/nonexistent/liboomshim.so"))).unwrap_err();
+        assert!(err.contains("/nonexistent/liboomshim.so"), "{err}");
+    }
+
+    #[test]
+    fn library_paths_ld_so_would_split_are_refused() {
+        assert!(check_preloadable(Path::new("/opt/oomshim/liboomshim.so")).is_ok());
+        for bad in ["/opt/my libs/liboomshim.so", "/opt/a:b/liboomshim.so"] {
+            let e = check_preloadable(Path::new(bad)).unwrap_err();
+            assert!(
+                e.contains("spaces and colons") && e.contains("--lib"),
+                "{e}"
+            );
+        }
     }
 }

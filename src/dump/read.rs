@@ -2,8 +2,9 @@
 //! per way a file can be wrong. Never panics on any input.
 
 use std::fmt;
-use std::fs::File;
+use std::fs::OpenOptions;
 use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -11,7 +12,7 @@ use serde::Deserialize;
 use serde_json::error::Category;
 
 use super::model::{Dump, SCHEMA};
-use crate::report::units::human_bytes;
+use crate::report::units::{clean_path, human_bytes};
 
 /// Largest dump file [`read_dump`] accepts. Real dumps are kilobytes to a few megabytes.
 pub const MAX_DUMP_BYTES: u64 = 1 << 30;
@@ -24,6 +25,9 @@ pub enum DumpError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// Not a regular file (a FIFO, a device, a socket, a directory, a link not followed): it
+    /// was not read. `kind` says what it is, in words.
+    NotRegular { path: PathBuf, kind: &'static str },
     /// The file is larger than `limit`; it was not read.
     TooLarge {
         path: PathBuf,
@@ -54,6 +58,7 @@ impl DumpError {
     pub fn path(&self) -> &Path {
         match self {
             DumpError::Io { path, .. }
+            | DumpError::NotRegular { path, .. }
             | DumpError::TooLarge { path, .. }
             | DumpError::Truncated { path }
             | DumpError::NotJson { path, .. }
@@ -67,46 +72,51 @@ impl fmt::Display for DumpError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DumpError::Io { path, source } => {
-                write!(f, "{}: cannot read the file: {source}", path.display())
+                write!(f, "{}: cannot read the file: {source}", clean_path(path))
             }
+            DumpError::NotRegular { path, kind } => write!(
+                f,
+                "{}: is {kind}, not a regular file; dumps are read from regular files only",
+                clean_path(path)
+            ),
             DumpError::TooLarge { path, bytes, limit } => write!(
                 f,
                 "{}: file is {} ({bytes} bytes), over the {} limit for dump files; not read",
-                path.display(),
+                clean_path(path),
                 human_bytes(*bytes),
                 human_bytes(*limit)
             ),
             DumpError::Truncated { path } => write!(
                 f,
                 "{}: dump is empty or cut short (the JSON ends early; was it still being written?)",
-                path.display()
+                clean_path(path)
             ),
             DumpError::NotJson { path, line, column, msg } => write!(
                 f,
                 "{}: not JSON (line {line}, column {column}: {msg})",
-                path.display()
+                clean_path(path)
             ),
             DumpError::WrongSchema { path, found: None } => write!(
                 f,
                 "{}: not an oomshim dump (no \"schema\" key at the top level; expected \"{SCHEMA}\")",
-                path.display()
+                clean_path(path)
             ),
             DumpError::WrongSchema { path, found: Some(found) } if found.starts_with("oomshim.dump/") => write!(
                 f,
                 "{}: unsupported oomshim dump schema \"{}\" (this oomshim reads \"{SCHEMA}\")",
-                path.display(),
+                clean_path(path),
                 crate::report::units::clean(found)
             ),
             DumpError::WrongSchema { path, found: Some(found) } => write!(
                 f,
                 "{}: not an oomshim dump (schema \"{}\", expected \"{SCHEMA}\")",
-                path.display(),
+                clean_path(path),
                 crate::report::units::clean(found)
             ),
             DumpError::Invalid { path, msg } => write!(
                 f,
                 "{}: invalid oomshim dump: {}",
-                path.display(),
+                clean_path(path),
                 crate::report::units::clean(msg)
             ),
         }
@@ -122,45 +132,113 @@ impl std::error::Error for DumpError {
     }
 }
 
-/// Reads and parses the dump at `path`. Files over [`MAX_DUMP_BYTES`] are refused before reading.
+/// Reads and parses the dump at `path`. Only regular files are read (a FIFO, a device or a
+/// directory is refused at once); files over [`MAX_DUMP_BYTES`] are refused before reading.
 pub fn read_dump(path: &Path) -> Result<Dump, DumpError> {
     read_dump_limited(path, MAX_DUMP_BYTES)
 }
 
 fn read_dump_limited(path: &Path, limit: u64) -> Result<Dump, DumpError> {
-    let io = |source| DumpError::Io {
-        path: path.to_path_buf(),
-        source,
+    let bytes = read_bounded(path, limit, Links::Follow).map_err(|e| match e {
+        BoundedReadError::Io(source) => DumpError::Io {
+            path: path.to_path_buf(),
+            source,
+        },
+        BoundedReadError::NotRegular(kind) => DumpError::NotRegular {
+            path: path.to_path_buf(),
+            kind,
+        },
+        BoundedReadError::TooLarge(bytes) => DumpError::TooLarge {
+            path: path.to_path_buf(),
+            bytes,
+            limit,
+        },
+    })?;
+    parse_dump(&bytes, path)
+}
+
+/// Whether [`read_bounded`] follows a symbolic link at the path's last component.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Links {
+    /// Follow it: a path the user named (`report latest.json`, a directory they merge).
+    Follow,
+    /// Refuse it: a file found by name in a directory others may write to (torch's side file
+    /// next to a dump), which the tool that writes it never makes a link.
+    Refuse,
+}
+
+/// Why [`read_bounded`] read nothing.
+#[derive(Debug)]
+pub enum BoundedReadError {
+    Io(std::io::Error),
+    /// Not a regular file; what it is, in words ("a FIFO", "a character device", …).
+    NotRegular(&'static str),
+    /// Larger than the limit (its size, or the limit + 1 when it grew while being read).
+    TooLarge(u64),
+}
+
+impl fmt::Display for BoundedReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BoundedReadError::Io(e) => write!(f, "{e}"),
+            BoundedReadError::NotRegular(kind) => write!(f, "is {kind}, not a regular file"),
+            BoundedReadError::TooLarge(bytes) => write!(f, "too large ({})", human_bytes(*bytes)),
+        }
+    }
+}
+
+/// The one way oomshim reads a file it did not write in this process (dumps, torch's side
+/// files, the files `merge` scans, the Python hook it compares): opened `O_NONBLOCK` (a FIFO
+/// must not block the open) and, with [`Links::Refuse`], `O_NOFOLLOW`; checked with `fstat` on
+/// the opened descriptor (no window between a check and the open) to be a regular file; read up
+/// to `limit` bytes (one more to tell a file that grows past it). Never hangs, never reads a
+/// device, never allocates more than the limit.
+pub fn read_bounded(path: &Path, limit: u64, links: Links) -> Result<Vec<u8>, BoundedReadError> {
+    let nofollow = if links == Links::Refuse {
+        libc::O_NOFOLLOW
+    } else {
+        0
     };
-    let file = File::open(path).map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if meta.is_dir() {
-        return Err(io(std::io::Error::new(
-            std::io::ErrorKind::IsADirectory,
-            "is a directory",
-        )));
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY | nofollow)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            // O_NOFOLLOW on a symlink: ELOOP.
+            Some(libc::ELOOP) if nofollow != 0 => {
+                BoundedReadError::NotRegular("a symbolic link (not followed here)")
+            }
+            _ => BoundedReadError::Io(e),
+        })?;
+    let meta = file.metadata().map_err(BoundedReadError::Io)?;
+    let t = meta.file_type();
+    if !t.is_file() {
+        return Err(BoundedReadError::NotRegular(if t.is_dir() {
+            "a directory"
+        } else if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_char_device() {
+            "a character device"
+        } else if t.is_block_device() {
+            "a block device"
+        } else if t.is_socket() {
+            "a socket"
+        } else {
+            "an unusual kind of file"
+        }));
     }
     if meta.len() > limit {
-        return Err(DumpError::TooLarge {
-            path: path.to_path_buf(),
-            bytes: meta.len(),
-            limit,
-        });
+        return Err(BoundedReadError::TooLarge(meta.len()));
     }
-    // The file may still grow (or be a pipe/special file reporting no length): read at most one
-    // byte past the limit so "too large" is still detected without reading it all.
+    // A regular file may still grow while it is read: read at most one byte past the limit.
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     file.take(limit.saturating_add(1))
         .read_to_end(&mut bytes)
-        .map_err(io)?;
+        .map_err(BoundedReadError::Io)?;
     if bytes.len() as u64 > limit {
-        return Err(DumpError::TooLarge {
-            path: path.to_path_buf(),
-            bytes: bytes.len() as u64,
-            limit,
-        });
+        return Err(BoundedReadError::TooLarge(bytes.len() as u64));
     }
-    parse_dump(&bytes, path)
+    Ok(bytes)
 }
 
 /// Parses dump bytes; `path_for_messages` only names the source in errors.
@@ -463,8 +541,38 @@ mod tests {
         assert!(err.to_string().starts_with(&missing.display().to_string()));
         assert!(std::error::Error::source(&err).is_some());
 
-        let err = read_dump(dir.path()).unwrap_err();
-        assert!(matches!(err, DumpError::Io { .. }), "{err:?}");
+        // Not regular files: refused from the opened descriptor, at once, in one line.
+        let fifo = dir.path().join("fifo.json");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        for (path, kind) in [
+            (dir.path(), "a directory"),
+            (fifo.as_path(), "a FIFO"),
+            (Path::new("/dev/zero"), "a character device"),
+        ] {
+            let err = read_dump(path).unwrap_err();
+            assert!(
+                matches!(&err, DumpError::NotRegular { kind: k, .. } if *k == kind),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains("not a regular file"), "{err}");
+        }
+        // A link is followed for a named dump, refused where asked.
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&good, &link).unwrap();
+        assert!(read_dump(&link).is_ok());
+        assert!(matches!(
+            read_bounded(&link, 1 << 20, Links::Refuse),
+            Err(BoundedReadError::NotRegular(_))
+        ));
+        assert_eq!(
+            read_bounded(&good, 1 << 20, Links::Refuse).unwrap(),
+            MINIMAL.as_bytes()
+        );
+        // A name with a newline and an escape sequence stays one clean line in messages.
+        let odd = dir.path().join("odd\n\x1b[31mname.json");
+        let err = read_dump(&odd).unwrap_err().to_string();
+        assert!(!err.contains('\n') && !err.contains('\x1b'), "{err}");
 
         let empty = dir.path().join("empty.json");
         std::fs::write(&empty, "").unwrap();

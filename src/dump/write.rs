@@ -258,47 +258,6 @@ fn process_exists(pid: u32) -> bool {
     rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
-/// Writes `bytes` to a new temporary file in the directory `dfd`, synced and with exactly `mode`;
-/// returns its name. Nothing is left behind on failure.
-fn write_temp(
-    dfd: libc::c_int,
-    host: &str,
-    pid: u32,
-    bytes: &[u8],
-    mode: u32,
-) -> io::Result<CString> {
-    let c_tmp = c_name(&temp_name(host, pid))?;
-    let fd = unsafe {
-        libc::openat(
-            dfd,
-            c_tmp.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            // Never wider than 0600 while it is being written, whatever was asked.
-            (mode & 0o600) as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
-    // A full disk or RLIMIT_FSIZE must fail this write, not kill the program: SIGXFSZ is held
-    // off on this thread meanwhile (and a pending one consumed), so the write returns EFBIG.
-    let result = without_sigxfsz(|| file.write_all(bytes).and_then(|_| file.sync_all()))
-        // Exactly the asked bits, whatever the umask took away (never more, never less).
-        .and_then(|_| {
-            if unsafe { libc::fchmod(file.as_raw_fd(), mode as libc::mode_t) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    drop(file);
-    if let Err(e) = result {
-        unsafe { libc::unlinkat(dfd, c_tmp.as_ptr(), 0) };
-        return Err(e);
-    }
-    Ok(c_tmp)
-}
-
 /// Replaces the dump at `path`, written earlier by this process (a provisional dump whose
 /// outcome is now known), with `bytes`: readers see the old file or the new one, never a mix.
 pub fn rewrite_dump(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
@@ -320,8 +279,8 @@ pub fn rewrite_dump(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
         .map_err(fail)?;
     let dfd = dir_fd.as_raw_fd();
     let host = hostname_for_temp();
-    let c_tmp =
-        write_temp(dfd, &host, std::process::id(), bytes, file_mode() & 0o775).map_err(fail)?;
+    let c_tmp = c_name(&temp_name(&host, std::process::id())).map_err(fail)?;
+    write_temp(dfd, &c_tmp, bytes, file_mode() & 0o775).map_err(fail)?;
     let c_to = c_name(file).map_err(fail)?;
     if unsafe { libc::renameat(dfd, c_tmp.as_ptr(), dfd, c_to.as_ptr()) } != 0 {
         let e = io::Error::last_os_error();
@@ -344,10 +303,11 @@ fn write_in(dir: &Path, name: &DumpName, bytes: &[u8], mode: u32) -> io::Result<
     let (dir_fd, dir) = open_target_dir(dir)?;
     let dfd = dir_fd.as_raw_fd();
     remove_stale_temps(dfd, &dir, &name.host);
-    let c_tmp = write_temp(dfd, &name.host, name.pid, bytes, mode)?;
+    let c_tmp = c_name(&temp_name(&name.host, name.pid))?;
     let remove_tmp = || unsafe {
         libc::unlinkat(dfd, c_tmp.as_ptr(), 0);
     };
+    write_temp(dfd, &c_tmp, bytes, mode)?;
     // Claim the next free name without ever replacing a file.
     for _ in 0..10_000 {
         let seq = NEXT_SEQ.fetch_add(1, Ordering::Relaxed);
@@ -369,31 +329,89 @@ fn write_in(dir: &Path, name: &DumpName, bytes: &[u8], mode: u32) -> io::Result<
     ))
 }
 
-/// Runs `f` with SIGXFSZ blocked on this thread; a SIGXFSZ that `f` raised is consumed.
-fn without_sigxfsz<R>(f: impl FnOnce() -> R) -> R {
-    unsafe {
-        let mut block: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut block);
-        libc::sigaddset(&mut block, libc::SIGXFSZ);
-        let blocked = libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old) == 0;
-        let mut before: libc::sigset_t = std::mem::zeroed();
-        libc::sigpending(&mut before);
-        let was_pending = libc::sigismember(&before, libc::SIGXFSZ) == 1;
-        let r = f();
-        if blocked {
-            let mut after: libc::sigset_t = std::mem::zeroed();
-            libc::sigpending(&mut after);
-            if !was_pending && libc::sigismember(&after, libc::SIGXFSZ) == 1 {
-                let zero = libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                };
-                libc::sigtimedwait(&block, std::ptr::null_mut(), &zero);
-            }
-            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+/// Creates `name` in the directory `dfd` as a new file (`O_CREAT|O_EXCL|O_NOFOLLOW`: never an
+/// existing file, never through a planted symlink), writes `bytes`, fsyncs it and sets exactly
+/// `mode`. On any failure the file is removed again, so a full disk or `RLIMIT_FSIZE` leaves
+/// nothing behind. Shared by dumps and by every file the CLI writes.
+fn write_temp(dfd: libc::c_int, name: &CString, bytes: &[u8], mode: u32) -> io::Result<()> {
+    let fd = unsafe {
+        libc::openat(
+            dfd,
+            name.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            // Never wider than 0600 while it is being written, whatever was asked.
+            (mode & 0o600) as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    // A full disk or RLIMIT_FSIZE must fail this write, not kill the process: SIGXFSZ is held
+    // off on this thread meanwhile (and the one the write raised consumed), so the write
+    // returns EFBIG.
+    let result = crate::signals::with_signal_held(libc::SIGXFSZ, || {
+        file.write_all(bytes).and_then(|_| file.sync_all())
+    })
+    // Exactly the asked bits, whatever the umask took away (never more, never less).
+    .and_then(|_| {
+        if unsafe { libc::fchmod(file.as_raw_fd(), mode as libc::mode_t) } != 0 {
+            return Err(io::Error::last_os_error());
         }
-        r
+        Ok(())
+    });
+    drop(file);
+    if result.is_err() {
+        unsafe { libc::unlinkat(dfd, name.as_ptr(), 0) };
+    }
+    result
+}
+
+/// Writes `bytes` to `target` atomically: a new temporary file with a random name in the
+/// target's directory (created `O_CREAT|O_EXCL|O_NOFOLLOW`, so a symlink or file planted at any
+/// name is never followed or reused), fsynced, given exactly `mode` (the world-writable bit is
+/// dropped), then renamed over `target`. A symlink at `target` itself is replaced, not
+/// followed. On failure nothing is left behind and `target` is untouched. Used for every file
+/// the CLI writes (HTML reports, memory-viz pickles, the Python hook).
+pub fn write_file_atomically(target: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    let name = target.file_name().ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, "the output path names no file")
+    })?;
+    let dir = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let dir_fd = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)?;
+    let dfd = dir_fd.as_raw_fd();
+    let c_to = CString::new(name.as_encoded_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // The temporary name: hidden, recognisably ours, unguessable, and short enough for any
+    // file system whatever the target's name.
+    let mut tmp = b".".to_vec();
+    tmp.extend(name.as_encoded_bytes().iter().take(200));
+    tmp.extend(format!(".oomshim-{:016x}.tmp", random_u64()).bytes());
+    let c_tmp = CString::new(tmp).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    write_temp(dfd, &c_tmp, bytes, mode & 0o775)?;
+    if unsafe { libc::renameat(dfd, c_tmp.as_ptr(), dfd, c_to.as_ptr()) } != 0 {
+        let e = io::Error::last_os_error();
+        unsafe { libc::unlinkat(dfd, c_tmp.as_ptr(), 0) };
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// 64 random bits from the kernel (`getrandom`), or, should that fail, from the clock, a
+/// counter and the pid: only ever a name, whose creation is `O_EXCL` anyway.
+fn random_u64() -> u64 {
+    let mut v = 0u64;
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
+    if n == 8 {
+        v
+    } else {
+        unique_suffix() ^ ((std::process::id() as u64) << 40)
     }
 }
 

@@ -400,7 +400,7 @@ pub unsafe extern "C" fn oomshim_dump(reason: *const c_char) -> c_int {
     let reason = if reason.is_null() {
         "on-demand".to_string()
     } else {
-        CStr::from_ptr(reason).to_string_lossy().into_owned()
+        runtime::dump_reason(CStr::from_ptr(reason).to_bytes())
     };
     let written = guard.run(|| {
         // Through the runtime when the process has one, else through the driver (a static

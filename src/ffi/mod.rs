@@ -113,8 +113,39 @@ pub(crate) fn guarded<R>(f: impl FnOnce() -> R) -> Option<R> {
     guard.run(f)
 }
 
-/// The write end of the pipe the dump signal's handler pokes, or -1.
-static DUMP_SIGNAL_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+/// The semaphore the dump signal's handler posts and the shim's signal thread waits on.
+///
+/// Not a pipe: a descriptor of the shim's would live among the program's, and a program that
+/// closes every descriptor it did not open (`closefrom(3)`, as daemons and job runners do) and
+/// opens files that get the same numbers would have the handler's byte written into one of its
+/// own files. A semaphore is no descriptor, and `sem_post` is async-signal-safe (POSIX).
+struct DumpSignalSem(std::cell::UnsafeCell<libc::sem_t>);
+// Safety: a sem_t is made to be shared between threads; it is initialised once (`sem_init`,
+// guarded by DUMP_SIGNAL_READY) before the handler or the waiting thread touches it.
+unsafe impl Sync for DumpSignalSem {}
+static DUMP_SIGNAL_SEM: DumpSignalSem =
+    DumpSignalSem(std::cell::UnsafeCell::new(unsafe { std::mem::zeroed() }));
+static DUMP_SIGNAL_READY: std::sync::Once = std::sync::Once::new();
+static DUMP_SIGNAL_OK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Initialises the dump signal's semaphore (once); false when that failed.
+pub(crate) fn dump_signal_init() -> bool {
+    DUMP_SIGNAL_READY.call_once(|| {
+        let ok = unsafe { libc::sem_init(DUMP_SIGNAL_SEM.0.get(), 0, 0) } == 0;
+        DUMP_SIGNAL_OK.store(ok, std::sync::atomic::Ordering::Release);
+    });
+    DUMP_SIGNAL_OK.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// Blocks until the dump signal arrived at least once since the last return; the signals that
+/// arrived meanwhile are one dump. Call only after [`dump_signal_init`] returned true.
+pub(crate) fn wait_for_dump_signal() {
+    let sem = DUMP_SIGNAL_SEM.0.get();
+    while unsafe { libc::sem_wait(sem) } != 0 {
+        // EINTR: another signal handler ran on this thread; wait on.
+    }
+    while unsafe { libc::sem_trywait(sem) } == 0 {}
+}
 
 struct OldAction(libc::sigaction);
 // Safety: a plain C struct, written once before the handler is installed and only read after.
@@ -122,15 +153,13 @@ unsafe impl Sync for OldAction {}
 unsafe impl Send for OldAction {}
 static OLD_DUMP_ACTION: std::sync::OnceLock<OldAction> = std::sync::OnceLock::new();
 
-/// `OOMSHIM_SIGNAL`'s handler: async-signal-safe, it only writes one byte to a pipe (a writer
-/// thread does the dump) and then runs whatever handler the program had installed before.
+/// `OOMSHIM_SIGNAL`'s handler: async-signal-safe, it only posts a semaphore (a thread of the
+/// shim's does the dump) and then runs whatever handler the program had installed before.
 extern "C" fn on_dump_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     unsafe {
         let errno = *libc::__errno_location();
-        let fd = DUMP_SIGNAL_FD.load(std::sync::atomic::Ordering::Relaxed);
-        if fd >= 0 {
-            let byte = 1u8;
-            libc::write(fd, (&byte as *const u8).cast(), 1);
+        if DUMP_SIGNAL_OK.load(std::sync::atomic::Ordering::Acquire) {
+            libc::sem_post(DUMP_SIGNAL_SEM.0.get());
         }
         *libc::__errno_location() = errno;
         if let Some(OldAction(old)) = OLD_DUMP_ACTION.get() {
@@ -149,8 +178,9 @@ extern "C" fn on_dump_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: 
     }
 }
 
-/// Installs the dump signal's handler, which pokes `write_fd`. Once per process.
-pub(crate) fn install_dump_signal(signo: i32, write_fd: i32) -> std::io::Result<()> {
+/// Installs the dump signal's handler, which posts the semaphore [`wait_for_dump_signal`]
+/// waits on. Once per process; [`dump_signal_init`] must have succeeded.
+pub(crate) fn install_dump_signal(signo: i32) -> std::io::Result<()> {
     unsafe {
         let mut old: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(signo, std::ptr::null(), &mut old) != 0 {
@@ -159,7 +189,6 @@ pub(crate) fn install_dump_signal(signo: i32, write_fd: i32) -> std::io::Result<
         if OLD_DUMP_ACTION.set(OldAction(old)).is_err() {
             return Ok(()); // already installed
         }
-        DUMP_SIGNAL_FD.store(write_fd, std::sync::atomic::Ordering::Relaxed);
         let mut act: libc::sigaction = std::mem::zeroed();
         act.sa_sigaction = on_dump_signal
             as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
@@ -172,6 +201,22 @@ pub(crate) fn install_dump_signal(signo: i32, write_fd: i32) -> std::io::Result<
     }
     Ok(())
 }
+
+/// What the shim notes the moment it is loaded, before the program's `main` can change it:
+/// the identity of fd 2 (so the shim never writes into a file that later took that number,
+/// `runtime::say`) and the working directory (a relative `OOMSHIM_DIR` is relative to where
+/// the program started, not to where it has moved by its first CUDA call). One `fstat` and one
+/// `getcwd` into a static buffer: nothing is allocated, nothing can fail loudly.
+extern "C" fn note_load_time_facts() {
+    let _ = catch_unwind(|| {
+        crate::runtime::say::note_stderr_at_load();
+        crate::runtime::note_start_dir();
+    });
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static NOTE_LOAD_TIME_FACTS: extern "C" fn() = note_load_time_facts;
 
 /// `OOMSHIM_AT_EXIT`: a dump of what is still live when the program exits.
 extern "C" fn dump_at_exit() {

@@ -239,7 +239,7 @@ fn config_from_env() -> AllocConfig {
             if k.trim() == "max_split_size_mb" {
                 match v.trim().parse::<u64>() {
                     Ok(mb) if mb > 20 => config.max_split_size = Some(mb << 20),
-                    _ => eprintln!(
+                    _ => crate::say!(
                         "oomshim: PYTORCH_CUDA_ALLOC_CONF max_split_size_mb={v} ignored (must be a number above 20)"
                     ),
                 }

@@ -140,13 +140,23 @@ fn vm_read(addr: usize, buf: &mut [u8]) -> Option<bool> {
     Some(false)
 }
 
+/// Reads through `/proc/self/mem`, kept open as a descriptor of the shim's own: high, and
+/// checked to still be that file before each read (the program may have closed it and reused
+/// the number, see `crate::own_fd`). Once it is gone it stays gone (this is the fallback of a
+/// fallback): reads then fail.
 fn proc_mem_read(addr: usize, buf: &mut [u8]) -> bool {
-    static FD: OnceLock<Option<std::fs::File>> = OnceLock::new();
-    let Some(file) = FD.get_or_init(|| std::fs::File::open("/proc/self/mem").ok()) else {
+    static OPENED: OnceLock<()> = OnceLock::new();
+    static FD: crate::own_fd::OwnFd = crate::own_fd::OwnFd::new();
+    OPENED.get_or_init(|| {
+        if let Ok(f) = std::fs::File::open("/proc/self/mem") {
+            FD.adopt(f);
+        }
+    });
+    let Some(fd) = FD.get() else {
         return false;
     };
-    use std::os::unix::fs::FileExt;
-    file.read_exact_at(buf, addr as u64).is_ok()
+    let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), addr as libc::off_t) };
+    n == buf.len() as isize
 }
 
 #[cfg(test)]

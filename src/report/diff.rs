@@ -3,7 +3,7 @@
 //! by address, so two runs of the same program (different address-space layouts) line up.
 
 use super::named_frames;
-use super::units::{human_bytes, thousands};
+use super::units::{clean, human_bytes, thousands};
 use crate::dump::model::{Dump, Frame};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 /// One site present in either dump.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SiteChange {
-    /// Readable name: the innermost named frames.
+    /// Readable name: the innermost named frames, cleaned for a terminal (function and file
+    /// names come from the dump).
     pub label: String,
     pub before_bytes: u64,
     pub after_bytes: u64,
@@ -63,15 +64,15 @@ fn site_label(stack: &[Frame]) -> String {
     let names: Vec<String> = named_frames(stack)
         .take(2)
         .map(|f| {
-            let name = f.function.as_deref().unwrap_or("?");
+            let name = clean(f.function.as_deref().unwrap_or("?"));
             match (&f.file, f.line) {
                 (Some(file), Some(line)) => {
                     format!(
                         "{name} ({}:{line})",
-                        file.rsplit('/').next().unwrap_or(file)
+                        clean(file.rsplit('/').next().unwrap_or(file))
                     )
                 }
-                _ => name.to_string(),
+                _ => name,
             }
         })
         .collect();

@@ -158,10 +158,19 @@ pub struct MemoryViz {
     pub warning: Option<String>,
 }
 
-/// The snapshot pickle (protocol 3) for `dump`.
+/// Device ordinals the snapshot has trace lists for: torch's snapshot holds one list per device,
+/// indexed by ordinal, so the count follows the highest ordinal, not the number of devices. A
+/// dump's ordinal is only a number in a file: a hostile 2147483647 must not make a list of 2^31
+/// lists (48 GiB). No machine has more GPUs than this.
+pub const MAX_DEVICES: usize = 1024;
+
+/// The snapshot pickle (protocol 3) for `dump`. Holders on devices at or beyond
+/// [`MAX_DEVICES`] (only in a corrupt or hostile dump) are left out.
 pub fn memory_viz(dump: &Dump) -> Result<MemoryViz, String> {
+    let on_a_device = |d: i32| d >= 0 && (d as usize) < MAX_DEVICES;
     let mut warnings = Vec::new();
     let mut raw = segments_of(dump, &mut warnings);
+    raw.retain(|s| on_a_device(s.device));
     // Rank order of the real addresses, per device; the remainder last.
     raw.sort_by_key(|s| (s.device, s.real.is_none(), s.real));
 
@@ -181,7 +190,7 @@ pub fn memory_viz(dump: &Dump) -> Result<MemoryViz, String> {
         .iter()
         .map(|d| d.index)
         .chain(raw.iter().map(|s| s.device))
-        .filter(|&d| d >= 0)
+        .filter(|&d| on_a_device(d))
         .max()
         .map_or(1, |d| d as usize + 1);
     let mut traced: Vec<Vec<(u64, u64, TraceEvent)>> = (0..devices).map(|_| Vec::new()).collect();

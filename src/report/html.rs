@@ -19,7 +19,6 @@
 //! `<pre id="selftest-result">`; `tests/html.rs` runs it in headless Chromium.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 
 use serde_json::{json, Value};
@@ -366,37 +365,18 @@ const SKELETON: &str = r#"<header id="top"><h1>oomshim report</h1><div id="headl
 </main>
 "#;
 
-/// Writes the page for `dump` to `out` atomically: a temporary file in the same directory is
-/// written, synced and renamed over `out`, so readers see the old file or the whole new one.
+/// Writes the page for `dump` to `out` atomically (mode 0600): a temporary file in the same
+/// directory is written, synced and renamed over `out`, so readers see the old file or the
+/// whole new one.
 pub fn write_html(dump: &Dump, out: &Path) -> std::io::Result<()> {
+    write_html_with_mode(dump, out, 0o600)
+}
+
+/// [`write_html`] with the file's permission bits (the CLI passes the dump's, see
+/// `cli::output_mode`), through the one atomic writer every output file goes through.
+pub fn write_html_with_mode(dump: &Dump, out: &Path, mode: u32) -> std::io::Result<()> {
     let page = render_html(dump);
-    let dir = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let name = out
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "report.html".into());
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let tmp = dir.join(format!(".{name}.tmp-{}-{nanos}", std::process::id()));
-    let result = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        file.write_all(page.as_bytes())?;
-        file.sync_all()?;
-        drop(file);
-        std::fs::rename(&tmp, out)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    crate::dump::write::write_file_atomically(out, page.as_bytes(), mode)
 }
 
 #[cfg(test)]

@@ -84,20 +84,23 @@ fn json_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// Named `*.json`. Whether it is a regular file is decided by the reader, on the descriptor it
+/// opened (a FIFO or device planted under such a name is refused there, without blocking).
 fn is_json(p: &Path) -> bool {
-    p.is_file() && p.extension().is_some_and(|x| x == "json")
+    p.extension().is_some_and(|x| x == "json")
 }
 
 /// Reads every dump under `dir`. Foreign JSON files are skipped quietly; broken dumps are listed
 /// in `problems`. An unreadable directory is an error.
 pub fn merge_dir(dir: &Path) -> Result<Merged, String> {
-    let files = json_files(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let files = json_files(dir).map_err(|e| format!("{}: {e}", super::units::clean_path(dir)))?;
     let mut rows = Vec::new();
     let mut problems = Vec::new();
     for f in files {
         match read_dump(&f) {
             Ok(d) => rows.push(row(f, &d)),
-            Err(DumpError::WrongSchema { .. }) => {}
+            // Not dumps: foreign JSON, and FIFOs, devices or directories named like one.
+            Err(DumpError::WrongSchema { .. } | DumpError::NotRegular { .. }) => {}
             Err(e) => problems.push(e.to_string()),
         }
     }
@@ -117,10 +120,12 @@ pub fn merge_dir(dir: &Path) -> Result<Merged, String> {
     })
 }
 
+/// A process in words, for the balance lines (the host name comes from a dump: cleaned).
 fn who(r: &Row) -> String {
+    let host = super::units::truncate_middle(&super::units::clean(&r.host), 64);
     match r.rank {
-        Some(rank) => format!("rank {rank} ({} pid {})", r.host, r.pid),
-        None => format!("{} pid {}", r.host, r.pid),
+        Some(rank) => format!("rank {rank} ({host} pid {})", r.pid),
+        None => format!("{host} pid {}", r.pid),
     }
 }
 

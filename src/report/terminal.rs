@@ -38,7 +38,7 @@ pub fn render_terminal(dump: &Dump, opts: &ReportOptions) -> String {
     }
     verdict(&mut out, &s, dump);
     devices(&mut out, &s, dump);
-    gpu_processes(&mut out, &s, dump);
+    gpu_processes(&mut out, &s, dump, opts.top);
     holders(&mut out, &s, dump, opts.top);
     sites(&mut out, &s, dump, opts.top);
     pinned(&mut out, &s, dump);
@@ -507,8 +507,11 @@ fn pinned(out: &mut String, s: &Style, dump: &Dump) {
     );
 }
 
-/// Processes NVML lists on the device (absent in dumps without them).
-fn gpu_processes(out: &mut String, s: &Style, dump: &Dump) {
+/// Processes NVML lists on the device (absent in dumps without them): the `top` largest, and
+/// this process wherever it ranks; the rest are counted, not listed (a shared node can list
+/// thousands).
+fn gpu_processes(out: &mut String, s: &Style, dump: &Dump, top: usize) {
+    use crate::facts::gpu_processes::Relation;
     let Some(g) = &dump.gpu_processes else { return };
     let _ = writeln!(
         out,
@@ -523,15 +526,44 @@ fn gpu_processes(out: &mut String, s: &Style, dump: &Dump) {
         let _ = writeln!(out, "  none listed");
         return;
     }
-    for p in &g.processes {
-        let relation = p.relation.words();
+    // Largest first (the shim writes them so; a dump from elsewhere may not be).
+    let mut order: Vec<usize> = (0..g.processes.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(g.processes[i].used_bytes.unwrap_or(0)));
+    let top = top.max(1);
+    let mut shown: Vec<usize> = order.iter().copied().take(top).collect();
+    if let Some(&me) = order
+        .iter()
+        .skip(top)
+        .find(|&&i| g.processes[i].relation == Relation::This)
+    {
+        shown.push(me);
+    }
+    for &i in &shown {
+        let p = &g.processes[i];
         let _ = writeln!(
             out,
             "  {:>8}  {:>12}  {:<24} {}",
             p.pid,
             p.used_bytes.map(human_bytes).unwrap_or_else(|| "?".into()),
-            clean(p.name.as_deref().unwrap_or("-")),
-            relation
+            truncate_middle(&clean(p.name.as_deref().unwrap_or("-")), MAX_CELL),
+            p.relation.words()
+        );
+    }
+    let hidden = g.processes.len() - shown.len();
+    if hidden > 0 {
+        let mut listed = vec![false; g.processes.len()];
+        for &i in &shown {
+            listed[i] = true;
+        }
+        let bytes: u64 = (0..g.processes.len())
+            .filter(|&i| !listed[i])
+            .map(|i| g.processes[i].used_bytes.unwrap_or(0))
+            .fold(0u64, u64::saturating_add);
+        let _ = writeln!(
+            out,
+            "  … and {} more processes holding {} (--top shows more; --json or --html lists all)",
+            thousands(hidden as u64),
+            human_bytes(bytes)
         );
     }
 }

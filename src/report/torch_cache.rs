@@ -4,8 +4,9 @@
 //! not the free blocks inside them; torch's snapshot has them, which is what tells fragmentation
 //! apart from plain exhaustion.
 
-use super::units::{human_bytes, percent};
+use super::units::{clean, clean_path, human_bytes, percent};
 use crate::dump::model::{Dump, FreeBlocks, HistogramBin};
+use crate::dump::read::Links;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -51,13 +52,18 @@ pub struct CacheSummary {
 }
 
 /// Files the hook writes are small; anything larger is not one of them.
-const MAX_BYTES: u64 = 64 << 20;
+pub const MAX_BYTES: u64 = 64 << 20;
 
+/// A side file, if `path` is one: a regular file (never a FIFO or device, and never through a
+/// symlink: it is found by name in a directory others may write to), at most [`MAX_BYTES`].
 fn read(path: &Path) -> Option<TorchCache> {
-    if std::fs::metadata(path).ok()?.len() > MAX_BYTES {
-        return None;
-    }
-    let c: TorchCache = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    let bytes = crate::dump::read::read_bounded(path, MAX_BYTES, Links::Refuse).ok()?;
+    parse(&bytes)
+}
+
+/// A side file's bytes as its summary, when they are one.
+pub fn parse(bytes: &[u8]) -> Option<TorchCache> {
+    let c: TorchCache = serde_json::from_slice(bytes).ok()?;
     (c.schema == SCHEMA).then_some(c)
 }
 
@@ -157,7 +163,7 @@ pub fn describe(path: &Path, cache: &TorchCache) -> String {
     let c = &cache.cache;
     let mut out = format!(
         "PyTorch's cache when it raised OutOfMemoryError (from {})\n",
-        path.display()
+        clean_path(path)
     );
     out.push_str(&format!(
         "  reserved {} in {} segments; allocated {}; free inside the cache {} (largest block {}, {} of it in split segments)\n",
@@ -180,14 +186,15 @@ pub fn describe(path: &Path, cache: &TorchCache) -> String {
     out.push_str(&format!(
         "  PYTORCH_CUDA_ALLOC_CONF={}\n",
         if cache.alloc_conf.is_empty() {
-            "(not set)"
+            "(not set)".to_string()
         } else {
-            cache.alloc_conf.as_str()
+            clean(&cache.alloc_conf)
         }
     ));
     if let Some(f) = &cache.snapshot_file {
         out.push_str(&format!(
-            "  full snapshot: {f} (open it at https://pytorch.org/memory_viz)\n"
+            "  full snapshot: {} (open it at https://pytorch.org/memory_viz)\n",
+            clean(f)
         ));
     }
     out

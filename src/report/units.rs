@@ -94,6 +94,13 @@ pub fn clean(text: &str) -> String {
     out
 }
 
+/// A file name for a message: [`clean`] of its display form, so a name holding newlines or
+/// escape sequences (which file names may) keeps a message on one line and off the terminal's
+/// controls.
+pub fn clean_path(path: &std::path::Path) -> String {
+    clean(&path.display().to_string())
+}
+
 /// Display width used for alignment: characters, not bytes.
 pub fn width(text: &str) -> usize {
     text.chars().count()

@@ -8,6 +8,7 @@ mod assemble;
 pub mod framework;
 mod growth;
 mod oom;
+pub mod say;
 
 pub use growth::StepSource;
 pub use oom::{FrameworkNote, OomEvent};
@@ -43,7 +44,9 @@ pub fn disabled() -> bool {
 /// Switches the shim to pass-through for the rest of the process, saying why once.
 pub fn disable(why: &str) {
     if !DISABLED.swap(true, Ordering::Relaxed) {
-        eprintln!("oomshim: {why}; tracking is off from here on, the program continues unchanged");
+        crate::say!(
+            "oomshim: {why}; tracking is off from here on, the program continues unchanged"
+        );
     }
 }
 
@@ -56,7 +59,7 @@ pub fn report_missing(name: &str) {
 /// One message per layer for the whole process: the first missing function names the problem.
 fn say_missing_once(said: &AtomicBool, name: &str, layer: &str, returns: &str) {
     if !said.swap(true, Ordering::Relaxed) {
-        eprintln!(
+        crate::say!(
             "oomshim: the real {name} was not found in this process (is the CUDA {layer} loaded?); \
              calls to it return {returns}"
         );
@@ -79,25 +82,22 @@ fn shim() -> Option<&'static Shim> {
 /// from a thread of the shim's own, asking could create a CUDA context.
 fn start_triggers(s: &'static Shim) {
     if let Some(signo) = s.config.dump_signal {
-        let mut fds = [0i32; 2];
-        let ok = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0
-            && unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) } == 0;
-        let reader = fds[0];
-        let spawned = ok
+        // The handler posts a semaphore (no descriptor the program could close or reuse,
+        // see `ffi::wait_for_dump_signal`); this thread writes the dump.
+        let spawned = crate::ffi::dump_signal_init()
             && std::thread::Builder::new()
                 .name("oomshim-signal".into())
-                .spawn(move || {
-                    let mut buf = [0u8; 64];
-                    // Several signals before a dump finishes are one dump.
-                    while unsafe { libc::read(reader, buf.as_mut_ptr().cast(), buf.len()) } > 0 {
-                        crate::ffi::guarded(|| dump_now("signal", None, None, None));
-                    }
+                .spawn(|| loop {
+                    crate::ffi::wait_for_dump_signal();
+                    crate::ffi::guarded(|| dump_now("signal", None, None, None));
                 })
                 .is_ok();
-        match spawned.then(|| crate::ffi::install_dump_signal(signo, fds[1])) {
+        match spawned.then(|| crate::ffi::install_dump_signal(signo)) {
             Some(Ok(())) => tracing::debug!(signo, "dump signal installed"),
-            Some(Err(e)) => eprintln!("oomshim: OOMSHIM_SIGNAL: cannot install the handler ({e})"),
-            None => eprintln!("oomshim: OOMSHIM_SIGNAL: cannot start the dump thread"),
+            Some(Err(e)) => {
+                crate::say!("oomshim: OOMSHIM_SIGNAL: cannot install the handler ({e})")
+            }
+            None => crate::say!("oomshim: OOMSHIM_SIGNAL: cannot start the dump thread"),
         }
     }
     if let Some(every) = s.config.interval {
@@ -108,7 +108,7 @@ fn start_triggers(s: &'static Shim) {
                 crate::ffi::guarded(|| dump_now("interval", None, None, None));
             });
         if spawned.is_err() {
-            eprintln!("oomshim: OOMSHIM_INTERVAL: cannot start the dump thread");
+            crate::say!("oomshim: OOMSHIM_INTERVAL: cannot start the dump thread");
         }
     }
     if s.config.at_exit {
@@ -125,10 +125,14 @@ pub fn at_exit_dump() {
 
 impl Shim {
     fn start() -> Shim {
-        let (config, warnings) = Config::from_lookup(|k| std::env::var(k).ok());
+        let (mut config, warnings) = Config::from_lookup(|k| std::env::var(k).ok());
         for w in &warnings {
-            eprintln!("oomshim: {w}");
+            crate::say!("oomshim: {w}");
         }
+        // Once, now: a relative directory is relative to where the program started (noted
+        // when the shim was loaded), whatever it chdirs to later; messages name it absolutely.
+        let base = start_dir().or_else(|| std::env::current_dir().ok());
+        config.dir = crate::config::resolve_dir(&config.dir, base.as_deref());
         crate::dump::write::set_file_mode(config.dump_mode);
         let _ = crate::config::fault(); // the test hook is read once, now
         if let Some(filter) = &config.log {
@@ -500,7 +504,7 @@ pub fn record_oom(event: OomEvent) {
 pub fn record_pinned_failure(api: Api, bytes: u64) {
     let Some(s) = shim() else { return };
     if s.pinned_failures.fetch_add(1, Ordering::Relaxed) == 0 {
-        eprintln!(
+        crate::say!(
             "oomshim: {} of {} of page-locked host memory failed (host memory, not device memory)",
             api.name(),
             crate::report::units::human_bytes(bytes)
@@ -548,12 +552,32 @@ pub(crate) fn room_for_dump(s: &Shim) -> bool {
     }
     static SAID: AtomicBool = AtomicBool::new(false);
     if !SAID.swap(true, Ordering::Relaxed) {
-        eprintln!(
+        crate::say!(
             "oomshim: no dump written: the process is out of host address space ({} needed); the program continues",
             crate::report::units::human_bytes(need as u64)
         );
     }
     false
+}
+
+/// Longest dump reason kept, in characters: a label, not a log.
+pub const MAX_REASON_CHARS: usize = 200;
+
+/// The reason a program passed to `oomshim_dump`, as the dump records it and stderr echoes it:
+/// at most [`MAX_REASON_CHARS`] characters (only the first bytes of a huge one are even
+/// looked at), invalid UTF-8 replaced and control characters shown escaped, so a reason can
+/// neither flood stderr nor drive the terminal.
+pub fn dump_reason(raw: &[u8]) -> String {
+    let head = &raw[..raw.len().min(MAX_REASON_CHARS * 4)];
+    let text = String::from_utf8_lossy(head);
+    let mut out: String = crate::report::units::clean(&text)
+        .chars()
+        .take(MAX_REASON_CHARS)
+        .collect();
+    if out.len() < raw.len() && out.chars().count() == MAX_REASON_CHARS {
+        out.push('…');
+    }
+    out
 }
 
 /// Writes an on-demand dump on the calling thread. True when a dump file was written.
@@ -580,14 +604,58 @@ pub fn dump_now(
     let dump = assemble::assemble(s, reason, &capture, None, None, None);
     match oom::write(s, &dump) {
         Ok(w) => {
-            eprintln!("oomshim: dump ({reason}) written: {}", w.path.display());
+            crate::say!("oomshim: dump ({reason}) written: {}", w.path.display());
             true
         }
         Err(e) => {
-            eprintln!("oomshim: could not write the dump ({reason}): {e}");
+            crate::say!("oomshim: could not write the dump ({reason}): {e}");
             false
         }
     }
+}
+
+/// The working directory when the shim was loaded ([`note_start_dir`]), in a static buffer:
+/// noted from the load-time constructor, where nothing should be allocated.
+struct StartDir {
+    len: std::sync::atomic::AtomicUsize,
+    buf: std::cell::UnsafeCell<[u8; START_DIR_MAX]>,
+}
+/// `PATH_MAX`: a longer working directory is not noted (the one at start-up is used then).
+const START_DIR_MAX: usize = 4096;
+// Safety: `buf` is written once, by `note_start_dir`, before `len` is published (Release);
+// readers read it only after seeing a non-zero `len` (Acquire), and never write it.
+unsafe impl Sync for StartDir {}
+static START_DIR: StartDir = StartDir {
+    len: std::sync::atomic::AtomicUsize::new(0),
+    buf: std::cell::UnsafeCell::new([0; START_DIR_MAX]),
+};
+
+/// Notes the working directory (`getcwd` into the static buffer). Called once, from the
+/// shim's load-time constructor (`crate::ffi`), when a preloaded shim sees the directory the
+/// program was started in.
+pub(crate) fn note_start_dir() {
+    use std::sync::atomic::Ordering;
+    if START_DIR.len.load(Ordering::Acquire) != 0 {
+        return;
+    }
+    let buf = START_DIR.buf.get().cast::<libc::c_char>();
+    if unsafe { libc::getcwd(buf, START_DIR_MAX) }.is_null() {
+        return; // deleted, unreachable or too long: the directory at start-up is used then
+    }
+    let len = unsafe { libc::strlen(buf) };
+    START_DIR.len.store(len, Ordering::Release);
+}
+
+/// The working directory the shim noted when it was loaded.
+fn start_dir() -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let len = START_DIR.len.load(Ordering::Acquire);
+    if len == 0 {
+        return None;
+    }
+    let all: &[u8; START_DIR_MAX] = unsafe { &*START_DIR.buf.get() };
+    let bytes = &all[..len];
+    Some(std::ffi::OsStr::from_bytes(bytes).into())
 }
 
 /// Called at process exit: lets a dump that waits to learn whether its failure was recovered
@@ -595,6 +663,22 @@ pub fn dump_now(
 pub fn flush_at_exit() {
     if let Some(s) = SHIM.get() {
         s.oom.flush(std::time::Duration::from_secs(30));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dump_reasons_are_bounded_and_clean() {
+        assert_eq!(dump_reason(b"before-eval"), "before-eval");
+        assert_eq!(dump_reason(b"a\x1b[2Jb\n"), "a\\u{1b}[2Jb\\n");
+        assert_eq!(dump_reason(b"\xff ok"), "\u{fffd} ok");
+        let huge = dump_reason(&vec![b'r'; 10_000_000]);
+        assert_eq!(huge.chars().count(), MAX_REASON_CHARS + 1);
+        assert!(huge.ends_with('…'));
+        assert!(!dump_reason(&vec![0x07; 5000]).chars().any(char::is_control));
     }
 }
 

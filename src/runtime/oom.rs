@@ -932,14 +932,14 @@ fn without_dump_line(repeats: u64, suppressed: u64) -> String {
         ));
     }
     format!(
-        "oomshim: {} out-of-memory failures after the last dump got no dump of their own: {}",
+        "{} out-of-memory failures after the last dump got no dump of their own: {}",
         thousands(repeats + suppressed),
         parts.join("; ")
     )
 }
 
 fn say(text: &str) {
-    eprintln!("oomshim: {text}");
+    super::say::say(&format!("oomshim: {text}"));
 }
 
 /// The ledger and the device as they are at a failure, for its dump: taken on the failing
@@ -1040,7 +1040,7 @@ pub(super) fn write(s: &Shim, dump: &Dump) -> Result<Written, WriteError> {
     let written = write_dump(&s.config.dir, &name, &bytes)?;
     if let Some(why) = &written.fell_back {
         if !FALLBACK_SAID.swap(true, Ordering::Relaxed) {
-            eprintln!(
+            crate::say!(
                 "oomshim: {why}; writing dumps to {} instead",
                 written.path.parent().unwrap_or(&written.path).display()
             );
@@ -1063,7 +1063,7 @@ fn rewrite(path: &std::path::Path, dump: &Dump) -> Result<Written, WriteError> {
 
 pub(super) fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
     if let Some(text) = summary_lines(dump, written) {
-        eprintln!("{text}");
+        super::say::say(&text);
     }
 }
 
@@ -1218,7 +1218,7 @@ mod summary_tests {
     fn failures_without_a_dump_are_said_in_one_line() {
         assert_eq!(
             without_dump_line(3, 0),
-            "oomshim: 3 out-of-memory failures after the last dump got no dump of their own: 3 repeated an earlier \
+            "3 out-of-memory failures after the last dump got no dump of their own: 3 repeated an earlier \
              dumped failure within OOMSHIM_MIN_INTERVAL"
         );
         assert!(without_dump_line(1, 5).contains("5 came over the OOMSHIM_MAX_DUMPS cap"));

@@ -57,7 +57,7 @@ fn symbolize_inner(addrs: &[usize]) -> Vec<Vec<Frame>> {
     if !address_space_headroom(need) {
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            eprintln!(
+            crate::say!(
                 "oomshim: too little host memory left to symbolise stacks (about {} MiB needed); \
                  dumps carry raw addresses",
                 need >> 20

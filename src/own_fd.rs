@@ -1,0 +1,106 @@
+//! A descriptor the shim keeps open inside the host program for a long time. The program owns
+//! the descriptor table: it may close every descriptor it did not open (`closefrom(3)`, as
+//! daemons and job runners do) and then open files that get the same numbers. A descriptor of
+//! the shim's is therefore moved out of the low range the program's own files use
+//! (`F_DUPFD_CLOEXEC` at or above [`FLOOR`]), and its identity (`st_dev`, `st_ino`) is checked
+//! with `fstat` before each use: a number that now names another file is never read from or
+//! written to, and never closed. (The dump signal needs no descriptor at all: see
+//! `ffi::wait_for_dump_signal`.)
+
+use std::os::fd::{IntoRawFd, RawFd};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+
+/// Lowest number a kept descriptor is moved to, where `RLIMIT_NOFILE` allows (then lower
+/// floors are tried, down to keeping the number it had).
+pub const FLOOR: RawFd = 512;
+
+pub struct OwnFd {
+    fd: AtomicI32,
+    dev: AtomicU64,
+    ino: AtomicU64,
+}
+
+impl OwnFd {
+    pub const fn new() -> OwnFd {
+        OwnFd {
+            fd: AtomicI32::new(-1),
+            dev: AtomicU64::new(0),
+            ino: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes `file` over: its descriptor is moved to a high number (close-on-exec) and its
+    /// identity noted. Call once, before any [`OwnFd::get`].
+    pub fn adopt(&self, file: std::fs::File) {
+        let fd = file.into_raw_fd();
+        let moved = [FLOOR, 256, 64]
+            .into_iter()
+            .map(|floor| unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) })
+            .find(|&n| n >= 0);
+        let fd = match moved {
+            Some(high) => {
+                unsafe { libc::close(fd) };
+                high
+            }
+            None => fd, // no room up there: keep the number, still checked before each use
+        };
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            unsafe { libc::close(fd) };
+            return;
+        }
+        self.dev.store(st.st_dev, Ordering::Relaxed);
+        self.ino.store(st.st_ino, Ordering::Relaxed);
+        self.fd.store(fd, Ordering::Release);
+    }
+
+    /// The descriptor, if it still names the file adopted (one `fstat`; async-signal-safe).
+    pub fn get(&self) -> Option<RawFd> {
+        let fd = self.fd.load(Ordering::Acquire);
+        if fd < 0 {
+            return None;
+        }
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let same = unsafe { libc::fstat(fd, &mut st) } == 0
+            && st.st_dev == self.dev.load(Ordering::Relaxed)
+            && st.st_ino == self.ino.load(Ordering::Relaxed);
+        same.then_some(fd)
+    }
+}
+
+impl Default for OwnFd {
+    fn default() -> Self {
+        OwnFd::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_high_and_never_used_once_the_number_names_another_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = dir.path().join("ours");
+        std::fs::write(&ours, b"x").unwrap();
+        let own = OwnFd::new();
+        own.adopt(std::fs::File::open(&ours).unwrap());
+        let fd = own.get().expect("adopted");
+        assert!(fd >= 64, "moved above the low range: {fd}");
+        assert_ne!(
+            unsafe { libc::fcntl(fd, libc::F_GETFD) } & libc::FD_CLOEXEC,
+            0
+        );
+        // The program closes it and a file of its own gets the number.
+        unsafe { libc::close(fd) };
+        assert_eq!(own.get(), None, "closed");
+        let theirs = std::fs::File::create(dir.path().join("theirs")).unwrap();
+        let n = theirs.into_raw_fd();
+        assert_eq!(unsafe { libc::dup2(n, fd) }, fd);
+        assert_eq!(own.get(), None, "the number now names the program's file");
+        unsafe {
+            libc::close(n);
+            libc::close(fd);
+        }
+    }
+}
