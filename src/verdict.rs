@@ -241,7 +241,50 @@ fn growth_fit(g: &Growth) -> Option<GrowthFit> {
         first: g.tracked[start].clone(),
         last: g.tracked.last()?.clone(),
         of: Some("tracked".to_string()),
+        live_allocations: None,
     })
+}
+
+/// True unless the fit's live allocations are known not to have accumulated: a leak keeps
+/// allocations (at least one every other step); memory that grows while as many allocations
+/// are live as before grew because the allocations got larger (inputs of growing shape).
+fn accumulated(fit: &GrowthFit) -> bool {
+    match fit.live_allocations {
+        Some(c) => c.last >= c.first.saturating_add((fit.samples.saturating_sub(1) / 2).max(1)),
+        None => true,
+    }
+}
+
+/// The process's steady growth when it is no leak because nothing accumulated: the same
+/// number of allocations, larger each step.
+fn growing_shapes(dump: &Dump) -> Option<(GrowthFit, &'static str)> {
+    let g = dump.growth.as_ref().filter(|g| g.unit == "step")?;
+    let fit = growth_fit(g)?;
+    (fit.bytes_per_step >= LEAK_MIN_BYTES_PER_STEP
+        && fit.samples >= crate::dump::fit::MIN_SAMPLES as u64
+        && fit.live_allocations.is_some()
+        && !accumulated(&fit))
+    .then(|| (fit, steps_word(g.steps.as_deref())))
+}
+
+/// The evidence line for [`growing_shapes`].
+fn growing_shapes_evidence(fit: &GrowthFit, steps: &str) -> String {
+    let c = fit.live_allocations.unwrap_or_default();
+    let what = if fit.of.as_deref() == Some("framework_live") {
+        "the framework's live tensors"
+    } else {
+        "live memory"
+    };
+    format!(
+        "{what} grew {}/step over {} {steps} ({} → {}) while the live allocations stayed {} → {}: they grew larger, \
+         none accumulated, so this is no leak (inputs of growing shape, or a buffer enlarged each step)",
+        human_bytes(fit.bytes_per_step),
+        fit.samples,
+        human_bytes(fit.first.bytes),
+        human_bytes(fit.last.bytes),
+        thousands(c.first),
+        thousands(c.last)
+    )
 }
 
 fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
@@ -263,17 +306,22 @@ fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
     let fit = growth_fit(g)?;
     if fit.bytes_per_step < LEAK_MIN_BYTES_PER_STEP
         || fit.samples < crate::dump::fit::MIN_SAMPLES as u64
+        || !accumulated(&fit)
     {
         return None;
     }
-    // Still growing at the failure: what is live then has not fallen back below the last sample
-    // by more than a step's growth (a phase that freed its memory is no leak now). The
+    // Still held at the failure: what is live then has not fallen back below the last sample by
+    // more than half of what the fit grew (a phase that freed its memory is no leak now). A
+    // couple of steps' worth is always allowed: the failure comes mid-step, after some of the
+    // step's memory was freed, and a framework's word arrives after its own cleanup. The
     // framework's live tensors are compared with its own count at the failure.
     let now = match fit.of.as_deref() {
         Some("framework_live") => dump.free_blocks.allocated_bytes.unwrap_or(fit.last.bytes),
         _ => tracked_all(dump),
     };
-    if now.saturating_add(fit.bytes_per_step) < fit.last.bytes {
+    let fit_grew = fit.last.bytes.saturating_sub(fit.first.bytes);
+    let may_fall = (fit_grew / 2).max(fit.bytes_per_step.saturating_mul(2));
+    if now.saturating_add(may_fall) < fit.last.bytes {
         return None;
     }
     let mut sites: Vec<(&GrowthSite, f64)> = g
@@ -514,6 +562,9 @@ fn dynamic_shapes_evidence(dump: &Dump) -> Option<String> {
         thousands(window)
     ))
 }
+
+const GROWING_SHAPES: &str = "The memory a step needs grows with its inputs: find the largest input the program will see \
+     (the longest sequence, the largest batch or image) and cap it, split it, or lower the batch size so that one fits.";
 
 const BUCKETING: &str = "Pad or bucket variable-length inputs to a few fixed shapes (sequence lengths, image sizes, batch sizes), so freed blocks are reused instead of split into ever new sizes.";
 
@@ -1669,6 +1720,10 @@ fn own_allocations(c: &Ctx, cache: Option<&Cache>) -> Finding {
     if let Some(d) = &dynamic {
         evidence.push(d.clone());
     }
+    if let Some((fit, steps)) = growing_shapes(dump) {
+        evidence.push(growing_shapes_evidence(&fit, steps));
+        suggestions.push(GROWING_SHAPES.to_string());
+    }
     if fw == Framework::Torch
         && !hints.is_empty()
         && !free_blocks_available(dump)
@@ -1729,6 +1784,15 @@ fn own_allocations(c: &Ctx, cache: Option<&Cache>) -> Finding {
                 c.top_text(None)
             )
         }
+    };
+    let summary = match growing_shapes(dump) {
+        Some((fit, steps)) => format!(
+            "{summary} The memory grew {}/step over the last {} {steps}, but as many allocations were live at the end as at \
+             the start: they grew larger (inputs of growing shape), none accumulated, so this is no leak.",
+            human_bytes(fit.bytes_per_step),
+            fit.samples
+        ),
+        None => summary,
     };
     let mut f = finding(OWN_ALLOCATIONS, tracked, headline, summary);
     f.evidence = evidence;
@@ -2506,6 +2570,31 @@ mod growth_tests {
                 oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB),
                 OWN_ALLOCATIONS,
             ),
+            (
+                "fell back a step and a half by the failure (it comes mid-step): still a leak",
+                on_top_of(70 * GIB, None, 70 * GIB + 960 * MIB - 144 * MIB),
+                LEAK,
+            ),
+            (
+                "fell back by more than half of what it grew: a phase that freed its memory",
+                on_top_of(70 * GIB, None, 70 * GIB + 4 * 96 * MIB),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "as many allocations live at the end as at the start: they grew larger",
+                on_top_of(70 * GIB, Some((40, 40)), 70 * GIB + 960 * MIB),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "fewer allocations than one every other step: nothing accumulates",
+                on_top_of(70 * GIB, Some((40, 43)), 70 * GIB + 960 * MIB),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "one allocation every other step or more: a leak",
+                on_top_of(70 * GIB, Some((40, 44)), 70 * GIB + 960 * MIB),
+                LEAK,
+            ),
         ];
         for (name, dump, kind) in cases {
             let v = judge(&dump);
@@ -2515,6 +2604,27 @@ mod growth_tests {
         let mut d = with_growth("step", vec![growth_site("keep", 96 * MIB, 10)]);
         d.failed_request.as_mut().unwrap().bytes = 100 * GIB;
         assert_eq!(judge(&d).kind, REQUEST_EXCEEDS_DEVICE);
+    }
+
+    /// 96 MiB a step over 10 marked steps on top of `base`, fitted, with the live allocations
+    /// of the fit's first and last sample; `now` tracked at the failure.
+    fn on_top_of(base: u64, counts: Option<(u64, u64)>, now: u64) -> Dump {
+        let mut d = with_growth("step", vec![growth_site("keep", 96 * MIB, 10)]);
+        let g = d.growth.as_mut().unwrap();
+        for p in g.tracked.iter_mut() {
+            p.bytes += base;
+        }
+        g.fit = Some(GrowthFit {
+            bytes_per_step: 96 * MIB,
+            r_squared: 1.0,
+            samples: 10,
+            first: g.tracked[0].clone(),
+            last: g.tracked[9].clone(),
+            of: Some("tracked".into()),
+            live_allocations: counts.map(|(first, last)| AllocationSpan { first, last }),
+        });
+        d.devices[0].tracked_bytes = now;
+        d
     }
 
     trait Tap: Sized {

@@ -319,6 +319,41 @@ fn loading_a_model_too_big_is_not_a_leak() {
 }
 
 #[test]
+fn memory_that_grows_with_the_inputs_without_accumulating_is_not_a_leak() {
+    // Each step's activation is larger than the last, and replaces it: the bytes grow steadily
+    // step after step, the number of live allocations does not.
+    let (dir, _, shim) = run(&["grow"], "2G", &[]);
+    let files = dump_files(dir.path());
+    assert_eq!(files.len(), 1);
+    let d = read_dump(&files[0]).unwrap();
+    let fit = d.growth.as_ref().unwrap().fit.clone().unwrap();
+    assert_eq!(fit.bytes_per_step, 32 * MIB, "{fit:?}");
+    assert_eq!(fit.live_allocations.map(|c| (c.first, c.last)), Some((2, 2)));
+    assert_eq!(d.verdict.kind, "own_allocations", "{:#?}", d.verdict);
+    assert!(!d.verdict.findings.iter().any(|f| f.kind == "leak"));
+    let top = &d.verdict.findings[0];
+    assert!(
+        top.headline.contains("forward_activations (oom_patterns.c:"),
+        "{}",
+        top.headline
+    );
+    assert!(top.summary.contains("none accumulated, so this is no leak"), "{}", top.summary);
+    assert!(
+        top.evidence.iter().any(|e| e.contains("live allocations stayed 2 → 2")),
+        "{:#?}",
+        top.evidence
+    );
+    agree(&summaries(&stderr(&shim))[0], &files[0], &d);
+    let out = Command::new(env!("CARGO_BIN_EXE_oomshim"))
+        .arg("report")
+        .arg(&files[0])
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert!(text.contains("none accumulated"), "{text}");
+}
+
+#[test]
 fn a_leak_after_healthy_steps_is_fitted_from_where_it_began() {
     let (dir, _, shim) = run(&["late", "20"], "2G", &[]);
     let files = dump_files(dir.path());

@@ -235,6 +235,18 @@ pub struct GrowthFit {
     /// (the framework's live tensors, when the marks carried them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub of: Option<String>,
+    /// Live allocations (of the same series: the framework's tensors for `framework_live`) at
+    /// the first and last fitted sample. A leak accumulates them; inputs of growing shape grow
+    /// the bytes while their number stays. Absent in older dumps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_allocations: Option<AllocationSpan>,
+}
+
+/// A count at the first and last sample of a stretch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationSpan {
+    pub first: u64,
+    pub last: u64,
 }
 
 /// Steps found without marks: one allocation site (the anchor) recurs every `period`

@@ -319,14 +319,22 @@ pub unsafe extern "C" fn oomshim_mark_step(source: c_int) -> c_int {
 }
 
 /// [`oomshim_mark_step`], with the framework's own count of its live tensors at this step
-/// (torch's `memory_allocated()`): under preload the shim sees torch's segments, whose cache
-/// grows with varying shapes although no tensor is kept; the leak is judged on these bytes.
+/// (torch's `memory_stats()`: allocated bytes, and the number of allocations, `u64::MAX` when
+/// unknown): under preload the shim sees torch's segments, whose cache grows with varying
+/// shapes although no tensor is kept; the leak is judged on these.
 #[no_mangle]
-pub unsafe extern "C" fn oomshim_mark_step_live(source: c_int, live_bytes: u64) -> c_int {
-    mark_step(source, Some(live_bytes))
+pub unsafe extern "C" fn oomshim_mark_step_live(
+    source: c_int,
+    live_bytes: u64,
+    live_allocations: u64,
+) -> c_int {
+    mark_step(
+        source,
+        Some(runtime::FrameworkLive::new(live_bytes, live_allocations)),
+    )
 }
 
-fn mark_step(source: c_int, live: Option<u64>) -> c_int {
+fn mark_step(source: c_int, live: Option<runtime::FrameworkLive>) -> c_int {
     let Some(source) = runtime::StepSource::from_code(source) else {
         return 0;
     };

@@ -722,15 +722,19 @@ pub struct PyFrame {
     pub group_end: bool,
 }
 
+/// oomshim's own Python hook: its frames are on the stack when a framework's word arrives
+/// (torch's observer, the XLA excepthook after the program's frames have unwound).
+pub fn is_hook_file(path: &str) -> bool {
+    path.contains("/python-hook-") || path.contains("/oomshim_hook/")
+}
+
 /// Python code that is not the program's own: installed packages (`site-packages`,
 /// `dist-packages`), the standard library (`…/lib/python3.N/…`) and frozen modules.
 pub fn is_library_file(path: &str) -> bool {
     path.contains("/site-packages/")
         || path.contains("/dist-packages/")
         || path.starts_with("<frozen")
-        // oomshim's own Python hook (its frames are on the stack when torch's word arrives).
-        || path.contains("/python-hook-")
-        || path.contains("/oomshim_hook/")
+        || is_hook_file(path)
         || path
             .split('/')
             .any(|c| c.starts_with("python3.") || c.starts_with("python2."))

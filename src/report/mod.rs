@@ -64,6 +64,9 @@ pub fn named_frames(stack: &[Frame]) -> impl Iterator<Item = &Frame> {
     let named = move || {
         stack.iter().filter(move |f| {
             (!python || f.kind == FrameKind::Python)
+                // oomshim's hook only relays a framework's word: never the failing call.
+                && !(f.kind == FrameKind::Python
+                    && f.file.as_deref().is_some_and(crate::pystack::is_hook_file))
                 && f.function
                     .as_deref()
                     .is_some_and(|name| !name.trim().is_empty())

@@ -10,7 +10,7 @@ mod growth;
 mod oom;
 pub mod say;
 
-pub use growth::StepSource;
+pub use growth::{FrameworkLive, StepSource};
 pub use oom::{FrameworkNote, OomEvent};
 
 use crate::config::{Config, DEFAULT_DEPTH, MAX_DEPTH};
@@ -377,7 +377,7 @@ pub fn record_alloc_with(
 /// samples live bytes per site; `framework_live` is the framework's own count of its live
 /// tensors then, when the mark carries it. Returns the number of marks of that source so far (1 for the
 /// first), 0 when the shim is off.
-pub fn step(source: StepSource, framework_live: Option<u64>) -> u64 {
+pub fn step(source: StepSource, framework_live: Option<FrameworkLive>) -> u64 {
     match shim() {
         Some(s) => s.growth.step(&s.ledger, s, source, framework_live),
         None => 0,

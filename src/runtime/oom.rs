@@ -1115,8 +1115,14 @@ pub(crate) fn summary_lines(dump: &Dump, written: &Result<Written, WriteError>) 
         None => dump.verdict.kind.clone(),
     };
     let what = if req.api == Api::FrameworkAllocator.name() {
+        let of = if req.bytes > 0 {
+            format!(" of {}", human_bytes(req.bytes))
+        } else {
+            // The framework's message did not say how much.
+            String::new()
+        };
         format!(
-            "{} of {} refused{notes}",
+            "{}{of} refused{notes}",
             dump.framework
                 .as_ref()
                 .map_or("the framework's allocator", |f| match f.name.as_str() {
@@ -1124,7 +1130,6 @@ pub(crate) fn summary_lines(dump: &Dump, written: &Result<Written, WriteError>) 
                     "xla" => "XLA's allocator",
                     _ => "the framework's allocator",
                 }),
-            human_bytes(req.bytes)
         )
     } else {
         format!("{} of {} failed{notes}", req.api, human_bytes(req.bytes))

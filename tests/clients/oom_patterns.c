@@ -26,6 +26,10 @@
  *   static          a static-runtime-style client: the allocation goes through an internal
  *                   function named like static cudart's (`libcudart_static_…`), called from
  *                   `grow_static_buffers`, which leaks until a cudaMalloc fails.
+ *   grow            inputs of growing shape: 256 MiB of weights, then each marked step computes
+ *                   an activation 32 MiB larger than the last (`forward_activations`), which
+ *                   stays live until the next step's replaces it, as a Python variable holds a
+ *                   tensor; nothing accumulates. Not a leak.
  *   abort MS        fills the device, then aborts MS milliseconds after the first failure
  *                   (CUDA_CHECK style, after logging).
  */
@@ -325,6 +329,32 @@ NAMED static int grow_static_buffers(void) {
     return 0;
 }
 
+/* ---------------- grow ---------------- */
+
+NAMED static int forward_activations(void **p, size_t n) { return (int)cudaMalloc(p, n); }
+
+NAMED static int growing_inputs(void) {
+    void *weights = NULL;
+    if (cudaMalloc(&weights, 256 * MiB) != cudaSuccess) return 1;
+    void *out = NULL;
+    for (int step = 1; step < 100000; step++) {
+        void *next = NULL;
+        int rc = forward_activations(&next, (size_t)step * 32 * MiB);
+        if (rc != 0) {
+            printf("step %d: forward_activations failed with %d\n", step, rc);
+            return 0;
+        }
+        if (working_memory(16 * MiB) != 0) {
+            printf("step %d: working_memory failed\n", step);
+            return 0;
+        }
+        if (out) cudaFree(out);
+        out = next;
+        mark(1);
+    }
+    return 0;
+}
+
 /* ---------------- abort ---------------- */
 
 NAMED static int fill_then_abort(long ms) {
@@ -348,6 +378,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "load")) return load_model();
     if (!strcmp(mode, "late")) return late_leak(atoi(arg));
     if (!strcmp(mode, "static")) return grow_static_buffers();
+    if (!strcmp(mode, "grow")) return growing_inputs();
     if (!strcmp(mode, "abort")) return fill_then_abort(atol(arg));
     fprintf(stderr, "usage: oom_patterns cache recover|raise | two | spread | nofree 0|1 | layers | load | late N | static | abort\n");
     return 2;

@@ -105,7 +105,7 @@ def _shim():
         lib.oomshim_framework_oom.restype = ctypes.c_int
         lib.oomshim_mark_step.argtypes = [ctypes.c_int]
         lib.oomshim_mark_step.restype = ctypes.c_int
-        lib.oomshim_mark_step_live.argtypes = [ctypes.c_int, ctypes.c_uint64]
+        lib.oomshim_mark_step_live.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
         lib.oomshim_mark_step_live.restype = ctypes.c_int
         lib.oomshim_framework_attached.argtypes = [ctypes.c_char_p]
         lib.oomshim_framework_attached.restype = None
@@ -290,6 +290,10 @@ def _on_torch_oom(torch, device, alloc, device_total, device_free):
         _warn(f"could not give the shim torch's view ({type(e).__name__}: {e})")
 
 
+# oomshim_mark_step_live's "count unknown".
+_UNKNOWN = (1 << 64) - 1
+
+
 def _auto_steps():
     v = os.environ.get("OOMSHIM_AUTO_STEPS", "1").strip().lower()
     if v in ("0", "off", "no", "false"):
@@ -314,11 +318,18 @@ def _mark_steps(torch, lib, allocator):
         else:
             # torch's own count of its live tensors: under preload the shim sees torch's
             # segments, which a cache grows with varying shapes though no tensor is kept.
+            # Its number of live tensors too: a leak accumulates them, inputs of growing shape
+            # only make them larger. (memory_allocated() reads the same dict.)
             try:
-                live = int(torch.cuda.memory_allocated())
+                stats = torch.cuda.memory_stats()
+                live = int(stats["allocated_bytes.all.current"])
+                count = int(stats.get("allocation.all.current", _UNKNOWN))
             except Exception:
                 live = None
-            growing = lib.oomshim_mark_step(source) if live is None else lib.oomshim_mark_step_live(source, live)
+            if live is None:
+                growing = lib.oomshim_mark_step(source)
+            else:
+                growing = lib.oomshim_mark_step_live(source, live, count)
         if growing == 1 and record and not _history["on"]:
             _history["on"] = True
             try:
@@ -412,7 +423,10 @@ def _xla_oom(exc):
     try:
         import re
 
-        m = re.search(r"allocate (\d+) bytes", text)
+        # "allocate 17179869184 bytes", "allocate 4B", "allocate 16.00GiB".
+        m = re.search(r"allocate (\d+(?:\.\d+)?)\s*(bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)\b", text)
+        units = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+                 "KB": 1000, "MB": 1000 ** 2, "GB": 1000 ** 3, "TB": 1000 ** 4}
         where = ""
         tb = exc.__traceback__
         frame = None
@@ -431,7 +445,7 @@ def _xla_oom(exc):
             "version": getattr(jax, "__version__", None),
             "raised": True,
             "device": 0,
-            "request_bytes": int(m.group(1)) if m else None,
+            "request_bytes": int(float(m.group(1)) * units[m.group(2)]) if m else None,
             "message": text[:800] + where,
         })
     except Exception as e:

@@ -3,7 +3,7 @@
 
 use super::{SiteKey, StackPair, MAX_REPORTED};
 use crate::dump::fit;
-use crate::dump::model::{DetectedSteps, Frame, Growth, GrowthFit, GrowthPoint, GrowthSite};
+use crate::dump::model::{AllocationSpan, DetectedSteps, Frame, Growth, GrowthFit, GrowthPoint, GrowthSite};
 use std::collections::VecDeque;
 
 /// A site's samples: (step or second, live bytes).
@@ -14,6 +14,8 @@ pub(super) struct View<'a> {
     pub samples: u64,
     pub totals: &'a VecDeque<(u64, u64)>,
     pub framework_live: &'a VecDeque<(u64, u64)>,
+    pub counts: &'a VecDeque<(u64, u64)>,
+    pub framework_counts: &'a VecDeque<(u64, u64)>,
     pub sites: Vec<SiteView<'a>>,
     pub intervals: u64,
     pub freeing_intervals: u64,
@@ -28,6 +30,8 @@ pub(super) struct Copy {
     samples: u64,
     totals: Series,
     framework_live: Series,
+    counts: Series,
+    framework_counts: Series,
     sites: Vec<(SiteKey, StackPair, Series)>,
     intervals: u64,
     freeing_intervals: u64,
@@ -56,6 +60,8 @@ impl Copy {
             samples: v.samples,
             totals: v.totals.iter().copied().collect(),
             framework_live: v.framework_live.iter().copied().collect(),
+            counts: v.counts.iter().copied().collect(),
+            framework_counts: v.framework_counts.iter().copied().collect(),
             sites: v
                 .sites
                 .into_iter()
@@ -152,7 +158,20 @@ impl Copy {
             Some((f, _)) => f.slope,
             None => sites.iter().map(|s| s.0).sum(),
         };
+        // Live allocations at the first and last fitted sample, from the series that pairs the
+        // fitted one sample for sample (none when it does not).
+        let counts = if live {
+            &self.framework_counts
+        } else {
+            &self.counts
+        };
+        let paired = counts.len() == fitted.len()
+            && counts.iter().zip(fitted.iter()).all(|(c, b)| c.0 == b.0);
         let fit_out = total_fit.map(|(f, start)| GrowthFit {
+            live_allocations: paired.then(|| AllocationSpan {
+                first: counts[start].1,
+                last: counts[counts.len() - 1].1,
+            }),
             bytes_per_step: f.slope.round() as u64,
             r_squared: round3(f.r2),
             samples: f.n as u64,

@@ -73,6 +73,27 @@ fn sample_spacing(live: u64) -> u64 {
     (live.saturating_sub(SAMPLE_FREE_LIVE) / SAMPLE_MAX_VISITS_PER_ALLOC).max(1)
 }
 
+/// The framework's own count of its live tensors at a mark (torch's `memory_stats()`, from the
+/// Python hook): their bytes, and how many there are when it says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameworkLive {
+    pub bytes: u64,
+    pub allocations: Option<u64>,
+}
+
+impl FrameworkLive {
+    /// `allocations`: `u64::MAX` when the framework did not say. Zero allocations holding bytes
+    /// is not a count either: torch's cudaMallocAsync backend reports bytes only, its counts
+    /// stay 0.
+    pub fn new(bytes: u64, allocations: u64) -> FrameworkLive {
+        let known = allocations != u64::MAX && (allocations > 0 || bytes == 0);
+        FrameworkLive {
+            bytes,
+            allocations: known.then_some(allocations),
+        }
+    }
+}
+
 /// Who marked a step boundary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepSource {
@@ -162,6 +183,11 @@ struct History {
     /// them (torch's `memory_allocated()`, from the Python hook): under preload the tracked bytes
     /// are torch's segments, cache included; these are its tensors.
     framework_live: VecDeque<(u64, u64)>,
+    /// (x, live device allocations) per sample, beside `totals`, and the framework's count of
+    /// its live tensors beside `framework_live` when the mark carried it: a leak accumulates
+    /// allocations; inputs of growing shape grow the bytes of as many allocations as before.
+    counts: VecDeque<(u64, u64)>,
+    framework_counts: VecDeque<(u64, u64)>,
     /// Live allocations (all kinds) at the last sample, and the allocation sequence number then.
     live: u64,
     sample_seq: u64,
@@ -413,7 +439,7 @@ impl Tracker {
         ledger: &Ledger,
         keyer: &dyn SiteKeyer,
         source: StepSource,
-        framework_live: Option<u64>,
+        framework_live: Option<FrameworkLive>,
     ) -> u64 {
         self.next_bucket_ns.store(u64::MAX, Ordering::Relaxed);
         let n = self.marks[source as usize].fetch_add(1, Ordering::Relaxed) + 1;
@@ -432,8 +458,13 @@ impl Tracker {
         let Histories { marked, keys, .. } = &mut *h;
         let history = &mut marked[source as usize];
         sample(history, keys, ledger, keyer, n, ledger.total_allocations());
-        if let Some(bytes) = framework_live {
-            push_ring(&mut history.framework_live, (n, bytes));
+        if let Some(live) = framework_live {
+            push_ring(&mut history.framework_live, (n, live.bytes));
+            match live.allocations {
+                Some(count) => push_ring(&mut history.framework_counts, (n, count)),
+                // A count missing once makes the series useless: it must pair every sample.
+                None => history.framework_counts.clear(),
+            }
         }
         n
     }
@@ -524,6 +555,8 @@ fn history_view(h: &History) -> analyse::View<'_> {
         samples: h.samples,
         totals: &h.totals,
         framework_live: &h.framework_live,
+        counts: &h.counts,
+        framework_counts: &h.framework_counts,
         sites: h
             .sites
             .iter()
@@ -548,11 +581,13 @@ fn sample(
     let mut by_pair: FxHashMap<StackPair, u64> = FxHashMap::default();
     let mut total = 0u64;
     let mut live = 0u64;
+    let mut device_live = 0u64;
     ledger.for_each_live(|a| {
         live += 1;
         if a.api.is_pinned_host() {
             return;
         }
+        device_live += 1;
         total += a.bytes;
         *by_pair.entry((a.stack, a.py_stack)).or_insert(0) += a.bytes;
     });
@@ -580,6 +615,7 @@ fn sample(
     h.sample_seq = seq;
     h.samples += 1;
     push_ring(&mut h.totals, (x, total));
+    push_ring(&mut h.counts, (x, device_live));
     // Sites already kept get a sample (0 when they hold nothing now).
     for (key, site) in h.sites.iter_mut() {
         let bytes = by_site.get(key).map_or(0, |e| e.0);

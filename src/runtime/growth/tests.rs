@@ -403,7 +403,7 @@ fn a_cache_that_grows_with_the_shapes_is_no_growth_of_live_tensors() {
     let mut r = Run::new();
     for step in 1..=12u64 {
         r.alloc(1, step * 64 * MIB); // a new, larger segment; the old ones stay cached
-        r.t.step(&r.ledger, &keyer, StepSource::Optimizer, Some(512 * MIB));
+        r.t.step(&r.ledger, &keyer, StepSource::Optimizer, Some(live(512 * MIB, Some(40))));
     }
     let g = r.growth().unwrap();
     assert_eq!(g.framework_live.len(), 12);
@@ -416,15 +416,55 @@ fn a_cache_that_grows_with_the_shapes_is_no_growth_of_live_tensors() {
             &r.ledger,
             &keyer,
             StepSource::Optimizer,
-            Some(step * 64 * MIB),
+            Some(live(step * 64 * MIB, Some(40 + step))),
         );
     }
     let fit = r.growth().unwrap().fit.unwrap();
     assert_eq!(fit.of.as_deref(), Some("framework_live"));
     assert_eq!(fit.bytes_per_step, 64 * MIB);
+    // The framework's tensor count over the fitted stretch, not the shim's segments.
+    let c = fit.live_allocations.unwrap();
+    assert_eq!((c.last - c.first, c.last), (fit.samples - 1, 52));
     assert!(r.t.growing(StepSource::Optimizer, MIB));
     assert!(
         !r.t.growing(StepSource::Program, MIB),
         "no marks of that source"
     );
+}
+
+fn live(bytes: u64, allocations: Option<u64>) -> super::FrameworkLive {
+    super::FrameworkLive { bytes, allocations }
+}
+
+#[test]
+fn the_fit_carries_the_live_allocations_of_its_first_and_last_sample() {
+    // Tracked: one buffer replaced by a larger one each step (inputs of growing shape): the
+    // bytes grow, one allocation is live throughout.
+    let mut r = Run::new();
+    let mut prev = None;
+    for step in 1..=10u64 {
+        let p = r.alloc(1, step * 64 * MIB);
+        if let Some(old) = prev.replace(p) {
+            r.free(old);
+        }
+        r.t.step(&r.ledger, &keyer, StepSource::Program, None);
+    }
+    let fit = r.growth().unwrap().fit.unwrap();
+    assert_eq!(fit.bytes_per_step, 64 * MIB);
+    assert_eq!(fit.live_allocations.map(|c| (c.first, c.last)), Some((1, 1)));
+    // A count missing from one mark leaves the framework's series without counts.
+    let mut r = Run::new();
+    for step in 1..=8u64 {
+        r.alloc(1, 64 * MIB);
+        let count = (step != 5).then_some(step);
+        r.t.step(&r.ledger, &keyer, StepSource::Optimizer, Some(live(step * 64 * MIB, count)));
+    }
+    let fit = r.growth().unwrap().fit.unwrap();
+    assert_eq!(fit.of.as_deref(), Some("framework_live"));
+    assert_eq!(fit.live_allocations, None, "{fit:?}");
+    // torch's cudaMallocAsync backend counts bytes but no allocations: no count.
+    assert_eq!(super::FrameworkLive::new(64 * MIB, 0).allocations, None);
+    assert_eq!(super::FrameworkLive::new(0, 0).allocations, Some(0));
+    assert_eq!(super::FrameworkLive::new(64 * MIB, u64::MAX).allocations, None);
+    assert_eq!(super::FrameworkLive::new(64 * MIB, 3).allocations, Some(3));
 }
