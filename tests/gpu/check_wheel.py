@@ -56,6 +56,13 @@ def main(root, lib, cli, out_dir):
     p = _run([sys.executable, "-m", "venv", "--system-site-packages", "--clear", venv], timeout=120)
     py = os.path.join(venv, "bin", "python")
     if p.returncode == 0:
+        # This interpreter may itself be a venv (torch installed in it, not in the base that
+        # --system-site-packages exposes): its site-packages go on the new venv's path too.
+        import site
+        q = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], timeout=60)
+        if q.returncode == 0:
+            with open(os.path.join(q.stdout.strip(), "_parent_site.pth"), "w") as f:
+                f.write("\n".join(site.getsitepackages()) + "\n")
         p = _run([py, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", wheel], timeout=180)
     rows.append(("wheel: pip install into a fresh venv", p.returncode == 0,
                  os.path.basename(wheel) if p.returncode == 0 else p.stderr[-400:]))

@@ -30,7 +30,9 @@ def run(cmd, env=None, timeout=300):
         return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as t:
         # A slow step is a failed row, not a lost table.
-        return subprocess.CompletedProcess(cmd, 124, t.stdout or "", f"timed out after {timeout} s")
+        out = t.stdout.decode(errors="replace") if isinstance(t.stdout, bytes) else (t.stdout or "")
+        err = t.stderr.decode(errors="replace") if isinstance(t.stderr, bytes) else (t.stderr or "")
+        return subprocess.CompletedProcess(cmd, 124, out, err + f"\ntimed out after {timeout} s")
 
 
 def dumps_in(d):
