@@ -1650,6 +1650,29 @@ fn own_allocations(c: &Ctx, cache: Option<&Cache>) -> Finding {
         ),
         None => String::new(),
     };
+    // Where the program asked for the memory that did not fit, when that is not the largest
+    // holder itself: the line a user goes to first.
+    // In a Python program only a Python line says it: a backward thread's native frames name
+    // the framework's internals.
+    let python_program = dump.recording.python.is_some();
+    let failing = match named_frames(&request.stack).next() {
+        Some(f) if !python_program || f.kind == crate::dump::model::FrameKind::Python => c.failing_at_short(),
+        _ => String::new(),
+    };
+    let largest_label = c.top.as_ref().map(|t| {
+        if t.label == NO_PYTHON_FRAMES {
+            t.label.clone()
+        } else {
+            short_label(&t.site.stack)
+        }
+    });
+    let largest = if !failing.is_empty()
+        && largest_label.is_some_and(|l| !failing.ends_with(&format!(" at {l}")))
+    {
+        format!("{largest}; the {req} request{failing} failed")
+    } else {
+        largest
+    };
     let headline = match used {
         Some(_)
             if request.api == "framework_allocator"
