@@ -547,3 +547,51 @@ fn with_no_settle_window_torchs_view_is_a_side_file_the_report_merges() {
     let j: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
     assert_eq!(j["free_blocks"]["source"], "torch-snapshot", "{j:#}");
 }
+
+#[test]
+fn in_a_shared_dump_dir_torchs_files_go_to_the_users_own_subdirectory_private() {
+    // A world-writable OOMSHIM_DIR (a team's /scratch/dumps): the shim writes into DIR/oomshim-UID
+    // (0700, its own), and the hook's pickle and side file go there too, 0600, never into DIR
+    // itself, where another user could have planted links at their names.
+    let Some(e) = env() else { return };
+    std::fs::create_dir_all(&e.dumps).unwrap();
+    std::fs::set_permissions(&e.dumps, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    python(
+        &e,
+        Launcher::Preload,
+        &program(OOM_PROGRAM),
+        &[("OOMSHIM_SETTLE", "0")],
+    );
+    let top: Vec<String> = std::fs::read_dir(&e.dumps)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let own = format!("oomshim-{}", unsafe { libc::getuid() });
+    assert_eq!(top, vec![own.clone()], "only the user's subdirectory in DIR");
+    let sub = e.dumps.join(&own);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&sub), 0o700);
+    let names: Vec<PathBuf> = std::fs::read_dir(&sub)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let torch: Vec<&PathBuf> = names
+        .iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("oomshim-torch-")
+        })
+        .collect();
+    assert_eq!(torch.len(), 2, "the pickle and the side file: {names:?}");
+    for p in torch {
+        assert_eq!(mode(p), 0o600, "{}", p.display());
+    }
+    assert!(
+        !names
+            .iter()
+            .any(|p| p.file_name().unwrap().to_string_lossy().ends_with(".tmp")),
+        "no temporary file left: {names:?}"
+    );
+}
