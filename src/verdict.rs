@@ -250,7 +250,11 @@ fn growth_fit(g: &Growth) -> Option<GrowthFit> {
 /// are live as before grew because the allocations got larger (inputs of growing shape).
 fn accumulated(fit: &GrowthFit) -> bool {
     match fit.live_allocations {
-        Some(c) => c.last >= c.first.saturating_add((fit.samples.saturating_sub(1) / 2).max(1)),
+        Some(c) => {
+            c.last
+                >= c.first
+                    .saturating_add((fit.samples.saturating_sub(1) / 2).max(1))
+        }
         None => true,
     }
 }
@@ -1656,7 +1660,9 @@ fn own_allocations(c: &Ctx, cache: Option<&Cache>) -> Finding {
     // the framework's internals.
     let python_program = dump.recording.python.is_some();
     let failing = match named_frames(&request.stack).next() {
-        Some(f) if !python_program || f.kind == crate::dump::model::FrameKind::Python => c.failing_at_short(),
+        Some(f) if !python_program || f.kind == crate::dump::model::FrameKind::Python => {
+            c.failing_at_short()
+        }
         _ => String::new(),
     };
     let largest_label = c.top.as_ref().map(|t| {

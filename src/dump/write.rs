@@ -449,6 +449,35 @@ fn rename_noreplace(dfd: libc::c_int, from: &CString, to: &CString) -> io::Resul
 mod tests {
     use super::*;
 
+    #[test]
+    fn stale_temporary_files_of_dead_writers_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        // A pid that existed and is gone: a child that has been reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let me = std::process::id();
+        let names = [
+            (format!(".oomshim-gpu-node-7-{dead}-1-1712.tmp"), false), // its writer died
+            (format!(".oomshim-gpu-node-7-{me}-2-3434.tmp"), true),    // this process is writing it
+            (".oomshim-gpu-node-7-1-3-5656.tmp".to_string(), true),    // pid 1 lives
+            (format!(".oomshim-other-host-{dead}-1-1712.tmp"), true),  // another host's, fresh
+            (".oomshim-notes.tmp".to_string(), true), // not a name this module writes
+            (format!("oomshim-gpu-node-7-{dead}-1.json"), true), // a dump, never touched
+        ];
+        for (n, _) in &names {
+            fs::write(dir.path().join(n), b"x").unwrap();
+        }
+        let c = CString::new(dir.path().as_os_str().as_encoded_bytes()).unwrap();
+        let dfd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+        assert!(dfd >= 0);
+        remove_stale_temps(dfd, dir.path(), "gpu-node-7");
+        unsafe { libc::close(dfd) };
+        for (n, kept) in &names {
+            assert_eq!(dir.path().join(n).exists(), *kept, "{n}");
+        }
+    }
+
     fn name() -> DumpName {
         DumpName {
             host: "gpu-node 7".into(),

@@ -3,7 +3,9 @@
 
 use super::{SiteKey, StackPair, MAX_REPORTED};
 use crate::dump::fit;
-use crate::dump::model::{AllocationSpan, DetectedSteps, Frame, Growth, GrowthFit, GrowthPoint, GrowthSite};
+use crate::dump::model::{
+    AllocationSpan, DetectedSteps, Frame, Growth, GrowthFit, GrowthPoint, GrowthSite,
+};
 use std::collections::VecDeque;
 
 /// A site's samples: (step or second, live bytes).

@@ -403,7 +403,12 @@ fn a_cache_that_grows_with_the_shapes_is_no_growth_of_live_tensors() {
     let mut r = Run::new();
     for step in 1..=12u64 {
         r.alloc(1, step * 64 * MIB); // a new, larger segment; the old ones stay cached
-        r.t.step(&r.ledger, &keyer, StepSource::Optimizer, Some(live(512 * MIB, Some(40))));
+        r.t.step(
+            &r.ledger,
+            &keyer,
+            StepSource::Optimizer,
+            Some(live(512 * MIB, Some(40))),
+        );
     }
     let g = r.growth().unwrap();
     assert_eq!(g.framework_live.len(), 12);
@@ -451,13 +456,21 @@ fn the_fit_carries_the_live_allocations_of_its_first_and_last_sample() {
     }
     let fit = r.growth().unwrap().fit.unwrap();
     assert_eq!(fit.bytes_per_step, 64 * MIB);
-    assert_eq!(fit.live_allocations.map(|c| (c.first, c.last)), Some((1, 1)));
+    assert_eq!(
+        fit.live_allocations.map(|c| (c.first, c.last)),
+        Some((1, 1))
+    );
     // A count missing from one mark leaves the framework's series without counts.
     let mut r = Run::new();
     for step in 1..=8u64 {
         r.alloc(1, 64 * MIB);
         let count = (step != 5).then_some(step);
-        r.t.step(&r.ledger, &keyer, StepSource::Optimizer, Some(live(step * 64 * MIB, count)));
+        r.t.step(
+            &r.ledger,
+            &keyer,
+            StepSource::Optimizer,
+            Some(live(step * 64 * MIB, count)),
+        );
     }
     let fit = r.growth().unwrap().fit.unwrap();
     assert_eq!(fit.of.as_deref(), Some("framework_live"));
@@ -465,6 +478,9 @@ fn the_fit_carries_the_live_allocations_of_its_first_and_last_sample() {
     // torch's cudaMallocAsync backend counts bytes but no allocations: no count.
     assert_eq!(super::FrameworkLive::new(64 * MIB, 0).allocations, None);
     assert_eq!(super::FrameworkLive::new(0, 0).allocations, Some(0));
-    assert_eq!(super::FrameworkLive::new(64 * MIB, u64::MAX).allocations, None);
+    assert_eq!(
+        super::FrameworkLive::new(64 * MIB, u64::MAX).allocations,
+        None
+    );
     assert_eq!(super::FrameworkLive::new(64 * MIB, 3).allocations, Some(3));
 }
