@@ -328,18 +328,28 @@ fn memory_that_grows_with_the_inputs_without_accumulating_is_not_a_leak() {
     let d = read_dump(&files[0]).unwrap();
     let fit = d.growth.as_ref().unwrap().fit.clone().unwrap();
     assert_eq!(fit.bytes_per_step, 32 * MIB, "{fit:?}");
-    assert_eq!(fit.live_allocations.map(|c| (c.first, c.last)), Some((2, 2)));
+    assert_eq!(
+        fit.live_allocations.map(|c| (c.first, c.last)),
+        Some((2, 2))
+    );
     assert_eq!(d.verdict.kind, "own_allocations", "{:#?}", d.verdict);
     assert!(!d.verdict.findings.iter().any(|f| f.kind == "leak"));
     let top = &d.verdict.findings[0];
     assert!(
-        top.headline.contains("forward_activations (oom_patterns.c:"),
+        top.headline
+            .contains("forward_activations (oom_patterns.c:"),
         "{}",
         top.headline
     );
-    assert!(top.summary.contains("none accumulated, so this is no leak"), "{}", top.summary);
     assert!(
-        top.evidence.iter().any(|e| e.contains("live allocations stayed 2 → 2")),
+        top.summary.contains("none accumulated, so this is no leak"),
+        "{}",
+        top.summary
+    );
+    assert!(
+        top.evidence
+            .iter()
+            .any(|e| e.contains("live allocations stayed 2 → 2")),
         "{:#?}",
         top.evidence
     );

@@ -567,7 +567,11 @@ fn in_a_shared_dump_dir_torchs_files_go_to_the_users_own_subdirectory_private() 
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     let own = format!("oomshim-{}", unsafe { libc::getuid() });
-    assert_eq!(top, vec![own.clone()], "only the user's subdirectory in DIR");
+    assert_eq!(
+        top,
+        vec![own.clone()],
+        "only the user's subdirectory in DIR"
+    );
     let sub = e.dumps.join(&own);
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&sub), 0o700);
