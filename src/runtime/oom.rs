@@ -126,6 +126,51 @@ struct Request {
     repeat: bool,
 }
 
+impl Request {
+    /// A request at its first failure, still open.
+    fn first_failure(
+        id: u64,
+        thread: u64,
+        device: i32,
+        bytes: u64,
+        last: LastFailure,
+        started: Instant,
+    ) -> Request {
+        Request {
+            id,
+            thread,
+            device,
+            bytes,
+            failures: 1,
+            last,
+            started,
+            moved_on: false,
+            outcome: None,
+            framework: None,
+            hooked: false,
+            job: None,
+            path: None,
+            done: false,
+            repeats: 0,
+            suppressed: 0,
+            framework_only: false,
+            repeat: false,
+        }
+    }
+
+    /// Kept only so that a framework's word about it later finds `path` (its dump, or the
+    /// earlier dump it repeats) and makes no second one: nothing about it changes any more.
+    fn settled(self, path: Option<PathBuf>) -> Request {
+        Request {
+            moved_on: true,
+            outcome: Some(Resolution::Unknown),
+            path,
+            done: true,
+            ..self
+        }
+    }
+}
+
 struct Job {
     capture: Capture,
     facts: Option<assemble::Facts>,
@@ -278,24 +323,9 @@ impl OomTracker {
                 // Remembered, so the framework's word about this failure finds it (and makes
                 // no dump of its own).
                 st.requests.push(Request {
-                    id,
-                    thread,
-                    device: ev.device,
-                    bytes: ev.bytes,
-                    failures: 1,
-                    last,
-                    started: now,
-                    moved_on: true,
-                    outcome: Some(Resolution::Unknown),
-                    framework: None,
-                    hooked: false,
-                    job: None,
-                    path: path.clone(),
-                    done: true,
-                    repeats: 0,
-                    suppressed: 0,
-                    framework_only: false,
                     repeat: true,
+                    ..Request::first_failure(id, thread, ev.device, ev.bytes, last, now)
+                        .settled(path.clone())
                 });
                 self.trim(&mut st);
                 return Handled::Repeat(path);
@@ -317,28 +347,15 @@ impl OomTracker {
             Mode::Settle if queued => {
                 let hooked = self.hooked.load(Ordering::Relaxed);
                 st.requests.push(Request {
-                    id,
-                    thread,
-                    device: ev.device,
-                    bytes: ev.bytes,
-                    failures: 1,
-                    last,
-                    started: now,
-                    moved_on: false,
-                    outcome: None,
-                    framework: None,
                     hooked,
                     job: Some(Job {
                         capture,
                         facts: None,
                         provisional_written: false,
                     }),
-                    path: None,
-                    done: false,
                     repeats,
                     suppressed,
-                    framework_only: false,
-                    repeat: false,
+                    ..Request::first_failure(id, thread, ev.device, ev.bytes, last, now)
                 });
                 self.open.fetch_add(1, Ordering::Relaxed);
                 self.trim(&mut st);
@@ -393,32 +410,18 @@ impl OomTracker {
             // a dump written at once) finds the dump, and makes no second one.
             st.next_id += 1;
             let id = st.next_id;
-            st.requests.push(Request {
-                id,
-                thread,
-                device: req.device,
+            let last = req.last_failure.clone().unwrap_or(LastFailure {
                 bytes: req.bytes,
-                failures: 1,
-                last: req.last_failure.clone().unwrap_or(LastFailure {
-                    bytes: req.bytes,
-                    api: req.api.clone(),
-                    time_unix_ms: dump.time_unix_ms,
-                    tracked_bytes: 0,
-                    free_bytes: None,
-                    total_bytes: None,
-                }),
-                started,
-                moved_on: true,
-                outcome: Some(Resolution::Unknown),
-                framework: None,
-                hooked: false,
-                job: None,
-                path: path.clone(),
-                done: true,
-                repeats: 0,
-                suppressed: 0,
+                api: req.api.clone(),
+                time_unix_ms: dump.time_unix_ms,
+                tracked_bytes: 0,
+                free_bytes: None,
+                total_bytes: None,
+            });
+            st.requests.push(Request {
                 framework_only: req.api == Api::FrameworkAllocator.name(),
-                repeat: false,
+                ..Request::first_failure(id, thread, req.device, req.bytes, last, started)
+                    .settled(path.clone())
             });
             self.trim(&mut st);
             let site = site_of(stacks);
