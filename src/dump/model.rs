@@ -146,6 +146,27 @@ pub struct CacheSummary {
     pub histogram: Vec<HistogramBin>,
 }
 
+impl CacheSummary {
+    /// The dump's `free_blocks` from this account (`source`: `torch-snapshot`, ...). A largest
+    /// free block above the total free is cut to it, a non-finite fragmentation dropped: the
+    /// account comes from a file or another library, not from oomshim.
+    pub fn free_blocks(&self, source: String) -> FreeBlocks {
+        FreeBlocks {
+            source,
+            reason: None,
+            total_free_bytes: Some(self.total_free_bytes),
+            largest_free_bytes: Some(self.largest_free_bytes.min(self.total_free_bytes)),
+            fragmentation: self.fragmentation.filter(|f| f.is_finite()),
+            histogram: self.histogram.clone(),
+            reserved_bytes: Some(self.reserved_bytes),
+            allocated_bytes: Some(self.allocated_bytes),
+            inactive_split_bytes: Some(self.inactive_split_bytes),
+            segments: Some(self.segments),
+            ..Default::default()
+        }
+    }
+}
+
 /// Sizes of the most recent device allocation requests (src/runtime/growth.rs): a ring of the
 /// last `window` requests.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -5,7 +5,7 @@
 //! apart from plain exhaustion.
 
 use super::units::{clean, clean_path, human_bytes, percent};
-use crate::dump::model::{Dump, FreeBlocks, HistogramBin};
+use crate::dump::model::{CacheSummary, Dump};
 use crate::dump::read::Links;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -37,20 +37,6 @@ pub struct TorchCache {
     pub dump: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct CacheSummary {
-    pub segments: u64,
-    pub reserved_bytes: u64,
-    pub allocated_bytes: u64,
-    pub total_free_bytes: u64,
-    pub largest_free_bytes: u64,
-    pub inactive_split_bytes: u64,
-    #[serde(default)]
-    pub fragmentation: Option<f64>,
-    #[serde(default)]
-    pub histogram: Vec<HistogramBin>,
-}
-
 /// Files the hook writes are small; anything larger is not one of them.
 pub const MAX_BYTES: u64 = 64 << 20;
 
@@ -68,7 +54,7 @@ pub fn parse(bytes: &[u8]) -> Option<TorchCache> {
 }
 
 /// How far apart a side file and its dump may be written.
-const MATCH_WINDOW_MS: u64 = 60_000;
+pub const MATCH_WINDOW_MS: u64 = 60_000;
 
 /// The hook's summary of torch's cache that belongs to `dump`, in the dump's directory: the one
 /// that names the dump, else one of the same process (host and pid) and device whose request
@@ -134,20 +120,7 @@ pub fn apply(dump: &mut Dump, cache: &TorchCache) -> bool {
     if dump.free_blocks.source != "unavailable" || failing.is_some_and(|d| d != cache.device) {
         return false;
     }
-    let c = &cache.cache;
-    dump.free_blocks = FreeBlocks {
-        source: "torch-snapshot".to_string(),
-        reason: None,
-        total_free_bytes: Some(c.total_free_bytes),
-        largest_free_bytes: Some(c.largest_free_bytes),
-        fragmentation: c.fragmentation,
-        histogram: c.histogram.clone(),
-        reserved_bytes: Some(c.reserved_bytes),
-        allocated_bytes: Some(c.allocated_bytes),
-        inactive_split_bytes: Some(c.inactive_split_bytes),
-        segments: Some(c.segments),
-        ..Default::default()
-    };
+    dump.free_blocks = cache.cache.free_blocks("torch-snapshot".to_string());
     // torch's version as torch itself reported it, when the dump's snapshot did not find one.
     if let Some(v) = &cache.torch_version {
         let config = dump.config.get_or_insert_with(Default::default);
@@ -203,6 +176,7 @@ pub fn describe(path: &Path, cache: &TorchCache) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dump::model::HistogramBin;
     use crate::dump::read::parse_dump;
 
     fn fixture() -> Dump {

@@ -4,7 +4,7 @@
 //! under LD_PRELOAD; they become the dump's `free_blocks` before the verdict is judged.
 
 use super::oom::FrameworkNote;
-use crate::dump::model::{Attribution, CacheSummary, FrameworkOom, FreeBlocks};
+use crate::dump::model::{Attribution, CacheSummary, FrameworkOom};
 use serde::Deserialize;
 
 pub const SCHEMA: &str = "oomshim.framework-oom/1";
@@ -65,19 +65,10 @@ pub fn parse(bytes: &[u8]) -> Option<(FrameworkNote, Option<(u64, u64)>)> {
     if r.schema != SCHEMA || r.framework.is_empty() || r.framework.len() > 32 {
         return None;
     }
-    let free_blocks = r.cache.as_ref().map(|c| FreeBlocks {
-        source: format!("{}-snapshot", r.framework),
-        reason: None,
-        total_free_bytes: Some(c.total_free_bytes),
-        largest_free_bytes: Some(c.largest_free_bytes.min(c.total_free_bytes)),
-        fragmentation: c.fragmentation.filter(|f| f.is_finite()),
-        histogram: c.histogram.clone(),
-        reserved_bytes: Some(c.reserved_bytes),
-        allocated_bytes: Some(c.allocated_bytes),
-        inactive_split_bytes: Some(c.inactive_split_bytes),
-        segments: Some(c.segments),
-        ..Default::default()
-    });
+    let free_blocks = r
+        .cache
+        .as_ref()
+        .map(|c| c.free_blocks(format!("{}-snapshot", r.framework)));
     let mem_info = match (r.device_free_bytes, r.device_total_bytes) {
         (Some(f), Some(t)) => Some((f, t)),
         _ => None,
