@@ -114,10 +114,20 @@ fn exercise_torch(bytes: &[u8], dump: &oomshim::dump::model::Dump, scratch: &Pat
     let Some(cache) = torch_cache::parse(bytes) else {
         return false;
     };
-    // Found through the directory too, unless the mutation changed its host or pid.
+    // Found through the directory too, unless the mutation changed what it is matched by: its
+    // process (host, pid), the dump it names, the failing device and request, or its time.
+    let request = dump.failed_request.as_ref();
+    let agrees = cache.pid == dump.process.pid
+        && cache.host == dump.process.host
+        && cache
+            .dump
+            .as_deref()
+            .is_none_or(|d| d == "oomshim-dump.json")
+        && request.is_none_or(|r| cache.device == r.device && cache.request_bytes == r.bytes)
+        && cache.time_unix_ms.abs_diff(dump.time_unix_ms) <= torch_cache::MATCH_WINDOW_MS;
     assert!(
-        found.is_some() || cache.pid != dump.process.pid || cache.host != dump.process.host,
-        "a side file of the dump's process was not found"
+        found.is_some() || !agrees,
+        "a side file of the dump's process, device, request and time was not found"
     );
     let mut merged = dump.clone();
     torch_cache::apply(&mut merged, &cache);
@@ -308,6 +318,30 @@ fn save_crash(bytes: &[u8], prefix: &str) -> PathBuf {
     p
 }
 
+/// Runs one fuzz case: its result, or false after a panic, whose input is saved under
+/// `fuzz/crashes/PREFIX-HASH.json` and pushed to `crashes`.
+fn guarded(
+    input: &[u8],
+    prefix: &str,
+    crashes: &mut Vec<PathBuf>,
+    case: impl FnOnce() -> bool,
+) -> bool {
+    match catch_unwind(AssertUnwindSafe(case)) {
+        Ok(accepted) => accepted,
+        Err(e) => {
+            let what = e
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| e.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            let p = save_crash(input, prefix);
+            eprintln!("fuzz: panic ({what}); saved {}", p.display());
+            crashes.push(p);
+            false
+        }
+    }
+}
+
 fn base_other() -> oomshim::dump::model::Dump {
     let p = root().join("tests/fixtures/oom_own_allocations.json");
     parse_dump(&std::fs::read(&p).unwrap(), &p).unwrap()
@@ -403,21 +437,10 @@ fn fuzz_reader_and_reporters() {
                 mutate_bytes(&mut b, &mut rng);
             }
             runs += 1;
-            match catch_unwind(AssertUnwindSafe(|| {
+            if guarded(&b, "torch", &mut crashes, || {
                 exercise_torch(&b, &other, scratch.path())
-            })) {
-                Ok(true) => side_files += 1,
-                Ok(false) => {}
-                Err(e) => {
-                    let what = e
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| e.downcast_ref::<String>().cloned())
-                        .unwrap_or_default();
-                    let p = save_crash(&b, "torch");
-                    eprintln!("fuzz: panic ({what}); saved {}", p.display());
-                    crashes.push(p);
-                }
+            }) {
+                side_files += 1;
             }
             continue;
         }
@@ -441,21 +464,10 @@ fn fuzz_reader_and_reporters() {
             }
         };
         runs += 1;
-        match catch_unwind(AssertUnwindSafe(|| {
+        if guarded(&input, "crash", &mut crashes, || {
             exercise(&input, &other, scratch.path())
-        })) {
-            Ok(true) => dumps += 1,
-            Ok(false) => {}
-            Err(e) => {
-                let what = e
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| e.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                let p = save_crash(&input, "crash");
-                eprintln!("fuzz: panic ({what}); saved {}", p.display());
-                crashes.push(p);
-            }
+        }) {
+            dumps += 1;
         }
     }
     let _ = std::panic::take_hook();
