@@ -38,6 +38,7 @@ pub fn render_terminal(dump: &Dump, opts: &ReportOptions) -> String {
     }
     verdict(&mut out, &s, dump);
     devices(&mut out, &s, dump);
+    libraries(&mut out, &s, dump);
     gpu_processes(&mut out, &s, dump, opts.top);
     holders(&mut out, &s, dump, opts.top);
     sites(&mut out, &s, dump, opts.top);
@@ -136,6 +137,9 @@ fn header(out: &mut String, s: &Style, dump: &Dump) {
     }
     if let Some(world) = p.world_size {
         let _ = write!(process, ", world size {world}");
+    }
+    if let Some(job) = &p.job_id {
+        let _ = write!(process, ", job {}", truncate_middle(&clean(job), 64));
     }
     let command = if p.command_line.is_empty() {
         "(unknown)".to_string()
@@ -336,6 +340,69 @@ fn devices(out: &mut String, s: &Style, dump: &Dump) {
         );
     }
     t.render(out, s);
+    for d in dump.devices.iter().filter(|d| d.uuid.is_some()) {
+        let uuid = d.uuid.as_deref().unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  device {} is {}",
+            d.index,
+            truncate_middle(&clean(uuid), 64)
+        );
+    }
+}
+
+/// Device memory by library, and what the untracked part is made of (absent in dumps without
+/// `library_memory`).
+fn libraries(out: &mut String, s: &Style, dump: &Dump) {
+    let Some(l) = &dump.library_memory else {
+        return;
+    };
+    if !l.libraries.is_empty() {
+        let _ = writeln!(out, "\n{}", s.title("By library"));
+        let mut t = Table::new(&[
+            ("DEV", Align::Right),
+            ("LIBRARY", Align::Left),
+            ("BYTES", Align::Right),
+            ("ALLOCS", Align::Right),
+            ("VIA", Align::Left),
+            ("MODULE", Align::Left),
+        ]);
+        for b in &l.libraries {
+            t.row(
+                vec![
+                    b.device.to_string(),
+                    truncate_middle(&clean(&b.name), MAX_CELL),
+                    human_bytes(b.bytes),
+                    thousands(b.count),
+                    truncate_middle(&clean(&b.apis.join(", ")), MAX_CELL),
+                    b.modules
+                        .first()
+                        .map(|m| {
+                            let file = m.rsplit('/').next().unwrap_or(m);
+                            truncate_middle(&clean(file), MAX_CELL)
+                        })
+                        .unwrap_or_else(|| "-".into()),
+                ],
+                vec![],
+            );
+        }
+        t.render(out, s);
+    }
+    for u in &l.untracked {
+        let Some(context) = u.context_bytes else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "  device {}: {} used = {} tracked + {} CUDA context and unhooked (NVML, this process) + {} other processes + {} that no API shows",
+            u.device,
+            human_bytes(u.used_bytes),
+            human_bytes(u.tracked_bytes),
+            human_bytes(context),
+            human_bytes(u.other_processes_bytes.unwrap_or(0)),
+            human_bytes(u.unexplained_bytes.unwrap_or(0)),
+        );
+    }
 }
 
 /// Up to three named frames as table lines: `function (…/file:line)`.
