@@ -75,7 +75,8 @@ int main(void) {
     for (int step = 0; step < steps; step++)
         if (train_step(step, 0) != 0) return 2;
     if (rank == late) {
-        struct timespec t = {0, (long)env_int("SIM_LATE_OOM_MS", 300) * 1000000L};
+        long ms = env_int("SIM_LATE_OOM_MS", 300);
+        struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
         nanosleep(&t, NULL);
         if (gather_everything() != 0) {
             printf("rank %d: out of memory gathering\n", rank);
