@@ -188,17 +188,23 @@ pub fn merge_dirs(dirs: &[PathBuf], options: MergeOptions) -> Result<Merged, Str
     }
     files.sort();
     files.dedup();
+    let (rows, problems) = read_rows(&files);
+    Ok(merge_rows(rows, problems, options))
+}
+
+/// The rows of the dumps among `files`, and why the broken ones could not be read.
+fn read_rows(files: &[PathBuf]) -> (Vec<Row>, Vec<String>) {
     let mut rows = Vec::new();
     let mut problems = Vec::new();
     for f in files {
-        match read_dump(&f) {
-            Ok(d) => rows.push(row(f, &d)),
+        match read_dump(f) {
+            Ok(d) => rows.push(row(f.clone(), &d)),
             // Not dumps: foreign JSON, and FIFOs, devices or directories named like one.
             Err(DumpError::WrongSchema { .. } | DumpError::NotRegular { .. }) => {}
             Err(e) => problems.push(e.to_string()),
         }
     }
-    Ok(merge_rows(rows, problems, options))
+    (rows, problems)
 }
 
 /// The comparison of already-read rows (what [`merge_dirs`] does after reading).
@@ -973,10 +979,22 @@ mod tests {
     #[test]
     #[ignore]
     fn measure_merge_of_1024_and_8192_ranks() {
-        let base = fixture("oom_own_allocations.json");
-        for n in [1024u32, 8192] {
+        let small = fixture("oom_own_allocations.json");
+        // As large as a dump gets by default: 50 holders and 50 sites, 64 frames each.
+        let mut heavy = small.clone();
+        let mut stack = heavy.largest_holders[0].stack.clone();
+        while stack.len() < 64 {
+            stack.extend_from_within(..stack.len().min(64 - stack.len()));
+        }
+        let mut holder = heavy.largest_holders[0].clone();
+        holder.stack = stack.clone();
+        heavy.largest_holders = vec![holder; 50];
+        let mut site = heavy.sites[0].clone();
+        site.stack = stack;
+        heavy.sites = vec![site; 50];
+        for (n, base) in [(1024u32, &small), (8192, &small), (1024, &heavy)] {
             let dir = tempfile::tempdir().unwrap();
-            let bytes_each = serde_json::to_vec(&base).unwrap().len();
+            let bytes_each = serde_json::to_vec_pretty(base).unwrap().len();
             for r in 0..n {
                 let host = format!("node-{:04}", r / 8);
                 let sub = dir.path().join(&host);
@@ -984,15 +1002,16 @@ mod tests {
                     std::fs::create_dir(&sub).unwrap();
                 }
                 let d = if r == n / 3 {
-                    rank_dump(&base, r, &host, 79, Some(0), Some(1_800_000_000_000))
+                    rank_dump(base, r, &host, 79, Some(0), Some(1_800_000_000_000))
                 } else {
-                    rank_dump(&base, r, &host, 20 + (r % 5) as u64, Some(50), None)
+                    rank_dump(base, r, &host, 20 + (r % 5) as u64, Some(50), None)
                 };
-                write(
-                    &sub,
-                    &format!("oomshim-{host}-{}-r{r}-1.json", 1000 + r),
-                    &d,
-                );
+                // Pretty, as the shim writes them.
+                std::fs::write(
+                    sub.join(format!("oomshim-{host}-{}-r{r}-1.json", 1000 + r)),
+                    serde_json::to_vec_pretty(&d).unwrap(),
+                )
+                .unwrap();
             }
             let mut times = Vec::new();
             for _ in 0..3 {
