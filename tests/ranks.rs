@@ -141,7 +141,7 @@ fn torchrun_style_job_one_rank_leaking_merge_names_it_first() {
         .unwrap();
     let report = String::from_utf8_lossy(&o.stdout);
     assert!(report.contains("By library"), "{report}");
-    let line = report.lines().find(|l| l.contains("NCCL")).unwrap_or("");
+    let line = report.lines().find(|l| l.contains("  NCCL ")).unwrap_or("");
     assert!(
         line.contains("96.00 MiB") && line.contains("libnccl.so.2"),
         "{report}"

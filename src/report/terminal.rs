@@ -872,6 +872,62 @@ mod tests {
     use crate::verdict::tests::oom_dump;
 
     #[test]
+    fn libraries_and_the_untracked_split_are_named_in_the_report() {
+        let mut dump = load_fixture("oom_untracked");
+        dump.library_memory = Some(LibraryMemory {
+            source: "stack_modules".into(),
+            libraries: vec![LibraryBytes {
+                library: "nccl".into(),
+                name: "NCCL".into(),
+                device: 0,
+                bytes: 96 << 20,
+                count: 2,
+                modules: vec!["/opt/nccl/lib/libnccl.so.2".into()],
+                apis: vec!["cudaMalloc".into(), "cuMemCreate".into()],
+            }],
+            untracked: vec![UntrackedSplit {
+                device: 0,
+                used_bytes: 70 << 30,
+                tracked_bytes: 10 << 30,
+                context_bytes: Some(600 << 20),
+                other_processes_bytes: Some(59 << 30),
+                unexplained_bytes: Some(424 << 20),
+            }],
+        });
+        let text = render_terminal(
+            &dump,
+            &ReportOptions {
+                top: 5,
+                color: false,
+            },
+        );
+        let nccl = text.lines().find(|l| l.contains("  NCCL ")).unwrap_or("");
+        assert!(
+            nccl.contains("96.00 MiB")
+                && nccl.contains("cudaMalloc, cuMemCreate")
+                && nccl.contains("libnccl.so.2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "device 0: 70.00 GiB used = 10.00 GiB tracked + 600.00 MiB CUDA context and unhooked \
+                 (NVML, this process) + 59.00 GiB other processes + 424.00 MiB that no API shows"
+            ),
+            "{text}"
+        );
+        // Without the section, the report has no such lines.
+        dump.library_memory = None;
+        let text = render_terminal(
+            &dump,
+            &ReportOptions {
+                top: 5,
+                color: false,
+            },
+        );
+        assert!(!text.contains("By library") && !text.contains("no API shows"));
+    }
+
+    #[test]
     fn terminal_golden() {
         for name in fixture_names() {
             let dump = load_fixture(name);
