@@ -76,6 +76,21 @@ fn main() {
         .args(["-ldl", "-lpthread"]);
     compiler.run(cmd, "the simulated libcudart.so.13");
 
+    // The simulated NCCL: SONAME libnccl.so.2, allocating through the sim's runtime and driver
+    // by the PLT, found next to them through $ORIGIN (tests/clients/rank_worker.c uses it).
+    let mut cmd = compiler.command();
+    cmd.args(COMMON_FLAGS)
+        .args(CLIENT_FLAGS)
+        .args(["-fPIC", "-shared", "-Wl,-soname,libnccl.so.2"])
+        .arg("-Wl,-rpath,$ORIGIN")
+        .arg("-o")
+        .arg(out.join("libnccl.so.2"))
+        .arg(sim_src.join("nccl_sim.c"))
+        .arg("-L")
+        .arg(&out)
+        .args(["-l:libcudart.so.13", "-l:libcuda.so.1"]);
+    compiler.run(cmd, "the simulated libnccl.so.2");
+
     // Clients: linked against the sim by its SONAME, found next to them through $ORIGIN.
     // C++ clients (`*.cpp`): the ones that must catch a C++ exception, as torch does.
     let cxx = Compiler::find_cxx();
@@ -119,9 +134,11 @@ fn main() {
             // --as-needed: a client that names no CUDA function (no_runtime.c) gets no runtime.
             .arg("-Wl,--as-needed")
             .arg("-l:libcudart.so.13")
-            // The driver and the helper only where a client names them (tests/clients/drv_*.c).
+            // The driver, the helper and the NCCL sim only where a client names them
+            // (tests/clients/drv_*.c, rank_worker.c).
             .arg("-l:libcuda.so.1")
             .arg("-l:libdrvnext.so")
+            .arg("-l:libnccl.so.2")
             .arg("-Wl,--no-as-needed")
             .arg("-Wl,-rpath,$ORIGIN")
             .args(["-ldl", "-lpthread"]);

@@ -2055,6 +2055,8 @@ pub(crate) mod tests {
                 rank: None,
                 local_rank: None,
                 world_size: None,
+                launcher: None,
+                job_id: None,
             },
             failed_request: Some(FailedRequest {
                 bytes: request,
@@ -2076,6 +2078,7 @@ pub(crate) mod tests {
                 tracked_bytes: tracked,
                 tracked_count: 12,
                 peak_tracked_bytes: tracked,
+                uuid: None,
             }],
             pinned_host: PinnedHost::default(),
             largest_holders: vec![],
@@ -2113,6 +2116,7 @@ pub(crate) mod tests {
             }),
             request_sizes: None,
             framework: None,
+            library_memory: None,
         }
     }
 

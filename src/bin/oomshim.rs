@@ -112,12 +112,20 @@ enum Cmd {
         #[arg(long, value_name = "OUT.folded")]
         folded: Option<PathBuf>,
     },
-    /// One table of the dumps of all ranks of a job (a directory, shared by hosts or not).
-    #[command(after_help = "Example:\n  oomshim merge /shared/dumps --json")]
+    /// One table of the dumps of all ranks of a job: the first rank to run out of memory, the
+    /// ranks far above the median, whether the others had room, the ranks of each host.
+    #[command(
+        after_help = "Examples:\n  oomshim merge /shared/dumps --json\n  oomshim merge node-a/dumps node-b/dumps --clock-skew-ms 50"
+    )]
     Merge {
-        /// The directory to read (and one level of subdirectories).
-        #[arg(value_name = "DIR")]
-        dir: PathBuf,
+        /// The directories to read (each with one level of subdirectories): one shared by all
+        /// hosts, or one per host. A dump file may be named too.
+        #[arg(value_name = "DIR", required = true)]
+        dirs: Vec<PathBuf>,
+        /// The most two hosts' clocks may disagree, in milliseconds: failures on different
+        /// hosts closer than this are not ordered.
+        #[arg(long, value_name = "MS", default_value_t = oomshim::report::merge::DEFAULT_CLOCK_SKEW_MS)]
+        clock_skew_ms: u64,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -308,7 +316,15 @@ fn main() -> ExitCode {
             print!("{}", oomshim::config::settings_help(100));
             ExitCode::SUCCESS
         }
-        Cmd::Merge { dir, json } => match cli::merge(&dir, json) {
+        Cmd::Merge {
+            dirs,
+            clock_skew_ms,
+            json,
+        } => match cli::merge(
+            &dirs,
+            oomshim::report::merge::MergeOptions { clock_skew_ms },
+            json,
+        ) {
             Ok(text) => print_out(&text),
             Err(e) => fail(&e, EXIT_BAD_INPUT),
         },

@@ -139,11 +139,16 @@ pub fn diff(before: &Path, after: &Path, top: usize, json: bool) -> Result<Strin
     }
 }
 
-/// `oomshim merge DIR`: all ranks' dumps in one table. No dump at all is an error.
-pub fn merge(dir: &Path, json: bool) -> Result<String, String> {
-    let m = crate::report::merge::merge_dir(dir)?;
+/// `oomshim merge DIR...`: all ranks' dumps in one table. No dump at all is an error.
+pub fn merge(
+    dirs: &[std::path::PathBuf],
+    options: crate::report::merge::MergeOptions,
+    json: bool,
+) -> Result<String, String> {
+    let m = crate::report::merge::merge_dirs(dirs, options)?;
     if m.rows.is_empty() {
-        let mut msg = format!("no oomshim dumps in {}", clean_path(dir));
+        let names: Vec<String> = dirs.iter().map(|d| clean_path(d)).collect();
+        let mut msg = format!("no oomshim dumps in {}", names.join(", "));
         if let Some(p) = m.problems.first() {
             msg.push_str(&format!(
                 " ({} unreadable, e.g. {})",

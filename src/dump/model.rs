@@ -66,6 +66,66 @@ pub struct Dump {
     /// cache then. Absent when no framework spoke (plain CUDA programs, dumps of older versions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub framework: Option<FrameworkOom>,
+    /// Live device memory named by the library that allocated it (NCCL, cuBLAS, cuDNN, CUDA
+    /// graph pools) and the CUDA context's share of what the tracked allocations do not explain
+    /// (src/facts/libraries.rs). Absent in dumps of older versions and when nothing was named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub library_memory: Option<LibraryMemory>,
+}
+
+/// Device memory attributed to libraries and to the CUDA context (see [`Dump::library_memory`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LibraryMemory {
+    /// How allocations were attributed: `"stack_modules"` (the loaded object of each native
+    /// frame of the allocation's stack, innermost known library first), or `"no_native_stacks"`
+    /// (`OOMSHIM_STACKS=python`/`off`: only CUDA graph pools and the context can be named).
+    pub source: String,
+    /// Live tracked bytes by library and device, largest first. Every live device allocation
+    /// is counted, not only the largest holders.
+    pub libraries: Vec<LibraryBytes>,
+    /// Per device: the CUDA context and other memory of this process that no hooked API
+    /// allocated, and what is left unexplained.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub untracked: Vec<UntrackedSplit>,
+}
+
+/// One library's live allocations on one device.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LibraryBytes {
+    /// Machine-readable: `nccl`, `cublas`, `cudnn`, `cufft`, `cusparse`, `cusolver`, `curand`,
+    /// `cuda_graph_pool`.
+    pub library: String,
+    /// As people write it: `NCCL`, `cuBLAS`, `cuDNN`, `CUDA graph pool`, ...
+    pub name: String,
+    pub device: i32,
+    pub bytes: u64,
+    pub count: u64,
+    /// The loaded objects that matched (paths from /proc/self/maps), at most 4.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub modules: Vec<String>,
+    /// The allocation APIs those allocations came through (`cudaMalloc`, `cuMemCreate`, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub apis: Vec<String>,
+}
+
+/// What a device's used memory is made of beyond this process's tracked allocations.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UntrackedSplit {
+    pub device: i32,
+    /// Used bytes on the device (total − free) when the dump was written.
+    pub used_bytes: u64,
+    /// This process's tracked allocations on it.
+    pub tracked_bytes: u64,
+    /// NVML's figure for this process less its tracked bytes: the CUDA context, and library
+    /// memory allocated through paths the shim does not hook. Absent without NVML.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_bytes: Option<u64>,
+    /// What NVML lists for the other processes on the device. Absent without NVML.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_processes_bytes: Option<u64>,
+    /// Used − tracked − context − other processes: what no API shows (absent without NVML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unexplained_bytes: Option<u64>,
 }
 
 /// The framework's own account of an out-of-memory failure (see [`Dump::framework`]).
@@ -403,13 +463,21 @@ pub struct ProcessInfo {
     pub host: String,
     /// argv as the process received it (from /proc/self/cmdline), unmodified.
     pub command_line: Vec<String>,
-    /// `RANK`, `LOCAL_RANK`, `WORLD_SIZE` from the environment, when set (torchrun sets them).
+    /// The process's rank, local rank and world size from its launcher's variables, when set
+    /// (src/facts/ranks.rs): torchrun's `RANK`/`LOCAL_RANK`/`WORLD_SIZE`, Slurm's
+    /// `SLURM_PROCID`/`SLURM_LOCALID`/`SLURM_NTASKS`, Open MPI's `OMPI_COMM_WORLD_*`, PMI's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_rank: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub world_size: Option<u32>,
+    /// Which launcher's variables gave the rank: `torchrun`, `slurm`, `openmpi`, `pmi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launcher: Option<String>,
+    /// The job: `SLURM_JOB_ID`, else torchrun's `TORCHELASTIC_RUN_ID`, else `PBS_JOBID`/`LSB_JOBID`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -471,6 +539,10 @@ pub struct DeviceInfo {
     pub tracked_bytes: u64,
     pub tracked_count: u64,
     pub peak_tracked_bytes: u64,
+    /// The GPU's UUID (`GPU-xxxxxxxx-…`, as nvidia-smi prints it), asked of the driver where the
+    /// name is asked; absent when it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -30,6 +30,8 @@ pub const MAX_VALUE: usize = 1024;
 pub fn allowed(name: &str) -> bool {
     ALLOWLIST.contains(&name)
         || (name.starts_with(ALLOWED_PREFIX) && name.len() > ALLOWED_PREFIX.len())
+        // The launchers' rank and job variables (src/facts/ranks.rs).
+        || crate::facts::ranks::variables().any(|v| v == name)
 }
 
 /// The snapshot from `lookup` (a variable's value) and `names` (the names set in the

@@ -529,6 +529,25 @@ pub(crate) fn device_name(device: i32) -> Option<String> {
     Some(name.to_string_lossy().into_owned())
 }
 
+/// The GPU UUID of CUDA ordinal `device` (`GPU-…`, nvidia-smi's form), from
+/// `cuDeviceGetUuid_v2` (or `cuDeviceGetUuid` on drivers before 11.4): a context-free query.
+pub(crate) fn device_uuid(device: i32) -> Option<String> {
+    static GET_DEVICE: Helper = Helper::new(c"cuDeviceGet");
+    static V2: Helper = Helper::new(c"cuDeviceGetUuid_v2");
+    static V1: Helper = Helper::new(c"cuDeviceGetUuid");
+    let get_device: unsafe extern "C" fn(*mut c_int, c_int) -> CUresult =
+        unsafe { std::mem::transmute(GET_DEVICE.get()?) };
+    let get_uuid: unsafe extern "C" fn(*mut [u8; 16], c_int) -> CUresult =
+        unsafe { std::mem::transmute(V2.get().or_else(|| V1.get())?) };
+    let mut dev: c_int = 0;
+    if unsafe { get_device(&mut dev, device) } != CUDA_SUCCESS {
+        return None;
+    }
+    let mut bytes = [0u8; 16];
+    (unsafe { get_uuid(&mut bytes, dev) } == CUDA_SUCCESS)
+        .then(|| crate::facts::gpu_processes::uuid_string(&bytes))
+}
+
 /// (host?, device) of a `CUmemAllocationProp`; NULL → the current device.
 unsafe fn location_of(prop: *const CUmemAllocationProp) -> (bool, i32) {
     if prop.is_null() {

@@ -13,6 +13,7 @@ mod resolve;
 mod torch_alloc;
 
 pub(crate) use dl::real_dlsym;
+pub(crate) use driver::device_uuid;
 pub use driver::exported_names as driver_exported_names;
 pub use hooks::PROGRAM_API as PROGRAM_API_EXPORTS;
 pub use resolve::RUNTIME_RESOLVERS;

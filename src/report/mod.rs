@@ -255,6 +255,8 @@ fn frames_json(stack: &[Frame]) -> Value {
 ///   frame) added, and `capacity_bytes`: the device's total bytes the chart is drawn against.
 /// - `gpu_processes`, `host`, `request_sizes`, `config`, `vmm`: `null` or the dump's objects as
 ///   written; `pools[]`: the dump's pools (empty when none).
+/// - `header` also `launcher`, `job_id`; `devices[]` also `uuid`; `library_memory`: `null` or
+///   the dump's object as written (live bytes by library, the untracked split).
 ///
 /// The dump's keys are documented in the README (Dump schema).
 pub fn render_json(dump: &Dump, opts: &ReportOptions) -> Value {
@@ -303,6 +305,7 @@ pub fn render_json(dump: &Dump, opts: &ReportOptions) -> Value {
                 "tracked_bytes": d.tracked_bytes,
                 "tracked_count": d.tracked_count,
                 "peak_tracked_bytes": d.peak_tracked_bytes,
+                "uuid": d.uuid,
                 "tracked_percent_of_used": used.and_then(|u| share(d.tracked_bytes, u)).map(round1),
             })
         })
@@ -359,6 +362,8 @@ pub fn render_json(dump: &Dump, opts: &ReportOptions) -> Value {
             "rank": process.rank,
             "local_rank": process.local_rank,
             "world_size": process.world_size,
+            "launcher": process.launcher,
+            "job_id": process.job_id,
             "oomshim_version": dump.recording.version,
         },
         "failed_request": failed_request,
@@ -409,6 +414,7 @@ pub fn render_json(dump: &Dump, opts: &ReportOptions) -> Value {
         "config": dump.config,
         "pools": dump.pools,
         "vmm": dump.vmm,
+        "library_memory": dump.library_memory,
         "recording": {
             "version": dump.recording.version,
             "stacks": dump.recording.stacks,
@@ -862,6 +868,7 @@ mod tests {
                     "header",
                     "holders_total",
                     "host",
+                    "library_memory",
                     "pinned_host",
                     "pools",
                     "recorded_verdict",
@@ -881,6 +888,8 @@ mod tests {
                 [
                     "command_line",
                     "host",
+                    "job_id",
+                    "launcher",
                     "local_rank",
                     "oom",
                     "oomshim_version",
@@ -923,7 +932,8 @@ mod tests {
                         "tracked_bytes",
                         "tracked_count",
                         "tracked_percent_of_used",
-                        "used_bytes"
+                        "used_bytes",
+                        "uuid"
                     ]
                 );
             }

@@ -38,6 +38,7 @@ pub fn render_terminal(dump: &Dump, opts: &ReportOptions) -> String {
     }
     verdict(&mut out, &s, dump);
     devices(&mut out, &s, dump);
+    libraries(&mut out, &s, dump);
     gpu_processes(&mut out, &s, dump, opts.top);
     holders(&mut out, &s, dump, opts.top);
     sites(&mut out, &s, dump, opts.top);
@@ -136,6 +137,9 @@ fn header(out: &mut String, s: &Style, dump: &Dump) {
     }
     if let Some(world) = p.world_size {
         let _ = write!(process, ", world size {world}");
+    }
+    if let Some(job) = &p.job_id {
+        let _ = write!(process, ", job {}", truncate_middle(&clean(job), 64));
     }
     let command = if p.command_line.is_empty() {
         "(unknown)".to_string()
@@ -336,6 +340,69 @@ fn devices(out: &mut String, s: &Style, dump: &Dump) {
         );
     }
     t.render(out, s);
+    for d in dump.devices.iter().filter(|d| d.uuid.is_some()) {
+        let uuid = d.uuid.as_deref().unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  device {} is {}",
+            d.index,
+            truncate_middle(&clean(uuid), 64)
+        );
+    }
+}
+
+/// Device memory by library, and what the untracked part is made of (absent in dumps without
+/// `library_memory`).
+fn libraries(out: &mut String, s: &Style, dump: &Dump) {
+    let Some(l) = &dump.library_memory else {
+        return;
+    };
+    if !l.libraries.is_empty() {
+        let _ = writeln!(out, "\n{}", s.title("By library"));
+        let mut t = Table::new(&[
+            ("DEV", Align::Right),
+            ("LIBRARY", Align::Left),
+            ("BYTES", Align::Right),
+            ("ALLOCS", Align::Right),
+            ("VIA", Align::Left),
+            ("MODULE", Align::Left),
+        ]);
+        for b in &l.libraries {
+            t.row(
+                vec![
+                    b.device.to_string(),
+                    truncate_middle(&clean(&b.name), MAX_CELL),
+                    human_bytes(b.bytes),
+                    thousands(b.count),
+                    truncate_middle(&clean(&b.apis.join(", ")), MAX_CELL),
+                    b.modules
+                        .first()
+                        .map(|m| {
+                            let file = m.rsplit('/').next().unwrap_or(m);
+                            truncate_middle(&clean(file), MAX_CELL)
+                        })
+                        .unwrap_or_else(|| "-".into()),
+                ],
+                vec![],
+            );
+        }
+        t.render(out, s);
+    }
+    for u in &l.untracked {
+        let Some(context) = u.context_bytes else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "  device {}: {} used = {} tracked + {} CUDA context and unhooked (NVML, this process) + {} other processes + {} that no API shows",
+            u.device,
+            human_bytes(u.used_bytes),
+            human_bytes(u.tracked_bytes),
+            human_bytes(context),
+            human_bytes(u.other_processes_bytes.unwrap_or(0)),
+            human_bytes(u.unexplained_bytes.unwrap_or(0)),
+        );
+    }
 }
 
 /// Up to three named frames as table lines: `function (…/file:line)`.
@@ -803,6 +870,62 @@ mod tests {
     use super::*;
     use crate::dump::model::*;
     use crate::verdict::tests::oom_dump;
+
+    #[test]
+    fn libraries_and_the_untracked_split_are_named_in_the_report() {
+        let mut dump = load_fixture("oom_untracked");
+        dump.library_memory = Some(LibraryMemory {
+            source: "stack_modules".into(),
+            libraries: vec![LibraryBytes {
+                library: "nccl".into(),
+                name: "NCCL".into(),
+                device: 0,
+                bytes: 96 << 20,
+                count: 2,
+                modules: vec!["/opt/nccl/lib/libnccl.so.2".into()],
+                apis: vec!["cudaMalloc".into(), "cuMemCreate".into()],
+            }],
+            untracked: vec![UntrackedSplit {
+                device: 0,
+                used_bytes: 70 << 30,
+                tracked_bytes: 10 << 30,
+                context_bytes: Some(600 << 20),
+                other_processes_bytes: Some(59 << 30),
+                unexplained_bytes: Some(424 << 20),
+            }],
+        });
+        let text = render_terminal(
+            &dump,
+            &ReportOptions {
+                top: 5,
+                color: false,
+            },
+        );
+        let nccl = text.lines().find(|l| l.contains("  NCCL ")).unwrap_or("");
+        assert!(
+            nccl.contains("96.00 MiB")
+                && nccl.contains("cudaMalloc, cuMemCreate")
+                && nccl.contains("libnccl.so.2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "device 0: 70.00 GiB used = 10.00 GiB tracked + 600.00 MiB CUDA context and unhooked \
+                 (NVML, this process) + 59.00 GiB other processes + 424.00 MiB that no API shows"
+            ),
+            "{text}"
+        );
+        // Without the section, the report has no such lines.
+        dump.library_memory = None;
+        let text = render_terminal(
+            &dump,
+            &ReportOptions {
+                top: 5,
+                color: false,
+            },
+        );
+        assert!(!text.contains("By library") && !text.contains("no API shows"));
+    }
 
     #[test]
     fn terminal_golden() {

@@ -157,6 +157,7 @@ pub(crate) fn assemble(
             tracked_bytes: t.bytes,
             tracked_count: t.count,
             peak_tracked_bytes: t.peak_bytes,
+            uuid: super::cached_device_uuid(index),
         })
         .collect();
     if let Some(d) = cap.device {
@@ -171,6 +172,7 @@ pub(crate) fn assemble(
                     tracked_bytes: 0,
                     tracked_count: 0,
                     peak_tracked_bytes: 0,
+                    uuid: super::cached_device_uuid(d),
                 });
                 devices.last_mut().expect("just pushed")
             }
@@ -278,7 +280,9 @@ pub(crate) fn assemble(
         }),
         request_sizes: s.growth.request_sizes(),
         framework: framework.map(|f| f.account.clone()),
+        library_memory: None,
     };
+    dump.library_memory = library_memory(s, &device_allocs, &maps, cap.device, &dump);
     dump.verdict = crate::verdict::judge(&dump);
     dump
 }
@@ -436,12 +440,52 @@ pub(crate) fn describe_site(stack: &[Frame]) -> String {
     }
 }
 
-fn process_info() -> ProcessInfo {
-    let env_u32 = |k: &str| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
+/// Live device memory by library (from every live allocation's interned stack, looked at once
+/// per distinct stack) and the split of what the tracked allocations do not explain.
+fn library_memory(
+    s: &Shim,
+    device_allocs: &[&(usize, Allocation)],
+    maps: &str,
+    device: Option<i32>,
+    dump: &Dump,
+) -> Option<LibraryMemory> {
+    use crate::facts::libraries;
+    let native = s.config.stacks.native();
+    let mut libs = if native {
+        let allocs: Vec<libraries::LiveAlloc<StackId>> = device_allocs
+            .iter()
+            .map(|(_, a)| libraries::LiveAlloc {
+                device: a.device,
+                bytes: a.bytes,
+                api: a.api.name(),
+                stack: a.stack,
+            })
+            .collect();
+        libraries::attribute(&libraries::LibraryMap::parse(maps), &allocs, |id| {
+            s.stacks.frames(id)
+        })
+    } else {
+        Vec::new()
     };
+    libraries::add_graph_pools(
+        &mut libs,
+        device.unwrap_or(0),
+        &dump.free_blocks.segment_map,
+    );
+    let untracked = libraries::untracked_split(&dump.devices, dump.gpu_processes.as_ref());
+    (!libs.is_empty() || !untracked.is_empty()).then(|| LibraryMemory {
+        source: if native {
+            "stack_modules"
+        } else {
+            "no_native_stacks"
+        }
+        .to_string(),
+        libraries: libs,
+        untracked,
+    })
+}
+
+fn process_info() -> ProcessInfo {
     let command_line = std::fs::read("/proc/self/cmdline")
         .map(|raw| {
             raw.split(|&b| b == 0)
@@ -450,13 +494,16 @@ fn process_info() -> ProcessInfo {
                 .collect()
         })
         .unwrap_or_default();
+    let ranks = crate::facts::ranks::current();
     ProcessInfo {
         pid: std::process::id(),
         host: hostname(),
         command_line,
-        rank: env_u32("RANK"),
-        local_rank: env_u32("LOCAL_RANK"),
-        world_size: env_u32("WORLD_SIZE"),
+        rank: ranks.rank,
+        local_rank: ranks.local_rank,
+        world_size: ranks.world_size,
+        launcher: ranks.launcher.map(str::to_string),
+        job_id: ranks.job_id,
     }
 }
 

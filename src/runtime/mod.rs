@@ -245,7 +245,7 @@ fn thread_id() -> u64 {
 /// held while another lock is taken), so the order they are taken in cannot deadlock.
 type NameLocks = (
     std::sync::MutexGuard<'static, Vec<(u64, String)>>,
-    std::sync::MutexGuard<'static, Vec<(i32, Option<String>)>>,
+    std::sync::MutexGuard<'static, Vec<DeviceNames>>,
 );
 
 thread_local! {
@@ -512,20 +512,41 @@ pub fn record_pinned_failure(api: Api, bytes: u64) {
     }
 }
 
-/// The device name, asked of the runtime once per device.
+/// The device name, asked of the runtime once per device, and with it the GPU's UUID, asked of
+/// the driver (`cuDeviceGetUuid`, context-free) at the same safe moment.
 pub fn cached_device_name(device: i32, ask: fn(i32) -> Option<String>) -> Option<String> {
     let names = || DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, n)) = names().iter().find(|(d, _)| *d == device) {
-        return n.clone();
+    if let Some(n) = names().iter().find(|n| n.device == device) {
+        return n.name.clone();
     }
     // Asked without the lock held: this calls into CUDA.
     let name = ask(device);
-    names().push((device, name.clone()));
+    let uuid = crate::ffi::device_uuid(device);
+    names().push(DeviceNames {
+        device,
+        name: name.clone(),
+        uuid,
+    });
     name
 }
 
-/// Device names asked so far ([`cached_device_name`]).
-static DEVICE_NAMES: Mutex<Vec<(i32, Option<String>)>> = Mutex::new(Vec::new());
+/// The GPU UUID of `device` if [`cached_device_name`] asked it already; never calls CUDA.
+pub fn cached_device_uuid(device: i32) -> Option<String> {
+    let names = DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    names
+        .iter()
+        .find(|n| n.device == device)
+        .and_then(|n| n.uuid.clone())
+}
+
+struct DeviceNames {
+    device: i32,
+    name: Option<String>,
+    uuid: Option<String>,
+}
+
+/// Device names and UUIDs asked so far ([`cached_device_name`]).
+static DEVICE_NAMES: Mutex<Vec<DeviceNames>> = Mutex::new(Vec::new());
 
 /// The device an on-demand dump may ask about: the caller's current device, but only when the
 /// process already allocated on it (asking CUDA about an untouched device would create a

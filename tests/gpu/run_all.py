@@ -357,6 +357,45 @@ def check_torchrun():
     row("torchrun 2 ranks on one GPU: oomshim merge names the leaking rank", ok, f"job exit {p.returncode}; {line[:220]}")
 
 
+def check_ranks():
+    """Issue 18: torchrun with 2 ranks sharing the one GPU, rank 1 leaking. NCCL first (it
+    usually refuses two ranks on one device), then gloo. Every dump says its rank, local rank,
+    world size, launcher and job; the OOM dump names the GPU by UUID; `oomshim merge` names rank 1
+    as the first to fail, the imbalance and the room on rank 0; under NCCL its buffers are NCCL."""
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    tried = []
+    for backend, port in (("nccl", "29541"), ("gloo", "29542")):
+        d = os.path.join(OUT, f"ranks-{backend}")
+        os.makedirs(d, exist_ok=True)
+        p = run(["timeout", "240", CLI, "run", "--dir", d, "--lib", LIB, "--", torchrun, "--nproc_per_node=2",
+                 f"--master_port={port}", "--rdzv-id=oomshim-issue18",
+                 os.path.join(ROOT, "tests/gpu/ranks_leak.py")],
+                env={"OOMSHIM_AT_EXIT": "1", "OOMSHIM_RANKS_BACKEND": backend,
+                     "TORCHELASTIC_RUN_ID": "oomshim-issue18"}, timeout=260)
+        tried.append(f"{backend}: exit {p.returncode}")
+        if p.returncode == 0:
+            break
+    m = run(["timeout", "60", CLI, "merge", d], timeout=70)
+    text = m.stdout
+    with open(os.path.join(OUT, "ranks-merge.txt"), "w") as f:
+        f.write(text + m.stderr + "\n--- job stdout ---\n" + p.stdout[-3000:] + "\n--- job stderr ---\n" + p.stderr[-6000:])
+    dumps = [load(x) for x in dumps_in(d)]
+    procs = [x["process"] for x in dumps]
+    ranks_ok = sorted({(q.get("rank"), q.get("local_rank"), q.get("world_size"), q.get("launcher")) for q in procs}) == \
+        [(0, 0, 2, "torchrun"), (1, 1, 2, "torchrun")]
+    job_ok = all(q.get("job_id") == "oomshim-issue18" for q in procs)
+    ooms = [x for x in dumps if x["reason"] == "oom" and x["process"].get("rank") == 1]
+    uuid = next((dv.get("uuid") for x in ooms for dv in x["devices"] if dv.get("uuid")), None)
+    first_ok = "first to run out of memory: rank 1" in text and "imbalance: rank 1" in text and "room on the others" in text
+    libs = {l["library"]: l["bytes"] for x in dumps for l in (x.get("library_memory") or {}).get("libraries", [])}
+    nccl_ok = backend != "nccl" or libs.get("nccl", 0) > 0
+    ok = p.returncode == 0 and m.returncode == 0 and ranks_ok and job_ok and bool(uuid) and first_ok and nccl_ok
+    first = next((l.strip() for l in text.splitlines() if "first to run out" in l), text[-200:])
+    row("torchrun 2 ranks on one GPU: ranks, job, UUID, first to fail, NCCL named", ok,
+        f"{'; '.join(tried)}; ranks {ranks_ok}, job {job_ok}, uuid {uuid}, libraries "
+        f"{ {k: gib(v) for k, v in libs.items()} }; {first[:200]}")
+
+
 def check_verdicts():
     """Issue 6 on the GPU: each case's top finding. (The other-process case is check_other_process.)"""
     # A single request larger than the device.
@@ -653,7 +692,7 @@ def main():
     import torch
     print("torch", torch.__version__, "cuda", torch.version.cuda)
     checks = (check_zoo, check_views, check_nvcc_leak, check_torch, check_torch_fragmentation, check_other_process,
-              check_driver_paths, check_python_stacks, check_overhead, check_backward_oom, check_torchrun,
+              check_driver_paths, check_python_stacks, check_overhead, check_backward_oom, check_torchrun, check_ranks,
               check_verdicts, check_torch_allocator, check_soak)
     # OOMSHIM_GPU_CHECKS=check_torch,check_overhead runs a subset.
     only = [c for c in os.environ.get("OOMSHIM_GPU_CHECKS", "").split(",") if c]

@@ -26,6 +26,7 @@
  *     where one exists. Unknown symbol: CUDA_ERROR_NOT_FOUND, *pfn = NULL, status
  *     SYMBOL_NOT_FOUND; too new: status VERSION_NOT_SUFFICIENT.
  *   - simcu_inject_error(code, count): the next `count` allocation calls return `code`.
+ *   - cuDeviceGetUuid[_v2]: 5e 1d DEVICE 13 14 … 1f (GPU-5e1d0013-… for device 0).
  *
  * Internal calls never go through an exported function.
  */
@@ -307,6 +308,21 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     snprintf(name, (size_t)len, "oomshim simulated driver device");
     return CUDA_SUCCESS;
 }
+
+/* UUID bytes: 0x5e 0x1d, then the device ordinal, then a fixed pattern (GPU-5e1d00… for
+ * device 0): stable across processes, distinct across devices, as real UUIDs are. */
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+    pthread_once(&g_once, init);
+    if (uuid == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+    uuid->bytes[0] = 0x5e;
+    uuid->bytes[1] = 0x1d;
+    uuid->bytes[2] = (char)dev;
+    for (int i = 3; i < 16; i++) uuid->bytes[i] = (char)(0x10 + i);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
 
 CUresult cuCtxGetDevice(CUdevice *device) {
     if (device == NULL) return CUDA_ERROR_INVALID_VALUE;
@@ -647,6 +663,8 @@ static const struct entry g_entries[] = {
     {"cuDeviceGetCount", 2000, 0, (void *)cuDeviceGetCount},
     {"cuDeviceGet", 2000, 0, (void *)cuDeviceGet},
     {"cuDeviceGetName", 2000, 0, (void *)cuDeviceGetName},
+    {"cuDeviceGetUuid", 9020, 0, (void *)cuDeviceGetUuid},
+    {"cuDeviceGetUuid", 11040, 0, (void *)cuDeviceGetUuid_v2},
     {"cuCtxGetDevice", 2000, 0, (void *)cuCtxGetDevice},
     {"cuMemGetInfo", 3020, 0, (void *)cuMemGetInfo_v2},
     {"cuMemAlloc", 2000, 0, (void *)cuMemAlloc},
