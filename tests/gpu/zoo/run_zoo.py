@@ -49,6 +49,7 @@ CASES = [
     Case("retain_graph_marked", "retain_graph_marked.py", {"leak"}),
     Case("eval_no_inference_mode", "eval_no_inference_mode.py", {"leak"}),
     Case("loss_accumulated", "loss_accumulated.py", {"leak"}),
+    Case("spread_leak", "spread_leak.py", {"leak"}, note="twelve lines share the growth"),
     Case("late_leak", "late_leak.py", {"leak"}),
     Case("expandable_leak", "expandable_leak.py", {"leak"}, launchers=NO_ALLOCATOR,
          env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
