@@ -324,7 +324,14 @@ fn imbalanced(procs: &[Proc]) -> (Vec<usize>, u64) {
     }
     let mut peaks: Vec<u64> = procs.iter().map(|p| p.peak).collect();
     peaks.sort_unstable();
-    let median = peaks[peaks.len() / 2];
+    // The middle value, or the mean of the two middle ones: with two ranks the upper one would be
+    // the outlier itself and nothing could be far above it.
+    let mid = peaks.len() / 2;
+    let median = if peaks.len() % 2 == 0 {
+        peaks[mid - 1] / 2 + peaks[mid] / 2 + (peaks[mid - 1] % 2 + peaks[mid] % 2) / 2
+    } else {
+        peaks[mid]
+    };
     let mut far: Vec<&Proc> = procs
         .iter()
         .filter(|p| median > 0 && p.peak as f64 > IMBALANCE_FACTOR * median as f64)
@@ -882,6 +889,24 @@ mod tests {
         dumps[1] = rank_dump(&base, 1, "node-a", 21, Some(2), Some(t - 3000));
         let m = merge_rows(rows_of(&dumps), vec![], opts(1000));
         assert_eq!(m.rows[m.first_failure.unwrap().row].rank, Some(1));
+    }
+
+    #[test]
+    fn with_two_ranks_the_one_far_above_the_other_is_imbalanced() {
+        let base = fixture("oom_own_allocations.json");
+        let dumps = vec![
+            rank_dump(&base, 0, "node-0", 8, Some(50), None),
+            rank_dump(&base, 1, "node-0", 130, Some(1), Some(1_800_000_000_000)),
+        ];
+        let m = merge_rows(rows_of(&dumps), vec![], opts(1000));
+        assert_eq!(m.median_peak_bytes, 69 << 30);
+        assert_eq!(
+            m.imbalanced.len(),
+            1,
+            "rank 1 at 130 GiB is far above the median of 69 GiB"
+        );
+        let text = render_merge(&m);
+        assert!(text.contains("imbalance: rank 1"), "{text}");
     }
 
     #[test]
