@@ -18,6 +18,12 @@ def main():
     t = torch.ones(1 << 20, device="cuda") if backend == "nccl" else torch.ones(1 << 20)
     dist.all_reduce(t)
     result = {"rank": rank, "backend": backend, "sum": float(t[0])}
+    if os.environ.get("OOMSHIM_RANKS_DUMP_AFTER_INIT") == "1":
+        # A dump while the communicator (and NCCL's buffers) is alive; the exit dump comes after
+        # destroy_process_group has freed them.
+        import oomshim
+
+        result["dumped"] = oomshim.dump("after_all_reduce")
     kept = []
     if rank == 1:
         try:

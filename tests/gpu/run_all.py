@@ -373,6 +373,8 @@ def check_ranks():
                 env={"OOMSHIM_AT_EXIT": "1", "OOMSHIM_RANKS_BACKEND": backend,
                      "TORCHELASTIC_RUN_ID": "oomshim-issue18"}, timeout=260)
         tried.append(f"{backend}: exit {p.returncode}")
+        with open(os.path.join(OUT, f"ranks-{backend}.stderr"), "w") as f:
+            f.write(p.stderr[-8000:])
         if p.returncode == 0:
             break
     m = run(["timeout", "60", CLI, "merge", d], timeout=70)
@@ -394,6 +396,25 @@ def check_ranks():
     row("torchrun 2 ranks on one GPU: ranks, job, UUID, first to fail, NCCL named", ok,
         f"{'; '.join(tried)}; ranks {ranks_ok}, job {job_ok}, uuid {uuid}, libraries "
         f"{ {k: gib(v) for k, v in libs.items()} }; {first[:200]}")
+    if backend == "nccl":
+        return
+    # NCCL refuses two ranks on one device, so its buffers are checked with one rank: a dump
+    # taken while the communicator lives must name NCCL's memory as NCCL.
+    d = os.path.join(OUT, "ranks-nccl1")
+    os.makedirs(d, exist_ok=True)
+    p = run(["timeout", "120", CLI, "run", "--dir", d, "--lib", LIB, "--", torchrun, "--nproc_per_node=1",
+             "--master_port=29543", os.path.join(ROOT, "tests/gpu/ranks_leak.py")],
+            env={"OOMSHIM_RANKS_BACKEND": "nccl", "OOMSHIM_RANKS_DUMP_AFTER_INIT": "1"}, timeout=140)
+    dumps = [load(x) for x in dumps_in(d)]
+    libs = {l["library"]: (l["bytes"], l.get("count"), l.get("modules")) for x in dumps
+            for l in (x.get("library_memory") or {}).get("libraries", [])}
+    nccl = libs.get("nccl")
+    with open(os.path.join(OUT, "ranks-nccl1.txt"), "w") as f:
+        f.write(p.stdout[-3000:] + "\n--- stderr ---\n" + p.stderr[-6000:])
+    row("NCCL's buffers named NCCL (torchrun, 1 rank, NCCL, dump while the communicator lives)",
+        p.returncode == 0 and bool(nccl) and nccl[0] > 0,
+        f"exit {p.returncode}; {len(dumps)} dump(s); libraries "
+        f"{ {k: (gib(v[0]), v[1], v[2]) for k, v in libs.items()} }; {p.stderr.strip()[-200:] if p.returncode else ''}")
 
 
 def check_verdicts():
