@@ -245,6 +245,9 @@ pub struct Ledger {
     devices: Box<[Counters]>,
     pinned_host: Counters,
     unknown_frees: AtomicU64,
+    /// Allocations passed through untracked (recording mode `pass-through`) whose free has not
+    /// been seen: a free that finds no entry is one of them before it is an unknown free.
+    untracked: AtomicU64,
     seq: AtomicU64,
 }
 
@@ -273,8 +276,15 @@ impl Ledger {
             devices: (0..MAX_DEVICES).map(|_| Counters::default()).collect(),
             pinned_host: Counters::default(),
             unknown_frees: AtomicU64::new(0),
+            untracked: AtomicU64::new(0),
             seq: AtomicU64::new(0),
         }
+    }
+
+    /// An allocation was made without being recorded (pass-through): its free will find no
+    /// entry, and is not counted as an unknown free.
+    pub fn note_untracked(&self) {
+        self.untracked.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Before `fork`: takes every shard's lock, so the child gets no shard frozen mid-change
@@ -327,7 +337,13 @@ impl Ledger {
         match &old {
             Some(a) => self.counters(a).sub(a.bytes),
             None => {
-                self.unknown_frees.fetch_add(1, Ordering::Relaxed);
+                let passed_through = self
+                    .untracked
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                    .is_ok();
+                if !passed_through {
+                    self.unknown_frees.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         old
