@@ -428,9 +428,7 @@ impl growth::SiteKeyer for Shim {
                 None => growth::SiteKey::PyStack(python),
             };
         }
-        let python_recorded = recording::current()
-            .stacks()
-            .is_some_and(StackMode::python);
+        let python_recorded = recording::current().stacks().is_some_and(StackMode::python);
         if python_recorded && crate::pystack::active() {
             return growth::SiteKey::NoPython;
         }
