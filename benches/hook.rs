@@ -1,5 +1,8 @@
 //! Added cost of a hooked cudaMalloc + cudaFree pair (512 B) against the simulated runtime, with
-//! 32 frames of stack, next to the bare pair measured in the same run.
+//! 32 frames of stack, next to the bare pair measured in the same run, in each recording mode
+//! (`oomshim_set_recording`, switched inside this one process): pass-through, totals only and
+//! all stacks (native ones here: the bench has no Python). `OOMSHIM_BENCH_BASELINE_LIB=PATH`
+//! adds another build of the library, measured in the same run.
 //!
 //! The bench loads target/<profile>/liboomshim.so with dlopen, exactly the library users preload,
 //! and calls its hooks from 32 frames deep; it does not link the oomshim crate, so the only hooks
@@ -12,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 type Malloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
 type Free = unsafe extern "C" fn(*mut c_void) -> c_int;
+type SetRecording = unsafe extern "C" fn(c_int) -> c_int;
 
 /// Brings target/<profile>/liboomshim.so up to date: `cargo bench` builds the library for the
 /// bench as an rlib only, not the cdylib measured here.
@@ -95,13 +99,33 @@ fn hook_overhead(c: &mut Criterion) {
             (sym(runtime, "cudaMalloc"), sym(runtime, "cudaFree"));
         let (shim_malloc, shim_free): (Malloc, Free) =
             (sym(shim, "cudaMalloc"), sym(shim, "cudaFree"));
+        let set_recording: SetRecording = sym(shim, "oomshim_set_recording");
         let mut group = c.benchmark_group("cudaMalloc+cudaFree 512 B, 32 frames deep");
         group.bench_function("bare (simulated runtime)", |b| {
             at_depth(32, &mut || b.iter(|| pair(bare_malloc, bare_free)))
         });
-        group.bench_function("through liboomshim.so", |b| {
-            at_depth(32, &mut || b.iter(|| pair(shim_malloc, shim_free)))
-        });
+        // The default (all stacks) first, under the name earlier runs used.
+        for (mode, name) in [
+            (3, "through liboomshim.so"),
+            (0, "through liboomshim.so, pass-through"),
+            (1, "through liboomshim.so, totals only"),
+        ] {
+            // The first hooked call starts the shim; the switch itself starts it otherwise.
+            assert!(set_recording(mode) >= 0, "oomshim_set_recording({mode})");
+            group.bench_function(name, |b| {
+                at_depth(32, &mut || b.iter(|| pair(shim_malloc, shim_free)))
+            });
+        }
+        set_recording(3);
+        // Another build of the library (an older commit, say), loaded beside this one with its
+        // own state: before/after figures from one run, on one machine at one load.
+        if let Some(other) = std::env::var_os("OOMSHIM_BENCH_BASELINE_LIB") {
+            let other = open(Path::new(&other), libc::RTLD_NOW | libc::RTLD_LOCAL);
+            let (m, f): (Malloc, Free) = (sym(other, "cudaMalloc"), sym(other, "cudaFree"));
+            group.bench_function("through OOMSHIM_BENCH_BASELINE_LIB", |b| {
+                at_depth(32, &mut || b.iter(|| pair(m, f)))
+            });
+        }
         group.finish();
     }
     let _ = std::fs::remove_dir_all(dumps);

@@ -5,7 +5,7 @@
 
 use rustc_hash::FxHashMap;
 use std::cell::UnsafeCell;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::Hasher;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -245,6 +245,9 @@ pub struct Ledger {
     devices: Box<[Counters]>,
     pinned_host: Counters,
     unknown_frees: AtomicU64,
+    /// Allocations passed through untracked (recording mode `pass-through`) whose free has not
+    /// been seen: a free that finds no entry is one of them before it is an unknown free.
+    untracked: AtomicU64,
     seq: AtomicU64,
 }
 
@@ -273,8 +276,15 @@ impl Ledger {
             devices: (0..MAX_DEVICES).map(|_| Counters::default()).collect(),
             pinned_host: Counters::default(),
             unknown_frees: AtomicU64::new(0),
+            untracked: AtomicU64::new(0),
             seq: AtomicU64::new(0),
         }
+    }
+
+    /// An allocation was made without being recorded (pass-through): its free will find no
+    /// entry, and is not counted as an unknown free.
+    pub fn note_untracked(&self) {
+        self.untracked.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Before `fork`: takes every shard's lock, so the child gets no shard frozen mid-change
@@ -327,7 +337,13 @@ impl Ledger {
         match &old {
             Some(a) => self.counters(a).sub(a.bytes),
             None => {
-                self.unknown_frees.fetch_add(1, Ordering::Relaxed);
+                let passed_through = self
+                    .untracked
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                    .is_ok();
+                if !passed_through {
+                    self.unknown_frees.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         old
@@ -446,8 +462,71 @@ pub struct StackTable {
 
 #[derive(Default)]
 struct StackShard {
-    ids: FxHashMap<Box<[usize]>, u32>,
+    /// Hash of a stack's frames ([`stack_hash`]) → index of the first stack with that hash;
+    /// the rest are chained through `next_same_hash`. Keyed by the hash, not the frames, so a
+    /// lookup hashes the frames once and each stack is stored once.
+    by_hash: std::collections::HashMap<u64, u32, std::hash::BuildHasherDefault<HashIsKey>>,
     stacks: Vec<Box<[usize]>>,
+    /// Next stack with the same hash, `NO_STACK` at the end of a chain.
+    next_same_hash: Vec<u32>,
+}
+
+const NO_STACK: u32 = u32::MAX;
+
+#[cfg(test)]
+thread_local! {
+    /// Tests only: interning keeps just a few bits of each hash, so most stacks share one.
+    static COLLIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The hasher of `by_hash`: its keys are already well-mixed hashes.
+#[derive(Default)]
+struct HashIsKey(u64);
+
+impl Hasher for HashIsKey {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("only u64 keys")
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+/// Hash of a stack's frames, on the allocation path: four independent multiply lanes (a
+/// 32-frame stack is 8 dependent steps, not 32 as with one running hash), then a full
+/// avalanche, so both the top bits (the shard) and the low bits (the map's bucket) are mixed.
+#[inline]
+fn stack_hash(frames: &[usize]) -> u64 {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut lanes: [u64; 4] = [
+        0x243F_6A88_85A3_08D3,
+        0x1319_8A2E_0370_7344,
+        0xA409_3822_299F_31D0,
+        0x082E_FA98_EC4E_6C89,
+    ];
+    let mut chunks = frames.chunks_exact(4);
+    for c in &mut chunks {
+        for (lane, &f) in lanes.iter_mut().zip(c) {
+            *lane = (*lane ^ f as u64).wrapping_mul(K).rotate_left(31);
+        }
+    }
+    for (lane, &f) in lanes.iter_mut().zip(chunks.remainder()) {
+        *lane = (*lane ^ f as u64).wrapping_mul(K).rotate_left(31);
+    }
+    let mut h = (frames.len() as u64)
+        ^ lanes[0]
+        ^ lanes[1].rotate_left(17)
+        ^ lanes[2].rotate_left(34)
+        ^ lanes[3].rotate_left(51);
+    // fmix64 (MurmurHash3's finaliser).
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+    h ^ (h >> 33)
 }
 
 const STACK_SHARD_BITS: u32 = 5;
@@ -489,20 +568,31 @@ impl StackTable {
         if frames.is_empty() {
             return StackId::EMPTY;
         }
-        let mut h = rustc_hash::FxBuildHasher.build_hasher();
-        frames.hash(&mut h);
-        let shard_index = (h.finish() >> (64 - STACK_SHARD_BITS)) as usize;
-        let mut shard = self.shards[shard_index].lock();
-        if let Some(&i) = shard.ids.get(frames) {
-            return Self::id(shard_index, i);
+        let hash = stack_hash(frames);
+        #[cfg(test)]
+        let hash = if COLLIDE.with(|c| c.get()) {
+            hash & 0xF800_0000_0000_0003 // the shard's bits and four hashes per shard
+        } else {
+            hash
+        };
+        let shard_index = (hash >> (64 - STACK_SHARD_BITS)) as usize;
+        let mut guard = self.shards[shard_index].lock();
+        let shard = &mut *guard;
+        let first = shard.by_hash.get(&hash).copied().unwrap_or(NO_STACK);
+        let mut i = first;
+        while i != NO_STACK {
+            if *shard.stacks[i as usize] == *frames {
+                return Self::id(shard_index, i);
+            }
+            i = shard.next_same_hash[i as usize];
         }
         let i = shard.stacks.len() as u32;
         if i >= (1 << STACK_INDEX_BITS) - 1 {
             return StackId::EMPTY;
         }
-        let boxed: Box<[usize]> = frames.into();
-        shard.stacks.push(boxed.clone());
-        shard.ids.insert(boxed, i);
+        shard.stacks.push(frames.into());
+        shard.next_same_hash.push(first);
+        shard.by_hash.insert(hash, i);
         Self::id(shard_index, i)
     }
 
@@ -684,5 +774,24 @@ mod tests {
         assert_eq!(t.intern(&[]), StackId::EMPTY);
         assert!(t.frames(StackId::EMPTY).is_empty());
         assert!(t.frames(StackId(u32::MAX)).is_empty());
+    }
+
+    #[test]
+    fn stacks_sharing_a_hash_keep_their_own_ids() {
+        for collide in [false, true] {
+            COLLIDE.with(|c| c.set(collide));
+            let t = StackTable::new();
+            let stacks: Vec<Vec<usize>> = (0..2000usize)
+                .map(|i| (0..(i % 40 + 1)).map(|k| 0x40_0000 + i * 64 + k).collect())
+                .collect();
+            let ids: Vec<StackId> = stacks.iter().map(|f| t.intern(f)).collect();
+            let distinct: std::collections::HashSet<_> = ids.iter().collect();
+            assert_eq!(distinct.len(), stacks.len());
+            for (f, id) in stacks.iter().zip(&ids) {
+                assert_eq!(t.intern(f), *id);
+                assert_eq!(&t.frames(*id), f);
+            }
+            COLLIDE.with(|c| c.set(false));
+        }
     }
 }

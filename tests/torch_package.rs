@@ -302,3 +302,41 @@ print(ot.memory_allocated(), ot.library_path())
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn the_recording_switch_works_in_allocator_mode_and_leaves_the_ledger_exact() {
+    let Some(e) = env() else { return };
+    let program = format!(
+        r#"
+import glob, json, os, torch, oomshim, oomshim.torch as ot
+ot.enable()
+a = torch._empty({mib})
+assert oomshim.recording() == "all", oomshim.recording()
+assert oomshim.set_recording("pass-through") == "all"
+b = torch._empty(2 * {mib})
+# The allocator serves and counts as ever; only the ledger skips what pass-through made.
+assert ot.memory_allocated() == 3 * {mib}, ot.memory_allocated()
+torch._free(a, {mib})
+assert oomshim.set_recording("totals") == "pass-through"
+torch._free(b, 2 * {mib})
+c = torch._empty(3 * {mib})
+try:
+    oomshim.set_recording("everything")
+    raise SystemExit("an unknown mode was accepted")
+except ValueError:
+    pass
+assert oomshim.recording() == "totals"
+assert oomshim.step()
+assert ot.dump("switched")
+(path,) = glob.glob(os.path.join(os.environ["OOMSHIM_DIR"], "*.json"))
+d = json.load(open(path))
+r = d["recording"]
+assert d["devices"][0]["tracked_bytes"] == 3 * {mib}, d["devices"]
+assert r["live_allocations"] == 1 and r["unknown_frees"] == 0 and r["stacks"] == "off", r
+print("ok")
+"#,
+        mib = MIB
+    );
+    let out = ok(&python(&e, &program, &[]));
+    assert!(out.contains("ok"), "{out}");
+}

@@ -296,7 +296,40 @@ pub const PROGRAM_API: &[&str] = &[
     "oomshim_mark_step_live",
     "oomshim_framework_attached",
     "oomshim_framework_oom",
+    "oomshim_set_recording",
+    "oomshim_recording",
 ];
+
+/// Switches what the shim records from now on: 0 pass-through (the hooks only forward), 1
+/// totals (sizes and totals, no stacks), 2 native stacks, 3 all stacks (native and Python), 4
+/// Python stacks. Safe at any moment: an allocation made in one mode may be freed in any other.
+/// Returns the mode before, or -1 when `mode` is unknown (nothing changes) or the shim is off.
+/// For benchmarks that alternate modes inside one process.
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_set_recording(mode: c_int) -> c_int {
+    let Some(mode) = runtime::Recording::from_code(mode) else {
+        return -1;
+    };
+    let Some(guard) = Guard::enter() else {
+        return -1;
+    };
+    guard
+        .run(|| runtime::set_recording(mode))
+        .flatten()
+        .map_or(-1, |before| before as c_int)
+}
+
+/// The recording mode now (the numbers of [`oomshim_set_recording`]), -1 when the shim is off.
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_recording() -> c_int {
+    let Some(guard) = Guard::enter() else {
+        return -1;
+    };
+    guard
+        .run(runtime::current_recording)
+        .flatten()
+        .map_or(-1, |m| m as c_int)
+}
 
 /// Marks the end of a training step: the shim samples live device bytes per allocation site
 /// (see the dump's `growth` key). One walk of the live allocations, off the allocation path:

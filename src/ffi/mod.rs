@@ -363,6 +363,11 @@ pub(crate) fn after_alloc(
         if rc == cuda_error::SUCCESS {
             if addr != 0 {
                 inject_alloc_fault();
+                if crate::runtime::recording::current() == crate::runtime::Recording::PassThrough {
+                    // Nothing is recorded: not even the device is asked.
+                    crate::runtime::record_alloc(api, addr, bytes, -1, stream);
+                    return;
+                }
                 let device = if api.is_pinned_host() {
                     -1
                 } else {

@@ -236,7 +236,12 @@ pub(crate) fn assemble(
         verdict: Verdict::default(),
         recording: Recording {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            stacks: s.config.stacks.as_str().to_string(),
+            // The mode when the dump is written: a benchmark may have switched it.
+            stacks: super::recording::current()
+                .stacks()
+                .unwrap_or(crate::config::StackMode::Off)
+                .as_str()
+                .to_string(),
             python: crate::pystack::interpreter(),
             python_merge: (merge_counts != MergeCounts::default()).then_some(merge_counts),
             depth: s.config.depth as u32,

@@ -8,12 +8,14 @@ mod assemble;
 pub mod framework;
 mod growth;
 mod oom;
+pub mod recording;
 pub mod say;
 
 pub use growth::{FrameworkLive, StepSource};
 pub use oom::{FrameworkNote, OomEvent};
+pub use recording::Recording;
 
-use crate::config::{Config, DEFAULT_DEPTH, MAX_DEPTH};
+use crate::config::{Config, StackMode, DEFAULT_DEPTH, MAX_DEPTH};
 use crate::ledger::{Allocation, Api, Ledger, StackId, StackTable};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -152,6 +154,7 @@ impl Shim {
             // One dlsym lookup; a process without Python pays nothing more.
             crate::pystack::init();
         }
+        recording::start(Recording::from_stacks(config.stacks));
         tracing::debug!(?config, "oomshim started");
         Shim {
             config,
@@ -172,14 +175,18 @@ impl Shim {
         coarse_monotonic_ns().saturating_sub(self.start_ns)
     }
 
-    /// The native and the Python stack of the calling thread, as configured.
+    /// The native and the Python stack of the calling thread, as the recording mode says.
     fn capture_stacks(&self) -> (StackId, StackId) {
-        let native = if self.config.stacks.native() {
+        self.capture_stacks_in(recording::current().stacks().unwrap_or(StackMode::Off))
+    }
+
+    fn capture_stacks_in(&self, stacks: StackMode) -> (StackId, StackId) {
+        let native = if stacks.native() {
             self.capture_stack()
         } else {
             StackId::EMPTY
         };
-        let python = if self.config.stacks.python() {
+        let python = if stacks.python() {
             self.capture_py_stack()
         } else {
             StackId::EMPTY
@@ -197,9 +204,6 @@ impl Shim {
     }
 
     fn capture_stack(&self) -> StackId {
-        if !self.config.stacks.native() {
-            return StackId::EMPTY;
-        }
         // The buffer is zeroed on every call: keep it no larger than the usual depth needs.
         let depth = self.config.depth;
         if depth <= DEFAULT_DEPTH {
@@ -340,11 +344,15 @@ pub fn record_alloc_with(
     native_ok: bool,
 ) {
     let Some(s) = shim() else { return };
+    let Some(stacks) = recording::current().stacks() else {
+        s.ledger.note_untracked(); // pass-through: nothing recorded
+        return;
+    };
     note_thread_name();
-    let (stack, py_stack) = if native_ok {
-        s.capture_stacks()
+    let (stack, py_stack) = if native_ok || recording::chosen() {
+        s.capture_stacks_in(stacks)
     } else {
-        let py = if s.config.stacks.python() {
+        let py = if stacks.python() {
             s.capture_py_stack()
         } else {
             StackId::EMPTY
@@ -371,6 +379,20 @@ pub fn record_alloc_with(
     // A few relaxed loads and one store: the request size, the step detector's anchor, the time
     // bucket; samples (cold) at detected steps or once per time bucket (src/runtime/growth).
     s.growth.on_alloc(&s.ledger, s, &alloc);
+}
+
+/// Switches what the shim records from now on (see [`recording`]), starting the shim first so
+/// that the mode it starts in never overwrites the choice. The mode before; `None` when the shim
+/// is off.
+pub fn set_recording(mode: Recording) -> Option<Recording> {
+    shim()?;
+    Some(recording::set(mode))
+}
+
+/// The recording mode now; `None` when the shim is off.
+pub fn current_recording() -> Option<Recording> {
+    shim()?;
+    Some(recording::current())
 }
 
 /// A step boundary (`oomshim_step()`, or the Python hook's optimizer and forward-pass marks):
@@ -406,7 +428,8 @@ impl growth::SiteKeyer for Shim {
                 None => growth::SiteKey::PyStack(python),
             };
         }
-        if self.config.stacks.python() && crate::pystack::active() {
+        let python_recorded = recording::current().stacks().is_some_and(StackMode::python);
+        if python_recorded && crate::pystack::active() {
             return growth::SiteKey::NoPython;
         }
         growth::SiteKey::Native(native)
@@ -494,6 +517,9 @@ pub fn reinstate(addr: usize, alloc: Allocation) {
 /// A device allocation failed with cudaErrorMemoryAllocation.
 pub fn record_oom(event: OomEvent) {
     let Some(s) = shim() else { return };
+    if recording::current() == Recording::PassThrough {
+        return;
+    }
     s.oom_failures.fetch_add(1, Ordering::Relaxed);
     let stacks = s.capture_stacks();
     s.oom

@@ -32,6 +32,12 @@ thread_local! {
 
 #[cfg(test)]
 thread_local! {
+    /// Walks completed from the walk memo on this thread (tests only).
+    pub(crate) static SPLICES: Cell<u64> = const { Cell::new(0) };
+}
+
+#[cfg(test)]
+thread_local! {
     /// Test hook run inside `capture` while the thread is marked busy (re-entrancy test).
     pub(crate) static TEST_REENTER: Cell<Option<fn()>> = const { Cell::new(None) };
 }
@@ -774,6 +780,85 @@ mod dwarf {
         ((key ^ (key >> 12) ^ (key >> 24)) as usize) & (FAST_SLOTS - 1)
     }
 
+    /// Frames a walk memo holds (the default depth plus the shim's own skipped frames fit).
+    const MEMO_FRAMES: usize = 128;
+    /// Stack reads a walk memo holds (two per frame at most for the compact rules).
+    const MEMO_READS: usize = 2 * MEMO_FRAMES;
+
+    /// One stack read of a walk: its address and what it gave (`ok` false: out of bounds).
+    #[derive(Clone, Copy, Default)]
+    struct Read {
+        addr: u64,
+        value: u64,
+        ok: bool,
+    }
+
+    /// The walk state when a frame was emitted: the return address and the sp and bp it was
+    /// unwound with; `reads_from` indexes the first read made after it.
+    #[derive(Clone, Copy, Default)]
+    struct MemoFrame {
+        sp: u64,
+        bp: u64,
+        ra: u64,
+        reads_from: u32,
+    }
+
+    /// The last full walk of this thread, kept so that the next one can stop at the first frame
+    /// whose state (ra, sp, bp) matches one of it and take the rest from it.
+    ///
+    /// Why this is exact: from a given (ra, sp, bp) the walk is a function of the rules (fixed
+    /// for one module snapshot) and of the stack words it reads. If every word the memo's walk
+    /// read from that frame on still holds the same value (and is within the current bounds),
+    /// the rest of the walk would be the same. Those checks are independent loads that the
+    /// CPU runs in parallel, where the walk itself is a chain (read the return address, look
+    /// up its rule, read the next): the outer frames of a stack, shared by consecutive
+    /// allocations, cost a comparison each instead of a table probe and a dependent load.
+    struct Memo {
+        frames: [MemoFrame; MEMO_FRAMES],
+        reads: [Read; MEMO_READS],
+        count: usize,
+        n_reads: usize,
+        /// The walk stopped because its output was full, not at the end of the stack.
+        truncated: bool,
+    }
+
+    impl Memo {
+        fn new_boxed() -> Box<Memo> {
+            // SAFETY: plain integers and bools; all-zero is an empty memo.
+            unsafe { Box::<Memo>::new_zeroed().assume_init() }
+        }
+    }
+
+    /// The memo being read (`last`) and the one being recorded (`next`), swapped after a full
+    /// walk.
+    struct Memos {
+        last: Box<Memo>,
+        next: Box<Memo>,
+    }
+
+    /// Records the reads of one walk into a memo being written (through cells, so that the
+    /// read closure framehop borrows and the walk loop can both use it).
+    struct ReadLog<'a> {
+        reads: &'a [std::cell::Cell<Read>],
+        n: std::cell::Cell<usize>,
+    }
+
+    impl ReadLog<'_> {
+        #[inline(always)]
+        fn push(&self, addr: u64, r: Result<u64, ()>) {
+            let n = self.n.get();
+            if let Some(slot) = self.reads.get(n) {
+                slot.set(Read {
+                    addr,
+                    value: r.unwrap_or(0),
+                    ok: r.is_ok(),
+                });
+            }
+            // Past the end counts on: the memo is then not kept.
+            self.n.set(n + 1);
+        }
+    }
+
     /// Per-thread unwinding state. Two cache levels: `fast`, a direct-mapped table of compact
     /// rules keyed by return address (the steady-state path: one probe and one or two stack
     /// reads per frame, all inlined), and framehop's own rule cache behind it, which evaluates
@@ -781,6 +866,7 @@ mod dwarf {
     pub(super) struct ThreadUnwinder {
         cache: Box<Cache>,
         fast: Box<FastTable>,
+        memos: Memos,
         snap: Option<Arc<Snapshot>>,
     }
 
@@ -790,6 +876,10 @@ mod dwarf {
                 cache: Box::new(Cache::new_in()),
                 // SAFETY: `Entry` is plain integers; all-zero is `EMPTY`.
                 fast: unsafe { Box::<FastTable>::new_zeroed().assume_init() },
+                memos: Memos {
+                    last: Memo::new_boxed(),
+                    next: Memo::new_boxed(),
+                },
                 snap: None,
             }
         }
@@ -800,6 +890,7 @@ mod dwarf {
             if !first {
                 self.fast.fill(EMPTY); // learned rules belong to one module list
             }
+            self.memos.last.count = 0; // and so does the last walk
         }
 
         pub(super) fn capture(
@@ -821,11 +912,16 @@ mod dwarf {
                 self.set_snapshot(current_snapshot());
             }
             // Borrowed, not cloned: no shared reference count touched per capture.
-            let ThreadUnwinder { cache, fast, snap } = self;
+            let ThreadUnwinder {
+                cache,
+                fast,
+                memos,
+                snap,
+            } = self;
             let Some(snap) = snap.as_deref() else {
                 return 0;
             };
-            let (n, learned) = walk(snap, cache, fast, regs, hi, out, skip_own);
+            let (n, learned) = walk(snap, cache, fast, memos, regs, hi, out, skip_own);
             if !learned {
                 return n; // every rule came from the cache: nothing new to learn
             }
@@ -851,6 +947,7 @@ mod dwarf {
                 &fresh,
                 &mut self.cache,
                 &mut self.fast,
+                &mut self.memos,
                 regs,
                 hi,
                 out,
@@ -980,17 +1077,36 @@ mod dwarf {
     /// dropped; with `skip_own` so are the following frames inside the shim's own object.
     /// Returns the frame count and whether any rule had to be learned (cache miss).
     #[inline(always)]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the walk's whole state, kept in registers"
+    )]
     fn walk(
         snap: &Snapshot,
         cache: &mut Cache,
         fast: &mut FastTable,
+        memos: &mut Memos,
         regs: Regs,
         hi: u64,
         out: &mut [usize],
         skip_own: bool,
     ) -> (usize, bool) {
         let lo = regs.sp;
-        let mut read = move |addr: u64| read_bounded(addr, lo, hi);
+        let Memos { last, next } = memos;
+        let last: &Memo = last;
+        let next_frames = &mut next.frames;
+        let log = ReadLog {
+            reads: std::cell::Cell::from_mut(&mut next.reads[..]).as_slice_of_cells(),
+            n: std::cell::Cell::new(0),
+        };
+        let mut read = |addr: u64| {
+            let r = read_bounded(addr, lo, hi);
+            log.push(addr, r);
+            r
+        };
+        // Index into `last.frames` (ascending sp) of the first frame not below the current sp.
+        let mut k = 0usize;
+        let mut splice_tries = 0u32;
         // The first frame (a pc, not a return address) goes through framehop: its cache holds
         // this one rule after the first capture.
         let mut uregs = UnwindRegsX86_64::new(regs.pc, regs.sp, regs.fp);
@@ -1018,6 +1134,31 @@ mod dwarf {
                 }
             } else {
                 skipping = false;
+                if !at_pc && splice_tries < MAX_SPLICE_TRIES {
+                    while k < last.count && last.frames[k].sp < sp {
+                        k += 1;
+                    }
+                    if k < last.count {
+                        let f = &last.frames[k];
+                        if f.sp == sp && f.ra == ra && f.bp == bp {
+                            splice_tries += 1;
+                            if let Some(total) = splice(last, k, n, out, lo, hi) {
+                                #[cfg(test)]
+                                super::SPLICES.with(|c| c.set(c.get() + 1));
+                                return (total, learned);
+                            }
+                        }
+                    }
+                }
+                if let Some(f) = next_frames.get_mut(n) {
+                    *f = MemoFrame {
+                        // sp 0 never matches: a frame after a signal frame is not a splice point.
+                        sp: if at_pc { 0 } else { sp },
+                        bp,
+                        ra,
+                        reads_from: log.n.get() as u32,
+                    };
+                }
                 out[n] = ra as usize;
                 n += 1;
                 if n == out.len() {
@@ -1101,6 +1242,52 @@ mod dwarf {
                 break; // KIND_END
             }
         }
+        let n_reads = log.n.get();
+        if n <= MEMO_FRAMES && n_reads <= MEMO_READS {
+            next.count = n;
+            next.n_reads = n_reads;
+            next.truncated = n == out.len();
+            std::mem::swap(&mut memos.last, &mut memos.next);
+        }
         (n, learned)
+    }
+
+    /// Matches of a frame state tried per walk before walking on regardless (a stack whose
+    /// outer words keep changing, as under a deep recursion, gives up quickly).
+    const MAX_SPLICE_TRIES: u32 = 4;
+
+    /// Completes `out[..n]` with `last`'s frames from `k` on when every stack read `last` made
+    /// from there still reads the same within the current bounds; the total frame count, or
+    /// `None` when a read differs or `last` stopped short of what `out` still has room for.
+    #[inline(always)]
+    fn splice(
+        last: &Memo,
+        k: usize,
+        n: usize,
+        out: &mut [usize],
+        lo: u64,
+        hi: u64,
+    ) -> Option<usize> {
+        let rest = last.count - k;
+        if last.truncated && n + rest < out.len() {
+            return None;
+        }
+        let from = last.frames[k].reads_from as usize;
+        let mut same = true;
+        for r in &last.reads[from..last.n_reads] {
+            // No early exit: the loads are independent and run side by side.
+            same &= match read_bounded(r.addr, lo, hi) {
+                Ok(v) => r.ok && v == r.value,
+                Err(()) => !r.ok,
+            };
+        }
+        if !same {
+            return None;
+        }
+        let take = rest.min(out.len() - n);
+        for (o, f) in out[n..n + take].iter_mut().zip(&last.frames[k..k + take]) {
+            *o = f.ra as usize;
+        }
+        Some(n + take)
     }
 }

@@ -433,6 +433,78 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
     }
 
     #[cfg(target_arch = "x86_64")]
+    #[inline(never)]
+    fn stk_memo_leaf(fast: &mut [usize], reference: &mut [usize]) -> (usize, usize) {
+        let r = capture::capture_with_reference(fast, reference);
+        black_box(r)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(never)]
+    fn stk_memo_common(fast: &mut [usize], reference: &mut [usize]) -> (usize, usize) {
+        let r = stk_memo_leaf(black_box(fast), reference);
+        black_box(r)
+    }
+
+    // Two callers of the same shape (one generic function: same frame size, called from the
+    // same line): the frames below them sit at the same stack addresses with the same return
+    // addresses, and only the word holding the return address into one or the other differs.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(never)]
+    fn stk_memo_caller<const WHICH: u8>(
+        fast: &mut [usize],
+        reference: &mut [usize],
+    ) -> (usize, usize) {
+        let r = stk_memo_common(black_box(fast), reference);
+        black_box(WHICH);
+        black_box(r)
+    }
+
+    /// The walk memo (a walk stops at the first frame that matches the previous walk's state
+    /// and takes the rest from it when the stack words it read are unchanged) gives exactly
+    /// what framehop alone gives, when consecutive stacks share their outer frames and when
+    /// they differ only in a word above identical inner frames.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_walk_memo_never_reuses_a_changed_stack() {
+        type Caller = fn(&mut [usize], &mut [usize]) -> (usize, usize);
+        let callers: [Caller; 2] = [stk_memo_caller::<1>, stk_memo_caller::<2>];
+        let mut seen = [Vec::new(), Vec::new()];
+        let splices = || capture::SPLICES.with(|c| c.get());
+        let before = splices();
+        for i in 0..12 {
+            let which = (i / 3 + i) % 2; // a a b b a b ...: repeats and alternations
+            let caller = black_box(callers[which]);
+            for depth in [64usize, 3, 64] {
+                let (mut fast, mut reference) = ([0usize; 64], [0usize; 64]);
+                let (a, b) = caller(&mut fast[..depth], &mut reference[..depth]);
+                assert_eq!(&fast[..a], &reference[..b], "call {i}, depth {depth}");
+                if depth == 64 {
+                    assert!(a > 5, "only {a} frames");
+                    seen[which] = fast[..a].to_vec();
+                }
+            }
+        }
+        // Walks were completed from the memo (and the check above held for each of them); not
+        // all: a saved register the walk reads (bp) holds the loop's own values here.
+        assert!(splices() - before >= 8, "{} splices", splices() - before);
+        let names_a = names(&symbolize(&seen[0]));
+        let names_b = names(&symbolize(&seen[1]));
+        in_order(
+            &names_a,
+            &["stk_memo_leaf", "stk_memo_common", "stk_memo_caller"],
+        )
+        .unwrap();
+        in_order(
+            &names_b,
+            &["stk_memo_leaf", "stk_memo_common", "stk_memo_caller"],
+        )
+        .unwrap();
+        // Same shape, different functions: the frames differ in the caller's return address.
+        assert_ne!(seen[0], seen[1]);
+    }
+
+    #[cfg(target_arch = "x86_64")]
     /// Compiles `source` into `dir/name` and loads it; returns the handle.
     fn build_and_load(dir: &std::path::Path, name: &str, source: &str) -> *mut libc::c_void {
         let src = dir.join(format!("{name}.c"));

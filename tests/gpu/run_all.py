@@ -703,6 +703,106 @@ def check_views():
             row(check, ok, detail)
 
 
+def check_perf_table():
+    """Issue 16: one table of the shim's cost with in-process A/B ratios where possible
+    (tests/gpu/perf_table.py): preload with every tensor a cudaMalloc by recording mode,
+    allocator mode by mode, the GPT-2-small bf16 AdamW step in every launcher, allocator mode
+    and preload against torch native over short interleaved processes (minima and medians), peak
+    reserved, dump time at 100k and 1M live tensors, host memory per live tensor."""
+    script = os.path.join(ROOT, "tests/gpu/perf_table.py")
+    nocache = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    pre = {"LD_PRELOAD": LIB, "OOMSHIM_DIR": os.path.join(OUT, "perf")}
+    alloc = {"OOMSHIM_LIB": LIB, "OOMSHIM_DIR": os.path.join(OUT, "perf")}
+    table = []
+    results = []
+
+    def case(args, env, timeout, cmd=None, pin="2-5"):
+        p = run(cmd or (["taskset", "-c", pin, sys.executable, script] + args), env=env, timeout=timeout)
+        try:
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+        except Exception:
+            r = {"error": (p.stderr or p.stdout)[-300:]}
+        results.append({"args": args, "env": {k: v for k, v in env.items() if k != "LD_PRELOAD"}, "result": r})
+        with open(os.path.join(OUT, "perf_table.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        return r
+
+    def ab_rows(label, r, unit_key, unit):
+        if "modes" not in r:
+            table.append((label, "no result", r.get("error", "")[-200:]))
+            return
+        for m, v in r["modes"].items():
+            table.append((f"{label}, {m} / pass-through (in-process)",
+                          f"{v['median']:.3f}x", f"range {v['min']:.3f}-{v['max']:.3f}, n={v['n']}; "
+                          f"pass-through {r[unit_key]:.2f} {unit}"))
+
+    # Preload, every tensor a cudaMalloc, and with torch's cache; allocator mode; by mode.
+    ab_rows("loop torch.empty+del, preload, no caching",
+            case(["ab_loop", "preload"], dict(pre, **nocache), 120), "us_per_iter_pass_through", "us/iter")
+    ab_rows("loop torch.empty+del, preload, caching",
+            case(["ab_loop", "preload"], pre, 120), "us_per_iter_pass_through", "us/iter")
+    ab_rows("loop torch.empty+del, allocator mode",
+            case(["ab_loop", "allocator"], alloc, 120), "us_per_iter_pass_through", "us/iter")
+    # The training step in every launcher.
+    launchers = [
+        ("LD_PRELOAD", ["ab_train", "preload"], pre, None),
+        ("oomshim run", ["ab_train", "preload"], {"OOMSHIM_DIR": os.path.join(OUT, "perf")},
+         [CLI, "run", "--lib", LIB, "--", sys.executable, script, "ab_train", "preload"]),
+        ("allocator mode (enable())", ["ab_train", "allocator"], alloc, None),
+        ("oomshim run --torch-allocator", ["ab_train", "preload"], {"OOMSHIM_DIR": os.path.join(OUT, "perf")},
+         [CLI, "run", "--torch-allocator", "--lib", LIB, "--", sys.executable, script, "ab_train", "preload"]),
+    ]
+    for name, args, env, cmd in launchers:
+        ab_rows(f"GPT-2-small bf16 AdamW step, {name}", case(args, env, 240, cmd=cmd),
+                "ms_per_step_pass_through", "ms/step")
+    # Against torch's own allocator: separate processes, short and interleaved.
+    sep_modes = {"native": {}, "preload": dict(pre), "allocator": dict(alloc)}
+    sep = {m: [] for m in sep_modes}
+    for _ in range(int(os.environ.get("PERF_SEP_ROUNDS", "3"))):
+        for m, env in sep_modes.items():
+            r = case(["sep"], dict(env, PERF_SEP_MODE=m), 150)
+            if "loop_us" in r:
+                sep[m].append(r)
+    if sep["native"]:
+        nat = sep["native"]
+        for m in ("preload", "allocator"):
+            if not sep[m]:
+                table.append((f"{m} vs torch native (separate processes)", "no result", ""))
+                continue
+            for key, what in (("loop_us", "loop torch.empty+del"), ("step_ms", "GPT-2-small step"),
+                              ("peak_reserved", "peak reserved")):
+                a = [r[key] for r in sep[m]]
+                b = [r[key] for r in nat]
+                table.append((f"{what}, {m} / torch native (separate processes)",
+                              f"{min(a) / min(b):.3f}x by minima", f"{median(a) / median(b):.3f}x by medians, "
+                              f"{len(a)}+{len(b)} processes"))
+    # Dump time and host memory per live allocation (every tensor a cudaMalloc).
+    r = case(["dump"], dict(pre, **nocache), 240)
+    secs = r.get("seconds", {})
+    for n in ("100000", "1000000"):
+        v = secs.get(n)
+        table.append((f"dump of {int(n):,} live tensors (oomshim.dump, 1 site)",
+                      f"{v:.2f} s" if v is not None else "no result", r.get("error", "")[-200:]))
+    grown = {}
+    for m in ("pass-through", "all"):
+        r = case(["rss", m], dict(pre, **nocache), 240)
+        grown[m] = r.get("grown_kib")
+    if None not in grown.values():
+        table.append(("host memory per live tensor, shim all - pass-through (1M tensors)",
+                      f"{(grown['all'] - grown['pass-through']) * 1024 / 1e6:.0f} bytes",
+                      f"grown {grown['all']} KiB with all, {grown['pass-through']} KiB with pass-through"))
+    print("\n| perf (issue 16) | figure | detail |\n|---|---|---|")
+    for a, b, c in table:
+        print(f"| {a} | {b} | {c} |", flush=True)
+    row("perf table (issue 16)", all(b != "no result" for _, b, _ in table),
+        f"{len(table)} rows; see the perf table above and {os.path.join(OUT, 'perf_table.json')}")
+
+
+def median(v):
+    v = sorted(v)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
 def main():
     for f in (LIB, CLI):
         if not os.path.exists(f):
@@ -714,7 +814,7 @@ def main():
     print("torch", torch.__version__, "cuda", torch.version.cuda)
     checks = (check_zoo, check_views, check_nvcc_leak, check_torch, check_torch_fragmentation, check_other_process,
               check_driver_paths, check_python_stacks, check_overhead, check_backward_oom, check_torchrun, check_ranks,
-              check_verdicts, check_torch_allocator, check_soak)
+              check_verdicts, check_torch_allocator, check_soak, check_perf_table)
     # OOMSHIM_GPU_CHECKS=check_torch,check_overhead runs a subset.
     only = [c for c in os.environ.get("OOMSHIM_GPU_CHECKS", "").split(",") if c]
     for check in (c for c in checks if not only or c.__name__ in only):

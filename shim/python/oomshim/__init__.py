@@ -4,6 +4,8 @@ LD_PRELOAD) for a dump.
     import oomshim
     oomshim.dump("before-eval")     # writes a dump now; returns its success
     oomshim.step()                  # marks a training step (growth per step, leak verdict)
+    oomshim.set_recording("totals") # what the shim records from now on (benchmarks); returns
+                                    # the mode before
 
 The package is pure Python and never loads CUDA or torch; without the shim in the process,
 dump() raises RuntimeError saying how to load it.
@@ -11,7 +13,12 @@ dump() raises RuntimeError saying how to load it.
 
 import ctypes
 
-__all__ = ["dump", "loaded", "step"]
+import sys
+
+__all__ = ["dump", "loaded", "step", "set_recording", "recording", "RECORDING_MODES"]
+
+# The modes of oomshim_set_recording, by their C numbers.
+RECORDING_MODES = ("pass-through", "totals", "native", "all", "python")
 
 
 def _entry():
@@ -50,12 +57,54 @@ def step():
     the shim in the process it does nothing and returns False, so it can stay in the loop."""
     global _step_fn
     if _step_fn is None:
-        try:
-            fn = ctypes.CDLL(None).oomshim_step
-        except (AttributeError, OSError):
+        fn = _shim_function("oomshim_step")
+        if fn is None:
             return False
         fn.argtypes = []
         fn.restype = None
         _step_fn = fn
     _step_fn()
     return True
+
+
+def _shim_function(name):
+    """`name` in the shim of this process: the preloaded one (global scope), else the one
+    allocator mode loaded (oomshim.torch, a private ctypes handle); None without a shim."""
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (AttributeError, OSError):
+        pass
+    torch_mode = sys.modules.get(__name__ + ".torch")
+    lib = torch_mode._state["lib"] if torch_mode is not None else None
+    return getattr(lib, name, None) if lib is not None else None
+
+
+def set_recording(mode):
+    """Switches what the shim records from now on, and returns the mode before:
+    "pass-through" (hooks only forward), "totals" (sizes and totals, no stacks), "native"
+    (native stacks), "all" (native and Python stacks), "python" (Python stacks). Safe at any
+    moment: an allocation made in one mode may be freed in another. For benchmarks that
+    alternate modes in blocks inside one process. Raises ValueError for an unknown mode and
+    RuntimeError without the shim in the process."""
+    if mode not in RECORDING_MODES:
+        raise ValueError("unknown recording mode %r; one of %s" % (mode, ", ".join(RECORDING_MODES)))
+    fn = _shim_function("oomshim_set_recording")
+    if fn is None:
+        raise RuntimeError("liboomshim.so is not loaded in this process")
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    before = fn(RECORDING_MODES.index(mode))
+    if before < 0:
+        raise RuntimeError("the shim is off in this process (see its message on stderr)")
+    return RECORDING_MODES[before]
+
+
+def recording():
+    """The shim's recording mode now (one of RECORDING_MODES); None without a running shim."""
+    fn = _shim_function("oomshim_recording")
+    if fn is None:
+        return None
+    fn.argtypes = []
+    fn.restype = ctypes.c_int
+    mode = fn()
+    return RECORDING_MODES[mode] if 0 <= mode < len(RECORDING_MODES) else None
