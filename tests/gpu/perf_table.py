@@ -26,7 +26,8 @@ import torch  # noqa: E402
 import torch_alloc  # noqa: E402  (the GPT-2-small model; puts shim/python on sys.path)
 import oomshim  # noqa: E402
 
-MODES = ("totals", "native", "all")
+# "python" is allocator mode's default (Python stacks, no native unwinding).
+MODES = ("totals", "python", "native", "all")
 
 
 def out(d):
@@ -58,6 +59,7 @@ def ab(block, rounds):
     """Pass-through | mode | pass-through for each mode, `rounds` times (modes rotated)."""
     ratios = {m: [] for m in MODES}
     base = []
+    started = oomshim.recording()
     for r in range(rounds):
         for i in range(len(MODES)):
             m = MODES[(i + r) % len(MODES)]
@@ -69,7 +71,7 @@ def ab(block, rounds):
             c = block()
             ratios[m].append(b / ((a + c) / 2))
             base += [a, c]
-    oomshim.set_recording("all")
+    oomshim.set_recording(started or "all")
     return {"pass_through": median(base),
             "modes": {m: {"median": median(v), "min": min(v), "max": max(v), "n": len(v)}
                       for m, v in ratios.items()}}
