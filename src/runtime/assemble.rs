@@ -278,6 +278,7 @@ pub(crate) fn assemble(
         }),
         request_sizes: s.growth.request_sizes(),
         framework: framework.map(|f| f.account.clone()),
+        post_mortem: None,
     };
     dump.verdict = crate::verdict::judge(&dump);
     dump
