@@ -18,7 +18,7 @@ pub const TOP: usize = 20;
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
 pub const MAX_INTERVAL: Duration = Duration::from_secs(60);
-/// The publisher spends at most 1/BUDGET_FACTOR of one core: after a publish that took `t`, the
+/// The publisher spends at most 1/BUDGET_FACTOR of one core: after publishes that took `t`, the
 /// next waits at least `BUDGET_FACTOR · t`.
 const BUDGET_FACTOR: u32 = 50;
 
@@ -178,8 +178,10 @@ fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
     };
     let _ = REGION.set((path.clone(), pid));
     on_created();
+    crate::stacks::cache_on_this_thread();
     let mut rss: Vec<RssSample> = Vec::new();
     let mut said = false;
+    let mut previous = Duration::ZERO;
     loop {
         if REMOVED.load(Ordering::Relaxed) {
             return;
@@ -206,7 +208,12 @@ fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
             }
         }
         let spent = began.elapsed();
-        wait(settings.interval.max(spent * BUDGET_FACTOR));
+        tracing::debug!(?spent, "live summary published");
+        // The cheaper of the last two: one slow publish (new stacks to symbolise, the first
+        // one's debug information) does not stall the next; steadily slow ones are spaced out.
+        let cost = spent.min(previous);
+        previous = spent;
+        wait(settings.interval.max(cost * BUDGET_FACTOR));
     }
 }
 
