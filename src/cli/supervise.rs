@@ -54,6 +54,9 @@ pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
     let parent = unsafe { libc::getpid() };
     unsafe {
         cmd.pre_exec(move || {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
             libc::setpgid(0, 0);
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             if libc::getppid() != parent {
@@ -63,9 +66,26 @@ pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
         });
     }
     let tty_fg = unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() };
-    let child = cmd
-        .spawn()
-        .map_err(|e| super::run::launch_error(&opts.command[0], e))?;
+    // The handlers are in place, and the signals held, before the program starts: one sent
+    // the moment it runs is passed on once its pid is known, never lost or fatal to oomshim.
+    // (The child starts with an empty mask; exec resets caught signals to their default.)
+    let mut forwarded: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigemptyset(&mut forwarded);
+        for &s in FORWARDED {
+            libc::sigaddset(&mut forwarded, s);
+            libc::signal(s, forward as *const () as libc::sighandler_t);
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &forwarded, std::ptr::null_mut());
+    }
+    let spawned = cmd.spawn();
+    let child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            unsafe { libc::sigprocmask(libc::SIG_UNBLOCK, &forwarded, std::ptr::null_mut()) };
+            return Err(super::run::launch_error(&opts.command[0], e));
+        }
+    };
     let pid = child.id() as i32;
     CHILD.store(pid, Ordering::Relaxed);
     unsafe {
@@ -73,12 +93,10 @@ pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
         libc::signal(libc::SIGTTOU, libc::SIG_IGN);
         libc::signal(libc::SIGTTIN, libc::SIG_IGN);
         libc::signal(libc::SIGTSTP, libc::SIG_IGN);
-        for &s in FORWARDED {
-            libc::signal(s, forward as *const () as libc::sighandler_t);
-        }
         if tty_fg {
             libc::tcsetpgrp(0, pid);
         }
+        libc::sigprocmask(libc::SIG_UNBLOCK, &forwarded, std::ptr::null_mut());
     }
     let start_ticks = flight::start_ticks_of(pid as u32);
     let cgroup = flight::postmortem::cgroup_of(pid as u32, &flight::postmortem::cgroup_root());
