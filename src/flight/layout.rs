@@ -138,7 +138,7 @@ pub struct RegionWriter {
 impl RegionWriter {
     /// Initialises `file` (already created 0600 by the caller) as an empty region of `pid`.
     pub fn init(file: File, pid: u32, uid: u32, start_ticks: u64) -> io::Result<RegionWriter> {
-        file.set_len(REGION_BYTES)?;
+        file.set_len(0)?; // sparse: it grows as slots are written, up to REGION_BYTES
         let mut h = vec![0u8; OFF_SLOTS as usize + 2 * SLOT_DESC_BYTES as usize];
         h[..8].copy_from_slice(&MAGIC);
         h[8..12].copy_from_slice(&VERSION.to_le_bytes());

@@ -85,7 +85,7 @@ static REMOVED: AtomicBool = AtomicBool::new(false);
 /// A device allocation failed (the cold out-of-memory path): noted for the next publish, which
 /// comes at once.
 pub fn note_failure(device: i32, bytes: u64, api: &str, mem_info: Option<(u64, u64)>) {
-    if REGION.get().is_none() {
+    if !publishing_here() {
         return;
     }
     *LAST_FAILURE.lock().unwrap_or_else(|e| e.into_inner()) = Some(LiveFailure {
@@ -103,7 +103,7 @@ pub fn note_failure(device: i32, bytes: u64, api: &str, mem_info: Option<(u64, u
 
 /// An out-of-memory dump was written for the last failure.
 pub fn note_dump(dump: &Dump, path: &std::path::Path) {
-    if REGION.get().is_none() || dump.failed_request.is_none() {
+    if !publishing_here() || dump.failed_request.is_none() {
         return;
     }
     let mut last = LAST_FAILURE.lock().unwrap_or_else(|e| e.into_inner());
@@ -130,6 +130,36 @@ pub fn note_dump(dump: &Dump, path: &std::path::Path) {
     wake();
 }
 
+/// This process publishes a region. Not in a forked child: its publisher thread did not survive
+/// the fork, and the locks here may have been held by it at the fork.
+fn publishing_here() -> bool {
+    REGION
+        .get()
+        .is_some_and(|(_, pid)| *pid == std::process::id())
+}
+
+/// Why this process cannot keep a region safely, if so: a file-size limit below the region's
+/// size (writing past it raises SIGXFSZ, which kills the program), or an address-space limit
+/// (the out-of-memory dump needs that room more than the live summary does).
+fn refused_by_limits() -> Option<&'static str> {
+    let limit = |res| {
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        (unsafe { libc::getrlimit(res, &mut rl) } == 0).then_some(rl.rlim_cur)
+    };
+    if limit(libc::RLIMIT_FSIZE)
+        .is_some_and(|l| l != libc::RLIM_INFINITY && l < super::layout::REGION_BYTES)
+    {
+        return Some("RLIMIT_FSIZE is below the region's size");
+    }
+    if limit(libc::RLIMIT_AS).is_some_and(|l| l != libc::RLIM_INFINITY) {
+        return Some("RLIMIT_AS is set");
+    }
+    None
+}
+
 fn wake() {
     *WAKE.pending.lock().unwrap_or_else(|e| e.into_inner()) = true;
     WAKE.cv.notify_one();
@@ -152,6 +182,10 @@ pub fn start(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn
     if !settings.enabled {
         return;
     }
+    if let Some(why) = refused_by_limits() {
+        tracing::debug!(why, "no live summary");
+        return;
+    }
     let spawned = std::thread::Builder::new()
         .name("oomshim-live".into())
         .spawn(move || run(settings, live_dump, on_created));
@@ -161,6 +195,13 @@ pub fn start(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn
 }
 
 fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
+    // Signals are the program's: a process-directed one must never land on this thread (a
+    // handler of the program's would run here, with this thread's locks held).
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
     let pid = std::process::id();
     let Some(start_ticks) = super::start_ticks_of(pid) else {
         crate::say!("oomshim: the live summary is off: /proc/self/stat is unreadable");
