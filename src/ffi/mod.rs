@@ -231,6 +231,19 @@ pub(crate) fn register_exit_dump() {
     });
 }
 
+/// At a normal exit the live region (src/flight) is removed: one left behind means the
+/// process died without exiting.
+extern "C" fn remove_live_region() {
+    let _ = catch_unwind(crate::flight::publish::remove_at_exit);
+}
+
+pub(crate) fn register_live_cleanup() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| unsafe {
+        libc::atexit(remove_live_region);
+    });
+}
+
 /// The shim's `fork` handlers, set once by [`register_fork_handlers`].
 struct ForkHandlers {
     prepare: fn(),

@@ -286,6 +286,7 @@ pub(crate) fn assemble(
         request_sizes: s.growth.request_sizes(),
         framework: framework.map(|f| f.account.clone()),
         library_memory: None,
+        post_mortem: None,
     };
     dump.library_memory = library_memory(s, &device_allocs, &maps, cap.device, &dump);
     dump.verdict = crate::verdict::judge(&dump);

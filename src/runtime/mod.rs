@@ -5,6 +5,7 @@
 
 pub mod allocator;
 mod assemble;
+pub(crate) use assemble::rfc3339;
 pub mod framework;
 mod growth;
 mod oom;
@@ -116,6 +117,47 @@ fn start_triggers(s: &'static Shim) {
     if s.config.at_exit {
         crate::ffi::register_exit_dump();
     }
+    // The flight recorder (src/flight): its own settings, read once here like the others.
+    let (live, warnings) = crate::flight::publish::settings_from(|k| std::env::var(k).ok());
+    for w in &warnings {
+        crate::say!("oomshim: {w}");
+    }
+    crate::flight::publish::start(live, live_dump, crate::ffi::register_live_cleanup);
+}
+
+/// The ledger's summary for the live region (src/flight): an on-demand dump's content, with
+/// reason `live`, asked of nothing but the ledger and /proc (no CUDA, no NVML), taken inside
+/// the guard on the publisher's thread.
+fn live_dump() -> Option<crate::dump::model::Dump> {
+    crate::ffi::guarded(|| {
+        let s = SHIM.get()?;
+        if disabled() || !room_for_dump(s) {
+            return None;
+        }
+        let capture = assemble::Capture {
+            snapshot: s.ledger.snapshot(),
+            time: SystemTime::now(),
+            now_ns: s.now_ns(),
+            failing: None,
+            device: None,
+            mem_info: None,
+            device_name: None,
+            extras: Default::default(),
+        };
+        let facts = assemble::Facts {
+            gpu_processes: None,
+            host: crate::facts::host::read(),
+        };
+        Some(assemble::assemble(
+            s,
+            "live",
+            &capture,
+            None,
+            None,
+            Some(facts),
+        ))
+    })
+    .flatten()
 }
 
 /// `OOMSHIM_AT_EXIT`: what is still live when the program ends (a leak report).
@@ -521,6 +563,12 @@ pub fn record_oom(event: OomEvent) {
         return;
     }
     s.oom_failures.fetch_add(1, Ordering::Relaxed);
+    crate::flight::publish::note_failure(
+        event.device,
+        event.bytes,
+        event.api.name(),
+        event.mem_info,
+    );
     let stacks = s.capture_stacks();
     s.oom
         .on_failure(s, event, stacks, thread_id(), oom::Mode::Settle);
