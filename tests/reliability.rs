@@ -1317,8 +1317,9 @@ fn short_of_host_memory_while_dumping_the_program_survives_with_one_message() {
     // load) to roomy. Rust aborts the process when an allocation fails, so before this was
     // fixed the symboliser's allocations killed the program (exit 134) between 16 and 32 MiB.
     // Now: the same output and status as the bare run at every limit, at most one message
-    // about it, and a dump (raw addresses when symbolising did not fit).
-    let (mut degraded, mut symbolised) = (0, 0);
+    // about it, and a dump (raw addresses when symbolising did not fit) unless even that did not
+    // fit, which the message says.
+    let (mut degraded, mut symbolised, mut skipped) = (0, 0, 0);
     for mib in (12u64..=64).step_by(4) {
         let limit = mib << 20;
         let dir = tempfile::tempdir().unwrap();
@@ -1358,6 +1359,12 @@ fn short_of_host_memory_while_dumping_the_program_survives_with_one_message() {
         assert!(e.matches("too little host memory").count() <= 1, "{e}");
         assert!(entries(dir.path()).iter().all(|n| n.ends_with(".json")));
         let written = dumps(dir.path());
+        if e.contains("no dump written: the process is out of host address space") {
+            // Too tight for a dump at all: the one message, nothing half-written.
+            assert!(written.is_empty(), "{mib} MiB: {e}");
+            skipped += 1;
+            continue;
+        }
         assert_eq!(written.len(), 1, "{mib} MiB: {e}");
         let named = written[0].1.sites[0]
             .stack
@@ -1376,6 +1383,6 @@ fn short_of_host_memory_while_dumping_the_program_survives_with_one_message() {
     }
     assert!(
         degraded > 0 && symbolised > 0,
-        "{degraded} degraded, {symbolised} symbolised"
+        "{degraded} degraded, {symbolised} symbolised, {skipped} without a dump"
     );
 }

@@ -634,14 +634,16 @@ pub fn device_for_on_demand_dump(current: fn() -> i32) -> Option<i32> {
     (s.ledger.device_peak_bytes(d) > 0).then_some(d)
 }
 
-/// True when the process has the address space a dump needs (about 3 MiB plus 1 KiB per live
-/// allocation, measured with RLIMIT_AS in tests/reliability.rs): Rust aborts on a failed
-/// allocation, so a process out of host memory gets one message instead of a dump, never an
-/// abort. Says so once.
+/// True when the process has the address space a dump needs (about 4 MiB, plus 1 KiB per live
+/// allocation, plus twice the environment, which the configuration snapshot copies; measured
+/// with RLIMIT_AS in tests/reliability.rs): Rust aborts on a failed allocation, so a process out
+/// of host memory gets one message instead of a dump, never an abort. Says so once.
 pub(crate) fn room_for_dump(s: &Shim) -> bool {
     let mut live = 0usize;
     s.ledger.for_each_live(|_| live += 1);
-    let need = (3usize << 20).saturating_add(live.saturating_mul(1024));
+    let need = (4usize << 20)
+        .saturating_add(live.saturating_mul(1024))
+        .saturating_add(environment_bytes().saturating_mul(2));
     if crate::stacks::address_space_headroom(need) {
         return true;
     }
@@ -653,6 +655,24 @@ pub(crate) fn room_for_dump(s: &Shim) -> bool {
         );
     }
     false
+}
+
+/// The bytes of the process's environment strings, counted without allocating.
+fn environment_bytes() -> usize {
+    extern "C" {
+        static environ: *const *const libc::c_char;
+    }
+    let mut total = 0usize;
+    // SAFETY: environ is a NULL-terminated array of C strings; it is read, never kept. Another
+    // thread's setenv may replace it meanwhile: the count is an estimate either way.
+    unsafe {
+        let mut p = environ;
+        while !p.is_null() && !(*p).is_null() {
+            total = total.saturating_add(libc::strlen(*p) + 1);
+            p = p.add(1);
+        }
+    }
+    total
 }
 
 /// Longest dump reason kept, in characters: a label, not a log.
