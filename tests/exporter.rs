@@ -189,6 +189,73 @@ fn promtool_check(text: &str) {
     );
 }
 
+/// A real Prometheus server scraping the exporter on `port` every second, where Prometheus is
+/// installed: asserts that it ingested the program's tracked bytes (its query API answers with
+/// them) and that the target is up.
+fn prometheus_scrape(port: u16, pid: u32, tracked: u64) {
+    if Command::new("prometheus")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP real Prometheus scrape: prometheus is not on PATH (the HTTP GET above checked the endpoint)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: oomshim\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+        ),
+    )
+    .unwrap();
+    // A free port for Prometheus's own API (bound and released: it cannot take port 0).
+    let web = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut prom = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{web}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let query = format!("/api/v1/query?query=hw_gpu_memory_usage_bytes%7Bpid%3D%22{pid}%22%7D");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut last = String::new();
+    let found = loop {
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", web)) {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let _ = write!(
+                s,
+                "GET {query} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            );
+            last.clear();
+            let _ = s.read_to_string(&mut last);
+            if last.contains(&format!("\"{tracked}\"")) {
+                break true;
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let _ = prom.kill();
+    let _ = prom.wait();
+    assert!(
+        found,
+        "Prometheus never had {tracked} for pid {pid}: {last}"
+    );
+}
+
 struct Stopped(Child);
 
 impl Drop for Stopped {
@@ -397,6 +464,7 @@ fn a_running_programs_tracked_bytes_ranks_and_steps_are_exported_once_and_over_h
         let errors = find(&samples, "oomshim_exporter_region_errors_total", &[])[0].value;
         assert_eq!(errors, scrape as f64, "{body}");
     }
+    prometheus_scrape(port, pid, dev0.tracked_bytes);
     let (head, _) = http_get(port, "/");
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
     let (head, _) = http_get(port, "/metrics/../secrets");
