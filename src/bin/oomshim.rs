@@ -149,6 +149,24 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+    /// Serve the live summaries of this user's oomshim processes on this host as Prometheus
+    /// metrics (text format 0.0.4) at GET /metrics: tracked device bytes and peaks per process,
+    /// rank and device, OOM counts, steps, host RSS. Every scrape re-reads the regions.
+    #[command(
+        after_help = "Examples:\n  oomshim exporter\n  oomshim exporter --listen 127.0.0.1:9500\n  oomshim exporter --once"
+    )]
+    Exporter {
+        /// IP:PORT to listen on (default 127.0.0.1:9464, loopback only). A non-loopback address
+        /// is served only when named here, with a warning; host names are not resolved.
+        #[arg(long, value_name = "IP:PORT")]
+        listen: Option<String>,
+        /// Where the live summaries are (default: OOMSHIM_LIVE_DIR, else /dev/shm/oomshim-UID).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Print the metrics once to stdout and exit (for scripts and tests).
+        #[arg(long)]
+        once: bool,
+    },
     /// Run a bundled leaky training loop on a simulated CUDA device (no GPU needed) and report
     /// the dump it produces.
     #[command(after_help = "Example:\n  oomshim demo --dir /tmp/demo-dumps")]
@@ -304,6 +322,38 @@ fn main() -> ExitCode {
                 return print_out(&cli::top::frame(&dir, pid, now));
             }
             cli::top::live(&dir, pid)
+        }
+        Cmd::Exporter { listen, dir, once } => {
+            let dir = dir.unwrap_or_else(oomshim::flight::live_dir);
+            if once {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0);
+                return print_out(&cli::exporter::exposition(&dir, now));
+            }
+            let addr = match cli::exporter::parse_listen(
+                listen.as_deref().unwrap_or(cli::exporter::DEFAULT_LISTEN),
+            ) {
+                Ok(a) => a,
+                Err(e) => return fail(&e, 2),
+            };
+            if let Some(w) = cli::exporter::listen_warning(&addr) {
+                note(&format!("{w}\n"));
+            }
+            let listener = match std::net::TcpListener::bind(addr) {
+                Ok(l) => l,
+                Err(e) => return fail(&format!("cannot listen on {addr}: {e}"), 1),
+            };
+            let bound = listener
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            note(&format!(
+                "oomshim: exporter serving http://{bound}/metrics (regions in {})\n",
+                oomshim::report::units::clean_path(&dir)
+            ));
+            cli::exporter::serve(listener, &dir)
         }
         Cmd::Report {
             dump,

@@ -3,6 +3,7 @@
 //! which start one.
 
 pub mod demo;
+pub mod exporter;
 pub mod locate;
 pub mod run;
 pub mod supervise;

@@ -869,6 +869,86 @@ def check_flight_recorder():
         json.dump(detail, f, indent=1)
 
 
+def check_exporter():
+    """Issue 18: `oomshim exporter` on a real PyTorch training loop: --once and an HTTP scrape of
+    loopback both give the process's tracked bytes (at most what NVML says the process uses, at
+    least the 30 x 16 MiB it leaked), its steps, and a strictly formed exposition."""
+    import re
+    import signal
+    import time
+    import urllib.request
+    script = os.path.join(ROOT, "tests/gpu/flight_train.py")
+    live = os.path.join(WORK, "exporter-live")
+    env = dict(os.environ, OOMSHIM_LIVE_DIR=live)
+    p = subprocess.Popen(["timeout", "200", CLI, "run", "--dir", os.path.join(WORK, "exporter-dumps"),
+                          "--lib", LIB, "--", sys.executable, script, "leak"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    detail = {}
+    server = None
+    try:
+        deadline = time.time() + 150
+        line = ""
+        while "ready" not in line and time.time() < deadline:
+            line = p.stdout.readline()
+            if not line and p.poll() is not None:
+                break
+        time.sleep(2)  # a few publishes after step 30
+        once = run([CLI, "exporter", "--once", "--dir", live], timeout=30)
+        server = subprocess.Popen([CLI, "exporter", "--listen", "127.0.0.1:0", "--dir", live],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        said = server.stderr.readline()
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/metrics", said).group(1))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            ctype, body = r.headers.get("Content-Type", ""), r.read().decode()
+        smi = run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                  timeout=30).stdout
+    finally:
+        if server:
+            server.kill()
+        os.killpg(p.pid, signal.SIGKILL)  # the group started above: timeout, oomshim run, python
+        p.communicate(timeout=60)
+    sample = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*",?)*\})? (\S+)$')
+    def parse(text):
+        declared, out, bad = set(), [], []
+        for l in text.splitlines():
+            if l.startswith("# HELP ") or l.startswith("# TYPE "):
+                declared.add((l[2:6], l.split(" ")[2]))
+                continue
+            m = sample.match(l)
+            if not m or ("HELP", m.group(1)) not in declared or ("TYPE", m.group(1)) not in declared:
+                bad.append(l)
+                continue
+            out.append((m.group(1), dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(2) or "")),
+                        float(m.group(3))))
+        return out, bad
+    samples, bad = parse(body)
+    samples_once, bad_once = parse(once.stdout)
+    usage = [(l, v) for n, l, v in samples if n == "hw_gpu_memory_usage_bytes"]
+    pids = {int(l["pid"]) for l, _ in usage}
+    nvml = {}
+    for l in smi.splitlines():
+        try:
+            a, b = [x.strip() for x in l.split(",")]
+            nvml[int(a)] = int(b) << 20
+        except ValueError:
+            pass
+    pid = next(iter(pids), None)
+    tracked = sum(v for l, v in usage if int(l["pid"]) == pid)
+    steps = [v for n, l, v in samples if n == "oomshim_steps_total" and int(l["pid"]) == pid]
+    uuids = sorted({l.get("gpu_uuid", "") for l, _ in usage})
+    ok = (len(pids) == 1 and not bad and not bad_once and "version=0.0.4" in ctype
+          and tracked >= 30 * (16 << 20) and (pid not in nvml or tracked <= nvml[pid])
+          and any(n == "hw_gpu_memory_usage_bytes" for n, _, _ in samples_once))
+    detail.update(pid=pid, tracked=tracked, nvml=nvml.get(pid), steps=steps, uuids=uuids,
+                  bad=bad[:5] + bad_once[:5], content_type=ctype, body=body[-4000:])
+    row("check_exporter: Prometheus scrape of a PyTorch loop", ok,
+        f"pid {pid}: tracked {gib(tracked)} (NVML {gib(nvml[pid]) if pid in nvml else 'n/a'}), "
+        f"steps {steps}, gpu_uuid {uuids}, {len(samples)} samples, {len(bad) + len(bad_once)} malformed lines")
+    with open(os.path.join(OUT, "exporter.json"), "w") as f:
+        json.dump(detail, f, indent=1)
+
+
 def main():
     for f in (LIB, CLI):
         if not os.path.exists(f):
@@ -880,7 +960,8 @@ def main():
     print("torch", torch.__version__, "cuda", torch.version.cuda)
     checks = (check_zoo, check_views, check_nvcc_leak, check_torch, check_torch_fragmentation, check_other_process,
               check_driver_paths, check_python_stacks, check_overhead, check_backward_oom, check_torchrun, check_ranks,
-              check_verdicts, check_torch_allocator, check_soak, check_perf_table, check_flight_recorder)
+              check_verdicts, check_torch_allocator, check_soak, check_perf_table, check_flight_recorder,
+              check_exporter)
     # OOMSHIM_GPU_CHECKS=check_torch,check_overhead runs a subset.
     only = [c for c in os.environ.get("OOMSHIM_GPU_CHECKS", "").split(",") if c]
     for check in (c for c in checks if not only or c.__name__ in only):

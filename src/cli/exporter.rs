@@ -1,0 +1,456 @@
+//! `oomshim exporter`: the flight recorder's live regions (src/flight) in the Prometheus text
+//! format (version 0.0.4), served on a local port by a process of its own, so fleet metrics
+//! need nothing new inside the training processes. Every scrape lists and reads the regions
+//! afresh with the same reader as `oomshim top`: nothing is shared with the writers, no lock is
+//! held, and a region that cannot be read is skipped and counted, never a failed scrape.
+//!
+//! Names follow OpenTelemetry's `hw.gpu.memory.*` semantic conventions where they mean the same
+//! thing (`hw.gpu.memory.usage` → `hw_gpu_memory_usage_bytes`, `hw.gpu.memory.limit` →
+//! `hw_gpu_memory_limit_bytes`, as the OTel → Prometheus translation spells them); what OTel has
+//! no name for is `oomshim_*`. Only what a summary knows is exported: an unknown is a missing
+//! sample, never a zero.
+
+use crate::flight::read::{list_regions, read_region, ReadError, RegionEntry, Snapshot};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The default address: loopback only, on the port OpenTelemetry's Prometheus exporter uses.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
+/// The content type of the text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// A request head larger than this is refused (a scrape's is a few hundred bytes).
+const MAX_REQUEST_HEAD: usize = 16 << 10;
+/// A client that sends or reads nothing for this long is dropped, so one stuck connection
+/// cannot hold the (single-threaded) server for long.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the exporter listens, from `--listen`: an IP address and port, never a host name (a
+/// name could resolve to a public interface behind the user's back). The address is bound as
+/// named: a non-loopback one is served (to the network) only because it was typed out, and
+/// [`listen_warning`] says so.
+pub fn parse_listen(value: &str) -> Result<SocketAddr, String> {
+    value.trim().parse::<SocketAddr>().map_err(|_| {
+        format!(
+            "--listen {}: expected IP:PORT (e.g. {DEFAULT_LISTEN} or [::1]:9464); host names are not resolved",
+            crate::report::units::clean(value)
+        )
+    })
+}
+
+/// The warning for an address other than loopback: the metrics (pids, ranks, job ids, host
+/// name) become readable by anyone who can reach it.
+pub fn listen_warning(addr: &SocketAddr) -> Option<String> {
+    (!is_loopback(addr.ip())).then(|| {
+        format!(
+            "oomshim: warning: serving metrics on {addr}, not only loopback: anyone who reaches it can read them"
+        )
+    })
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
+/// Unreadable regions seen by this exporter process since it started (the counter
+/// `oomshim_exporter_region_errors_total`); the training processes never see it.
+static REGION_ERRORS: AtomicU64 = AtomicU64::new(0);
+
+/// Escapes a label value as the text format requires: backslash, double quote, line feed.
+pub fn escape_label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Metric families in the order they are written, with their type and help text.
+const FAMILIES: &[(&str, &str, &str)] = &[
+    (
+        "hw_gpu_memory_usage_bytes",
+        "gauge",
+        "Device memory in live allocations tracked by oomshim (what the process asked for through the hooked CUDA APIs; not the CUDA context or untracked memory).",
+    ),
+    (
+        "hw_gpu_memory_limit_bytes",
+        "gauge",
+        "Total memory of the device, where the process's summary knows it (from cudaMemGetInfo at its last failed allocation).",
+    ),
+    (
+        "oomshim_gpu_memory_peak_tracked_bytes",
+        "gauge",
+        "Highest tracked device memory of the process since it started.",
+    ),
+    (
+        "oomshim_gpu_memory_largest_free_block_bytes",
+        "gauge",
+        "Largest free block in the memory the allocator holds (oomshim's allocator mode only).",
+    ),
+    (
+        "oomshim_gpu_memory_fragmentation_ratio",
+        "gauge",
+        "1 - largest free block / total free bytes in the memory the allocator holds (oomshim's allocator mode only).",
+    ),
+    (
+        "oomshim_gpu_memory_untracked_bytes",
+        "gauge",
+        "Device memory of the process that no hooked API allocated (NVML's figure less the tracked bytes: the CUDA context and libraries' own), where known.",
+    ),
+    (
+        "oomshim_oom_total",
+        "counter",
+        "Out-of-memory failures of device allocations since the process started (all devices, de-duplicated ones included).",
+    ),
+    (
+        "oomshim_steps_total",
+        "counter",
+        "Training steps seen (marked, optimizer steps or forward passes), where steps are known.",
+    ),
+    (
+        "oomshim_host_rss_bytes",
+        "gauge",
+        "Resident host memory of the process at its last publish.",
+    ),
+    (
+        "oomshim_region_age_seconds",
+        "gauge",
+        "Seconds since the process last published its summary (a growing age: it stopped or is stuck).",
+    ),
+    (
+        "oomshim_process_running",
+        "gauge",
+        "1 while the process runs, 0 for a region a process left behind when it died.",
+    ),
+    (
+        "oomshim_exporter_regions",
+        "gauge",
+        "Regions found in the live directory at this scrape, by what became of them.",
+    ),
+    (
+        "oomshim_exporter_region_errors_total",
+        "counter",
+        "Regions this exporter could not read (invalid, torn or unreadable) over all its scrapes.",
+    ),
+];
+
+/// Samples by family name: (label pairs, value).
+type Samples = BTreeMap<&'static str, Vec<(Vec<(&'static str, String)>, String)>>;
+
+/// The exposition for every region in `dir`, at `now_ms`.
+pub fn exposition(dir: &Path, now_ms: u64) -> String {
+    let mut entries: Vec<RegionEntry> = list_regions(dir);
+    // Regions are sorted by (pid, start time): a pid with several is a reused pid whose earlier
+    // owner died leaving its region. Only the newest is exported, so series stay unique.
+    let mut superseded = 0u64;
+    let mut keep: Vec<RegionEntry> = Vec::with_capacity(entries.len());
+    for e in entries.drain(..) {
+        if keep.last().is_some_and(|k| k.pid == e.pid) {
+            keep.pop();
+            superseded += 1;
+        }
+        keep.push(e);
+    }
+    let mut samples: Samples = BTreeMap::new();
+    let mut states: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for e in &keep {
+        match read_region(&e.path) {
+            Ok(snap) => {
+                *states.entry("read").or_default() += 1;
+                add_process(&mut samples, e, &snap, now_ms);
+            }
+            Err(err) => {
+                let state = match err {
+                    ReadError::Empty => "empty",
+                    ReadError::Io(_) => "unreadable",
+                    ReadError::Invalid(_) => "invalid",
+                    ReadError::Torn(_) => "torn",
+                };
+                *states.entry(state).or_default() += 1;
+                if state != "empty" {
+                    REGION_ERRORS.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+    if superseded > 0 {
+        states.insert("superseded", superseded);
+    }
+    for state in [
+        "read",
+        "empty",
+        "invalid",
+        "torn",
+        "unreadable",
+        "superseded",
+    ] {
+        samples
+            .entry("oomshim_exporter_regions")
+            .or_default()
+            .push((
+                vec![("state", state.to_string())],
+                states.get(state).copied().unwrap_or(0).to_string(),
+            ));
+    }
+    samples
+        .entry("oomshim_exporter_region_errors_total")
+        .or_default()
+        .push((
+            Vec::new(),
+            REGION_ERRORS.load(Ordering::Relaxed).to_string(),
+        ));
+    render(&samples)
+}
+
+fn render(samples: &Samples) -> String {
+    let mut out = String::new();
+    for (name, kind, help) in FAMILIES {
+        let Some(rows) = samples.get(name).filter(|r| !r.is_empty()) else {
+            continue;
+        };
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, value) in rows {
+            out.push_str(name);
+            if !labels.is_empty() {
+                out.push('{');
+                for (i, (k, v)) in labels.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    let _ = write!(out, "{k}=\"{}\"", escape_label(v));
+                }
+                out.push('}');
+            }
+            let _ = writeln!(out, " {value}");
+        }
+    }
+    out
+}
+
+fn add_process(samples: &mut Samples, e: &RegionEntry, snap: &Snapshot, now_ms: u64) {
+    let s = &snap.summary;
+    let d = &s.dump;
+    let mut proc_labels: Vec<(&'static str, String)> = vec![("pid", s.pid.to_string())];
+    if let Some(r) = d.process.rank {
+        proc_labels.push(("rank", r.to_string()));
+    }
+    if let Some(r) = d.process.local_rank {
+        proc_labels.push(("local_rank", r.to_string()));
+    }
+    if let Some(j) = &d.process.job_id {
+        proc_labels.push(("job_id", j.clone()));
+    }
+    proc_labels.push(("host", d.process.host.clone()));
+    let mut push = |name: &'static str, labels: &[(&'static str, String)], value: String| {
+        samples
+            .entry(name)
+            .or_default()
+            .push((labels.to_vec(), value));
+    };
+    for dev in &d.devices {
+        let mut labels = proc_labels.clone();
+        labels.push(("device", dev.index.to_string()));
+        if let Some(u) = &dev.uuid {
+            labels.push(("gpu_uuid", u.clone()));
+        }
+        push(
+            "hw_gpu_memory_usage_bytes",
+            &labels,
+            dev.tracked_bytes.to_string(),
+        );
+        push(
+            "oomshim_gpu_memory_peak_tracked_bytes",
+            &labels,
+            dev.peak_tracked_bytes.to_string(),
+        );
+        // A live summary asks no CUDA call, so the total is known from the last failure's
+        // cudaMemGetInfo on this device, when there was one.
+        let total = dev.total_bytes.or_else(|| {
+            s.last_failure
+                .as_ref()
+                .filter(|f| f.device == dev.index)
+                .and_then(|f| f.total_bytes)
+        });
+        if let Some(t) = total {
+            push("hw_gpu_memory_limit_bytes", &labels, t.to_string());
+        }
+        // The live summary's free blocks are the allocator's for its current device, which
+        // the publisher (having no failing device) asks as device 0 (src/runtime/allocator.rs).
+        let fb = &d.free_blocks;
+        if dev.index == 0 && fb.source != "unavailable" {
+            if let Some(b) = fb.largest_free_bytes {
+                push(
+                    "oomshim_gpu_memory_largest_free_block_bytes",
+                    &labels,
+                    b.to_string(),
+                );
+            }
+            if let Some(f) = fb.fragmentation.filter(|f| f.is_finite()) {
+                push(
+                    "oomshim_gpu_memory_fragmentation_ratio",
+                    &labels,
+                    f.to_string(),
+                );
+            }
+        }
+        let untracked = d
+            .library_memory
+            .as_ref()
+            .and_then(|l| l.untracked.iter().find(|u| u.device == dev.index))
+            .and_then(|u| u.context_bytes);
+        if let Some(b) = untracked {
+            push("oomshim_gpu_memory_untracked_bytes", &labels, b.to_string());
+        }
+    }
+    push(
+        "oomshim_oom_total",
+        &proc_labels,
+        d.recording.oom_failures.to_string(),
+    );
+    if let Some(g) = d.growth.as_ref().filter(|g| g.unit == "step") {
+        push("oomshim_steps_total", &proc_labels, g.current.to_string());
+    }
+    let rss = s
+        .rss
+        .last()
+        .map(|r| r.bytes)
+        .or_else(|| d.host.as_ref().and_then(|h| h.rss_bytes));
+    if let Some(b) = rss {
+        push("oomshim_host_rss_bytes", &proc_labels, b.to_string());
+    }
+    let age_ms = now_ms.saturating_sub(s.published_unix_ms);
+    push(
+        "oomshim_region_age_seconds",
+        &proc_labels,
+        format!("{:.3}", age_ms as f64 / 1000.0),
+    );
+    push(
+        "oomshim_process_running",
+        &proc_labels,
+        if e.alive { "1" } else { "0" }.to_string(),
+    );
+}
+
+/// Serves `GET /metrics` on `listener` until the process is ended; every other request gets
+/// 404. One connection at a time: a scrape takes milliseconds, and a stalled client is cut off
+/// after [`IO_TIMEOUT`].
+pub fn serve(listener: TcpListener, dir: &Path) -> ! {
+    loop {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let _ = handle(stream, dir);
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)), // EMFILE and the like
+        }
+    }
+}
+
+fn handle(mut stream: TcpStream, dir: &Path) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let Some(head) = read_head(&mut stream)? else {
+        return respond(
+            &mut stream,
+            "400 Bad Request",
+            "text/plain",
+            b"bad request\n",
+        );
+    };
+    let request_line = head.lines().next().unwrap_or("");
+    let mut parts = request_line.split(' ');
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    if method == "GET" && path == "/metrics" {
+        let now = crate::runtime::unix_ms(std::time::SystemTime::now());
+        let body = exposition(dir, now);
+        respond(&mut stream, "200 OK", CONTENT_TYPE, body.as_bytes())
+    } else {
+        respond(
+            &mut stream,
+            "404 Not Found",
+            "text/plain",
+            b"not found: the metrics are at /metrics\n",
+        )
+    }
+}
+
+/// The request head (up to the blank line), `None` when it is not HTTP or too large.
+fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<String>> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Ok(String::from_utf8(buf[..end].to_vec()).ok());
+        }
+        if buf.len() > MAX_REQUEST_HEAD {
+            return Ok(None);
+        }
+    }
+}
+
+fn respond(stream: &mut TcpStream, status: &str, ctype: &str, body: &[u8]) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    stream.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped_as_the_format_requires() {
+        assert_eq!(escape_label(r#"a\b"c"#), r#"a\\b\"c"#);
+        assert_eq!(escape_label("x\ny"), "x\\ny");
+        assert_eq!(escape_label("plain"), "plain");
+    }
+
+    #[test]
+    fn listen_addresses_are_ip_and_port_and_non_loopback_ones_are_warned_about() {
+        let a = parse_listen(DEFAULT_LISTEN).unwrap();
+        assert!(listen_warning(&a).is_none());
+        assert!(listen_warning(&parse_listen("[::1]:1").unwrap()).is_none());
+        let public = parse_listen("0.0.0.0:9464").unwrap();
+        assert!(listen_warning(&public)
+            .unwrap()
+            .contains("not only loopback"));
+        let e = parse_listen("localhost:9464").unwrap_err();
+        assert!(e.contains("host names are not resolved"), "{e}");
+        assert!(parse_listen("127.0.0.1").is_err());
+    }
+
+    #[test]
+    fn an_empty_directory_exports_only_the_exporters_own_metrics() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = exposition(&dir.path().join("missing"), 0);
+        assert!(
+            text.contains("oomshim_exporter_regions{state=\"read\"} 0"),
+            "{text}"
+        );
+        assert!(!text.contains("hw_gpu_memory_usage_bytes"), "{text}");
+    }
+}

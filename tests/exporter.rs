@@ -1,0 +1,514 @@
+//! `oomshim exporter` (issue 18): a program on the simulated device publishes its live region,
+//! and the exporter turns it into Prometheus text, both with `--once` and over a real HTTP
+//! scrape of loopback. The text is checked by a strict parser of the exposition format (and by
+//! `promtool check metrics` where Prometheus is installed).
+
+mod common;
+
+use common::shim_lib;
+use oomshim::flight::read::{list_regions, read_region};
+use oomshim::flight::{region_name, start_ticks_of};
+use oomshim::testbed;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+fn cli() -> Command {
+    shim_lib();
+    Command::new(env!("CARGO_BIN_EXE_oomshim"))
+}
+
+#[derive(Debug, Clone)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// A strict reader of the text format 0.0.4: every line is a `# HELP`, a `# TYPE` or a sample
+/// `name{labels} value`; every sample's family was declared by HELP and TYPE before it, a
+/// family's lines are contiguous, label values use only the format's escapes, and no series
+/// appears twice. Panics with the offending line otherwise.
+fn parse_exposition(text: &str) -> Vec<Sample> {
+    assert!(text.ends_with('\n'), "the exposition ends with a newline");
+    let mut help: BTreeSet<String> = BTreeSet::new();
+    let mut types: BTreeMap<String, String> = BTreeMap::new();
+    let mut finished: BTreeSet<String> = BTreeSet::new();
+    let mut current: Option<String> = None;
+    let mut series: BTreeSet<String> = BTreeSet::new();
+    let mut out = Vec::new();
+    let valid_name = |n: &str| {
+        !n.is_empty()
+            && n.chars().enumerate().all(|(i, c)| {
+                c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit())
+            })
+    };
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# ") {
+            let (kw, rest) = rest.split_once(' ').expect(line);
+            let (name, arg) = rest.split_once(' ').expect(line);
+            assert!(valid_name(name), "{line}");
+            assert!(!finished.contains(name), "family {name} split: {line}");
+            if current.as_deref() != Some(name) {
+                if let Some(c) = current.replace(name.to_string()) {
+                    finished.insert(c);
+                }
+            }
+            match kw {
+                "HELP" => assert!(help.insert(name.to_string()) && !arg.is_empty(), "{line}"),
+                "TYPE" => {
+                    assert!(
+                        ["counter", "gauge", "histogram", "summary", "untyped"].contains(&arg),
+                        "{line}"
+                    );
+                    assert!(types.insert(name.into(), arg.into()).is_none(), "{line}");
+                }
+                _ => panic!("unexpected comment: {line}"),
+            }
+            continue;
+        }
+        let name_end = line.find(['{', ' ']).expect(line);
+        let name = &line[..name_end];
+        assert!(valid_name(name), "{line}");
+        assert_eq!(
+            current.as_deref(),
+            Some(name),
+            "sample outside its family: {line}"
+        );
+        assert!(
+            help.contains(name) && types.contains_key(name),
+            "no HELP/TYPE: {line}"
+        );
+        let mut rest = &line[name_end..];
+        let mut labels = BTreeMap::new();
+        if let Some(body) = rest.strip_prefix('{') {
+            let mut chars = body.char_indices().peekable();
+            loop {
+                let (start, c) = chars.next().expect(line);
+                if c == '}' {
+                    rest = &body[start + 1..];
+                    break;
+                }
+                let eq = body[start..].find('=').expect(line) + start;
+                let key = &body[start..eq];
+                assert!(valid_name(key) && !key.starts_with("__"), "{line}");
+                while chars.peek().is_some_and(|&(i, _)| i <= eq) {
+                    chars.next();
+                }
+                assert_eq!(chars.next().map(|x| x.1), Some('"'), "{line}");
+                let mut value = String::new();
+                loop {
+                    match chars.next().expect(line).1 {
+                        '"' => break,
+                        '\\' => match chars.next().expect(line).1 {
+                            '\\' => value.push('\\'),
+                            '"' => value.push('"'),
+                            'n' => value.push('\n'),
+                            other => panic!("bad escape \\{other}: {line}"),
+                        },
+                        '\n' => panic!("raw newline: {line}"),
+                        c => value.push(c),
+                    }
+                }
+                assert!(labels.insert(key.to_string(), value).is_none(), "{line}");
+                match chars.peek().map(|x| x.1) {
+                    Some(',') => {
+                        chars.next();
+                    }
+                    Some('}') => {}
+                    _ => panic!("bad label list: {line}"),
+                }
+            }
+        }
+        let value = rest.strip_prefix(' ').expect(line);
+        assert!(
+            !value.contains(' '),
+            "no timestamps or trailing fields: {line}"
+        );
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            "NaN" => f64::NAN,
+            v => v.parse().expect(line),
+        };
+        if types[name] == "counter" {
+            assert!(value >= 0.0, "{line}");
+        }
+        assert!(
+            series.insert(format!("{name}{labels:?}")),
+            "duplicate series: {line}"
+        );
+        out.push(Sample {
+            name: name.to_string(),
+            labels,
+            value,
+        });
+    }
+    out
+}
+
+fn find<'a>(samples: &'a [Sample], name: &str, labels: &[(&str, &str)]) -> Vec<&'a Sample> {
+    samples
+        .iter()
+        .filter(|s| s.name == name)
+        .filter(|s| {
+            labels
+                .iter()
+                .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .collect()
+}
+
+/// `promtool check metrics` on the text, where Prometheus is installed; says so otherwise.
+fn promtool_check(text: &str) {
+    let Ok(mut child) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        eprintln!("SKIP promtool check: promtool is not on PATH (the strict parser above checked the format)");
+        return;
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A real Prometheus server scraping the exporter on `port` every second, where Prometheus is
+/// installed: asserts that it ingested the program's tracked bytes (its query API answers with
+/// them) and that the target is up.
+fn prometheus_scrape(port: u16, pid: u32, tracked: u64) {
+    if Command::new("prometheus")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP real Prometheus scrape: prometheus is not on PATH (the HTTP GET above checked the endpoint)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: oomshim\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+        ),
+    )
+    .unwrap();
+    // A free port for Prometheus's own API (bound and released: it cannot take port 0).
+    let web = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut prom = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{web}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let query = format!("/api/v1/query?query=hw_gpu_memory_usage_bytes%7Bpid%3D%22{pid}%22%7D");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut last = String::new();
+    let found = loop {
+        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", web)) {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let _ = write!(
+                s,
+                "GET {query} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            );
+            last.clear();
+            let _ = s.read_to_string(&mut last);
+            if last.contains(&format!("\"{tracked}\"")) {
+                break true;
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let _ = prom.kill();
+    let _ = prom.wait();
+    assert!(
+        found,
+        "Prometheus never had {tracked} for pid {pid}: {last}"
+    );
+}
+
+struct Stopped(Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGCONT) };
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `flight_leak` under the shim, as rank 3 (local rank 1) of a job whose id needs escaping,
+/// publishing into `live`; stopped (SIGSTOP) once it has published after 40 steps, so its
+/// region holds still while it is read twice.
+fn stopped_leak(live: &Path, job_id: &str) -> Stopped {
+    let mut child = Command::new(testbed::client("flight_leak"))
+        .env("LD_PRELOAD", shim_lib())
+        .env("OOMSHIM_LIVE_DIR", live)
+        .env("OOMSHIM_LIVE_INTERVAL", "100ms")
+        .env("OOMSHIM_DIR", live.join("dumps"))
+        .env("SIMCUDA_CAPACITY", "64G")
+        .env("RANK", "3")
+        .env("LOCAL_RANK", "1")
+        .env("WORLD_SIZE", "4")
+        .env("TORCHELASTIC_RUN_ID", job_id)
+        .env_remove("SLURM_JOB_ID")
+        .env_remove("SLURM_PROCID")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 6];
+    child.stdout.take().unwrap().read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ready\n");
+    std::thread::sleep(Duration::from_millis(400)); // a few publishes after step 40
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
+    std::thread::sleep(Duration::from_millis(100)); // a publish in flight finishes or stops
+    Stopped(child)
+}
+
+fn http_get(port: u16, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/plain\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
+    (head.to_string(), body.to_string())
+}
+
+#[test]
+fn a_running_programs_tracked_bytes_ranks_and_steps_are_exported_once_and_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let job_id = r#"job"7\b"#;
+    let program = stopped_leak(&live, job_id);
+    let pid = program.0.id();
+    // A hostile file beside it, named like a region: skipped and counted.
+    let ticks = start_ticks_of(std::process::id()).unwrap();
+    std::fs::write(
+        live.join(region_name(pid + 100_000, ticks)),
+        b"\x1b[2J not a region",
+    )
+    .unwrap();
+    let regions = list_regions(&live);
+    let mine = regions
+        .iter()
+        .find(|r| r.pid == pid)
+        .expect("the program's region");
+    let snap = read_region(&mine.path).unwrap();
+    let dev0 = snap
+        .summary
+        .dump
+        .devices
+        .iter()
+        .find(|d| d.index == 0)
+        .unwrap()
+        .clone();
+    // 8 MiB leaked per step, the transient 8 MiB freed again: at least 40 steps' worth.
+    assert!(dev0.tracked_bytes >= 40 * (8 << 20), "{dev0:?}");
+    assert_eq!(dev0.tracked_bytes % (8 << 20), 0, "{dev0:?}");
+    let steps = snap
+        .summary
+        .dump
+        .growth
+        .as_ref()
+        .map(|g| g.current)
+        .unwrap();
+
+    let out = cli()
+        .args(["exporter", "--once", "--dir"])
+        .arg(&live)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let samples = parse_exposition(&text);
+    let me = [
+        ("pid", pid.to_string()),
+        ("rank", "3".to_string()),
+        ("local_rank", "1".to_string()),
+        ("job_id", job_id.to_string()),
+        ("device", "0".to_string()),
+    ];
+    let me: Vec<(&str, &str)> = me.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let usage = find(&samples, "hw_gpu_memory_usage_bytes", &me);
+    assert_eq!(usage.len(), 1, "{text}");
+    assert_eq!(usage[0].value, dev0.tracked_bytes as f64, "{text}");
+    assert!(usage[0].labels.contains_key("host"), "{text}");
+    let peak = find(&samples, "oomshim_gpu_memory_peak_tracked_bytes", &me);
+    assert_eq!(peak[0].value, dev0.peak_tracked_bytes as f64, "{text}");
+    assert!(
+        peak[0].value >= usage[0].value + (8 << 20) as f64,
+        "the transient 8 MiB: {text}"
+    );
+    let per_process = &me[..4];
+    assert_eq!(
+        find(&samples, "oomshim_steps_total", per_process)[0].value,
+        steps as f64
+    );
+    assert_eq!(
+        find(&samples, "oomshim_oom_total", per_process)[0].value,
+        0.0
+    );
+    assert!(find(&samples, "oomshim_host_rss_bytes", per_process)[0].value > 0.0);
+    assert_eq!(
+        find(&samples, "oomshim_process_running", per_process)[0].value,
+        1.0
+    );
+    let age = find(&samples, "oomshim_region_age_seconds", per_process)[0].value;
+    assert!((0.0..120.0).contains(&age), "{age}");
+    // What a live summary of a preloaded program does not know is absent, not zero.
+    for unknown in [
+        "hw_gpu_memory_limit_bytes",
+        "oomshim_gpu_memory_largest_free_block_bytes",
+        "oomshim_gpu_memory_fragmentation_ratio",
+        "oomshim_gpu_memory_untracked_bytes",
+    ] {
+        assert!(find(&samples, unknown, &[]).is_empty(), "{unknown}: {text}");
+    }
+    // The hostile file: one invalid region, counted; no series for it.
+    assert_eq!(
+        find(
+            &samples,
+            "oomshim_exporter_regions",
+            &[("state", "invalid")]
+        )[0]
+        .value,
+        1.0
+    );
+    assert_eq!(
+        find(&samples, "oomshim_exporter_regions", &[("state", "read")])[0].value,
+        1.0
+    );
+    assert_eq!(
+        find(&samples, "oomshim_exporter_region_errors_total", &[])[0].value,
+        1.0
+    );
+    let other_pid = (pid + 100_000).to_string();
+    assert!(find(
+        &samples,
+        "hw_gpu_memory_usage_bytes",
+        &[("pid", &other_pid)]
+    )
+    .is_empty());
+    promtool_check(&text);
+
+    // The server: an ephemeral loopback port, read from what it says on stderr.
+    let mut server = cli()
+        .args(["exporter", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(&live)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line
+        .split("http://127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    for scrape in 1..=2u32 {
+        let (head, body) = http_get(port, "/metrics");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(
+            head.contains("Content-Type: text/plain; version=0.0.4"),
+            "{head}"
+        );
+        let samples = parse_exposition(&body);
+        let usage = find(&samples, "hw_gpu_memory_usage_bytes", &me);
+        assert_eq!(usage[0].value, dev0.tracked_bytes as f64, "{body}");
+        // Re-read at every scrape, and the server's error counter accumulates over them.
+        let errors = find(&samples, "oomshim_exporter_region_errors_total", &[])[0].value;
+        assert_eq!(errors, scrape as f64, "{body}");
+    }
+    prometheus_scrape(port, pid, dev0.tracked_bytes);
+    let (head, _) = http_get(port, "/");
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    let (head, _) = http_get(port, "/metrics/../secrets");
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    // Garbage instead of HTTP: answered, and the server goes on serving.
+    {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(&[0xff; 64]).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut raw = Vec::new();
+        let _ = s.read_to_end(&mut raw);
+    }
+    let (head, _) = http_get(port, "/metrics");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    server.kill().unwrap();
+    server.wait().unwrap();
+    drop(program);
+}
+
+#[test]
+fn a_non_loopback_listen_address_is_served_only_when_named_and_host_names_are_refused() {
+    let out = cli()
+        .args(["exporter", "--listen", "localhost:9464"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("host names are not resolved"), "{err}");
+    // Named explicitly, a wildcard address is served, with a warning first.
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = cli()
+        .args(["exporter", "--listen", "0.0.0.0:0", "--dir"])
+        .arg(dir.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("not only loopback"), "{first}");
+    let second = lines.next().unwrap().unwrap();
+    assert!(
+        second.contains("exporter serving http://0.0.0.0:"),
+        "{second}"
+    );
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
