@@ -18,5 +18,6 @@ pub mod report;
 pub mod runtime;
 mod signals;
 pub mod stacks;
+pub mod sys;
 pub mod testbed;
 pub mod verdict;

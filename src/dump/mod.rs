@@ -4,4 +4,6 @@
 pub mod fit;
 pub mod model;
 pub mod read;
+pub mod units;
+pub mod view;
 pub mod write;

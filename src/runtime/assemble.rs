@@ -427,7 +427,7 @@ fn has_stream(api: Api) -> bool {
 )]
 pub(crate) fn describe_site(stack: &[Frame]) -> String {
     // The same frame the reports name a site by (the program's own Python line when known).
-    match crate::report::named_frames(stack).next() {
+    match crate::dump::view::named_frames(stack).next() {
         Some(f) => {
             let name = f.function.as_deref().unwrap_or("?");
             match (&f.file, f.line) {

@@ -98,7 +98,7 @@ fn prepare(text: &str) -> String {
     }
     let mut out: String = text[..end]
         .split('\n')
-        .map(crate::report::units::clean)
+        .map(crate::dump::units::clean)
         .collect::<Vec<_>>()
         .join("\n");
     let note = format!("… (cut: {} bytes in all)", text.len());
