@@ -9,7 +9,8 @@ pub mod framework;
 mod growth;
 mod oom;
 pub mod recording;
-pub mod say;
+// Saying things on stderr is process plumbing (below the hooks); re-exported at its old path.
+pub use crate::sys::say;
 
 pub use growth::{FrameworkLive, StepSource};
 pub use oom::{FrameworkNote, OomEvent};

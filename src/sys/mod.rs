@@ -6,6 +6,7 @@
 pub mod dl;
 pub mod guard;
 pub mod process;
+pub mod say;
 
 pub(crate) use dl::real_dlsym;
 pub use guard::{disable, disabled};

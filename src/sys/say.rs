@@ -42,7 +42,7 @@ pub fn say(text: &str) {
 #[macro_export]
 macro_rules! say {
     ($($arg:tt)*) => {
-        $crate::runtime::say::say(&::std::format!($($arg)*))
+        $crate::sys::say::say(&::std::format!($($arg)*))
     };
 }
 
