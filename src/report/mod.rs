@@ -429,6 +429,7 @@ pub(crate) mod fixtures {
 #[cfg(test)]
 mod library_frame_tests {
     use super::*;
+    use crate::dump::model::FrameKind;
 
     fn py(function: &str, file: &str, line: u32) -> Frame {
         Frame {
@@ -493,6 +494,7 @@ mod library_frame_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dump::model::FrameKind;
     use fixtures::{check_golden, fixture_names, load_fixture};
 
     #[test]
