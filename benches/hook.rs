@@ -1,8 +1,9 @@
 //! Added cost of a hooked cudaMalloc + cudaFree pair (512 B) against the simulated runtime, with
 //! 32 frames of stack, next to the bare pair measured in the same run, in each recording mode
 //! (`oomshim_set_recording`, switched inside this one process): pass-through, totals only and
-//! all stacks (native ones here: the bench has no Python). `OOMSHIM_BENCH_BASELINE_LIB=PATH`
-//! adds another build of the library, measured in the same run.
+//! all stacks (native ones here: the bench has no Python), and through a second copy of the
+//! library that publishes its live summary (src/flight) ten times a second.
+//! `OOMSHIM_BENCH_BASELINE_LIB=PATH` adds another build of the library, measured in the same run.
 //!
 //! The bench loads target/<profile>/liboomshim.so with dlopen, exactly the library users preload,
 //! and calls its hooks from 32 frames deep; it does not link the oomshim crate, so the only hooks
@@ -89,6 +90,7 @@ fn hook_overhead(c: &mut Criterion) {
     // Read once by the shim at its first hooked call.
     std::env::set_var("OOMSHIM_DEPTH", "32");
     std::env::set_var("OOMSHIM_DIR", &dumps);
+    std::env::set_var("OOMSHIM_LIVE", "0");
     unsafe {
         let runtime = open(&sim_runtime(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
         let shim = open(
@@ -100,6 +102,23 @@ fn hook_overhead(c: &mut Criterion) {
         let (shim_malloc, shim_free): (Malloc, Free) =
             (sym(shim, "cudaMalloc"), sym(shim, "cudaFree"));
         let set_recording: SetRecording = sym(shim, "oomshim_set_recording");
+        // Its first call reads the settings: this copy publishes no live summary.
+        pair(shim_malloc, shim_free);
+        // A second copy of the library (its own state: dlopen'ed RTLD_LOCAL from another
+        // path) with the flight recorder publishing ten times a second, its default being once.
+        let live_dir = dumps.join("live");
+        let copy = dumps.join("publishing").join("liboomshim.so");
+        std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+        std::fs::copy(profile_dir().join("liboomshim.so"), &copy).unwrap();
+        std::env::set_var("OOMSHIM_LIVE", "1");
+        std::env::set_var("OOMSHIM_LIVE_INTERVAL", "100ms");
+        std::env::set_var("OOMSHIM_LIVE_DIR", &live_dir);
+        let publishing = open(&copy, libc::RTLD_NOW | libc::RTLD_LOCAL);
+        let (live_malloc, live_free): (Malloc, Free) =
+            (sym(publishing, "cudaMalloc"), sym(publishing, "cudaFree"));
+        pair(live_malloc, live_free);
+        // Copies loaded after this one (the baseline) publish nothing.
+        std::env::set_var("OOMSHIM_LIVE", "0");
         let mut group = c.benchmark_group("cudaMalloc+cudaFree 512 B, 32 frames deep");
         group.bench_function("bare (simulated runtime)", |b| {
             at_depth(32, &mut || b.iter(|| pair(bare_malloc, bare_free)))
@@ -126,6 +145,9 @@ fn hook_overhead(c: &mut Criterion) {
                 at_depth(32, &mut || b.iter(|| pair(m, f)))
             });
         }
+        group.bench_function("through liboomshim.so, publishing the live summary", |b| {
+            at_depth(32, &mut || b.iter(|| pair(live_malloc, live_free)))
+        });
         group.finish();
     }
     let _ = std::fs::remove_dir_all(dumps);

@@ -114,6 +114,26 @@ pub const SETTINGS: &[Setting] = &[
         meaning: "`1` makes the injected hook enable allocator mode right after the program imports torch (what `oomshim run --torch-allocator` sets).",
     },
     Setting {
+        name: "OOMSHIM_LIVE",
+        default: "1",
+        meaning: "`1`: the shim keeps a live summary of its ledger in a private shared-memory region (see Flight recorder), read by `oomshim top` and by `oomshim run` for a post-mortem dump when the program is killed. `0`: no region (and no post-mortem dumps).",
+    },
+    Setting {
+        name: "OOMSHIM_LIVE_DIR",
+        default: "/dev/shm/oomshim-UID",
+        meaning: "Where live regions are kept (created 0700, checked to be yours; `$TMPDIR/oomshim-UID/live` where there is no `/dev/shm`). `oomshim top` and `oomshim run` read the same variable.",
+    },
+    Setting {
+        name: "OOMSHIM_LIVE_INTERVAL",
+        default: "1s",
+        meaning: "How often the live summary is republished (100ms–60s); a failed allocation republishes at once. A publish that took `t` waits at least 50·`t`, so the publisher never takes more than 2% of a core.",
+    },
+    Setting {
+        name: "OOMSHIM_CGROUP_ROOT",
+        default: "/sys/fs/cgroup",
+        meaning: "Where `oomshim run` finds the cgroup filesystem, to read the program's `memory.events` (`oom_kill`), `memory.max` and `memory.current` for a post-mortem dump.",
+    },
+    Setting {
         name: "OOMSHIM_LIB",
         default: "—",
         meaning: "Where the CLI (`run`, `demo`) and `oomshim.torch.enable()` find `liboomshim.so`; it must name a file. Unset, each looks beside itself (see Set-up and PyTorch allocator mode).",

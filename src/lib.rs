@@ -10,6 +10,7 @@ pub mod config;
 pub mod dump;
 pub mod facts;
 pub mod ffi;
+pub mod flight;
 pub mod ledger;
 mod own_fd;
 pub mod pyhook;

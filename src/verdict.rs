@@ -34,7 +34,8 @@
 //!   otherwise low host memory (below [`HOST_MIN_AVAILABLE_SHARE`] available, or a cgroup at
 //!   [`CGROUP_MAX_USAGE_SHARE`] of its limit) is a finding with this process's pinned bytes.
 //!
-//! A dump without a failed request gets [`SNAPSHOT`].
+//! A dump without a failed request gets [`SNAPSHOT`]; a post-mortem dump (`oomshim run` rebuilt
+//! it after its program died) is judged by [`judge_post_mortem`] (src/verdict/post_mortem.rs).
 
 use crate::dump::model::{
     DetectedSteps, DeviceInfo, Dump, FailedRequest, Finding, Frame, Growth, GrowthFit, GrowthSite,
@@ -55,6 +56,12 @@ pub const OWN_ALLOCATIONS: &str = "own_allocations";
 pub const LEAK: &str = "leak";
 pub const HOST_MEMORY: &str = "host_memory";
 pub const SNAPSHOT: &str = "snapshot";
+
+mod post_mortem;
+pub use post_mortem::{
+    host_growth, judge_post_mortem, EXITED_AFTER_FAILURE, HOST_GROWTH_MIN_BYTES, HOST_OOM_KILL,
+    KILLED_BY_SIGNAL,
+};
 
 /// Smallest growth per step of the process for [`LEAK`]: below it, growth is noise (counters,
 /// small caches), not what fills a device.
@@ -98,6 +105,9 @@ const MAX_FUNCTION: usize = 100;
 
 /// Judges a dump. Uses everything in it except its own `verdict` field. Deterministic.
 pub fn judge(dump: &Dump) -> Verdict {
+    if dump.post_mortem.is_some() {
+        return judge_post_mortem(dump); // how the program died comes first (issue 15)
+    }
     match &dump.failed_request {
         Some(request) => judge_oom(dump, request),
         None => judge_snapshot(dump),
@@ -2119,6 +2129,7 @@ pub(crate) mod tests {
             request_sizes: None,
             framework: None,
             library_memory: None,
+            post_mortem: None,
         }
     }
 

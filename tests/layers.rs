@@ -21,7 +21,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         ],
     ),
     // Inside the host program: the hooks and the live state.
-    ("live", &["runtime", "ffi", "pyhook"]),
+    ("live", &["runtime", "ffi", "pyhook", "flight"]),
     // The command line; reporters read dumps only.
     ("cli", &["cli", "report", "testbed", "bin"]),
 ];

@@ -365,8 +365,8 @@ fn oomshim_run_preloads_and_returns_the_childs_status() {
         .status()
         .unwrap();
     assert_eq!(status.code(), Some(7));
-    // oomshim run becomes the program (exec): a program killed by a signal is seen killed by
-    // it, exactly as without oomshim (a shell then reports 128 + 9).
+    // oomshim run ends as its program did: a program killed by a signal leaves oomshim killed
+    // by it, exactly as without oomshim (a shell then reports 128 + 9).
     let status = cli()
         .args(["run", "--", "sh", "-c", "kill -KILL $$"])
         .status()

@@ -46,6 +46,10 @@ enum Cmd {
         /// Python hook, right after the program imports torch (sets OOMSHIM_TORCH_ALLOCATOR=1).
         #[arg(long, conflicts_with = "no_torch_hook")]
         torch_allocator: bool,
+        /// Replace oomshim with the program (exec) instead of staying as its parent: the
+        /// program keeps oomshim's pid, but no post-mortem dump is written if it is killed.
+        #[arg(long)]
+        exec: bool,
         /// The program and its arguments, after `--`.
         #[arg(
             required = true,
@@ -129,6 +133,21 @@ enum Cmd {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// A live view of every oomshim process of this user on this host (or one pid), from the
+    /// live summaries the shim publishes: device memory, growing sites, steps per second, the
+    /// last failure. Refreshed about once a second.
+    #[command(after_help = "Examples:\n  oomshim top\n  oomshim top --pid 4242 --once")]
+    Top {
+        /// Show only this process.
+        #[arg(long, value_name = "PID")]
+        pid: Option<u32>,
+        /// Print one frame as plain text and exit (for scripts).
+        #[arg(long)]
+        once: bool,
+        /// Where the live summaries are (default: OOMSHIM_LIVE_DIR, else /dev/shm/oomshim-UID).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
     /// Run a bundled leaky training loop on a simulated CUDA device (no GPU needed) and report
     /// the dump it produces.
@@ -246,6 +265,7 @@ fn main() -> ExitCode {
             lib,
             no_torch_hook,
             torch_allocator,
+            exec,
             command,
         } => {
             let lib = match cli::run::find_library(lib.as_deref()) {
@@ -263,9 +283,27 @@ fn main() -> ExitCode {
                     vec![]
                 },
             };
-            // Returns only if the program could not be started.
-            let e = cli::run::exec(&opts);
-            fail(&e.message, e.code)
+            if exec {
+                // Returns only if the program could not be started.
+                let e = cli::run::exec(&opts);
+                return fail(&e.message, e.code);
+            }
+            match cli::supervise::supervise(&opts) {
+                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+                Err(e) if e.message.is_empty() => ExitCode::from(e.code.clamp(0, 255) as u8),
+                Err(e) => fail(&e.message, e.code),
+            }
+        }
+        Cmd::Top { pid, once, dir } => {
+            let dir = dir.unwrap_or_else(oomshim::flight::live_dir);
+            if once {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0);
+                return print_out(&cli::top::frame(&dir, pid, now));
+            }
+            cli::top::live(&dir, pid)
         }
         Cmd::Report {
             dump,

@@ -5,6 +5,8 @@
 pub mod demo;
 pub mod locate;
 pub mod run;
+pub mod supervise;
+pub mod top;
 
 use crate::report::units::clean_path;
 use std::os::unix::fs::MetadataExt;

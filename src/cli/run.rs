@@ -1,6 +1,8 @@
 //! `oomshim run -- CMD`: starts CMD with liboomshim.so preloaded.
 //!
-//! **oomshim replaces itself with the program** (`execvp`, as `env`, `nice` and `numactl` do)
+//! By default oomshim stays as the program's parent ([`super::supervise`]), so that it can
+//! write a post-mortem dump when the program is killed outright. `oomshim run --exec` keeps
+//! the behaviour described next: **oomshim replaces itself with the program** (`execvp`, as `env`, `nice` and `numactl` do)
 //! instead of starting it as a child. The program keeps oomshim's pid, process group, session
 //! and terminal, so every signal reaches it exactly as it would without oomshim, exactly once:
 //! `kill PID`, `kill -TERM -PGID` from `timeout` or a scheduler, the terminal's Ctrl-C and
@@ -186,7 +188,7 @@ pub fn spawn_and_wait(opts: &RunOptions) -> Result<(u32, i32), RunError> {
 /// An `exec` failure as shells report it: 127 when the program is nowhere to be found, 126
 /// when it is there but cannot be executed (no execute permission, a directory, a missing
 /// interpreter or loader, a wrong architecture).
-fn launch_error(program: &OsStr, e: std::io::Error) -> RunError {
+pub(crate) fn launch_error(program: &OsStr, e: std::io::Error) -> RunError {
     let name = crate::report::units::clean(&program.to_string_lossy());
     if e.kind() == std::io::ErrorKind::NotFound && !program_exists(program) {
         let where_ = if program.as_bytes().contains(&b'/') {

@@ -71,6 +71,11 @@ pub struct Dump {
     /// (src/facts/libraries.rs). Absent in dumps of older versions and when nothing was named.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub library_memory: Option<LibraryMemory>,
+    /// Present in dumps that `oomshim run` reconstructed after its program died without a dump
+    /// of its last state (`reason: "post_mortem"`): how it died, and the host's memory then.
+    /// Everything else in such a dump is the program's live summary as last published.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_mortem: Option<PostMortem>,
 }
 
 /// Device memory attributed to libraries and to the CUDA context (see [`Dump::library_memory`]).
@@ -126,6 +131,95 @@ pub struct UntrackedSplit {
     /// Used − tracked − context − other processes: what no API shows (absent without NVML).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unexplained_bytes: Option<u64>,
+}
+
+/// How a program died, for a dump reconstructed after its death (see [`Dump::post_mortem`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PostMortem {
+    /// Always true: the dump was not written by the program but rebuilt from what it last
+    /// published.
+    pub reconstructed: bool,
+    /// The signal that ended it (number and name, e.g. 9 and `SIGKILL`), or its exit status.
+    #[serde(default)]
+    pub signal: Option<i32>,
+    #[serde(default)]
+    pub signal_name: Option<String>,
+    #[serde(default)]
+    pub core_dumped: bool,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// When the death was seen, and when the state in this dump had been published (the
+    /// program's state may have moved on for up to one publish interval).
+    pub died_unix_ms: u64,
+    pub published_unix_ms: u64,
+    /// The publish this dump is built from; `from_previous` when the newest was torn.
+    pub generation: u64,
+    #[serde(default)]
+    pub from_previous: bool,
+    /// The program's resident host memory at its last publishes.
+    #[serde(default)]
+    pub rss: Vec<RssSample>,
+    /// The last failed device allocation, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<LiveFailure>,
+    /// The host's memory and the cgroup's OOM kills, read right after the death.
+    #[serde(default)]
+    pub host: HostKill,
+}
+
+/// One sample of the program's resident host memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RssSample {
+    pub unix_ms: u64,
+    /// The step count then (the dump's growth steps), when steps are known.
+    #[serde(default)]
+    pub step: Option<u64>,
+    pub bytes: u64,
+}
+
+/// A failed device allocation as the live summary records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LiveFailure {
+    pub unix_ms: u64,
+    pub device: i32,
+    pub bytes: u64,
+    pub api: String,
+    /// The device's free and total bytes right after the failure, when the runtime said.
+    #[serde(default)]
+    pub free_bytes: Option<u64>,
+    #[serde(default)]
+    pub total_bytes: Option<u64>,
+    /// The dump written for it, once written, with its verdict's headline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dump: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headline: Option<String>,
+}
+
+/// Host memory and the cgroup's OOM-killer count around a death.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostKill {
+    /// The program's memory cgroup (its path in the cgroup filesystem), when found.
+    #[serde(default)]
+    pub cgroup: Option<String>,
+    /// `oom_kill` of the cgroup's `memory.events` when the program started and after it died.
+    #[serde(default)]
+    pub oom_kill_before: Option<u64>,
+    #[serde(default)]
+    pub oom_kill_after: Option<u64>,
+    /// `memory.max` (`None`: unlimited or unknown), `memory.current` and `memory.peak` after
+    /// the death.
+    #[serde(default)]
+    pub memory_max: Option<u64>,
+    #[serde(default)]
+    pub memory_current: Option<u64>,
+    #[serde(default)]
+    pub memory_peak: Option<u64>,
+    /// `MemTotal` and `MemAvailable` of /proc/meminfo after the death.
+    #[serde(default)]
+    pub mem_total: Option<u64>,
+    #[serde(default)]
+    pub mem_available: Option<u64>,
 }
 
 /// The framework's own account of an out-of-memory failure (see [`Dump::framework`]).

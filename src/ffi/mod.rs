@@ -60,6 +60,12 @@ extern "C" fn note_load_time_facts() {
 #[unsafe(link_section = ".init_array")]
 static NOTE_LOAD_TIME_FACTS: extern "C" fn() = note_load_time_facts;
 
+/// Registers the flight recorder's exit cleanup (see [`crate::sys::register_live_cleanup`]).
+#[allow(dead_code)]
+pub(crate) fn register_live_cleanup() {
+    crate::sys::register_live_cleanup(crate::flight::publish::remove_at_exit);
+}
+
 /// What the bookkeeping shared by the runtime hooks and the driver hooks asks of its layer.
 /// Both layers report success as 0 and out-of-memory as 2 (`cudaErrorMemoryAllocation`,
 /// `CUDA_ERROR_OUT_OF_MEMORY`), so only these queries differ.

@@ -85,11 +85,27 @@ fn frames_json(stack: &[Frame]) -> Value {
     )
 }
 
+/// The report's words for a post-mortem dump: reconstructed, how the program died, and how old
+/// the state it shows is.
+pub fn post_mortem_words(pm: &crate::dump::model::PostMortem) -> String {
+    let how = match (&pm.signal_name, pm.exit_code) {
+        (Some(name), _) => format!("killed by {}", units::clean(name)),
+        (None, Some(code)) => format!("exited with status {code}"),
+        _ => "ended".to_string(),
+    };
+    format!(
+        "post-mortem dump, reconstructed by oomshim run: the program was {how}; its state as published {:.1} s before",
+        pm.died_unix_ms.saturating_sub(pm.published_unix_ms) as f64 / 1000.0
+    )
+}
+
 /// The report model as JSON. Keys (all always present; `null` where unknown):
 ///
 /// - `report`: [`REPORT_SCHEMA`]; `dump_schema`: the dump's `schema`.
 /// - `header`: `reason`, `oom` (bool: a failed request is present), `time`, `time_unix_ms`, `pid`,
 ///   `host`, `command_line` (array), `rank`, `local_rank`, `world_size`, `oomshim_version`.
+/// - `post_mortem`: `null`, or the dump's `post_mortem` section as it is (a dump that
+///   `oomshim run` reconstructed after its program died: README, Dump schema).
 /// - `failed_request`: `null` or `bytes`, `bytes_human`, `api`, `device`, `error_code`,
 ///   `recovery` (`recovered` | `stood` | `unknown`), `failures_in_burst`, `top_frames`,
 ///   `last_failure` (`null` or `bytes`, `api`, `time_unix_ms`, `tracked_bytes`, `free_bytes`,
@@ -236,6 +252,7 @@ pub fn render_json(dump: &Dump, opts: &ReportOptions) -> Value {
             "oomshim_version": dump.recording.version,
         },
         "failed_request": failed_request,
+        "post_mortem": dump.post_mortem,
         "devices": devices,
         "verdict": {
             "kind": verdict.kind,
@@ -738,6 +755,7 @@ mod tests {
                     "library_memory",
                     "pinned_host",
                     "pools",
+                    "post_mortem",
                     "recorded_verdict",
                     "recording",
                     "report",

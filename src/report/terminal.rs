@@ -114,10 +114,13 @@ fn header(out: &mut String, s: &Style, dump: &Dump) {
             human_bytes(r.bytes),
             truncate_middle(&clean(&r.api), MAX_CELL)
         ),
-        None => format!(
-            "on-demand dump ({})",
-            truncate_middle(&clean(&dump.reason), 60)
-        ),
+        None => match &dump.post_mortem {
+            Some(pm) => crate::report::post_mortem_words(pm),
+            None => format!(
+                "on-demand dump ({})",
+                truncate_middle(&clean(&dump.reason), 60)
+            ),
+        },
     };
     let p = &dump.process;
     let mut process = if p.host.is_empty() {

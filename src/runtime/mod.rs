@@ -5,6 +5,8 @@
 
 pub mod allocator;
 mod assemble;
+#[allow(unused_imports)]
+pub(crate) use assemble::rfc3339;
 pub mod framework;
 mod growth;
 mod oom;
@@ -20,7 +22,7 @@ use crate::config::{Config, StackMode, DEFAULT_DEPTH, MAX_DEPTH};
 use crate::ledger::{Allocation, Api, Ledger, StackId, StackTable};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 pub struct Shim {
     pub config: Config,
@@ -105,6 +107,49 @@ fn start_triggers(s: &'static Shim) {
     if s.config.at_exit {
         crate::sys::register_exit_dump(at_exit_dump);
     }
+    // The flight recorder (src/flight): its own settings, read once here like the others.
+    let (live, warnings) = crate::flight::publish::settings_from(|k| std::env::var(k).ok());
+    for w in &warnings {
+        crate::say!("oomshim: {w}");
+    }
+    crate::flight::publish::start(live, live_dump, || {
+        crate::sys::register_live_cleanup(crate::flight::publish::remove_at_exit)
+    });
+}
+
+/// The ledger's summary for the live region (src/flight): an on-demand dump's content, with
+/// reason `live`, asked of nothing but the ledger and /proc (no CUDA, no NVML), taken inside
+/// the guard on the publisher's thread.
+fn live_dump() -> Option<crate::dump::model::Dump> {
+    crate::sys::guarded(|| {
+        let s = SHIM.get()?;
+        if disabled() || !room_for_dump(s) {
+            return None;
+        }
+        let capture = assemble::Capture {
+            snapshot: s.ledger.snapshot(),
+            time: SystemTime::now(),
+            now_ns: s.now_ns(),
+            failing: None,
+            device: None,
+            mem_info: None,
+            device_name: None,
+            extras: Default::default(),
+        };
+        let facts = assemble::Facts {
+            gpu_processes: None,
+            host: crate::facts::host::read(),
+        };
+        Some(assemble::assemble(
+            s,
+            "live",
+            &capture,
+            None,
+            None,
+            Some(facts),
+        ))
+    })
+    .flatten()
 }
 
 /// `OOMSHIM_AT_EXIT`: what is still live when the program ends (a leak report).
@@ -310,11 +355,7 @@ pub(crate) fn thread_name(tid: u64) -> Option<String> {
     })
 }
 
-pub(crate) fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub(crate) use crate::dump::time::unix_ms;
 
 /// A successful allocation of `bytes` at `addr`.
 pub fn record_alloc(api: Api, addr: usize, bytes: u64, device: i32, stream: usize) {
@@ -510,6 +551,12 @@ pub fn record_oom(event: OomEvent) {
         return;
     }
     s.oom_failures.fetch_add(1, Ordering::Relaxed);
+    crate::flight::publish::note_failure(
+        event.device,
+        event.bytes,
+        event.api.name(),
+        event.mem_info,
+    );
     let stacks = s.capture_stacks();
     s.oom
         .on_failure(s, event, stacks, thread_id(), oom::Mode::Settle);

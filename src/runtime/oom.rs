@@ -1056,6 +1056,7 @@ pub(super) fn write(s: &Shim, dump: &Dump) -> Result<Written, WriteError> {
         rank: dump.process.rank,
     };
     let written = write_dump(&s.config.dir, &name, &bytes)?;
+    crate::flight::publish::note_dump(dump, &written.path);
     if let Some(why) = &written.fell_back {
         if !FALLBACK_SAID.swap(true, Ordering::Relaxed) {
             crate::say!(

@@ -18,7 +18,7 @@ mod symbolize;
 pub use symbolize::address_space_headroom;
 
 pub use capture::{capture, capture_frame_pointers, fork_prepare, fork_release, refresh_modules};
-pub use symbolize::symbolize;
+pub use symbolize::{cache_on_this_thread, symbolize};
 
 #[cfg(test)]
 mod tests {

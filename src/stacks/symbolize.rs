@@ -22,10 +22,71 @@ pub fn symbolize(addrs: &[usize]) -> Vec<Vec<Frame>> {
     if addrs.is_empty() {
         return Vec::new();
     }
+    if let Some(v) = CACHE
+        .try_with(|c| c.borrow_mut().as_mut().map(|c| c.symbolize(addrs)))
+        .ok()
+        .flatten()
+    {
+        return v;
+    }
+    symbolize_uncached(addrs)
+}
+
+fn symbolize_uncached(addrs: &[usize]) -> Vec<Vec<Frame>> {
     match std::panic::catch_unwind(|| symbolize_inner(addrs)) {
         Ok(v) if v.len() == addrs.len() => v,
         _ => addrs.iter().map(|&a| vec![bare_frame(a, None)]).collect(),
     }
+}
+
+/// Frames already found on this thread, for a thread that symbolises the same stacks over and
+/// over (the live summary's publisher, src/flight): only addresses not seen before are looked
+/// up, so the objects' debug information is not parsed again each second. Forgotten whenever
+/// the loaded objects change (a `dlopen` or `dlclose` can reuse addresses). Dumps are
+/// symbolised without it.
+struct Cache {
+    maps_fingerprint: u64,
+    frames: rustc_hash::FxHashMap<usize, Vec<Frame>>,
+}
+
+/// Bounded: a process with more distinct addresses than this starts over.
+const CACHE_MAX: usize = 100_000;
+
+impl Cache {
+    fn symbolize(&mut self, addrs: &[usize]) -> Vec<Vec<Frame>> {
+        let fp = ModuleMap::new().fingerprint();
+        if fp != self.maps_fingerprint || self.frames.len() > CACHE_MAX {
+            self.frames.clear();
+            self.maps_fingerprint = fp;
+        }
+        let mut missing: Vec<usize> = addrs
+            .iter()
+            .copied()
+            .filter(|a| !self.frames.contains_key(a))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            for (a, f) in missing.iter().zip(symbolize_uncached(&missing)) {
+                self.frames.insert(*a, f);
+            }
+        }
+        addrs.iter().map(|a| self.frames[a].clone()).collect()
+    }
+}
+
+thread_local! {
+    static CACHE: std::cell::RefCell<Option<Cache>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Keeps found frames on the calling thread from now on (see [`Cache`]).
+pub fn cache_on_this_thread() {
+    let _ = CACHE.try_with(|c| {
+        c.borrow_mut().get_or_insert_with(|| Cache {
+            maps_fingerprint: 0,
+            frames: Default::default(),
+        });
+    });
 }
 
 fn bare_frame(addr: usize, module: Option<String>) -> Frame {
@@ -192,6 +253,18 @@ struct ModuleMap {
 }
 
 impl ModuleMap {
+    /// Identifies the set of loaded objects and where they lie (not the heap or other
+    /// mappings, which change all the time).
+    fn fingerprint(&self) -> u64 {
+        let mut bytes = Vec::new();
+        for (r, i) in &self.ranges {
+            bytes.extend_from_slice(&r.start.to_le_bytes());
+            bytes.extend_from_slice(&r.end.to_le_bytes());
+            bytes.extend_from_slice(self.paths[*i].as_bytes());
+        }
+        crate::dump::checksum::checksum(&bytes)
+    }
+
     fn new() -> ModuleMap {
         struct Acc {
             ranges: Vec<(Range<u64>, usize)>,

@@ -13,7 +13,7 @@ pub use guard::{disable, disabled};
 pub(crate) use guard::{guarded, Guard};
 pub(crate) use process::{
     dump_signal_init, flush_dumps_at_exit, install_dump_signal, register_exit_dump,
-    register_fork_handlers, wait_for_dump_signal,
+    register_fork_handlers, register_live_cleanup, wait_for_dump_signal,
 };
 
 /// `cudaError_t` values the shim needs to know about.

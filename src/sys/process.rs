@@ -133,6 +133,26 @@ pub(crate) fn register_exit_dump(dump: fn()) {
     });
 }
 
+/// What [`register_live_cleanup`] runs at exit.
+static LIVE_CLEANUP: OnceLock<fn()> = OnceLock::new();
+
+/// At a normal exit the live region (src/flight) is removed: one left behind means the
+/// process died without exiting.
+extern "C" fn remove_live_region() {
+    if let Some(f) = LIVE_CLEANUP.get() {
+        let _ = catch_unwind(*f);
+    }
+}
+
+/// Registers `cleanup` to run at process exit (once per process; later calls do nothing).
+pub(crate) fn register_live_cleanup(cleanup: fn()) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| unsafe {
+        let _ = LIVE_CLEANUP.set(cleanup);
+        libc::atexit(remove_live_region);
+    });
+}
+
 /// The shim's `fork` handlers, set once by [`register_fork_handlers`].
 struct ForkHandlers {
     prepare: fn(),

@@ -803,6 +803,72 @@ def median(v):
     return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
 
 
+def check_flight_recorder():
+    """Issue 15: a PyTorch training loop killed with SIGKILL under oomshim run leaves a post-mortem
+    dump naming its leaking line; publishing the live summary costs at most 1% of a training step
+    (oomshim run with OOMSHIM_LIVE=0 against the default, fresh processes, rounds interleaved)."""
+    import signal
+    import statistics
+    import time
+    script = os.path.join(ROOT, "tests/gpu/flight_train.py")
+    leak_line = next(i for i, l in enumerate(open(script), 1) if "LEAK_LINE" in l)
+    d = os.path.join(WORK, "flight-dumps")
+    live = os.path.join(WORK, "flight-live")
+    env = dict(os.environ, OOMSHIM_LIVE_DIR=live)
+    p = subprocess.Popen([CLI, "run", "--dir", d, "--lib", LIB, "--", sys.executable, script, "leak"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    detail = {}
+    try:
+        deadline = time.time() + 240
+        line = ""
+        while "ready" not in line and time.time() < deadline:
+            line = p.stdout.readline()
+            if not line and p.poll() is not None:
+                break
+        time.sleep(3)  # a few publishes after step 30
+        regions = [f for f in os.listdir(live) if f.endswith(".live")] if os.path.isdir(live) else []
+        top = run([CLI, "top", "--once", "--dir", live], timeout=30).stdout
+        pid = int(regions[0].split("-")[0]) if regions else None
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+        _, err = p.communicate(timeout=60)
+    except Exception as e:
+        p.kill()
+        _, err = p.communicate()
+        detail["error"] = f"{type(e).__name__}: {e}"
+        pid, top = None, ""
+    dumps = [load(x) for x in dumps_in(d)] if os.path.isdir(d) else []
+    pm = [x for x in dumps if x.get("reason") == "post_mortem"]
+    findings = pm[0]["verdict"].get("findings", []) if pm else []
+    headline = findings[0]["headline"] if findings else ""
+    want = f"flight_train.py:{leak_line}"
+    named = any(f["kind"] == "leak" and want in f["headline"] for f in findings)
+    ok = (len(pm) == 1 and pm[0]["post_mortem"]["signal_name"] == "SIGKILL" and named
+          and headline in err and p.returncode == -signal.SIGKILL and want in top)
+    detail.update(pid=pid, returncode=p.returncode, dumps=len(dumps), headline=headline,
+                  stderr_tail=err[-2000:], top=top[-2000:])
+    row("check_flight_recorder: SIGKILLed training loop", ok,
+        f"post-mortem {'names ' + want if named else 'does not name ' + want}: {headline[:300]}")
+
+    # Cost: median training step, publishing off against on, 3 interleaved rounds of fresh processes.
+    rounds = {"off": [], "on": []}
+    for _ in range(3):
+        for mode in ("off", "on"):
+            q = run([CLI, "run", "--dir", d, "--lib", LIB, "--", sys.executable, script, "bench", "300"],
+                    env=dict(env, OOMSHIM_LIVE="0" if mode == "off" else "1"), timeout=300)
+            try:
+                rounds[mode].append(statistics.median(json.loads(q.stdout.strip().splitlines()[-1])))
+            except Exception:
+                rounds[mode].append(float("nan"))
+    off, on = statistics.median(rounds["off"]), statistics.median(rounds["on"])
+    ratio = on / off if off else float("nan")
+    detail.update(step_ms=rounds, ratio=ratio)
+    row("check_flight_recorder: step cost of publishing", ratio <= 1.01,
+        f"median step {off:.3f} ms off, {on:.3f} ms on: {ratio:.4f}x (goal <= 1.01; rounds {rounds})")
+    with open(os.path.join(OUT, "flight_recorder.json"), "w") as f:
+        json.dump(detail, f, indent=1)
+
+
 def main():
     for f in (LIB, CLI):
         if not os.path.exists(f):
@@ -814,7 +880,7 @@ def main():
     print("torch", torch.__version__, "cuda", torch.version.cuda)
     checks = (check_zoo, check_views, check_nvcc_leak, check_torch, check_torch_fragmentation, check_other_process,
               check_driver_paths, check_python_stacks, check_overhead, check_backward_oom, check_torchrun, check_ranks,
-              check_verdicts, check_torch_allocator, check_soak, check_perf_table)
+              check_verdicts, check_torch_allocator, check_soak, check_perf_table, check_flight_recorder)
     # OOMSHIM_GPU_CHECKS=check_torch,check_overhead runs a subset.
     only = [c for c in os.environ.get("OOMSHIM_GPU_CHECKS", "").split(",") if c]
     for check in (c for c in checks if not only or c.__name__ in only):

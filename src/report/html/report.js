@@ -151,7 +151,10 @@
     var req = D.failed_request, p = D.process;
     var headline = req
       ? 'Out of memory on device ' + req.device + ' (' + humanBytes(req.bytes) + ' via ' + req.api + ')'
-      : 'Snapshot of device memory (reason: ' + D.reason + ')';
+      : D.post_mortem
+        ? 'Post-mortem (reconstructed by oomshim run): the program was ' +
+          (D.post_mortem.signal_name ? 'killed by ' + D.post_mortem.signal_name : 'ended with exit status ' + D.post_mortem.exit_code)
+        : 'Snapshot of device memory (reason: ' + D.reason + ')';
     byId('headline').textContent = headline;
     document.title = 'oomshim: ' + D.verdict.kind + ' on ' + p.host + ' (pid ' + p.pid + ')';
     var meta = byId('meta');
