@@ -32,6 +32,8 @@ fn main() {
         }
     }
 
+    hide_exports_of_bins(&PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR")));
+
     let compiler = Compiler::find();
 
     // The simulated driver: SONAME libcuda.so.1, unversioned cu* exports (as NVIDIA's).
@@ -225,4 +227,17 @@ impl Compiler {
             println!("cargo:warning={what}: {line}");
         }
     }
+}
+
+/// The CLI links the library crate, hooks and all, and an executable exports its `#[no_mangle]`
+/// functions: the CLI would offer its own `dlsym` to every library it loads. A version script that
+/// makes every symbol local keeps the binaries' dynamic symbol table free of them (tests/cli_exports.rs).
+fn hide_exports_of_bins(out_dir: &Path) {
+    let script = out_dir.join("bins.ver");
+    fs::write(&script, "{ local: *; };\n")
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", script.display()));
+    println!(
+        "cargo:rustc-link-arg-bins=-Wl,--version-script={}",
+        script.display()
+    );
 }

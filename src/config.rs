@@ -526,8 +526,8 @@ pub fn fault() -> Fault {
     })
 }
 
-/// Default permission bits of a dump file: readable and writable by its owner only.
-pub const DEFAULT_DUMP_MODE: u32 = 0o600;
+/// Default permission bits of a dump file (defined with the writer that applies them).
+pub use crate::dump::write::DEFAULT_DUMP_MODE;
 
 /// `0640`, `640` or `0o640`: octal permission bits up to 0777 without the world-writable bit
 /// (a dump anyone could rewrite could lie). Anything else is refused.

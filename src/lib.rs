@@ -19,5 +19,6 @@ pub mod report;
 pub mod runtime;
 mod signals;
 pub mod stacks;
+pub mod sys;
 pub mod testbed;
 pub mod verdict;

@@ -41,9 +41,11 @@ use crate::dump::model::{
     DetectedSteps, DeviceInfo, Dump, FailedRequest, Finding, Frame, Growth, GrowthFit, GrowthSite,
     Site, Verdict,
 };
+use crate::dump::units::{bytes_with_exact, clean, human_bytes, percent, share, thousands};
+use crate::dump::view::{
+    frame_label, free_blocks_available, named_frames, sorted_sites, used_bytes,
+};
 use crate::facts::gpu_processes::{GpuProcess, Relation};
-use crate::report::units::{bytes_with_exact, clean, human_bytes, percent, share, thousands};
-use crate::report::{frame_label, free_blocks_available, named_frames, sorted_sites, used_bytes};
 
 pub const REQUEST_EXCEEDS_DEVICE: &str = "request_exceeds_device";
 pub const FRAGMENTATION: &str = "fragmentation";
@@ -509,7 +511,7 @@ impl Ctx<'_> {
     fn failing_at_short(&self) -> String {
         named_frames(&self.request.stack)
             .next()
-            .filter(|f| !crate::report::is_cuda_api_frame(f))
+            .filter(|f| !crate::dump::view::is_cuda_api_frame(f))
             .map(|_| format!(" at {}", short_label(&self.request.stack)))
             .unwrap_or_default()
     }
@@ -1481,7 +1483,7 @@ fn recorded_label(line: &crate::dump::model::AttributedLine) -> String {
     let file = line.file.rsplit('/').next().unwrap_or(&line.file);
     format!(
         "{} ({}:{})",
-        clean(&crate::report::units::truncate_function(&line.function, 60)),
+        clean(&crate::dump::units::truncate_function(&line.function, 60)),
         clean(file),
         line.line
     )

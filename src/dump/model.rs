@@ -45,7 +45,7 @@ pub struct Dump {
     /// Host memory when the dump was written (a CPU-side OOM starts here; pinned memory counts
     /// against it). Absent in dumps of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host: Option<crate::facts::host::HostMemory>,
+    pub host: Option<HostMemory>,
     /// Processes holding memory on the failing (or current) device, from NVML.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_processes: Option<GpuProcesses>,
@@ -506,7 +506,7 @@ pub struct GpuProcesses {
     /// `"index"` (CUDA's ordinal taken as NVML's; true unless devices are reordered).
     pub matched_by: String,
     /// Largest first; empty when NVML could not be asked (see `error`).
-    pub processes: Vec<crate::facts::gpu_processes::GpuProcess>,
+    pub processes: Vec<GpuProcess>,
     /// Why NVML could not answer (no driver, no NVML library, no permission).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -889,4 +889,60 @@ pub struct Recording {
     /// ... and failures over the `OOMSHIM_MAX_DUMPS` per-minute cap.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub suppressed_dumps: u64,
+}
+
+/// Host memory at dump time (read by the `facts::host` module).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostMemory {
+    /// `MemTotal` of /proc/meminfo.
+    pub total_bytes: Option<u64>,
+    /// `MemAvailable` of /proc/meminfo: what can be had without swapping.
+    pub available_bytes: Option<u64>,
+    /// The memory limit of the process's cgroup; `None` when unlimited or unknown.
+    pub cgroup_limit_bytes: Option<u64>,
+    pub cgroup_usage_bytes: Option<u64>,
+    /// `VmRSS` of /proc/self/status.
+    pub rss_bytes: Option<u64>,
+}
+
+/// How a process on the GPU relates to the one that wrote the dump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Relation {
+    /// The process that wrote the dump.
+    This,
+    /// A child of it (a DataLoader worker, a launcher's rank).
+    Child,
+    /// Its parent (a launcher such as torchrun).
+    Parent,
+    /// Another process of the same user.
+    SameUser,
+    /// Another user's process.
+    OtherUser,
+    /// Not visible from here (another pid namespace, e.g. another container).
+    Unknown,
+}
+
+impl Relation {
+    /// In words, as reports say it ("another user's").
+    pub fn words(self) -> &'static str {
+        match self {
+            Relation::This => "this process",
+            Relation::Child => "a child of this process",
+            Relation::Parent => "this process's parent",
+            Relation::SameUser => "yours",
+            Relation::OtherUser => "another user's",
+            Relation::Unknown => "not visible from here",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    /// `/proc/PID/comm`, when visible.
+    pub name: Option<String>,
+    /// Device memory NVML attributes to the process; `None` where the driver does not say.
+    pub used_bytes: Option<u64>,
+    pub relation: Relation,
 }

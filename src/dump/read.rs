@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::error::Category;
 
 use super::model::{Dump, SCHEMA};
-use crate::report::units::{clean_path, human_bytes};
+use crate::dump::units::{clean_path, human_bytes};
 
 /// Largest dump file [`read_dump`] accepts. Real dumps are kilobytes to a few megabytes.
 pub const MAX_DUMP_BYTES: u64 = 1 << 30;
@@ -105,19 +105,19 @@ impl fmt::Display for DumpError {
                 f,
                 "{}: unsupported oomshim dump schema \"{}\" (this oomshim reads \"{SCHEMA}\")",
                 clean_path(path),
-                crate::report::units::clean(found)
+                crate::dump::units::clean(found)
             ),
             DumpError::WrongSchema { path, found: Some(found) } => write!(
                 f,
                 "{}: not an oomshim dump (schema \"{}\", expected \"{SCHEMA}\")",
                 clean_path(path),
-                crate::report::units::clean(found)
+                crate::dump::units::clean(found)
             ),
             DumpError::Invalid { path, msg } => write!(
                 f,
                 "{}: invalid oomshim dump: {}",
                 clean_path(path),
-                crate::report::units::clean(msg)
+                crate::dump::units::clean(msg)
             ),
         }
     }

@@ -69,8 +69,11 @@ impl std::fmt::Display for WriteError {
 
 static NEXT_SEQ: AtomicU32 = AtomicU32::new(1);
 
+/// Default permission bits of a dump file: readable and writable by its owner only.
+pub const DEFAULT_DUMP_MODE: u32 = 0o600;
+
 /// Permission bits of the dump files this process writes (`OOMSHIM_DUMP_MODE`, default 0600).
-static FILE_MODE: AtomicU32 = AtomicU32::new(crate::config::DEFAULT_DUMP_MODE);
+static FILE_MODE: AtomicU32 = AtomicU32::new(DEFAULT_DUMP_MODE);
 
 /// Sets the permission bits of later dump files (from the configuration, at shim start). The
 /// world-writable bit and anything beyond 0777 are dropped whatever the caller says.

@@ -2,49 +2,8 @@
 //! only when a dump is written). Seeing a pid does not mean it may be killed: the dump records
 //! whose process it is, and the report never suggests killing processes the user doesn't own.
 
-use serde::{Deserialize, Serialize};
-
-/// How a process on the GPU relates to the one that wrote the dump.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Relation {
-    /// The process that wrote the dump.
-    This,
-    /// A child of it (a DataLoader worker, a launcher's rank).
-    Child,
-    /// Its parent (a launcher such as torchrun).
-    Parent,
-    /// Another process of the same user.
-    SameUser,
-    /// Another user's process.
-    OtherUser,
-    /// Not visible from here (another pid namespace, e.g. another container).
-    Unknown,
-}
-
-impl Relation {
-    /// In words, as reports say it ("another user's").
-    pub fn words(self) -> &'static str {
-        match self {
-            Relation::This => "this process",
-            Relation::Child => "a child of this process",
-            Relation::Parent => "this process's parent",
-            Relation::SameUser => "yours",
-            Relation::OtherUser => "another user's",
-            Relation::Unknown => "not visible from here",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GpuProcess {
-    pub pid: u32,
-    /// `/proc/PID/comm`, when visible.
-    pub name: Option<String>,
-    /// Device memory NVML attributes to the process; `None` where the driver does not say.
-    pub used_bytes: Option<u64>,
-    pub relation: Relation,
-}
+// The types a dump stores live with the dump format; re-exported at their old paths.
+pub use crate::dump::model::{GpuProcess, Relation};
 
 /// What is known of a process from /proc, for [`relation`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

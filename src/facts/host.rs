@@ -2,21 +2,10 @@
 //! (containers, Slurm), and the process's own resident size. A CPU-side out-of-memory (the Linux
 //! OOM killer) starts here, and pinned host memory counts against it.
 
-use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct HostMemory {
-    /// `MemTotal` of /proc/meminfo.
-    pub total_bytes: Option<u64>,
-    /// `MemAvailable` of /proc/meminfo: what can be had without swapping.
-    pub available_bytes: Option<u64>,
-    /// The memory limit of the process's cgroup; `None` when unlimited or unknown.
-    pub cgroup_limit_bytes: Option<u64>,
-    pub cgroup_usage_bytes: Option<u64>,
-    /// `VmRSS` of /proc/self/status.
-    pub rss_bytes: Option<u64>,
-}
+// The type a dump stores lives with the dump format; re-exported at its old path.
+pub use crate::dump::model::HostMemory;
 
 /// A `Key:   123 kB` line's value in bytes.
 fn kb_field(text: &str, key: &str) -> Option<u64> {

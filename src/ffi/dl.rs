@@ -18,39 +18,8 @@
 //! constructor ran (another library's constructor). The shim's own code must never call the
 //! exported `dlsym` for a handle lookup: it uses [`real_dlsym`].
 
+use crate::sys::dl::{ensure_real_dlsym, real_dlsym, REAL_DLSYM};
 use std::ffi::{c_char, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// The real `dlsym`; 0 until looked up.
-static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
-
-type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
-
-/// What `dlsym` resolves to when glibc offers none under either version: NULL, never a crash.
-unsafe extern "C" fn no_dlsym(_: *mut c_void, _: *const c_char) -> *mut c_void {
-    std::ptr::null_mut()
-}
-
-/// Looks up the real `dlsym` once; returns its address (never 0).
-extern "C" fn ensure_real_dlsym() -> usize {
-    let p = REAL_DLSYM.load(Ordering::Acquire);
-    if p != 0 {
-        return p;
-    }
-    let mut f = 0usize;
-    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
-        // SAFETY: NUL-terminated strings; dlvsym is not interposed by the shim.
-        f = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) } as usize;
-        if f != 0 {
-            break;
-        }
-    }
-    if f == 0 {
-        f = no_dlsym as DlsymFn as usize;
-    }
-    REAL_DLSYM.store(f, Ordering::Release);
-    f
-}
 
 extern "C" fn init_real_dlsym() {
     ensure_real_dlsym();
@@ -72,12 +41,6 @@ extern "C" fn init_real_dlsym() {
 #[used]
 #[unsafe(link_section = ".init_array")]
 static INIT_REAL_DLSYM: extern "C" fn() = init_real_dlsym;
-
-/// The real `dlsym(handle, name)`, called from the shim: `RTLD_NEXT` here is relative to the shim.
-pub(crate) unsafe fn real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    let f: DlsymFn = std::mem::transmute(ensure_real_dlsym());
-    f(handle, name)
-}
 
 /// `dlsym` for a real handle (not `RTLD_DEFAULT`/`RTLD_NEXT`): the real lookup, with a tracked
 /// driver function swapped for its wrapper.

@@ -13,10 +13,10 @@
 
 #![allow(non_snake_case, reason = "CUDA's exported names")]
 
-use super::dl::real_dlsym;
 use super::Guard;
 use crate::ledger::Api;
 use crate::runtime;
+use crate::sys::real_dlsym;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 

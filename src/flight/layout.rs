@@ -45,16 +45,8 @@ const OFF_LATEST: u64 = 40;
 const OFF_SLOTS: u64 = 48;
 const SLOT_DESC_BYTES: u64 = 32;
 
-/// FNV-1a, 64 bits: enough to tell a torn or scribbled payload from the one written (not a
-/// defence against a forger, who owns the file anyway).
-pub fn checksum(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
+// Shared with the symbol cache (src/stacks); lives with the dump format, re-exported here.
+pub use crate::dump::checksum::checksum;
 
 pub fn slot_desc_offset(slot: u64) -> u64 {
     OFF_SLOTS + slot * SLOT_DESC_BYTES

@@ -146,7 +146,7 @@ pub fn build(snapshot: &Snapshot, death: &Death, host: HostKill) -> Dump {
     let mut dump = s.dump.clone();
     dump.reason = "post_mortem".to_string();
     dump.time_unix_ms = death.unix_ms;
-    dump.time = crate::runtime::rfc3339(
+    dump.time = crate::dump::time::rfc3339(
         std::time::UNIX_EPOCH + std::time::Duration::from_millis(death.unix_ms),
     );
     dump.post_mortem = Some(PostMortem {

@@ -39,7 +39,7 @@ pub fn settings_from(lookup: impl Fn(&str) -> Option<String>) -> (Settings, Vec<
         Some(other) => {
             warnings.push(format!(
                 "OOMSHIM_LIVE={}: expected 0 or 1; using 1",
-                crate::report::units::clean(other)
+                crate::dump::units::clean(other)
             ));
             true
         }
@@ -51,7 +51,7 @@ pub fn settings_from(lookup: impl Fn(&str) -> Option<String>) -> (Settings, Vec<
             _ => {
                 warnings.push(format!(
                     "OOMSHIM_LIVE_INTERVAL={}: expected a duration from 100ms to 60s; using 1s",
-                    crate::report::units::clean(&v)
+                    crate::dump::units::clean(&v)
                 ));
                 DEFAULT_INTERVAL
             }
@@ -89,7 +89,7 @@ pub fn note_failure(device: i32, bytes: u64, api: &str, mem_info: Option<(u64, u
         return;
     }
     *LAST_FAILURE.lock().unwrap_or_else(|e| e.into_inner()) = Some(LiveFailure {
-        unix_ms: crate::runtime::unix_ms(std::time::SystemTime::now()),
+        unix_ms: crate::dump::time::unix_ms(std::time::SystemTime::now()),
         device,
         bytes,
         api: api.to_string(),
@@ -298,7 +298,7 @@ fn publish_once(
     };
     dump.largest_holders.truncate(TOP);
     dump.sites.truncate(TOP);
-    let now = crate::runtime::unix_ms(std::time::SystemTime::now());
+    let now = crate::dump::time::unix_ms(std::time::SystemTime::now());
     let step = dump
         .growth
         .as_ref()

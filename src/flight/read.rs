@@ -210,7 +210,7 @@ fn read_generation(file: &File, header: &Header, gen: u64) -> Result<Option<Live
     if summary.schema != LIVE_SCHEMA {
         return Err(format!(
             "publish {gen} has schema {:?}, not {LIVE_SCHEMA}",
-            crate::report::units::clean(&summary.schema)
+            crate::dump::units::clean(&summary.schema)
         ));
     }
     Ok(Some(summary))

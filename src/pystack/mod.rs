@@ -375,7 +375,7 @@ fn codes() -> std::sync::MutexGuard<'static, CodeTable> {
 
 thread_local! {
     /// The code table's lock, held by the forking thread across `fork` (see
-    /// `crate::ffi::register_fork_handlers`).
+    /// `crate::sys::register_fork_handlers`).
     static FORK_HELD: std::cell::RefCell<Option<std::sync::MutexGuard<'static, CodeTable>>> =
         const { std::cell::RefCell::new(None) };
 }
@@ -722,23 +722,9 @@ pub struct PyFrame {
     pub group_end: bool,
 }
 
-/// oomshim's own Python hook: its frames are on the stack when a framework's word arrives
-/// (torch's observer, the XLA excepthook after the program's frames have unwound).
-pub fn is_hook_file(path: &str) -> bool {
-    path.contains("/python-hook-") || path.contains("/oomshim_hook/")
-}
-
-/// Python code that is not the program's own: installed packages (`site-packages`,
-/// `dist-packages`), the standard library (`…/lib/python3.N/…`) and frozen modules.
-pub fn is_library_file(path: &str) -> bool {
-    path.contains("/site-packages/")
-        || path.contains("/dist-packages/")
-        || path.starts_with("<frozen")
-        || is_hook_file(path)
-        || path
-            .split('/')
-            .any(|c| c.starts_with("python3.") || c.starts_with("python2."))
-}
+// What kind of Python file a path names is a view of a dump's frames (`crate::dump::view`);
+// re-exported here, where the stack capture uses it.
+pub use crate::dump::view::{is_hook_file, is_library_file};
 
 /// The innermost frame of the program's own code in packed frames from [`capture`]: its code id
 /// and line (0 when unknown). `None` when every frame is library code (or unknown).

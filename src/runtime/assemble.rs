@@ -428,7 +428,7 @@ fn has_stream(api: Api) -> bool {
 )]
 pub(crate) fn describe_site(stack: &[Frame]) -> String {
     // The same frame the reports name a site by (the program's own Python line when known).
-    match crate::report::named_frames(stack).next() {
+    match crate::dump::view::named_frames(stack).next() {
         Some(f) => {
             let name = f.function.as_deref().unwrap_or("?");
             match (&f.file, f.line) {
@@ -522,24 +522,7 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// RFC 3339 UTC with milliseconds, from the civil-from-days algorithm (no time zone data needed).
-pub(crate) fn rfc3339(t: SystemTime) -> String {
-    let ms = unix_ms(t);
-    let (secs, millis) = (ms / 1000, ms % 1000);
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + if month <= 2 { 1 } else { 0 };
-    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{millis:03}Z")
-}
+pub(crate) use crate::dump::time::rfc3339;
 
 #[cfg(test)]
 mod tests {

@@ -1,16 +1,18 @@
 //! The shim's live state and the work behind each hook: start-up (lazily, on the first hooked
 //! call, never at load time), recording into the ledger, the out-of-memory path ([`oom`]) and
-//! turning a captured state into a dump ([`assemble`]). Called only from [`crate::ffi`], always
-//! inside its guard, never holding a lock across a call into CUDA.
+//! turning a captured state into a dump ([`assemble`]). Called only from the hooks (the `ffi`
+//! module), always inside their guard, never holding a lock across a call into CUDA.
 
 pub mod allocator;
 mod assemble;
+#[allow(unused_imports)]
 pub(crate) use assemble::rfc3339;
 pub mod framework;
 mod growth;
 mod oom;
 pub mod recording;
-pub mod say;
+// Saying things on stderr is process plumbing (below the hooks); re-exported at its old path.
+pub use crate::sys::say;
 
 pub use growth::{FrameworkLive, StepSource};
 pub use oom::{FrameworkNote, OomEvent};
@@ -20,7 +22,7 @@ use crate::config::{Config, StackMode, DEFAULT_DEPTH, MAX_DEPTH};
 use crate::ledger::{Allocation, Api, Ledger, StackId, StackTable};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 pub struct Shim {
     pub config: Config,
@@ -37,21 +39,9 @@ pub struct Shim {
 }
 
 static SHIM: OnceLock<Shim> = OnceLock::new();
-static DISABLED: AtomicBool = AtomicBool::new(false);
 
-/// True once the shim switched itself to pass-through.
-pub fn disabled() -> bool {
-    DISABLED.load(Ordering::Relaxed)
-}
-
-/// Switches the shim to pass-through for the rest of the process, saying why once.
-pub fn disable(why: &str) {
-    if !DISABLED.swap(true, Ordering::Relaxed) {
-        crate::say!(
-            "oomshim: {why}; tracking is off from here on, the program continues unchanged"
-        );
-    }
-}
+// The off switch lives with the guard, below the hooks and this module.
+pub use crate::sys::{disable, disabled};
 
 /// Says once that a real CUDA runtime function could not be found.
 pub fn report_missing(name: &str) {
@@ -86,16 +76,16 @@ fn shim() -> Option<&'static Shim> {
 fn start_triggers(s: &'static Shim) {
     if let Some(signo) = s.config.dump_signal {
         // The handler posts a semaphore (no descriptor the program could close or reuse,
-        // see `ffi::wait_for_dump_signal`); this thread writes the dump.
-        let spawned = crate::ffi::dump_signal_init()
+        // see `sys::wait_for_dump_signal`); this thread writes the dump.
+        let spawned = crate::sys::dump_signal_init()
             && std::thread::Builder::new()
                 .name("oomshim-signal".into())
                 .spawn(|| loop {
-                    crate::ffi::wait_for_dump_signal();
-                    crate::ffi::guarded(|| dump_now("signal", None, None, None));
+                    crate::sys::wait_for_dump_signal();
+                    crate::sys::guarded(|| dump_now("signal", None, None, None));
                 })
                 .is_ok();
-        match spawned.then(|| crate::ffi::install_dump_signal(signo)) {
+        match spawned.then(|| crate::sys::install_dump_signal(signo)) {
             Some(Ok(())) => tracing::debug!(signo, "dump signal installed"),
             Some(Err(e)) => {
                 crate::say!("oomshim: OOMSHIM_SIGNAL: cannot install the handler ({e})")
@@ -108,28 +98,30 @@ fn start_triggers(s: &'static Shim) {
             .name("oomshim-interval".into())
             .spawn(move || loop {
                 std::thread::sleep(every);
-                crate::ffi::guarded(|| dump_now("interval", None, None, None));
+                crate::sys::guarded(|| dump_now("interval", None, None, None));
             });
         if spawned.is_err() {
             crate::say!("oomshim: OOMSHIM_INTERVAL: cannot start the dump thread");
         }
     }
     if s.config.at_exit {
-        crate::ffi::register_exit_dump();
+        crate::sys::register_exit_dump(at_exit_dump);
     }
     // The flight recorder (src/flight): its own settings, read once here like the others.
     let (live, warnings) = crate::flight::publish::settings_from(|k| std::env::var(k).ok());
     for w in &warnings {
         crate::say!("oomshim: {w}");
     }
-    crate::flight::publish::start(live, live_dump, crate::ffi::register_live_cleanup);
+    crate::flight::publish::start(live, live_dump, || {
+        crate::sys::register_live_cleanup(crate::flight::publish::remove_at_exit)
+    });
 }
 
 /// The ledger's summary for the live region (src/flight): an on-demand dump's content, with
 /// reason `live`, asked of nothing but the ledger and /proc (no CUDA, no NVML), taken inside
 /// the guard on the publisher's thread.
 fn live_dump() -> Option<crate::dump::model::Dump> {
-    crate::ffi::guarded(|| {
+    crate::sys::guarded(|| {
         let s = SHIM.get()?;
         if disabled() || !room_for_dump(s) {
             return None;
@@ -163,7 +155,7 @@ fn live_dump() -> Option<crate::dump::model::Dump> {
 /// `OOMSHIM_AT_EXIT`: what is still live when the program ends (a leak report).
 pub fn at_exit_dump() {
     if SHIM.get().is_some() {
-        crate::ffi::guarded(|| dump_now("exit", None, None, None));
+        crate::sys::guarded(|| dump_now("exit", None, None, None));
     }
 }
 
@@ -298,7 +290,7 @@ thread_local! {
     static FORK_HELD: std::cell::RefCell<Option<NameLocks>> = const { std::cell::RefCell::new(None) };
 }
 
-/// `fork` prepare handler, run before the OOM tracker's (see `crate::ffi`).
+/// `fork` prepare handler, run before the OOM tracker's (see the `ffi` module).
 pub fn fork_prepare() {
     vmm::fork_prepare();
     let names = THREAD_NAMES.lock().unwrap_or_else(|e| e.into_inner());
@@ -363,11 +355,7 @@ pub(crate) fn thread_name(tid: u64) -> Option<String> {
     })
 }
 
-pub(crate) fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub(crate) use crate::dump::time::unix_ms;
 
 /// A successful allocation of `bytes` at `addr`.
 pub fn record_alloc(api: Api, addr: usize, bytes: u64, device: i32, stream: usize) {
@@ -581,21 +569,25 @@ pub fn record_pinned_failure(api: Api, bytes: u64) {
         crate::say!(
             "oomshim: {} of {} of page-locked host memory failed (host memory, not device memory)",
             api.name(),
-            crate::report::units::human_bytes(bytes)
+            crate::dump::units::human_bytes(bytes)
         );
     }
 }
 
 /// The device name, asked of the runtime once per device, and with it the GPU's UUID, asked of
 /// the driver (`cuDeviceGetUuid`, context-free) at the same safe moment.
-pub fn cached_device_name(device: i32, ask: fn(i32) -> Option<String>) -> Option<String> {
+pub fn cached_device_name(
+    device: i32,
+    ask: fn(i32) -> Option<String>,
+    ask_uuid: fn(i32) -> Option<String>,
+) -> Option<String> {
     let names = || DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(n) = names().iter().find(|n| n.device == device) {
         return n.name.clone();
     }
     // Asked without the lock held: this calls into CUDA.
     let name = ask(device);
-    let uuid = crate::ffi::device_uuid(device);
+    let uuid = ask_uuid(device);
     names().push(DeviceNames {
         device,
         name: name.clone(),
@@ -651,7 +643,7 @@ pub(crate) fn room_for_dump(s: &Shim) -> bool {
     if !SAID.swap(true, Ordering::Relaxed) {
         crate::say!(
             "oomshim: no dump written: the process is out of host address space ({} needed); the program continues",
-            crate::report::units::human_bytes(need as u64)
+            crate::dump::units::human_bytes(need as u64)
         );
     }
     false
@@ -685,7 +677,7 @@ pub const MAX_REASON_CHARS: usize = 200;
 pub fn dump_reason(raw: &[u8]) -> String {
     let head = &raw[..raw.len().min(MAX_REASON_CHARS * 4)];
     let text = String::from_utf8_lossy(head);
-    let mut out: String = crate::report::units::clean(&text)
+    let mut out: String = crate::dump::units::clean(&text)
         .chars()
         .take(MAX_REASON_CHARS)
         .collect();
@@ -746,7 +738,7 @@ static START_DIR: StartDir = StartDir {
 };
 
 /// Notes the working directory (`getcwd` into the static buffer). Called once, from the
-/// shim's load-time constructor (`crate::ffi`), when a preloaded shim sees the directory the
+/// shim's load-time constructor (in `ffi`), when a preloaded shim sees the directory the
 /// program was started in.
 pub(crate) fn note_start_dir() {
     use std::sync::atomic::Ordering;

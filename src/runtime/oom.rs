@@ -24,9 +24,9 @@
 use super::assemble::{self, Capture, Failing};
 use super::{unix_ms, Shim};
 use crate::dump::model::{Dump, FrameworkOom, FreeBlocks, LastFailure};
+use crate::dump::units::{human_bytes, thousands};
 use crate::dump::write::{write_dump, DumpName, WriteError, Written};
 use crate::ledger::{Api, StackId};
-use crate::report::units::{human_bytes, thousands};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -265,7 +265,22 @@ impl OomTracker {
     pub(crate) fn new() -> Self {
         // At shim start, once: from here on a `fork` cannot copy a lock of the shim's own into
         // the child while another thread holds it (see `before_fork`).
-        crate::ffi::register_fork_handlers(before_fork, after_fork_in_parent, after_fork_in_child);
+        // The runtime's handlers take the remaining locks (the VMM state, the name caches, the Python
+        // code table, the module snapshot) around the tracker's; released in the reverse order.
+        crate::sys::register_fork_handlers(
+            || {
+                let _ = std::panic::catch_unwind(super::fork_prepare);
+                before_fork();
+            },
+            || {
+                after_fork_in_parent();
+                let _ = std::panic::catch_unwind(super::fork_parent);
+            },
+            || {
+                after_fork_in_child();
+                let _ = std::panic::catch_unwind(super::fork_child);
+            },
+        );
         OomTracker {
             open: AtomicU32::new(0),
             hooked: AtomicBool::new(false),
@@ -453,7 +468,7 @@ impl OomTracker {
         request: u64,
     ) -> Admit {
         // Whatever becomes of this failure, the exit says what got no dump.
-        crate::ffi::flush_dumps_at_exit();
+        crate::sys::flush_dumps_at_exit(super::flush_at_exit);
         let interval = s.config.min_interval;
         st.dumped
             .retain(|d| now.duration_since(d.at) < interval.max(FRAMEWORK_MATCH));
@@ -597,7 +612,7 @@ impl OomTracker {
             api: Api::FrameworkAllocator,
             bytes,
             device: note.device,
-            error_code: crate::ffi::cuda_error::MEMORY_ALLOCATION,
+            error_code: crate::sys::cuda_error::MEMORY_ALLOCATION,
             mem_info,
             device_name: None,
             stream: 0,
@@ -662,14 +677,14 @@ impl OomTracker {
         let spawned = std::thread::Builder::new()
             .name("oomshim-writer".into())
             .spawn(move || {
-                let _ = crate::ffi::guarded(|| s.oom.writer_loop(s));
+                let _ = crate::sys::guarded(|| s.oom.writer_loop(s));
             });
         if spawned.is_ok() {
             st.writer_pid = pid;
-            crate::ffi::flush_dumps_at_exit();
+            crate::sys::flush_dumps_at_exit(super::flush_at_exit);
         } else {
             // No writer thread: write on the failing threads' exits instead (the exit flush).
-            crate::ffi::flush_dumps_at_exit();
+            crate::sys::flush_dumps_at_exit(super::flush_at_exit);
         }
     }
 

@@ -221,7 +221,7 @@ pub fn refresh_modules() {
     let _ = while_busy(dwarf::publish_new_snapshot);
 }
 
-/// `fork` prepare handler (see `crate::ffi::register_fork_handlers`): takes the module
+/// `fork` prepare handler (see `crate::sys::register_fork_handlers`): takes the module
 /// snapshot's lock, with this thread marked busy meanwhile (a capture from a signal handler on
 /// it returns nothing rather than wait for the lock it holds).
 pub fn fork_prepare() {
@@ -389,7 +389,7 @@ mod dwarf {
         let mut f = DL_FIND_OBJECT.load(Ordering::Acquire);
         if f == 1 {
             // SAFETY: dlsym with a NUL-terminated name.
-            f = unsafe { crate::ffi::real_dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) }
+            f = unsafe { crate::sys::real_dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) }
                 as usize;
             DL_FIND_OBJECT.store(f, Ordering::Release);
         }

@@ -262,7 +262,7 @@ impl ModuleMap {
             bytes.extend_from_slice(&r.end.to_le_bytes());
             bytes.extend_from_slice(self.paths[*i].as_bytes());
         }
-        crate::flight::layout::checksum(&bytes)
+        crate::dump::checksum::checksum(&bytes)
     }
 
     fn new() -> ModuleMap {

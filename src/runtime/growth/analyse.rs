@@ -223,11 +223,11 @@ fn round3(x: f64) -> f64 {
 fn group(sites: Vec<(SiteKey, StackPair, Series)>, frames: Vec<Vec<Frame>>) -> Vec<Group> {
     let mut groups: Vec<(Option<String>, Group, u64)> = Vec::new();
     for ((key, _, series), stack) in sites.into_iter().zip(frames) {
-        let label = crate::report::named_frames(&stack).next().map(|f| {
+        let label = crate::dump::view::named_frames(&stack).next().map(|f| {
             format!(
                 "{}|{}",
                 key.word(),
-                crate::report::frame_label(f, usize::MAX)
+                crate::dump::view::frame_label(f, usize::MAX)
             )
         });
         let last = series.last().map_or(0, |p| p.1);

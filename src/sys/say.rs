@@ -42,7 +42,7 @@ pub fn say(text: &str) {
 #[macro_export]
 macro_rules! say {
     ($($arg:tt)*) => {
-        $crate::runtime::say::say(&::std::format!($($arg)*))
+        $crate::sys::say::say(&::std::format!($($arg)*))
     };
 }
 
@@ -98,7 +98,7 @@ fn prepare(text: &str) -> String {
     }
     let mut out: String = text[..end]
         .split('\n')
-        .map(crate::report::units::clean)
+        .map(crate::dump::units::clean)
         .collect::<Vec<_>>()
         .join("\n");
     let note = format!("… (cut: {} bytes in all)", text.len());

@@ -1,0 +1,75 @@
+//! The CLI links the library crate, which carries the hooks: its dynamic symbol table must not
+//! offer them, or every library the CLI loads (and anything it dlopens) would resolve `dlsym`
+//! or a CUDA function to the shim's copy inside the CLI.
+
+mod common;
+
+use std::process::Command;
+
+fn defined_dynamic_symbols(path: &std::path::Path) -> Option<Vec<String>> {
+    let out = match Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(path)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("SKIPPED: nm is not available ({e}); cannot read the dynamic symbols");
+            return None;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "nm {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().last().map(str::to_string))
+            .collect(),
+    )
+}
+
+#[test]
+fn the_cli_exports_none_of_the_hooked_functions() {
+    // What the shim interposes: every name its library exports (the hooks, by
+    // tests/shim.rs's exact list), and the library's own tables of them.
+    let Some(shim) = defined_dynamic_symbols(&common::shim_lib()) else {
+        return;
+    };
+    let mut hooked: Vec<String> = shim;
+    hooked.extend(
+        oomshim::ffi::PROGRAM_API_EXPORTS
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    hooked.extend(
+        oomshim::ffi::driver_exported_names()
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    hooked.extend(
+        oomshim::ffi::RUNTIME_RESOLVERS
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    hooked.extend(
+        oomshim::ffi::TORCH_ALLOCATOR_EXPORTS
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    assert!(hooked.iter().any(|n| n == "dlsym") && hooked.iter().any(|n| n == "cudaMalloc"));
+
+    let cli = std::path::Path::new(env!("CARGO_BIN_EXE_oomshim"));
+    let Some(exported) = defined_dynamic_symbols(cli) else {
+        return;
+    };
+    let leaked: Vec<&String> = exported.iter().filter(|n| hooked.contains(n)).collect();
+    assert!(
+        leaked.is_empty(),
+        "{} exports interposed symbols: {leaked:?}",
+        cli.display()
+    );
+}
