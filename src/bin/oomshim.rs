@@ -315,10 +315,7 @@ fn main() -> ExitCode {
         Cmd::Top { pid, once, dir } => {
             let dir = dir.unwrap_or_else(oomshim::flight::live_dir);
             if once {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_millis() as u64)
-                    .unwrap_or(0);
+                let now = oomshim::dump::time::unix_ms(std::time::SystemTime::now());
                 return print_out(&cli::top::frame(&dir, pid, now));
             }
             cli::top::live(&dir, pid)
@@ -326,10 +323,7 @@ fn main() -> ExitCode {
         Cmd::Exporter { listen, dir, once } => {
             let dir = dir.unwrap_or_else(oomshim::flight::live_dir);
             if once {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_millis() as u64)
-                    .unwrap_or(0);
+                let now = oomshim::dump::time::unix_ms(std::time::SystemTime::now());
                 return print_out(&cli::exporter::exposition(&dir, now));
             }
             let addr = match cli::exporter::parse_listen(

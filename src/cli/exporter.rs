@@ -376,7 +376,7 @@ fn handle(mut stream: TcpStream, dir: &Path) -> std::io::Result<()> {
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
     if method == "GET" && path == "/metrics" {
-        let now = crate::runtime::unix_ms(std::time::SystemTime::now());
+        let now = crate::dump::time::unix_ms(std::time::SystemTime::now());
         let body = exposition(dir, now);
         respond(&mut stream, "200 OK", CONTENT_TYPE, body.as_bytes())
     } else {

@@ -44,7 +44,7 @@ extern "C" fn forward(sig: libc::c_int) {
 }
 
 fn now_ms() -> u64 {
-    crate::runtime::unix_ms(std::time::SystemTime::now())
+    crate::dump::time::unix_ms(std::time::SystemTime::now())
 }
 
 /// Runs the program to its end. Returns the exit code to end with; a program killed by a signal

@@ -184,7 +184,7 @@ pub fn live(dir: &Path, pid: Option<u32>) -> ! {
         let text = frame(
             dir,
             pid,
-            crate::runtime::unix_ms(std::time::SystemTime::now()),
+            crate::dump::time::unix_ms(std::time::SystemTime::now()),
         );
         let mut out = std::io::stdout().lock();
         let clear = if tty { "\x1b[H\x1b[2J" } else { "" };

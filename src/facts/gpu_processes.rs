@@ -35,8 +35,14 @@ pub fn relation(pid: u32, facts: ProcFacts, me: u32, my_parent: u32, my_uid: u32
 /// ppid from /proc/PID/stat text (the field after the parenthesised command, which may itself
 /// contain spaces and parentheses).
 pub fn parse_stat_ppid(stat: &str) -> Option<u32> {
+    stat_field(stat, 4)?.parse().ok()
+}
+
+/// Field `n` (numbered from 1, as in proc(5); 3 or more) of /proc/PID/stat text. The command
+/// name (field 2) may hold spaces and parentheses, so fields are counted from its last `)`.
+pub fn stat_field(stat: &str, n: usize) -> Option<&str> {
     let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(1)?.parse().ok()
+    after.split_whitespace().nth(n.checked_sub(3)?)
 }
 
 /// Real uid from /proc/PID/status text.

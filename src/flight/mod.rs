@@ -74,9 +74,10 @@ pub fn region_name(pid: u32, start_ticks: u64) -> String {
 /// `/proc/PID/stat` field 22 (start time in clock ticks since boot) from the file's text: the
 /// fields after the command name, which is in parentheses and may hold anything.
 pub fn parse_start_ticks(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    // Fields 3.. follow; the start time is field 22, the 20th of these.
-    rest.split_whitespace().nth(19)?.parse().ok()
+    // The start time is field 22.
+    crate::facts::gpu_processes::stat_field(stat, 22)?
+        .parse()
+        .ok()
 }
 
 /// A process's start time, `None` when it is gone or unreadable.
