@@ -14,6 +14,29 @@ use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 /// floors are tried, down to keeping the number it had).
 pub const FLOOR: RawFd = 512;
 
+/// Moves `fd` to a number at or above [`FLOOR`] (close-on-exec) and closes the old one; keeps
+/// the number when there is no room up there.
+pub fn move_high(fd: RawFd) -> RawFd {
+    let moved = [FLOOR, 256, 64]
+        .into_iter()
+        .map(|floor| unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) })
+        .find(|&n| n >= 0);
+    match moved {
+        Some(high) => {
+            unsafe { libc::close(fd) };
+            high
+        }
+        None => fd,
+    }
+}
+
+/// A file whose descriptor is moved out of the program's low range at once (see [`move_high`]).
+pub fn high_file(file: std::fs::File) -> std::fs::File {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the descriptor is ours (just taken from `file`), and owned by the new File alone.
+    unsafe { std::fs::File::from_raw_fd(move_high(file.into_raw_fd())) }
+}
+
 pub struct OwnFd {
     fd: AtomicI32,
     dev: AtomicU64,
@@ -32,18 +55,7 @@ impl OwnFd {
     /// Takes `file` over: its descriptor is moved to a high number (close-on-exec) and its
     /// identity noted. Call once, before any [`OwnFd::get`].
     pub fn adopt(&self, file: std::fs::File) {
-        let fd = file.into_raw_fd();
-        let moved = [FLOOR, 256, 64]
-            .into_iter()
-            .map(|floor| unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) })
-            .find(|&n| n >= 0);
-        let fd = match moved {
-            Some(high) => {
-                unsafe { libc::close(fd) };
-                high
-            }
-            None => fd, // no room up there: keep the number, still checked before each use
-        };
+        let fd = move_high(file.into_raw_fd());
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         if unsafe { libc::fstat(fd, &mut st) } != 0 {
             unsafe { libc::close(fd) };

@@ -207,6 +207,12 @@ fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
         crate::say!("oomshim: the live summary is off: /proc/self/stat is unreadable");
         return;
     };
+    // Not at once: programs rearrange their descriptors at start-up (close fd 2, open a log
+    // that must become fd 2), and a descriptor opened meanwhile would take the number.
+    wait(settings.interval);
+    if REMOVED.load(Ordering::Relaxed) {
+        return;
+    }
     let (mut writer, path, ino) = match create(&settings.dir, pid, start_ticks) {
         Ok(v) => v,
         Err(e) => {
@@ -277,6 +283,7 @@ fn create(
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&path)?;
+    let file = crate::own_fd::high_file(file);
     let meta = file.metadata()?;
     let writer = RegionWriter::init(file, pid, unsafe { libc::geteuid() }, start_ticks)?;
     Ok((writer, path, (meta.dev(), meta.ino())))
@@ -334,6 +341,7 @@ fn publish_once(
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)?;
+    let file = crate::own_fd::high_file(file);
     let meta = file.metadata()?;
     if (meta.dev(), meta.ino()) != ino {
         return Err(std::io::Error::other("the region file was replaced"));
