@@ -4,7 +4,7 @@
 use super::context::{alloc_conf, Cache};
 use crate::dump::model::Dump;
 
-/// Smallest free share of what the framework's cache reserves for [`FRAGMENTATION`]: when less
+/// Smallest free share of what the framework's cache reserves for [`FRAGMENTATION`](super::FRAGMENTATION): when less
 /// than a tenth of the cache is free, even a perfectly compacted cache would be full again within
 /// a step or two; the cache ran out (a leak, or a working set too large), it did not fragment.
 pub const FRAGMENTATION_MIN_RESERVED_SHARE: f64 = 0.1;

@@ -3,7 +3,7 @@
 
 use super::context::{Cache, Ctx};
 
-/// Smallest releasable cache, as a share of the request, for [`FRAMEWORK_CACHE`]: a cache that
+/// Smallest releasable cache, as a share of the request, for [`FRAMEWORK_CACHE`](super::FRAMEWORK_CACHE): a cache that
 /// holds half the request or more is a real part of the missing room, not crumbs.
 pub const FRAMEWORK_CACHE_MIN_REQUEST_SHARE: f64 = 0.5;
 

@@ -3,28 +3,25 @@
 //! `words/leak.rs`.
 
 use super::context::tracked_all;
-use super::words::steps_word;
 use crate::dump::model::{DetectedSteps, Dump, Growth, GrowthFit, GrowthSite};
 
-/// Smallest growth per step of the process for [`LEAK`]: below it, growth is noise (counters,
+/// Smallest growth per step of the process for [`LEAK`](super::LEAK): below it, growth is noise (counters,
 /// small caches), not what fills a device.
 pub const LEAK_MIN_BYTES_PER_STEP: u64 = 1 << 20;
 /// A site carrying at least this share of the growth is named as *the* leak in the headline;
 /// below it the headline names the process's growth and its largest parts.
 pub const LEAK_NAMED_SHARE: f64 = 0.5;
 /// Smallest share of sampled intervals that freed memory for detected steps to support a
-/// [`LEAK`]: a training step frees its working memory; a loop that only allocates (loading
+/// [`LEAK`](super::LEAK): a training step frees its working memory; a loop that only allocates (loading
 /// weights layer by layer) also repeats, and its growth is no leak.
 pub const DETECTED_MIN_FREEING_SHARE: f64 = 0.5;
 
-/// The process's growth per step, when it is a leak (see [`LEAK`]).
+/// The process's growth per step, when it is a leak (see [`LEAK`](super::LEAK)).
 pub(super) struct LeakFinding<'a> {
     pub(super) growth: &'a Growth,
     pub(super) fit: GrowthFit,
     /// Its largest parts, largest first, each with its share (0–1).
     pub(super) sites: Vec<(&'a GrowthSite, f64)>,
-    /// What a step is, as counted words (`marked steps`, `optimizer steps`, `forward passes`).
-    pub(super) steps_word: &'static str,
     /// Set when the steps were detected, not marked.
     pub(super) detected: Option<DetectedSteps>,
     /// Bytes grown from the first fitted sample to the failure.
@@ -65,15 +62,15 @@ fn accumulated(fit: &GrowthFit) -> bool {
 }
 
 /// The process's steady growth when it is no leak because nothing accumulated: the same
-/// number of allocations, larger each step.
-pub(super) fn growing_shapes(dump: &Dump) -> Option<(GrowthFit, &'static str)> {
+/// number of allocations, larger each step. With how its steps were found (`growth.steps`).
+pub(super) fn growing_shapes(dump: &Dump) -> Option<(GrowthFit, Option<&str>)> {
     let g = dump.growth.as_ref().filter(|g| g.unit == "step")?;
     let fit = growth_fit(g)?;
     (fit.bytes_per_step >= LEAK_MIN_BYTES_PER_STEP
         && fit.samples >= crate::dump::fit::MIN_SAMPLES as u64
         && fit.live_allocations.is_some()
         && !accumulated(&fit))
-    .then(|| (fit, steps_word(g.steps.as_deref())))
+    .then_some((fit, g.steps.as_deref()))
 }
 
 /// The process's growth when it is a leak (see [`LEAK`](super::LEAK)).
@@ -136,7 +133,6 @@ pub(super) fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
         growth: g,
         fit,
         sites,
-        steps_word: steps_word(steps),
         detected,
         grown,
     })

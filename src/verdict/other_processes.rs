@@ -4,7 +4,7 @@
 use super::context::Ctx;
 
 /// Smallest share of the device's memory that other processes must hold for
-/// [`OTHER_PROCESSES`]: display servers and monitoring agents hold a few hundred MiB, which
+/// [`OTHER_PROCESSES`](super::OTHER_PROCESSES): display servers and monitoring agents hold a few hundred MiB, which
 /// does not change what fits.
 pub const OTHER_PROCESSES_MIN_SHARE: f64 = 0.05;
 

@@ -5,7 +5,7 @@
 use super::context::Ctx;
 
 /// Below this share of the memory in use, this process's tracked allocations are not what
-/// fills the device ([`UNTRACKED_MEMORY`]); at or above it they are ([`OWN_ALLOCATIONS`]).
+/// fills the device ([`UNTRACKED_MEMORY`](super::UNTRACKED_MEMORY)); at or above it they are ([`OWN_ALLOCATIONS`](super::OWN_ALLOCATIONS)).
 pub const UNTRACKED_MIN_SHARE: f64 = 0.5;
 
 /// How much of the memory in use this process's tracked allocations leave unexplained.

@@ -1,7 +1,7 @@
 //! The words of [`LEAK`]: the growing site or the process's growth, its rate and projection, how
 //! steps were found, and what to change in the program's framework.
 
-use super::{new_finding, segment_note, short_label, site_name};
+use super::{new_finding, segment_note, short_label, site_name, steps_word};
 use crate::dump::model::{AttributedLine, Finding, GrowthSite};
 use crate::dump::units::{clean, human_bytes, percent, share, thousands, truncate_function};
 use crate::verdict::context::{tracked_all, Ctx};
@@ -24,6 +24,7 @@ pub(in crate::verdict) fn share_text(site: &GrowthSite, share: f64) -> String {
 
 pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
     let g = l.growth;
+    let steps_word = steps_word(g.steps.as_deref());
     let fw = framework(c.dump);
     let rate = human_bytes(l.fit.bytes_per_step);
     let n_steps = thousands(l.fit.samples);
@@ -67,7 +68,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
                  {rate} every step (over the last {n_steps} {}; {} so far){runs_out}",
                 recorded_label(line),
                 percent(share(line.bytes, a.recorded_bytes)),
-                l.steps_word,
+                steps_word,
                 human_bytes(l.grown),
             )
         }
@@ -76,19 +77,19 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
             "{} grows by {} every step (over the last {n_steps} {}; {} so far, {} of the growth){runs_out}",
             site_name(site),
             human_bytes(site.bytes_per_step),
-            l.steps_word,
+            steps_word,
             human_bytes(l.grown),
             percent(Some((share * 100.0).min(100.0))),
         ),
         None if !parts.is_empty() => format!(
             "the process grows by {rate} every step (over the last {n_steps} {}; {} so far), spread over sites: {}{runs_out}",
-            l.steps_word,
+            steps_word,
             human_bytes(l.grown),
             parts.join(", ")
         ),
         None => format!(
             "the process grows by {rate} every step (over the last {n_steps} {}; {} so far){runs_out}",
-            l.steps_word,
+            steps_word,
             human_bytes(l.grown)
         ),
         },
@@ -164,7 +165,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
             } else {
                 "this process's tracked memory"
             },
-            l.steps_word,
+            steps_word,
             human_bytes(l.fit.first.bytes),
             l.fit.first.step,
             human_bytes(l.fit.last.bytes),
@@ -179,7 +180,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
         "growth of the process: {rate} per step (R² {:.2} over {} {}), {} from step {} to {}; {} tracked at the failure",
         l.fit.r_squared,
         n_steps,
-        l.steps_word,
+        steps_word,
         human_bytes(l.fit.last.bytes.saturating_sub(l.fit.first.bytes)),
         l.fit.first.step,
         l.fit.last.step,

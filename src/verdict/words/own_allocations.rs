@@ -2,7 +2,7 @@
 //! program's framework; growing shapes and possible fragmentation as hints.
 
 use super::fragmentation::{dynamic_shapes_evidence, BUCKETING};
-use super::{new_finding, segment_note, short_label, NO_PYTHON_FRAMES};
+use super::{new_finding, segment_note, short_label, steps_word, NO_PYTHON_FRAMES};
 use crate::dump::model::{Finding, FrameKind, GrowthFit};
 use crate::dump::units::{clean, human_bytes, percent, share, thousands};
 use crate::dump::view::{free_blocks_available, named_frames};
@@ -218,7 +218,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
         evidence.push(d.clone());
     }
     if let Some((fit, steps)) = growing_shapes(dump) {
-        evidence.push(growing_shapes_evidence(&fit, steps));
+        evidence.push(growing_shapes_evidence(&fit, steps_word(steps)));
         suggestions.push(GROWING_SHAPES.to_string());
     }
     if fw == Framework::Torch
@@ -284,10 +284,11 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
     };
     let summary = match growing_shapes(dump) {
         Some((fit, steps)) => format!(
-            "{summary} The memory grew {}/step over the last {} {steps}, but as many allocations were live at the end as at \
+            "{summary} The memory grew {}/step over the last {} {}, but as many allocations were live at the end as at \
              the start: they grew larger (inputs of growing shape), none accumulated, so this is no leak.",
             human_bytes(fit.bytes_per_step),
-            fit.samples
+            fit.samples,
+            steps_word(steps)
         ),
         None => summary,
     };

@@ -2,7 +2,7 @@
 //! [`EXITED_AFTER_FAILURE`]) and of a device leak in a post-mortem dump.
 
 use super::leak::LEAK_SITES_NAMED;
-use super::short_label;
+use super::{short_label, steps_word};
 use crate::dump::model::{Dump, Finding, PostMortem};
 use crate::dump::units::{clean, human_bytes, percent};
 use crate::verdict::context::tracked_all;
@@ -176,6 +176,7 @@ pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Dea
 
 /// The device leak of a post-mortem dump, in the leak finding's terms.
 pub(in crate::verdict) fn leak(l: &LeakFinding) -> Finding {
+    let steps_word = steps_word(l.growth.steps.as_deref());
     let named = l
         .sites
         .first()
@@ -186,14 +187,14 @@ pub(in crate::verdict) fn leak(l: &LeakFinding) -> Finding {
             "leak: {label} grows by {} every step (over the last {} {}; {} of the growth)",
             human_bytes(*rate),
             l.fit.samples,
-            l.steps_word,
+            steps_word,
             percent(Some(*share * 100.0))
         ),
         None => format!(
             "leak: the process grows by {} every step (over the last {} {})",
             human_bytes(l.fit.bytes_per_step),
             l.fit.samples,
-            l.steps_word
+            steps_word
         ),
     };
     Finding {
