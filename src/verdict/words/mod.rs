@@ -78,6 +78,7 @@ pub(in crate::verdict) fn site_name(site: &GrowthSite) -> String {
     }
 }
 
+/// Phrases about the failure that the words of several kinds use.
 impl Ctx<'_> {
     /// The largest site, as a sentence for a summary.
     pub(in crate::verdict) fn top_text(&self, used: Option<u64>) -> String {
@@ -110,6 +111,7 @@ impl Ctx<'_> {
             .unwrap_or_default()
     }
 
+    /// ` at function (file:line)` of the failing call, as the evidence names it (suggestions).
     pub(in crate::verdict) fn failing_at(&self) -> String {
         named_frames(&self.request.stack)
             .next()
