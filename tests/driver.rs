@@ -499,3 +499,90 @@ fn the_driver_table_is_the_single_source_of_the_exports() {
         assert!(names.contains(&n), "{n} missing from the table");
     }
 }
+
+/// Issue 17: two devices failing close together, then asking for on-demand dumps at the same
+/// moment. Each dump carries what its own thread learnt of its own device (pools, free/total,
+/// UUID): nothing is lost or swapped between them. The simulated driver holds each thread inside
+/// cuMemGetInfo for a while, so the two dumps are gathered at once: with one process-wide slot
+/// for an on-demand dump's pools (before issue 17) the first dump took the second's pools and
+/// the second none.
+#[test]
+fn two_devices_failing_together_keep_their_own_context() {
+    let env = [
+        ("SIMCUDA_DEVICES", "2"),
+        ("SIMCUDA_MEMINFO_DELAY_MS", "300"),
+        // Both failures wait for the writer thread together.
+        ("OOMSHIM_SETTLE", "1s"),
+    ];
+    let (shim, dumps) = both("drv_two_devices", &[], &env);
+    assert_eq!(
+        stdout(&shim),
+        "device 0: leaked 13 x 512 MiB, then rc=2\ndevice 1: leaked 7 x 768 MiB, then rc=2\n"
+    );
+    assert_eq!(dumps.len(), 4, "two failures and two on-demand dumps");
+    // Per device: chunk, chunks leaked, free bytes left, bytes its pool keeps cached.
+    let expected = [
+        (0, 512 * MIB, 13, 256 * MIB, GIB),
+        (1, 768 * MIB, 7, 512 * MIB, 2 * GIB),
+    ];
+    let uuid = |d: i32| format!("GPU-5e1d{d:02x}13-1415-1617-1819-1a1b1c1d1e1f");
+    for (device, chunk, leaked, free, cached) in expected {
+        let oom = dumps
+            .iter()
+            .find(|d| {
+                d.failed_request
+                    .as_ref()
+                    .is_some_and(|r| r.device == device)
+            })
+            .unwrap_or_else(|| panic!("no OOM dump of device {device}"));
+        let req = oom.failed_request.as_ref().unwrap();
+        assert_eq!((req.api.as_str(), req.bytes), ("cuMemAlloc", chunk));
+        assert!(has_frame(&req.stack, "leak_on_device"));
+        let on_demand = dump(&dumps, &format!("device-{device}"));
+        for d in [oom, on_demand] {
+            let what = format!("device {device}, dump {}", d.reason);
+            assert_eq!(d.pools.len(), 1, "{what}: {:?}", d.pools);
+            let p = &d.pools[0];
+            assert_eq!(
+                (p.device, p.reserved_bytes, p.used_bytes, p.cached_bytes),
+                (device, cached, 0, cached),
+                "{what}"
+            );
+            assert_eq!(
+                p.pool,
+                format!("{:#x}", 0x4d00_0000_1000u64 + device as u64 * 0x1000)
+            );
+            let own = d.devices.iter().find(|x| x.index == device).unwrap();
+            assert_eq!(
+                (own.free_bytes, own.total_bytes),
+                (Some(free), Some(8 * GIB)),
+                "{what}"
+            );
+            assert_eq!(own.uuid.as_deref(), Some(uuid(device).as_str()), "{what}");
+            assert_eq!(
+                own.name.as_deref(),
+                Some("oomshim simulated driver device"),
+                "{what}"
+            );
+            assert_eq!(
+                (own.tracked_bytes, own.tracked_count),
+                (leaked * chunk, leaked),
+                "{what}"
+            );
+            // All that the tracked bytes and the pool's cache leave unexplained is the context.
+            assert_eq!(
+                8 * GIB - free - leaked * chunk - cached,
+                256 * MIB,
+                "{what}"
+            );
+            // The other device is in the dump by its ledger figures alone: no answers of the
+            // other thread's CUDA calls.
+            let other = d.devices.iter().find(|x| x.index == 1 - device).unwrap();
+            assert_eq!(
+                (other.free_bytes, other.total_bytes),
+                (None, None),
+                "{what}"
+            );
+        }
+    }
+}

@@ -462,11 +462,7 @@ pub unsafe extern "C" fn oomshim_dump(reason: *const c_char) -> c_int {
             )
         };
         let device = runtime::device_for_on_demand_dump(current);
-        runtime::set_pool_snapshot(device.map(super::pools::snapshot).unwrap_or_default());
-        let info = device.and_then(|_| info_of());
-        let name = device
-            .and_then(|d| runtime::cached_device_name(d, name_of, super::driver::device_uuid));
-        runtime::dump_now(&reason, device, info, name)
+        runtime::dump_now(&reason, super::on_demand_context(device, info_of, name_of))
     });
     match written {
         Some(true) => 0,

@@ -86,7 +86,8 @@ const _: () = assert!(
 );
 
 /// A device allocation failed for lack of memory: asks the layer about the device on the
-/// failing thread (the one place that may ask CUDA safely) and hands the failure on.
+/// failing thread (the one place that may ask CUDA safely) and hands the failure on with all it
+/// learnt.
 pub(crate) fn record_oom(
     layer: &Layer,
     api: crate::ledger::Api,
@@ -95,22 +96,67 @@ pub(crate) fn record_oom(
     rc: i32,
     stream: usize,
 ) {
-    let extras = pools::at_failure(device);
-    crate::runtime::note_cuda_versions(driver::driver_version, layer.runtime_version);
     crate::runtime::record_oom(crate::runtime::OomEvent {
         api,
         bytes,
         device,
         error_code: rc,
-        mem_info: (layer.mem_info)(),
-        device_name: crate::runtime::cached_device_name(
-            device,
-            layer.device_name,
-            driver::device_uuid,
-        ),
         stream,
-        extras,
+        context: failure_context(layer, device),
     });
+}
+
+/// What a failure on `device` knows, asked on the failing thread: its pools and the VMM layout,
+/// the CUDA versions (asked once per process), free/total of the current device, its name and
+/// UUID (asked once per device), and in allocator mode the allocator's free blocks.
+fn failure_context(layer: &Layer, device: i32) -> crate::runtime::FailureContext {
+    let pools = pools::snapshot(device);
+    let vmm = crate::runtime::vmm_summary();
+    let (driver_version, runtime_version) =
+        crate::runtime::note_cuda_versions(driver::driver_version, layer.runtime_version);
+    let mem_info = (layer.mem_info)();
+    let (device_name, device_uuid) =
+        crate::runtime::cached_device_identity(device, layer.device_name, driver::device_uuid);
+    crate::runtime::FailureContext {
+        device: Some(device),
+        mem_info,
+        device_name,
+        device_uuid,
+        driver_version,
+        runtime_version,
+        pools,
+        vmm,
+        free_blocks: torch_alloc::free_blocks_if_active(device),
+    }
+}
+
+/// What an on-demand dump (`oomshim_dump`) knows, asked on the calling thread: about `device`
+/// (the caller's current device, when the process allocated there: asking about another could
+/// create a context) its pools, free/total (`mem_info` asks the current device) and name; the
+/// CUDA versions as far as a failure asked them; in allocator mode the allocator's free blocks.
+pub(crate) fn on_demand_context(
+    device: Option<i32>,
+    mem_info: fn() -> Option<(u64, u64)>,
+    device_name: fn(i32) -> Option<String>,
+) -> crate::runtime::FailureContext {
+    let pools = device.map(pools::snapshot).unwrap_or_default();
+    let vmm = crate::runtime::vmm_summary();
+    let mem_info = device.and_then(|_| mem_info());
+    let (device_name, device_uuid) = device
+        .map(|d| crate::runtime::cached_device_identity(d, device_name, driver::device_uuid))
+        .unwrap_or_default();
+    let (driver_version, runtime_version) = crate::runtime::cuda_versions();
+    crate::runtime::FailureContext {
+        device,
+        mem_info,
+        device_name,
+        device_uuid,
+        driver_version,
+        runtime_version,
+        pools,
+        vmm,
+        free_blocks: torch_alloc::free_blocks_if_active(device.unwrap_or(0)),
+    }
 }
 
 /// `OOMSHIM_FAULT=panic-in-alloc[:N]` (a test hook, see RELIABILITY.md section 7): a panic in

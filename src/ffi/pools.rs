@@ -114,12 +114,3 @@ pub(crate) fn snapshot(device: i32) -> Vec<PoolInfo> {
         })
         .collect()
 }
-
-/// At an out-of-memory failure on `device`, on the failing thread: its pools and the VMM layout
-/// of this moment (no CUDA call for that), for the failure's dump.
-pub(crate) fn at_failure(device: i32) -> crate::runtime::DumpExtras {
-    crate::runtime::DumpExtras {
-        pools: snapshot(device),
-        vmm: crate::runtime::vmm_summary(),
-    }
-}

@@ -217,12 +217,22 @@ impl MemorySource for CudaSource {
 }
 
 /// The allocator, created on the first call from torch (never at load time).
+static ALLOCATOR: OnceLock<CachingAllocator<CudaSource>> = OnceLock::new();
+
 fn allocator() -> &'static CachingAllocator<CudaSource> {
-    static ALLOCATOR: OnceLock<CachingAllocator<CudaSource>> = OnceLock::new();
     ALLOCATOR.get_or_init(|| {
+        // For the dumps no hook gathers (the shim's own trigger threads, a framework's word):
+        // the runtime cannot reach this module otherwise.
         crate::runtime::allocator::set_free_blocks_source(free_blocks_with_segment_map);
         CachingAllocator::new(CudaSource, config_from_env())
     })
+}
+
+/// The allocator's free blocks of `device` for a dump gathered on a hook's thread, when allocator
+/// mode is on; `None` (and no allocator created) otherwise.
+pub(super) fn free_blocks_if_active(device: i32) -> Option<FreeBlocks> {
+    ALLOCATOR.get()?;
+    free_blocks_with_segment_map(device)
 }
 
 /// The cache policy torch's own `PYTORCH_CUDA_ALLOC_CONF` asks for, where it applies:
@@ -406,10 +416,8 @@ fn out_of_memory(oom: &OutOfMemory, stream: Stream) -> [u8; MESSAGE_BYTES] {
         bytes: oom.requested,
         device: oom.device,
         error_code: super::cuda_error::MEMORY_ALLOCATION,
-        mem_info,
-        device_name: None,
         stream: stream as usize,
-        extras: Default::default(),
+        context: failure_context(oom.device, mem_info),
     });
     let fb = &oom.free_blocks;
     let mut text = format!(
@@ -661,6 +669,16 @@ pub extern "C" fn oomshim_torch_exception_kind() -> *const c_char {
         Some("torch.OutOfMemoryError") => c"torch.OutOfMemoryError".as_ptr(),
         Some("RuntimeError") => c"RuntimeError".as_ptr(),
         _ => c"none".as_ptr(),
+    }
+}
+
+/// What an allocator-mode failure on `device` knows, gathered on the failing thread: free/total
+/// as asked for the exception's message, the allocator's exact free blocks, and what the process
+/// learnt before (the UUID, the CUDA versions); the allocator asks CUDA nothing more.
+fn failure_context(device: i32, mem_info: Option<(u64, u64)>) -> crate::runtime::FailureContext {
+    crate::runtime::FailureContext {
+        free_blocks: free_blocks_with_segment_map(device),
+        ..crate::runtime::FailureContext::learnt_before(Some(device), mem_info)
     }
 }
 

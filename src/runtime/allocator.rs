@@ -3,6 +3,14 @@
 //! (`free_blocks.source = "oomshim-allocator"`) instead of "unavailable"; and an allocation it
 //! cannot serve is final (the cache was already emptied and the request retried), so its dump is
 //! written at once, on the failing thread, and its path goes into the exception the program sees.
+//!
+//! The hooks gather the allocator's state themselves, into the [`FailureContext`] of the failure
+//! or dump they report. The dumps no hook takes (the shim's own signal, interval, exit and
+//! live-summary threads, a framework's word) are gathered here, where the allocator, which lives
+//! with the hooks, can only be reached through the source it registered: asked when such a
+//! dump's context is gathered, never while a dump is assembled.
+//!
+//! [`FailureContext`]: super::FailureContext
 
 use super::oom::{self, OomEvent};
 use crate::dump::model::FreeBlocks;
@@ -10,7 +18,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
-/// Asked for the free-block state of a device when a dump is assembled.
+/// Asked for the free-block state of a device when a dump's context is gathered off the hooks.
 pub type FreeBlocksSource = fn(i32) -> Option<FreeBlocks>;
 
 static SOURCE: OnceLock<FreeBlocksSource> = OnceLock::new();
@@ -20,7 +28,7 @@ pub fn set_free_blocks_source(source: FreeBlocksSource) {
     let _ = SOURCE.set(source);
 }
 
-/// The allocator's free-block state of `device`, when allocator mode is on.
+/// The allocator's free-block state of `device` (device 0 when none), when allocator mode is on.
 pub(crate) fn free_blocks(device: Option<i32>) -> Option<FreeBlocks> {
     let source = SOURCE.get()?;
     source(device.unwrap_or(0))
@@ -37,7 +45,8 @@ pub struct AllocatorOom {
 }
 
 /// An allocation the allocator could not serve, even after emptying its cache: records the
-/// failure and writes its dump on this thread (the OOM path shared with preload, src/runtime/oom.rs).
+/// failure and writes its dump on this thread (the OOM path shared with preload, src/runtime/oom.rs),
+/// from the context the allocator gathered into `event`.
 pub fn oom_now(event: OomEvent) -> AllocatorOom {
     let Some(s) = super::shim() else {
         return AllocatorOom::default();

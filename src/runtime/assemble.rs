@@ -1,7 +1,12 @@
 //! Turning a captured ledger state into a [`Dump`]: largest holders, sites, devices, process
 //! identity, symbolised stacks (the only place symbolisation happens) and the verdict.
+//!
+//! What the dump says about CUDA and the device comes from the capture's [`FailureContext`] and
+//! the [`Facts`] its caller read, and from nowhere else: assembly asks neither CUDA nor the
+//! hooks, and reads no global about the failure, so two failures assembled in either order,
+//! on any thread, each describe their own moment.
 
-use super::{unix_ms, Shim};
+use super::{unix_ms, FailureContext, Shim};
 use crate::dump::model::*;
 use crate::ledger::{Allocation, Api, Snapshot, StackId};
 use rustc_hash::FxHashMap;
@@ -14,12 +19,8 @@ pub(crate) struct Capture {
     /// Shim clock at capture, for allocation ages.
     pub now_ns: u64,
     pub failing: Option<Failing>,
-    /// The device whose free/total bytes were asked for, if any.
-    pub device: Option<i32>,
-    pub mem_info: Option<(u64, u64)>,
-    pub device_name: Option<String>,
-    /// Pools and the VMM layout at that moment.
-    pub extras: super::DumpExtras,
+    /// What the device and CUDA said at that moment, gathered where it happened.
+    pub context: FailureContext,
 }
 
 pub(crate) struct Failing {
@@ -42,11 +43,15 @@ pub(crate) struct BurstInfo {
 
 /// What is read outside CUDA about a failure, as soon after it as possible (the writer reads it
 /// when the failure reaches it, not when the dump is finally written): NVML's processes on the
-/// device, and host memory.
+/// device, and host memory; and the GPU UUIDs the process has learnt, read when the dump is
+/// assembled.
 #[derive(Debug, Clone)]
 pub(crate) struct Facts {
     pub gpu_processes: Option<GpuProcesses>,
     pub host: crate::facts::host::HostMemory,
+    /// (device, UUID) of every device whose UUID the process asked so far: the identities of
+    /// devices other than the context's own.
+    pub device_uuids: Vec<(i32, String)>,
 }
 
 impl Facts {
@@ -55,6 +60,16 @@ impl Facts {
             // Asked only for a device the process uses: NVML is loaded on the calling thread.
             gpu_processes: device.map(crate::facts::gpu_processes::for_dump),
             host: crate::facts::host::read(),
+            device_uuids: super::known_device_uuids(),
+        }
+    }
+
+    /// The same facts with the UUIDs learnt by now: the writer reads the other facts at the
+    /// failure but assembles its dump later, when more devices may have been named.
+    pub fn with_current_uuids(self) -> Facts {
+        Facts {
+            device_uuids: super::known_device_uuids(),
+            ..self
         }
     }
 }
@@ -65,9 +80,17 @@ pub(crate) fn assemble(
     cap: &Capture,
     burst: Option<BurstInfo>,
     framework: Option<&super::oom::FrameworkNote>,
-    facts: Option<Facts>,
+    facts: Facts,
 ) -> Dump {
     let top = s.config.top;
+    let ctx = &cap.context;
+    let uuid_of = |device: i32| {
+        facts
+            .device_uuids
+            .iter()
+            .find(|(d, _)| *d == device)
+            .map(|(_, u)| u.clone())
+    };
     let device_allocs: Vec<&(usize, Allocation)> = cap
         .snapshot
         .allocations
@@ -157,10 +180,10 @@ pub(crate) fn assemble(
             tracked_bytes: t.bytes,
             tracked_count: t.count,
             peak_tracked_bytes: t.peak_bytes,
-            uuid: super::cached_device_uuid(index),
+            uuid: uuid_of(index),
         })
         .collect();
-    if let Some(d) = cap.device {
+    if let Some(d) = ctx.device {
         let info = match devices.iter_mut().find(|x| x.index == d) {
             Some(x) => x,
             None => {
@@ -172,14 +195,15 @@ pub(crate) fn assemble(
                     tracked_bytes: 0,
                     tracked_count: 0,
                     peak_tracked_bytes: 0,
-                    uuid: super::cached_device_uuid(d),
+                    uuid: None,
                 });
                 devices.last_mut().expect("just pushed")
             }
         };
-        info.name = cap.device_name.clone();
-        info.free_bytes = cap.mem_info.map(|m| m.0);
-        info.total_bytes = cap.mem_info.map(|m| m.1);
+        info.name = ctx.device_name.clone();
+        info.free_bytes = ctx.mem_info.map(|m| m.0);
+        info.total_bytes = ctx.mem_info.map(|m| m.1);
+        info.uuid = ctx.device_uuid.clone().or_else(|| uuid_of(d));
     }
     devices.sort_by_key(|d| d.index);
 
@@ -199,10 +223,9 @@ pub(crate) fn assemble(
             last_failure: burst.map(|b| b.last.clone()),
         }
     });
-    let facts = facts.unwrap_or_else(|| Facts::read(cap.device));
     let free_blocks = framework
         .and_then(|f| f.free_blocks.clone())
-        .or_else(|| super::allocator::free_blocks(cap.device))
+        .or_else(|| ctx.free_blocks.clone())
         .unwrap_or_else(|| FreeBlocks {
             source: "unavailable".to_string(),
             reason: Some(
@@ -253,12 +276,12 @@ pub(crate) fn assemble(
             suppressed_dumps: burst.map_or(0, |b| b.suppressed),
         },
         // Pools and VMM state taken on the failing (or calling) thread.
-        pools: cap.extras.pools.clone(),
-        vmm: cap.extras.vmm.clone(),
+        pools: ctx.pools.clone(),
+        vmm: ctx.vmm.clone(),
         host: Some(facts.host),
         gpu_processes: facts.gpu_processes,
         growth: s.growth.analyse(
-            cap.mem_info.map(|m| m.0),
+            ctx.mem_info.map(|m| m.0),
             s.ledger.total_allocations(),
             |pairs| {
                 let named = symbolize_stacks(s, pairs);
@@ -280,7 +303,7 @@ pub(crate) fn assemble(
             ..crate::facts::env::snapshot(
                 |k| std::env::var(k).ok(),
                 std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()),
-                super::cuda_versions(),
+                (ctx.driver_version, ctx.runtime_version),
             )
         }),
         request_sizes: s.growth.request_sizes(),
@@ -288,7 +311,7 @@ pub(crate) fn assemble(
         library_memory: None,
         post_mortem: None,
     };
-    dump.library_memory = library_memory(s, &device_allocs, &maps, cap.device, &dump);
+    dump.library_memory = library_memory(s, &device_allocs, &maps, ctx.device, &dump);
     dump.verdict = crate::verdict::judge(&dump);
     dump
 }
@@ -641,5 +664,167 @@ mod tests {
         assert_eq!(describe_site(&frames), "forward_layer (demo_train.c:55)");
         assert_eq!(describe_site(&frames[..1]), "0x1");
         assert_eq!(describe_site(&[]), "an unknown site");
+    }
+}
+
+/// Assembly is a function of what it is handed: two failures on two devices, assembled from their
+/// own contexts in either order, each describe their own device.
+#[cfg(test)]
+mod context_tests {
+    use super::*;
+    use crate::config::Config;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    /// A shim holding 3 GiB on device 0 and 5 GiB on device 1.
+    fn two_device_shim() -> Shim {
+        let s = Shim::empty(Config::default());
+        for (i, (device, bytes)) in [(0, 3 * GIB), (1, 5 * GIB)].into_iter().enumerate() {
+            let alloc = Allocation {
+                bytes,
+                api: Api::CudaMalloc,
+                device,
+                stream: 0,
+                thread: 1,
+                time_ns: 0,
+                seq: s.ledger.next_seq(),
+                stack: StackId::EMPTY,
+                py_stack: StackId::EMPTY,
+            };
+            s.ledger.record_alloc(0x7e00_0000_0000 + (i << 40), alloc);
+        }
+        s
+    }
+
+    /// What a failure on `device` learnt there: every answer tells the device apart.
+    fn context_of(device: i32) -> FailureContext {
+        let n = device as u64 + 1;
+        FailureContext {
+            device: Some(device),
+            mem_info: Some((n * 100 * MIB, 80 * GIB)),
+            device_name: Some(format!("gpu {device}")),
+            device_uuid: Some(format!("GPU-{device:08x}")),
+            driver_version: Some(13000 + device),
+            runtime_version: Some(12000 + device),
+            pools: vec![PoolInfo {
+                device,
+                pool: format!("{:#x}", 0x4d00 + device),
+                reserved_bytes: n * GIB,
+                used_bytes: 0,
+                cached_bytes: n * GIB,
+            }],
+            vmm: Some(VmmInfo {
+                reserved_ranges: n,
+                reserved_bytes: n * GIB,
+                ..VmmInfo::default()
+            }),
+            free_blocks: Some(FreeBlocks {
+                source: "oomshim-allocator".into(),
+                total_free_bytes: Some(n * 10 * MIB),
+                largest_free_bytes: Some(n * MIB),
+                ..FreeBlocks::default()
+            }),
+        }
+    }
+
+    fn failure_on(s: &Shim, device: i32) -> Capture {
+        Capture {
+            snapshot: s.ledger.snapshot(),
+            time: UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            now_ns: 0,
+            failing: Some(Failing {
+                api: Api::CudaMalloc,
+                bytes: GIB,
+                device,
+                error_code: 2,
+                stack: StackId::EMPTY,
+                py_stack: StackId::EMPTY,
+            }),
+            context: context_of(device),
+        }
+    }
+
+    fn facts() -> Facts {
+        Facts {
+            gpu_processes: None,
+            host: Default::default(),
+            device_uuids: vec![(0, "GPU-known-0".into()), (1, "GPU-known-1".into())],
+        }
+    }
+
+    fn dump_of(s: &Shim, cap: &Capture) -> Dump {
+        assemble(s, "oom", cap, None, None, facts())
+    }
+
+    #[test]
+    fn each_failure_is_assembled_from_its_own_context() {
+        let s = two_device_shim();
+        let (cap0, cap1) = (failure_on(&s, 0), failure_on(&s, 1));
+        // Device 1's failure assembled first: nothing of it may reach device 0's dump.
+        let d1 = dump_of(&s, &cap1);
+        let d0 = dump_of(&s, &cap0);
+        for (device, d) in [(0, &d0), (1, &d1)] {
+            let ctx = context_of(device);
+            let other = 1 - device;
+            assert_eq!(d.failed_request.as_ref().unwrap().device, device);
+            assert_eq!(d.pools, ctx.pools, "device {device}");
+            assert_eq!(d.vmm, ctx.vmm, "device {device}");
+            assert_eq!(
+                d.free_blocks.total_free_bytes,
+                ctx.free_blocks.as_ref().unwrap().total_free_bytes
+            );
+            assert_eq!(d.free_blocks.source, "oomshim-allocator");
+            let config = d.config.as_ref().unwrap();
+            assert_eq!(
+                (config.cuda_driver_version, config.cuda_runtime_version),
+                (ctx.driver_version, ctx.runtime_version)
+            );
+            let own = d.devices.iter().find(|x| x.index == device).unwrap();
+            assert_eq!(own.name, ctx.device_name);
+            assert_eq!(own.uuid, ctx.device_uuid);
+            assert_eq!(
+                (own.free_bytes, own.total_bytes),
+                (Some(ctx.mem_info.unwrap().0), Some(ctx.mem_info.unwrap().1))
+            );
+            // The other device: the ledger's figures and its known identity, no answers of the
+            // other failure.
+            let theirs = d.devices.iter().find(|x| x.index == other).unwrap();
+            assert_eq!((theirs.name.as_ref(), theirs.free_bytes), (None, None));
+            assert_eq!(
+                theirs.uuid.as_deref(),
+                Some(["GPU-known-0", "GPU-known-1"][other as usize])
+            );
+            assert_eq!(theirs.tracked_bytes, [3 * GIB, 5 * GIB][other as usize]);
+        }
+        // The same inputs give the same dump, whatever was assembled in between.
+        let again = dump_of(&s, &cap0);
+        assert_eq!(
+            serde_json::to_string(&again).unwrap(),
+            serde_json::to_string(&d0).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_dump_without_a_device_says_nothing_of_one() {
+        let s = two_device_shim();
+        let cap = Capture {
+            failing: None,
+            context: FailureContext::default(),
+            ..failure_on(&s, 0)
+        };
+        let d = assemble(&s, "interval", &cap, None, None, facts());
+        assert!(d.pools.is_empty() && d.vmm.is_none());
+        assert_eq!(d.free_blocks.source, "unavailable");
+        assert!(d
+            .devices
+            .iter()
+            .all(|x| x.name.is_none() && x.free_bytes.is_none()));
+        let config = d.config.as_ref().unwrap();
+        assert_eq!(
+            (config.cuda_driver_version, config.cuda_runtime_version),
+            (None, None)
+        );
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod allocator;
 mod assemble;
+mod context;
 #[allow(unused_imports)]
 pub(crate) use assemble::rfc3339;
 pub mod framework;
@@ -14,6 +15,7 @@ pub mod recording;
 // Saying things on stderr is process plumbing (below the hooks); re-exported at its old path.
 pub use crate::sys::say;
 
+pub use context::FailureContext;
 pub use growth::{FrameworkLive, StepSource};
 pub use oom::{FrameworkNote, OomEvent};
 pub use recording::Recording;
@@ -82,7 +84,9 @@ fn start_triggers(s: &'static Shim) {
                 .name("oomshim-signal".into())
                 .spawn(|| loop {
                     crate::sys::wait_for_dump_signal();
-                    crate::sys::guarded(|| dump_now("signal", None, None, None));
+                    crate::sys::guarded(|| {
+                        dump_now("signal", FailureContext::without_cuda(None, None))
+                    });
                 })
                 .is_ok();
         match spawned.then(|| crate::sys::install_dump_signal(signo)) {
@@ -98,7 +102,9 @@ fn start_triggers(s: &'static Shim) {
             .name("oomshim-interval".into())
             .spawn(move || loop {
                 std::thread::sleep(every);
-                crate::sys::guarded(|| dump_now("interval", None, None, None));
+                crate::sys::guarded(|| {
+                    dump_now("interval", FailureContext::without_cuda(None, None))
+                });
             });
         if spawned.is_err() {
             crate::say!("oomshim: OOMSHIM_INTERVAL: cannot start the dump thread");
@@ -131,23 +137,14 @@ fn live_dump() -> Option<crate::dump::model::Dump> {
             time: SystemTime::now(),
             now_ns: s.now_ns(),
             failing: None,
-            device: None,
-            mem_info: None,
-            device_name: None,
-            extras: Default::default(),
+            context: FailureContext::without_cuda(None, None),
         };
         let facts = assemble::Facts {
             gpu_processes: None,
             host: crate::facts::host::read(),
+            device_uuids: known_device_uuids(),
         };
-        Some(assemble::assemble(
-            s,
-            "live",
-            &capture,
-            None,
-            None,
-            Some(facts),
-        ))
+        Some(assemble::assemble(s, "live", &capture, None, None, facts))
     })
     .flatten()
 }
@@ -155,7 +152,7 @@ fn live_dump() -> Option<crate::dump::model::Dump> {
 /// `OOMSHIM_AT_EXIT`: what is still live when the program ends (a leak report).
 pub fn at_exit_dump() {
     if SHIM.get().is_some() {
-        crate::sys::guarded(|| dump_now("exit", None, None, None));
+        crate::sys::guarded(|| dump_now("exit", FailureContext::without_cuda(None, None)));
     }
 }
 
@@ -190,6 +187,11 @@ impl Shim {
         }
         recording::start(Recording::from_stacks(config.stacks));
         tracing::debug!(?config, "oomshim started");
+        Shim::empty(config)
+    }
+
+    /// A state with nothing recorded yet, under `config`.
+    fn empty(config: Config) -> Shim {
         Shim {
             config,
             ledger: Ledger::new(),
@@ -514,18 +516,26 @@ pub fn framework_oom(
     }
 }
 
-/// `cuDriverGetVersion` (context-free), asked once on a failing thread; read by dumps.
+/// `cuDriverGetVersion` (context-free), asked once on a failing thread: a cache, so that CUDA is
+/// asked once per process; each dump carries the versions in its [`FailureContext`].
 static DRIVER_VERSION: OnceLock<Option<i32>> = OnceLock::new();
 /// `cudaRuntimeGetVersion` of the dynamically linked runtime, asked once the same way.
 static RUNTIME_VERSION: OnceLock<Option<i32>> = OnceLock::new();
 
-/// Asks the CUDA versions once, on the failing thread (which already calls CUDA there).
-pub fn note_cuda_versions(driver: fn() -> Option<i32>, runtime: fn() -> Option<i32>) {
-    DRIVER_VERSION.get_or_init(driver);
-    RUNTIME_VERSION.get_or_init(runtime);
+/// The CUDA versions, asked on the failing thread (which already calls CUDA there) the first
+/// time, remembered after.
+pub fn note_cuda_versions(
+    driver: fn() -> Option<i32>,
+    runtime: fn() -> Option<i32>,
+) -> (Option<i32>, Option<i32>) {
+    (
+        *DRIVER_VERSION.get_or_init(driver),
+        *RUNTIME_VERSION.get_or_init(runtime),
+    )
 }
 
-pub(crate) fn cuda_versions() -> (Option<i32>, Option<i32>) {
+/// The CUDA versions if a failure asked them already; never calls CUDA.
+pub fn cuda_versions() -> (Option<i32>, Option<i32>) {
     (
         DRIVER_VERSION.get().copied().flatten(),
         RUNTIME_VERSION.get().copied().flatten(),
@@ -555,7 +565,7 @@ pub fn record_oom(event: OomEvent) {
         event.device,
         event.bytes,
         event.api.name(),
-        event.mem_info,
+        event.context.mem_info,
     );
     let stacks = s.capture_stacks();
     s.oom
@@ -574,16 +584,16 @@ pub fn record_pinned_failure(api: Api, bytes: u64) {
     }
 }
 
-/// The device name, asked of the runtime once per device, and with it the GPU's UUID, asked of
-/// the driver (`cuDeviceGetUuid`, context-free) at the same safe moment.
-pub fn cached_device_name(
+/// The device's name, asked of the runtime once per device, and with it the GPU's UUID, asked of
+/// the driver (`cuDeviceGetUuid`, context-free) at the same safe moment: (name, UUID).
+pub fn cached_device_identity(
     device: i32,
     ask: fn(i32) -> Option<String>,
     ask_uuid: fn(i32) -> Option<String>,
-) -> Option<String> {
+) -> (Option<String>, Option<String>) {
     let names = || DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(n) = names().iter().find(|n| n.device == device) {
-        return n.name.clone();
+        return (n.name.clone(), n.uuid.clone());
     }
     // Asked without the lock held: this calls into CUDA.
     let name = ask(device);
@@ -591,12 +601,12 @@ pub fn cached_device_name(
     names().push(DeviceNames {
         device,
         name: name.clone(),
-        uuid,
+        uuid: uuid.clone(),
     });
-    name
+    (name, uuid)
 }
 
-/// The GPU UUID of `device` if [`cached_device_name`] asked it already; never calls CUDA.
+/// The GPU UUID of `device` if [`cached_device_identity`] asked it already; never calls CUDA.
 pub fn cached_device_uuid(device: i32) -> Option<String> {
     let names = DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
     names
@@ -605,13 +615,23 @@ pub fn cached_device_uuid(device: i32) -> Option<String> {
         .and_then(|n| n.uuid.clone())
 }
 
+/// Every GPU UUID learnt so far (a device's identity never changes): read when a dump is
+/// assembled, for the devices other than the one its context asked about.
+pub(crate) fn known_device_uuids() -> Vec<(i32, String)> {
+    let names = DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    names
+        .iter()
+        .filter_map(|n| n.uuid.clone().map(|u| (n.device, u)))
+        .collect()
+}
+
 struct DeviceNames {
     device: i32,
     name: Option<String>,
     uuid: Option<String>,
 }
 
-/// Device names and UUIDs asked so far ([`cached_device_name`]).
+/// Device names and UUIDs asked so far ([`cached_device_identity`]).
 static DEVICE_NAMES: Mutex<Vec<DeviceNames>> = Mutex::new(Vec::new());
 
 /// The device an on-demand dump may ask about: the caller's current device, but only when the
@@ -687,13 +707,9 @@ pub fn dump_reason(raw: &[u8]) -> String {
     out
 }
 
-/// Writes an on-demand dump on the calling thread. True when a dump file was written.
-pub fn dump_now(
-    reason: &str,
-    device: Option<i32>,
-    mem_info: Option<(u64, u64)>,
-    name: Option<String>,
-) -> bool {
+/// Writes an on-demand dump on the calling thread, about what `context` gathered there. True
+/// when a dump file was written.
+pub fn dump_now(reason: &str, context: FailureContext) -> bool {
     let Some(s) = shim() else { return false };
     if !room_for_dump(s) {
         return false;
@@ -703,12 +719,10 @@ pub fn dump_now(
         time: SystemTime::now(),
         now_ns: s.now_ns(),
         failing: None,
-        device,
-        mem_info,
-        device_name: name,
-        extras: take_dump_extras(),
+        context,
     };
-    let dump = assemble::assemble(s, reason, &capture, None, None, None);
+    let facts = assemble::Facts::read(capture.context.device);
+    let dump = assemble::assemble(s, reason, &capture, None, None, facts);
     match oom::write(s, &dump) {
         Ok(w) => {
             crate::say!("oomshim: dump ({reason}) written: {}", w.path.display());
@@ -796,9 +810,8 @@ mod vmm;
 pub use vmm::{
     address_free_begin as vmm_address_free_begin, created as vmm_created,
     handle_key as vmm_handle_key, mapped as vmm_mapped, release_begin as vmm_release_begin,
-    reserved as vmm_reserved, set_pool_snapshot, summary as vmm_summary, take_dump_extras,
-    totals as vmm_totals, undo as vmm_undo, unmap_begin as vmm_unmap_begin, DumpExtras, VmmTotals,
-    VmmUndo,
+    reserved as vmm_reserved, summary as vmm_summary, totals as vmm_totals, undo as vmm_undo,
+    unmap_begin as vmm_unmap_begin, VmmTotals, VmmUndo,
 };
 
 /// Says once that a real CUDA driver function could not be found.
@@ -823,17 +836,8 @@ pub mod bench_support {
             top,
             ..Config::default()
         };
-        let s = Shim {
-            config,
-            ledger: Ledger::new(),
-            stacks: StackTable::new(),
-            py_stacks: StackTable::new(),
-            start_ns: coarse_monotonic_ns(),
-            oom: oom::OomTracker::new(),
-            oom_failures: AtomicU64::new(1),
-            pinned_failures: AtomicU64::new(0),
-            growth: growth::Tracker::new(),
-        };
+        let s = Shim::empty(config);
+        s.oom_failures.store(1, Ordering::Relaxed);
         let ids: Vec<StackId> = (0..stacks)
             .map(|i| {
                 let mut frames: Vec<usize> = pool.to_vec();
@@ -875,10 +879,12 @@ pub mod bench_support {
                 snapshot: s.ledger.snapshot(),
                 time: SystemTime::now(),
                 now_ns: s.now_ns(),
-                device: Some(0),
-                mem_info: Some((0, 80 << 30)),
-                device_name: Some("bench".into()),
-                extras: Default::default(),
+                context: FailureContext {
+                    device: Some(0),
+                    mem_info: Some((0, 80 << 30)),
+                    device_name: Some("bench".into()),
+                    ..FailureContext::learnt_before(Some(0), None)
+                },
                 failing: Some(assemble::Failing {
                     api: Api::CudaMalloc,
                     bytes: 1 << 30,
@@ -888,7 +894,8 @@ pub mod bench_support {
                     py_stack: StackId::EMPTY,
                 }),
             };
-            let dump = assemble::assemble(s, "oom", &capture, None, None, None);
+            let facts = assemble::Facts::read(capture.context.device);
+            let dump = assemble::assemble(s, "oom", &capture, None, None, facts);
             serde_json::to_vec_pretty(&dump).expect("a dump serialises")
         }
     }

@@ -38,12 +38,10 @@ pub struct OomEvent {
     pub bytes: u64,
     pub device: i32,
     pub error_code: i32,
-    /// (free, total) from the runtime, asked on the failing thread right after the failure.
-    pub mem_info: Option<(u64, u64)>,
-    pub device_name: Option<String>,
     pub stream: usize,
-    /// Stream-ordered pools and the VMM layout at the failure.
-    pub extras: super::DumpExtras,
+    /// The device's answers (free/total, name, pools, …), gathered on the failing thread right
+    /// after the failure; they travel with the request to its dump.
+    pub context: super::FailureContext,
 }
 
 /// How a request's outcome became known (the dump's `failed_request.resolution`).
@@ -386,6 +384,7 @@ impl OomTracker {
                 };
                 st.writing += 1;
                 drop(st);
+                let facts = assemble::Facts::read(capture.context.device);
                 let dump = assemble::assemble(
                     s,
                     "oom",
@@ -398,7 +397,7 @@ impl OomTracker {
                         suppressed,
                     }),
                     None,
-                    None,
+                    facts,
                 );
                 self.finish_now(s, dump, stacks, thread, now)
             }
@@ -613,10 +612,9 @@ impl OomTracker {
             bytes,
             device: note.device,
             error_code: crate::sys::cuda_error::MEMORY_ALLOCATION,
-            mem_info,
-            device_name: None,
             stream: 0,
-            extras: Default::default(),
+            // The framework's thread may hold its allocator's lock: CUDA is not asked here.
+            context: super::FailureContext::without_cuda(Some(note.device), mem_info),
         };
         let mut st = self.lock();
         match self.admit(&mut st, s, &ev, stacks, now, 0) {
@@ -636,6 +634,7 @@ impl OomTracker {
         }
         let capture = failure_capture(s, &ev, stacks);
         let last = last_failure(s, &ev, capture.time);
+        let facts = assemble::Facts::read(capture.context.device);
         let dump = assemble::assemble(
             s,
             "oom",
@@ -648,7 +647,7 @@ impl OomTracker {
                 suppressed,
             }),
             Some(&note),
-            None,
+            facts,
         );
         self.finish_now(s, dump, stacks, thread, now)
     }
@@ -819,13 +818,19 @@ impl OomTracker {
         st.writing += 1;
         drop(st);
 
+        // The facts were read when the failure reached the writer; without them (the exit
+        // flush on a thread of its own) they are read now, as for any dump.
+        let facts = match job.facts.clone() {
+            Some(f) => f.with_current_uuids(),
+            None => assemble::Facts::read(job.capture.context.device),
+        };
         let dump = assemble::assemble(
             s,
             "oom",
             &job.capture,
             Some(burst),
             framework.as_ref(),
-            job.facts.clone(),
+            facts,
         );
         let written = match &existing {
             Some(path) => rewrite(path, &dump),
@@ -961,16 +966,12 @@ fn say(text: &str) {
 }
 
 /// The ledger and the device as they are at a failure, for its dump: taken on the failing
-/// thread, at once (the most telling moment).
+/// thread, at once (the most telling moment), with the context the event brought from there.
 pub(super) fn failure_capture(s: &Shim, ev: &OomEvent, stacks: (StackId, StackId)) -> Capture {
     Capture {
         snapshot: s.ledger.snapshot(),
         time: SystemTime::now(),
         now_ns: s.now_ns(),
-        device: Some(ev.device),
-        mem_info: ev.mem_info,
-        device_name: ev.device_name.clone(),
-        extras: ev.extras.clone(),
         failing: Some(Failing {
             api: ev.api,
             bytes: ev.bytes,
@@ -979,6 +980,11 @@ pub(super) fn failure_capture(s: &Shim, ev: &OomEvent, stacks: (StackId, StackId
             stack: stacks.0,
             py_stack: stacks.1,
         }),
+        context: super::FailureContext {
+            // The dump describes the failing device, whoever gathered the rest.
+            device: Some(ev.device),
+            ..ev.context.clone()
+        },
     }
 }
 
@@ -989,8 +995,8 @@ pub(super) fn last_failure(s: &Shim, ev: &OomEvent, time: SystemTime) -> LastFai
         api: ev.api.name().to_string(),
         time_unix_ms: unix_ms(time),
         tracked_bytes: s.ledger.device_bytes(ev.device),
-        free_bytes: ev.mem_info.map(|m| m.0),
-        total_bytes: ev.mem_info.map(|m| m.1),
+        free_bytes: ev.context.mem_info.map(|m| m.0),
+        total_bytes: ev.context.mem_info.map(|m| m.1),
     }
 }
 

@@ -52,26 +52,20 @@ fn state() -> MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-type ForkHeld = (
-    MutexGuard<'static, State>,
-    MutexGuard<'static, Option<DumpExtras>>,
-);
-
 thread_local! {
-    /// The VMM state's locks, held by the forking thread across `fork`.
-    static FORK_HELD: std::cell::RefCell<Option<ForkHeld>> = const { std::cell::RefCell::new(None) };
+    /// The VMM state's lock, held by the forking thread across `fork`.
+    static FORK_HELD: std::cell::RefCell<Option<MutexGuard<'static, State>>> =
+        const { std::cell::RefCell::new(None) };
 }
 
-/// `fork` prepare handler: takes the VMM state's lock, then the dump extras' (never held
-/// together elsewhere, and neither is held while another lock is taken: the state is dropped
-/// before the ledger is reached).
+/// `fork` prepare handler: takes the VMM state's lock (never held while another lock is taken:
+/// the state is dropped before the ledger is reached).
 pub(super) fn fork_prepare() {
     let st = state();
-    let ex = EXTRAS.lock().unwrap_or_else(|e| e.into_inner());
-    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some((st, ex)));
+    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some(st));
 }
 
-/// `fork` parent and child handler: releases them.
+/// `fork` parent and child handler: releases it.
 pub(super) fn fork_release() {
     let _ = FORK_HELD.try_with(|h| drop(h.borrow_mut().take()));
 }
@@ -270,32 +264,4 @@ pub fn summary() -> Option<crate::dump::model::VmmInfo> {
         released_but_mapped: st.handles.values().filter(|h| h.released).count() as u64,
         ranges,
     })
-}
-
-// ---------- what a dump adds from here: pools and VMM, taken at the failure ----------
-
-/// Pools and VMM state for one dump.
-#[derive(Debug, Clone, Default)]
-pub struct DumpExtras {
-    pub pools: Vec<crate::dump::model::PoolInfo>,
-    pub vmm: Option<crate::dump::model::VmmInfo>,
-}
-
-/// Taken by `oomshim_dump` on the calling thread, for that dump (an out-of-memory failure's own
-/// travel in its event instead: see `crate::runtime::OomEvent::extras`).
-static EXTRAS: Mutex<Option<DumpExtras>> = Mutex::new(None);
-
-/// Stores the pools asked on a dumping thread, with the VMM layout now.
-pub fn set_pool_snapshot(pools: Vec<crate::dump::model::PoolInfo>) {
-    let vmm = summary();
-    *EXTRAS.lock().unwrap_or_else(|e| e.into_inner()) = Some(DumpExtras { pools, vmm });
-}
-
-/// The stored state for the on-demand dump being assembled.
-pub fn take_dump_extras() -> DumpExtras {
-    EXTRAS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take()
-        .unwrap_or_default()
 }

@@ -8,7 +8,13 @@
  *   - Devices, capacity, context and other-process bytes: the same SIMCUDA_DEVICES,
  *     SIMCUDA_CAPACITY, SIMCUDA_CONTEXT_BYTES (charged at the first allocation on a device),
  *     SIMCUDA_OTHER_PROCESS_BYTES and SIMCUDA_PINNED_CAPACITY as the simulated runtime, with its
- *     defaults (1 device, 8 GiB, 256 MiB, 0, 4 GiB). The current device is 0.
+ *     defaults (1 device, 8 GiB, 256 MiB, 0, 4 GiB).
+ *   - Contexts: each device has one (primary) context, cuDevicePrimaryCtxRetain's handle; the
+ *     calling thread's current context is set by cuCtxSetCurrent and is device 0's until then
+ *     (and after cuCtxSetCurrent(NULL)). cuCtxGetDevice, cuMemGetInfo, cuMemAlloc* and
+ *     cuMemAllocAsync act on the current context's device.
+ *   - SIMCUDA_MEMINFO_DELAY_MS (default 0): cuMemGetInfo takes that long (a busy device), with no
+ *     lock of the driver held; tests use it to hold a caller inside its on-demand dump.
  *   - Charging: 512 B granularity, 2 MiB above 1 MiB. CUDA_ERROR_OUT_OF_MEMORY when the device
  *     is full. Addresses are fake, bump-allocated from 0x6e0000000000 + (device << 36), never
  *     reused.
@@ -39,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define KiB ((size_t)1024)
 #define MiB (KiB * 1024)
@@ -48,6 +55,8 @@
 #define RESERVE_BASE ((uintptr_t)0x500000000000ULL)
 #define POOL_BASE ((uintptr_t)0x4d0000001000ULL)
 #define POOL_STRIDE ((uintptr_t)0x1000)
+#define CTX_BASE ((uintptr_t)0x3c0000001000ULL)
+#define CTX_STRIDE ((uintptr_t)0x1000)
 
 enum kind { K_DEVICE, K_MANAGED, K_POOL, K_PINNED };
 
@@ -96,6 +105,9 @@ static struct mapping *g_mappings;
 static struct reserve *g_reserves;
 static CUmemGenericAllocationHandle g_next_handle = 0x1001;
 static int g_inject_code, g_inject_count;
+static size_t g_meminfo_delay_ms;
+/* The device of the calling thread's current context. */
+static __thread int t_device;
 
 static size_t env_size(const char *name, size_t dflt) {
     const char *s = getenv(name);
@@ -119,6 +131,7 @@ static void init(void) {
     g_context_bytes = env_size("SIMCUDA_CONTEXT_BYTES", 256 * MiB);
     g_other = env_size("SIMCUDA_OTHER_PROCESS_BYTES", 0);
     g_pinned_capacity = env_size("SIMCUDA_PINNED_CAPACITY", 4 * GiB);
+    g_meminfo_delay_ms = env_size("SIMCUDA_MEMINFO_DELAY_MS", 0);
     for (int d = 0; d < MAX_DEVICES; d++) g_bump[d] = VA_BASE + ((uintptr_t)d << 36);
 }
 
@@ -186,7 +199,7 @@ static CUresult device_alloc(CUdeviceptr *dptr, size_t size, int kind) {
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
     lock();
     CUresult rc = injected();
-    int d = 0;
+    int d = t_device;
     size_t c = charged_size(size);
     if (rc == CUDA_SUCCESS) rc = charge(d, c);
     if (rc == CUDA_SUCCESS) {
@@ -324,18 +337,59 @@ CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
 
 CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
 
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    pthread_once(&g_once, init);
+    if (pctx == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= g_devices) return CUDA_ERROR_INVALID_DEVICE;
+    *pctx = (CUcontext)(CTX_BASE + (uintptr_t)dev * CTX_STRIDE);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    pthread_once(&g_once, init);
+    return dev < 0 || dev >= g_devices ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+    pthread_once(&g_once, init);
+    if (ctx == NULL) {
+        t_device = 0;
+        return CUDA_SUCCESS;
+    }
+    uintptr_t h = (uintptr_t)ctx;
+    if (h < CTX_BASE || (h - CTX_BASE) % CTX_STRIDE != 0 ||
+        (h - CTX_BASE) / CTX_STRIDE >= (uintptr_t)g_devices)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    t_device = (int)((h - CTX_BASE) / CTX_STRIDE);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    if (pctx == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = (CUcontext)(CTX_BASE + (uintptr_t)t_device * CTX_STRIDE);
+    return CUDA_SUCCESS;
+}
+
 CUresult cuCtxGetDevice(CUdevice *device) {
     if (device == NULL) return CUDA_ERROR_INVALID_VALUE;
-    *device = 0;
+    *device = t_device;
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     if (free_bytes == NULL || total_bytes == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_once(&g_once, init);
+    if (g_meminfo_delay_ms > 0) {
+        struct timespec ts = {(time_t)(g_meminfo_delay_ms / 1000),
+                              (long)(g_meminfo_delay_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0) {
+        }
+    }
+    int d = t_device;
     lock();
-    CUresult rc = charge(0, 0); /* creates the context, as the real call does */
+    CUresult rc = charge(d, 0); /* creates the context, as the real call does */
     if (rc == CUDA_SUCCESS) {
-        size_t u = in_use(0);
+        size_t u = in_use(d);
         *free_bytes = u >= g_capacity ? 0 : g_capacity - u;
         *total_bytes = g_capacity;
     }
@@ -382,7 +436,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
 
 static CUresult alloc_async(CUdeviceptr *dptr, size_t size) {
     lock();
-    CUresult rc = pool_alloc(dptr, size, 0);
+    CUresult rc = pool_alloc(dptr, size, t_device);
     unlock();
     return rc;
 }
@@ -666,6 +720,10 @@ static const struct entry g_entries[] = {
     {"cuDeviceGetUuid", 9020, 0, (void *)cuDeviceGetUuid},
     {"cuDeviceGetUuid", 11040, 0, (void *)cuDeviceGetUuid_v2},
     {"cuCtxGetDevice", 2000, 0, (void *)cuCtxGetDevice},
+    {"cuCtxSetCurrent", 4000, 0, (void *)cuCtxSetCurrent},
+    {"cuCtxGetCurrent", 4000, 0, (void *)cuCtxGetCurrent},
+    {"cuDevicePrimaryCtxRetain", 7000, 0, (void *)cuDevicePrimaryCtxRetain},
+    {"cuDevicePrimaryCtxRelease", 11000, 0, (void *)cuDevicePrimaryCtxRelease_v2},
     {"cuMemGetInfo", 3020, 0, (void *)cuMemGetInfo_v2},
     {"cuMemAlloc", 2000, 0, (void *)cuMemAlloc},
     {"cuMemAlloc", 3020, 0, (void *)cuMemAlloc_v2},

@@ -23,6 +23,7 @@ typedef enum cudaError_enum {
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_SUPPORTED = 801,
@@ -31,6 +32,7 @@ typedef enum cudaError_enum {
 
 typedef unsigned long long CUdeviceptr;
 typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef unsigned long long CUmemGenericAllocationHandle;
@@ -96,6 +98,10 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
 typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
 CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxGetCurrent(CUcontext *pctx);
 CUresult cuCtxGetDevice(CUdevice *device);
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
