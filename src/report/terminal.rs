@@ -3,17 +3,15 @@
 
 use std::fmt::Write as _;
 
+use super::model::{shown_frames, Occasion, Recovery, ReportModel, RequestView};
 use super::units::{
-    bytes_with_exact, clean, human_age, human_bytes, percent, share, thousands, truncate_function,
+    bytes_with_exact, clean, human_age, human_bytes, percent, thousands, truncate_function,
     truncate_left, truncate_middle, width,
 };
-use super::{
-    free_blocks_available, named_frames, sorted_holders, sorted_sites, used_bytes, ReportOptions,
-    FRAMES_SHOWN,
-};
-use crate::dump::model::{Dump, FailedRequest, Frame};
+use super::ReportOptions;
+use crate::dump::model::{Dump, Frame};
 use crate::verdict::{
-    judge, FRAGMENTATION, OTHER_PROCESSES, OWN_ALLOCATIONS, REQUEST_EXCEEDS_DEVICE, SNAPSHOT,
+    FRAGMENTATION, OTHER_PROCESSES, OWN_ALLOCATIONS, REQUEST_EXCEEDS_DEVICE, SNAPSHOT,
     UNTRACKED_MEMORY,
 };
 
@@ -30,24 +28,35 @@ const BAR: usize = 30;
 
 /// Renders the whole report. Ends with a newline.
 pub fn render_terminal(dump: &Dump, opts: &ReportOptions) -> String {
+    render(&ReportModel::new(dump), opts)
+}
+
+/// [`render_terminal`] of a model already derived; with a torch side file in the model, its
+/// description follows the report after a blank line.
+pub fn render(model: &ReportModel, opts: &ReportOptions) -> String {
     let s = Style { color: opts.color };
+    let dump = model.dump;
     let mut out = String::new();
-    header(&mut out, &s, dump);
-    if let Some(request) = &dump.failed_request {
+    header(&mut out, &s, model);
+    if let Some(request) = &model.failed_request {
         failed_request(&mut out, &s, request);
     }
-    verdict(&mut out, &s, dump);
-    devices(&mut out, &s, dump);
+    verdict(&mut out, &s, model);
+    devices(&mut out, &s, model);
     libraries(&mut out, &s, dump);
-    gpu_processes(&mut out, &s, dump, opts.top);
-    holders(&mut out, &s, dump, opts.top);
-    sites(&mut out, &s, dump, opts.top);
+    gpu_processes(&mut out, &s, model, opts.top);
+    holders(&mut out, &s, model, opts.top);
+    sites(&mut out, &s, model, opts.top);
     pinned(&mut out, &s, dump);
     host(&mut out, &s, dump);
     config(&mut out, &s, dump);
     request_sizes(&mut out, &s, dump);
-    free_blocks(&mut out, &s, dump);
+    free_blocks(&mut out, &s, model);
     recording(&mut out, &s, dump);
+    if let Some(torch) = &model.torch_cache {
+        out.push('\n');
+        out.push_str(&super::torch_cache::describe(torch.path, torch.cache));
+    }
     out
 }
 
@@ -106,21 +115,20 @@ impl Style {
     }
 }
 
-fn header(out: &mut String, s: &Style, dump: &Dump) {
-    let what = match &dump.failed_request {
-        Some(r) => format!(
+fn header(out: &mut String, s: &Style, model: &ReportModel) {
+    let dump = model.dump;
+    let what = match model.occasion {
+        Occasion::OutOfMemory(r) => format!(
             "out of memory on device {} ({} via {})",
             r.device,
             human_bytes(r.bytes),
             truncate_middle(&clean(&r.api), MAX_CELL)
         ),
-        None => match &dump.post_mortem {
-            Some(pm) => crate::report::post_mortem_words(pm),
-            None => format!(
-                "on-demand dump ({})",
-                truncate_middle(&clean(&dump.reason), 60)
-            ),
-        },
+        Occasion::PostMortem(pm) => crate::report::post_mortem_words(pm),
+        Occasion::OnDemand => format!(
+            "on-demand dump ({})",
+            truncate_middle(&clean(&dump.reason), 60)
+        ),
     };
     let p = &dump.process;
     let mut process = if p.host.is_empty() {
@@ -185,7 +193,8 @@ fn shell_word(arg: &str) -> String {
     }
 }
 
-fn failed_request(out: &mut String, s: &Style, r: &FailedRequest) {
+fn failed_request(out: &mut String, s: &Style, view: &RequestView) {
+    let r = view.request;
     let _ = writeln!(out, "\n{}", s.title("Failed request"));
     kv(out, s, "size", &bytes_with_exact(r.bytes));
     kv(
@@ -199,10 +208,10 @@ fn failed_request(out: &mut String, s: &Style, r: &FailedRequest) {
             r.error_code
         ),
     );
-    let outcome = match r.recovered {
-        Some(true) => "recovered: a retry succeeded; the program did not see this error",
-        Some(false) => "stood: no retry succeeded; the program saw this error",
-        None => "unknown: the dump was written before a retry could be seen",
+    let outcome = match view.recovery {
+        Recovery::Recovered => "recovered: a retry succeeded; the program did not see this error",
+        Recovery::Stood => "stood: no retry succeeded; the program saw this error",
+        Recovery::Unknown => "unknown: the dump was written before a retry could be seen",
     };
     kv(out, s, "outcome", outcome);
     kv(
@@ -251,8 +260,8 @@ fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
 
-fn verdict(out: &mut String, s: &Style, dump: &Dump) {
-    let v = judge(dump);
+fn verdict(out: &mut String, s: &Style, model: &ReportModel) {
+    let v = &model.verdict;
     let _ = writeln!(out, "\n{} {}", s.title("Verdict:"), s.kind(&v.kind));
     for line in wrap(&v.summary, WRAP, "  ", "  ") {
         let _ = writeln!(out, "{line}");
@@ -294,8 +303,7 @@ fn verdict(out: &mut String, s: &Style, dump: &Dump) {
             }
         }
     }
-    let recorded = &dump.verdict.kind;
-    if !recorded.is_empty() && *recorded != v.kind {
+    if let Some(recorded) = model.recorded_verdict_if_different() {
         let _ = writeln!(
             out,
             "  {}",
@@ -307,9 +315,9 @@ fn verdict(out: &mut String, s: &Style, dump: &Dump) {
     }
 }
 
-fn devices(out: &mut String, s: &Style, dump: &Dump) {
+fn devices(out: &mut String, s: &Style, model: &ReportModel) {
     let _ = writeln!(out, "\n{}", s.title("Devices"));
-    if dump.devices.is_empty() {
+    if model.devices.is_empty() {
         let _ = writeln!(out, "  (none recorded)");
         return;
     }
@@ -324,7 +332,8 @@ fn devices(out: &mut String, s: &Style, dump: &Dump) {
         ("PEAK", Align::Right),
     ]);
     let opt = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "-".to_string());
-    for d in &dump.devices {
+    for view in &model.devices {
+        let d = view.device;
         t.row(
             vec![
                 d.index.to_string(),
@@ -334,7 +343,7 @@ fn devices(out: &mut String, s: &Style, dump: &Dump) {
                     .unwrap_or_else(|| "-".into()),
                 opt(d.total_bytes),
                 opt(d.free_bytes),
-                opt(used_bytes(d.total_bytes, d.free_bytes)),
+                opt(view.used_bytes),
                 human_bytes(d.tracked_bytes),
                 thousands(d.tracked_count),
                 human_bytes(d.peak_tracked_bytes),
@@ -343,12 +352,14 @@ fn devices(out: &mut String, s: &Style, dump: &Dump) {
         );
     }
     t.render(out, s);
-    for d in dump.devices.iter().filter(|d| d.uuid.is_some()) {
-        let uuid = d.uuid.as_deref().unwrap_or_default();
+    for view in &model.devices {
+        let Some(uuid) = view.device.uuid.as_deref() else {
+            continue;
+        };
         let _ = writeln!(
             out,
             "  device {} is {}",
-            d.index,
+            view.device.index,
             truncate_middle(&clean(uuid), 64)
         );
     }
@@ -410,10 +421,7 @@ fn libraries(out: &mut String, s: &Style, dump: &Dump) {
 
 /// Up to three named frames as table lines: `function (…/file:line)`.
 fn stack_lines(stack: &[Frame]) -> Vec<String> {
-    let lines: Vec<String> = named_frames(stack)
-        .take(FRAMES_SHOWN)
-        .map(table_frame)
-        .collect();
+    let lines: Vec<String> = shown_frames(stack).map(table_frame).collect();
     if lines.is_empty() {
         vec![if stack.is_empty() {
             "(no stack recorded)"
@@ -459,8 +467,8 @@ fn shown_of(shown: usize, total: usize) -> String {
     }
 }
 
-fn holders(out: &mut String, s: &Style, dump: &Dump, top: usize) {
-    let all = sorted_holders(dump);
+fn holders(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
+    let all = &model.holders;
     let shown = all.len().min(top);
     let _ = writeln!(
         out,
@@ -469,7 +477,7 @@ fn holders(out: &mut String, s: &Style, dump: &Dump, top: usize) {
         s.dim(&format!(
             "({} listed in the dump; {} live allocations)",
             shown_of(shown, all.len()),
-            thousands(dump.recording.live_allocations)
+            thousands(model.dump.recording.live_allocations)
         ))
     );
     if shown == 0 {
@@ -512,14 +520,9 @@ fn holders(out: &mut String, s: &Style, dump: &Dump, top: usize) {
     t.render(out, s);
 }
 
-fn sites(out: &mut String, s: &Style, dump: &Dump, top: usize) {
-    let all = sorted_sites(dump);
+fn sites(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
+    let all = &model.sites;
     let shown = all.len().min(top);
-    let tracked: u64 = dump
-        .devices
-        .iter()
-        .map(|d| d.tracked_bytes)
-        .fold(0, u64::saturating_add);
     let _ = writeln!(
         out,
         "\n{} {}",
@@ -548,7 +551,8 @@ fn sites(out: &mut String, s: &Style, dump: &Dump, top: usize) {
         ("TRACKED%", Align::Right),
         ("STACK", Align::Left),
     ]);
-    for (i, site) in all.iter().take(shown).enumerate() {
+    for (i, view) in all.iter().take(shown).enumerate() {
+        let site = view.site;
         let mut frames = stack_lines(&site.stack);
         let first = frames.remove(0);
         t.row(
@@ -556,7 +560,7 @@ fn sites(out: &mut String, s: &Style, dump: &Dump, top: usize) {
                 (i + 1).to_string(),
                 human_bytes(site.bytes),
                 thousands(site.count),
-                percent(share(site.bytes, tracked)),
+                percent(view.percent_of_tracked),
                 first,
             ],
             frames,
@@ -580,9 +584,12 @@ fn pinned(out: &mut String, s: &Style, dump: &Dump) {
 /// Processes NVML lists on the device (absent in dumps without them): the `top` largest, and
 /// this process wherever it ranks; the rest are counted, not listed (a shared node can list
 /// thousands).
-fn gpu_processes(out: &mut String, s: &Style, dump: &Dump, top: usize) {
+fn gpu_processes(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
     use crate::facts::gpu_processes::Relation;
-    let Some(g) = &dump.gpu_processes else { return };
+    let Some(view) = &model.gpu_processes else {
+        return;
+    };
+    let g = view.list;
     let _ = writeln!(
         out,
         "\n{}",
@@ -596,20 +603,18 @@ fn gpu_processes(out: &mut String, s: &Style, dump: &Dump, top: usize) {
         let _ = writeln!(out, "  none listed");
         return;
     }
-    // Largest first (the shim writes them so; a dump from elsewhere may not be).
-    let mut order: Vec<usize> = (0..g.processes.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(g.processes[i].used_bytes.unwrap_or(0)));
+    let order = &view.largest_first;
     let top = top.max(1);
-    let mut shown: Vec<usize> = order.iter().copied().take(top).collect();
-    if let Some(&me) = order
+    // The largest `top`, and this process wherever it ranks below them.
+    let me = order
         .iter()
         .skip(top)
-        .find(|&&i| g.processes[i].relation == Relation::This)
-    {
-        shown.push(me);
-    }
-    for &i in &shown {
-        let p = &g.processes[i];
+        .position(|p| p.relation == Relation::This)
+        .map(|i| i + top);
+    let shown = order.iter().take(top).chain(me.map(|i| &order[i]));
+    let mut listed = 0;
+    for p in shown {
+        listed += 1;
         let _ = writeln!(
             out,
             "  {:>8}  {:>12}  {:<24} {}",
@@ -619,15 +624,15 @@ fn gpu_processes(out: &mut String, s: &Style, dump: &Dump, top: usize) {
             p.relation.words()
         );
     }
-    let hidden = g.processes.len() - shown.len();
+    let hidden = order.len() - listed;
     if hidden > 0 {
-        let mut listed = vec![false; g.processes.len()];
-        for &i in &shown {
-            listed[i] = true;
-        }
-        let bytes: u64 = (0..g.processes.len())
-            .filter(|&i| !listed[i])
-            .map(|i| g.processes[i].used_bytes.unwrap_or(0))
+        // Saturating, so the order of the sum does not matter.
+        let bytes: u64 = order
+            .iter()
+            .enumerate()
+            .skip(top)
+            .filter(|&(i, _)| Some(i) != me)
+            .map(|(_, p)| p.used_bytes.unwrap_or(0))
             .fold(0u64, u64::saturating_add);
         let _ = writeln!(
             out,
@@ -685,9 +690,9 @@ fn config(out: &mut String, s: &Style, dump: &Dump) {
     let _ = writeln!(out, "{} {}", s.title("Configuration:"), parts.join("; "));
 }
 
-fn free_blocks(out: &mut String, s: &Style, dump: &Dump) {
-    let fb = &dump.free_blocks;
-    if !free_blocks_available(dump) {
+fn free_blocks(out: &mut String, s: &Style, model: &ReportModel) {
+    let fb = model.free_blocks.blocks;
+    if !model.free_blocks.available {
         let reason = fb
             .reason
             .as_deref()
@@ -711,9 +716,9 @@ fn free_blocks(out: &mut String, s: &Style, dump: &Dump) {
         ))
     );
     let opt = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "-".to_string());
-    let frag = fb
+    let frag = model
+        .free_blocks
         .fragmentation
-        .filter(|f| f.is_finite())
         .map(|f| percent(Some(f * 100.0)))
         .unwrap_or_else(|| "-".into());
     let _ = writeln!(
