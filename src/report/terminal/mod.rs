@@ -1,19 +1,19 @@
 //! The terminal report: a parsed dump as aligned plain-text tables, ANSI colour on request.
-//! Pure: identical input gives identical output.
+//! Pure: identical input gives identical output. The sections are here; `layout` has the
+//! styling, wrapping and tables they are drawn with.
 
 use std::fmt::Write as _;
+
+mod layout;
 
 use super::model::{shown_frames, Occasion, Recovery, ReportModel, RequestView};
 use super::units::{
     bytes_with_exact, clean, human_age, human_bytes, percent, thousands, truncate_function,
-    truncate_left, truncate_middle, width,
+    truncate_left, truncate_middle,
 };
 use super::ReportOptions;
 use crate::dump::model::{Dump, Frame};
-use crate::verdict::{
-    FRAGMENTATION, OTHER_PROCESSES, OWN_ALLOCATIONS, REQUEST_EXCEEDS_DEVICE, SNAPSHOT,
-    UNTRACKED_MEMORY,
-};
+use layout::{kv, plural, wrap, Align, Style, Table};
 
 /// Width that prose (summary, suggestions) is wrapped to.
 const WRAP: usize = 100;
@@ -82,39 +82,6 @@ fn request_sizes(out: &mut String, s: &Style, dump: &Dump) {
     );
 }
 
-/// ANSI styling that is a no-op without colour.
-struct Style {
-    color: bool,
-}
-
-impl Style {
-    fn paint(&self, code: &str, text: &str) -> String {
-        if self.color && !text.is_empty() {
-            format!("\x1b[{code}m{text}\x1b[0m")
-        } else {
-            text.to_string()
-        }
-    }
-    fn title(&self, text: &str) -> String {
-        self.paint("1", text)
-    }
-    fn dim(&self, text: &str) -> String {
-        self.paint("2", text)
-    }
-    fn kind(&self, kind: &str) -> String {
-        let code = match kind {
-            REQUEST_EXCEEDS_DEVICE | UNTRACKED_MEMORY | OTHER_PROCESSES => "1;31",
-            OWN_ALLOCATIONS
-            | FRAGMENTATION
-            | crate::verdict::LEAK
-            | crate::verdict::FRAMEWORK_CACHE => "1;33",
-            SNAPSHOT => "1;36",
-            _ => "1",
-        };
-        self.paint(code, kind)
-    }
-}
-
 fn header(out: &mut String, s: &Style, model: &ReportModel) {
     let dump = model.dump;
     let what = match model.occasion {
@@ -166,16 +133,6 @@ fn header(out: &mut String, s: &Style, model: &ReportModel) {
     kv(out, s, "time", &clean(&dump.time));
     kv(out, s, "process", &process);
     kv(out, s, "command", &command);
-}
-
-/// One `  key      value` line of a section.
-fn kv(out: &mut String, s: &Style, key: &str, value: &str) {
-    let _ = writeln!(
-        out,
-        "  {}{}  {value}",
-        s.dim(key),
-        " ".repeat(8usize.saturating_sub(width(key)))
-    );
 }
 
 /// An argument as a shell would need it, control characters escaped.
@@ -254,10 +211,6 @@ fn failed_request(out: &mut String, s: &Style, view: &RequestView) {
             let _ = writeln!(out, "  {}  {line}", " ".repeat(8));
         }
     }
-}
-
-fn plural(n: u64, one: &str, many: &str) -> String {
-    format!("{} {}", thousands(n), if n == 1 { one } else { many })
 }
 
 fn verdict(out: &mut String, s: &Style, model: &ReportModel) {
@@ -785,367 +738,5 @@ fn recording(out: &mut String, s: &Style, dump: &Dump) {
     }
 }
 
-/// Greedy word wrap; words longer than a line stand alone.
-fn wrap(text: &str, max: usize, first: &str, rest: &str) -> Vec<String> {
-    let mut lines = Vec::new();
-    let mut line = first.to_string();
-    let mut empty = true;
-    for word in text.split_whitespace() {
-        if !empty && width(&line) + 1 + width(word) > max {
-            lines.push(std::mem::replace(&mut line, rest.to_string()));
-            empty = true;
-        }
-        if !empty {
-            line.push(' ');
-        }
-        line.push_str(word);
-        empty = false;
-    }
-    lines.push(line);
-    lines
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum Align {
-    Left,
-    Right,
-}
-
-/// A table whose last column is free text (not padded) and may carry continuation lines.
-struct Table {
-    headers: Vec<(String, Align)>,
-    rows: Vec<(Vec<String>, Vec<String>)>,
-}
-
-impl Table {
-    fn new(headers: &[(&str, Align)]) -> Table {
-        Table {
-            headers: headers.iter().map(|(h, a)| (h.to_string(), *a)).collect(),
-            rows: Vec::new(),
-        }
-    }
-
-    fn row(&mut self, cells: Vec<String>, more: Vec<String>) {
-        debug_assert_eq!(cells.len(), self.headers.len());
-        self.rows.push((cells, more));
-    }
-
-    fn render(&self, out: &mut String, s: &Style) {
-        let n = self.headers.len();
-        let mut widths: Vec<usize> = self.headers.iter().map(|(h, _)| width(h)).collect();
-        for (cells, _) in &self.rows {
-            for (w, c) in widths.iter_mut().zip(cells) {
-                *w = (*w).max(width(c));
-            }
-        }
-        let line = |cells: Vec<&str>| -> String {
-            let mut text = String::from("  ");
-            for (i, cell) in cells.iter().enumerate() {
-                if i > 0 {
-                    text.push_str("  ");
-                }
-                let pad = widths[i].saturating_sub(width(cell));
-                if i + 1 == n {
-                    if self.headers[i].1 == Align::Right {
-                        text.push_str(&" ".repeat(pad));
-                    }
-                    text.push_str(cell);
-                } else if self.headers[i].1 == Align::Right {
-                    text.push_str(&" ".repeat(pad));
-                    text.push_str(cell);
-                } else {
-                    text.push_str(cell);
-                    text.push_str(&" ".repeat(pad));
-                }
-            }
-            text.trim_end().to_string()
-        };
-        let header = line(self.headers.iter().map(|(h, _)| h.as_str()).collect());
-        let _ = writeln!(out, "{}", s.dim(&header));
-        let continuation: usize = 2 + widths[..n - 1].iter().map(|w| w + 2).sum::<usize>();
-        for (cells, more) in &self.rows {
-            let _ = writeln!(out, "{}", line(cells.iter().map(String::as_str).collect()));
-            for extra in more {
-                let _ = writeln!(out, "{}{extra}", " ".repeat(continuation));
-            }
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::super::fixtures::{check_golden, fixture_names, load_fixture};
-    use super::*;
-    use crate::dump::model::*;
-    use crate::verdict::tests::oom_dump;
-
-    #[test]
-    fn libraries_and_the_untracked_split_are_named_in_the_report() {
-        let mut dump = load_fixture("oom_untracked");
-        dump.library_memory = Some(LibraryMemory {
-            source: "stack_modules".into(),
-            libraries: vec![LibraryBytes {
-                library: "nccl".into(),
-                name: "NCCL".into(),
-                device: 0,
-                bytes: 96 << 20,
-                count: 2,
-                modules: vec!["/opt/nccl/lib/libnccl.so.2".into()],
-                apis: vec!["cudaMalloc".into(), "cuMemCreate".into()],
-            }],
-            untracked: vec![UntrackedSplit {
-                device: 0,
-                used_bytes: 70 << 30,
-                tracked_bytes: 10 << 30,
-                context_bytes: Some(600 << 20),
-                other_processes_bytes: Some(59 << 30),
-                unexplained_bytes: Some(424 << 20),
-            }],
-        });
-        let text = render_terminal(
-            &dump,
-            &ReportOptions {
-                top: 5,
-                color: false,
-            },
-        );
-        let nccl = text.lines().find(|l| l.contains("  NCCL ")).unwrap_or("");
-        assert!(
-            nccl.contains("96.00 MiB")
-                && nccl.contains("cudaMalloc, cuMemCreate")
-                && nccl.contains("libnccl.so.2"),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                "device 0: 70.00 GiB used = 10.00 GiB tracked + 600.00 MiB CUDA context and unhooked \
-                 (NVML, this process) + 59.00 GiB other processes + 424.00 MiB that no API shows"
-            ),
-            "{text}"
-        );
-        // Without the section, the report has no such lines.
-        dump.library_memory = None;
-        let text = render_terminal(
-            &dump,
-            &ReportOptions {
-                top: 5,
-                color: false,
-            },
-        );
-        assert!(!text.contains("By library") && !text.contains("no API shows"));
-    }
-
-    #[test]
-    fn terminal_golden() {
-        for name in fixture_names() {
-            let dump = load_fixture(name);
-            let text = render_terminal(
-                &dump,
-                &ReportOptions {
-                    top: 5,
-                    color: false,
-                },
-            );
-            check_golden(&format!("{name}.report.txt"), &text);
-            assert!(!text.contains('\x1b'), "{name}: no colour unless asked");
-            assert_eq!(
-                text,
-                render_terminal(
-                    &dump,
-                    &ReportOptions {
-                        top: 5,
-                        color: false
-                    }
-                ),
-                "deterministic"
-            );
-        }
-    }
-
-    #[test]
-    fn terminal_golden_color() {
-        let dump = load_fixture("oom_own_allocations");
-        let text = render_terminal(
-            &dump,
-            &ReportOptions {
-                top: 5,
-                color: true,
-            },
-        );
-        check_golden("oom_own_allocations.report.color.txt", &text);
-        assert!(text.contains("\x1b[1m"));
-        // Without the escape codes it is the plain report.
-        let plain = strip_ansi(&text);
-        assert_eq!(
-            plain,
-            render_terminal(
-                &dump,
-                &ReportOptions {
-                    top: 5,
-                    color: false
-                }
-            )
-        );
-    }
-
-    fn strip_ansi(text: &str) -> String {
-        let mut out = String::new();
-        let mut chars = text.chars();
-        while let Some(c) = chars.next() {
-            if c == '\x1b' {
-                for c in chars.by_ref() {
-                    if c == 'm' {
-                        break;
-                    }
-                }
-            } else {
-                out.push(c);
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn empty_and_unknown_render_without_panicking() {
-        let mut dump = oom_dump(1 << 30, None, None, 0);
-        dump.devices.clear();
-        dump.largest_holders.clear();
-        dump.sites.clear();
-        dump.process.command_line.clear();
-        dump.recording = Recording::default();
-        for top in [0, 1, 10] {
-            let colored = render_terminal(&dump, &ReportOptions { top, color: true });
-            let text = render_terminal(&dump, &ReportOptions { top, color: false });
-            assert_eq!(strip_ansi(&colored), text);
-            assert!(text.contains("Devices\n  (none recorded)"), "{text}");
-            assert!(
-                text.contains(
-                    "Largest holders (0 listed in the dump; 0 live allocations)\n  (none recorded)"
-                ),
-                "{text}"
-            );
-            let _ = super::super::render_json(&dump, &ReportOptions { top, color: false });
-        }
-    }
-
-    #[test]
-    fn hostile_and_extreme_values() {
-        let mut dump = oom_dump(u64::MAX, Some(u64::MAX), Some(0), u64::MAX);
-        dump.process.host = "evil\x1b]0;pwned\x07host".into();
-        dump.process.command_line =
-            vec!["python".into(), "it's a\nscript.py".into(), String::new()];
-        dump.reason = "\x1b[2J".into();
-        let long = "ns::".repeat(200) + "f(int)";
-        dump.largest_holders = vec![Holder {
-            bytes: u64::MAX,
-            address: "0x0".into(),
-            api: "\x1b[31mcudaMalloc".into(),
-            device: -1,
-            stream: None,
-            thread: 0,
-            thread_name: None,
-            age_s: f64::NAN,
-            seq: 0,
-            stack: vec![
-                Frame {
-                    address: "0x1".into(),
-                    function: Some(long.clone()),
-                    file: Some("/".repeat(500)),
-                    line: Some(u32::MAX),
-                    module: None,
-                    inlined: false,
-                    kind: Default::default(),
-                },
-                Frame {
-                    address: "0x2".into(),
-                    function: None,
-                    file: None,
-                    line: None,
-                    module: None,
-                    inlined: false,
-                    kind: Default::default(),
-                },
-            ],
-            stack_merge: None,
-        }];
-        dump.free_blocks = FreeBlocks {
-            source: "oomshim-allocator".into(),
-            reason: None,
-            total_free_bytes: Some(u64::MAX),
-            largest_free_bytes: Some(0),
-            fragmentation: Some(f64::INFINITY),
-            histogram: vec![
-                HistogramBin {
-                    lo: 0,
-                    hi: u64::MAX,
-                    count: u64::MAX,
-                    bytes: u64::MAX,
-                },
-                HistogramBin {
-                    lo: 0,
-                    hi: 0,
-                    count: 0,
-                    bytes: 0,
-                },
-            ],
-            ..Default::default()
-        };
-        for color in [false, true] {
-            let text = render_terminal(
-                &dump,
-                &ReportOptions {
-                    top: usize::MAX,
-                    color,
-                },
-            );
-            assert!(
-                !text.contains("\x1b]"),
-                "control characters from the dump are escaped"
-            );
-            assert!(
-                !text.contains("\x1b[2J") && !text.contains("\x1b[31mcuda"),
-                "{text}"
-            );
-            assert!(text.contains("python \"it's a\\nscript.py\" ''"), "{text}");
-            for line in text.lines() {
-                assert!(width(line) < 400, "line too long: {line}");
-            }
-        }
-        let v = super::super::render_json(
-            &dump,
-            &ReportOptions {
-                top: 3,
-                color: false,
-            },
-        );
-        assert!(v["top_holders"][0]["age_s"].is_null());
-        assert!(v["free_blocks"]["fragmentation"].is_null());
-        assert!(serde_json::to_string(&v).is_ok());
-    }
-
-    #[test]
-    fn wrap_and_table_alignment() {
-        assert_eq!(wrap("a b c", 3, "", ""), vec!["a b", "c"]);
-        assert_eq!(wrap("", 10, "  ", "  "), vec!["  "]);
-        assert_eq!(
-            wrap("averyveryverylongword x", 5, "- ", "  "),
-            vec!["- averyveryverylongword", "  x"]
-        );
-        let mut t = Table::new(&[
-            ("N", Align::Right),
-            ("NAME", Align::Left),
-            ("TEXT", Align::Left),
-        ]);
-        t.row(
-            vec!["1".into(), "a".into(), "first".into()],
-            vec!["second".into()],
-        );
-        t.row(vec!["100".into(), "abcdef".into(), "x".into()], vec![]);
-        let mut out = String::new();
-        t.render(&mut out, &Style { color: false });
-        assert_eq!(
-            out,
-            "    N  NAME    TEXT\n    1  a       first\n               second\n  100  abcdef  x\n"
-        );
-    }
-}
+mod tests;
