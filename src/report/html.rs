@@ -10,6 +10,10 @@
 //! ever parsed as HTML. In the JSON every `<`, `>` and `&` is written as a `\u00XX` escape, so
 //! no `</script>` inside a string can end the element.
 //!
+//! The payload is a rendering of the [`ReportModel`] (verdict, devices, free blocks, growth
+//! capacity are derived there, as for the terminal and JSON reports); its verdict, last-failure
+//! and pinned-host objects are the JSON report's own.
+//!
 //! Stacks are interned: the payload has one table of distinct frames and one of distinct stacks
 //! (frame indices, innermost first); holders and sites refer to stacks by index and are rows of
 //! arrays, so a dump with 100,000 holders stays a few MiB.
