@@ -235,7 +235,7 @@ impl<'a> ReportModel<'a> {
     }
 }
 
-/// The frames a report shows for a stack: the first [`FRAMES_SHOWN`] that have a name,
+/// The frames a report shows for a stack: the first `FRAMES_SHOWN` (3) that have a name,
 /// innermost first (see [`named_frames`] for which are skipped).
 pub fn shown_frames(stack: &[Frame]) -> impl Iterator<Item = &Frame> {
     named_frames(stack).take(FRAMES_SHOWN)
