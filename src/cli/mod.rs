@@ -92,22 +92,17 @@ fn report_inner(path: &Path, top: usize, json: bool, color: bool) -> Result<Stri
     if let Some((_, cache)) = &torch {
         crate::report::torch_cache::apply(&mut dump, cache);
     }
+    let mut model = crate::report::ReportModel::new(&dump);
+    if let Some((p, cache)) = &torch {
+        model = model.with_torch_cache(p, cache);
+    }
     let opts = crate::report::ReportOptions { top, color };
     if json {
-        let mut value = crate::report::render_json(&dump, &opts);
-        if let (Some(obj), Some((p, _))) = (value.as_object_mut(), &torch) {
-            obj.insert("torch_cache_file".into(), serde_json::json!(p));
-        }
-        serde_json::to_string_pretty(&value)
+        serde_json::to_string_pretty(&crate::report::json::render(&model, &opts))
             .map(|s| s + "\n")
             .map_err(|e| e.to_string())
     } else {
-        let mut text = crate::report::render_terminal(&dump, &opts);
-        if let Some((p, cache)) = &torch {
-            text.push('\n');
-            text.push_str(&crate::report::torch_cache::describe(p, cache));
-        }
-        Ok(text)
+        Ok(crate::report::terminal::render(&model, &opts))
     }
 }
 
@@ -122,7 +117,8 @@ fn report_html_inner(path: &Path, out: &Path) -> Result<String, String> {
     if let Some((_, cache)) = crate::report::torch_cache::find_for(path, &dump) {
         crate::report::torch_cache::apply(&mut dump, &cache);
     }
-    crate::report::html::write_html_with_mode(&dump, out, output_mode(path))
+    let model = crate::report::ReportModel::new(&dump);
+    crate::report::html::write_page(&model, out, output_mode(path))
         .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
     Ok(format!("wrote {}\n", clean_path(out)))
 }

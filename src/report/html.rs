@@ -10,6 +10,10 @@
 //! ever parsed as HTML. In the JSON every `<`, `>` and `&` is written as a `\u00XX` escape, so
 //! no `</script>` inside a string can end the element.
 //!
+//! The payload is a rendering of the [`ReportModel`] (verdict, devices, free blocks, growth
+//! capacity are derived there, as for the terminal and JSON reports); its verdict, last-failure
+//! and pinned-host objects are the JSON report's own.
+//!
 //! Stacks are interned: the payload has one table of distinct frames and one of distinct stacks
 //! (frame indices, innermost first); holders and sites refer to stacks by index and are rows of
 //! arrays, so a dump with 100,000 holders stays a few MiB.
@@ -24,9 +28,10 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::dump::model::{Dump, Frame, FrameKind};
+use crate::report::json::{last_failure_json, pinned_host_json, verdict_json};
+use crate::report::model::{known_age, ReportModel};
 use crate::report::units::clean;
-use crate::report::{frame_label, is_cuda_api_frame, recovery_word, used_bytes};
-use crate::verdict::judge;
+use crate::report::{frame_label, is_cuda_api_frame};
 
 /// The page's script (vanilla JS, no libraries).
 const SCRIPT: &str = include_str!("html/report.js");
@@ -154,39 +159,43 @@ fn frame_json(f: &Frame) -> Value {
 
 /// The page's data: everything the script shows, as one JSON value.
 pub fn html_payload(dump: &Dump) -> Value {
+    payload(&ReportModel::new(dump))
+}
+
+/// [`html_payload`] of a model already derived. Holders and sites are in the dump's order (the
+/// page sorts its tables itself); stacks are interned in the order they are met: the failed
+/// request's, the holders', the sites', the growth sites'.
+pub fn payload(model: &ReportModel) -> Value {
+    let dump = model.dump;
     let mut interner = Interner::default();
-    let verdict = judge(dump);
     let process = &dump.process;
-    let failed_request = match &dump.failed_request {
+    let failed_request = match &model.failed_request {
         None => Value::Null,
-        Some(req) => json!({
-            "bytes": req.bytes,
-            "api": req.api,
-            "device": req.device,
-            "error_code": req.error_code,
-            "recovery": recovery_word(req.recovered),
-            "failures_in_burst": req.failures_in_burst,
-            "stack": interner.stack(&req.stack),
-            "last_failure": req.last_failure.as_ref().map(|lf| json!({
-                "bytes": lf.bytes,
-                "api": lf.api,
-                "time_unix_ms": lf.time_unix_ms,
-                "tracked_bytes": lf.tracked_bytes,
-                "free_bytes": lf.free_bytes,
-                "total_bytes": lf.total_bytes,
-            })),
-        }),
+        Some(r) => {
+            let req = r.request;
+            json!({
+                "bytes": req.bytes,
+                "api": req.api,
+                "device": req.device,
+                "error_code": req.error_code,
+                "recovery": r.recovery.word(),
+                "failures_in_burst": req.failures_in_burst,
+                "stack": interner.stack(&req.stack),
+                "last_failure": req.last_failure.as_ref().map(last_failure_json),
+            })
+        }
     };
-    let devices: Vec<Value> = dump
+    let devices: Vec<Value> = model
         .devices
         .iter()
-        .map(|d| {
+        .map(|v| {
+            let d = v.device;
             json!({
                 "index": d.index,
                 "name": d.name,
                 "total_bytes": d.total_bytes,
                 "free_bytes": d.free_bytes,
-                "used_bytes": used_bytes(d.total_bytes, d.free_bytes),
+                "used_bytes": v.used_bytes,
                 "tracked_bytes": d.tracked_bytes,
                 "tracked_count": d.tracked_count,
                 "peak_tracked_bytes": d.peak_tracked_bytes,
@@ -205,11 +214,7 @@ pub fn html_payload(dump: &Dump) -> Value {
                 h.stream,
                 h.thread,
                 h.thread_name,
-                if h.age_s.is_finite() {
-                    json!(h.age_s)
-                } else {
-                    Value::Null
-                },
+                known_age(h),
                 h.seq,
                 interner.stack(&h.stack),
             ])
@@ -220,9 +225,9 @@ pub fn html_payload(dump: &Dump) -> Value {
         .iter()
         .map(|s| json!([s.bytes, s.count, interner.stack(&s.stack)]))
         .collect();
-    let fb = &dump.free_blocks;
-    let recorded = &dump.verdict;
-    let growth = dump.growth.as_ref().map(|g| {
+    let fb = model.free_blocks.blocks;
+    let growth = model.growth.as_ref().map(|view| {
+        let g = view.growth;
         json!({
             "unit": g.unit,
             "steps": g.steps,
@@ -230,7 +235,7 @@ pub fn html_payload(dump: &Dump) -> Value {
             "current": g.current,
             "free_bytes": g.free_bytes,
             "projected_oom_step": g.projected_oom_step,
-            "capacity_bytes": crate::report::growth_capacity(dump),
+            "capacity_bytes": view.capacity_bytes,
             "tracked": g.tracked.iter().map(|p| json!([p.step, p.bytes])).collect::<Vec<_>>(),
             "sites": g.sites.iter().map(|s| json!({
                 "bytes_per_step": s.bytes_per_step,
@@ -255,21 +260,11 @@ pub fn html_payload(dump: &Dump) -> Value {
             "local_rank": process.local_rank,
             "world_size": process.world_size,
         },
-        "verdict": {
-            "kind": verdict.kind,
-            "summary": verdict.summary,
-            "evidence": verdict.evidence,
-            "suggestions": verdict.suggestions,
-            "findings": crate::report::findings_json(&verdict.findings),
-        },
-        "recorded_verdict_kind": recorded.kind,
+        "verdict": verdict_json(&model.verdict),
+        "recorded_verdict_kind": dump.verdict.kind,
         "failed_request": failed_request,
         "devices": devices,
-        "pinned_host": {
-            "bytes": dump.pinned_host.bytes,
-            "count": dump.pinned_host.count,
-            "peak_bytes": dump.pinned_host.peak_bytes,
-        },
+        "pinned_host": pinned_host_json(&dump.pinned_host),
         "holder_columns": HOLDER_COLUMNS,
         "holders": holders,
         "site_columns": SITE_COLUMNS,
@@ -279,16 +274,16 @@ pub fn html_payload(dump: &Dump) -> Value {
         "stacks": interner.stacks,
         "free_blocks": {
             "source": fb.source,
-            "available": crate::report::free_blocks_available(dump),
+            "available": model.free_blocks.available,
             "reason": fb.reason,
             "total_free_bytes": fb.total_free_bytes,
             "largest_free_bytes": fb.largest_free_bytes,
-            "fragmentation": fb.fragmentation.filter(|f| f.is_finite()),
+            "fragmentation": model.free_blocks.fragmentation,
             "histogram": fb.histogram.iter().map(|b| json!([b.lo, b.hi, b.count, b.bytes])).collect::<Vec<_>>(),
         },
         // Other processes on the device (NVML); the page shows a table when this is a
         // non-empty array of objects.
-        "processes": dump.gpu_processes.as_ref().map(|g| g.processes.iter().map(|p| json!({
+        "processes": model.gpu_processes.as_ref().map(|g| g.list.processes.iter().map(|p| json!({
             "pid": p.pid,
             "name": p.name,
             "used_bytes": p.used_bytes,
@@ -328,7 +323,12 @@ pub fn script_safe_json(value: &Value) -> String {
 
 /// The whole page for `dump`.
 pub fn render_html(dump: &Dump) -> String {
-    let data = script_safe_json(&html_payload(dump));
+    page(&ReportModel::new(dump))
+}
+
+/// [`render_html`] of a model already derived.
+pub fn page(model: &ReportModel) -> String {
+    let data = script_safe_json(&payload(model));
     let mut page = String::with_capacity(data.len() + SCRIPT.len() + STYLE.len() + 4096);
     page.push_str(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
@@ -375,8 +375,12 @@ pub fn write_html(dump: &Dump, out: &Path) -> std::io::Result<()> {
 /// [`write_html`] with the file's permission bits (the CLI passes the dump's, see
 /// `cli::output_mode`), through the one atomic writer every output file goes through.
 pub fn write_html_with_mode(dump: &Dump, out: &Path, mode: u32) -> std::io::Result<()> {
-    let page = render_html(dump);
-    crate::dump::write::write_file_atomically(out, page.as_bytes(), mode)
+    write_page(&ReportModel::new(dump), out, mode)
+}
+
+/// [`write_html_with_mode`] of a model already derived.
+pub fn write_page(model: &ReportModel, out: &Path, mode: u32) -> std::io::Result<()> {
+    crate::dump::write::write_file_atomically(out, page(model).as_bytes(), mode)
 }
 
 #[cfg(test)]

@@ -1,21 +1,19 @@
 //! The terminal report: a parsed dump as aligned plain-text tables, ANSI colour on request.
-//! Pure: identical input gives identical output.
+//! Pure: identical input gives identical output. The sections are here; `layout` has the
+//! styling, wrapping and tables they are drawn with.
 
 use std::fmt::Write as _;
 
+mod layout;
+
+use super::model::{shown_frames, Occasion, Recovery, ReportModel, RequestView};
 use super::units::{
-    bytes_with_exact, clean, human_age, human_bytes, percent, share, thousands, truncate_function,
-    truncate_left, truncate_middle, width,
+    bytes_with_exact, clean, human_age, human_bytes, percent, thousands, truncate_function,
+    truncate_left, truncate_middle,
 };
-use super::{
-    free_blocks_available, named_frames, sorted_holders, sorted_sites, used_bytes, ReportOptions,
-    FRAMES_SHOWN,
-};
-use crate::dump::model::{Dump, FailedRequest, Frame};
-use crate::verdict::{
-    judge, FRAGMENTATION, OTHER_PROCESSES, OWN_ALLOCATIONS, REQUEST_EXCEEDS_DEVICE, SNAPSHOT,
-    UNTRACKED_MEMORY,
-};
+use super::ReportOptions;
+use crate::dump::model::{Dump, Frame};
+use layout::{kv, plural, wrap, Align, Style, Table};
 
 /// Width that prose (summary, suggestions) is wrapped to.
 const WRAP: usize = 100;
@@ -30,24 +28,35 @@ const BAR: usize = 30;
 
 /// Renders the whole report. Ends with a newline.
 pub fn render_terminal(dump: &Dump, opts: &ReportOptions) -> String {
+    render(&ReportModel::new(dump), opts)
+}
+
+/// [`render_terminal`] of a model already derived; with a torch side file in the model, its
+/// description follows the report after a blank line.
+pub fn render(model: &ReportModel, opts: &ReportOptions) -> String {
     let s = Style { color: opts.color };
+    let dump = model.dump;
     let mut out = String::new();
-    header(&mut out, &s, dump);
-    if let Some(request) = &dump.failed_request {
+    header(&mut out, &s, model);
+    if let Some(request) = &model.failed_request {
         failed_request(&mut out, &s, request);
     }
-    verdict(&mut out, &s, dump);
-    devices(&mut out, &s, dump);
+    verdict(&mut out, &s, model);
+    devices(&mut out, &s, model);
     libraries(&mut out, &s, dump);
-    gpu_processes(&mut out, &s, dump, opts.top);
-    holders(&mut out, &s, dump, opts.top);
-    sites(&mut out, &s, dump, opts.top);
+    gpu_processes(&mut out, &s, model, opts.top);
+    holders(&mut out, &s, model, opts.top);
+    sites(&mut out, &s, model, opts.top);
     pinned(&mut out, &s, dump);
     host(&mut out, &s, dump);
     config(&mut out, &s, dump);
     request_sizes(&mut out, &s, dump);
-    free_blocks(&mut out, &s, dump);
+    free_blocks(&mut out, &s, model);
     recording(&mut out, &s, dump);
+    if let Some(torch) = &model.torch_cache {
+        out.push('\n');
+        out.push_str(&super::torch_cache::describe(torch.path, torch.cache));
+    }
     out
 }
 
@@ -73,54 +82,20 @@ fn request_sizes(out: &mut String, s: &Style, dump: &Dump) {
     );
 }
 
-/// ANSI styling that is a no-op without colour.
-struct Style {
-    color: bool,
-}
-
-impl Style {
-    fn paint(&self, code: &str, text: &str) -> String {
-        if self.color && !text.is_empty() {
-            format!("\x1b[{code}m{text}\x1b[0m")
-        } else {
-            text.to_string()
-        }
-    }
-    fn title(&self, text: &str) -> String {
-        self.paint("1", text)
-    }
-    fn dim(&self, text: &str) -> String {
-        self.paint("2", text)
-    }
-    fn kind(&self, kind: &str) -> String {
-        let code = match kind {
-            REQUEST_EXCEEDS_DEVICE | UNTRACKED_MEMORY | OTHER_PROCESSES => "1;31",
-            OWN_ALLOCATIONS
-            | FRAGMENTATION
-            | crate::verdict::LEAK
-            | crate::verdict::FRAMEWORK_CACHE => "1;33",
-            SNAPSHOT => "1;36",
-            _ => "1",
-        };
-        self.paint(code, kind)
-    }
-}
-
-fn header(out: &mut String, s: &Style, dump: &Dump) {
-    let what = match &dump.failed_request {
-        Some(r) => format!(
+fn header(out: &mut String, s: &Style, model: &ReportModel) {
+    let dump = model.dump;
+    let what = match model.occasion {
+        Occasion::OutOfMemory(r) => format!(
             "out of memory on device {} ({} via {})",
             r.device,
             human_bytes(r.bytes),
             truncate_middle(&clean(&r.api), MAX_CELL)
         ),
-        None => match &dump.post_mortem {
-            Some(pm) => crate::report::post_mortem_words(pm),
-            None => format!(
-                "on-demand dump ({})",
-                truncate_middle(&clean(&dump.reason), 60)
-            ),
-        },
+        Occasion::PostMortem(pm) => crate::report::post_mortem_words(pm),
+        Occasion::OnDemand => format!(
+            "on-demand dump ({})",
+            truncate_middle(&clean(&dump.reason), 60)
+        ),
     };
     let p = &dump.process;
     let mut process = if p.host.is_empty() {
@@ -160,16 +135,6 @@ fn header(out: &mut String, s: &Style, dump: &Dump) {
     kv(out, s, "command", &command);
 }
 
-/// One `  key      value` line of a section.
-fn kv(out: &mut String, s: &Style, key: &str, value: &str) {
-    let _ = writeln!(
-        out,
-        "  {}{}  {value}",
-        s.dim(key),
-        " ".repeat(8usize.saturating_sub(width(key)))
-    );
-}
-
 /// An argument as a shell would need it, control characters escaped.
 fn shell_word(arg: &str) -> String {
     let plain = !arg.is_empty()
@@ -185,7 +150,8 @@ fn shell_word(arg: &str) -> String {
     }
 }
 
-fn failed_request(out: &mut String, s: &Style, r: &FailedRequest) {
+fn failed_request(out: &mut String, s: &Style, view: &RequestView) {
+    let r = view.request;
     let _ = writeln!(out, "\n{}", s.title("Failed request"));
     kv(out, s, "size", &bytes_with_exact(r.bytes));
     kv(
@@ -199,10 +165,10 @@ fn failed_request(out: &mut String, s: &Style, r: &FailedRequest) {
             r.error_code
         ),
     );
-    let outcome = match r.recovered {
-        Some(true) => "recovered: a retry succeeded; the program did not see this error",
-        Some(false) => "stood: no retry succeeded; the program saw this error",
-        None => "unknown: the dump was written before a retry could be seen",
+    let outcome = match view.recovery {
+        Recovery::Recovered => "recovered: a retry succeeded; the program did not see this error",
+        Recovery::Stood => "stood: no retry succeeded; the program saw this error",
+        Recovery::Unknown => "unknown: the dump was written before a retry could be seen",
     };
     kv(out, s, "outcome", outcome);
     kv(
@@ -247,12 +213,8 @@ fn failed_request(out: &mut String, s: &Style, r: &FailedRequest) {
     }
 }
 
-fn plural(n: u64, one: &str, many: &str) -> String {
-    format!("{} {}", thousands(n), if n == 1 { one } else { many })
-}
-
-fn verdict(out: &mut String, s: &Style, dump: &Dump) {
-    let v = judge(dump);
+fn verdict(out: &mut String, s: &Style, model: &ReportModel) {
+    let v = &model.verdict;
     let _ = writeln!(out, "\n{} {}", s.title("Verdict:"), s.kind(&v.kind));
     for line in wrap(&v.summary, WRAP, "  ", "  ") {
         let _ = writeln!(out, "{line}");
@@ -294,8 +256,7 @@ fn verdict(out: &mut String, s: &Style, dump: &Dump) {
             }
         }
     }
-    let recorded = &dump.verdict.kind;
-    if !recorded.is_empty() && *recorded != v.kind {
+    if let Some(recorded) = model.recorded_verdict_if_different() {
         let _ = writeln!(
             out,
             "  {}",
@@ -307,9 +268,9 @@ fn verdict(out: &mut String, s: &Style, dump: &Dump) {
     }
 }
 
-fn devices(out: &mut String, s: &Style, dump: &Dump) {
+fn devices(out: &mut String, s: &Style, model: &ReportModel) {
     let _ = writeln!(out, "\n{}", s.title("Devices"));
-    if dump.devices.is_empty() {
+    if model.devices.is_empty() {
         let _ = writeln!(out, "  (none recorded)");
         return;
     }
@@ -324,7 +285,8 @@ fn devices(out: &mut String, s: &Style, dump: &Dump) {
         ("PEAK", Align::Right),
     ]);
     let opt = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "-".to_string());
-    for d in &dump.devices {
+    for view in &model.devices {
+        let d = view.device;
         t.row(
             vec![
                 d.index.to_string(),
@@ -334,7 +296,7 @@ fn devices(out: &mut String, s: &Style, dump: &Dump) {
                     .unwrap_or_else(|| "-".into()),
                 opt(d.total_bytes),
                 opt(d.free_bytes),
-                opt(used_bytes(d.total_bytes, d.free_bytes)),
+                opt(view.used_bytes),
                 human_bytes(d.tracked_bytes),
                 thousands(d.tracked_count),
                 human_bytes(d.peak_tracked_bytes),
@@ -343,12 +305,14 @@ fn devices(out: &mut String, s: &Style, dump: &Dump) {
         );
     }
     t.render(out, s);
-    for d in dump.devices.iter().filter(|d| d.uuid.is_some()) {
-        let uuid = d.uuid.as_deref().unwrap_or_default();
+    for view in &model.devices {
+        let Some(uuid) = view.device.uuid.as_deref() else {
+            continue;
+        };
         let _ = writeln!(
             out,
             "  device {} is {}",
-            d.index,
+            view.device.index,
             truncate_middle(&clean(uuid), 64)
         );
     }
@@ -410,10 +374,7 @@ fn libraries(out: &mut String, s: &Style, dump: &Dump) {
 
 /// Up to three named frames as table lines: `function (…/file:line)`.
 fn stack_lines(stack: &[Frame]) -> Vec<String> {
-    let lines: Vec<String> = named_frames(stack)
-        .take(FRAMES_SHOWN)
-        .map(table_frame)
-        .collect();
+    let lines: Vec<String> = shown_frames(stack).map(table_frame).collect();
     if lines.is_empty() {
         vec![if stack.is_empty() {
             "(no stack recorded)"
@@ -459,8 +420,8 @@ fn shown_of(shown: usize, total: usize) -> String {
     }
 }
 
-fn holders(out: &mut String, s: &Style, dump: &Dump, top: usize) {
-    let all = sorted_holders(dump);
+fn holders(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
+    let all = &model.holders;
     let shown = all.len().min(top);
     let _ = writeln!(
         out,
@@ -469,7 +430,7 @@ fn holders(out: &mut String, s: &Style, dump: &Dump, top: usize) {
         s.dim(&format!(
             "({} listed in the dump; {} live allocations)",
             shown_of(shown, all.len()),
-            thousands(dump.recording.live_allocations)
+            thousands(model.dump.recording.live_allocations)
         ))
     );
     if shown == 0 {
@@ -512,14 +473,9 @@ fn holders(out: &mut String, s: &Style, dump: &Dump, top: usize) {
     t.render(out, s);
 }
 
-fn sites(out: &mut String, s: &Style, dump: &Dump, top: usize) {
-    let all = sorted_sites(dump);
+fn sites(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
+    let all = &model.sites;
     let shown = all.len().min(top);
-    let tracked: u64 = dump
-        .devices
-        .iter()
-        .map(|d| d.tracked_bytes)
-        .fold(0, u64::saturating_add);
     let _ = writeln!(
         out,
         "\n{} {}",
@@ -548,7 +504,8 @@ fn sites(out: &mut String, s: &Style, dump: &Dump, top: usize) {
         ("TRACKED%", Align::Right),
         ("STACK", Align::Left),
     ]);
-    for (i, site) in all.iter().take(shown).enumerate() {
+    for (i, view) in all.iter().take(shown).enumerate() {
+        let site = view.site;
         let mut frames = stack_lines(&site.stack);
         let first = frames.remove(0);
         t.row(
@@ -556,7 +513,7 @@ fn sites(out: &mut String, s: &Style, dump: &Dump, top: usize) {
                 (i + 1).to_string(),
                 human_bytes(site.bytes),
                 thousands(site.count),
-                percent(share(site.bytes, tracked)),
+                percent(view.percent_of_tracked),
                 first,
             ],
             frames,
@@ -580,9 +537,12 @@ fn pinned(out: &mut String, s: &Style, dump: &Dump) {
 /// Processes NVML lists on the device (absent in dumps without them): the `top` largest, and
 /// this process wherever it ranks; the rest are counted, not listed (a shared node can list
 /// thousands).
-fn gpu_processes(out: &mut String, s: &Style, dump: &Dump, top: usize) {
+fn gpu_processes(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
     use crate::facts::gpu_processes::Relation;
-    let Some(g) = &dump.gpu_processes else { return };
+    let Some(view) = &model.gpu_processes else {
+        return;
+    };
+    let g = view.list;
     let _ = writeln!(
         out,
         "\n{}",
@@ -596,20 +556,18 @@ fn gpu_processes(out: &mut String, s: &Style, dump: &Dump, top: usize) {
         let _ = writeln!(out, "  none listed");
         return;
     }
-    // Largest first (the shim writes them so; a dump from elsewhere may not be).
-    let mut order: Vec<usize> = (0..g.processes.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(g.processes[i].used_bytes.unwrap_or(0)));
+    let order = &view.largest_first;
     let top = top.max(1);
-    let mut shown: Vec<usize> = order.iter().copied().take(top).collect();
-    if let Some(&me) = order
+    // The largest `top`, and this process wherever it ranks below them.
+    let me = order
         .iter()
         .skip(top)
-        .find(|&&i| g.processes[i].relation == Relation::This)
-    {
-        shown.push(me);
-    }
-    for &i in &shown {
-        let p = &g.processes[i];
+        .position(|p| p.relation == Relation::This)
+        .map(|i| i + top);
+    let shown = order.iter().take(top).chain(me.map(|i| &order[i]));
+    let mut listed = 0;
+    for p in shown {
+        listed += 1;
         let _ = writeln!(
             out,
             "  {:>8}  {:>12}  {:<24} {}",
@@ -619,15 +577,15 @@ fn gpu_processes(out: &mut String, s: &Style, dump: &Dump, top: usize) {
             p.relation.words()
         );
     }
-    let hidden = g.processes.len() - shown.len();
+    let hidden = order.len() - listed;
     if hidden > 0 {
-        let mut listed = vec![false; g.processes.len()];
-        for &i in &shown {
-            listed[i] = true;
-        }
-        let bytes: u64 = (0..g.processes.len())
-            .filter(|&i| !listed[i])
-            .map(|i| g.processes[i].used_bytes.unwrap_or(0))
+        // Saturating, so the order of the sum does not matter.
+        let bytes: u64 = order
+            .iter()
+            .enumerate()
+            .skip(top)
+            .filter(|&(i, _)| Some(i) != me)
+            .map(|(_, p)| p.used_bytes.unwrap_or(0))
             .fold(0u64, u64::saturating_add);
         let _ = writeln!(
             out,
@@ -685,9 +643,9 @@ fn config(out: &mut String, s: &Style, dump: &Dump) {
     let _ = writeln!(out, "{} {}", s.title("Configuration:"), parts.join("; "));
 }
 
-fn free_blocks(out: &mut String, s: &Style, dump: &Dump) {
-    let fb = &dump.free_blocks;
-    if !free_blocks_available(dump) {
+fn free_blocks(out: &mut String, s: &Style, model: &ReportModel) {
+    let fb = model.free_blocks.blocks;
+    if !model.free_blocks.available {
         let reason = fb
             .reason
             .as_deref()
@@ -711,9 +669,9 @@ fn free_blocks(out: &mut String, s: &Style, dump: &Dump) {
         ))
     );
     let opt = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "-".to_string());
-    let frag = fb
+    let frag = model
+        .free_blocks
         .fragmentation
-        .filter(|f| f.is_finite())
         .map(|f| percent(Some(f * 100.0)))
         .unwrap_or_else(|| "-".into());
     let _ = writeln!(
@@ -780,367 +738,5 @@ fn recording(out: &mut String, s: &Style, dump: &Dump) {
     }
 }
 
-/// Greedy word wrap; words longer than a line stand alone.
-fn wrap(text: &str, max: usize, first: &str, rest: &str) -> Vec<String> {
-    let mut lines = Vec::new();
-    let mut line = first.to_string();
-    let mut empty = true;
-    for word in text.split_whitespace() {
-        if !empty && width(&line) + 1 + width(word) > max {
-            lines.push(std::mem::replace(&mut line, rest.to_string()));
-            empty = true;
-        }
-        if !empty {
-            line.push(' ');
-        }
-        line.push_str(word);
-        empty = false;
-    }
-    lines.push(line);
-    lines
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum Align {
-    Left,
-    Right,
-}
-
-/// A table whose last column is free text (not padded) and may carry continuation lines.
-struct Table {
-    headers: Vec<(String, Align)>,
-    rows: Vec<(Vec<String>, Vec<String>)>,
-}
-
-impl Table {
-    fn new(headers: &[(&str, Align)]) -> Table {
-        Table {
-            headers: headers.iter().map(|(h, a)| (h.to_string(), *a)).collect(),
-            rows: Vec::new(),
-        }
-    }
-
-    fn row(&mut self, cells: Vec<String>, more: Vec<String>) {
-        debug_assert_eq!(cells.len(), self.headers.len());
-        self.rows.push((cells, more));
-    }
-
-    fn render(&self, out: &mut String, s: &Style) {
-        let n = self.headers.len();
-        let mut widths: Vec<usize> = self.headers.iter().map(|(h, _)| width(h)).collect();
-        for (cells, _) in &self.rows {
-            for (w, c) in widths.iter_mut().zip(cells) {
-                *w = (*w).max(width(c));
-            }
-        }
-        let line = |cells: Vec<&str>| -> String {
-            let mut text = String::from("  ");
-            for (i, cell) in cells.iter().enumerate() {
-                if i > 0 {
-                    text.push_str("  ");
-                }
-                let pad = widths[i].saturating_sub(width(cell));
-                if i + 1 == n {
-                    if self.headers[i].1 == Align::Right {
-                        text.push_str(&" ".repeat(pad));
-                    }
-                    text.push_str(cell);
-                } else if self.headers[i].1 == Align::Right {
-                    text.push_str(&" ".repeat(pad));
-                    text.push_str(cell);
-                } else {
-                    text.push_str(cell);
-                    text.push_str(&" ".repeat(pad));
-                }
-            }
-            text.trim_end().to_string()
-        };
-        let header = line(self.headers.iter().map(|(h, _)| h.as_str()).collect());
-        let _ = writeln!(out, "{}", s.dim(&header));
-        let continuation: usize = 2 + widths[..n - 1].iter().map(|w| w + 2).sum::<usize>();
-        for (cells, more) in &self.rows {
-            let _ = writeln!(out, "{}", line(cells.iter().map(String::as_str).collect()));
-            for extra in more {
-                let _ = writeln!(out, "{}{extra}", " ".repeat(continuation));
-            }
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::super::fixtures::{check_golden, fixture_names, load_fixture};
-    use super::*;
-    use crate::dump::model::*;
-    use crate::verdict::tests::oom_dump;
-
-    #[test]
-    fn libraries_and_the_untracked_split_are_named_in_the_report() {
-        let mut dump = load_fixture("oom_untracked");
-        dump.library_memory = Some(LibraryMemory {
-            source: "stack_modules".into(),
-            libraries: vec![LibraryBytes {
-                library: "nccl".into(),
-                name: "NCCL".into(),
-                device: 0,
-                bytes: 96 << 20,
-                count: 2,
-                modules: vec!["/opt/nccl/lib/libnccl.so.2".into()],
-                apis: vec!["cudaMalloc".into(), "cuMemCreate".into()],
-            }],
-            untracked: vec![UntrackedSplit {
-                device: 0,
-                used_bytes: 70 << 30,
-                tracked_bytes: 10 << 30,
-                context_bytes: Some(600 << 20),
-                other_processes_bytes: Some(59 << 30),
-                unexplained_bytes: Some(424 << 20),
-            }],
-        });
-        let text = render_terminal(
-            &dump,
-            &ReportOptions {
-                top: 5,
-                color: false,
-            },
-        );
-        let nccl = text.lines().find(|l| l.contains("  NCCL ")).unwrap_or("");
-        assert!(
-            nccl.contains("96.00 MiB")
-                && nccl.contains("cudaMalloc, cuMemCreate")
-                && nccl.contains("libnccl.so.2"),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                "device 0: 70.00 GiB used = 10.00 GiB tracked + 600.00 MiB CUDA context and unhooked \
-                 (NVML, this process) + 59.00 GiB other processes + 424.00 MiB that no API shows"
-            ),
-            "{text}"
-        );
-        // Without the section, the report has no such lines.
-        dump.library_memory = None;
-        let text = render_terminal(
-            &dump,
-            &ReportOptions {
-                top: 5,
-                color: false,
-            },
-        );
-        assert!(!text.contains("By library") && !text.contains("no API shows"));
-    }
-
-    #[test]
-    fn terminal_golden() {
-        for name in fixture_names() {
-            let dump = load_fixture(name);
-            let text = render_terminal(
-                &dump,
-                &ReportOptions {
-                    top: 5,
-                    color: false,
-                },
-            );
-            check_golden(&format!("{name}.report.txt"), &text);
-            assert!(!text.contains('\x1b'), "{name}: no colour unless asked");
-            assert_eq!(
-                text,
-                render_terminal(
-                    &dump,
-                    &ReportOptions {
-                        top: 5,
-                        color: false
-                    }
-                ),
-                "deterministic"
-            );
-        }
-    }
-
-    #[test]
-    fn terminal_golden_color() {
-        let dump = load_fixture("oom_own_allocations");
-        let text = render_terminal(
-            &dump,
-            &ReportOptions {
-                top: 5,
-                color: true,
-            },
-        );
-        check_golden("oom_own_allocations.report.color.txt", &text);
-        assert!(text.contains("\x1b[1m"));
-        // Without the escape codes it is the plain report.
-        let plain = strip_ansi(&text);
-        assert_eq!(
-            plain,
-            render_terminal(
-                &dump,
-                &ReportOptions {
-                    top: 5,
-                    color: false
-                }
-            )
-        );
-    }
-
-    fn strip_ansi(text: &str) -> String {
-        let mut out = String::new();
-        let mut chars = text.chars();
-        while let Some(c) = chars.next() {
-            if c == '\x1b' {
-                for c in chars.by_ref() {
-                    if c == 'm' {
-                        break;
-                    }
-                }
-            } else {
-                out.push(c);
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn empty_and_unknown_render_without_panicking() {
-        let mut dump = oom_dump(1 << 30, None, None, 0);
-        dump.devices.clear();
-        dump.largest_holders.clear();
-        dump.sites.clear();
-        dump.process.command_line.clear();
-        dump.recording = Recording::default();
-        for top in [0, 1, 10] {
-            let colored = render_terminal(&dump, &ReportOptions { top, color: true });
-            let text = render_terminal(&dump, &ReportOptions { top, color: false });
-            assert_eq!(strip_ansi(&colored), text);
-            assert!(text.contains("Devices\n  (none recorded)"), "{text}");
-            assert!(
-                text.contains(
-                    "Largest holders (0 listed in the dump; 0 live allocations)\n  (none recorded)"
-                ),
-                "{text}"
-            );
-            let _ = super::super::render_json(&dump, &ReportOptions { top, color: false });
-        }
-    }
-
-    #[test]
-    fn hostile_and_extreme_values() {
-        let mut dump = oom_dump(u64::MAX, Some(u64::MAX), Some(0), u64::MAX);
-        dump.process.host = "evil\x1b]0;pwned\x07host".into();
-        dump.process.command_line =
-            vec!["python".into(), "it's a\nscript.py".into(), String::new()];
-        dump.reason = "\x1b[2J".into();
-        let long = "ns::".repeat(200) + "f(int)";
-        dump.largest_holders = vec![Holder {
-            bytes: u64::MAX,
-            address: "0x0".into(),
-            api: "\x1b[31mcudaMalloc".into(),
-            device: -1,
-            stream: None,
-            thread: 0,
-            thread_name: None,
-            age_s: f64::NAN,
-            seq: 0,
-            stack: vec![
-                Frame {
-                    address: "0x1".into(),
-                    function: Some(long.clone()),
-                    file: Some("/".repeat(500)),
-                    line: Some(u32::MAX),
-                    module: None,
-                    inlined: false,
-                    kind: Default::default(),
-                },
-                Frame {
-                    address: "0x2".into(),
-                    function: None,
-                    file: None,
-                    line: None,
-                    module: None,
-                    inlined: false,
-                    kind: Default::default(),
-                },
-            ],
-            stack_merge: None,
-        }];
-        dump.free_blocks = FreeBlocks {
-            source: "oomshim-allocator".into(),
-            reason: None,
-            total_free_bytes: Some(u64::MAX),
-            largest_free_bytes: Some(0),
-            fragmentation: Some(f64::INFINITY),
-            histogram: vec![
-                HistogramBin {
-                    lo: 0,
-                    hi: u64::MAX,
-                    count: u64::MAX,
-                    bytes: u64::MAX,
-                },
-                HistogramBin {
-                    lo: 0,
-                    hi: 0,
-                    count: 0,
-                    bytes: 0,
-                },
-            ],
-            ..Default::default()
-        };
-        for color in [false, true] {
-            let text = render_terminal(
-                &dump,
-                &ReportOptions {
-                    top: usize::MAX,
-                    color,
-                },
-            );
-            assert!(
-                !text.contains("\x1b]"),
-                "control characters from the dump are escaped"
-            );
-            assert!(
-                !text.contains("\x1b[2J") && !text.contains("\x1b[31mcuda"),
-                "{text}"
-            );
-            assert!(text.contains("python \"it's a\\nscript.py\" ''"), "{text}");
-            for line in text.lines() {
-                assert!(width(line) < 400, "line too long: {line}");
-            }
-        }
-        let v = super::super::render_json(
-            &dump,
-            &ReportOptions {
-                top: 3,
-                color: false,
-            },
-        );
-        assert!(v["top_holders"][0]["age_s"].is_null());
-        assert!(v["free_blocks"]["fragmentation"].is_null());
-        assert!(serde_json::to_string(&v).is_ok());
-    }
-
-    #[test]
-    fn wrap_and_table_alignment() {
-        assert_eq!(wrap("a b c", 3, "", ""), vec!["a b", "c"]);
-        assert_eq!(wrap("", 10, "  ", "  "), vec!["  "]);
-        assert_eq!(
-            wrap("averyveryverylongword x", 5, "- ", "  "),
-            vec!["- averyveryverylongword", "  x"]
-        );
-        let mut t = Table::new(&[
-            ("N", Align::Right),
-            ("NAME", Align::Left),
-            ("TEXT", Align::Left),
-        ]);
-        t.row(
-            vec!["1".into(), "a".into(), "first".into()],
-            vec!["second".into()],
-        );
-        t.row(vec!["100".into(), "abcdef".into(), "x".into()], vec![]);
-        let mut out = String::new();
-        t.render(&mut out, &Style { color: false });
-        assert_eq!(
-            out,
-            "    N  NAME    TEXT\n    1  a       first\n               second\n  100  abcdef  x\n"
-        );
-    }
-}
+mod tests;
