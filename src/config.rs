@@ -205,6 +205,19 @@ pub enum StackMode {
 }
 
 impl StackMode {
+    /// An `OOMSHIM_STACKS` value (case and surrounding blanks ignored); `None` when it names no
+    /// mode. The one reading of that variable: the settings and allocator mode's own default
+    /// (`ffi/torch_alloc.rs`) both go through it.
+    pub fn parse(value: &str) -> Option<StackMode> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "all" | "on" => Some(StackMode::All),
+            "native" => Some(StackMode::Native),
+            "python" => Some(StackMode::Python),
+            "off" | "none" => Some(StackMode::Off),
+            _ => None,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             StackMode::Off => "off",
@@ -334,12 +347,9 @@ impl Config {
             }
         }
         if let Some(v) = lookup("OOMSHIM_STACKS") {
-            match v.trim().to_ascii_lowercase().as_str() {
-                "all" | "on" => cfg.stacks = StackMode::All,
-                "native" => cfg.stacks = StackMode::Native,
-                "python" => cfg.stacks = StackMode::Python,
-                "off" | "none" => cfg.stacks = StackMode::Off,
-                _ => warn(
+            match StackMode::parse(&v) {
+                Some(mode) => cfg.stacks = mode,
+                None => warn(
                     "OOMSHIM_STACKS",
                     &v,
                     "`all`, `native`, `python` or `off`",
@@ -349,7 +359,7 @@ impl Config {
         }
         if let Some(v) = lookup("OOMSHIM_TOP") {
             match v.trim().parse::<usize>() {
-                Ok(n) if n >= 1 && n <= 100_000 => cfg.top = n,
+                Ok(n) if (1..=100_000).contains(&n) => cfg.top = n,
                 _ => warn(
                     "OOMSHIM_TOP",
                     &v,

@@ -16,7 +16,7 @@
 use super::Guard;
 use crate::ledger::Api;
 use crate::runtime;
-use crate::sys::real_dlsym;
+use crate::sys::{object_base, real_dlsym_not_ours};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -329,33 +329,6 @@ static REAL: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
 /// True once the table was filled from a process where the driver is loaded.
 static BUILT: AtomicBool = AtomicBool::new(false);
 
-fn own_base() -> usize {
-    static BASE: AtomicUsize = AtomicUsize::new(0);
-    let b = BASE.load(Ordering::Relaxed);
-    if b != 0 {
-        return b;
-    }
-    let b = object_base(own_base as fn() -> usize as usize).unwrap_or(usize::MAX);
-    BASE.store(b, Ordering::Relaxed);
-    b
-}
-
-fn object_base(addr: usize) -> Option<usize> {
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    let ok = unsafe { libc::dladdr(addr as *const c_void, &mut info) };
-    (ok != 0).then_some(info.dli_fbase as usize)
-}
-
-/// `dlsym` through the real one, never answering with one of the shim's own functions.
-unsafe fn lookup(handle: *mut c_void, name: &CStr) -> usize {
-    let p = real_dlsym(handle, name.as_ptr()) as usize;
-    if p == 0 || object_base(p) == Some(own_base()) {
-        0
-    } else {
-        p
-    }
-}
-
 /// The driver library already loaded by the program (never loads it): by its soname, else
 /// `RTLD_NEXT` relative to the shim (a driver linked by the program).
 fn driver_handle() -> *mut c_void {
@@ -384,7 +357,7 @@ fn driver_handle() -> *mut c_void {
 fn build_from(handle: *mut c_void) {
     let mut any = false;
     for (slot, name) in REAL.iter().zip(NAMES) {
-        let p = unsafe { lookup(handle, name) };
+        let p = unsafe { real_dlsym_not_ours(handle, name) };
         if p != 0 {
             slot.store(p, Ordering::Release);
             any = true;
@@ -445,7 +418,7 @@ unsafe fn substitute_out(pfn: *mut *mut c_void) {
 /// CUDA call, no `dlopen`, no lock.
 pub(crate) fn substitute_from_handle(handle: *mut c_void, found: usize) -> usize {
     if !BUILT.load(Ordering::Acquire) {
-        let anchor = unsafe { lookup(handle, c"cuGetProcAddress") };
+        let anchor = unsafe { real_dlsym_not_ours(handle, c"cuGetProcAddress") };
         if anchor == 0 {
             return found;
         }
@@ -486,7 +459,7 @@ impl Helper {
         if p != 0 {
             return Some(p);
         }
-        let p = unsafe { lookup(driver_handle(), self.name) };
+        let p = unsafe { real_dlsym_not_ours(driver_handle(), self.name) };
         (p != 0).then(|| {
             self.ptr.store(p, Ordering::Release);
             p

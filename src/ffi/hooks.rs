@@ -5,6 +5,7 @@
 #![allow(non_snake_case, reason = "CUDA's exported names")]
 
 use super::cuda_error::{INITIALIZATION_ERROR, SUCCESS};
+use super::real::real_fn;
 use super::{Guard, RealFn};
 use crate::ledger::Api;
 use crate::runtime;
@@ -34,9 +35,8 @@ pub struct CudaPitchedPtr {
 /// Resolves the real function of the given type, or returns the runtime's error from the hook.
 macro_rules! real {
     ($name:literal, $ty:ty) => {{
-        static REAL: RealFn = RealFn::new($name);
-        match REAL.get() {
-            Some(p) => std::mem::transmute::<usize, $ty>(p),
+        match real_fn!($name, $ty) {
+            Some(f) => f,
             None => return INITIALIZATION_ERROR,
         }
     }};
@@ -50,24 +50,28 @@ unsafe fn read_ptr(out: *mut *mut c_void) -> usize {
     }
 }
 
-/// The calling thread's current device, from the real runtime (no context is created by it).
-fn current_device() -> i32 {
-    static GET: RealFn = RealFn::new(c"cudaGetDevice");
-    let Some(p) = GET.get() else { return 0 };
-    let f: unsafe extern "C" fn(*mut c_int) -> c_int = unsafe { std::mem::transmute(p) };
+// The runtime layer's device queries, shared by the hooks here and allocator mode
+// (`torch_alloc.rs`): one lookup of each real function.
+
+/// The calling thread's current device, from the real runtime (no context is created by it);
+/// `None` when the runtime is missing or the call fails.
+pub(super) fn runtime_device() -> Option<i32> {
+    let f = real_fn!(c"cudaGetDevice", unsafe extern "C" fn(*mut c_int) -> c_int)?;
     let mut d: c_int = 0;
-    if unsafe { f(&mut d) } == SUCCESS {
-        d
-    } else {
-        0
-    }
+    (unsafe { f(&mut d) } == SUCCESS).then_some(d)
+}
+
+/// The calling thread's current device, 0 when the runtime cannot tell.
+fn current_device() -> i32 {
+    runtime_device().unwrap_or(0)
 }
 
 /// (free, total) bytes of the calling thread's current device.
-fn mem_info() -> Option<(u64, u64)> {
-    static GET: RealFn = RealFn::new(c"cudaMemGetInfo");
-    let f: unsafe extern "C" fn(*mut usize, *mut usize) -> c_int =
-        unsafe { std::mem::transmute(GET.get()?) };
+pub(super) fn mem_info() -> Option<(u64, u64)> {
+    let f = real_fn!(
+        c"cudaMemGetInfo",
+        unsafe extern "C" fn(*mut usize, *mut usize) -> c_int
+    )?;
     let (mut free, mut total) = (0usize, 0usize);
     (unsafe { f(&mut free, &mut total) } == SUCCESS).then_some((free as u64, total as u64))
 }

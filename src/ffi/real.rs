@@ -17,6 +17,18 @@ const RUNTIME_SONAMES: [&CStr; 4] = [
     c"libcudart.so",
 ];
 
+/// The real `$name` as a function pointer of type `$ty` (resolved once, through a [`RealFn`] of
+/// its own), or `None` when the process has no definition: how every hook and every query of the
+/// runtime layer reaches the real function.
+macro_rules! real_fn {
+    ($name:literal, $ty:ty) => {{
+        static REAL: $crate::ffi::RealFn = $crate::ffi::RealFn::new($name);
+        REAL.get()
+            .map(|p| unsafe { std::mem::transmute::<usize, $ty>(p) })
+    }};
+}
+pub(crate) use real_fn;
+
 /// A lazily resolved pointer to the real `name`.
 pub struct RealFn {
     name: &'static CStr,
@@ -63,25 +75,13 @@ impl RealFn {
     }
 }
 
-fn own_object_base() -> usize {
-    object_base(own_object_base as fn() -> usize as usize).unwrap_or(0)
-}
-
-fn object_base(addr: usize) -> Option<usize> {
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    let ok = unsafe { libc::dladdr(addr as *const c_void, &mut info) };
-    (ok != 0).then_some(info.dli_fbase as usize)
-}
-
 fn resolve(name: &CStr) -> Option<usize> {
-    let own = own_object_base();
-    let not_ours = |p: *mut c_void| -> Option<usize> {
-        let p = p as usize;
-        // Never resolve to a hook of this library (e.g. a second copy's lookup landing here).
-        (p != 0 && object_base(p) != Some(own)).then_some(p)
+    // Never resolve to a hook of this library (e.g. a second copy's lookup landing here).
+    let not_ours = |handle: *mut c_void| -> Option<usize> {
+        let p = unsafe { crate::sys::real_dlsym_not_ours(handle, name) };
+        (p != 0).then_some(p)
     };
-    let next = not_ours(unsafe { super::real_dlsym(libc::RTLD_NEXT, name.as_ptr()) });
-    if let Some(p) = next {
+    if let Some(p) = not_ours(libc::RTLD_NEXT) {
         pin_object_of(p);
         return Some(p);
     }
@@ -92,7 +92,7 @@ fn resolve(name: &CStr) -> Option<usize> {
         if handle.is_null() {
             continue;
         }
-        if let Some(p) = not_ours(unsafe { super::real_dlsym(handle, name.as_ptr()) }) {
+        if let Some(p) = not_ours(handle) {
             return Some(p);
         }
         unsafe { libc::dlclose(handle) };

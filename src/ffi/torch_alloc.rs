@@ -22,7 +22,7 @@
 //! in relaxed capture mode, as torch's own allocator does, so it cannot invalidate the capture.
 
 use super::cuda_error::SUCCESS;
-use super::RealFn;
+use super::real::real_fn;
 use crate::alloc::{AllocConfig, CachingAllocator, MemorySource, OomCause, OutOfMemory};
 use crate::dump::model::{FreeBlocks, HistogramBin};
 use crate::dump::units::human_bytes;
@@ -57,18 +57,8 @@ const CAPTURE_MODE_RELAXED: c_int = 2;
 /// `cudaStreamCaptureStatusActive`.
 const CAPTURE_ACTIVE: c_int = 1;
 
-macro_rules! real_fn {
-    ($name:literal, $ty:ty) => {{
-        static REAL: RealFn = RealFn::new($name);
-        REAL.get()
-            .map(|p| unsafe { std::mem::transmute::<usize, $ty>(p) })
-    }};
-}
-
 fn get_device() -> Option<i32> {
-    let f = real_fn!(c"cudaGetDevice", unsafe extern "C" fn(*mut c_int) -> c_int)?;
-    let mut d = 0;
-    (unsafe { f(&mut d) } == SUCCESS).then_some(d)
+    super::hooks::runtime_device()
 }
 
 fn set_device(device: i32) -> bool {
@@ -268,14 +258,11 @@ fn config_from_env() -> AllocConfig {
 fn native_tensor_stacks() -> bool {
     static NATIVE: OnceLock<bool> = OnceLock::new();
     *NATIVE.get_or_init(|| {
+        // Unset or unreadable: Python stacks alone, unlike the settings' default (`all`).
         std::env::var("OOMSHIM_STACKS")
-            .map(|v| {
-                matches!(
-                    v.trim().to_ascii_lowercase().as_str(),
-                    "all" | "on" | "native"
-                )
-            })
-            .unwrap_or(false)
+            .ok()
+            .and_then(|v| crate::config::StackMode::parse(&v))
+            .is_some_and(crate::config::StackMode::native)
     })
 }
 
@@ -470,17 +457,11 @@ fn c_message(text: &str) -> [u8; MESSAGE_BYTES] {
 }
 
 fn device_mem_info() -> Option<(u64, u64)> {
-    let f = real_fn!(
-        c"cudaMemGetInfo",
-        unsafe extern "C" fn(*mut usize, *mut usize) -> c_int
-    )?;
-    let (mut free, mut total) = (0usize, 0usize);
-    if unsafe { f(&mut free, &mut total) } == SUCCESS {
-        Some((free as u64, total as u64))
-    } else {
+    let info = super::hooks::mem_info();
+    if info.is_none() {
         clear_last_error();
-        None
     }
+    info
 }
 
 /// A plain cudaMalloc of `size` on `device`: the pass-through when the shim itself failed.
@@ -490,16 +471,10 @@ fn pass_through_alloc(size: usize, device: c_int) -> *mut c_void {
         .map_or(std::ptr::null_mut(), |p| p as *mut c_void)
 }
 
-/// Runs shim code with panics caught: a panic turns the shim off (one message) instead of
-/// unwinding into torch.
+/// Runs shim code inside the shim's panic boundary ([`crate::sys::contain`]): a panic turns the
+/// shim off (one message) instead of unwinding into torch.
 fn contained<R>(f: impl FnOnce() -> R) -> Option<R> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(r) => Some(r),
-        Err(_) => {
-            crate::runtime::disable("internal error in allocator mode");
-            None
-        }
-    }
+    crate::sys::contain(f, |_| "internal error in allocator mode".to_string())
 }
 
 /// `void* alloc(size_t size, int device, cudaStream_t stream)`, called by torch for every

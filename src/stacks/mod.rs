@@ -14,6 +14,9 @@
 //! interned and compared cheaply; only dumps pay for names.
 
 mod capture;
+#[cfg(target_arch = "x86_64")]
+mod dwarf;
+mod regs;
 mod symbolize;
 pub use symbolize::address_space_headroom;
 
@@ -470,7 +473,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
         type Caller = fn(&mut [usize], &mut [usize]) -> (usize, usize);
         let callers: [Caller; 2] = [stk_memo_caller::<1>, stk_memo_caller::<2>];
         let mut seen = [Vec::new(), Vec::new()];
-        let splices = || capture::SPLICES.with(|c| c.get());
+        let splices = || dwarf::SPLICES.with(|c| c.get());
         let before = splices();
         for i in 0..12 {
             let which = (i / 3 + i) % 2; // a a b b a b ...: repeats and alternations

@@ -63,17 +63,25 @@ impl Guard {
     /// Runs shim code; a panic in it turns the shim into pass-through for the rest of the
     /// process (with one message) instead of unwinding into C.
     pub(crate) fn run<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
-        match catch_unwind(AssertUnwindSafe(f)) {
-            Ok(r) => Some(r),
-            Err(payload) => {
-                let what = payload
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_string());
-                disable(&format!("internal error ({what})"));
-                None
-            }
+        contain(f, |what| format!("internal error ({what})"))
+    }
+}
+
+/// The shim's one panic boundary: runs `f`; a panic in it switches the shim to pass-through for
+/// the rest of the process, saying `why(panic message)` once, and never unwinds into C. Callers
+/// that hold no [`Guard`] (allocator mode's entry points run their work whether or not they are
+/// the outermost hook) use it directly.
+pub(crate) fn contain<R>(f: impl FnOnce() -> R, why: impl FnOnce(&str) -> String) -> Option<R> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => Some(r),
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            disable(&why(&what));
+            None
         }
     }
 }

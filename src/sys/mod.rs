@@ -8,9 +8,9 @@ pub mod guard;
 pub mod process;
 pub mod say;
 
-pub(crate) use dl::real_dlsym;
+pub(crate) use dl::{object_base, real_dlsym, real_dlsym_not_ours};
+pub(crate) use guard::{contain, guarded, Guard};
 pub use guard::{disable, disabled};
-pub(crate) use guard::{guarded, Guard};
 pub(crate) use process::{
     dump_signal_init, flush_dumps_at_exit, install_dump_signal, register_exit_dump,
     register_fork_handlers, register_live_cleanup, wait_for_dump_signal,

@@ -1,12 +1,133 @@
-//! A history's samples as the dump's [`Growth`]: the process's fitted growth, and its
-//! attribution to sites, with native stacks grouped by the frame that names them.
+//! Reading the histories: for a dump, the chosen history copied out under the lock and turned
+//! into the dump's [`Growth`] (the process's fitted growth, and its attribution to sites, with
+//! native stacks grouped by the frame that names them); for the Python hook, whether a marked
+//! history grows.
 
-use super::{SiteKey, StackPair, MAX_REPORTED};
+use super::history::{AutoMode, Histories, History};
+use super::{SiteKey, StackPair, StepSource, Tracker, MAX_REPORTED, SUSPECT_MIN_SAMPLES};
 use crate::dump::fit;
 use crate::dump::model::{
     AllocationSpan, DetectedSteps, Frame, Growth, GrowthFit, GrowthPoint, GrowthSite,
 };
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+
+impl Tracker {
+    /// True when `source`'s history grows steadily up to now (at least [`SUSPECT_MIN_SAMPLES`]
+    /// samples, `min_bytes_per_step` a step): the Python hook then asks torch to record where
+    /// each new tensor comes from. A few microseconds (a fit over at most [`RING`] samples).
+    pub fn growing(&self, source: StepSource, min_bytes_per_step: u64) -> bool {
+        let Some(h) = self.lock() else { return false };
+        let marked = &h.marked[source as usize];
+        let series = if marked.framework_live.is_empty() {
+            &marked.totals
+        } else {
+            &marked.framework_live
+        };
+        let totals: Vec<(u64, u64)> = series.iter().copied().collect();
+        drop(h);
+        totals.len() >= SUSPECT_MIN_SAMPLES
+            && fit::growing_suffix(&totals)
+                .is_some_and(|(f, _)| f.slope >= min_bytes_per_step as f64)
+    }
+
+    /// The growth for a dump; `None` before two samples. `free_bytes`: the failing (or current)
+    /// device's free bytes, for projections; `seq_now`: the allocation count now; `name`: frames
+    /// of representative stack pairs (symbolised in one batch).
+    pub fn analyse(
+        &self,
+        free_bytes: Option<u64>,
+        seq_now: u64,
+        name: impl FnMut(&[StackPair]) -> Vec<Vec<Frame>>,
+    ) -> Option<Growth> {
+        let copy = {
+            let h = self.lock()?;
+            let source = self.chosen_source(&h);
+            let (history, steps) = match source {
+                Some(s) => (&h.marked[s as usize], s.word()),
+                // Marks stopped detection and time buckets: what those sampled is stale.
+                None if self.marked_any() => return None,
+                None => (
+                    &h.auto,
+                    match h.auto_mode {
+                        AutoMode::Time => "time",
+                        AutoMode::Detected => "detected",
+                    },
+                ),
+            };
+            if history.samples < 2 {
+                return None;
+            }
+            Copy::of(history_view(history), steps)
+        };
+        let detected = (copy.steps == "detected")
+            .then(|| {
+                // Never blocking (a fork may have copied it held); a busy detector is asked
+                // again.
+                (0..1000).find_map(|_| match self.detector.try_lock() {
+                    Ok(d) => Some((
+                        d.period,
+                        d.steps,
+                        seq_now.saturating_sub(d.last_seq),
+                        d.anchor_stack,
+                    )),
+                    Err(std::sync::TryLockError::Poisoned(e)) => {
+                        let d = e.into_inner();
+                        Some((
+                            d.period,
+                            d.steps,
+                            seq_now.saturating_sub(d.last_seq),
+                            d.anchor_stack,
+                        ))
+                    }
+                    Err(std::sync::TryLockError::WouldBlock) => {
+                        std::thread::yield_now();
+                        None
+                    }
+                })
+            })
+            .flatten()
+            .map(|(period, steps, since, anchor)| Detected {
+                period,
+                steps,
+                since,
+                anchor,
+            });
+        Some(copy.growth(free_bytes, detected, name))
+    }
+
+    /// The marked source whose history describes the phase at hand: the program's own marks
+    /// when it marks any; else forward passes during an evaluation phase (several since the last
+    /// optimizer step), else optimizer steps, else forward passes.
+    fn chosen_source(&self, h: &Histories) -> Option<StepSource> {
+        let has = |s: StepSource| h.marked[s as usize].samples >= 2;
+        if has(StepSource::Program) {
+            return Some(StepSource::Program);
+        }
+        let evaluating = self.forwards_since_optimizer.load(Ordering::Relaxed) >= 2;
+        if has(StepSource::Forward) && (evaluating || !has(StepSource::Optimizer)) {
+            return Some(StepSource::Forward);
+        }
+        has(StepSource::Optimizer).then_some(StepSource::Optimizer)
+    }
+}
+
+fn history_view(h: &History) -> View<'_> {
+    View {
+        samples: h.samples,
+        totals: &h.totals,
+        framework_live: &h.framework_live,
+        counts: &h.counts,
+        framework_counts: &h.framework_counts,
+        sites: h
+            .sites
+            .iter()
+            .map(|(k, s)| (*k, s.stack, &s.samples))
+            .collect(),
+        intervals: h.intervals,
+        freeing_intervals: h.freeing_intervals,
+    }
+}
 
 /// A site's samples: (step or second, live bytes).
 type Series = Vec<(u64, u64)>;

@@ -1,4 +1,6 @@
+use super::history::sample_spacing;
 use super::*;
+use crate::dump::model::{Frame, Growth};
 use crate::ledger::{Allocation, Api};
 
 const MIB: u64 = 1 << 20;
