@@ -1,5 +1,5 @@
 //! Build script: compiles the simulated CUDA runtime (`tests/sim`) and the C test clients
-//! (`tests/clients/*.c`) into `$OUT_DIR/sim/`, where `src/testbed.rs` finds and embeds them.
+//! (`tests/clients/*.c`) into `$OUT_DIR/sim/`, where `src/cli/testbed.rs` finds and embeds them.
 
 use std::env;
 use std::fs;

@@ -2,7 +2,7 @@
 //! 32 frames of stack, next to the bare pair measured in the same run, in each recording mode
 //! (`oomshim_set_recording`, switched inside this one process): pass-through, totals only and
 //! all stacks (native ones here: the bench has no Python), and through a second copy of the
-//! library that publishes its live summary (src/flight) ten times a second.
+//! library that publishes its live summary (src/core/flight) ten times a second.
 //! `OOMSHIM_BENCH_BASELINE_LIB=PATH` adds another build of the library, measured in the same run.
 //!
 //! The bench loads target/<profile>/liboomshim.so with dlopen, exactly the library users preload,

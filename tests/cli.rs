@@ -90,7 +90,7 @@ fn help_env_lists_every_setting_with_its_default() {
             .unwrap();
         assert!(out.status.success());
         let text = String::from_utf8_lossy(&out.stdout);
-        for s in oomshim::config::SETTINGS {
+        for s in oomshim_core::config::SETTINGS {
             assert!(
                 text.contains(&format!("{}  (default: {})", s.name, s.default)),
                 "{args:?}: {} missing",

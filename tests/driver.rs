@@ -6,9 +6,9 @@
 
 mod common;
 
-use oomshim::dump::model::{Dump, Frame};
-use oomshim::dump::read::read_dump;
-use oomshim::testbed;
+use dump::model::{Dump, Frame};
+use dump::read::read_dump;
+use oomshim_cli::testbed;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;

@@ -6,9 +6,9 @@
 mod common;
 
 use common::shim_lib;
-use oomshim::flight::read::{list_regions, read_region};
-use oomshim::flight::{region_name, start_ticks_of};
-use oomshim::testbed;
+use oomshim_cli::testbed;
+use oomshim_core::flight::read::{list_regions, read_region};
+use oomshim_core::flight::{region_name, start_ticks_of};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

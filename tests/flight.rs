@@ -5,11 +5,11 @@
 mod common;
 
 use common::shim_lib;
-use oomshim::dump::model::Dump;
-use oomshim::flight::layout::RegionWriter;
-use oomshim::flight::read::{read_region, ReadError};
-use oomshim::flight::{region_name, start_ticks_of, LiveSummary, LIVE_SCHEMA};
-use oomshim::testbed;
+use dump::model::Dump;
+use oomshim_cli::testbed;
+use oomshim_core::flight::layout::RegionWriter;
+use oomshim_core::flight::read::{read_region, ReadError};
+use oomshim_core::flight::{region_name, start_ticks_of, LiveSummary, LIVE_SCHEMA};
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -69,7 +69,7 @@ fn start_leak(args: &[&str], env: &[(&str, &str)]) -> Run {
 
 /// The program's pid: the one region in the live directory.
 fn program_pid(live: &Path) -> u32 {
-    let regions = oomshim::flight::read::list_regions(live);
+    let regions = oomshim_core::flight::read::list_regions(live);
     assert_eq!(regions.len(), 1, "{regions:?}");
     assert!(regions[0].alive);
     regions[0].pid
@@ -119,14 +119,14 @@ fn a_leaking_program_killed_by_sigkill_leaves_a_post_mortem_naming_the_leak_and_
     assert_eq!(dumps.len(), 1, "{dumps:?}");
     let (path, dump) = &dumps[0];
     assert_eq!(dump.reason, "post_mortem");
-    assert_eq!(dump.schema, oomshim::dump::model::SCHEMA);
+    assert_eq!(dump.schema, dump::model::SCHEMA);
     let pm = dump.post_mortem.as_ref().expect("post_mortem section");
     assert!(pm.reconstructed);
     assert_eq!(pm.signal, Some(libc::SIGKILL));
     assert_eq!(pm.signal_name.as_deref(), Some("SIGKILL"));
     assert_eq!(dump.process.pid, pid);
     let v = &dump.verdict;
-    assert_eq!(v.kind, oomshim::verdict::KILLED_BY_SIGNAL, "{v:#?}");
+    assert_eq!(v.kind, oomshim_core::verdict::KILLED_BY_SIGNAL, "{v:#?}");
     let top = &v.findings[0].headline;
     assert!(top.contains("killed by SIGKILL from outside"), "{top}");
     assert!(top.contains("no device allocation had failed"), "{top}");
@@ -158,7 +158,7 @@ fn a_leaking_program_killed_by_sigkill_leaves_a_post_mortem_naming_the_leak_and_
     assert!(report.contains("killed by SIGKILL"), "{report}");
     assert!(report.contains("Verdict: killed_by_signal"), "{report}");
     // The dead program's region is gone, and no temporary file is left.
-    assert!(oomshim::flight::read::list_regions(&run.live).is_empty());
+    assert!(oomshim_core::flight::read::list_regions(&run.live).is_empty());
     for e in fs::read_dir(&run.dumps).unwrap() {
         let name = e.unwrap().file_name();
         assert!(!name.to_string_lossy().ends_with(".tmp"), "{name:?}");
@@ -172,7 +172,8 @@ fn a_host_memory_kill_is_named_from_the_cgroups_memory_events() {
     // dies by SIGKILL, as the kernel's OOM killer leaves it.
     let fake = tempfile::tempdir().unwrap();
     let own = fs::read_to_string("/proc/self/cgroup").unwrap();
-    let (dir, v2) = oomshim::facts::host::cgroup_dir(&own, fake.path()).expect("a memory cgroup");
+    let (dir, v2) =
+        oomshim_core::facts::host::cgroup_dir(&own, fake.path()).expect("a memory cgroup");
     fs::create_dir_all(&dir).unwrap();
     let events = dir.join(if v2 {
         "memory.events"
@@ -198,7 +199,7 @@ fn a_host_memory_kill_is_named_from_the_cgroups_memory_events() {
     assert_eq!(dumps.len(), 1, "{}", text(&out.stderr));
     let dump = &dumps[0].1;
     let v = &dump.verdict;
-    assert_eq!(v.kind, oomshim::verdict::HOST_OOM_KILL, "{v:#?}");
+    assert_eq!(v.kind, oomshim_core::verdict::HOST_OOM_KILL, "{v:#?}");
     let top = &v.findings[0].headline;
     assert!(
         top.starts_with("killed by the kernel's OOM killer (SIGKILL): host memory grew"),
@@ -212,7 +213,7 @@ fn a_host_memory_kill_is_named_from_the_cgroups_memory_events() {
     );
     assert_eq!(pm.host.memory_max, Some(1 << 30));
     // 4 MiB of host memory a step: the fitted growth says so (within the noise of the heap).
-    let (rate, unit) = oomshim::verdict::host_growth(pm).expect("host growth");
+    let (rate, unit) = oomshim_core::verdict::host_growth(pm).expect("host growth");
     assert_eq!(unit, "step");
     assert!((3 << 20..6 << 20).contains(&rate), "{rate}");
 }
@@ -264,7 +265,7 @@ fn a_host_memory_kill_in_a_memory_limited_cgroup() {
         .collect();
     let _ = fs::remove_dir(&cg);
     assert_eq!(found.len(), 1, "{}", text(&out.stderr));
-    assert_eq!(found[0].verdict.kind, oomshim::verdict::HOST_OOM_KILL);
+    assert_eq!(found[0].verdict.kind, oomshim_core::verdict::HOST_OOM_KILL);
 }
 
 #[test]
@@ -330,7 +331,7 @@ fn a_program_that_exits_normally_leaves_no_region_and_no_post_mortem() {
         })
         .collect();
     assert_eq!(reasons, ["oom"], "its own dump, no post-mortem");
-    assert!(oomshim::flight::read::list_regions(&live).is_empty());
+    assert!(oomshim_core::flight::read::list_regions(&live).is_empty());
     assert!(!text(&out.stderr).contains("post-mortem"));
 }
 
@@ -378,7 +379,7 @@ fn damage_newest(path: &Path) {
     let mut h = vec![0u8; 4096];
     f.read_exact_at(&mut h, 0).unwrap();
     let latest = u64::from_le_bytes(h[40..48].try_into().unwrap());
-    let off = oomshim::flight::layout::slot_payload_offset(latest % 2) + 10;
+    let off = oomshim_core::flight::layout::slot_payload_offset(latest % 2) + 10;
     let mut b = [0u8; 1];
     f.read_exact_at(&mut b, off).unwrap();
     f.write_all_at(&[b[0] ^ 0x55], off).unwrap();
@@ -447,14 +448,14 @@ fn hostile_regions_get_a_clear_message_never_a_crash() {
     {
         use std::os::unix::fs::FileExt;
         let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
-        let slot = oomshim::flight::layout::slot_desc_offset(1);
+        let slot = oomshim_core::flight::layout::slot_desc_offset(1);
         f.write_all_at(&u64::MAX.to_le_bytes(), slot + 8).unwrap();
     }
     assert!(read_region(&path).is_err());
     // A file larger than any region is refused unread.
     let big = live.join(region_name(pid + 9, ticks));
     let f = fs::File::create(&big).unwrap();
-    f.set_len(oomshim::flight::layout::REGION_BYTES + 1)
+    f.set_len(oomshim_core::flight::layout::REGION_BYTES + 1)
         .unwrap();
     assert!(matches!(read_region(&big), Err(ReadError::Invalid(_))));
     let out = cli()

@@ -14,8 +14,8 @@
 //! - `OOMSHIM_FUZZ_SECS=600 cargo test --release --test fuzz_reports -- --ignored --nocapture`
 //!   fuzzes for that long (`OOMSHIM_FUZZ_SEED` repeats a run).
 
-use oomshim::dump::read::parse_dump;
-use oomshim::report::{self, ReportOptions};
+use dump::read::parse_dump;
+use oomshim_cli::report::{self, ReportOptions};
 use serde_json::{json, Value};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -65,7 +65,7 @@ fn seeds() -> Vec<Vec<u8>> {
 }
 
 /// Runs the reader and every reporter on `bytes`. Ok(true) when it parsed as a dump.
-fn exercise(bytes: &[u8], other: &oomshim::dump::model::Dump, scratch: &Path) -> bool {
+fn exercise(bytes: &[u8], other: &dump::model::Dump, scratch: &Path) -> bool {
     let Ok(dump) = parse_dump(bytes, Path::new("fuzz.json")) else {
         return false;
     };
@@ -99,8 +99,8 @@ fn exercise(bytes: &[u8], other: &oomshim::dump::model::Dump, scratch: &Path) ->
 /// A torch side file `bytes`, found by `report` next to a dump of its process, then everything
 /// `report` does with it: parse, merge into the dump (its free blocks feed the verdict), the
 /// lines describing it, and every renderer of the merged dump. Ok(true) when it parsed.
-fn exercise_torch(bytes: &[u8], dump: &oomshim::dump::model::Dump, scratch: &Path) -> bool {
-    use oomshim::report::torch_cache;
+fn exercise_torch(bytes: &[u8], dump: &dump::model::Dump, scratch: &Path) -> bool {
+    use oomshim_cli::report::torch_cache;
     let dir = scratch.join("torch");
     let _ = std::fs::create_dir_all(&dir);
     let dump_path = dir.join("oomshim-dump.json");
@@ -132,7 +132,7 @@ fn exercise_torch(bytes: &[u8], dump: &oomshim::dump::model::Dump, scratch: &Pat
     let mut merged = dump.clone();
     torch_cache::apply(&mut merged, &cache);
     let _ = torch_cache::describe(&side, &cache);
-    let _ = oomshim::verdict::judge(&merged);
+    let _ = oomshim_core::verdict::judge(&merged);
     for top in [0, usize::MAX] {
         let opts = ReportOptions { top, color: false };
         let _ = report::terminal::render_terminal(&merged, &opts);
@@ -342,7 +342,7 @@ fn guarded(
     }
 }
 
-fn base_other() -> oomshim::dump::model::Dump {
+fn base_other() -> dump::model::Dump {
     let p = root().join("tests/fixtures/oom_own_allocations.json");
     parse_dump(&std::fs::read(&p).unwrap(), &p).unwrap()
 }

@@ -87,7 +87,7 @@ fn fixture(name: &str) -> PathBuf {
 // ---------------------------------------------------------------------------------------------
 // 4. readers: FIFOs, devices, links to them
 
-use oomshim::dump::read::read_dump;
+use dump::read::read_dump;
 use std::ffi::CString;
 
 fn mkfifo(path: &Path) {
@@ -123,7 +123,7 @@ fn fifos_devices_and_links_to_them_are_refused_at_once_by_every_reader() {
 
     // A torch side file next to a good dump: a FIFO, then a link to /dev/zero. The report must
     // come out at once and without it.
-    let dump: oomshim::dump::model::Dump = read_dump(&fixture("oom_own_allocations.json")).unwrap();
+    let dump: dump::model::Dump = read_dump(&fixture("oom_own_allocations.json")).unwrap();
     let good = dir.path().join("oomshim-good.json");
     fs::copy(fixture("oom_own_allocations.json"), &good).unwrap();
     let side = dir.path().join(format!(
@@ -163,7 +163,7 @@ fn fifos_devices_and_links_to_them_are_refused_at_once_by_every_reader() {
 #[test]
 fn a_torch_side_file_that_links_elsewhere_is_not_followed() {
     let dir = tempfile::tempdir().unwrap();
-    let dump: oomshim::dump::model::Dump = read_dump(&fixture("oom_own_allocations.json")).unwrap();
+    let dump: dump::model::Dump = read_dump(&fixture("oom_own_allocations.json")).unwrap();
     let good = dir.path().join("oomshim-good.json");
     fs::copy(fixture("oom_own_allocations.json"), &good).unwrap();
     let elsewhere = tempfile::tempdir().unwrap();
@@ -367,8 +367,8 @@ fn a_device_index_of_i32_max_costs_no_huge_allocation_anywhere() {
 // ---------------------------------------------------------------------------------------------
 // 13. terminal escapes from dumps and file names
 
-use oomshim::dump::read::parse_dump;
-use oomshim::testbed;
+use dump::read::parse_dump;
+use oomshim_cli::testbed;
 
 /// A compiled test client run under the shim, with `cwd` and extra environment.
 fn client(name: &str, args: &[&str], env: &[(&str, &str)]) -> Command {

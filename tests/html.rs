@@ -8,10 +8,10 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use oomshim::dump::model::{Dump, Frame, FrameKind};
-use oomshim::dump::read::read_dump;
-use oomshim::report::html::{render_html, write_html};
-use oomshim::verdict::judge;
+use dump::model::{Dump, Frame, FrameKind};
+use dump::read::read_dump;
+use oomshim_cli::report::html::{render_html, write_html};
+use oomshim_core::verdict::judge;
 use serde_json::Value;
 
 const EVIL: &str = "</script><script>alert(1)</script><img src=x onerror=alert(2)>";

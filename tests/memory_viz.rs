@@ -120,7 +120,7 @@ fn an_allocator_mode_dump_exports_the_real_segments_and_free_blocks() {
     assert_eq!(dumps.len(), 1);
     // The dump carries the allocator's segments: six 1 GiB segments, each split by a 600 MiB
     // tensor with 424 MiB free behind it.
-    let dump = oomshim::dump::read::read_dump(&dumps[0]).unwrap();
+    let dump = dump::read::read_dump(&dumps[0]).unwrap();
     let map = &dump.free_blocks.segment_map;
     assert_eq!(map.len(), 6);
     for seg in map {

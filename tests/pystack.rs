@@ -11,10 +11,10 @@
 
 mod common;
 
-use oomshim::dump::model::{Dump, Frame, FrameKind, Holder, StackMerge};
-use oomshim::dump::read::read_dump;
-use oomshim::pystack::MAX_PY_FRAMES;
-use oomshim::testbed;
+use dump::model::{Dump, Frame, FrameKind, Holder, StackMerge};
+use dump::read::read_dump;
+use oomshim_cli::testbed;
+use oomshim_core::pystack::MAX_PY_FRAMES;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -407,7 +407,8 @@ fn python_frames_name_the_allocating_function_and_line() {
     check_scenarios(&py, &dump);
 
     // Reports and the verdict name sites by their innermost Python frame.
-    let text = oomshim::report::render_terminal(&dump, &oomshim::report::ReportOptions::default());
+    let text =
+        oomshim_cli::report::render_terminal(&dump, &oomshim_cli::report::ReportOptions::default());
     assert!(text.contains("load_weights ("), "report:\n{text}");
 }
 
@@ -674,7 +675,7 @@ print(json.dumps(out))
 
 #[test]
 fn line_tables_decode_like_cpython() {
-    use oomshim::pystack::{line_for, LineFormat};
+    use oomshim_core::pystack::{line_for, LineFormat};
     let pythons = all_pythons();
     if pythons.is_empty() {
         eprintln!("skipped: no python3 found");

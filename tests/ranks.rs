@@ -6,8 +6,8 @@
 mod common;
 
 use common::{run_client, shim_lib};
-use oomshim::dump::model::Dump;
-use oomshim::dump::read::read_dump;
+use dump::model::Dump;
+use dump::read::read_dump;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -5,8 +5,8 @@
 mod common;
 
 use common::run_client;
-use oomshim::dump::model::Dump;
-use oomshim::dump::read::read_dump;
+use dump::model::Dump;
+use dump::read::read_dump;
 use std::path::Path;
 use std::process::Output;
 

@@ -5,9 +5,9 @@
 mod common;
 
 use common::{shim_lib, wait_with_watchdog};
-use oomshim::dump::model::Dump;
-use oomshim::dump::read::read_dump;
-use oomshim::testbed;
+use dump::model::Dump;
+use dump::read::read_dump;
+use oomshim_cli::testbed;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -74,7 +74,7 @@ fn dumps(dir: &Path) -> Vec<(PathBuf, Dump)> {
         .collect()
 }
 
-fn has_frame(d: &oomshim::dump::model::Site, function: &str) -> bool {
+fn has_frame(d: &dump::model::Site, function: &str) -> bool {
     d.stack
         .iter()
         .any(|f| f.function.as_deref() == Some(function))
@@ -547,7 +547,7 @@ fn huge_truncated_nested_wrong_typed_and_wrong_schema_files_exit_2_everywhere() 
     // Over the 1 GiB limit: refused before reading (a sparse file, nothing is really written).
     let huge = dir.path().join("huge.json");
     let f = fs::File::create(&huge).unwrap();
-    f.set_len(oomshim::dump::read::MAX_DUMP_BYTES + 1).unwrap();
+    f.set_len(dump::read::MAX_DUMP_BYTES + 1).unwrap();
     every_reader_rejects(&huge, &good, &scratch);
     // A directory and a missing file.
     every_reader_rejects(&scratch, &good, &dir.path().join("s2"));

@@ -4,9 +4,9 @@
 mod common;
 
 use common::{run_client, shim_lib};
-use oomshim::dump::model::{Dump, Frame};
-use oomshim::dump::read::read_dump;
-use oomshim::testbed;
+use dump::model::{Dump, Frame};
+use dump::read::read_dump;
+use oomshim_cli::testbed;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -532,7 +532,7 @@ fn a_burst_of_retries_is_one_request_with_one_dump() {
     run_client("frees_and_bursts", &["burst", "2"], &env, true);
     let files = dumps_in(dir.path());
     assert_eq!(files.len(), 1, "one request and its retries");
-    let dump = oomshim::dump::read::read_dump(&files[0]).unwrap();
+    let dump = dump::read::read_dump(&files[0]).unwrap();
     assert_eq!(dump.failed_request.unwrap().failures_in_burst, 3);
 }
 
@@ -565,12 +565,12 @@ fn the_library_exports_the_hooks_and_nothing_else() {
         "cudaMallocPitch",
         "dlsym",
     ];
-    // The functions programs call (src/ffi/hooks.rs).
+    // The functions programs call (src/preload/ffi/hooks.rs).
     expected.extend(oomshim::ffi::PROGRAM_API_EXPORTS);
     // The driver functions and resolvers come from their single-source tables (issue #3).
     expected.extend(oomshim::ffi::driver_exported_names());
     expected.extend(oomshim::ffi::RUNTIME_RESOLVERS);
-    // Allocator mode's entry points (src/ffi/torch_alloc.rs).
+    // Allocator mode's entry points (src/preload/ffi/torch_alloc.rs).
     expected.extend(oomshim::ffi::TORCH_ALLOCATOR_EXPORTS);
     expected.sort();
     assert_eq!(names, expected);
@@ -815,9 +815,9 @@ fn golden_terminal_report_of_a_simulated_oom() {
     ];
     run_client("leak_until_oom", &[], &env, true);
     let dump = normalised(only_dump(dir.path()));
-    let text = oomshim::report::render_terminal(
+    let text = oomshim_cli::report::render_terminal(
         &dump,
-        &oomshim::report::ReportOptions {
+        &oomshim_cli::report::ReportOptions {
             top: 3,
             color: false,
         },

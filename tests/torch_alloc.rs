@@ -7,7 +7,7 @@
 mod common;
 
 use common::{run_client, shim_lib};
-use oomshim::dump::model::Dump;
+use dump::model::Dump;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -51,7 +51,7 @@ fn dumps_in(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn read_dump(p: &Path) -> Dump {
-    oomshim::dump::read::parse_dump(&std::fs::read(p).unwrap(), p).expect("a valid dump")
+    dump::read::parse_dump(&std::fs::read(p).unwrap(), p).expect("a valid dump")
 }
 
 /// The path after "Dump: " in the exception message.
@@ -286,7 +286,7 @@ fn a_cuda_error_other_than_out_of_memory_is_a_plain_error_without_a_dump() {
 fn the_exception_is_raised_when_the_cpp_runtime_is_loaded_locally_as_python_loads_torch() {
     // Found on the H200: Python loads torch's extension RTLD_LOCAL, so libstdc++ is in no global
     // scope, and a lookup there alone found no way to throw: torch got NULL back as a tensor.
-    let catcher = oomshim::testbed::artifact_dir().join("libcxxcatch.so");
+    let catcher = oomshim_cli::testbed::artifact_dir().join("libcxxcatch.so");
     let lib = shim_lib();
     let out = run_client(
         "torch_alloc_local",

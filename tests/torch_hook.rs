@@ -254,7 +254,7 @@ fn under_plain_ld_preload_and_oomshim_run_torchs_word_is_in_the_dump_before_it_i
         assert_eq!(stdout(&out), "ok");
         let files = dumps(&e.dumps);
         assert_eq!(files.len(), 1, "{launcher:?}: {files:?}\n{}", stderr(&out));
-        let d = oomshim::dump::read::read_dump(&files[0]).unwrap();
+        let d = dump::read::read_dump(&files[0]).unwrap();
         let req = d.failed_request.as_ref().unwrap();
         assert_eq!(req.bytes, 128 << 20);
         assert_eq!(req.recovered, Some(false));
@@ -327,7 +327,7 @@ fn torchs_word_without_a_failed_cuda_call_is_a_dump_of_its_own() {
     assert_eq!(stdout(&out), "ok");
     let found = dumps(&e.dumps);
     assert_eq!(found.len(), 1);
-    let d = oomshim::dump::read::read_dump(&found[0]).unwrap();
+    let d = dump::read::read_dump(&found[0]).unwrap();
     let req = d.failed_request.as_ref().unwrap();
     assert_eq!(req.api, "framework_allocator");
     assert_eq!(req.bytes, 2 << 30);
@@ -363,7 +363,7 @@ torch._fake_oom(0, 96 * MiB, 2 << 30, 0)
 print("ok")
 "#;
     python(&e, Launcher::Preload, &program(training), &[]);
-    let d = oomshim::dump::read::read_dump(&dumps(&e.dumps)[0]).unwrap();
+    let d = dump::read::read_dump(&dumps(&e.dumps)[0]).unwrap();
     let g = d.growth.as_ref().expect("growth");
     assert_eq!(g.steps.as_deref(), Some("optimizer"));
     assert_eq!(d.verdict.kind, "leak", "{:#?}", d.verdict);
@@ -391,7 +391,7 @@ torch._fake_oom(0, 64 * MiB, 2 << 30, 0)
 print("ok")
 "#;
     python(&e, Launcher::Preload, &program(evaluation), &[]);
-    let d = oomshim::dump::read::read_dump(&dumps(&e.dumps)[0]).unwrap();
+    let d = dump::read::read_dump(&dumps(&e.dumps)[0]).unwrap();
     let g = d.growth.as_ref().expect("growth");
     assert_eq!(g.steps.as_deref(), Some("forward"));
     assert_eq!(d.verdict.kind, "leak", "{:#?}", d.verdict);
@@ -482,7 +482,7 @@ fn python_can_ask_the_shim_for_a_dump() {
         assert_eq!(stdout(&out), "True True", "{}", stderr(&out));
         let dumps = dumps(&e.dumps);
         assert_eq!(dumps.len(), 1);
-        let d = oomshim::dump::read::read_dump(&dumps[0]).unwrap();
+        let d = dump::read::read_dump(&dumps[0]).unwrap();
         assert_eq!(d.reason, "from-python");
     }
 }
@@ -525,7 +525,7 @@ fn with_no_settle_window_torchs_view_is_a_side_file_the_report_merges() {
     );
     let found = dumps(&e.dumps);
     assert_eq!(found.len(), 1);
-    let d = oomshim::dump::read::read_dump(&found[0]).unwrap();
+    let d = dump::read::read_dump(&found[0]).unwrap();
     assert!(d.framework.is_none());
     assert_eq!(d.free_blocks.source, "unavailable");
     let side: Vec<PathBuf> = files(&e.dumps, "json")

@@ -141,7 +141,7 @@ fn python(e: &Env, program: &str, extra: &[(&str, &str)]) -> Output {
     cmd.args(["-c", program])
         .env_remove("LD_PRELOAD")
         .env("PYTHONPATH", side.pythonpath(&[&e.fake]))
-        .env("SIM_CUDART", oomshim::testbed::sim_cudart())
+        .env("SIM_CUDART", oomshim_cli::testbed::sim_cudart())
         .env("OOMSHIM_DIR", e.tmp.path().join("dumps"));
     if side.installed {
         cmd.env_remove("OOMSHIM_LIB");
@@ -288,7 +288,7 @@ print(ot.memory_allocated(), ot.library_path())
             "PYTHONPATH",
             format!("{}:{}", e.fake.display(), user_site.display()),
         )
-        .env("SIM_CUDART", oomshim::testbed::sim_cudart())
+        .env("SIM_CUDART", oomshim_cli::testbed::sim_cudart())
         .env_remove("OOMSHIM_LIB")
         .output()
         .unwrap();

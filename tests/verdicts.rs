@@ -8,8 +8,8 @@
 mod common;
 
 use common::{run_client, shim_lib, wait_with_watchdog};
-use oomshim::dump::model::Dump;
-use oomshim::dump::read::read_dump;
+use dump::model::Dump;
+use dump::read::read_dump;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -285,7 +285,7 @@ fn the_same_leak_without_step_marks_is_own_allocations() {
     assert!(
         line1.contains(&format!(
             "own_allocations: this process's own allocations fill device 0: {} of the",
-            oomshim::report::units::human_bytes(tracked)
+            oomshim_cli::report::units::human_bytes(tracked)
         )) && line1.contains("at leaky_cache_grow (leak_until_oom.c:"),
         "{line1}"
     );
@@ -412,7 +412,7 @@ fn fragmentation_with_dynamic_shapes_and_the_framework_cache_from_allocator_free
     // As oomshim's allocator would report its cache: 1 GiB free in blocks of at most 32 MiB,
     // for a 64 MiB request: fragmentation, named as dynamic shapes.
     dump.failed_request.as_mut().unwrap().bytes = 64 * MIB;
-    dump.free_blocks = oomshim::dump::model::FreeBlocks {
+    dump.free_blocks = dump::model::FreeBlocks {
         source: "oomshim-allocator".into(),
         total_free_bytes: Some(GIB),
         largest_free_bytes: Some(32 * MIB),
@@ -477,12 +477,12 @@ fn host_pressure_is_a_finding_with_the_pinned_bytes() {
     let mut dump = only_dump(dir.path());
     assert!(dump.host.is_some(), "host facts are read at dump time");
     // MemAvailable below the pinned bytes, as on a machine the pinned buffers exhausted.
-    dump.pinned_host = oomshim::dump::model::PinnedHost {
+    dump.pinned_host = dump::model::PinnedHost {
         bytes: 6 * GIB,
         count: 12,
         peak_bytes: 6 * GIB,
     };
-    dump.host = Some(oomshim::facts::host::HostMemory {
+    dump.host = Some(oomshim_core::facts::host::HostMemory {
         total_bytes: Some(64 * GIB),
         available_bytes: Some(2 * GIB),
         cgroup_limit_bytes: None,
@@ -502,7 +502,7 @@ fn host_pressure_is_a_finding_with_the_pinned_bytes() {
         "host memory is low: 2.00 GiB available of 64.00 GiB (3.1%)"
     );
     // A cgroup at its limit says the same.
-    dump.host = Some(oomshim::facts::host::HostMemory {
+    dump.host = Some(oomshim_core::facts::host::HostMemory {
         total_bytes: Some(64 * GIB),
         available_bytes: Some(40 * GIB),
         cgroup_limit_bytes: Some(8 * GIB),
@@ -585,16 +585,19 @@ fn the_config_snapshot_keeps_allowlisted_variables_only() {
         Some("0.2s")
     );
     assert!(
-        config.env.keys().all(|k| oomshim::facts::env::allowed(k)),
+        config
+            .env
+            .keys()
+            .all(|k| oomshim_core::facts::env::allowed(k)),
         "{:?}",
         config.env
     );
     // The simulated driver answers cuDriverGetVersion with 13000 (13.0).
     assert_eq!(config.cuda_driver_version, Some(13000));
     // The terminal report shows it in a short section.
-    let report = oomshim::report::render_terminal(
+    let report = oomshim_cli::report::render_terminal(
         &dump,
-        &oomshim::report::ReportOptions {
+        &oomshim_cli::report::ReportOptions {
             top: 3,
             color: false,
         },

@@ -1,4 +1,4 @@
-//! `oomshim exporter`: the flight recorder's live regions (src/flight) in the Prometheus text
+//! `oomshim exporter`: the flight recorder's live regions (src/core/flight) in the Prometheus text
 //! format (version 0.0.4), served on a local port by a process of its own, so fleet metrics
 //! need nothing new inside the training processes. Every scrape lists and reads the regions
 //! afresh with the same reader as `oomshim top`: nothing is shared with the writers, no lock is
@@ -10,7 +10,7 @@
 //! no name for is `oomshim_*`. Only what a summary knows is exported: an unknown is a missing
 //! sample, never a zero.
 
-use crate::flight::read::{list_regions, read_region, ReadError, RegionEntry, Snapshot};
+use oomshim_core::flight::read::{list_regions, read_region, ReadError, RegionEntry, Snapshot};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -290,7 +290,7 @@ fn add_process(samples: &mut Samples, e: &RegionEntry, snap: &Snapshot, now_ms: 
             push("hw_gpu_memory_limit_bytes", &labels, t.to_string());
         }
         // The live summary's free blocks are the allocator's for its current device, which
-        // the publisher (having no failing device) asks as device 0 (src/runtime/allocator.rs).
+        // the publisher (having no failing device) asks as device 0 (src/preload/live/allocator.rs).
         let fb = &d.free_blocks;
         if dev.index == 0 && fb.source != "unavailable" {
             if let Some(b) = fb.largest_free_bytes {
@@ -376,7 +376,7 @@ fn handle(mut stream: TcpStream, dir: &Path) -> std::io::Result<()> {
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
     if method == "GET" && path == "/metrics" {
-        let now = crate::dump::time::unix_ms(std::time::SystemTime::now());
+        let now = dump::time::unix_ms(std::time::SystemTime::now());
         let body = exposition(dir, now);
         respond(&mut stream, "200 OK", CONTENT_TYPE, body.as_bytes())
     } else {

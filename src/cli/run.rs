@@ -104,14 +104,14 @@ pub fn exit_code(status: std::process::ExitStatus) -> i32 {
     }
 }
 
-/// The Python hook's directory (src/pyhook.rs), written if needed.
+/// The Python hook's directory (src/core/pyhook.rs), written if needed.
 pub fn python_hook_dir() -> Result<PathBuf, String> {
-    crate::pyhook::hook_dir()
+    oomshim_core::pyhook::hook_dir()
 }
 
 /// `PYTHONPATH` with `dir` first.
 pub fn pythonpath_value(dir: &Path, existing: Option<&OsStr>) -> OsString {
-    crate::pyhook::pythonpath_value(dir, existing)
+    oomshim_core::pyhook::pythonpath_value(dir, existing)
 }
 
 pub struct RunOptions<'a> {
@@ -155,7 +155,7 @@ pub fn command(opts: &RunOptions) -> Result<Command, RunError> {
             Err(e) => eprintln!("oomshim: the Python hook is off: {e}"),
         }
     } else {
-        // The shim would put the hook on the path by itself (src/pyhook.rs): say no to it too.
+        // The shim would put the hook on the path by itself (src/core/pyhook.rs): say no to it too.
         cmd.env("OOMSHIM_TORCH_HOOK", "0");
     }
     for (k, v) in &opts.extra_env {

@@ -2,7 +2,7 @@
 //! signal on once, mirrors how the program ended, and, when the program died without a dump of
 //! its last state (killed by a signal, or exited non-zero right after a failed device
 //! allocation whose dump was never written), writes a post-mortem dump from the program's live
-//! region (src/flight).
+//! region (src/core/flight).
 //!
 //! Signals: the child runs in a process group of its own, which is made the terminal's
 //! foreground group when oomshim's was (as a shell does for a job), so Ctrl-C, Ctrl-Z and
@@ -14,7 +14,7 @@
 //! `oomshim run --exec` replaces oomshim with the program instead (no post-mortem).
 
 use super::run::{command, RunError, RunOptions};
-use crate::flight;
+use oomshim_core::flight;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -44,7 +44,7 @@ extern "C" fn forward(sig: libc::c_int) {
 }
 
 fn now_ms() -> u64 {
-    crate::dump::time::unix_ms(std::time::SystemTime::now())
+    dump::time::unix_ms(std::time::SystemTime::now())
 }
 
 /// Runs the program to its end. Returns the exit code to end with; a program killed by a signal
@@ -184,8 +184,8 @@ fn dump_dir(opts: &RunOptions) -> PathBuf {
         .dir
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("OOMSHIM_DIR").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(crate::config::DEFAULT_DIR));
-    crate::config::resolve_dir(&dir, std::env::current_dir().ok().as_deref())
+        .unwrap_or_else(|| PathBuf::from(oomshim_core::config::DEFAULT_DIR));
+    oomshim_core::config::resolve_dir(&dir, std::env::current_dir().ok().as_deref())
 }
 
 fn post_mortem(
@@ -223,17 +223,17 @@ fn post_mortem(
             return;
         }
     };
-    let name = crate::dump::write::DumpName {
+    let name = dump::write::DumpName {
         host: dump.process.host.clone(),
         pid: dump.process.pid,
         rank: dump.process.rank,
     };
     let clean = crate::report::units::clean;
-    match crate::dump::write::write_dump_with_mode(
+    match dump::write::write_dump_with_mode(
         &dump_dir(opts),
         &name,
         &bytes,
-        crate::dump::write::file_mode(),
+        dump::write::file_mode(),
     ) {
         Ok(w) => {
             eprintln!("oomshim: post-mortem (reconstructed): {}", clean(&headline));

@@ -1,13 +1,13 @@
 //! `oomshim top`: every oomshim process of this user on this host (or one pid), from their live
-//! regions (src/flight) alone: device memory tracked, the sites growing now, steps per second,
+//! regions (src/core/flight) alone: device memory tracked, the sites growing now, steps per second,
 //! host memory, the last failure. `--once` prints one plain-text frame (for scripts and tests);
 //! otherwise the frame is redrawn about once a second. A region that cannot be read (torn,
 //! foreign, hostile) is one line saying why; nothing in a region can crash the view or drive
 //! the terminal (every string is shown escaped).
 
-use crate::flight::read::{list_regions, read_region, ReadError, RegionEntry, Snapshot};
 use crate::report::units::{clean, human_bytes};
-use crate::verdict::short_label;
+use oomshim_core::flight::read::{list_regions, read_region, ReadError, RegionEntry, Snapshot};
+use oomshim_core::verdict::short_label;
 use std::fmt::Write;
 use std::path::Path;
 
@@ -160,7 +160,7 @@ fn render_one(out: &mut String, e: &RegionEntry, read: Result<Snapshot, ReadErro
 }
 
 /// Steps per second over the samples that carry steps.
-fn steps_per_second(rss: &[crate::flight::RssSample]) -> Option<f64> {
+fn steps_per_second(rss: &[oomshim_core::flight::RssSample]) -> Option<f64> {
     let stepped: Vec<_> = rss.iter().filter(|r| r.step.is_some()).collect();
     let (a, b) = (stepped.first()?, stepped.last()?);
     let dt = b.unix_ms.checked_sub(a.unix_ms).filter(|d| *d > 0)? as f64 / 1000.0;
@@ -181,11 +181,7 @@ pub fn live(dir: &Path, pid: Option<u32>) -> ! {
     use std::io::IsTerminal;
     let tty = std::io::stdout().is_terminal();
     loop {
-        let text = frame(
-            dir,
-            pid,
-            crate::dump::time::unix_ms(std::time::SystemTime::now()),
-        );
+        let text = frame(dir, pid, dump::time::unix_ms(std::time::SystemTime::now()));
         let mut out = std::io::stdout().lock();
         let clear = if tty { "\x1b[H\x1b[2J" } else { "" };
         if std::io::Write::write_all(&mut out, format!("{clear}{text}\n").as_bytes()).is_err() {

@@ -20,7 +20,15 @@ pub fn shim_lib() -> PathBuf {
             Some(name) => name.to_string(),
         };
         let status = Command::new(env!("CARGO"))
-            .args(["build", "--lib", "--quiet", "--profile", &profile])
+            .args([
+                "build",
+                "-p",
+                "oomshim-preload",
+                "--lib",
+                "--quiet",
+                "--profile",
+                &profile,
+            ])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .expect("run cargo to build liboomshim.so");
@@ -55,7 +63,7 @@ pub fn wait_with_watchdog(mut cmd: Command, limit: Duration) -> Output {
 /// Runs a simulated-CUDA test client (with or without the shim) under the watchdog, with a short
 /// settle window so OOM dumps are written promptly.
 pub fn run_client(name: &str, args: &[&str], env: &[(&str, &str)], with_shim: bool) -> Output {
-    let mut cmd = Command::new(oomshim::testbed::client(name));
+    let mut cmd = Command::new(oomshim_cli::testbed::client(name));
     cmd.args(args)
         .env_remove("LD_PRELOAD")
         .env("OOMSHIM_SETTLE", "0.2s")
@@ -165,11 +173,11 @@ pub fn build_simcall(dir: &std::path::Path) -> Option<PathBuf> {
         .arg(&lib)
         .arg(&src)
         .arg("-L")
-        .arg(oomshim::testbed::artifact_dir())
+        .arg(oomshim_cli::testbed::artifact_dir())
         .arg("-l:libcudart.so.13")
         .arg(format!(
             "-Wl,-rpath,{}",
-            oomshim::testbed::artifact_dir().display()
+            oomshim_cli::testbed::artifact_dir().display()
         ))
         .args(["-ldl", "-lpthread"])
         .output();

@@ -1,0 +1,227 @@
+//! The `oomshim` CLI: what its subcommands do; `src/cli/main.rs` only parses arguments and calls
+//! in.
+//! Reporters read dump files only: nothing here touches a live process except `run`/`demo`,
+//! which start one.
+
+pub mod demo;
+pub mod exporter;
+pub mod locate;
+pub mod report;
+pub mod run;
+pub mod supervise;
+pub mod testbed;
+pub mod top;
+
+use crate::report::units::clean_path;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// Exit code for unreadable or invalid input files.
+pub const EXIT_BAD_INPUT: i32 = 2;
+
+/// Permission bits for a file made from the dump at `input` (an HTML report, a pickle): what
+/// the dump's owner may do, and no more for anyone else than the dump allows (its read bits).
+/// A dump can hold secrets (the command line), so its 0600 must not become a report's 0644;
+/// the umask has no say. Owner read/write always, so the file can be replaced later.
+pub fn output_mode(input: &Path) -> u32 {
+    std::fs::metadata(input)
+        .map(|m| 0o600 | (m.mode() & 0o044))
+        .unwrap_or(0o600)
+}
+
+/// `oomshim report`: prints a dump as text or as the JSON report model. PyTorch's own summary of
+/// its cache, saved by the `oomshim run` Python hook next to the dump, is merged in when found.
+pub fn report(path: &Path, top: usize, json: bool, color: bool) -> Result<String, String> {
+    let path = &resolve_dump(path)?;
+    with_progress("reading", path, || report_inner(path, top, json, color))
+}
+
+/// `path` itself, or for a directory its newest dump (by modification time, which is when the
+/// shim renamed it into place; ties by name). Torch's side files (`oomshim-torch-*`) and other
+/// files are not dumps. A directory says on stderr which dump it chose.
+pub fn resolve_dump(path: &Path) -> Result<std::path::PathBuf, String> {
+    if !path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    let entries =
+        std::fs::read_dir(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let newest = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("oomshim-")
+                && !name.starts_with("oomshim-torch-")
+                && name.ends_with(".json")
+                && e.file_type().is_ok_and(|t| t.is_file())
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max();
+    match newest {
+        Some((_, p)) => {
+            eprintln!(
+                "oomshim: the newest dump in {}: {}",
+                clean_path(path),
+                clean_path(&p)
+            );
+            Ok(p)
+        }
+        None => Err(format!(
+            "no oomshim dumps (oomshim-*.json) in {}",
+            clean_path(path)
+        )),
+    }
+}
+
+/// A spinner on stderr while `f` runs, when stderr is a terminal and the dump is large enough
+/// for the wait to be felt (tens of MiB of JSON take seconds to parse, symbolise and render).
+fn with_progress<R>(what: &str, input: &Path, f: impl FnOnce() -> R) -> R {
+    use std::io::IsTerminal;
+    let big = std::fs::metadata(input).is_ok_and(|m| m.len() > 32 << 20);
+    if !big || !std::io::stderr().is_terminal() {
+        return f();
+    }
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_message(format!("{what} {}", clean_path(input)));
+    spinner.enable_steady_tick(std::time::Duration::from_millis(100));
+    let r = f();
+    spinner.finish_and_clear();
+    r
+}
+
+fn report_inner(path: &Path, top: usize, json: bool, color: bool) -> Result<String, String> {
+    let mut dump = dump::read::read_dump(path).map_err(|e| e.to_string())?;
+    let torch = crate::report::torch_cache::find_for(path, &dump);
+    if let Some((_, cache)) = &torch {
+        crate::report::torch_cache::apply(&mut dump, cache);
+    }
+    let mut model = crate::report::ReportModel::new(&dump);
+    if let Some((p, cache)) = &torch {
+        model = model.with_torch_cache(p, cache);
+    }
+    let opts = crate::report::ReportOptions { top, color };
+    if json {
+        serde_json::to_string_pretty(&crate::report::json::render(&model, &opts))
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string())
+    } else {
+        Ok(crate::report::terminal::render(&model, &opts))
+    }
+}
+
+/// `oomshim report DUMP --html OUT`: the self-contained HTML page, written atomically.
+pub fn report_html(path: &Path, out: &Path) -> Result<String, String> {
+    let path = &resolve_dump(path)?;
+    with_progress("rendering", path, || report_html_inner(path, out))
+}
+
+fn report_html_inner(path: &Path, out: &Path) -> Result<String, String> {
+    let mut dump = dump::read::read_dump(path).map_err(|e| e.to_string())?;
+    if let Some((_, cache)) = crate::report::torch_cache::find_for(path, &dump) {
+        crate::report::torch_cache::apply(&mut dump, &cache);
+    }
+    let model = crate::report::ReportModel::new(&dump);
+    crate::report::html::write_page(&model, out, output_mode(path))
+        .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
+    Ok(format!("wrote {}\n", clean_path(out)))
+}
+
+/// `oomshim diff A B`: growth and shrinkage by site between two dumps.
+pub fn diff(before: &Path, after: &Path, top: usize, json: bool) -> Result<String, String> {
+    let a = dump::read::read_dump(before).map_err(|e| e.to_string())?;
+    let b = dump::read::read_dump(after).map_err(|e| e.to_string())?;
+    let d = crate::report::diff::diff(&a, &b);
+    if json {
+        let v = crate::report::diff::diff_json(&d, top);
+        serde_json::to_string_pretty(&v)
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string())
+    } else {
+        Ok(crate::report::diff::render_diff(&d, top))
+    }
+}
+
+/// `oomshim merge DIR...`: all ranks' dumps in one table. No dump at all is an error.
+pub fn merge(
+    dirs: &[std::path::PathBuf],
+    options: crate::report::merge::MergeOptions,
+    json: bool,
+) -> Result<String, String> {
+    let m = crate::report::merge::merge_dirs(dirs, options)?;
+    if m.rows.is_empty() {
+        let names: Vec<String> = dirs.iter().map(|d| clean_path(d)).collect();
+        let mut msg = format!("no oomshim dumps in {}", names.join(", "));
+        if let Some(p) = m.problems.first() {
+            msg.push_str(&format!(
+                " ({} unreadable, e.g. {})",
+                m.problems.len(),
+                crate::report::units::clean(p)
+            ));
+        }
+        return Err(msg);
+    }
+    if json {
+        let v = crate::report::merge::merge_json(&m);
+        serde_json::to_string_pretty(&v)
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string())
+    } else {
+        Ok(crate::report::merge::render_merge(&m))
+    }
+}
+
+/// `oomshim export DUMP --memory-viz OUT`: writes the PyTorch memory snapshot pickle; the file
+/// appears whole or not at all.
+pub fn export_memory_viz(dump: &Path, out: &Path) -> Result<String, String> {
+    with_progress("exporting", dump, || export_memory_viz_inner(dump, out))
+}
+
+fn export_memory_viz_inner(dump: &Path, out: &Path) -> Result<String, String> {
+    let d = dump::read::read_dump(dump).map_err(|e| e.to_string())?;
+    let viz = crate::report::export::memory_viz(&d)?;
+    dump::write::write_file_atomically(out, &viz.bytes, output_mode(dump))
+        .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
+    let mut note = String::new();
+    if let Some(w) = &viz.warning {
+        note.push_str(&format!(
+            "oomshim: warning: {}\n",
+            crate::report::units::clean(w)
+        ));
+    }
+    note.push_str(&format!(
+        "wrote {} ({} segments); open it at https://pytorch.org/memory_viz or with torch.cuda._memory_viz\n",
+        clean_path(out),
+        viz.segments
+    ));
+    Ok(note)
+}
+
+/// `oomshim export DUMP --folded OUT`: folded stacks of the dump's sites (`-` writes to stdout).
+/// Returns what to print on stderr: where it went, and a warning when the dump's sites do not
+/// cover every tracked byte (the rest is one line of its own).
+pub fn export_folded(dump: &Path, out: &Path) -> Result<String, String> {
+    let d = dump::read::read_dump(dump).map_err(|e| e.to_string())?;
+    let folded = crate::report::export::folded(&d);
+    let mut note = String::new();
+    if let Some(w) = &folded.warning {
+        note.push_str(&format!(
+            "oomshim: warning: {}\n",
+            crate::report::units::clean(w)
+        ));
+    }
+    if out == Path::new("-") {
+        use std::io::Write;
+        std::io::stdout()
+            .write_all(folded.text.as_bytes())
+            .map_err(|e| format!("cannot write to stdout: {e}"))?;
+    } else {
+        dump::write::write_file_atomically(out, folded.text.as_bytes(), output_mode(dump))
+            .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
+        note.push_str(&format!(
+            "wrote {} ({} stacks); open it with flamegraph.pl, inferno-flamegraph or https://www.speedscope.app\n",
+            clean_path(out),
+            folded.lines
+        ));
+    }
+    Ok(note)
+}

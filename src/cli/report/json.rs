@@ -1,0 +1,642 @@
+//! The JSON report (`oomshim report --json`): the [`ReportModel`] as one JSON value in the
+//! documented shape [`REPORT_SCHEMA`]. The HTML page's payload shares its verdict, last-failure
+//! and pinned-host objects ([`verdict_json`], [`last_failure_json`], [`pinned_host_json`]).
+
+use serde_json::{json, Value};
+
+use super::model::{known_age, shown_frames, Occasion, ReportModel};
+use super::units::human_bytes;
+use super::{frame_label, named_frames, ReportOptions, REPORT_SCHEMA};
+use dump::model::{Dump, Finding, Frame, LastFailure, PinnedHost, Verdict};
+
+/// The report model as JSON. Keys (all always present; `null` where unknown):
+///
+/// - `report`: [`REPORT_SCHEMA`]; `dump_schema`: the dump's `schema`.
+/// - `header`: `reason`, `oom` (bool: a failed request is present), `time`, `time_unix_ms`, `pid`,
+///   `host`, `command_line` (array), `rank`, `local_rank`, `world_size`, `oomshim_version`.
+/// - `post_mortem`: `null`, or the dump's `post_mortem` section as it is (a dump that
+///   `oomshim run` reconstructed after its program died: README, Dump schema).
+/// - `failed_request`: `null` or `bytes`, `bytes_human`, `api`, `device`, `error_code`,
+///   `recovery` (`recovered` | `stood` | `unknown`), `failures_in_burst`, `top_frames`,
+///   `last_failure` (`null` or `bytes`, `api`, `time_unix_ms`, `tracked_bytes`, `free_bytes`,
+///   `total_bytes`).
+/// - `devices[]`: `index`, `name`, `total_bytes`, `free_bytes`, `used_bytes`, `tracked_bytes`,
+///   `tracked_count`, `peak_tracked_bytes`, `tracked_percent_of_used`.
+/// - `verdict`: `kind`, `summary`, `evidence[]`, `suggestions[]` (judged now);
+///   `recorded_verdict`: the same four keys as stored in the dump.
+/// - `top_holders[]` (at most `opts.top`, largest first): `rank` (1-based), `bytes`,
+///   `bytes_human`, `api`, `device`, `stream`, `thread`, `age_s`, `address`, `seq`, `top_frames`.
+/// - `top_sites[]` (at most `opts.top`): `rank`, `bytes`, `bytes_human`, `count`,
+///   `percent_of_tracked`, `top_frames`.
+/// - `holders_total`, `sites_total`: how many the dump lists.
+/// - `pinned_host`: `bytes`, `count`, `peak_bytes`.
+/// - `free_blocks`: `source`, `available` (bool), `reason`, `total_free_bytes`,
+///   `largest_free_bytes`, `fragmentation`, `histogram[]` (`lo`, `hi`, `count`, `bytes`).
+/// - `recording`: `version`, `stacks`, `depth`, `unknown_frees`, `live_allocations`,
+///   `total_allocations`, `oom_failures`.
+///
+/// `top_frames[]`: the first three frames that have a function name, innermost first:
+/// `function`, `file`, `line`, `module`, `address`, `label` (`function (file:line)`).
+///
+/// Added in the same schema (new keys only; the keys above keep their meaning):
+///
+/// - `top_holders[]` also `thread_name`, `stack_merge`; `recording` also `python`,
+///   `python_merge`; `free_blocks` also `reserved_bytes`, `allocated_bytes`,
+///   `inactive_split_bytes`, `segments`, `segment_map[]`, `segment_map_omitted`.
+/// - `growth`: `null`, or the dump's `growth` as written (`unit`, `steps`, `detected`,
+///   `samples`, `current`, `free_bytes`, `projected_oom_step`, `tracked[]` of `step`/`bytes`,
+///   `sites[]` with `bytes_per_step`, `r_squared`, `samples`, `first`, `last`,
+///   `projected_oom_step`, `stack`), each site with `top_frames` and `label` (its innermost named
+///   frame) added, and `capacity_bytes`: the device's total bytes the chart is drawn against.
+/// - `gpu_processes`, `host`, `request_sizes`, `config`, `vmm`: `null` or the dump's objects as
+///   written; `pools[]`: the dump's pools (empty when none).
+/// - `header` also `launcher`, `job_id`; `devices[]` also `uuid`; `library_memory`: `null` or
+///   the dump's object as written (live bytes by library, the untracked split).
+///
+/// The dump's keys are documented in the README (Dump schema).
+pub fn render_json(dump: &Dump, opts: &ReportOptions) -> Value {
+    render(&ReportModel::new(dump), opts)
+}
+
+/// [`render_json`] of a model already derived; with a torch side file in the model, also
+/// `torch_cache_file`: where it was found.
+pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
+    let dump = model.dump;
+    let process = &dump.process;
+    let verdict = &model.verdict;
+    let failed_request = match &model.failed_request {
+        None => Value::Null,
+        Some(r) => {
+            let req = r.request;
+            json!({
+                "bytes": req.bytes,
+                "bytes_human": human_bytes(req.bytes),
+                "api": req.api,
+                "device": req.device,
+                "error_code": req.error_code,
+                "recovery": r.recovery.word(),
+                "failures_in_burst": req.failures_in_burst,
+                "top_frames": frames_json(&req.stack),
+                "last_failure": req.last_failure.as_ref().map(last_failure_json),
+            })
+        }
+    };
+    let devices: Vec<Value> = model
+        .devices
+        .iter()
+        .map(|v| {
+            let d = v.device;
+            json!({
+                "index": d.index,
+                "name": d.name,
+                "total_bytes": d.total_bytes,
+                "free_bytes": d.free_bytes,
+                "used_bytes": v.used_bytes,
+                "tracked_bytes": d.tracked_bytes,
+                "tracked_count": d.tracked_count,
+                "peak_tracked_bytes": d.peak_tracked_bytes,
+                "uuid": d.uuid,
+                "tracked_percent_of_used": v.tracked_percent_of_used.map(round1),
+            })
+        })
+        .collect();
+    let holders: Vec<Value> = model
+        .holders
+        .iter()
+        .take(opts.top)
+        .enumerate()
+        .map(|(i, h)| {
+            json!({
+                "rank": i + 1,
+                "bytes": h.bytes,
+                "bytes_human": human_bytes(h.bytes),
+                "api": h.api,
+                "device": h.device,
+                "stream": h.stream,
+                "thread": h.thread,
+                "age_s": known_age(h),
+                "address": h.address,
+                "seq": h.seq,
+                "thread_name": h.thread_name,
+                "stack_merge": h.stack_merge,
+                "top_frames": frames_json(&h.stack),
+            })
+        })
+        .collect();
+    let sites: Vec<Value> = model
+        .sites
+        .iter()
+        .take(opts.top)
+        .enumerate()
+        .map(|(i, v)| {
+            let s = v.site;
+            json!({
+                "rank": i + 1,
+                "bytes": s.bytes,
+                "bytes_human": human_bytes(s.bytes),
+                "count": s.count,
+                "percent_of_tracked": v.percent_of_tracked.map(round1),
+                "top_frames": frames_json(&s.stack),
+            })
+        })
+        .collect();
+    let fb = model.free_blocks.blocks;
+    let mut report = json!({
+        "report": REPORT_SCHEMA,
+        "dump_schema": dump.schema,
+        "header": {
+            "reason": dump.reason,
+            "oom": matches!(model.occasion, Occasion::OutOfMemory(_)),
+            "time": dump.time,
+            "time_unix_ms": dump.time_unix_ms,
+            "pid": process.pid,
+            "host": process.host,
+            "command_line": process.command_line,
+            "rank": process.rank,
+            "local_rank": process.local_rank,
+            "world_size": process.world_size,
+            "launcher": process.launcher,
+            "job_id": process.job_id,
+            "oomshim_version": dump.recording.version,
+        },
+        "failed_request": failed_request,
+        "post_mortem": dump.post_mortem,
+        "devices": devices,
+        "verdict": verdict_json(verdict),
+        "recorded_verdict": {
+            "kind": dump.verdict.kind,
+            "summary": dump.verdict.summary,
+            "evidence": dump.verdict.evidence,
+            "suggestions": dump.verdict.suggestions,
+        },
+        "top_holders": holders,
+        "holders_total": dump.largest_holders.len(),
+        "top_sites": sites,
+        "sites_total": dump.sites.len(),
+        "pinned_host": pinned_host_json(&dump.pinned_host),
+        "free_blocks": {
+            "source": fb.source,
+            "available": model.free_blocks.available,
+            "reason": fb.reason,
+            "total_free_bytes": fb.total_free_bytes,
+            "largest_free_bytes": fb.largest_free_bytes,
+            "fragmentation": model.free_blocks.fragmentation,
+            "histogram": fb.histogram.iter().map(|b| json!({
+                "lo": b.lo, "hi": b.hi, "count": b.count, "bytes": b.bytes,
+            })).collect::<Vec<_>>(),
+            "reserved_bytes": fb.reserved_bytes,
+            "allocated_bytes": fb.allocated_bytes,
+            "inactive_split_bytes": fb.inactive_split_bytes,
+            "segments": fb.segments,
+            "segment_map": fb.segment_map,
+            "segment_map_omitted": fb.segment_map_omitted,
+        },
+        "growth": growth_json(model),
+        "gpu_processes": dump.gpu_processes,
+        "host": dump.host,
+        "request_sizes": dump.request_sizes,
+        "config": dump.config,
+        "pools": dump.pools,
+        "vmm": dump.vmm,
+        "library_memory": dump.library_memory,
+        "recording": {
+            "version": dump.recording.version,
+            "stacks": dump.recording.stacks,
+            "depth": dump.recording.depth,
+            "unknown_frees": dump.recording.unknown_frees,
+            "live_allocations": dump.recording.live_allocations,
+            "total_allocations": dump.recording.total_allocations,
+            "oom_failures": dump.recording.oom_failures,
+            "python": dump.recording.python,
+            "python_merge": dump.recording.python_merge,
+        },
+    });
+    if let (Some(obj), Some(torch)) = (report.as_object_mut(), &model.torch_cache) {
+        obj.insert("torch_cache_file".into(), json!(torch.path));
+    }
+    report
+}
+
+/// The verdict judged now: `kind`, `summary`, `evidence`, `suggestions` and the ranked
+/// `findings` (the JSON report's and the page's `verdict`).
+pub(crate) fn verdict_json(verdict: &Verdict) -> Value {
+    json!({
+        "kind": verdict.kind,
+        "summary": verdict.summary,
+        "evidence": verdict.evidence,
+        "suggestions": verdict.suggestions,
+        "findings": findings_json(&verdict.findings),
+    })
+}
+
+/// The failure before the one that wrote the dump (the JSON report's and the page's
+/// `failed_request.last_failure`).
+pub(crate) fn last_failure_json(lf: &LastFailure) -> Value {
+    json!({
+        "bytes": lf.bytes,
+        "api": lf.api,
+        "time_unix_ms": lf.time_unix_ms,
+        "tracked_bytes": lf.tracked_bytes,
+        "free_bytes": lf.free_bytes,
+        "total_bytes": lf.total_bytes,
+    })
+}
+
+/// Pinned host memory: `bytes`, `count`, `peak_bytes` (the JSON report's and the page's).
+pub(crate) fn pinned_host_json(p: &PinnedHost) -> Value {
+    json!({
+        "bytes": p.bytes,
+        "count": p.count,
+        "peak_bytes": p.peak_bytes,
+    })
+}
+
+/// A stack's shown frames (`top_frames`), each with its `label`.
+fn frames_json(stack: &[Frame]) -> Value {
+    Value::Array(
+        shown_frames(stack)
+            .map(|f| {
+                json!({
+                    "function": f.function,
+                    "file": f.file,
+                    "line": f.line,
+                    "module": f.module,
+                    "address": f.address,
+                    "label": frame_label(f, usize::MAX),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The dump's `growth` for the JSON report: as written, each site with its `top_frames` and
+/// `label`, plus the device capacity a chart of it is drawn against.
+fn growth_json(model: &ReportModel) -> Value {
+    let Some(view) = &model.growth else {
+        return Value::Null;
+    };
+    let g = view.growth;
+    let mut v = serde_json::to_value(g).unwrap_or(Value::Null);
+    if let Some(sites) = v.get_mut("sites").and_then(Value::as_array_mut) {
+        for (site, s) in sites.iter_mut().zip(&g.sites) {
+            site["top_frames"] = frames_json(&s.stack);
+            site["label"] = json!(named_frames(&s.stack)
+                .next()
+                .map(|f| frame_label(f, usize::MAX)));
+        }
+    }
+    v["capacity_bytes"] = json!(view.capacity_bytes);
+    v
+}
+
+/// The ranked findings, each with its rank and human-readable bytes.
+fn findings_json(findings: &[Finding]) -> Vec<Value> {
+    findings
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            json!({
+                "rank": i + 1,
+                "kind": f.kind,
+                "bytes": f.bytes,
+                "bytes_human": human_bytes(f.bytes),
+                "headline": f.headline,
+                "summary": f.summary,
+                "evidence": f.evidence,
+                "suggestions": f.suggestions,
+            })
+        })
+        .collect()
+}
+
+/// A percentage with one decimal; `null` when it is not a number.
+fn round1(x: f64) -> Value {
+    if x.is_finite() {
+        json!((x * 10.0).round() / 10.0)
+    } else {
+        Value::Null
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::fixtures::{self, check_golden, fixture_names, load_fixture};
+
+    #[test]
+    fn json_report_golden() {
+        for name in fixture_names() {
+            let dump = load_fixture(name);
+            let value = render_json(
+                &dump,
+                &ReportOptions {
+                    top: 5,
+                    color: false,
+                },
+            );
+            let text = serde_json::to_string_pretty(&value).unwrap() + "\n";
+            // Compared as JSON values, so key order (serde_json's `preserve_order` feature, which
+            // another dependency could switch on) does not matter; text diff on a mismatch.
+            let file = format!("{name}.report.json");
+            let expected = std::fs::read(fixtures::fixture_path(&file))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+            if expected.as_ref() != Some(&value) {
+                check_golden(&file, &text);
+            }
+        }
+    }
+
+    /// What a leak report needs from JSON: the growth samples and fits, who else uses the
+    /// device, host memory, request sizes and the configuration, as the dump has them.
+    #[test]
+    fn json_report_carries_everything_the_dump_knows() {
+        use dump::model::{
+            ConfigSnapshot, GpuProcesses, Growth, GrowthPoint, GrowthSite, RequestSizes, SizeCount,
+        };
+        let mut dump = load_fixture("oom_own_allocations");
+        let stack = dump.sites[0].stack.clone();
+        dump.growth = Some(Growth {
+            unit: "step".into(),
+            steps: Some("marked".into()),
+            samples: 3,
+            current: 12,
+            free_bytes: Some(1 << 30),
+            projected_oom_step: Some(20),
+            sites: vec![GrowthSite {
+                bytes_per_step: 96 << 20,
+                r_squared: 0.998,
+                samples: 3,
+                first: GrowthPoint {
+                    step: 10,
+                    bytes: 1 << 30,
+                },
+                last: GrowthPoint {
+                    step: 12,
+                    bytes: (1 << 30) + (192 << 20),
+                },
+                projected_oom_step: Some(22),
+                stack: stack.clone(),
+                ..Default::default()
+            }],
+            tracked: (10..13)
+                .map(|step| GrowthPoint {
+                    step,
+                    bytes: step << 30,
+                })
+                .collect(),
+            ..Default::default()
+        });
+        dump.gpu_processes = Some(GpuProcesses {
+            device: 0,
+            matched_by: "index".into(),
+            processes: vec![],
+            error: Some("no NVML".into()),
+        });
+        dump.host = Some(oomshim_core::facts::host::HostMemory {
+            total_bytes: Some(64 << 30),
+            available_bytes: Some(1 << 30),
+            ..Default::default()
+        });
+        dump.request_sizes = Some(RequestSizes {
+            window: 10,
+            distinct: 2,
+            top: vec![SizeCount {
+                bytes: 512,
+                count: 9,
+            }],
+            ..Default::default()
+        });
+        let mut env = std::collections::BTreeMap::new();
+        env.insert(
+            "PYTORCH_CUDA_ALLOC_CONF".to_string(),
+            "expandable_segments:True".to_string(),
+        );
+        dump.config = Some(ConfigSnapshot {
+            env,
+            cuda_driver_version: Some(13000),
+            ..Default::default()
+        });
+        let v = render_json(&dump, &ReportOptions::default());
+        assert_eq!(
+            v["gpu_processes"],
+            serde_json::to_value(&dump.gpu_processes).unwrap()
+        );
+        assert_eq!(v["host"], serde_json::to_value(&dump.host).unwrap());
+        assert_eq!(
+            v["request_sizes"],
+            serde_json::to_value(&dump.request_sizes).unwrap()
+        );
+        assert_eq!(v["config"], serde_json::to_value(&dump.config).unwrap());
+        assert_eq!(
+            v["config"]["env"]["PYTORCH_CUDA_ALLOC_CONF"],
+            "expandable_segments:True"
+        );
+        let g = &v["growth"];
+        assert_eq!(g["tracked"].as_array().unwrap().len(), 3);
+        assert_eq!(g["tracked"][2], json!({"step": 12, "bytes": 12u64 << 30}));
+        assert_eq!(g["sites"][0]["bytes_per_step"], 96 << 20);
+        assert_eq!(g["sites"][0]["r_squared"], 0.998);
+        assert_eq!(
+            g["sites"][0]["stack"],
+            serde_json::to_value(&stack).unwrap()
+        );
+        let named = named_frames(&stack).next().unwrap();
+        assert_eq!(g["sites"][0]["label"], frame_label(named, usize::MAX));
+        assert_eq!(g["sites"][0]["top_frames"], frames_json(&stack));
+        let total = dump.devices[0].total_bytes;
+        assert_eq!(g["capacity_bytes"], json!(total));
+    }
+
+    #[test]
+    fn json_report_keys_are_stable() {
+        for name in fixture_names() {
+            let dump = load_fixture(name);
+            let v = render_json(&dump, &ReportOptions::default());
+            let keys = |v: &Value| -> Vec<String> {
+                let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+                k.sort();
+                k
+            };
+            assert_eq!(
+                keys(&v),
+                [
+                    "config",
+                    "devices",
+                    "dump_schema",
+                    "failed_request",
+                    "free_blocks",
+                    "gpu_processes",
+                    "growth",
+                    "header",
+                    "holders_total",
+                    "host",
+                    "library_memory",
+                    "pinned_host",
+                    "pools",
+                    "post_mortem",
+                    "recorded_verdict",
+                    "recording",
+                    "report",
+                    "request_sizes",
+                    "sites_total",
+                    "top_holders",
+                    "top_sites",
+                    "verdict",
+                    "vmm"
+                ]
+            );
+            assert_eq!(v["report"], REPORT_SCHEMA);
+            assert_eq!(
+                keys(&v["header"]),
+                [
+                    "command_line",
+                    "host",
+                    "job_id",
+                    "launcher",
+                    "local_rank",
+                    "oom",
+                    "oomshim_version",
+                    "pid",
+                    "rank",
+                    "reason",
+                    "time",
+                    "time_unix_ms",
+                    "world_size"
+                ]
+            );
+            assert_eq!(
+                keys(&v["verdict"]),
+                ["evidence", "findings", "kind", "suggestions", "summary"]
+            );
+            for f in v["verdict"]["findings"].as_array().unwrap() {
+                assert_eq!(
+                    keys(f),
+                    [
+                        "bytes",
+                        "bytes_human",
+                        "evidence",
+                        "headline",
+                        "kind",
+                        "rank",
+                        "suggestions",
+                        "summary"
+                    ]
+                );
+            }
+            for d in v["devices"].as_array().unwrap() {
+                assert_eq!(
+                    keys(d),
+                    [
+                        "free_bytes",
+                        "index",
+                        "name",
+                        "peak_tracked_bytes",
+                        "total_bytes",
+                        "tracked_bytes",
+                        "tracked_count",
+                        "tracked_percent_of_used",
+                        "used_bytes",
+                        "uuid"
+                    ]
+                );
+            }
+            for h in v["top_holders"].as_array().unwrap() {
+                assert_eq!(
+                    keys(h),
+                    [
+                        "address",
+                        "age_s",
+                        "api",
+                        "bytes",
+                        "bytes_human",
+                        "device",
+                        "rank",
+                        "seq",
+                        "stack_merge",
+                        "stream",
+                        "thread",
+                        "thread_name",
+                        "top_frames"
+                    ]
+                );
+                for f in h["top_frames"].as_array().unwrap() {
+                    assert_eq!(
+                        keys(f),
+                        ["address", "file", "function", "label", "line", "module"]
+                    );
+                }
+            }
+            for s in v["top_sites"].as_array().unwrap() {
+                assert_eq!(
+                    keys(s),
+                    [
+                        "bytes",
+                        "bytes_human",
+                        "count",
+                        "percent_of_tracked",
+                        "rank",
+                        "top_frames"
+                    ]
+                );
+            }
+            if !v["failed_request"].is_null() {
+                assert_eq!(
+                    keys(&v["failed_request"]),
+                    [
+                        "api",
+                        "bytes",
+                        "bytes_human",
+                        "device",
+                        "error_code",
+                        "failures_in_burst",
+                        "last_failure",
+                        "recovery",
+                        "top_frames"
+                    ]
+                );
+            }
+            assert_eq!(
+                keys(&v["free_blocks"]),
+                [
+                    "allocated_bytes",
+                    "available",
+                    "fragmentation",
+                    "histogram",
+                    "inactive_split_bytes",
+                    "largest_free_bytes",
+                    "reason",
+                    "reserved_bytes",
+                    "segment_map",
+                    "segment_map_omitted",
+                    "segments",
+                    "source",
+                    "total_free_bytes"
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn top_limits_rows() {
+        let dump = load_fixture("oom_own_allocations");
+        let v = render_json(
+            &dump,
+            &ReportOptions {
+                top: 2,
+                color: false,
+            },
+        );
+        assert_eq!(v["top_holders"].as_array().unwrap().len(), 2);
+        assert_eq!(v["top_sites"].as_array().unwrap().len(), 2);
+        let v = render_json(
+            &dump,
+            &ReportOptions {
+                top: 0,
+                color: false,
+            },
+        );
+        assert!(v["top_holders"].as_array().unwrap().is_empty());
+        assert_eq!(v["holders_total"], dump.largest_holders.len());
+    }
+}

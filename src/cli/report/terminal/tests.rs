@@ -1,0 +1,250 @@
+//! The terminal report's goldens (`tests/fixtures/*.report.txt`) and hostile input.
+
+use super::*;
+use crate::report::fixtures::{check_golden, fixture_names, load_fixture};
+use dump::fixtures::oom_dump;
+use dump::model::*;
+use dump::units::width;
+
+#[test]
+fn libraries_and_the_untracked_split_are_named_in_the_report() {
+    let mut dump = load_fixture("oom_untracked");
+    dump.library_memory = Some(LibraryMemory {
+        source: "stack_modules".into(),
+        libraries: vec![LibraryBytes {
+            library: "nccl".into(),
+            name: "NCCL".into(),
+            device: 0,
+            bytes: 96 << 20,
+            count: 2,
+            modules: vec!["/opt/nccl/lib/libnccl.so.2".into()],
+            apis: vec!["cudaMalloc".into(), "cuMemCreate".into()],
+        }],
+        untracked: vec![UntrackedSplit {
+            device: 0,
+            used_bytes: 70 << 30,
+            tracked_bytes: 10 << 30,
+            context_bytes: Some(600 << 20),
+            other_processes_bytes: Some(59 << 30),
+            unexplained_bytes: Some(424 << 20),
+        }],
+    });
+    let text = render_terminal(
+        &dump,
+        &ReportOptions {
+            top: 5,
+            color: false,
+        },
+    );
+    let nccl = text.lines().find(|l| l.contains("  NCCL ")).unwrap_or("");
+    assert!(
+        nccl.contains("96.00 MiB")
+            && nccl.contains("cudaMalloc, cuMemCreate")
+            && nccl.contains("libnccl.so.2"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "device 0: 70.00 GiB used = 10.00 GiB tracked + 600.00 MiB CUDA context and unhooked \
+             (NVML, this process) + 59.00 GiB other processes + 424.00 MiB that no API shows"
+        ),
+        "{text}"
+    );
+    // Without the section, the report has no such lines.
+    dump.library_memory = None;
+    let text = render_terminal(
+        &dump,
+        &ReportOptions {
+            top: 5,
+            color: false,
+        },
+    );
+    assert!(!text.contains("By library") && !text.contains("no API shows"));
+}
+
+#[test]
+fn terminal_golden() {
+    for name in fixture_names() {
+        let dump = load_fixture(name);
+        let text = render_terminal(
+            &dump,
+            &ReportOptions {
+                top: 5,
+                color: false,
+            },
+        );
+        check_golden(&format!("{name}.report.txt"), &text);
+        assert!(!text.contains('\x1b'), "{name}: no colour unless asked");
+        assert_eq!(
+            text,
+            render_terminal(
+                &dump,
+                &ReportOptions {
+                    top: 5,
+                    color: false
+                }
+            ),
+            "deterministic"
+        );
+    }
+}
+
+#[test]
+fn terminal_golden_color() {
+    let dump = load_fixture("oom_own_allocations");
+    let text = render_terminal(
+        &dump,
+        &ReportOptions {
+            top: 5,
+            color: true,
+        },
+    );
+    check_golden("oom_own_allocations.report.color.txt", &text);
+    assert!(text.contains("\x1b[1m"));
+    // Without the escape codes it is the plain report.
+    let plain = strip_ansi(&text);
+    assert_eq!(
+        plain,
+        render_terminal(
+            &dump,
+            &ReportOptions {
+                top: 5,
+                color: false
+            }
+        )
+    );
+}
+
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[test]
+fn empty_and_unknown_render_without_panicking() {
+    let mut dump = oom_dump(1 << 30, None, None, 0);
+    dump.devices.clear();
+    dump.largest_holders.clear();
+    dump.sites.clear();
+    dump.process.command_line.clear();
+    dump.recording = Recording::default();
+    for top in [0, 1, 10] {
+        let colored = render_terminal(&dump, &ReportOptions { top, color: true });
+        let text = render_terminal(&dump, &ReportOptions { top, color: false });
+        assert_eq!(strip_ansi(&colored), text);
+        assert!(text.contains("Devices\n  (none recorded)"), "{text}");
+        assert!(
+            text.contains(
+                "Largest holders (0 listed in the dump; 0 live allocations)\n  (none recorded)"
+            ),
+            "{text}"
+        );
+        let _ = crate::report::render_json(&dump, &ReportOptions { top, color: false });
+    }
+}
+
+#[test]
+fn hostile_and_extreme_values() {
+    let mut dump = oom_dump(u64::MAX, Some(u64::MAX), Some(0), u64::MAX);
+    dump.process.host = "evil\x1b]0;pwned\x07host".into();
+    dump.process.command_line = vec!["python".into(), "it's a\nscript.py".into(), String::new()];
+    dump.reason = "\x1b[2J".into();
+    let long = "ns::".repeat(200) + "f(int)";
+    dump.largest_holders = vec![Holder {
+        bytes: u64::MAX,
+        address: "0x0".into(),
+        api: "\x1b[31mcudaMalloc".into(),
+        device: -1,
+        stream: None,
+        thread: 0,
+        thread_name: None,
+        age_s: f64::NAN,
+        seq: 0,
+        stack: vec![
+            Frame {
+                address: "0x1".into(),
+                function: Some(long.clone()),
+                file: Some("/".repeat(500)),
+                line: Some(u32::MAX),
+                module: None,
+                inlined: false,
+                kind: Default::default(),
+            },
+            Frame {
+                address: "0x2".into(),
+                function: None,
+                file: None,
+                line: None,
+                module: None,
+                inlined: false,
+                kind: Default::default(),
+            },
+        ],
+        stack_merge: None,
+    }];
+    dump.free_blocks = FreeBlocks {
+        source: "oomshim-allocator".into(),
+        reason: None,
+        total_free_bytes: Some(u64::MAX),
+        largest_free_bytes: Some(0),
+        fragmentation: Some(f64::INFINITY),
+        histogram: vec![
+            HistogramBin {
+                lo: 0,
+                hi: u64::MAX,
+                count: u64::MAX,
+                bytes: u64::MAX,
+            },
+            HistogramBin {
+                lo: 0,
+                hi: 0,
+                count: 0,
+                bytes: 0,
+            },
+        ],
+        ..Default::default()
+    };
+    for color in [false, true] {
+        let text = render_terminal(
+            &dump,
+            &ReportOptions {
+                top: usize::MAX,
+                color,
+            },
+        );
+        assert!(
+            !text.contains("\x1b]"),
+            "control characters from the dump are escaped"
+        );
+        assert!(
+            !text.contains("\x1b[2J") && !text.contains("\x1b[31mcuda"),
+            "{text}"
+        );
+        assert!(text.contains("python \"it's a\\nscript.py\" ''"), "{text}");
+        for line in text.lines() {
+            assert!(width(line) < 400, "line too long: {line}");
+        }
+    }
+    let v = crate::report::render_json(
+        &dump,
+        &ReportOptions {
+            top: 3,
+            color: false,
+        },
+    );
+    assert!(v["top_holders"][0]["age_s"].is_null());
+    assert!(v["free_blocks"]["fragmentation"].is_null());
+    assert!(serde_json::to_string(&v).is_ok());
+}

@@ -1,0 +1,797 @@
+//! The ledger: every live allocation of the process (address → what, where, who, when, which
+//! stack), per-device totals and peaks, and the interned stacks. Pure Rust; many threads record
+//! into it at once, so the maps are sharded and the totals are atomics. No lock here is ever held
+//! while calling out of this module.
+
+use rustc_hash::FxHashMap;
+use std::cell::UnsafeCell;
+use std::hash::Hasher;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A lock for the ledger's shards. Critical sections are a hash-map insert or remove, so a
+/// spin-then-yield lock is cheaper than a futex mutex: unlocking is a plain store, not an atomic
+/// read-modify-write, which is a measurable share of a hooked call.
+struct ShardLock<T> {
+    locked: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// Safety: access to `value` is serialised by `locked`.
+unsafe impl<T: Send> Sync for ShardLock<T> {}
+
+struct ShardGuard<'a, T>(&'a ShardLock<T>);
+
+impl<T> ShardLock<T> {
+    fn new(value: T) -> Self {
+        ShardLock {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    fn lock(&self) -> ShardGuard<'_, T> {
+        let mut spins = 0u32;
+        while self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // The holder may be descheduled (or rehashing a large map): let it run.
+                std::thread::yield_now();
+            }
+        }
+        ShardGuard(self)
+    }
+}
+
+impl<T> ShardLock<T> {
+    /// Takes the lock and keeps it past any guard: for `fork`, which must not copy a shard
+    /// another thread is changing. [`Self::force_unlock`] releases it (in the parent and the child).
+    fn lock_for_fork(&self) {
+        std::mem::forget(self.lock());
+    }
+
+    fn force_unlock(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+}
+
+impl<T> Deref for ShardGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        unsafe { &*self.0.value.get() }
+    }
+}
+
+impl<T> DerefMut for ShardGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        unsafe { &mut *self.0.value.get() }
+    }
+}
+
+impl<T> Drop for ShardGuard<'_, T> {
+    fn drop(&mut self) {
+        self.0.locked.store(false, Ordering::Release);
+    }
+}
+
+/// Devices with their own counters; higher indices share the last slot.
+pub const MAX_DEVICES: usize = 64;
+const SHARDS: usize = 64;
+
+/// Which hooked function made an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Api {
+    CudaMalloc,
+    CudaMallocAsync,
+    CudaMallocFromPoolAsync,
+    CudaMallocManaged,
+    CudaMallocPitch,
+    CudaMalloc3D,
+    CudaMallocHost,
+    CudaHostAlloc,
+    // Driver API (src/preload/ffi/driver.rs). Named as programs write them, without the `_v2`/`_ptsz`
+    // of the exported symbol.
+    CuMemAlloc,
+    CuMemAllocPitch,
+    CuMemAllocManaged,
+    CuMemAllocAsync,
+    CuMemAllocFromPoolAsync,
+    CuMemAllocHost,
+    CuMemHostAlloc,
+    /// Physical memory of a VMM handle on a device (src/preload/live/vmm.rs).
+    CuMemCreate,
+    /// Physical memory of a VMM handle located in host memory (HOST/HOST_NUMA).
+    CuMemCreateHost,
+    /// A tensor handed to PyTorch by oomshim's own caching allocator (allocator mode,
+    /// `oomshim_torch_alloc`); its segments are not in the ledger.
+    TorchAlloc,
+    /// Never an allocation: the failing "call" of an out-of-memory error a framework raised
+    /// without any CUDA call failing (torch under `set_per_process_memory_fraction`, XLA inside
+    /// its preallocated pool), reported by oomshim's Python hook.
+    FrameworkAllocator,
+}
+
+impl Api {
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::CudaMalloc => "cudaMalloc",
+            Api::CudaMallocAsync => "cudaMallocAsync",
+            Api::CudaMallocFromPoolAsync => "cudaMallocFromPoolAsync",
+            Api::CudaMallocManaged => "cudaMallocManaged",
+            Api::CudaMallocPitch => "cudaMallocPitch",
+            Api::CudaMalloc3D => "cudaMalloc3D",
+            Api::CudaMallocHost => "cudaMallocHost",
+            Api::CudaHostAlloc => "cudaHostAlloc",
+            Api::CuMemAlloc => "cuMemAlloc",
+            Api::CuMemAllocPitch => "cuMemAllocPitch",
+            Api::CuMemAllocManaged => "cuMemAllocManaged",
+            Api::CuMemAllocAsync => "cuMemAllocAsync",
+            Api::CuMemAllocFromPoolAsync => "cuMemAllocFromPoolAsync",
+            Api::CuMemAllocHost => "cuMemAllocHost",
+            Api::CuMemHostAlloc => "cuMemHostAlloc",
+            Api::CuMemCreate | Api::CuMemCreateHost => "cuMemCreate",
+            Api::TorchAlloc => "oomshim_torch_alloc",
+            Api::FrameworkAllocator => "framework_allocator",
+        }
+    }
+
+    /// Page-locked host memory: tracked, never counted as device memory.
+    pub fn is_pinned_host(self) -> bool {
+        matches!(
+            self,
+            Api::CudaMallocHost
+                | Api::CudaHostAlloc
+                | Api::CuMemAllocHost
+                | Api::CuMemHostAlloc
+                | Api::CuMemCreateHost
+        )
+    }
+
+    /// Stream-ordered allocations: their stream is meaningful.
+    pub fn has_stream(self) -> bool {
+        matches!(
+            self,
+            Api::CudaMallocAsync
+                | Api::CudaMallocFromPoolAsync
+                | Api::CuMemAllocAsync
+                | Api::CuMemAllocFromPoolAsync
+        )
+    }
+}
+
+/// Identifier of an interned stack; [`StackId::EMPTY`] when no stack was captured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackId(pub u32);
+
+impl StackId {
+    pub const EMPTY: StackId = StackId(0);
+}
+
+/// One live allocation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Allocation {
+    /// Bytes as the caller requested them.
+    pub bytes: u64,
+    pub api: Api,
+    /// CUDA device ordinal; -1 for pinned host memory.
+    pub device: i32,
+    /// Stream handle (0 for APIs without one).
+    pub stream: usize,
+    /// Kernel thread id of the allocating thread.
+    pub thread: u64,
+    /// Nanoseconds since the shim started.
+    pub time_ns: u64,
+    /// 1 for the first allocation recorded, then increasing.
+    pub seq: u64,
+    /// Native stack (in the shim's native [`StackTable`]).
+    pub stack: StackId,
+    /// Python stack of the allocating thread (in the shim's second, Python [`StackTable`]:
+    /// packed `(code id, offset)` frames from [`crate::pystack::capture`]); EMPTY when the thread
+    /// had none or Python stacks are off.
+    pub py_stack: StackId,
+}
+
+/// Live bytes and peak of one device. The live count is not kept here: it is derived from the
+/// shards when asked (rarely), which saves an atomic update on every call.
+#[derive(Default)]
+struct Counters {
+    bytes: AtomicU64,
+    peak_bytes: AtomicU64,
+}
+
+impl Counters {
+    fn add(&self, bytes: u64) {
+        let now = self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        // A plain load first: the read-modify-write is needed only when a new peak is set.
+        if now > self.peak_bytes.load(Ordering::Relaxed) {
+            self.peak_bytes.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+    fn sub(&self, bytes: u64) {
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
+/// Live bytes, live count and peak bytes of one device (or of pinned host memory).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub bytes: u64,
+    pub count: u64,
+    pub peak_bytes: u64,
+}
+
+/// A consistent-enough copy of the ledger for a dump: each shard is copied under its own lock,
+/// so allocations racing with the copy may or may not appear, but none appears twice.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub allocations: Vec<(usize, Allocation)>,
+    /// (device, totals) for every device that ever held tracked memory.
+    pub devices: Vec<(i32, Totals)>,
+    pub pinned_host: Totals,
+    pub unknown_frees: u64,
+    pub total_allocations: u64,
+}
+
+pub struct Ledger {
+    shards: Box<[ShardLock<FxHashMap<usize, Allocation>>]>,
+    devices: Box<[Counters]>,
+    pinned_host: Counters,
+    unknown_frees: AtomicU64,
+    /// Allocations passed through untracked (recording mode `pass-through`) whose free has not
+    /// been seen: a free that finds no entry is one of them before it is an unknown free.
+    untracked: AtomicU64,
+    seq: AtomicU64,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn shard_of(addr: usize) -> usize {
+    // CUDA addresses are at least 256-byte aligned: mix in the higher bits.
+    let x = (addr >> 8) as u64;
+    (x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS
+}
+
+fn device_slot(device: i32) -> usize {
+    (device.max(0) as usize).min(MAX_DEVICES - 1)
+}
+
+impl Ledger {
+    pub fn new() -> Self {
+        Ledger {
+            shards: (0..SHARDS)
+                .map(|_| ShardLock::new(FxHashMap::default()))
+                .collect(),
+            devices: (0..MAX_DEVICES).map(|_| Counters::default()).collect(),
+            pinned_host: Counters::default(),
+            unknown_frees: AtomicU64::new(0),
+            untracked: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    /// An allocation was made without being recorded (pass-through): its free will find no
+    /// entry, and is not counted as an unknown free.
+    pub fn note_untracked(&self) {
+        self.untracked.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Before `fork`: takes every shard's lock, so the child gets no shard frozen mid-change
+    /// by a thread that does not exist there. Undone by [`Self::after_fork`] in both processes.
+    pub fn before_fork(&self) {
+        for s in self.shards.iter() {
+            s.lock_for_fork();
+        }
+    }
+
+    /// After `fork`, in the parent and in the child: releases what [`Self::before_fork`] took.
+    pub fn after_fork(&self) {
+        for s in self.shards.iter() {
+            s.force_unlock();
+        }
+    }
+
+    /// Next allocation sequence number.
+    pub fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn counters(&self, alloc: &Allocation) -> &Counters {
+        if alloc.api.is_pinned_host() {
+            &self.pinned_host
+        } else {
+            &self.devices[device_slot(alloc.device)]
+        }
+    }
+
+    fn shard(&self, addr: usize) -> ShardGuard<'_, FxHashMap<usize, Allocation>> {
+        self.shards[shard_of(addr)].lock()
+    }
+
+    /// Records a successful allocation. If the address was already live (its free went through
+    /// a path the shim does not see), the stale entry is replaced and returned.
+    pub fn record_alloc(&self, addr: usize, alloc: Allocation) -> Option<Allocation> {
+        let old = self.shard(addr).insert(addr, alloc);
+        if let Some(old) = &old {
+            self.counters(old).sub(old.bytes);
+        }
+        self.counters(&alloc).add(alloc.bytes);
+        old
+    }
+
+    /// Removes an allocation before the real free runs, so that the address, once the runtime
+    /// hands it out again, can never be confused with this one. Unknown addresses are counted.
+    pub fn take(&self, addr: usize) -> Option<Allocation> {
+        let old = self.shard(addr).remove(&addr);
+        match &old {
+            Some(a) => self.counters(a).sub(a.bytes),
+            None => {
+                let passed_through = self
+                    .untracked
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                    .is_ok();
+                if !passed_through {
+                    self.unknown_frees.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        old
+    }
+
+    /// Puts back an allocation whose free failed (the memory is still held).
+    pub fn reinstate(&self, addr: usize, alloc: Allocation) {
+        let mut shard = self.shard(addr);
+        // Something may have been recorded at this address meanwhile; the newer entry wins.
+        if let std::collections::hash_map::Entry::Vacant(v) = shard.entry(addr) {
+            v.insert(alloc);
+            drop(shard);
+            self.counters(&alloc).add(alloc.bytes);
+        }
+    }
+
+    /// Live bytes of a device (one atomic load: cheap enough for the OOM path).
+    pub fn device_bytes(&self, device: i32) -> u64 {
+        self.devices[device_slot(device)]
+            .bytes
+            .load(Ordering::Relaxed)
+    }
+
+    /// Peak live bytes of a device since start.
+    pub fn device_peak_bytes(&self, device: i32) -> u64 {
+        self.devices[device_slot(device)]
+            .peak_bytes
+            .load(Ordering::Relaxed)
+    }
+
+    /// Bytes, count and peak of a device; the count walks every shard.
+    pub fn device_totals(&self, device: i32) -> Totals {
+        let slot = device_slot(device);
+        self.totals(&self.devices[slot], |a| {
+            !a.api.is_pinned_host() && device_slot(a.device) == slot
+        })
+    }
+
+    pub fn pinned_host_totals(&self) -> Totals {
+        self.totals(&self.pinned_host, |a| a.api.is_pinned_host())
+    }
+
+    fn totals(&self, c: &Counters, counts: impl Fn(&Allocation) -> bool) -> Totals {
+        let count = self
+            .shards
+            .iter()
+            .map(|s| s.lock().values().filter(|a| counts(a)).count() as u64)
+            .sum();
+        Totals {
+            bytes: c.bytes.load(Ordering::Relaxed),
+            count,
+            peak_bytes: c.peak_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Allocations recorded since start.
+    pub fn total_allocations(&self) -> u64 {
+        self.seq.load(Ordering::Relaxed)
+    }
+
+    pub fn unknown_frees(&self) -> u64 {
+        self.unknown_frees.load(Ordering::Relaxed)
+    }
+
+    /// Calls `f` for every live allocation, one shard at a time under that shard's lock (a cold
+    /// path: growth samples). `f` must not call back into the ledger.
+    pub fn for_each_live(&self, mut f: impl FnMut(&Allocation)) {
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            shard.values().for_each(&mut f);
+        }
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let mut allocations = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            allocations.extend(shard.iter().map(|(a, v)| (*a, *v)));
+        }
+        let mut counts = vec![0u64; MAX_DEVICES];
+        let mut pinned_count = 0;
+        for (_, a) in &allocations {
+            if a.api.is_pinned_host() {
+                pinned_count += 1;
+            } else {
+                counts[device_slot(a.device)] += 1;
+            }
+        }
+        let read = |c: &Counters, count: u64| Totals {
+            bytes: c.bytes.load(Ordering::Relaxed),
+            count,
+            peak_bytes: c.peak_bytes.load(Ordering::Relaxed),
+        };
+        let devices = self
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (i as i32, read(c, counts[i])))
+            .filter(|(_, t)| t.peak_bytes > 0 || t.count > 0)
+            .collect();
+        Snapshot {
+            allocations,
+            devices,
+            pinned_host: read(&self.pinned_host, pinned_count),
+            unknown_frees: self.unknown_frees(),
+            total_allocations: self.seq.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Interned stacks: identical return-address lists share one [`StackId`]. Sharded by hash so
+/// threads recording different stacks rarely meet on a lock.
+pub struct StackTable {
+    shards: Box<[ShardLock<StackShard>]>,
+}
+
+#[derive(Default)]
+struct StackShard {
+    /// Hash of a stack's frames ([`stack_hash`]) → index of the first stack with that hash;
+    /// the rest are chained through `next_same_hash`. Keyed by the hash, not the frames, so a
+    /// lookup hashes the frames once and each stack is stored once.
+    by_hash: std::collections::HashMap<u64, u32, std::hash::BuildHasherDefault<HashIsKey>>,
+    stacks: Vec<Box<[usize]>>,
+    /// Next stack with the same hash, `NO_STACK` at the end of a chain.
+    next_same_hash: Vec<u32>,
+}
+
+const NO_STACK: u32 = u32::MAX;
+
+#[cfg(test)]
+thread_local! {
+    /// Tests only: interning keeps just a few bits of each hash, so most stacks share one.
+    static COLLIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The hasher of `by_hash`: its keys are already well-mixed hashes.
+#[derive(Default)]
+struct HashIsKey(u64);
+
+impl Hasher for HashIsKey {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("only u64 keys")
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+/// Hash of a stack's frames, on the allocation path: four independent multiply lanes (a
+/// 32-frame stack is 8 dependent steps, not 32 as with one running hash), then a full
+/// avalanche, so both the top bits (the shard) and the low bits (the map's bucket) are mixed.
+#[inline]
+fn stack_hash(frames: &[usize]) -> u64 {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut lanes: [u64; 4] = [
+        0x243F_6A88_85A3_08D3,
+        0x1319_8A2E_0370_7344,
+        0xA409_3822_299F_31D0,
+        0x082E_FA98_EC4E_6C89,
+    ];
+    let mut chunks = frames.chunks_exact(4);
+    for c in &mut chunks {
+        for (lane, &f) in lanes.iter_mut().zip(c) {
+            *lane = (*lane ^ f as u64).wrapping_mul(K).rotate_left(31);
+        }
+    }
+    for (lane, &f) in lanes.iter_mut().zip(chunks.remainder()) {
+        *lane = (*lane ^ f as u64).wrapping_mul(K).rotate_left(31);
+    }
+    let mut h = (frames.len() as u64)
+        ^ lanes[0]
+        ^ lanes[1].rotate_left(17)
+        ^ lanes[2].rotate_left(34)
+        ^ lanes[3].rotate_left(51);
+    // fmix64 (MurmurHash3's finaliser).
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xC4CE_B9FE_1A85_EC53);
+    h ^ (h >> 33)
+}
+
+const STACK_SHARD_BITS: u32 = 5;
+const STACK_SHARDS: usize = 1 << STACK_SHARD_BITS;
+const STACK_INDEX_BITS: u32 = 32 - STACK_SHARD_BITS;
+
+impl Default for StackTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StackTable {
+    pub fn new() -> Self {
+        StackTable {
+            shards: (0..STACK_SHARDS)
+                .map(|_| ShardLock::new(StackShard::default()))
+                .collect(),
+        }
+    }
+
+    /// Before `fork`: takes every shard's lock (see [`Ledger::before_fork`]).
+    pub fn before_fork(&self) {
+        for s in self.shards.iter() {
+            s.lock_for_fork();
+        }
+    }
+
+    /// After `fork`, in the parent and in the child: releases what `before_fork` took.
+    pub fn after_fork(&self) {
+        for s in self.shards.iter() {
+            s.force_unlock();
+        }
+    }
+
+    /// Returns the id of `frames`, adding it if new. An empty stack is [`StackId::EMPTY`]; a
+    /// table that is full (2^27 stacks in a shard) also answers EMPTY rather than failing.
+    pub fn intern(&self, frames: &[usize]) -> StackId {
+        if frames.is_empty() {
+            return StackId::EMPTY;
+        }
+        let hash = stack_hash(frames);
+        #[cfg(test)]
+        let hash = if COLLIDE.with(|c| c.get()) {
+            hash & 0xF800_0000_0000_0003 // the shard's bits and four hashes per shard
+        } else {
+            hash
+        };
+        let shard_index = (hash >> (64 - STACK_SHARD_BITS)) as usize;
+        let mut guard = self.shards[shard_index].lock();
+        let shard = &mut *guard;
+        let first = shard.by_hash.get(&hash).copied().unwrap_or(NO_STACK);
+        let mut i = first;
+        while i != NO_STACK {
+            if *shard.stacks[i as usize] == *frames {
+                return Self::id(shard_index, i);
+            }
+            i = shard.next_same_hash[i as usize];
+        }
+        let i = shard.stacks.len() as u32;
+        if i >= (1 << STACK_INDEX_BITS) - 1 {
+            return StackId::EMPTY;
+        }
+        shard.stacks.push(frames.into());
+        shard.next_same_hash.push(first);
+        shard.by_hash.insert(hash, i);
+        Self::id(shard_index, i)
+    }
+
+    fn id(shard: usize, index: u32) -> StackId {
+        // +1 keeps 0 free for EMPTY.
+        StackId(((shard as u32) << STACK_INDEX_BITS | index) + 1)
+    }
+
+    /// The frames of a stack id; empty for EMPTY or an unknown id.
+    pub fn frames(&self, id: StackId) -> Vec<usize> {
+        if id == StackId::EMPTY {
+            return Vec::new();
+        }
+        let raw = id.0 - 1;
+        let shard = (raw >> STACK_INDEX_BITS) as usize;
+        let index = (raw & ((1 << STACK_INDEX_BITS) - 1)) as usize;
+        let Some(shard) = self.shards.get(shard) else {
+            return Vec::new();
+        };
+        let shard = shard.lock();
+        shard
+            .stacks
+            .get(index)
+            .map(|s| s.to_vec())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn alloc(bytes: u64, api: Api, device: i32) -> Allocation {
+        Allocation {
+            bytes,
+            api,
+            device,
+            stream: 0,
+            thread: 1,
+            time_ns: 0,
+            seq: 0,
+            stack: StackId::EMPTY,
+            py_stack: StackId::EMPTY,
+        }
+    }
+
+    #[test]
+    fn totals_follow_allocs_and_frees() {
+        let l = Ledger::new();
+        l.record_alloc(0x1000, alloc(100, Api::CudaMalloc, 0));
+        l.record_alloc(0x2000, alloc(50, Api::CudaMallocAsync, 0));
+        l.record_alloc(0x3000, alloc(7, Api::CudaMalloc, 1));
+        assert_eq!(
+            l.device_totals(0),
+            Totals {
+                bytes: 150,
+                count: 2,
+                peak_bytes: 150
+            }
+        );
+        assert_eq!(l.take(0x1000).map(|a| a.bytes), Some(100));
+        assert_eq!(
+            l.device_totals(0),
+            Totals {
+                bytes: 50,
+                count: 1,
+                peak_bytes: 150
+            }
+        );
+        assert_eq!(l.device_totals(1).bytes, 7);
+        assert_eq!(l.unknown_frees(), 0);
+    }
+
+    #[test]
+    fn pinned_host_is_never_device_memory() {
+        let l = Ledger::new();
+        l.record_alloc(0x5000, alloc(4096, Api::CudaMallocHost, -1));
+        l.record_alloc(0x6000, alloc(8192, Api::CudaHostAlloc, -1));
+        assert_eq!(l.device_totals(0).bytes, 0);
+        assert_eq!(l.pinned_host_totals().bytes, 12288);
+        assert!(l.snapshot().devices.is_empty());
+    }
+
+    #[test]
+    fn unknown_free_is_counted_and_changes_nothing() {
+        let l = Ledger::new();
+        l.record_alloc(0x1000, alloc(100, Api::CudaMalloc, 0));
+        assert!(l.take(0xdead00).is_none());
+        assert!(l.take(0x1000).is_some());
+        assert!(
+            l.take(0x1000).is_none(),
+            "double free is unknown the second time"
+        );
+        assert_eq!(l.unknown_frees(), 2);
+        assert_eq!(l.device_totals(0).bytes, 0);
+    }
+
+    #[test]
+    fn failed_free_is_reinstated() {
+        let l = Ledger::new();
+        l.record_alloc(0x1000, alloc(100, Api::CudaMalloc, 0));
+        let a = l.take(0x1000).unwrap();
+        l.reinstate(0x1000, a);
+        assert_eq!(
+            l.device_totals(0),
+            Totals {
+                bytes: 100,
+                count: 1,
+                peak_bytes: 100
+            }
+        );
+        // An address already re-recorded by a newer allocation keeps the newer entry.
+        let b = l.take(0x1000).unwrap();
+        l.record_alloc(0x1000, alloc(30, Api::CudaMalloc, 0));
+        l.reinstate(0x1000, b);
+        assert_eq!(l.device_totals(0).bytes, 30);
+    }
+
+    #[test]
+    fn reused_address_replaces_stale_entry() {
+        let l = Ledger::new();
+        l.record_alloc(0x1000, alloc(100, Api::CudaMalloc, 0));
+        let old = l.record_alloc(0x1000, alloc(40, Api::CudaMalloc, 0));
+        assert_eq!(old.map(|a| a.bytes), Some(100));
+        assert_eq!(l.device_totals(0).bytes, 40);
+        assert_eq!(l.device_totals(0).count, 1);
+    }
+
+    #[test]
+    fn high_device_ordinals_share_the_last_slot() {
+        let l = Ledger::new();
+        l.record_alloc(0x1000, alloc(1, Api::CudaMalloc, 1000));
+        assert_eq!(l.device_totals(MAX_DEVICES as i32 - 1).bytes, 1);
+    }
+
+    #[test]
+    fn concurrent_threads_keep_exact_totals() {
+        let l = Arc::new(Ledger::new());
+        let threads: Vec<_> = (0..16)
+            .map(|t| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    for i in 0..20_000usize {
+                        let addr = (t << 32) | (i << 9);
+                        l.record_alloc(addr, alloc(512, Api::CudaMalloc, (t % 2) as i32));
+                        if i % 4 != 0 {
+                            assert!(l.take(addr).is_some());
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let live = 16 * 5_000;
+        let snap = l.snapshot();
+        assert_eq!(snap.allocations.len(), live);
+        assert_eq!(
+            l.device_totals(0).bytes + l.device_totals(1).bytes,
+            512 * live as u64
+        );
+        assert_eq!(
+            l.device_totals(0).count + l.device_totals(1).count,
+            live as u64
+        );
+    }
+
+    #[test]
+    fn stacks_intern_to_stable_ids() {
+        let t = StackTable::new();
+        let a = t.intern(&[1, 2, 3]);
+        let b = t.intern(&[1, 2, 4]);
+        assert_ne!(a, b);
+        assert_eq!(t.intern(&[1, 2, 3]), a);
+        assert_eq!(t.frames(a), vec![1, 2, 3]);
+        assert_eq!(t.frames(b), vec![1, 2, 4]);
+        assert_eq!(t.intern(&[]), StackId::EMPTY);
+        assert!(t.frames(StackId::EMPTY).is_empty());
+        assert!(t.frames(StackId(u32::MAX)).is_empty());
+    }
+
+    #[test]
+    fn stacks_sharing_a_hash_keep_their_own_ids() {
+        for collide in [false, true] {
+            COLLIDE.with(|c| c.set(collide));
+            let t = StackTable::new();
+            let stacks: Vec<Vec<usize>> = (0..2000usize)
+                .map(|i| (0..(i % 40 + 1)).map(|k| 0x40_0000 + i * 64 + k).collect())
+                .collect();
+            let ids: Vec<StackId> = stacks.iter().map(|f| t.intern(f)).collect();
+            let distinct: std::collections::HashSet<_> = ids.iter().collect();
+            assert_eq!(distinct.len(), stacks.len());
+            for (f, id) in stacks.iter().zip(&ids) {
+                assert_eq!(t.intern(f), *id);
+                assert_eq!(&t.frames(*id), f);
+            }
+            COLLIDE.with(|c| c.set(false));
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! oomshim's Python hook (shim/python/oomshim_hook) on a Python program's path, whatever
+//! launched it. The hook is Python's `sitecustomize`: it waits for the program to import torch
+//! (or jax) and then attaches torch's OOM observer, the step marks and allocator mode; see the
+//! hook's docstring.
+//!
+//! `oomshim run` puts the hook's directory first on `PYTHONPATH` for the program. Under plain
+//! `LD_PRELOAD=liboomshim.so python train.py` the shim does the same from its load-time
+//! constructor ([`prepare_for_python`]), before the interpreter reads its environment: only in a
+//! process whose Python is not running yet, only when `OOMSHIM_TORCH_HOOK` is not `0`, and at the
+//! cost of one symbol lookup and one `stat` once the files exist. The files are the copies built
+//! into this library, written once per content into the user's private oomshim directory.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// The hook and the `oomshim` package it imports, as (path below the hook directory, text).
+pub const FILES: &[(&str, &str)] = &[
+    (
+        "sitecustomize.py",
+        include_str!("../../shim/python/oomshim_hook/sitecustomize.py"),
+    ),
+    (
+        "oomshim/__init__.py",
+        include_str!("../../shim/python/oomshim/__init__.py"),
+    ),
+    (
+        "oomshim/torch.py",
+        include_str!("../../shim/python/oomshim/torch.py"),
+    ),
+    (
+        "oomshim/_locate.py",
+        include_str!("../../shim/python/oomshim/_locate.py"),
+    ),
+    (
+        "oomshim/__main__.py",
+        include_str!("../../shim/python/oomshim/__main__.py"),
+    ),
+];
+
+/// FNV-1a of the files: names the directory, so a changed hook never meets an old copy.
+const fn content_hash() -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut f = 0;
+    while f < FILES.len() {
+        let bytes = FILES[f].1.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            h ^= bytes[i] as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            i += 1;
+        }
+        f += 1;
+    }
+    h
+}
+
+const HASH: u64 = content_hash();
+
+/// Name of the marker written last: its presence means every file is complete.
+const MARKER: &str = ".complete";
+
+/// True when `OOMSHIM_TORCH_HOOK` switches the hook off.
+pub fn disabled_by(value: Option<&str>) -> bool {
+    value.is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "off" | "no" | "false"
+        )
+    })
+}
+
+/// The hook's directory in the user's private oomshim directory, written if it is not complete
+/// yet. Returns the directory to put first on `PYTHONPATH`.
+pub fn hook_dir() -> Result<PathBuf, String> {
+    let base = dump::write::fallback_dir();
+    let dir = base.join(format!(
+        "python-hook-{}-{HASH:016x}",
+        env!("CARGO_PKG_VERSION")
+    ));
+    // The common case: already written by an earlier run (one stat). The directory's owner is
+    // checked on the way in: a planted one is refused.
+    if dump::write::prepare_private_dir(&base).is_ok()
+        && owned_dir(&dir)
+        && dir.join(MARKER).is_file()
+    {
+        return Ok(dir);
+    }
+    dump::write::prepare_private_dir(&base).map_err(|e| format!("{}: {e}", base.display()))?;
+    dump::write::prepare_private_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for (name, text) in FILES {
+        write_if_changed(&dir.join(name), text)?;
+    }
+    write_if_changed(&dir.join(MARKER), "")?;
+    Ok(dir)
+}
+
+fn owned_dir(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(dir)
+        .is_ok_and(|m| m.is_dir() && m.uid() == unsafe { libc::geteuid() } && m.mode() & 0o022 == 0)
+}
+
+/// Writes `text` to `file` atomically unless it already holds exactly that.
+fn write_if_changed(file: &Path, text: &str) -> Result<(), String> {
+    if std::fs::read_to_string(file).ok().as_deref() == Some(text) {
+        return Ok(());
+    }
+    let dir = file.parent().unwrap_or(Path::new("."));
+    dump::write::prepare_private_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.{}",
+        file.file_name().and_then(|n| n.to_str()).unwrap_or("f"),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .and_then(|_| std::fs::rename(&tmp, file))
+        .map_err(|e| format!("{}: {e}", file.display()))
+}
+
+/// `PYTHONPATH` with `dir` first (once: an entry already there is not repeated).
+pub fn pythonpath_value(dir: &Path, existing: Option<&std::ffi::OsStr>) -> OsString {
+    let mut v = OsString::from(dir.as_os_str());
+    if let Some(e) = existing.filter(|e| !e.is_empty()) {
+        let rest: Vec<&[u8]> = {
+            use std::os::unix::ffi::OsStrExt;
+            e.as_bytes()
+                .split(|&b| b == b':')
+                .filter(|p| *p != dir.as_os_str().as_bytes())
+                .collect()
+        };
+        use std::os::unix::ffi::OsStrExt;
+        for p in rest {
+            v.push(":");
+            v.push(std::ffi::OsStr::from_bytes(p));
+        }
+    }
+    v
+}
+
+/// Called once by the shim's load-time constructor: in a Python process whose interpreter has
+/// not started, puts the hook first on `PYTHONPATH`. `python_not_started`: whether this is such a
+/// process (the caller looks up `Py_IsInitialized`). Any failure leaves the environment as it was
+/// (the program then runs without torch's insight; `oomshim run` says why in that case).
+pub fn prepare_for_python(python_not_started: bool) {
+    if !python_not_started || disabled_by(std::env::var("OOMSHIM_TORCH_HOOK").ok().as_deref()) {
+        return;
+    }
+    let Ok(dir) = hook_dir() else { return };
+    let existing = std::env::var_os("PYTHONPATH");
+    let first = existing.as_ref().and_then(|e| {
+        use std::os::unix::ffi::OsStrExt;
+        e.as_bytes()
+            .split(|&b| b == b':')
+            .next()
+            .map(|p| p.to_vec())
+    });
+    {
+        use std::os::unix::ffi::OsStrExt;
+        if first.as_deref() == Some(dir.as_os_str().as_bytes()) {
+            return; // `oomshim run` (or a parent under the shim) already did it
+        }
+    }
+    let value = pythonpath_value(&dir, existing.as_deref());
+    let Ok(c_value) = std::ffi::CString::new({
+        use std::os::unix::ffi::OsStrExt;
+        value.as_bytes().to_vec()
+    }) else {
+        return;
+    };
+    // At load time, before main: no other thread reads the environment yet.
+    unsafe { libc::setenv(c"PYTHONPATH".as_ptr(), c_value.as_ptr(), 1) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pythonpath_puts_the_hook_first_once() {
+        let dir = Path::new("/tmp/oomshim-0/python-hook");
+        assert_eq!(
+            pythonpath_value(dir, None),
+            OsString::from("/tmp/oomshim-0/python-hook")
+        );
+        assert_eq!(
+            pythonpath_value(dir, Some("/a:/tmp/oomshim-0/python-hook:/b".as_ref())),
+            OsString::from("/tmp/oomshim-0/python-hook:/a:/b")
+        );
+        assert!(disabled_by(Some(" OFF ")) && disabled_by(Some("0")));
+        assert!(!disabled_by(Some("1")) && !disabled_by(None));
+    }
+
+    #[test]
+    fn the_hook_directory_is_written_once_and_complete() {
+        let dir = hook_dir().unwrap();
+        for (name, text) in FILES {
+            assert_eq!(std::fs::read_to_string(dir.join(name)).unwrap(), *text);
+        }
+        assert!(dir.join(MARKER).is_file());
+        assert_eq!(hook_dir().unwrap(), dir, "the same directory again");
+    }
+}

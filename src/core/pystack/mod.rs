@@ -1,0 +1,781 @@
+//! Python stacks of the allocating thread, read without the GIL.
+//!
+//! PyTorch releases the GIL before it dispatches an op, so the thread that reaches `cudaMalloc`
+//! does not hold it, and taking it there can deadlock (the caller holds the allocator's mutex).
+//! But that thread's own Python frames are frozen while it runs native code, so they can be read
+//! directly, like py-spy does from outside, without the GIL and without touching a reference
+//! count:
+//!
+//! - Everything is found at run time with `dlsym(RTLD_DEFAULT, …)`: `Py_GetVersion`,
+//!   `PyGILState_GetThisThreadState` (the calling thread's state, whether or not it holds the
+//!   GIL), `PyCode_Type`, `PyFrame_Type`, `_PyRuntime`. libpython is never linked. A process
+//!   without Python pays one failed lookup, once ([`init`]).
+//! - The frame chain is walked with per-version offsets: CPython 3.9 and 3.10 (`tstate->frame`,
+//!   a chain of `PyFrameObject`s), 3.11 and 3.12 (`tstate->cframe->current_frame`, a chain of
+//!   `_PyInterpreterFrame`s), 3.13 from the `_Py_DebugOffsets` the runtime publishes at the start
+//!   of `_PyRuntime`. Other versions (3.14+, free-threaded builds, ≤ 3.8) give no Python stack.
+//! - Per frame the hot path keeps only (code object id, bytecode offset). A code object is
+//!   identified by its address *and* a fingerprint of its contents (name, file name, first line,
+//!   line table: pointers, lengths and leading/trailing bytes), and resolved — names copied, line
+//!   table copied — the first time that (address, fingerprint) is seen, while it is certainly
+//!   alive. A code object freed and another created at the same address with a different name,
+//!   file or table therefore gets a new id: an old allocation is never reported with the new
+//!   code's names. Lines are decoded from the copied table when a dump is written.
+//! - Every read is validated: plausible, aligned addresses; the code object's type must be
+//!   `PyCode_Type`; string and table lengths are bounded. The first walk on each thread goes
+//!   through the kernel ([`mem::Checked`]), so a wrong layout yields "no Python stack" and turns
+//!   Python stacks off for the process, never a fault.
+//! - Frames owned by the C stack (3.12+ entry shims) are skipped and mark the boundary between
+//!   two native `_PyEval_EvalFrameDefault` calls, as `is_entry` does in 3.11, so a dump can put
+//!   each group of Python frames where its eval frame is in the native stack. At most
+//!   [`MAX_PY_FRAMES`] frames are kept, innermost first.
+
+mod linetable;
+mod mem;
+
+pub use linetable::{line_for, LineFormat};
+
+use mem::{Checked, Direct, Mem};
+use rustc_hash::FxHashMap;
+use std::cell::{Cell, RefCell};
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// Python frames kept per stack, innermost first.
+pub const MAX_PY_FRAMES: usize = 128;
+
+/// Longest string or line table copied from a code object.
+const MAX_STR: usize = 4096;
+const MAX_TABLE: usize = 1 << 20;
+
+/// Packed frame: bit 63 = last (outermost) frame of its eval-loop call; bits 32–62 = code id;
+/// bits 0–31 = byte offset of the executing instruction (`NO_OFFSET` when unknown).
+const GROUP_END: usize = 1 << 63;
+const NO_OFFSET: u32 = u32::MAX;
+
+/// Which frame chain a version has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chain {
+    /// ≤ 3.10: `PyFrameObject`s linked by `f_back`; `f_lasti` in bytes (3.9) or code units (3.10).
+    FrameObjects { lasti: usize, lasti_units: bool },
+    /// ≥ 3.11: `_PyInterpreterFrame`s linked by `previous`.
+    Interpreter {
+        instr: usize,
+        owner: usize,
+        /// 3.11: offset of `is_entry`; later versions mark entries with C-stack-owned frames.
+        is_entry: Option<usize>,
+        /// Owner value of C-stack shim frames (3.12+: 3); None in 3.11.
+        cstack_owner: Option<u8>,
+        /// Offset of `_co_firsttraceable` (frames not yet past it are incomplete: skipped).
+        firsttraceable: Option<usize>,
+        code_adaptive: usize,
+    },
+}
+
+/// Offsets for one interpreter version (x86-64/aarch64, default build).
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    /// `Some(off)`: the current frame is at `*(*(tstate + off) + cframe_current)` (3.11/3.12);
+    /// `None`: at `*(tstate + frame)` (≤ 3.10 and 3.13).
+    cframe: Option<usize>,
+    cframe_current: usize,
+    frame: usize,
+    previous: usize,
+    code: usize,
+    chain: Chain,
+    co_filename: usize,
+    /// `co_qualname` from 3.11, `co_name` before.
+    co_name: usize,
+    co_firstlineno: usize,
+    co_linetable: usize,
+    line_format: LineFormat,
+    ob_type: usize,
+    /// `sizeof(PyASCIIObject)`; `sizeof(PyCompactUnicodeObject)`.
+    ascii_size: usize,
+    compact_size: usize,
+    /// Offset of `PyCompactUnicodeObject.utf8` (after `utf8_length`).
+    str_state: usize,
+    str_length: usize,
+    bytes_sval: usize,
+    var_size: usize,
+}
+
+/// The interpreter found in this process.
+struct Interp {
+    version: (u32, u32),
+    get_tstate: unsafe extern "C" fn() -> *mut c_void,
+    code_type: usize,
+    /// `PyFrame_Type` for ≤ 3.10 (frame objects are type-checked); 0 otherwise.
+    frame_type: usize,
+    layout: Layout,
+}
+
+static INTERP: OnceLock<Option<Interp>> = OnceLock::new();
+/// Set when a checked walk proved the layout wrong: Python stacks stay off for the process.
+static BROKEN: AtomicBool = AtomicBool::new(false);
+
+fn lookup(name: &CStr) -> usize {
+    // SAFETY: NUL-terminated name; RTLD_DEFAULT searches the global scope.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) as usize }
+}
+
+/// Looks for a supported CPython in the process, once. Cheap to call again.
+pub fn init() -> bool {
+    INTERP.get_or_init(find_interp).is_some()
+}
+
+/// True when [`capture`] can find Python frames in this process: one atomic load, so callers
+/// skip even preparing a buffer in a process without Python.
+#[inline]
+pub fn active() -> bool {
+    matches!(INTERP.get(), Some(Some(_))) && !BROKEN.load(Ordering::Relaxed)
+}
+
+/// `CPython 3.11` when Python stacks can be read in this process.
+pub fn interpreter() -> Option<String> {
+    let i = INTERP.get()?.as_ref()?;
+    (!BROKEN.load(Ordering::Relaxed)).then(|| format!("CPython {}.{}", i.version.0, i.version.1))
+}
+
+fn find_interp() -> Option<Interp> {
+    // The one lookup a process without Python pays.
+    let get_tstate = lookup(c"PyGILState_GetThisThreadState");
+    if get_tstate == 0 {
+        return None;
+    }
+    let version = version()?;
+    let code_type = lookup(c"PyCode_Type");
+    if code_type == 0 {
+        return None;
+    }
+    let layout = match version {
+        (3, 9) | (3, 10) => {
+            let (lasti, lasti_units, co_linetable, line_format) = if version.1 == 9 {
+                (104, false, 120, LineFormat::Lnotab)
+            } else {
+                (96, true, 120, LineFormat::Linetable310)
+            };
+            Layout {
+                cframe: None,
+                cframe_current: 0,
+                frame: 24,
+                previous: 24,
+                code: 32,
+                chain: Chain::FrameObjects { lasti, lasti_units },
+                co_filename: 104,
+                co_name: 112,
+                co_firstlineno: 40,
+                co_linetable,
+                line_format,
+                ob_type: 8,
+                ascii_size: 48,
+                compact_size: 72,
+                str_state: 32,
+                str_length: 16,
+                bytes_sval: 32,
+                var_size: 16,
+            }
+        }
+        (3, 11) => Layout {
+            cframe: Some(56),
+            cframe_current: 8,
+            frame: 0,
+            previous: 48,
+            code: 32,
+            chain: Chain::Interpreter {
+                instr: 56,
+                owner: 69,
+                is_entry: Some(68),
+                cstack_owner: None,
+                firsttraceable: Some(168),
+                code_adaptive: 184,
+            },
+            co_filename: 112,
+            co_name: 128,
+            co_firstlineno: 72,
+            co_linetable: 136,
+            line_format: LineFormat::Locations,
+            ob_type: 8,
+            ascii_size: 48,
+            compact_size: 72,
+            str_state: 32,
+            str_length: 16,
+            bytes_sval: 32,
+            var_size: 16,
+        },
+        (3, 12) => Layout {
+            cframe: Some(56),
+            cframe_current: 0,
+            frame: 0,
+            previous: 8,
+            code: 0,
+            chain: Chain::Interpreter {
+                instr: 56,
+                owner: 70,
+                is_entry: None,
+                cstack_owner: Some(3),
+                firsttraceable: Some(176),
+                code_adaptive: 192,
+            },
+            co_filename: 112,
+            co_name: 128,
+            co_firstlineno: 68,
+            co_linetable: 136,
+            line_format: LineFormat::Locations,
+            ob_type: 8,
+            ascii_size: 40,
+            compact_size: 56,
+            str_state: 32,
+            str_length: 16,
+            bytes_sval: 32,
+            var_size: 16,
+        },
+        (3, 13) => debug_offsets_313()?,
+        _ => return None,
+    };
+    let frame_type = if version.1 <= 10 {
+        let t = lookup(c"PyFrame_Type");
+        if t == 0 {
+            return None;
+        }
+        t
+    } else {
+        0
+    };
+    // SAFETY: the symbol is PyGILState_GetThisThreadState, `PyThreadState *(void)` in every
+    // version; it reads a thread-specific key and is safe to call without the GIL.
+    let get_tstate: unsafe extern "C" fn() -> *mut c_void =
+        unsafe { std::mem::transmute(get_tstate) };
+    Some(Interp {
+        version,
+        get_tstate,
+        code_type,
+        frame_type,
+        layout,
+    })
+}
+
+/// (major, minor) from `Py_GetVersion()` ("3.11.7 (main, …)").
+fn version() -> Option<(u32, u32)> {
+    let f = lookup(c"Py_GetVersion");
+    if f == 0 {
+        return None;
+    }
+    // SAFETY: `const char *Py_GetVersion(void)` returns a static string in every version.
+    let s = unsafe {
+        let f: unsafe extern "C" fn() -> *const c_char = std::mem::transmute(f);
+        let p = f();
+        if p.is_null() {
+            return None;
+        }
+        CStr::from_ptr(p)
+    };
+    let s = s.to_str().ok()?;
+    let v = s.split_whitespace().next()?;
+    let mut it = v.split('.');
+    let major = it.next()?.parse().ok()?;
+    let minor: String = it
+        .next()?
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    Some((major, minor.parse().ok()?))
+}
+
+/// 3.13: offsets from `_PyRuntime.debug_offsets` (`_Py_DebugOffsets`, stable within 3.13.x;
+/// its own layout changes between minor versions, so it is read as 3.13's).
+fn debug_offsets_313() -> Option<Layout> {
+    let rt = lookup(c"_PyRuntime");
+    if rt == 0 {
+        return None;
+    }
+    const WORDS: usize = 73;
+    let mut buf = [0u8; WORDS * 8];
+    if !Checked.bytes(rt, &mut buf) {
+        return None;
+    }
+    let w = |i: usize| u64::from_ne_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap()) as usize;
+    if &buf[..8] != b"xdebugpy" {
+        return None;
+    }
+    let hex = w(1);
+    if (hex >> 24, (hex >> 16) & 0xff) != (3, 13) || w(2) != 0 {
+        return None; // another version's table, or a free-threaded build
+    }
+    let small = |v: usize| (v < 4096).then_some(v);
+    let ascii_size = small(w(70))?;
+    Some(Layout {
+        cframe: None,
+        cframe_current: 0,
+        frame: small(w(23))?,
+        previous: small(w(29))?,
+        code: small(w(30))?,
+        chain: Chain::Interpreter {
+            instr: small(w(31))?,
+            owner: small(w(33))?,
+            is_entry: None,
+            cstack_owner: Some(3),
+            firsttraceable: None,
+            code_adaptive: small(w(43))?,
+        },
+        co_filename: small(w(35))?,
+        co_name: small(w(37))?,
+        co_firstlineno: small(w(39))?,
+        co_linetable: small(w(38))?,
+        line_format: LineFormat::Locations,
+        ob_type: small(w(45))?,
+        ascii_size,
+        compact_size: ascii_size + 16,
+        str_state: small(w(68))?,
+        str_length: small(w(69))?,
+        bytes_sval: 32,
+        var_size: 16,
+    })
+}
+
+/// Identity of a code object as seen: its address plus a fingerprint of its contents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+struct CodeKey {
+    code: usize,
+    filename: usize,
+    name: usize,
+    linetable: usize,
+    firstlineno: i32,
+    name_len: u32,
+    name_head: u64,
+    file_len: u32,
+    file_tail: u64,
+    table_len: u32,
+}
+
+/// What a code object said when first seen.
+struct CodeInfo {
+    key: CodeKey,
+    function: String,
+    file: String,
+    first_line: i32,
+    table: Box<[u8]>,
+}
+
+#[derive(Default)]
+struct CodeTable {
+    ids: FxHashMap<CodeKey, u32>,
+    codes: Vec<CodeInfo>,
+}
+
+static CODES: Mutex<CodeTable> = Mutex::new(CodeTable {
+    ids: FxHashMap::with_hasher(rustc_hash::FxBuildHasher),
+    codes: Vec::new(),
+});
+
+fn codes() -> std::sync::MutexGuard<'static, CodeTable> {
+    CODES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+thread_local! {
+    /// The code table's lock, held by the forking thread across `fork` (see
+    /// `crate::sys::register_fork_handlers`).
+    static FORK_HELD: std::cell::RefCell<Option<std::sync::MutexGuard<'static, CodeTable>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `fork` prepare handler: takes the code table's lock.
+pub fn fork_prepare() {
+    let g = codes();
+    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some(g));
+}
+
+/// `fork` parent and child handler: releases it.
+pub fn fork_release() {
+    let _ = FORK_HELD.try_with(|h| drop(h.borrow_mut().take()));
+}
+
+/// Slots of a thread's code-id cache (direct-mapped by code address).
+const LOCAL_SLOTS: usize = 256;
+
+/// A thread's code ids, looked up without a lock or a hash-map probe. A slot holds the full key,
+/// so a hit is exact; a collision just replaces the slot.
+struct LocalCache(Box<[(CodeKey, u32)]>);
+
+impl LocalCache {
+    fn new() -> Self {
+        LocalCache(vec![(CodeKey::default(), 0); LOCAL_SLOTS].into_boxed_slice())
+    }
+
+    fn slot(code: usize) -> usize {
+        ((code as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % LOCAL_SLOTS
+    }
+
+    fn get(&self, key: &CodeKey) -> Option<u32> {
+        let (k, id) = &self.0[Self::slot(key.code)];
+        (k == key).then_some(*id)
+    }
+
+    fn insert(&mut self, key: CodeKey, id: u32) {
+        self.0[Self::slot(key.code)] = (key, id);
+    }
+}
+
+thread_local! {
+    /// This thread already walked its frames once through the kernel.
+    static VALIDATED: Cell<bool> = const { Cell::new(false) };
+    /// Code ids this thread already looked up: no lock on the hot path.
+    static LOCAL: RefCell<LocalCache> = RefCell::new(LocalCache::new());
+}
+
+/// Captures the calling thread's Python stack into `out` as packed frames, innermost first;
+/// returns how many. 0 when the thread has no Python state, the interpreter is unsupported, or
+/// anything read looked wrong.
+pub fn capture(out: &mut [usize]) -> usize {
+    let Some(Some(interp)) = INTERP.get() else {
+        return 0;
+    };
+    if BROKEN.load(Ordering::Relaxed) || out.is_empty() {
+        return 0;
+    }
+    // SAFETY: see find_interp.
+    let tstate = unsafe { (interp.get_tstate)() } as usize;
+    if tstate == 0 {
+        return 0;
+    }
+    // The thread's code-id cache, borrowed once per walk (a fresh one during thread teardown).
+    let walk_cached = |checked: bool, out: &mut [usize]| {
+        let run = |cache: &mut LocalCache, out: &mut [usize]| {
+            if checked {
+                walk(interp, &Checked, tstate, out, cache)
+            } else {
+                walk(interp, &Direct, tstate, out, cache)
+            }
+        };
+        LOCAL
+            .try_with(|c| match c.try_borrow_mut() {
+                Ok(mut cache) => run(&mut cache, out),
+                Err(_) => run(&mut LocalCache::new(), out),
+            })
+            .unwrap_or_else(|_| run(&mut LocalCache::new(), out))
+    };
+    let validated = VALIDATED.try_with(|v| v.get()).unwrap_or(false);
+    if validated {
+        walk_cached(false, out).unwrap_or(0)
+    } else {
+        match walk_cached(true, out) {
+            Some(n) => {
+                if n > 0 {
+                    let _ = VALIDATED.try_with(|v| v.set(true));
+                }
+                n
+            }
+            None => {
+                if !BROKEN.swap(true, Ordering::Relaxed) {
+                    tracing::debug!("Python frame layout check failed; Python stacks are off");
+                }
+                0
+            }
+        }
+    }
+}
+
+/// Walks the frame chain. `None` when something read contradicts the layout.
+fn walk<M: Mem>(
+    interp: &Interp,
+    m: &M,
+    tstate: usize,
+    out: &mut [usize],
+    cache: &mut LocalCache,
+) -> Option<usize> {
+    let l = &interp.layout;
+    let mut frame = match l.cframe {
+        Some(off) => {
+            let cframe = m.ptr(tstate + off)?;
+            if cframe == 0 {
+                return Some(0);
+            }
+            m.ptr(cframe + l.cframe_current)?
+        }
+        None => m.ptr(tstate + l.frame)?,
+    };
+    let mut n = 0;
+    let limit = out.len().min(MAX_PY_FRAMES);
+    // A chain longer than the output is cut; a cycle is cut by the hop bound.
+    let mut hops = 0;
+    while frame != 0 && n < limit && hops < 4 * MAX_PY_FRAMES {
+        hops += 1;
+        let next = m.ptr(frame + l.previous)?;
+        match l.chain {
+            Chain::FrameObjects { lasti, lasti_units } => {
+                if m.ptr(frame + l.ob_type)? != interp.frame_type {
+                    return None;
+                }
+                let code = m.ptr(frame + l.code)?;
+                let li = m.get::<i32>(frame + lasti)?;
+                let offset = if li < 0 {
+                    NO_OFFSET
+                } else if lasti_units {
+                    (li as u32).saturating_mul(2)
+                } else {
+                    li as u32
+                };
+                let id = code_id(interp, m, code, cache)?;
+                out[n] = pack(id, offset, true);
+                n += 1;
+            }
+            Chain::Interpreter {
+                instr,
+                owner,
+                is_entry,
+                cstack_owner,
+                firsttraceable,
+                code_adaptive,
+            } => {
+                let own = m.get::<u8>(frame + owner)?;
+                let entry = match is_entry {
+                    Some(off) => m.get::<u8>(frame + off)? != 0,
+                    None => false,
+                };
+                if cstack_owner.is_some_and(|c| own >= c) {
+                    // An entry shim of a native eval call: the frame before it was the
+                    // outermost of its group.
+                    if n > 0 {
+                        out[n - 1] |= GROUP_END;
+                    }
+                } else {
+                    let code = m.ptr(frame + l.code)?;
+                    let ip = m.ptr(frame + instr)?;
+                    let base = code + code_adaptive;
+                    let incomplete = match firsttraceable {
+                        Some(ft) if own != 1 => {
+                            let ft = m.get::<i32>(code + ft)?.max(0) as usize;
+                            ip < base + 2 * ft
+                        }
+                        _ => false,
+                    };
+                    if !incomplete {
+                        let offset = ip
+                            .checked_sub(base)
+                            .and_then(|o| u32::try_from(o).ok())
+                            .unwrap_or(NO_OFFSET);
+                        let id = code_id(interp, m, code, cache)?;
+                        out[n] = pack(id, offset, entry);
+                        n += 1;
+                    } else if entry && n > 0 {
+                        out[n - 1] |= GROUP_END;
+                    }
+                }
+            }
+        }
+        frame = next;
+    }
+    if n > 0 {
+        out[n - 1] |= GROUP_END;
+    }
+    Some(n)
+}
+
+fn pack(id: u32, offset: u32, group_end: bool) -> usize {
+    ((id as usize) << 32) | offset as usize | if group_end { GROUP_END } else { 0 }
+}
+
+/// The code id of the code object at `code`, resolving it on first sight.
+fn code_id<M: Mem>(interp: &Interp, m: &M, code: usize, cache: &mut LocalCache) -> Option<u32> {
+    let l = &interp.layout;
+    if m.ptr(code + l.ob_type)? != interp.code_type {
+        return None;
+    }
+    let filename = m.ptr(code + l.co_filename)?;
+    let name = m.ptr(code + l.co_name)?;
+    let linetable = m.ptr(code + l.co_linetable)?;
+    // A string in a layout this module does not read gets a zero fingerprint (and is named
+    // `?`); only a wrong code object type makes the walk fail.
+    let (name_len, name_head, _) = str_fingerprint(l, m, name).unwrap_or_default();
+    let (file_len, _, file_tail) = str_fingerprint(l, m, filename).unwrap_or_default();
+    let key = CodeKey {
+        code,
+        filename,
+        name,
+        linetable,
+        firstlineno: m.get::<i32>(code + l.co_firstlineno)?,
+        name_len,
+        name_head,
+        file_len,
+        file_tail,
+        table_len: m
+            .get::<isize>(linetable + l.var_size)?
+            .clamp(0, u32::MAX as isize) as u32,
+    };
+    if let Some(id) = cache.get(&key) {
+        return Some(id);
+    }
+    let id = {
+        let known = codes().ids.get(&key).copied();
+        match known {
+            Some(id) => id,
+            None => {
+                // First sight: copy what the dump will need, through the kernel, while the
+                // code object is certainly alive (this thread is running it).
+                let info = CodeInfo {
+                    key,
+                    function: read_str(l, &Checked, name).unwrap_or_else(|| "?".into()),
+                    file: read_str(l, &Checked, filename).unwrap_or_else(|| "?".into()),
+                    first_line: key.firstlineno,
+                    table: read_bytes_obj(l, &Checked, linetable).unwrap_or_default(),
+                };
+                let mut t = codes();
+                match t.ids.get(&key) {
+                    Some(&id) => id,
+                    None => {
+                        let id = t.codes.len() as u32;
+                        if id >= (1 << 31) {
+                            return None;
+                        }
+                        t.codes.push(info);
+                        t.ids.insert(key, id);
+                        id
+                    }
+                }
+            }
+        }
+    };
+    cache.insert(key, id);
+    Some(id)
+}
+
+/// Where a str object's characters are: (data address, length, bytes per character).
+fn str_data<M: Mem>(l: &Layout, m: &M, s: usize) -> Option<(usize, usize, usize)> {
+    let len = m.get::<isize>(s + l.str_length)?;
+    if !(0..=(1 << 24)).contains(&len) {
+        return None;
+    }
+    let state = m.get::<u32>(s + l.str_state)?;
+    let kind = ((state >> 2) & 7) as usize;
+    let compact = state & (1 << 5) != 0;
+    let ascii = state & (1 << 6) != 0;
+    if !compact || !matches!(kind, 1 | 2 | 4) {
+        return None;
+    }
+    let data = if ascii {
+        s + l.ascii_size
+    } else {
+        s + l.compact_size
+    };
+    Some((data, len as usize, kind))
+}
+
+/// (length, first 8 bytes, last 8 bytes) of a str's data: part of a code object's fingerprint.
+fn str_fingerprint<M: Mem>(l: &Layout, m: &M, s: usize) -> Option<(u32, u64, u64)> {
+    let (data, len, kind) = str_data(l, m, s)?;
+    let bytes = len * kind;
+    if bytes >= 8 {
+        // Two word reads: the data start is 8-aligned; the tail word may not be.
+        let head = m.get::<u64>(data)?;
+        let tail = m.unaligned_u64(data + bytes - 8)?;
+        return Some((len as u32, head, tail));
+    }
+    let mut head = [0u8; 8];
+    if !m.bytes(data, &mut head[..bytes]) {
+        return None;
+    }
+    let head = u64::from_ne_bytes(head);
+    Some((len as u32, head, head))
+}
+
+fn read_str<M: Mem>(l: &Layout, m: &M, s: usize) -> Option<String> {
+    let (data, len, kind) = str_data(l, m, s)?;
+    let len = len.min(MAX_STR);
+    let mut raw = vec![0u8; len * kind];
+    if !m.bytes(data, &mut raw) {
+        return None;
+    }
+    Some(match kind {
+        1 => raw.iter().map(|&b| b as char).collect(),
+        2 => raw
+            .chunks_exact(2)
+            .map(|c| char::from_u32(u16::from_ne_bytes([c[0], c[1]]) as u32).unwrap_or('?'))
+            .collect(),
+        _ => raw
+            .chunks_exact(4)
+            .map(|c| char::from_u32(u32::from_ne_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('?'))
+            .collect(),
+    })
+}
+
+fn read_bytes_obj<M: Mem>(l: &Layout, m: &M, b: usize) -> Option<Box<[u8]>> {
+    let len = m.get::<isize>(b + l.var_size)?;
+    if !(0..=MAX_TABLE as isize).contains(&len) {
+        return None;
+    }
+    let mut raw = vec![0u8; len as usize];
+    m.bytes(b + l.bytes_sval, &mut raw)
+        .then(|| raw.into_boxed_slice())
+}
+
+/// One resolved Python frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PyFrame {
+    /// Qualified name (3.11+: `Class.method`), or the plain name before 3.11.
+    pub function: String,
+    pub file: String,
+    pub line: Option<u32>,
+    /// Address of the code object when it was seen.
+    pub code: usize,
+    /// Outermost frame of one native eval-loop call.
+    pub group_end: bool,
+}
+
+// What kind of Python file a path names is a view of a dump's frames (`dump::view`);
+// re-exported here, where the stack capture uses it.
+pub use dump::view::{is_hook_file, is_library_file};
+
+/// The innermost frame of the program's own code in packed frames from [`capture`]: its code id
+/// and line (0 when unknown). `None` when every frame is library code (or unknown).
+pub fn user_line(packed: &[usize]) -> Option<(u32, u32)> {
+    let format = INTERP
+        .get()
+        .and_then(|i| i.as_ref())
+        .map(|i| i.layout.line_format)
+        .unwrap_or(LineFormat::Locations);
+    let t = codes();
+    packed.iter().find_map(|&p| {
+        let id = (p & !GROUP_END) >> 32;
+        let offset = (p & 0xffff_ffff) as u32;
+        let c = t.codes.get(id)?;
+        if is_library_file(&c.file) {
+            return None;
+        }
+        let line = if offset == NO_OFFSET {
+            None
+        } else {
+            line_for(format, &c.table, c.first_line, offset)
+        };
+        Some((id as u32, line.unwrap_or(0)))
+    })
+}
+
+/// Resolves packed frames from [`capture`] (innermost first). Unknown ids are dropped.
+pub fn resolve(packed: &[usize]) -> Vec<PyFrame> {
+    let format = INTERP
+        .get()
+        .and_then(|i| i.as_ref())
+        .map(|i| i.layout.line_format)
+        .unwrap_or(LineFormat::Locations);
+    let t = codes();
+    packed
+        .iter()
+        .filter_map(|&p| {
+            let id = (p & !GROUP_END) >> 32;
+            let offset = (p & 0xffff_ffff) as u32;
+            let c = t.codes.get(id)?;
+            Some(PyFrame {
+                function: c.function.clone(),
+                file: c.file.clone(),
+                line: if offset == NO_OFFSET {
+                    None
+                } else {
+                    line_for(format, &c.table, c.first_line, offset)
+                },
+                code: c.key.code,
+                group_end: p & GROUP_END != 0,
+            })
+        })
+        .collect()
+}

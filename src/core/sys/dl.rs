@@ -1,0 +1,84 @@
+//! The real `dlsym`, for the shim's own lookups. The exported interposer (`ffi::dl`) tail-jumps
+//! to it; everything else in the shim calls [`real_dlsym`], never the exported `dlsym`.
+//!
+//! It comes from `dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34")` (glibc >= 2.34), else
+//! `"GLIBC_2.2.5"` (older glibc, where it lives in libdl).
+//!
+//! Every lookup of a real function behind a hook ends in [`real_dlsym_not_ours`]: the runtime
+//! hooks' (`ffi::real`) and the driver table's (`ffi::driver`) alike.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The real `dlsym`; 0 until looked up.
+pub static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// What `dlsym` resolves to when glibc offers none under either version: NULL, never a crash.
+unsafe extern "C" fn no_dlsym(_: *mut c_void, _: *const c_char) -> *mut c_void {
+    std::ptr::null_mut()
+}
+
+/// Looks up the real `dlsym` once; returns its address (never 0).
+pub extern "C" fn ensure_real_dlsym() -> usize {
+    let p = REAL_DLSYM.load(Ordering::Acquire);
+    if p != 0 {
+        return p;
+    }
+    let mut f = 0usize;
+    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+        // SAFETY: NUL-terminated strings; dlvsym is not interposed by the shim.
+        f = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) } as usize;
+        if f != 0 {
+            break;
+        }
+    }
+    if f == 0 {
+        f = no_dlsym as DlsymFn as usize;
+    }
+    REAL_DLSYM.store(f, Ordering::Release);
+    f
+}
+
+/// The real `dlsym(handle, name)`, called from the shim: `RTLD_NEXT` here is relative to the shim.
+pub unsafe fn real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let f: DlsymFn = std::mem::transmute(ensure_real_dlsym());
+    f(handle, name)
+}
+
+/// Base address of the loaded object that contains `addr` (`dladdr`), `None` if none does.
+pub fn object_base(addr: usize) -> Option<usize> {
+    // SAFETY: dladdr only writes `info`; a zeroed Dl_info is a valid out-parameter.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::dladdr(addr as *const c_void, &mut info) };
+    (ok != 0).then_some(info.dli_fbase as usize)
+}
+
+/// True when `addr` lies in the object holding the shim's own code: a hook of this library (or
+/// of a second copy's lookup landing here), never a real function. Asked once, then cached.
+fn is_own_code(addr: usize) -> bool {
+    /// The shim's own object base; 0 until asked, `usize::MAX` when `dladdr` cannot tell (then
+    /// nothing counts as ours).
+    static OWN_BASE: AtomicUsize = AtomicUsize::new(0);
+    let mut own = OWN_BASE.load(Ordering::Relaxed);
+    if own == 0 {
+        own = object_base(is_own_code as fn(usize) -> bool as usize).unwrap_or(usize::MAX);
+        OWN_BASE.store(own, Ordering::Relaxed);
+    }
+    own != usize::MAX && object_base(addr) == Some(own)
+}
+
+/// `name` in `handle` through the real `dlsym`, never answering with one of the shim's own
+/// functions: its address, or 0 when there is none (or only ours).
+///
+/// # Safety
+/// `handle` must be a handle from `dlopen` or one of the `RTLD_*` pseudo-handles.
+pub unsafe fn real_dlsym_not_ours(handle: *mut c_void, name: &CStr) -> usize {
+    let p = real_dlsym(handle, name.as_ptr()) as usize;
+    if p == 0 || is_own_code(p) {
+        0
+    } else {
+        p
+    }
+}

@@ -1,0 +1,211 @@
+//! Process plumbing the live state registers through: `atexit` hooks, the dump signal's
+//! handler and semaphore, and the `pthread_atfork` handlers. Callers pass the work as plain
+//! functions, so this module depends on nothing above it.
+
+use std::panic::catch_unwind;
+use std::sync::OnceLock;
+
+/// What [`flush_dumps_at_exit`] runs at exit.
+static FLUSH_AT_EXIT: OnceLock<fn()> = OnceLock::new();
+
+/// Runs at process exit (registered with `atexit` when the first dump is queued): a dump still
+/// waiting to learn whether its failure was recovered is written now rather than lost.
+extern "C" fn flush_at_exit() {
+    if let Some(f) = FLUSH_AT_EXIT.get() {
+        let _ = catch_unwind(*f);
+    }
+}
+
+/// Registers `flush` to run at process exit (once per process; later calls do nothing).
+pub fn flush_dumps_at_exit(flush: fn()) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| unsafe {
+        let _ = FLUSH_AT_EXIT.set(flush);
+        libc::atexit(flush_at_exit);
+    });
+}
+
+/// The semaphore the dump signal's handler posts and the shim's signal thread waits on.
+///
+/// Not a pipe: a descriptor of the shim's would live among the program's, and a program that
+/// closes every descriptor it did not open (`closefrom(3)`, as daemons and job runners do) and
+/// opens files that get the same numbers would have the handler's byte written into one of its
+/// own files. A semaphore is no descriptor, and `sem_post` is async-signal-safe (POSIX).
+struct DumpSignalSem(std::cell::UnsafeCell<libc::sem_t>);
+// Safety: a sem_t is made to be shared between threads; it is initialised once (`sem_init`,
+// guarded by DUMP_SIGNAL_READY) before the handler or the waiting thread touches it.
+unsafe impl Sync for DumpSignalSem {}
+static DUMP_SIGNAL_SEM: DumpSignalSem =
+    DumpSignalSem(std::cell::UnsafeCell::new(unsafe { std::mem::zeroed() }));
+static DUMP_SIGNAL_READY: std::sync::Once = std::sync::Once::new();
+static DUMP_SIGNAL_OK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Initialises the dump signal's semaphore (once); false when that failed.
+pub fn dump_signal_init() -> bool {
+    DUMP_SIGNAL_READY.call_once(|| {
+        let ok = unsafe { libc::sem_init(DUMP_SIGNAL_SEM.0.get(), 0, 0) } == 0;
+        DUMP_SIGNAL_OK.store(ok, std::sync::atomic::Ordering::Release);
+    });
+    DUMP_SIGNAL_OK.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// Blocks until the dump signal arrived at least once since the last return; the signals that
+/// arrived meanwhile are one dump. Call only after [`dump_signal_init`] returned true.
+pub fn wait_for_dump_signal() {
+    let sem = DUMP_SIGNAL_SEM.0.get();
+    while unsafe { libc::sem_wait(sem) } != 0 {
+        // EINTR: another signal handler ran on this thread; wait on.
+    }
+    while unsafe { libc::sem_trywait(sem) } == 0 {}
+}
+
+struct OldAction(libc::sigaction);
+// Safety: a plain C struct, written once before the handler is installed and only read after.
+unsafe impl Sync for OldAction {}
+unsafe impl Send for OldAction {}
+static OLD_DUMP_ACTION: std::sync::OnceLock<OldAction> = std::sync::OnceLock::new();
+
+/// `OOMSHIM_SIGNAL`'s handler: async-signal-safe, it only posts a semaphore (a thread of the
+/// shim's does the dump) and then runs whatever handler the program had installed before.
+extern "C" fn on_dump_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    unsafe {
+        let errno = *libc::__errno_location();
+        if DUMP_SIGNAL_OK.load(std::sync::atomic::Ordering::Acquire) {
+            libc::sem_post(DUMP_SIGNAL_SEM.0.get());
+        }
+        *libc::__errno_location() = errno;
+        if let Some(OldAction(old)) = OLD_DUMP_ACTION.get() {
+            let h = old.sa_sigaction;
+            if h != libc::SIG_DFL && h != libc::SIG_IGN {
+                if old.sa_flags & libc::SA_SIGINFO != 0 {
+                    let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                        std::mem::transmute(h);
+                    f(sig, info, ctx);
+                } else {
+                    let f: extern "C" fn(libc::c_int) = std::mem::transmute(h);
+                    f(sig);
+                }
+            }
+        }
+    }
+}
+
+/// Installs the dump signal's handler, which posts the semaphore [`wait_for_dump_signal`]
+/// waits on. Once per process; [`dump_signal_init`] must have succeeded.
+pub fn install_dump_signal(signo: i32) -> std::io::Result<()> {
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(signo, std::ptr::null(), &mut old) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if OLD_DUMP_ACTION.set(OldAction(old)).is_err() {
+            return Ok(()); // already installed
+        }
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = on_dump_signal
+            as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+            as usize;
+        act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut act.sa_mask);
+        if libc::sigaction(signo, &act, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// What [`register_exit_dump`] runs at exit.
+static DUMP_AT_EXIT: OnceLock<fn()> = OnceLock::new();
+
+/// `OOMSHIM_AT_EXIT`: a dump of what is still live when the program exits.
+extern "C" fn dump_at_exit() {
+    if let Some(f) = DUMP_AT_EXIT.get() {
+        let _ = catch_unwind(*f);
+    }
+}
+
+/// Registers `dump` to run at process exit (once per process; later calls do nothing).
+pub fn register_exit_dump(dump: fn()) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| unsafe {
+        let _ = DUMP_AT_EXIT.set(dump);
+        libc::atexit(dump_at_exit);
+    });
+}
+
+/// What [`register_live_cleanup`] runs at exit.
+static LIVE_CLEANUP: OnceLock<fn()> = OnceLock::new();
+
+/// At a normal exit the live region (src/core/flight) is removed: one left behind means the
+/// process died without exiting.
+extern "C" fn remove_live_region() {
+    if let Some(f) = LIVE_CLEANUP.get() {
+        let _ = catch_unwind(*f);
+    }
+}
+
+/// Registers `cleanup` to run at process exit (once per process; later calls do nothing).
+pub fn register_live_cleanup(cleanup: fn()) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| unsafe {
+        let _ = LIVE_CLEANUP.set(cleanup);
+        libc::atexit(remove_live_region);
+    });
+}
+
+/// The shim's `fork` handlers, set once by [`register_fork_handlers`].
+struct ForkHandlers {
+    prepare: fn(),
+    parent: fn(),
+    child: fn(),
+}
+static FORK_HANDLERS: std::sync::OnceLock<ForkHandlers> = std::sync::OnceLock::new();
+
+extern "C" {
+    // In glibc this lives in libc_nonshared.a (it passes the caller's __dso_handle), so the
+    // libc crate does not declare it; the linker script libc.so pulls it in.
+    fn pthread_atfork(
+        prepare: Option<unsafe extern "C" fn()>,
+        parent: Option<unsafe extern "C" fn()>,
+        child: Option<unsafe extern "C" fn()>,
+    ) -> libc::c_int;
+}
+
+unsafe extern "C" fn fork_prepare() {
+    if let Some(h) = FORK_HANDLERS.get() {
+        let _ = catch_unwind(h.prepare);
+    }
+}
+
+unsafe extern "C" fn fork_parent() {
+    if let Some(h) = FORK_HANDLERS.get() {
+        let _ = catch_unwind(h.parent);
+    }
+}
+
+unsafe extern "C" fn fork_child() {
+    if let Some(h) = FORK_HANDLERS.get() {
+        let _ = catch_unwind(h.child);
+    }
+}
+
+/// Registers `pthread_atfork` handlers (once per process, at shim start): `prepare` runs in the
+/// forking thread before `fork`, `parent` and `child` after it in each process. They keep the
+/// shim's locks from being copied into a child while a thread that does not exist there holds
+/// them.
+pub fn register_fork_handlers(prepare: fn(), parent: fn(), child: fn()) {
+    if FORK_HANDLERS
+        .set(ForkHandlers {
+            prepare,
+            parent,
+            child,
+        })
+        .is_err()
+    {
+        return;
+    }
+    let rc = unsafe { pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    if rc != 0 {
+        tracing::debug!(rc, "pthread_atfork failed");
+    }
+}

@@ -1,0 +1,486 @@
+//! [`LEAK`](super::LEAK): when the process's growth step after step is a leak, and when it is
+//! no leak because nothing accumulated (inputs of growing shape). Its sentences are in
+//! `words/leak.rs`.
+
+use super::context::tracked_all;
+use dump::model::{DetectedSteps, Dump, Growth, GrowthFit, GrowthSite};
+
+/// Smallest growth per step of the process for [`LEAK`](super::LEAK): below it, growth is noise (counters,
+/// small caches), not what fills a device.
+pub const LEAK_MIN_BYTES_PER_STEP: u64 = 1 << 20;
+/// A site carrying at least this share of the growth is named as *the* leak in the headline;
+/// below it the headline names the process's growth and its largest parts.
+pub const LEAK_NAMED_SHARE: f64 = 0.5;
+/// Smallest share of sampled intervals that freed memory for detected steps to support a
+/// [`LEAK`](super::LEAK): a training step frees its working memory; a loop that only allocates (loading
+/// weights layer by layer) also repeats, and its growth is no leak.
+pub const DETECTED_MIN_FREEING_SHARE: f64 = 0.5;
+
+/// The process's growth per step, when it is a leak (see [`LEAK`](super::LEAK)).
+pub(super) struct LeakFinding<'a> {
+    pub(super) growth: &'a Growth,
+    pub(super) fit: GrowthFit,
+    /// Its largest parts, largest first, each with its share (0–1).
+    pub(super) sites: Vec<(&'a GrowthSite, f64)>,
+    /// Set when the steps were detected, not marked.
+    pub(super) detected: Option<DetectedSteps>,
+    /// Bytes grown from the first fitted sample to the failure.
+    pub(super) grown: u64,
+}
+
+/// The process's fitted growth: the dump's own, or (dumps of older versions) fitted from its
+/// tracked samples.
+pub(super) fn growth_fit(g: &Growth) -> Option<GrowthFit> {
+    if let Some(f) = &g.fit {
+        return Some(f.clone());
+    }
+    let points: Vec<(u64, u64)> = g.tracked.iter().map(|p| (p.step, p.bytes)).collect();
+    let (f, start) = dump::fit::growing_suffix(&points)?;
+    Some(GrowthFit {
+        bytes_per_step: f.slope.round() as u64,
+        r_squared: f.r2,
+        samples: f.n as u64,
+        first: g.tracked[start].clone(),
+        last: g.tracked.last()?.clone(),
+        of: Some("tracked".to_string()),
+        live_allocations: None,
+    })
+}
+
+/// True unless the fit's live allocations are known not to have accumulated: a leak keeps
+/// allocations (at least one every other step); memory that grows while as many allocations
+/// are live as before grew because the allocations got larger (inputs of growing shape).
+fn accumulated(fit: &GrowthFit) -> bool {
+    match fit.live_allocations {
+        Some(c) => {
+            c.last
+                >= c.first
+                    .saturating_add((fit.samples.saturating_sub(1) / 2).max(1))
+        }
+        None => true,
+    }
+}
+
+/// The process's steady growth when it is no leak because nothing accumulated: the same
+/// number of allocations, larger each step. With how its steps were found (`growth.steps`).
+pub(super) fn growing_shapes(dump: &Dump) -> Option<(GrowthFit, Option<&str>)> {
+    let g = dump.growth.as_ref().filter(|g| g.unit == "step")?;
+    let fit = growth_fit(g)?;
+    (fit.bytes_per_step >= LEAK_MIN_BYTES_PER_STEP
+        && fit.samples >= dump::fit::MIN_SAMPLES as u64
+        && fit.live_allocations.is_some()
+        && !accumulated(&fit))
+    .then_some((fit, g.steps.as_deref()))
+}
+
+/// The process's growth when it is a leak (see [`LEAK`](super::LEAK)).
+pub(super) fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
+    let g = dump.growth.as_ref().filter(|g| g.unit == "step")?;
+    let steps = g.steps.as_deref();
+    let detected = match steps {
+        Some("time") => return None,
+        Some("detected") => {
+            let d = g.detected.as_ref()?;
+            if d.intervals == 0
+                || (d.freeing_intervals as f64) < DETECTED_MIN_FREEING_SHARE * d.intervals as f64
+            {
+                return None;
+            }
+            Some(d.clone())
+        }
+        _ => None,
+    };
+    let fit = growth_fit(g)?;
+    if fit.bytes_per_step < LEAK_MIN_BYTES_PER_STEP
+        || fit.samples < dump::fit::MIN_SAMPLES as u64
+        || !accumulated(&fit)
+    {
+        return None;
+    }
+    // Still held at the failure: what is live then has not fallen back below the last sample by
+    // more than half of what the fit grew (a phase that freed its memory is no leak now). A
+    // couple of steps' worth is always allowed: the failure comes mid-step, after some of the
+    // step's memory was freed, and a framework's word arrives after its own cleanup. The
+    // framework's live tensors are compared with its own count at the failure.
+    let now = match fit.of.as_deref() {
+        Some("framework_live") => dump.free_blocks.allocated_bytes.unwrap_or(fit.last.bytes),
+        _ => tracked_all(dump),
+    };
+    let fit_grew = fit.last.bytes.saturating_sub(fit.first.bytes);
+    let may_fall = (fit_grew / 2).max(fit.bytes_per_step.saturating_mul(2));
+    if now.saturating_add(may_fall) < fit.last.bytes {
+        return None;
+    }
+    let mut sites: Vec<(&GrowthSite, f64)> = g
+        .sites
+        .iter()
+        .map(|s| {
+            let share = s
+                .share
+                .unwrap_or(s.bytes_per_step as f64 / fit.bytes_per_step.max(1) as f64);
+            (s, share.clamp(0.0, 1.0))
+        })
+        .collect();
+    sites.sort_by_key(|s| std::cmp::Reverse(s.0.bytes_per_step));
+    // Grown over the fitted samples, plus what the step in progress added (at most a step's
+    // worth: more than that was not this growth).
+    let grown = fit
+        .last
+        .bytes
+        .saturating_sub(fit.first.bytes)
+        .saturating_add(now.saturating_sub(fit.last.bytes).min(fit.bytes_per_step));
+    Some(LeakFinding {
+        growth: g,
+        fit,
+        sites,
+        detected,
+        grown,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::verdict::tests::{check_common, growing, growth, kinds, oom_dump, GIB, MIB};
+    use crate::verdict::{
+        judge, LEAK, LEAK_MIN_BYTES_PER_STEP, OWN_ALLOCATIONS, REQUEST_EXCEEDS_DEVICE,
+        UNTRACKED_MEMORY,
+    };
+    use dump::model::*;
+
+    fn growth_site(name: &str, per_step: u64, steps: u64) -> GrowthSite {
+        GrowthSite {
+            bytes_per_step: per_step,
+            r_squared: 1.0,
+            samples: steps,
+            first: GrowthPoint { step: 1, bytes: 0 },
+            last: GrowthPoint {
+                step: steps,
+                bytes: per_step * (steps - 1),
+            },
+            projected_oom_step: Some(steps + 2),
+            stack: vec![Frame {
+                address: "0x1".into(),
+                function: Some(name.into()),
+                file: Some("train.py".into()),
+                line: Some(12),
+                ..Frame::default()
+            }],
+            share: None,
+            grouped_by: None,
+        }
+    }
+
+    fn with_growth(unit: &str, sites: Vec<GrowthSite>) -> Dump {
+        let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
+        let rate: u64 = sites.iter().map(|s| s.bytes_per_step).sum();
+        d.growth = Some(Growth {
+            unit: unit.into(),
+            steps: Some(if unit == "step" { "marked" } else { "time" }.into()),
+            detected: None,
+            samples: 10,
+            current: 10,
+            free_bytes: Some(GIB),
+            projected_oom_step: Some(12),
+            tracked: (1..=10)
+                .map(|i| GrowthPoint {
+                    step: i,
+                    bytes: i * rate,
+                })
+                .collect(),
+            sites,
+            fit: None,
+            framework_live: vec![],
+        });
+        d
+    }
+
+    #[test]
+    fn leak_thresholds_table() {
+        // (name, dump, kind)
+        let cases: Vec<(&str, Dump, &str)> = vec![
+            (
+                "one site grows 96 MiB a step",
+                with_growth("step", vec![growth_site("keep_activations", 96 * MIB, 10)]),
+                LEAK,
+            ),
+            (
+                "exactly the threshold",
+                with_growth(
+                    "step",
+                    vec![growth_site("keep", LEAK_MIN_BYTES_PER_STEP, 10)],
+                ),
+                LEAK,
+            ),
+            (
+                "below the threshold",
+                with_growth(
+                    "step",
+                    vec![growth_site("keep", LEAK_MIN_BYTES_PER_STEP - 1, 10)],
+                ),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "growth per second is not a step leak",
+                with_growth("second", vec![growth_site("keep", 96 * MIB, 10)]),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "the largest of two equal sites carries only half: still a leak at 50%",
+                with_growth(
+                    "step",
+                    vec![
+                        growth_site("a", 10 * MIB, 10),
+                        growth_site("b", 10 * MIB, 10),
+                    ],
+                ),
+                LEAK,
+            ),
+            (
+                "three equal growing sites: the process grows, spread over them",
+                with_growth(
+                    "step",
+                    vec![
+                        growth_site("a", 10 * MIB, 10),
+                        growth_site("b", 10 * MIB, 10),
+                        growth_site("c", 10 * MIB, 10),
+                    ],
+                ),
+                LEAK,
+            ),
+            (
+                "the process grows but no site is kept (spread over too many stacks)",
+                with_growth("step", vec![]).tap(|d| {
+                    let g = d.growth.as_mut().unwrap();
+                    g.tracked = (1..=10)
+                        .map(|i| GrowthPoint {
+                            step: i,
+                            bytes: i * 50 * MIB,
+                        })
+                        .collect();
+                }),
+                LEAK,
+            ),
+            (
+                "growth that stopped before the failure (the memory was freed since): what fills \
+                 the device now is not this process's tracked memory",
+                with_growth("step", vec![growth_site("keep", 96 * MIB, 10)]).tap(|d| {
+                    d.devices[0].tracked_bytes = 100 * MIB;
+                }),
+                UNTRACKED_MEMORY,
+            ),
+            (
+                "detected steps that never free: a loading loop, not a leak",
+                with_growth("step", vec![growth_site("load_layer", 96 * MIB, 10)]).tap(|d| {
+                    let g = d.growth.as_mut().unwrap();
+                    g.steps = Some("detected".into());
+                    g.detected = Some(DetectedSteps {
+                        period: 2,
+                        steps: 10,
+                        allocations_since_last_step: 0,
+                        intervals: 9,
+                        freeing_intervals: 0,
+                        anchor: vec![],
+                    });
+                }),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "no growth key",
+                oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "fell back a step and a half by the failure (it comes mid-step): still a leak",
+                on_top_of(70 * GIB, None, 70 * GIB + 960 * MIB - 144 * MIB),
+                LEAK,
+            ),
+            (
+                "fell back by more than half of what it grew: a phase that freed its memory",
+                on_top_of(70 * GIB, None, 70 * GIB + 4 * 96 * MIB),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "as many allocations live at the end as at the start: they grew larger",
+                on_top_of(70 * GIB, Some((40, 40)), 70 * GIB + 960 * MIB),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "fewer allocations than one every other step: nothing accumulates",
+                on_top_of(70 * GIB, Some((40, 43)), 70 * GIB + 960 * MIB),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "one allocation every other step or more: a leak",
+                on_top_of(70 * GIB, Some((40, 44)), 70 * GIB + 960 * MIB),
+                LEAK,
+            ),
+        ];
+        for (name, dump, kind) in cases {
+            let v = judge(&dump);
+            assert_eq!(v.kind, kind, "{name}: {}", v.summary);
+        }
+        // A request larger than the device still wins over a leak.
+        let mut d = with_growth("step", vec![growth_site("keep", 96 * MIB, 10)]);
+        d.failed_request.as_mut().unwrap().bytes = 100 * GIB;
+        assert_eq!(judge(&d).kind, REQUEST_EXCEEDS_DEVICE);
+    }
+
+    /// 96 MiB a step over 10 marked steps on top of `base`, fitted, with the live allocations
+    /// of the fit's first and last sample; `now` tracked at the failure.
+    fn on_top_of(base: u64, counts: Option<(u64, u64)>, now: u64) -> Dump {
+        let mut d = with_growth("step", vec![growth_site("keep", 96 * MIB, 10)]);
+        let g = d.growth.as_mut().unwrap();
+        for p in g.tracked.iter_mut() {
+            p.bytes += base;
+        }
+        g.fit = Some(GrowthFit {
+            bytes_per_step: 96 * MIB,
+            r_squared: 1.0,
+            samples: 10,
+            first: g.tracked[0].clone(),
+            last: g.tracked[9].clone(),
+            of: Some("tracked".into()),
+            live_allocations: counts.map(|(first, last)| AllocationSpan { first, last }),
+        });
+        d.devices[0].tracked_bytes = now;
+        d
+    }
+
+    trait Tap: Sized {
+        fn tap(mut self, f: impl FnOnce(&mut Self)) -> Self {
+            f(&mut self);
+            self
+        }
+    }
+
+    impl Tap for Dump {}
+
+    #[test]
+    fn leak_verdict_names_site_rate_and_projection() {
+        let v = judge(&with_growth(
+            "step",
+            vec![
+                growth_site("keep_activations", 96 * MIB, 10),
+                growth_site("small", 2 * MIB, 10),
+            ],
+        ));
+        assert_eq!(v.kind, LEAK);
+        let top = &v.findings[0];
+        assert!(
+            top.headline.starts_with(
+                "keep_activations (train.py:12) grows by 96.00 MiB every step (over the last 10 marked steps;"
+            ) && top.headline.contains("98.0% of the growth")
+                && top.headline.ends_with(
+                    "free memory would run out at step 12, but the 2.00 GiB request failed earlier, in step 11"
+                ),
+            "{}",
+            top.headline
+        );
+        for needle in [
+            "grows by 98.00 MiB every step",
+            "10 marked steps observed",
+            "98.0% (96.00 MiB per step) at keep_activations (train.py:12)",
+            "2.0% (2.00 MiB per step) at small (train.py:12)",
+            "would run out at step 12; the failure came earlier, at step 11, because the failed request of \
+             2.00 GiB is larger than what was still free",
+        ] {
+            assert!(v.summary.contains(needle), "{needle}: {}", v.summary);
+        }
+        assert!(
+            v.evidence
+                .iter()
+                .any(|e| e
+                    .starts_with("growth: keep_activations (train.py:12) adds 96.00 MiB per step")),
+            "{:#?}",
+            v.evidence
+        );
+        let s = v.suggestions.join("\n");
+        for needle in ["loss.item()", "detach().cpu()", "append"] {
+            assert!(s.contains(needle), "{needle}: {s}");
+        }
+        // Spread: no site carries half; the headline names the process and its parts.
+        let spread = judge(&with_growth(
+            "step",
+            vec![
+                growth_site("a", 10 * MIB, 10),
+                growth_site("b", 10 * MIB, 10),
+                growth_site("c", 10 * MIB, 10),
+            ],
+        ));
+        assert!(
+            spread.findings[0].headline.starts_with(
+                "the process grows by 30.00 MiB every step (over the last 10 marked steps; "
+            ),
+            "{}",
+            spread.findings[0].headline
+        );
+        assert!(
+            spread.findings[0]
+                .headline
+                .contains("spread over sites: 33.3% (10.00 MiB per step) at a"),
+            "{}",
+            spread.findings[0].headline
+        );
+    }
+
+    #[test]
+    fn detected_steps_support_a_leak_only_when_steps_free_memory() {
+        let detected = |intervals, freeing| DetectedSteps {
+            period: 2,
+            steps: 20,
+            allocations_since_last_step: 1,
+            intervals,
+            freeing_intervals: freeing,
+            anchor: growing("keep_activations", 1, 2).stack,
+        };
+        // (intervals, freeing, leak?)
+        for (intervals, freeing, leak) in
+            [(10, 5, true), (10, 4, false), (10, 10, true), (0, 0, false)]
+        {
+            let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 70 * GIB);
+            d.growth = Some(growth(
+                "detected",
+                growing("keep_activations", 96 * MIB, 20),
+                Some(detected(intervals, freeing)),
+            ));
+            let v = judge(&d);
+            check_common(&v);
+            if leak {
+                assert_eq!(kinds(&v), [LEAK], "{intervals}/{freeing}");
+                let f = &v.findings[0];
+                // 19 steps of growth over the samples, and at most one more up to the failure.
+                assert_eq!(f.bytes, 20 * 96 * MIB);
+                assert!(
+                    f.headline.contains("the last 20 detected steps"),
+                    "{}",
+                    f.headline
+                );
+                assert!(
+                    f.summary.contains("Steps were detected automatically"),
+                    "{}",
+                    f.summary
+                );
+                assert!(f.evidence.iter().any(
+                    |e| e.starts_with("steps: detected, not marked (a cycle of 2 allocations")
+                ));
+                assert!(f.suggestions.iter().any(|s| s.contains("oomshim.step()")));
+                assert!(v
+                    .evidence
+                    .iter()
+                    .any(|e| e.starts_with("steps detected automatically")));
+            } else {
+                assert_eq!(kinds(&v), [OWN_ALLOCATIONS], "{intervals}/{freeing}");
+            }
+        }
+        // Marked steps need no such check.
+        let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 70 * GIB);
+        d.growth = Some(growth("marked", growing("keep", 96 * MIB, 20), None));
+        let v = judge(&d);
+        assert_eq!(kinds(&v), [LEAK]);
+        assert!(v.findings[0]
+            .evidence
+            .iter()
+            .any(|e| e.contains("marked by the program")));
+        assert!(!v.suggestions.iter().any(|s| s.contains("oomshim.step()")));
+    }
+}

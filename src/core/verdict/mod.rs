@@ -1,0 +1,193 @@
+//! Findings from a dump: whose memory filled the device, in plain words, with the numbers that
+//! show it, and what to change. Pure functions of the dump; table-tested.
+//!
+//! An out-of-memory dump (one with a `failed_request`) gets every finding that holds, ranked by
+//! the bytes each explains (ties in the order below); the verdict's `kind`, `summary` and
+//! `suggestions` are the top finding's (the suggestions of the others follow, without repeats):
+//! - [`REQUEST_EXCEEDS_DEVICE`] (bytes: the request): the request alone is larger than the
+//!   device's total memory. Nothing else is judged then: no freeing makes it fit.
+//! - [`OTHER_PROCESSES`] (bytes: what they hold): processes other than this one that NVML lists
+//!   on the device hold at least [`OTHER_PROCESSES_MIN_SHARE`] of its memory.
+//! - [`LEAK`] (bytes: what the process grew by over the fitted steps, up to the failure): the
+//!   process's tracked bytes grow with the steps (marked by the program, by the Python hook's
+//!   optimizer and forward-pass marks, or detected): at least [`LEAK_MIN_BYTES_PER_STEP`] a step,
+//!   R² ≥ 0.9 over at least 4 steps ending at the newest sample, and still that high at the
+//!   failure. The growth is then *named* by site (the program's own line), each with its share.
+//!   Detected steps count only when at least [`DETECTED_MIN_FREEING_SHARE`] of the sampled
+//!   intervals freed memory (a loop that only allocates, like loading weights, repeats too).
+//! - [`FRAGMENTATION`] (bytes: free in the cache): a free-block source (torch's snapshot or
+//!   oomshim's allocator) shows at least the request free in total, and at least
+//!   [`FRAGMENTATION_MIN_RESERVED_SHARE`] of what the cache reserves, but no block that large.
+//!   Many distinct large request sizes ([`DYNAMIC_MIN_DISTINCT_LARGE`]) name dynamic shapes as
+//!   the cause, with bucketing as the fix.
+//! - [`FRAMEWORK_CACHE`] (bytes: reserved but unallocated): not fragmented, and the cache's
+//!   releasable free bytes are at least [`FRAMEWORK_CACHE_MIN_REQUEST_SHARE`] of the request
+//!   and, with the device's free bytes, enough for it.
+//! - [`UNTRACKED_MEMORY`] (bytes: untracked less what other processes explain): less than
+//!   [`UNTRACKED_MIN_SHARE`] of the memory in use is this process's tracked allocations (or,
+//!   without device numbers, it tracked nothing), and other processes explain less than that
+//!   share of the rest.
+//! - [`OWN_ALLOCATIONS`] (bytes: tracked): the residual account, when this process's tracked
+//!   allocations are most of the memory in use and no more specific account of them (leak,
+//!   fragmentation, framework cache) holds.
+//! - [`HOST_MEMORY`]: the only finding when the failed request was for page-locked host memory;
+//!   otherwise low host memory (below [`HOST_MIN_AVAILABLE_SHARE`] available, or a cgroup at
+//!   [`CGROUP_MAX_USAGE_SHARE`] of its limit) is a finding with this process's pinned bytes.
+//!
+//! A dump without a failed request gets [`SNAPSHOT`]; a post-mortem dump (`oomshim run` rebuilt
+//! it after its program died) is judged by [`judge_post_mortem`] (src/core/verdict/post_mortem.rs).
+//!
+//! This folder: this file holds the entry points and the order in which the rules are tried;
+//! each kind has a file of its own (`leak.rs`, `fragmentation.rs`, ...) that decides whether its
+//! finding holds, with its thresholds and its tests; `context.rs` gathers the numbers every rule
+//! reads; `words/` turns what the rules found into headlines, sentences, evidence and advice, one
+//! file per kind. `tests.rs` holds the fixtures the tests share and the tests across kinds.
+
+use context::{cache, Ctx};
+use dump::model::{Dump, FailedRequest, Finding, Verdict};
+
+pub const REQUEST_EXCEEDS_DEVICE: &str = "request_exceeds_device";
+pub const FRAGMENTATION: &str = "fragmentation";
+pub const FRAMEWORK_CACHE: &str = "framework_cache";
+pub const OTHER_PROCESSES: &str = "other_processes";
+pub const UNTRACKED_MEMORY: &str = "untracked_memory";
+pub const OWN_ALLOCATIONS: &str = "own_allocations";
+pub const LEAK: &str = "leak";
+pub const HOST_MEMORY: &str = "host_memory";
+pub const SNAPSHOT: &str = "snapshot";
+
+mod context;
+mod fragmentation;
+mod framework;
+mod framework_cache;
+mod host_memory;
+mod leak;
+mod other_processes;
+mod own_allocations;
+mod post_mortem;
+mod request_exceeds_device;
+mod snapshot;
+#[cfg(test)]
+pub(crate) mod tests;
+mod untracked_memory;
+mod words;
+
+pub use fragmentation::{
+    DYNAMIC_MIN_DISTINCT_LARGE, DYNAMIC_MIN_DISTINCT_SHARE, FRAGMENTATION_MIN_RESERVED_SHARE,
+};
+pub use framework_cache::FRAMEWORK_CACHE_MIN_REQUEST_SHARE;
+pub use host_memory::{CGROUP_MAX_USAGE_SHARE, HOST_MIN_AVAILABLE_SHARE};
+pub use leak::{DETECTED_MIN_FREEING_SHARE, LEAK_MIN_BYTES_PER_STEP, LEAK_NAMED_SHARE};
+pub use other_processes::OTHER_PROCESSES_MIN_SHARE;
+pub use post_mortem::{
+    host_growth, judge_post_mortem, EXITED_AFTER_FAILURE, HOST_GROWTH_MIN_BYTES, HOST_OOM_KILL,
+    KILLED_BY_SIGNAL,
+};
+pub use untracked_memory::UNTRACKED_MIN_SHARE;
+pub use words::short_label;
+
+/// Judges a dump. Uses everything in it except its own `verdict` field. Deterministic.
+pub fn judge(dump: &Dump) -> Verdict {
+    if dump.post_mortem.is_some() {
+        return judge_post_mortem(dump); // how the program died comes first (issue 15)
+    }
+    match &dump.failed_request {
+        Some(request) => judge_oom(dump, request),
+        None => snapshot::judge_snapshot(dump),
+    }
+}
+
+/// The findings of an out-of-memory dump, the rules tried in the order of the module's list: a
+/// failed page-locked host request, or a request larger than the device, stands alone; else
+/// every finding that holds, then low host memory; ranked by the bytes each explains.
+fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
+    let c = Ctx::of(dump, request);
+    let evidence = words::evidence::general_evidence(&c);
+    let host_low = host_memory::host_pressure(dump);
+
+    let mut findings = Vec::new();
+    if host_memory::is_pinned_api(&request.api) {
+        findings.push(words::host_memory::pinned_request_failed(&c));
+    } else if request_exceeds_device::holds(&c) {
+        findings.push(words::request_exceeds_device::finding(&c));
+    } else {
+        let cache = cache(dump);
+        let fragmented = cache
+            .as_ref()
+            .is_some_and(|k| fragmentation::holds(k, request.bytes));
+        if fragmented {
+            findings.push(words::fragmentation::finding(
+                &c,
+                cache.as_ref().expect("fragmented"),
+            ));
+        } else if let Some(k) = cache.as_ref().filter(|k| framework_cache::holds(&c, k)) {
+            findings.push(words::framework_cache::finding(&c, k));
+        }
+        let others_found = other_processes::holds(&c);
+        if others_found {
+            findings.push(words::other_processes::finding(&c));
+        }
+        let untracked = untracked_memory::Untracked::of(&c, others_found);
+        if untracked.holds() {
+            findings.push(words::untracked_memory::finding(&c, untracked.unexplained));
+        }
+        let leak = leak::leak_finding(dump);
+        if let Some(l) = &leak {
+            findings.push(words::leak::finding(&c, l));
+        }
+        let specific =
+            leak.is_some() || fragmented || findings.iter().any(|f| f.kind == FRAMEWORK_CACHE);
+        if own_allocations::holds(untracked.mostly_untracked, specific, !findings.is_empty()) {
+            findings.push(words::own_allocations::finding(&c, cache.as_ref()));
+        }
+    }
+    if let Some(low) = &host_low {
+        if !findings.iter().any(|f| f.kind == HOST_MEMORY) {
+            findings.push(words::host_memory::host_low(dump, low));
+        }
+    }
+    rank(&mut findings);
+
+    let summary = words::verdict_summary(&c, findings[0].summary.clone());
+    let mut suggestions: Vec<String> = Vec::new();
+    for f in &findings {
+        for s in &f.suggestions {
+            if !suggestions.contains(s) {
+                suggestions.push(s.clone());
+            }
+        }
+    }
+    Verdict {
+        kind: findings[0].kind.clone(),
+        summary,
+        evidence,
+        suggestions,
+        findings,
+    }
+}
+
+/// The order among findings that explain equal bytes.
+fn priority(kind: &str) -> usize {
+    [
+        REQUEST_EXCEEDS_DEVICE,
+        OTHER_PROCESSES,
+        LEAK,
+        FRAGMENTATION,
+        FRAMEWORK_CACHE,
+        UNTRACKED_MEMORY,
+        OWN_ALLOCATIONS,
+        HOST_MEMORY,
+    ]
+    .iter()
+    .position(|k| *k == kind)
+    .unwrap_or(usize::MAX)
+}
+
+/// Findings ranked by bytes explained (largest first), ties by [`priority`].
+pub fn rank(findings: &mut [Finding]) {
+    findings.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(priority(&a.kind).cmp(&priority(&b.kind)))
+    });
+}

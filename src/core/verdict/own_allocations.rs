@@ -1,0 +1,166 @@
+//! [`OWN_ALLOCATIONS`](super::OWN_ALLOCATIONS): the residual account, and which line to name
+//! after the largest holder. Its sentences are in `words/own_allocations.rs`.
+
+use super::words::{short_label, NO_PYTHON_FRAMES};
+use dump::model::Dump;
+use dump::view::named_frames;
+
+/// This process's tracked allocations are most of the memory in use and no more specific account
+/// of them (leak, fragmentation, framework cache) holds; or no other finding holds at all.
+pub(super) fn holds(mostly_untracked: bool, specific: bool, found_any: bool) -> bool {
+    (!mostly_untracked && !specific) || !found_any
+}
+
+/// A line that holds at least the request by itself, its sites summed.
+pub(super) struct NextHolder {
+    /// The line, as `short_label` names it.
+    pub(super) label: String,
+    pub(super) bytes: u64,
+    pub(super) count: u64,
+}
+
+/// The line holding the most after the largest holder, when it alone holds at least the request
+/// (freeing it would have made room): with the weights as the largest holder, this is usually
+/// the activations or caches the program grew, the line a user can change. Sites are summed by
+/// the line they name; the largest holder's line and the failing line are not repeated.
+pub(super) fn next_holder(
+    dump: &Dump,
+    request: u64,
+    largest: Option<&str>,
+    failing: &str,
+) -> Option<NextHolder> {
+    if request == 0 {
+        return None;
+    }
+    let python_program = dump.recording.python.is_some();
+    let mut by_line: Vec<(String, u64, u64)> = Vec::new();
+    for s in &dump.sites {
+        let label = if s.stack.is_empty() && python_program {
+            NO_PYTHON_FRAMES.to_string()
+        } else if named_frames(&s.stack).next().is_some() {
+            short_label(&s.stack)
+        } else {
+            continue;
+        };
+        match by_line.iter_mut().find(|(l, _, _)| *l == label) {
+            Some(e) => {
+                e.1 = e.1.saturating_add(s.bytes);
+                e.2 = e.2.saturating_add(s.count);
+            }
+            None => by_line.push((label, s.bytes, s.count)),
+        }
+    }
+    by_line
+        .into_iter()
+        .filter(|(l, _, _)| Some(l.as_str()) != largest && !failing.ends_with(&format!(" at {l}")))
+        .filter(|&(_, bytes, _)| bytes >= request)
+        .max_by_key(|&(_, bytes, _)| bytes)
+        .map(|(label, bytes, count)| NextHolder {
+            label,
+            bytes,
+            count,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::verdict::judge;
+    use crate::verdict::tests::{frame, oom_dump, GIB, MIB};
+    use dump::model::*;
+
+    /// A Python program's dump: 100 GiB of weights loaded at `_zoo.py:12`, the forward pass at
+    /// `train.py:34` holding `forward` bytes in two sites, 200 MiB from backward threads, and a
+    /// 516 MiB request that failed on a backward thread (no Python frames).
+    fn weights_then_forward(forward: [u64; 2]) -> Dump {
+        let py = |function: &str, file: &str, line: u32| Frame {
+            kind: FrameKind::Python,
+            ..frame(Some(function), Some(file), Some(line))
+        };
+        let weights = vec![
+            py("load_weights", "/w/_zoo.py", 12),
+            py("<module>", "/w/train.py", 30),
+        ];
+        let forward_stack = |inner: u32| {
+            vec![
+                py(
+                    "forward",
+                    "/site-packages/torch/nn/modules/linear.py",
+                    inner,
+                ),
+                py("<module>", "/w/train.py", 34),
+            ]
+        };
+        let mut d = oom_dump(516 * MIB, Some(140 * GIB), Some(400 * MIB), 139 * GIB);
+        d.recording.python = Some("all".into());
+        d.failed_request.as_mut().unwrap().stack = vec![];
+        d.sites = vec![
+            Site {
+                bytes: 100 * GIB,
+                count: 1,
+                stack: weights,
+            },
+            Site {
+                bytes: forward[0],
+                count: 3,
+                stack: forward_stack(125),
+            },
+            Site {
+                bytes: 200 * MIB,
+                count: 9,
+                stack: vec![],
+            },
+            Site {
+                bytes: forward[1],
+                count: 2,
+                stack: forward_stack(130),
+            },
+        ];
+        d
+    }
+
+    /// The top finding's kind and headline (the stderr summary's first line).
+    fn headline(dump: &Dump) -> (String, String) {
+        let v = judge(dump);
+        let top = v.findings.first().expect("a finding");
+        (top.kind.clone(), top.headline.clone())
+    }
+
+    #[test]
+    fn own_allocations_names_the_next_holder_that_alone_would_make_room() {
+        let v = headline(&weights_then_forward([400 * MIB, 300 * MIB]));
+        assert_eq!(v.0, "own_allocations", "{}", v.1);
+        assert!(
+            v.1.contains("largest: 100.00 GiB at load_weights (_zoo.py:12)"),
+            "{}",
+            v.1
+        );
+        // The two forward sites are one line: 700 MiB in 5 allocations, more than the request.
+        assert!(v.1.contains("next: 700.00 MiB (×5) at"), "{}", v.1);
+        assert!(v.1.contains("train.py:34"), "{}", v.1);
+        // The request had no Python frame: no failing line is invented.
+        assert!(!v.1.contains("request at"), "{}", v.1);
+    }
+
+    #[test]
+    fn own_allocations_does_not_name_a_next_holder_too_small_to_make_room() {
+        let v = headline(&weights_then_forward([200 * MIB, 100 * MIB]));
+        assert_eq!(v.0, "own_allocations", "{}", v.1);
+        assert!(!v.1.contains("next:"), "{}", v.1);
+    }
+
+    #[test]
+    fn own_allocations_names_the_failing_python_line_once() {
+        let mut d = weights_then_forward([400 * MIB, 300 * MIB]);
+        d.failed_request.as_mut().unwrap().stack = d.sites[1].stack.clone();
+        let v = headline(&d);
+        assert!(v.1.contains("the 516.00 MiB request at"), "{}", v.1);
+        // The failing line is the forward line: it is not repeated as the next holder.
+        assert!(!v.1.contains("next:"), "{}", v.1);
+    }
+
+    #[test]
+    fn fragmentation_is_only_a_possibility_when_free_blocks_unavailable() {
+        let v = judge(&oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB));
+        assert!(!v.suggestions.join(" ").contains("fragmentation"), "{v:#?}");
+    }
+}

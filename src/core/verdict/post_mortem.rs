@@ -1,0 +1,109 @@
+//! Post-mortem verdicts (issue 15): how a program died that left no dump of its own, judged
+//! from a dump that `oomshim run` rebuilt from the program's last published state. Separate
+//! from the out-of-memory kinds, which are unchanged.
+//!
+//! This file decides how the program died; `words/post_mortem.rs` says it.
+
+use super::leak::leak_finding;
+use super::{judge, words};
+use dump::model::{Dump, HostKill, PostMortem, Verdict};
+
+/// Killed by the kernel's OOM killer: SIGKILL while the cgroup's `memory.events` counted a new
+/// `oom_kill`. Host memory, not device memory, ran out.
+pub const HOST_OOM_KILL: &str = "host_oom_kill";
+/// Ended by a signal other than the OOM killer's: SIGKILL or SIGTERM from outside (a scheduler
+/// over its limit, `timeout`, a person), or a crash (SIGSEGV, SIGABRT, SIGBUS).
+pub const KILLED_BY_SIGNAL: &str = "killed_by_signal";
+/// Exited non-zero right after a failed device allocation whose dump was never written.
+pub const EXITED_AFTER_FAILURE: &str = "exited_after_failure";
+/// Host memory growth per step (or per second) below which the RSS samples are not called
+/// growth: allocator noise and caches.
+pub const HOST_GROWTH_MIN_BYTES: u64 = 1 << 20;
+
+/// The verdict of a post-mortem dump: how the program died first, then the device memory's own
+/// finding (a leak growing step after step, named by its line) when the last published state
+/// shows one. Dumps without a `post_mortem` section are judged by [`judge`].
+pub fn judge_post_mortem(dump: &Dump) -> Verdict {
+    let Some(pm) = &dump.post_mortem else {
+        return judge(dump);
+    };
+    let leak = leak_finding(dump).map(|l| words::post_mortem::leak(&l));
+    let mut death = words::post_mortem::death_finding(dump, pm, how_it_ended(pm));
+    if let Some(l) = &leak {
+        words::post_mortem::add_leak(&mut death, l);
+    }
+    death.evidence.push(words::post_mortem::reconstructed(pm));
+    let mut findings = vec![death];
+    findings.extend(leak);
+    let top = findings[0].clone();
+    let mut suggestions = top.suggestions.clone();
+    for f in &findings[1..] {
+        for s in &f.suggestions {
+            if !suggestions.contains(s) {
+                suggestions.push(s.clone());
+            }
+        }
+    }
+    Verdict {
+        kind: top.kind.clone(),
+        summary: top.summary.clone(),
+        evidence: top.evidence.clone(),
+        suggestions,
+        findings,
+    }
+}
+
+/// Host memory's growth from the RSS samples: (bytes per unit, unit word), per step when the
+/// samples carry steps that advanced, else per second.
+pub fn host_growth(pm: &PostMortem) -> Option<(u64, &'static str)> {
+    let first = pm.rss.first()?;
+    let stepped: Vec<(u64, u64)> = pm
+        .rss
+        .iter()
+        .filter_map(|s| Some((s.step?, s.bytes)))
+        .collect();
+    let by_step = stepped.len() >= dump::fit::MIN_SAMPLES && stepped.last()?.0 > stepped.first()?.0;
+    let (points, unit): (Vec<(u64, u64)>, &str) = if by_step {
+        (stepped, "step")
+    } else {
+        (
+            pm.rss
+                .iter()
+                .map(|s| (s.unix_ms.saturating_sub(first.unix_ms) / 1000, s.bytes))
+                .collect(),
+            "second",
+        )
+    };
+    let fit = dump::fit::line(&points)?;
+    let slope = fit.slope.max(0.0) as u64;
+    (slope >= HOST_GROWTH_MIN_BYTES).then_some((slope, unit))
+}
+
+/// How the program ended, as the kinds tell it apart.
+pub(super) enum Death {
+    /// SIGKILL while its cgroup counted a new OOM kill: the kernel's OOM killer
+    /// ([`HOST_OOM_KILL`]).
+    OomKilled,
+    /// Any other signal ([`KILLED_BY_SIGNAL`]).
+    Signalled(i32),
+    /// No signal: it exited ([`EXITED_AFTER_FAILURE`]).
+    Exited,
+}
+
+/// Whether the cgroup counted a new OOM kill while the program ran; `None` when its
+/// `memory.events` was not read both at the start and after the death.
+pub(super) fn oom_kill_counted(h: &HostKill) -> Option<bool> {
+    match (h.oom_kill_before, h.oom_kill_after) {
+        (Some(b), Some(a)) => Some(a > b),
+        _ => None,
+    }
+}
+
+/// How the program ended: a SIGKILL is the OOM killer's only when the cgroup counted it.
+pub(super) fn how_it_ended(pm: &PostMortem) -> Death {
+    match (pm.signal, oom_kill_counted(&pm.host)) {
+        (Some(libc::SIGKILL), Some(true)) => Death::OomKilled,
+        (Some(sig), _) => Death::Signalled(sig),
+        (None, _) => Death::Exited,
+    }
+}

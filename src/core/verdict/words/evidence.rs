@@ -1,0 +1,236 @@
+//! The verdict's own evidence: the dump's numbers every finding rests on, and the growth in a
+//! few lines.
+
+use super::fragmentation::dynamic_shapes_evidence;
+use super::host_memory::pressure_text;
+use super::other_processes::process_line;
+use super::{count_word, short_label, site_name, MAX_FUNCTION};
+use crate::verdict::context::{alloc_conf, Ctx};
+use crate::verdict::leak::growth_fit;
+use dump::model::Dump;
+use dump::units::{bytes_with_exact, clean, human_bytes, percent, share, thousands};
+use dump::view::{frame_label, free_blocks_available, named_frames};
+
+/// The dump's numbers that every finding rests on.
+pub(in crate::verdict) fn general_evidence(c: &Ctx) -> Vec<String> {
+    let (dump, request, n, dev, used, tracked) =
+        (c.dump, c.request, &c.n, c.dev, c.used, c.tracked);
+    let fb = &dump.free_blocks;
+    let req = &c.req;
+    let mut evidence = Vec::new();
+    evidence.push(format!(
+        "failed request: {} via {} on device {dev} (error {})",
+        bytes_with_exact(request.bytes),
+        clean(&request.api),
+        request.error_code
+    ));
+    if let Some(frame) = named_frames(&request.stack).next() {
+        evidence.push(format!(
+            "failing call: {}",
+            frame_label(frame, MAX_FUNCTION)
+        ));
+    }
+    let when = if n.from_last_failure {
+        " at the last failure of the burst"
+    } else {
+        ""
+    };
+    match (n.total, used) {
+        (Some(total), Some(used)) => evidence.push(format!(
+            "device {dev}{when}: {} of {} in use; {} tracked ({} of used)",
+            human_bytes(used),
+            human_bytes(total),
+            human_bytes(tracked),
+            percent(share(tracked, used))
+        )),
+        _ => {
+            let total = n
+                .total
+                .map(|t| format!(" (total {})", human_bytes(t)))
+                .unwrap_or_default();
+            let tracked_text = match (n.tracked, n.count) {
+                (Some(t), Some(c)) => format!(
+                    "{} tracked in {}",
+                    human_bytes(t),
+                    count_word(c, "allocation", "allocations")
+                ),
+                (Some(t), None) => format!("{} tracked", human_bytes(t)),
+                (None, _) => "no tracked numbers for this device".to_string(),
+            };
+            evidence.push(format!(
+                "device {dev}: memory numbers unavailable{total}; {tracked_text}"
+            ));
+        }
+    }
+    if let Some(free) = n.free {
+        let relation = if free >= request.bytes {
+            "not less than"
+        } else {
+            "less than"
+        };
+        evidence.push(format!(
+            "device {dev}{when}: {} free, {relation} the {req} request",
+            human_bytes(free)
+        ));
+    }
+    let untracked = used.map(|u| u.saturating_sub(tracked));
+    if let (Some(untracked), Some(used)) = (untracked, used) {
+        if untracked > 0 {
+            evidence.push(format!(
+                "untracked: {} of the {} in use ({})",
+                human_bytes(untracked),
+                human_bytes(used),
+                percent(share(untracked, used))
+            ));
+        }
+    }
+    if let Some(top) = &c.top {
+        let of_used = match used {
+            Some(u) if u > 0 => format!(" ({} of used)", percent(share(top.site.bytes, u))),
+            _ => String::new(),
+        };
+        evidence.push(format!(
+            "top site: {} holds {} in {}{of_used}",
+            top.label,
+            human_bytes(top.site.bytes),
+            count_word(top.site.count, "allocation", "allocations"),
+        ));
+    }
+    growth_evidence(dump, &mut evidence);
+    if let Some(text) = pressure_text(dump) {
+        evidence.push(text);
+    }
+    if let Some(conf) = alloc_conf(dump) {
+        evidence.push(format!("PYTORCH_CUDA_ALLOC_CONF={}", clean(conf)));
+    }
+    let devices_holding = dump.devices.iter().filter(|d| d.tracked_bytes > 0).count();
+    if devices_holding > 1 && c.top.is_some() {
+        evidence.push(format!(
+            "{devices_holding} devices hold tracked memory; sites are not split by device"
+        ));
+    }
+    if request.failures_in_burst > 1 {
+        evidence.push(format!(
+            "failures in this burst: {}",
+            thousands(request.failures_in_burst.into())
+        ));
+    }
+    if let Some(last) = &request.last_failure {
+        let mut text = format!(
+            "last failure of the burst: {} via {}",
+            human_bytes(last.bytes),
+            clean(&last.api)
+        );
+        match (last.free_bytes, last.total_bytes) {
+            (Some(free), Some(total)) => {
+                text += &format!("; {} free of {}", human_bytes(free), human_bytes(total))
+            }
+            (Some(free), None) => text += &format!("; {} free", human_bytes(free)),
+            _ => {}
+        }
+        text += &format!("; {} tracked", human_bytes(last.tracked_bytes));
+        evidence.push(text);
+    }
+    if free_blocks_available(dump) {
+        if let (Some(total), Some(largest)) = (fb.total_free_bytes, fb.largest_free_bytes) {
+            let frag = fb
+                .fragmentation
+                .filter(|f| f.is_finite())
+                .map(|f| format!(" ({} fragmentation)", percent(Some(f * 100.0))))
+                .unwrap_or_default();
+            evidence.push(format!(
+                "free blocks ({}): {} free, largest block {}{frag}",
+                clean(&fb.source),
+                human_bytes(total),
+                human_bytes(largest)
+            ));
+        }
+        if let (Some(reserved), Some(allocated)) = (fb.reserved_bytes, fb.allocated_bytes) {
+            evidence.push(format!(
+                "framework cache: {} reserved, {} allocated, {} reserved but unallocated{}",
+                human_bytes(reserved),
+                human_bytes(allocated),
+                human_bytes(reserved.saturating_sub(allocated)),
+                fb.inactive_split_bytes
+                    .map(|b| format!(" ({} inactive split)", human_bytes(b)))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    if let Some(text) = dynamic_shapes_evidence(dump) {
+        evidence.push(text);
+    }
+    evidence.push(
+        match request.recovered {
+            Some(true) => {
+                "recovered: yes, a later request of at least this size succeeded (the retry worked)"
+            }
+            Some(false) => {
+                "recovered: no, no later request of this size succeeded (the program saw the error)"
+            }
+            None => "recovered: unknown (the dump was written before a retry could be seen)",
+        }
+        .to_string(),
+    );
+    match dump.gpu_processes.as_ref().filter(|g| g.device == dev) {
+        Some(g) if g.error.is_some() => evidence.push(format!(
+            "other processes on device {dev}: unknown ({})",
+            clean(g.error.as_deref().unwrap_or(""))
+        )),
+        Some(g) => {
+            for p in g.processes.iter().take(5) {
+                evidence.push(process_line(p, dev));
+            }
+        }
+        None => {}
+    }
+    evidence
+}
+
+/// The growth in a few lines: how steps were found, the process's fit, the growing sites (at
+/// most 3), from the dump's `growth`.
+pub(in crate::verdict) fn growth_evidence(dump: &Dump, evidence: &mut Vec<String>) {
+    let Some(g) = &dump.growth else { return };
+    if let (Some("detected"), Some(d)) = (g.steps.as_deref(), &g.detected) {
+        evidence.push(format!(
+            "steps detected automatically (no step marks): a cycle of {} allocations, anchored at {}; {} steps",
+            thousands(d.period),
+            short_label(&d.anchor),
+            thousands(d.steps)
+        ));
+    }
+    let unit = clean(&g.unit);
+    if let Some(f) = growth_fit(g) {
+        evidence.push(format!(
+            "growth of the process: {} per {unit} (R² {:.2} over {} samples, {} at {unit} {} to {} at {unit} {})",
+            human_bytes(f.bytes_per_step),
+            f.r_squared,
+            f.samples,
+            human_bytes(f.first.bytes),
+            f.first.step,
+            human_bytes(f.last.bytes),
+            f.last.step,
+        ));
+    }
+    for site in g.sites.iter().take(3) {
+        let projected = site
+            .projected_oom_step
+            .map(|p| format!("; free memory runs out at {unit} {p} at this rate"))
+            .unwrap_or_default();
+        let share = site
+            .share
+            .map(|s| format!(", {} of the growth", percent(Some(s * 100.0))))
+            .unwrap_or_default();
+        evidence.push(format!(
+            "growth: {} adds {} per {unit} (R² {:.2} over {} samples{share}, {} at {unit} {} to {} at {unit} {}){projected}",
+            site_name(site),
+            human_bytes(site.bytes_per_step),
+            site.r_squared,
+            site.samples,
+            human_bytes(site.first.bytes),
+            site.first.step,
+            human_bytes(site.last.bytes),
+            site.last.step,
+        ));
+    }
+}

@@ -1,0 +1,276 @@
+//! The words of [`LEAK`]: the growing site or the process's growth, its rate and projection, how
+//! steps were found, and what to change in the program's framework.
+
+use super::{new_finding, segment_note, short_label, site_name, steps_word};
+use crate::verdict::context::{tracked_all, Ctx};
+use crate::verdict::framework::{framework, Framework};
+use crate::verdict::leak::LeakFinding;
+use crate::verdict::{LEAK, LEAK_NAMED_SHARE};
+use dump::model::{AttributedLine, Finding, GrowthSite};
+use dump::units::{clean, human_bytes, percent, share, thousands, truncate_function};
+
+/// Sites named with their share in a leak's summary.
+pub(in crate::verdict) const LEAK_SITES_NAMED: usize = 3;
+
+/// `42% (12.00 MiB per step) at forward (model.py:9)`.
+pub(in crate::verdict) fn share_text(site: &GrowthSite, share: f64) -> String {
+    format!(
+        "{} ({} per step) at {}",
+        percent(Some((share * 100.0).min(100.0))),
+        human_bytes(site.bytes_per_step),
+        site_name(site)
+    )
+}
+
+pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
+    let g = l.growth;
+    let steps_word = steps_word(g.steps.as_deref());
+    let fw = framework(c.dump);
+    let rate = human_bytes(l.fit.bytes_per_step);
+    let n_steps = thousands(l.fit.samples);
+    let projected = g.projected_oom_step;
+    let top = l
+        .sites
+        .first()
+        .filter(|(_, share)| *share >= LEAK_NAMED_SHARE);
+    let parts: Vec<String> = l
+        .sites
+        .iter()
+        .take(LEAK_SITES_NAMED)
+        .map(|(s, share)| share_text(s, *share))
+        .collect();
+    // The step in progress at the failure: when the projection is later, a request larger than
+    // one step's growth came first.
+    let failing_step = g.current + 1;
+    let runs_out = match projected {
+        Some(p) if p > failing_step => format!(
+            "; free memory would run out at step {p}, but the {} request failed earlier, in step {failing_step}",
+            c.req
+        ),
+        Some(p) => format!("; free memory runs out at step {p}"),
+        None => String::new(),
+    };
+    // Under preload oomshim sees torch's segments: when its sites name no line of the program
+    // (new segments come from the backward pass), torch's own records of where the live tensors
+    // were allocated, kept since the growth began, name the line.
+    let recorded = c
+        .dump
+        .framework
+        .as_ref()
+        .and_then(|f| f.attribution.as_ref())
+        .filter(|a| a.recorded_bytes > 0 && !a.lines.is_empty());
+    let named_by_shim = top.is_some_and(|(s, _)| s.grouped_by.as_deref() != Some("no_python"));
+    let headline = match (top, recorded) {
+        (_, Some(a)) if !named_by_shim => {
+            let line = &a.lines[0];
+            format!(
+                "{} holds the growth ({} of the tensors allocated since it began, by torch's records): the process grows by \
+                 {rate} every step (over the last {n_steps} {}; {} so far){runs_out}",
+                recorded_label(line),
+                percent(share(line.bytes, a.recorded_bytes)),
+                steps_word,
+                human_bytes(l.grown),
+            )
+        }
+        _ => match top {
+        Some((site, share)) => format!(
+            "{} grows by {} every step (over the last {n_steps} {}; {} so far, {} of the growth){runs_out}",
+            site_name(site),
+            human_bytes(site.bytes_per_step),
+            steps_word,
+            human_bytes(l.grown),
+            percent(Some((share * 100.0).min(100.0))),
+        ),
+        None if !parts.is_empty() => format!(
+            "the process grows by {rate} every step (over the last {n_steps} {}; {} so far), spread over sites: {}{runs_out}",
+            steps_word,
+            human_bytes(l.grown),
+            parts.join(", ")
+        ),
+        None => format!(
+            "the process grows by {rate} every step (over the last {n_steps} {}; {} so far){runs_out}",
+            steps_word,
+            human_bytes(l.grown)
+        ),
+        },
+    };
+    let records = recorded
+        .map(|a| {
+            let parts: Vec<String> = a
+                .lines
+                .iter()
+                .take(LEAK_SITES_NAMED)
+                .map(|line| {
+                    format!(
+                        "{} at {}",
+                        percent(share(line.bytes, a.recorded_bytes)),
+                        recorded_label(line)
+                    )
+                })
+                .collect();
+            format!(
+                " torch's records of the {} of tensors allocated since the growth began put {}.",
+                human_bytes(a.recorded_bytes),
+                parts.join(", ")
+            )
+        })
+        .unwrap_or_default();
+    let how = match (&l.detected, g.steps.as_deref()) {
+        (Some(d), _) => format!(
+            " Steps were detected automatically (the program marks none): a cycle of {} allocations repeats, \
+             anchored at {}; {} of {} sampled intervals freed working memory.",
+            thousands(d.period),
+            short_label(&d.anchor),
+            thousands(d.freeing_intervals),
+            thousands(d.intervals)
+        ),
+        (None, Some("optimizer")) => {
+            " Steps are the program's optimizer steps (marked by oomshim's Python hook).".to_string()
+        }
+        (None, Some("forward")) => " Steps are forward passes of the program's outermost module (marked by \
+             oomshim's Python hook): an evaluation or inference loop."
+            .to_string(),
+        _ => String::new(),
+    };
+    let named = if parts.is_empty() {
+        " No single site carries the growth (it is spread over more sites than are kept)."
+            .to_string()
+    } else {
+        format!(" The growth per step comes from: {}.", parts.join("; "))
+    };
+    let projection = match projected {
+        Some(p) => {
+            let next = g.current + 1;
+            if p > next {
+                format!(
+                    " At that rate the device's free memory would run out at step {p}; the failure came earlier, at step \
+                     {next}, because the failed request of {} is larger than what was still free.",
+                    c.req
+                )
+            } else {
+                format!(" At that rate the device's free memory runs out at step {p}.")
+            }
+        }
+        None => String::new(),
+    };
+    let mut f = new_finding(
+        LEAK,
+        l.grown,
+        headline,
+        format!(
+            "A leak: {} grows by {rate} every step ({n_steps} {} observed, from {} at step {} to \
+             {} at step {}, R² {:.2}), and it was still that high when {} more was requested on device {}.{named}{records}{projection}{how}{}",
+            if l.fit.of.as_deref() == Some("framework_live") {
+                "the memory of torch's live tensors (its `memory_allocated()` at every step)"
+            } else {
+                "this process's tracked memory"
+            },
+            steps_word,
+            human_bytes(l.fit.first.bytes),
+            l.fit.first.step,
+            human_bytes(l.fit.last.bytes),
+            l.fit.last.step,
+            l.fit.r_squared,
+            c.req,
+            c.dev,
+            segment_note(c.dump),
+        ),
+    );
+    f.evidence.push(format!(
+        "growth of the process: {rate} per step (R² {:.2} over {} {}), {} from step {} to {}; {} tracked at the failure",
+        l.fit.r_squared,
+        n_steps,
+        steps_word,
+        human_bytes(l.fit.last.bytes.saturating_sub(l.fit.first.bytes)),
+        l.fit.first.step,
+        l.fit.last.step,
+        human_bytes(tracked_all(c.dump))
+    ));
+    for (site, share) in l.sites.iter().take(LEAK_SITES_NAMED) {
+        f.evidence.push(format!(
+            "growth: {} ({} of it, R² {:.2}, {} at step {} to {} at step {})",
+            share_text(site, *share),
+            percent(Some((share * 100.0).min(100.0))),
+            site.r_squared,
+            human_bytes(site.first.bytes),
+            site.first.step,
+            human_bytes(site.last.bytes),
+            site.last.step
+        ));
+    }
+    if let Some(d) = &l.detected {
+        f.evidence.push(format!(
+            "steps: detected, not marked (a cycle of {} allocations; {} steps; {} allocations since the last)",
+            thousands(d.period),
+            thousands(d.steps),
+            thousands(d.allocations_since_last_step)
+        ));
+    } else {
+        f.evidence.push(format!(
+            "steps: {}",
+            match g.steps.as_deref() {
+                Some("optimizer") =>
+                    "optimizer steps (torch.optim), marked by oomshim's Python hook",
+                Some("forward") =>
+                    "forward passes of the outermost module, marked by oomshim's Python hook",
+                _ => "marked by the program (oomshim_step)",
+            }
+        ));
+    }
+    let label = match (named_by_shim, recorded) {
+        (false, Some(a)) => recorded_label(&a.lines[0]),
+        _ => top
+            .map(|(s, _)| site_name(s))
+            .or_else(|| l.sites.first().map(|(s, _)| site_name(s)))
+            .unwrap_or_else(|| "each step".to_string()),
+    };
+    f.suggestions.extend(leak_advice(fw, &label));
+    if l.detected.is_some() {
+        f.suggestions.push(match fw {
+            Framework::Native => {
+                "Mark steps with `oomshim_step()` (from `liboomshim.so`) to confirm the growth per step.".to_string()
+            }
+            _ => "Mark steps with `oomshim.step()` to confirm the growth per step.".to_string(),
+        });
+    }
+    f
+}
+
+/// `function (file:line)` of a line from the framework's records, with the file's base name.
+pub(in crate::verdict) fn recorded_label(line: &AttributedLine) -> String {
+    let file = line.file.rsplit('/').next().unwrap_or(&line.file);
+    format!(
+        "{} ({}:{})",
+        clean(&truncate_function(&line.function, 60)),
+        clean(file),
+        line.line
+    )
+}
+
+/// What to change for a leak, in the terms of the framework the program uses.
+fn leak_advice(fw: Framework, label: &str) -> Vec<String> {
+    match fw {
+        Framework::Torch => vec![
+            format!(
+                "Find what {label} keeps from each step. The classic causes: accumulating a tensor that is still on the GPU \
+                 and attached to the graph (`total_loss += loss` or `losses.append(loss)`: keep `loss.item()`), keeping \
+                 outputs or activations for logging (keep `t.detach().cpu()`), `backward(retain_graph=True)` in a loop, \
+                 and appending model outputs to a list across steps."
+            ),
+            "Run evaluation under `torch.inference_mode()` (or `torch.no_grad()`) so it keeps no graph.".to_string(),
+        ],
+        Framework::Jax => vec![format!(
+            "Find what {label} keeps from each step: JAX arrays appended to a list or stored on an object across steps \
+             stay on the device; keep `float(x)` or `jax.device_get(x)` instead, and don't close over per-step arrays."
+        )],
+        Framework::Cupy => vec![format!(
+            "Find what {label} keeps from each step: CuPy arrays kept across iterations hold their blocks in CuPy's pool; \
+             keep `x.get()` copies on the host, or `del` them (then `cupy.get_default_memory_pool().free_all_blocks()` \
+             returns the cached blocks)."
+        )],
+        Framework::Python | Framework::Native => vec![format!(
+            "Free what {label} allocates every step (a `cudaFree` for each `cudaMalloc`), or allocate its buffer once and \
+             reuse it across steps."
+        )],
+    }
+}

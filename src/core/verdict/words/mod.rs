@@ -1,0 +1,198 @@
+//! The verdict's wording: every headline, summary, line of evidence and suggestion, apart from
+//! the rules that decide which findings hold (`src/core/verdict/<kind>.rs`). One file per kind; the
+//! labels and sentences that several kinds share are here.
+
+pub(super) mod evidence;
+pub(super) mod fragmentation;
+pub(super) mod framework_cache;
+pub(super) mod host_memory;
+pub(super) mod leak;
+pub(super) mod other_processes;
+pub(super) mod own_allocations;
+pub(super) mod post_mortem;
+pub(super) mod request_exceeds_device;
+pub(super) mod snapshot;
+pub(super) mod untracked_memory;
+
+use super::context::Ctx;
+use super::framework::{framework, Framework};
+use dump::model::{Dump, Finding, Frame, GrowthSite};
+use dump::units::{clean, human_bytes, percent, share, thousands};
+use dump::view::{frame_label, named_frames};
+
+/// Longest function name quoted in a verdict.
+pub(in crate::verdict) const MAX_FUNCTION: usize = 100;
+
+/// What allocations without Python frames in a Python process are.
+pub(in crate::verdict) const NO_PYTHON_FRAMES: &str =
+    "allocations without Python frames (autograd's backward threads, C++ code)";
+
+/// The innermost named frame of a stack, `function (file:line)`; a plain description when no
+/// frame has a name.
+pub(in crate::verdict) fn site_label(stack: &[Frame]) -> String {
+    match named_frames(stack).next() {
+        Some(frame) => frame_label(frame, MAX_FUNCTION),
+        None => match stack.first() {
+            Some(frame) => format!(
+                "an unnamed site (innermost address {})",
+                clean(&frame.address)
+            ),
+            None => "a site without a recorded stack".to_string(),
+        },
+    }
+}
+
+pub(in crate::verdict) fn count_word(n: u64, one: &str, many: &str) -> String {
+    format!("{} {}", thousands(n), if n == 1 { one } else { many })
+}
+
+/// How the growth's steps are called in sentences.
+pub(in crate::verdict) fn steps_word(steps: Option<&str>) -> &'static str {
+    match steps {
+        Some("optimizer") => "optimizer steps",
+        Some("forward") => "forward passes",
+        Some("detected") => "detected steps",
+        _ => "marked steps",
+    }
+}
+
+/// The innermost named frame with its file's base name: `forward (model.py:42)` (one-liners).
+pub fn short_label(stack: &[Frame]) -> String {
+    match named_frames(stack).next() {
+        Some(frame) => {
+            let mut f = frame.clone();
+            if let Some(file) = &f.file {
+                f.file = Some(file.rsplit('/').next().unwrap_or(file).to_string());
+            }
+            frame_label(&f, 60)
+        }
+        None => site_label(stack),
+    }
+}
+
+/// A growth site's name: its frame, or what its allocations have in common.
+pub(in crate::verdict) fn site_name(site: &GrowthSite) -> String {
+    match site.grouped_by.as_deref() {
+        Some("no_python") => NO_PYTHON_FRAMES.to_string(),
+        _ => short_label(&site.stack),
+    }
+}
+
+/// Phrases about the failure that the words of several kinds use.
+impl Ctx<'_> {
+    /// The largest site, as a sentence for a summary.
+    pub(in crate::verdict) fn top_text(&self, used: Option<u64>) -> String {
+        match &self.top {
+            Some(top) => {
+                let share_text = match used {
+                    Some(u) if u > 0 => format!(
+                        " ({} of the memory in use)",
+                        percent(share(top.site.bytes, u))
+                    ),
+                    _ => String::new(),
+                };
+                format!(
+                    " The largest allocation site, {}, holds {} in {}{share_text}.",
+                    top.label,
+                    human_bytes(top.site.bytes),
+                    count_word(top.site.count, "allocation", "allocations")
+                )
+            }
+            None => " No allocation sites were recorded.".to_string(),
+        }
+    }
+
+    /// ` at function (file:line)` of the failing call, the file's base name only (headlines).
+    pub(in crate::verdict) fn failing_at_short(&self) -> String {
+        named_frames(&self.request.stack)
+            .next()
+            .filter(|f| !dump::view::is_cuda_api_frame(f))
+            .map(|_| format!(" at {}", short_label(&self.request.stack)))
+            .unwrap_or_default()
+    }
+
+    /// ` at function (file:line)` of the failing call, as the evidence names it (suggestions).
+    pub(in crate::verdict) fn failing_at(&self) -> String {
+        named_frames(&self.request.stack)
+            .next()
+            .map(|f| format!(" at {}", frame_label(f, MAX_FUNCTION)))
+            .unwrap_or_default()
+    }
+}
+
+/// A finding without evidence or suggestions yet.
+pub(in crate::verdict) fn new_finding(
+    kind: &str,
+    bytes: u64,
+    headline: String,
+    summary: String,
+) -> Finding {
+    Finding {
+        kind: kind.to_string(),
+        bytes,
+        headline,
+        summary,
+        evidence: Vec::new(),
+        suggestions: Vec::new(),
+    }
+}
+
+/// Under LD_PRELOAD with torch's caching allocator, what a site means (a segment's first
+/// allocation) and what torch says holds the segments now.
+pub(in crate::verdict) fn segment_note(dump: &Dump) -> String {
+    let torch_segments = framework(dump) == Framework::Torch
+        && dump.failed_request.as_ref().is_some_and(|r| {
+            matches!(
+                r.api.as_str(),
+                "cudaMalloc" | "cuMemCreate" | "cudaMallocAsync" | "framework_allocator"
+            )
+        })
+        && dump.free_blocks.source != "oomshim-allocator";
+    if !torch_segments {
+        return String::new();
+    }
+    let fb = &dump.free_blocks;
+    let held = match (fb.allocated_bytes, fb.reserved_bytes) {
+        (Some(a), Some(r)) => format!(
+            "; torch reports {} of its {} reserved in live tensors and {} free in its cache",
+            human_bytes(a),
+            human_bytes(r),
+            human_bytes(fb.total_free_bytes.unwrap_or(r.saturating_sub(a)))
+        ),
+        _ => String::new(),
+    };
+    format!(
+        " Under LD_PRELOAD oomshim sees torch's segments, not its tensors: a site is where torch first allocated a \
+         segment, which other tensors may share by now{held}. `oomshim run --torch-allocator` records every tensor."
+    )
+}
+
+/// The verdict's summary: the top finding's, with whether a retry recovered the failure.
+pub(in crate::verdict) fn verdict_summary(c: &Ctx, judged: String) -> String {
+    let dev = c.dev;
+    match c.request.recovered {
+        Some(true) => format!(
+            "This failure was recovered by a retry: a later request of at least {} on device {dev} succeeded, so the program \
+             did not see this error. {judged}",
+            c.req
+        ),
+        Some(false) => format!("{judged} The retry did not succeed: the program saw this out-of-memory error."),
+        None => judged,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::site_label;
+    use crate::verdict::tests::{frame, site};
+
+    #[test]
+    fn site_labels() {
+        assert_eq!(site_label(&[]), "a site without a recorded stack");
+        assert_eq!(
+            site_label(&[frame(None, None, None)]),
+            "an unnamed site (innermost address 0x7f00deadbeef)"
+        );
+        assert_eq!(site_label(&site(1, 1).stack), "forward (model.py:42)");
+    }
+}

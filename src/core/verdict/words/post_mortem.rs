@@ -1,0 +1,224 @@
+//! The words of the post-mortem kinds ([`HOST_OOM_KILL`], [`KILLED_BY_SIGNAL`],
+//! [`EXITED_AFTER_FAILURE`]) and of a device leak in a post-mortem dump.
+
+use super::leak::LEAK_SITES_NAMED;
+use super::{short_label, steps_word};
+use crate::verdict::context::tracked_all;
+use crate::verdict::leak::LeakFinding;
+use crate::verdict::post_mortem::{host_growth, oom_kill_counted, Death};
+use crate::verdict::{
+    EXITED_AFTER_FAILURE, HOST_OOM_KILL, KILLED_BY_SIGNAL, LEAK, LEAK_NAMED_SHARE,
+};
+use dump::model::{Dump, Finding, PostMortem};
+use dump::units::{clean, human_bytes, percent};
+
+/// The death's headline and summary, with the device leak's after them.
+pub(in crate::verdict) fn add_leak(death: &mut Finding, l: &Finding) {
+    death.headline = format!(
+        "{}; device memory was growing: {}",
+        death.headline, l.headline
+    );
+    death.summary = format!("{} {}", death.summary, l.summary);
+}
+
+/// The evidence line that says where the dump's state came from.
+pub(in crate::verdict) fn reconstructed(pm: &PostMortem) -> String {
+    let published_ago = pm.died_unix_ms.saturating_sub(pm.published_unix_ms);
+    format!(
+        "reconstructed from the state the program last published, {:.1} s before it died (publish {}{})",
+        published_ago as f64 / 1000.0,
+        pm.generation,
+        if pm.from_previous {
+            "; the newest publish was torn"
+        } else {
+            ""
+        }
+    )
+}
+
+/// The finding of how the program died.
+pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Death) -> Finding {
+    let h = &pm.host;
+    let tracked = tracked_all(dump);
+    let peak: u64 = dump.devices.iter().map(|d| d.peak_tracked_bytes).sum();
+    let mut evidence = Vec::new();
+    match (&pm.signal, &pm.signal_name) {
+        (Some(sig), Some(name)) => evidence.push(format!(
+            "ended by {} (signal {sig}){}",
+            clean(name),
+            if pm.core_dumped { ", core dumped" } else { "" }
+        )),
+        _ => evidence.push(format!(
+            "exited with status {}",
+            pm.exit_code.unwrap_or_default()
+        )),
+    }
+    if let (Some(b), Some(a)) = (h.oom_kill_before, h.oom_kill_after) {
+        evidence.push(format!(
+            "cgroup {}: memory.events oom_kill {b} at the start, {a} after the death",
+            clean(h.cgroup.as_deref().unwrap_or("?"))
+        ));
+    }
+    let counted = oom_kill_counted(h);
+    if let Some(max) = h.memory_max {
+        evidence.push(format!(
+            "cgroup memory.max {}; memory.peak {}",
+            human_bytes(max),
+            h.memory_peak
+                .map(human_bytes)
+                .unwrap_or_else(|| "unknown".into())
+        ));
+    }
+    if let (Some(total), Some(avail)) = (h.mem_total, h.mem_available) {
+        evidence.push(format!(
+            "host: {} available of {} after the death",
+            human_bytes(avail),
+            human_bytes(total)
+        ));
+    }
+    if let (Some(first), Some(last)) = (pm.rss.first(), pm.rss.last()) {
+        evidence.push(format!(
+            "the program's resident host memory: {} → {} over its last {} publishes",
+            human_bytes(first.bytes),
+            human_bytes(last.bytes),
+            pm.rss.len()
+        ));
+    }
+    let device_words = match &pm.last_failure {
+        Some(f) => format!(
+            "its last device allocation ({} of {} on device {}) had failed{}",
+            human_bytes(f.bytes),
+            clean(&f.api),
+            f.device,
+            match &f.dump {
+                Some(d) => format!(" (dump {})", clean(d)),
+                None => ", and no dump of it was written".into(),
+            }
+        ),
+        None => format!(
+            "device memory was not full: no device allocation had failed ({} tracked, peak {})",
+            human_bytes(tracked),
+            human_bytes(peak)
+        ),
+    };
+    let host_words = match host_growth(pm) {
+        Some((rate, unit)) => format!(
+            "host memory grew {} per {unit} (the program's resident size)",
+            human_bytes(rate)
+        ),
+        None => match pm.rss.last() {
+            Some(l) => format!("the program held {} of host memory", human_bytes(l.bytes)),
+            None => "host memory was not sampled".into(),
+        },
+    };
+    let sig_name = clean(pm.signal_name.as_deref().unwrap_or_default());
+    let (kind, headline, summary, suggestions) = match death {
+        Death::OomKilled => (
+            HOST_OOM_KILL,
+            format!("killed by the kernel's OOM killer (SIGKILL): {host_words}"),
+            format!(
+                "The kernel's OOM killer ended the program: its cgroup counted a new oom_kill when it died by SIGKILL. Host memory ran out, not device memory; {device_words}."
+            ),
+            vec![
+                "Find what grows in host memory: DataLoader workers (lower num_workers or prefetch_factor), tensors kept on the CPU, lists of batches or losses kept across steps.".to_string(),
+                "Raise the job's host memory limit (memory.max of its cgroup, the scheduler's --mem) if the working set is simply larger.".to_string(),
+            ],
+        ),
+        Death::Signalled(sig) => {
+            let cause = match sig {
+                libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE | libc::SIGABRT => {
+                    format!("crashed with {sig_name}")
+                }
+                libc::SIGKILL => format!(
+                    "killed by SIGKILL from outside ({})",
+                    match counted {
+                        Some(false) => "not the kernel's OOM killer: its cgroup counted no OOM kill",
+                        _ => "the cgroup's OOM kills could not be read",
+                    }
+                ),
+                _ => format!("ended by {sig_name} from outside"),
+            };
+            (
+                KILLED_BY_SIGNAL,
+                format!("{cause}; {device_words}"),
+                format!(
+                    "The program was {cause}; {device_words}; {host_words}. The dump holds the device memory as the program last published it."
+                ),
+                if sig == libc::SIGKILL {
+                    vec!["A scheduler kills a job that exceeds its memory or time limit with SIGKILL: check the job's log for its limit.".to_string()]
+                } else {
+                    Vec::new()
+                },
+            )
+        }
+        Death::Exited => (
+            EXITED_AFTER_FAILURE,
+            format!(
+                "exited with status {} right after a failed device allocation; {device_words}",
+                pm.exit_code.unwrap_or_default()
+            ),
+            format!(
+                "The program exited with status {} without a dump of its last failed device allocation; the dump holds the device memory as last published.",
+                pm.exit_code.unwrap_or_default()
+            ),
+            vec!["Set OOMSHIM_SETTLE=0 so the dump is written before the failing call returns.".to_string()],
+        ),
+    };
+    Finding {
+        kind: kind.to_string(),
+        bytes: tracked,
+        headline,
+        summary,
+        evidence,
+        suggestions,
+    }
+}
+
+/// The device leak of a post-mortem dump, in the leak finding's terms.
+pub(in crate::verdict) fn leak(l: &LeakFinding) -> Finding {
+    let steps_word = steps_word(l.growth.steps.as_deref());
+    let named = l
+        .sites
+        .first()
+        .filter(|(_, share)| *share >= LEAK_NAMED_SHARE)
+        .map(|(s, share)| (short_label(&s.stack), s.bytes_per_step, *share));
+    let headline = match &named {
+        Some((label, rate, share)) => format!(
+            "leak: {label} grows by {} every step (over the last {} {}; {} of the growth)",
+            human_bytes(*rate),
+            l.fit.samples,
+            steps_word,
+            percent(Some(*share * 100.0))
+        ),
+        None => format!(
+            "leak: the process grows by {} every step (over the last {} {})",
+            human_bytes(l.fit.bytes_per_step),
+            l.fit.samples,
+            steps_word
+        ),
+    };
+    Finding {
+        kind: LEAK.to_string(),
+        bytes: l.grown,
+        summary: format!(
+            "{headline}. Device memory was growing step after step when the program died; it would have run out of device memory next."
+        ),
+        headline,
+        evidence: l
+            .sites
+            .iter()
+            .take(LEAK_SITES_NAMED)
+            .map(|(s, share)| {
+                format!(
+                    "{}: +{} per step, {} of the growth",
+                    short_label(&s.stack),
+                    human_bytes(s.bytes_per_step),
+                    percent(Some(*share * 100.0))
+                )
+            })
+            .collect(),
+        suggestions: vec![
+            "Free what each step keeps: tensors appended to lists, losses kept without .item(), outputs held across steps.".to_string(),
+        ],
+    }
+}

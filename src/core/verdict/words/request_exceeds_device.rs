@@ -1,0 +1,43 @@
+//! The words of [`REQUEST_EXCEEDS_DEVICE`].
+
+use super::new_finding;
+use crate::verdict::context::Ctx;
+use crate::verdict::REQUEST_EXCEEDS_DEVICE;
+use dump::model::Finding;
+use dump::units::{bytes_with_exact, human_bytes};
+
+pub(in crate::verdict) fn finding(c: &Ctx) -> Finding {
+    let total = c.n.total.unwrap_or(0);
+    let (req, dev) = (&c.req, c.dev);
+    let failing_at = c.failing_at();
+    let mut f = new_finding(
+        REQUEST_EXCEEDS_DEVICE,
+        c.request.bytes,
+        format!(
+            "a single request of {req}{} is larger than device {dev} ({} in total)",
+            c.failing_at_short(),
+            human_bytes(total)
+        ),
+        format!(
+            "The failed request alone is larger than the whole device: {req} was asked of device {dev}, which has {} in total. \
+             No amount of freeing memory makes it fit; the allocation itself must shrink.",
+            human_bytes(total)
+        ),
+    );
+    f.evidence.push(format!(
+        "request {} > device total {} (by {})",
+        bytes_with_exact(c.request.bytes),
+        human_bytes(total),
+        human_bytes(c.request.bytes.saturating_sub(total))
+    ));
+    f.suggestions.push(format!(
+        "Make the allocation itself smaller: find what asks for {req}{failing_at} and reduce the batch size or sequence length, or split the work into chunks."
+    ));
+    f.suggestions.push(
+        "Check the size computation: a request this large often comes from a wrong shape or an overflowed dimension.".to_string(),
+    );
+    f.suggestions.push(
+        "If the data really is this large, spread it over several devices (sharding, tensor or pipeline parallelism) or keep it in host memory.".to_string(),
+    );
+    f
+}

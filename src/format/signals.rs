@@ -1,0 +1,68 @@
+//! Holding off a signal that one of the shim's own writes could raise in the host program
+//! (`SIGXFSZ` from a dump under `RLIMIT_FSIZE`, `SIGPIPE` from a message to a stderr pipe whose
+//! reader is gone): the write then fails with `EFBIG`/`EPIPE` instead of killing the program.
+
+/// Runs `f` with `signo` blocked on the calling thread. If `f` raised it (it was not pending
+/// before and is pending after), that one occurrence is consumed with a zero-timeout
+/// `sigtimedwait`, so it never reaches the program; one that was already pending is left alone.
+/// The thread's signal mask is restored either way. Both signals are raised synchronously on
+/// the writing thread, so blocking this thread alone is enough.
+pub fn with_signal_held<R>(signo: libc::c_int, f: impl FnOnce() -> R) -> R {
+    unsafe {
+        let mut block: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut block);
+        libc::sigaddset(&mut block, signo);
+        let blocked = libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old) == 0;
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigpending(&mut before);
+        let was_pending = libc::sigismember(&before, signo) == 1;
+        let r = f();
+        if blocked {
+            let mut after: libc::sigset_t = std::mem::zeroed();
+            libc::sigpending(&mut after);
+            if !was_pending && libc::sigismember(&after, signo) == 1 {
+                let zero = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                libc::sigtimedwait(&block, std::ptr::null_mut(), &zero);
+            }
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_raised_inside_is_consumed_and_the_mask_restored() {
+        let mask = || unsafe {
+            let mut m: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), &mut m);
+            libc::sigismember(&m, libc::SIGPIPE) == 1
+        };
+        let before = mask();
+        // A write to a pipe without a reader raises SIGPIPE on this thread: held, then consumed.
+        let mut fds = [0; 2];
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        unsafe { libc::close(fds[0]) };
+        let rc = with_signal_held(libc::SIGPIPE, || unsafe {
+            libc::write(fds[1], b"x".as_ptr().cast(), 1)
+        });
+        let err = std::io::Error::last_os_error();
+        unsafe { libc::close(fds[1]) };
+        assert_eq!(rc, -1);
+        assert_eq!(err.raw_os_error(), Some(libc::EPIPE));
+        assert_eq!(mask(), before, "mask restored");
+        let pending = unsafe {
+            let mut p: libc::sigset_t = std::mem::zeroed();
+            libc::sigpending(&mut p);
+            libc::sigismember(&p, libc::SIGPIPE) == 1
+        };
+        assert!(!pending, "consumed");
+    }
+}

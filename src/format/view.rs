@@ -1,0 +1,163 @@
+//! Shared views of a dump's contents that every reader needs the same way (the verdict, the
+//! reporters and the live shim naming a site): which frames name a stack, frame labels, the
+//! order of sites, used bytes. Pure functions of the dump model.
+
+use super::model::{Dump, Frame, FrameKind, Site};
+use super::units::{self, clean};
+
+/// oomshim's own Python hook: its frames are on the stack when a framework's word arrives
+/// (torch's observer, the XLA excepthook after the program's frames have unwound).
+pub fn is_hook_file(path: &str) -> bool {
+    path.contains("/python-hook-") || path.contains("/oomshim_hook/")
+}
+
+/// Python code that is not the program's own: installed packages (`site-packages`,
+/// `dist-packages`), the standard library (`…/lib/python3.N/…`) and frozen modules.
+pub fn is_library_file(path: &str) -> bool {
+    path.contains("/site-packages/")
+        || path.contains("/dist-packages/")
+        || path.starts_with("<frozen")
+        || is_hook_file(path)
+        || path
+            .split('/')
+            .any(|c| c.starts_with("python3.") || c.starts_with("python2."))
+}
+
+/// Frames that carry a function name, innermost first. Frames without one (addresses the
+/// symboliser could not name) are skipped in every report. So are the CUDA allocation call
+/// itself and frames inside the CUDA runtime/driver or the shim (see [`is_cuda_api_frame`]),
+/// which only repeat the API column, unless no other named frame is left.
+///
+/// A stack with Python frames is named by them alone: the innermost Python frame is the site
+/// (`forward (train.py:57)`), its callers follow; the native frames between them are the
+/// interpreter's and the framework's. Innermost Python frames of installed packages and the
+/// standard library (`relu (torch/nn/functional.py)`) are passed over when the program's own
+/// code is further out: the site is the user's line that called into the library.
+pub fn named_frames(stack: &[Frame]) -> impl Iterator<Item = &Frame> {
+    let python = stack.iter().any(|f| f.kind == FrameKind::Python);
+    let user_code = python
+        && stack
+            .iter()
+            .any(|f| f.kind == FrameKind::Python && !is_library_python_frame(f));
+    let named = move || {
+        stack.iter().filter(move |f| {
+            (!python || f.kind == FrameKind::Python)
+                // oomshim's hook only relays a framework's word: never the failing call.
+                && !(f.kind == FrameKind::Python
+                    && f.file.as_deref().is_some_and(is_hook_file))
+                && f.function
+                    .as_deref()
+                    .is_some_and(|name| !name.trim().is_empty())
+        })
+    };
+    let has_caller = named().any(|f| !is_cuda_api_frame(f));
+    named()
+        .filter(move |f| !(has_caller && is_cuda_api_frame(f)))
+        .skip_while(move |f| user_code && is_library_python_frame(f))
+}
+
+/// Python code that is not the program's own: installed packages (`site-packages`,
+/// `dist-packages`), the standard library (`…/lib/python3.N/…`) and frozen modules.
+pub fn is_library_python_frame(f: &Frame) -> bool {
+    f.kind == FrameKind::Python && f.file.as_deref().is_some_and(is_library_file)
+}
+
+/// CUDA allocation entry points, without `_v2`-style and per-thread suffixes.
+const CUDA_ALLOC_FUNCTIONS: &[&str] = &[
+    "cudaMalloc",
+    "cudaMallocAsync",
+    "cudaMallocFromPoolAsync",
+    "cudaMallocManaged",
+    "cudaMallocPitch",
+    "cudaMalloc3D",
+    "cudaMallocHost",
+    "cudaHostAlloc",
+    "cuMemAlloc",
+    "cuMemAllocAsync",
+    "cuMemAllocFromPoolAsync",
+    "cuMemAllocManaged",
+    "cuMemAllocPitch",
+    "cuMemAllocHost",
+    "cuMemHostAlloc",
+    "cuMemCreate",
+    "cuMemMap",
+    "cuMemAddressReserve",
+];
+
+/// Frames that only repeat how memory was allocated, never who wanted it: the CUDA runtime or
+/// driver library (`libcudart.so*`, `libcuda.so*`) and the shim (`liboomshim*`); a statically
+/// linked runtime's internals (`libcudart_static_*`, `cudart::*`, `__cudart*`) and CUDA
+/// allocation functions by name; a framework's allocator (torch's `libc10*`, XLA's
+/// `BFCAllocator` and `stream_executor`, CuPy's memory pool); and libc.
+pub fn is_cuda_api_frame(frame: &Frame) -> bool {
+    let module = frame.module.as_deref().unwrap_or("");
+    let module = module.rsplit('/').next().unwrap_or(module);
+    if module.starts_with("libcudart.so")
+        || module.starts_with("libcuda.so")
+        || module.starts_with("liboomshim")
+        || module.starts_with("libc10")
+        || module.starts_with("libc.so")
+        || module.starts_with("ld-linux")
+    {
+        return true;
+    }
+    let Some(function) = frame.function.as_deref() else {
+        return false;
+    };
+    if function.starts_with("libcudart_static_")
+        || function.starts_with("cudart::")
+        || function.starts_with("__cudart")
+        || function.starts_with("c10::cuda::")
+        || function.contains("CUDACachingAllocator")
+        || function.contains("BFCAllocator")
+        || function.starts_with("stream_executor::")
+        || function.contains("cupy::memory")
+    {
+        return true;
+    }
+    let mut base = function;
+    for suffix in ["_ptsz", "_ptds", "_v2", "_v3"] {
+        base = base.strip_suffix(suffix).unwrap_or(base);
+    }
+    CUDA_ALLOC_FUNCTIONS.contains(&base)
+}
+
+/// `function (file:line)`, `function (file)`, or `function [module file name]` when only the
+/// module is known; the function name is shortened to `max_function` characters and control
+/// characters are escaped.
+pub fn frame_label(frame: &Frame, max_function: usize) -> String {
+    let function = units::truncate_function(
+        &clean(frame.function.as_deref().unwrap_or("?")),
+        max_function,
+    );
+    match (&frame.file, frame.line) {
+        (Some(file), Some(line)) if !file.is_empty() => {
+            format!("{function} ({}:{line})", clean(file))
+        }
+        (Some(file), None) if !file.is_empty() => format!("{function} ({})", clean(file)),
+        _ => match frame.module.as_deref().filter(|m| !m.is_empty()) {
+            Some(module) => {
+                let base = module.rsplit('/').next().unwrap_or(module);
+                format!("{function} [{}]", clean(base))
+            }
+            None => function,
+        },
+    }
+}
+
+/// Sites largest first (stable for equal sizes).
+pub fn sorted_sites(dump: &Dump) -> Vec<&Site> {
+    let mut sites: Vec<&Site> = dump.sites.iter().collect();
+    sites.sort_by_key(|s| std::cmp::Reverse(s.bytes));
+    sites
+}
+
+/// Used bytes of a device (`total - free`) when both are known.
+pub fn used_bytes(total: Option<u64>, free: Option<u64>) -> Option<u64> {
+    Some(total?.saturating_sub(free?))
+}
+
+/// Whether the dump has a free-block histogram at all.
+pub fn free_blocks_available(dump: &Dump) -> bool {
+    dump.free_blocks.source != "unavailable"
+}

@@ -1,0 +1,580 @@
+//! The CUDA driver API: exported wrappers of the driver's allocation functions and resolvers,
+//! and the pointer-identity map that lets every resolver (`dlsym`, `cuGetProcAddress*`,
+//! `cudaGetDriverEntryPoint*`) hand out those wrappers.
+//!
+//! [`driver_functions!`] is the single list: it generates the exported wrappers, the table of
+//! exact exported names (whose real addresses are looked up once through the driver library's
+//! handle), the wrapper of each, and [`exported_names`] (which the tests use). A resolver's
+//! result is swapped for a wrapper only when it is *identical* to the real address of that
+//! exact name; nothing is ever guessed from a name or its `_v2`/`_ptsz` suffix.
+//!
+//! A wrapper whose real function cannot be found returns `CUDA_ERROR_NOT_INITIALIZED` (3): the
+//! driver's own answer to any call before `cuInit` succeeded, which callers already handle.
+
+#![allow(non_snake_case, reason = "CUDA's exported names")]
+
+use super::Guard;
+use crate::live;
+use oomshim_core::ledger::Api;
+use oomshim_core::sys::{object_base, real_dlsym_not_ours};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+pub type CUresult = c_int;
+pub type CUdeviceptr = u64;
+pub type CUmemGenericAllocationHandle = u64;
+type CUstream = *mut c_void;
+type CUmemoryPool = *mut c_void;
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+
+/// `CUmemLocation`.
+#[repr(C)]
+pub struct CUmemLocation {
+    pub type_: c_uint,
+    pub id: c_int,
+}
+
+/// The leading fields of `CUmemAllocationProp` (only these are read).
+#[repr(C)]
+pub struct CUmemAllocationProp {
+    pub type_: c_uint,
+    pub requested_handle_types: c_uint,
+    pub location: CUmemLocation,
+}
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE`; HOST (2), HOST_NUMA (3), HOST_NUMA_CURRENT (4) are host memory.
+const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
+
+const fn cstr(s: &'static str) -> &'static CStr {
+    match CStr::from_bytes_with_nul(s.as_bytes()) {
+        Ok(c) => c,
+        Err(_) => panic!("not NUL-terminated"),
+    }
+}
+
+/// Generates, from one list: the exported wrappers, [`NAMES`] (exact exported names), the
+/// index enum and [`wrappers`]. Each entry: `name(args) |real, guard| body` where `real` is the
+/// real function (already found; a missing one returns CUDA_ERROR_NOT_INITIALIZED) and `guard`
+/// the `Option<Guard>` of this call.
+macro_rules! driver_functions {
+    ($( $name:ident ( $($arg:ident : $ty:ty),* ) |$real:ident, $guard:ident| $body:block )*) => {
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        #[derive(Clone, Copy)]
+        #[repr(usize)]
+        enum Idx { $($name,)* }
+
+        /// Exact exported names, in table order.
+        pub(crate) const NAMES: &[&CStr] = &[$( cstr(concat!(stringify!($name), "\0")), )*];
+        const COUNT: usize = NAMES.len();
+
+        /// The shim's wrapper of each table entry.
+        fn wrappers() -> [usize; COUNT] {
+            [$($name as *const () as usize,)*]
+        }
+
+        $(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+                let Some(p) = real_addr(Idx::$name as usize) else {
+                    return CUDA_ERROR_NOT_INITIALIZED;
+                };
+                let $real: unsafe extern "C" fn($($ty),*) -> CUresult = std::mem::transmute(p);
+                let $guard = Guard::enter();
+                $body
+            }
+        )*
+    };
+}
+
+driver_functions! {
+    // ---- classic device memory ----
+    cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) |real, guard| {
+        let rc = real(dptr, bytesize);
+        if let Some(g) = &guard {
+            after_alloc(g, Api::CuMemAlloc, rc, read(dptr), bytesize as u64, 0);
+        }
+        rc
+    }
+    cuMemFree_v2(dptr: CUdeviceptr) |real, guard| {
+        free_with(guard.as_ref(), dptr, || real(dptr))
+    }
+    cuMemAllocPitch_v2(
+        dptr: *mut CUdeviceptr,
+        pitch: *mut usize,
+        width: usize,
+        height: usize,
+        element_size: c_uint
+    ) |real, guard| {
+        let rc = real(dptr, pitch, width, height, element_size);
+        if let Some(g) = &guard {
+            let row = if rc == CUDA_SUCCESS && !pitch.is_null() { *pitch } else { width };
+            let bytes = (row as u64).saturating_mul(height as u64);
+            after_alloc(g, Api::CuMemAllocPitch, rc, read(dptr), bytes, 0);
+        }
+        rc
+    }
+    cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) |real, guard| {
+        let rc = real(dptr, bytesize, flags);
+        if let Some(g) = &guard {
+            after_alloc(g, Api::CuMemAllocManaged, rc, read(dptr), bytesize as u64, 0);
+        }
+        rc
+    }
+    // ---- stream-ordered ----
+    cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) |real, guard| {
+        let rc = real(dptr, bytesize, stream);
+        if let Some(g) = &guard {
+            after_alloc(g, Api::CuMemAllocAsync, rc, read(dptr), bytesize as u64, stream as usize);
+        }
+        rc
+    }
+    cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) |real, guard| {
+        let rc = real(dptr, bytesize, stream);
+        if let Some(g) = &guard {
+            after_alloc(g, Api::CuMemAllocAsync, rc, read(dptr), bytesize as u64, stream as usize);
+        }
+        rc
+    }
+    cuMemAllocFromPoolAsync(
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+        pool: CUmemoryPool,
+        stream: CUstream
+    ) |real, guard| {
+        let rc = real(dptr, bytesize, pool, stream);
+        if let Some(g) = &guard {
+            if rc == CUDA_SUCCESS {
+                g.run(|| super::pools::note(current_device(), Some(pool as usize)));
+            }
+            after_alloc(g, Api::CuMemAllocFromPoolAsync, rc, read(dptr), bytesize as u64, stream as usize);
+        }
+        rc
+    }
+    cuMemAllocFromPoolAsync_ptsz(
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+        pool: CUmemoryPool,
+        stream: CUstream
+    ) |real, guard| {
+        let rc = real(dptr, bytesize, pool, stream);
+        if let Some(g) = &guard {
+            if rc == CUDA_SUCCESS {
+                g.run(|| super::pools::note(current_device(), Some(pool as usize)));
+            }
+            after_alloc(g, Api::CuMemAllocFromPoolAsync, rc, read(dptr), bytesize as u64, stream as usize);
+        }
+        rc
+    }
+    cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) |real, guard| {
+        free_with(guard.as_ref(), dptr, || real(dptr, stream))
+    }
+    cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) |real, guard| {
+        free_with(guard.as_ref(), dptr, || real(dptr, stream))
+    }
+    // ---- page-locked host memory ----
+    cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) |real, guard| {
+        let rc = real(pp, bytesize);
+        if let Some(g) = &guard {
+            after_alloc(g, Api::CuMemAllocHost, rc, read_host(pp), bytesize as u64, 0);
+        }
+        rc
+    }
+    cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) |real, guard| {
+        let rc = real(pp, bytesize, flags);
+        if let Some(g) = &guard {
+            after_alloc(g, Api::CuMemHostAlloc, rc, read_host(pp), bytesize as u64, 0);
+        }
+        rc
+    }
+    cuMemFreeHost(p: *mut c_void) |real, guard| {
+        free_with(guard.as_ref(), p as u64, || real(p))
+    }
+    // ---- virtual memory management ----
+    cuMemCreate(
+        handle: *mut CUmemGenericAllocationHandle,
+        size: usize,
+        prop: *const CUmemAllocationProp,
+        flags: u64
+    ) |real, guard| {
+        let rc = real(handle, size, prop, flags);
+        if let Some(g) = &guard {
+            g.run(|| {
+                let (host, device) = location_of(prop);
+                if rc == CUDA_SUCCESS && !handle.is_null() {
+                    live::vmm_created(*handle, size as u64, device, host);
+                } else if rc == CUDA_ERROR_OUT_OF_MEMORY {
+                    if host {
+                        live::record_pinned_failure(Api::CuMemCreateHost, size as u64);
+                    } else {
+                        oom(Api::CuMemCreate, size as u64, device, rc, 0);
+                    }
+                }
+            });
+        }
+        rc
+    }
+    cuMemRelease(handle: CUmemGenericAllocationHandle) |real, guard| {
+        let undo = guard.as_ref().and_then(|g| g.run(|| live::vmm_release_begin(handle)).flatten());
+        let rc = real(handle);
+        if let (Some(g), Some(undo)) = (&guard, undo) {
+            if rc != CUDA_SUCCESS {
+                g.run(|| live::vmm_undo(undo));
+            }
+        }
+        rc
+    }
+    cuMemMap(
+        ptr: CUdeviceptr,
+        size: usize,
+        offset: usize,
+        handle: CUmemGenericAllocationHandle,
+        flags: u64
+    ) |real, guard| {
+        let rc = real(ptr, size, offset, handle, flags);
+        if let Some(g) = &guard {
+            if rc == CUDA_SUCCESS {
+                g.run(|| live::vmm_mapped(ptr, size as u64, handle));
+            }
+        }
+        rc
+    }
+    cuMemUnmap(ptr: CUdeviceptr, size: usize) |real, guard| {
+        let undo = guard.as_ref().and_then(|g| g.run(|| live::vmm_unmap_begin(ptr, size as u64)).flatten());
+        let rc = real(ptr, size);
+        if let (Some(g), Some(undo)) = (&guard, undo) {
+            if rc != CUDA_SUCCESS {
+                g.run(|| live::vmm_undo(undo));
+            }
+        }
+        rc
+    }
+    cuMemAddressReserve(
+        ptr: *mut CUdeviceptr,
+        size: usize,
+        alignment: usize,
+        addr: CUdeviceptr,
+        flags: u64
+    ) |real, guard| {
+        let rc = real(ptr, size, alignment, addr, flags);
+        if let Some(g) = &guard {
+            if rc == CUDA_SUCCESS && !ptr.is_null() {
+                g.run(|| live::vmm_reserved(*ptr, size as u64));
+            }
+        }
+        rc
+    }
+    cuMemAddressFree(ptr: CUdeviceptr, size: usize) |real, guard| {
+        let undo = guard.as_ref().and_then(|g| g.run(|| live::vmm_address_free_begin(ptr)).flatten());
+        let rc = real(ptr, size);
+        if let (Some(g), Some(undo)) = (&guard, undo) {
+            if rc != CUDA_SUCCESS {
+                g.run(|| live::vmm_undo(undo));
+            }
+        }
+        rc
+    }
+    // ---- resolvers: the real one first, then the wrapper of exactly what it returned ----
+    cuGetProcAddress(
+        symbol: *const c_char,
+        pfn: *mut *mut c_void,
+        cuda_version: c_int,
+        flags: u64
+    ) |real, _guard| {
+        let rc = real(symbol, pfn, cuda_version, flags);
+        if rc == CUDA_SUCCESS {
+            substitute_out(pfn);
+        }
+        rc
+    }
+    cuGetProcAddress_v2(
+        symbol: *const c_char,
+        pfn: *mut *mut c_void,
+        cuda_version: c_int,
+        flags: u64,
+        status: *mut c_int
+    ) |real, _guard| {
+        let rc = real(symbol, pfn, cuda_version, flags, status);
+        if rc == CUDA_SUCCESS {
+            substitute_out(pfn);
+        }
+        rc
+    }
+    cuGetProcAddress_v2_ptsz(
+        symbol: *const c_char,
+        pfn: *mut *mut c_void,
+        cuda_version: c_int,
+        flags: u64,
+        status: *mut c_int
+    ) |real, _guard| {
+        let rc = real(symbol, pfn, cuda_version, flags, status);
+        if rc == CUDA_SUCCESS {
+            substitute_out(pfn);
+        }
+        rc
+    }
+}
+
+/// The exact names of the driver functions the shim exports (from the single table).
+pub fn exported_names() -> Vec<&'static str> {
+    NAMES.iter().map(|n| n.to_str().unwrap_or("?")).collect()
+}
+
+// ---------- the real functions and the identity map ----------
+
+/// Real address of each table entry; 0 = not found (yet).
+static REAL: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
+/// True once the table was filled from a process where the driver is loaded.
+static BUILT: AtomicBool = AtomicBool::new(false);
+
+/// The driver library already loaded by the program (never loads it): by its soname, else
+/// `RTLD_NEXT` relative to the shim (a driver linked by the program).
+fn driver_handle() -> *mut c_void {
+    static HANDLE: AtomicUsize = AtomicUsize::new(0);
+    let h = HANDLE.load(Ordering::Acquire);
+    if h != 0 {
+        return h as *mut c_void;
+    }
+    // RTLD_NOLOAD: only a driver already in the process. The reference is kept on purpose, so
+    // the addresses stay valid even if the program dlcloses its own handle.
+    let h = unsafe {
+        libc::dlopen(
+            c"libcuda.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        )
+    };
+    if !h.is_null() {
+        HANDLE.store(h as usize, Ordering::Release);
+        return h;
+    }
+    libc::RTLD_NEXT
+}
+
+/// Fills [`REAL`] from `handle` by exact names. Racing callers compute the same values, so no
+/// lock is taken (a lock here could be held by a thread blocked on the loader's lock).
+fn build_from(handle: *mut c_void) {
+    let mut any = false;
+    for (slot, name) in REAL.iter().zip(NAMES) {
+        let p = unsafe { real_dlsym_not_ours(handle, name) };
+        if p != 0 {
+            slot.store(p, Ordering::Release);
+            any = true;
+        }
+    }
+    if any {
+        BUILT.store(true, Ordering::Release);
+    }
+}
+
+fn ensure_built() {
+    if !BUILT.load(Ordering::Acquire) {
+        build_from(driver_handle());
+    }
+}
+
+/// The real function of table entry `i`.
+fn real_addr(i: usize) -> Option<usize> {
+    let p = REAL[i].load(Ordering::Acquire);
+    if p != 0 {
+        return Some(p);
+    }
+    ensure_built();
+    let p = REAL[i].load(Ordering::Acquire);
+    if p == 0 {
+        live::report_missing_driver(NAMES[i].to_str().unwrap_or("?"));
+        return None;
+    }
+    Some(p)
+}
+
+/// `p` itself, or the shim's wrapper when `p` is the real address of a table entry.
+fn substitute(p: usize) -> usize {
+    if p == 0 {
+        return 0;
+    }
+    ensure_built();
+    match REAL.iter().position(|r| r.load(Ordering::Acquire) == p) {
+        Some(i) => wrappers()[i],
+        None => p,
+    }
+}
+
+/// Swaps a resolver's out-parameter for a wrapper (pointer identity).
+unsafe fn substitute_out(pfn: *mut *mut c_void) {
+    if pfn.is_null() {
+        return;
+    }
+    let found = *pfn as usize;
+    if let Ok(p) = std::panic::catch_unwind(|| substitute(found)) {
+        *pfn = p as *mut c_void;
+    }
+}
+
+/// For `dlsym(handle, …)` (not RTLD_DEFAULT/NEXT) whose real answer is `found`: the wrapper
+/// when `found` is a tracked driver function. Before the table exists, it is filled from this
+/// handle only if the handle reaches a driver and `found` lies in that driver's object. No
+/// CUDA call, no `dlopen`, no lock.
+pub(crate) fn substitute_from_handle(handle: *mut c_void, found: usize) -> usize {
+    if !BUILT.load(Ordering::Acquire) {
+        let anchor = unsafe { real_dlsym_not_ours(handle, c"cuGetProcAddress") };
+        if anchor == 0 {
+            return found;
+        }
+        let base = object_base(anchor);
+        if base.is_none() || object_base(found) != base {
+            return found;
+        }
+        build_from(handle);
+    }
+    match REAL.iter().position(|r| r.load(Ordering::Acquire) == found) {
+        Some(i) => wrappers()[i],
+        None => found,
+    }
+}
+
+/// The shim's wrapper for a resolver's answer (for the runtime's `cudaGetDriverEntryPoint*`).
+pub(crate) unsafe fn substitute_entry_point(pfn: *mut *mut c_void) {
+    substitute_out(pfn)
+}
+
+// ---------- helpers the wrappers use (driver functions the shim calls, not exports) ----------
+
+/// A driver function the shim calls itself, found lazily through the driver's handle.
+pub(crate) struct Helper {
+    name: &'static CStr,
+    ptr: AtomicUsize,
+}
+
+impl Helper {
+    pub(crate) const fn new(name: &'static CStr) -> Self {
+        Helper {
+            name,
+            ptr: AtomicUsize::new(0),
+        }
+    }
+    pub(crate) fn get(&self) -> Option<usize> {
+        let p = self.ptr.load(Ordering::Acquire);
+        if p != 0 {
+            return Some(p);
+        }
+        let p = unsafe { real_dlsym_not_ours(driver_handle(), self.name) };
+        (p != 0).then(|| {
+            self.ptr.store(p, Ordering::Release);
+            p
+        })
+    }
+}
+
+/// The calling thread's current device (its context's), or 0.
+pub(crate) fn current_device() -> i32 {
+    static GET: Helper = Helper::new(c"cuCtxGetDevice");
+    let Some(p) = GET.get() else { return 0 };
+    let f: unsafe extern "C" fn(*mut c_int) -> CUresult = unsafe { std::mem::transmute(p) };
+    let mut d: c_int = 0;
+    if unsafe { f(&mut d) } == CUDA_SUCCESS {
+        d
+    } else {
+        0
+    }
+}
+
+/// (free, total) of the calling thread's current device, from `cuMemGetInfo_v2`.
+pub(crate) fn mem_info() -> Option<(u64, u64)> {
+    static GET: Helper = Helper::new(c"cuMemGetInfo_v2");
+    let f: unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult =
+        unsafe { std::mem::transmute(GET.get()?) };
+    let (mut free, mut total) = (0usize, 0usize);
+    (unsafe { f(&mut free, &mut total) } == CUDA_SUCCESS).then_some((free as u64, total as u64))
+}
+
+pub(crate) fn device_name(device: i32) -> Option<String> {
+    static GET: Helper = Helper::new(c"cuDeviceGetName");
+    let f: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CUresult =
+        unsafe { std::mem::transmute(GET.get()?) };
+    let mut buf = [0 as c_char; 256];
+    if unsafe { f(buf.as_mut_ptr(), buf.len() as c_int, device) } != CUDA_SUCCESS {
+        return None;
+    }
+    buf[255] = 0;
+    let name = unsafe { CStr::from_ptr(buf.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}
+
+/// The GPU UUID of CUDA ordinal `device` (`GPU-…`, nvidia-smi's form), from
+/// `cuDeviceGetUuid_v2` (or `cuDeviceGetUuid` on drivers before 11.4): a context-free query.
+pub(crate) fn device_uuid(device: i32) -> Option<String> {
+    static GET_DEVICE: Helper = Helper::new(c"cuDeviceGet");
+    static V2: Helper = Helper::new(c"cuDeviceGetUuid_v2");
+    static V1: Helper = Helper::new(c"cuDeviceGetUuid");
+    let get_device: unsafe extern "C" fn(*mut c_int, c_int) -> CUresult =
+        unsafe { std::mem::transmute(GET_DEVICE.get()?) };
+    let get_uuid: unsafe extern "C" fn(*mut [u8; 16], c_int) -> CUresult =
+        unsafe { std::mem::transmute(V2.get().or_else(|| V1.get())?) };
+    let mut dev: c_int = 0;
+    if unsafe { get_device(&mut dev, device) } != CUDA_SUCCESS {
+        return None;
+    }
+    let mut bytes = [0u8; 16];
+    (unsafe { get_uuid(&mut bytes, dev) } == CUDA_SUCCESS)
+        .then(|| oomshim_core::facts::gpu_processes::uuid_string(&bytes))
+}
+
+/// (host?, device) of a `CUmemAllocationProp`; NULL → the current device.
+unsafe fn location_of(prop: *const CUmemAllocationProp) -> (bool, i32) {
+    if prop.is_null() {
+        return (false, current_device());
+    }
+    let loc = &(*prop).location;
+    if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+        (false, loc.id)
+    } else {
+        (true, -1)
+    }
+}
+
+unsafe fn read(out: *mut CUdeviceptr) -> u64 {
+    if out.is_null() {
+        0
+    } else {
+        *out
+    }
+}
+
+unsafe fn read_host(out: *mut *mut c_void) -> u64 {
+    if out.is_null() {
+        0
+    } else {
+        *out as u64
+    }
+}
+
+/// `cuDriverGetVersion`: context-free.
+pub(crate) fn driver_version() -> Option<i32> {
+    static GET: Helper = Helper::new(c"cuDriverGetVersion");
+    let f: unsafe extern "C" fn(*mut c_int) -> CUresult =
+        unsafe { std::mem::transmute(GET.get()?) };
+    let mut v: c_int = 0;
+    (unsafe { f(&mut v) } == CUDA_SUCCESS && v > 0).then_some(v)
+}
+
+/// The driver layer's answers for the shared bookkeeping (`super::after_alloc`).
+static DRIVER: super::Layer = super::Layer {
+    current_device,
+    mem_info,
+    device_name,
+    runtime_version: || None,
+};
+
+fn oom(api: Api, bytes: u64, device: i32, rc: CUresult, stream: usize) {
+    super::record_oom(&DRIVER, api, bytes, device, rc, stream);
+}
+
+fn after_alloc(guard: &Guard, api: Api, rc: CUresult, addr: u64, bytes: u64, stream: usize) {
+    super::after_alloc(&DRIVER, guard, api, rc, addr as usize, bytes, stream);
+}
+
+fn free_with(guard: Option<&Guard>, ptr: u64, real_free: impl FnOnce() -> CUresult) -> CUresult {
+    super::free_with(guard, ptr as usize, real_free)
+}

@@ -1,0 +1,230 @@
+//! The C ABI of liboomshim.so and nothing else: the hooked CUDA runtime functions, the exported
+//! `oomshim_*` API, finding the real functions, and the boundary that keeps the shim's own
+//! failures (panics, re-entry) from ever reaching the host program. Bookkeeping lives in
+//! [`crate::live`]; this module only translates between C and it.
+
+mod cxx_throw;
+mod dl;
+mod driver;
+mod hooks;
+mod pools;
+mod real;
+mod resolve;
+mod torch_alloc;
+
+pub use driver::exported_names as driver_exported_names;
+pub use hooks::PROGRAM_API as PROGRAM_API_EXPORTS;
+pub use resolve::RUNTIME_RESOLVERS;
+pub use torch_alloc::EXPORTED_NAMES as TORCH_ALLOCATOR_EXPORTS;
+
+pub use real::RealFn;
+
+// The boundary and the process plumbing live in `oomshim_core::sys`, below both this module and the
+// runtime; re-exported here so the old paths keep working.
+#[allow(unused_imports)]
+pub(crate) use driver::device_uuid;
+pub use oomshim_core::sys::cuda_error;
+#[allow(unused_imports)]
+pub(crate) use oomshim_core::sys::{
+    dump_signal_init, guarded, install_dump_signal, real_dlsym, register_fork_handlers,
+    wait_for_dump_signal, Guard,
+};
+
+use std::panic::catch_unwind;
+
+/// Registers the runtime's exit flush (see [`oomshim_core::sys::flush_dumps_at_exit`]).
+#[allow(dead_code)]
+pub(crate) fn flush_dumps_at_exit() {
+    oomshim_core::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
+}
+
+/// Registers the runtime's `OOMSHIM_AT_EXIT` dump (see [`oomshim_core::sys::register_exit_dump`]).
+#[allow(dead_code)]
+pub(crate) fn register_exit_dump() {
+    oomshim_core::sys::register_exit_dump(crate::live::at_exit_dump);
+}
+
+/// What the shim notes the moment it is loaded, before the program's `main` can change it:
+/// the identity of fd 2 (so the shim never writes into a file that later took that number,
+/// `oomshim_core::sys::say`) and the working directory (a relative `OOMSHIM_DIR` is relative to where
+/// the program started, not to where it has moved by its first CUDA call). One `fstat` and one
+/// `getcwd` into a static buffer: nothing is allocated, nothing can fail loudly.
+extern "C" fn note_load_time_facts() {
+    let _ = catch_unwind(|| {
+        crate::live::say::note_stderr_at_load();
+        crate::live::note_start_dir();
+    });
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static NOTE_LOAD_TIME_FACTS: extern "C" fn() = note_load_time_facts;
+
+/// Registers the flight recorder's exit cleanup (see [`oomshim_core::sys::register_live_cleanup`]).
+#[allow(dead_code)]
+pub(crate) fn register_live_cleanup() {
+    oomshim_core::sys::register_live_cleanup(crate::publish::remove_at_exit);
+}
+
+/// What the bookkeeping shared by the runtime hooks and the driver hooks asks of its layer.
+/// Both layers report success as 0 and out-of-memory as 2 (`cudaErrorMemoryAllocation`,
+/// `CUDA_ERROR_OUT_OF_MEMORY`), so only these queries differ.
+pub(crate) struct Layer {
+    /// The calling thread's current device (no context is created by asking).
+    pub current_device: fn() -> i32,
+    /// (free, total) of the calling thread's current device.
+    pub mem_info: fn() -> Option<(u64, u64)>,
+    pub device_name: fn(i32) -> Option<String>,
+    /// The runtime's version, where this layer can tell it.
+    pub runtime_version: fn() -> Option<i32>,
+}
+
+// The shared code compares with the runtime's codes; the driver's are the same numbers.
+const _: () = assert!(
+    driver::CUDA_SUCCESS == cuda_error::SUCCESS
+        && driver::CUDA_ERROR_OUT_OF_MEMORY == cuda_error::MEMORY_ALLOCATION
+);
+
+/// A device allocation failed for lack of memory: asks the layer about the device on the
+/// failing thread (the one place that may ask CUDA safely) and hands the failure on with all it
+/// learnt.
+pub(crate) fn record_oom(
+    layer: &Layer,
+    api: oomshim_core::ledger::Api,
+    bytes: u64,
+    device: i32,
+    rc: i32,
+    stream: usize,
+) {
+    crate::live::record_oom(crate::live::OomEvent {
+        api,
+        bytes,
+        device,
+        error_code: rc,
+        stream,
+        context: failure_context(layer, device),
+    });
+}
+
+/// What a failure on `device` knows, asked on the failing thread: its pools and the VMM layout,
+/// the CUDA versions (asked once per process), free/total of the current device, its name and
+/// UUID (asked once per device), and in allocator mode the allocator's free blocks.
+fn failure_context(layer: &Layer, device: i32) -> crate::live::FailureContext {
+    let pools = pools::snapshot(device);
+    let vmm = crate::live::vmm_summary();
+    let (driver_version, runtime_version) =
+        crate::live::note_cuda_versions(driver::driver_version, layer.runtime_version);
+    let mem_info = (layer.mem_info)();
+    let (device_name, device_uuid) =
+        crate::live::cached_device_identity(device, layer.device_name, driver::device_uuid);
+    crate::live::FailureContext {
+        device: Some(device),
+        mem_info,
+        device_name,
+        device_uuid,
+        driver_version,
+        runtime_version,
+        pools,
+        vmm,
+        free_blocks: torch_alloc::free_blocks_if_active(device),
+    }
+}
+
+/// What an on-demand dump (`oomshim_dump`) knows, asked on the calling thread: about `device`
+/// (the caller's current device, when the process allocated there: asking about another could
+/// create a context) its pools, free/total (`mem_info` asks the current device) and name; the
+/// CUDA versions as far as a failure asked them; in allocator mode the allocator's free blocks.
+pub(crate) fn on_demand_context(
+    device: Option<i32>,
+    mem_info: fn() -> Option<(u64, u64)>,
+    device_name: fn(i32) -> Option<String>,
+) -> crate::live::FailureContext {
+    let pools = device.map(pools::snapshot).unwrap_or_default();
+    let vmm = crate::live::vmm_summary();
+    let mem_info = device.and_then(|_| mem_info());
+    let (device_name, device_uuid) = device
+        .map(|d| crate::live::cached_device_identity(d, device_name, driver::device_uuid))
+        .unwrap_or_default();
+    let (driver_version, runtime_version) = crate::live::cuda_versions();
+    crate::live::FailureContext {
+        device,
+        mem_info,
+        device_name,
+        device_uuid,
+        driver_version,
+        runtime_version,
+        pools,
+        vmm,
+        free_blocks: torch_alloc::free_blocks_if_active(device.unwrap_or(0)),
+    }
+}
+
+/// `OOMSHIM_FAULT=panic-in-alloc[:N]` (a test hook, see RELIABILITY.md section 7): a panic in
+/// the hook path of the Nth successful allocation, caught by [`Guard::run`] like any other.
+fn inject_alloc_fault() {
+    if let oomshim_core::config::Fault::PanicInAlloc(n) = oomshim_core::config::fault() {
+        static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        if SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == n {
+            panic!("injected fault, OOMSHIM_FAULT=panic-in-alloc:{n}");
+        }
+    }
+}
+
+/// Bookkeeping after an allocation call of either layer returned `rc`.
+pub(crate) fn after_alloc(
+    layer: &Layer,
+    guard: &Guard,
+    api: oomshim_core::ledger::Api,
+    rc: std::ffi::c_int,
+    addr: usize,
+    bytes: u64,
+    stream: usize,
+) {
+    guard.run(|| {
+        if rc == cuda_error::SUCCESS {
+            if addr != 0 {
+                inject_alloc_fault();
+                if crate::live::recording::current() == crate::live::Recording::PassThrough {
+                    // Nothing is recorded: not even the device is asked.
+                    crate::live::record_alloc(api, addr, bytes, -1, stream);
+                    return;
+                }
+                let device = if api.is_pinned_host() {
+                    -1
+                } else {
+                    (layer.current_device)()
+                };
+                if api.has_stream() {
+                    pools::note(device, None);
+                }
+                crate::live::record_alloc(api, addr, bytes, device, stream);
+            }
+        } else if rc == cuda_error::MEMORY_ALLOCATION {
+            if api.is_pinned_host() {
+                crate::live::record_pinned_failure(api, bytes);
+            } else {
+                record_oom(layer, api, bytes, (layer.current_device)(), rc, stream);
+            }
+        }
+    });
+}
+
+/// Removes `ptr` from the ledger before the real free runs (the runtime may hand the address
+/// to another thread the moment it is freed; see `Ledger::take`); puts it back if the free fails.
+pub(crate) fn free_with(
+    guard: Option<&Guard>,
+    ptr: usize,
+    real_free: impl FnOnce() -> std::ffi::c_int,
+) -> std::ffi::c_int {
+    let taken = match guard {
+        Some(g) if ptr != 0 => g.run(|| crate::live::take(ptr)).flatten(),
+        _ => None,
+    };
+    let rc = real_free();
+    if rc != cuda_error::SUCCESS {
+        if let (Some(g), Some(a)) = (guard, taken) {
+            g.run(|| crate::live::reinstate(ptr, a));
+        }
+    }
+    rc
+}

@@ -1,0 +1,728 @@
+//! PyTorch allocator mode: the functions torch's `CUDAPluggableAllocator` calls when
+//! `oomshim.torch.enable()` made oomshim its CUDA allocator.
+//!
+//! - `oomshim_torch_alloc(size, device, stream)` / `oomshim_torch_free(ptr, size, device,
+//!   stream)`: every tensor. The caching allocator ([`oomshim_core::alloc`]) serves it from segments it
+//!   gets from the real `cudaMalloc` (never through this library's own hook, so the ledger holds
+//!   tensors, not segments), and the tensor is recorded with its stack.
+//! - `oomshim_torch_empty_cache()`, `oomshim_torch_record_stream(ptr, stream)`,
+//!   `oomshim_torch_set_memory_fraction(fraction, device)`, `oomshim_torch_init(count)`: the
+//!   optional hooks torch offers (`set_reset_fn`, `set_record_stream_fn`,
+//!   `set_memory_fraction_fn`, `set_init_fn`).
+//! - `oomshim_torch_memory_stats(device, buf, cap)`, `oomshim_torch_free_blocks(device, buf,
+//!   cap)`, `oomshim_torch_reset_peak(device)`, `oomshim_torch_reset_accumulated(device)`: what
+//!   the Python package reads (torch's own `memory_stats` raises under a pluggable allocator).
+//!
+//! A request the allocator cannot serve (after emptying its cache and retrying, as torch does)
+//! writes its dump at once and raises a C++ exception naming it ([`super::cxx_throw`]): torch
+//! hands whatever `alloc` returns to the tensor unchecked, so NULL is never returned to it.
+//!
+//! CUDA graphs: an allocation on a stream that is being captured belongs to that capture
+//! (`oomshim_core::alloc` keeps such blocks for the graph's replays); the segment `cudaMalloc` then runs
+//! in relaxed capture mode, as torch's own allocator does, so it cannot invalidate the capture.
+
+use super::cuda_error::SUCCESS;
+use super::real::real_fn;
+use dump::model::{FreeBlocks, HistogramBin};
+use dump::units::human_bytes;
+use oomshim_core::alloc::{AllocConfig, CachingAllocator, MemorySource, OomCause, OutOfMemory};
+use oomshim_core::ledger::Api;
+use std::cell::Cell;
+use std::ffi::{c_char, c_double, c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+type Stream = *mut c_void;
+
+/// Every function this file exports (the export-list test reads it).
+pub const EXPORTED_NAMES: &[&str] = &[
+    "oomshim_torch_alloc",
+    "oomshim_torch_free",
+    "oomshim_torch_empty_cache",
+    "oomshim_torch_record_stream",
+    "oomshim_torch_set_memory_fraction",
+    "oomshim_torch_init",
+    "oomshim_torch_memory_stats",
+    "oomshim_torch_free_blocks",
+    "oomshim_torch_reset_peak",
+    "oomshim_torch_reset_accumulated",
+    "oomshim_torch_exception_kind",
+];
+
+const NOT_READY: c_int = 600;
+/// `cudaEventDisableTiming`: events used only for ordering are cheaper without timing.
+const EVENT_DISABLE_TIMING: u32 = 2;
+/// `cudaStreamCaptureModeRelaxed`.
+const CAPTURE_MODE_RELAXED: c_int = 2;
+/// `cudaStreamCaptureStatusActive`.
+const CAPTURE_ACTIVE: c_int = 1;
+
+fn get_device() -> Option<i32> {
+    super::hooks::runtime_device()
+}
+
+fn set_device(device: i32) -> bool {
+    match real_fn!(c"cudaSetDevice", unsafe extern "C" fn(c_int) -> c_int) {
+        Some(f) => unsafe { f(device) == SUCCESS },
+        None => false,
+    }
+}
+
+/// Clears the runtime's last-error state after a call of ours failed, so the program's next
+/// `cudaGetLastError` (torch checks it after every kernel launch) does not see our error.
+fn clear_last_error() {
+    if let Some(f) = real_fn!(c"cudaGetLastError", unsafe extern "C" fn() -> c_int) {
+        unsafe { f() };
+    }
+}
+
+/// Runs `f` with `device` current, restoring the caller's device after.
+fn on_device<R>(device: i32, f: impl FnOnce() -> R) -> R {
+    let before = get_device();
+    let switch = before.is_some_and(|d| d != device) && set_device(device);
+    let r = f();
+    if switch {
+        if let Some(d) = before {
+            set_device(d);
+        }
+    }
+    r
+}
+
+thread_local! {
+    /// True while this thread allocates for a stream under CUDA graph capture.
+    static CAPTURING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Segments and events from the real CUDA runtime.
+pub(crate) struct CudaSource;
+
+impl MemorySource for CudaSource {
+    fn alloc_segment(&self, device: i32, bytes: u64) -> Result<u64, i32> {
+        let malloc = real_fn!(
+            c"cudaMalloc",
+            unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int
+        )
+        .ok_or(super::cuda_error::INITIALIZATION_ERROR)?;
+        let bytes = usize::try_from(bytes).map_err(|_| super::cuda_error::MEMORY_ALLOCATION)?;
+        let capturing = CAPTURING.with(|c| c.get());
+        on_device(device, || {
+            // During capture a cudaMalloc in the default (global) mode would invalidate the
+            // graph being captured; torch's allocator switches to relaxed mode the same way.
+            let exchange = real_fn!(
+                c"cudaThreadExchangeStreamCaptureMode",
+                unsafe extern "C" fn(*mut c_int) -> c_int
+            );
+            let mut mode = CAPTURE_MODE_RELAXED;
+            let relaxed = capturing && exchange.is_some_and(|f| unsafe { f(&mut mode) } == SUCCESS);
+            let mut p: *mut c_void = std::ptr::null_mut();
+            let rc = unsafe { malloc(&mut p, bytes) };
+            if relaxed {
+                if let Some(f) = exchange {
+                    unsafe { f(&mut mode) };
+                }
+            }
+            if rc == SUCCESS && !p.is_null() {
+                Ok(p as u64)
+            } else {
+                clear_last_error();
+                Err(if rc == SUCCESS {
+                    super::cuda_error::MEMORY_ALLOCATION
+                } else {
+                    rc
+                })
+            }
+        })
+    }
+
+    fn free_segment(&self, device: i32, addr: u64, _bytes: u64) -> Result<(), i32> {
+        let free = real_fn!(c"cudaFree", unsafe extern "C" fn(*mut c_void) -> c_int)
+            .ok_or(super::cuda_error::INITIALIZATION_ERROR)?;
+        let rc = on_device(device, || unsafe { free(addr as *mut c_void) });
+        if rc == SUCCESS {
+            Ok(())
+        } else {
+            clear_last_error();
+            Err(rc)
+        }
+    }
+
+    fn record_event(&self, device: i32, stream: u64) -> Result<u64, i32> {
+        let create = real_fn!(
+            c"cudaEventCreateWithFlags",
+            unsafe extern "C" fn(*mut *mut c_void, u32) -> c_int
+        )
+        .ok_or(super::cuda_error::INITIALIZATION_ERROR)?;
+        let record = real_fn!(
+            c"cudaEventRecord",
+            unsafe extern "C" fn(*mut c_void, Stream) -> c_int
+        )
+        .ok_or(super::cuda_error::INITIALIZATION_ERROR)?;
+        on_device(device, || {
+            let mut e: *mut c_void = std::ptr::null_mut();
+            let rc = unsafe { create(&mut e, EVENT_DISABLE_TIMING) };
+            if rc != SUCCESS {
+                clear_last_error();
+                return Err(rc);
+            }
+            let rc = unsafe { record(e, stream as Stream) };
+            if rc != SUCCESS {
+                clear_last_error();
+                self.destroy_event(e as u64);
+                return Err(rc);
+            }
+            Ok(e as u64)
+        })
+    }
+
+    fn event_done(&self, event: u64) -> bool {
+        let Some(query) = real_fn!(
+            c"cudaEventQuery",
+            unsafe extern "C" fn(*mut c_void) -> c_int
+        ) else {
+            return true;
+        };
+        match unsafe { query(event as *mut c_void) } {
+            SUCCESS => true,
+            NOT_READY => false,
+            _ => {
+                // A broken event can never complete: treat the block as free rather than
+                // leaking it forever, and keep the error away from the program.
+                clear_last_error();
+                true
+            }
+        }
+    }
+
+    fn destroy_event(&self, event: u64) {
+        if let Some(f) = real_fn!(
+            c"cudaEventDestroy",
+            unsafe extern "C" fn(*mut c_void) -> c_int
+        ) {
+            if unsafe { f(event as *mut c_void) } != SUCCESS {
+                clear_last_error();
+            }
+        }
+    }
+}
+
+/// The allocator, created on the first call from torch (never at load time).
+static ALLOCATOR: OnceLock<CachingAllocator<CudaSource>> = OnceLock::new();
+
+fn allocator() -> &'static CachingAllocator<CudaSource> {
+    ALLOCATOR.get_or_init(|| {
+        // For the dumps no hook gathers (the shim's own trigger threads, a framework's word):
+        // the runtime cannot reach this module otherwise.
+        crate::live::allocator::set_free_blocks_source(free_blocks_with_segment_map);
+        CachingAllocator::new(CudaSource, config_from_env())
+    })
+}
+
+/// The allocator's free blocks of `device` for a dump gathered on a hook's thread, when allocator
+/// mode is on; `None` (and no allocator created) otherwise.
+pub(super) fn free_blocks_if_active(device: i32) -> Option<FreeBlocks> {
+    ALLOCATOR.get()?;
+    free_blocks_with_segment_map(device)
+}
+
+/// The cache policy torch's own `PYTORCH_CUDA_ALLOC_CONF` asks for, where it applies:
+/// `max_split_size_mb` is honoured; other keys are torch's business (and `expandable_segments`
+/// has no meaning here: segments are plain `cudaMalloc` ranges).
+fn config_from_env() -> AllocConfig {
+    let mut config = AllocConfig::default();
+    if let Ok(conf) = std::env::var("PYTORCH_CUDA_ALLOC_CONF") {
+        for part in conf.split(',') {
+            let mut kv = part.splitn(2, ':');
+            let (Some(k), Some(v)) = (kv.next(), kv.next()) else {
+                continue;
+            };
+            if k.trim() == "max_split_size_mb" {
+                match v.trim().parse::<u64>() {
+                    Ok(mb) if mb > 20 => config.max_split_size = Some(mb << 20),
+                    _ => oomshim_core::say!(
+                        "oomshim: PYTORCH_CUDA_ALLOC_CONF max_split_size_mb={v} ignored (must be a number above 20)"
+                    ),
+                }
+            }
+        }
+    }
+    config
+}
+
+/// In a Python process tensors get native stacks only when OOMSHIM_STACKS asks for them (`all`
+/// or `native`): by default their Python stack alone is recorded (a program without Python gets
+/// native stacks as usual). Measured on the H200 (tests/gpu/torch_alloc.py):
+/// unwinding libtorch's ~40 frames on every `torch.empty` made the allocation loop 1.6x slower
+/// than torch's native allocator, while Python stacks alone ran at 0.92x. The Python line is
+/// what names a tensor's owner; the native frames below it are torch's dispatcher.
+fn native_tensor_stacks() -> bool {
+    static NATIVE: OnceLock<bool> = OnceLock::new();
+    *NATIVE.get_or_init(|| {
+        // Unset or unreadable: Python stacks alone, unlike the settings' default (`all`).
+        std::env::var("OOMSHIM_STACKS")
+            .ok()
+            .and_then(|v| oomshim_core::config::StackMode::parse(&v))
+            .is_some_and(oomshim_core::config::StackMode::native)
+    })
+}
+
+/// Captures whose end the allocator has not been told of yet: (stream, capture id). Checked
+/// only while non-empty, so a program that never captures pays one atomic load.
+static OPEN_CAPTURES: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
+static OPEN_CAPTURE_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// The capture `stream` is part of, if it is being captured now.
+fn capture_of(stream: Stream) -> Option<u64> {
+    // The legacy and per-thread default streams cannot be captured; asking about them while
+    // another stream captures would itself be an error. Torch's default stream is 0.
+    if (stream as usize) <= 2 {
+        return None;
+    }
+    let info = real_fn!(
+        c"cudaStreamGetCaptureInfo",
+        unsafe extern "C" fn(
+            Stream,
+            *mut c_int,
+            *mut u64,
+            *mut c_void,
+            *mut c_void,
+            *mut c_void,
+            *mut usize,
+        ) -> c_int
+    )?;
+    let mut status: c_int = 0;
+    let mut id: u64 = 0;
+    let null = std::ptr::null_mut();
+    let rc = unsafe {
+        info(
+            stream,
+            &mut status,
+            &mut id,
+            null,
+            null,
+            null,
+            null as *mut usize,
+        )
+    };
+    if rc != SUCCESS {
+        clear_last_error();
+        return None;
+    }
+    (status == CAPTURE_ACTIVE).then_some(id)
+}
+
+/// Tells the allocator about captures that ended since the last check.
+fn retire_ended_captures(a: &CachingAllocator<CudaSource>) {
+    if OPEN_CAPTURE_COUNT.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let open: Vec<(usize, u64)> = OPEN_CAPTURES.lock().map(|v| v.clone()).unwrap_or_default();
+    // Asked without the lock held: these are calls into CUDA.
+    let ended: Vec<u64> = open
+        .iter()
+        .filter(|(stream, id)| capture_of(*stream as Stream) != Some(*id))
+        .map(|(_, id)| *id)
+        .collect();
+    if ended.is_empty() {
+        return;
+    }
+    for id in &ended {
+        a.end_capture(*id);
+    }
+    if let Ok(mut v) = OPEN_CAPTURES.lock() {
+        v.retain(|(_, id)| !ended.contains(id));
+        OPEN_CAPTURE_COUNT.store(v.len(), Ordering::Relaxed);
+    }
+}
+
+fn note_capture(stream: Stream, id: u64) {
+    if let Ok(mut v) = OPEN_CAPTURES.lock() {
+        if !v.iter().any(|(_, i)| *i == id) {
+            v.push((stream as usize, id));
+            OPEN_CAPTURE_COUNT.store(v.len(), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Room for the exception message (torch's own OOM text is about 600 bytes).
+const MESSAGE_BYTES: usize = 2048;
+
+/// What `alloc` hands back when it cannot serve the request.
+enum Failure {
+    /// The request cannot be served: the message for the exception.
+    OutOfMemory(Box<[u8; MESSAGE_BYTES]>),
+    /// CUDA failed for another reason than memory (an invalid device, a sticky error): the
+    /// message for a plain runtime error.
+    CudaError(Box<[u8; MESSAGE_BYTES]>),
+    /// The shim is broken (a panic): pass through to a plain cudaMalloc.
+    PassThrough,
+}
+
+fn alloc_impl(size: usize, device: c_int, stream: Stream) -> Result<*mut c_void, Failure> {
+    let a = allocator();
+    retire_ended_captures(a);
+    let capture = capture_of(stream);
+    if let Some(id) = capture {
+        note_capture(stream, id);
+    }
+    let _ = CAPTURING.try_with(|c| c.set(capture.is_some()));
+    let result = a.malloc(device, size as u64, stream as u64, capture);
+    let _ = CAPTURING.try_with(|c| c.set(false));
+    match result {
+        Ok(block) => {
+            crate::live::record_alloc_with(
+                Api::TorchAlloc,
+                block.addr as usize,
+                size as u64,
+                device,
+                stream as usize,
+                native_tensor_stacks() || !oomshim_core::pystack::active(),
+            );
+            Ok(block.addr as *mut c_void)
+        }
+        Err(OutOfMemory {
+            cause: OomCause::DeviceExhausted { cuda_error },
+            segment_bytes,
+            ..
+        }) if cuda_error != super::cuda_error::MEMORY_ALLOCATION => {
+            Err(Failure::CudaError(Box::new(c_message(&format!(
+                "CUDA error {cuda_error} from cudaMalloc of a {} segment for a {} tensor on device {device} (oomshim allocator)",
+                human_bytes(segment_bytes),
+                human_bytes(size as u64)
+            )))))
+        }
+        Err(oom) => Err(Failure::OutOfMemory(Box::new(out_of_memory(&oom, stream)))),
+    }
+}
+
+/// Records the failure (its dump is written now) and builds the exception's message.
+fn out_of_memory(oom: &OutOfMemory, stream: Stream) -> [u8; MESSAGE_BYTES] {
+    let mem_info = on_device(oom.device, device_mem_info);
+    let outcome = crate::live::allocator::oom_now(crate::live::OomEvent {
+        api: Api::TorchAlloc,
+        bytes: oom.requested,
+        device: oom.device,
+        error_code: super::cuda_error::MEMORY_ALLOCATION,
+        stream: stream as usize,
+        context: failure_context(oom.device, mem_info),
+    });
+    let fb = &oom.free_blocks;
+    let mut text = format!(
+        "CUDA out of memory. Tried to allocate {}.",
+        human_bytes(oom.requested)
+    );
+    if let Some((free, total)) = mem_info {
+        text.push_str(&format!(
+            " GPU {} has a total capacity of {} of which {} is free.",
+            oom.device,
+            human_bytes(total),
+            human_bytes(free)
+        ));
+    }
+    if let OomCause::FractionCap { limit } = oom.cause {
+        text.push_str(&format!(" {} allowed;", human_bytes(limit)));
+    }
+    text.push_str(&format!(
+        " Of the allocated memory {} is allocated by PyTorch (oomshim allocator), and {} is reserved but unallocated (largest free block {}).",
+        human_bytes(fb.allocated_bytes),
+        human_bytes(fb.total_free_bytes),
+        human_bytes(fb.largest_free_bytes),
+    ));
+    match (&outcome.verdict, &outcome.path) {
+        (Some((kind, summary)), _) => text.push_str(&format!(" oomshim: {kind}: {summary}")),
+        (None, Some(_)) => text.push_str(" oomshim: same burst as the dump below."),
+        _ => {}
+    }
+    match &outcome.path {
+        Some(p) => text.push_str(&format!(
+            " Dump: {} (oomshim report {})",
+            p.display(),
+            p.display()
+        )),
+        None => text.push_str(" (no oomshim dump was written; see stderr)"),
+    }
+    c_message(&text)
+}
+
+/// `text` as a NUL-terminated buffer, cut at a character boundary when too long.
+fn c_message(text: &str) -> [u8; MESSAGE_BYTES] {
+    let mut buf = [0u8; MESSAGE_BYTES];
+    let bytes = text.as_bytes();
+    let mut n = bytes.len().min(MESSAGE_BYTES - 1);
+    while n > 0 && !text.is_char_boundary(n) {
+        n -= 1;
+    }
+    buf[..n].copy_from_slice(&bytes[..n]);
+    buf
+}
+
+fn device_mem_info() -> Option<(u64, u64)> {
+    let info = super::hooks::mem_info();
+    if info.is_none() {
+        clear_last_error();
+    }
+    info
+}
+
+/// A plain cudaMalloc of `size` on `device`: the pass-through when the shim itself failed.
+fn pass_through_alloc(size: usize, device: c_int) -> *mut c_void {
+    CudaSource
+        .alloc_segment(device, size.max(1) as u64)
+        .map_or(std::ptr::null_mut(), |p| p as *mut c_void)
+}
+
+/// Runs shim code inside the shim's panic boundary ([`oomshim_core::sys::contain`]): a panic turns the
+/// shim off (one message) instead of unwinding into torch.
+fn contained<R>(f: impl FnOnce() -> R) -> Option<R> {
+    oomshim_core::sys::contain(f, |_| "internal error in allocator mode".to_string())
+}
+
+/// `void* alloc(size_t size, int device, cudaStream_t stream)`, called by torch for every
+/// tensor. Raises a C++ exception (torch.OutOfMemoryError in Python) when the request cannot be
+/// served; never returns NULL to torch.
+#[no_mangle]
+pub unsafe extern "C-unwind" fn oomshim_torch_alloc(
+    size: usize,
+    device: c_int,
+    stream: Stream,
+) -> *mut c_void {
+    // The guard makes any hooked call below (the segment's cudaMalloc, when this library is also
+    // preloaded) pass straight through.
+    let guard = super::Guard::enter();
+    let outcome =
+        contained(|| alloc_impl(size, device, stream)).unwrap_or(Err(Failure::PassThrough));
+    drop(guard);
+    match outcome {
+        Ok(p) => p,
+        Err(Failure::PassThrough) => pass_through_alloc(size, device),
+        Err(Failure::OutOfMemory(boxed)) => {
+            // Out of the box first: nothing with a destructor is live while the exception
+            // unwinds through this frame to torch.
+            let message: [u8; MESSAGE_BYTES] = *boxed;
+            super::cxx_throw::throw_out_of_memory(&message);
+            // No C++ runtime in the process (not torch): the caller checks for NULL.
+            std::ptr::null_mut()
+        }
+        Err(Failure::CudaError(boxed)) => {
+            let message: [u8; MESSAGE_BYTES] = *boxed;
+            super::cxx_throw::throw_runtime_error(&message);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// `void free(void* ptr, size_t size, int device, cudaStream_t stream)`: `size` is the
+/// requested size and `stream` the one current at allocation (torch keeps both).
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_torch_free(
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: Stream,
+) {
+    let _ = (size, stream);
+    if ptr.is_null() {
+        return;
+    }
+    let guard = super::Guard::enter();
+    let known = contained(|| {
+        let a = allocator();
+        retire_ended_captures(a);
+        let _ = crate::live::take(ptr as usize);
+        a.free_on(device, ptr as u64).is_some()
+    });
+    drop(guard);
+    if known != Some(true) {
+        // Not one of the allocator's blocks: a pass-through allocation made while the shim was
+        // failing. Give it back to CUDA.
+        let _ = CudaSource.free_segment(device, ptr as u64, size as u64);
+    }
+}
+
+/// `torch.cuda.empty_cache()` (torch's `set_reset_fn`): returns every fully free segment.
+#[no_mangle]
+pub extern "C" fn oomshim_torch_empty_cache() {
+    let guard = super::Guard::enter();
+    contained(|| allocator().empty_cache(None));
+    drop(guard);
+}
+
+/// `Tensor.record_stream(stream)` (torch's `set_record_stream_fn`): the block is not reused
+/// until the work queued on `stream` when it is freed has finished.
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_torch_record_stream(ptr: *mut c_void, stream: Stream) {
+    let guard = super::Guard::enter();
+    contained(|| allocator().record_stream(ptr as u64, stream as u64));
+    drop(guard);
+}
+
+/// `torch.cuda.set_per_process_memory_fraction(fraction, device)` (torch's
+/// `set_memory_fraction_fn`): caps what the cache may reserve on `device`.
+#[no_mangle]
+pub extern "C" fn oomshim_torch_set_memory_fraction(fraction: c_double, device: c_int) {
+    let guard = super::Guard::enter();
+    contained(|| {
+        let total = on_device(device, device_mem_info).map(|m| m.1);
+        let limit = match total {
+            Some(t) if (0.0..1.0).contains(&fraction) => Some((t as f64 * fraction) as u64),
+            _ => None,
+        };
+        allocator().set_memory_limit(device, limit);
+    });
+    drop(guard);
+}
+
+/// Torch's `set_init_fn`: called at CUDA initialisation with the device count. The allocator
+/// is created here, off the first allocation's path.
+#[no_mangle]
+pub extern "C" fn oomshim_torch_init(device_count: c_int) {
+    let _ = device_count;
+    let guard = super::Guard::enter();
+    contained(allocator);
+    drop(guard);
+}
+
+/// Copies `text` into `buf` (NUL-terminated when it fits) and returns its length: the caller
+/// retries with a bigger buffer when the length is not below `cap`.
+unsafe fn copy_out(text: &str, buf: *mut c_char, cap: usize) -> usize {
+    let bytes = text.as_bytes();
+    if !buf.is_null() && cap > bytes.len() {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, bytes.len());
+        *buf.add(bytes.len()) = 0;
+    }
+    bytes.len()
+}
+
+/// torch's `memory_stats(device)` as a flat JSON object with torch's key names.
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_torch_memory_stats(
+    device: c_int,
+    buf: *mut c_char,
+    cap: usize,
+) -> usize {
+    let text = contained(|| {
+        let stats = allocator().stats(device).torch_keys();
+        let map: serde_json::Map<String, serde_json::Value> =
+            stats.into_iter().map(|(k, v)| (k, v.into())).collect();
+        serde_json::Value::Object(map).to_string()
+    })
+    .unwrap_or_else(|| "{}".into());
+    copy_out(&text, buf, cap)
+}
+
+/// The free-block state of `device` as JSON (the dump's `free_blocks` object).
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_torch_free_blocks(
+    device: c_int,
+    buf: *mut c_char,
+    cap: usize,
+) -> usize {
+    let text = contained(|| {
+        free_blocks_for_dump(device)
+            .and_then(|f| serde_json::to_string(&f).ok())
+            .unwrap_or_else(|| "{}".into())
+    })
+    .unwrap_or_else(|| "{}".into());
+    copy_out(&text, buf, cap)
+}
+
+#[no_mangle]
+pub extern "C" fn oomshim_torch_reset_peak(device: c_int) {
+    contained(|| allocator().reset_peak_stats(device));
+}
+
+#[no_mangle]
+pub extern "C" fn oomshim_torch_reset_accumulated(device: c_int) {
+    contained(|| allocator().reset_accumulated_stats(device));
+}
+
+/// Which exception an allocation failure raises here: `torch.OutOfMemoryError`,
+/// `RuntimeError` or `none` (NUL-terminated, static).
+#[no_mangle]
+pub extern "C" fn oomshim_torch_exception_kind() -> *const c_char {
+    match contained(super::cxx_throw::exception_kind) {
+        Some("torch.OutOfMemoryError") => c"torch.OutOfMemoryError".as_ptr(),
+        Some("RuntimeError") => c"RuntimeError".as_ptr(),
+        _ => c"none".as_ptr(),
+    }
+}
+
+/// What an allocator-mode failure on `device` knows, gathered on the failing thread: free/total
+/// as asked for the exception's message, the allocator's exact free blocks, and what the process
+/// learnt before (the UUID, the CUDA versions); the allocator asks CUDA nothing more.
+fn failure_context(device: i32, mem_info: Option<(u64, u64)>) -> crate::live::FailureContext {
+    crate::live::FailureContext {
+        free_blocks: free_blocks_with_segment_map(device),
+        ..crate::live::FailureContext::learnt_before(Some(device), mem_info)
+    }
+}
+
+/// The dump's `free_blocks` for `device`, from the allocator's continuously kept counters.
+fn free_blocks_for_dump(device: i32) -> Option<FreeBlocks> {
+    let f = allocator().free_blocks(device);
+    Some(FreeBlocks {
+        source: "oomshim-allocator".to_string(),
+        reason: None,
+        total_free_bytes: Some(f.total_free_bytes),
+        largest_free_bytes: Some(f.largest_free_bytes),
+        fragmentation: f.fragmentation,
+        histogram: f
+            .histogram
+            .iter()
+            .map(|b| HistogramBin {
+                lo: b.lo,
+                hi: b.hi,
+                count: b.count,
+                bytes: b.bytes,
+            })
+            .collect(),
+        reserved_bytes: Some(f.reserved_bytes),
+        allocated_bytes: Some(f.allocated_bytes),
+        inactive_split_bytes: Some(f.inactive_split_bytes),
+        segments: Some(f.segments),
+        ..Default::default()
+    })
+}
+
+/// [`free_blocks_for_dump`] plus every segment with its blocks (a scan of the device's segments,
+/// done only when a dump is assembled), so `export --memory-viz` can lay out the real cache.
+fn free_blocks_with_segment_map(device: i32) -> Option<FreeBlocks> {
+    use dump::model::{SegmentBlock, SegmentEntry, SEGMENT_MAP_MAX_BLOCKS};
+    use oomshim_core::alloc::{BlockState, PoolKind};
+    let mut fb = free_blocks_for_dump(device)?;
+    let mut blocks = 0usize;
+    for seg in allocator().segments(device) {
+        if blocks + seg.blocks.len() > SEGMENT_MAP_MAX_BLOCKS {
+            fb.segment_map_omitted += 1;
+            continue;
+        }
+        blocks += seg.blocks.len();
+        fb.segment_map.push(SegmentEntry {
+            address: format!("{:#x}", seg.addr),
+            bytes: seg.size,
+            stream: format!("{:#x}", seg.stream),
+            pool: match seg.pool {
+                PoolKind::Small => "small",
+                PoolKind::Large => "large",
+            }
+            .to_string(),
+            capture: seg.capture,
+            blocks: seg
+                .blocks
+                .iter()
+                .map(|b| SegmentBlock {
+                    address: format!("{:#x}", b.addr),
+                    bytes: b.size,
+                    requested_bytes: b.requested,
+                    state: match b.state {
+                        BlockState::ActiveAllocated => "active_allocated",
+                        BlockState::ActivePendingFree => "active_pending_free",
+                        BlockState::Inactive => "inactive",
+                    }
+                    .to_string(),
+                })
+                .collect(),
+        });
+    }
+    Some(fb)
+}

@@ -1,0 +1,830 @@
+//! Turning a captured ledger state into a [`Dump`]: largest holders, sites, devices, process
+//! identity, symbolised stacks (the only place symbolisation happens) and the verdict.
+//!
+//! What the dump says about CUDA and the device comes from the capture's [`FailureContext`] and
+//! the [`Facts`] its caller read, and from nowhere else: assembly asks neither CUDA nor the
+//! hooks, and reads no global about the failure, so two failures assembled in either order,
+//! on any thread, each describe their own moment.
+
+use super::{unix_ms, FailureContext, Shim};
+use dump::model::*;
+use oomshim_core::ledger::{Allocation, Api, Snapshot, StackId};
+use rustc_hash::FxHashMap;
+use std::time::SystemTime;
+
+/// The state at the moment a dump describes.
+pub(crate) struct Capture {
+    pub snapshot: Snapshot,
+    pub time: SystemTime,
+    /// Shim clock at capture, for allocation ages.
+    pub now_ns: u64,
+    pub failing: Option<Failing>,
+    /// What the device and CUDA said at that moment, gathered where it happened.
+    pub context: FailureContext,
+}
+
+pub(crate) struct Failing {
+    pub api: Api,
+    pub bytes: u64,
+    pub device: i32,
+    pub error_code: i32,
+    pub stack: StackId,
+    pub py_stack: StackId,
+}
+
+pub(crate) struct BurstInfo {
+    pub failures: u32,
+    pub resolution: super::oom::Resolution,
+    pub last: LastFailure,
+    /// Failures before this one that got no dump (repeats, over the cap).
+    pub repeats: u64,
+    pub suppressed: u64,
+}
+
+/// What is read outside CUDA about a failure, as soon after it as possible (the writer reads it
+/// when the failure reaches it, not when the dump is finally written): NVML's processes on the
+/// device, and host memory; and the GPU UUIDs the process has learnt, read when the dump is
+/// assembled.
+#[derive(Debug, Clone)]
+pub(crate) struct Facts {
+    pub gpu_processes: Option<GpuProcesses>,
+    pub host: oomshim_core::facts::host::HostMemory,
+    /// (device, UUID) of every device whose UUID the process asked so far: the identities of
+    /// devices other than the context's own.
+    pub device_uuids: Vec<(i32, String)>,
+}
+
+impl Facts {
+    pub fn read(device: Option<i32>) -> Facts {
+        Facts {
+            // Asked only for a device the process uses: NVML is loaded on the calling thread.
+            gpu_processes: device.map(oomshim_core::facts::gpu_processes::for_dump),
+            host: oomshim_core::facts::host::read(),
+            device_uuids: super::known_device_uuids(),
+        }
+    }
+
+    /// The same facts with the UUIDs learnt by now: the writer reads the other facts at the
+    /// failure but assembles its dump later, when more devices may have been named.
+    pub fn with_current_uuids(self) -> Facts {
+        Facts {
+            device_uuids: super::known_device_uuids(),
+            ..self
+        }
+    }
+}
+
+pub(crate) fn assemble(
+    s: &Shim,
+    reason: &str,
+    cap: &Capture,
+    burst: Option<BurstInfo>,
+    framework: Option<&super::oom::FrameworkNote>,
+    facts: Facts,
+) -> Dump {
+    let top = s.config.top;
+    let ctx = &cap.context;
+    let uuid_of = |device: i32| {
+        facts
+            .device_uuids
+            .iter()
+            .find(|(d, _)| *d == device)
+            .map(|(_, u)| u.clone())
+    };
+    let device_allocs: Vec<&(usize, Allocation)> = cap
+        .snapshot
+        .allocations
+        .iter()
+        .filter(|(_, a)| !a.api.is_pinned_host())
+        .collect();
+
+    let mut holders = device_allocs.clone();
+    holders.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.1.seq.cmp(&b.1.seq)));
+    holders.truncate(top);
+
+    // A site is one (native stack, Python stack) pair.
+    let mut by_site: FxHashMap<StackKey, (u64, u64)> = FxHashMap::default();
+    for (_, a) in &device_allocs {
+        let e = by_site.entry((a.stack, a.py_stack)).or_default();
+        e.0 += a.bytes;
+        e.1 += 1;
+    }
+    let mut sites: Vec<(StackKey, u64, u64)> =
+        by_site.into_iter().map(|(k, (b, c))| (k, b, c)).collect();
+    sites.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    sites.truncate(top);
+
+    let mut keys: Vec<StackKey> = holders.iter().map(|(_, a)| (a.stack, a.py_stack)).collect();
+    keys.extend(sites.iter().map(|s| s.0));
+    keys.extend(cap.failing.as_ref().map(|f| (f.stack, f.py_stack)));
+    keys.sort();
+    keys.dedup();
+    let stacks = symbolize_stacks(s, &keys);
+    let stack_of = |k: StackKey| -> (Vec<Frame>, Option<StackMerge>) {
+        stacks.get(&k).cloned().unwrap_or_default()
+    };
+    let mut merge_counts = MergeCounts::default();
+    for (_, m) in stacks.values() {
+        match m {
+            Some(StackMerge::EvalFrames) => merge_counts.eval_frames += 1,
+            Some(StackMerge::Outer) => merge_counts.outer += 1,
+            Some(StackMerge::PythonOnly) => merge_counts.python_only += 1,
+            None => {}
+        }
+    }
+
+    // Thread names, read once per distinct thread.
+    let mut thread_names: FxHashMap<u64, Option<String>> = FxHashMap::default();
+    for (_, a) in &holders {
+        thread_names
+            .entry(a.thread)
+            .or_insert_with(|| super::thread_name(a.thread));
+    }
+    let largest_holders = holders
+        .iter()
+        .map(|(addr, a)| {
+            let (stack, stack_merge) = stack_of((a.stack, a.py_stack));
+            Holder {
+                bytes: a.bytes,
+                address: format!("{addr:#x}"),
+                api: a.api.name().to_string(),
+                device: a.device,
+                stream: has_stream(a.api).then(|| format!("{:#x}", a.stream)),
+                thread: a.thread,
+                thread_name: thread_names.get(&a.thread).cloned().flatten(),
+                age_s: cap.now_ns.saturating_sub(a.time_ns) as f64 / 1e9,
+                seq: a.seq,
+                stack,
+                stack_merge,
+            }
+        })
+        .collect();
+    let sites = sites
+        .iter()
+        .map(|&(key, bytes, count)| Site {
+            bytes,
+            count,
+            stack: stack_of(key).0,
+        })
+        .collect();
+
+    let mut devices: Vec<DeviceInfo> = cap
+        .snapshot
+        .devices
+        .iter()
+        .map(|&(index, t)| DeviceInfo {
+            index,
+            name: None,
+            total_bytes: None,
+            free_bytes: None,
+            tracked_bytes: t.bytes,
+            tracked_count: t.count,
+            peak_tracked_bytes: t.peak_bytes,
+            uuid: uuid_of(index),
+        })
+        .collect();
+    if let Some(d) = ctx.device {
+        let info = match devices.iter_mut().find(|x| x.index == d) {
+            Some(x) => x,
+            None => {
+                devices.push(DeviceInfo {
+                    index: d,
+                    name: None,
+                    total_bytes: None,
+                    free_bytes: None,
+                    tracked_bytes: 0,
+                    tracked_count: 0,
+                    peak_tracked_bytes: 0,
+                    uuid: None,
+                });
+                devices.last_mut().expect("just pushed")
+            }
+        };
+        info.name = ctx.device_name.clone();
+        info.free_bytes = ctx.mem_info.map(|m| m.0);
+        info.total_bytes = ctx.mem_info.map(|m| m.1);
+        info.uuid = ctx.device_uuid.clone().or_else(|| uuid_of(d));
+    }
+    devices.sort_by_key(|d| d.index);
+
+    let burst = burst.as_ref();
+    let failed_request = cap.failing.as_ref().map(|f| {
+        let (stack, stack_merge) = stack_of((f.stack, f.py_stack));
+        FailedRequest {
+            bytes: f.bytes,
+            api: f.api.name().to_string(),
+            device: f.device,
+            error_code: f.error_code,
+            stack,
+            stack_merge,
+            failures_in_burst: burst.map_or(1, |b| b.failures),
+            recovered: burst.and_then(|b| b.resolution.recovered()),
+            resolution: burst.map(|b| b.resolution.word().to_string()),
+            last_failure: burst.map(|b| b.last.clone()),
+        }
+    });
+    let free_blocks = framework
+        .and_then(|f| f.free_blocks.clone())
+        .or_else(|| ctx.free_blocks.clone())
+        .unwrap_or_else(|| FreeBlocks {
+            source: "unavailable".to_string(),
+            reason: Some(
+                "under LD_PRELOAD the shim sees the framework's segments, not the free blocks inside them; \
+                 PyTorch's own view comes through oomshim's Python hook when torch raises OutOfMemoryError"
+                    .to_string(),
+            ),
+            total_free_bytes: None,
+            largest_free_bytes: None,
+            fragmentation: None,
+            histogram: Vec::new(),
+            ..Default::default()
+        });
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut dump = Dump {
+        schema: SCHEMA.to_string(),
+        reason: reason.to_string(),
+        time: rfc3339(cap.time),
+        time_unix_ms: unix_ms(cap.time),
+        process: process_info(),
+        failed_request,
+        devices,
+        pinned_host: PinnedHost {
+            bytes: cap.snapshot.pinned_host.bytes,
+            count: cap.snapshot.pinned_host.count,
+            peak_bytes: cap.snapshot.pinned_host.peak_bytes,
+        },
+        largest_holders,
+        sites,
+        free_blocks,
+        verdict: Verdict::default(),
+        recording: Recording {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            // The mode when the dump is written: a benchmark may have switched it.
+            stacks: super::recording::current()
+                .stacks()
+                .unwrap_or(oomshim_core::config::StackMode::Off)
+                .as_str()
+                .to_string(),
+            python: oomshim_core::pystack::interpreter(),
+            python_merge: (merge_counts != MergeCounts::default()).then_some(merge_counts),
+            depth: s.config.depth as u32,
+            unknown_frees: cap.snapshot.unknown_frees,
+            live_allocations: cap.snapshot.allocations.len() as u64,
+            total_allocations: cap.snapshot.total_allocations,
+            oom_failures: s.oom_failures.load(std::sync::atomic::Ordering::Relaxed),
+            repeated_failures: burst.map_or(0, |b| b.repeats),
+            suppressed_dumps: burst.map_or(0, |b| b.suppressed),
+        },
+        // Pools and VMM state taken on the failing (or calling) thread.
+        pools: ctx.pools.clone(),
+        vmm: ctx.vmm.clone(),
+        host: Some(facts.host),
+        gpu_processes: facts.gpu_processes,
+        growth: s.growth.analyse(
+            ctx.mem_info.map(|m| m.0),
+            s.ledger.total_allocations(),
+            |pairs| {
+                let named = symbolize_stacks(s, pairs);
+                pairs
+                    .iter()
+                    .map(|k| named.get(k).map(|v| v.0.clone()).unwrap_or_default())
+                    .collect()
+            },
+        ),
+        config: Some(oomshim_core::facts::env::ConfigSnapshot {
+            torch_version: oomshim_core::facts::env::torch_version_in(&maps).or_else(|| {
+                framework.and_then(|f| {
+                    (f.account.name == "torch")
+                        .then(|| f.account.version.clone())
+                        .flatten()
+                })
+            }),
+            frameworks: oomshim_core::facts::env::frameworks_in(&maps),
+            ..oomshim_core::facts::env::snapshot(
+                |k| std::env::var(k).ok(),
+                std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()),
+                (ctx.driver_version, ctx.runtime_version),
+            )
+        }),
+        request_sizes: s.growth.request_sizes(),
+        framework: framework.map(|f| f.account.clone()),
+        library_memory: None,
+        post_mortem: None,
+    };
+    dump.library_memory = library_memory(s, &device_allocs, &maps, ctx.device, &dump);
+    dump.verdict = oomshim_core::verdict::judge(&dump);
+    dump
+}
+
+/// A native stack id and a Python stack id: what one allocation's stack is.
+type StackKey = (StackId, StackId);
+
+/// Symbolises the native stacks of `keys` in one batch, resolves their Python stacks, and merges
+/// each pair.
+fn symbolize_stacks(
+    s: &Shim,
+    keys: &[StackKey],
+) -> FxHashMap<StackKey, (Vec<Frame>, Option<StackMerge>)> {
+    let mut native_ids: Vec<StackId> = keys.iter().map(|k| k.0).collect();
+    native_ids.sort();
+    native_ids.dedup();
+    let raw: FxHashMap<StackId, Vec<usize>> = native_ids
+        .iter()
+        .map(|&id| (id, s.stacks.frames(id)))
+        .collect();
+    let mut addrs: Vec<usize> = raw.values().flatten().copied().collect();
+    addrs.sort_unstable();
+    addrs.dedup();
+    let symbols: FxHashMap<usize, Vec<Frame>> = if addrs.is_empty() {
+        FxHashMap::default()
+    } else {
+        addrs
+            .iter()
+            .copied()
+            .zip(oomshim_core::stacks::symbolize(&addrs))
+            .collect()
+    };
+    let frames_of = |id: StackId| -> Vec<Frame> {
+        raw.get(&id)
+            .map(|pcs| {
+                pcs.iter()
+                    .flat_map(|pc| {
+                        symbols.get(pc).cloned().unwrap_or_else(|| {
+                            vec![Frame {
+                                address: format!("{pc:#x}"),
+                                ..Frame::default()
+                            }]
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let native_captured = s.config.stacks.native();
+    keys.iter()
+        .map(|&(native, python)| {
+            let py = oomshim_core::pystack::resolve(&s.py_stacks.frames(python));
+            (
+                (native, python),
+                merge_stacks(frames_of(native), &py, native_captured),
+            )
+        })
+        .collect()
+}
+
+/// The native frame that runs a group of Python frames.
+const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
+
+/// Merges a Python stack into a native one (both innermost first): each group of Python frames
+/// that one native eval-loop call ran replaces that call's `_PyEval_EvalFrameDefault` frame,
+/// innermost group at the innermost eval frame; groups left over when the native stack shows
+/// fewer eval frames (cut by the depth limit) all go at the outermost one. Without any eval frame
+/// the Python frames follow the native ones (they are the callers of everything captured).
+pub(crate) fn merge_stacks(
+    native: Vec<Frame>,
+    python: &[oomshim_core::pystack::PyFrame],
+    native_captured: bool,
+) -> (Vec<Frame>, Option<StackMerge>) {
+    if python.is_empty() {
+        return (native, None);
+    }
+    let py_frame = |p: &oomshim_core::pystack::PyFrame| Frame {
+        address: format!("{:#x}", p.code),
+        function: Some(p.function.clone()),
+        file: Some(p.file.clone()),
+        line: p.line,
+        module: None,
+        inlined: false,
+        kind: FrameKind::Python,
+    };
+    // Groups of Python frames, innermost first; each ends at its eval call's outermost frame.
+    let mut groups: Vec<Vec<Frame>> = vec![Vec::new()];
+    for p in python {
+        groups.last_mut().expect("one group").push(py_frame(p));
+        if p.group_end {
+            groups.push(Vec::new());
+        }
+    }
+    groups.retain(|g| !g.is_empty());
+    if !native_captured && native.is_empty() {
+        return (groups.concat(), Some(StackMerge::PythonOnly));
+    }
+    let is_eval = |f: &Frame| f.function.as_deref() == Some(EVAL_FRAME);
+    let evals = native.iter().filter(|f| is_eval(f)).count();
+    if evals == 0 {
+        let mut out = native;
+        out.extend(groups.concat());
+        return (out, Some(StackMerge::Outer));
+    }
+    let mut out = Vec::with_capacity(native.len() + python.len());
+    let mut groups = groups.into_iter();
+    let mut seen = 0;
+    for f in native {
+        if !is_eval(&f) {
+            out.push(f);
+            continue;
+        }
+        seen += 1;
+        let before = out.len();
+        if seen < evals {
+            if let Some(g) = groups.next() {
+                out.extend(g);
+            }
+        } else {
+            out.extend(groups.by_ref().flatten());
+        }
+        if out.len() == before {
+            out.push(f); // no Python frames left for this eval frame: keep it
+        }
+    }
+    (out, Some(StackMerge::EvalFrames))
+}
+
+fn has_stream(api: Api) -> bool {
+    api.has_stream() // runtime and driver stream-ordered APIs (src/core/ledger.rs)
+}
+
+/// `function (file:line)` of the innermost frame with a name, for one-line summaries.
+#[allow(
+    dead_code,
+    reason = "the stderr summary now names sites through the verdict's findings"
+)]
+pub(crate) fn describe_site(stack: &[Frame]) -> String {
+    // The same frame the reports name a site by (the program's own Python line when known).
+    match dump::view::named_frames(stack).next() {
+        Some(f) => {
+            let name = f.function.as_deref().unwrap_or("?");
+            match (&f.file, f.line) {
+                (Some(file), Some(line)) => {
+                    let short = file.rsplit('/').next().unwrap_or(file);
+                    format!("{name} ({short}:{line})")
+                }
+                _ => name.to_string(),
+            }
+        }
+        None => stack
+            .first()
+            .map(|f| f.address.clone())
+            .unwrap_or_else(|| "an unknown site".to_string()),
+    }
+}
+
+/// Live device memory by library (from every live allocation's interned stack, looked at once
+/// per distinct stack) and the split of what the tracked allocations do not explain.
+fn library_memory(
+    s: &Shim,
+    device_allocs: &[&(usize, Allocation)],
+    maps: &str,
+    device: Option<i32>,
+    dump: &Dump,
+) -> Option<LibraryMemory> {
+    use oomshim_core::facts::libraries;
+    let native = s.config.stacks.native();
+    let mut libs = if native {
+        let allocs: Vec<libraries::LiveAlloc<StackId>> = device_allocs
+            .iter()
+            .map(|(_, a)| libraries::LiveAlloc {
+                device: a.device,
+                bytes: a.bytes,
+                api: a.api.name(),
+                stack: a.stack,
+            })
+            .collect();
+        libraries::attribute(&libraries::LibraryMap::parse(maps), &allocs, |id| {
+            s.stacks.frames(id)
+        })
+    } else {
+        Vec::new()
+    };
+    libraries::add_graph_pools(
+        &mut libs,
+        device.unwrap_or(0),
+        &dump.free_blocks.segment_map,
+    );
+    let untracked = libraries::untracked_split(&dump.devices, dump.gpu_processes.as_ref());
+    (!libs.is_empty() || !untracked.is_empty()).then(|| LibraryMemory {
+        source: if native {
+            "stack_modules"
+        } else {
+            "no_native_stacks"
+        }
+        .to_string(),
+        libraries: libs,
+        untracked,
+    })
+}
+
+fn process_info() -> ProcessInfo {
+    let command_line = std::fs::read("/proc/self/cmdline")
+        .map(|raw| {
+            raw.split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let ranks = oomshim_core::facts::ranks::current();
+    ProcessInfo {
+        pid: std::process::id(),
+        host: hostname(),
+        command_line,
+        rank: ranks.rank,
+        local_rank: ranks.local_rank,
+        world_size: ranks.world_size,
+        launcher: ranks.launcher.map(str::to_string),
+        job_id: ranks.job_id,
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return "unknown".to_string();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+pub(crate) use dump::time::rfc3339;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn rfc3339_matches_known_instants() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let t = UNIX_EPOCH + Duration::from_millis(1_795_966_991_123);
+        assert_eq!(rfc3339(t), "2026-11-29T15:43:11.123Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
+    }
+
+    fn native(name: &str) -> Frame {
+        Frame {
+            address: "0x1".into(),
+            function: Some(name.into()),
+            ..Frame::default()
+        }
+    }
+
+    fn py(name: &str, group_end: bool) -> oomshim_core::pystack::PyFrame {
+        oomshim_core::pystack::PyFrame {
+            function: name.into(),
+            file: "train.py".into(),
+            line: Some(7),
+            code: 0x10,
+            group_end,
+        }
+    }
+
+    fn names(frames: &[Frame]) -> Vec<String> {
+        frames
+            .iter()
+            .map(|f| {
+                let n = f.function.clone().unwrap_or_default();
+                if f.kind == FrameKind::Python {
+                    format!("py:{n}")
+                } else {
+                    n
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn python_groups_replace_their_eval_frames() {
+        let stack = vec![
+            native("simcall_alloc"),
+            native("_PyEval_EvalFrameDefault"),
+            native("PyObject_Call"),
+            native("_PyEval_EvalFrameDefault"),
+            native("main"),
+        ];
+        let python = [py("forward", false), py("step", true), py("<module>", true)];
+        let (merged, how) = merge_stacks(stack.clone(), &python, true);
+        assert_eq!(how, Some(StackMerge::EvalFrames));
+        assert_eq!(
+            names(&merged),
+            [
+                "simcall_alloc",
+                "py:forward",
+                "py:step",
+                "PyObject_Call",
+                "py:<module>",
+                "main"
+            ]
+        );
+        // More groups than eval frames (a truncated native stack): the rest at the outermost.
+        let (merged, _) = merge_stacks(stack[..2].to_vec(), &python, true);
+        assert_eq!(
+            names(&merged),
+            ["simcall_alloc", "py:forward", "py:step", "py:<module>"]
+        );
+        // No eval frame: Python frames are the callers of everything native.
+        let (merged, how) = merge_stacks(vec![native("simcall_alloc")], &python, true);
+        assert_eq!(how, Some(StackMerge::Outer));
+        assert_eq!(
+            names(&merged),
+            ["simcall_alloc", "py:forward", "py:step", "py:<module>"]
+        );
+        // Python only; and no Python frames leaves the native stack untouched.
+        let (merged, how) = merge_stacks(vec![], &python, false);
+        assert_eq!(how, Some(StackMerge::PythonOnly));
+        assert_eq!(merged.len(), 3);
+        assert_eq!(merge_stacks(stack.clone(), &[], true), (stack, None));
+    }
+
+    #[test]
+    fn site_description_prefers_the_innermost_python_frame() {
+        let (merged, _) = merge_stacks(
+            vec![native("simcall_alloc"), native("_PyEval_EvalFrameDefault")],
+            &[py("forward", true)],
+            true,
+        );
+        assert_eq!(describe_site(&merged), "forward (train.py:7)");
+    }
+
+    #[test]
+    fn site_description_uses_the_innermost_named_frame() {
+        let frames = vec![
+            Frame {
+                address: "0x1".into(),
+                ..Frame::default()
+            },
+            Frame {
+                address: "0x2".into(),
+                function: Some("forward_layer".into()),
+                file: Some("/src/demo_train.c".into()),
+                line: Some(55),
+                ..Frame::default()
+            },
+        ];
+        assert_eq!(describe_site(&frames), "forward_layer (demo_train.c:55)");
+        assert_eq!(describe_site(&frames[..1]), "0x1");
+        assert_eq!(describe_site(&[]), "an unknown site");
+    }
+}
+
+/// Assembly is a function of what it is handed: two failures on two devices, assembled from their
+/// own contexts in either order, each describe their own device.
+#[cfg(test)]
+mod context_tests {
+    use super::*;
+    use oomshim_core::config::Config;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    /// A shim holding 3 GiB on device 0 and 5 GiB on device 1.
+    fn two_device_shim() -> Shim {
+        let s = Shim::empty(Config::default());
+        for (i, (device, bytes)) in [(0, 3 * GIB), (1, 5 * GIB)].into_iter().enumerate() {
+            let alloc = Allocation {
+                bytes,
+                api: Api::CudaMalloc,
+                device,
+                stream: 0,
+                thread: 1,
+                time_ns: 0,
+                seq: s.ledger.next_seq(),
+                stack: StackId::EMPTY,
+                py_stack: StackId::EMPTY,
+            };
+            s.ledger.record_alloc(0x7e00_0000_0000 + (i << 40), alloc);
+        }
+        s
+    }
+
+    /// What a failure on `device` learnt there: every answer tells the device apart.
+    fn context_of(device: i32) -> FailureContext {
+        let n = device as u64 + 1;
+        FailureContext {
+            device: Some(device),
+            mem_info: Some((n * 100 * MIB, 80 * GIB)),
+            device_name: Some(format!("gpu {device}")),
+            device_uuid: Some(format!("GPU-{device:08x}")),
+            driver_version: Some(13000 + device),
+            runtime_version: Some(12000 + device),
+            pools: vec![PoolInfo {
+                device,
+                pool: format!("{:#x}", 0x4d00 + device),
+                reserved_bytes: n * GIB,
+                used_bytes: 0,
+                cached_bytes: n * GIB,
+            }],
+            vmm: Some(VmmInfo {
+                reserved_ranges: n,
+                reserved_bytes: n * GIB,
+                ..VmmInfo::default()
+            }),
+            free_blocks: Some(FreeBlocks {
+                source: "oomshim-allocator".into(),
+                total_free_bytes: Some(n * 10 * MIB),
+                largest_free_bytes: Some(n * MIB),
+                ..FreeBlocks::default()
+            }),
+        }
+    }
+
+    fn failure_on(s: &Shim, device: i32) -> Capture {
+        Capture {
+            snapshot: s.ledger.snapshot(),
+            time: UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            now_ns: 0,
+            failing: Some(Failing {
+                api: Api::CudaMalloc,
+                bytes: GIB,
+                device,
+                error_code: 2,
+                stack: StackId::EMPTY,
+                py_stack: StackId::EMPTY,
+            }),
+            context: context_of(device),
+        }
+    }
+
+    fn facts() -> Facts {
+        Facts {
+            gpu_processes: None,
+            host: Default::default(),
+            device_uuids: vec![(0, "GPU-known-0".into()), (1, "GPU-known-1".into())],
+        }
+    }
+
+    fn dump_of(s: &Shim, cap: &Capture) -> Dump {
+        assemble(s, "oom", cap, None, None, facts())
+    }
+
+    #[test]
+    fn each_failure_is_assembled_from_its_own_context() {
+        let s = two_device_shim();
+        let (cap0, cap1) = (failure_on(&s, 0), failure_on(&s, 1));
+        // Device 1's failure assembled first: nothing of it may reach device 0's dump.
+        let d1 = dump_of(&s, &cap1);
+        let d0 = dump_of(&s, &cap0);
+        for (device, d) in [(0, &d0), (1, &d1)] {
+            let ctx = context_of(device);
+            let other = 1 - device;
+            assert_eq!(d.failed_request.as_ref().unwrap().device, device);
+            assert_eq!(d.pools, ctx.pools, "device {device}");
+            assert_eq!(d.vmm, ctx.vmm, "device {device}");
+            assert_eq!(
+                d.free_blocks.total_free_bytes,
+                ctx.free_blocks.as_ref().unwrap().total_free_bytes
+            );
+            assert_eq!(d.free_blocks.source, "oomshim-allocator");
+            let config = d.config.as_ref().unwrap();
+            assert_eq!(
+                (config.cuda_driver_version, config.cuda_runtime_version),
+                (ctx.driver_version, ctx.runtime_version)
+            );
+            let own = d.devices.iter().find(|x| x.index == device).unwrap();
+            assert_eq!(own.name, ctx.device_name);
+            assert_eq!(own.uuid, ctx.device_uuid);
+            assert_eq!(
+                (own.free_bytes, own.total_bytes),
+                (Some(ctx.mem_info.unwrap().0), Some(ctx.mem_info.unwrap().1))
+            );
+            // The other device: the ledger's figures and its known identity, no answers of the
+            // other failure.
+            let theirs = d.devices.iter().find(|x| x.index == other).unwrap();
+            assert_eq!((theirs.name.as_ref(), theirs.free_bytes), (None, None));
+            assert_eq!(
+                theirs.uuid.as_deref(),
+                Some(["GPU-known-0", "GPU-known-1"][other as usize])
+            );
+            assert_eq!(theirs.tracked_bytes, [3 * GIB, 5 * GIB][other as usize]);
+        }
+        // The same inputs give the same dump, whatever was assembled in between.
+        let again = dump_of(&s, &cap0);
+        assert_eq!(
+            serde_json::to_string(&again).unwrap(),
+            serde_json::to_string(&d0).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_dump_without_a_device_says_nothing_of_one() {
+        let s = two_device_shim();
+        let cap = Capture {
+            failing: None,
+            context: FailureContext::default(),
+            ..failure_on(&s, 0)
+        };
+        let d = assemble(&s, "interval", &cap, None, None, facts());
+        assert!(d.pools.is_empty() && d.vmm.is_none());
+        assert_eq!(d.free_blocks.source, "unavailable");
+        assert!(d
+            .devices
+            .iter()
+            .all(|x| x.name.is_none() && x.free_bytes.is_none()));
+        let config = d.config.as_ref().unwrap();
+        assert_eq!(
+            (config.cuda_driver_version, config.cuda_runtime_version),
+            (None, None)
+        );
+    }
+}

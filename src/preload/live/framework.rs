@@ -1,0 +1,158 @@
+//! A framework's own account of an out-of-memory error it raised, as oomshim's Python hook
+//! sends it (`oomshim_framework_oom`): JSON of schema [`SCHEMA`]. Torch's includes its cache's
+//! segments and free blocks (from `torch.cuda.memory._snapshot()`), which the shim cannot see
+//! under LD_PRELOAD; they become the dump's `free_blocks` before the verdict is judged.
+
+use super::oom::FrameworkNote;
+use dump::model::{Attribution, CacheSummary, FrameworkOom};
+use serde::Deserialize;
+
+pub const SCHEMA: &str = "oomshim.framework-oom/1";
+/// Largest account accepted (a torch cache histogram is a few KiB).
+pub const MAX_REPORT_BYTES: usize = 1 << 20;
+/// Longest framework message kept.
+const MAX_MESSAGE: usize = 1024;
+
+#[derive(Deserialize)]
+struct Report {
+    schema: String,
+    framework: String,
+    #[serde(default)]
+    version: Option<String>,
+    #[serde(default = "yes")]
+    raised: bool,
+    device: i32,
+    #[serde(default)]
+    request_bytes: Option<u64>,
+    #[serde(default)]
+    device_total_bytes: Option<u64>,
+    #[serde(default)]
+    device_free_bytes: Option<u64>,
+    #[serde(default)]
+    alloc_conf: Option<String>,
+    #[serde(default)]
+    stats: std::collections::BTreeMap<String, u64>,
+    #[serde(default)]
+    cache: Option<CacheSummary>,
+    #[serde(default)]
+    snapshot_file: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    attribution: Option<Attribution>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn cut(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut n = max;
+        while !s.is_char_boundary(n) {
+            n -= 1;
+        }
+        s.truncate(n);
+    }
+    s
+}
+
+/// The account and the device's (free, total) as the framework reported them; `None` for
+/// anything that is not a valid account (it is ignored: the hook's failure must not become the
+/// program's).
+pub fn parse(bytes: &[u8]) -> Option<(FrameworkNote, Option<(u64, u64)>)> {
+    let r: Report = serde_json::from_slice(bytes).ok()?;
+    if r.schema != SCHEMA || r.framework.is_empty() || r.framework.len() > 32 {
+        return None;
+    }
+    let free_blocks = r
+        .cache
+        .as_ref()
+        .map(|c| c.free_blocks(format!("{}-snapshot", r.framework)));
+    let mem_info = match (r.device_free_bytes, r.device_total_bytes) {
+        (Some(f), Some(t)) => Some((f, t)),
+        _ => None,
+    };
+    let account = FrameworkOom {
+        name: r.framework,
+        version: r.version.map(|v| cut(v, 64)),
+        raised: r.raised,
+        request_bytes: r.request_bytes,
+        device_total_bytes: r.device_total_bytes,
+        device_free_bytes: r.device_free_bytes,
+        alloc_conf: r.alloc_conf.filter(|c| !c.is_empty()).map(|c| cut(c, 1024)),
+        stats: r.stats.into_iter().take(64).collect(),
+        cache: r.cache,
+        snapshot_file: r.snapshot_file.map(|f| cut(f, 255)),
+        message: r.message.map(|m| cut(m, MAX_MESSAGE)),
+        attribution: r.attribution.map(|mut a| {
+            a.lines.truncate(10);
+            for l in &mut a.lines {
+                l.file = cut(std::mem::take(&mut l.file), 1024);
+                l.function = cut(std::mem::take(&mut l.function), 256);
+            }
+            a
+        }),
+    };
+    Some((
+        FrameworkNote {
+            device: r.device,
+            account,
+            free_blocks,
+        },
+        mem_info,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torch_accounts_carry_the_cache_as_free_blocks() {
+        let json = br#"{"schema":"oomshim.framework-oom/1","framework":"torch","version":"2.11.0+cu130",
+            "device":0,"request_bytes":134217728,"device_total_bytes":100,"device_free_bytes":7,
+            "alloc_conf":"","stats":{"num_ooms":1},"snapshot_file":"oomshim-torch-h-1-1.pickle",
+            "cache":{"segments":3,"reserved_bytes":3000,"allocated_bytes":1800,"total_free_bytes":1200,
+                     "largest_free_bytes":400,"inactive_split_bytes":1200,"fragmentation":0.66,
+                     "histogram":[{"lo":256,"hi":512,"count":3,"bytes":1200}]}}"#;
+        let (note, mem) = parse(json).unwrap();
+        assert_eq!(mem, Some((7, 100)));
+        assert_eq!(note.device, 0);
+        assert!(note.account.raised, "raised unless said otherwise");
+        assert_eq!(
+            note.account.alloc_conf, None,
+            "an empty setting is no setting"
+        );
+        let fb = note.free_blocks.unwrap();
+        assert_eq!(fb.source, "torch-snapshot");
+        assert_eq!(
+            (
+                fb.total_free_bytes,
+                fb.largest_free_bytes,
+                fb.reserved_bytes,
+                fb.segments
+            ),
+            (Some(1200), Some(400), Some(3000), Some(3))
+        );
+    }
+
+    #[test]
+    fn anything_else_is_ignored() {
+        for bad in [
+            &b"not json"[..],
+            br#"{"schema":"other/1","framework":"torch","device":0}"#,
+            br#"{"schema":"oomshim.framework-oom/1","framework":"","device":0}"#,
+            br#"{"schema":"oomshim.framework-oom/1","framework":"torch"}"#,
+        ] {
+            assert!(parse(bad).is_none(), "{}", String::from_utf8_lossy(bad));
+        }
+        let long = format!(
+            r#"{{"schema":"oomshim.framework-oom/1","framework":"xla","device":1,"raised":true,"message":"{}"}}"#,
+            "é".repeat(2000)
+        );
+        let (note, mem) = parse(long.as_bytes()).unwrap();
+        assert!(note.account.message.unwrap().len() <= MAX_MESSAGE);
+        assert!(note.free_blocks.is_none() && mem.is_none());
+    }
+}

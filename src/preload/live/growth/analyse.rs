@@ -1,0 +1,377 @@
+//! Reading the histories: for a dump, the chosen history copied out under the lock and turned
+//! into the dump's [`Growth`] (the process's fitted growth, and its attribution to sites, with
+//! native stacks grouped by the frame that names them); for the Python hook, whether a marked
+//! history grows.
+
+use super::history::{AutoMode, Histories, History};
+use super::{SiteKey, StackPair, StepSource, Tracker, MAX_REPORTED, SUSPECT_MIN_SAMPLES};
+use dump::fit;
+use dump::model::{
+    AllocationSpan, DetectedSteps, Frame, Growth, GrowthFit, GrowthPoint, GrowthSite,
+};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+
+impl Tracker {
+    /// True when `source`'s history grows steadily up to now (at least [`SUSPECT_MIN_SAMPLES`]
+    /// samples, `min_bytes_per_step` a step): the Python hook then asks torch to record where
+    /// each new tensor comes from. A few microseconds (a fit over at most [`RING`] samples).
+    pub fn growing(&self, source: StepSource, min_bytes_per_step: u64) -> bool {
+        let Some(h) = self.lock() else { return false };
+        let marked = &h.marked[source as usize];
+        let series = if marked.framework_live.is_empty() {
+            &marked.totals
+        } else {
+            &marked.framework_live
+        };
+        let totals: Vec<(u64, u64)> = series.iter().copied().collect();
+        drop(h);
+        totals.len() >= SUSPECT_MIN_SAMPLES
+            && fit::growing_suffix(&totals)
+                .is_some_and(|(f, _)| f.slope >= min_bytes_per_step as f64)
+    }
+
+    /// The growth for a dump; `None` before two samples. `free_bytes`: the failing (or current)
+    /// device's free bytes, for projections; `seq_now`: the allocation count now; `name`: frames
+    /// of representative stack pairs (symbolised in one batch).
+    pub fn analyse(
+        &self,
+        free_bytes: Option<u64>,
+        seq_now: u64,
+        name: impl FnMut(&[StackPair]) -> Vec<Vec<Frame>>,
+    ) -> Option<Growth> {
+        let copy = {
+            let h = self.lock()?;
+            let source = self.chosen_source(&h);
+            let (history, steps) = match source {
+                Some(s) => (&h.marked[s as usize], s.word()),
+                // Marks stopped detection and time buckets: what those sampled is stale.
+                None if self.marked_any() => return None,
+                None => (
+                    &h.auto,
+                    match h.auto_mode {
+                        AutoMode::Time => "time",
+                        AutoMode::Detected => "detected",
+                    },
+                ),
+            };
+            if history.samples < 2 {
+                return None;
+            }
+            Copy::of(history_view(history), steps)
+        };
+        let detected = (copy.steps == "detected")
+            .then(|| {
+                // Never blocking (a fork may have copied it held); a busy detector is asked
+                // again.
+                (0..1000).find_map(|_| match self.detector.try_lock() {
+                    Ok(d) => Some((
+                        d.period,
+                        d.steps,
+                        seq_now.saturating_sub(d.last_seq),
+                        d.anchor_stack,
+                    )),
+                    Err(std::sync::TryLockError::Poisoned(e)) => {
+                        let d = e.into_inner();
+                        Some((
+                            d.period,
+                            d.steps,
+                            seq_now.saturating_sub(d.last_seq),
+                            d.anchor_stack,
+                        ))
+                    }
+                    Err(std::sync::TryLockError::WouldBlock) => {
+                        std::thread::yield_now();
+                        None
+                    }
+                })
+            })
+            .flatten()
+            .map(|(period, steps, since, anchor)| Detected {
+                period,
+                steps,
+                since,
+                anchor,
+            });
+        Some(copy.growth(free_bytes, detected, name))
+    }
+
+    /// The marked source whose history describes the phase at hand: the program's own marks
+    /// when it marks any; else forward passes during an evaluation phase (several since the last
+    /// optimizer step), else optimizer steps, else forward passes.
+    fn chosen_source(&self, h: &Histories) -> Option<StepSource> {
+        let has = |s: StepSource| h.marked[s as usize].samples >= 2;
+        if has(StepSource::Program) {
+            return Some(StepSource::Program);
+        }
+        let evaluating = self.forwards_since_optimizer.load(Ordering::Relaxed) >= 2;
+        if has(StepSource::Forward) && (evaluating || !has(StepSource::Optimizer)) {
+            return Some(StepSource::Forward);
+        }
+        has(StepSource::Optimizer).then_some(StepSource::Optimizer)
+    }
+}
+
+fn history_view(h: &History) -> View<'_> {
+    View {
+        samples: h.samples,
+        totals: &h.totals,
+        framework_live: &h.framework_live,
+        counts: &h.counts,
+        framework_counts: &h.framework_counts,
+        sites: h
+            .sites
+            .iter()
+            .map(|(k, s)| (*k, s.stack, &s.samples))
+            .collect(),
+        intervals: h.intervals,
+        freeing_intervals: h.freeing_intervals,
+    }
+}
+
+/// A site's samples: (step or second, live bytes).
+type Series = Vec<(u64, u64)>;
+
+/// A history as seen under its lock.
+pub(super) struct View<'a> {
+    pub samples: u64,
+    pub totals: &'a VecDeque<(u64, u64)>,
+    pub framework_live: &'a VecDeque<(u64, u64)>,
+    pub counts: &'a VecDeque<(u64, u64)>,
+    pub framework_counts: &'a VecDeque<(u64, u64)>,
+    pub sites: Vec<SiteView<'a>>,
+    pub intervals: u64,
+    pub freeing_intervals: u64,
+}
+
+/// One site of a [`View`]: its key, a representative stack pair, its samples.
+pub(super) type SiteView<'a> = (SiteKey, StackPair, &'a VecDeque<(u64, u64)>);
+
+/// The same, copied out so the lock is released before stacks are symbolised.
+pub(super) struct Copy {
+    pub steps: &'static str,
+    samples: u64,
+    totals: Series,
+    framework_live: Series,
+    counts: Series,
+    framework_counts: Series,
+    sites: Vec<(SiteKey, StackPair, Series)>,
+    intervals: u64,
+    freeing_intervals: u64,
+}
+
+/// The detector's state, for `growth.detected`.
+pub(super) struct Detected {
+    pub period: u64,
+    pub steps: u64,
+    pub since: u64,
+    pub anchor: StackPair,
+}
+
+/// Sites whose growth is attributed together: those with the same name.
+struct Group {
+    key: SiteKey,
+    /// The member with the most bytes at the end names the group.
+    stack: Vec<Frame>,
+    series: Vec<(u64, u64)>,
+}
+
+impl Copy {
+    pub fn of(v: View<'_>, steps: &'static str) -> Copy {
+        Copy {
+            steps,
+            samples: v.samples,
+            totals: v.totals.iter().copied().collect(),
+            framework_live: v.framework_live.iter().copied().collect(),
+            counts: v.counts.iter().copied().collect(),
+            framework_counts: v.framework_counts.iter().copied().collect(),
+            sites: v
+                .sites
+                .into_iter()
+                .map(|(k, s, pts)| (k, s, pts.iter().copied().collect()))
+                .collect(),
+            intervals: v.intervals,
+            freeing_intervals: v.freeing_intervals,
+        }
+    }
+
+    pub fn growth(
+        self,
+        free_bytes: Option<u64>,
+        detected: Option<Detected>,
+        mut name: impl FnMut(&[StackPair]) -> Vec<Vec<Frame>>,
+    ) -> Growth {
+        let current = self.totals.last().map_or(0, |t| t.0);
+        // The framework's own count of its live tensors, when every sample has one: under
+        // preload the tracked bytes are its segments, which a cache of varying shapes grows
+        // without any tensor being kept.
+        let live =
+            self.framework_live.len() == self.totals.len() && !self.framework_live.is_empty();
+        let fitted: &Series = if live {
+            &self.framework_live
+        } else {
+            &self.totals
+        };
+        let total_fit = fit::growing_suffix(fitted);
+        // Samples from here on are the stretch the growth is measured over.
+        let from_x = total_fit.map(|(_, start)| fitted[start].0);
+
+        let mut pairs: Vec<StackPair> = self.sites.iter().map(|s| s.1).collect();
+        if let Some(d) = &detected {
+            pairs.push(d.anchor);
+        }
+        let mut frames = name(&pairs);
+        frames.resize(pairs.len(), Vec::new());
+        let anchor = detected
+            .as_ref()
+            .and_then(|_| frames.pop())
+            .unwrap_or_default();
+
+        let groups = group(self.sites, frames);
+        // The step in which the free bytes run out at this rate: the step in progress is
+        // `current + 1`, and each whole step's worth of free bytes lets one more complete.
+        let projected = |rate: f64| -> Option<u64> {
+            let free = free_bytes?;
+            (rate >= 1.0).then(|| current + 1 + (free as f64 / rate).floor() as u64)
+        };
+        let mut sites: Vec<(f64, GrowthSite)> = groups
+            .into_iter()
+            .filter_map(|g| {
+                let pts: Vec<(u64, u64)> = match from_x {
+                    Some(x) => g.series.iter().copied().filter(|p| p.0 >= x).collect(),
+                    None => g.series.clone(),
+                };
+                let (slope, r2, n) = match (&total_fit, from_x) {
+                    // Attribution of the fitted growth: any rising slope over the stretch.
+                    (Some(_), Some(_)) => {
+                        let f = fit::line(&pts)?;
+                        (f.slope, f.r2, f.n)
+                    }
+                    // No steady growth of the process: only sites that grow steadily themselves.
+                    _ => {
+                        let f = fit::growing(&pts)?;
+                        (f.slope, f.r2, f.n)
+                    }
+                };
+                if slope < 1.0 {
+                    return None;
+                }
+                let first = *pts.first()?;
+                let last = *pts.last()?;
+                let share = total_fit.map(|(f, _)| (slope / f.slope).clamp(0.0, 1.0));
+                Some((
+                    slope,
+                    GrowthSite {
+                        bytes_per_step: slope.round() as u64,
+                        r_squared: round3(r2),
+                        samples: n as u64,
+                        first: point(first),
+                        last: point(last),
+                        projected_oom_step: projected(slope),
+                        stack: g.stack,
+                        share: share.map(round3),
+                        grouped_by: Some(g.key.word().to_string()),
+                    },
+                ))
+            })
+            .collect();
+        sites.sort_by(|a, b| b.0.total_cmp(&a.0));
+        sites.truncate(MAX_REPORTED);
+        let rate = match total_fit {
+            Some((f, _)) => f.slope,
+            None => sites.iter().map(|s| s.0).sum(),
+        };
+        // Live allocations at the first and last fitted sample, from the series that pairs the
+        // fitted one sample for sample (none when it does not).
+        let counts = if live {
+            &self.framework_counts
+        } else {
+            &self.counts
+        };
+        let paired = counts.len() == fitted.len()
+            && counts.iter().zip(fitted.iter()).all(|(c, b)| c.0 == b.0);
+        let fit_out = total_fit.map(|(f, start)| GrowthFit {
+            live_allocations: paired.then(|| AllocationSpan {
+                first: counts[start].1,
+                last: counts[counts.len() - 1].1,
+            }),
+            bytes_per_step: f.slope.round() as u64,
+            r_squared: round3(f.r2),
+            samples: f.n as u64,
+            first: point(fitted[start]),
+            last: point(*fitted.last().expect("a fit has points")),
+            of: Some(if live { "framework_live" } else { "tracked" }.to_string()),
+        });
+        Growth {
+            unit: if self.steps == "time" {
+                "second"
+            } else {
+                "step"
+            }
+            .to_string(),
+            steps: Some(self.steps.to_string()),
+            detected: detected.map(|d| DetectedSteps {
+                period: d.period,
+                steps: d.steps,
+                allocations_since_last_step: d.since,
+                intervals: self.intervals,
+                freeing_intervals: self.freeing_intervals,
+                anchor,
+            }),
+            samples: self.samples,
+            current,
+            free_bytes,
+            projected_oom_step: projected(rate),
+            sites: sites.into_iter().map(|s| s.1).collect(),
+            tracked: self.totals.iter().map(|&p| point(p)).collect(),
+            framework_live: self.framework_live.iter().map(|&p| point(p)).collect(),
+            fit: fit_out,
+        }
+    }
+}
+
+fn point((step, bytes): (u64, u64)) -> GrowthPoint {
+    GrowthPoint { step, bytes }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Groups sites by the frame that names them (native stacks that differ only inside the
+/// framework or the CUDA runtime are one site); sites without a named frame stay apart. Each
+/// group's series is the sum of its members' samples at each x.
+fn group(sites: Vec<(SiteKey, StackPair, Series)>, frames: Vec<Vec<Frame>>) -> Vec<Group> {
+    let mut groups: Vec<(Option<String>, Group, u64)> = Vec::new();
+    for ((key, _, series), stack) in sites.into_iter().zip(frames) {
+        let label = dump::view::named_frames(&stack)
+            .next()
+            .map(|f| format!("{}|{}", key.word(), dump::view::frame_label(f, usize::MAX)));
+        let last = series.last().map_or(0, |p| p.1);
+        let found = label
+            .as_ref()
+            .and_then(|l| groups.iter().position(|g| g.0.as_deref() == Some(l)));
+        match found {
+            Some(i) => {
+                let g = &mut groups[i];
+                g.1.series = add_series(&g.1.series, &series);
+                if last > g.2 {
+                    g.1.stack = stack;
+                    g.2 = last;
+                }
+            }
+            None => groups.push((label, Group { key, stack, series }, last)),
+        }
+    }
+    groups.into_iter().map(|g| g.1).collect()
+}
+
+/// The pointwise sum of two series sampled at the same xs (a series that starts later counts
+/// 0 before its first sample).
+fn add_series(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out: std::collections::BTreeMap<u64, u64> = a.iter().copied().collect();
+    for &(x, y) in b {
+        *out.entry(x).or_insert(0) += y;
+    }
+    out.into_iter().collect()
+}

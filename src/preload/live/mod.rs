@@ -1,0 +1,902 @@
+//! The shim's live state and the work behind each hook: start-up (lazily, on the first hooked
+//! call, never at load time), recording into the ledger, the out-of-memory path ([`oom`]) and
+//! turning a captured state into a dump ([`assemble`]). Called only from the hooks (the `ffi`
+//! module), always inside their guard, never holding a lock across a call into CUDA.
+
+pub mod allocator;
+mod assemble;
+mod context;
+#[allow(unused_imports)]
+pub(crate) use assemble::rfc3339;
+pub mod framework;
+mod growth;
+mod oom;
+pub mod recording;
+// Saying things on stderr is process plumbing (below the hooks); re-exported at its old path.
+pub use oomshim_core::sys::say;
+
+pub use context::FailureContext;
+pub use growth::{FrameworkLive, StepSource};
+pub use oom::{FrameworkNote, OomEvent};
+pub use recording::Recording;
+
+use oomshim_core::config::{Config, StackMode, DEFAULT_DEPTH, MAX_DEPTH};
+use oomshim_core::ledger::{Allocation, Api, Ledger, StackId, StackTable};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::SystemTime;
+
+pub struct Shim {
+    pub config: Config,
+    ledger: Ledger,
+    stacks: StackTable,
+    /// Python stacks: packed `(code id, offset)` frames, interned like native ones.
+    py_stacks: StackTable,
+    start_ns: u64,
+    oom: oom::OomTracker,
+    oom_failures: AtomicU64,
+    pinned_failures: AtomicU64,
+    /// Live bytes per site over steps or time buckets (src/preload/live/growth.rs).
+    growth: growth::Tracker,
+}
+
+static SHIM: OnceLock<Shim> = OnceLock::new();
+
+// The off switch lives with the guard, below the hooks and this module.
+pub use oomshim_core::sys::{disable, disabled};
+
+/// Says once that a real CUDA runtime function could not be found.
+pub fn report_missing(name: &str) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    say_missing_once(&SAID, name, "runtime", "cudaErrorInitializationError");
+}
+
+/// One message per layer for the whole process: the first missing function names the problem.
+fn say_missing_once(said: &AtomicBool, name: &str, layer: &str, returns: &str) {
+    if !said.swap(true, Ordering::Relaxed) {
+        oomshim_core::say!(
+            "oomshim: the real {name} was not found in this process (is the CUDA {layer} loaded?); \
+             calls to it return {returns}"
+        );
+    }
+}
+
+fn shim() -> Option<&'static Shim> {
+    if disabled() {
+        return None;
+    }
+    let s = SHIM.get_or_init(Shim::start);
+    static TRIGGERS: std::sync::Once = std::sync::Once::new();
+    // After the state exists (the trigger threads use it); one atomic load on later calls.
+    TRIGGERS.call_once(|| start_triggers(s));
+    Some(s)
+}
+
+/// The opt-in on-demand dumps: a signal (`OOMSHIM_SIGNAL`), a period (`OOMSHIM_INTERVAL`) and
+/// the program's exit (`OOMSHIM_AT_EXIT`). These dumps ask CUDA nothing (no device free/total):
+/// from a thread of the shim's own, asking could create a CUDA context.
+fn start_triggers(s: &'static Shim) {
+    if let Some(signo) = s.config.dump_signal {
+        // The handler posts a semaphore (no descriptor the program could close or reuse,
+        // see `sys::wait_for_dump_signal`); this thread writes the dump.
+        let spawned = oomshim_core::sys::dump_signal_init()
+            && std::thread::Builder::new()
+                .name("oomshim-signal".into())
+                .spawn(|| loop {
+                    oomshim_core::sys::wait_for_dump_signal();
+                    oomshim_core::sys::guarded(|| {
+                        dump_now("signal", FailureContext::without_cuda(None, None))
+                    });
+                })
+                .is_ok();
+        match spawned.then(|| oomshim_core::sys::install_dump_signal(signo)) {
+            Some(Ok(())) => tracing::debug!(signo, "dump signal installed"),
+            Some(Err(e)) => {
+                oomshim_core::say!("oomshim: OOMSHIM_SIGNAL: cannot install the handler ({e})")
+            }
+            None => oomshim_core::say!("oomshim: OOMSHIM_SIGNAL: cannot start the dump thread"),
+        }
+    }
+    if let Some(every) = s.config.interval {
+        let spawned = std::thread::Builder::new()
+            .name("oomshim-interval".into())
+            .spawn(move || loop {
+                std::thread::sleep(every);
+                oomshim_core::sys::guarded(|| {
+                    dump_now("interval", FailureContext::without_cuda(None, None))
+                });
+            });
+        if spawned.is_err() {
+            oomshim_core::say!("oomshim: OOMSHIM_INTERVAL: cannot start the dump thread");
+        }
+    }
+    if s.config.at_exit {
+        oomshim_core::sys::register_exit_dump(at_exit_dump);
+    }
+    // The flight recorder (src/core/flight): its own settings, read once here like the others.
+    let (live, warnings) = crate::publish::settings_from(|k| std::env::var(k).ok());
+    for w in &warnings {
+        oomshim_core::say!("oomshim: {w}");
+    }
+    crate::publish::start(live, live_dump, || {
+        oomshim_core::sys::register_live_cleanup(crate::publish::remove_at_exit)
+    });
+}
+
+/// The ledger's summary for the live region (src/core/flight): an on-demand dump's content, with
+/// reason `live`, asked of nothing but the ledger and /proc (no CUDA, no NVML), taken inside
+/// the guard on the publisher's thread.
+fn live_dump() -> Option<dump::model::Dump> {
+    oomshim_core::sys::guarded(|| {
+        let s = SHIM.get()?;
+        if disabled() || !room_for_dump(s) {
+            return None;
+        }
+        let capture = assemble::Capture {
+            snapshot: s.ledger.snapshot(),
+            time: SystemTime::now(),
+            now_ns: s.now_ns(),
+            failing: None,
+            context: FailureContext::without_cuda(None, None),
+        };
+        let facts = assemble::Facts {
+            gpu_processes: None,
+            host: oomshim_core::facts::host::read(),
+            device_uuids: known_device_uuids(),
+        };
+        Some(assemble::assemble(s, "live", &capture, None, None, facts))
+    })
+    .flatten()
+}
+
+/// `OOMSHIM_AT_EXIT`: what is still live when the program ends (a leak report).
+pub fn at_exit_dump() {
+    if SHIM.get().is_some() {
+        oomshim_core::sys::guarded(|| dump_now("exit", FailureContext::without_cuda(None, None)));
+    }
+}
+
+impl Shim {
+    fn start() -> Shim {
+        let (mut config, warnings) = Config::from_lookup(|k| std::env::var(k).ok());
+        for w in &warnings {
+            oomshim_core::say!("oomshim: {w}");
+        }
+        // Once, now: a relative directory is relative to where the program started (noted
+        // when the shim was loaded), whatever it chdirs to later; messages name it absolutely.
+        let base = start_dir().or_else(|| std::env::current_dir().ok());
+        config.dir = oomshim_core::config::resolve_dir(&config.dir, base.as_deref());
+        dump::write::set_file_mode(config.dump_mode);
+        let _ = oomshim_core::config::fault(); // the test hook is read once, now
+        if let Some(filter) = &config.log {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
+        // This std is private to liboomshim.so, so the hook only silences the shim's own
+        // panics: they are reported once by `disable` instead of as a backtrace in the host.
+        std::panic::set_hook(Box::new(|_| {}));
+        if config.stacks.native() {
+            // Learn the loaded objects now, once, rather than inside a later allocation.
+            oomshim_core::stacks::refresh_modules();
+        }
+        if config.stacks.python() {
+            // One dlsym lookup; a process without Python pays nothing more.
+            oomshim_core::pystack::init();
+        }
+        recording::start(Recording::from_stacks(config.stacks));
+        tracing::debug!(?config, "oomshim started");
+        Shim::empty(config)
+    }
+
+    /// A state with nothing recorded yet, under `config`.
+    fn empty(config: Config) -> Shim {
+        Shim {
+            config,
+            ledger: Ledger::new(),
+            stacks: StackTable::new(),
+            py_stacks: StackTable::new(),
+            start_ns: coarse_monotonic_ns(),
+            oom: oom::OomTracker::new(),
+            oom_failures: AtomicU64::new(0),
+            pinned_failures: AtomicU64::new(0),
+            growth: growth::Tracker::new(),
+        }
+    }
+
+    /// Nanoseconds since start on the coarse monotonic clock: a few ns to read instead of
+    /// ~20, and its millisecond resolution is plenty for allocation ages.
+    fn now_ns(&self) -> u64 {
+        coarse_monotonic_ns().saturating_sub(self.start_ns)
+    }
+
+    /// The native and the Python stack of the calling thread, as the recording mode says.
+    fn capture_stacks(&self) -> (StackId, StackId) {
+        self.capture_stacks_in(recording::current().stacks().unwrap_or(StackMode::Off))
+    }
+
+    fn capture_stacks_in(&self, stacks: StackMode) -> (StackId, StackId) {
+        let native = if stacks.native() {
+            self.capture_stack()
+        } else {
+            StackId::EMPTY
+        };
+        let python = if stacks.python() {
+            self.capture_py_stack()
+        } else {
+            StackId::EMPTY
+        };
+        (native, python)
+    }
+
+    fn capture_py_stack(&self) -> StackId {
+        if !oomshim_core::pystack::active() {
+            return StackId::EMPTY; // no Python in this process: nothing more to pay
+        }
+        let mut frames = [0usize; oomshim_core::pystack::MAX_PY_FRAMES];
+        let n = oomshim_core::pystack::capture(&mut frames);
+        self.py_stacks.intern(&frames[..n])
+    }
+
+    fn capture_stack(&self) -> StackId {
+        // The buffer is zeroed on every call: keep it no larger than the usual depth needs.
+        let depth = self.config.depth;
+        if depth <= DEFAULT_DEPTH {
+            let mut frames = [0usize; DEFAULT_DEPTH];
+            let n = oomshim_core::stacks::capture(&mut frames[..depth], true);
+            self.stacks.intern(&frames[..n])
+        } else {
+            let mut frames = [0usize; MAX_DEPTH];
+            let n = oomshim_core::stacks::capture(&mut frames[..depth], true);
+            self.stacks.intern(&frames[..n])
+        }
+    }
+}
+
+fn coarse_monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+thread_local! {
+    /// The calling thread's kernel id, read once (0: not yet). A forked child's only thread
+    /// gets a new id: the child's `fork` handler clears it.
+    static TID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn thread_id() -> u64 {
+    let cached = TID.try_with(|t| t.get()).unwrap_or(0);
+    if cached != 0 {
+        return cached;
+    }
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) as u64 };
+    let _ = TID.try_with(|t| t.set(tid));
+    tid
+}
+
+/// The locks outside the ledger, the stack tables and the OOM tracker (those are taken by
+/// `oom::before_fork`), held by the forking thread across `fork`: the VMM state, the thread
+/// and device name caches, the Python code table and the module snapshot. Each is a leaf (never
+/// held while another lock is taken), so the order they are taken in cannot deadlock.
+type NameLocks = (
+    std::sync::MutexGuard<'static, Vec<(u64, String)>>,
+    std::sync::MutexGuard<'static, Vec<DeviceNames>>,
+);
+
+thread_local! {
+    static FORK_HELD: std::cell::RefCell<Option<NameLocks>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `fork` prepare handler, run before the OOM tracker's (see the `ffi` module).
+pub fn fork_prepare() {
+    vmm::fork_prepare();
+    let names = THREAD_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    let devices = DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some((names, devices)));
+    oomshim_core::pystack::fork_prepare();
+    oomshim_core::stacks::fork_prepare();
+}
+
+/// `fork` parent handler, run after the OOM tracker's.
+pub fn fork_parent() {
+    oomshim_core::stacks::fork_release();
+    oomshim_core::pystack::fork_release();
+    let _ = FORK_HELD.try_with(|h| drop(h.borrow_mut().take()));
+    vmm::fork_release();
+}
+
+/// `fork` child handler, run after the OOM tracker's: releases the same locks, and this (the
+/// child's only) thread's cached id is the parent thread's, so it is read again.
+pub fn fork_child() {
+    let _ = TID.try_with(|t| t.set(0));
+    fork_parent();
+}
+
+/// Names of threads seen allocating, from `/proc/self/task/TID/comm` at their first allocation:
+/// the name a dump shows for a thread that has exited by then.
+static THREAD_NAMES: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
+
+/// Reads the calling thread's name once, at its first allocation.
+fn note_thread_name() {
+    thread_local! {
+        static NAMED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if NAMED.try_with(|n| n.replace(true)).unwrap_or(true) {
+        return;
+    }
+    let tid = thread_id();
+    if let Some(name) = read_thread_name(tid) {
+        let mut names = THREAD_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+        names.retain(|(t, _)| *t != tid);
+        names.push((tid, name));
+    }
+}
+
+fn read_thread_name(tid: u64) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/self/task/{tid}/comm")).ok()?;
+    let name = String::from_utf8_lossy(&raw)
+        .trim_end_matches('\n')
+        .to_string();
+    (!name.is_empty()).then_some(name)
+}
+
+/// A thread's name for a dump: read now when the thread is alive, else as first seen.
+pub(crate) fn thread_name(tid: u64) -> Option<String> {
+    read_thread_name(tid).or_else(|| {
+        THREAD_NAMES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(t, _)| *t == tid)
+            .map(|(_, n)| n.clone())
+    })
+}
+
+pub(crate) use dump::time::unix_ms;
+
+/// A successful allocation of `bytes` at `addr`.
+pub fn record_alloc(api: Api, addr: usize, bytes: u64, device: i32, stream: usize) {
+    record_alloc_with(api, addr, bytes, device, stream, true);
+}
+
+/// [`record_alloc`], with native stacks only when `native_ok` (allocator mode records tensors
+/// with their Python stack alone unless OOMSHIM_STACKS asks for more: unwinding libtorch on
+/// every tensor would cost more than the allocation itself).
+pub fn record_alloc_with(
+    api: Api,
+    addr: usize,
+    bytes: u64,
+    device: i32,
+    stream: usize,
+    native_ok: bool,
+) {
+    let Some(s) = shim() else { return };
+    let Some(stacks) = recording::current().stacks() else {
+        s.ledger.note_untracked(); // pass-through: nothing recorded
+        return;
+    };
+    note_thread_name();
+    let (stack, py_stack) = if native_ok || recording::chosen() {
+        s.capture_stacks_in(stacks)
+    } else {
+        let py = if stacks.python() {
+            s.capture_py_stack()
+        } else {
+            StackId::EMPTY
+        };
+        (StackId::EMPTY, py)
+    };
+    let thread = thread_id();
+    let alloc = Allocation {
+        bytes,
+        api,
+        device,
+        stream,
+        thread,
+        time_ns: s.now_ns(),
+        seq: s.ledger.next_seq(),
+        stack,
+        py_stack,
+    };
+    s.ledger.record_alloc(addr, alloc);
+    if !api.is_pinned_host() {
+        // One relaxed load unless a failed request waits for its retry.
+        s.oom.note_success(thread, bytes);
+    }
+    // A few relaxed loads and one store: the request size, the step detector's anchor, the time
+    // bucket; samples (cold) at detected steps or once per time bucket (src/preload/live/growth).
+    s.growth.on_alloc(&s.ledger, s, &alloc);
+}
+
+/// Switches what the shim records from now on (see [`recording`]), starting the shim first so
+/// that the mode it starts in never overwrites the choice. The mode before; `None` when the shim
+/// is off.
+pub fn set_recording(mode: Recording) -> Option<Recording> {
+    shim()?;
+    Some(recording::set(mode))
+}
+
+/// The recording mode now; `None` when the shim is off.
+pub fn current_recording() -> Option<Recording> {
+    shim()?;
+    Some(recording::current())
+}
+
+/// A step boundary (`oomshim_step()`, or the Python hook's optimizer and forward-pass marks):
+/// samples live bytes per site; `framework_live` is the framework's own count of its live
+/// tensors then, when the mark carries it. Returns the number of marks of that source so far (1 for the
+/// first), 0 when the shim is off.
+pub fn step(source: StepSource, framework_live: Option<FrameworkLive>) -> u64 {
+    match shim() {
+        Some(s) => s.growth.step(&s.ledger, s, source, framework_live),
+        None => 0,
+    }
+}
+
+/// True when the process has grown steadily with `source`'s steps so far (the verdict's leak
+/// threshold per step): the Python hook then asks torch to record where new tensors come from.
+pub fn growing(source: StepSource) -> bool {
+    match shim() {
+        Some(s) => s
+            .growth
+            .growing(source, oomshim_core::verdict::LEAK_MIN_BYTES_PER_STEP),
+        None => false,
+    }
+}
+
+impl growth::SiteKeyer for Shim {
+    /// The program's own Python line when the stack has one; all Python-less allocations of a
+    /// Python process together; else the native stack (grouped by name at dump time).
+    fn key(&self, native: StackId, python: StackId) -> growth::SiteKey {
+        if python != StackId::EMPTY {
+            let frames = self.py_stacks.frames(python);
+            return match oomshim_core::pystack::user_line(&frames) {
+                Some((code, line)) => growth::SiteKey::PyLine(code, line),
+                None => growth::SiteKey::PyStack(python),
+            };
+        }
+        let python_recorded = recording::current().stacks().is_some_and(StackMode::python);
+        if python_recorded && oomshim_core::pystack::active() {
+            return growth::SiteKey::NoPython;
+        }
+        growth::SiteKey::Native(native)
+    }
+}
+
+/// A framework hook is attached in this process (oomshim's Python hook registered torch's OOM
+/// observer): failures wait for its word instead of writing a provisional dump.
+pub fn framework_attached() {
+    if let Some(s) = shim() {
+        s.oom.set_hooked();
+    }
+}
+
+/// What a framework's word about an out-of-memory error came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameworkWord {
+    /// It is in the dump that explains the failure.
+    Included = 0,
+    /// The dump was final before it arrived (`OOMSHIM_SETTLE=0`).
+    TooLate = 1,
+    /// The failure repeats an earlier dumped one.
+    Repeat = 2,
+}
+
+/// A framework raised its out-of-memory error on the calling thread (torch's OOM observer via
+/// the Python hook); `mem_info` is the device's (free, total) as the framework reported it.
+/// Returns the dump that explains it, when there is one, and what became of the word.
+pub fn framework_oom(
+    note: FrameworkNote,
+    mem_info: Option<(u64, u64)>,
+) -> Option<(std::path::PathBuf, FrameworkWord)> {
+    let s = shim()?;
+    let stacks = s.capture_stacks();
+    match s
+        .oom
+        .on_framework_oom(s, note, thread_id(), stacks, mem_info)
+    {
+        oom::Handled::Written { path, .. } => path.map(|p| (p, FrameworkWord::Included)),
+        oom::Handled::Explained { path, included } => path.map(|p| {
+            (
+                p,
+                if included {
+                    FrameworkWord::Included
+                } else {
+                    FrameworkWord::TooLate
+                },
+            )
+        }),
+        oom::Handled::Repeat(path) => path.map(|p| (p, FrameworkWord::Repeat)),
+        _ => None,
+    }
+}
+
+/// `cuDriverGetVersion` (context-free), asked once on a failing thread: a cache, so that CUDA is
+/// asked once per process; each dump carries the versions in its [`FailureContext`].
+static DRIVER_VERSION: OnceLock<Option<i32>> = OnceLock::new();
+/// `cudaRuntimeGetVersion` of the dynamically linked runtime, asked once the same way.
+static RUNTIME_VERSION: OnceLock<Option<i32>> = OnceLock::new();
+
+/// The CUDA versions, asked on the failing thread (which already calls CUDA there) the first
+/// time, remembered after.
+pub fn note_cuda_versions(
+    driver: fn() -> Option<i32>,
+    runtime: fn() -> Option<i32>,
+) -> (Option<i32>, Option<i32>) {
+    (
+        *DRIVER_VERSION.get_or_init(driver),
+        *RUNTIME_VERSION.get_or_init(runtime),
+    )
+}
+
+/// The CUDA versions if a failure asked them already; never calls CUDA.
+pub fn cuda_versions() -> (Option<i32>, Option<i32>) {
+    (
+        DRIVER_VERSION.get().copied().flatten(),
+        RUNTIME_VERSION.get().copied().flatten(),
+    )
+}
+
+/// Removes a live allocation before it is freed; unknown pointers are counted.
+pub fn take(addr: usize) -> Option<Allocation> {
+    shim()?.ledger.take(addr)
+}
+
+/// Puts back an allocation whose free failed.
+pub fn reinstate(addr: usize, alloc: Allocation) {
+    if let Some(s) = shim() {
+        s.ledger.reinstate(addr, alloc);
+    }
+}
+
+/// A device allocation failed with cudaErrorMemoryAllocation.
+pub fn record_oom(event: OomEvent) {
+    let Some(s) = shim() else { return };
+    if recording::current() == Recording::PassThrough {
+        return;
+    }
+    s.oom_failures.fetch_add(1, Ordering::Relaxed);
+    crate::publish::note_failure(
+        event.device,
+        event.bytes,
+        event.api.name(),
+        event.context.mem_info,
+    );
+    let stacks = s.capture_stacks();
+    s.oom
+        .on_failure(s, event, stacks, thread_id(), oom::Mode::Settle);
+}
+
+/// Pinned host memory ran out: host memory, not a device OOM; counted and passed through.
+pub fn record_pinned_failure(api: Api, bytes: u64) {
+    let Some(s) = shim() else { return };
+    if s.pinned_failures.fetch_add(1, Ordering::Relaxed) == 0 {
+        oomshim_core::say!(
+            "oomshim: {} of {} of page-locked host memory failed (host memory, not device memory)",
+            api.name(),
+            dump::units::human_bytes(bytes)
+        );
+    }
+}
+
+/// The device's name, asked of the runtime once per device, and with it the GPU's UUID, asked of
+/// the driver (`cuDeviceGetUuid`, context-free) at the same safe moment: (name, UUID).
+pub fn cached_device_identity(
+    device: i32,
+    ask: fn(i32) -> Option<String>,
+    ask_uuid: fn(i32) -> Option<String>,
+) -> (Option<String>, Option<String>) {
+    let names = || DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = names().iter().find(|n| n.device == device) {
+        return (n.name.clone(), n.uuid.clone());
+    }
+    // Asked without the lock held: this calls into CUDA.
+    let name = ask(device);
+    let uuid = ask_uuid(device);
+    names().push(DeviceNames {
+        device,
+        name: name.clone(),
+        uuid: uuid.clone(),
+    });
+    (name, uuid)
+}
+
+/// The GPU UUID of `device` if [`cached_device_identity`] asked it already; never calls CUDA.
+pub fn cached_device_uuid(device: i32) -> Option<String> {
+    let names = DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    names
+        .iter()
+        .find(|n| n.device == device)
+        .and_then(|n| n.uuid.clone())
+}
+
+/// Every GPU UUID learnt so far (a device's identity never changes): read when a dump is
+/// assembled, for the devices other than the one its context asked about.
+pub(crate) fn known_device_uuids() -> Vec<(i32, String)> {
+    let names = DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    names
+        .iter()
+        .filter_map(|n| n.uuid.clone().map(|u| (n.device, u)))
+        .collect()
+}
+
+struct DeviceNames {
+    device: i32,
+    name: Option<String>,
+    uuid: Option<String>,
+}
+
+/// Device names and UUIDs asked so far ([`cached_device_identity`]).
+static DEVICE_NAMES: Mutex<Vec<DeviceNames>> = Mutex::new(Vec::new());
+
+/// The device an on-demand dump may ask about: the caller's current device, but only when the
+/// process already allocated on it (asking CUDA about an untouched device would create a
+/// context there, costing memory).
+pub fn device_for_on_demand_dump(current: fn() -> i32) -> Option<i32> {
+    let s = shim()?;
+    if s.ledger.total_allocations() == 0 {
+        return None; // CUDA may not even be loaded: ask it nothing.
+    }
+    let d = current();
+    (s.ledger.device_peak_bytes(d) > 0).then_some(d)
+}
+
+/// True when the process has the address space a dump needs (about 4 MiB, plus 1 KiB per live
+/// allocation, plus twice the environment, which the configuration snapshot copies; measured
+/// with RLIMIT_AS in tests/reliability.rs): Rust aborts on a failed allocation, so a process out
+/// of host memory gets one message instead of a dump, never an abort. Says so once.
+pub(crate) fn room_for_dump(s: &Shim) -> bool {
+    let mut live = 0usize;
+    s.ledger.for_each_live(|_| live += 1);
+    let need = (4usize << 20)
+        .saturating_add(live.saturating_mul(1024))
+        .saturating_add(environment_bytes().saturating_mul(2));
+    if oomshim_core::stacks::address_space_headroom(need) {
+        return true;
+    }
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        oomshim_core::say!(
+            "oomshim: no dump written: the process is out of host address space ({} needed); the program continues",
+            dump::units::human_bytes(need as u64)
+        );
+    }
+    false
+}
+
+/// The bytes of the process's environment strings, counted without allocating.
+fn environment_bytes() -> usize {
+    extern "C" {
+        static environ: *const *const libc::c_char;
+    }
+    let mut total = 0usize;
+    // SAFETY: environ is a NULL-terminated array of C strings; it is read, never kept. Another
+    // thread's setenv may replace it meanwhile: the count is an estimate either way.
+    unsafe {
+        let mut p = environ;
+        while !p.is_null() && !(*p).is_null() {
+            total = total.saturating_add(libc::strlen(*p) + 1);
+            p = p.add(1);
+        }
+    }
+    total
+}
+
+/// Longest dump reason kept, in characters: a label, not a log.
+pub const MAX_REASON_CHARS: usize = 200;
+
+/// The reason a program passed to `oomshim_dump`, as the dump records it and stderr echoes it:
+/// at most [`MAX_REASON_CHARS`] characters (only the first bytes of a huge one are even
+/// looked at), invalid UTF-8 replaced and control characters shown escaped, so a reason can
+/// neither flood stderr nor drive the terminal.
+pub fn dump_reason(raw: &[u8]) -> String {
+    let head = &raw[..raw.len().min(MAX_REASON_CHARS * 4)];
+    let text = String::from_utf8_lossy(head);
+    let mut out: String = dump::units::clean(&text)
+        .chars()
+        .take(MAX_REASON_CHARS)
+        .collect();
+    if out.len() < raw.len() && out.chars().count() == MAX_REASON_CHARS {
+        out.push('…');
+    }
+    out
+}
+
+/// Writes an on-demand dump on the calling thread, about what `context` gathered there. True
+/// when a dump file was written.
+pub fn dump_now(reason: &str, context: FailureContext) -> bool {
+    let Some(s) = shim() else { return false };
+    if !room_for_dump(s) {
+        return false;
+    }
+    let capture = assemble::Capture {
+        snapshot: s.ledger.snapshot(),
+        time: SystemTime::now(),
+        now_ns: s.now_ns(),
+        failing: None,
+        context,
+    };
+    let facts = assemble::Facts::read(capture.context.device);
+    let dump = assemble::assemble(s, reason, &capture, None, None, facts);
+    match oom::write(s, &dump) {
+        Ok(w) => {
+            oomshim_core::say!("oomshim: dump ({reason}) written: {}", w.path.display());
+            true
+        }
+        Err(e) => {
+            oomshim_core::say!("oomshim: could not write the dump ({reason}): {e}");
+            false
+        }
+    }
+}
+
+/// The working directory when the shim was loaded ([`note_start_dir`]), in a static buffer:
+/// noted from the load-time constructor, where nothing should be allocated.
+struct StartDir {
+    len: std::sync::atomic::AtomicUsize,
+    buf: std::cell::UnsafeCell<[u8; START_DIR_MAX]>,
+}
+/// `PATH_MAX`: a longer working directory is not noted (the one at start-up is used then).
+const START_DIR_MAX: usize = 4096;
+// Safety: `buf` is written once, by `note_start_dir`, before `len` is published (Release);
+// readers read it only after seeing a non-zero `len` (Acquire), and never write it.
+unsafe impl Sync for StartDir {}
+static START_DIR: StartDir = StartDir {
+    len: std::sync::atomic::AtomicUsize::new(0),
+    buf: std::cell::UnsafeCell::new([0; START_DIR_MAX]),
+};
+
+/// Notes the working directory (`getcwd` into the static buffer). Called once, from the
+/// shim's load-time constructor (in `ffi`), when a preloaded shim sees the directory the
+/// program was started in.
+pub(crate) fn note_start_dir() {
+    use std::sync::atomic::Ordering;
+    if START_DIR.len.load(Ordering::Acquire) != 0 {
+        return;
+    }
+    let buf = START_DIR.buf.get().cast::<libc::c_char>();
+    if unsafe { libc::getcwd(buf, START_DIR_MAX) }.is_null() {
+        return; // deleted, unreachable or too long: the directory at start-up is used then
+    }
+    let len = unsafe { libc::strlen(buf) };
+    START_DIR.len.store(len, Ordering::Release);
+}
+
+/// The working directory the shim noted when it was loaded.
+fn start_dir() -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let len = START_DIR.len.load(Ordering::Acquire);
+    if len == 0 {
+        return None;
+    }
+    let all: &[u8; START_DIR_MAX] = unsafe { &*START_DIR.buf.get() };
+    let bytes = &all[..len];
+    Some(std::ffi::OsStr::from_bytes(bytes).into())
+}
+
+/// Called at process exit: lets a dump that waits to learn whether its failure was recovered
+/// be written now.
+pub fn flush_at_exit() {
+    if let Some(s) = SHIM.get() {
+        s.oom.flush(std::time::Duration::from_secs(30));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dump_reasons_are_bounded_and_clean() {
+        assert_eq!(dump_reason(b"before-eval"), "before-eval");
+        assert_eq!(dump_reason(b"a\x1b[2Jb\n"), "a\\u{1b}[2Jb\\n");
+        assert_eq!(dump_reason(b"\xff ok"), "\u{fffd} ok");
+        let huge = dump_reason(&vec![b'r'; 10_000_000]);
+        assert_eq!(huge.chars().count(), MAX_REASON_CHARS + 1);
+        assert!(huge.ends_with('…'));
+        assert!(!dump_reason(&vec![0x07; 5000]).chars().any(char::is_control));
+    }
+}
+
+// ---------- driver API and VMM glue (issue #3; owned by src/preload/ffi/driver.rs and vmm.rs) ----------
+
+mod vmm;
+
+pub use vmm::{
+    address_free_begin as vmm_address_free_begin, created as vmm_created,
+    handle_key as vmm_handle_key, mapped as vmm_mapped, release_begin as vmm_release_begin,
+    reserved as vmm_reserved, summary as vmm_summary, totals as vmm_totals, undo as vmm_undo,
+    unmap_begin as vmm_unmap_begin, VmmTotals, VmmUndo,
+};
+
+/// Says once that a real CUDA driver function could not be found.
+pub fn report_missing_driver(name: &str) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    say_missing_once(&SAID, name, "driver", "CUDA_ERROR_NOT_INITIALIZED");
+}
+
+/// Support for benchmarks (`benches/dump.rs`): a shim state built directly, without hooks or a
+/// device, and the dump an out-of-memory failure would write for it. Not part of the API.
+#[doc(hidden)]
+pub mod bench_support {
+    use super::*;
+
+    /// A shim holding `allocations` live device allocations over `stacks` distinct native
+    /// stacks (each `frames` return addresses from `pool`, varied per stack so every stack is
+    /// distinct but every address stays inside the pool's functions).
+    pub struct Synthetic(Shim);
+
+    pub fn synthetic(allocations: usize, stacks: usize, pool: &[usize], top: usize) -> Synthetic {
+        let config = Config {
+            top,
+            ..Config::default()
+        };
+        let s = Shim::empty(config);
+        s.oom_failures.store(1, Ordering::Relaxed);
+        let ids: Vec<StackId> = (0..stacks)
+            .map(|i| {
+                let mut frames: Vec<usize> = pool.to_vec();
+                let n = frames.len();
+                // Three mixed offsets (< 128 bytes each) make 10^6 distinct stacks.
+                frames[0] += i % 97;
+                frames[1 % n] += (i / 97) % 103;
+                frames[2 % n] += (i / (97 * 103)) % 101;
+                // The other frames vary too, as in real programs (~2,000 distinct addresses).
+                for (k, f) in frames.iter_mut().enumerate().skip(3) {
+                    *f += (i.wrapping_mul(2_654_435_761) >> (k % 24)) % 64;
+                }
+                s.stacks.intern(&frames)
+            })
+            .collect();
+        for i in 0..allocations {
+            let alloc = Allocation {
+                bytes: 512 + (i as u64 % 4096) * 1024,
+                api: Api::CudaMalloc,
+                device: 0,
+                stream: 0,
+                thread: 1,
+                time_ns: 0,
+                seq: s.ledger.next_seq(),
+                stack: ids[i % ids.len().max(1)],
+                py_stack: StackId::EMPTY,
+            };
+            s.ledger.record_alloc(0x7f00_0000_0000 + i * 4096, alloc);
+        }
+        Synthetic(s)
+    }
+
+    impl Synthetic {
+        /// Snapshot, assemble (symbolise, sites, verdict) and serialise an OOM dump, as the
+        /// writer does; returns the JSON bytes.
+        pub fn dump_json(&self) -> Vec<u8> {
+            let s = &self.0;
+            let capture = assemble::Capture {
+                snapshot: s.ledger.snapshot(),
+                time: SystemTime::now(),
+                now_ns: s.now_ns(),
+                context: FailureContext {
+                    device: Some(0),
+                    mem_info: Some((0, 80 << 30)),
+                    device_name: Some("bench".into()),
+                    ..FailureContext::learnt_before(Some(0), None)
+                },
+                failing: Some(assemble::Failing {
+                    api: Api::CudaMalloc,
+                    bytes: 1 << 30,
+                    device: 0,
+                    error_code: 2,
+                    stack: StackId::EMPTY,
+                    py_stack: StackId::EMPTY,
+                }),
+            };
+            let facts = assemble::Facts::read(capture.context.device);
+            let dump = assemble::assemble(s, "oom", &capture, None, None, facts);
+            serde_json::to_vec_pretty(&dump).expect("a dump serialises")
+        }
+    }
+}

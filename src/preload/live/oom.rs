@@ -1,0 +1,1256 @@
+//! The out-of-memory path, one for both modes (preload and allocator mode).
+//!
+//! A *request* is one failed allocation and its retries: the same thread asking again for the
+//! same size with only frees in between (PyTorch frees its cache and retries; so do XLA and
+//! CuPy). Its state is captured at the first failure, on the failing thread (the most telling
+//! moment). A failure on that thread of another size, or after a successful allocation, is a new
+//! request with its own dump; the earlier one then stood. A request is:
+//! - *recovered* when its retry succeeds (the same thread gets at least the failed size);
+//! - *stood* when the framework says it raised its out-of-memory error (oomshim's Python hook
+//!   forwards torch's OOM observer, with torch's cache state), when the same thread's next
+//!   request fails, when `OOMSHIM_SETTLE` passes without a successful retry, or at exit.
+//!
+//! The dump of a request is written by a writer thread once its outcome is known (or the settle
+//! window ends). Without a framework hook in the process (plain CUDA programs, which often abort
+//! right after a failure) a provisional dump is written at once and replaced when the outcome is
+//! known; with `OOMSHIM_SETTLE=0` the dump is written on the failing thread before the call
+//! returns. Allocator mode's failures are final (oomshim's allocator already emptied its cache and
+//! retried): their dump is written on the failing thread.
+//!
+//! Not every failure gets a dump: the same failure again (device, size and stack) within
+//! `OOMSHIM_MIN_INTERVAL` of its dump is a *repeat*, and no more than `OOMSHIM_MAX_DUMPS` dumps
+//! are written per minute; both are counted in the next dump and said once at exit.
+
+use super::assemble::{self, Capture, Failing};
+use super::{unix_ms, Shim};
+use dump::model::{Dump, FrameworkOom, FreeBlocks, LastFailure};
+use dump::units::{human_bytes, thousands};
+use dump::write::{write_dump, DumpName, WriteError, Written};
+use oomshim_core::ledger::{Api, StackId};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+/// What the hook saw when an allocation failed, and what only the failing thread could ask.
+pub struct OomEvent {
+    pub api: Api,
+    pub bytes: u64,
+    pub device: i32,
+    pub error_code: i32,
+    pub stream: usize,
+    /// The device's answers (free/total, name, pools, …), gathered on the failing thread right
+    /// after the failure; they travel with the request to its dump.
+    pub context: super::FailureContext,
+}
+
+/// How a request's outcome became known (the dump's `failed_request.resolution`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resolution {
+    RetrySucceeded,
+    FrameworkRaised,
+    NextRequestFailed,
+    SettleExpired,
+    ProcessExit,
+    Allocator,
+    /// Written before anything was known (`OOMSHIM_SETTLE=0`, or a provisional dump).
+    Unknown,
+}
+
+impl Resolution {
+    pub fn word(self) -> &'static str {
+        match self {
+            Resolution::RetrySucceeded => "retry_succeeded",
+            Resolution::FrameworkRaised => "framework_raised",
+            Resolution::NextRequestFailed => "next_request_failed",
+            Resolution::SettleExpired => "settle_expired",
+            Resolution::ProcessExit => "process_exit",
+            Resolution::Allocator => "allocator",
+            Resolution::Unknown => "unknown",
+        }
+    }
+
+    /// The dump's `recovered`.
+    pub fn recovered(self) -> Option<bool> {
+        match self {
+            Resolution::RetrySucceeded => Some(true),
+            Resolution::Unknown => None,
+            _ => Some(false),
+        }
+    }
+}
+
+/// What a framework told the shim about an out-of-memory failure it raised (through the Python
+/// hook): its account for the dump and its cache's free blocks.
+#[derive(Debug, Clone, Default)]
+pub struct FrameworkNote {
+    pub device: i32,
+    pub account: FrameworkOom,
+    pub free_blocks: Option<FreeBlocks>,
+}
+
+/// One failed request (see the module comment).
+struct Request {
+    /// Stable identity (requests are looked up by it after the lock was released).
+    id: u64,
+    thread: u64,
+    device: i32,
+    bytes: u64,
+    failures: u32,
+    last: LastFailure,
+    started: Instant,
+    /// The thread had a successful allocation since this request's last failure: a failure of
+    /// the same size now is a new request, not a retry.
+    moved_on: bool,
+    outcome: Option<Resolution>,
+    framework: Option<FrameworkNote>,
+    /// A framework hook was attached when it failed: its word is waited for (no provisional
+    /// dump).
+    hooked: bool,
+    /// Still to be written by the writer thread.
+    job: Option<Job>,
+    /// Where its dump is (provisional or final).
+    path: Option<PathBuf>,
+    /// Its final dump is written: nothing changes it any more.
+    done: bool,
+    /// Repeats and suppressed failures to report in its dump.
+    repeats: u64,
+    suppressed: u64,
+    /// A framework's own refusal (no CUDA call failed): a later word of the framework is a new
+    /// failure, never about this one.
+    framework_only: bool,
+    /// A repeat of an earlier dumped failure (no dump of its own; `path` is that dump's): kept
+    /// so the framework's word about it is recognised.
+    repeat: bool,
+}
+
+impl Request {
+    /// A request at its first failure, still open.
+    fn first_failure(
+        id: u64,
+        thread: u64,
+        device: i32,
+        bytes: u64,
+        last: LastFailure,
+        started: Instant,
+    ) -> Request {
+        Request {
+            id,
+            thread,
+            device,
+            bytes,
+            failures: 1,
+            last,
+            started,
+            moved_on: false,
+            outcome: None,
+            framework: None,
+            hooked: false,
+            job: None,
+            path: None,
+            done: false,
+            repeats: 0,
+            suppressed: 0,
+            framework_only: false,
+            repeat: false,
+        }
+    }
+
+    /// Kept only so that a framework's word about it later finds `path` (its dump, or the
+    /// earlier dump it repeats) and makes no second one: nothing about it changes any more.
+    fn settled(self, path: Option<PathBuf>) -> Request {
+        Request {
+            moved_on: true,
+            outcome: Some(Resolution::Unknown),
+            path,
+            done: true,
+            ..self
+        }
+    }
+}
+
+struct Job {
+    capture: Capture,
+    facts: Option<assemble::Facts>,
+    provisional_written: bool,
+}
+
+/// A dumped failure, for recognising repeats.
+struct Dumped {
+    /// The request it was (0 for failures written at once).
+    request: u64,
+    device: i32,
+    bytes: u64,
+    /// Where it failed: [`site_of`] its stacks.
+    site: u64,
+    at: Instant,
+    path: Option<PathBuf>,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    requests: Vec<Request>,
+    dumped: Vec<Dumped>,
+    /// When the last dumps were started (for `OOMSHIM_MAX_DUMPS` per minute).
+    recent: std::collections::VecDeque<Instant>,
+    /// Failures without a dump since the last dump: repeats, and over the cap.
+    repeats: u64,
+    suppressed: u64,
+    /// Said at exit (once) when failures after the last dump got none.
+    said_at_exit: bool,
+    /// Recovered failures written (the first gets a dump), and those only counted since.
+    recovered_dumps: u64,
+    recovered_quiet: u64,
+    flushing: bool,
+    /// The pid whose writer thread runs (a forked child starts its own).
+    writer_pid: u32,
+    /// Requests being written by a thread now (the exit flush waits for them).
+    writing: u32,
+}
+
+/// Requests kept once done (for matching a late framework word and for tests); older ones go.
+const KEEP_DONE: usize = 16;
+/// How long after its failure a framework's word is matched to a request.
+const FRAMEWORK_MATCH: Duration = Duration::from_secs(60);
+/// The least a failure waits for the word of an attached framework hook.
+const HOOKED_SETTLE: Duration = Duration::from_secs(30);
+/// How long the framework's thread waits for the dump its word completes.
+const FRAMEWORK_WAIT: Duration = Duration::from_secs(30);
+
+pub(crate) struct OomTracker {
+    /// Requests not yet resolved: read on every allocation, so the lock is taken only when set.
+    open: AtomicU32,
+    /// A framework hook (torch's OOM observer) is attached in this process.
+    hooked: AtomicBool,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// The outcome of an allocation failure for its caller.
+pub(crate) enum Handled {
+    /// Dump queued for the writer thread.
+    Queued,
+    /// A retry of an open request.
+    Retry,
+    /// Written on this thread (allocator mode, `OOMSHIM_SETTLE=0`, a framework's own failure).
+    Written {
+        path: Option<PathBuf>,
+        verdict: (String, String),
+    },
+    /// A repeat of an earlier dumped failure: its dump.
+    Repeat(Option<PathBuf>),
+    /// A framework's word about a failure already dumped (or being dumped): the dump, and
+    /// whether the word made it into the dump.
+    Explained {
+        path: Option<PathBuf>,
+        included: bool,
+    },
+    /// Over `OOMSHIM_MAX_DUMPS` (or no room for a dump): no dump.
+    NoDump,
+}
+
+/// How the failing path wants the dump written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Preload: by the writer thread once the outcome is known.
+    Settle,
+    /// Now, on this thread, with this resolution.
+    Now(Resolution),
+}
+
+impl OomTracker {
+    pub(crate) fn new() -> Self {
+        // At shim start, once: from here on a `fork` cannot copy a lock of the shim's own into
+        // the child while another thread holds it (see `before_fork`).
+        // The runtime's handlers take the remaining locks (the VMM state, the name caches, the Python
+        // code table, the module snapshot) around the tracker's; released in the reverse order.
+        oomshim_core::sys::register_fork_handlers(
+            || {
+                let _ = std::panic::catch_unwind(super::fork_prepare);
+                before_fork();
+            },
+            || {
+                after_fork_in_parent();
+                let _ = std::panic::catch_unwind(super::fork_parent);
+            },
+            || {
+                after_fork_in_child();
+                let _ = std::panic::catch_unwind(super::fork_child);
+            },
+        );
+        OomTracker {
+            open: AtomicU32::new(0),
+            hooked: AtomicBool::new(false),
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A framework hook (torch's OOM observer) is attached: failures wait for its word.
+    pub(crate) fn set_hooked(&self) {
+        self.hooked.store(true, Ordering::Relaxed);
+    }
+
+    /// An allocation failed with out-of-memory on `thread`.
+    pub(crate) fn on_failure(
+        &self,
+        s: &'static Shim,
+        ev: OomEvent,
+        stacks: (StackId, StackId),
+        thread: u64,
+        mode: Mode,
+    ) -> Handled {
+        let now = Instant::now();
+        let last = last_failure(s, &ev, SystemTime::now());
+        let mut st = self.lock();
+        // A retry of this thread's open request?
+        if let Some(r) = st
+            .requests
+            .iter_mut()
+            .find(|r| r.thread == thread && r.outcome.is_none())
+        {
+            if mode == Mode::Settle && r.device == ev.device && r.bytes == ev.bytes && !r.moved_on {
+                r.failures += 1;
+                r.last = last;
+                return Handled::Retry;
+            }
+            // The thread moved on to another request: the open one stood.
+            r.outcome = Some(Resolution::NextRequestFailed);
+            self.open.fetch_sub(1, Ordering::Relaxed);
+            self.changed.notify_all();
+        }
+        st.next_id += 1;
+        let id = st.next_id;
+        // After the exit flush the writer thread may never run again (the process is ending):
+        // such a failure is written on this thread rather than lost.
+        let flushing = st.flushing;
+        let settle_now = mode == Mode::Settle && (s.config.settle.is_zero() || flushing);
+        let queued = mode == Mode::Settle && !settle_now;
+        match self.admit(&mut st, s, &ev, stacks, now, if queued { id } else { 0 }) {
+            Admit::Repeat(path) => {
+                // Remembered, so the framework's word about this failure finds it (and makes
+                // no dump of its own).
+                st.requests.push(Request {
+                    repeat: true,
+                    ..Request::first_failure(id, thread, ev.device, ev.bytes, last, now)
+                        .settled(path.clone())
+                });
+                self.trim(&mut st);
+                return Handled::Repeat(path);
+            }
+            Admit::Capped => return Handled::NoDump,
+            Admit::New => {}
+        }
+        drop(st);
+        if !super::room_for_dump(s) {
+            return Handled::NoDump;
+        }
+        let capture = failure_capture(s, &ev, stacks);
+        let mut st = self.lock();
+        let (repeats, suppressed) = (
+            std::mem::take(&mut st.repeats),
+            std::mem::take(&mut st.suppressed),
+        );
+        match mode {
+            Mode::Settle if queued => {
+                let hooked = self.hooked.load(Ordering::Relaxed);
+                st.requests.push(Request {
+                    hooked,
+                    job: Some(Job {
+                        capture,
+                        facts: None,
+                        provisional_written: false,
+                    }),
+                    repeats,
+                    suppressed,
+                    ..Request::first_failure(id, thread, ev.device, ev.bytes, last, now)
+                });
+                self.open.fetch_add(1, Ordering::Relaxed);
+                self.trim(&mut st);
+                self.ensure_writer(s, &mut st);
+                self.changed.notify_all();
+                Handled::Queued
+            }
+            _ => {
+                let resolution = match mode {
+                    Mode::Now(r) => r,
+                    Mode::Settle if flushing => Resolution::ProcessExit,
+                    Mode::Settle => Resolution::Unknown,
+                };
+                st.writing += 1;
+                drop(st);
+                let facts = assemble::Facts::read(capture.context.device);
+                let dump = assemble::assemble(
+                    s,
+                    "oom",
+                    &capture,
+                    Some(assemble::BurstInfo {
+                        failures: 1,
+                        resolution,
+                        last,
+                        repeats,
+                        suppressed,
+                    }),
+                    None,
+                    facts,
+                );
+                self.finish_now(s, dump, stacks, thread, now)
+            }
+        }
+    }
+
+    /// Writes a dump assembled on the failing thread, with its summary; remembers its path for
+    /// repeats.
+    fn finish_now(
+        &self,
+        s: &Shim,
+        dump: Dump,
+        stacks: (StackId, StackId),
+        thread: u64,
+        started: Instant,
+    ) -> Handled {
+        let written = write(s, &dump);
+        print_summary(&dump, &written);
+        let path = written.ok().map(|w| w.path);
+        let mut st = self.lock();
+        st.writing -= 1;
+        if let Some(req) = &dump.failed_request {
+            // Kept as a done request: a framework's word about it later (torch's observer after
+            // a dump written at once) finds the dump, and makes no second one.
+            st.next_id += 1;
+            let id = st.next_id;
+            let last = req.last_failure.clone().unwrap_or(LastFailure {
+                bytes: req.bytes,
+                api: req.api.clone(),
+                time_unix_ms: dump.time_unix_ms,
+                tracked_bytes: 0,
+                free_bytes: None,
+                total_bytes: None,
+            });
+            st.requests.push(Request {
+                framework_only: req.api == Api::FrameworkAllocator.name(),
+                ..Request::first_failure(id, thread, req.device, req.bytes, last, started)
+                    .settled(path.clone())
+            });
+            self.trim(&mut st);
+            let site = site_of(stacks);
+            if let Some(d) = st.dumped.iter_mut().rev().find(|d| {
+                d.request == 0
+                    && d.device == req.device
+                    && d.bytes == req.bytes
+                    && d.site == site
+                    && d.path.is_none()
+            }) {
+                d.path = path.clone();
+            }
+        }
+        self.changed.notify_all();
+        Handled::Written {
+            path,
+            verdict: (dump.verdict.kind.clone(), dump.verdict.summary.clone()),
+        }
+    }
+
+    /// Repeat, over the cap, or a new dump (then counted against the cap and remembered).
+    fn admit(
+        &self,
+        st: &mut State,
+        s: &Shim,
+        ev: &OomEvent,
+        stacks: (StackId, StackId),
+        now: Instant,
+        request: u64,
+    ) -> Admit {
+        // Whatever becomes of this failure, the exit says what got no dump.
+        oomshim_core::sys::flush_dumps_at_exit(super::flush_at_exit);
+        let interval = s.config.min_interval;
+        st.dumped
+            .retain(|d| now.duration_since(d.at) < interval.max(FRAMEWORK_MATCH));
+        let site = site_of(stacks);
+        if let Some(d) = st.dumped.iter().find(|d| {
+            d.device == ev.device
+                && d.bytes == ev.bytes
+                && d.site == site
+                && now.duration_since(d.at) < interval
+        }) {
+            let path = d.path.clone();
+            st.repeats += 1;
+            return Admit::Repeat(path);
+        }
+        while st
+            .recent
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= Duration::from_secs(60))
+        {
+            st.recent.pop_front();
+        }
+        if let Some(max) = s.config.max_dumps_per_minute {
+            if st.recent.len() as u64 >= max {
+                st.suppressed += 1;
+                return Admit::Capped;
+            }
+        }
+        st.recent.push_back(now);
+        st.dumped.push(Dumped {
+            request,
+            device: ev.device,
+            bytes: ev.bytes,
+            site,
+            at: now,
+            path: None,
+        });
+        Admit::New
+    }
+
+    /// A successful device allocation on `thread`: the retry of its open request when at least
+    /// as large, else the thread moved on.
+    #[inline]
+    pub(crate) fn note_success(&self, thread: u64, bytes: u64) {
+        if self.open.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut st = self.lock();
+        if let Some(r) = st
+            .requests
+            .iter_mut()
+            .find(|r| r.thread == thread && r.outcome.is_none())
+        {
+            if bytes >= r.bytes && !r.moved_on {
+                r.outcome = Some(Resolution::RetrySucceeded);
+                let id = r.id;
+                self.open.fetch_sub(1, Ordering::Relaxed);
+                // A recovered failure is no failure to repeat (the same one again is news), and
+                // takes no place under the dump cap.
+                st.dumped.retain(|d| d.request != id);
+                st.recent.pop_back();
+                self.changed.notify_all();
+            } else {
+                r.moved_on = true;
+            }
+        }
+    }
+
+    /// A framework raised its out-of-memory error on `thread` (torch's OOM observer, through the
+    /// Python hook): the matching request stood and gets the framework's account; without one
+    /// (torch refused without asking CUDA: a memory-fraction cap) the framework's failure is a
+    /// request of its own, dumped now.
+    pub(crate) fn on_framework_oom(
+        &self,
+        s: &'static Shim,
+        note: FrameworkNote,
+        thread: u64,
+        stacks: (StackId, StackId),
+        mem_info: Option<(u64, u64)>,
+    ) -> Handled {
+        let now = Instant::now();
+        {
+            let mut st = self.lock();
+            if let Some(r) = st.requests.iter_mut().rev().find(|r| {
+                r.thread == thread
+                    && r.device == note.device
+                    && !r.framework_only
+                    // A failure that recovered is not the one the framework raises now.
+                    && r.outcome != Some(Resolution::RetrySucceeded)
+                    && now.duration_since(r.started) < FRAMEWORK_MATCH
+            }) {
+                if r.repeat {
+                    return Handled::Repeat(r.path.clone());
+                }
+                if r.done {
+                    // Its dump was already final (`OOMSHIM_SETTLE=0`, or the settle window
+                    // passed): it stays as written, so stderr and the dump agree.
+                    return Handled::Explained {
+                        path: r.path.clone(),
+                        included: false,
+                    };
+                }
+                if r.outcome.is_none() {
+                    self.open.fetch_sub(1, Ordering::Relaxed);
+                }
+                // The framework's word is final, even over a success seen on this thread.
+                r.outcome = Some(Resolution::FrameworkRaised);
+                r.framework = Some(note);
+                let id = r.id;
+                self.changed.notify_all();
+                // The framework raises as soon as this returns: wait (bounded) for the dump to be
+                // on disk, so the program's error, and its exit, come after it.
+                let until = Instant::now() + FRAMEWORK_WAIT;
+                loop {
+                    let r = st.requests.iter().find(|r| r.id == id);
+                    match r {
+                        Some(r) if !r.done && Instant::now() < until => {}
+                        Some(r) => {
+                            return Handled::Explained {
+                                path: r.path.clone(),
+                                included: r.done,
+                            }
+                        }
+                        None => {
+                            return Handled::Explained {
+                                path: None,
+                                included: false,
+                            }
+                        }
+                    }
+                    let left = until.saturating_duration_since(Instant::now());
+                    st = self
+                        .changed
+                        .wait_timeout(st, left)
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|e| e.into_inner().0);
+                }
+            }
+        }
+        let bytes = note.account.request_bytes.unwrap_or(0);
+        let ev = OomEvent {
+            api: Api::FrameworkAllocator,
+            bytes,
+            device: note.device,
+            error_code: oomshim_core::sys::cuda_error::MEMORY_ALLOCATION,
+            stream: 0,
+            // The framework's thread may hold its allocator's lock: CUDA is not asked here.
+            context: super::FailureContext::without_cuda(Some(note.device), mem_info),
+        };
+        let mut st = self.lock();
+        match self.admit(&mut st, s, &ev, stacks, now, 0) {
+            Admit::Repeat(p) => return Handled::Repeat(p),
+            Admit::Capped => return Handled::NoDump,
+            Admit::New => {}
+        }
+        let (repeats, suppressed) = (
+            std::mem::take(&mut st.repeats),
+            std::mem::take(&mut st.suppressed),
+        );
+        st.writing += 1;
+        drop(st);
+        if !super::room_for_dump(s) {
+            self.lock().writing -= 1;
+            return Handled::NoDump;
+        }
+        let capture = failure_capture(s, &ev, stacks);
+        let last = last_failure(s, &ev, capture.time);
+        let facts = assemble::Facts::read(capture.context.device);
+        let dump = assemble::assemble(
+            s,
+            "oom",
+            &capture,
+            Some(assemble::BurstInfo {
+                failures: 1,
+                resolution: Resolution::FrameworkRaised,
+                last,
+                repeats,
+                suppressed,
+            }),
+            Some(&note),
+            facts,
+        );
+        self.finish_now(s, dump, stacks, thread, now)
+    }
+
+    /// Forgets the oldest done requests beyond [`KEEP_DONE`].
+    fn trim(&self, st: &mut State) {
+        let done = st.requests.iter().filter(|r| r.done).count();
+        if done > KEEP_DONE {
+            let mut drop_n = done - KEEP_DONE;
+            st.requests.retain(|r| {
+                if r.done && drop_n > 0 {
+                    drop_n -= 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+    }
+
+    fn ensure_writer(&self, s: &'static Shim, st: &mut State) {
+        let pid = std::process::id();
+        if st.writer_pid == pid {
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("oomshim-writer".into())
+            .spawn(move || {
+                let _ = oomshim_core::sys::guarded(|| s.oom.writer_loop(s));
+            });
+        if spawned.is_ok() {
+            st.writer_pid = pid;
+            oomshim_core::sys::flush_dumps_at_exit(super::flush_at_exit);
+        } else {
+            // No writer thread: write on the failing threads' exits instead (the exit flush).
+            oomshim_core::sys::flush_dumps_at_exit(super::flush_at_exit);
+        }
+    }
+
+    /// The writer thread: reads the facts of new requests at once (NVML's view at the failure,
+    /// not seconds later), writes provisional dumps where no framework will speak, and final
+    /// dumps as outcomes become known.
+    fn writer_loop(&self, s: &Shim) {
+        loop {
+            match self.next_work(s) {
+                Work::Facts(id, device) => {
+                    let facts = assemble::Facts::read(Some(device));
+                    let mut st = self.lock();
+                    if let Some(job) = st
+                        .requests
+                        .iter_mut()
+                        .find(|r| r.id == id)
+                        .and_then(|r| r.job.as_mut())
+                    {
+                        job.facts = Some(facts);
+                    }
+                }
+                Work::Write { id, provisional } => self.write_request(s, id, provisional),
+            }
+        }
+    }
+
+    /// Blocks until there is something to do for the writer.
+    fn next_work(&self, s: &Shim) -> Work {
+        let mut st = self.lock();
+        loop {
+            let now = Instant::now();
+            let flushing = st.flushing;
+            // Facts first, for every new request.
+            if let Some(r) = st
+                .requests
+                .iter()
+                .find(|r| r.job.as_ref().is_some_and(|j| j.facts.is_none()))
+            {
+                return Work::Facts(r.id, r.device);
+            }
+            let mut wait = Duration::from_secs(3600);
+            for r in &st.requests {
+                let Some(job) = &r.job else { continue };
+                // With a framework hook attached its word is worth waiting for: torch empties its
+                // cache and retries before it raises, which can take seconds on a full device.
+                let settle = if r.hooked {
+                    s.config.settle.max(HOOKED_SETTLE)
+                } else {
+                    s.config.settle
+                };
+                let deadline = r.started + settle;
+                if r.outcome.is_some() || flushing || now >= deadline {
+                    return Work::Write {
+                        id: r.id,
+                        provisional: false,
+                    };
+                }
+                if !r.hooked && !job.provisional_written {
+                    return Work::Write {
+                        id: r.id,
+                        provisional: true,
+                    };
+                }
+                wait = wait.min(deadline - now);
+            }
+            st = self
+                .changed
+                .wait_timeout(st, wait)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
+    /// Writes request `id`'s dump: provisional (outcome unknown, no stderr) or final.
+    fn write_request(&self, s: &Shim, id: u64, provisional: bool) {
+        let mut st = self.lock();
+        let flushing = st.flushing;
+        let Some(r) = st.requests.iter_mut().find(|r| r.id == id) else {
+            return;
+        };
+        let resolution = if provisional {
+            Resolution::Unknown
+        } else {
+            match r.outcome {
+                Some(o) => o,
+                None => {
+                    // Nothing more will be learnt.
+                    let o = if flushing {
+                        Resolution::ProcessExit
+                    } else {
+                        Resolution::SettleExpired
+                    };
+                    r.outcome = Some(o);
+                    self.open.fetch_sub(1, Ordering::Relaxed);
+                    o
+                }
+            }
+        };
+        let Some(mut job) = r.job.take() else { return };
+        if resolution == Resolution::RetrySucceeded {
+            // The first recovered failure gets its dump and one quiet line; later ones (a cache
+            // that keeps running full and recovering) are counted and said once at exit.
+            let quiet = st.recovered_dumps > 0;
+            let r = st
+                .requests
+                .iter_mut()
+                .find(|r| r.id == id)
+                .expect("found above");
+            if quiet {
+                r.done = true;
+                if let Some(p) = r.path.take() {
+                    let _ = std::fs::remove_file(p); // its provisional dump
+                }
+                st.recovered_quiet += 1;
+                self.changed.notify_all();
+                return;
+            }
+            st.recovered_dumps += 1;
+        }
+        let Some(r) = st.requests.iter_mut().find(|r| r.id == id) else {
+            return;
+        };
+        let burst = assemble::BurstInfo {
+            failures: r.failures,
+            resolution,
+            last: r.last.clone(),
+            repeats: r.repeats,
+            suppressed: r.suppressed,
+        };
+        let framework = r.framework.clone();
+        let existing = r.path.clone();
+        st.writing += 1;
+        drop(st);
+
+        // The facts were read when the failure reached the writer; without them (the exit
+        // flush on a thread of its own) they are read now, as for any dump.
+        let facts = match job.facts.clone() {
+            Some(f) => f.with_current_uuids(),
+            None => assemble::Facts::read(job.capture.context.device),
+        };
+        let dump = assemble::assemble(
+            s,
+            "oom",
+            &job.capture,
+            Some(burst),
+            framework.as_ref(),
+            facts,
+        );
+        let written = match &existing {
+            Some(path) => rewrite(path, &dump),
+            None => write(s, &dump),
+        };
+        if !provisional {
+            print_summary(&dump, &written);
+        }
+        let mut st = self.lock();
+        st.writing -= 1;
+        let mut path = None;
+        if let Some(r) = st.requests.iter_mut().find(|r| r.id == id) {
+            if let Ok(w) = &written {
+                r.path = Some(w.path.clone());
+            }
+            path = r.path.clone();
+            if provisional {
+                job.provisional_written = true;
+                r.job = Some(job);
+            } else {
+                r.done = true;
+            }
+        }
+        if let Some(d) = st.dumped.iter_mut().find(|d| d.request == id) {
+            d.path = path;
+        }
+        self.changed.notify_all();
+    }
+
+    /// Ends every settle wait now and waits (at most `limit`) for pending dumps to be written;
+    /// says once when failures after the last dump got none.
+    pub(crate) fn flush(&self, limit: Duration) {
+        let until = Instant::now() + limit;
+        let mut st = self.lock();
+        st.flushing = true;
+        self.changed.notify_all();
+        let writer_alive = st.writer_pid == std::process::id();
+        if !writer_alive {
+            // No writer thread in this process (a forked child, or none could start): nothing
+            // will write the queued requests but this thread.
+            drop(st);
+            self.write_all_here();
+            st = self.lock();
+        }
+        while st.writing > 0 || st.requests.iter().any(|r| r.job.is_some()) {
+            let now = Instant::now();
+            if now >= until {
+                say("gave up waiting for a dump to be written at exit");
+                return;
+            }
+            st = self
+                .changed
+                .wait_timeout(st, until - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        let (repeats, suppressed, recovered) = (st.repeats, st.suppressed, st.recovered_quiet);
+        if (repeats > 0 || suppressed > 0 || recovered > 0) && !st.said_at_exit {
+            st.said_at_exit = true;
+            drop(st);
+            if repeats > 0 || suppressed > 0 {
+                say(&without_dump_line(repeats, suppressed));
+            }
+            if recovered > 0 {
+                say(&format!(
+                    "{} more out-of-memory failures were recovered by their retry (counted, no dump each: only the first gets one)",
+                    thousands(recovered)
+                ));
+            }
+        }
+    }
+
+    /// The exit flush's own writing when no writer thread exists.
+    fn write_all_here(&self) {
+        let Some(s) = super::SHIM.get() else { return };
+        loop {
+            let next = {
+                let st = self.lock();
+                st.requests.iter().find(|r| r.job.is_some()).map(|r| r.id)
+            };
+            match next {
+                Some(id) => self.write_request(s, id, false),
+                None => return,
+            }
+        }
+    }
+}
+
+/// Where a failure happened, for recognising a repeat: its Python stack when it has one (threads
+/// running the same code reach CUDA through different native paths), else its native stack.
+fn site_of((native, python): (StackId, StackId)) -> u64 {
+    if python != StackId::EMPTY {
+        (1u64 << 63) | python.0 as u64
+    } else {
+        native.0 as u64
+    }
+}
+
+enum Admit {
+    New,
+    Repeat(Option<PathBuf>),
+    Capped,
+}
+
+enum Work {
+    Facts(u64, i32),
+    Write { id: u64, provisional: bool },
+}
+
+fn without_dump_line(repeats: u64, suppressed: u64) -> String {
+    let mut parts = Vec::new();
+    if repeats > 0 {
+        parts.push(format!(
+            "{} repeated an earlier dumped failure within OOMSHIM_MIN_INTERVAL",
+            thousands(repeats)
+        ));
+    }
+    if suppressed > 0 {
+        parts.push(format!(
+            "{} came over the OOMSHIM_MAX_DUMPS cap",
+            thousands(suppressed)
+        ));
+    }
+    format!(
+        "{} out-of-memory failures after the last dump got no dump of their own: {}",
+        thousands(repeats + suppressed),
+        parts.join("; ")
+    )
+}
+
+fn say(text: &str) {
+    super::say::say(&format!("oomshim: {text}"));
+}
+
+/// The ledger and the device as they are at a failure, for its dump: taken on the failing
+/// thread, at once (the most telling moment), with the context the event brought from there.
+pub(super) fn failure_capture(s: &Shim, ev: &OomEvent, stacks: (StackId, StackId)) -> Capture {
+    Capture {
+        snapshot: s.ledger.snapshot(),
+        time: SystemTime::now(),
+        now_ns: s.now_ns(),
+        failing: Some(Failing {
+            api: ev.api,
+            bytes: ev.bytes,
+            device: ev.device,
+            error_code: ev.error_code,
+            stack: stacks.0,
+            py_stack: stacks.1,
+        }),
+        context: super::FailureContext {
+            // The dump describes the failing device, whoever gathered the rest.
+            device: Some(ev.device),
+            ..ev.context.clone()
+        },
+    }
+}
+
+/// The dump's `last_failure` for `ev`, seen at `time`.
+pub(super) fn last_failure(s: &Shim, ev: &OomEvent, time: SystemTime) -> LastFailure {
+    LastFailure {
+        bytes: ev.bytes,
+        api: ev.api.name().to_string(),
+        time_unix_ms: unix_ms(time),
+        tracked_bytes: s.ledger.device_bytes(ev.device),
+        free_bytes: ev.context.mem_info.map(|m| m.0),
+        total_bytes: ev.context.mem_info.map(|m| m.1),
+    }
+}
+
+thread_local! {
+    /// The OOM tracker's lock, held by the forking thread from `before_fork` to the matching
+    /// after-fork handler (the child's only thread is that same thread, with the same slot).
+    static FORK_HELD: std::cell::RefCell<Option<MutexGuard<'static, State>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `pthread_atfork` prepare, in the forking thread: takes every lock a hook or the writer takes
+/// (the OOM tracker's, the ledger's and both stack tables' shards), so the child never starts
+/// with a lock that a thread absent from it holds. No path holds one of these while waiting for
+/// another, so taking them all cannot deadlock.
+fn before_fork() {
+    let Some(s) = super::SHIM.get() else {
+        return;
+    };
+    let state = s.oom.lock();
+    s.stacks.before_fork();
+    s.py_stacks.before_fork();
+    s.ledger.before_fork();
+    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some(state));
+}
+
+fn after_fork(child: bool) {
+    let Some(s) = super::SHIM.get() else {
+        return;
+    };
+    s.ledger.after_fork();
+    s.py_stacks.after_fork();
+    s.stacks.after_fork();
+    let held = FORK_HELD.try_with(|h| h.borrow_mut().take()).ok().flatten();
+    let Some(mut state) = held else {
+        return;
+    };
+    if child {
+        // The child has no writer thread and none of the parent's requests: start afresh. The
+        // parent's are leaked, not dropped (they may hold what a vanished thread was using).
+        std::mem::forget(std::mem::take(&mut *state));
+        s.oom.open.store(0, Ordering::Relaxed);
+    }
+    drop(state);
+}
+
+fn after_fork_in_parent() {
+    after_fork(false);
+}
+
+fn after_fork_in_child() {
+    after_fork(true);
+}
+
+/// Serialises and writes a new dump; a fallback directory is announced once.
+pub(super) fn write(s: &Shim, dump: &Dump) -> Result<Written, WriteError> {
+    static FALLBACK_SAID: AtomicBool = AtomicBool::new(false);
+    let bytes = serde_json::to_vec_pretty(dump).map_err(|e| WriteError {
+        message: e.to_string(),
+    })?;
+    let name = DumpName {
+        host: dump.process.host.clone(),
+        pid: dump.process.pid,
+        rank: dump.process.rank,
+    };
+    let written = write_dump(&s.config.dir, &name, &bytes)?;
+    crate::publish::note_dump(dump, &written.path);
+    if let Some(why) = &written.fell_back {
+        if !FALLBACK_SAID.swap(true, Ordering::Relaxed) {
+            oomshim_core::say!(
+                "oomshim: {why}; writing dumps to {} instead",
+                written.path.parent().unwrap_or(&written.path).display()
+            );
+        }
+    }
+    Ok(written)
+}
+
+/// Replaces this process's provisional dump at `path` with `dump`.
+fn rewrite(path: &std::path::Path, dump: &Dump) -> Result<Written, WriteError> {
+    let bytes = serde_json::to_vec_pretty(dump).map_err(|e| WriteError {
+        message: e.to_string(),
+    })?;
+    dump::write::rewrite_dump(path, &bytes)?;
+    Ok(Written {
+        path: path.to_path_buf(),
+        fell_back: None,
+    })
+}
+
+pub(super) fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
+    if let Some(text) = summary_lines(dump, written) {
+        super::say::say(&text);
+    }
+}
+
+/// The stderr summary of an out-of-memory dump: one quiet line when a retry recovered it, else
+/// two: the failure and the top finding in plain words with its key numbers, then where the
+/// dump is and how to read it. `None` for a dump without a failed request.
+pub(crate) fn summary_lines(dump: &Dump, written: &Result<Written, WriteError>) -> Option<String> {
+    let req = dump.failed_request.as_ref()?;
+    let where_ = match written {
+        Ok(w) => format!("dump: {}", w.path.display()),
+        Err(e) => format!("no dump written: {e}"),
+    };
+    if req.recovered == Some(true) {
+        return Some(format!(
+            "oomshim: {} of {} on device {} failed, then its retry succeeded (recovered); {where_}",
+            req.api,
+            human_bytes(req.bytes),
+            req.device
+        ));
+    }
+    let mut notes = Vec::new();
+    if req.failures_in_burst > 1 {
+        notes.push(format!(
+            "{} failures with its retries",
+            thousands(req.failures_in_burst.into())
+        ));
+    }
+    if dump
+        .framework
+        .as_ref()
+        .is_some_and(|f| f.raised && f.name == "torch")
+    {
+        notes.push("torch raised OutOfMemoryError".to_string());
+    }
+    let r = &dump.recording;
+    if r.repeated_failures + r.suppressed_dumps > 0 {
+        notes.push(format!(
+            "{} earlier failures without a dump",
+            thousands(r.repeated_failures + r.suppressed_dumps)
+        ));
+    }
+    let notes = if notes.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", notes.join("; "))
+    };
+    let finding = match dump.verdict.findings.first() {
+        Some(f) => format!("{}: {}", f.kind, f.headline),
+        None => dump.verdict.kind.clone(),
+    };
+    let what = if req.api == Api::FrameworkAllocator.name() {
+        let of = if req.bytes > 0 {
+            format!(" of {}", human_bytes(req.bytes))
+        } else {
+            // The framework's message did not say how much.
+            String::new()
+        };
+        format!(
+            "{}{of} refused{notes}",
+            dump.framework
+                .as_ref()
+                .map_or("the framework's allocator", |f| match f.name.as_str() {
+                    "torch" => "torch's caching allocator",
+                    "xla" => "XLA's allocator",
+                    _ => "the framework's allocator",
+                }),
+        )
+    } else {
+        format!("{} of {} failed{notes}", req.api, human_bytes(req.bytes))
+    };
+    let mut out = format!(
+        "oomshim: CUDA out of memory on device {} ({what}): {finding}\n",
+        req.device,
+    );
+    out.push_str(&format!("oomshim:   {where_}"));
+    if let Ok(w) = written {
+        out.push_str(&format!("  (details: oomshim report {})", w.path.display()));
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod summary_tests {
+    use super::*;
+    use dump::fixtures::oom_dump;
+
+    const GIB: u64 = 1 << 30;
+
+    fn written() -> Result<Written, WriteError> {
+        Ok(Written {
+            path: "/tmp/d/oomshim-h-1-1.json".into(),
+            fell_back: None,
+        })
+    }
+
+    #[test]
+    fn two_lines_name_the_top_finding_and_the_dump() {
+        let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
+        d.failed_request.as_mut().unwrap().failures_in_burst = 3;
+        d.verdict = oomshim_core::verdict::judge(&d);
+        let text = summary_lines(&d, &written()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(
+            lines[0],
+            "oomshim: CUDA out of memory on device 0 (cudaMalloc of 2.00 GiB failed; 3 failures with its retries): \
+             own_allocations: this process's own allocations fill device 0: 78.00 GiB of the 79.00 GiB in use; \
+             largest: 39.00 GiB (×5) at forward (model.py:42)"
+        );
+        assert_eq!(
+            lines[1],
+            "oomshim:   dump: /tmp/d/oomshim-h-1-1.json  (details: oomshim report /tmp/d/oomshim-h-1-1.json)"
+        );
+        // No dump written: still two lines, saying why.
+        let err = Err(WriteError {
+            message: "disk full".into(),
+        });
+        let text = summary_lines(&d, &err).unwrap();
+        assert_eq!(text.lines().count(), 2);
+        assert!(
+            text.ends_with("oomshim:   no dump written: disk full"),
+            "{text}"
+        );
+        // torch's word and failures without a dump are said.
+        d.framework = Some(FrameworkOom {
+            name: "torch".into(),
+            raised: true,
+            ..Default::default()
+        });
+        d.recording.repeated_failures = 2;
+        let text = summary_lines(&d, &written()).unwrap();
+        assert!(
+            text.starts_with(
+                "oomshim: CUDA out of memory on device 0 (cudaMalloc of 2.00 GiB failed; 3 failures with its retries; \
+                 torch raised OutOfMemoryError; 2 earlier failures without a dump): own_allocations"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_recovered_failure_is_one_quiet_line() {
+        let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
+        d.failed_request.as_mut().unwrap().recovered = Some(true);
+        d.verdict = oomshim_core::verdict::judge(&d);
+        let text = summary_lines(&d, &written()).unwrap();
+        assert_eq!(
+            text,
+            "oomshim: cudaMalloc of 2.00 GiB on device 0 failed, then its retry succeeded (recovered); \
+             dump: /tmp/d/oomshim-h-1-1.json"
+        );
+        d.failed_request = None;
+        assert!(summary_lines(&d, &written()).is_none());
+    }
+
+    #[test]
+    fn failures_without_a_dump_are_said_in_one_line() {
+        assert_eq!(
+            without_dump_line(3, 0),
+            "3 out-of-memory failures after the last dump got no dump of their own: 3 repeated an earlier \
+             dumped failure within OOMSHIM_MIN_INTERVAL"
+        );
+        assert!(without_dump_line(1, 5).contains("5 came over the OOMSHIM_MAX_DUMPS cap"));
+    }
+}

@@ -1,0 +1,394 @@
+//! The writing side, inside the shimmed process: creates the process's region at start-up (on
+//! the publisher thread, never on a hooked call), republishes the ledger's summary about once a
+//! second and right after a failure, and removes the region at a normal exit. Nothing here runs
+//! on the allocation path: the thread reads the ledger's existing summaries, as an on-demand
+//! dump does, and the hooks never wait for it or for any reader.
+
+use dump::model::Dump;
+use oomshim_core::flight::layout::RegionWriter;
+use oomshim_core::flight::{LiveFailure, LiveSummary, RssSample, LIVE_SCHEMA, RSS_SAMPLES};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Holders and sites kept in a published summary.
+pub const TOP: usize = 20;
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
+pub const MAX_INTERVAL: Duration = Duration::from_secs(60);
+/// The publisher spends at most 1/BUDGET_FACTOR of one core: after publishes that took `t`, the
+/// next waits at least `BUDGET_FACTOR · t`.
+const BUDGET_FACTOR: u32 = 50;
+
+/// `OOMSHIM_LIVE`, `OOMSHIM_LIVE_DIR`, `OOMSHIM_LIVE_INTERVAL`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub enabled: bool,
+    pub dir: PathBuf,
+    pub interval: Duration,
+}
+
+/// The settings from `lookup`, with a warning for each malformed value (its default applies).
+pub fn settings_from(lookup: impl Fn(&str) -> Option<String>) -> (Settings, Vec<String>) {
+    let mut warnings = Vec::new();
+    let enabled = match lookup("OOMSHIM_LIVE").as_deref().map(str::trim) {
+        None | Some("") | Some("1") => true,
+        Some("0") => false,
+        Some(other) => {
+            warnings.push(format!(
+                "OOMSHIM_LIVE={}: expected 0 or 1; using 1",
+                dump::units::clean(other)
+            ));
+            true
+        }
+    };
+    let interval = match lookup("OOMSHIM_LIVE_INTERVAL") {
+        None => DEFAULT_INTERVAL,
+        Some(v) => match oomshim_core::config::parse_duration(&v) {
+            Some(d) if (MIN_INTERVAL..=MAX_INTERVAL).contains(&d) => d,
+            _ => {
+                warnings.push(format!(
+                    "OOMSHIM_LIVE_INTERVAL={}: expected a duration from 100ms to 60s; using 1s",
+                    dump::units::clean(&v)
+                ));
+                DEFAULT_INTERVAL
+            }
+        },
+    };
+    let dir = oomshim_core::flight::live_dir_from(lookup("OOMSHIM_LIVE_DIR").map(Into::into));
+    (
+        Settings {
+            enabled,
+            dir,
+            interval,
+        },
+        warnings,
+    )
+}
+
+struct Wake {
+    pending: Mutex<bool>,
+    cv: Condvar,
+}
+
+static WAKE: Wake = Wake {
+    pending: Mutex::new(false),
+    cv: Condvar::new(),
+};
+static LAST_FAILURE: Mutex<Option<LiveFailure>> = Mutex::new(None);
+/// The region this process created: its path and the pid that created it.
+static REGION: OnceLock<(PathBuf, u32)> = OnceLock::new();
+static REMOVED: AtomicBool = AtomicBool::new(false);
+
+/// A device allocation failed (the cold out-of-memory path): noted for the next publish, which
+/// comes at once.
+pub fn note_failure(device: i32, bytes: u64, api: &str, mem_info: Option<(u64, u64)>) {
+    if !publishing_here() {
+        return;
+    }
+    *LAST_FAILURE.lock().unwrap_or_else(|e| e.into_inner()) = Some(LiveFailure {
+        unix_ms: dump::time::unix_ms(std::time::SystemTime::now()),
+        device,
+        bytes,
+        api: api.to_string(),
+        free_bytes: mem_info.map(|m| m.0),
+        total_bytes: mem_info.map(|m| m.1),
+        dump: None,
+        headline: None,
+    });
+    wake();
+}
+
+/// An out-of-memory dump was written for the last failure.
+pub fn note_dump(dump: &Dump, path: &std::path::Path) {
+    if !publishing_here() || dump.failed_request.is_none() {
+        return;
+    }
+    let mut last = LAST_FAILURE.lock().unwrap_or_else(|e| e.into_inner());
+    let headline = dump
+        .verdict
+        .findings
+        .first()
+        .map(|f| f.headline.clone())
+        .unwrap_or_else(|| dump.verdict.summary.clone());
+    let req = dump.failed_request.as_ref().expect("checked");
+    let entry = last.get_or_insert_with(|| LiveFailure {
+        unix_ms: dump.time_unix_ms,
+        device: req.device,
+        bytes: req.bytes,
+        api: req.api.clone(),
+        free_bytes: None,
+        total_bytes: None,
+        dump: None,
+        headline: None,
+    });
+    entry.dump = Some(path.display().to_string());
+    entry.headline = Some(headline);
+    drop(last);
+    wake();
+}
+
+/// This process publishes a region. Not in a forked child: its publisher thread did not survive
+/// the fork, and the locks here may have been held by it at the fork.
+fn publishing_here() -> bool {
+    REGION
+        .get()
+        .is_some_and(|(_, pid)| *pid == std::process::id())
+}
+
+/// Why this process cannot keep a region safely, if so: a file-size limit below the region's
+/// size (writing past it raises SIGXFSZ, which kills the program), or an address-space limit
+/// (the out-of-memory dump needs that room more than the live summary does).
+fn refused_by_limits() -> Option<&'static str> {
+    let limit = |res| {
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        (unsafe { libc::getrlimit(res, &mut rl) } == 0).then_some(rl.rlim_cur)
+    };
+    if limit(libc::RLIMIT_FSIZE)
+        .is_some_and(|l| l != libc::RLIM_INFINITY && l < oomshim_core::flight::layout::REGION_BYTES)
+    {
+        return Some("RLIMIT_FSIZE is below the region's size");
+    }
+    if limit(libc::RLIMIT_AS).is_some_and(|l| l != libc::RLIM_INFINITY) {
+        return Some("RLIMIT_AS is set");
+    }
+    None
+}
+
+fn wake() {
+    *WAKE.pending.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    WAKE.cv.notify_one();
+}
+
+/// Sleeps `d`, or less when woken.
+fn wait(d: Duration) {
+    let pending = WAKE.pending.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut pending, _) = WAKE
+        .cv
+        .wait_timeout_while(pending, d, |p| !*p)
+        .unwrap_or_else(|e| e.into_inner());
+    *pending = false;
+}
+
+/// Starts the publisher thread. `live_dump` assembles the ledger's summary (a dump with reason
+/// `live`, run inside the shim's guard); `on_created` runs once the region exists (the exit
+/// handler that removes it is registered there).
+pub fn start(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
+    if !settings.enabled {
+        return;
+    }
+    if let Some(why) = refused_by_limits() {
+        tracing::debug!(why, "no live summary");
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("oomshim-live".into())
+        .spawn(move || run(settings, live_dump, on_created));
+    if spawned.is_err() {
+        oomshim_core::say!("oomshim: the live summary is off: cannot start its thread");
+    }
+}
+
+fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
+    // Signals are the program's: a process-directed one must never land on this thread (a
+    // handler of the program's would run here, with this thread's locks held).
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+    let pid = std::process::id();
+    let Some(start_ticks) = oomshim_core::flight::start_ticks_of(pid) else {
+        oomshim_core::say!("oomshim: the live summary is off: /proc/self/stat is unreadable");
+        return;
+    };
+    // Not at once: programs rearrange their descriptors at start-up (close fd 2, open a log
+    // that must become fd 2), and a descriptor opened meanwhile would take the number.
+    wait(settings.interval);
+    if REMOVED.load(Ordering::Relaxed) {
+        return;
+    }
+    let (mut writer, path, ino) = match create(&settings.dir, pid, start_ticks) {
+        Ok(v) => v,
+        Err(e) => {
+            oomshim_core::say!(
+                "oomshim: the live summary is off: cannot create it in {} ({e}); post-mortem dumps and `oomshim top` will not see this process",
+                settings.dir.display()
+            );
+            return;
+        }
+    };
+    let _ = REGION.set((path.clone(), pid));
+    on_created();
+    oomshim_core::stacks::cache_on_this_thread();
+    let mut rss: Vec<RssSample> = Vec::new();
+    let mut said = false;
+    let mut previous = Duration::ZERO;
+    loop {
+        if REMOVED.load(Ordering::Relaxed) {
+            return;
+        }
+        let began = Instant::now();
+        if let Err(e) = publish_once(
+            &mut writer,
+            &path,
+            ino,
+            pid,
+            start_ticks,
+            &settings,
+            &mut rss,
+            live_dump,
+        ) {
+            if REMOVED.load(Ordering::Relaxed) {
+                return;
+            }
+            if !said {
+                said = true;
+                oomshim_core::say!(
+                    "oomshim: the live summary could not be updated ({e}); the program continues"
+                );
+            }
+        }
+        let spent = began.elapsed();
+        tracing::debug!(?spent, "live summary published");
+        // The cheaper of the last two: one slow publish (new stacks to symbolise, the first
+        // one's debug information) does not stall the next; steadily slow ones are spaced out.
+        let cost = spent.min(previous);
+        previous = spent;
+        wait(settings.interval.max(cost * BUDGET_FACTOR));
+    }
+}
+
+fn create(
+    dir: &std::path::Path,
+    pid: u32,
+    start_ticks: u64,
+) -> std::io::Result<(RegionWriter, PathBuf, (u64, u64))> {
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    dump::write::prepare_private_dir(dir)?;
+    let path = dir.join(oomshim_core::flight::region_name(pid, start_ticks));
+    // The same pid and start time: this process before an exec; its region is stale.
+    let _ = std::fs::remove_file(&path);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .read(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)?;
+    let file = oomshim_core::own_fd::high_file(file);
+    let meta = file.metadata()?;
+    let writer = RegionWriter::init(file, pid, unsafe { libc::geteuid() }, start_ticks)?;
+    Ok((writer, path, (meta.dev(), meta.ino())))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn publish_once(
+    writer: &mut RegionWriter,
+    path: &std::path::Path,
+    ino: (u64, u64),
+    pid: u32,
+    start_ticks: u64,
+    settings: &Settings,
+    rss: &mut Vec<RssSample>,
+    live_dump: fn() -> Option<Dump>,
+) -> std::io::Result<()> {
+    let Some(mut dump) = live_dump() else {
+        return Ok(()); // the shim is off or has no room: nothing new to say
+    };
+    dump.largest_holders.truncate(TOP);
+    dump.sites.truncate(TOP);
+    let now = dump::time::unix_ms(std::time::SystemTime::now());
+    let step = dump
+        .growth
+        .as_ref()
+        .filter(|g| g.unit == "step")
+        .map(|g| g.current);
+    if let Some(bytes) = dump.host.as_ref().and_then(|h| h.rss_bytes) {
+        if rss.len() == RSS_SAMPLES {
+            rss.remove(0);
+        }
+        rss.push(RssSample {
+            unix_ms: now,
+            step,
+            bytes,
+        });
+    }
+    let mut summary = LiveSummary {
+        schema: LIVE_SCHEMA.to_string(),
+        pid,
+        start_ticks,
+        generation: 0, // set below, once known
+        published_unix_ms: now,
+        interval_ms: settings.interval.as_millis() as u64,
+        rss: rss.clone(),
+        last_failure: LAST_FAILURE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone(),
+        dump,
+    };
+    // Reopened by path each time, and only if it is still the file created.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    let file = oomshim_core::own_fd::high_file(file);
+    let meta = file.metadata()?;
+    if (meta.dev(), meta.ino()) != ino {
+        return Err(std::io::Error::other("the region file was replaced"));
+    }
+    writer.use_file(file);
+    summary.generation = writer.generation() + 1;
+    let mut bytes = serde_json::to_vec(&summary).map_err(std::io::Error::other)?;
+    if bytes.len() as u64 > oomshim_core::flight::layout::SLOT_BYTES {
+        // Huge stacks or names: keep the totals, growth and sites, drop the holders first.
+        summary.dump.largest_holders.clear();
+        summary.dump.sites.truncate(5);
+        bytes = serde_json::to_vec(&summary).map_err(std::io::Error::other)?;
+    }
+    writer.publish(&bytes)?;
+    Ok(())
+}
+
+/// At a normal exit: the region goes (a region left behind means the process did not exit
+/// normally). Only the process that created it removes it: a forked child exiting does not.
+pub fn remove_at_exit() {
+    if let Some((path, pid)) = REGION.get() {
+        if *pid == std::process::id() && !REMOVED.swap(true, Ordering::Relaxed) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_default_and_warn_on_nonsense() {
+        let (s, w) = settings_from(|_| None);
+        assert!(s.enabled && w.is_empty());
+        assert_eq!(s.interval, DEFAULT_INTERVAL);
+        let (s, w) = settings_from(|k| match k {
+            "OOMSHIM_LIVE" => Some("yes".into()),
+            "OOMSHIM_LIVE_INTERVAL" => Some("5ms".into()),
+            "OOMSHIM_LIVE_DIR" => Some("/somewhere".into()),
+            _ => None,
+        });
+        assert!(s.enabled);
+        assert_eq!(s.interval, DEFAULT_INTERVAL);
+        assert_eq!(s.dir, PathBuf::from("/somewhere"));
+        assert_eq!(w.len(), 2, "{w:?}");
+        let (s, _) = settings_from(|k| (k == "OOMSHIM_LIVE").then(|| "0".into()));
+        assert!(!s.enabled);
+    }
+}
