@@ -1,37 +1,36 @@
-//! The layers of the source tree, kept by reading each file's `crate::` paths (outside
-//! `#[cfg(test)]` modules and comments). Arrows point down or sideways within a layer, never up;
-//! no two top-level modules import each other, directly or around a circle; nothing imports the
-//! hooks (`ffi`). A re-export at an old path is an arrow like any other, so it may only stand in
-//! the upper module (`report` re-exporting `dump::units`).
+//! The layers of the source tree. The workspace's crates are the layers, lowest first: the dump
+//! format (`src/format`, named `dump`), the core (`src/core`), the preload shim (`src/preload`,
+//! the crate `oomshim` that builds liboomshim.so) and the CLI (`src/cli`). Cargo refuses an import
+//! of a crate that is not a dependency, so this test keeps the dependencies themselves pointing
+//! down (each crate's Cargo.toml), keeps the CLI from naming the preload crate it depends on only
+//! so that building the CLI builds the shim, and, inside each crate, keeps its top-level modules
+//! free of circles and `ffi` imported by nobody. It reads each file's paths outside comments and
+//! `#[cfg(test)]` modules.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// Every top-level module and its layer, lowest first. A new module must be placed here.
-const LAYERS: &[(&str, &[&str])] = &[
-    // Imports nothing of ours.
-    ("base", &["signals", "own_fd"]),
-    // The dump file: schema, reading, writing, units, the shared views of its contents.
-    ("format", &["dump"]),
-    // Plain Rust testable without CUDA, and the process plumbing the live shim runs through.
+/// (directory, the name other crates use for it, its package name, the crates it may name).
+const CRATES: &[(&str, &str, &str, &[&str])] = &[
+    ("src/format", "dump", "oomshim-format", &[]),
+    ("src/core", "oomshim_core", "oomshim-core", &["dump"]),
     (
-        "core",
-        &[
-            "sys", "config", "ledger", "alloc", "stacks", "pystack", "facts", "verdict",
-        ],
+        "src/preload",
+        "oomshim",
+        "oomshim-preload",
+        &["dump", "oomshim_core"],
     ),
-    // Inside the host program: the hooks and the live state.
-    ("live", &["runtime", "ffi", "pyhook", "flight"]),
-    // The command line; reporters read dumps only.
-    ("cli", &["cli", "report", "testbed", "bin"]),
+    // The CLI depends on the preload crate only to build it: its code never names it.
+    (
+        "src/cli",
+        "oomshim_cli",
+        "oomshim",
+        &["dump", "oomshim_core"],
+    ),
 ];
 
-/// Imported by nobody: the C ABI sits on top of everything that runs in the host program.
+/// Inside its crate, imported by nobody: the C ABI sits on top of everything in the host program.
 const IMPORTED_BY_NOBODY: &[&str] = &["ffi"];
-
-fn layer_of(module: &str) -> Option<usize> {
-    LAYERS.iter().position(|(_, mods)| mods.contains(&module))
-}
 
 /// The source without comments and without `#[cfg(test)]` items that are braced modules.
 fn strip(src: &str) -> String {
@@ -140,10 +139,30 @@ fn named_modules(code: &str, file_is_top_level: bool) -> BTreeSet<(String, Strin
     found
 }
 
-/// Every cross-module arrow: (from module, to module, file, the line that names it).
-fn arrows(src_dir: &Path) -> Vec<(String, String, String, String)> {
+/// The crates a file's code names by their extern names (`dump::…`, `oomshim_core::…`).
+fn named_crates(code: &str) -> BTreeSet<(String, String)> {
+    let mut found = BTreeSet::new();
+    for (_, name, _, _) in CRATES {
+        let needle = format!("{name}::");
+        let mut from = 0;
+        while let Some(i) = code[from..].find(&needle) {
+            let at = from + i;
+            from = at + needle.len();
+            let before = code[..at].chars().last();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':' || c == '$')
+            {
+                continue; // the tail of a longer path or name (`oomshim_core::` holds no `dump::`)
+            }
+            let shown = code[at..].lines().next().unwrap_or("").trim().to_string();
+            found.insert((name.to_string(), shown));
+        }
+    }
+    found
+}
+
+fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut files = Vec::new();
-    let mut stack = vec![src_dir.to_path_buf()];
+    let mut stack = vec![dir.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
@@ -155,87 +174,164 @@ fn arrows(src_dir: &Path) -> Vec<(String, String, String, String)> {
         }
     }
     files.sort();
-    let known: BTreeSet<&str> = LAYERS.iter().flat_map(|(_, m)| m.iter().copied()).collect();
+    files
+}
+
+/// An arrow: (crate dir, from module, to module or crate, file, the line that names it).
+type Arrow = (String, String, String, String, String);
+
+/// Every arrow of the tree under `root`: between a crate's top-level modules (`crate::m`, and
+/// `super::m` in a top-level module's own file), and from a file to another crate (`to` is
+/// then that crate's extern name, prefixed with `extern:`).
+fn arrows(root: &Path) -> Vec<Arrow> {
     let mut out = Vec::new();
-    for file in files {
-        let rel = file
-            .strip_prefix(src_dir)
-            .unwrap()
-            .to_string_lossy()
-            .replace('\\', "/");
-        if rel == "lib.rs" {
-            continue; // declares the modules; imports none
+    for (dir, _, _, _) in CRATES {
+        let crate_dir = root.join(dir);
+        if !crate_dir.is_dir() {
+            continue;
         }
-        let module = rel
-            .split('/')
-            .next()
-            .unwrap()
-            .trim_end_matches(".rs")
-            .to_string();
-        assert!(
-            known.contains(module.as_str()),
-            "src/{rel}: module `{module}` is in no layer of tests/layers.rs; place it there"
-        );
-        let top_level =
-            !rel.contains('/') || rel.matches('/').count() == 1 && rel.ends_with("/mod.rs");
-        let code = strip(&std::fs::read_to_string(&file).unwrap());
-        for (target, line) in named_modules(&code, top_level) {
-            if target != module && known.contains(target.as_str()) {
-                out.push((module.clone(), target, format!("src/{rel}"), line));
+        let files = rust_files(&crate_dir);
+        let rel_of = |f: &Path| {
+            f.strip_prefix(&crate_dir)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/")
+        };
+        let module_of = |rel: &str| {
+            rel.split('/')
+                .next()
+                .unwrap()
+                .trim_end_matches(".rs")
+                .to_string()
+        };
+        let roots = ["lib.rs", "main.rs"];
+        let known: BTreeSet<String> = files
+            .iter()
+            .map(|f| rel_of(f))
+            .filter(|r| !roots.contains(&r.as_str()))
+            .map(|r| module_of(&r))
+            .collect();
+        for file in &files {
+            let rel = rel_of(file);
+            let shown_file = format!("{dir}/{rel}");
+            let code = strip(&std::fs::read_to_string(file).unwrap());
+            let is_root = roots.contains(&rel.as_str());
+            let module = if is_root {
+                "(root)".to_string()
+            } else {
+                module_of(&rel)
+            };
+            for (name, line) in named_crates(&code) {
+                out.push((
+                    dir.to_string(),
+                    module.clone(),
+                    format!("extern:{name}"),
+                    shown_file.clone(),
+                    line,
+                ));
+            }
+            if is_root {
+                continue; // declares the modules
+            }
+            let top_level =
+                !rel.contains('/') || rel.matches('/').count() == 1 && rel.ends_with("/mod.rs");
+            for (target, line) in named_modules(&code, top_level) {
+                if target != module && known.contains(&target) {
+                    out.push((
+                        dir.to_string(),
+                        module.clone(),
+                        target,
+                        shown_file.clone(),
+                        line,
+                    ));
+                }
             }
         }
     }
     out
 }
 
+/// The package names a crate's Cargo.toml lists under `[dependencies]` that are ours.
+fn our_dependencies(manifest: &str) -> BTreeSet<String> {
+    let mut deps = BTreeSet::new();
+    let mut in_deps = false;
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_deps = line == "[dependencies]";
+            continue;
+        }
+        if !in_deps || line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let key = line.split(['=', '.']).next().unwrap().trim();
+        // `dump = { package = "oomshim-format", … }` or `dump.workspace = true`.
+        for (_, name, package, _) in CRATES {
+            if key == *name || key == *package {
+                deps.insert(name.to_string());
+            }
+        }
+    }
+    deps
+}
+
 /// What is wrong with a set of arrows, one line per offence.
-fn offences(arrows: &[(String, String, String, String)]) -> Vec<String> {
+fn offences(arrows: &[Arrow]) -> Vec<String> {
     let mut bad = Vec::new();
-    let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for (from, to, file, line) in arrows {
+    let mut graphs: BTreeMap<&str, BTreeMap<&str, BTreeSet<&str>>> = BTreeMap::new();
+    for (dir, from, to, file, line) in arrows {
+        let (_, own, _, may) = CRATES.iter().find(|c| c.0 == dir).unwrap();
+        if let Some(name) = to.strip_prefix("extern:") {
+            if name != *own && !may.contains(&name) {
+                bad.push(format!(
+                    "{file}: {dir} may not name the crate `{name}`: {line}"
+                ));
+            }
+            continue;
+        }
         if IMPORTED_BY_NOBODY.contains(&to.as_str()) {
             bad.push(format!("{file}: `{to}` is imported by nobody, yet: {line}"));
         }
-        let (lf, lt) = (layer_of(from).unwrap(), layer_of(to).unwrap());
-        if lt > lf {
-            bad.push(format!(
-                "{file}: upward arrow {from} ({}) -> {to} ({}): {line}",
-                LAYERS[lf].0, LAYERS[lt].0
-            ));
-        }
-        graph.entry(from).or_default().insert(to);
+        graphs
+            .entry(dir)
+            .or_default()
+            .entry(from)
+            .or_default()
+            .insert(to);
     }
-    // Circles between top-level modules: any module that reaches itself.
-    for &start in graph.keys() {
-        let mut seen = BTreeSet::new();
-        let mut todo: Vec<Vec<&str>> = vec![vec![start]];
-        while let Some(path) = todo.pop() {
-            let last = *path.last().unwrap();
-            for &next in graph.get(last).into_iter().flatten() {
-                if next == start {
-                    let mut circle = path.clone();
-                    circle.push(start);
-                    // Reported once, from its smallest module.
-                    if circle.iter().all(|m| *m >= start) {
-                        let witnesses: Vec<String> = circle
-                            .windows(2)
-                            .filter_map(|w| {
-                                arrows
-                                    .iter()
-                                    .find(|a| a.0 == w[0] && a.1 == w[1])
-                                    .map(|a| format!("{} ({})", a.2, a.3))
-                            })
-                            .collect();
-                        bad.push(format!(
-                            "circle {}: {}",
-                            circle.join(" -> "),
-                            witnesses.join("; ")
-                        ));
+    // Circles between a crate's top-level modules: any module that reaches itself.
+    for (dir, graph) in &graphs {
+        for &start in graph.keys() {
+            let mut seen = BTreeSet::new();
+            let mut todo: Vec<Vec<&str>> = vec![vec![start]];
+            while let Some(path) = todo.pop() {
+                let last = *path.last().unwrap();
+                for &next in graph.get(last).into_iter().flatten() {
+                    if next == start {
+                        let mut circle = path.clone();
+                        circle.push(start);
+                        // Reported once, from its smallest module.
+                        if circle.iter().all(|m| *m >= start) {
+                            let witnesses: Vec<String> = circle
+                                .windows(2)
+                                .filter_map(|w| {
+                                    arrows
+                                        .iter()
+                                        .find(|a| a.0 == *dir && a.1 == w[0] && a.2 == w[1])
+                                        .map(|a| format!("{} ({})", a.3, a.4))
+                                })
+                                .collect();
+                            bad.push(format!(
+                                "{dir}: circle {}: {}",
+                                circle.join(" -> "),
+                                witnesses.join("; ")
+                            ));
+                        }
+                    } else if seen.insert(next) {
+                        let mut p = path.clone();
+                        p.push(next);
+                        todo.push(p);
                     }
-                } else if seen.insert(next) {
-                    let mut p = path.clone();
-                    p.push(next);
-                    todo.push(p);
                 }
             }
         }
@@ -247,57 +343,113 @@ fn offences(arrows: &[(String, String, String, String)]) -> Vec<String> {
 
 #[test]
 fn arrows_point_down_and_close_no_circle() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let found = arrows(&src);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let found = arrows(root);
     // The scan sees the tree's real arrows (a broken scanner finding none would pass anything).
     assert!(
-        found.iter().any(|a| a.0 == "verdict" && a.1 == "dump"),
+        found
+            .iter()
+            .any(|a| a.0 == "src/core" && a.1 == "verdict" && a.2 == "extern:dump"),
         "the scan found no verdict -> dump arrow; is it reading the sources?"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|a| a.0 == "src/preload" && a.1 == "ffi" && a.2 == "live"),
+        "the scan found no ffi -> live arrow inside the preload crate"
     );
     let bad = offences(&found);
     assert!(bad.is_empty(), "layering broken:\n{}", bad.join("\n"));
 }
 
 #[test]
-fn the_scan_catches_upward_arrows_circles_and_ffi_imports() {
+fn each_crate_depends_only_on_the_crates_below_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (dir, own, _, may) in CRATES {
+        let manifest = if *dir == "src/cli" {
+            root.join("Cargo.toml")
+        } else {
+            root.join(dir).join("Cargo.toml")
+        };
+        let text = std::fs::read_to_string(&manifest).unwrap();
+        let mut deps = our_dependencies(&text);
+        deps.remove(*own);
+        if *dir == "src/cli" {
+            // Built with the CLI, never named by it (the arrow test above checks the naming).
+            assert!(
+                deps.remove("oomshim"),
+                "the CLI no longer builds liboomshim.so with itself"
+            );
+        }
+        let allowed: BTreeSet<String> = may.iter().map(|s| s.to_string()).collect();
+        assert!(
+            deps.is_subset(&allowed),
+            "{}: depends on {:?}; may depend on {:?}",
+            manifest.display(),
+            deps,
+            allowed
+        );
+    }
+}
+
+#[test]
+fn the_scan_catches_upward_names_circles_and_ffi_imports() {
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path();
-    std::fs::create_dir_all(src.join("dump")).unwrap();
-    std::fs::write(
-        src.join("dump/read.rs"),
-        "// crate::cli in a comment does not count\nuse crate::report::units::clean;\n",
-    )
-    .unwrap();
-    std::fs::write(
-        src.join("verdict.rs"),
-        "use crate::{dump::model::Dump, facts::Relation, ffi};\n#[cfg(test)]\nmod tests {\n    use crate::cli;\n}\n",
-    )
-    .unwrap();
-    std::fs::write(
-        src.join("facts.rs"),
-        "fn f() { crate::verdict::judge(); }\n",
-    )
-    .unwrap();
-    std::fs::write(src.join("report.rs"), "pub use crate::dump::units;\n").unwrap();
-    let bad = offences(&arrows(src));
+    let root = dir.path();
+    let w = |p: &str, text: &str| {
+        let path = root.join(p);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    w(
+        "src/format/read.rs",
+        "// oomshim_cli::report in a comment does not count\nuse oomshim_core::units::clean;\n",
+    );
+    w(
+        "src/core/verdict.rs",
+        "use crate::{facts::Relation, alloc};\nuse dump::model::Dump;\n#[cfg(test)]\nmod tests {\n    use oomshim_cli::report;\n}\n",
+    );
+    w("src/core/facts.rs", "fn f() { crate::verdict::judge(); }\n");
+    w("src/preload/live/mod.rs", "use crate::ffi::hooks;\n");
+    w("src/preload/ffi/mod.rs", "use crate::live;\n");
+    w(
+        "src/cli/report.rs",
+        "pub use dump::units;\nfn g() { oomshim::live::step(); }\n",
+    );
+    let bad = offences(&arrows(root));
     let text = bad.join("\n");
     assert!(
-        text.contains("src/dump/read.rs: upward arrow dump (format) -> report (cli)"),
+        text.contains("src/format/read.rs: src/format may not name the crate `oomshim_core`"),
         "{text}"
     );
     assert!(
-        text.contains("src/verdict.rs: `ffi` is imported by nobody"),
+        text.contains("src/cli/report.rs: src/cli may not name the crate `oomshim`"),
         "{text}"
     );
     assert!(
-        text.contains("src/verdict.rs: upward arrow verdict (core) -> ffi (live)"),
+        text.contains("src/preload/live/mod.rs: `ffi` is imported by nobody"),
         "{text}"
     );
-    assert!(text.contains("circle facts -> verdict -> facts"), "{text}");
     assert!(
-        !text.contains("-> cli"),
+        text.contains("src/core: circle facts -> verdict -> facts"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("oomshim_cli"),
         "comments and test modules count: {text}"
     );
-    // report -> dump is downward: not an offence.
-    assert!(!text.contains("src/report.rs: upward"), "{text}");
+    // cli -> dump and core -> dump point down: no offence.
+    assert!(!text.contains("`dump`"), "{text}");
+}
+
+#[test]
+fn the_manifest_scan_reads_renamed_and_workspace_dependencies() {
+    let deps = our_dependencies(
+        "[package]\nname = \"x\"\n[dependencies]\ndump.workspace = true\noomshim-core = { path = \"../core\" }\nlibc = \"0.2\"\n[dev-dependencies]\noomshim-preload.workspace = true\n",
+    );
+    let want: BTreeSet<String> = ["dump", "oomshim_core"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(deps, want);
 }
