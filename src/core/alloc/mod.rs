@@ -68,14 +68,14 @@
 //! free block from the last entry of each (pool, stream) free list, which is already ordered by
 //! size: no scan of the blocks, and no second ordered set to update on the hot path.
 
-mod allocator;
+mod caching;
 mod device;
 mod lock;
 mod stats;
 #[cfg(test)]
 mod tests;
 
-pub use allocator::CachingAllocator;
+pub use caching::CachingAllocator;
 pub use stats::{DeviceStats, Stat, StatArray};
 
 /// CUDA's `cudaErrorMemoryAllocation`.

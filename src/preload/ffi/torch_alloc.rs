@@ -213,7 +213,7 @@ fn allocator() -> &'static CachingAllocator<CudaSource> {
     ALLOCATOR.get_or_init(|| {
         // For the dumps no hook gathers (the shim's own trigger threads, a framework's word):
         // the runtime cannot reach this module otherwise.
-        crate::live::allocator::set_free_blocks_source(free_blocks_with_segment_map);
+        crate::live::allocator_mode::set_free_blocks_source(free_blocks_with_segment_map);
         CachingAllocator::new(CudaSource, config_from_env())
     })
 }
@@ -398,7 +398,7 @@ fn alloc_impl(size: usize, device: c_int, stream: Stream) -> Result<*mut c_void,
 /// Records the failure (its dump is written now) and builds the exception's message.
 fn out_of_memory(oom: &OutOfMemory, stream: Stream) -> [u8; MESSAGE_BYTES] {
     let mem_info = on_device(oom.device, device_mem_info);
-    let outcome = crate::live::allocator::oom_now(crate::live::OomEvent {
+    let outcome = crate::live::allocator_mode::oom_now(crate::live::OomEvent {
         api: Api::TorchAlloc,
         bytes: oom.requested,
         device: oom.device,

@@ -53,7 +53,7 @@ impl FailureContext {
     /// allocator's free blocks.
     pub fn without_cuda(device: Option<i32>, mem_info: Option<(u64, u64)>) -> FailureContext {
         FailureContext {
-            free_blocks: super::allocator::free_blocks(device),
+            free_blocks: super::allocator_mode::free_blocks(device),
             ..FailureContext::learnt_before(device, mem_info)
         }
     }

@@ -3,7 +3,7 @@
 //! turning a captured state into a dump ([`assemble`]). Called only from the hooks (the `ffi`
 //! module), always inside their guard, never holding a lock across a call into CUDA.
 
-pub mod allocator;
+pub mod allocator_mode;
 mod assemble;
 mod context;
 #[allow(unused_imports)]
