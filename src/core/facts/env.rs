@@ -124,7 +124,7 @@ pub fn torch_version_in(maps: &str) -> Option<String> {
 /// torch's version when a torch library is loaded in this process (dump time only: reads
 /// /proc/self/maps and one small file).
 pub fn torch_version() -> Option<String> {
-    torch_version_in(&std::fs::read_to_string("/proc/self/maps").ok()?)
+    torch_version_in(&crate::facts::libraries::read_self_maps())
 }
 
 /// Frameworks whose libraries `maps` (the text of `/proc/self/maps`) shows loaded, in a fixed

@@ -26,6 +26,13 @@ const KNOWN: &[(&str, &str, &str)] = &[
 /// Machine name of torch's CUDA graph private pools (allocator mode's segment map).
 pub const CUDA_GRAPH_POOL: &str = "cuda_graph_pool";
 
+/// The text of this process's `/proc/self/maps` (empty when it cannot be read): the one place
+/// it is read. What is mapped is asked of the text by [`LibraryMap::parse`] and by
+/// `facts::env` (torch's directory, the loaded frameworks), so one reading serves a dump.
+pub fn read_self_maps() -> String {
+    std::fs::read_to_string("/proc/self/maps").unwrap_or_default()
+}
+
 /// The known library a loaded object's path belongs to: (machine name, display name).
 pub fn library_of(path: &str) -> Option<(&'static str, &'static str)> {
     let file = path.rsplit('/').next().unwrap_or(path);

@@ -1,15 +1,21 @@
 //! Turning a captured ledger state into a [`Dump`]: largest holders, sites, devices, process
-//! identity, symbolised stacks (the only place symbolisation happens) and the verdict.
+//! identity, symbolised stacks and the verdict.
 //!
-//! What the dump says about CUDA and the device comes from the capture's [`FailureContext`] and
-//! the [`Facts`] its caller read, and from nowhere else: assembly asks neither CUDA nor the
-//! hooks, and reads no global about the failure, so two failures assembled in either order,
-//! on any thread, each describe their own moment.
+//! [`assemble`] is a pure function of what it is handed: the capture (ledger snapshot and
+//! [`FailureContext`]), the [`Observed`] facts its caller read about the machine, the process
+//! and the shim, the configuration, and [`Lookups`], the four questions about stacks and
+//! threads that only the live process can answer. It reads no file, no environment variable
+//! and no global, and asks neither CUDA nor the hooks: the same inputs give the same dump, and
+//! two failures assembled in either order, on any thread, each describe their own moment. The
+//! reading happens in `gather.rs`.
 
-use super::{unix_ms, FailureContext, Shim};
+use super::{unix_ms, FailureContext};
 use dump::model::*;
+use oomshim_core::config::{Config, StackMode};
 use oomshim_core::ledger::{Allocation, Api, Snapshot, StackId};
+use oomshim_core::pystack::PyFrame;
 use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 /// The state at the moment a dump describes.
@@ -44,7 +50,7 @@ pub(crate) struct BurstInfo {
 /// What is read outside CUDA about a failure, as soon after it as possible (the writer reads it
 /// when the failure reaches it, not when the dump is finally written): NVML's processes on the
 /// device, and host memory; and the GPU UUIDs the process has learnt, read when the dump is
-/// assembled.
+/// assembled. Read by `Facts::read` (gather.rs).
 #[derive(Debug, Clone)]
 pub(crate) struct Facts {
     pub gpu_processes: Option<GpuProcesses>,
@@ -54,35 +60,73 @@ pub(crate) struct Facts {
     pub device_uuids: Vec<(i32, String)>,
 }
 
-impl Facts {
-    pub fn read(device: Option<i32>) -> Facts {
-        Facts {
-            // Asked only for a device the process uses: NVML is loaded on the calling thread.
-            gpu_processes: device.map(oomshim_core::facts::gpu_processes::for_dump),
-            host: oomshim_core::facts::host::read(),
-            device_uuids: super::known_device_uuids(),
-        }
-    }
+/// The process as a dump describes it, read when the dump is assembled
+/// (`ProcessSnapshot::read`, gather.rs).
+#[derive(Debug, Clone)]
+pub(crate) struct ProcessSnapshot {
+    /// Pid, host name, command line, rank and job.
+    pub process: ProcessInfo,
+    /// The text of `/proc/self/maps`: the libraries the device memory is attributed to, and the
+    /// frameworks loaded.
+    pub maps: String,
+    /// The version of the torch package a mapped torch library belongs to (its `version.py`).
+    pub torch_version: Option<String>,
+    /// The allowlisted environment variables that are set (src/core/facts/env.rs), values cut.
+    pub env: BTreeMap<String, String>,
+    /// `CPython 3.11` when Python stacks can be read.
+    pub python: Option<String>,
+}
 
-    /// The same facts with the UUIDs learnt by now: the writer reads the other facts at the
-    /// failure but assembles its dump later, when more devices may have been named.
-    pub fn with_current_uuids(self) -> Facts {
-        Facts {
-            device_uuids: super::known_device_uuids(),
-            ..self
-        }
-    }
+/// The shim's own state that a dump reports, read when the dump is assembled
+/// (`RecorderState::read`, gather.rs).
+#[derive(Debug, Clone)]
+pub(crate) struct RecorderState {
+    /// The stack mode now, not at start: a benchmark may have switched it.
+    pub stacks: StackMode,
+    /// Failed device allocations so far.
+    pub oom_failures: u64,
+    /// The growth tracker's analysis, its stacks named through the same [`Lookups`].
+    pub growth: Option<Growth>,
+    pub request_sizes: Option<RequestSizes>,
+}
+
+/// Everything a dump's caller read outside the ledger and CUDA, handed to [`assemble`] whole.
+#[derive(Debug, Clone)]
+pub(crate) struct Observed {
+    pub facts: Facts,
+    pub process: ProcessSnapshot,
+    pub recorder: RecorderState,
+}
+
+/// What only the live process can say about the stacks and threads a dump names. Asked only
+/// for what the dump shows (its holders, sites and failing request, each distinct one once),
+/// so the caller need not name every stack the ledger holds; a test answers from a table.
+pub(crate) trait Lookups {
+    /// The return addresses of an interned native stack, innermost first.
+    fn native_stack(&self, id: StackId) -> Vec<usize>;
+    /// The frames of each address, in order (inlined frames first), in one batch.
+    fn symbolize(&self, addrs: &[usize]) -> Vec<Vec<Frame>>;
+    /// The resolved frames of an interned Python stack, innermost first.
+    fn python_stack(&self, id: StackId) -> Vec<PyFrame>;
+    /// A thread's name, by kernel thread id.
+    fn thread_name(&self, tid: u64) -> Option<String>;
 }
 
 pub(crate) fn assemble(
-    s: &Shim,
+    config: &Config,
     reason: &str,
     cap: &Capture,
     burst: Option<BurstInfo>,
     framework: Option<&super::oom::FrameworkNote>,
-    facts: Facts,
+    observed: Observed,
+    lookups: &dyn Lookups,
 ) -> Dump {
-    let top = s.config.top;
+    let Observed {
+        facts,
+        process,
+        recorder,
+    } = observed;
+    let top = config.top;
     let ctx = &cap.context;
     let uuid_of = |device: i32| {
         facts
@@ -119,7 +163,7 @@ pub(crate) fn assemble(
     keys.extend(cap.failing.as_ref().map(|f| (f.stack, f.py_stack)));
     keys.sort();
     keys.dedup();
-    let stacks = symbolize_stacks(s, &keys);
+    let stacks = symbolize_stacks(lookups, config.stacks.native(), &keys);
     let stack_of = |k: StackKey| -> (Vec<Frame>, Option<StackMerge>) {
         stacks.get(&k).cloned().unwrap_or_default()
     };
@@ -133,12 +177,12 @@ pub(crate) fn assemble(
         }
     }
 
-    // Thread names, read once per distinct thread.
+    // Thread names, asked once per distinct thread.
     let mut thread_names: FxHashMap<u64, Option<String>> = FxHashMap::default();
     for (_, a) in &holders {
         thread_names
             .entry(a.thread)
-            .or_insert_with(|| super::thread_name(a.thread));
+            .or_insert_with(|| lookups.thread_name(a.thread));
     }
     let largest_holders = holders
         .iter()
@@ -239,13 +283,13 @@ pub(crate) fn assemble(
             histogram: Vec::new(),
             ..Default::default()
         });
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let maps = process.maps;
     let mut dump = Dump {
         schema: SCHEMA.to_string(),
         reason: reason.to_string(),
         time: rfc3339(cap.time),
         time_unix_ms: unix_ms(cap.time),
-        process: process_info(),
+        process: process.process,
         failed_request,
         devices,
         pinned_host: PinnedHost {
@@ -259,19 +303,14 @@ pub(crate) fn assemble(
         verdict: Verdict::default(),
         recording: Recording {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            // The mode when the dump is written: a benchmark may have switched it.
-            stacks: super::recording::current()
-                .stacks()
-                .unwrap_or(oomshim_core::config::StackMode::Off)
-                .as_str()
-                .to_string(),
-            python: oomshim_core::pystack::interpreter(),
+            stacks: recorder.stacks.as_str().to_string(),
+            python: process.python,
             python_merge: (merge_counts != MergeCounts::default()).then_some(merge_counts),
-            depth: s.config.depth as u32,
+            depth: config.depth as u32,
             unknown_frees: cap.snapshot.unknown_frees,
             live_allocations: cap.snapshot.allocations.len() as u64,
             total_allocations: cap.snapshot.total_allocations,
-            oom_failures: s.oom_failures.load(std::sync::atomic::Ordering::Relaxed),
+            oom_failures: recorder.oom_failures,
             repeated_failures: burst.map_or(0, |b| b.repeats),
             suppressed_dumps: burst.map_or(0, |b| b.suppressed),
         },
@@ -280,19 +319,12 @@ pub(crate) fn assemble(
         vmm: ctx.vmm.clone(),
         host: Some(facts.host),
         gpu_processes: facts.gpu_processes,
-        growth: s.growth.analyse(
-            ctx.mem_info.map(|m| m.0),
-            s.ledger.total_allocations(),
-            |pairs| {
-                let named = symbolize_stacks(s, pairs);
-                pairs
-                    .iter()
-                    .map(|k| named.get(k).map(|v| v.0.clone()).unwrap_or_default())
-                    .collect()
-            },
-        ),
-        config: Some(oomshim_core::facts::env::ConfigSnapshot {
-            torch_version: oomshim_core::facts::env::torch_version_in(&maps).or_else(|| {
+        growth: recorder.growth,
+        config: Some(ConfigSnapshot {
+            env: process.env,
+            cuda_driver_version: ctx.driver_version,
+            cuda_runtime_version: ctx.runtime_version,
+            torch_version: process.torch_version.or_else(|| {
                 framework.and_then(|f| {
                     (f.account.name == "torch")
                         .then(|| f.account.version.clone())
@@ -300,29 +332,33 @@ pub(crate) fn assemble(
                 })
             }),
             frameworks: oomshim_core::facts::env::frameworks_in(&maps),
-            ..oomshim_core::facts::env::snapshot(
-                |k| std::env::var(k).ok(),
-                std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()),
-                (ctx.driver_version, ctx.runtime_version),
-            )
         }),
-        request_sizes: s.growth.request_sizes(),
+        request_sizes: recorder.request_sizes,
         framework: framework.map(|f| f.account.clone()),
         library_memory: None,
         post_mortem: None,
     };
-    dump.library_memory = library_memory(s, &device_allocs, &maps, ctx.device, &dump);
+    dump.library_memory = library_memory(
+        lookups,
+        config.stacks.native(),
+        &device_allocs,
+        &maps,
+        ctx.device,
+        &dump,
+    );
     dump.verdict = oomshim_core::verdict::judge(&dump);
     dump
 }
 
 /// A native stack id and a Python stack id: what one allocation's stack is.
-type StackKey = (StackId, StackId);
+pub(crate) type StackKey = (StackId, StackId);
 
-/// Symbolises the native stacks of `keys` in one batch, resolves their Python stacks, and merges
-/// each pair.
-fn symbolize_stacks(
-    s: &Shim,
+/// The frames of each of `keys`: its native stack symbolised (all of them in one batch), its
+/// Python stack resolved, and the two merged. `native_captured`: whether the recording mode
+/// captures native stacks at all (an empty one then means no Python-only merge).
+pub(crate) fn symbolize_stacks(
+    lookups: &dyn Lookups,
+    native_captured: bool,
     keys: &[StackKey],
 ) -> FxHashMap<StackKey, (Vec<Frame>, Option<StackMerge>)> {
     let mut native_ids: Vec<StackId> = keys.iter().map(|k| k.0).collect();
@@ -330,7 +366,7 @@ fn symbolize_stacks(
     native_ids.dedup();
     let raw: FxHashMap<StackId, Vec<usize>> = native_ids
         .iter()
-        .map(|&id| (id, s.stacks.frames(id)))
+        .map(|&id| (id, lookups.native_stack(id)))
         .collect();
     let mut addrs: Vec<usize> = raw.values().flatten().copied().collect();
     addrs.sort_unstable();
@@ -341,7 +377,7 @@ fn symbolize_stacks(
         addrs
             .iter()
             .copied()
-            .zip(oomshim_core::stacks::symbolize(&addrs))
+            .zip(lookups.symbolize(&addrs))
             .collect()
     };
     let frames_of = |id: StackId| -> Vec<Frame> {
@@ -360,10 +396,9 @@ fn symbolize_stacks(
             })
             .unwrap_or_default()
     };
-    let native_captured = s.config.stacks.native();
     keys.iter()
         .map(|&(native, python)| {
-            let py = oomshim_core::pystack::resolve(&s.py_stacks.frames(python));
+            let py = lookups.python_stack(python);
             (
                 (native, python),
                 merge_stacks(frames_of(native), &py, native_captured),
@@ -472,14 +507,14 @@ pub(crate) fn describe_site(stack: &[Frame]) -> String {
 /// Live device memory by library (from every live allocation's interned stack, looked at once
 /// per distinct stack) and the split of what the tracked allocations do not explain.
 fn library_memory(
-    s: &Shim,
+    lookups: &dyn Lookups,
+    native: bool,
     device_allocs: &[&(usize, Allocation)],
     maps: &str,
     device: Option<i32>,
     dump: &Dump,
 ) -> Option<LibraryMemory> {
     use oomshim_core::facts::libraries;
-    let native = s.config.stacks.native();
     let mut libs = if native {
         let allocs: Vec<libraries::LiveAlloc<StackId>> = device_allocs
             .iter()
@@ -491,7 +526,7 @@ fn library_memory(
             })
             .collect();
         libraries::attribute(&libraries::LibraryMap::parse(maps), &allocs, |id| {
-            s.stacks.frames(id)
+            lookups.native_stack(id)
         })
     } else {
         Vec::new()
@@ -512,37 +547,6 @@ fn library_memory(
         libraries: libs,
         untracked,
     })
-}
-
-fn process_info() -> ProcessInfo {
-    let command_line = std::fs::read("/proc/self/cmdline")
-        .map(|raw| {
-            raw.split(|&b| b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    let ranks = oomshim_core::facts::ranks::current();
-    ProcessInfo {
-        pid: std::process::id(),
-        host: hostname(),
-        command_line,
-        rank: ranks.rank,
-        local_rank: ranks.local_rank,
-        world_size: ranks.world_size,
-        launcher: ranks.launcher.map(str::to_string),
-        job_id: ranks.job_id,
-    }
-}
-
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
-        return "unknown".to_string();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 pub(crate) use dump::time::rfc3339;
@@ -667,35 +671,110 @@ mod tests {
     }
 }
 
-/// Assembly is a function of what it is handed: two failures on two devices, assembled from their
-/// own contexts in either order, each describe their own device.
+/// Assembly is a function of what it is handed: every input below is built by hand, without a
+/// `Shim`, /proc or any global, and the dump says exactly what they say.
 #[cfg(test)]
-mod context_tests {
+mod pure_tests {
     use super::*;
-    use oomshim_core::config::Config;
     use std::time::{Duration, UNIX_EPOCH};
 
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
 
-    /// A shim holding 3 GiB on device 0 and 5 GiB on device 1.
-    fn two_device_shim() -> Shim {
-        let s = Shim::empty(Config::default());
-        for (i, (device, bytes)) in [(0, 3 * GIB), (1, 5 * GIB)].into_iter().enumerate() {
-            let alloc = Allocation {
-                bytes,
-                api: Api::CudaMalloc,
-                device,
-                stream: 0,
-                thread: 1,
-                time_ns: 0,
-                seq: s.ledger.next_seq(),
-                stack: StackId::EMPTY,
-                py_stack: StackId::EMPTY,
-            };
-            s.ledger.record_alloc(0x7e00_0000_0000 + (i << 40), alloc);
+    /// Native stack 1 runs through NCCL and an eval frame (Python stack 7 fills it in); native
+    /// stack 2 is the program's own; the failing request came from stack 2.
+    const NCCL_PC: usize = 0x7f00_0000_1000;
+    const EVAL_PC: usize = 0x5500_0000_2000;
+    const MAIN_PC: usize = 0x5500_0000_3000;
+    const MAPS: &str = "7f0000000000-7f0000100000 r-xp 00000000 08:01 11 /opt/nvidia/nccl/lib/libnccl.so.2.21.5\n\
+                        550000000000-550000100000 r-xp 00000000 08:01 12 /usr/bin/python3.12\n\
+                        7f1000000000-7f1000100000 r-xp 00000000 08:01 13 /venv/site-packages/torch/lib/libc10_cuda.so\n";
+
+    /// Answers from fixed tables, as the live stack tables would.
+    struct Table;
+
+    impl Lookups for Table {
+        fn native_stack(&self, id: StackId) -> Vec<usize> {
+            match id.0 {
+                1 => vec![NCCL_PC, EVAL_PC],
+                2 => vec![MAIN_PC],
+                _ => Vec::new(),
+            }
         }
-        s
+
+        fn symbolize(&self, addrs: &[usize]) -> Vec<Vec<Frame>> {
+            addrs
+                .iter()
+                .map(|&pc| {
+                    let name = match pc {
+                        NCCL_PC => "ncclMemAlloc",
+                        EVAL_PC => EVAL_FRAME,
+                        _ => "main",
+                    };
+                    vec![Frame {
+                        address: format!("{pc:#x}"),
+                        function: Some(name.into()),
+                        ..Frame::default()
+                    }]
+                })
+                .collect()
+        }
+
+        fn python_stack(&self, id: StackId) -> Vec<PyFrame> {
+            if id.0 != 7 {
+                return Vec::new();
+            }
+            vec![PyFrame {
+                function: "all_reduce".into(),
+                file: "train.py".into(),
+                line: Some(42),
+                code: 0x10,
+                group_end: true,
+            }]
+        }
+
+        fn thread_name(&self, tid: u64) -> Option<String> {
+            (tid == 11).then(|| "pt_main_thread".into())
+        }
+    }
+
+    fn alloc(bytes: u64, device: i32, thread: u64, seq: u64, stack: u32, py: u32) -> Allocation {
+        Allocation {
+            bytes,
+            api: Api::CudaMalloc,
+            device,
+            stream: 0,
+            thread,
+            time_ns: 1_000_000_000,
+            seq,
+            stack: StackId(stack),
+            py_stack: StackId(py),
+        }
+    }
+
+    fn totals(bytes: u64, count: u64) -> oomshim_core::ledger::Totals {
+        oomshim_core::ledger::Totals {
+            bytes,
+            count,
+            peak_bytes: bytes,
+        }
+    }
+
+    /// A ledger state with 3 GiB on device 0 (two holders through NCCL from Python, one of the
+    /// program's own) and 5 GiB on device 1.
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            allocations: vec![
+                (0x7e00_0000_0000, alloc(2 * GIB, 0, 11, 1, 1, 7)),
+                (0x7e00_8000_0000, alloc(GIB / 2, 0, 11, 2, 1, 7)),
+                (0x7e00_c000_0000, alloc(GIB / 2, 0, 12, 3, 2, 0)),
+                (0x7f00_0000_0000, alloc(5 * GIB, 1, 12, 4, 2, 0)),
+            ],
+            devices: vec![(0, totals(3 * GIB, 3)), (1, totals(5 * GIB, 1))],
+            pinned_host: totals(0, 0),
+            unknown_frees: 0,
+            total_allocations: 4,
+        }
     }
 
     /// What a failure on `device` learnt there: every answer tells the device apart.
@@ -729,42 +808,153 @@ mod context_tests {
         }
     }
 
-    fn failure_on(s: &Shim, device: i32) -> Capture {
+    fn failure_on(device: i32) -> Capture {
         Capture {
-            snapshot: s.ledger.snapshot(),
+            snapshot: snapshot(),
             time: UNIX_EPOCH + Duration::from_secs(1_800_000_000),
-            now_ns: 0,
+            now_ns: 3_500_000_000,
             failing: Some(Failing {
                 api: Api::CudaMalloc,
                 bytes: GIB,
                 device,
                 error_code: 2,
-                stack: StackId::EMPTY,
+                stack: StackId(2),
                 py_stack: StackId::EMPTY,
             }),
             context: context_of(device),
         }
     }
 
-    fn facts() -> Facts {
-        Facts {
-            gpu_processes: None,
-            host: Default::default(),
-            device_uuids: vec![(0, "GPU-known-0".into()), (1, "GPU-known-1".into())],
+    fn observed() -> Observed {
+        Observed {
+            facts: Facts {
+                gpu_processes: None,
+                host: Default::default(),
+                device_uuids: vec![(0, "GPU-known-0".into()), (1, "GPU-known-1".into())],
+            },
+            process: ProcessSnapshot {
+                process: ProcessInfo {
+                    pid: 4242,
+                    host: "node-7".into(),
+                    command_line: vec!["python".into(), "train.py".into()],
+                    rank: Some(3),
+                    local_rank: Some(1),
+                    world_size: Some(8),
+                    launcher: Some("torchrun".into()),
+                    job_id: None,
+                },
+                maps: MAPS.into(),
+                torch_version: Some("2.11.0+cu130".into()),
+                env: [("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                python: Some("CPython 3.12".into()),
+            },
+            recorder: RecorderState {
+                stacks: StackMode::All,
+                oom_failures: 2,
+                growth: None,
+                request_sizes: None,
+            },
         }
     }
 
-    fn dump_of(s: &Shim, cap: &Capture) -> Dump {
-        assemble(s, "oom", cap, None, None, facts())
+    fn dump_of(cap: &Capture) -> Dump {
+        let config = Config::default();
+        assemble(&config, "oom", cap, None, None, observed(), &Table)
+    }
+
+    #[test]
+    fn a_dump_is_assembled_from_hand_built_inputs_alone() {
+        let d = dump_of(&failure_on(0));
+        assert_eq!((d.schema.as_str(), d.reason.as_str()), (SCHEMA, "oom"));
+        assert_eq!(d.time, "2027-01-15T08:00:00.000Z");
+        assert_eq!(d.time_unix_ms, 1_800_000_000_000);
+        assert_eq!(d.process, observed().process.process);
+
+        // Holders largest first, their stacks symbolised and merged with Python, their thread
+        // names asked of the lookups.
+        let holders: Vec<(u64, &str, Option<&str>)> = d
+            .largest_holders
+            .iter()
+            .map(|h| (h.bytes, h.address.as_str(), h.thread_name.as_deref()))
+            .collect();
+        assert_eq!(
+            holders,
+            [
+                (5 * GIB, "0x7f0000000000", None),
+                (2 * GIB, "0x7e0000000000", Some("pt_main_thread")),
+                (GIB / 2, "0x7e0080000000", Some("pt_main_thread")),
+                (GIB / 2, "0x7e00c0000000", None),
+            ]
+        );
+        assert_eq!(d.largest_holders[1].age_s, 2.5);
+        let names = |stack: &[Frame]| -> Vec<String> {
+            stack
+                .iter()
+                .map(|f| f.function.clone().unwrap_or_default())
+                .collect()
+        };
+        assert_eq!(
+            names(&d.largest_holders[1].stack),
+            ["ncclMemAlloc", "all_reduce"]
+        );
+        assert_eq!(
+            d.largest_holders[1].stack_merge,
+            Some(StackMerge::EvalFrames)
+        );
+        assert_eq!(d.largest_holders[1].stack[1].kind, FrameKind::Python);
+        let sites: Vec<(u64, u64)> = d.sites.iter().map(|s| (s.bytes, s.count)).collect();
+        assert_eq!(sites, [(5 * GIB + GIB / 2, 2), (2 * GIB + GIB / 2, 2)]);
+        let failed = d.failed_request.as_ref().unwrap();
+        assert_eq!((failed.bytes, failed.failures_in_burst), (GIB, 1));
+        assert_eq!(names(&failed.stack), ["main"]);
+
+        // The recording, the configuration and the library split: the observed values.
+        let r = &d.recording;
+        assert_eq!(r.stacks, "all");
+        assert_eq!(r.python.as_deref(), Some("CPython 3.12"));
+        assert_eq!(r.oom_failures, 2);
+        assert_eq!((r.live_allocations, r.total_allocations), (4, 4));
+        assert_eq!(
+            r.python_merge,
+            Some(MergeCounts {
+                eval_frames: 1,
+                ..MergeCounts::default()
+            })
+        );
+        let config = d.config.as_ref().unwrap();
+        assert_eq!(
+            config.env["PYTORCH_CUDA_ALLOC_CONF"],
+            "expandable_segments:True"
+        );
+        assert_eq!(config.torch_version.as_deref(), Some("2.11.0+cu130"));
+        assert_eq!(config.frameworks, ["torch"]);
+        let libs = &d.library_memory.as_ref().unwrap().libraries;
+        assert_eq!(
+            (libs[0].library.as_str(), libs[0].device, libs[0].bytes),
+            ("nccl", 0, 2 * GIB + GIB / 2)
+        );
+        assert!(!d.verdict.kind.is_empty());
+    }
+
+    #[test]
+    fn the_same_inputs_give_byte_identical_json() {
+        let cap = failure_on(0);
+        let first = serde_json::to_vec_pretty(&dump_of(&cap)).unwrap();
+        // Another failure assembled in between changes nothing of it.
+        let _ = dump_of(&failure_on(1));
+        let again = serde_json::to_vec_pretty(&dump_of(&failure_on(0))).unwrap();
+        assert_eq!(first, again);
     }
 
     #[test]
     fn each_failure_is_assembled_from_its_own_context() {
-        let s = two_device_shim();
-        let (cap0, cap1) = (failure_on(&s, 0), failure_on(&s, 1));
+        let (cap0, cap1) = (failure_on(0), failure_on(1));
         // Device 1's failure assembled first: nothing of it may reach device 0's dump.
-        let d1 = dump_of(&s, &cap1);
-        let d0 = dump_of(&s, &cap0);
+        let d1 = dump_of(&cap1);
+        let d0 = dump_of(&cap0);
         for (device, d) in [(0, &d0), (1, &d1)] {
             let ctx = context_of(device);
             let other = 1 - device;
@@ -799,7 +989,7 @@ mod context_tests {
             assert_eq!(theirs.tracked_bytes, [3 * GIB, 5 * GIB][other as usize]);
         }
         // The same inputs give the same dump, whatever was assembled in between.
-        let again = dump_of(&s, &cap0);
+        let again = dump_of(&cap0);
         assert_eq!(
             serde_json::to_string(&again).unwrap(),
             serde_json::to_string(&d0).unwrap()
@@ -808,13 +998,20 @@ mod context_tests {
 
     #[test]
     fn a_dump_without_a_device_says_nothing_of_one() {
-        let s = two_device_shim();
         let cap = Capture {
             failing: None,
             context: FailureContext::default(),
-            ..failure_on(&s, 0)
+            ..failure_on(0)
         };
-        let d = assemble(&s, "interval", &cap, None, None, facts());
+        let d = assemble(
+            &Config::default(),
+            "interval",
+            &cap,
+            None,
+            None,
+            observed(),
+            &Table,
+        );
         assert!(d.pools.is_empty() && d.vmm.is_none());
         assert_eq!(d.free_blocks.source, "unavailable");
         assert!(d

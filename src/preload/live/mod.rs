@@ -1,11 +1,13 @@
 //! The shim's live state and the work behind each hook: start-up (lazily, on the first hooked
 //! call, never at load time), recording into the ledger, the out-of-memory path ([`oom`]) and
-//! turning a captured state into a dump ([`assemble`]). Called only from the hooks (the `ffi`
-//! module), always inside their guard, never holding a lock across a call into CUDA.
+//! turning a captured state into a dump ([`assemble`], a pure function of what [`gather`] reads
+//! for it). Called only from the hooks (the `ffi` module), always inside their guard, never
+//! holding a lock across a call into CUDA.
 
 pub mod allocator_mode;
 mod assemble;
 mod context;
+mod gather;
 #[allow(unused_imports)]
 pub(crate) use assemble::rfc3339;
 pub mod framework;
@@ -144,7 +146,7 @@ fn live_dump() -> Option<dump::model::Dump> {
             host: oomshim_core::facts::host::read(),
             device_uuids: known_device_uuids(),
         };
-        Some(assemble::assemble(s, "live", &capture, None, None, facts))
+        Some(gather::assemble_now(s, "live", &capture, None, None, facts))
     })
     .flatten()
 }
@@ -722,7 +724,7 @@ pub fn dump_now(reason: &str, context: FailureContext) -> bool {
         context,
     };
     let facts = assemble::Facts::read(capture.context.device);
-    let dump = assemble::assemble(s, reason, &capture, None, None, facts);
+    let dump = gather::assemble_now(s, reason, &capture, None, None, facts);
     match oom::write(s, &dump) {
         Ok(w) => {
             oomshim_core::say!("oomshim: dump ({reason}) written: {}", w.path.display());
@@ -895,7 +897,7 @@ pub mod bench_support {
                 }),
             };
             let facts = assemble::Facts::read(capture.context.device);
-            let dump = assemble::assemble(s, "oom", &capture, None, None, facts);
+            let dump = gather::assemble_now(s, "oom", &capture, None, None, facts);
             serde_json::to_vec_pretty(&dump).expect("a dump serialises")
         }
     }

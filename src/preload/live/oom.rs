@@ -385,7 +385,7 @@ impl OomTracker {
                 st.writing += 1;
                 drop(st);
                 let facts = assemble::Facts::read(capture.context.device);
-                let dump = assemble::assemble(
+                let dump = super::gather::assemble_now(
                     s,
                     "oom",
                     &capture,
@@ -635,7 +635,7 @@ impl OomTracker {
         let capture = failure_capture(s, &ev, stacks);
         let last = last_failure(s, &ev, capture.time);
         let facts = assemble::Facts::read(capture.context.device);
-        let dump = assemble::assemble(
+        let dump = super::gather::assemble_now(
             s,
             "oom",
             &capture,
@@ -824,7 +824,7 @@ impl OomTracker {
             Some(f) => f.with_current_uuids(),
             None => assemble::Facts::read(job.capture.context.device),
         };
-        let dump = assemble::assemble(
+        let dump = super::gather::assemble_now(
             s,
             "oom",
             &job.capture,

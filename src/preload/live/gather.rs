@@ -1,0 +1,151 @@
+//! Reading what a dump needs from outside the ledger and CUDA: the machine ([`Facts`]), the
+//! process ([`ProcessSnapshot`]), the shim's own state ([`RecorderState`]) and the live stack
+//! tables ([`LiveLookups`]). Everything impure about assembling a dump is here, so that
+//! `assemble` itself is a function of its inputs; [`assemble_now`] reads them and assembles.
+
+use super::assemble::{
+    self, BurstInfo, Capture, Facts, Lookups, Observed, ProcessSnapshot, RecorderState,
+};
+use super::Shim;
+use dump::model::{Dump, Frame, ProcessInfo};
+use oomshim_core::ledger::StackId;
+use oomshim_core::pystack::PyFrame;
+
+/// Reads the process, the shim's state and the stack tables now, and assembles the dump of `cap`
+/// from them and `facts` (read at the failure by whoever caught it).
+pub(crate) fn assemble_now(
+    s: &Shim,
+    reason: &str,
+    cap: &Capture,
+    burst: Option<BurstInfo>,
+    framework: Option<&super::oom::FrameworkNote>,
+    facts: Facts,
+) -> Dump {
+    let lookups = LiveLookups(s);
+    let observed = Observed {
+        facts,
+        process: ProcessSnapshot::read(),
+        recorder: RecorderState::read(s, cap, &lookups),
+    };
+    assemble::assemble(&s.config, reason, cap, burst, framework, observed, &lookups)
+}
+
+impl Facts {
+    pub fn read(device: Option<i32>) -> Facts {
+        Facts {
+            // Asked only for a device the process uses: NVML is loaded on the calling thread.
+            gpu_processes: device.map(oomshim_core::facts::gpu_processes::for_dump),
+            host: oomshim_core::facts::host::read(),
+            device_uuids: super::known_device_uuids(),
+        }
+    }
+
+    /// The same facts with the UUIDs learnt by now: the writer reads the other facts at the
+    /// failure but assembles its dump later, when more devices may have been named.
+    pub fn with_current_uuids(self) -> Facts {
+        Facts {
+            device_uuids: super::known_device_uuids(),
+            ..self
+        }
+    }
+}
+
+impl ProcessSnapshot {
+    /// This process now: /proc/self/cmdline and maps, the host name, the launcher's variables,
+    /// the allowlisted environment, torch's `version.py` when torch is mapped.
+    pub fn read() -> ProcessSnapshot {
+        use oomshim_core::facts::env;
+        let maps = oomshim_core::facts::libraries::read_self_maps();
+        ProcessSnapshot {
+            process: process_info(),
+            torch_version: env::torch_version_in(&maps),
+            maps,
+            env: env::snapshot(
+                |k| std::env::var(k).ok(),
+                std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()),
+                (None, None),
+            )
+            .env,
+            python: oomshim_core::pystack::interpreter(),
+        }
+    }
+}
+
+impl RecorderState {
+    /// The shim's counters and the growth tracker's analysis now, for the dump of `cap`
+    /// (projections use the free bytes its context asked).
+    pub fn read(s: &Shim, cap: &Capture, lookups: &dyn Lookups) -> RecorderState {
+        let native_captured = s.config.stacks.native();
+        RecorderState {
+            stacks: super::recording::current()
+                .stacks()
+                .unwrap_or(oomshim_core::config::StackMode::Off),
+            oom_failures: s.oom_failures.load(std::sync::atomic::Ordering::Relaxed),
+            growth: s.growth.analyse(
+                cap.context.mem_info.map(|m| m.0),
+                s.ledger.total_allocations(),
+                |pairs| {
+                    let named = assemble::symbolize_stacks(lookups, native_captured, pairs);
+                    pairs
+                        .iter()
+                        .map(|k| named.get(k).map(|v| v.0.clone()).unwrap_or_default())
+                        .collect()
+                },
+            ),
+            request_sizes: s.growth.request_sizes(),
+        }
+    }
+}
+
+/// The live shim's stack tables, the symboliser and /proc's thread names.
+pub(crate) struct LiveLookups<'a>(pub &'a Shim);
+
+impl Lookups for LiveLookups<'_> {
+    fn native_stack(&self, id: StackId) -> Vec<usize> {
+        self.0.stacks.frames(id)
+    }
+
+    fn symbolize(&self, addrs: &[usize]) -> Vec<Vec<Frame>> {
+        oomshim_core::stacks::symbolize(addrs)
+    }
+
+    fn python_stack(&self, id: StackId) -> Vec<PyFrame> {
+        oomshim_core::pystack::resolve(&self.0.py_stacks.frames(id))
+    }
+
+    fn thread_name(&self, tid: u64) -> Option<String> {
+        super::thread_name(tid)
+    }
+}
+
+fn process_info() -> ProcessInfo {
+    let command_line = std::fs::read("/proc/self/cmdline")
+        .map(|raw| {
+            raw.split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let ranks = oomshim_core::facts::ranks::current();
+    ProcessInfo {
+        pid: std::process::id(),
+        host: hostname(),
+        command_line,
+        rank: ranks.rank,
+        local_rank: ranks.local_rank,
+        world_size: ranks.world_size,
+        launcher: ranks.launcher.map(str::to_string),
+        job_id: ranks.job_id,
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is writable for its whole length; gethostname writes at most that.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return "unknown".to_string();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
