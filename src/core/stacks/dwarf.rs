@@ -193,21 +193,19 @@ fn current_snapshot() -> Option<Arc<Snapshot>> {
     }
 }
 
-thread_local! {
+crate::fork_held! {
     /// The snapshot lock, held by the forking thread from the `fork` prepare handler to the
     /// parent's or child's handler, so a child never starts with it write-locked by a
     /// thread it does not have.
-    static FORK_HELD: std::cell::RefCell<Option<std::sync::RwLockWriteGuard<'static, Option<Arc<Snapshot>>>>> =
-        const { std::cell::RefCell::new(None) };
+    static FORK_HELD: std::sync::RwLockWriteGuard<'static, Option<Arc<Snapshot>>>;
 }
 
 pub(super) fn fork_prepare() {
-    let g = CURRENT.write().unwrap_or_else(|e| e.into_inner());
-    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some(g));
+    FORK_HELD.hold(CURRENT.write().unwrap_or_else(|e| e.into_inner()));
 }
 
 pub(super) fn fork_release() {
-    let _ = FORK_HELD.try_with(|h| drop(h.borrow_mut().take()));
+    FORK_HELD.release();
 }
 
 /// Builds a snapshot from `dl_iterate_phdr` (no lock of ours held meanwhile) and publishes it.
