@@ -7,10 +7,8 @@
 use std::ops::ControlFlow;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
-#[cfg(target_pointer_width = "64")]
+/// 64-bit targets only, like the addresses (`u64`) the rest of this module works in.
 pub(super) type ProgramHeader = libc::Elf64_Phdr;
-#[cfg(target_pointer_width = "32")]
-pub(super) type ProgramHeader = libc::Elf32_Phdr;
 
 /// One loaded object, as the loader describes it during the walk (borrowed from the loader:
 /// valid only inside the visitor).
@@ -23,7 +21,7 @@ pub(super) struct LoadedObject<'a> {
 impl LoadedObject<'_> {
     /// What was added to its segments' addresses when it was mapped.
     pub(super) fn bias(&self) -> u64 {
-        self.info.dlpi_addr as u64
+        self.info.dlpi_addr
     }
 
     /// Its program headers; `None` when the loader gives none.
@@ -52,7 +50,7 @@ impl LoadedObject<'_> {
     /// they change whenever the list does. `None` from a glibc too old to fill them in.
     pub(super) fn load_counters(&self) -> Option<(u64, u64)> {
         (self.size >= std::mem::size_of::<libc::dl_phdr_info>())
-            .then(|| (self.info.dlpi_adds, self.info.dlpi_subs))
+            .then_some((self.info.dlpi_adds, self.info.dlpi_subs))
     }
 }
 
@@ -111,8 +109,8 @@ mod tests {
 
     #[test]
     fn the_walk_sees_this_program_first_and_the_object_holding_this_code() {
-        let here =
-            the_walk_sees_this_program_first_and_the_object_holding_this_code as usize as u64;
+        let here = the_walk_sees_this_program_first_and_the_object_holding_this_code as fn()
+            as usize as u64;
         let (mut seen, mut first_name, mut holds_here) = (0, None, false);
         for_each_loaded_object(|o| {
             if seen == 0 {
@@ -121,8 +119,8 @@ mod tests {
             seen += 1;
             let headers = o.program_headers().unwrap_or(&[]);
             holds_here |= headers.iter().any(|ph| {
-                let start = o.bias().wrapping_add(ph.p_vaddr as u64);
-                ph.p_type == libc::PT_LOAD && start <= here && here < start + ph.p_memsz as u64
+                let start = o.bias().wrapping_add(ph.p_vaddr);
+                ph.p_type == libc::PT_LOAD && start <= here && here < start + ph.p_memsz
             });
             ControlFlow::Continue(())
         });

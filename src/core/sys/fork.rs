@@ -123,7 +123,6 @@ pub fn register_fork_handlers(prepare: fn(), parent: fn(), child: fn()) {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::sync::{Mutex, MutexGuard};
 
     static FIRST: Mutex<u32> = Mutex::new(1);
