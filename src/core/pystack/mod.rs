@@ -373,22 +373,19 @@ fn codes() -> std::sync::MutexGuard<'static, CodeTable> {
     CODES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-thread_local! {
-    /// The code table's lock, held by the forking thread across `fork` (see
-    /// `crate::sys::register_fork_handlers`).
-    static FORK_HELD: std::cell::RefCell<Option<std::sync::MutexGuard<'static, CodeTable>>> =
-        const { std::cell::RefCell::new(None) };
+crate::fork_held! {
+    /// The code table's lock, held by the forking thread across `fork` (see [`crate::sys::fork`]).
+    static FORK_HELD: std::sync::MutexGuard<'static, CodeTable>;
 }
 
 /// `fork` prepare handler: takes the code table's lock.
 pub fn fork_prepare() {
-    let g = codes();
-    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some(g));
+    FORK_HELD.hold(codes());
 }
 
 /// `fork` parent and child handler: releases it.
 pub fn fork_release() {
-    let _ = FORK_HELD.try_with(|h| drop(h.borrow_mut().take()));
+    FORK_HELD.release();
 }
 
 /// Slots of a thread's code-id cache (direct-mapped by code address).

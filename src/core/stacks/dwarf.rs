@@ -1,6 +1,7 @@
 //! The x86-64 stack walk behind [`super::capture`]: in-process DWARF CFI unwinding. The module
-//! list comes from `dl_iterate_phdr`; each object's `.eh_frame_hdr`/`.eh_frame` bytes are handed
-//! to `framehop` straight from the mapped image (no copy, no file I/O). Two cache levels per thread:
+//! list is the loader's (walked in `super::loaded`); each object's `.eh_frame_hdr`/`.eh_frame`
+//! bytes are handed to `framehop` straight from the mapped image (no copy, no file I/O). Two
+//! cache levels per thread:
 //!
 //! 1. a direct-mapped table (4096 slots, 64 KiB) from return address to a compact rule in the
 //!    three registers a walk needs (`sp' = sp + k`, return address at `sp' - 8`, bp unchanged or
@@ -16,12 +17,13 @@
 //! a pc has no CFI (JIT code, objects without `.eh_frame_hdr`), framehop gives the frame-pointer
 //! rule, validated the same way.
 
+use super::loaded::{for_each_loaded_object, LoadedObject};
 use super::regs::{read_bounded, Regs};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{
     ExplicitModuleSectionInfo, FrameAddress, Module, MustNotAllocateDuringUnwind, Unwinder,
 };
-use std::ops::{Deref, Range};
+use std::ops::{ControlFlow, Deref, Range};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -193,21 +195,19 @@ fn current_snapshot() -> Option<Arc<Snapshot>> {
     }
 }
 
-thread_local! {
+crate::fork_held! {
     /// The snapshot lock, held by the forking thread from the `fork` prepare handler to the
     /// parent's or child's handler, so a child never starts with it write-locked by a
     /// thread it does not have.
-    static FORK_HELD: std::cell::RefCell<Option<std::sync::RwLockWriteGuard<'static, Option<Arc<Snapshot>>>>> =
-        const { std::cell::RefCell::new(None) };
+    static FORK_HELD: std::sync::RwLockWriteGuard<'static, Option<Arc<Snapshot>>>;
 }
 
 pub(super) fn fork_prepare() {
-    let g = CURRENT.write().unwrap_or_else(|e| e.into_inner());
-    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some(g));
+    FORK_HELD.hold(CURRENT.write().unwrap_or_else(|e| e.into_inner()));
 }
 
 pub(super) fn fork_release() {
-    let _ = FORK_HELD.try_with(|h| drop(h.borrow_mut().take()));
+    FORK_HELD.release();
 }
 
 /// Builds a snapshot from `dl_iterate_phdr` (no lock of ours held meanwhile) and publishes it.
@@ -237,63 +237,51 @@ struct Collected {
     subs: u64,
 }
 
-unsafe extern "C" fn collect_cb(
-    info: *mut libc::dl_phdr_info,
-    size: libc::size_t,
-    data: *mut libc::c_void,
-) -> libc::c_int {
-    let out = &mut *(data as *mut Collected);
-    let info = &*info;
-    if size >= std::mem::size_of::<libc::dl_phdr_info>() {
-        out.adds = info.dlpi_adds;
-        out.subs = info.dlpi_subs;
-    }
-    if info.dlpi_phdr.is_null() || info.dlpi_phnum == 0 {
-        return 0;
-    }
-    let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
-    let bias = info.dlpi_addr;
-    let mut exec: Option<Range<u64>> = None;
-    let mut hdr: Option<Range<u64>> = None;
-    for ph in phdrs {
-        if ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_X != 0 && ph.p_memsz > 0 {
-            let (s, e) = (ph.p_vaddr, ph.p_vaddr.saturating_add(ph.p_memsz));
-            exec = Some(match exec {
-                None => s..e,
-                Some(r) => r.start.min(s)..r.end.max(e),
+impl Collected {
+    /// Notes one object of the walk: its executable range and, where it has them, its CFI
+    /// sections.
+    fn add(&mut self, o: &LoadedObject<'_>) {
+        if let Some(counters) = o.load_counters() {
+            (self.adds, self.subs) = counters;
+        }
+        let Some(phdrs) = o.program_headers().filter(|p| !p.is_empty()) else {
+            return;
+        };
+        let bias = o.bias();
+        let mut exec: Option<Range<u64>> = None;
+        let mut hdr: Option<Range<u64>> = None;
+        for ph in phdrs {
+            if ph.p_type == libc::PT_LOAD && ph.p_flags & libc::PF_X != 0 && ph.p_memsz > 0 {
+                let (s, e) = (ph.p_vaddr, ph.p_vaddr.saturating_add(ph.p_memsz));
+                exec = Some(match exec {
+                    None => s..e,
+                    Some(r) => r.start.min(s)..r.end.max(e),
+                });
+            } else if ph.p_type == libc::PT_GNU_EH_FRAME && ph.p_memsz >= 8 {
+                hdr = Some(ph.p_vaddr..ph.p_vaddr.saturating_add(ph.p_memsz));
+            }
+        }
+        let Some(exec) = exec else { return };
+        let cfi = hdr.and_then(|hdr| {
+            let eh = eh_frame_svma(bias, &hdr)?;
+            // `.eh_frame` has no length in memory: bound it by the end of its PT_LOAD segment.
+            let seg = phdrs.iter().find(|ph| {
+                ph.p_type == libc::PT_LOAD
+                    && ph.p_vaddr <= eh
+                    && eh < ph.p_vaddr.saturating_add(ph.p_memsz)
+            })?;
+            Some((hdr, eh..seg.p_vaddr.saturating_add(seg.p_memsz)))
+        });
+        let exec = exec.start.wrapping_add(bias)..exec.end.wrapping_add(bias);
+        if exec.start < exec.end {
+            self.objects.push(Object {
+                name: o.name(),
+                bias,
+                exec,
+                cfi,
             });
-        } else if ph.p_type == libc::PT_GNU_EH_FRAME && ph.p_memsz >= 8 {
-            hdr = Some(ph.p_vaddr..ph.p_vaddr.saturating_add(ph.p_memsz));
         }
     }
-    let Some(exec) = exec else { return 0 };
-    let cfi = hdr.and_then(|hdr| {
-        let eh = eh_frame_svma(bias, &hdr)?;
-        // `.eh_frame` has no length in memory: bound it by the end of its PT_LOAD segment.
-        let seg = phdrs.iter().find(|ph| {
-            ph.p_type == libc::PT_LOAD
-                && ph.p_vaddr <= eh
-                && eh < ph.p_vaddr.saturating_add(ph.p_memsz)
-        })?;
-        Some((hdr, eh..seg.p_vaddr.saturating_add(seg.p_memsz)))
-    });
-    let name = if info.dlpi_name.is_null() {
-        String::new()
-    } else {
-        std::ffi::CStr::from_ptr(info.dlpi_name)
-            .to_string_lossy()
-            .into_owned()
-    };
-    let exec = exec.start.wrapping_add(bias)..exec.end.wrapping_add(bias);
-    if exec.start < exec.end {
-        out.objects.push(Object {
-            name,
-            bias,
-            exec,
-            cfi,
-        });
-    }
-    0
 }
 
 /// Decodes `eh_frame_ptr` of a mapped `.eh_frame_hdr` (svma range `hdr`) into the svma of
@@ -333,13 +321,10 @@ fn build_snapshot() -> Snapshot {
         adds: 0,
         subs: 0,
     };
-    // SAFETY: the callback only reads what the loader hands it.
-    unsafe {
-        libc::dl_iterate_phdr(
-            Some(collect_cb),
-            &mut c as *mut Collected as *mut libc::c_void,
-        );
-    }
+    for_each_loaded_object(|o| {
+        c.add(o);
+        ControlFlow::Continue(())
+    });
     c.objects.sort_by_key(|o| o.exec.start);
     // Any function of this object marks the shim's own object; this one is at hand and, unlike
     // `capture`, needs no import back into the module that calls this one.
@@ -386,25 +371,13 @@ fn build_snapshot() -> Snapshot {
 /// `dl_iterate_phdr`'s load/unload counters, read from its first object (takes the loader
 /// lock briefly). Only used before rebuilding.
 fn loader_counters() -> (u64, u64) {
-    unsafe extern "C" fn first_cb(
-        info: *mut libc::dl_phdr_info,
-        size: libc::size_t,
-        data: *mut libc::c_void,
-    ) -> libc::c_int {
-        if size >= std::mem::size_of::<libc::dl_phdr_info>() {
-            let out = &mut *(data as *mut (u64, u64));
-            *out = ((*info).dlpi_adds, (*info).dlpi_subs);
-        }
-        1
-    }
     let mut out = (0u64, 0u64);
-    // SAFETY: the callback writes only `out`.
-    unsafe {
-        libc::dl_iterate_phdr(
-            Some(first_cb),
-            &mut out as *mut (u64, u64) as *mut libc::c_void,
-        );
-    }
+    for_each_loaded_object(|o| {
+        if let Some(counters) = o.load_counters() {
+            out = counters;
+        }
+        ControlFlow::Break(())
+    });
     out
 }
 

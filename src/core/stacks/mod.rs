@@ -16,6 +16,7 @@
 mod capture;
 #[cfg(target_arch = "x86_64")]
 mod dwarf;
+mod loaded;
 mod regs;
 mod symbolize;
 pub use symbolize::address_space_headroom;

@@ -2,14 +2,15 @@
 //!
 //! One batched `blazesym` request over `/proc/self/maps` (DWARF line tables and inline info where
 //! the objects carry them, ELF symbols otherwise, names demangled). Module paths come from the
-//! loader's own list (`dl_iterate_phdr`), canonicalised, so frames of one object always carry the
+//! loader's own list (`super::loaded`), canonicalised, so frames of one object always carry the
 //! same string whether or not a symbol was found.
 
+use super::loaded::for_each_loaded_object;
 use blazesym::symbolize::source::{Process, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer};
 use blazesym::Pid;
 use dump::model::Frame;
-use std::ops::Range;
+use std::ops::{ControlFlow, Range};
 
 /// Symbolises absolute addresses of this process. Returns one `Vec<Frame>` per input address:
 /// normally one frame; several when inlined functions are known (innermost inline first, each
@@ -266,50 +267,25 @@ impl ModuleMap {
     }
 
     fn new() -> ModuleMap {
-        struct Acc {
-            ranges: Vec<(Range<u64>, usize)>,
-            names: Vec<String>,
-        }
-        unsafe extern "C" fn cb(
-            info: *mut libc::dl_phdr_info,
-            _size: libc::size_t,
-            data: *mut libc::c_void,
-        ) -> libc::c_int {
-            let acc = &mut *(data as *mut Acc);
-            let info = &*info;
-            if info.dlpi_phdr.is_null() {
-                return 0;
-            }
-            let idx = acc.names.len();
-            let name = if info.dlpi_name.is_null() {
-                String::new()
-            } else {
-                std::ffi::CStr::from_ptr(info.dlpi_name)
-                    .to_string_lossy()
-                    .into_owned()
+        let mut ranges: Vec<(Range<u64>, usize)> = Vec::new();
+        let mut names: Vec<String> = Vec::new();
+        for_each_loaded_object(|o| {
+            let Some(phdrs) = o.program_headers() else {
+                return ControlFlow::Continue(());
             };
-            acc.names.push(name);
-            let phdrs = std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize);
+            let idx = names.len();
+            names.push(o.name());
             for ph in phdrs {
                 if ph.p_type == libc::PT_LOAD && ph.p_memsz > 0 {
-                    let s = info.dlpi_addr.wrapping_add(ph.p_vaddr);
-                    acc.ranges.push((s..s.saturating_add(ph.p_memsz), idx));
+                    let s = o.bias().wrapping_add(ph.p_vaddr);
+                    ranges.push((s..s.saturating_add(ph.p_memsz), idx));
                 }
             }
-            0
-        }
-        let mut acc = Acc {
-            ranges: Vec::new(),
-            names: Vec::new(),
-        };
-        // SAFETY: the callback only reads what the loader hands it.
-        unsafe {
-            libc::dl_iterate_phdr(Some(cb), &mut acc as *mut Acc as *mut libc::c_void);
-        }
-        acc.ranges.sort_by_key(|r| r.0.start);
+            ControlFlow::Continue(())
+        });
+        ranges.sort_by_key(|r| r.0.start);
         let exe = std::env::current_exe().ok();
-        let paths = acc
-            .names
+        let paths = names
             .into_iter()
             .enumerate()
             .map(|(i, name)| {
@@ -325,10 +301,7 @@ impl ModuleMap {
                     .unwrap_or(name)
             })
             .collect();
-        ModuleMap {
-            ranges: acc.ranges,
-            paths,
-        }
+        ModuleMap { ranges, paths }
     }
 
     fn path_of(&self, addr: u64) -> Option<String> {

@@ -4,16 +4,18 @@
 //! both use it without importing each other.
 
 pub mod dl;
+pub mod fork;
 pub mod guard;
 pub mod process;
 pub mod say;
 
 pub use dl::{object_base, real_dlsym, real_dlsym_not_ours};
+pub use fork::{register_fork_handlers, ForkHeld};
 pub use guard::{contain, guarded, Guard};
 pub use guard::{disable, disabled};
 pub use process::{
     dump_signal_init, flush_dumps_at_exit, install_dump_signal, register_exit_dump,
-    register_fork_handlers, register_live_cleanup, wait_for_dump_signal,
+    register_live_cleanup, wait_for_dump_signal,
 };
 
 /// `cudaError_t` values the shim needs to know about.

@@ -1,6 +1,6 @@
-//! Process plumbing the live state registers through: `atexit` hooks, the dump signal's
-//! handler and semaphore, and the `pthread_atfork` handlers. Callers pass the work as plain
-//! functions, so this module depends on nothing above it.
+//! Process plumbing the live state registers through: `atexit` hooks and the dump signal's
+//! handler and semaphore (the `pthread_atfork` handlers are in [`super::fork`]). Callers pass
+//! the work as plain functions, so this module depends on nothing above it.
 
 use std::panic::catch_unwind;
 use std::sync::OnceLock;
@@ -151,61 +151,4 @@ pub fn register_live_cleanup(cleanup: fn()) {
         let _ = LIVE_CLEANUP.set(cleanup);
         libc::atexit(remove_live_region);
     });
-}
-
-/// The shim's `fork` handlers, set once by [`register_fork_handlers`].
-struct ForkHandlers {
-    prepare: fn(),
-    parent: fn(),
-    child: fn(),
-}
-static FORK_HANDLERS: std::sync::OnceLock<ForkHandlers> = std::sync::OnceLock::new();
-
-extern "C" {
-    // In glibc this lives in libc_nonshared.a (it passes the caller's __dso_handle), so the
-    // libc crate does not declare it; the linker script libc.so pulls it in.
-    fn pthread_atfork(
-        prepare: Option<unsafe extern "C" fn()>,
-        parent: Option<unsafe extern "C" fn()>,
-        child: Option<unsafe extern "C" fn()>,
-    ) -> libc::c_int;
-}
-
-unsafe extern "C" fn fork_prepare() {
-    if let Some(h) = FORK_HANDLERS.get() {
-        let _ = catch_unwind(h.prepare);
-    }
-}
-
-unsafe extern "C" fn fork_parent() {
-    if let Some(h) = FORK_HANDLERS.get() {
-        let _ = catch_unwind(h.parent);
-    }
-}
-
-unsafe extern "C" fn fork_child() {
-    if let Some(h) = FORK_HANDLERS.get() {
-        let _ = catch_unwind(h.child);
-    }
-}
-
-/// Registers `pthread_atfork` handlers (once per process, at shim start): `prepare` runs in the
-/// forking thread before `fork`, `parent` and `child` after it in each process. They keep the
-/// shim's locks from being copied into a child while a thread that does not exist there holds
-/// them.
-pub fn register_fork_handlers(prepare: fn(), parent: fn(), child: fn()) {
-    if FORK_HANDLERS
-        .set(ForkHandlers {
-            prepare,
-            parent,
-            child,
-        })
-        .is_err()
-    {
-        return;
-    }
-    let rc = unsafe { pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
-    if rc != 0 {
-        tracing::debug!(rc, "pthread_atfork failed");
-    }
 }

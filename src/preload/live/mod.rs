@@ -7,6 +7,7 @@
 pub mod allocator_mode;
 mod assemble;
 mod context;
+mod fork;
 mod gather;
 #[allow(unused_imports)]
 pub(crate) use assemble::rfc3339;
@@ -194,6 +195,9 @@ impl Shim {
 
     /// A state with nothing recorded yet, under `config`.
     fn empty(config: Config) -> Shim {
+        // At shim start, once: from here on a `fork` cannot copy a lock of the shim's own into
+        // the child while another thread holds it.
+        fork::register();
         Shim {
             config,
             ledger: Ledger::new(),
@@ -279,44 +283,6 @@ fn thread_id() -> u64 {
     let tid = unsafe { libc::syscall(libc::SYS_gettid) as u64 };
     let _ = TID.try_with(|t| t.set(tid));
     tid
-}
-
-/// The locks outside the ledger, the stack tables and the OOM tracker (those are taken by
-/// `oom::before_fork`), held by the forking thread across `fork`: the VMM state, the thread
-/// and device name caches, the Python code table and the module snapshot. Each is a leaf (never
-/// held while another lock is taken), so the order they are taken in cannot deadlock.
-type NameLocks = (
-    std::sync::MutexGuard<'static, Vec<(u64, String)>>,
-    std::sync::MutexGuard<'static, Vec<DeviceNames>>,
-);
-
-thread_local! {
-    static FORK_HELD: std::cell::RefCell<Option<NameLocks>> = const { std::cell::RefCell::new(None) };
-}
-
-/// `fork` prepare handler, run before the OOM tracker's (see the `ffi` module).
-pub fn fork_prepare() {
-    vmm::fork_prepare();
-    let names = THREAD_NAMES.lock().unwrap_or_else(|e| e.into_inner());
-    let devices = DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
-    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some((names, devices)));
-    oomshim_core::pystack::fork_prepare();
-    oomshim_core::stacks::fork_prepare();
-}
-
-/// `fork` parent handler, run after the OOM tracker's.
-pub fn fork_parent() {
-    oomshim_core::stacks::fork_release();
-    oomshim_core::pystack::fork_release();
-    let _ = FORK_HELD.try_with(|h| drop(h.borrow_mut().take()));
-    vmm::fork_release();
-}
-
-/// `fork` child handler, run after the OOM tracker's: releases the same locks, and this (the
-/// child's only) thread's cached id is the parent thread's, so it is read again.
-pub fn fork_child() {
-    let _ = TID.try_with(|t| t.set(0));
-    fork_parent();
 }
 
 /// Names of threads seen allocating, from `/proc/self/task/TID/comm` at their first allocation:

@@ -261,24 +261,6 @@ pub(crate) enum Mode {
 
 impl OomTracker {
     pub(crate) fn new() -> Self {
-        // At shim start, once: from here on a `fork` cannot copy a lock of the shim's own into
-        // the child while another thread holds it (see `before_fork`).
-        // The runtime's handlers take the remaining locks (the VMM state, the name caches, the Python
-        // code table, the module snapshot) around the tracker's; released in the reverse order.
-        oomshim_core::sys::register_fork_handlers(
-            || {
-                let _ = std::panic::catch_unwind(super::fork_prepare);
-                before_fork();
-            },
-            || {
-                after_fork_in_parent();
-                let _ = std::panic::catch_unwind(super::fork_parent);
-            },
-            || {
-                after_fork_in_child();
-                let _ = std::panic::catch_unwind(super::fork_child);
-            },
-        );
         OomTracker {
             open: AtomicU32::new(0),
             hooked: AtomicBool::new(false),
@@ -1000,54 +982,32 @@ pub(super) fn last_failure(s: &Shim, ev: &OomEvent, time: SystemTime) -> LastFai
     }
 }
 
-thread_local! {
-    /// The OOM tracker's lock, held by the forking thread from `before_fork` to the matching
-    /// after-fork handler (the child's only thread is that same thread, with the same slot).
-    static FORK_HELD: std::cell::RefCell<Option<MutexGuard<'static, State>>> =
-        const { std::cell::RefCell::new(None) };
+oomshim_core::fork_held! {
+    /// The OOM tracker's lock, held by the forking thread across `fork` (see `super::fork`).
+    static FORK_HELD: MutexGuard<'static, State>;
 }
 
-/// `pthread_atfork` prepare, in the forking thread: takes every lock a hook or the writer takes
-/// (the OOM tracker's, the ledger's and both stack tables' shards), so the child never starts
-/// with a lock that a thread absent from it holds. No path holds one of these while waiting for
-/// another, so taking them all cannot deadlock.
-fn before_fork() {
-    let Some(s) = super::SHIM.get() else {
-        return;
-    };
-    let state = s.oom.lock();
-    s.stacks.before_fork();
-    s.py_stacks.before_fork();
-    s.ledger.before_fork();
-    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some(state));
-}
-
-fn after_fork(child: bool) {
-    let Some(s) = super::SHIM.get() else {
-        return;
-    };
-    s.ledger.after_fork();
-    s.py_stacks.after_fork();
-    s.stacks.after_fork();
-    let held = FORK_HELD.try_with(|h| h.borrow_mut().take()).ok().flatten();
-    let Some(mut state) = held else {
-        return;
-    };
-    if child {
-        // The child has no writer thread and none of the parent's requests: start afresh. The
-        // parent's are leaked, not dropped (they may hold what a vanished thread was using).
-        std::mem::forget(std::mem::take(&mut *state));
-        s.oom.open.store(0, Ordering::Relaxed);
+impl OomTracker {
+    /// `fork` prepare handler: takes the tracker's lock (the ledger's and the stack tables' are
+    /// taken after it, see `super::fork`).
+    pub(super) fn hold_for_fork(&'static self) {
+        FORK_HELD.hold(self.lock());
     }
-    drop(state);
-}
 
-fn after_fork_in_parent() {
-    after_fork(false);
-}
-
-fn after_fork_in_child() {
-    after_fork(true);
+    /// `fork` parent and child handler: lets go of it; in the child, with the parent's requests
+    /// forgotten.
+    pub(super) fn release_after_fork(&self, child: bool) {
+        let Some(mut state) = FORK_HELD.take() else {
+            return;
+        };
+        if child {
+            // The child has no writer thread and none of the parent's requests: start afresh. The
+            // parent's are leaked, not dropped (they may hold what a vanished thread was using).
+            std::mem::forget(std::mem::take(&mut *state));
+            self.open.store(0, Ordering::Relaxed);
+        }
+        drop(state);
+    }
 }
 
 /// Serialises and writes a new dump; a fallback directory is announced once.

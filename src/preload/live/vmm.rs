@@ -52,22 +52,20 @@ fn state() -> MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-thread_local! {
+oomshim_core::fork_held! {
     /// The VMM state's lock, held by the forking thread across `fork`.
-    static FORK_HELD: std::cell::RefCell<Option<MutexGuard<'static, State>>> =
-        const { std::cell::RefCell::new(None) };
+    static FORK_HELD: MutexGuard<'static, State>;
 }
 
 /// `fork` prepare handler: takes the VMM state's lock (never held while another lock is taken:
 /// the state is dropped before the ledger is reached).
 pub(super) fn fork_prepare() {
-    let st = state();
-    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some(st));
+    FORK_HELD.hold(state());
 }
 
 /// `fork` parent and child handler: releases it.
 pub(super) fn fork_release() {
-    let _ = FORK_HELD.try_with(|h| drop(h.borrow_mut().take()));
+    FORK_HELD.release();
 }
 
 /// What to put back when the real call fails.

@@ -1,0 +1,99 @@
+//! The shim's `fork` handlers, registered once at start ([`register`]). The forking thread
+//! holds every lock of the shim's across `fork` (see `oomshim_core::sys::fork`), taken in this
+//! order:
+//!
+//! 1. the VMM state (`vmm`);
+//! 2. the thread-name cache, then 3. the device-name cache;
+//! 4. the Python code table (`oomshim_core::pystack`);
+//! 5. the unwinder's module snapshot, with this thread marked busy meanwhile
+//!    (`oomshim_core::stacks`);
+//! 6. the OOM tracker's state (`oom`);
+//! 7. the native stack table's shards, 8. the Python stack table's shards, then 9. the
+//!    ledger's shards;
+//!
+//! and let go of in the reverse order, in the parent and in the child. No path of the shim's
+//! holds one of these while it waits for another, so every holder finishes and lets go; and
+//! since two forking threads take them in this same order, neither can hold a lock the other
+//! has taken first. The child starts afresh where a lock guarded what only the parent's other
+//! threads knew: the OOM tracker forgets the parent's requests, and this (the child's only)
+//! thread's cached id, which is the parent thread's, is read again.
+
+use std::panic::catch_unwind;
+use std::sync::MutexGuard;
+
+/// Registers the handlers below (once per process; later calls do nothing).
+pub(super) fn register() {
+    oomshim_core::sys::register_fork_handlers(prepare, parent, child);
+}
+
+fn prepare() {
+    // A panic in the leaves' part still lets the shim's state be locked.
+    let _ = catch_unwind(hold_leaf_locks);
+    hold_state_locks();
+}
+
+fn parent() {
+    release_state_locks(false);
+    let _ = catch_unwind(release_leaf_locks);
+}
+
+fn child() {
+    release_state_locks(true);
+    let _ = catch_unwind(|| {
+        let _ = super::TID.try_with(|t| t.set(0));
+        release_leaf_locks();
+    });
+}
+
+oomshim_core::fork_held! {
+    static THREAD_NAMES_HELD: MutexGuard<'static, Vec<(u64, String)>>;
+}
+oomshim_core::fork_held! {
+    static DEVICE_NAMES_HELD: MutexGuard<'static, Vec<super::DeviceNames>>;
+}
+
+/// Locks 1 to 5, which live outside the shim's state.
+fn hold_leaf_locks() {
+    super::vmm::fork_prepare();
+    THREAD_NAMES_HELD.hold(
+        super::THREAD_NAMES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()),
+    );
+    DEVICE_NAMES_HELD.hold(
+        super::DEVICE_NAMES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()),
+    );
+    oomshim_core::pystack::fork_prepare();
+    oomshim_core::stacks::fork_prepare();
+}
+
+fn release_leaf_locks() {
+    oomshim_core::stacks::fork_release();
+    oomshim_core::pystack::fork_release();
+    DEVICE_NAMES_HELD.release();
+    THREAD_NAMES_HELD.release();
+    super::vmm::fork_release();
+}
+
+/// Locks 6 to 9, the shim's state (none before it exists).
+fn hold_state_locks() {
+    let Some(s) = super::SHIM.get() else {
+        return;
+    };
+    s.oom.hold_for_fork();
+    s.stacks.before_fork();
+    s.py_stacks.before_fork();
+    s.ledger.before_fork();
+}
+
+fn release_state_locks(child: bool) {
+    let Some(s) = super::SHIM.get() else {
+        return;
+    };
+    s.ledger.after_fork();
+    s.py_stacks.after_fork();
+    s.stacks.after_fork();
+    s.oom.release_after_fork(child);
+}
