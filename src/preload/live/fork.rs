@@ -77,11 +77,21 @@ fn release_leaf_locks() {
     super::vmm::fork_release();
 }
 
+std::thread_local! {
+    /// Whether this thread's `prepare` took locks 6 to 9. The state may come into being on
+    /// another thread between `prepare` and `parent`/`child`; its locks were never taken then,
+    /// and forcing them open would unlock what nobody holds.
+    static STATE_HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Locks 6 to 9, the shim's state (none before it exists).
 fn hold_state_locks() {
     let Some(s) = super::SHIM.get() else {
         return;
     };
+    if STATE_HELD.try_with(|h| h.set(true)).is_err() {
+        return; // no note of holding them could be kept: take none
+    }
     s.oom.hold_for_fork();
     s.stacks.before_fork();
     s.py_stacks.before_fork();
@@ -89,6 +99,9 @@ fn hold_state_locks() {
 }
 
 fn release_state_locks(child: bool) {
+    if !STATE_HELD.try_with(|h| h.replace(false)).unwrap_or(false) {
+        return;
+    }
     let Some(s) = super::SHIM.get() else {
         return;
     };
