@@ -430,7 +430,7 @@ unsafe fn substitute_out(pfn: *mut *mut c_void) {
 /// CUDA call, no `dlopen`, no lock.
 pub(crate) fn substitute_from_handle(handle: *mut c_void, found: usize) -> usize {
     if !BUILT.load(Ordering::Acquire) {
-        let anchor = unsafe { real_dlsym_not_ours(handle, c"cuGetProcAddress") };
+        let anchor = unsafe { real_dlsym_not_ours(handle, NAMES[Idx::cuGetProcAddress as usize]) };
         if anchor == 0 {
             return found;
         }

@@ -1,7 +1,8 @@
-//! The C ABI of liboomshim.so and nothing else: the hooked CUDA runtime functions, the exported
-//! `oomshim_*` API, finding the real functions, and the boundary that keeps the shim's own
-//! failures (panics, re-entry) from ever reaching the host program. Bookkeeping lives in
-//! [`crate::live`]; this module only translates between C and it.
+//! The C ABI of liboomshim.so and nothing else: the hooked CUDA runtime and driver functions
+//! (one table each, [`runtime`] and [`driver`]), the exported `oomshim_*` API, finding the real
+//! functions, and the boundary that keeps the shim's own failures (panics, re-entry) from ever
+//! reaching the host program. Bookkeeping lives in [`crate::live`]; this module only translates
+//! between C and it.
 
 mod cxx_throw;
 mod dl;
