@@ -51,7 +51,7 @@ fn the_cli_exports_none_of_the_hooked_functions() {
             .map(|s| s.to_string()),
     );
     hooked.extend(
-        oomshim::ffi::RUNTIME_RESOLVERS
+        oomshim::ffi::runtime_exported_names()
             .iter()
             .map(|s| s.to_string()),
     );

@@ -537,6 +537,35 @@ fn a_burst_of_retries_is_one_request_with_one_dump() {
 }
 
 #[test]
+fn the_runtime_table_is_the_single_source_of_the_exports() {
+    let mut names = oomshim::ffi::runtime_exported_names();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "cudaFree",
+            "cudaFreeAsync",
+            "cudaFreeAsync_ptsz",
+            "cudaFreeHost",
+            "cudaGetDriverEntryPoint",
+            "cudaGetDriverEntryPointByVersion",
+            "cudaGetDriverEntryPointByVersion_ptsz",
+            "cudaGetDriverEntryPoint_ptsz",
+            "cudaHostAlloc",
+            "cudaMalloc",
+            "cudaMalloc3D",
+            "cudaMallocAsync",
+            "cudaMallocAsync_ptsz",
+            "cudaMallocFromPoolAsync",
+            "cudaMallocFromPoolAsync_ptsz",
+            "cudaMallocHost",
+            "cudaMallocManaged",
+            "cudaMallocPitch",
+        ]
+    );
+}
+
+#[test]
 fn the_library_exports_the_hooks_and_nothing_else() {
     let out = Command::new("nm")
         .args(["-D", "--defined-only"])
@@ -548,28 +577,12 @@ fn the_library_exports_the_hooks_and_nothing_else() {
         .filter_map(|l| l.split_whitespace().last().map(str::to_string))
         .collect();
     names.sort();
-    let mut expected = vec![
-        "cudaFree",
-        "cudaFreeAsync",
-        "cudaFreeAsync_ptsz",
-        "cudaFreeHost",
-        "cudaHostAlloc",
-        "cudaMalloc",
-        "cudaMalloc3D",
-        "cudaMallocAsync",
-        "cudaMallocAsync_ptsz",
-        "cudaMallocFromPoolAsync",
-        "cudaMallocFromPoolAsync_ptsz",
-        "cudaMallocHost",
-        "cudaMallocManaged",
-        "cudaMallocPitch",
-        "dlsym",
-    ];
+    let mut expected = vec!["dlsym"];
     // The functions programs call (src/preload/ffi/hooks.rs).
     expected.extend(oomshim::ffi::PROGRAM_API_EXPORTS);
-    // The driver functions and resolvers come from their single-source tables (issue #3).
+    // The runtime and driver functions come from their single-source tables (issues #3, #17).
+    expected.extend(oomshim::ffi::runtime_exported_names());
     expected.extend(oomshim::ffi::driver_exported_names());
-    expected.extend(oomshim::ffi::RUNTIME_RESOLVERS);
     // Allocator mode's entry points (src/preload/ffi/torch_alloc.rs).
     expected.extend(oomshim::ffi::TORCH_ALLOCATOR_EXPORTS);
     expected.sort();

@@ -120,26 +120,28 @@ pub enum Api {
 }
 
 impl Api {
+    /// The name a dump's `api` field holds (spelled once, in `dump::api`).
     pub fn name(self) -> &'static str {
+        use dump::api;
         match self {
-            Api::CudaMalloc => "cudaMalloc",
-            Api::CudaMallocAsync => "cudaMallocAsync",
-            Api::CudaMallocFromPoolAsync => "cudaMallocFromPoolAsync",
-            Api::CudaMallocManaged => "cudaMallocManaged",
-            Api::CudaMallocPitch => "cudaMallocPitch",
-            Api::CudaMalloc3D => "cudaMalloc3D",
-            Api::CudaMallocHost => "cudaMallocHost",
-            Api::CudaHostAlloc => "cudaHostAlloc",
-            Api::CuMemAlloc => "cuMemAlloc",
-            Api::CuMemAllocPitch => "cuMemAllocPitch",
-            Api::CuMemAllocManaged => "cuMemAllocManaged",
-            Api::CuMemAllocAsync => "cuMemAllocAsync",
-            Api::CuMemAllocFromPoolAsync => "cuMemAllocFromPoolAsync",
-            Api::CuMemAllocHost => "cuMemAllocHost",
-            Api::CuMemHostAlloc => "cuMemHostAlloc",
-            Api::CuMemCreate | Api::CuMemCreateHost => "cuMemCreate",
-            Api::TorchAlloc => "oomshim_torch_alloc",
-            Api::FrameworkAllocator => "framework_allocator",
+            Api::CudaMalloc => api::CUDA_MALLOC,
+            Api::CudaMallocAsync => api::CUDA_MALLOC_ASYNC,
+            Api::CudaMallocFromPoolAsync => api::CUDA_MALLOC_FROM_POOL_ASYNC,
+            Api::CudaMallocManaged => api::CUDA_MALLOC_MANAGED,
+            Api::CudaMallocPitch => api::CUDA_MALLOC_PITCH,
+            Api::CudaMalloc3D => api::CUDA_MALLOC_3D,
+            Api::CudaMallocHost => api::CUDA_MALLOC_HOST,
+            Api::CudaHostAlloc => api::CUDA_HOST_ALLOC,
+            Api::CuMemAlloc => api::CU_MEM_ALLOC,
+            Api::CuMemAllocPitch => api::CU_MEM_ALLOC_PITCH,
+            Api::CuMemAllocManaged => api::CU_MEM_ALLOC_MANAGED,
+            Api::CuMemAllocAsync => api::CU_MEM_ALLOC_ASYNC,
+            Api::CuMemAllocFromPoolAsync => api::CU_MEM_ALLOC_FROM_POOL_ASYNC,
+            Api::CuMemAllocHost => api::CU_MEM_ALLOC_HOST,
+            Api::CuMemHostAlloc => api::CU_MEM_HOST_ALLOC,
+            Api::CuMemCreate | Api::CuMemCreateHost => api::CU_MEM_CREATE,
+            Api::TorchAlloc => api::TORCH_ALLOC,
+            Api::FrameworkAllocator => api::FRAMEWORK_ALLOCATOR,
         }
     }
 

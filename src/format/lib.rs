@@ -2,6 +2,7 @@
 //! ours. Dump files: the schema ([`model`]), reading them back ([`read`]) and writing them atomically
 //! ([`write`]).
 
+pub mod api;
 pub mod checksum;
 pub mod fit;
 #[cfg(any(test, feature = "fixtures"))]

@@ -62,28 +62,6 @@ pub fn is_library_python_frame(f: &Frame) -> bool {
     f.kind == FrameKind::Python && f.file.as_deref().is_some_and(is_library_file)
 }
 
-/// CUDA allocation entry points, without `_v2`-style and per-thread suffixes.
-const CUDA_ALLOC_FUNCTIONS: &[&str] = &[
-    "cudaMalloc",
-    "cudaMallocAsync",
-    "cudaMallocFromPoolAsync",
-    "cudaMallocManaged",
-    "cudaMallocPitch",
-    "cudaMalloc3D",
-    "cudaMallocHost",
-    "cudaHostAlloc",
-    "cuMemAlloc",
-    "cuMemAllocAsync",
-    "cuMemAllocFromPoolAsync",
-    "cuMemAllocManaged",
-    "cuMemAllocPitch",
-    "cuMemAllocHost",
-    "cuMemHostAlloc",
-    "cuMemCreate",
-    "cuMemMap",
-    "cuMemAddressReserve",
-];
-
 /// Frames that only repeat how memory was allocated, never who wanted it: the CUDA runtime or
 /// driver library (`libcudart.so*`, `libcuda.so*`) and the shim (`liboomshim*`); a statically
 /// linked runtime's internals (`libcudart_static_*`, `cudart::*`, `__cudart*`) and CUDA
@@ -119,7 +97,7 @@ pub fn is_cuda_api_frame(frame: &Frame) -> bool {
     for suffix in ["_ptsz", "_ptds", "_v2", "_v3"] {
         base = base.strip_suffix(suffix).unwrap_or(base);
     }
-    CUDA_ALLOC_FUNCTIONS.contains(&base)
+    crate::api::CUDA_ALLOCATION_FUNCTIONS.contains(&base)
 }
 
 /// `function (file:line)`, `function (file)`, or `function [module file name]` when only the

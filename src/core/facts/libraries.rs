@@ -193,7 +193,7 @@ pub fn add_graph_pools(libs: &mut Vec<LibraryBytes>, device: i32, segments: &[Se
         bytes,
         count,
         modules: Vec::new(),
-        apis: vec!["oomshim_torch_alloc".to_string()],
+        apis: vec![dump::api::TORCH_ALLOC.to_string()],
     });
     sort(libs);
 }

@@ -1,6 +1,7 @@
 //! [`HOST_MEMORY`](super::HOST_MEMORY): a failed page-locked host request, or host memory low
 //! besides the device's failure. Its sentences are in `words/host_memory.rs`.
 
+use dump::api;
 use dump::model::Dump;
 
 /// Host memory is low when `MemAvailable` is below this share of `MemTotal`.
@@ -39,7 +40,10 @@ pub(super) fn host_pressure(dump: &Dump) -> Option<HostPressure> {
 pub(super) fn is_pinned_api(api: &str) -> bool {
     matches!(
         api,
-        "cudaMallocHost" | "cudaHostAlloc" | "cuMemAllocHost" | "cuMemHostAlloc"
+        api::CUDA_MALLOC_HOST
+            | api::CUDA_HOST_ALLOC
+            | api::CU_MEM_ALLOC_HOST
+            | api::CU_MEM_HOST_ALLOC
     )
 }
 

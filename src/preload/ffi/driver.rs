@@ -13,7 +13,7 @@
 
 #![allow(non_snake_case, reason = "CUDA's exported names")]
 
-use super::Guard;
+use super::{cstr, Guard};
 use crate::live;
 use oomshim_core::ledger::Api;
 use oomshim_core::sys::{object_base, real_dlsym_not_ours};
@@ -48,19 +48,16 @@ pub struct CUmemAllocationProp {
 /// `CU_MEM_LOCATION_TYPE_DEVICE`; HOST (2), HOST_NUMA (3), HOST_NUMA_CURRENT (4) are host memory.
 const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
 
-const fn cstr(s: &'static str) -> &'static CStr {
-    match CStr::from_bytes_with_nul(s.as_bytes()) {
-        Ok(c) => c,
-        Err(_) => panic!("not NUL-terminated"),
-    }
-}
-
-/// Generates, from one list: the exported wrappers, [`NAMES`] (exact exported names), the
-/// index enum and [`wrappers`]. Each entry: `name(args) |real, guard| body` where `real` is the
-/// real function (already found; a missing one returns CUDA_ERROR_NOT_INITIALIZED) and `guard`
-/// the `Option<Guard>` of this call.
+/// Generates, from one list: the exported wrappers, [`NAMES`] (exact exported names), [`APIS`]
+/// (the [`Api`] each records, `None` for frees, VMM mapping calls and resolvers), the index
+/// enum and [`wrappers`]. Each entry: `name(args) [as Api] |real, guard| body` where `real` is
+/// the real function (already found; a missing one returns CUDA_ERROR_NOT_INITIALIZED),
+/// `guard` the `Option<Guard>` of this call and `API` the row's [`Api`] inside its body.
 macro_rules! driver_functions {
-    ($( $name:ident ( $($arg:ident : $ty:ty),* ) |$real:ident, $guard:ident| $body:block )*) => {
+    ($(
+        $name:ident ( $($arg:ident : $ty:ty),* ) $(as $api:ident)?
+        |$real:ident, $guard:ident| $body:block
+    )*) => {
         #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
         #[derive(Clone, Copy)]
         #[repr(usize)]
@@ -70,6 +67,10 @@ macro_rules! driver_functions {
         pub(crate) const NAMES: &[&CStr] = &[$( cstr(concat!(stringify!($name), "\0")), )*];
         const COUNT: usize = NAMES.len();
 
+        /// The [`Api`] each table entry records, in table order.
+        #[allow(dead_code, reason = "read by the tests")]
+        pub(crate) const APIS: &[Option<Api>] = &[$( driver_functions!(@api $($api)?), )*];
+
         /// The shim's wrapper of each table entry.
         fn wrappers() -> [usize; COUNT] {
             [$($name as *const () as usize,)*]
@@ -78,6 +79,7 @@ macro_rules! driver_functions {
         $(
             #[no_mangle]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+                $( const API: Api = Api::$api; )?
                 let Some(p) = real_addr(Idx::$name as usize) else {
                     return CUDA_ERROR_NOT_INITIALIZED;
                 };
@@ -87,14 +89,16 @@ macro_rules! driver_functions {
             }
         )*
     };
+    (@api) => { None };
+    (@api $api:ident) => { Some(Api::$api) };
 }
 
 driver_functions! {
     // ---- classic device memory ----
-    cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) |real, guard| {
+    cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) as CuMemAlloc |real, guard| {
         let rc = real(dptr, bytesize);
         if let Some(g) = &guard {
-            after_alloc(g, Api::CuMemAlloc, rc, read(dptr), bytesize as u64, 0);
+            after_alloc(g, API, rc, read(dptr), bytesize as u64, 0);
         }
         rc
     }
@@ -107,34 +111,40 @@ driver_functions! {
         width: usize,
         height: usize,
         element_size: c_uint
-    ) |real, guard| {
+    ) as CuMemAllocPitch |real, guard| {
         let rc = real(dptr, pitch, width, height, element_size);
         if let Some(g) = &guard {
             let row = if rc == CUDA_SUCCESS && !pitch.is_null() { *pitch } else { width };
             let bytes = (row as u64).saturating_mul(height as u64);
-            after_alloc(g, Api::CuMemAllocPitch, rc, read(dptr), bytes, 0);
+            after_alloc(g, API, rc, read(dptr), bytes, 0);
         }
         rc
     }
-    cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) |real, guard| {
+    cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint)
+        as CuMemAllocManaged |real, guard|
+    {
         let rc = real(dptr, bytesize, flags);
         if let Some(g) = &guard {
-            after_alloc(g, Api::CuMemAllocManaged, rc, read(dptr), bytesize as u64, 0);
+            after_alloc(g, API, rc, read(dptr), bytesize as u64, 0);
         }
         rc
     }
     // ---- stream-ordered ----
-    cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) |real, guard| {
+    cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
+        as CuMemAllocAsync |real, guard|
+    {
         let rc = real(dptr, bytesize, stream);
         if let Some(g) = &guard {
-            after_alloc(g, Api::CuMemAllocAsync, rc, read(dptr), bytesize as u64, stream as usize);
+            after_alloc(g, API, rc, read(dptr), bytesize as u64, stream as usize);
         }
         rc
     }
-    cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) |real, guard| {
+    cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
+        as CuMemAllocAsync |real, guard|
+    {
         let rc = real(dptr, bytesize, stream);
         if let Some(g) = &guard {
-            after_alloc(g, Api::CuMemAllocAsync, rc, read(dptr), bytesize as u64, stream as usize);
+            after_alloc(g, API, rc, read(dptr), bytesize as u64, stream as usize);
         }
         rc
     }
@@ -143,13 +153,13 @@ driver_functions! {
         bytesize: usize,
         pool: CUmemoryPool,
         stream: CUstream
-    ) |real, guard| {
+    ) as CuMemAllocFromPoolAsync |real, guard| {
         let rc = real(dptr, bytesize, pool, stream);
         if let Some(g) = &guard {
             if rc == CUDA_SUCCESS {
                 g.run(|| super::pools::note(current_device(), Some(pool as usize)));
             }
-            after_alloc(g, Api::CuMemAllocFromPoolAsync, rc, read(dptr), bytesize as u64, stream as usize);
+            after_alloc(g, API, rc, read(dptr), bytesize as u64, stream as usize);
         }
         rc
     }
@@ -158,13 +168,13 @@ driver_functions! {
         bytesize: usize,
         pool: CUmemoryPool,
         stream: CUstream
-    ) |real, guard| {
+    ) as CuMemAllocFromPoolAsync |real, guard| {
         let rc = real(dptr, bytesize, pool, stream);
         if let Some(g) = &guard {
             if rc == CUDA_SUCCESS {
                 g.run(|| super::pools::note(current_device(), Some(pool as usize)));
             }
-            after_alloc(g, Api::CuMemAllocFromPoolAsync, rc, read(dptr), bytesize as u64, stream as usize);
+            after_alloc(g, API, rc, read(dptr), bytesize as u64, stream as usize);
         }
         rc
     }
@@ -175,17 +185,19 @@ driver_functions! {
         free_with(guard.as_ref(), dptr, || real(dptr, stream))
     }
     // ---- page-locked host memory ----
-    cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) |real, guard| {
+    cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) as CuMemAllocHost |real, guard| {
         let rc = real(pp, bytesize);
         if let Some(g) = &guard {
-            after_alloc(g, Api::CuMemAllocHost, rc, read_host(pp), bytesize as u64, 0);
+            after_alloc(g, API, rc, read_host(pp), bytesize as u64, 0);
         }
         rc
     }
-    cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) |real, guard| {
+    cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint)
+        as CuMemHostAlloc |real, guard|
+    {
         let rc = real(pp, bytesize, flags);
         if let Some(g) = &guard {
-            after_alloc(g, Api::CuMemHostAlloc, rc, read_host(pp), bytesize as u64, 0);
+            after_alloc(g, API, rc, read_host(pp), bytesize as u64, 0);
         }
         rc
     }
@@ -198,7 +210,7 @@ driver_functions! {
         size: usize,
         prop: *const CUmemAllocationProp,
         flags: u64
-    ) |real, guard| {
+    ) as CuMemCreate |real, guard| {
         let rc = real(handle, size, prop, flags);
         if let Some(g) = &guard {
             g.run(|| {
@@ -209,7 +221,7 @@ driver_functions! {
                     if host {
                         live::record_pinned_failure(Api::CuMemCreateHost, size as u64);
                     } else {
-                        oom(Api::CuMemCreate, size as u64, device, rc, 0);
+                        oom(API, size as u64, device, rc, 0);
                     }
                 }
             });
@@ -418,7 +430,7 @@ unsafe fn substitute_out(pfn: *mut *mut c_void) {
 /// CUDA call, no `dlopen`, no lock.
 pub(crate) fn substitute_from_handle(handle: *mut c_void, found: usize) -> usize {
     if !BUILT.load(Ordering::Acquire) {
-        let anchor = unsafe { real_dlsym_not_ours(handle, c"cuGetProcAddress") };
+        let anchor = unsafe { real_dlsym_not_ours(handle, NAMES[Idx::cuGetProcAddress as usize]) };
         if anchor == 0 {
             return found;
         }

@@ -1,7 +1,8 @@
-//! The C ABI of liboomshim.so and nothing else: the hooked CUDA runtime functions, the exported
-//! `oomshim_*` API, finding the real functions, and the boundary that keeps the shim's own
-//! failures (panics, re-entry) from ever reaching the host program. Bookkeeping lives in
-//! [`crate::live`]; this module only translates between C and it.
+//! The C ABI of liboomshim.so and nothing else: the hooked CUDA runtime and driver functions
+//! (one table each, [`runtime`] and [`driver`]), the exported `oomshim_*` API, finding the real
+//! functions, and the boundary that keeps the shim's own failures (panics, re-entry) from ever
+//! reaching the host program. Bookkeeping lives in [`crate::live`]; this module only translates
+//! between C and it.
 
 mod cxx_throw;
 mod dl;
@@ -9,12 +10,12 @@ mod driver;
 mod hooks;
 mod pools;
 mod real;
-mod resolve;
+mod runtime;
 mod torch_alloc;
 
 pub use driver::exported_names as driver_exported_names;
 pub use hooks::PROGRAM_API as PROGRAM_API_EXPORTS;
-pub use resolve::RUNTIME_RESOLVERS;
+pub use runtime::exported_names as runtime_exported_names;
 pub use torch_alloc::EXPORTED_NAMES as TORCH_ALLOCATOR_EXPORTS;
 
 pub use real::RealFn;
@@ -30,7 +31,17 @@ pub(crate) use oomshim_core::sys::{
     wait_for_dump_signal, Guard,
 };
 
+use std::ffi::CStr;
 use std::panic::catch_unwind;
+
+/// `s` (which ends in NUL) as a C string, at compile time: the exported names of the hook
+/// tables are generated as `concat!(name, "\0")`.
+pub(crate) const fn cstr(s: &'static str) -> &'static CStr {
+    match CStr::from_bytes_with_nul(s.as_bytes()) {
+        Ok(c) => c,
+        Err(_) => panic!("not NUL-terminated"),
+    }
+}
 
 /// Registers the runtime's exit flush (see [`oomshim_core::sys::flush_dumps_at_exit`]).
 #[allow(dead_code)]
@@ -227,4 +238,70 @@ pub(crate) fn free_with(
         }
     }
     rc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{driver, runtime};
+    use oomshim_core::ledger::Api;
+
+    /// Every row of both hook tables, as (exported name, the `Api` it records).
+    fn rows() -> Vec<(&'static str, Option<Api>)> {
+        let names = runtime::NAMES.iter().chain(driver::NAMES);
+        let apis = runtime::APIS.iter().chain(driver::APIS);
+        assert_eq!(
+            runtime::NAMES.len() + driver::NAMES.len(),
+            runtime::APIS.len() + driver::APIS.len()
+        );
+        names
+            .zip(apis)
+            .map(|(n, a)| (n.to_str().unwrap(), *a))
+            .collect()
+    }
+
+    #[test]
+    fn each_row_records_the_api_of_its_own_name() {
+        for (name, api) in rows() {
+            let Some(api) = api else { continue };
+            // The exported symbol carries the `_v2` version and `_ptsz` per-thread-stream
+            // suffixes; the recorded name is the function as programs write it.
+            let base = name.strip_suffix("_ptsz").unwrap_or(name);
+            let base = base.strip_suffix("_v2").unwrap_or(base);
+            assert_eq!(api.name(), base, "{name} records {api:?}");
+        }
+    }
+
+    #[test]
+    fn every_recorded_api_is_one_the_reports_know() {
+        // The reports drop allocation frames by this list (dump::view::is_cuda_api_frame);
+        // a hooked function missing from it would show up as the program's own frame.
+        for (name, api) in rows() {
+            if let Some(api) = api {
+                assert!(
+                    dump::api::CUDA_ALLOCATION_FUNCTIONS.contains(&api.name()),
+                    "{name}: {} is not in dump::api",
+                    api.name()
+                );
+            }
+        }
+        assert!(dump::api::CUDA_ALLOCATION_FUNCTIONS.contains(&Api::CuMemCreateHost.name()));
+    }
+
+    #[test]
+    fn the_tables_name_each_export_once() {
+        let mut names: Vec<&str> = rows().into_iter().map(|(n, _)| n).collect();
+        let all = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), all, "a name in two rows");
+    }
+
+    #[test]
+    fn every_allocating_hook_records_an_api() {
+        for (name, api) in rows() {
+            let allocates =
+                name.contains("Malloc") || name.contains("Alloc") || name == "cuMemCreate";
+            assert_eq!(api.is_some(), allocates, "{name}");
+        }
+    }
 }

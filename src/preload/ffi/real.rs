@@ -21,7 +21,7 @@ const RUNTIME_SONAMES: [&CStr; 4] = [
 /// its own), or `None` when the process has no definition: how every hook and every query of the
 /// runtime layer reaches the real function.
 macro_rules! real_fn {
-    ($name:literal, $ty:ty) => {{
+    ($name:expr, $ty:ty) => {{
         static REAL: $crate::ffi::RealFn = $crate::ffi::RealFn::new($name);
         REAL.get()
             .map(|p| unsafe { std::mem::transmute::<usize, $ty>(p) })

@@ -58,7 +58,7 @@ const CAPTURE_MODE_RELAXED: c_int = 2;
 const CAPTURE_ACTIVE: c_int = 1;
 
 fn get_device() -> Option<i32> {
-    super::hooks::runtime_device()
+    super::runtime::runtime_device()
 }
 
 fn set_device(device: i32) -> bool {
@@ -457,7 +457,7 @@ fn c_message(text: &str) -> [u8; MESSAGE_BYTES] {
 }
 
 fn device_mem_info() -> Option<(u64, u64)> {
-    let info = super::hooks::mem_info();
+    let info = super::runtime::mem_info();
     if info.is_none() {
         clear_last_error();
     }

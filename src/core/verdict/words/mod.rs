@@ -16,6 +16,7 @@ pub(super) mod untracked_memory;
 
 use super::context::Ctx;
 use super::framework::{framework, Framework};
+use dump::api;
 use dump::model::{Dump, Finding, Frame, GrowthSite};
 use dump::units::{clean, human_bytes, percent, share, thousands};
 use dump::view::{frame_label, named_frames};
@@ -144,7 +145,10 @@ pub(in crate::verdict) fn segment_note(dump: &Dump) -> String {
         && dump.failed_request.as_ref().is_some_and(|r| {
             matches!(
                 r.api.as_str(),
-                "cudaMalloc" | "cuMemCreate" | "cudaMallocAsync" | "framework_allocator"
+                api::CUDA_MALLOC
+                    | api::CU_MEM_CREATE
+                    | api::CUDA_MALLOC_ASYNC
+                    | api::FRAMEWORK_ALLOCATOR
             )
         })
         && dump.free_blocks.source != "oomshim-allocator";

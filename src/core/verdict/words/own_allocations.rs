@@ -9,6 +9,7 @@ use crate::verdict::framework::{framework, Framework};
 use crate::verdict::leak::growing_shapes;
 use crate::verdict::own_allocations::next_holder;
 use crate::verdict::OWN_ALLOCATIONS;
+use dump::api;
 use dump::model::{Finding, FrameKind, GrowthFit};
 use dump::units::{clean, human_bytes, percent, share, thousands};
 use dump::view::{free_blocks_available, named_frames};
@@ -149,7 +150,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
     };
     let headline = match used {
         Some(_)
-            if request.api == "framework_allocator"
+            if request.api == api::FRAMEWORK_ALLOCATOR
                 && dump.framework.as_ref().is_some_and(|f| f.name == "xla") =>
         {
             format!(
@@ -168,7 +169,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
         ),
     };
     let fw = framework(dump);
-    let xla_pool = fw == Framework::Jax && request.api == "framework_allocator";
+    let xla_pool = fw == Framework::Jax && request.api == api::FRAMEWORK_ALLOCATOR;
     let mut suggestions = own_advice(fw, site);
     if xla_pool {
         suggestions.insert(

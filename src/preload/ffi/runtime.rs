@@ -1,0 +1,331 @@
+//! The CUDA runtime API: exported wrappers of the runtime's allocation functions and of its
+//! driver-entry-point resolvers, and the runtime layer's device queries.
+//!
+//! [`runtime_functions!`] is the single list, as [`super::driver`]'s is for the driver: one row
+//! per exported function (its exact name, its signature, the [`Api`] it records, and what it
+//! does around the real call) generates the exported wrapper, the lazily resolved real function
+//! and [`exported_names`]. Adding a hooked runtime function is one row.
+//!
+//! Each hook calls the real function exactly once with exactly the caller's arguments, returns
+//! exactly its result, and only reads out-parameters after a success (never dereferencing
+//! NULL). Recording happens after the call, inside the guard. A hook whose real function
+//! cannot be found returns `cudaErrorInitializationError`, the runtime's own answer when it
+//! cannot start.
+
+#![allow(non_snake_case, reason = "CUDA's exported names")]
+
+use super::cuda_error::{INITIALIZATION_ERROR, SUCCESS};
+use super::driver::substitute_entry_point;
+use super::real::real_fn;
+use super::{cstr, Guard, RealFn};
+use oomshim_core::ledger::Api;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+
+type Stream = *mut c_void;
+type MemPool = *mut c_void;
+
+/// `struct cudaExtent`, passed by value to cudaMalloc3D.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CudaExtent {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+}
+
+/// `struct cudaPitchedPtr`, written by cudaMalloc3D.
+#[repr(C)]
+pub struct CudaPitchedPtr {
+    pub ptr: *mut c_void,
+    pub pitch: usize,
+    pub xsize: usize,
+    pub ysize: usize,
+}
+
+/// Generates, from one list: the exported wrappers, [`NAMES`] (exact exported names, in table
+/// order) and [`APIS`] (the [`Api`] each records, `None` for frees and resolvers). Each entry:
+/// `name(args) [as Api] |real[, guard]| body` where `real` is the real function (already found;
+/// a missing one returns `cudaErrorInitializationError`), `guard` the `Option<Guard>` of this
+/// call (a row without it never enters the shim: the resolvers only swap a pointer), and `API`
+/// the row's [`Api`] inside its body.
+macro_rules! runtime_functions {
+    ($(
+        $name:ident ( $($arg:ident : $ty:ty),* ) $(as $api:ident)?
+        |$real:ident $(, $guard:ident)?| $body:block
+    )*) => {
+        /// Exact exported names, in table order.
+        pub(crate) const NAMES: &[&CStr] = &[$( cstr(concat!(stringify!($name), "\0")), )*];
+
+        /// The [`Api`] each table entry records, in table order.
+        #[allow(dead_code, reason = "read by the tests")]
+        pub(crate) const APIS: &[Option<Api>] = &[$( runtime_functions!(@api $($api)?), )*];
+
+        $(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+                $( const API: Api = Api::$api; )?
+                let Some($real) = real_fn!(
+                    cstr(concat!(stringify!($name), "\0")),
+                    unsafe extern "C" fn($($ty),*) -> c_int
+                ) else {
+                    return INITIALIZATION_ERROR;
+                };
+                $( let $guard = Guard::enter(); )?
+                $body
+            }
+        )*
+    };
+    (@api) => { None };
+    (@api $api:ident) => { Some(Api::$api) };
+}
+
+runtime_functions! {
+    // ---- device memory ----
+    cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) as CudaMalloc |real, guard| {
+        let rc = real(dev_ptr, size);
+        if let Some(g) = &guard {
+            after_alloc(g, API, rc, read_ptr(dev_ptr), size as u64, 0);
+        }
+        rc
+    }
+    cudaFree(dev_ptr: *mut c_void) |real, guard| {
+        free_with(guard.as_ref(), dev_ptr, || real(dev_ptr))
+    }
+    cudaMallocManaged(dev_ptr: *mut *mut c_void, size: usize, flags: c_uint)
+        as CudaMallocManaged |real, guard|
+    {
+        let rc = real(dev_ptr, size, flags);
+        if let Some(g) = &guard {
+            after_alloc(g, API, rc, read_ptr(dev_ptr), size as u64, 0);
+        }
+        rc
+    }
+    cudaMallocPitch(dev_ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize)
+        as CudaMallocPitch |real, guard|
+    {
+        let rc = real(dev_ptr, pitch, width, height);
+        if let Some(g) = &guard {
+            // The allocation holds pitch × height bytes; before success only width × height
+            // is known.
+            let row = if rc == SUCCESS && !pitch.is_null() { *pitch } else { width };
+            let bytes = (row as u64).saturating_mul(height as u64);
+            after_alloc(g, API, rc, read_ptr(dev_ptr), bytes, 0);
+        }
+        rc
+    }
+    cudaMalloc3D(pitched: *mut CudaPitchedPtr, extent: CudaExtent) as CudaMalloc3D |real, guard| {
+        let rc = real(pitched, extent);
+        if let Some(g) = &guard {
+            let (addr, row) = if rc == SUCCESS && !pitched.is_null() {
+                ((*pitched).ptr as usize, (*pitched).pitch)
+            } else {
+                (0, extent.width)
+            };
+            let bytes = (row as u64)
+                .saturating_mul(extent.height as u64)
+                .saturating_mul(extent.depth as u64);
+            after_alloc(g, API, rc, addr, bytes, 0);
+        }
+        rc
+    }
+    // ---- stream-ordered (each `_ptsz` twin: same signature, its own real function) ----
+    cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: Stream)
+        as CudaMallocAsync |real, guard|
+    {
+        let rc = real(dev_ptr, size, stream);
+        if let Some(g) = &guard {
+            after_alloc(g, API, rc, read_ptr(dev_ptr), size as u64, stream as usize);
+        }
+        rc
+    }
+    cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: Stream)
+        as CudaMallocAsync |real, guard|
+    {
+        let rc = real(dev_ptr, size, stream);
+        if let Some(g) = &guard {
+            after_alloc(g, API, rc, read_ptr(dev_ptr), size as u64, stream as usize);
+        }
+        rc
+    }
+    cudaMallocFromPoolAsync(dev_ptr: *mut *mut c_void, size: usize, pool: MemPool, stream: Stream)
+        as CudaMallocFromPoolAsync |real, guard|
+    {
+        let rc = real(dev_ptr, size, pool, stream);
+        if let Some(g) = &guard {
+            after_alloc(g, API, rc, read_ptr(dev_ptr), size as u64, stream as usize);
+        }
+        rc
+    }
+    cudaMallocFromPoolAsync_ptsz(
+        dev_ptr: *mut *mut c_void,
+        size: usize,
+        pool: MemPool,
+        stream: Stream
+    ) as CudaMallocFromPoolAsync |real, guard| {
+        let rc = real(dev_ptr, size, pool, stream);
+        if let Some(g) = &guard {
+            after_alloc(g, API, rc, read_ptr(dev_ptr), size as u64, stream as usize);
+        }
+        rc
+    }
+    cudaFreeAsync(dev_ptr: *mut c_void, stream: Stream) |real, guard| {
+        free_with(guard.as_ref(), dev_ptr, || real(dev_ptr, stream))
+    }
+    cudaFreeAsync_ptsz(dev_ptr: *mut c_void, stream: Stream) |real, guard| {
+        free_with(guard.as_ref(), dev_ptr, || real(dev_ptr, stream))
+    }
+    // ---- page-locked host memory ----
+    cudaMallocHost(ptr: *mut *mut c_void, size: usize) as CudaMallocHost |real, guard| {
+        let rc = real(ptr, size);
+        if let Some(g) = &guard {
+            after_alloc(g, API, rc, read_ptr(ptr), size as u64, 0);
+        }
+        rc
+    }
+    cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint)
+        as CudaHostAlloc |real, guard|
+    {
+        let rc = real(ptr, size, flags);
+        if let Some(g) = &guard {
+            after_alloc(g, API, rc, read_ptr(ptr), size as u64, 0);
+        }
+        rc
+    }
+    cudaFreeHost(ptr: *mut c_void) |real, guard| {
+        free_with(guard.as_ref(), ptr, || real(ptr))
+    }
+    // ---- driver-entry-point resolvers ----
+    // PyTorch's expandable segments get `cuMemCreate`/`cuMemMap`/… through these. Each calls
+    // the real resolver and, on success, swaps the returned pointer for the shim's wrapper when
+    // it is the real address of a tracked driver function (pointer identity, `super::driver`).
+    // No guard: nothing is recorded, and a guard held across the real call would hide what the
+    // runtime allocates inside it.
+    cudaGetDriverEntryPoint(
+        symbol: *const c_char,
+        func_ptr: *mut *mut c_void,
+        flags: u64,
+        status: *mut c_int
+    ) |real| {
+        let rc = real(symbol, func_ptr, flags, status);
+        if rc == SUCCESS {
+            substitute_entry_point(func_ptr);
+        }
+        rc
+    }
+    cudaGetDriverEntryPoint_ptsz(
+        symbol: *const c_char,
+        func_ptr: *mut *mut c_void,
+        flags: u64,
+        status: *mut c_int
+    ) |real| {
+        let rc = real(symbol, func_ptr, flags, status);
+        if rc == SUCCESS {
+            substitute_entry_point(func_ptr);
+        }
+        rc
+    }
+    cudaGetDriverEntryPointByVersion(
+        symbol: *const c_char,
+        func_ptr: *mut *mut c_void,
+        cuda_version: c_uint,
+        flags: u64,
+        status: *mut c_int
+    ) |real| {
+        let rc = real(symbol, func_ptr, cuda_version, flags, status);
+        if rc == SUCCESS {
+            substitute_entry_point(func_ptr);
+        }
+        rc
+    }
+    cudaGetDriverEntryPointByVersion_ptsz(
+        symbol: *const c_char,
+        func_ptr: *mut *mut c_void,
+        cuda_version: c_uint,
+        flags: u64,
+        status: *mut c_int
+    ) |real| {
+        let rc = real(symbol, func_ptr, cuda_version, flags, status);
+        if rc == SUCCESS {
+            substitute_entry_point(func_ptr);
+        }
+        rc
+    }
+}
+
+/// The exact names of the runtime functions the shim exports (from the single table).
+pub fn exported_names() -> Vec<&'static str> {
+    NAMES.iter().map(|n| n.to_str().unwrap_or("?")).collect()
+}
+
+unsafe fn read_ptr(out: *mut *mut c_void) -> usize {
+    if out.is_null() {
+        0
+    } else {
+        *out as usize
+    }
+}
+
+// The runtime layer's device queries, shared by the hooks here, `oomshim_dump` and allocator
+// mode (`torch_alloc.rs`): one lookup of each real function.
+
+/// The calling thread's current device, from the real runtime (no context is created by it);
+/// `None` when the runtime is missing or the call fails.
+pub(super) fn runtime_device() -> Option<i32> {
+    let f = real_fn!(c"cudaGetDevice", unsafe extern "C" fn(*mut c_int) -> c_int)?;
+    let mut d: c_int = 0;
+    (unsafe { f(&mut d) } == SUCCESS).then_some(d)
+}
+
+/// The calling thread's current device, 0 when the runtime cannot tell.
+pub(super) fn current_device() -> i32 {
+    runtime_device().unwrap_or(0)
+}
+
+/// (free, total) bytes of the calling thread's current device.
+pub(super) fn mem_info() -> Option<(u64, u64)> {
+    let f = real_fn!(
+        c"cudaMemGetInfo",
+        unsafe extern "C" fn(*mut usize, *mut usize) -> c_int
+    )?;
+    let (mut free, mut total) = (0usize, 0usize);
+    (unsafe { f(&mut free, &mut total) } == SUCCESS).then_some((free as u64, total as u64))
+}
+
+/// The device's name: the leading `char name[256]` of `cudaDeviceProp`, whatever its version.
+pub(super) fn device_name(device: i32) -> Option<String> {
+    static V2: RealFn = RealFn::optional(c"cudaGetDeviceProperties_v2");
+    static V1: RealFn = RealFn::optional(c"cudaGetDeviceProperties");
+    let p = V2.get().or_else(|| V1.get())?;
+    let f: unsafe extern "C" fn(*mut u8, c_int) -> c_int = unsafe { std::mem::transmute(p) };
+    // Far larger than any cudaDeviceProp so far (about 1 KiB), so any version fits.
+    let mut buf = vec![0u8; 16 * 1024];
+    if unsafe { f(buf.as_mut_ptr(), device) } != SUCCESS {
+        return None;
+    }
+    let name = CStr::from_bytes_until_nul(&buf[..256]).ok()?;
+    Some(name.to_string_lossy().into_owned())
+}
+
+/// `cudaRuntimeGetVersion` of the runtime in the process (optional: no message when absent).
+fn runtime_version() -> Option<i32> {
+    static GET: RealFn = RealFn::optional(c"cudaRuntimeGetVersion");
+    let f: unsafe extern "C" fn(*mut c_int) -> c_int = unsafe { std::mem::transmute(GET.get()?) };
+    let mut v: c_int = 0;
+    (unsafe { f(&mut v) } == SUCCESS && v > 0).then_some(v)
+}
+
+/// The runtime layer's answers for the shared bookkeeping (`super::after_alloc`).
+static RUNTIME: super::Layer = super::Layer {
+    current_device,
+    mem_info,
+    device_name,
+    runtime_version,
+};
+
+fn after_alloc(guard: &Guard, api: Api, rc: c_int, addr: usize, bytes: u64, stream: usize) {
+    super::after_alloc(&RUNTIME, guard, api, rc, addr, bytes, stream);
+}
+
+fn free_with(guard: Option<&Guard>, ptr: *mut c_void, real_free: impl FnOnce() -> c_int) -> c_int {
+    super::free_with(guard, ptr as usize, real_free)
+}
