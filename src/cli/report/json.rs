@@ -212,7 +212,11 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
         },
     });
     if let (Some(obj), Some(torch)) = (report.as_object_mut(), &model.torch_cache) {
-        obj.insert("torch_cache_file".into(), json!(torch.path));
+        // Lossy: a path that is not UTF-8 cannot be a JSON string, and must not stop the report.
+        obj.insert(
+            "torch_cache_file".into(),
+            json!(torch.path.to_string_lossy()),
+        );
     }
     report
 }
@@ -322,6 +326,39 @@ fn round1(x: f64) -> Value {
 mod tests {
     use super::*;
     use crate::report::fixtures::{self, check_golden, fixture_names, load_fixture};
+
+    /// A side file in a directory whose name is not UTF-8 (Linux allows any bytes) is still
+    /// reported, its path written lossily, instead of the report panicking.
+    #[test]
+    fn a_torch_side_file_whose_path_is_not_utf8_is_reported() {
+        use std::os::unix::ffi::OsStrExt;
+        let dump = load_fixture("oom_own_allocations");
+        let req = dump.failed_request.as_ref().unwrap();
+        let cache: crate::report::torch_cache::TorchCache = serde_json::from_value(json!({
+            "schema": crate::report::torch_cache::SCHEMA, "pid": dump.process.pid,
+            "host": dump.process.host, "device": req.device, "request_bytes": req.bytes,
+            "time_unix_ms": dump.time_unix_ms,
+            "cache": {"segments": 1, "reserved_bytes": 1, "allocated_bytes": 0, "total_free_bytes": 1,
+                      "largest_free_bytes": 1, "inactive_split_bytes": 0, "fragmentation": 0.0,
+                      "histogram": []}
+        }))
+        .unwrap();
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(
+            b"/runs/caf\xe9/oomshim-torch-h-1-1.json",
+        ));
+        let model = crate::report::ReportModel::new(&dump).with_torch_cache(path, &cache);
+        let value = render(
+            &model,
+            &ReportOptions {
+                top: 5,
+                color: false,
+            },
+        );
+        assert_eq!(
+            value["torch_cache_file"],
+            json!("/runs/caf\u{fffd}/oomshim-torch-h-1-1.json")
+        );
+    }
 
     #[test]
     fn json_report_golden() {
