@@ -342,26 +342,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
         assert!(capture(&mut warm, false) > 0);
 
         let dir = tempfile::tempdir().unwrap();
-        let src = dir.path().join("cchain.c");
-        let lib = dir.path().join("libcchain.so");
-        std::fs::write(&src, C_SOURCE).unwrap();
-        let status = std::process::Command::new("gcc")
-            .args([
-                "-O2",
-                "-fomit-frame-pointer",
-                "-g",
-                "-shared",
-                "-fPIC",
-                "-o",
-            ])
-            .arg(&lib)
-            .arg(&src)
-            .status()
-            .expect("gcc must be installed for this test");
-        assert!(status.success());
-        let path = std::ffi::CString::new(lib.to_str().unwrap()).unwrap();
-        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        assert!(!handle.is_null());
+        let handle = build_and_load(dir.path(), "cchain", C_SOURCE);
         let sym = unsafe { libc::dlsym(handle, c"c_outer".as_ptr()) };
         assert!(!sym.is_null());
         let outer: COuter = unsafe { std::mem::transmute(sym) };
