@@ -44,22 +44,16 @@ pub(super) fn dynamic_shapes(dump: &Dump) -> Option<(u64, u64, u64)> {
 
 #[cfg(test)]
 mod tests {
-    use crate::verdict::tests::{cache, check_common, oom_dump, sizes, GIB};
+    use crate::verdict::tests::{
+        cache, check_common, oom_dump, sizes, torch_fragmented_free_blocks, GIB,
+    };
     use crate::verdict::{judge, FRAGMENTATION, OWN_ALLOCATIONS};
     use dump::model::*;
 
     #[test]
     fn fragmentation_suggestion_respects_alloc_conf() {
         let mut d = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 70 * GIB);
-        d.free_blocks = FreeBlocks {
-            source: "torch-snapshot".into(),
-            reason: None,
-            total_free_bytes: Some(8 * GIB),
-            largest_free_bytes: Some(GIB),
-            fragmentation: Some(0.875),
-            histogram: vec![],
-            ..Default::default()
-        };
+        d.free_blocks = torch_fragmented_free_blocks();
         let v = judge(&d);
         assert_eq!(v.kind, FRAGMENTATION);
         assert!(v

@@ -140,7 +140,9 @@ pub(super) fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
 
 #[cfg(test)]
 mod tests {
-    use crate::verdict::tests::{check_common, growing, growth, kinds, oom_dump, GIB, MIB};
+    use crate::verdict::tests::{
+        check_common, growing, growing_in, growth, kinds, oom_dump, GIB, MIB,
+    };
     use crate::verdict::{
         judge, LEAK, LEAK_MIN_BYTES_PER_STEP, OWN_ALLOCATIONS, REQUEST_EXCEEDS_DEVICE,
         UNTRACKED_MEMORY,
@@ -148,26 +150,7 @@ mod tests {
     use dump::model::*;
 
     fn growth_site(name: &str, per_step: u64, steps: u64) -> GrowthSite {
-        GrowthSite {
-            bytes_per_step: per_step,
-            r_squared: 1.0,
-            samples: steps,
-            first: GrowthPoint { step: 1, bytes: 0 },
-            last: GrowthPoint {
-                step: steps,
-                bytes: per_step * (steps - 1),
-            },
-            projected_oom_step: Some(steps + 2),
-            stack: vec![Frame {
-                address: "0x1".into(),
-                function: Some(name.into()),
-                file: Some("train.py".into()),
-                line: Some(12),
-                ..Frame::default()
-            }],
-            share: None,
-            grouped_by: None,
-        }
+        growing_in("train.py", name, per_step, steps)
     }
 
     fn with_growth(unit: &str, sites: Vec<GrowthSite>) -> Dump {

@@ -19,7 +19,25 @@ pub(crate) fn kinds(v: &Verdict) -> Vec<&str> {
     v.findings.iter().map(|f| f.kind.as_str()).collect()
 }
 
+/// torch's snapshot of a fragmented cache: 8 GiB free, no block larger than 1 GiB.
+pub(crate) fn torch_fragmented_free_blocks() -> FreeBlocks {
+    FreeBlocks {
+        source: "torch-snapshot".into(),
+        reason: None,
+        total_free_bytes: Some(8 * GIB),
+        largest_free_bytes: Some(GIB),
+        fragmentation: Some(0.875),
+        histogram: vec![],
+        ..Default::default()
+    }
+}
+
 pub(crate) fn growing(name: &str, per_step: u64, steps: u64) -> GrowthSite {
+    growing_in("/home/u/train.py", name, per_step, steps)
+}
+
+/// A site that grew by `per_step` bytes over `steps` steps, perfectly linearly, at `file`:12.
+pub(crate) fn growing_in(file: &str, name: &str, per_step: u64, steps: u64) -> GrowthSite {
     GrowthSite {
         bytes_per_step: per_step,
         r_squared: 1.0,
@@ -33,7 +51,7 @@ pub(crate) fn growing(name: &str, per_step: u64, steps: u64) -> GrowthSite {
         stack: vec![Frame {
             address: "0x1".into(),
             function: Some(name.into()),
-            file: Some("/home/u/train.py".into()),
+            file: Some(file.into()),
             line: Some(12),
             ..Frame::default()
         }],
@@ -163,15 +181,7 @@ fn kinds_table() {
         total_bytes: Some(80 * GIB),
     });
     let mut fragmented = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 70 * GIB);
-    fragmented.free_blocks = FreeBlocks {
-        source: "torch-snapshot".into(),
-        reason: None,
-        total_free_bytes: Some(8 * GIB),
-        largest_free_bytes: Some(GIB),
-        fragmentation: Some(0.875),
-        histogram: vec![],
-        ..Default::default()
-    };
+    fragmented.free_blocks = torch_fragmented_free_blocks();
     let mut other_device = oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB);
     other_device.failed_request.as_mut().unwrap().device = 3;
     let mut big_request_no_free = oom_dump(100 * GIB, Some(80 * GIB), None, 0);
