@@ -287,7 +287,7 @@ pub(crate) fn assemble(
     let mut dump = Dump {
         schema: SCHEMA.to_string(),
         reason: reason.to_string(),
-        time: rfc3339(cap.time),
+        time: dump::time::rfc3339(cap.time),
         time_unix_ms: unix_ms(cap.time),
         process: process.process,
         failed_request,
@@ -549,21 +549,9 @@ fn library_memory(
     })
 }
 
-pub(crate) use dump::time::rfc3339;
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, UNIX_EPOCH};
-
-    #[test]
-    fn rfc3339_matches_known_instants() {
-        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
-        let t = UNIX_EPOCH + Duration::from_millis(1_795_966_991_123);
-        assert_eq!(rfc3339(t), "2026-11-29T15:43:11.123Z");
-        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
-        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
-    }
 
     fn native(name: &str) -> Frame {
         Frame {

@@ -8,10 +8,8 @@ pub mod allocator_mode;
 mod assemble;
 mod context;
 mod fork;
-mod gather;
-#[allow(unused_imports)]
-pub(crate) use assemble::rfc3339;
 pub mod framework;
+mod gather;
 mod growth;
 mod oom;
 pub mod recording;
