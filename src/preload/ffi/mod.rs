@@ -20,16 +20,9 @@ pub use torch_alloc::EXPORTED_NAMES as TORCH_ALLOCATOR_EXPORTS;
 
 pub use real::RealFn;
 
-// The boundary and the process plumbing live in `oomshim_core::sys`, below both this module and the
-// runtime; re-exported here so the old paths keep working.
-#[allow(unused_imports)]
-pub(crate) use driver::device_uuid;
+// The boundary and the real `dlsym` live in `oomshim_core::sys`, below both this module and `live`.
 pub use oomshim_core::sys::cuda_error;
-#[allow(unused_imports)]
-pub(crate) use oomshim_core::sys::{
-    dump_signal_init, guarded, install_dump_signal, real_dlsym, register_fork_handlers,
-    wait_for_dump_signal, Guard,
-};
+pub(crate) use oomshim_core::sys::{real_dlsym, Guard};
 
 use std::ffi::CStr;
 use std::panic::catch_unwind;
@@ -41,18 +34,6 @@ pub(crate) const fn cstr(s: &'static str) -> &'static CStr {
         Ok(c) => c,
         Err(_) => panic!("not NUL-terminated"),
     }
-}
-
-/// Registers the runtime's exit flush (see [`oomshim_core::sys::flush_dumps_at_exit`]).
-#[allow(dead_code)]
-pub(crate) fn flush_dumps_at_exit() {
-    oomshim_core::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
-}
-
-/// Registers the runtime's `OOMSHIM_AT_EXIT` dump (see [`oomshim_core::sys::register_exit_dump`]).
-#[allow(dead_code)]
-pub(crate) fn register_exit_dump() {
-    oomshim_core::sys::register_exit_dump(crate::live::at_exit_dump);
 }
 
 /// What the shim notes the moment it is loaded, before the program's `main` can change it:
@@ -70,12 +51,6 @@ extern "C" fn note_load_time_facts() {
 #[used]
 #[unsafe(link_section = ".init_array")]
 static NOTE_LOAD_TIME_FACTS: extern "C" fn() = note_load_time_facts;
-
-/// Registers the flight recorder's exit cleanup (see [`oomshim_core::sys::register_live_cleanup`]).
-#[allow(dead_code)]
-pub(crate) fn register_live_cleanup() {
-    oomshim_core::sys::register_live_cleanup(crate::publish::remove_at_exit);
-}
 
 /// What the bookkeeping shared by the runtime hooks and the driver hooks asks of its layer.
 /// Both layers report success as 0 and out-of-memory as 2 (`cudaErrorMemoryAllocation`,
