@@ -25,6 +25,9 @@ What torch cannot do on any pluggable allocator, and how allocator mode keeps th
 - `torch.cuda.MemPool`, torch's memory history (`_record_memory_history`) and its OOM observer:
   the same reading keeps torch's allocator for them; found only at run time, history and the
   observer are accepted and said to be off (one line), a MemPool still raises as torch does.
+- `torch.backends.cudnn.benchmark = True`: cuDNN's search asks the allocator for `cacheInfo`;
+  the same reading keeps torch's allocator, and found only at run time the setting stays off
+  (cuDNN's heuristics choose the algorithms), said once.
 - `torch.cuda.memory_snapshot()`, `torch.cuda.memory._snapshot()` and `_dump_snapshot()` answer
   from oomshim's segments and blocks (no traces); `get_allocator_backend()` stays "pluggable".
 
@@ -220,6 +223,38 @@ def _patch_torch_stats(torch):
         if hasattr(C, name):
             setattr(C, name, fn)
     _patch_compile(torch)
+    _patch_cudnn_benchmark(torch)
+
+
+def _patch_cudnn_benchmark(torch):
+    """In allocator mode `cudnn.benchmark = True` keeps cuDNN's heuristics instead: its search
+    asks the allocator for `cacheInfo`, which torch refuses under a pluggable allocator (every
+    convolution would raise). Said once."""
+    try:
+        import importlib
+
+        cudnn = importlib.import_module("torch.backends.cudnn")
+        original = torch._C._set_cudnn_benchmark
+        ContextProp = importlib.import_module("torch.backends").ContextProp
+    except Exception:
+        return
+
+    def set_benchmark(on):
+        if on:
+            _say_once(
+                "cudnn",
+                "oomshim: cudnn.benchmark stays off in allocator mode (cuDNN's search asks the "
+                "allocator for cacheInfo, which torch refuses under a pluggable allocator); cuDNN "
+                "picks convolution algorithms by its heuristics. Run without --torch-allocator to "
+                "benchmark them.",
+            )
+        original(False)
+
+    torch._C._set_cudnn_benchmark = set_benchmark
+    try:
+        type(cudnn).benchmark = ContextProp(torch._C._get_cudnn_benchmark, set_benchmark)
+    except Exception:
+        pass
 
 
 _said = set()
