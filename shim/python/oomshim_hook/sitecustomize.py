@@ -10,7 +10,9 @@ does the same; Python then imports this file at start-up as `sitecustomize`. It:
 - waits for the program to import torch or jax itself (it never imports either into a program
   that doesn't, and never initialises CUDA);
 - torch, with `OOMSHIM_TORCH_ALLOCATOR=1` (`oomshim run --torch-allocator`): makes oomshim torch's
-  CUDA allocator (`oomshim.torch.enable()`) right after torch is imported, and stops there;
+  CUDA allocator (`oomshim.torch.enable()`) right after torch is imported, unless the program's
+  text asks for a feature torch cannot run on a pluggable allocator (`oomshim.torch.unservable_uses`;
+  then one line says so and the next point applies; `force` skips the reading);
 - torch, otherwise: registers torch's out-of-memory observer (through torch's lazy-initialisation
   queue) and marks steps for the shim's growth history: every optimizer step
   (`register_optimizer_step_post_hook`) and every forward pass of the program's outermost module
