@@ -53,6 +53,28 @@ class _C:
     @staticmethod
     def _cuda_resetPeakMemoryStats(device):
         raise RuntimeError("CUDAPluggableAllocator does not yet support resetPeakStats.")
+    @staticmethod
+    def _cuda_memorySnapshot(mempool_id):
+        raise RuntimeError("CUDAPluggableAllocator does not yet support snapshot.")
+    @staticmethod
+    def _cuda_record_memory_history(enabled, *rest):
+        raise RuntimeError("CUDAPluggableAllocator does not yet support recordHistory.")
+    @staticmethod
+    def _cuda_isHistoryEnabled():
+        return False
+    @staticmethod
+    def _cuda_attach_out_of_memory_observer(fn):
+        raise RuntimeError("CUDAPluggableAllocator does not yet support attachOutOfMemoryObserver.")
+
+# torch.compile as far as allocator mode cares: what it was asked for. `compiled` keeps every call.
+compiled = []
+def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None, options=None, disable=False):
+    if mode is not None and options is not None:
+        raise RuntimeError("Either mode or options can be specified, but both can't be specified at the same time.")
+    def wrap(fn):
+        compiled.append({"mode": mode, "options": options, "backend": backend})
+        return fn
+    return wrap if model is None else wrap(model)
 
 def _lazy_init():
     global _initialized
@@ -73,9 +95,24 @@ class cuda:
     class memory:
         CUDAPluggableAllocator = _Pluggable
         change_current_allocator = staticmethod(_change_current_allocator)
+        @staticmethod
+        def _snapshot(device=None):
+            return _C._cuda_memorySnapshot(None)
+        @staticmethod
+        def _record_memory_history(enabled="all", *rest):
+            _C._cuda_record_memory_history(enabled)
+    @staticmethod
+    def memory_snapshot(mempool_id=None):
+        return _C._cuda_memorySnapshot(mempool_id)["segments"]
     @staticmethod
     def is_initialized():
         return _initialized
+    @staticmethod
+    def device_count():
+        return 1
+    @staticmethod
+    def _lazy_call(fn):
+        pass
     @staticmethod
     def current_device():
         _lazy_init()
@@ -339,4 +376,207 @@ print("ok")
     );
     let out = ok(&python(&e, &program, &[]));
     assert!(out.contains("ok"), "{out}");
+}
+
+#[test]
+fn torch_compile_runs_without_cuda_graphs_in_allocator_mode_and_says_so_once() {
+    let Some(e) = env() else { return };
+    // torch's CUDA graph trees checkpoint the allocator's pool, which no pluggable allocator can
+    // serve (torch raises at the first compiled call): every way of asking for them is turned
+    // into the same compile without them, and everything else is left as asked.
+    let program = r#"
+import torch, oomshim.torch as ot
+f = lambda x: x
+torch.compile(f, mode="reduce-overhead")
+assert torch.compiled[-1]["mode"] == "reduce-overhead", "untouched before enable()"
+ot.enable()
+torch.compile(f, mode="reduce-overhead")
+torch.compile(f, mode="max-autotune")
+torch.compile(f, options={"triton.cudagraphs": True, "max_autotune": True})
+torch.compile(f, backend="cudagraphs")
+torch.compile(mode="reduce-overhead")(f)  # as a decorator
+torch.compile(f, mode="max-autotune-no-cudagraphs")
+torch.compile(f)
+for c in torch.compiled[1:]:
+    print(c["mode"], c["options"], c["backend"])
+"#;
+    let out = python(&e, program, &[]);
+    let text = ok(&out);
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        [
+            "default None inductor",
+            "max-autotune-no-cudagraphs None inductor",
+            "None {'triton.cudagraphs': False, 'max_autotune': True} inductor",
+            "None None aot_eager",
+            "default None inductor",
+            "max-autotune-no-cudagraphs None inductor",
+            "None None inductor",
+        ]
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "one line, once: {err}");
+    assert!(
+        lines[0].starts_with("oomshim: torch.compile runs without CUDA graphs in allocator mode (mode=\"reduce-overhead\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn snapshots_history_and_observers_answer_from_the_allocator_instead_of_raising() {
+    let Some(e) = env() else { return };
+    let program = format!(
+        r#"
+import pickle, torch, oomshim.torch as ot
+ot.enable()
+a = torch._empty({a})
+b = torch._empty(1000)
+c = torch._empty(3000)
+torch._free(b, 1000)
+s = torch.cuda.memory._snapshot()
+segs = sorted(s["segments"], key=lambda g: g["total_size"])
+assert [g["total_size"] for g in segs] == [{small}, {large}], segs
+assert sum(g["total_size"] for g in segs) == ot.memory_reserved()
+small, large = segs
+assert small["segment_type"] == "small" and large["segment_type"] == "large", segs
+assert small["allocated_size"] == 3072 and large["allocated_size"] == {a}, segs
+states = [(bl["size"], bl["state"]) for bl in small["blocks"]]
+assert states == [(1024, "inactive"), (3072, "active_allocated"), ({small} - 4096, "inactive")], states
+assert large["blocks"][0] == {{"address": a, "size": {a}, "requested_size": {a}, "state": "active_allocated", "frames": []}}, large
+assert sum(bl["size"] for g in segs for bl in g["blocks"]) == ot.memory_reserved()
+assert s["device_traces"] == [[]] and pickle.loads(pickle.dumps(s)) == s
+assert torch.cuda.memory_snapshot() == s["segments"]
+# One pool's segments stay torch's answer (oomshim keys graph memory by capture).
+try:
+    torch.cuda.memory_snapshot((7, 0))
+    raise SystemExit("a pool's snapshot was invented")
+except RuntimeError as x:
+    assert "does not yet support snapshot" in str(x)
+torch.cuda.memory._record_memory_history("all")
+torch.cuda.memory._record_memory_history("all")
+assert torch._C._cuda_isHistoryEnabled()
+torch._C._cuda_attach_out_of_memory_observer(lambda *a: None)
+print("ok")
+"#,
+        a = 5 * MIB,
+        small = 2 * MIB,
+        large = 20 * MIB,
+    );
+    let out = python(&e, &program, &[]);
+    assert_eq!(ok(&out).trim(), "ok");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "one line per feature, once each: {err}");
+    assert!(lines[0].starts_with("oomshim: torch's memory history is not recorded in allocator mode"), "{err}");
+    assert!(lines[1].starts_with("oomshim: torch's out-of-memory observers are not called in allocator mode"), "{err}");
+}
+
+#[test]
+fn the_program_is_read_for_features_no_pluggable_allocator_serves() {
+    let Some(e) = env() else { return };
+    let dir = e.tmp.path().join("prog");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("train.py"), "import torch\nx = 1\n").unwrap();
+    std::fs::write(dir.join("model.py"), "import torch\n\n\npool = torch.cuda.MemPool()\n").unwrap();
+    std::fs::write(dir.join("conf.yaml"), "compile:\n  mode: max-autotune\n").unwrap();
+    let clean = e.tmp.path().join("clean");
+    std::fs::create_dir_all(&clean).unwrap();
+    std::fs::write(
+        clean.join("serve.py"),
+        "import torch\nf = torch.compile(lambda x: x, mode='max-autotune-no-cudagraphs')\ntorch.backends.cudnn.benchmark = False\n",
+    )
+    .unwrap();
+    let program = format!(
+        r#"
+import oomshim.torch as ot
+for row in ot.unservable_uses([{train:?}]):
+    print(*row, sep=" | ")
+print("--")
+print(ot.unservable_uses([{serve:?}, "--lr", "0.1"]))
+print(ot.unservable_uses(["-c", "--compile-mode", "reduce-overhead"]))
+"#,
+        train = dir.join("train.py").display().to_string(),
+        serve = clean.join("serve.py").display().to_string(),
+    );
+    let out = python(&e, &program, &[]);
+    let text = ok(&out);
+    let rel = |n: &str| {
+        let p = dir.join(n);
+        let cwd = std::env::current_dir().unwrap();
+        pathdiff(&p, &cwd)
+    };
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        [
+            format!("{}:2 | torch.compile with CUDA graphs (mode=\"max-autotune\")", rel("conf.yaml")).as_str(),
+            format!("{}:4 | torch.cuda.MemPool", rel("model.py")).as_str(),
+            "--",
+            "[]",
+            "[('the command line', 'torch.compile with CUDA graphs (mode=\"reduce-overhead\")')]",
+        ]
+    );
+}
+
+/// `path` relative to `base`, as Python's os.path.relpath writes it.
+fn pathdiff(path: &std::path::Path, base: &std::path::Path) -> String {
+    let out = Command::new(&common::python_side().python)
+        .args(["-c", "import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))"])
+        .arg(path)
+        .arg(base)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn oomshim_run_torch_allocator_keeps_torchs_allocator_for_a_program_that_asks_for_cuda_graphs() {
+    let Some(e) = env() else { return };
+    let side = common::python_side();
+    let dir = e.tmp.path().join("graphs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("serve.py");
+    std::fs::write(
+        &script,
+        "import torch, oomshim.torch as ot\nf = torch.compile(lambda x: x, mode=\"reduce-overhead\")\nprint(ot.enabled(), torch.compiled[-1][\"mode\"])\n",
+    )
+    .unwrap();
+    let run = |extra: &[(&str, &str)]| {
+        let mut cmd = Command::new(&side.cli);
+        cmd.args(["run", "--torch-allocator", "--dir"])
+            .arg(e.tmp.path().join("dumps"));
+        if !side.installed {
+            cmd.arg("--lib").arg(&side.lib);
+        }
+        cmd.arg("--")
+            .arg(&side.python)
+            .arg(&script)
+            .current_dir(&dir)
+            .env("PYTHONPATH", e.fake.display().to_string())
+            .env("SIM_CUDART", oomshim_cli::testbed::sim_cudart())
+            .env_remove("OOMSHIM_LIB");
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    // Read before the swap: torch keeps its allocator (and its CUDA graphs), one line says why.
+    let out = run(&[]);
+    assert_eq!(ok(&out).trim(), "False reduce-overhead");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.trim(),
+        "oomshim: allocator mode is off for this process, torch keeps its own allocator (watched \
+         as under LD_PRELOAD): serve.py:2 uses torch.compile with CUDA graphs \
+         (mode=\"reduce-overhead\"), which torch cannot run on a pluggable allocator \
+         (OOMSHIM_TORCH_ALLOCATOR=force overrides)"
+    );
+    // Forced: allocator mode, and the compile goes on without CUDA graphs.
+    let out = run(&[("OOMSHIM_TORCH_ALLOCATOR", "force")]);
+    assert_eq!(ok(&out).trim(), "True default");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.trim().starts_with("oomshim: torch.compile runs without CUDA graphs in allocator mode"),
+        "{err}"
+    );
 }

@@ -296,7 +296,11 @@ fn main() -> ExitCode {
                 dir: dir.as_deref(),
                 command: &command,
                 extra_env: if torch_allocator {
-                    vec![("OOMSHIM_TORCH_ALLOCATOR".into(), "1".into())]
+                    // `force` (skip the hook's reading of the program) survives the flag.
+                    let forced = std::env::var("OOMSHIM_TORCH_ALLOCATOR")
+                        .is_ok_and(|v| v.trim().eq_ignore_ascii_case("force"));
+                    let value = if forced { "force" } else { "1" };
+                    vec![("OOMSHIM_TORCH_ALLOCATOR".into(), value.into())]
                 } else {
                     vec![]
                 },

@@ -13,6 +13,24 @@ Under a pluggable allocator torch's own `torch.cuda.memory_stats()`, `memory_all
 oomshim's allocator instead (pass `patch_torch=False` to leave torch alone), and this module
 offers the same functions directly.
 
+What torch cannot do on any pluggable allocator, and how allocator mode keeps the program working:
+
+- `torch.compile` with CUDA graphs (`mode="reduce-overhead"`, `"max-autotune"`, the option
+  `triton.cudagraphs`, `backend="cudagraphs"`): torch's CUDA graph trees re-record after replays
+  by checkpointing the allocator's pool and re-attaching torch's own deleters to live storages
+  (`_cuda_setCheckpointPoolState`), which only torch's C++ allocator can do. `oomshim run
+  --torch-allocator` reads the program first (`unservable_uses()`) and keeps torch's allocator
+  where the program asks for them; where it could not tell, `enable()` compiles without CUDA
+  graphs (same kernels, same results, the launch overhead stays) and says so once.
+- `torch.cuda.MemPool`, torch's memory history (`_record_memory_history`) and its OOM observer:
+  the same reading keeps torch's allocator for them; found only at run time, history and the
+  observer are accepted and said to be off (one line), a MemPool still raises as torch does.
+- `torch.backends.cudnn.benchmark = True`: cuDNN's search asks the allocator for `cacheInfo`;
+  the same reading keeps torch's allocator, and found only at run time the setting stays off
+  (cuDNN's heuristics choose the algorithms), said once.
+- `torch.cuda.memory_snapshot()`, `torch.cuda.memory._snapshot()` and `_dump_snapshot()` answer
+  from oomshim's segments and blocks (no traces); `get_allocator_backend()` stays "pluggable".
+
 An allocation that cannot be served, even after the cache was emptied and the request retried,
 raises `torch.OutOfMemoryError` (a `RuntimeError` where torch's C++ error type is not found),
 with torch's wording plus oomshim's verdict and the path of the dump it wrote.
@@ -27,7 +45,11 @@ The library is found by this rule, first match wins:
 """
 
 import ctypes
+import functools
 import json
+import os
+import re
+import sys
 
 from . import _locate
 
@@ -46,6 +68,8 @@ __all__ = [
     "empty_cache",
     "dump",
     "exception_kind",
+    "snapshot",
+    "unservable_uses",
 ]
 
 _ALLOC = "oomshim_torch_alloc"
@@ -64,7 +88,7 @@ def _lib():
     if _state["lib"] is None:
         path = library_path()
         lib = ctypes.CDLL(path)
-        for name in ("oomshim_torch_memory_stats", "oomshim_torch_free_blocks"):
+        for name in ("oomshim_torch_memory_stats", "oomshim_torch_free_blocks", "oomshim_torch_segments"):
             fn = getattr(lib, name)
             fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
             fn.restype = ctypes.c_size_t
@@ -136,13 +160,225 @@ def _patch_torch_stats(torch):
     def reset_accumulated(device):
         _lib().oomshim_torch_reset_accumulated(_device_index(device))
 
-    for name, fn in (
+    original_snapshot = getattr(C, "_cuda_memorySnapshot", None)
+
+    def memory_snapshot(*args, **kwargs):
+        pool = args[0] if args else kwargs.get("mempool_id")
+        if pool is not None and tuple(pool)[:2] != (0, 0):
+            # One pool's segments: oomshim keys graph memory by capture, not by torch's pool
+            # ids, so this stays torch's answer (which raises under a pluggable allocator).
+            return original_snapshot(*args, **kwargs)
+        return snapshot()
+
+    fractions = {}
+    original_set_fraction = getattr(C, "_cuda_setMemoryFraction", None)
+
+    def set_memory_fraction(fraction, device):
+        original_set_fraction(fraction, device)
+        fractions[_device_index(device)] = float(fraction)
+
+    def get_memory_fraction(device):
+        return fractions.get(_device_index(device), 1.0)
+
+    history = {"on": False}
+
+    def record_memory_history(*args, **kwargs):
+        enabled = args[0] if args else kwargs.get("enabled", kwargs.get("enable"))
+        history["on"] = bool(enabled) and enabled not in ("None", "none")
+        if history["on"]:
+            _say_once(
+                "history",
+                "oomshim: torch's memory history is not recorded in allocator mode (torch has no "
+                "hook for it under a pluggable allocator); snapshots carry oomshim's segments and "
+                "blocks without traces, and oomshim's dump has every live tensor with its stack. "
+                "Run without --torch-allocator for torch's recorder.",
+            )
+
+    observers = []
+
+    def attach_oom_observer(fn):
+        observers.append(fn)
+        _say_once(
+            "observer",
+            "oomshim: torch's out-of-memory observers are not called in allocator mode (torch has "
+            "no hook for them under a pluggable allocator); the OutOfMemoryError names oomshim's "
+            "dump instead. Run without --torch-allocator to have them called.",
+        )
+
+    replacements = [
         ("_cuda_memoryStats", memory_stats),
         ("_cuda_resetPeakMemoryStats", reset_peak),
         ("_cuda_resetAccumulatedMemoryStats", reset_accumulated),
-    ):
+        ("_cuda_record_memory_history", record_memory_history),
+        ("_cuda_record_memory_history_legacy", record_memory_history),
+        ("_cuda_isHistoryEnabled", lambda: history["on"]),
+        ("_cuda_attach_out_of_memory_observer", attach_oom_observer),
+    ]
+    if original_snapshot is not None:
+        replacements.append(("_cuda_memorySnapshot", memory_snapshot))
+    if original_set_fraction is not None:
+        replacements.append(("_cuda_setMemoryFraction", set_memory_fraction))
+        replacements.append(("_cuda_getMemoryFraction", get_memory_fraction))
+    for name, fn in replacements:
         if hasattr(C, name):
             setattr(C, name, fn)
+    _patch_compile(torch)
+    _patch_cudnn_benchmark(torch)
+
+
+def _patch_cudnn_benchmark(torch):
+    """In allocator mode `cudnn.benchmark = True` keeps cuDNN's heuristics instead: its search
+    asks the allocator for `cacheInfo`, which torch refuses under a pluggable allocator (every
+    convolution would raise). Said once."""
+    try:
+        import importlib
+
+        cudnn = importlib.import_module("torch.backends.cudnn")
+        original = torch._C._set_cudnn_benchmark
+        ContextProp = importlib.import_module("torch.backends").ContextProp
+    except Exception:
+        return
+
+    def set_benchmark(on):
+        if on:
+            _say_once(
+                "cudnn",
+                "oomshim: cudnn.benchmark stays off in allocator mode (cuDNN's search asks the "
+                "allocator for cacheInfo, which torch refuses under a pluggable allocator); cuDNN "
+                "picks convolution algorithms by its heuristics. Run without --torch-allocator to "
+                "benchmark them.",
+            )
+        original(False)
+
+    torch._C._set_cudnn_benchmark = set_benchmark
+    try:
+        type(cudnn).benchmark = ContextProp(torch._C._get_cudnn_benchmark, set_benchmark)
+    except Exception:
+        pass
+
+
+_said = set()
+
+
+def _say_once(key, line):
+    if key in _said:
+        return
+    _said.add(key)
+    try:
+        sys.stderr.write(line + "\n")
+    except Exception:
+        pass
+
+
+# torch.compile's modes that turn CUDA graphs on, and the same mode without them.
+_GRAPH_MODES = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+
+
+def _patch_compile(torch):
+    """In allocator mode `torch.compile` runs without CUDA graphs: torch's CUDA graph trees
+    checkpoint the allocator's pool between replays and re-attach their own deleters to live
+    storages (`_cuda_setCheckpointPoolState`), which a pluggable allocator cannot serve (torch
+    raises "pluggable does not yet support checkPoolLiveAllocations" at the first compiled
+    call). The kernels are the same, so the results are too; the launch overhead CUDA graphs
+    remove stays."""
+    original = getattr(torch, "compile", None)
+    if original is None or getattr(original, "_oomshim_no_graphs", False):
+        return
+
+    @functools.wraps(original)
+    def compile(*args, **kwargs):
+        asked = None
+        mode = kwargs.get("mode")
+        if mode in _GRAPH_MODES:
+            kwargs["mode"] = _GRAPH_MODES[mode]
+            asked = f'mode="{mode}"'
+        options = kwargs.get("options")
+        if isinstance(options, dict) and options.get("triton.cudagraphs"):
+            kwargs["options"] = dict(options, **{"triton.cudagraphs": False})
+            asked = 'options={"triton.cudagraphs": True}'
+        if kwargs.get("backend") == "cudagraphs":
+            kwargs["backend"] = "aot_eager"
+            asked = 'backend="cudagraphs"'
+        inductor = sys.modules.get("torch._inductor.config")
+        triton = getattr(inductor, "triton", None)
+        if getattr(triton, "cudagraphs", False):
+            triton.cudagraphs = False
+            asked = "torch._inductor.config.triton.cudagraphs = True"
+        if asked:
+            _say_once(
+                "compile",
+                f"oomshim: torch.compile runs without CUDA graphs in allocator mode ({asked} asked "
+                "for them; torch's CUDA graph trees checkpoint the allocator, which a pluggable "
+                "allocator cannot serve): same kernels and results, the launch overhead stays. "
+                "Run without --torch-allocator to keep them.",
+            )
+        return original(*args, **kwargs)
+
+    compile._oomshim_no_graphs = True
+    torch.compile = compile
+
+
+# What a program's text shows of the features torch cannot run on a pluggable allocator: a
+# pattern and the feature it names. Read before allocator mode is turned on (unservable_uses).
+_UNSERVABLE = [
+    (re.compile(r"reduce-overhead"), 'torch.compile with CUDA graphs (mode="reduce-overhead")'),
+    (re.compile(r"max-autotune(?!-no-cudagraphs)"), 'torch.compile with CUDA graphs (mode="max-autotune")'),
+    (re.compile(r"triton\.cudagraphs|[\"']cudagraphs[\"']|cudagraph_trees"), "torch.compile with CUDA graphs"),
+    (re.compile(r"\bMemPool\b|\buse_mem_pool\b"), "torch.cuda.MemPool"),
+    (re.compile(r"_record_memory_history"), "torch's memory history (_record_memory_history)"),
+    (re.compile(r"_cuda_attach_out_of_memory_observer"), "torch's out-of-memory observer"),
+    (re.compile(r"cudnn\.benchmark\s*=\s*True"), "cudnn.benchmark (torch asks the allocator for cacheInfo)"),
+]
+# How much of a program is read: the main script, then the Python sources and small configs
+# beside it (not below), until one of these limits.
+_SCAN_FILES = 200
+_SCAN_BYTES = 8 << 20
+_SCAN_EXTS = (".py", ".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")
+
+
+def unservable_uses(argv=None):
+    """Where this program asks for a feature torch cannot run on a pluggable allocator: a list of
+    (where, feature), read from the command line, the main script and the sources and configs in
+    its directory. Empty when none is seen (a program can still reach one through a library or a
+    computed string: `enable()` keeps those working, see the module's docstring)."""
+    argv = sys.argv if argv is None else argv
+    found = []
+
+    def look(where, text):
+        for pattern, feature in _UNSERVABLE:
+            m = pattern.search(text)
+            if m and not any(f == feature for _, f in found):
+                line = text.count("\n", 0, m.start()) + 1
+                found.append((f"{where}:{line}" if where != "the command line" else where, feature))
+
+    look("the command line", " ".join(str(a) for a in argv[1:]))
+    script = argv[0] if argv else ""
+    if not script or not os.path.isfile(script):
+        return found
+    script = os.path.abspath(script)
+    paths = [script]
+    try:
+        here = os.path.dirname(script)
+        paths += sorted(
+            os.path.join(here, n) for n in os.listdir(here) if n.endswith(_SCAN_EXTS)
+        )
+    except OSError:
+        pass
+    budget, seen = _SCAN_BYTES, set()
+    for path in paths[: _SCAN_FILES + 1]:
+        if path in seen or budget <= 0:
+            continue
+        seen.add(path)
+        try:
+            if not os.path.isfile(path) or os.path.getsize(path) > budget:
+                continue
+            with open(path, "rb") as f:
+                data = f.read(budget)
+        except OSError:
+            continue
+        budget -= len(data)
+        look(os.path.relpath(path), data.decode("utf-8", "replace"))
+    return found
 
 
 def _nested(flat):
@@ -216,6 +452,60 @@ def reset_peak_memory_stats(device=None):
 
 def reset_accumulated_memory_stats(device=None):
     _lib().oomshim_torch_reset_accumulated(_device_index(device))
+
+
+def snapshot():
+    """torch's `_snapshot()` of oomshim's allocator: every segment of every device with its
+    blocks (`active_allocated`, `active_pending_free`, `inactive`), without traces (torch's
+    history cannot run under a pluggable allocator). A segment of a CUDA graph capture has
+    `segment_pool_id` (capture id, 0): oomshim keys graph memory by capture, not by torch's
+    pool ids."""
+    import torch
+
+    devices = torch.cuda.device_count() if torch.cuda.is_initialized() else 0
+    segments = []
+    for device in range(devices):
+        state = _json_call(_lib().oomshim_torch_segments, device)
+        if state.get("segment_map_omitted"):
+            _say_once(
+                "omitted",
+                f"oomshim: the snapshot leaves out {state['segment_map_omitted']} segments of "
+                f"device {device} (over {len(state.get('segment_map', []))} segments' blocks)",
+            )
+        for seg in state.get("segment_map", []):
+            blocks = [
+                {
+                    "address": int(b["address"], 16),
+                    "size": b["bytes"],
+                    "requested_size": b["requested_bytes"],
+                    "state": b["state"],
+                    "frames": [],
+                }
+                for b in seg["blocks"]
+            ]
+            allocated = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
+            active = sum(b["size"] for b in blocks if b["state"] != "inactive")
+            segments.append({
+                "device": device,
+                "address": int(seg["address"], 16),
+                "total_size": seg["bytes"],
+                "allocated_size": allocated,
+                "active_size": active,
+                "requested_size": sum(b["requested_size"] for b in blocks if b["state"] != "inactive"),
+                "stream": int(seg["stream"], 16),
+                "segment_type": seg["pool"],
+                "segment_pool_id": (seg["capture"], 0) if seg.get("capture") else (0, 0),
+                "is_expandable": False,
+                "frames": [],
+                "blocks": blocks,
+            })
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    return {
+        "segments": segments,
+        "device_traces": [[] for _ in range(devices)],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": conf, "expandable_segments": False},
+        "external_annotations": [],
+    }
 
 
 def fragmentation(device=None):

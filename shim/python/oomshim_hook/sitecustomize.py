@@ -10,7 +10,9 @@ does the same; Python then imports this file at start-up as `sitecustomize`. It:
 - waits for the program to import torch or jax itself (it never imports either into a program
   that doesn't, and never initialises CUDA);
 - torch, with `OOMSHIM_TORCH_ALLOCATOR=1` (`oomshim run --torch-allocator`): makes oomshim torch's
-  CUDA allocator (`oomshim.torch.enable()`) right after torch is imported, and stops there;
+  CUDA allocator (`oomshim.torch.enable()`) right after torch is imported, unless the program's
+  text asks for a feature torch cannot run on a pluggable allocator (`oomshim.torch.unservable_uses`;
+  then one line says so and the next point applies; `force` skips the reading);
 - torch, otherwise: registers torch's out-of-memory observer (through torch's lazy-initialisation
   queue) and marks steps for the shim's growth history: every optimizer step
   (`register_optimizer_step_post_hook`) and every forward pass of the program's outermost module
@@ -375,21 +377,34 @@ def _mark_steps(torch, lib, allocator):
 
 def _enable_allocator(torch):
     """`oomshim run --torch-allocator`: make oomshim torch's allocator, right after the program
-    imported torch (before it can have initialised CUDA)."""
+    imported torch (before it can have initialised CUDA), unless the program asks for a feature
+    torch cannot run on a pluggable allocator (then torch keeps its own and the shim watches it as
+    under LD_PRELOAD). True when allocator mode is on."""
     try:
         import oomshim.torch
 
+        if os.environ.get("OOMSHIM_TORCH_ALLOCATOR", "").strip().lower() != "force":
+            found = oomshim.torch.unservable_uses()
+            if found:
+                where, feature = found[0]
+                sys.stderr.write(
+                    f"oomshim: allocator mode is off for this process, torch keeps its own allocator "
+                    f"(watched as under LD_PRELOAD): {where} uses {feature}, which torch cannot run on "
+                    f"a pluggable allocator (OOMSHIM_TORCH_ALLOCATOR=force overrides)\n")
+                return False
         oomshim.torch.enable()
+        return True
     except Exception as e:
         _warn(f"allocator mode is off, torch keeps its own allocator ({type(e).__name__}: {e})")
+        return False
 
 
 def _attach_torch(torch):
-    allocator = os.environ.get("OOMSHIM_TORCH_ALLOCATOR", "").strip().lower() in ("1", "on", "yes", "true")
+    allocator = os.environ.get("OOMSHIM_TORCH_ALLOCATOR", "").strip().lower() in ("1", "on", "yes", "true", "force")
     if allocator:
         # torch's OOM observer and snapshot do not exist under a pluggable allocator; the shim
-        # writes the exact free-block state itself.
-        _enable_allocator(torch)
+        # writes the exact free-block state itself. Not enabled: watched as under LD_PRELOAD.
+        allocator = _enable_allocator(torch)
     lib = _shim()
     if lib is None:
         return

@@ -12,6 +12,9 @@
 //! - `oomshim_torch_memory_stats(device, buf, cap)`, `oomshim_torch_free_blocks(device, buf,
 //!   cap)`, `oomshim_torch_reset_peak(device)`, `oomshim_torch_reset_accumulated(device)`: what
 //!   the Python package reads (torch's own `memory_stats` raises under a pluggable allocator).
+//! - `oomshim_torch_segments(device, buf, cap)`: the free-block state plus every segment with its
+//!   blocks, from which the Python package answers `torch.cuda.memory_snapshot()` (torch's own
+//!   `snapshot` raises under a pluggable allocator).
 //!
 //! A request the allocator cannot serve (after emptying its cache and retrying, as torch does)
 //! writes its dump at once and raises a C++ exception naming it ([`super::cxx_throw`]): torch
@@ -44,6 +47,7 @@ pub const EXPORTED_NAMES: &[&str] = &[
     "oomshim_torch_init",
     "oomshim_torch_memory_stats",
     "oomshim_torch_free_blocks",
+    "oomshim_torch_segments",
     "oomshim_torch_reset_peak",
     "oomshim_torch_reset_accumulated",
     "oomshim_torch_exception_kind",
@@ -619,6 +623,24 @@ pub unsafe extern "C" fn oomshim_torch_free_blocks(
 ) -> usize {
     let text = contained(|| {
         free_blocks_for_dump(device)
+            .and_then(|f| serde_json::to_string(&f).ok())
+            .unwrap_or_else(|| "{}".into())
+    })
+    .unwrap_or_else(|| "{}".into());
+    copy_out(&text, buf, cap)
+}
+
+/// [`oomshim_torch_free_blocks`] plus `segment_map`: every segment of `device` with its blocks
+/// (address, size, requested size, torch's block state), as JSON. A scan of the device's
+/// segments: meant for snapshots, not for every step.
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_torch_segments(
+    device: c_int,
+    buf: *mut c_char,
+    cap: usize,
+) -> usize {
+    let text = contained(|| {
+        free_blocks_with_segment_map(device)
             .and_then(|f| serde_json::to_string(&f).ok())
             .unwrap_or_else(|| "{}".into())
     })
