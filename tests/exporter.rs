@@ -171,7 +171,7 @@ fn promtool_check(text: &str) {
         .stderr(Stdio::piped())
         .spawn()
     else {
-        eprintln!("SKIP promtool check: promtool is not on PATH (the strict parser above checked the format)");
+        common::skip("promtool");
         return;
     };
     child
@@ -198,7 +198,7 @@ fn prometheus_scrape(port: u16, pid: u32, tracked: u64) {
         .output()
         .is_err()
     {
-        eprintln!("SKIP real Prometheus scrape: prometheus is not on PATH (the HTTP GET above checked the endpoint)");
+        common::skip("prometheus");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -290,9 +290,12 @@ fn stopped_leak(live: &Path, job_id: &str) -> Stopped {
     let mut buf = [0u8; 6];
     child.stdout.take().unwrap().read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"ready\n");
-    std::thread::sleep(Duration::from_millis(400)); // a few publishes after step 40
+    // A few publishes after step 40 (one every 100 ms, a step every 20 ms): a summary of step 60.
+    common::wait_for_published_step(live, 60);
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
-    std::thread::sleep(Duration::from_millis(100)); // a publish in flight finishes or stops
+    // Stopped for certain before the region is read: a publish cut short by the stop leaves the
+    // slot torn, and readers take the one before it (both reads see the same summary).
+    common::wait_until_stopped(child.id());
     Stopped(child)
 }
 

@@ -405,9 +405,11 @@ fn static_runtime_internals_never_name_the_site() {
 
 #[test]
 fn a_program_that_aborts_after_its_failure_still_leaves_a_dump() {
-    // Default settle: no framework will say more, so a provisional dump is written at once (in
-    // the background: a program that logs for half a second before aborting keeps it).
-    let (dir, bare, _) = run(&["abort", "500"], "1G", &[("OOMSHIM_SETTLE", "10s")]);
+    // No framework will say more, so a provisional dump is written at once, in the background,
+    // not after the settle window: a program that logs for a while before aborting keeps it. The
+    // program aborts as soon as the dump is there, or after 5 s, half the 10 s window: no race
+    // with a loaded runner, and a dump held back for the window still fails the test.
+    let (dir, bare, _) = run(&["abort-dumped", "5000"], "1G", &[("OOMSHIM_SETTLE", "10s")]);
     assert_ne!(bare.status.code(), Some(0));
     let all = dumps(dir.path());
     assert_eq!(all.len(), 1);
