@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::shim_lib;
+use common::{cli, shim_lib};
 use oomshim_cli::testbed;
 use oomshim_core::flight::read::{list_regions, read_region};
 use oomshim_core::flight::{region_name, start_ticks_of};
@@ -15,11 +15,6 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-fn cli() -> Command {
-    shim_lib();
-    Command::new(env!("CARGO_BIN_EXE_oomshim"))
-}
 
 #[derive(Debug, Clone)]
 struct Sample {

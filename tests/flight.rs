@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::shim_lib;
+use common::cli;
 use dump::model::Dump;
 use oomshim_cli::testbed;
 use oomshim_core::flight::layout::RegionWriter;
@@ -15,11 +15,6 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn cli() -> Command {
-    shim_lib();
-    Command::new(env!("CARGO_BIN_EXE_oomshim"))
-}
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()

@@ -4,42 +4,13 @@
 
 mod common;
 
-use common::run_client;
+use common::{dump_files, dumps, run_client};
 use dump::model::Dump;
 use dump::read::read_dump;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 const MIB: u64 = 1 << 20;
-
-fn dump_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.extension().is_some_and(|x| x == "json")
-                && p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("oomshim-") && !n.starts_with("oomshim-torch-"))
-        })
-        .collect();
-    // In the order they were written (the sequence number ends the name).
-    files.sort_by_key(|p| {
-        p.file_stem()
-            .and_then(|s| s.to_str())
-            .and_then(|s| s.rsplit('-').next())
-            .and_then(|n| n.parse::<u32>().ok())
-            .unwrap_or(0)
-    });
-    files
-}
-
-fn dumps(dir: &Path) -> Vec<Dump> {
-    dump_files(dir)
-        .iter()
-        .map(|p| read_dump(p).expect("dump parses"))
-        .collect()
-}
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

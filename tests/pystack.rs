@@ -12,8 +12,8 @@
 
 mod common;
 
+use common::only_dump;
 use dump::model::{Dump, Frame, FrameKind, Holder, StackMerge};
-use dump::read::read_dump;
 use oomshim_cli::testbed;
 use oomshim_core::pystack::MAX_PY_FRAMES;
 use std::path::{Path, PathBuf};
@@ -114,24 +114,6 @@ fn run_python(py: &Python, script: &Path, args: &[&Path], env: &[(&str, &str)]) 
         cmd.env(k, v);
     }
     common::wait_with_watchdog(cmd, Duration::from_secs(120))
-}
-
-fn only_dump(dir: &Path) -> Dump {
-    let files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|it| {
-            it.filter_map(|e| e.ok())
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "json"))
-                .collect()
-        })
-        .unwrap_or_default();
-    assert_eq!(
-        files.len(),
-        1,
-        "expected one dump in {}: {files:?}",
-        dir.display()
-    );
-    read_dump(&files[0]).expect("dump parses")
 }
 
 /// The line of `script` holding `marker`.

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{shim_lib, wait_with_watchdog};
+use common::{cli, shim_lib, wait_with_watchdog};
 use dump::model::Dump;
 use dump::read::read_dump;
 use oomshim_cli::testbed;
@@ -447,12 +447,6 @@ fn a_shared_sticky_directory_gets_a_private_per_user_subdirectory() {
 
 // ---------------------------------------------------------------------------------------------
 // 5. hostile input to the CLI
-
-fn cli() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_oomshim"));
-    c.env_remove("LD_PRELOAD");
-    c
-}
 
 /// Every subcommand that reads one dump, given `bad`: exit 2 and one line on stderr naming it.
 fn every_reader_rejects(bad: &Path, good: &Path, scratch: &Path) {

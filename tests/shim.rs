@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{run_client, shim_lib};
+use common::{cli, only_dump, run_client, shim_lib};
 use dump::model::{Dump, Frame};
 use dump::read::read_dump;
 use oomshim_cli::testbed;
@@ -24,17 +24,6 @@ fn dumps_in(dir: &Path) -> Vec<PathBuf> {
         .unwrap_or_default();
     v.sort();
     v
-}
-
-fn only_dump(dir: &Path) -> Dump {
-    let files = dumps_in(dir);
-    assert_eq!(
-        files.len(),
-        1,
-        "expected exactly one dump in {}: {files:?}",
-        dir.display()
-    );
-    read_dump(&files[0]).expect("dump parses")
 }
 
 fn stdout(o: &Output) -> String {
@@ -341,12 +330,6 @@ fn no_cuda_in_the_process_means_no_messages_and_no_change() {
         "{}",
         String::from_utf8_lossy(&shim.stderr)
     );
-}
-
-/// The CLI, with liboomshim.so built next to it (where `run` and `demo` look for it).
-fn cli() -> Command {
-    shim_lib();
-    Command::new(env!("CARGO_BIN_EXE_oomshim"))
 }
 
 #[test]

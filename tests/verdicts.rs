@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{run_client, shim_lib, wait_with_watchdog};
+use common::{only_dump, run_client, shim_lib, wait_with_watchdog};
 use dump::model::Dump;
 use dump::read::read_dump;
 use std::path::{Path, PathBuf};
@@ -24,10 +24,6 @@ fn only_dump_file(dir: &Path) -> PathBuf {
         .collect();
     assert_eq!(files.len(), 1, "expected one dump: {files:?}");
     files[0].clone()
-}
-
-fn only_dump(dir: &Path) -> Dump {
-    read_dump(&only_dump_file(dir)).expect("dump parses")
 }
 
 fn stdout(o: &Output) -> String {

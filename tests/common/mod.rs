@@ -462,3 +462,63 @@ pub fn wait_until_stopped(pid: u32) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// The CLI under test, with `liboomshim.so` built first (for `run` and `demo`) and without an
+/// inherited `LD_PRELOAD` (a test sets one on the command when it means to).
+pub fn cli() -> Command {
+    shim_lib();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_oomshim"));
+    cmd.env_remove("LD_PRELOAD");
+    cmd
+}
+
+/// The shim's dumps in `dir` (`*.json`, not the Python hook's `oomshim-torch-*` side files), in
+/// the order they were written: by the sequence number that ends the name (`oomshim-HOST-PID-SEQ`),
+/// then by name. None when `dir` does not exist.
+pub fn dump_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.extension().is_some_and(|x| x == "json")
+                        && !p
+                            .file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with("oomshim-torch-"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort_by_key(|p| {
+        let seq = p
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.rsplit('-').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        (seq, p.clone())
+    });
+    files
+}
+
+/// Every dump in `dir`, parsed, in the order they were written ([`dump_files`]).
+pub fn dumps(dir: &std::path::Path) -> Vec<dump::model::Dump> {
+    dump_files(dir)
+        .iter()
+        .map(|p| {
+            dump::read::read_dump(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        })
+        .collect()
+}
+
+/// The one dump in `dir`, parsed; fails unless there is exactly one.
+pub fn only_dump(dir: &std::path::Path) -> dump::model::Dump {
+    let files = dump_files(dir);
+    assert_eq!(
+        files.len(),
+        1,
+        "expected exactly one dump in {}: {files:?}",
+        dir.display()
+    );
+    dump::read::read_dump(&files[0]).unwrap_or_else(|e| panic!("{}: {e}", files[0].display()))
+}
