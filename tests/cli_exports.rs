@@ -6,40 +6,32 @@ mod common;
 
 use std::process::Command;
 
-fn defined_dynamic_symbols(path: &std::path::Path) -> Option<Vec<String>> {
-    let out = match Command::new("nm")
+fn defined_dynamic_symbols(path: &std::path::Path) -> Vec<String> {
+    let out = Command::new("nm")
         .args(["-D", "--defined-only"])
         .arg(path)
         .output()
-    {
-        Ok(out) => out,
-        Err(e) => {
-            eprintln!("SKIPPED: nm is not available ({e}); cannot read the dynamic symbols");
-            return None;
-        }
-    };
+        .expect("run nm");
     assert!(
         out.status.success(),
         "nm {}: {}",
         path.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    Some(
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_whitespace().last().map(str::to_string))
-            .collect(),
-    )
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().last().map(str::to_string))
+        .collect()
 }
 
 #[test]
 fn the_cli_exports_none_of_the_hooked_functions() {
     // What the shim interposes: every name its library exports (the hooks, by
     // tests/shim.rs's exact list), and the library's own tables of them.
-    let Some(shim) = defined_dynamic_symbols(&common::shim_lib()) else {
+    if !common::require("nm") {
         return;
-    };
-    let mut hooked: Vec<String> = shim;
+    }
+    let mut hooked: Vec<String> = defined_dynamic_symbols(&common::shim_lib());
     hooked.extend(
         oomshim::ffi::PROGRAM_API_EXPORTS
             .iter()
@@ -63,9 +55,7 @@ fn the_cli_exports_none_of_the_hooked_functions() {
     assert!(hooked.iter().any(|n| n == "dlsym") && hooked.iter().any(|n| n == "cudaMalloc"));
 
     let cli = std::path::Path::new(env!("CARGO_BIN_EXE_oomshim"));
-    let Some(exported) = defined_dynamic_symbols(cli) else {
-        return;
-    };
+    let exported = defined_dynamic_symbols(cli);
     let leaked: Vec<&String> = exported.iter().filter(|n| hooked.contains(n)).collect();
     assert!(
         leaked.is_empty(),

@@ -6,10 +6,10 @@
 
 mod common;
 
+use common::dumps;
 use dump::model::{Dump, Frame};
-use dump::read::read_dump;
 use oomshim_cli::testbed;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -72,24 +72,6 @@ fn both(name: &str, args: &[&str], env: &[(&str, &str)]) -> (Output, Vec<Dump>) 
         "{name} {args:?}: bare run wrote to stderr"
     );
     (shim, dumps(dir.path()))
-}
-
-fn dumps(dir: &Path) -> Vec<Dump> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|it| it.filter_map(|e| e.ok()).map(|e| e.path()).collect())
-        .unwrap_or_default();
-    // oomshim-HOST-PID-SEQ.json: one process per directory, so sort by SEQ.
-    files.sort_by_key(|p| {
-        p.file_stem()
-            .and_then(|s| s.to_str())
-            .and_then(|s| s.rsplit('-').next())
-            .and_then(|n| n.parse::<u32>().ok())
-            .unwrap_or(0)
-    });
-    files
-        .iter()
-        .map(|f| read_dump(f).expect("dump parses"))
-        .collect()
 }
 
 fn dump<'a>(dumps: &'a [Dump], reason: &str) -> &'a Dump {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::shim_lib;
+use common::{cli, shim_lib};
 use oomshim_cli::testbed;
 use oomshim_core::flight::read::{list_regions, read_region};
 use oomshim_core::flight::{region_name, start_ticks_of};
@@ -15,11 +15,6 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-fn cli() -> Command {
-    shim_lib();
-    Command::new(env!("CARGO_BIN_EXE_oomshim"))
-}
 
 #[derive(Debug, Clone)]
 struct Sample {
@@ -171,7 +166,7 @@ fn promtool_check(text: &str) {
         .stderr(Stdio::piped())
         .spawn()
     else {
-        eprintln!("SKIP promtool check: promtool is not on PATH (the strict parser above checked the format)");
+        common::skip("promtool");
         return;
     };
     child
@@ -198,7 +193,7 @@ fn prometheus_scrape(port: u16, pid: u32, tracked: u64) {
         .output()
         .is_err()
     {
-        eprintln!("SKIP real Prometheus scrape: prometheus is not on PATH (the HTTP GET above checked the endpoint)");
+        common::skip("prometheus");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -290,9 +285,12 @@ fn stopped_leak(live: &Path, job_id: &str) -> Stopped {
     let mut buf = [0u8; 6];
     child.stdout.take().unwrap().read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"ready\n");
-    std::thread::sleep(Duration::from_millis(400)); // a few publishes after step 40
+    // A few publishes after step 40 (one every 100 ms, a step every 20 ms): a summary of step 60.
+    common::wait_for_published_step(live, 60);
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
-    std::thread::sleep(Duration::from_millis(100)); // a publish in flight finishes or stops
+    // Stopped for certain before the region is read: a publish cut short by the stop leaves the
+    // slot torn, and readers take the one before it (both reads see the same summary).
+    common::wait_until_stopped(child.id());
     Stopped(child)
 }
 

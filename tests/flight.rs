@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::shim_lib;
+use common::cli;
 use dump::model::Dump;
 use oomshim_cli::testbed;
 use oomshim_core::flight::layout::RegionWriter;
@@ -15,11 +15,6 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn cli() -> Command {
-    shim_lib();
-    Command::new(env!("CARGO_BIN_EXE_oomshim"))
-}
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -58,7 +53,8 @@ fn start_leak(args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut buf = [0u8; 6];
     out.read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"ready\n");
-    std::thread::sleep(Duration::from_millis(400)); // a few publishes after step 40
+    // A few publishes after step 40 (one every 100 ms, a step every 20 ms): a summary of step 60.
+    common::wait_for_published_step(&live, 60);
     Run {
         child,
         live,
@@ -229,8 +225,8 @@ fn a_host_memory_kill_in_a_memory_limited_cgroup() {
             .is_ok_and(|c| c.split_whitespace().any(|w| w == "memory"))
         && fs::create_dir(&cg).is_ok();
     if !usable {
-        eprintln!(
-            "SKIPPED a_host_memory_kill_in_a_memory_limited_cgroup: no writable cgroup v2 with the memory controller here (the recorded memory.events test covers the verdict)"
+        common::skip_unless_machine_allows(
+            "a writable cgroup v2 with the memory controller (the recorded memory.events test covers the verdict)",
         );
         return;
     }

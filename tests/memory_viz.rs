@@ -37,7 +37,7 @@ fn viewer_check(pickle: &Path) -> Option<serde_json::Value> {
     let out = match Command::new("python3").arg(checker).arg(pickle).output() {
         Ok(o) => o,
         Err(_) => {
-            eprintln!("SKIPPED: python3 not found");
+            common::skip("python3");
             return None;
         }
     };

@@ -4,42 +4,13 @@
 
 mod common;
 
-use common::run_client;
+use common::{dump_files, dumps, run_client};
 use dump::model::Dump;
 use dump::read::read_dump;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 const MIB: u64 = 1 << 20;
-
-fn dump_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.extension().is_some_and(|x| x == "json")
-                && p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("oomshim-") && !n.starts_with("oomshim-torch-"))
-        })
-        .collect();
-    // In the order they were written (the sequence number ends the name).
-    files.sort_by_key(|p| {
-        p.file_stem()
-            .and_then(|s| s.to_str())
-            .and_then(|s| s.rsplit('-').next())
-            .and_then(|n| n.parse::<u32>().ok())
-            .unwrap_or(0)
-    });
-    files
-}
-
-fn dumps(dir: &Path) -> Vec<Dump> {
-    dump_files(dir)
-        .iter()
-        .map(|p| read_dump(p).expect("dump parses"))
-        .collect()
-}
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
@@ -405,9 +376,11 @@ fn static_runtime_internals_never_name_the_site() {
 
 #[test]
 fn a_program_that_aborts_after_its_failure_still_leaves_a_dump() {
-    // Default settle: no framework will say more, so a provisional dump is written at once (in
-    // the background: a program that logs for half a second before aborting keeps it).
-    let (dir, bare, _) = run(&["abort", "500"], "1G", &[("OOMSHIM_SETTLE", "10s")]);
+    // No framework will say more, so a provisional dump is written at once, in the background,
+    // not after the settle window: a program that logs for a while before aborting keeps it. The
+    // program aborts as soon as the dump is there, or after 5 s, half the 10 s window: no race
+    // with a loaded runner, and a dump held back for the window still fails the test.
+    let (dir, bare, _) = run(&["abort-dumped", "5000"], "1G", &[("OOMSHIM_SETTLE", "10s")]);
     assert_ne!(bare.status.code(), Some(0));
     let all = dumps(dir.path());
     assert_eq!(all.len(), 1);

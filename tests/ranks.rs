@@ -5,11 +5,11 @@
 
 mod common;
 
-use common::{run_client, shim_lib};
+use common::{cli, run_client, shim_lib};
 use dump::model::Dump;
 use dump::read::read_dump;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn dumps_in(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -18,10 +18,6 @@ fn dumps_in(dir: &Path) -> Vec<PathBuf> {
     v.retain(|p| p.extension().is_some_and(|x| x == "json"));
     v.sort();
     v
-}
-
-fn cli() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_oomshim"))
 }
 
 /// Runs `world` ranks of rank_worker at once, rank `r` with `env_of(r)`, and returns their

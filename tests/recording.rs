@@ -4,24 +4,11 @@
 
 mod common;
 
-use common::run_client;
+use common::{only_dump, run_client};
 use dump::model::Dump;
-use dump::read::read_dump;
-use std::path::Path;
 use std::process::Output;
 
 const MIB: u64 = 1 << 20;
-
-fn only_dump(dir: &Path) -> Dump {
-    let files: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    assert_eq!(files.len(), 1, "{files:?}");
-    read_dump(&files[0]).expect("dump parses")
-}
 
 fn lines_after(o: &Output, key: &str) -> Vec<i64> {
     String::from_utf8_lossy(&o.stdout)

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{shim_lib, wait_with_watchdog};
+use common::{cli, shim_lib, wait_with_watchdog};
 use dump::model::Dump;
 use dump::read::read_dump;
 use oomshim_cli::testbed;
@@ -307,7 +307,7 @@ fn a_full_disk_by_rlimit_fsize_leaves_no_partial_dump_and_one_message() {
 #[test]
 fn a_full_tmpfs_leaves_no_partial_dump_and_one_message() {
     if uid() != 0 {
-        eprintln!("skipped: mounting a tmpfs needs root");
+        common::skip("root (to mount a tmpfs)");
         return;
     }
     let mnt = tempfile::tempdir().unwrap();
@@ -317,7 +317,7 @@ fn a_full_tmpfs_leaves_no_partial_dump_and_one_message() {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("skipped: cannot mount a tmpfs here");
+        common::skip_unless_machine_allows("permission to mount a tmpfs (CAP_SYS_ADMIN)");
         return;
     }
     struct Unmount<'a>(&'a str);
@@ -344,7 +344,7 @@ fn a_full_tmpfs_leaves_no_partial_dump_and_one_message() {
 #[test]
 fn a_symlink_planted_at_the_dump_directory_by_another_user_is_not_followed() {
     if uid() != 0 {
-        eprintln!("skipped: planting another user's symlink needs root");
+        common::skip("root (to plant another user's symlink)");
         return;
     }
     let base = tempfile::tempdir().unwrap();
@@ -447,12 +447,6 @@ fn a_shared_sticky_directory_gets_a_private_per_user_subdirectory() {
 
 // ---------------------------------------------------------------------------------------------
 // 5. hostile input to the CLI
-
-fn cli() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_oomshim"));
-    c.env_remove("LD_PRELOAD");
-    c
-}
 
 /// Every subcommand that reads one dump, given `bad`: exit 2 and one line on stderr naming it.
 fn every_reader_rejects(bad: &Path, good: &Path, scratch: &Path) {

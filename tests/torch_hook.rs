@@ -74,7 +74,7 @@ fn env() -> Option<Env> {
         .output()
         .is_err()
     {
-        eprintln!("SKIPPED: python3 not found");
+        common::skip(&format!("{}", common::python_side().python.display()));
         return None;
     }
     let tmp = tempfile::tempdir().unwrap();

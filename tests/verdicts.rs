@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{run_client, shim_lib, wait_with_watchdog};
+use common::{only_dump, run_client, shim_lib, wait_with_watchdog};
 use dump::model::Dump;
 use dump::read::read_dump;
 use std::path::{Path, PathBuf};
@@ -24,10 +24,6 @@ fn only_dump_file(dir: &Path) -> PathBuf {
         .collect();
     assert_eq!(files.len(), 1, "expected one dump: {files:?}");
     files[0].clone()
-}
-
-fn only_dump(dir: &Path) -> Dump {
-    read_dump(&only_dump_file(dir)).expect("dump parses")
 }
 
 fn stdout(o: &Output) -> String {
@@ -64,6 +60,19 @@ fn summary_lines(err: &str) -> (String, String) {
         "two lines only:\n{err}"
     );
     (lines[0].to_string(), lines[1].to_string())
+}
+
+/// Line 1 of the stderr summary is the failed request and the dump's top finding, in the
+/// verdict's own words (their wording is tested on the dump, not on stderr).
+fn assert_line1_is_top_finding(line1: &str, failed: &str, dump: &Dump) {
+    let top = &dump.verdict.findings[0];
+    assert_eq!(
+        line1,
+        format!(
+            "oomshim: CUDA out of memory on device 0 ({failed}): {}: {}",
+            top.kind, top.headline
+        )
+    );
 }
 
 /// `oomshim report --json` of `dump` (written to a file first).
@@ -166,14 +175,22 @@ fn a_leak_with_step_marks_is_named_with_bytes_per_step_and_projected_step() {
     // One finding: the leak, with the bytes the process grew over its samples (marks 1 to 19).
     assert_eq!(kinds(&dump), ["leak"]);
     assert_eq!(v.findings[0].bytes, 18 * 96 * MIB);
+    // The terminal's first line is the dump's top finding (its wording is the verdict's, tested
+    // above and beside the rules), for the request that failed.
+    let f = &v.findings[0];
     let (line1, _) = summary_lines(&stderr(&shim));
+    assert_eq!(
+        line1,
+        format!(
+            "oomshim: CUDA out of memory on device 0 (cudaMalloc of 96.00 MiB failed): {}: {}",
+            f.kind, f.headline
+        )
+    );
     assert!(
-        line1.starts_with(
-            "oomshim: CUDA out of memory on device 0 (cudaMalloc of 96.00 MiB failed): leak: keep_activations (steps_leak.c:"
-        ) && line1.ends_with(
-            "grows by 96.00 MiB every step (over the last 19 marked steps; 1.69 GiB so far, 100.0% of the growth); free memory runs out at step 20"
-        ),
-        "{line1}"
+        f.headline.starts_with("keep_activations (steps_leak.c:")
+            && f.headline.ends_with("free memory runs out at step 20"),
+        "{}",
+        f.headline
     );
 }
 
@@ -255,12 +272,7 @@ fn steps_are_detected_without_marks_and_the_leak_is_named() {
         .any(|s| s.starts_with("Free what keep_activations (")));
     assert!(!f.suggestions.iter().any(|s| s.contains("loss.item()")));
     let (line1, line2) = summary_lines(&stderr(&shim));
-    assert!(
-        line1.starts_with(
-            "oomshim: CUDA out of memory on device 0 (cudaMalloc of 32.00 MiB failed): leak: keep_activations ("
-        ),
-        "{line1}"
-    );
+    assert_line1_is_top_finding(&line1, "cudaMalloc of 32.00 MiB failed", &dump);
     assert!(line2.contains(dir.path().to_str().unwrap()), "{line2}");
 }
 
@@ -281,14 +293,23 @@ fn the_same_leak_without_step_marks_is_own_allocations() {
     assert_eq!(kinds(&dump), ["own_allocations"]);
     let tracked = dump.devices[0].tracked_bytes;
     assert_eq!(dump.verdict.findings[0].bytes, tracked);
-    let (line1, _) = summary_lines(&stderr(&out));
+    let f = &dump.verdict.findings[0];
     assert!(
-        line1.contains(&format!(
-            "own_allocations: this process's own allocations fill device 0: {} of the",
+        f.headline.starts_with(&format!(
+            "this process's own allocations fill device 0: {} of the",
             oomshim_cli::report::units::human_bytes(tracked)
-        )) && line1.contains("at leaky_cache_grow (leak_until_oom.c:"),
-        "{line1}"
+        )) && f.headline.contains("at leaky_cache_grow (leak_until_oom.c:"),
+        "{}",
+        f.headline
     );
+    let (line1, _) = summary_lines(&stderr(&out));
+    let req = dump.failed_request.as_ref().unwrap();
+    let failed = format!(
+        "{} of {} failed",
+        req.api,
+        oomshim_cli::report::units::human_bytes(req.bytes)
+    );
+    assert_line1_is_top_finding(&line1, &failed, &dump);
 }
 
 #[test]
@@ -358,10 +379,7 @@ fn another_process_holding_memory_is_the_top_finding() {
     );
     let (line1, _) = summary_lines(&stderr(&shim));
     assert!(
-        line1.ends_with(&format!(
-            "other_processes: other processes hold 5.00 GiB on device 0; the largest is process {} (sleep, yours) with 5.00 GiB",
-            other.id()
-        )),
+        line1.ends_with(&format!("): other_processes: {}", top.headline)),
         "{line1}"
     );
     // The report lists both, top first, with their bytes.
@@ -539,12 +557,12 @@ fn a_request_larger_than_the_device_is_named() {
         .contains("3.00 GiB was asked of device 0, which has 1.00 GiB in total"));
     assert_eq!(kinds(&dump), ["request_exceeds_device"]);
     assert_eq!(dump.verdict.findings[0].bytes, 3 << 30);
-    let (line1, _) = summary_lines(&stderr(&out));
     assert_eq!(
-        line1,
-        "oomshim: CUDA out of memory on device 0 (cudaMalloc of 3.00 GiB failed): request_exceeds_device: \
-         a single request of 3.00 GiB at main (steps_leak.c:46) is larger than device 0 (1.00 GiB in total)"
+        dump.verdict.findings[0].headline,
+        "a single request of 3.00 GiB at main (steps_leak.c:46) is larger than device 0 (1.00 GiB in total)"
     );
+    let (line1, _) = summary_lines(&stderr(&out));
+    assert_line1_is_top_finding(&line1, "cudaMalloc of 3.00 GiB failed", &dump);
 }
 
 #[test]
@@ -613,7 +631,7 @@ fn the_config_snapshot_keeps_allowlisted_variables_only() {
 #[test]
 fn python_step_marks_reach_the_shim() {
     let Ok(python) = which_python() else {
-        eprintln!("no python3: skipped");
+        common::skip("python3");
         return;
     };
     let pkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("shim/python");

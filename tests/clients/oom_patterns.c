@@ -32,9 +32,13 @@
  *                   tensor; nothing accumulates. Not a leak.
  *   abort MS        fills the device, then aborts MS milliseconds after the first failure
  *                   (CUDA_CHECK style, after logging).
+ *   abort-dumped MS as `abort`, but aborts as soon as a finished dump (`*.json`) is in
+ *                   $OOMSHIM_DIR, or after MS milliseconds without one (a program that logs
+ *                   for as long as the dump takes, however loaded the machine).
  */
 #include "cuda_sim.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -357,13 +361,32 @@ NAMED static int growing_inputs(void) {
 
 /* ---------------- abort ---------------- */
 
-NAMED static int fill_then_abort(long ms) {
+/* Whether `dir` holds a finished dump (written under a temporary name, then renamed). */
+static int has_dump(const char *dir) {
+    DIR *d = dir ? opendir(dir) : NULL;
+    if (!d) return 0;
+    int found = 0;
+    struct dirent *e;
+    while (!found && (e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name);
+        found = n > 5 && strcmp(e->d_name + n - 5, ".json") == 0;
+    }
+    closedir(d);
+    return found;
+}
+
+NAMED static int fill_then_abort(long ms, int until_dumped) {
     int rc;
     while ((rc = try_alloc(256 * MiB)) == cudaSuccess) {
     }
     printf("failed with %d\n", rc);
     fflush(stdout);
-    sleep_ms(ms);
+    if (until_dumped) {
+        const char *dir = getenv("OOMSHIM_DIR");
+        for (long waited = 0; waited < ms && !has_dump(dir); waited += 10) sleep_ms(10);
+    } else {
+        sleep_ms(ms);
+    }
     abort();
 }
 
@@ -379,7 +402,8 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "late")) return late_leak(atoi(arg));
     if (!strcmp(mode, "static")) return grow_static_buffers();
     if (!strcmp(mode, "grow")) return growing_inputs();
-    if (!strcmp(mode, "abort")) return fill_then_abort(atol(arg));
-    fprintf(stderr, "usage: oom_patterns cache recover|raise | two | spread | nofree 0|1 | layers | load | late N | static | abort\n");
+    if (!strcmp(mode, "abort")) return fill_then_abort(atol(arg), 0);
+    if (!strcmp(mode, "abort-dumped")) return fill_then_abort(atol(arg), 1);
+    fprintf(stderr, "usage: oom_patterns cache recover|raise | two | spread | nofree 0|1 | layers | load | late N | static | abort MS | abort-dumped MS\n");
     return 2;
 }

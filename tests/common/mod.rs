@@ -7,6 +7,84 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// The one policy for a test that needs what a machine may lack (a tool on `PATH`, root, a kernel
+/// feature): call [`skip`] (or [`require`]) and return.
+///
+/// - On a developer machine the test stops there and says so with a line
+///   `SKIPPED: <test> needs <what>`, written to the process's stderr handle directly: `cargo test`
+///   captures only `print!`/`eprint!`, so this line shows in the run's output without
+///   `--nocapture`. libtest has no way to mark a test ignored once it runs, so it still counts as
+///   passed; the line is the visible part.
+/// - With `CI` set (`.ci/run` sets it and installs every tool the tests use) a missing tool is a
+///   broken install: the test fails. Only what `.ci/run` itself could not install and said so
+///   (`OOMSHIM_TEST_MAY_LACK`, comma-separated names) is skipped there too.
+///
+/// [`skip_unless_machine_allows`] is the other kind: what no install step can provide (a writable
+/// cgroup, permission to mount). Those skip visibly everywhere, CI included.
+pub fn skip(what: &str) {
+    let test = current_test();
+    let allowed = std::env::var("OOMSHIM_TEST_MAY_LACK")
+        .is_ok_and(|list| list.split(',').any(|n| !n.is_empty() && n.trim() == what));
+    if in_ci() && !allowed {
+        panic!(
+            "{test} needs {what}, which is missing; CI must have it (.ci/run installs every tool \
+             the tests use; OOMSHIM_TEST_MAY_LACK names the ones it could not)"
+        );
+    }
+    say_skipped(&test, what);
+}
+
+/// A skip that no install step can prevent (a machine's privileges or kernel): visible, and
+/// allowed under `CI` too. See [`skip`].
+pub fn skip_unless_machine_allows(what: &str) {
+    say_skipped(&current_test(), what);
+}
+
+/// True when `tool` can be run from `PATH` (or is an executable path); otherwise [`skip`]s with
+/// its name and returns false, so a test reads `if !common::require("nm") { return; }`.
+pub fn require(tool: &str) -> bool {
+    if on_path(tool) {
+        true
+    } else {
+        skip(tool);
+        false
+    }
+}
+
+/// Whether `tool` is an executable file on `PATH` (or, with a `/`, at that path).
+pub fn on_path(tool: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if tool.contains('/') {
+        return executable(std::path::Path::new(tool));
+    }
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| executable(&dir.join(tool)))
+    })
+}
+
+/// Whether the tests run under CI (`CI` set to anything but empty, `0` or `false`).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+/// libtest names each test's thread after the test.
+fn current_test() -> String {
+    std::thread::current()
+        .name()
+        .filter(|n| *n != "main")
+        .unwrap_or("a test")
+        .to_string()
+}
+
+fn say_skipped(test: &str, what: &str) {
+    use std::io::Write;
+    // The handle, not eprintln!: libtest's capture would hide the line of a passing test.
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED: {test} needs {what}");
+}
+
 /// `liboomshim.so` of the profile under test, built (or brought up to date) first: `cargo test`
 /// compiles the library only as an rlib for the tests, never the cdylib users preload, so a
 /// stale or missing .so would otherwise be tested.
@@ -155,7 +233,7 @@ double simcall_pairs_ns(long n, size_t bytes) {
 }
 "#;
 
-/// Builds libsimcall.so into `dir`; None (with the reason printed) without a C compiler.
+/// Builds libsimcall.so into `dir`; None without a C compiler (after [`skip`]).
 pub fn build_simcall(dir: &std::path::Path) -> Option<PathBuf> {
     let src = dir.join("simcall.c");
     std::fs::write(&src, SIMCALL_C).unwrap();
@@ -188,7 +266,7 @@ pub fn build_simcall(dir: &std::path::Path) -> Option<PathBuf> {
             String::from_utf8_lossy(&o.stderr)
         ),
         Err(e) => {
-            eprintln!("skipped: no C compiler ({cc}: {e})");
+            skip(&format!("a C compiler ({cc}: {e})"));
             None
         }
     }
@@ -339,4 +417,108 @@ impl PythonSide {
             .collect();
         std::env::join_paths(dirs).expect("PYTHONPATH")
     }
+}
+
+/// Waits until a region in `live` has published a summary of marked step `step` or later (up to
+/// 60 s, then fails): what a test reads afterwards holds the program's state at that step, on a
+/// loaded runner as on an idle one, where a fixed sleep would only usually be long enough.
+pub fn wait_for_published_step(live: &std::path::Path, step: u64) {
+    use oomshim_core::flight::read::{list_regions, read_region};
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = list_regions(live)
+            .iter()
+            .filter_map(|r| read_region(&r.path).ok())
+            .filter_map(|s| s.summary.dump.growth.filter(|g| g.unit == "step"))
+            .map(|g| g.current)
+            .max();
+        if seen.is_some_and(|s| s >= step) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no summary of step {step} published in {} within 60 s (newest: {seen:?})",
+            live.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until process `pid` is stopped (state `T` in /proc/PID/stat) after a SIGSTOP, which
+/// the kernel delivers asynchronously (up to 60 s, then fails).
+pub fn wait_until_stopped(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The state follows the command name's closing parenthesis.
+        let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+        if state == Some("T") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} not stopped within 60 s (state {state:?})"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The CLI under test, with `liboomshim.so` built first (for `run` and `demo`) and without an
+/// inherited `LD_PRELOAD` (a test sets one on the command when it means to).
+pub fn cli() -> Command {
+    shim_lib();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_oomshim"));
+    cmd.env_remove("LD_PRELOAD");
+    cmd
+}
+
+/// The shim's dumps in `dir` (`*.json`, not the Python hook's `oomshim-torch-*` side files), in
+/// the order they were written: by the sequence number that ends the name (`oomshim-HOST-PID-SEQ`),
+/// then by name. None when `dir` does not exist.
+pub fn dump_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.extension().is_some_and(|x| x == "json")
+                        && !p
+                            .file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with("oomshim-torch-"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort_by_key(|p| {
+        let seq = p
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.rsplit('-').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        (seq, p.clone())
+    });
+    files
+}
+
+/// Every dump in `dir`, parsed, in the order they were written ([`dump_files`]).
+pub fn dumps(dir: &std::path::Path) -> Vec<dump::model::Dump> {
+    dump_files(dir)
+        .iter()
+        .map(|p| {
+            dump::read::read_dump(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        })
+        .collect()
+}
+
+/// The one dump in `dir`, parsed; fails unless there is exactly one.
+pub fn only_dump(dir: &std::path::Path) -> dump::model::Dump {
+    let files = dump_files(dir);
+    assert_eq!(
+        files.len(),
+        1,
+        "expected exactly one dump in {}: {files:?}",
+        dir.display()
+    );
+    dump::read::read_dump(&files[0]).unwrap_or_else(|e| panic!("{}: {e}", files[0].display()))
 }

@@ -46,11 +46,44 @@ def _run(cmd, env=None, timeout=300, cwd=None):
         return subprocess.CompletedProcess(cmd, 124, "", f"timed out after {timeout} s")
 
 
+def version_key(path):
+    """The wheel's version (`oomshim-VERSION-...whl`) as a sortable tuple: release numbers
+    compared as numbers (0.10.0 after 0.9.0), a pre-release or local part before the plain
+    release of the same numbers."""
+    parts = os.path.basename(path).split("-")
+    version = parts[1] if len(parts) > 1 else ""
+    release, _, rest = version.partition("+")
+    nums = []
+    tail = ""
+    for piece in release.split("."):
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            tail = piece
+            break
+        nums.append(int(digits))
+        if digits != piece:
+            tail = piece[len(digits):]
+            break
+    return (tuple(nums), 0 if tail else 1, tail, rest)
+
+
+def newest_wheel(paths):
+    """The wheel built last (modification time), the higher version where two share a time:
+    never the lexicographic last, which ranks 0.9.0 above 0.10.0 and ignores which is fresh."""
+    return max(paths, key=lambda p: (os.path.getmtime(p), version_key(p))) if paths else None
+
+
 def main(root, lib, cli, out_dir):
-    wheels = sorted(glob.glob(os.path.join(root, "target", "wheels", "oomshim-*.whl")))
+    wheels = glob.glob(os.path.join(root, "target", "wheels", "oomshim-*.whl"))
     if not wheels:
         return [("wheel: carried", False, "no target/wheels/oomshim-*.whl (run scripts/build-wheel and carry it)")]
-    wheel = wheels[-1]
+    wheel = newest_wheel(wheels)
+    if len(wheels) > 1:
+        print(f"wheel: {os.path.basename(wheel)} (newest of {sorted(map(os.path.basename, wheels))})", flush=True)
     rows = []
     venv = os.path.join(out_dir, "wheel-venv")
     p = _run([sys.executable, "-m", "venv", "--system-site-packages", "--clear", venv], timeout=120)

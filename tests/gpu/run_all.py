@@ -15,12 +15,28 @@ LIB = os.environ.get("OOMSHIM_GPU_LIB") or os.path.join(ROOT, "target/release/li
 CLI = os.environ.get("OOMSHIM_GPU_CLI") or os.path.join(ROOT, "target/release/oomshim")
 OUT = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="oomshim-gpu-")
 WORK = tempfile.mkdtemp(prefix="oomshim-gpu-work-")
-rows = []  # (check, result, detail)
+rows = []  # (check, result, detail, is_assertion)
 
 
 def row(check, ok, detail):
-    rows.append((check, "PASS" if ok else "FAIL", detail))
+    """An assertion: PASS or FAIL, and any FAIL fails the run."""
+    rows.append((check, "PASS" if ok else "FAIL", detail, True))
     print(f"[{'PASS' if ok else 'FAIL'}] {check}: {detail}", flush=True)
+
+
+def figure(check, value, goal, detail=""):
+    """A measured figure, printed against its goal: never a pass or a failure (a figure that
+    misses its goal is for a person to judge, not a flaky red row). A measurement that produced
+    no number is a failed assertion instead: call row(..., False, ...)."""
+    result = f"{value} vs goal {goal}"
+    rows.append((check, result, detail, False))
+    print(f"[FIGURE] {check}: {result}; {detail}", flush=True)
+
+
+def info(check, detail):
+    """A fact worth printing beside the checks; neither a pass nor a failure."""
+    rows.append((check, "INFO", detail, False))
+    print(f"[INFO] {check}: {detail}", flush=True)
 
 
 def run(cmd, env=None, timeout=300):
@@ -255,7 +271,7 @@ def check_driver_paths():
     os.environ.setdefault("OOMSHIM_GPU_ONLY", "nvcc-static,torch-expandable,cupy-pool,jax-platform")
     ctx = {"ROOT": ROOT, "LIB": LIB, "CLI": CLI, "OUT": OUT, "WORK": WORK, "run": run}
     for check, ok, detail in check_driver.checks(ctx):  # check_driver prints its own rows
-        rows.append((check, "PASS" if ok else "FAIL", detail))
+        rows.append((check, "PASS" if ok else "FAIL", detail, True))
 
 
 def check_backward_oom():
@@ -323,9 +339,16 @@ def check_python_stacks():
                 got.setdefault(label, []).append(json.loads(p.stdout.strip().splitlines()[-1])["us_per_iter"])
             except Exception:
                 got.setdefault(label, [])
+    # The number to beat (design brief, section 6): torch's own recorder with Python stacks.
+    hist = got.get("torch _record_memory_history(stacks='python')") or []
     for label, _, _ in variants:
         v = got.get(label) or []
-        row(f"cost per torch.empty+del: {label}", bool(v), f"{min(v):.2f} us/iter" if v else "no result")
+        if not v:
+            row(f"cost per torch.empty+del: {label}", False, "no result")
+            continue
+        goal = (f"< {min(hist):.2f} us/iter (torch _record_memory_history(stacks='python'), this run)"
+                if label.startswith("shim") and hist else "none (reference)")
+        figure(f"cost per torch.empty+del: {label}", f"{min(v):.2f} us/iter", goal)
     # (d) time to write a dump of 100,000 live tensors.
     p = run([sys.executable, os.path.join(ROOT, "tests/gpu/torch_dumptime.py"), "oomshim"],
             env=dict(nocache, LD_PRELOAD=LIB, OOMSHIM_DIR=os.path.join(OUT, "dumptime")), timeout=300)
@@ -335,8 +358,9 @@ def check_python_stacks():
         b = json.loads(q.stdout.strip().splitlines()[-1]) if q.returncode == 0 else None
         torch_text = (f"torch {b['seconds']:.2f} s ({b['bytes'] / 2**20:.0f} MiB)" if b else
                       "torch did not finish within 150 s")
-        row("dump of 100,000 live tensors: oomshim_dump vs torch _dump_snapshot (C++ stacks)", a["rc"] == 0,
-            f"oomshim {a['seconds']:.2f} s, {torch_text}")
+        row("dump of 100,000 live tensors: oomshim_dump wrote its dump", a["rc"] == 0, f"rc {a['rc']}")
+        figure("dump of 100,000 live tensors: oomshim_dump vs torch _dump_snapshot (C++ stacks)",
+               f"oomshim {a['seconds']:.2f} s", f"faster than torch ({torch_text})")
     except Exception:
         row("dump of 100,000 live tensors", False, (p.stderr + q.stderr)[-400:])
 
@@ -350,11 +374,31 @@ def check_torchrun():
              os.path.join(ROOT, "tests/gpu/torchrun_leak.py")], env={"OOMSHIM_AT_EXIT": "1"}, timeout=300)
     m = run([CLI, "merge", d])
     text = m.stdout
+    mj = run([CLI, "merge", d, "--json"])
     with open(os.path.join(OUT, "torchrun-merge.txt"), "w") as f:
-        f.write(text + m.stderr + "\n--- job stderr ---\n" + p.stderr[-3000:])
-    ok = m.returncode == 0 and "rank 1" in text and "ran out of memory" in text
+        f.write(text + m.stderr + "\n--- merge --json ---\n" + mj.stdout + mj.stderr
+                + "\n--- job stderr ---\n" + p.stderr[-3000:])
+    ok, why = merge_names_leaking_rank(mj.stdout, leaking=1)
+    ok = ok and m.returncode == 0 and mj.returncode == 0
     line = next((l.strip() for l in text.splitlines() if "ran out of memory" in l), text[-300:])
-    row("torchrun 2 ranks on one GPU: oomshim merge names the leaking rank", ok, f"job exit {p.returncode}; {line[:220]}")
+    row("torchrun 2 ranks on one GPU: oomshim merge names the leaking rank", ok,
+        f"job exit {p.returncode}; {why}; {line[:200]}")
+
+
+def merge_names_leaking_rank(merge_json_text, leaking):
+    """(ok, why) for `oomshim merge --json`: the first failure is rank `leaking`, with no other
+    rank as uncertain, and only that rank's dumps are out-of-memory dumps."""
+    try:
+        m = json.loads(merge_json_text)
+    except ValueError as e:
+        return False, f"merge --json is not JSON: {e}"
+    first = m.get("first_failure") or {}
+    first_rank = (first.get("process") or {}).get("rank")
+    uncertain = [u.get("rank") for u in first.get("uncertain_with") or []]
+    oom_ranks = sorted({r.get("rank") for r in m.get("rows", []) if r.get("reason") == "oom"},
+                       key=lambda r: (r is None, r))
+    ok = first_rank == leaking and not uncertain and oom_ranks == [leaking]
+    return ok, f"first failure rank {first_rank}, uncertain with {uncertain}, OOM dumps of ranks {oom_ranks}"
 
 
 def check_ranks():
@@ -388,14 +432,20 @@ def check_ranks():
     job_ok = all(q.get("job_id") == "oomshim-issue18" for q in procs)
     ooms = [x for x in dumps if x["reason"] == "oom" and x["process"].get("rank") == 1]
     uuid = next((dv.get("uuid") for x in ooms for dv in x["devices"] if dv.get("uuid")), None)
-    first_ok = "first to run out of memory: rank 1" in text and "imbalance: rank 1" in text and "room on the others" in text
+    mj = run(["timeout", "60", CLI, "merge", d, "--json"], timeout=70)
+    first_json_ok, first_why = merge_names_leaking_rank(mj.stdout, leaking=1)
+    try:
+        imbalanced = [x.get("rank") for x in json.loads(mj.stdout).get("imbalanced", [])]
+    except ValueError:
+        imbalanced = None
+    first_ok = first_json_ok and imbalanced == [1] and "room on the others" in text
     libs = {l["library"]: l["bytes"] for x in dumps for l in (x.get("library_memory") or {}).get("libraries", [])}
     nccl_ok = backend != "nccl" or libs.get("nccl", 0) > 0
     ok = p.returncode == 0 and m.returncode == 0 and ranks_ok and job_ok and bool(uuid) and first_ok and nccl_ok
     first = next((l.strip() for l in text.splitlines() if "first to run out" in l), text[-200:])
     row("torchrun 2 ranks on one GPU: ranks, job, UUID, first to fail, NCCL named", ok,
         f"{'; '.join(tried)}; ranks {ranks_ok}, job {job_ok}, uuid {uuid}, libraries "
-        f"{ {k: gib(v) for k, v in libs.items()} }; {first[:200]}")
+        f"{ {k: gib(v) for k, v in libs.items()} }; {first_why}, imbalanced {imbalanced}; {first[:200]}")
     if backend == "nccl":
         return
     # NCCL refuses two ranks on one device, so its buffers are checked with one rank: a dump
@@ -476,6 +526,10 @@ def check_overhead():
             for line in p.stdout.splitlines():
                 k, v = line.split()
                 got[name][k].append(float(v))
+    missing = [f"{n} {k}" for n, m in got.items() for k, v in m.items() if not v]
+    if missing:
+        row("overhead: measured", False, f"no figures for {missing}")
+        return
     med = {n: {k: sorted(v)[len(v) // 2] for k, v in m.items()} for n, m in got.items()}
     with open(os.path.join(OUT, "overhead.json"), "w") as f:
         json.dump(got, f)
@@ -486,9 +540,9 @@ def check_overhead():
     for metric, label in (("malloc_ns_median", "cudaMalloc 512 B"), ("free_ns_median", "cudaFree 512 B"),
                           ("sum_ns", "cudaMalloc+cudaFree 512 B per pair")):
         b, s_, o = med["bare"][metric], med["shim"][metric], med["shim, stacks off"][metric]
-        row(f"overhead: {label}", True,
-            f"bare {b / 1000:.2f} us; shim {s_ / 1000:.2f} us (+{s_ - b:.0f} ns, {s_ / b:.3f}x); "
-            f"stacks off {o / 1000:.2f} us (+{o - b:.0f} ns)")
+        figure(f"overhead: {label}", f"shim +{s_ - b:.0f} ns ({s_ / b:.3f}x)",
+               "none set (README, Overhead: +414 ns per cudaMalloc on 2026-11-29)",
+               f"bare {b / 1000:.2f} us; shim {s_ / 1000:.2f} us; stacks off {o / 1000:.2f} us (+{o - b:.0f} ns)")
 
 
 def check_torch_allocator():
@@ -514,8 +568,8 @@ def check_torch_allocator():
             "_ZN3c105ErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"]
     # A fact, not a check: where torch does not export OutOfMemoryError's type info or ~Error
     # (torch 2.11 does not), oomshim builds the type info itself and destroys through the vtable.
-    row("allocator: c10 symbols exported by torch (informational)", True,
-        ", ".join(f"{n[:28]}..:{'yes' if n in nm else 'no'}" for n in need))
+    info("allocator: c10 symbols exported by torch",
+         ", ".join(f"{n[:28]}..:{'yes' if n in nm else 'no'}" for n in need))
 
     # Speed and correctness: fresh process per mode, rounds interleaved.
     # oomshim's default in a Python program records each tensor's Python stack; "oomshim-native"
@@ -548,17 +602,18 @@ def check_torch_allocator():
     med = lambda xs: sorted(xs)[len(xs) // 2]
     r_loop, all_loop = ratio("loop_ns")
     r_py, _ = ratio("loop_ns", "oomshim-native")
-    row("allocator: torch.empty+del loop vs native (<= 1.15x, tracing on)", r_loop <= 1.15,
+    figure("allocator: torch.empty+del loop vs native (tracing on)", f"{r_loop:.3f}x", "<= 1.15x",
         f"native {med([n['loop_ns'] for n in res['native']]):.0f} ns, oomshim {med([o['loop_ns'] for o in res['oomshim']]):.0f} ns: "
         f"{r_loop:.3f}x (rounds {all_loop}); with native stacks too (OOMSHIM_STACKS=all) {r_py:.3f}x")
     r_step, all_step = ratio("step_ms_median")
-    row("allocator: training step vs native (<= 1.03x)", r_step <= 1.03,
+    figure("allocator: training step vs native", f"{r_step:.3f}x", "<= 1.03x",
         f"native {med([n['step_ms_median'] for n in res['native']]):.2f} ms, oomshim "
         f"{med([o['step_ms_median'] for o in res['oomshim']]):.2f} ms: {r_step:.3f}x (rounds {all_step})")
     r_res = osh["peak_reserved"] / nat["peak_reserved"]
-    row("allocator: peak reserved vs native (<= 1.05x)", r_res <= 1.05 and osh["torch_api_agrees"],
-        f"native {gib(nat['peak_reserved'])}, oomshim {gib(osh['peak_reserved'])} ({r_res:.3f}x); "
-        f"torch.cuda.max_memory_reserved() answers from oomshim: {osh['torch_api_agrees']}")
+    figure("allocator: peak reserved vs native", f"{r_res:.3f}x", "<= 1.05x",
+           f"native {gib(nat['peak_reserved'])}, oomshim {gib(osh['peak_reserved'])}")
+    row("allocator: torch.cuda.max_memory_reserved() answers from oomshim", osh["torch_api_agrees"] is True,
+        f"torch_api_agrees {osh['torch_api_agrees']}")
 
     # Leak to OOM through `oomshim run --torch-allocator` (preload + hook, no code change).
     d = tempfile.mkdtemp(prefix="alloc-leak-", dir=OUT)
@@ -596,8 +651,13 @@ def check_torch_allocator():
     r, _, _ = scenario(["graph"])
     row("allocator: torch.cuda.graph capture + replays match eager", r.get("captured") and r.get("max_abs_diff", 1) < 1e-3,
         str(r)[:300])
-    r, _, _ = scenario(["compile"], timeout=300)
-    row("allocator: torch.compile(mode='reduce-overhead') (documented outcome)", "ran" in r, str(r)[:300])
+    # torch.compile(mode="reduce-overhead"): the program's outcome (stdout and exit status) in
+    # allocator mode is the one it has with torch's own allocator.
+    rb, _, pb = scenario(["compile", "native"], timeout=300)
+    ra, _, pa = scenario(["compile"], timeout=300)
+    row("allocator: torch.compile(mode='reduce-overhead') ends as with torch's allocator (stdout, exit status)",
+        pa.stdout == pb.stdout and pa.returncode == pb.returncode and "ran" in rb,
+        f"allocator mode: exit {pa.returncode} {str(ra)[:200]}; native: exit {pb.returncode} {str(rb)[:200]}")
     r, _, _ = scenario(["stats"])
     row("allocator: torch.cuda.memory_stats()/memory_allocated() answer under allocator mode",
         r.get("memory_allocated") == r.get("allocated_bytes.all.current") and r.get("reserved_after_empty_cache") == 0,
@@ -668,29 +728,59 @@ def check_zoo():
     budget = int(os.environ.get("OOMSHIM_ZOO_SECONDS", "470"))
     env = {"ZOO_WORK": os.path.join(WORK, "zoo"), "OOMSHIM_GPU_LIB": LIB, "OOMSHIM_GPU_CLI": CLI}
     only = [c for c in os.environ.get("OOMSHIM_ZOO_CASES", "").split(",") if c]
+    results = os.path.join(OUT, "zoo.jsonl")
+    if os.path.exists(results):
+        os.remove(results)  # this run's rows only (run_zoo.py starts the file afresh too)
     p = run([sys.executable, os.path.join(ROOT, "tests/gpu/zoo/run_zoo.py"), OUT] + only, env=env, timeout=budget)
     with open(os.path.join(OUT, "zoo.log"), "w") as f:
         f.write(p.stdout + p.stderr)
     try:
-        scored = [json.loads(l) for l in open(os.path.join(OUT, "zoo.jsonl")) if l.strip()]
-    except OSError:
-        scored = []
-    scored = [r for r in scored if r.get("launcher") not in ("bare", "build")]
+        with open(results) as f:
+            written = [json.loads(l) for l in f if l.strip()]
+    except (OSError, ValueError) as e:
+        row("zoo: results written", False, f"{results}: {e}; run_zoo exit {p.returncode}: {(p.stderr or p.stdout)[-400:]}")
+        return
+    sys.path.insert(0, os.path.join(ROOT, "tests/gpu/zoo"))
+    import run_zoo
+    for check, ok, detail in zoo_rows(written, run_zoo.expected_runs(only), p.returncode):
+        row(check, ok, detail)
+
+
+def zoo_rows(written, expected, returncode):
+    """Rows for the zoo's results: a failed build, each run that fell short of what its row
+    promises (run_zoo.py's `ok`: output unchanged, the dumps, the verdict, the EXPECT-LINE line
+    named, stderr = report), each expected run with no result (the zoo ran out of its time),
+    then one summary per launcher."""
+    out = []
+    for r in written:
+        if r.get("launcher") == "build":
+            out.append((f"zoo {r['case']}: build", False, f"exit {r.get('rc')}: {r.get('stderr', '')[-300:]}"))
+    scored = [r for r in written if r.get("launcher") not in ("bare", "build")]
+    built_failed = {r["case"] for r in written if r.get("launcher") == "build"}
+    got = {(r["case"], r["launcher"]) for r in scored}
+    missing = [(c, l) for c, l in expected if (c, l) not in got and c not in built_failed]
+    for case, launcher in missing:
+        out.append((f"zoo {case} ({launcher})", False, "no result (the zoo stopped before this run)"))
     by = {}
     for r in scored:
         by.setdefault(r["launcher"], []).append(r)
-        if not (r.get("output_unchanged") and r.get("dump_ok") and r.get("verdict_ok") and r.get("agree")):
-            row(f"zoo {r['case']} ({r['launcher']})", False,
-                f"out {r.get('output_unchanged')}, dumps {r.get('stood')}/{r.get('dumps')}, verdict {r.get('verdicts')}, "
-                f"line {r.get('line_ok')}, agree {r.get('agree')}: {r.get('headline', '')[:160]}")
+        if not r.get("ok"):
+            out.append((f"zoo {r['case']} ({r['launcher']})", False,
+                        f"out {r.get('output_unchanged')}, dumps {r.get('stood')}/{r.get('dumps')}, verdict {r.get('verdicts')}, "
+                        f"line {r.get('line_ok')} (want {r.get('line')}), agree {r.get('agree')}: {r.get('headline', '')[:160]}"))
     for launcher, rs in by.items():
         n = len(rs)
         pct = lambda k: 100 * sum(1 for r in rs if r.get(k)) // n
         line = [r for r in rs if r.get("line_ok") is not None]
-        row(f"zoo under {launcher}: {n} programs", pct("output_unchanged") == 100 and pct("verdict_ok") >= 95,
-            f"output unchanged {pct('output_unchanged')}%, dumps {pct('dump_ok')}%, verdict right {pct('verdict_ok')}%, "
-            f"line named {100 * sum(1 for r in line if r['line_ok']) // max(len(line), 1)}% of {len(line)}, "
-            f"stderr = report {pct('agree')}%")
+        out.append((f"zoo under {launcher}: {n} programs", all(r.get("ok") for r in rs),
+                    f"all as promised {pct('ok')}%: output unchanged {pct('output_unchanged')}%, dumps {pct('dump_ok')}%, "
+                    f"verdict right {pct('verdict_ok')}%, line named {100 * sum(1 for r in line if r['line_ok']) // max(len(line), 1)}% "
+                    f"of {len(line)}, stderr = report {pct('agree')}%"))
+    if not scored and not out:
+        out.append(("zoo: results", False, f"no scored run (run_zoo exit {returncode})"))
+    elif returncode not in (0, 1):
+        out.append(("zoo: run_zoo.py finished", False, f"exit {returncode} (124: out of its time budget)"))
+    return out
 
 
 def check_views():
@@ -816,9 +906,7 @@ def check_flight_recorder():
     live = os.path.join(WORK, "flight-live")
     env = dict(os.environ, OOMSHIM_LIVE_DIR=live)
     detail = {}
-    # Under preload oomshim sees torch's segments (a new one is made where the cache runs dry,
-    # here in opt.step()), so the line is required only under --torch-allocator, where every
-    # tensor has its own; under preload the post-mortem, the signal and the leak are required.
+    # The row's promise under both launchers: a post-mortem of the SIGKILL naming the leak's line.
     for launcher, extra in (("preload", []), ("torch-allocator", ["--torch-allocator"])):
         d = os.path.join(WORK, f"flight-dumps-{launcher}")
         p = subprocess.Popen([CLI, "run", *extra, "--dir", d, "--lib", LIB, "--", sys.executable, script, "leak"],
@@ -851,8 +939,7 @@ def check_flight_recorder():
         leak = [f for f in findings if f["kind"] == "leak"]
         named = any(want in f["headline"] for f in leak)
         ok = (len(pm) == 1 and pm[0]["post_mortem"]["signal_name"] == "SIGKILL" and bool(leak)
-              and headline in err and p.returncode == -signal.SIGKILL
-              and (named or launcher == "preload"))
+              and headline in err and p.returncode == -signal.SIGKILL and named)
         detail[launcher] = dict(pid=pid, returncode=p.returncode, dumps=len(dumps), headline=headline,
                                 stderr_tail=err[-2000:], top=top[-2000:])
         row(f"check_flight_recorder: SIGKILLed training loop ({launcher})", ok,
@@ -871,8 +958,11 @@ def check_flight_recorder():
     off, on = statistics.median(rounds["off"]), statistics.median(rounds["on"])
     ratio = on / off if off else float("nan")
     detail.update(step_ms=rounds, ratio=ratio)
-    row("check_flight_recorder: step cost of publishing", ratio <= 1.01,
-        f"median step {off:.3f} ms off, {on:.3f} ms on: {ratio:.4f}x (goal <= 1.01; rounds {rounds})")
+    if any(x != x for x in rounds["off"] + rounds["on"]):  # NaN: a bench run gave no figure
+        row("check_flight_recorder: step cost of publishing measured", False, f"rounds {rounds}")
+    else:
+        figure("check_flight_recorder: step cost of publishing", f"{ratio:.4f}x", "<= 1.01x",
+               f"median step {off:.3f} ms off, {on:.3f} ms on (rounds {rounds})")
     with open(os.path.join(OUT, "flight_recorder.json"), "w") as f:
         json.dump(detail, f, indent=1)
 
@@ -911,6 +1001,8 @@ def check_exporter():
             ctype, body = r.headers.get("Content-Type", ""), r.read().decode()
         smi = run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                   timeout=30).stdout
+        smi_uuids = {u.strip() for u in run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"],
+                                            timeout=30).stdout.splitlines() if u.strip()}
     finally:
         if server:
             server.kill()
@@ -945,16 +1037,84 @@ def check_exporter():
     tracked = sum(v for l, v in usage if int(l["pid"]) == pid)
     steps = [v for n, l, v in samples if n == "oomshim_steps_total" and int(l["pid"]) == pid]
     uuids = sorted({l.get("gpu_uuid", "") for l, _ in usage})
+    # flight_train.py says "ready" after 30 marked steps; the exporter counts them. The GPU is
+    # named by the UUID nvidia-smi gives it.
+    steps_ok = len(steps) == 1 and steps[0] >= 30
+    uuid_ok = len(uuids) == 1 and uuids[0] in smi_uuids
     ok = (len(pids) == 1 and not bad and not bad_once and "version=0.0.4" in ctype
           and tracked >= 30 * (16 << 20) and (pid not in nvml or tracked <= nvml[pid])
-          and any(n == "hw_gpu_memory_usage_bytes" for n, _, _ in samples_once))
-    detail.update(pid=pid, tracked=tracked, nvml=nvml.get(pid), steps=steps, uuids=uuids,
+          and any(n == "hw_gpu_memory_usage_bytes" for n, _, _ in samples_once)
+          and steps_ok and uuid_ok)
+    detail.update(pid=pid, tracked=tracked, nvml=nvml.get(pid), steps=steps, uuids=uuids, smi_uuids=sorted(smi_uuids),
                   bad=bad[:5] + bad_once[:5], content_type=ctype, body=body[-4000:])
     row("check_exporter: Prometheus scrape of a PyTorch loop", ok,
         f"pid {pid}: tracked {gib(tracked)} (NVML {gib(nvml[pid]) if pid in nvml else 'n/a'}), "
-        f"steps {steps}, gpu_uuid {uuids}, {len(samples)} samples, {len(bad) + len(bad_once)} malformed lines")
+        f"steps {steps} (>= 30: {steps_ok}), gpu_uuid {uuids} (nvidia-smi's: {uuid_ok}), {len(samples)} samples, {len(bad) + len(bad_once)} malformed lines")
     with open(os.path.join(OUT, "exporter.json"), "w") as f:
         json.dump(detail, f, indent=1)
+
+
+def extra_check_allocator_matrix():
+    """tests/gpu/check_allocator_matrix.py, when present: `main(root, lib, cli, out_dir)` returning
+    (check, ok, detail) rows, like check_memory_viz.py and check_wheel.py."""
+    path = os.path.join(ROOT, "tests/gpu/check_allocator_matrix.py")
+    if not os.path.exists(path):
+        return absent(path)
+    sys.path.insert(0, os.path.join(ROOT, "tests/gpu"))
+    import check_allocator_matrix
+    d = os.path.join(OUT, "allocator-matrix")
+    os.makedirs(d, exist_ok=True)
+    got = list(check_allocator_matrix.main(ROOT, LIB, CLI, d) or [])
+    if not got:
+        row("check_allocator_matrix", False, "returned no rows")
+    for check, ok, detail in got:
+        row(check, ok, detail)
+
+
+def extra_check_kinds():
+    """tests/gpu/zoo/check_kinds.py, when present: run as `python3 check_kinds.py ZOO_RUNS`, the
+    folder with each zoo run's dumps, stdout.txt and stderr.txt (ZOO_RUNS/CASE/LAUNCHER/), after
+    check_zoo; its exit status is the row, its output goes to OUT/check_kinds.log."""
+    path = os.path.join(ROOT, "tests/gpu/zoo/check_kinds.py")
+    if not os.path.exists(path):
+        return absent(path)
+    runs = os.path.join(WORK, "zoo")
+    if not os.path.isdir(runs):
+        row("check_kinds", False, f"no zoo runs under {runs}: check_zoo must run first")
+        return
+    p = run([sys.executable, path, runs], timeout=300)
+    with open(os.path.join(OUT, "check_kinds.log"), "w") as f:
+        f.write(p.stdout + p.stderr)
+    row("check_kinds: every dump's kinds within 5% of each zoo program's own account", p.returncode == 0,
+        f"exit {p.returncode}; {(p.stdout.strip().splitlines() or [''])[-1][:200]}")
+
+
+def absent(path):
+    """An extra check file that is not there: fails when asked for by name, is said otherwise."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    if name in requested():
+        row(name, False, f"{path} is missing")
+    else:
+        info(name, f"{path} not present: not run")
+
+
+def requested():
+    """OOMSHIM_GPU_CHECKS=check_torch,check_overhead runs a subset (names of the check functions,
+    or check_allocator_matrix / check_kinds for the extra files)."""
+    return [c for c in os.environ.get("OOMSHIM_GPU_CHECKS", "").split(",") if c]
+
+
+def final_table():
+    """The table printed last: assertions PASS/FAIL, figures as `figure vs goal`, facts INFO."""
+    lines = ["| check | result | detail |", "|---|---|---|"]
+    for c, r, d, _ in rows:
+        lines.append(f"| {c} | {r} | {d} |")
+    n_pass = sum(1 for _, r, _, a in rows if a and r == "PASS")
+    n_fail = sum(1 for _, r, _, a in rows if a and r != "PASS")
+    n_fig = sum(1 for _, r, _, a in rows if not a and r != "INFO")
+    lines.append("")
+    lines.append(f"{n_pass} passed, {n_fail} failed; {n_fig} figures against their goals (not pass/fail)")
+    return "\n".join(lines)
 
 
 def main():
@@ -966,21 +1126,28 @@ def main():
                          capture_output=True, text=True).stdout.strip())
     import torch
     print("torch", torch.__version__, "cuda", torch.version.cuda)
-    checks = (check_zoo, check_views, check_nvcc_leak, check_torch, check_torch_fragmentation, check_other_process,
-              check_driver_paths, check_python_stacks, check_overhead, check_backward_oom, check_torchrun, check_ranks,
-              check_verdicts, check_torch_allocator, check_soak, check_perf_table, check_flight_recorder,
-              check_exporter)
-    # OOMSHIM_GPU_CHECKS=check_torch,check_overhead runs a subset.
-    only = [c for c in os.environ.get("OOMSHIM_GPU_CHECKS", "").split(",") if c]
-    for check in (c for c in checks if not only or c.__name__ in only):
+    checks = [(c.__name__, c) for c in (
+        check_zoo, check_views, check_nvcc_leak, check_torch, check_torch_fragmentation, check_other_process,
+        check_driver_paths, check_python_stacks, check_overhead, check_backward_oom, check_torchrun, check_ranks,
+        check_verdicts, check_torch_allocator, check_soak, check_perf_table, check_flight_recorder,
+        check_exporter)]
+    # Check files other work adds, run when present (check_kinds reads the zoo's runs).
+    checks += [("check_allocator_matrix", extra_check_allocator_matrix), ("check_kinds", extra_check_kinds)]
+    only = requested()
+    unknown = [n for n in only if n not in dict(checks)]
+    if unknown:
+        row("OOMSHIM_GPU_CHECKS", False, f"no such check: {unknown}; known: {[n for n, _ in checks]}")
+    for name, check in checks:
+        if only and name not in only:
+            continue
         try:
             check()
         except Exception as e:  # a broken check is a failed row, not a lost table
-            row(check.__name__, False, f"{type(e).__name__}: {e}")
-    print("\n| check | result | detail |\n|---|---|---|")
-    for c, r, d in rows:
-        print(f"| {c} | {r} | {d} |")
-    return 0 if all(r == "PASS" for _, r, _ in rows) else 1
+            row(name, False, f"{type(e).__name__}: {e}")
+    print()
+    print(final_table())
+    asserted = [r for _, r, _, a in rows if a]
+    return 0 if asserted and all(r == "PASS" for r in asserted) else 1
 
 
 if __name__ == "__main__":

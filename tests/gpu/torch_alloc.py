@@ -2,7 +2,7 @@
 
     python3 torch_alloc.py bench native|oomshim|oomshim-native   # empty+del loop, 50 training steps
     python3 torch_alloc.py loop MODE                             # the loop alone
-    python3 torch_alloc.py leak | frag | graph | compile | streams | stats
+    python3 torch_alloc.py leak | frag | graph | compile [native] | streams | stats
 
 `oomshim*` modes call oomshim.torch.enable() first (the package is found next to this repo's
 shim/python; liboomshim.so by OOMSHIM_LIB or target/release). `oomshim-python` records Python
@@ -221,8 +221,11 @@ def graph():
     out({"captured": True, "replays": 5, "max_abs_diff": worst})
 
 
-def compile_reduce_overhead():
-    enable()
+def compile_reduce_overhead(allocator="oomshim"):
+    """`compile [native]`: with `native`, torch's own allocator (the bare run that allocator mode
+    must match: same stdout, same exit status)."""
+    if allocator != "native":
+        enable()
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU()).cuda()
     try:
         f = torch.compile(model, mode="reduce-overhead")
@@ -270,4 +273,4 @@ def stats():
 if __name__ == "__main__":
     what = sys.argv[1]
     {"bench": lambda: bench(sys.argv[2]), "loop": lambda: loop_only(sys.argv[2]), "leak": leak, "frag": frag, "graph": graph,
-     "compile": compile_reduce_overhead, "streams": streams, "stats": stats}[what]()
+     "compile": lambda: compile_reduce_overhead(*sys.argv[2:3]), "streams": streams, "stats": stats}[what]()

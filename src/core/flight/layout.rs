@@ -48,13 +48,18 @@ const SLOT_DESC_BYTES: u64 = 32;
 // Shared with the symbol cache (src/core/stacks); lives with the dump format, re-exported here.
 pub use dump::checksum::checksum;
 
-pub fn slot_desc_offset(slot: u64) -> u64 {
+pub const fn slot_desc_offset(slot: u64) -> u64 {
     OFF_SLOTS + slot * SLOT_DESC_BYTES
 }
 
-pub fn slot_payload_offset(slot: u64) -> u64 {
+pub const fn slot_payload_offset(slot: u64) -> u64 {
     HEADER_BYTES + slot * SLOT_BYTES
 }
+
+// The layout's arithmetic, checked when it compiles: both slot descriptors fit the header, and
+// the second payload slot ends exactly at the region's end.
+const _: () = assert!(slot_desc_offset(2) <= HEADER_BYTES);
+const _: () = assert!(slot_payload_offset(1) + SLOT_BYTES == REGION_BYTES);
 
 /// The fixed part of a header, as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,10 +223,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_layout_fits_its_documented_bound_and_header() {
-        assert!(REGION_BYTES <= 16 << 20);
-        assert!(slot_desc_offset(2) <= HEADER_BYTES);
-        assert_eq!(slot_payload_offset(1) + SLOT_BYTES, REGION_BYTES);
+    fn a_region_never_grows_past_its_documented_16_mib() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r");
+        let mut w = RegionWriter::init(File::create(&path).unwrap(), 1, 2, 3).unwrap();
+        // The largest payload a slot takes, in both slots: the file is then exactly the region.
+        let full = vec![b'x'; SLOT_BYTES as usize];
+        assert_eq!(w.publish(&full).unwrap(), 1);
+        assert_eq!(w.publish(&full).unwrap(), 2);
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(len, REGION_BYTES);
+        assert!(len <= 16 << 20, "README: Live summary promises 16 MiB at most");
+        // One byte more is refused and publishes nothing: the file and the newest stay.
+        let err = w.publish(&vec![b'y'; SLOT_BYTES as usize + 1]).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(w.generation(), 2);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len() as u64, REGION_BYTES);
+        let h = parse_header(&bytes[..HEADER_BYTES as usize]).unwrap();
+        assert_eq!(h.latest, 2);
+        assert_eq!((h.slots[0].len, h.slots[1].len), (SLOT_BYTES, SLOT_BYTES));
+        // The header's slot descriptors never reach into the first payload.
+        assert!(bytes[slot_desc_offset(2) as usize..HEADER_BYTES as usize]
+            .iter()
+            .all(|&b| b == 0));
     }
 
     #[test]

@@ -479,31 +479,6 @@ fn has_stream(api: Api) -> bool {
     api.has_stream() // runtime and driver stream-ordered APIs (src/core/ledger.rs)
 }
 
-/// `function (file:line)` of the innermost frame with a name, for one-line summaries.
-#[allow(
-    dead_code,
-    reason = "the stderr summary now names sites through the verdict's findings"
-)]
-pub(crate) fn describe_site(stack: &[Frame]) -> String {
-    // The same frame the reports name a site by (the program's own Python line when known).
-    match dump::view::named_frames(stack).next() {
-        Some(f) => {
-            let name = f.function.as_deref().unwrap_or("?");
-            match (&f.file, f.line) {
-                (Some(file), Some(line)) => {
-                    let short = file.rsplit('/').next().unwrap_or(file);
-                    format!("{name} ({short}:{line})")
-                }
-                _ => name.to_string(),
-            }
-        }
-        None => stack
-            .first()
-            .map(|f| f.address.clone())
-            .unwrap_or_else(|| "an unknown site".to_string()),
-    }
-}
-
 /// Live device memory by library (from every live allocation's interned stack, looked at once
 /// per distinct stack) and the split of what the tracked allocations do not explain.
 fn library_memory(
@@ -626,36 +601,6 @@ mod tests {
         assert_eq!(how, Some(StackMerge::PythonOnly));
         assert_eq!(merged.len(), 3);
         assert_eq!(merge_stacks(stack.clone(), &[], true), (stack, None));
-    }
-
-    #[test]
-    fn site_description_prefers_the_innermost_python_frame() {
-        let (merged, _) = merge_stacks(
-            vec![native("simcall_alloc"), native("_PyEval_EvalFrameDefault")],
-            &[py("forward", true)],
-            true,
-        );
-        assert_eq!(describe_site(&merged), "forward (train.py:7)");
-    }
-
-    #[test]
-    fn site_description_uses_the_innermost_named_frame() {
-        let frames = vec![
-            Frame {
-                address: "0x1".into(),
-                ..Frame::default()
-            },
-            Frame {
-                address: "0x2".into(),
-                function: Some("forward_layer".into()),
-                file: Some("/src/demo_train.c".into()),
-                line: Some(55),
-                ..Frame::default()
-            },
-        ];
-        assert_eq!(describe_site(&frames), "forward_layer (demo_train.c:55)");
-        assert_eq!(describe_site(&frames[..1]), "0x1");
-        assert_eq!(describe_site(&[]), "an unknown site");
     }
 }
 
@@ -924,7 +869,15 @@ mod pure_tests {
             (libs[0].library.as_str(), libs[0].device, libs[0].bytes),
             ("nccl", 0, 2 * GIB + GIB / 2)
         );
-        assert!(!d.verdict.kind.is_empty());
+        // The verdict is judged from the assembled numbers: of what is in use on the failing
+        // device, all but its 3 GiB tracked is someone else's or untracked.
+        let dev = &d.devices[0];
+        assert_eq!((dev.tracked_bytes, dev.free_bytes), (3 * GIB, Some(100 << 20)));
+        assert_eq!(d.verdict.kind, "untracked_memory", "{:#?}", d.verdict);
+        assert_eq!(
+            d.verdict.findings[0].bytes,
+            dev.total_bytes.unwrap() - dev.free_bytes.unwrap() - dev.tracked_bytes
+        );
     }
 
     #[test]

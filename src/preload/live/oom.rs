@@ -1152,11 +1152,16 @@ mod summary_tests {
         let text = summary_lines(&d, &written()).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2, "{text}");
+        // The top finding as the verdict words it (its wording is tested with the verdict).
+        let top = &d.verdict.findings[0];
+        assert_eq!(top.kind, "own_allocations");
         assert_eq!(
             lines[0],
-            "oomshim: CUDA out of memory on device 0 (cudaMalloc of 2.00 GiB failed; 3 failures with its retries): \
-             own_allocations: this process's own allocations fill device 0: 78.00 GiB of the 79.00 GiB in use; \
-             largest: 39.00 GiB (×5) at forward (model.py:42)"
+            format!(
+                "oomshim: CUDA out of memory on device 0 (cudaMalloc of 2.00 GiB failed; 3 failures with its retries): \
+                 own_allocations: {}",
+                top.headline
+            )
         );
         assert_eq!(
             lines[1],

@@ -5,7 +5,9 @@ each row written to OUT/zoo.jsonl as it finishes, a scored table printed last.
 Scored per run: output unchanged (stdout and exit code as bare), a dump for the failure, the
 verdict right (the last failure that stood), the program's line named in its headline (the line
 marked `# EXPECT-LINE` / `// EXPECT-LINE` in the source), and stderr's first line saying what the
-dump and `oomshim report --json` say.
+dump and `oomshim report --json` say. A run is `ok` only when all of these hold; a program that
+does not build is a failed row (`launcher: build`). OUT/zoo.jsonl holds this run's rows only.
+Exit status 0 when every run is ok, 1 otherwise.
 
     python3 tests/gpu/zoo/run_zoo.py OUT [CASE ...]
 """
@@ -74,6 +76,19 @@ CASES = [
 ]
 
 
+def expected_runs(names=()):
+    """(case, launcher) of every scored run for these case names (all cases when none)."""
+    chosen = [c for n in names for c in CASES if c.name == n] if names else CASES
+    return [(c.name, l) for c in chosen for l in c.launchers if l != "bare"]
+
+
+def run_ok(row):
+    """What a scored row promises: output unchanged, the dumps, the verdict, the EXPECT-LINE line
+    named where one is marked, and stderr saying what the dump and the report say."""
+    return bool(row.get("output_unchanged") and row.get("dump_ok") and row.get("verdict_ok")
+                and row.get("line_ok") is not False and row.get("agree"))
+
+
 def run(cmd, env, timeout, cwd=None):
     e = dict(os.environ)
     e.update(env)
@@ -125,7 +140,7 @@ def score(case, launcher, bare, result, d, line):
     row["stood"] = len(stood)
     row["dump_ok"] = bool(stood) and (case.count is None or len(stood) == case.count)
     if not stood:
-        row.update(verdict=None, verdict_ok=False, line_ok=False, agree=False, stderr=err[-600:])
+        row.update(verdict=None, verdict_ok=False, line_ok=False, agree=False, stderr=err[-600:], ok=False)
         return row
     final_path, final = stood[-1]
     top = (final["verdict"].get("findings") or [{}])[0]
@@ -160,6 +175,7 @@ def score(case, launcher, bare, result, d, line):
     g = final.get("growth") or {}
     row["steps"] = g.get("steps")
     row["_base"] = base
+    row["ok"] = run_ok(row)
     return row
 
 
@@ -171,7 +187,7 @@ def main():
     runs_dir = os.environ.get("ZOO_WORK") or os.path.join(out_dir, "runs")
     work = os.path.join(runs_dir, "work")
     os.makedirs(work, exist_ok=True)
-    log = open(os.path.join(out_dir, "zoo.jsonl"), "a")
+    log = open(os.path.join(out_dir, "zoo.jsonl"), "w")  # this run's rows, never stale ones
     rows = []
     # Named cases run in the order named (the ones that matter most first, for a run cut short).
     named = [c for n in sys.argv[2:] for c in CASES if c.name == n]
@@ -182,7 +198,11 @@ def main():
             exe = os.path.join(work, case.name)
             b = run(["nvcc", "-O2", "-g", *case.build, "-o", exe, src], {}, 240)
             if b[0] != 0:
-                rows.append({"case": case.name, "launcher": "build", "rc": b[0], "stderr": b[2][-500:]})
+                row = {"case": case.name, "launcher": "build", "rc": b[0], "stderr": b[2][-500:], "ok": False}
+                rows.append(row)
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+                print(json.dumps(row)[:700], flush=True)
                 continue
             cmd = [exe]
         else:
@@ -212,6 +232,10 @@ def main():
                     holder.kill()
                     holder.wait()
             if launcher == "bare":
+                with open(os.path.join(d, "stdout.txt"), "w") as f:
+                    f.write(results["bare"][1])
+                with open(os.path.join(d, "stderr.txt"), "w") as f:
+                    f.write(results["bare"][2])
                 row = {"case": case.name, "launcher": "bare", "rc": results["bare"][0],
                        "secs": round(results["bare"][3], 1),
                        "stdout": results["bare"][1][-300:], "stderr_tail": results["bare"][2][-300:]}
@@ -219,6 +243,8 @@ def main():
                 row = score(case, launcher, results["bare"], results[launcher], d, line)
                 with open(os.path.join(d, "stderr.txt"), "w") as f:
                     f.write(results[launcher][2])
+                with open(os.path.join(d, "stdout.txt"), "w") as f:
+                    f.write(results[launcher][1])
             rows.append(row)
             log.write(json.dumps(row) + "\n")
             log.flush()
@@ -246,7 +272,10 @@ def main():
         n = s[0] or 1
         print(f"{k:8} {s[0]:4} {100 * s[1] // n:6}% {100 * s[2] // n:5}% {100 * s[3] // n:7}% {100 * s[4] // n:4}% {100 * s[5] // n:5}%")
     json.dump(rows, open(os.path.join(out_dir, "zoo.json"), "w"), indent=1)
+    failed = [f"{r['case']} ({r['launcher']})" for r in rows if r.get("launcher") != "bare" and not r.get("ok")]
+    print(f"\n{len(failed)} run(s) not as promised: {failed}" if failed else "\nevery run as promised")
+    return 1 if failed or not scored else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
