@@ -236,6 +236,31 @@ def _library_file(path):
             or any(part.startswith(("python3.", "python2.")) for part in path.split("/")))
 
 
+_kinds_mod = None
+
+
+def _kinds():
+    """kinds.py beside this file, loaded under a private name (a program may have a `kinds`)."""
+    global _kinds_mod
+    if _kinds_mod is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_oomshim_kinds", os.path.join(_HERE, "kinds.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _kinds_mod = mod
+    return _kinds_mod
+
+
+def _kinds_of(torch, device, alloc, frame):
+    """Memory by kind at this failure (kinds.py), or None; its failure is one message."""
+    try:
+        return _kinds().kinds(torch, device, alloc, frame)
+    except Exception as e:
+        _warn(f"no memory by kind ({type(e).__name__}: {e})")
+        return None
+
+
 def _on_torch_oom(torch, device, alloc, device_total, device_free):
     """torch's OOM observer: (device, requested bytes, device total or allowed maximum, free).
     Runs on the failing thread after torch released its allocator lock, before it raises."""
@@ -271,6 +296,7 @@ def _on_torch_oom(torch, device, alloc, device_total, device_free):
         }
         if _history["on"]:
             account["attribution"] = _attribution(snapshot, device)
+        account["kinds"] = _kinds_of(torch, device, alloc, sys._getframe(1))
         rc, dump = _tell_shim(account)
         if dump is None or rc == 2:
             return  # no dump explains it, or an earlier dump does (a repeat): nothing to add
@@ -340,7 +366,14 @@ def _mark_steps(torch, lib, allocator):
     if "optimizer" in wanted:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        register_optimizer_step_post_hook(lambda optimizer, args, kwargs: mark(1))
+        def stepped(optimizer, args, kwargs):
+            try:
+                _kinds().seen_optimizer(optimizer)
+            except Exception:
+                pass
+            mark(1)
+
+        register_optimizer_step_post_hook(stepped)
     if "forward" not in wanted:
         return
     import threading
@@ -363,6 +396,10 @@ def _mark_steps(torch, lib, allocator):
             h.remove()
         handles.clear()
         module.register_forward_hook(lambda m, a, o: mark(2))
+        try:
+            _kinds().seen_model(module)
+        except Exception:
+            pass
         mark(2)
 
     handles.append(torch_module.register_module_forward_pre_hook(pre))
