@@ -380,6 +380,11 @@ pub struct ModuleAt {
     pub qualified_class: String,
     #[serde(default)]
     pub path: Option<String>,
+    /// Where its forward was when the failure happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
 }
 
 /// A Python frame (function, file, line).

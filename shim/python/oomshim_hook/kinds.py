@@ -148,7 +148,7 @@ def _stack_view(torch, frame):
     """The phase, modules and frames of the failing thread's stack, innermost first."""
     Module = torch.nn.Module
     Optimizer = getattr(torch.optim, "Optimizer", None)
-    inner_module = outer_module = outer_frame = None
+    inner_module = outer_module = outer_frame = inner_where = None
     in_optimizer = None
     backward = False
     in_loss = False
@@ -182,6 +182,7 @@ def _stack_view(torch, frame):
                         if name == "forward" and isinstance(owner, Module):
                             if inner_module is None:
                                 inner_module = owner
+                                inner_where = (fname, f.f_lineno)
                             outer_module, outer_frame = owner, f
                             if "Loss" in type(owner).__name__:
                                 in_loss = True
@@ -216,6 +217,7 @@ def _stack_view(torch, frame):
     return {
         "phase": phase,
         "inner_module": inner_module,
+        "inner_where": inner_where,
         "outer_module": outer_module,
         "outer_frame": outer_frame,
         "optimizer": in_optimizer,
@@ -408,6 +410,8 @@ def kinds(torch, device, request_bytes, frame=None, budget_ms=None):
     inner, outer = view["inner_module"], view["outer_module"]
     root = models[0] if models else outer
     out["module"] = _describe_module(inner, _module_path(root, inner, deadline))
+    if out["module"] and view["inner_where"]:
+        out["module"]["file"], out["module"]["line"] = view["inner_where"]
     out["outer_module"] = _describe_module(outer, _module_path(root, outer, deadline))
     shape = _input_shape(torch, view["outer_frame"])
     if shape:

@@ -78,6 +78,7 @@ fn bounded(mut k: Kinds) -> Kinds {
         m.class = cut(std::mem::take(&mut m.class), 256);
         m.qualified_class = cut(std::mem::take(&mut m.qualified_class), 512);
         m.path = m.path.take().map(|p| cut(p, 512));
+        m.file = m.file.take().map(|p| cut(p, 1024));
     }
     let frame = |f: &mut PyFrame| {
         f.function = cut(std::mem::take(&mut f.function), 256);
