@@ -337,6 +337,8 @@ def _mark_steps(torch, lib, allocator):
     can name the line that holds the growth."""
     wanted = _auto_steps()
     record = not allocator and not _off("OOMSHIM_TORCH_HISTORY")
+    if allocator:
+        _allocator_excepthook(torch)
 
     def mark(source):
         if allocator:
@@ -390,11 +392,15 @@ def _mark_steps(torch, lib, allocator):
         local.depth = getattr(local, "depth", 1) - 1
         if local.depth != 0 or not handles or next(module.parameters(), None) is None:
             return
+        if allocator and output is None:
+            _allocator_oom_in_flight(torch)
         # The outermost module with parameters: the model. From now on only its own forward
         # hook runs; the global hooks (which every module call pays for) go.
         for h in handles:
             h.remove()
         handles.clear()
+        if allocator:
+            _allocator_kinds_hooks(torch, module)
         module.register_forward_hook(lambda m, a, o: mark(2))
         try:
             _kinds().seen_model(module)
@@ -408,6 +414,45 @@ def _mark_steps(torch, lib, allocator):
         handles.append(torch_module.register_module_forward_hook(post, always_call=True))
     except TypeError:
         handles.append(torch_module.register_module_forward_hook(post))
+
+
+def _allocator_oom_in_flight(torch):
+    """Inside a forward hook that runs on errors: the OutOfMemoryError leaving the forward, if
+    that is why it runs (allocator mode: kinds.py counts the kinds for its dump)."""
+    try:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, getattr(torch, "OutOfMemoryError", ())):
+            _kinds().after_allocator_oom(torch, exc, _write_private, _warn)
+    except Exception:
+        pass
+
+
+def _allocator_kinds_hooks(torch, model):
+    """Allocator mode: memory by kind when an OutOfMemoryError leaves the model's forward (a
+    forward hook that runs on errors too)."""
+    def on_error(module, args, output):
+        if output is None:
+            _allocator_oom_in_flight(torch)
+
+    try:
+        model.register_forward_hook(on_error, always_call=True)
+    except TypeError:
+        pass  # torch before 2.1: only uncaught errors are counted
+
+
+def _allocator_excepthook(torch):
+    """Allocator mode: memory by kind when an OutOfMemoryError reaches the top of the program."""
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        try:
+            if isinstance(value, getattr(torch, "OutOfMemoryError", ())):
+                _kinds().after_allocator_oom(torch, value, _write_private, _warn)
+        except Exception:
+            pass
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
 
 
 def _enable_allocator(torch):

@@ -511,6 +511,7 @@ mod tests {
             assert_eq!(
                 keys(&v),
                 [
+                    "by_kind",
                     "config",
                     "devices",
                     "dump_schema",

@@ -113,6 +113,65 @@ fn could_ask_for(torch_bytes: u64, cuda_bytes: u64) -> bool {
     cuda_bytes >= torch_bytes.saturating_sub(20 * MIB) && cuda_bytes <= segment + 20 * MIB
 }
 
+/// Schema of the hook's side file of memory by kind, written in allocator mode (where torch has
+/// no OOM observer and the dump is final before Python hears of the failure): the kinds counted
+/// when the OutOfMemoryError reached the model's forward or the top of a thread, for the dump
+/// the error names.
+pub const KINDS_SCHEMA: &str = "oomshim.kinds/1";
+
+#[derive(Debug, Clone, Deserialize)]
+struct KindsSide {
+    schema: String,
+    pid: u32,
+    host: String,
+    dump: String,
+    kinds: dump::model::Kinds,
+}
+
+/// The kinds side file that names `dump_path` (same directory, same process), when the dump has
+/// no kinds of its own.
+pub fn kinds_for(dump_path: &Path, dump: &Dump) -> Option<dump::model::Kinds> {
+    if dump.framework.as_ref().is_some_and(|f| f.kinds.is_some()) {
+        return None;
+    }
+    let dir = dump_path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let own_name = dump_path.file_name()?.to_str()?;
+    let prefix = format!("oomshim-torch-{}-{}-", dump.process.host, dump.process.pid);
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".kinds.json"))
+        })
+        .filter_map(|p| dump::read::read_bounded(&p, MAX_BYTES, Links::Refuse).ok())
+        .filter_map(|b| serde_json::from_slice::<KindsSide>(&b).ok())
+        .find(|k| {
+            k.schema == KINDS_SCHEMA
+                && k.pid == dump.process.pid
+                && k.host == dump.process.host
+                && k.dump == own_name
+        })
+        .map(|k| k.kinds)
+}
+
+/// Puts the side file's kinds into the dump (torch's account, created when the dump has none).
+pub fn apply_kinds(dump: &mut Dump, kinds: dump::model::Kinds) {
+    let fw = dump
+        .framework
+        .get_or_insert_with(|| dump::model::FrameworkOom {
+            name: "torch".to_string(),
+            raised: true,
+            ..Default::default()
+        });
+    fw.kinds = Some(kinds);
+}
+
 /// Fills the dump's free blocks from torch's snapshot when the shim could not see them (and the
 /// snapshot is of the failing device), so the verdict can judge fragmentation.
 pub fn apply(dump: &mut Dump, cache: &TorchCache) -> bool {
