@@ -197,6 +197,15 @@ def _stack_view(torch, frame):
             backward = True
     except Exception:
         pass
+    if not backward and program_frame is None and framework_frame is None:
+        # No Python frame at all on a thread Python did not start: one of autograd's engine
+        # threads, which run the backward pass of CUDA tensors.
+        try:
+            import threading
+
+            backward = isinstance(threading.current_thread(), threading._DummyThread)
+        except Exception:
+            pass
     grad = True
     try:
         grad = bool(torch.is_grad_enabled())

@@ -49,15 +49,15 @@ pub(crate) fn bytes_per_sample(k: &Kinds, request: u64) -> Option<u64> {
     Some(act.saturating_add(request) / batch)
 }
 
-/// The largest batch that would have fit at [`bytes_per_sample`]: the activations, the device's
-/// free bytes and torch's cache are what a batch can use; `None` when the rate is unknown.
-/// An upper bound: the part of the step not yet run needs more.
+/// The largest batch that would have fit at [`bytes_per_sample`]: the activations and the
+/// device's free bytes are what a batch can use (not torch's cache: torch frees what it can of it
+/// and retries before it raises, so what is left there could not serve the request); `None` when
+/// the rate is unknown. An upper bound: the part of the step not yet run needs more.
 pub(crate) fn largest_batch(k: &Kinds, request: u64, device_free: Option<u64>) -> Option<u64> {
     let per = bytes_per_sample(k, request).filter(|&p| p > 0)?;
     let budget = k
         .activations_bytes?
-        .saturating_add(device_free.unwrap_or(0))
-        .saturating_add(k.cache_bytes.unwrap_or(0));
+        .saturating_add(device_free.unwrap_or(0));
     Some(budget / per)
 }
 
@@ -141,7 +141,8 @@ mod tests {
     fn largest_batch_is_what_fits_at_the_rate_of_this_one() {
         let mut k = kinds(0, 0, 0, 1000 * MIB);
         k.batch = Some(64);
-        k.cache_bytes = Some(0);
+        // torch's cache is not counted: torch already tried it.
+        k.cache_bytes = Some(500 * MIB);
         // 1000 MiB + 24 MiB request over 64 samples: 16 MiB each; 1000 + 200 free → 75.
         assert_eq!(bytes_per_sample(&k, 24 * MIB), Some(16 * MIB));
         assert_eq!(largest_batch(&k, 24 * MIB, Some(200 * MIB)), Some(75));
