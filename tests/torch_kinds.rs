@@ -465,9 +465,8 @@ fn a_batch_too_big_is_activations_in_the_forward_of_a_module_with_the_batch_that
         let top = &d.verdict.findings[0];
         assert_eq!(top.kind, "own_allocations");
         assert!(
-            top.headline.starts_with(
-                "activations and other live tensors fill device 0: 1.50 GiB of the"
-            ),
+            top.headline
+                .starts_with("activations and other live tensors fill device 0: 1.50 GiB of the"),
             "{}",
             top.headline
         );
@@ -478,7 +477,8 @@ fn a_batch_too_big_is_activations_in_the_forward_of_a_module_with_the_batch_that
             top.headline
         );
         assert!(
-            top.headline.contains("at `blocks.3.attn`, batch 64 (64×16)"),
+            top.headline
+                .contains("at `blocks.3.attn`, batch 64 (64×16)"),
             "{}",
             top.headline
         );
@@ -674,7 +674,10 @@ except torch.OutOfMemoryError:
             top.headline
         );
         assert!(
-            d.verdict.suggestions.iter().any(|s| s.contains("detach().cpu()")),
+            d.verdict
+                .suggestions
+                .iter()
+                .any(|s| s.contains("detach().cpu()")),
             "{:#?}",
             d.verdict.suggestions
         );
@@ -708,7 +711,9 @@ except torch.OutOfMemoryError:
         assert_eq!(Some(k.parameters_bytes), k.torch_allocated_bytes);
         assert_eq!(k.models[0].class, "Net");
         assert!(
-            d.verdict.findings[0].headline.starts_with("parameters (the weights) fill device 0"),
+            d.verdict.findings[0]
+                .headline
+                .starts_with("parameters (the weights) fill device 0"),
             "{}",
             d.verdict.findings[0].headline
         );

@@ -168,7 +168,11 @@ pub fn kind_rows(dump: &Dump) -> Option<(i32, Vec<KindRow>)> {
     let mut rows = vec![
         row("parameters", "parameters", k.parameters_bytes),
         row("gradients", "gradients", k.gradients_bytes),
-        row("optimizer_state", "optimizer state", k.optimizer_state_bytes),
+        row(
+            "optimizer_state",
+            "optimizer state",
+            k.optimizer_state_bytes,
+        ),
         row(
             "activations",
             "activations and other live tensors",
@@ -176,7 +180,11 @@ pub fn kind_rows(dump: &Dump) -> Option<(i32, Vec<KindRow>)> {
         ),
     ];
     if let Some(c) = k.cache_bytes {
-        rows.push(row("framework_cache", "torch's cache (reserved, unallocated)", c));
+        rows.push(row(
+            "framework_cache",
+            "torch's cache (reserved, unallocated)",
+            c,
+        ));
     }
     if let (Some(u), Some(r)) = (used, k.torch_reserved_bytes) {
         rows.push(row(

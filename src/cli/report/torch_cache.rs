@@ -244,6 +244,49 @@ mod tests {
         parse_dump(&std::fs::read(&path).unwrap(), &path).unwrap()
     }
 
+    #[test]
+    fn allocator_mode_kinds_are_merged_from_the_side_file_that_names_the_dump() {
+        let mut dump = fixture();
+        dump.framework = None;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("oomshim-h-1-1.json");
+        std::fs::write(&path, b"{}").unwrap();
+        let side = |dump_name: &str, pid: u32| {
+            format!(
+                r#"{{"schema":"oomshim.kinds/1","pid":{pid},"host":"{}","dump":"{dump_name}",
+                    "kinds":{{"parameters_bytes":7,"activations_bytes":9,"phase":"forward"}}}}"#,
+                dump.process.host
+            )
+        };
+        let prefix = format!("oomshim-torch-{}-{}", dump.process.host, dump.process.pid);
+        // Another dump's kinds, and another process's, are not this dump's.
+        std::fs::write(
+            dir.path().join(format!("{prefix}-other.kinds.json")),
+            side("oomshim-h-1-2.json", dump.process.pid),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join(format!("{prefix}-pid.kinds.json")),
+            side("oomshim-h-1-1.json", dump.process.pid + 1),
+        )
+        .unwrap();
+        assert!(kinds_for(&path, &dump).is_none());
+        std::fs::write(
+            dir.path()
+                .join(format!("{prefix}-oomshim-h-1-1.kinds.json")),
+            side("oomshim-h-1-1.json", dump.process.pid),
+        )
+        .unwrap();
+        let k = kinds_for(&path, &dump).expect("the side file naming the dump");
+        assert_eq!((k.parameters_bytes, k.activations_bytes), (7, Some(9)));
+        apply_kinds(&mut dump, k);
+        let fw = dump.framework.as_ref().unwrap();
+        assert_eq!(fw.name, "torch");
+        assert!(fw.kinds.is_some());
+        // A dump with kinds of its own keeps them.
+        assert!(kinds_for(&path, &dump).is_none());
+    }
+
     fn fragmented(dump: &Dump) -> TorchCache {
         let req = dump.failed_request.as_ref().unwrap();
         TorchCache {

@@ -96,8 +96,7 @@ pub(crate) fn gradients_kept_into_forward(k: &Kinds) -> bool {
 /// output projection (`lm_head`) running.
 pub(crate) fn logits_in_loss(k: &Kinds) -> bool {
     k.in_loss
-        || k
-            .module
+        || k.module
             .as_ref()
             .and_then(|m| m.path.as_deref())
             .is_some_and(|p| p == "lm_head" || p.ends_with(".lm_head"))
@@ -122,14 +121,8 @@ mod tests {
 
     #[test]
     fn the_dominant_kind_is_the_largest() {
-        assert_eq!(
-            dominant(&kinds(1, 2, 3, 4)),
-            Some((Kind::Activations, 4))
-        );
-        assert_eq!(
-            dominant(&kinds(9, 2, 3, 4)),
-            Some((Kind::Parameters, 9))
-        );
+        assert_eq!(dominant(&kinds(1, 2, 3, 4)), Some((Kind::Activations, 4)));
+        assert_eq!(dominant(&kinds(9, 2, 3, 4)), Some((Kind::Parameters, 9)));
         assert_eq!(
             dominant(&kinds(1, 2, 30, 4)),
             Some((Kind::OptimizerState, 30))

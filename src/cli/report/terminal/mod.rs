@@ -404,10 +404,7 @@ fn by_kind(out: &mut String, s: &Style, dump: &Dump) {
             )
         })
         .unwrap_or_default();
-    let batch = k
-        .batch
-        .map(|b| format!(", batch {b}"))
-        .unwrap_or_default();
+    let batch = k.batch.map(|b| format!(", batch {b}")).unwrap_or_default();
     let _ = writeln!(out, "  phase: {phase}{module}{batch}");
     if !k.complete {
         let _ = writeln!(out, "  (counted in part: the hook's time budget ran out)");

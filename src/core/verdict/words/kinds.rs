@@ -107,10 +107,7 @@ pub(in crate::verdict) fn headline(c: &Ctx, k: &Kinds, failing: &str) -> Option<
             _ => kind_name(kind).to_string(),
         },
         Kind::Parameters => match duplicate_model(k) {
-            Some((i, _, _)) => format!(
-                "parameters ({} loaded twice)",
-                clean(&k.models[i].class)
-            ),
+            Some((i, _, _)) => format!("parameters ({} loaded twice)", clean(&k.models[i].class)),
             None => kind_name(kind).to_string(),
         },
         Kind::Gradients if gradients_kept_into_forward(k) => {
