@@ -91,6 +91,9 @@ fn with_progress<R>(what: &str, input: &Path, f: impl FnOnce() -> R) -> R {
 
 fn report_inner(path: &Path, top: usize, json: bool, color: bool) -> Result<String, String> {
     let mut dump = dump::read::read_dump(path).map_err(|e| e.to_string())?;
+    if let Some(k) = crate::report::torch_cache::kinds_for(path, &dump) {
+        crate::report::torch_cache::apply_kinds(&mut dump, k);
+    }
     let torch = crate::report::torch_cache::find_for(path, &dump);
     if let Some((_, cache)) = &torch {
         crate::report::torch_cache::apply(&mut dump, cache);
@@ -117,6 +120,9 @@ pub fn report_html(path: &Path, out: &Path) -> Result<String, String> {
 
 fn report_html_inner(path: &Path, out: &Path) -> Result<String, String> {
     let mut dump = dump::read::read_dump(path).map_err(|e| e.to_string())?;
+    if let Some(k) = crate::report::torch_cache::kinds_for(path, &dump) {
+        crate::report::torch_cache::apply_kinds(&mut dump, k);
+    }
     if let Some((_, cache)) = crate::report::torch_cache::find_for(path, &dump) {
         crate::report::torch_cache::apply(&mut dump, &cache);
     }

@@ -109,6 +109,11 @@ pub const SETTINGS: &[Setting] = &[
         meaning: "`1`: once the shim sees the process grow step after step under plain preload, the Python hook asks torch to record the Python stack of each new tensor (`torch.cuda.memory._record_memory_history`, about 2 µs per allocation from then on), so the dump names the lines that hold the growth. `0` never asks.",
     },
     Setting {
+        name: "OOMSHIM_KINDS_BUDGET_MS",
+        default: "2000",
+        meaning: "Time the Python hook may spend counting torch's memory by kind at one OOM (walking the garbage collector for models and optimizers, counting their tensors); what is not counted in time is marked `complete: false`.",
+    },
+    Setting {
         name: "OOMSHIM_TORCH_ALLOCATOR",
         default: "0",
         meaning: "`1` makes the injected hook enable allocator mode right after the program imports torch (what `oomshim run --torch-allocator` sets), unless the program's command line, script or the sources beside it ask for a feature torch cannot run on a pluggable allocator (CUDA-graph `torch.compile`, `MemPool`, torch's memory history or OOM observer, `cudnn.benchmark`): then torch keeps its own allocator, watched as under `LD_PRELOAD`, and one line says why. `force` skips that reading.",
@@ -793,6 +798,7 @@ mod tests {
                     | "OOMSHIM_LIB"
                     | "OOMSHIM_AUTO_STEPS"
                     | "OOMSHIM_TORCH_HISTORY"
+                    | "OOMSHIM_KINDS_BUDGET_MS"
             ) {
                 continue; // read by the Python hook and the library locators, not by Config
             }

@@ -20,6 +20,10 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../../shim/python/oomshim_hook/sitecustomize.py"),
     ),
     (
+        "kinds.py",
+        include_str!("../../shim/python/oomshim_hook/kinds.py"),
+    ),
+    (
         "oomshim/__init__.py",
         include_str!("../../shim/python/oomshim/__init__.py"),
     ),

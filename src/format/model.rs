@@ -263,6 +263,146 @@ pub struct FrameworkOom {
     /// step after step under plain preload): absent when it kept none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attribution: Option<Attribution>,
+    /// The framework's live memory by kind at the failure (torch: parameters, gradients,
+    /// optimizer state, activations, cache), the phase and the batch, from oomshim's Python
+    /// hook. Absent for other frameworks and in dumps of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kinds: Option<Kinds>,
+}
+
+/// Torch's live memory on the failing device by kind, computed once at the failure by oomshim's
+/// Python hook (shim/python/oomshim_hook/kinds.py). Tensors sharing a storage count once.
+/// `activations_bytes` is torch's allocated bytes less the parameters, gradients and optimizer
+/// state: activations, temporaries, inputs and any other live tensor.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Kinds {
+    /// Torch's `allocated_bytes.all.current` and `reserved_bytes.all.current` on the device.
+    #[serde(default)]
+    pub torch_allocated_bytes: Option<u64>,
+    #[serde(default)]
+    pub torch_reserved_bytes: Option<u64>,
+    #[serde(default)]
+    pub parameters_bytes: u64,
+    #[serde(default)]
+    pub gradients_bytes: u64,
+    #[serde(default)]
+    pub optimizer_state_bytes: u64,
+    #[serde(default)]
+    pub activations_bytes: Option<u64>,
+    /// Reserved by torch's cache but not allocated to a tensor.
+    #[serde(default)]
+    pub cache_bytes: Option<u64>,
+    /// The top-level models whose parameters are on the device, at most 16.
+    #[serde(default)]
+    pub models: Vec<ModelKind>,
+    /// The optimizers found, at most 16.
+    #[serde(default)]
+    pub optimizers: Vec<OptimizerKind>,
+    /// `forward`, `backward`, `optimizer`, `inference` (a forward without autograd), `outside`
+    /// (no step on the stack), `unknown`.
+    #[serde(default)]
+    pub phase: Option<String>,
+    /// The innermost module whose forward was running, and the outermost one.
+    #[serde(default)]
+    pub module: Option<ModuleAt>,
+    #[serde(default)]
+    pub outer_module: Option<ModuleAt>,
+    /// The shape of the outermost module's first tensor input; `batch` is its leading dimension.
+    #[serde(default)]
+    pub input_shape: Vec<u64>,
+    #[serde(default)]
+    pub batch: Option<u64>,
+    /// A loss function was on the failing stack (the request is likely the logits' loss).
+    #[serde(default)]
+    pub in_loss: bool,
+    /// The innermost frame of installed code (the framework) and of the program's own code.
+    #[serde(default)]
+    pub framework_frame: Option<PyFrame>,
+    #[serde(default)]
+    pub program_frame: Option<PyFrame>,
+    /// Forward hooks of the program's own code on the models' modules, at most 8.
+    #[serde(default)]
+    pub forward_hooks: Vec<ForwardHook>,
+    /// `hooks` (the step hooks saw a model or optimizer) or `gc` (found at the failure only).
+    #[serde(default)]
+    pub found_by: Option<String>,
+    /// False when the time budget ran out before every model and optimizer was counted.
+    #[serde(default = "yes")]
+    pub complete: bool,
+    #[serde(default)]
+    pub elapsed_ms: Option<f64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One top-level model's parameters on the device.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelKind {
+    /// The class (`GPT2LMHeadModel`) and with its module.
+    pub class: String,
+    #[serde(default)]
+    pub qualified_class: String,
+    /// Parameter bytes not counted under an earlier model (shared storages count once).
+    pub bytes: u64,
+    #[serde(default)]
+    pub tensors: u64,
+    /// Bytes by dtype (`float32`, `bfloat16`, ...).
+    #[serde(default)]
+    pub dtypes: std::collections::BTreeMap<String, u64>,
+    #[serde(default)]
+    pub grad_bytes: u64,
+    #[serde(default)]
+    pub training: bool,
+    /// Index in `models` of an earlier model with the same parameter shapes: a second copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicate_of: Option<usize>,
+}
+
+/// One optimizer's state on the device, against the parameters it steps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerKind {
+    pub class: String,
+    #[serde(default)]
+    pub qualified_class: String,
+    pub bytes: u64,
+    #[serde(default)]
+    pub param_bytes: u64,
+}
+
+/// A module whose forward was on the failing stack: class and path in the model
+/// (`transformer.h.7.attn`; empty for the model itself).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModuleAt {
+    pub class: String,
+    #[serde(default)]
+    pub qualified_class: String,
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Where its forward was when the failure happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+}
+
+/// A Python frame (function, file, line).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PyFrame {
+    pub function: String,
+    pub file: String,
+    pub line: u32,
+}
+
+/// A forward hook of the program's own code.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ForwardHook {
+    pub function: String,
+    pub file: String,
+    pub line: u32,
+    /// The module's path in the model (its class for the model itself).
+    pub module: String,
 }
 
 /// Live tensors by the program's line that allocated them, from the framework's records.

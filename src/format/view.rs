@@ -135,6 +135,73 @@ pub fn used_bytes(total: Option<u64>, free: Option<u64>) -> Option<u64> {
     Some(total?.saturating_sub(free?))
 }
 
+/// One kind of memory on the failing device, for every reader's "By kind" (report, JSON, HTML,
+/// exporter): `key` is machine-readable, `label` as people say it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct KindRow {
+    pub key: &'static str,
+    pub label: &'static str,
+    pub bytes: u64,
+}
+
+/// The device's memory by kind when the framework counted its kinds (`framework.kinds`): the
+/// framework's parameters, gradients, optimizer state, activations and cache, then what is
+/// outside it (this process's CUDA context and other libraries: used − the framework's reserved
+/// − other processes), other processes (NVML), and free. The rows sum to the device's total when
+/// its numbers are known; `None` without kinds.
+pub fn kind_rows(dump: &Dump) -> Option<(i32, Vec<KindRow>)> {
+    let k = dump.framework.as_ref()?.kinds.as_ref()?;
+    let device = dump
+        .failed_request
+        .as_ref()
+        .map(|r| r.device)
+        .or_else(|| dump.framework.as_ref().map(|_| 0))?;
+    let info = dump.devices.iter().find(|d| d.index == device);
+    let used = info.and_then(|d| used_bytes(d.total_bytes, d.free_bytes));
+    let others = dump
+        .library_memory
+        .as_ref()
+        .and_then(|l| l.untracked.iter().find(|u| u.device == device))
+        .and_then(|u| u.other_processes_bytes)
+        .unwrap_or(0);
+    let row = |key, label, bytes| KindRow { key, label, bytes };
+    let mut rows = vec![
+        row("parameters", "parameters", k.parameters_bytes),
+        row("gradients", "gradients", k.gradients_bytes),
+        row(
+            "optimizer_state",
+            "optimizer state",
+            k.optimizer_state_bytes,
+        ),
+        row(
+            "activations",
+            "activations and other live tensors",
+            k.activations_bytes.unwrap_or(0),
+        ),
+    ];
+    if let Some(c) = k.cache_bytes {
+        rows.push(row(
+            "framework_cache",
+            "torch's cache (reserved, unallocated)",
+            c,
+        ));
+    }
+    if let (Some(u), Some(r)) = (used, k.torch_reserved_bytes) {
+        rows.push(row(
+            "outside_framework",
+            "outside torch (CUDA context, libraries)",
+            u.saturating_sub(r).saturating_sub(others),
+        ));
+    }
+    if others > 0 {
+        rows.push(row("other_processes", "other processes", others));
+    }
+    if let Some(free) = info.and_then(|d| d.free_bytes) {
+        rows.push(row("free", "free", free));
+    }
+    Some((device, rows))
+}
+
 /// Whether the dump has a free-block histogram at all.
 pub fn free_blocks_available(dump: &Dump) -> bool {
     dump.free_blocks.source != "unavailable"

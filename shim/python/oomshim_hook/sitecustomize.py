@@ -238,6 +238,31 @@ def _library_file(path):
             or any(part.startswith(("python3.", "python2.")) for part in path.split("/")))
 
 
+_kinds_mod = None
+
+
+def _kinds():
+    """kinds.py beside this file, loaded under a private name (a program may have a `kinds`)."""
+    global _kinds_mod
+    if _kinds_mod is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_oomshim_kinds", os.path.join(_HERE, "kinds.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _kinds_mod = mod
+    return _kinds_mod
+
+
+def _kinds_of(torch, device, alloc, frame):
+    """Memory by kind at this failure (kinds.py), or None; its failure is one message."""
+    try:
+        return _kinds().kinds(torch, device, alloc, frame)
+    except Exception as e:
+        _warn(f"no memory by kind ({type(e).__name__}: {e})")
+        return None
+
+
 def _on_torch_oom(torch, device, alloc, device_total, device_free):
     """torch's OOM observer: (device, requested bytes, device total or allowed maximum, free).
     Runs on the failing thread after torch released its allocator lock, before it raises."""
@@ -273,6 +298,7 @@ def _on_torch_oom(torch, device, alloc, device_total, device_free):
         }
         if _history["on"]:
             account["attribution"] = _attribution(snapshot, device)
+        account["kinds"] = _kinds_of(torch, device, alloc, sys._getframe(1))
         rc, dump = _tell_shim(account)
         if dump is None or rc == 2:
             return  # no dump explains it, or an earlier dump does (a repeat): nothing to add
@@ -313,6 +339,8 @@ def _mark_steps(torch, lib, allocator):
     can name the line that holds the growth."""
     wanted = _auto_steps()
     record = not allocator and not _off("OOMSHIM_TORCH_HISTORY")
+    if allocator:
+        _allocator_excepthook(torch)
 
     def mark(source):
         if allocator:
@@ -342,7 +370,14 @@ def _mark_steps(torch, lib, allocator):
     if "optimizer" in wanted:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        register_optimizer_step_post_hook(lambda optimizer, args, kwargs: mark(1))
+        def stepped(optimizer, args, kwargs):
+            try:
+                _kinds().seen_optimizer(optimizer)
+            except Exception:
+                pass
+            mark(1)
+
+        register_optimizer_step_post_hook(stepped)
     if "forward" not in wanted:
         return
     import threading
@@ -359,12 +394,20 @@ def _mark_steps(torch, lib, allocator):
         local.depth = getattr(local, "depth", 1) - 1
         if local.depth != 0 or not handles or next(module.parameters(), None) is None:
             return
+        if allocator and output is None:
+            _allocator_oom_in_flight(torch)
         # The outermost module with parameters: the model. From now on only its own forward
         # hook runs; the global hooks (which every module call pays for) go.
         for h in handles:
             h.remove()
         handles.clear()
+        if allocator:
+            _allocator_kinds_hooks(torch, module)
         module.register_forward_hook(lambda m, a, o: mark(2))
+        try:
+            _kinds().seen_model(module)
+        except Exception:
+            pass
         mark(2)
 
     handles.append(torch_module.register_module_forward_pre_hook(pre))
@@ -373,6 +416,45 @@ def _mark_steps(torch, lib, allocator):
         handles.append(torch_module.register_module_forward_hook(post, always_call=True))
     except TypeError:
         handles.append(torch_module.register_module_forward_hook(post))
+
+
+def _allocator_oom_in_flight(torch):
+    """Inside a forward hook that runs on errors: the OutOfMemoryError leaving the forward, if
+    that is why it runs (allocator mode: kinds.py counts the kinds for its dump)."""
+    try:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, getattr(torch, "OutOfMemoryError", ())):
+            _kinds().after_allocator_oom(torch, exc, _write_private, _warn)
+    except Exception:
+        pass
+
+
+def _allocator_kinds_hooks(torch, model):
+    """Allocator mode: memory by kind when an OutOfMemoryError leaves the model's forward (a
+    forward hook that runs on errors too)."""
+    def on_error(module, args, output):
+        if output is None:
+            _allocator_oom_in_flight(torch)
+
+    try:
+        model.register_forward_hook(on_error, always_call=True)
+    except TypeError:
+        pass  # torch before 2.1: only uncaught errors are counted
+
+
+def _allocator_excepthook(torch):
+    """Allocator mode: memory by kind when an OutOfMemoryError reaches the top of the program."""
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        try:
+            if isinstance(value, getattr(torch, "OutOfMemoryError", ())):
+                _kinds().after_allocator_oom(torch, value, _write_private, _warn)
+        except Exception:
+            pass
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
 
 
 def _enable_allocator(torch):

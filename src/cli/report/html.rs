@@ -289,6 +289,11 @@ pub fn payload(model: &ReportModel) -> Value {
             "used_bytes": p.used_bytes,
             "relation": p.relation,
         })).collect::<Vec<_>>()),
+        // The failing device by kind (see dump::view::kind_rows); null without kinds.
+        "by_kind": dump::view::kind_rows(dump).map(|(device, rows)| json!({
+            "device": device,
+            "rows": rows,
+        })),
         "recording": {
             "version": dump.recording.version,
             "stacks": dump.recording.stacks,

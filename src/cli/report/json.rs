@@ -199,6 +199,19 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
         "pools": dump.pools,
         "vmm": dump.vmm,
         "library_memory": dump.library_memory,
+        // The failing device by kind (torch's parameters, gradients, optimizer state,
+        // activations, cache; outside torch; other processes; free) and the framework's whole
+        // account of the kinds; null when the framework counted none.
+        "by_kind": dump::view::kind_rows(dump).map(|(device, rows)| json!({
+            "device": device,
+            "rows": rows.iter().map(|r| json!({
+                "kind": r.key,
+                "label": r.label,
+                "bytes": r.bytes,
+                "bytes_human": human_bytes(r.bytes),
+            })).collect::<Vec<_>>(),
+            "kinds": dump.framework.as_ref().and_then(|f| f.kinds.as_ref()),
+        })),
         "recording": {
             "version": dump.recording.version,
             "stacks": dump.recording.stacks,
@@ -498,6 +511,7 @@ mod tests {
             assert_eq!(
                 keys(&v),
                 [
+                    "by_kind",
                     "config",
                     "devices",
                     "dump_schema",

@@ -113,6 +113,65 @@ fn could_ask_for(torch_bytes: u64, cuda_bytes: u64) -> bool {
     cuda_bytes >= torch_bytes.saturating_sub(20 * MIB) && cuda_bytes <= segment + 20 * MIB
 }
 
+/// Schema of the hook's side file of memory by kind, written in allocator mode (where torch has
+/// no OOM observer and the dump is final before Python hears of the failure): the kinds counted
+/// when the OutOfMemoryError reached the model's forward or the top of a thread, for the dump
+/// the error names.
+pub const KINDS_SCHEMA: &str = "oomshim.kinds/1";
+
+#[derive(Debug, Clone, Deserialize)]
+struct KindsSide {
+    schema: String,
+    pid: u32,
+    host: String,
+    dump: String,
+    kinds: dump::model::Kinds,
+}
+
+/// The kinds side file that names `dump_path` (same directory, same process), when the dump has
+/// no kinds of its own.
+pub fn kinds_for(dump_path: &Path, dump: &Dump) -> Option<dump::model::Kinds> {
+    if dump.framework.as_ref().is_some_and(|f| f.kinds.is_some()) {
+        return None;
+    }
+    let dir = dump_path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let own_name = dump_path.file_name()?.to_str()?;
+    let prefix = format!("oomshim-torch-{}-{}-", dump.process.host, dump.process.pid);
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".kinds.json"))
+        })
+        .filter_map(|p| dump::read::read_bounded(&p, MAX_BYTES, Links::Refuse).ok())
+        .filter_map(|b| serde_json::from_slice::<KindsSide>(&b).ok())
+        .find(|k| {
+            k.schema == KINDS_SCHEMA
+                && k.pid == dump.process.pid
+                && k.host == dump.process.host
+                && k.dump == own_name
+        })
+        .map(|k| k.kinds)
+}
+
+/// Puts the side file's kinds into the dump (torch's account, created when the dump has none).
+pub fn apply_kinds(dump: &mut Dump, kinds: dump::model::Kinds) {
+    let fw = dump
+        .framework
+        .get_or_insert_with(|| dump::model::FrameworkOom {
+            name: "torch".to_string(),
+            raised: true,
+            ..Default::default()
+        });
+    fw.kinds = Some(kinds);
+}
+
 /// Fills the dump's free blocks from torch's snapshot when the shim could not see them (and the
 /// snapshot is of the failing device), so the verdict can judge fragmentation.
 pub fn apply(dump: &mut Dump, cache: &TorchCache) -> bool {
@@ -183,6 +242,49 @@ mod tests {
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/oom_own_allocations.json");
         parse_dump(&std::fs::read(&path).unwrap(), &path).unwrap()
+    }
+
+    #[test]
+    fn allocator_mode_kinds_are_merged_from_the_side_file_that_names_the_dump() {
+        let mut dump = fixture();
+        dump.framework = None;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("oomshim-h-1-1.json");
+        std::fs::write(&path, b"{}").unwrap();
+        let side = |dump_name: &str, pid: u32| {
+            format!(
+                r#"{{"schema":"oomshim.kinds/1","pid":{pid},"host":"{}","dump":"{dump_name}",
+                    "kinds":{{"parameters_bytes":7,"activations_bytes":9,"phase":"forward"}}}}"#,
+                dump.process.host
+            )
+        };
+        let prefix = format!("oomshim-torch-{}-{}", dump.process.host, dump.process.pid);
+        // Another dump's kinds, and another process's, are not this dump's.
+        std::fs::write(
+            dir.path().join(format!("{prefix}-other.kinds.json")),
+            side("oomshim-h-1-2.json", dump.process.pid),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join(format!("{prefix}-pid.kinds.json")),
+            side("oomshim-h-1-1.json", dump.process.pid + 1),
+        )
+        .unwrap();
+        assert!(kinds_for(&path, &dump).is_none());
+        std::fs::write(
+            dir.path()
+                .join(format!("{prefix}-oomshim-h-1-1.kinds.json")),
+            side("oomshim-h-1-1.json", dump.process.pid),
+        )
+        .unwrap();
+        let k = kinds_for(&path, &dump).expect("the side file naming the dump");
+        assert_eq!((k.parameters_bytes, k.activations_bytes), (7, Some(9)));
+        apply_kinds(&mut dump, k);
+        let fw = dump.framework.as_ref().unwrap();
+        assert_eq!(fw.name, "torch");
+        assert!(fw.kinds.is_some());
+        // A dump with kinds of its own keeps them.
+        assert!(kinds_for(&path, &dump).is_none());
     }
 
     fn fragmented(dump: &Dump) -> TorchCache {

@@ -61,6 +61,7 @@ mod fragmentation;
 mod framework;
 mod framework_cache;
 mod host_memory;
+mod kinds;
 mod leak;
 mod other_processes;
 mod own_allocations;

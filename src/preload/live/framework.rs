@@ -4,7 +4,7 @@
 //! under LD_PRELOAD; they become the dump's `free_blocks` before the verdict is judged.
 
 use super::oom::FrameworkNote;
-use dump::model::{Attribution, CacheSummary, FrameworkOom};
+use dump::model::{Attribution, CacheSummary, FrameworkOom, Kinds, PyFrame};
 use serde::Deserialize;
 
 pub const SCHEMA: &str = "oomshim.framework-oom/1";
@@ -40,6 +40,64 @@ struct Report {
     message: Option<String>,
     #[serde(default)]
     attribution: Option<Attribution>,
+    /// A `kinds` the hook could not compute is `null`; one that does not parse is dropped
+    /// without losing the rest of the account.
+    #[serde(default, deserialize_with = "lenient")]
+    kinds: Option<Kinds>,
+}
+
+fn lenient<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Kinds>, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(v).ok())
+}
+
+/// The hook's kinds, with every list and string cut to size.
+fn bounded(mut k: Kinds) -> Kinds {
+    k.models.truncate(16);
+    k.optimizers.truncate(16);
+    k.forward_hooks.truncate(8);
+    k.input_shape.truncate(8);
+    let n = k.models.len();
+    for m in &mut k.models {
+        m.class = cut(std::mem::take(&mut m.class), 256);
+        m.qualified_class = cut(std::mem::take(&mut m.qualified_class), 512);
+        m.dtypes = std::mem::take(&mut m.dtypes)
+            .into_iter()
+            .take(8)
+            .map(|(d, b)| (cut(d, 32), b))
+            .collect();
+        if m.duplicate_of.is_some_and(|i| i >= n) {
+            m.duplicate_of = None;
+        }
+    }
+    for o in &mut k.optimizers {
+        o.class = cut(std::mem::take(&mut o.class), 256);
+        o.qualified_class = cut(std::mem::take(&mut o.qualified_class), 512);
+    }
+    for m in [&mut k.module, &mut k.outer_module].into_iter().flatten() {
+        m.class = cut(std::mem::take(&mut m.class), 256);
+        m.qualified_class = cut(std::mem::take(&mut m.qualified_class), 512);
+        m.path = m.path.take().map(|p| cut(p, 512));
+        m.file = m.file.take().map(|p| cut(p, 1024));
+    }
+    let frame = |f: &mut PyFrame| {
+        f.function = cut(std::mem::take(&mut f.function), 256);
+        f.file = cut(std::mem::take(&mut f.file), 1024);
+    };
+    for f in [&mut k.framework_frame, &mut k.program_frame]
+        .into_iter()
+        .flatten()
+    {
+        frame(f);
+    }
+    for h in &mut k.forward_hooks {
+        h.function = cut(std::mem::take(&mut h.function), 256);
+        h.file = cut(std::mem::take(&mut h.file), 1024);
+        h.module = cut(std::mem::take(&mut h.module), 512);
+    }
+    k.phase = k.phase.map(|p| cut(p, 32));
+    k.found_by = k.found_by.map(|p| cut(p, 32));
+    k
 }
 
 fn yes() -> bool {
@@ -93,6 +151,7 @@ pub fn parse(bytes: &[u8]) -> Option<(FrameworkNote, Option<(u64, u64)>)> {
             }
             a
         }),
+        kinds: r.kinds.map(bounded),
     };
     Some((
         FrameworkNote {
@@ -154,5 +213,29 @@ mod tests {
         let (note, mem) = parse(long.as_bytes()).unwrap();
         assert!(note.account.message.unwrap().len() <= MAX_MESSAGE);
         assert!(note.free_blocks.is_none() && mem.is_none());
+    }
+
+    #[test]
+    fn kinds_pass_through_and_a_broken_kinds_keeps_the_rest() {
+        let json = br#"{"schema":"oomshim.framework-oom/1","framework":"torch","device":0,"request_bytes":1,
+            "kinds":{"torch_allocated_bytes":100,"parameters_bytes":40,"gradients_bytes":0,
+                     "optimizer_state_bytes":0,"activations_bytes":60,"phase":"forward","batch":512,
+                     "models":[{"class":"M","bytes":40,"duplicate_of":7}],"unknown_key":1}}"#;
+        let (note, _) = parse(json).unwrap();
+        let k = note.account.kinds.expect("kinds");
+        assert_eq!((k.parameters_bytes, k.activations_bytes), (40, Some(60)));
+        assert_eq!(k.batch, Some(512));
+        assert!(k.complete, "complete unless said otherwise");
+        assert_eq!(
+            k.models[0].duplicate_of, None,
+            "an index past the list is dropped"
+        );
+        for kinds in ["null", r#""nonsense""#, r#"{"parameters_bytes":-5}"#] {
+            let json = format!(
+                r#"{{"schema":"oomshim.framework-oom/1","framework":"torch","device":0,"kinds":{kinds}}}"#
+            );
+            let (note, _) = parse(json.as_bytes()).expect(kinds);
+            assert!(note.account.kinds.is_none(), "{kinds}");
+        }
     }
 }

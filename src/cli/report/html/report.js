@@ -245,6 +245,20 @@
       el('span', { style: '--c: var(--own)', text: 'tracked (this process)' }),
       el('span', { style: '--c: var(--untracked)', text: 'used, not tracked' }),
       el('span', { style: '--c: var(--free)', text: 'free' })));
+    var bk = D.by_kind;
+    if (bk && bk.rows && bk.rows.length) {
+      // A stacked bar by kind of memory: torch's parameters, gradients, optimizer state,
+      // activations and cache, outside torch, other processes, free.
+      var sum = bk.rows.reduce(function (a, r) { return a + r.bytes; }, 0);
+      var kbar = el('div', { id: 'by-kind', class: 'usage' });
+      var legend = el('div', { class: 'legend' });
+      bk.rows.forEach(function (r, i) {
+        var colour = r.key === 'free' ? 'var(--free)' : 'hsl(' + ((i * 47) % 360) + ', 60%, 55%)';
+        if (sum) add(kbar, el('div', { title: r.label + ': ' + humanBytes(r.bytes), style: 'background:' + colour + ';width:' + (r.bytes * 100 / sum).toFixed(3) + '%' }));
+        add(legend, el('span', { style: '--c: ' + colour, text: r.label + ' ' + humanBytes(r.bytes) }));
+      });
+      add(s, el('h3', { text: 'By kind (device ' + bk.device + ')' }), kbar, legend);
+    }
     var ph = D.pinned_host;
     add(s, el('p', { class: 'muted', text: 'Pinned host memory: ' + humanBytes(ph.bytes) + ' in ' + thousands(ph.count) + ' allocations (peak ' + humanBytes(ph.peak_bytes) + '); host memory, not counted as device memory.' }));
   });

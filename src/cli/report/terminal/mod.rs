@@ -42,6 +42,7 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> String {
         failed_request(&mut out, &s, request);
     }
     verdict(&mut out, &s, model);
+    by_kind(&mut out, &s, dump);
     devices(&mut out, &s, model);
     libraries(&mut out, &s, dump);
     gpu_processes(&mut out, &s, model, opts.top);
@@ -320,6 +321,96 @@ fn devices(out: &mut String, s: &Style, model: &ReportModel) {
 
 /// Device memory by library, and what the untracked part is made of (absent in dumps without
 /// `library_memory`).
+/// The failing device by kind of memory (torch's parameters, gradients, optimizer state,
+/// activations, cache; outside torch; other processes; free), a bar per kind against the
+/// device's total, and where the framework failed.
+fn by_kind(out: &mut String, s: &Style, dump: &Dump) {
+    let Some((device, rows)) = dump::view::kind_rows(dump) else {
+        return;
+    };
+    let k = dump
+        .framework
+        .as_ref()
+        .and_then(|f| f.kinds.as_ref())
+        .expect("kind_rows has kinds");
+    let total: u64 = rows.iter().map(|r| r.bytes).fold(0, u64::saturating_add);
+    let _ = writeln!(out, "\n{}", s.title(&format!("By kind (device {device})")));
+    let mut t = Table::new(&[
+        ("KIND", Align::Left),
+        ("BYTES", Align::Right),
+        ("SHARE", Align::Right),
+        ("", Align::Left),
+    ]);
+    for r in &rows {
+        let bar = if total == 0 {
+            0
+        } else {
+            ((r.bytes as u128 * BAR as u128).div_ceil(total as u128)) as usize
+        };
+        t.row(
+            vec![
+                r.label.to_string(),
+                human_bytes(r.bytes),
+                percent(dump::units::share(r.bytes, total)),
+                "#".repeat(bar.min(BAR)),
+            ],
+            vec![],
+        );
+    }
+    t.render(out, s);
+    for m in k.models.iter().take(4) {
+        let dtypes: Vec<String> = m
+            .dtypes
+            .iter()
+            .map(|(d, b)| format!("{} {}", clean(d), human_bytes(*b)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  model {}: {} of parameters ({}){}",
+            truncate_middle(&clean(&m.class), MAX_CELL),
+            human_bytes(m.bytes),
+            dtypes.join(", "),
+            match m.duplicate_of.and_then(|j| k.models.get(j)) {
+                Some(first) => format!(
+                    "; same parameter shapes as {}: a second copy",
+                    truncate_middle(&clean(&first.class), MAX_CELL)
+                ),
+                None => String::new(),
+            }
+        );
+    }
+    for o in k.optimizers.iter().take(4) {
+        let _ = writeln!(
+            out,
+            "  optimizer {}: {} of state for {} of parameters",
+            truncate_middle(&clean(&o.class), MAX_CELL),
+            human_bytes(o.bytes),
+            human_bytes(o.param_bytes)
+        );
+    }
+    let phase = k.phase.as_deref().map(clean).unwrap_or_else(|| "-".into());
+    let module = k
+        .module
+        .as_ref()
+        .map(|m| {
+            format!(
+                ", module {}{}",
+                truncate_middle(&clean(&m.class), MAX_CELL),
+                m.path
+                    .as_deref()
+                    .filter(|p| !p.is_empty())
+                    .map(|p| format!(" at {}", truncate_left(&clean(p), MAX_FILE)))
+                    .unwrap_or_default()
+            )
+        })
+        .unwrap_or_default();
+    let batch = k.batch.map(|b| format!(", batch {b}")).unwrap_or_default();
+    let _ = writeln!(out, "  phase: {phase}{module}{batch}");
+    if !k.complete {
+        let _ = writeln!(out, "  (counted in part: the hook's time budget ran out)");
+    }
+}
+
 fn libraries(out: &mut String, s: &Style, dump: &Dump) {
     let Some(l) = &dump.library_memory else {
         return;

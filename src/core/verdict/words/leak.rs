@@ -94,6 +94,14 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
         ),
         },
     };
+    // The program's own forward hook, when the hook found one: what keeps the growth, next to
+    // the line that allocated it.
+    let kinds = crate::verdict::kinds::kinds_of(c.dump);
+    let keeper = kinds.and_then(super::kinds::hook_keeper);
+    let headline = match &keeper {
+        Some(k) => format!("{headline}; possibly kept by {k}"),
+        None => headline,
+    };
     let records = recorded
         .map(|a| {
             let parts: Vec<String> = a
@@ -224,6 +232,14 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
             .or_else(|| l.sites.first().map(|(s, _)| site_name(s)))
             .unwrap_or_else(|| "each step".to_string()),
     };
+    if let Some(k) = &keeper {
+        f.suggestions.push(format!(
+            "{k} runs on every forward pass: if it stores the outputs (in a list or dict), they stay on the device with              their autograd graph; store `output.detach().cpu()` or a number (`.item()`), or remove the hook."
+        ));
+    }
+    if let Some(k) = kinds {
+        f.evidence.extend(super::kinds::evidence(c, k));
+    }
     f.suggestions.extend(leak_advice(fw, &label));
     if l.detected.is_some() {
         f.suggestions.push(match fw {

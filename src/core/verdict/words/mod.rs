@@ -6,6 +6,7 @@ pub(super) mod evidence;
 pub(super) mod fragmentation;
 pub(super) mod framework_cache;
 pub(super) mod host_memory;
+pub(super) mod kinds;
 pub(super) mod leak;
 pub(super) mod other_processes;
 pub(super) mod own_allocations;

@@ -148,7 +148,10 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
         Some(next) => format!("{largest}; next: {next}"),
         None => largest,
     };
+    let kinds = crate::verdict::kinds::kinds_of(dump);
+    let by_kind = kinds.and_then(|k| super::kinds::headline(c, k, &failing));
     let headline = match used {
+        _ if by_kind.is_some() => by_kind.clone().unwrap_or_default(),
         Some(_)
             if request.api == api::FRAMEWORK_ALLOCATOR
                 && dump.framework.as_ref().is_some_and(|f| f.name == "xla") =>
@@ -170,7 +173,15 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
     };
     let fw = framework(dump);
     let xla_pool = fw == Framework::Jax && request.api == api::FRAMEWORK_ALLOCATOR;
-    let mut suggestions = own_advice(fw, site);
+    let kind_advice = kinds
+        .filter(|_| by_kind.is_some())
+        .map(|k| super::kinds::advice(c, k))
+        .unwrap_or_default();
+    let mut suggestions = if kind_advice.is_empty() {
+        own_advice(fw, site)
+    } else {
+        kind_advice
+    };
     if xla_pool {
         suggestions.insert(
             0,
@@ -181,7 +192,10 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
                 .to_string(),
         );
     }
-    let mut evidence = Vec::new();
+    let mut evidence = match kinds {
+        Some(k) => super::kinds::evidence(c, k),
+        None => Vec::new(),
+    };
     if let Some(f) = dump.framework.as_ref().filter(|_| xla_pool) {
         evidence.push(format!(
             "XLA refused {req} inside its own pool{}",

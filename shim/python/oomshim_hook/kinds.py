@@ -1,0 +1,494 @@
+"""What kind of memory fills the device when torch runs out of it: parameters (per model),
+gradients, optimizer state (per optimizer), activations and other live tensors, torch's cache;
+the phase the program was in (forward and in which module, backward, the optimizer step,
+inference, outside any step) and the batch that was running.
+
+Computed once per failure by `kinds(...)`, called from the OOM observer in sitecustomize.py (or,
+in allocator mode, where torch has no OOM observer, when the OutOfMemoryError reaches the
+outermost module or the top of a thread). Nothing here runs per allocation: the step hooks only
+remember the models and optimizers they saw (weak references). The phase and the module come
+from the failing thread's Python stack at the failure, not from hooks on every module call.
+
+Never raises into the program; bounded in time (OOMSHIM_KINDS_BUDGET_MS, default 2000).
+"""
+
+import os
+import sys
+import time
+import weakref
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_models = weakref.WeakSet()
+_optimizers = weakref.WeakSet()
+_MAX_MODELS = 16
+_MAX_HOOKS = 8
+
+
+def seen_model(module):
+    """The outermost module of a forward pass, as the step hooks found it."""
+    try:
+        _models.add(module)
+    except TypeError:
+        pass
+
+
+def seen_optimizer(optimizer):
+    """An optimizer whose step the global post-hook saw (once per step: a set insertion)."""
+    try:
+        if optimizer is not None:
+            _optimizers.add(optimizer)
+    except TypeError:
+        pass
+
+
+class _Out(Exception):
+    """The time budget is spent."""
+
+
+def _library_file(path):
+    return ("/site-packages/" in path or "/dist-packages/" in path or path.startswith("<frozen")
+            or any(part.startswith(("python3.", "python2.")) for part in path.split("/")))
+
+
+def _own_file(path):
+    return os.path.dirname(os.path.abspath(path)) == _HERE if path and not path.startswith("<") else False
+
+
+def _qualname(obj):
+    t = type(obj)
+    mod = getattr(t, "__module__", "") or ""
+    name = getattr(t, "__qualname__", t.__name__)
+    return name, (f"{mod}.{name}" if mod and mod != "builtins" else name)
+
+
+class _Counter:
+    def __init__(self, torch, device, deadline):
+        self.torch = torch
+        self.device = device
+        self.deadline = deadline
+        self.seen = set()
+        self.ticks = 0
+
+    def tick(self):
+        self.ticks += 1
+        if self.ticks & 255 == 0 and time.monotonic() > self.deadline:
+            raise _Out()
+
+    def on_device(self, t):
+        try:
+            d = t.device
+            if d.type != "cuda":
+                return False
+            return (d.index if d.index is not None else self.device) == self.device
+        except Exception:
+            return False
+
+    def storage(self, t):
+        """(key, bytes) of the storage behind tensor `t`."""
+        try:
+            s = t.untyped_storage()
+            return (s.data_ptr(), int(s.nbytes()))
+        except Exception:
+            return (t.data_ptr(), int(t.numel()) * int(t.element_size()))
+
+    def count(self, t):
+        """Bytes of `t`'s storage not counted before (0 if it was, or if `t` is not on the
+        failing device)."""
+        self.tick()
+        if t is None or not isinstance(t, self.torch.Tensor) or not self.on_device(t):
+            return 0
+        key, n = self.storage(t)
+        if key in self.seen:
+            return 0
+        self.seen.add(key)
+        return n
+
+
+def _find_roots(torch, deadline):
+    """nn.Module roots and optimizers: those the hooks saw, else (and also: a second copy of a
+    model is never run) every one the garbage collector tracks, bounded in time."""
+    import gc
+
+    Module = torch.nn.Module
+    Optimizer = getattr(torch.optim, "Optimizer", None)
+    modules, optimizers = list(_models), list(_optimizers)
+    complete = True
+    found_modules = []
+    try:
+        for i, obj in enumerate(gc.get_objects()):
+            if i & 4095 == 0 and time.monotonic() > deadline:
+                complete = False
+                break
+            try:
+                if isinstance(obj, Module):
+                    found_modules.append(obj)
+                elif Optimizer is not None and isinstance(obj, Optimizer) and obj not in optimizers:
+                    optimizers.append(obj)
+            except Exception:
+                continue
+    except Exception:
+        complete = False
+    children = set()
+    for m in found_modules:
+        try:
+            for c in getattr(m, "_modules", {}).values():
+                if c is not None:
+                    children.add(id(c))
+        except Exception:
+            pass
+    known = {id(m) for m in modules}
+    for m in found_modules:
+        if id(m) not in children and id(m) not in known:
+            modules.append(m)
+            known.add(id(m))
+    return modules, optimizers, complete
+
+
+def _stack_view(torch, frame):
+    """The phase, modules and frames of the failing thread's stack, innermost first."""
+    Module = torch.nn.Module
+    Optimizer = getattr(torch.optim, "Optimizer", None)
+    inner_module = outer_module = outer_frame = inner_where = None
+    in_optimizer = None
+    backward = False
+    in_loss = False
+    framework_frame = program_frame = None
+    f = frame
+    depth = 0
+    while f is not None and depth < 400:
+        depth += 1
+        code = f.f_code
+        fname = code.co_filename
+        if not _own_file(fname):
+            where = {"function": code.co_name, "file": fname, "line": f.f_lineno}
+            if _library_file(fname):
+                if framework_frame is None:
+                    framework_frame = where
+            elif program_frame is None:
+                program_frame = where
+            name = code.co_name
+            if "loss" in name.lower() or name in ("cross_entropy", "nll_loss", "log_softmax"):
+                in_loss = True
+            if name in ("backward", "_engine_run_backward", "run_backward") and (
+                    "autograd" in fname or fname.endswith("_tensor.py")):
+                backward = True
+            if name == "forward" or name == "step" or name.startswith("_call_impl") or name == "_wrapped_call_impl":
+                try:
+                    owner = f.f_locals.get("self")
+                except Exception:
+                    owner = None
+                if owner is not None:
+                    try:
+                        if name == "forward" and isinstance(owner, Module):
+                            if inner_module is None:
+                                inner_module = owner
+                                inner_where = (fname, f.f_lineno)
+                            outer_module, outer_frame = owner, f
+                            if "Loss" in type(owner).__name__:
+                                in_loss = True
+                        elif Optimizer is not None and isinstance(owner, Optimizer) and in_optimizer is None:
+                            in_optimizer = owner
+                    except Exception:
+                        pass
+        f = f.f_back
+    try:
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            backward = True
+    except Exception:
+        pass
+    if not backward and program_frame is None and framework_frame is None:
+        # No Python frame at all on a thread Python did not start: one of autograd's engine
+        # threads, which run the backward pass of CUDA tensors.
+        try:
+            import threading
+
+            backward = isinstance(threading.current_thread(), threading._DummyThread)
+        except Exception:
+            pass
+    grad = True
+    try:
+        grad = bool(torch.is_grad_enabled())
+        if getattr(torch, "is_inference_mode_enabled", None) and torch.is_inference_mode_enabled():
+            grad = False
+    except Exception:
+        pass
+    if backward:
+        phase = "backward"
+    elif in_optimizer is not None:
+        phase = "optimizer"
+    elif outer_module is not None:
+        phase = "forward" if grad else "inference"
+    elif program_frame is None and framework_frame is None:
+        phase = "unknown"
+    else:
+        phase = "outside"
+    return {
+        "phase": phase,
+        "inner_module": inner_module,
+        "inner_where": inner_where,
+        "outer_module": outer_module,
+        "outer_frame": outer_frame,
+        "optimizer": in_optimizer,
+        "in_loss": in_loss,
+        "framework_frame": framework_frame,
+        "program_frame": program_frame,
+    }
+
+
+def _input_shape(torch, frame):
+    """The shape of the first tensor argument of the outermost module's forward."""
+    if frame is None:
+        return None
+    try:
+        code = frame.f_code
+        loc = frame.f_locals
+        n = code.co_argcount + code.co_kwonlyargcount
+        names = list(code.co_varnames[1:n])
+        if code.co_flags & 0x04:  # *args
+            names.append(code.co_varnames[n])
+        for name in names:
+            v = loc.get(name)
+            if isinstance(v, (tuple, list)):
+                v = next((x for x in v if isinstance(x, torch.Tensor)), None)
+            if isinstance(v, torch.Tensor) and v.dim() >= 1:
+                return [int(x) for x in v.shape]
+    except Exception:
+        pass
+    return None
+
+
+def _module_path(root, target, deadline):
+    if root is None or target is None:
+        return None
+    if root is target:
+        return ""
+    try:
+        for i, (name, m) in enumerate(root.named_modules()):
+            if m is target:
+                return name
+            if i & 255 == 0 and time.monotonic() > deadline:
+                return None
+    except Exception:
+        pass
+    return None
+
+
+def _program_hooks(models, deadline):
+    """Forward hooks of the program's own code on the models' modules (a hook that keeps each
+    output is a leak named at the hook, not at the line that called the model)."""
+    out = []
+    for root in models:
+        try:
+            for name, m in root.named_modules():
+                if time.monotonic() > deadline or len(out) >= _MAX_HOOKS:
+                    return out
+                hooks = getattr(m, "_forward_hooks", None)
+                if not hooks:
+                    continue
+                for fn in list(hooks.values()):
+                    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__func__", None), "__code__", None)
+                    if code is None or _library_file(code.co_filename) or _own_file(code.co_filename):
+                        continue
+                    out.append({"function": getattr(fn, "__qualname__", code.co_name), "file": code.co_filename,
+                                "line": code.co_firstlineno, "module": name or type(m).__name__})
+        except Exception:
+            continue
+    return out
+
+
+def _describe_module(m, path):
+    if m is None:
+        return None
+    short, full = _qualname(m)
+    return {"class": short, "qualified_class": full, "path": path}
+
+
+def kinds(torch, device, request_bytes, frame=None, budget_ms=None):
+    """The account of memory by kind on `device` at this failure, as a dict for the dump's
+    framework account (`kinds`), or None when it cannot be had."""
+    start = time.monotonic()
+    if budget_ms is None:
+        try:
+            budget_ms = int(os.environ.get("OOMSHIM_KINDS_BUDGET_MS", "2000"))
+        except ValueError:
+            budget_ms = 2000
+    deadline = start + max(budget_ms, 1) / 1000.0
+    if frame is None:
+        frame = sys._getframe(1)
+    out = {"complete": True}
+    try:
+        s = torch.cuda.memory_stats(device)
+        allocated = int(s.get("allocated_bytes.all.current", 0))
+        reserved = int(s.get("reserved_bytes.all.current", 0))
+    except Exception:
+        allocated = reserved = None
+    out["torch_allocated_bytes"] = allocated
+    out["torch_reserved_bytes"] = reserved
+    view = _stack_view(torch, frame)
+    c = _Counter(torch, device, deadline)
+    models, optimizers, complete = _find_roots(torch, deadline)
+    out["complete"] = complete
+    # A model the stack shows first, then the ones the hooks saw, then the rest.
+    outer = view["outer_module"]
+    if outer is not None:
+        top = next((m for m in models if m is outer or _module_path(m, outer, deadline) is not None), outer)
+        models = [top] + [m for m in models if m is not top]
+    param_total = grad_total = state_total = 0
+    model_list = []
+    signatures = {}
+    opt_list = []
+    try:
+        for m in models:
+            if len(model_list) >= _MAX_MODELS:
+                out["complete"] = False
+                break
+            nbytes = count = 0
+            dtypes = {}
+            shapes = []
+            g = 0
+            for p in m.parameters():
+                n = c.count(p)
+                if not c.on_device(p):
+                    continue
+                shapes.append((tuple(int(x) for x in p.shape), str(p.dtype)))
+                if n:
+                    nbytes += n
+                    count += 1
+                    key = str(p.dtype).replace("torch.", "")
+                    dtypes[key] = dtypes.get(key, 0) + n
+            if not shapes:
+                continue
+            short, full = _qualname(m)
+            entry = {"class": short, "qualified_class": full, "bytes": nbytes, "tensors": count,
+                     "dtypes": dtypes, "training": bool(getattr(m, "training", True))}
+            sig = hash(tuple(shapes))
+            if sig in signatures and nbytes:
+                entry["duplicate_of"] = signatures[sig]
+            elif nbytes:
+                signatures[sig] = len(model_list)
+            model_list.append(entry)
+            param_total += nbytes
+            for p in m.parameters():
+                g += c.count(getattr(p, "grad", None))
+            entry["grad_bytes"] = g
+            grad_total += g
+        for o in optimizers:
+            groups = getattr(o, "param_groups", [])
+            pbytes = 0
+            loose = 0
+            params = []
+            for group in groups:
+                for p in group.get("params", []):
+                    params.append(p)
+            for p in params:
+                if not isinstance(p, torch.Tensor) or not c.on_device(p):
+                    continue
+                key, n = c.storage(p)
+                pbytes += n
+                if key not in c.seen:
+                    # A parameter of no model found: it is a parameter all the same.
+                    loose += c.count(p)
+                    grad_total += c.count(getattr(p, "grad", None))
+            sbytes = 0
+            for st in list(getattr(o, "state", {}).values()):
+                if isinstance(st, dict):
+                    for v in st.values():
+                        sbytes += c.count(v)
+            short, full = _qualname(o)
+            opt_list.append({"class": short, "qualified_class": full, "bytes": sbytes, "param_bytes": pbytes})
+            state_total += sbytes
+            if loose:
+                model_list.append({"class": "(parameters of " + short + " outside any model)", "qualified_class": "",
+                                   "bytes": loose, "tensors": 0, "dtypes": {}, "training": True})
+                param_total += loose
+            if len(opt_list) >= _MAX_MODELS:
+                break
+    except _Out:
+        out["complete"] = False
+    out["models"] = model_list
+    out["optimizers"] = opt_list
+    out["parameters_bytes"] = param_total
+    out["gradients_bytes"] = grad_total
+    out["optimizer_state_bytes"] = state_total
+    if allocated is not None:
+        out["activations_bytes"] = max(allocated - param_total - grad_total - state_total, 0)
+    if allocated is not None and reserved is not None:
+        out["cache_bytes"] = max(reserved - allocated, 0)
+    out["phase"] = view["phase"]
+    inner, outer = view["inner_module"], view["outer_module"]
+    root = models[0] if models else outer
+    out["module"] = _describe_module(inner, _module_path(root, inner, deadline))
+    if out["module"] and view["inner_where"]:
+        out["module"]["file"], out["module"]["line"] = view["inner_where"]
+    out["outer_module"] = _describe_module(outer, _module_path(root, outer, deadline))
+    shape = _input_shape(torch, view["outer_frame"])
+    if shape:
+        out["input_shape"] = shape
+        out["batch"] = shape[0]
+    out["in_loss"] = view["in_loss"]
+    if view["framework_frame"]:
+        out["framework_frame"] = view["framework_frame"]
+    if view["program_frame"]:
+        out["program_frame"] = view["program_frame"]
+    if view["optimizer"] is not None:
+        out["step_optimizer"] = _qualname(view["optimizer"])[0]
+    hooks = _program_hooks(models[:_MAX_MODELS], deadline)
+    if hooks:
+        out["forward_hooks"] = hooks
+    out["found_by"] = "hooks" if (_models or _optimizers) else "gc"
+    out["request_bytes"] = int(request_bytes) if request_bytes is not None else None
+    out["elapsed_ms"] = round((time.monotonic() - start) * 1000, 1)
+    return out
+
+
+# Allocator mode: torch calls no OOM observer under a pluggable allocator, and the shim's dump is
+# final when the allocation fails (its path is in the error's message). The kinds are counted
+# when the OutOfMemoryError reaches the outermost module's forward hook (always_call) or the top
+# of a thread, from the innermost frame of its traceback (whose frames still hold the step's
+# tensors), and saved beside the dump for `oomshim report` to merge.
+_KINDS_SCHEMA = "oomshim.kinds/1"
+_done = set()
+
+
+def _dump_named(exc):
+    import re
+
+    m = re.search(r" Dump: (\S+\.json) \(oomshim report ", str(exc))
+    return m.group(1) if m else None
+
+
+def after_allocator_oom(torch, exc, write_private, warn):
+    """Counts the kinds for an allocator-mode OutOfMemoryError once, and writes them beside the
+    dump its message names. Never raises."""
+    try:
+        if id(exc) in _done:
+            return
+        _done.add(id(exc))
+        dump = _dump_named(exc)
+        if not dump or not os.path.isabs(dump):
+            return
+        tb = exc.__traceback__
+        frame = None
+        while tb is not None:
+            frame = tb.tb_frame
+            tb = tb.tb_next
+        import json
+        import socket
+
+        device = 0
+        try:
+            device = int(torch.cuda.current_device())
+        except Exception:
+            pass
+        k = kinds(torch, device, None, frame)
+        if k is None:
+            return
+        host = socket.gethostname()
+        side = {"schema": _KINDS_SCHEMA, "pid": os.getpid(), "host": host, "dump": os.path.basename(dump),
+                "kinds": k}
+        stem = os.path.basename(dump)[:-len(".json")]
+        name = f"oomshim-torch-{host}-{os.getpid()}-{stem}.kinds.json"
+        write_private(os.path.join(os.path.dirname(dump), name), json.dumps(side, indent=1).encode())
+    except Exception as e:
+        warn(f"no memory by kind for this failure ({type(e).__name__}: {e})")

@@ -1,0 +1,381 @@
+//! The words of torch's memory by kind (`src/core/verdict/kinds.rs`): the headline of
+//! `own_allocations` when the hook counted the kinds, the evidence line by kind, and advice
+//! chosen by the dominant kind, with numbers.
+
+use crate::verdict::context::Ctx;
+use crate::verdict::kinds::{
+    bytes_per_sample, dominant, duplicate_model, gradients_kept_into_forward, largest_batch,
+    logits_in_loss, main_dtype, Kind,
+};
+use dump::model::{Kinds, ModuleAt, PyFrame};
+use dump::units::{clean, human_bytes, thousands};
+
+/// How the kinds are called in sentences.
+pub(in crate::verdict) fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Parameters => "parameters (the weights)",
+        Kind::Gradients => "gradients",
+        Kind::OptimizerState => "optimizer state",
+        Kind::Activations => "activations and other live tensors",
+    }
+}
+
+/// A file as the headline shows it: below `site-packages/` (`transformers/models/gpt2/…`), else
+/// its base name.
+fn short_file(path: &str) -> String {
+    let p = clean(path);
+    for marker in ["/site-packages/", "/dist-packages/"] {
+        if let Some(i) = p.rfind(marker) {
+            return p[i + marker.len()..].to_string();
+        }
+    }
+    p.rsplit('/').next().unwrap_or(&p).to_string()
+}
+
+fn frame_text(f: &PyFrame) -> String {
+    format!(
+        "{} ({}:{})",
+        clean(&f.function),
+        short_file(&f.file),
+        f.line
+    )
+}
+
+/// `Attention.forward (model.py:12) at blocks.3.attn`.
+pub(in crate::verdict) fn module_text(m: &ModuleAt) -> String {
+    let at = match (&m.file, m.line) {
+        (Some(f), Some(l)) => format!(" ({}:{l})", short_file(f)),
+        _ => String::new(),
+    };
+    let path = match m.path.as_deref() {
+        Some(p) if !p.is_empty() => format!(" at `{}`", clean(p)),
+        _ => String::new(),
+    };
+    format!("{}.forward{at}{path}", clean(&m.class))
+}
+
+/// Where the program was: `in the forward pass, in Attention.forward (model.py:12) at
+/// blocks.3.attn, batch 64 (64×128)`.
+pub(in crate::verdict) fn phase_text(k: &Kinds) -> String {
+    let batch = match (k.batch, k.input_shape.len()) {
+        (Some(b), n) if n > 1 => format!(
+            ", batch {b} ({})",
+            k.input_shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("×")
+        ),
+        (Some(b), _) => format!(", batch {b}"),
+        _ => String::new(),
+    };
+    let module = k
+        .module
+        .as_ref()
+        .map(|m| format!(", in {}", module_text(m)))
+        .unwrap_or_default();
+    match k.phase.as_deref() {
+        Some("forward") => format!("in the forward pass{module}{batch}"),
+        Some("inference") => format!("in a forward pass without autograd{module}{batch}"),
+        Some("backward") => format!("in the backward pass{batch}"),
+        Some("optimizer") => "in the optimizer step".to_string(),
+        Some("outside") => "outside any forward pass, backward pass or optimizer step".to_string(),
+        _ => String::new(),
+    }
+}
+
+/// The headline of `own_allocations` with the kinds: the dominant kind and its bytes, the
+/// others, the phase, and the failing call (the program's line and the framework's module).
+pub(in crate::verdict) fn headline(c: &Ctx, k: &Kinds, failing: &str) -> Option<String> {
+    let (kind, bytes) = dominant(k)?;
+    let of = match c.used {
+        Some(u) if u > 0 => format!(" of the {} in use", human_bytes(u)),
+        _ => String::new(),
+    };
+    let rest: Vec<String> = crate::verdict::kinds::by_kind(k)
+        .into_iter()
+        .filter(|&(other, _)| other != kind)
+        .map(|(other, b)| format!("{} {}", short_name(other), human_bytes(b)))
+        .collect();
+    let what = match kind {
+        Kind::OptimizerState => match k.optimizers.iter().max_by_key(|o| o.bytes) {
+            Some(o) if o.param_bytes > 0 => format!(
+                "{}'s optimizer state ({:.1}× the weights it steps)",
+                clean(&o.class),
+                o.bytes as f64 / o.param_bytes as f64
+            ),
+            _ => kind_name(kind).to_string(),
+        },
+        Kind::Parameters => match duplicate_model(k) {
+            Some((i, _, _)) => format!("parameters ({} loaded twice)", clean(&k.models[i].class)),
+            None => kind_name(kind).to_string(),
+        },
+        Kind::Gradients if gradients_kept_into_forward(k) => {
+            "gradients kept from the last step".to_string()
+        }
+        _ => kind_name(kind).to_string(),
+    };
+    let phase = phase_text(k);
+    let phase = if phase.is_empty() {
+        String::new()
+    } else {
+        format!("; {phase}")
+    };
+    let program = if failing.is_empty() {
+        k.program_frame
+            .as_ref()
+            .map(|f| format!(" at {}", frame_text(f)))
+            .unwrap_or_default()
+    } else {
+        failing.to_string()
+    };
+    Some(format!(
+        "{what} fill device {}: {}{of} ({}){phase}; the {} request{program} failed",
+        c.dev,
+        human_bytes(bytes),
+        rest.join(", "),
+        c.req,
+    ))
+}
+
+fn short_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Parameters => "parameters",
+        Kind::Gradients => "gradients",
+        Kind::OptimizerState => "optimizer state",
+        Kind::Activations => "activations",
+    }
+}
+
+/// `keep (train.py:20), a forward hook on `fc``: the program's own forward hook, the likeliest
+/// keeper of a growth that comes from the model's outputs.
+pub(in crate::verdict) fn hook_keeper(k: &Kinds) -> Option<String> {
+    let h = k.forward_hooks.first()?;
+    Some(format!(
+        "{} ({}:{}), a forward hook of the program on `{}`",
+        clean(&h.function),
+        short_file(&h.file),
+        h.line,
+        clean(&h.module)
+    ))
+}
+
+/// One evidence line: every kind with its bytes, the models and optimizers.
+pub(in crate::verdict) fn evidence(c: &Ctx, k: &Kinds) -> Vec<String> {
+    let mut parts: Vec<String> = crate::verdict::kinds::by_kind(k)
+        .into_iter()
+        .map(|(kind, b)| format!("{} {}", short_name(kind), human_bytes(b)))
+        .collect();
+    if let Some(cache) = k.cache_bytes {
+        parts.push(format!("torch's cache {}", human_bytes(cache)));
+    }
+    if let (Some(u), Some(r)) = (c.used, k.torch_reserved_bytes) {
+        let outside = u.saturating_sub(r).saturating_sub(c.others_bytes);
+        parts.push(format!(
+            "outside torch (CUDA context, libraries) {}",
+            human_bytes(outside)
+        ));
+    }
+    if c.others_bytes > 0 {
+        parts.push(format!("other processes {}", human_bytes(c.others_bytes)));
+    }
+    let mut out = vec![format!(
+        "memory by kind on device {} when torch failed: {}{}",
+        c.dev,
+        parts.join(", "),
+        if k.complete {
+            ""
+        } else {
+            " (counted in part: the time budget ran out)"
+        }
+    )];
+    for m in k.models.iter().take(4) {
+        let dtypes: Vec<String> = m
+            .dtypes
+            .iter()
+            .map(|(d, b)| format!("{} {}", clean(d), human_bytes(*b)))
+            .collect();
+        out.push(format!(
+            "model {}: {} of parameters{}{}",
+            clean(&m.class),
+            human_bytes(m.bytes),
+            if dtypes.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", dtypes.join(", "))
+            },
+            match m.duplicate_of.and_then(|j| k.models.get(j)) {
+                Some(first) => format!(
+                    "; the same parameter shapes as {}: a second copy",
+                    clean(&first.class)
+                ),
+                None => String::new(),
+            }
+        ));
+    }
+    for o in k.optimizers.iter().take(4) {
+        out.push(format!(
+            "optimizer {}: {} of state for {} of parameters",
+            clean(&o.class),
+            human_bytes(o.bytes),
+            human_bytes(o.param_bytes)
+        ));
+    }
+    if let Some(f) = &k.framework_frame {
+        out.push(format!(
+            "the failing allocation was made in {}",
+            frame_text(f)
+        ));
+    }
+    out
+}
+
+/// Advice chosen by the dominant kind, quantified; first the kind's own, then the general.
+pub(in crate::verdict) fn advice(c: &Ctx, k: &Kinds) -> Vec<String> {
+    let Some((kind, bytes)) = dominant(k) else {
+        return Vec::new();
+    };
+    let request = c.request.bytes;
+    let mut out = Vec::new();
+    if let Some((i, j, b)) = duplicate_model(k) {
+        out.push(format!(
+            "{} is loaded twice: a second model with the same parameter shapes as {} holds another {}. Keep one \
+             (`del` the other copy and every reference to it, then `gc.collect()`), or share its weights.",
+            clean(&k.models[i].class),
+            clean(&k.models[j].class),
+            human_bytes(b)
+        ));
+    }
+    if gradients_kept_into_forward(k) {
+        out.push(format!(
+            "Gradients of {} are still live in the forward pass: they were kept from the last step (never zeroed, or \
+             `zero_grad(set_to_none=False)`). Call `optimizer.zero_grad(set_to_none=True)` after each step (the default \
+             since torch 2.0) so they are freed until backward needs them.",
+            human_bytes(k.gradients_bytes)
+        ));
+    }
+    match kind {
+        Kind::Activations => {
+            let per = bytes_per_sample(k, request);
+            let fits = largest_batch(k, request, c.n.free);
+            match (k.batch, per, fits) {
+                (Some(b), Some(per), Some(0)) => out.push(format!(
+                    "At {} per sample not even one sample of this batch of {b} would fit: the activations are not this \
+                     batch's alone. Look for tensors kept from earlier steps (outputs or losses stored in a list or dict, \
+                     a hook that keeps them) before lowering the batch.",
+                    human_bytes(per)
+                )),
+                (Some(b), Some(per), Some(fits)) => out.push(format!(
+                    "The batch of {b} needs at least {} of activations per sample ({} held, plus the {} request); at this \
+                     rate at most {} would have fit, fewer since the rest of the step needs more: lower the batch (or \
+                     sequence length) well below that, and keep the effective batch with gradient accumulation.",
+                    human_bytes(per),
+                    human_bytes(k.activations_bytes.unwrap_or(0)),
+                    c.req,
+                    if fits < b {
+                        format!("a batch of {}", thousands(fits))
+                    } else {
+                        format!("a batch of about {}", thousands(fits))
+                    }
+                )),
+                _ => out.push(format!(
+                    "Activations and other live tensors hold {}: lower the batch size or sequence length (gradient \
+                     accumulation keeps the effective batch).",
+                    human_bytes(bytes)
+                )),
+            }
+            if k.phase.as_deref() == Some("forward")
+                && k.outer_module.is_some()
+                && !k.models.first().is_some_and(|m| m.training)
+            {
+                out.push(
+                    "The model is in eval mode but autograd is on, so every activation is kept for a backward that never \
+                     comes: run evaluation under `torch.inference_mode()` (or `torch.no_grad()`)."
+                        .to_string(),
+                );
+            }
+            if logits_in_loss(k) {
+                out.push(format!(
+                    "The failing request of {} is the loss over the logits (batch × sequence × vocabulary, upcast to \
+                     float32 in the loss): compute the loss in chunks of the sequence (a chunked or fused cross-entropy, \
+                     e.g. Liger's `LigerFusedLinearCrossEntropyLoss`), or only over the positions that need it.",
+                    c.req
+                ));
+            }
+            if k.phase.as_deref() != Some("inference") {
+                out.push(
+                    "Gradient checkpointing recomputes activations in backward instead of keeping them \
+                     (`model.gradient_checkpointing_enable()` for Hugging Face models, `torch.utils.checkpoint` \
+                     otherwise)."
+                        .to_string(),
+                );
+            }
+            if main_dtype(k).is_some_and(|(d, _)| d == "float32") {
+                out.push(
+                    "The weights are float32: `torch.autocast(\"cuda\", dtype=torch.bfloat16)` around the forward pass \
+                     about halves the activations."
+                        .to_string(),
+                );
+            }
+        }
+        Kind::OptimizerState => {
+            let o = k.optimizers.iter().max_by_key(|o| o.bytes);
+            let against = o
+                .filter(|o| o.param_bytes > 0)
+                .map(|o| {
+                    format!(
+                        "{}'s state is {}, {:.1}× the {} of weights it steps",
+                        clean(&o.class),
+                        human_bytes(o.bytes),
+                        o.bytes as f64 / o.param_bytes as f64,
+                        human_bytes(o.param_bytes)
+                    )
+                })
+                .unwrap_or_else(|| format!("The optimizer state is {}", human_bytes(bytes)));
+            out.push(format!(
+                "{against}: an 8-bit optimizer (bitsandbytes `Adam8bit`/`AdamW8bit`) keeps it in about a quarter, a paged \
+                 one (`PagedAdamW`) moves it to host memory under pressure, and sharding it across devices (FSDP, \
+                 DeepSpeed ZeRO stage 1–2) divides it by the number of GPUs."
+            ));
+        }
+        Kind::Parameters => {
+            let dtype = main_dtype(k);
+            if let Some((d, b)) = dtype.filter(|(d, _)| d == "float32") {
+                out.push(format!(
+                    "{} of the weights are {d}: loading them in bfloat16 (`torch_dtype=torch.bfloat16`, or \
+                     `model.to(torch.bfloat16)`) halves them.",
+                    human_bytes(b)
+                ));
+            }
+            out.push(format!(
+                "The weights alone hold {}: shard them across devices (FSDP, DeepSpeed ZeRO-3, `device_map=\"auto\"`), \
+                 offload part to the CPU, or quantise them (8-bit/4-bit).",
+                human_bytes(k.parameters_bytes)
+            ));
+        }
+        Kind::Gradients => {
+            if !gradients_kept_into_forward(k) {
+                out.push(format!(
+                    "Gradients hold {}: with gradient accumulation they live between steps; sharding them (FSDP, ZeRO-2) \
+                     divides them by the number of GPUs.",
+                    human_bytes(bytes)
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_file;
+
+    #[test]
+    fn files_below_site_packages_keep_their_package() {
+        assert_eq!(
+            short_file("/usr/lib/python3/site-packages/transformers/models/gpt2/modeling_gpt2.py"),
+            "transformers/models/gpt2/modeling_gpt2.py"
+        );
+        assert_eq!(short_file("/w/train.py"), "train.py");
+    }
+}

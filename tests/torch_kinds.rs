@@ -1,0 +1,721 @@
+//! Memory by kind at a torch OOM (issue 23): oomshim's Python hook (shim/python/oomshim_hook/
+//! kinds.py) counts parameters per model, gradients, optimizer state and activations, the phase,
+//! the module and the batch, and the verdict words its headline and advice by the kind that
+//! dominates. Against a stand-in `torch` whose tensors take real (simulated) device memory
+//! through libsimcall.so, installed under a `site-packages` directory as real torch is (so its
+//! frames count as the framework's, not the program's). Under plain LD_PRELOAD and `oomshim run`.
+//! The real torch is exercised on the GPU machine (tests/gpu/zoo, check_kinds.py).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A fake torch with tensors that allocate device memory, modules that call their children and
+/// run global and own forward hooks like `Module.__call__`, optimizers with state, and torch's
+/// OOM path: a failed allocation calls the OOM observers on the allocating thread, then raises.
+const FAKE_TORCH: &str = r#"
+__version__ = "0.0-fake-kinds"
+_queued, _observers = [], []
+_initialized = False
+_alloc = None          # the program sets it: bytes -> device pointer (0 when full)
+_allocated = [0]
+_count = [0]
+_grad_enabled = [True]
+
+class OutOfMemoryError(RuntimeError):
+    pass
+
+class dtype:
+    def __init__(self, name, size):
+        self.name, self.size = name, size
+    def __str__(self):
+        return "torch." + self.name
+float32 = dtype("float32", 4)
+bfloat16 = dtype("bfloat16", 2)
+
+class device:
+    def __init__(self, type, index):
+        self.type, self.index = type, index
+
+class _Storage:
+    def __init__(self, ptr, n):
+        self._ptr, self._n = ptr, n
+    def data_ptr(self):
+        return self._ptr
+    def nbytes(self):
+        return self._n
+
+def _allocate(n):
+    p = _alloc(n)
+    if not p:
+        for fn in _observers:
+            fn(0, n, 2 << 30, 0)
+        raise OutOfMemoryError(f"CUDA out of memory. Tried to allocate {n} bytes")
+    _allocated[0] += n
+    _count[0] += 1
+    return p
+
+class Tensor:
+    def __init__(self, *shape, dtype=float32, _storage=None):
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.device = device("cuda", 0)
+        self.grad = None
+        n = 1
+        for d in shape:
+            n *= d
+        self._numel = n
+        self._s = _storage or _Storage(_allocate(n * dtype.size), n * dtype.size)
+    def untyped_storage(self):
+        return self._s
+    def data_ptr(self):
+        return self._s._ptr
+    def dim(self):
+        return len(self.shape)
+    def numel(self):
+        return self._numel
+    def element_size(self):
+        return self.dtype.size
+    def view(self):
+        return Tensor(*self.shape, dtype=self.dtype, _storage=self._s)
+
+def empty(*shape, dtype=float32):
+    return Tensor(*shape, dtype=dtype)
+
+def is_grad_enabled():
+    return _grad_enabled[0]
+
+class no_grad:
+    def __enter__(self):
+        self.before = _grad_enabled[0]
+        _grad_enabled[0] = False
+    def __exit__(self, *a):
+        _grad_enabled[0] = self.before
+
+class _C:
+    @staticmethod
+    def _cuda_attach_out_of_memory_observer(fn):
+        _observers.append(fn)
+
+class _Memory:
+    @staticmethod
+    def _snapshot():
+        # One segment holding every live tensor, no free block.
+        n = _allocated[0]
+        seg = {"device": 0, "address": 1 << 32, "total_size": n, "stream": 0,
+               "blocks": [{"address": 1 << 32, "size": n, "state": "active_allocated"}]}
+        return {"segments": [seg] if n else [], "device_traces": [[]]}
+    @staticmethod
+    def _record_memory_history(**kw):
+        pass
+
+class cuda:
+    memory = _Memory
+    @staticmethod
+    def _lazy_call(fn):
+        if _initialized:
+            fn()
+        else:
+            _queued.append(fn)
+    @staticmethod
+    def memory_stats(device=None):
+        return {"allocated_bytes.all.current": _allocated[0], "reserved_bytes.all.current": _allocated[0],
+                "allocation.all.current": _count[0]}
+
+def _fake_cuda_init():
+    global _initialized
+    _initialized = True
+    for fn in _queued:
+        fn()
+
+from . import nn, optim
+"#;
+
+const FAKE_NN: &str = r#"
+from .. import Tensor, float32
+from .modules import module as _m
+from .modules.module import Module
+
+class Parameter(Tensor):
+    def __init__(self, *shape, dtype=float32):
+        super().__init__(*shape, dtype=dtype)
+"#;
+
+const FAKE_MODULE: &str = r#"
+_pre, _post, _always = {}, {}, set()
+_next = [0]
+
+class _Handle:
+    def __init__(self, table, key):
+        self.table, self.key = table, key
+    def remove(self):
+        self.table.pop(self.key, None)
+
+def register_module_forward_pre_hook(hook):
+    _next[0] += 1
+    _pre[_next[0]] = hook
+    return _Handle(_pre, _next[0])
+
+def register_module_forward_hook(hook, *, always_call=False):
+    _next[0] += 1
+    _post[_next[0]] = hook
+    if always_call:
+        _always.add(_next[0])
+    return _Handle(_post, _next[0])
+
+class Module:
+    def __init__(self):
+        object.__setattr__(self, "_modules", {})
+        object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_forward_hooks", {})
+        object.__setattr__(self, "training", True)
+    def __setattr__(self, name, value):
+        from .. import Tensor
+        if isinstance(value, Module):
+            self._modules[name] = value
+        elif isinstance(value, Tensor) and type(value).__name__ == "Parameter":
+            self._parameters[name] = value
+        object.__setattr__(self, name, value)
+    def named_modules(self, prefix=""):
+        yield prefix, self
+        for name, m in self._modules.items():
+            yield from m.named_modules(prefix + "." + name if prefix else name)
+    def parameters(self):
+        for _, m in self.named_modules():
+            yield from m._parameters.values()
+    def register_forward_hook(self, hook):
+        _next[0] += 1
+        self._forward_hooks[_next[0]] = hook
+        return _Handle(self._forward_hooks, _next[0])
+    def eval(self):
+        for _, m in self.named_modules():
+            object.__setattr__(m, "training", False)
+        return self
+    def __call__(self, *args, **kwargs):
+        return self._call_impl(*args, **kwargs)
+    def _call_impl(self, *args, **kwargs):
+        for h in list(_pre.values()):
+            h(self, args)
+        try:
+            out = self.forward(*args, **kwargs)
+        except Exception:
+            for k, h in list(_post.items()):
+                if k in _always:
+                    h(self, args, None)
+            raise
+        for h in list(_post.values()):
+            h(self, args, out)
+        for h in list(self._forward_hooks.values()):
+            h(self, args, out)
+        return out
+"#;
+
+const FAKE_OPTIM: &str = r#"
+from .optimizer import Optimizer
+
+class SGD(Optimizer):
+    def _update(self):
+        pass
+
+class Adam(Optimizer):
+    def _update(self):
+        from .. import Tensor
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state.setdefault(p, {})
+                if not st:
+                    st["exp_avg"] = Tensor(*p.shape, dtype=p.dtype)
+                    st["exp_avg_sq"] = Tensor(*p.shape, dtype=p.dtype)
+"#;
+
+const FAKE_OPTIMIZER: &str = r#"
+_post_hooks = []
+
+def register_optimizer_step_post_hook(hook):
+    _post_hooks.append(hook)
+
+class Optimizer:
+    def __init__(self, params):
+        self.param_groups = [{"params": list(params)}]
+        self.state = {}
+    def zero_grad(self, set_to_none=True):
+        if set_to_none:
+            for g in self.param_groups:
+                for p in g["params"]:
+                    p.grad = None
+    def step(self):
+        self._update()
+        for h in list(_post_hooks):
+            h(self, (), {})
+"#;
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    site: PathBuf,
+    dumps: PathBuf,
+    simcall: PathBuf,
+}
+
+fn env() -> Option<Env> {
+    if Command::new(&common::python_side().python)
+        .arg("-c")
+        .arg("pass")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 is needed for these tests in CI"
+        );
+        eprintln!("SKIPPED: python3 not found");
+        return None;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let site = tmp.path().join("site-packages");
+    for (name, text) in [
+        ("torch/__init__.py", FAKE_TORCH),
+        ("torch/nn/__init__.py", FAKE_NN),
+        ("torch/nn/modules/__init__.py", "from . import module\n"),
+        ("torch/nn/modules/module.py", FAKE_MODULE),
+        ("torch/optim/__init__.py", FAKE_OPTIM),
+        ("torch/optim/optimizer.py", FAKE_OPTIMIZER),
+    ] {
+        let path = site.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    let simcall = common::build_simcall(tmp.path())?;
+    let dumps = tmp.path().join("dumps");
+    Some(Env {
+        site,
+        dumps,
+        simcall,
+        _tmp: tmp,
+    })
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Launcher {
+    Preload,
+    Run,
+}
+
+/// The start of every program: torch's tensors take simulated device memory.
+const PRELUDE: &str = r#"
+import ctypes, sys
+sim = ctypes.CDLL(sys.argv[1])
+sim.simcall_alloc.restype = ctypes.c_void_p
+sim.simcall_alloc.argtypes = [ctypes.c_size_t]
+MiB = 1 << 20
+import torch
+from torch import nn
+torch._alloc = lambda n: sim.simcall_alloc(n) or 0
+torch._fake_cuda_init()
+"#;
+
+fn run(e: &Env, launcher: Launcher, body: &str) -> Output {
+    let _ = std::fs::remove_dir_all(&e.dumps);
+    let side = common::python_side();
+    let mut cmd = match launcher {
+        Launcher::Preload => {
+            let mut c = Command::new(&side.python);
+            c.env("LD_PRELOAD", &side.lib).env("OOMSHIM_DIR", &e.dumps);
+            c
+        }
+        Launcher::Run => {
+            let mut c = Command::new(&side.cli);
+            c.arg("run").arg("--dir").arg(&e.dumps).arg("--");
+            c.arg(&side.python);
+            c.env_remove("LD_PRELOAD");
+            c
+        }
+    };
+    let program = format!("{PRELUDE}{body}");
+    cmd.args(["-c", &program, e.simcall.to_str().unwrap()])
+        .env("PYTHONPATH", &e.site)
+        .env("SIMCUDA_CAPACITY", "2G")
+        .env_remove("OOMSHIM_TORCH_HOOK")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = common::wait_with_watchdog(cmd, std::time::Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "{launcher:?}: stdout {} stderr {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("python hook"),
+        "the hook said something went wrong: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn the_dump(dir: &Path) -> (PathBuf, dump::model::Dump) {
+    let found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "json")
+                && !p
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("oomshim-torch-")
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let d = dump::read::read_dump(&found[0]).unwrap();
+    (found[0].clone(), d)
+}
+
+fn report(path: &Path) -> String {
+    let out = Command::new(&common::python_side().cli)
+        .arg("report")
+        .arg(path)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Each program under both launchers: its dump, the report, stderr.
+fn each_launcher(body: &str, check: impl Fn(Launcher, &dump::model::Dump, &str, &str)) {
+    let Some(e) = env() else { return };
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let out = run(&e, launcher, body);
+        let (path, d) = the_dump(&e.dumps);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        // The stderr line says what the dump says.
+        let top = &d.verdict.findings[0];
+        assert!(
+            err.contains(&format!("{}: {}", top.kind, top.headline)),
+            "{launcher:?}\n{err}\n{top:#?}"
+        );
+        check(launcher, &d, &report(&path), &err);
+    }
+}
+
+const BATCH_TOO_BIG: &str = r#"
+class Attention(nn.Module):
+    def forward(self, x):
+        # 8 MiB of activations per sample, kept for backward
+        return torch.empty(x.shape[0], 2 * MiB)
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = Attention()
+        self.w = nn.Parameter(4 * MiB)  # 16 MiB of float32 weights
+    def forward(self, x):
+        self.kept = self.attn(x)
+        return x
+class Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        for i in range(4):
+            setattr(self, str(i), Block())
+    def forward(self, x):
+        for b in self._modules.values():
+            x = b(x)
+        return x
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = Blocks()
+    def forward(self, input_ids):
+        return self.blocks(input_ids)
+model = Net()
+opt = torch.optim.SGD(model.parameters())
+x = torch.empty(64, 16)
+try:
+    model(x)
+except torch.OutOfMemoryError:
+    print("oom")
+"#;
+
+#[test]
+fn a_batch_too_big_is_activations_in_the_forward_of_a_module_with_the_batch_that_fits() {
+    each_launcher(BATCH_TOO_BIG, |launcher, d, report, _| {
+        let k = d
+            .framework
+            .as_ref()
+            .and_then(|f| f.kinds.as_ref())
+            .unwrap_or_else(|| panic!("{launcher:?}: no kinds in {:#?}", d.framework));
+        assert_eq!(k.parameters_bytes, 64 * MIB, "{k:#?}");
+        assert_eq!(k.gradients_bytes, 0);
+        assert_eq!(k.optimizer_state_bytes, 0);
+        // Three blocks' activations (512 MiB each) and the input.
+        assert_eq!(k.activations_bytes, Some(3 * 512 * MIB + 64 * 16 * 4));
+        assert_eq!(k.phase.as_deref(), Some("forward"));
+        let m = k.module.as_ref().unwrap();
+        assert_eq!(
+            (m.class.as_str(), m.path.as_deref()),
+            ("Attention", Some("blocks.3.attn"))
+        );
+        assert_eq!(k.batch, Some(64));
+        assert_eq!(k.input_shape, vec![64, 16]);
+        assert_eq!(k.models.len(), 1);
+        assert_eq!(k.models[0].class, "Net");
+        assert_eq!(k.models[0].dtypes.get("float32"), Some(&(64 * MIB)));
+        let top = &d.verdict.findings[0];
+        assert_eq!(top.kind, "own_allocations");
+        assert!(
+            top.headline
+                .starts_with("activations and other live tensors fill device 0: 1.50 GiB of the"),
+            "{}",
+            top.headline
+        );
+        assert!(
+            top.headline
+                .contains("in the forward pass, in Attention.forward (<string>:"),
+            "{}",
+            top.headline
+        );
+        assert!(
+            top.headline
+                .contains("at `blocks.3.attn`, batch 64 (64×16)"),
+            "{}",
+            top.headline
+        );
+        let advice = d.verdict.suggestions.join("\n");
+        // (1.5 GiB held + the 512 MiB request) / 64 = 32 MiB a sample; what was there (1.5 GiB
+        // and the free rest of the device) fits fewer than 64.
+        assert!(
+            advice.contains("The batch of 64 needs at least 32.00 MiB of activations per sample"),
+            "{advice}"
+        );
+        let fits: u64 = advice
+            .split("at most a batch of ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{advice}"));
+        // The device's 2 GiB less the 64 MiB of weights, at 32 MiB a sample: at most 62.
+        assert!((40..64).contains(&fits), "{advice}");
+        assert!(advice.contains("Gradient checkpointing"), "{advice}");
+        assert!(advice.contains("autocast"), "{advice}");
+        assert!(report.contains("By kind"), "{report}");
+        assert!(report.contains("activations"), "{report}");
+    });
+}
+
+#[test]
+fn a_model_loaded_twice_is_named_a_duplicate() {
+    let body = r#"
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(64 * MiB)   # 256 MiB
+        self.b = nn.Parameter(64 * MiB)
+        self.c = nn.Parameter(64 * MiB)
+    def forward(self, x):
+        return torch.empty(x.shape[0], 150 * MiB)  # 600 MiB
+model = Net()
+again = Net()   # loaded a second time, never run
+try:
+    model(torch.empty(1, 4))
+except torch.OutOfMemoryError:
+    print("oom")
+"#;
+    each_launcher(body, |launcher, d, report, _| {
+        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        assert_eq!(k.parameters_bytes, 1536 * MIB, "{launcher:?} {k:#?}");
+        assert_eq!(k.models.len(), 2, "{k:#?}");
+        assert_eq!(k.models[1].duplicate_of, Some(0));
+        let top = &d.verdict.findings[0];
+        assert!(
+            top.headline
+                .starts_with("parameters (Net loaded twice) fill device 0: 1.50 GiB"),
+            "{}",
+            top.headline
+        );
+        assert!(
+            d.verdict.suggestions[0].starts_with("Net is loaded twice"),
+            "{:#?}",
+            d.verdict.suggestions
+        );
+        assert!(report.contains("second copy"), "{report}");
+    });
+}
+
+#[test]
+fn adam_state_twice_the_weights_is_named_against_them() {
+    let body = r#"
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(50 * MiB)   # 200 MiB
+        self.b = nn.Parameter(50 * MiB)
+    def forward(self, x):
+        self.h1 = torch.empty(x.shape[0], 75 * MiB)  # 300 MiB each
+        self.h2 = torch.empty(x.shape[0], 75 * MiB)
+        self.h3 = torch.empty(x.shape[0], 75 * MiB)
+        return self.h3
+model = Net()
+opt = torch.optim.Adam(model.parameters())
+for p in model.parameters():
+    p.grad = torch.empty(*p.shape)   # backward
+opt.step()                            # Adam's two moments: 800 MiB
+opt.zero_grad(set_to_none=True)
+try:
+    model(torch.empty(1, 4))
+except torch.OutOfMemoryError:
+    print("oom")
+"#;
+    each_launcher(body, |launcher, d, _, _| {
+        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        assert_eq!(k.optimizer_state_bytes, 800 * MIB, "{launcher:?} {k:#?}");
+        assert_eq!(k.optimizers.len(), 1);
+        assert_eq!(k.optimizers[0].class, "Adam");
+        assert_eq!(k.optimizers[0].param_bytes, 400 * MIB);
+        assert_eq!(k.found_by.as_deref(), Some("hooks"));
+        let top = &d.verdict.findings[0];
+        assert!(
+            top.headline.starts_with(
+                "Adam's optimizer state (2.0× the weights it steps) fill device 0: 800.00 MiB"
+            ),
+            "{}",
+            top.headline
+        );
+        let advice = &d.verdict.suggestions[0];
+        assert!(
+            advice.contains("Adam's state is 800.00 MiB, 2.0× the 400.00 MiB of weights it steps")
+                && advice.contains("8-bit")
+                && advice.contains("ZeRO"),
+            "{advice}"
+        );
+    });
+}
+
+#[test]
+fn gradients_never_zeroed_are_said_to_be_kept() {
+    let body = r#"
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        for i in range(4):
+            setattr(self, f"w{i}", nn.Parameter(32 * MiB))  # 128 MiB each
+    def forward(self, x):
+        self.acts = [torch.empty(x.shape[0], 64 * MiB) for _ in range(4)]  # 256 MiB each
+        return self.acts[-1]
+model = Net()
+opt = torch.optim.SGD(model.parameters())
+for p in model.parameters():
+    p.grad = torch.empty(*p.shape)   # backward
+opt.step()                            # and never zero_grad
+try:
+    model(torch.empty(1, 4))
+except torch.OutOfMemoryError:
+    print("oom")
+"#;
+    each_launcher(body, |launcher, d, _, _| {
+        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        assert_eq!(k.gradients_bytes, 512 * MIB, "{launcher:?} {k:#?}");
+        assert_eq!(k.parameters_bytes, 512 * MIB);
+        assert_eq!(k.phase.as_deref(), Some("forward"));
+        let advice = d.verdict.suggestions.join("\n");
+        assert!(
+            advice.contains("Gradients of 512.00 MiB are still live in the forward pass")
+                && advice.contains("zero_grad(set_to_none=True)"),
+            "{advice}"
+        );
+    });
+}
+
+#[test]
+fn a_forward_hook_that_keeps_outputs_is_named_as_the_keeper() {
+    let body = r#"
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = Head()
+    def forward(self, x):
+        return self.fc(x)
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(MiB)
+    def forward(self, x):
+        return torch.empty(x.shape[0], 24 * MiB)  # 96 MiB
+outputs = {}
+def keep(module, args, output):
+    outputs[len(outputs)] = output
+model = Net()
+model.fc.register_forward_hook(keep)
+try:
+    for step in range(100):
+        model(torch.empty(1, 4))
+except torch.OutOfMemoryError:
+    print("oom")
+"#;
+    let line = format!("{PRELUDE}{body}")
+        .lines()
+        .position(|l| l.starts_with("def keep"))
+        .unwrap() as u32
+        + 1;
+    each_launcher(body, |launcher, d, report, _| {
+        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        assert_eq!(k.forward_hooks.len(), 1, "{launcher:?} {k:#?}");
+        let h = &k.forward_hooks[0];
+        assert_eq!((h.function.as_str(), h.module.as_str()), ("keep", "fc"));
+        assert_eq!(h.line, line, "the hook's own line in the program");
+        let top = &d.verdict.findings[0];
+        assert_eq!(top.kind, "leak", "{:#?}", d.verdict);
+        assert!(
+            top.headline.ends_with(&format!(
+                "possibly kept by keep (<string>:{line}), a forward hook of the program on `fc`"
+            )),
+            "{}",
+            top.headline
+        );
+        assert!(
+            d.verdict
+                .suggestions
+                .iter()
+                .any(|s| s.contains("detach().cpu()")),
+            "{:#?}",
+            d.verdict.suggestions
+        );
+        assert!(report.contains("By kind"), "{report}");
+    });
+}
+
+#[test]
+fn memory_outside_any_step_is_found_without_hooks() {
+    // An OOM while loading: no forward and no step seen yet; the model is found at the failure.
+    let body = r#"
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = []
+        for i in range(40):
+            setattr(self, f"w{i}", nn.Parameter(16 * MiB))  # 64 MiB each
+model = None
+try:
+    model = Net()
+except torch.OutOfMemoryError:
+    print("oom")
+"#;
+    each_launcher(body, |launcher, d, _, _| {
+        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        assert_eq!(k.phase.as_deref(), Some("outside"), "{launcher:?} {k:#?}");
+        assert_eq!(k.found_by.as_deref(), Some("gc"));
+        // The model under construction is found by the garbage collector's walk: every live
+        // tensor is one of its parameters.
+        assert!(k.parameters_bytes >= 1536 * MIB, "{k:#?}");
+        assert_eq!(Some(k.parameters_bytes), k.torch_allocated_bytes);
+        assert_eq!(k.models[0].class, "Net");
+        assert!(
+            d.verdict.findings[0]
+                .headline
+                .starts_with("parameters (the weights) fill device 0"),
+            "{}",
+            d.verdict.findings[0].headline
+        );
+    });
+}
