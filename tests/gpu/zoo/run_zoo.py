@@ -73,6 +73,16 @@ CASES = [
     Case("cupy_pool", "cupy_pool.py", {"own_allocations"}, launchers=NO_ALLOCATOR),
     Case("nvcc_static_leak", "static_leak.cu", {"leak"}, launchers=NO_ALLOCATOR, build=["-cudart", "static"]),
     Case("plain_c", "plain_c.cu", {"own_allocations"}, launchers=NO_ALLOCATOR, build=["-cudart", "shared"]),
+    # Memory by kind (issue 23): each program prints its own count of parameters, gradients and
+    # optimizer state (`oomshim-kinds-truth:`), which check_kinds.py compares with the dump's kinds.
+    Case("kinds_batch_transformer", "kinds_batch_transformer.py", {"own_allocations"}, count=1),
+    Case("kinds_logits_loss", "kinds_logits_loss.py", {"own_allocations"}, count=1),
+    Case("kinds_model_twice", "kinds_model_twice.py", {"own_allocations"}, count=1),
+    Case("kinds_adam_large", "kinds_adam_large.py", {"own_allocations"}, count=1),
+    Case("kinds_grads_never_zeroed", "kinds_grads_never_zeroed.py", {"own_allocations"}, count=1),
+    Case("kinds_hook_keeps", "kinds_hook_keeps.py", {"leak"}),
+    Case("kinds_hf_trainer", "kinds_hf_trainer.py", {"own_allocations"}),
+    # kinds_growth_killed.py (growth over time, no steps, SIGKILLed) waits for issue 23 item 3.
 ]
 
 
