@@ -566,7 +566,10 @@ fn slow_clients_never_hold_a_scrape_and_every_request_gets_its_answer() {
             let started = Instant::now();
             // Until the server cuts it off (a write fails once the server closed), for 40 s at
             // most.
-            for b in b"GET /metrics HTTP/1.1\r\nX-Slow: ".iter().chain([b'x'; 48].iter()) {
+            for b in b"GET /metrics HTTP/1.1\r\nX-Slow: "
+                .iter()
+                .chain([b'x'; 48].iter())
+            {
                 if stop.load(std::sync::atomic::Ordering::Relaxed) || s.write_all(&[*b]).is_err() {
                     return Some(started.elapsed());
                 }
@@ -591,7 +594,10 @@ fn slow_clients_never_hold_a_scrape_and_every_request_gets_its_answer() {
     // then its answer, the drain and a failed write or two).
     let took = slow.join().unwrap();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert!(took.is_some_and(|t| t < Duration::from_secs(12)), "{took:?}");
+    assert!(
+        took.is_some_and(|t| t < Duration::from_secs(12)),
+        "{took:?}"
+    );
 
     // Bytes the server never reads: the answer arrives whole all the same.
     let mut with_body = b"GET /metrics HTTP/1.1\r\nContent-Length: 200000\r\n\r\n".to_vec();
@@ -611,14 +617,21 @@ fn slow_clients_never_hold_a_scrape_and_every_request_gets_its_answer() {
             .unwrap_or_else(|e| panic!("{what}: no answer ({e})"));
         assert!(answer.starts_with(status), "{what}: {answer:?}");
         if status.ends_with("200") {
-            assert!(answer.contains("oomshim_exporter_regions"), "{what}: {answer:?}");
+            assert!(
+                answer.contains("oomshim_exporter_regions"),
+                "{what}: {answer:?}"
+            );
         }
     }
 
     // Bare-LF line ends: answered at once.
     let t = Instant::now();
-    let answer = exchange(port, b"GET /metrics HTTP/1.1\nHost: x\n\n", Duration::from_secs(4))
-        .expect("a bare-LF request is answered");
+    let answer = exchange(
+        port,
+        b"GET /metrics HTTP/1.1\nHost: x\n\n",
+        Duration::from_secs(4),
+    )
+    .expect("a bare-LF request is answered");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     server.kill().unwrap();

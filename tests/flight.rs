@@ -508,8 +508,8 @@ fn sample(exposition: &str, series: &str) -> Option<f64> {
 /// `top` and the exporter say what they ignored.
 #[test]
 fn a_live_directory_or_region_that_is_not_the_users_is_not_read() {
-    use std::os::unix::fs::PermissionsExt;
     use oomshim_core::flight::read::{check_live_dir, scan};
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live");
     let (path, mut w, payload) = region_with(&live, &fixture_dump());
@@ -524,14 +524,24 @@ fn a_live_directory_or_region_that_is_not_the_users_is_not_read() {
     assert!(listing.regions.is_empty(), "{listing:?}");
     assert_eq!(listing.ignored.len(), 1, "said once: {listing:?}");
     assert!(matches!(read_region(&path), Err(ReadError::Foreign(_))));
-    let out = cli().args(["top", "--once", "--dir"]).arg(&live).output().unwrap();
+    let out = cli()
+        .args(["top", "--once", "--dir"])
+        .arg(&live)
+        .output()
+        .unwrap();
     let frame = text(&out.stdout);
     assert!(frame.contains("0 processes"), "{frame}");
     assert_eq!(frame.matches("writable by others").count(), 1, "{frame}");
     let (metrics, stderr) = exposition(&live);
     assert!(!metrics.contains("hw_gpu_memory_usage_bytes"), "{metrics}");
-    assert_eq!(sample(&metrics, "oomshim_exporter_regions{state=\"foreign\"}"), Some(1.0));
-    assert_eq!(sample(&metrics, "oomshim_exporter_region_errors_total"), Some(0.0));
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_regions{state=\"foreign\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_region_errors_total"),
+        Some(0.0)
+    );
     assert_eq!(stderr.matches("writable by others").count(), 1, "{stderr}");
     fs::set_permissions(&live, fs::Permissions::from_mode(0o700)).unwrap();
 
@@ -554,8 +564,16 @@ fn a_live_directory_or_region_that_is_not_the_users_is_not_read() {
     assert!(matches!(e, ReadError::Foreign(_)), "{e:?}");
     assert!(e.to_string().contains("header names uid"), "{e}");
     let (metrics, _) = exposition(&live);
-    assert_eq!(sample(&metrics, "oomshim_exporter_regions{state=\"foreign\"}"), Some(1.0), "{metrics}");
-    assert_eq!(sample(&metrics, "oomshim_exporter_regions{state=\"read\"}"), Some(1.0), "{metrics}");
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_regions{state=\"foreign\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_regions{state=\"read\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
     fs::remove_file(&forged).unwrap();
 
     // A region file of this user that others can write: ignored.
@@ -579,7 +597,10 @@ fn a_live_directory_or_region_that_is_not_the_users_is_not_read() {
     } else {
         eprintln!("SKIPPED (part): files of another owner need root to create");
     }
-    assert!(read_region(&path).is_ok(), "readable again once it is private");
+    assert!(
+        read_region(&path).is_ok(),
+        "readable again once it is private"
+    );
 }
 
 /// Issue 25 item 26: a region whose slot claims a full payload with a bad checksum used to be
@@ -605,16 +626,19 @@ fn a_region_that_stays_torn_costs_one_read_not_eight_per_scrape() {
             .open(&p)
             .unwrap();
         fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
-        let mut w = RegionWriter::init(file, pid + 1 + i, unsafe { libc::geteuid() }, ticks).unwrap();
+        let mut w =
+            RegionWriter::init(file, pid + 1 + i, unsafe { libc::geteuid() }, ticks).unwrap();
         w.publish(b"{}").unwrap();
         w.publish(b"{}").unwrap();
         // Both slots claim a full payload whose checksum fails; the file is sparse.
         let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
         for slot in 0..2 {
             let desc = oomshim_core::flight::layout::slot_desc_offset(slot);
-            f.write_all_at(&layout_slot.to_le_bytes(), desc + 8).unwrap();
+            f.write_all_at(&layout_slot.to_le_bytes(), desc + 8)
+                .unwrap();
         }
-        f.set_len(oomshim_core::flight::layout::REGION_BYTES).unwrap();
+        f.set_len(oomshim_core::flight::layout::REGION_BYTES)
+            .unwrap();
         paths.push(p);
     }
     let pass = || {
@@ -634,7 +658,11 @@ fn a_region_that_stays_torn_costs_one_read_not_eight_per_scrape() {
     );
     // What a scrape reports is unchanged: torn, counted.
     let (metrics, _) = exposition(&live);
-    assert_eq!(sample(&metrics, "oomshim_exporter_regions{state=\"torn\"}"), Some(12.0), "{metrics}");
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_regions{state=\"torn\"}"),
+        Some(12.0),
+        "{metrics}"
+    );
 }
 
 /// Issue 25 item 27: a region not initialised yet (its process is starting) and one removed
@@ -658,8 +686,20 @@ fn starting_and_exiting_processes_are_not_region_errors() {
     let gone = live.join(region_name(pid + 7, ticks));
     assert_eq!(read_region(&gone).unwrap_err(), ReadError::Gone);
     let (metrics, stderr) = exposition(&live);
-    assert_eq!(sample(&metrics, "oomshim_exporter_regions{state=\"empty\"}"), Some(2.0), "{metrics}");
-    assert_eq!(sample(&metrics, "oomshim_exporter_region_errors_total"), Some(0.0), "{metrics}");
-    assert_eq!(sample(&metrics, "oomshim_exporter_regions{state=\"invalid\"}"), Some(0.0), "{metrics}");
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_regions{state=\"empty\"}"),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_region_errors_total"),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_regions{state=\"invalid\"}"),
+        Some(0.0),
+        "{metrics}"
+    );
     assert!(stderr.is_empty(), "{stderr}");
 }

@@ -218,7 +218,12 @@ fn dlerror_is_left_as_the_programs_own_dlsym_left_it() {
     let bare = run_client("dl_idiom", &[], &[], false);
     assert_eq!(bare.status.code(), Some(0), "bare: {}", stdout(&bare));
     let shim = run_client("dl_idiom", &[], &[], true);
-    assert_eq!(stdout(&shim), "problems 0", "under the shim: {}", stdout(&shim));
+    assert_eq!(
+        stdout(&shim),
+        "problems 0",
+        "under the shim: {}",
+        stdout(&shim)
+    );
     assert_eq!(shim.status.code(), Some(0));
 }
 

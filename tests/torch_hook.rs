@@ -682,7 +682,12 @@ fn the_hooks_copy_of_the_package_never_runs_a_file_from_a_shared_temporary_direc
         !cli.starts_with(tmp.path().to_str().unwrap()),
         "a planted file was taken for the CLI: {cli}"
     );
-    let out = python_args(Some(Launcher::Preload), &["-m", "oomshim", "--version"], None, &env);
+    let out = python_args(
+        Some(Launcher::Preload),
+        &["-m", "oomshim", "--version"],
+        None,
+        &env,
+    );
     assert!(
         !marker.exists(),
         "`python -m oomshim` ran the planted file: {}",

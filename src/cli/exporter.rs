@@ -161,9 +161,9 @@ fn say_ignored_once(why: &str) {
     }
     said.push(why.to_string());
     // Never a panic for a stderr that is gone (eprintln! would).
-    let _ = std::io::stderr().lock().write_all(
-        format!("oomshim: exporter: {}\n", crate::report::units::clean(why)).as_bytes(),
-    );
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("oomshim: exporter: {}\n", crate::report::units::clean(why)).as_bytes());
 }
 
 /// The exposition for every region in `dir`, at `now_ms`.
@@ -498,7 +498,10 @@ fn head_end(buf: &[u8]) -> Option<usize> {
 
 /// The request head (up to the blank line), `None` when it is not HTTP, too large, or not
 /// complete by `deadline`.
-fn read_head(stream: &mut TcpStream, deadline: std::time::Instant) -> std::io::Result<Option<String>> {
+fn read_head(
+    stream: &mut TcpStream,
+    deadline: std::time::Instant,
+) -> std::io::Result<Option<String>> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     loop {

@@ -204,9 +204,15 @@ mod tests {
         for v in ["python3.9", "python3.12", "python3.10", "python3.8"] {
             touch(&copy(v));
         }
-        assert_eq!(find_library_from(None, None, &exe).unwrap(), copy("python3.12"));
+        assert_eq!(
+            find_library_from(None, None, &exe).unwrap(),
+            copy("python3.12")
+        );
         touch(&copy("python3.13t"));
-        assert_eq!(find_library_from(None, None, &exe).unwrap(), copy("python3.13t"));
+        assert_eq!(
+            find_library_from(None, None, &exe).unwrap(),
+            copy("python3.13t")
+        );
         assert_eq!(python_version("python3.12"), (3, 12));
         assert_eq!(python_version("python3"), (3, 0));
         assert_eq!(python_version("python3.x"), (3, 0));

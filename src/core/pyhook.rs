@@ -291,9 +291,8 @@ mod tests {
 
     #[test]
     fn python_options_that_keep_the_hook_from_running_are_recognised() {
-        let yes = |a: &[&str]| {
-            python_skips_hook(&a.iter().map(|s| s.as_bytes()).collect::<Vec<_>>())
-        };
+        let yes =
+            |a: &[&str]| python_skips_hook(&a.iter().map(|s| s.as_bytes()).collect::<Vec<_>>());
         assert!(yes(&["-I", "x.py"]) && yes(&["-E", "-c", "pass"]) && yes(&["-S"]));
         assert!(yes(&["-bSu", "x.py"]) && yes(&["-W", "error", "-E", "x.py"]));
         assert!(yes(&["--check-hash-based-pycs", "always", "-I"]));
@@ -307,7 +306,10 @@ mod tests {
     fn an_injected_hook_directory_is_taken_off_exactly() {
         let base = Path::new("/tmp/oomshim-7");
         let take = |v: &str| without_injected(v.as_bytes(), base);
-        assert_eq!(take("/tmp/oomshim-7/python-hook-0.1.0-ab::/x"), Some(Some(b":/x".to_vec())));
+        assert_eq!(
+            take("/tmp/oomshim-7/python-hook-0.1.0-ab::/x"),
+            Some(Some(b":/x".to_vec()))
+        );
         assert_eq!(take("/tmp/oomshim-7/python-hook-0.1.0-ab"), Some(None));
         assert_eq!(take("/x:/tmp/oomshim-7/python-hook-0.1.0-ab"), None);
         assert_eq!(take("/tmp/other/python-hook-1:/x"), None);

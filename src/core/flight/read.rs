@@ -12,7 +12,9 @@
 //! is not re-read while its header stays the same, and one that failed is remembered by its
 //! file and header, so it is not read again until its writer publishes.
 
-use super::layout::{self, Header, SlotDesc, HEADER_BYTES, MAGIC, MIN_HEADER, REGION_BYTES, SLOT_BYTES};
+use super::layout::{
+    self, Header, SlotDesc, HEADER_BYTES, MAGIC, MIN_HEADER, REGION_BYTES, SLOT_BYTES,
+};
 use super::{LiveSummary, LIVE_SCHEMA, REGION_SUFFIX};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -102,7 +104,9 @@ pub fn scan(dir: &Path) -> Listing {
         Ok(true) => {}
         Ok(false) => return listing,
         Err(why) => {
-            listing.ignored.push(format!("{why}: none of its regions is read"));
+            listing
+                .ignored
+                .push(format!("{why}: none of its regions is read"));
             return listing;
         }
     }
@@ -207,8 +211,9 @@ const BAD_CACHE_ENTRIES: usize = 4096;
 /// Regions whose payload failed, by (device, inode), with the file size and the header bytes
 /// they had then: while both stay the same, the failure is the same one (a writer that
 /// publishes changes the header), so the payload is not read again.
-static BAD: std::sync::Mutex<Option<std::collections::HashMap<(u64, u64), (u64, Vec<u8>, ReadError)>>> =
-    std::sync::Mutex::new(None);
+static BAD: std::sync::Mutex<
+    Option<std::collections::HashMap<(u64, u64), (u64, Vec<u8>, ReadError)>>,
+> = std::sync::Mutex::new(None);
 
 fn remembered(key: (u64, u64), len: u64, head: &[u8]) -> Option<ReadError> {
     let bad = BAD.lock().unwrap_or_else(|p| p.into_inner());
@@ -291,7 +296,9 @@ fn read_header_bytes(file: &File) -> Result<Vec<u8>, ReadError> {
 /// it writes (a region is created empty, then its header is written).
 fn not_initialised(head: &[u8]) -> bool {
     let m = head.len().min(MAGIC.len());
-    head.is_empty() || head[..m].iter().all(|&b| b == 0) || (head.len() < MIN_HEADER && head[..m] == MAGIC[..m])
+    head.is_empty()
+        || head[..m].iter().all(|&b| b == 0)
+        || (head.len() < MIN_HEADER && head[..m] == MAGIC[..m])
 }
 
 fn read_validated(file: &File, mut head: Vec<u8>) -> Result<Snapshot, ReadError> {
