@@ -14,7 +14,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone)]
 struct Sample {
@@ -317,11 +317,12 @@ fn a_running_programs_tracked_bytes_ranks_and_steps_are_exported_once_and_over_h
     let pid = program.0.id();
     // A hostile file beside it, named like a region: skipped and counted.
     let ticks = start_ticks_of(std::process::id()).unwrap();
-    std::fs::write(
-        live.join(region_name(pid + 100_000, ticks)),
-        b"\x1b[2J not a region",
-    )
-    .unwrap();
+    let hostile = live.join(region_name(pid + 100_000, ticks));
+    std::fs::write(&hostile, b"\x1b[2J not a region").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&hostile, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     let regions = list_regions(&live);
     let mine = regions
         .iter()
@@ -507,6 +508,130 @@ fn a_non_loopback_listen_address_is_served_only_when_named_and_host_names_are_re
         second.contains("exporter serving http://0.0.0.0:"),
         "{second}"
     );
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
+
+/// An exporter serving `live` on an ephemeral loopback port: (server, port).
+fn start_server(live: &Path) -> (std::process::Child, u16) {
+    let mut server = cli()
+        .args(["exporter", "--listen", "127.0.0.1:0", "--dir"])
+        .arg(live)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line
+        .split("http://127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    (server, port)
+}
+
+/// Sends `request` in one write and reads the whole answer (within `limit`): the answer, or
+/// the error that ended the read.
+fn exchange(port: u16, request: &[u8], limit: Duration) -> Result<String, String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(limit)).unwrap();
+    s.write_all(request).map_err(|e| format!("write: {e}"))?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(|e| format!("read: {e}"))?;
+    Ok(String::from_utf8_lossy(&raw).into_owned())
+}
+
+/// Issue 25 items 25 and 28: a client trickling a byte at a time never holds another's scrape,
+/// and is cut off when its whole request takes too long; a request with bytes the server does
+/// not read (a body, an oversized head, pipelining) still gets its answer, not a reset; a
+/// request with bare-LF line ends is answered.
+#[test]
+fn slow_clients_never_hold_a_scrape_and_every_request_gets_its_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let (mut server, port) = start_server(&live);
+
+    // One byte every 500 ms: under the old per-read timeout this held the server for good.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let slow = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let started = Instant::now();
+            // Until the server cuts it off (a write fails once the server closed), for 40 s at
+            // most.
+            for b in b"GET /metrics HTTP/1.1\r\nX-Slow: "
+                .iter()
+                .chain([b'x'; 48].iter())
+            {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) || s.write_all(&[*b]).is_err() {
+                    return Some(started.elapsed());
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            None
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let t = Instant::now();
+        let answer = exchange(
+            port,
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+            Duration::from_secs(3),
+        )
+        .expect("a scrape beside a slow client is answered");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+    // The slow client is cut off once its whole request took too long, bytes or not (5 s,
+    // then its answer, the drain and a failed write or two).
+    let took = slow.join().unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        took.is_some_and(|t| t < Duration::from_secs(12)),
+        "{took:?}"
+    );
+
+    // Bytes the server never reads: the answer arrives whole all the same.
+    let mut with_body = b"GET /metrics HTTP/1.1\r\nContent-Length: 200000\r\n\r\n".to_vec();
+    with_body.extend(std::iter::repeat_n(b'b', 200_000));
+    let mut oversized = b"GET /metrics HTTP/1.1\r\n".to_vec();
+    for i in 0..1000 {
+        oversized.extend(format!("X-Filler-{i}: {}\r\n", "f".repeat(20)).as_bytes());
+    }
+    oversized.extend(b"\r\n");
+    let pipelined = b"GET /metrics HTTP/1.1\r\n\r\nGET /metrics HTTP/1.1\r\n\r\n".to_vec();
+    for (what, request, status) in [
+        ("a body", with_body, "HTTP/1.1 200"),
+        ("an oversized head", oversized, "HTTP/1.1 400"),
+        ("pipelined requests", pipelined, "HTTP/1.1 200"),
+    ] {
+        let answer = exchange(port, &request, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("{what}: no answer ({e})"));
+        assert!(answer.starts_with(status), "{what}: {answer:?}");
+        if status.ends_with("200") {
+            assert!(
+                answer.contains("oomshim_exporter_regions"),
+                "{what}: {answer:?}"
+            );
+        }
+    }
+
+    // Bare-LF line ends: answered at once.
+    let t = Instant::now();
+    let answer = exchange(
+        port,
+        b"GET /metrics HTTP/1.1\nHost: x\n\n",
+        Duration::from_secs(4),
+    )
+    .expect("a bare-LF request is answered");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     server.kill().unwrap();
     server.wait().unwrap();
 }

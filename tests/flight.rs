@@ -331,11 +331,19 @@ fn a_program_that_exits_normally_leaves_no_region_and_no_post_mortem() {
     assert!(!text(&out.stderr).contains("post-mortem"));
 }
 
+/// `dir` created as the shim creates a live directory: this user's, mode 0700 (whatever the
+/// umask).
+fn private_dir(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::create_dir_all(dir).unwrap();
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).unwrap();
+}
+
 /// A region of this test process (so it counts as running), holding `dump` as its summary.
 fn region_with(dir: &Path, dump: &Dump) -> (PathBuf, RegionWriter, Vec<u8>) {
     let pid = std::process::id();
     let ticks = start_ticks_of(pid).unwrap();
-    fs::create_dir_all(dir).unwrap();
+    private_dir(dir);
     let path = dir.join(region_name(pid, ticks));
     let file = fs::OpenOptions::new()
         .read(true)
@@ -423,12 +431,12 @@ fn a_region_torn_mid_update_is_rejected_and_the_previous_publish_is_used() {
 fn hostile_regions_get_a_clear_message_never_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live");
-    fs::create_dir_all(&live).unwrap();
+    private_dir(&live);
     let pid = std::process::id();
     let ticks = start_ticks_of(pid).unwrap();
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("garbage", b"\x1b[2J not a region".to_vec()),
-        ("empty", Vec::new()),
+        ("short", b"OOMSHLI?x".to_vec()),
     ];
     for (i, (what, bytes)) in cases.iter().enumerate() {
         let p = live.join(region_name(pid + 1 + i as u32, ticks));
@@ -470,4 +478,224 @@ fn hostile_regions_get_a_clear_message_never_a_crash() {
         3,
         "{frame}"
     );
+}
+
+/// The exporter's exposition for `live` (`oomshim exporter --once`), and its stderr.
+fn exposition(live: &Path) -> (String, String) {
+    let out = cli()
+        .args(["exporter", "--once", "--dir"])
+        .arg(live)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    (text(&out.stdout), text(&out.stderr))
+}
+
+/// The value of an exposition line that starts with `series`.
+fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// Issue 25 items 17 and 18: another local user can create `/dev/shm/oomshim-UID` before its
+/// owner does, or the owner's may be writable by others; a region's header may name another
+/// user. None of it is read (`oomshim run`'s post-mortem reads through `read_region` too), and
+/// `top` and the exporter say what they ignored.
+#[test]
+fn a_live_directory_or_region_that_is_not_the_users_is_not_read() {
+    use oomshim_core::flight::read::{check_live_dir, scan};
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let (path, mut w, payload) = region_with(&live, &fixture_dump());
+    w.publish(&payload).unwrap();
+    assert!(read_region(&path).is_ok(), "this user's own region is read");
+
+    // The directory writable by others (0777): nothing in it is read.
+    fs::set_permissions(&live, fs::Permissions::from_mode(0o777)).unwrap();
+    let why = check_live_dir(&live).unwrap_err();
+    assert!(why.contains("writable by others"), "{why}");
+    let listing = scan(&live);
+    assert!(listing.regions.is_empty(), "{listing:?}");
+    assert_eq!(listing.ignored.len(), 1, "said once: {listing:?}");
+    assert!(matches!(read_region(&path), Err(ReadError::Foreign(_))));
+    let out = cli()
+        .args(["top", "--once", "--dir"])
+        .arg(&live)
+        .output()
+        .unwrap();
+    let frame = text(&out.stdout);
+    assert!(frame.contains("0 processes"), "{frame}");
+    assert_eq!(frame.matches("writable by others").count(), 1, "{frame}");
+    let (metrics, stderr) = exposition(&live);
+    assert!(!metrics.contains("hw_gpu_memory_usage_bytes"), "{metrics}");
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_regions{state=\"foreign\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_region_errors_total"),
+        Some(0.0)
+    );
+    assert_eq!(stderr.matches("writable by others").count(), 1, "{stderr}");
+    fs::set_permissions(&live, fs::Permissions::from_mode(0o700)).unwrap();
+
+    // A region whose header names another user: refused, whoever owns the file.
+    let me = unsafe { libc::geteuid() };
+    let pid = std::process::id();
+    let ticks = start_ticks_of(pid).unwrap();
+    let forged = live.join(region_name(pid + 1, ticks));
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&forged)
+        .unwrap();
+    fs::set_permissions(&forged, fs::Permissions::from_mode(0o600)).unwrap();
+    let mut fw = RegionWriter::init(file, pid, me.wrapping_add(1), ticks).unwrap();
+    fw.publish(&payload).unwrap();
+    let e = read_region(&forged).unwrap_err();
+    assert!(matches!(e, ReadError::Foreign(_)), "{e:?}");
+    assert!(e.to_string().contains("header names uid"), "{e}");
+    let (metrics, _) = exposition(&live);
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_regions{state=\"foreign\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_regions{state=\"read\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
+    fs::remove_file(&forged).unwrap();
+
+    // A region file of this user that others can write: ignored.
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).unwrap();
+    assert!(matches!(read_region(&path), Err(ReadError::Foreign(_))));
+    assert!(scan(&live).regions.is_empty());
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+
+    // Owned by another user (only root can make such files here).
+    if me == 0 {
+        let other = 4_000_321;
+        std::os::unix::fs::lchown(&path, Some(other), None).unwrap();
+        assert!(matches!(read_region(&path), Err(ReadError::Foreign(_))));
+        assert!(scan(&live).regions.is_empty());
+        std::os::unix::fs::lchown(&path, Some(me), None).unwrap();
+        std::os::unix::fs::lchown(&live, Some(other), None).unwrap();
+        let why = check_live_dir(&live).unwrap_err();
+        assert!(why.contains("belongs to uid 4000321"), "{why}");
+        assert!(matches!(read_region(&path), Err(ReadError::Foreign(_))));
+        std::os::unix::fs::lchown(&live, Some(me), None).unwrap();
+    } else {
+        eprintln!("SKIPPED (part): files of another owner need root to create");
+    }
+    assert!(
+        read_region(&path).is_ok(),
+        "readable again once it is private"
+    );
+}
+
+/// Issue 25 item 26: a region whose slot claims a full payload with a bad checksum used to be
+/// re-read and slept on 8 times per read, so 50 of them made every scrape take seconds. Now a
+/// region that sits still is read once, and not again until its header changes.
+#[test]
+fn a_region_that_stays_torn_costs_one_read_not_eight_per_scrape() {
+    use std::os::unix::fs::{FileExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    private_dir(&live);
+    let pid = std::process::id();
+    let ticks = start_ticks_of(pid).unwrap();
+    let layout_slot = oomshim_core::flight::layout::SLOT_BYTES;
+    let mut paths = Vec::new();
+    for i in 0..12u32 {
+        let p = live.join(region_name(pid + 1 + i, ticks));
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
+        let mut w =
+            RegionWriter::init(file, pid + 1 + i, unsafe { libc::geteuid() }, ticks).unwrap();
+        w.publish(b"{}").unwrap();
+        w.publish(b"{}").unwrap();
+        // Both slots claim a full payload whose checksum fails; the file is sparse.
+        let f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+        for slot in 0..2 {
+            let desc = oomshim_core::flight::layout::slot_desc_offset(slot);
+            f.write_all_at(&layout_slot.to_le_bytes(), desc + 8)
+                .unwrap();
+        }
+        f.set_len(oomshim_core::flight::layout::REGION_BYTES)
+            .unwrap();
+        paths.push(p);
+    }
+    let pass = || {
+        let t = Instant::now();
+        for p in &paths {
+            let e = read_region(p).unwrap_err();
+            assert!(matches!(e, ReadError::Torn(_)), "{e:?}");
+        }
+        t.elapsed()
+    };
+    let first = pass();
+    let (second, third) = (pass(), pass());
+    // Eight reads of 8 MiB and eight sleeps per region before: about 3 s for these twelve.
+    assert!(
+        second < Duration::from_millis(300) && third < Duration::from_millis(300),
+        "first {first:?}, then {second:?} and {third:?}"
+    );
+    // What a scrape reports is unchanged: torn, counted.
+    let (metrics, _) = exposition(&live);
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_regions{state=\"torn\"}"),
+        Some(12.0),
+        "{metrics}"
+    );
+}
+
+/// Issue 25 item 27: a region not initialised yet (its process is starting) and one removed
+/// between listing and reading (its process exited) are ordinary states, not region errors.
+#[test]
+fn starting_and_exiting_processes_are_not_region_errors() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    private_dir(&live);
+    let pid = std::process::id();
+    let ticks = start_ticks_of(pid).unwrap();
+    // Created, header not written yet; and only the header's first bytes written.
+    for (i, bytes) in [&b""[..], &b"OOMSH"[..]].iter().enumerate() {
+        let p = live.join(region_name(pid + 1 + i as u32, ticks));
+        fs::write(&p, bytes).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(read_region(&p).unwrap_err(), ReadError::Empty);
+    }
+    // Listed, then gone.
+    let gone = live.join(region_name(pid + 7, ticks));
+    assert_eq!(read_region(&gone).unwrap_err(), ReadError::Gone);
+    let (metrics, stderr) = exposition(&live);
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_regions{state=\"empty\"}"),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_region_errors_total"),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "oomshim_exporter_regions{state=\"invalid\"}"),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert!(stderr.is_empty(), "{stderr}");
 }

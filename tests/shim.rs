@@ -199,6 +199,23 @@ fn every_result_and_out_parameter_passes_through_unchanged() {
     );
 }
 
+/// dlopen(3)'s idiom (clear dlerror, dlsym, a non-NULL dlerror is a failure) on libraries that
+/// are not CUDA gives the program's own answers under the shim: its probes for a driver leave
+/// no message behind (issue 25 item 16).
+#[test]
+fn dlerror_is_left_as_the_programs_own_dlsym_left_it() {
+    let bare = run_client("dl_idiom", &[], &[], false);
+    assert_eq!(bare.status.code(), Some(0), "bare: {}", stdout(&bare));
+    let shim = run_client("dl_idiom", &[], &[], true);
+    assert_eq!(
+        stdout(&shim).trim(),
+        "problems 0",
+        "under the shim: {}",
+        stdout(&shim)
+    );
+    assert_eq!(shim.status.code(), Some(0));
+}
+
 #[test]
 fn a_recovered_failure_is_one_quiet_line() {
     let dir = tempfile::tempdir().unwrap();

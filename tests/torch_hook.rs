@@ -599,3 +599,172 @@ fn in_a_shared_dump_dir_torchs_files_go_to_the_users_own_subdirectory_private() 
         "no temporary file left: {names:?}"
     );
 }
+
+/// Python started with `args` (options, program and all) bare, under plain LD_PRELOAD, or under
+/// `oomshim run`, with `PYTHONPATH` as given (None: unset) and `extra` in its environment.
+fn python_args(
+    launcher: Option<Launcher>,
+    args: &[&str],
+    pythonpath: Option<&str>,
+    extra: &[(&str, &str)],
+) -> Output {
+    let side = common::python_side();
+    let mut cmd = match launcher {
+        None => Command::new(&side.python),
+        Some(Launcher::Preload) => {
+            let mut c = Command::new(&side.python);
+            c.env("LD_PRELOAD", &side.lib);
+            c
+        }
+        Some(l) => {
+            let mut c = Command::new(&side.cli);
+            c.arg("run");
+            if l == Launcher::RunWithoutHook {
+                c.arg("--no-torch-hook");
+            }
+            c.arg("--").arg(&side.python);
+            c
+        }
+    };
+    if launcher != Some(Launcher::Preload) {
+        cmd.env_remove("LD_PRELOAD");
+    }
+    cmd.args(args).env_remove("OOMSHIM_TORCH_HOOK");
+    match pythonpath {
+        Some(p) => cmd.env("PYTHONPATH", p),
+        None => cmd.env_remove("PYTHONPATH"),
+    };
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    common::wait_with_watchdog(cmd, std::time::Duration::from_secs(60))
+}
+
+/// Issue 25 item 15: inside a shimmed Python process `import oomshim` finds the hook's copy of
+/// the package, three levels below $TMPDIR. A file planted at $TMPDIR/target/release/oomshim
+/// (anyone may create it in /tmp) must never be taken for the CLI of a checkout.
+#[test]
+fn the_hooks_copy_of_the_package_never_runs_a_file_from_a_shared_temporary_directory() {
+    let Some(_e) = env() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    // Like /tmp: writable by all, sticky.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let release = tmp.path().join("target/release");
+    std::fs::create_dir_all(&release).unwrap();
+    let marker = tmp.path().join("PLANTED-RAN");
+    std::fs::write(
+        release.join("oomshim"),
+        format!("#!/bin/sh\ntouch '{}'\n", marker.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        release.join("oomshim"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::write(release.join("liboomshim.so"), "not a library").unwrap();
+    let env = [
+        ("TMPDIR", tmp.path().to_str().unwrap()),
+        ("PATH", "/usr/bin:/bin"),
+    ];
+    let program = "import oomshim._locate as L\nprint(L.__file__)\ntry:\n    print(L.cli_path())\nexcept FileNotFoundError:\n    print('none')\n";
+    let out = python_args(Some(Launcher::Preload), &["-c", program], None, &env);
+    let text = stdout(&out);
+    let (file, cli) = text.split_once('\n').expect("two lines");
+    assert!(
+        file.contains("python-hook-"),
+        "the hook's copy is the one imported: {text} {}",
+        stderr(&out)
+    );
+    assert!(
+        !cli.starts_with(tmp.path().to_str().unwrap()),
+        "a planted file was taken for the CLI: {cli}"
+    );
+    let out = python_args(
+        Some(Launcher::Preload),
+        &["-m", "oomshim", "--version"],
+        None,
+        &env,
+    );
+    assert!(
+        !marker.exists(),
+        "`python -m oomshim` ran the planted file: {}",
+        stderr(&out)
+    );
+}
+
+/// Issue 25 item 21: transformers, accelerate and Lightning probe
+/// `importlib.util.find_spec("torch")` before importing torch; the hook must still attach.
+#[test]
+fn a_find_spec_probe_before_the_import_does_not_use_up_the_hook() {
+    let Some(e) = env() else { return };
+    let program = "import importlib.util\nassert importlib.util.find_spec('torch') is not None\nassert importlib.util.find_spec('torch') is not None\nimport torch\ntorch._fake_cuda_init()\nprint(len(torch._observers))\n";
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let out = python(&e, launcher, program, &[]);
+        assert_eq!(stdout(&out), "1", "{launcher:?}: {}", stderr(&out));
+    }
+}
+
+/// Issue 25 item 22: empty PYTHONPATH entries mean "the current directory" and are kept when
+/// the hook takes its own directory off.
+#[test]
+fn empty_pythonpath_entries_survive_the_hooks_removal() {
+    let Some(e) = env() else { return };
+    let given = format!(":{}::{}:", e.fake.display(), e.user_site.display());
+    let program = "import os\nprint(os.environ['PYTHONPATH'])\n";
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let out = python(&e, launcher, program, &[("PYTHONPATH", &given)]);
+        assert_eq!(stdout(&out), given, "{launcher:?}: {}", stderr(&out));
+    }
+}
+
+/// Issue 25 item 23: under `python -I`, `-E` or `-S` the hook never runs; the program (and so
+/// its children) must still see the PYTHONPATH it was given, not the hook's directory.
+#[test]
+fn under_python_i_e_s_the_program_sees_the_pythonpath_it_was_given() {
+    let Some(e) = env() else { return };
+    let given = e.fake.display().to_string();
+    let program = "import os, sys\nprint(os.environ.get('PYTHONPATH'), any('python-hook' in p for p in sys.path))";
+    for flag in ["-I", "-E", "-S", "-bS"] {
+        for launcher in [Launcher::Preload, Launcher::Run] {
+            for pythonpath in [Some(given.as_str()), None] {
+                let bare = python_args(None, &[flag, "-c", program], pythonpath, &[]);
+                let out = python_args(Some(launcher), &[flag, "-c", program], pythonpath, &[]);
+                assert_eq!(
+                    stdout(&out),
+                    stdout(&bare),
+                    "{flag} {launcher:?} PYTHONPATH={pythonpath:?}: {}",
+                    stderr(&out)
+                );
+            }
+        }
+    }
+}
+
+/// Issue 25 item 24: a user sitecustomize that raises is reported by Python in two lines; the
+/// shim's hook must not turn that into its own traceback.
+#[test]
+fn a_failing_user_sitecustomize_prints_what_python_prints_bare() {
+    let Some(_e) = env() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(
+        tmp.path().join("sitecustomize.py"),
+        "raise ValueError('the user sitecustomize failed')\n",
+    )
+    .unwrap();
+    let dir = tmp.path().to_str().unwrap();
+    let args = ["-c", "print('ran')"];
+    let bare = python_args(None, &args, Some(dir), &[]);
+    assert!(
+        stderr(&bare).contains("ValueError"),
+        "the bare run shows the failure: {}",
+        stderr(&bare)
+    );
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let out = python_args(Some(launcher), &args, Some(dir), &[]);
+        assert_eq!(stdout(&out), "ran");
+        assert_eq!(stderr(&out), stderr(&bare), "{launcher:?}");
+    }
+}

@@ -10,7 +10,7 @@
 //! no name for is `oomshim_*`. Only what a summary knows is exported: an unknown is a missing
 //! sample, never a zero.
 
-use oomshim_core::flight::read::{list_regions, read_region, ReadError, RegionEntry, Snapshot};
+use oomshim_core::flight::read::{read_region, scan, ReadError, RegionEntry, Snapshot};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -25,8 +25,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// A request head larger than this is refused (a scrape's is a few hundred bytes).
 const MAX_REQUEST_HEAD: usize = 16 << 10;
-/// A client that sends or reads nothing for this long is dropped, so one stuck connection
-/// cannot hold the (single-threaded) server for long.
+/// The time a client has for its whole request head (however its bytes trickle in), and for
+/// taking each write of the answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the exporter listens, from `--listen`: an IP address and port, never a host name (a
@@ -144,16 +144,35 @@ const FAMILIES: &[(&str, &str, &str)] = &[
     (
         "oomshim_exporter_region_errors_total",
         "counter",
-        "Regions this exporter could not read (invalid, torn or unreadable) over all its scrapes.",
+        "Regions this exporter could not read (invalid, torn or unreadable) over all its scrapes; regions not yet initialised, removed while being read, or not this user's are not errors.",
     ),
 ];
 
 /// Samples by family name: (label pairs, value).
 type Samples = BTreeMap<&'static str, Vec<(Vec<(&'static str, String)>, String)>>;
 
+/// Says each distinct reason for ignoring something in the live directory once per exporter
+/// process, on stderr (the scrape shows the count as `state="foreign"`).
+fn say_ignored_once(why: &str) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+    if said.iter().any(|s| s == why) || said.len() >= 256 {
+        return;
+    }
+    said.push(why.to_string());
+    // Never a panic for a stderr that is gone (eprintln! would).
+    let _ = std::io::stderr()
+        .lock()
+        .write_all(format!("oomshim: exporter: {}\n", crate::report::units::clean(why)).as_bytes());
+}
+
 /// The exposition for every region in `dir`, at `now_ms`.
 pub fn exposition(dir: &Path, now_ms: u64) -> String {
-    let mut entries: Vec<RegionEntry> = list_regions(dir);
+    let listing = scan(dir);
+    for why in &listing.ignored {
+        say_ignored_once(why);
+    }
+    let mut entries: Vec<RegionEntry> = listing.regions;
     // Regions are sorted by (pid, start time): a pid with several is a reused pid whose earlier
     // owner died leaving its region. Only the newest is exported, so series stay unique.
     let mut superseded = 0u64;
@@ -167,6 +186,9 @@ pub fn exposition(dir: &Path, now_ms: u64) -> String {
     }
     let mut samples: Samples = BTreeMap::new();
     let mut states: BTreeMap<&'static str, u64> = BTreeMap::new();
+    if !listing.ignored.is_empty() {
+        states.insert("foreign", listing.ignored.len() as u64);
+    }
     for e in &keep {
         match read_region(&e.path) {
             Ok(snap) => {
@@ -174,14 +196,22 @@ pub fn exposition(dir: &Path, now_ms: u64) -> String {
                 add_process(&mut samples, e, &snap, now_ms);
             }
             Err(err) => {
-                let state = match err {
-                    ReadError::Empty => "empty",
-                    ReadError::Io(_) => "unreadable",
-                    ReadError::Invalid(_) => "invalid",
-                    ReadError::Torn(_) => "torn",
+                // A region not yet initialised (its process is starting), one removed since the
+                // listing (its process exited) and one that is not this user's are states, not
+                // errors.
+                let (state, error) = match &err {
+                    ReadError::Empty => ("empty", false),
+                    ReadError::Gone => ("exited", false),
+                    ReadError::Foreign(why) => {
+                        say_ignored_once(why);
+                        ("foreign", false)
+                    }
+                    ReadError::Io(_) => ("unreadable", true),
+                    ReadError::Invalid(_) => ("invalid", true),
+                    ReadError::Torn(_) => ("torn", true),
                 };
                 *states.entry(state).or_default() += 1;
-                if state != "empty" {
+                if error {
                     REGION_ERRORS.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -197,6 +227,8 @@ pub fn exposition(dir: &Path, now_ms: u64) -> String {
         "torn",
         "unreadable",
         "superseded",
+        "exited",
+        "foreign",
     ] {
         samples
             .entry("oomshim_exporter_regions")
@@ -346,61 +378,159 @@ fn add_process(samples: &mut Samples, e: &RegionEntry, snap: &Snapshot, now_ms: 
     );
 }
 
+/// Connections served at once; one more is answered 503 and closed at once, so a crowd of
+/// stalled clients costs threads up to this cap and never blocks the accepting loop.
+const MAX_CONNECTIONS: usize = 32;
+/// Unread request bytes (a body, pipelined requests, an oversized head) read and dropped after
+/// the answer, so that closing does not reset the connection before the client read it.
+const DRAIN_BYTES: usize = 1 << 20;
+/// The longest the drain may take.
+const DRAIN_TIME: Duration = Duration::from_millis(500);
+
 /// Serves `GET /metrics` on `listener` until the process is ended; every other request gets
-/// 404. One connection at a time: a scrape takes milliseconds, and a stalled client is cut off
-/// after [`IO_TIMEOUT`].
+/// 404. Each connection has a thread of its own (at most [`MAX_CONNECTIONS`]) and
+/// [`IO_TIMEOUT`] for its whole request, however slowly its bytes arrive: one slow client never
+/// holds another's scrape.
 pub fn serve(listener: TcpListener, dir: &Path) -> ! {
+    let dir: std::sync::Arc<std::path::PathBuf> = std::sync::Arc::new(dir.to_path_buf());
+    let active = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
         match listener.accept() {
             Ok((stream, _)) => {
-                let _ = handle(stream, dir);
+                if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+                    active.fetch_sub(1, Ordering::AcqRel);
+                    refuse_busy(stream);
+                    continue;
+                }
+                let (dir, done) = (dir.clone(), active.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("oomshim-exporter-conn".into())
+                    .stack_size(256 << 10)
+                    .spawn(move || {
+                        let _ = handle(stream, &dir);
+                        done.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if spawned.is_err() {
+                    active.fetch_sub(1, Ordering::AcqRel);
+                }
             }
             Err(_) => std::thread::sleep(Duration::from_millis(50)), // EMFILE and the like
         }
     }
 }
 
+/// Over the connection cap: a short 503, never waiting on the client.
+fn refuse_busy(mut stream: TcpStream) {
+    let _ = stream.set_nonblocking(true);
+    let _ = stream.write_all(
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n",
+    );
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+}
+
 fn handle(mut stream: TcpStream, dir: &Path) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let Some(head) = read_head(&mut stream)? else {
-        return respond(
+    let deadline = std::time::Instant::now() + IO_TIMEOUT;
+    let answered = match read_head(&mut stream, deadline)? {
+        None => respond(
             &mut stream,
             "400 Bad Request",
             "text/plain",
             b"bad request\n",
-        );
+        ),
+        Some(head) => {
+            let request_line = head.lines().next().unwrap_or("");
+            let mut parts = request_line.split(' ');
+            let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+            let path = target.split('?').next().unwrap_or("");
+            if method == "GET" && path == "/metrics" {
+                let now = dump::time::unix_ms(std::time::SystemTime::now());
+                let body = exposition(dir, now);
+                respond(&mut stream, "200 OK", CONTENT_TYPE, body.as_bytes())
+            } else {
+                respond(
+                    &mut stream,
+                    "404 Not Found",
+                    "text/plain",
+                    b"not found: the metrics are at /metrics\n",
+                )
+            }
+        }
     };
-    let request_line = head.lines().next().unwrap_or("");
-    let mut parts = request_line.split(' ');
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    if method == "GET" && path == "/metrics" {
-        let now = dump::time::unix_ms(std::time::SystemTime::now());
-        let body = exposition(dir, now);
-        respond(&mut stream, "200 OK", CONTENT_TYPE, body.as_bytes())
-    } else {
-        respond(
-            &mut stream,
-            "404 Not Found",
-            "text/plain",
-            b"not found: the metrics are at /metrics\n",
-        )
+    answered?;
+    drain(&mut stream);
+    Ok(())
+}
+
+/// Ends the answer and reads what the client still sends (bounded in bytes and time) before
+/// the socket closes: a close with unread bytes resets the connection, and the client would
+/// lose the answer.
+fn drain(stream: &mut TcpStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let until = std::time::Instant::now() + DRAIN_TIME;
+    let mut chunk = [0u8; 16 << 10];
+    let mut total = 0;
+    while total < DRAIN_BYTES {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => total += n,
+        }
     }
 }
 
-/// The request head (up to the blank line), `None` when it is not HTTP or too large.
-fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<String>> {
+/// Where the request head ends (just past its blank line), with CRLF or bare LF line ends.
+fn head_end(buf: &[u8]) -> Option<usize> {
+    buf.iter().enumerate().find_map(|(i, &b)| {
+        if b != b'\n' {
+            return None;
+        }
+        match buf.get(i + 1..) {
+            Some([b'\n', ..]) => Some(i + 2),
+            Some([b'\r', b'\n', ..]) => Some(i + 3),
+            _ => None,
+        }
+    })
+}
+
+/// The request head (up to the blank line), `None` when it is not HTTP, too large, or not
+/// complete by `deadline`.
+fn read_head(
+    stream: &mut TcpStream,
+    deadline: std::time::Instant,
+) -> std::io::Result<Option<String>> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     loop {
-        let n = stream.read(&mut chunk)?;
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = match stream.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Ok(None)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             return Ok(None);
         }
+        // Only the new bytes and the three before them can complete the blank line.
+        let from = buf.len().saturating_sub(3);
         buf.extend_from_slice(&chunk[..n]);
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            return Ok(String::from_utf8(buf[..end].to_vec()).ok());
+        if let Some(end) = head_end(&buf[from..]) {
+            return Ok(String::from_utf8(buf[..from + end].to_vec()).ok());
         }
         if buf.len() > MAX_REQUEST_HEAD {
             return Ok(None);
@@ -441,6 +571,14 @@ mod tests {
         let e = parse_listen("localhost:9464").unwrap_err();
         assert!(e.contains("host names are not resolved"), "{e}");
         assert!(parse_listen("127.0.0.1").is_err());
+    }
+
+    #[test]
+    fn a_request_head_ends_at_its_blank_line_with_crlf_or_bare_lf() {
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nA: b\r\n\r\nbody"), Some(24));
+        assert_eq!(head_end(b"GET / HTTP/1.1\nA: b\n\nbody"), Some(21));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nA: b\r\n"), None);
+        assert_eq!(head_end(b"GET / HTTP/1.1\n"), None);
     }
 
     #[test]

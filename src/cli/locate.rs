@@ -79,27 +79,44 @@ fn in_python_prefix(bin_dir: &Path) -> (Option<PathBuf>, String) {
         .join(LIB_NAME)
         .display()
         .to_string();
-    let mut candidates = Vec::new();
+    let mut candidates: Vec<((u32, u32), PathBuf)> = Vec::new();
     for lib in ["lib", "lib64"] {
         let Ok(entries) = std::fs::read_dir(prefix.join(lib)) else {
             continue;
         };
         for entry in entries.filter_map(|e| e.ok()) {
-            if !entry.file_name().to_string_lossy().starts_with("python3") {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("python3") {
                 continue;
             }
             // Debian's system Python installs into dist-packages.
             for packages in ["site-packages", "dist-packages"] {
                 let p = entry.path().join(packages).join("oomshim").join(LIB_NAME);
                 if p.is_file() {
-                    candidates.push(p);
+                    candidates.push((python_version(&name), p));
                 }
             }
         }
     }
-    // Several Python versions in one prefix: the highest version's copy, deterministically.
+    // Several Python versions in one prefix: the highest version's copy (by its numbers:
+    // python3.12 above python3.9), deterministically.
     candidates.sort();
-    (candidates.pop(), pattern)
+    (candidates.pop().map(|(_, p)| p), pattern)
+}
+
+/// (major, minor) of a `pythonX.Y` directory name (`python3.13t` too); a missing or odd part
+/// counts as 0.
+fn python_version(name: &str) -> (u32, u32) {
+    let number = |part: Option<&str>| -> u32 {
+        let digits: String = part
+            .unwrap_or("")
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
+        digits.parse().unwrap_or(0)
+    };
+    let mut parts = name.strip_prefix("python").unwrap_or(name).split('.');
+    (number(parts.next()), number(parts.next()))
 }
 
 #[cfg(test)]
@@ -173,6 +190,32 @@ mod tests {
             .join("venv/lib/python3.12/site-packages/oomshim/liboomshim.so");
         touch(&lib);
         assert_eq!(find_library_from(None, None, &exe).unwrap(), lib);
+    }
+
+    /// Issue 25 item 29: versions compare by number, not as strings ("3.9" > "3.12" as text).
+    #[test]
+    fn several_pythons_in_one_prefix_the_highest_version_wins() {
+        let t = tempfile::tempdir().unwrap();
+        let exe = t.path().join("venv/bin/oomshim");
+        let copy = |v: &str| {
+            t.path()
+                .join(format!("venv/lib/{v}/site-packages/oomshim/liboomshim.so"))
+        };
+        for v in ["python3.9", "python3.12", "python3.10", "python3.8"] {
+            touch(&copy(v));
+        }
+        assert_eq!(
+            find_library_from(None, None, &exe).unwrap(),
+            copy("python3.12")
+        );
+        touch(&copy("python3.13t"));
+        assert_eq!(
+            find_library_from(None, None, &exe).unwrap(),
+            copy("python3.13t")
+        );
+        assert_eq!(python_version("python3.12"), (3, 12));
+        assert_eq!(python_version("python3"), (3, 0));
+        assert_eq!(python_version("python3.x"), (3, 0));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! the terminal (every string is shown escaped).
 
 use crate::report::units::{clean, human_bytes};
-use oomshim_core::flight::read::{list_regions, read_region, ReadError, RegionEntry, Snapshot};
+use oomshim_core::flight::read::{read_region, scan, ReadError, RegionEntry, Snapshot};
 use oomshim_core::verdict::short_label;
 use std::fmt::Write;
 use std::path::Path;
@@ -14,9 +14,12 @@ use std::path::Path;
 /// Sites shown per process.
 const SITES_SHOWN: usize = 5;
 
-/// One frame: every region in `dir` (only `pid`'s when given).
+/// One frame: every region in `dir` (only `pid`'s when given). What is not this user's (the
+/// directory, a region) is not read, and said once at the end of the frame.
 pub fn frame(dir: &Path, pid: Option<u32>, now_ms: u64) -> String {
-    let entries: Vec<RegionEntry> = list_regions(dir)
+    let listing = scan(dir);
+    let entries: Vec<RegionEntry> = listing
+        .regions
         .into_iter()
         .filter(|r| pid.is_none_or(|p| r.pid == p))
         .collect();
@@ -39,8 +42,18 @@ pub fn frame(dir: &Path, pid: Option<u32>, now_ms: u64) -> String {
         );
     }
     for e in &entries {
+        let read = read_region(&e.path);
+        if matches!(read, Err(ReadError::Gone)) {
+            continue; // exited normally since the listing
+        }
         out.push('\n');
-        render_one(&mut out, e, read_region(&e.path), now_ms);
+        render_one(&mut out, e, read, now_ms);
+    }
+    if !listing.ignored.is_empty() {
+        out.push('\n');
+        for why in &listing.ignored {
+            let _ = writeln!(out, "ignored: {}", clean(why));
+        }
     }
     out
 }

@@ -126,7 +126,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "OOMSHIM_LIVE_DIR",
         default: "/dev/shm/oomshim-UID",
-        meaning: "Where live regions are kept (created 0700, checked to be yours; `$TMPDIR/oomshim-UID/live` where there is no `/dev/shm`). `oomshim top` and `oomshim run` read the same variable.",
+        meaning: "Where live regions are kept (created 0700, checked to be yours and writable by no one else: readers ignore it otherwise; `$TMPDIR/oomshim-UID/live` where there is no `/dev/shm`). `oomshim top` and `oomshim run` read the same variable.",
     },
     Setting {
         name: "OOMSHIM_LIVE_INTERVAL",

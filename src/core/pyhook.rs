@@ -150,12 +150,102 @@ pub fn pythonpath_value(dir: &Path, existing: Option<&std::ffi::OsStr>) -> OsStr
     v
 }
 
-/// Called once by the shim's load-time constructor: in a Python process whose interpreter has
-/// not started, puts the hook first on `PYTHONPATH`. `python_not_started`: whether this is such a
-/// process (the caller looks up `Py_IsInitialized`). Any failure leaves the environment as it was
-/// (the program then runs without torch's insight; `oomshim run` says why in that case).
-pub fn prepare_for_python(python_not_started: bool) {
-    if !python_not_started || disabled_by(std::env::var("OOMSHIM_TORCH_HOOK").ok().as_deref()) {
+/// Whether a Python interpreter started with these options (argv after argv[0]) never runs the
+/// hook: `-S` (no `site`, so no `sitecustomize`), `-E` and `-I` (`PYTHONPATH` ignored). Python's
+/// own option syntax: flags may be grouped (`-bIu`), `-W`/`-X` take an argument (attached or the
+/// next word), `-c`/`-m`, `-`, `--` or the script's name end the options.
+pub fn python_skips_hook(args: &[&[u8]]) -> bool {
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i];
+        if a == b"--check-hash-based-pycs" {
+            i += 2;
+            continue;
+        }
+        if a == b"--" || a.len() < 2 || a[0] != b'-' {
+            return false;
+        }
+        if a.starts_with(b"--") {
+            i += 1; // --help, --version and the like
+            continue;
+        }
+        for (j, &c) in a[1..].iter().enumerate() {
+            match c {
+                b'I' | b'E' | b'S' => return true,
+                b'c' | b'm' => return false,
+                b'W' | b'X' => {
+                    if j + 2 == a.len() {
+                        i += 1; // the argument is the next word
+                    }
+                    break;
+                }
+                _ => {}
+            }
+        }
+        i += 1;
+    }
+    false
+}
+
+/// `argv[0]` names a Python interpreter (`python3`, `/usr/bin/python3.12`, a venv's `python`):
+/// only then are the arguments read as Python's options.
+fn is_python(argv0: &[u8]) -> bool {
+    let base = argv0.rsplit(|&b| b == b'/').next().unwrap_or(argv0);
+    base.starts_with(b"python")
+}
+
+/// `PYTHONPATH` without a hook directory that `oomshim run` (or a parent) put first, for a
+/// process in which the hook will not run: `None` when there is nothing to take off, else the
+/// value it had before (`Some(None)`: it was unset or empty).
+pub fn without_injected(existing: &[u8], base: &Path) -> Option<Option<Vec<u8>>> {
+    use std::os::unix::ffi::OsStrExt;
+    let (first, rest) = match existing.iter().position(|&b| b == b':') {
+        Some(i) => (&existing[..i], Some(&existing[i + 1..])),
+        None => (existing, None),
+    };
+    let first = Path::new(std::ffi::OsStr::from_bytes(first));
+    let ours = first.parent() == Some(base)
+        && first
+            .file_name()
+            .is_some_and(|n| n.as_bytes().starts_with(b"python-hook-"));
+    if !ours {
+        return None;
+    }
+    Some(rest.map(|r| r.to_vec()))
+}
+
+/// Called once by the shim's load-time constructor with the process's arguments: in a Python
+/// process whose interpreter has not started, puts the hook first on `PYTHONPATH`.
+/// `python_not_started`: whether this is such a process (the caller looks up
+/// `Py_IsInitialized`). When the hook would not run (switched off, or Python started with
+/// `-I`, `-E` or `-S`), nothing is added, and a hook directory `oomshim run` put first is taken
+/// off again, so the program and its children see the `PYTHONPATH` they were given. Any failure
+/// leaves the environment as it was (the program then runs without torch's insight; `oomshim
+/// run` says why in that case).
+pub fn prepare_for_python(python_not_started: bool, argv: &[&[u8]]) {
+    if !python_not_started {
+        return;
+    }
+    let skipped = argv
+        .split_first()
+        .is_some_and(|(argv0, args)| is_python(argv0) && python_skips_hook(args));
+    if skipped || disabled_by(std::env::var("OOMSHIM_TORCH_HOOK").ok().as_deref()) {
+        use std::os::unix::ffi::OsStrExt;
+        let Some(existing) = std::env::var_os("PYTHONPATH") else {
+            return;
+        };
+        // At load time, before main: no other thread reads the environment yet.
+        match without_injected(existing.as_bytes(), &dump::write::fallback_dir()) {
+            None => {}
+            Some(Some(rest)) => {
+                if let Ok(v) = std::ffi::CString::new(rest) {
+                    unsafe { libc::setenv(c"PYTHONPATH".as_ptr(), v.as_ptr(), 1) };
+                }
+            }
+            Some(None) => unsafe {
+                libc::unsetenv(c"PYTHONPATH".as_ptr());
+            },
+        }
         return;
     }
     let Ok(dir) = hook_dir() else { return };
@@ -201,6 +291,32 @@ mod tests {
         );
         assert!(disabled_by(Some(" OFF ")) && disabled_by(Some("0")));
         assert!(!disabled_by(Some("1")) && !disabled_by(None));
+    }
+
+    #[test]
+    fn python_options_that_keep_the_hook_from_running_are_recognised() {
+        let yes =
+            |a: &[&str]| python_skips_hook(&a.iter().map(|s| s.as_bytes()).collect::<Vec<_>>());
+        assert!(yes(&["-I", "x.py"]) && yes(&["-E", "-c", "pass"]) && yes(&["-S"]));
+        assert!(yes(&["-bSu", "x.py"]) && yes(&["-W", "error", "-E", "x.py"]));
+        assert!(yes(&["--check-hash-based-pycs", "always", "-I"]));
+        assert!(!yes(&["x.py", "-I"]) && !yes(&["-c", "-I"]) && !yes(&["-m", "mod", "-S"]));
+        assert!(!yes(&["-WI", "x.py"]) && !yes(&["-X", "S", "x.py"]) && !yes(&["-", "-I"]));
+        assert!(!yes(&[]) && !yes(&["-u", "--", "-I"]));
+        assert!(is_python(b"/usr/bin/python3.12") && is_python(b"python") && !is_python(b"bash"));
+    }
+
+    #[test]
+    fn an_injected_hook_directory_is_taken_off_exactly() {
+        let base = Path::new("/tmp/oomshim-7");
+        let take = |v: &str| without_injected(v.as_bytes(), base);
+        assert_eq!(
+            take("/tmp/oomshim-7/python-hook-0.1.0-ab::/x"),
+            Some(Some(b":/x".to_vec()))
+        );
+        assert_eq!(take("/tmp/oomshim-7/python-hook-0.1.0-ab"), Some(None));
+        assert_eq!(take("/x:/tmp/oomshim-7/python-hook-0.1.0-ab"), None);
+        assert_eq!(take("/tmp/other/python-hook-1:/x"), None);
     }
 
     #[test]

@@ -273,6 +273,14 @@ fn create(
         std::fs::create_dir_all(parent)?;
     }
     dump::write::prepare_private_dir(dir)?;
+    // The readers trust only a directory of this user that no one else can write
+    // (`flight::read::check_live_dir`): a region elsewhere would be published for nobody.
+    if let Err(why) = oomshim_core::flight::read::check_live_dir(dir) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            why,
+        ));
+    }
     let path = dir.join(oomshim_core::flight::region_name(pid, start_ticks));
     // The same pid and start time: this process before an exec; its region is stale.
     let _ = std::fs::remove_file(&path);

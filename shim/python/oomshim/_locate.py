@@ -1,16 +1,66 @@
 """Where liboomshim.so and the oomshim CLI are, for every way oomshim is installed: the wheel
 (the library inside this package, the CLI in the environment's scripts directory), a cargo build
 of the repository this package sits in (target/release, or target/release/deps where `cargo run`
-leaves the library), or anywhere named by OOMSHIM_LIB."""
+leaves the library), or anywhere named by OOMSHIM_LIB.
+
+A checkout is trusted only when it proves to be one (`_checkout_root`): this package's copy in
+the Python hook's directory ($TMPDIR/oomshim-UID/python-hook-*/oomshim) sits three levels below
+$TMPDIR, where anyone can create `target/release/oomshim`, so a file is never run or loaded from
+a directory another user could have created or written."""
 
 import os
 import shutil
+import stat
 import sysconfig
 
 LIB_NAME = "liboomshim.so"
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# shim/python/oomshim -> the repository root, when this package is used from a checkout.
-_REPO = os.path.normpath(os.path.join(_HERE, "..", "..", ".."))
+
+
+def _mine(path, kind):
+    """`path` itself (no link followed) is of `kind` (stat.S_ISDIR/S_ISREG), owned by this
+    user or root, and writable by neither group nor others."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return kind(st.st_mode) and st.st_uid in (os.geteuid(), 0) and not st.st_mode & 0o022
+
+
+def _checkout_root():
+    """The repository this package sits in (shim/python/oomshim -> the root), or None unless it
+    proves to be oomshim's checkout: not the Python hook's copy, a Cargo.toml naming oomshim at
+    the root, and the root, shim/, shim/python, this directory and that file all the user's (or
+    root's) and writable by no one else."""
+    if os.path.basename(os.path.dirname(_HERE)).startswith("python-hook-"):
+        return None
+    root = os.path.normpath(os.path.join(_HERE, "..", "..", ".."))
+    dirs = [root, os.path.join(root, "shim"), os.path.join(root, "shim", "python"), _HERE]
+    cargo = os.path.join(root, "Cargo.toml")
+    if not all(_mine(d, stat.S_ISDIR) for d in dirs) or not _mine(cargo, stat.S_ISREG):
+        return None
+    try:
+        with open(cargo, encoding="utf-8", errors="replace") as f:
+            text = f.read(1 << 16)
+    except OSError:
+        return None
+    return root if '\nname = "oomshim"\n' in text else None
+
+
+def _build_outputs(*names):
+    """Paths below the checkout's target/release, each only when every directory on the way
+    and the file itself are trusted (`_mine`); [] outside a proven checkout."""
+    root = _checkout_root()
+    if root is None:
+        return []
+    found = []
+    for name in names:
+        path = os.path.join(root, "target", "release", name)
+        parts = os.path.relpath(os.path.dirname(path), root).split(os.sep)
+        dirs = [os.path.join(root, *parts[:i + 1]) for i in range(len(parts))]
+        if all(_mine(d, stat.S_ISDIR) for d in dirs) and _mine(path, stat.S_ISREG):
+            found.append(path)
+    return found
 
 
 def bundled_library():
@@ -46,7 +96,8 @@ def library_path():
        ever one copy of the shim's state;
     3. the copy inside this package (the wheel);
     4. the build directory of the repository this package sits in: target/release or
-       target/release/deps, the newer of the two.
+       target/release/deps, the newer of the two; only in a checkout that proves to be one,
+       from directories no other user can write (`_checkout_root`).
 
     Raises FileNotFoundError naming every place it looked."""
     explicit = os.environ.get("OOMSHIM_LIB")
@@ -63,12 +114,10 @@ def library_path():
     if bundled:
         return bundled
     tried.append(os.path.join(_HERE, LIB_NAME))
-    build = [os.path.join(_REPO, "target", "release", LIB_NAME),
-             os.path.join(_REPO, "target", "release", "deps", LIB_NAME)]
-    newest = _newest(build)
+    newest = _newest(_build_outputs(LIB_NAME, os.path.join("deps", LIB_NAME)))
     if newest:
         return newest
-    tried.extend(build)
+    tried.append("target/release of a trusted oomshim checkout")
     raise FileNotFoundError(
         "liboomshim.so not found; install the oomshim wheel, or set OOMSHIM_LIB=/path/to/liboomshim.so "
         "(build it with `cargo build --release`). Looked at: " + "; ".join(tried)
@@ -76,18 +125,19 @@ def library_path():
 
 
 def cli_path():
-    """The oomshim CLI: the one installed beside this package (the wheel's script), else the one
-    on PATH, else this repository's target/release/oomshim. Raises FileNotFoundError naming every
-    place it looked."""
+    """The oomshim CLI: the one installed beside this package (the wheel's script), else the
+    target/release/oomshim of the checkout this package sits in (only a proven one, see
+    `_checkout_root`), else the one on PATH. Raises FileNotFoundError naming every place it
+    looked."""
     tried = []
     scripts = sysconfig.get_path("scripts")
-    for candidate in (os.path.join(scripts, "oomshim") if scripts else None,
-                      os.path.join(_REPO, "target", "release", "oomshim")):
-        if candidate is None:
-            continue
+    build = _build_outputs("oomshim")
+    for candidate in ([os.path.join(scripts, "oomshim")] if scripts else []) + build:
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
         tried.append(candidate)
+    if not build:
+        tried.append("target/release of a trusted oomshim checkout")
     on_path = shutil.which("oomshim")
     if on_path:
         return on_path

@@ -53,26 +53,35 @@ def _off(name, default="1"):
 
 def _forget_own_path():
     """This directory leaves the PYTHONPATH children inherit (sys.path keeps it for this
-    process): a child that runs without the shim must not run the hook."""
+    process): a child that runs without the shim must not run the hook. Every other entry stays
+    as it was, empty ones ("the current directory") included."""
     value = os.environ.get("PYTHONPATH")
     if value is None:
         return
-    rest = [p for p in value.split(os.pathsep) if p and os.path.abspath(p) != _HERE]
+    parts = value.split(os.pathsep)
+    rest = [p for p in parts if not (p and os.path.abspath(p) == _HERE)]
+    if len(rest) == len(parts):
+        return
     if rest:
         os.environ["PYTHONPATH"] = os.pathsep.join(rest)
     else:
         del os.environ["PYTHONPATH"]
 
 
-def _chain_user_sitecustomize():
-    """Run the sitecustomize this one shadows, as Python would have."""
+def _user_sitecustomize():
+    """The spec of the sitecustomize this one shadows, or None."""
     import importlib.machinery
-    import importlib.util
 
     path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
-    if spec is None or spec.loader is None:
-        return
+    return spec if spec is not None and spec.loader is not None else None
+
+
+def _chain_user_sitecustomize(spec):
+    """Run the sitecustomize this one shadows, as Python would have. What it raises goes on to
+    Python's site.py, which prints it exactly as it would without the shim (two lines)."""
+    import importlib.util
+
     module = importlib.util.module_from_spec(spec)
     sys.modules["sitecustomize"] = module
     spec.loader.exec_module(module)
@@ -576,24 +585,32 @@ _WATCHED = {"torch": _attach_torch, "jax": _attach_jax}
 
 class _ImportWatcher:
     """A meta-path finder that only watches: when the program imports torch or jax, let it load
-    as usual and attach afterwards."""
+    as usual and attach afterwards. Every spec it hands out for a watched name carries the
+    attachment, and the name stays watched until a module is actually executed: a probe such as
+    `importlib.util.find_spec("torch")` before the import (transformers, accelerate and
+    Lightning check availability that way) does not use the hook up."""
+
+    def __init__(self):
+        # (thread, name) pairs being resolved by this finder's own find_spec call below.
+        self._resolving = set()
 
     def find_spec(self, name, path=None, target=None):
-        attach = _WATCHED.pop(name, None)
-        if attach is None:
+        if name not in _WATCHED:
             return None
-        if not _WATCHED:
-            try:
-                sys.meta_path.remove(self)
-            except ValueError:
-                pass
+        import _thread
+
+        key = (_thread.get_ident(), name)
+        if key in self._resolving:
+            return None  # our own lookup below: let the other finders answer
         import importlib.util
 
+        self._resolving.add(key)
         try:
-            # This finder answers None for the name now (it was taken off the watch list).
             spec = importlib.util.find_spec(name)
         except Exception:
             return None
+        finally:
+            self._resolving.discard(key)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader = spec.loader
@@ -601,6 +618,14 @@ class _ImportWatcher:
 
         def exec_module(module):
             original(module)
+            attach = _WATCHED.pop(name, None)
+            if not _WATCHED:
+                try:
+                    sys.meta_path.remove(self)
+                except ValueError:
+                    pass
+            if attach is None:
+                return
             try:
                 attach(module)
             except Exception as e:
@@ -634,8 +659,10 @@ except Exception as e:
     _warn(f"not installed ({type(e).__name__}: {e})")
 
 try:
-    _chain_user_sitecustomize()
-except Exception:
-    # The user's own sitecustomize failed: Python would print that and go on; so do we.
-    import traceback
-    traceback.print_exc()
+    _user_spec = _user_sitecustomize()
+except Exception as e:
+    _user_spec = None
+    _warn(f"could not look for the program's own sitecustomize ({type(e).__name__}: {e})")
+if _user_spec is not None:
+    # Not caught: site.py reports the user's failure as it does without the shim.
+    _chain_user_sitecustomize(_user_spec)

@@ -44,6 +44,8 @@ const OFF_START: u64 = 32;
 const OFF_LATEST: u64 = 40;
 const OFF_SLOTS: u64 = 48;
 const SLOT_DESC_BYTES: u64 = 32;
+/// Bytes a header needs to be parsed (the fixed fields and both slot descriptors).
+pub const MIN_HEADER: usize = (OFF_SLOTS + 2 * SLOT_DESC_BYTES) as usize;
 
 // Shared with the symbol cache (src/core/stacks); lives with the dump format, re-exported here.
 pub use dump::checksum::checksum;

@@ -1,8 +1,20 @@
 //! Reading live regions from another process: list a user's regions, and return a validated
 //! snapshot of one or a clear error. The reader never writes a region and never waits for its
 //! writer; a region that is torn, truncated, foreign or hostile gives an error, never a crash.
+//!
+//! Only this user's regions are trusted: the live directory must be a directory of this user
+//! (a link to one only when the link is this user's or root's) that neither group nor others
+//! can write, and each region a regular file of this user, writable by no one else, whose
+//! header names this user ([`check_live_dir`], [`read_region`]). Anything else is ignored and
+//! said, never read: another user can create `/dev/shm/oomshim-UID` before its owner does.
+//!
+//! The cost of a scrape or a `top` frame is bounded: a region whose newest publish stays torn
+//! is not re-read while its header stays the same, and one that failed is remembered by its
+//! file and header, so it is not read again until its writer publishes.
 
-use super::layout::{self, Header, SlotDesc, HEADER_BYTES, REGION_BYTES, SLOT_BYTES};
+use super::layout::{
+    self, Header, SlotDesc, HEADER_BYTES, MAGIC, MIN_HEADER, REGION_BYTES, SLOT_BYTES,
+};
 use super::{LiveSummary, LIVE_SCHEMA, REGION_SUFFIX};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -19,28 +31,133 @@ pub struct RegionEntry {
     pub alive: bool,
 }
 
-/// The regions in `dir`, by pid; a missing directory has none. Only names this layout writes
-/// are listed.
-pub fn list_regions(dir: &Path) -> Vec<RegionEntry> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
+/// What a look at a live directory found: the regions to read, and what was ignored (in words
+/// for the user, to be said once).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listing {
+    pub regions: Vec<RegionEntry>,
+    pub ignored: Vec<String>,
+}
+
+fn me() -> u32 {
+    unsafe { libc::geteuid() }
+}
+
+/// Why `meta` (of `what`) is not this user's private file or directory, or `None` when it is.
+fn not_private(what: &str, meta: &std::fs::Metadata) -> Option<String> {
+    if meta.uid() != me() {
+        return Some(format!(
+            "{what} belongs to uid {}, not to you (uid {})",
+            meta.uid(),
+            me()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Some(format!(
+            "{what} is writable by others (mode {:04o})",
+            meta.mode() & 0o7777
+        ));
+    }
+    None
+}
+
+/// Whether `dir` may be trusted as a live directory: `Ok(false)` when it does not exist,
+/// `Ok(true)` when it is a directory of this user writable by no one else (reached through a
+/// link only when the link is this user's or root's), else why not.
+pub fn check_live_dir(dir: &Path) -> Result<bool, String> {
+    let shown = dump::units::clean(&dir.display().to_string());
+    let link = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(format!("the live directory {shown}: {e}")),
     };
-    let mut out: Vec<RegionEntry> = entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let (pid, ticks) = name.strip_suffix(REGION_SUFFIX)?.split_once('-')?;
-            let (pid, start_ticks): (u32, u64) = (pid.parse().ok()?, ticks.parse().ok()?);
-            Some(RegionEntry {
-                path: e.path(),
-                pid,
-                start_ticks,
-                alive: super::start_ticks_of(pid) == Some(start_ticks),
-            })
-        })
-        .collect();
-    out.sort_by_key(|r| (r.pid, r.start_ticks));
-    out
+    let meta = if link.file_type().is_symlink() {
+        if link.uid() != me() && link.uid() != 0 {
+            return Err(format!(
+                "the live directory {shown} is a link of uid {}, not yours",
+                link.uid()
+            ));
+        }
+        match std::fs::metadata(dir) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(format!("the live directory {shown}: {e}")),
+        }
+    } else {
+        link
+    };
+    if !meta.is_dir() {
+        return Err(format!("the live directory {shown} is not a directory"));
+    }
+    match not_private(&format!("the live directory {shown}"), &meta) {
+        Some(why) => Err(why),
+        None => Ok(true),
+    }
+}
+
+/// The regions in `dir`, by pid, and what was ignored; a missing directory has none. Only names
+/// this layout writes are listed, only in a trusted directory ([`check_live_dir`]) and only
+/// regular files of this user that no one else can write.
+pub fn scan(dir: &Path) -> Listing {
+    let mut listing = Listing::default();
+    match check_live_dir(dir) {
+        Ok(true) => {}
+        Ok(false) => return listing,
+        Err(why) => {
+            listing
+                .ignored
+                .push(format!("{why}: none of its regions is read"));
+            return listing;
+        }
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return listing;
+    };
+    for e in entries.filter_map(|e| e.ok()) {
+        let Ok(name) = e.file_name().into_string() else {
+            continue;
+        };
+        let Some((pid, ticks)) = name
+            .strip_suffix(REGION_SUFFIX)
+            .and_then(|n| n.split_once('-'))
+        else {
+            continue;
+        };
+        let (Ok(pid), Ok(start_ticks)) = (pid.parse::<u32>(), ticks.parse::<u64>()) else {
+            continue;
+        };
+        let path = e.path();
+        let shown = dump::units::clean(&name);
+        match std::fs::symlink_metadata(&path) {
+            Err(_) => continue, // gone since the listing: its process exited
+            Ok(m) if !m.is_file() => {
+                listing
+                    .ignored
+                    .push(format!("{shown} is not a regular file: ignored"));
+                continue;
+            }
+            Ok(m) => {
+                if let Some(why) = not_private(&shown, &m) {
+                    listing.ignored.push(format!("{why}: ignored"));
+                    continue;
+                }
+            }
+        }
+        listing.regions.push(RegionEntry {
+            path,
+            pid,
+            start_ticks,
+            alive: super::start_ticks_of(pid) == Some(start_ticks),
+        });
+    }
+    listing.regions.sort_by_key(|r| (r.pid, r.start_ticks));
+    listing.ignored.sort();
+    listing
+}
+
+/// The regions in `dir` that [`scan`] trusts, by pid.
+pub fn list_regions(dir: &Path) -> Vec<RegionEntry> {
+    scan(dir).regions
 }
 
 /// A validated summary, and how it was had.
@@ -64,6 +181,11 @@ pub enum ReadError {
     Empty,
     /// No complete, intact payload: torn mid-update or damaged.
     Torn(String),
+    /// Not this user's: the region or its directory belongs to, or can be written by, someone
+    /// else, or its header names another user. Never read further.
+    Foreign(String),
+    /// Removed between being listed and being read: its process exited normally.
+    Gone,
 }
 
 impl std::fmt::Display for ReadError {
@@ -73,23 +195,73 @@ impl std::fmt::Display for ReadError {
             ReadError::Invalid(e) => write!(f, "not a valid oomshim live region: {e}"),
             ReadError::Empty => write!(f, "nothing published yet"),
             ReadError::Torn(e) => write!(f, "the region is torn and was rejected: {e}"),
+            ReadError::Foreign(e) => write!(f, "not read, it is not yours: {e}"),
+            ReadError::Gone => write!(f, "is not there (removed, or never created)"),
         }
     }
 }
 
-/// How often a read that raced the writer is tried again before it counts as torn.
+/// How often a read that raced the writer (its header changed meanwhile) is tried again.
 const RETRIES: usize = 8;
+/// Time a region may take to be read, retries included, beyond its first attempt.
+const RETRY_BUDGET: std::time::Duration = std::time::Duration::from_millis(50);
+/// Failed regions remembered at most (a cache, not a record: it is emptied when full).
+const BAD_CACHE_ENTRIES: usize = 4096;
 
-/// Reads the newest intact summary of the region at `path`.
+/// Regions whose payload failed, by (device, inode), with the file size and the header bytes
+/// they had then: while both stay the same, the failure is the same one (a writer that
+/// publishes changes the header), so the payload is not read again.
+static BAD: std::sync::Mutex<
+    Option<std::collections::HashMap<(u64, u64), (u64, Vec<u8>, ReadError)>>,
+> = std::sync::Mutex::new(None);
+
+fn remembered(key: (u64, u64), len: u64, head: &[u8]) -> Option<ReadError> {
+    let bad = BAD.lock().unwrap_or_else(|p| p.into_inner());
+    let (l, h, e) = bad.as_ref()?.get(&key)?;
+    (*l == len && h == head).then(|| e.clone())
+}
+
+fn remember(key: (u64, u64), len: u64, head: Vec<u8>, err: Option<&ReadError>) {
+    let mut bad = BAD.lock().unwrap_or_else(|p| p.into_inner());
+    let map = bad.get_or_insert_with(Default::default);
+    match err {
+        None => {
+            map.remove(&key);
+        }
+        Some(e) => {
+            if map.len() >= BAD_CACHE_ENTRIES {
+                map.clear();
+            }
+            map.insert(key, (len, head, e.clone()));
+        }
+    }
+}
+
+/// Reads the newest intact summary of the region at `path`, if the region and its directory
+/// are this user's (see the module's comment).
 pub fn read_region(path: &Path) -> Result<Snapshot, ReadError> {
-    let file = std::fs::OpenOptions::new()
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        match check_live_dir(dir) {
+            Ok(true) => {}
+            Ok(false) => return Err(ReadError::Gone),
+            Err(why) => return Err(ReadError::Foreign(why)),
+        }
+    }
+    let file = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| ReadError::Io(e.to_string()))?;
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(ReadError::Gone),
+        Err(e) => return Err(ReadError::Io(e.to_string())),
+    };
     let meta = file.metadata().map_err(|e| ReadError::Io(e.to_string()))?;
     if !meta.is_file() {
         return Err(ReadError::Invalid("not a regular file".into()));
+    }
+    if let Some(why) = not_private("the region", &meta) {
+        return Err(ReadError::Foreign(why));
     }
     if meta.len() > REGION_BYTES {
         return Err(ReadError::Invalid(format!(
@@ -97,13 +269,60 @@ pub fn read_region(path: &Path) -> Result<Snapshot, ReadError> {
             meta.len()
         )));
     }
+    let key = (meta.dev(), meta.ino());
+    let first = read_header_bytes(&file)?;
+    if let Some(e) = remembered(key, meta.len(), &first) {
+        return Err(e);
+    }
+    let result = read_validated(&file, first.clone());
+    match &result {
+        Err(e @ (ReadError::Torn(_) | ReadError::Invalid(_))) => {
+            remember(key, meta.len(), first, Some(e))
+        }
+        _ => remember(key, meta.len(), first, None),
+    }
+    result
+}
+
+/// The header's bytes as they are now (up to [`HEADER_BYTES`]).
+fn read_header_bytes(file: &File) -> Result<Vec<u8>, ReadError> {
+    let mut buf = vec![0u8; HEADER_BYTES as usize];
+    let n = read_at_most(file, &mut buf, 0)?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// A header its writer has not finished writing yet: nothing there, or only the start of what
+/// it writes (a region is created empty, then its header is written).
+fn not_initialised(head: &[u8]) -> bool {
+    let m = head.len().min(MAGIC.len());
+    head.is_empty()
+        || head[..m].iter().all(|&b| b == 0)
+        || (head.len() < MIN_HEADER && head[..m] == MAGIC[..m])
+}
+
+fn read_validated(file: &File, mut head: Vec<u8>) -> Result<Snapshot, ReadError> {
+    if not_initialised(&head) {
+        return Err(ReadError::Empty);
+    }
+    let deadline = std::time::Instant::now() + RETRY_BUDGET;
     let mut last_err = ReadError::Empty;
-    for _ in 0..RETRIES {
-        let header = read_header(&file)?;
+    for attempt in 0..RETRIES {
+        if attempt > 0 {
+            head = read_header_bytes(file)?;
+        }
+        let header = layout::parse_header(&head).map_err(ReadError::Invalid)?;
+        if header.uid != me() {
+            return Err(ReadError::Foreign(format!(
+                "its header names uid {}, not you (uid {})",
+                header.uid,
+                me()
+            )));
+        }
         if header.latest == 0 {
             return Err(ReadError::Empty);
         }
-        match read_generation(&file, &header, header.latest) {
+        match read_generation(file, &header, header.latest) {
             Ok(Some(summary)) => {
                 return finish(summary, header, false);
             }
@@ -114,17 +333,23 @@ pub fn read_region(path: &Path) -> Result<Snapshot, ReadError> {
                     .latest
                     .checked_sub(1)
                     .filter(|g| *g > 0)
-                    .map(|g| read_generation(&file, &header, g))
+                    .map(|g| read_generation(file, &header, g))
                 {
                     Some(Ok(Some(summary))) => return finish(summary, header, true),
                     Some(Ok(None)) => {}
                     Some(Err(_)) | None => last_err = ReadError::Torn(newest),
                 }
                 if matches!(last_err, ReadError::Torn(_)) {
-                    // Torn for good unless the writer moves on: look once more.
-                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    // Torn for good unless the writer moves on: look again only if its header
+                    // changed since (a writer at work), never re-reading a region that sits still.
+                    if read_header_bytes(file)? == head {
+                        return Err(last_err);
+                    }
                 }
             }
+        }
+        if std::time::Instant::now() >= deadline {
+            break;
         }
     }
     Err(match last_err {
@@ -151,9 +376,7 @@ fn finish(
 }
 
 fn read_header(file: &File) -> Result<Header, ReadError> {
-    let mut buf = vec![0u8; HEADER_BYTES as usize];
-    let n = read_at_most(file, &mut buf, 0)?;
-    layout::parse_header(&buf[..n]).map_err(ReadError::Invalid)
+    layout::parse_header(&read_header_bytes(file)?).map_err(ReadError::Invalid)
 }
 
 fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> Result<usize, ReadError> {
@@ -224,7 +447,8 @@ pub fn region_of(dir: &Path, pid: u32) -> Option<RegionEntry> {
         .last()
 }
 
-/// Whether the file at `path` is owned by this user (regions are private to their user).
+/// Whether the file at `path` is owned by this user and writable by no one else (regions are
+/// private to their user).
 pub fn owned_by_me(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.uid() == unsafe { libc::geteuid() })
+    std::fs::symlink_metadata(path).is_ok_and(|m| not_private("", &m).is_none())
 }

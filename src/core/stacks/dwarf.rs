@@ -95,9 +95,7 @@ static DL_FIND_OBJECT: AtomicUsize = AtomicUsize::new(1);
 fn dl_find_object_fn() -> Option<DlFindObjectFn> {
     let mut f = DL_FIND_OBJECT.load(Ordering::Acquire);
     if f == 1 {
-        // SAFETY: dlsym with a NUL-terminated name.
-        f = unsafe { crate::sys::real_dlsym(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) }
-            as usize;
+        f = crate::sys::quiet_dlsym(libc::RTLD_DEFAULT, c"_dl_find_object");
         DL_FIND_OBJECT.store(f, Ordering::Release);
     }
     if f <= 1 {

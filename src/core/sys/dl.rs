@@ -47,6 +47,26 @@ pub unsafe fn real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_voi
     f(handle, name)
 }
 
+/// The shim's own lookup of `name` (0 when absent) that leaves `dlerror()` as it found no
+/// error: a failed lookup's message is consumed here, so a program that checks `dlerror()`
+/// after its own successful `dlsym`/`dlopen` (the man page's idiom, GLib's `g_module_symbol`)
+/// never sees the shim's probe. (glibc clears the pending error at the start of every `dl*`
+/// call, so nothing the program could still read is lost.)
+pub fn quiet_dlsym(handle: *mut c_void, name: &CStr) -> usize {
+    // SAFETY: a NUL-terminated name; the handle is one the program or the loader gave.
+    let p = unsafe { real_dlsym(handle, name.as_ptr()) } as usize;
+    if p == 0 {
+        clear_dl_error();
+    }
+    p
+}
+
+/// Consumes a pending `dlerror()` message left by one of the shim's own `dl*` calls.
+pub fn clear_dl_error() {
+    // SAFETY: dlerror takes no arguments; the returned string is not used.
+    unsafe { libc::dlerror() };
+}
+
 /// Base address of the loaded object that contains `addr` (`dladdr`), `None` if none does.
 pub fn object_base(addr: usize) -> Option<usize> {
     // SAFETY: dladdr only writes `info`; a zeroed Dl_info is a valid out-parameter.
@@ -75,7 +95,7 @@ fn is_own_code(addr: usize) -> bool {
 /// # Safety
 /// `handle` must be a handle from `dlopen` or one of the `RTLD_*` pseudo-handles.
 pub unsafe fn real_dlsym_not_ours(handle: *mut c_void, name: &CStr) -> usize {
-    let p = real_dlsym(handle, name.as_ptr()) as usize;
+    let p = quiet_dlsym(handle, name);
     if p == 0 || is_own_code(p) {
         0
     } else {

@@ -9,7 +9,7 @@ pub mod guard;
 pub mod process;
 pub mod say;
 
-pub use dl::{object_base, real_dlsym, real_dlsym_not_ours};
+pub use dl::{clear_dl_error, object_base, quiet_dlsym, real_dlsym, real_dlsym_not_ours};
 pub use fork::{register_fork_handlers, ForkHeld};
 pub use guard::{contain, guarded, Guard};
 pub use guard::{disable, disabled};

@@ -90,17 +90,19 @@ unsafe impl Sync for Runtime {}
 /// `RTLD_LOCAL`, so libstdc++ and libc10 are usually *not* in the global scope. The handles
 /// stay open: the pointers must outlive any `dlclose` of the program's.
 fn sym_in(name: &CStr, sonames: &[&CStr]) -> Option<usize> {
-    let p = unsafe { super::real_dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-    if !p.is_null() {
-        return Some(p as usize);
+    // Quiet lookups: the program's `dlerror()` never sees a probe of the shim's.
+    let p = oomshim_core::sys::quiet_dlsym(libc::RTLD_DEFAULT, name);
+    if p != 0 {
+        return Some(p);
     }
     sonames.iter().find_map(|soname| {
         let h = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
         if h.is_null() {
+            oomshim_core::sys::clear_dl_error();
             return None;
         }
-        let p = unsafe { super::real_dlsym(h, name.as_ptr()) };
-        (!p.is_null()).then_some(p as usize)
+        let p = oomshim_core::sys::quiet_dlsym(h, name);
+        (p != 0).then_some(p)
     })
 }
 

@@ -18,21 +18,36 @@
 //! constructor ran (another library's constructor). The shim's own code must never call the
 //! exported `dlsym` for a handle lookup: it uses [`real_dlsym`].
 
-use oomshim_core::sys::dl::{ensure_real_dlsym, real_dlsym, REAL_DLSYM};
+use oomshim_core::sys::dl::{ensure_real_dlsym, quiet_dlsym, real_dlsym, REAL_DLSYM};
 use std::ffi::{c_char, c_void};
 
-extern "C" fn init_real_dlsym() {
+/// glibc calls `.init_array` functions with the program's `argc`, `argv` and `envp`.
+extern "C" fn init_real_dlsym(
+    argc: std::ffi::c_int,
+    argv: *const *const c_char,
+    _envp: *const *const c_char,
+) {
     ensure_real_dlsym();
     // In a Python program that has not started yet: oomshim's Python hook on its path (one
     // symbol lookup here; src/core/pyhook.rs).
     let _ = std::panic::catch_unwind(|| {
-        let found = unsafe { real_dlsym(libc::RTLD_DEFAULT, c"Py_IsInitialized".as_ptr()) };
-        if found.is_null() {
+        let found = quiet_dlsym(libc::RTLD_DEFAULT, c"Py_IsInitialized");
+        if found == 0 {
             return;
         }
         let initialized: unsafe extern "C" fn() -> std::ffi::c_int =
             unsafe { std::mem::transmute(found) };
-        oomshim_core::pyhook::prepare_for_python(unsafe { initialized() } == 0);
+        let mut args: Vec<&[u8]> = Vec::new();
+        if !argv.is_null() {
+            for i in 0..argc.max(0) as usize {
+                let a = unsafe { *argv.add(i) };
+                if a.is_null() {
+                    break;
+                }
+                args.push(unsafe { std::ffi::CStr::from_ptr(a) }.to_bytes());
+            }
+        }
+        oomshim_core::pyhook::prepare_for_python(unsafe { initialized() } == 0, &args);
     });
 }
 
@@ -40,7 +55,8 @@ extern "C" fn init_real_dlsym() {
 /// lookup and the hook's directory on `PYTHONPATH`.
 #[used]
 #[unsafe(link_section = ".init_array")]
-static INIT_REAL_DLSYM: extern "C" fn() = init_real_dlsym;
+static INIT_REAL_DLSYM: extern "C" fn(std::ffi::c_int, *const *const c_char, *const *const c_char) =
+    init_real_dlsym;
 
 /// `dlsym` for a real handle (not `RTLD_DEFAULT`/`RTLD_NEXT`): the real lookup, with a tracked
 /// driver function swapped for its wrapper.

@@ -361,6 +361,7 @@ fn driver_handle() -> *mut c_void {
         HANDLE.store(h as usize, Ordering::Release);
         return h;
     }
+    oomshim_core::sys::clear_dl_error(); // the program's dlerror() never sees it
     libc::RTLD_NEXT
 }
 

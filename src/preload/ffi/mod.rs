@@ -22,7 +22,7 @@ pub use real::RealFn;
 
 // The boundary and the real `dlsym` live in `oomshim_core::sys`, below both this module and `live`.
 pub use oomshim_core::sys::cuda_error;
-pub(crate) use oomshim_core::sys::{real_dlsym, Guard};
+pub(crate) use oomshim_core::sys::Guard;
 
 use std::ffi::CStr;
 use std::panic::catch_unwind;

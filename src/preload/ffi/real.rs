@@ -90,6 +90,7 @@ fn resolve(name: &CStr) -> Option<usize> {
         // purpose so the pointer stays valid even if the program dlcloses its own handle.
         let handle = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
         if handle.is_null() {
+            oomshim_core::sys::clear_dl_error(); // the program's dlerror() never sees it
             continue;
         }
         if let Some(p) = not_ours(handle) {
