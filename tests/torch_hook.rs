@@ -768,3 +768,29 @@ fn a_failing_user_sitecustomize_prints_what_python_prints_bare() {
         assert_eq!(stderr(&out), stderr(&bare), "{launcher:?}");
     }
 }
+
+/// Two hook directories on the path (a CLI and a library of different builds each put their own
+/// first, `oomshim run --lib OTHER`): each hook must skip every oomshim hook directory when it
+/// looks for the program's own sitecustomize, or the two chain each other until Python's
+/// recursion limit stops the start-up.
+#[test]
+fn a_second_hook_directory_on_the_path_is_not_taken_for_the_users_sitecustomize() {
+    let Some(e) = env() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let other = tmp.path().join("oomshim-0").join("python-hook-other-build");
+    std::fs::create_dir_all(&other).unwrap();
+    let hook = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shim/python/oomshim_hook");
+    for entry in std::fs::read_dir(&hook).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|x| x == "py") {
+            std::fs::copy(&path, other.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let pythonpath = format!("{}:{}", other.display(), e.user_site.display());
+    let program = "import os\nprint('ran', os.environ.get('USER_SITECUSTOMIZE_RAN'))\n";
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let out = python_args(Some(launcher), &["-c", program], Some(&pythonpath), &[]);
+        assert_eq!(stdout(&out), "ran 1", "{launcher:?}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("RecursionError"), "{launcher:?}: {}", stderr(&out));
+    }
+}

@@ -68,11 +68,21 @@ def _forget_own_path():
         del os.environ["PYTHONPATH"]
 
 
+def _is_hook_dir(path):
+    """This directory, or another oomshim hook directory ($TMPDIR/oomshim-UID/python-hook-*: a
+    CLI and a library of different builds each put their own first). Chaining to another hook's
+    copy would chain back to this one until Python's recursion limit stops the start-up."""
+    if path == _HERE:
+        return True
+    parent, name = os.path.split(path)
+    return name.startswith("python-hook-") and os.path.basename(parent).startswith("oomshim-")
+
+
 def _user_sitecustomize():
     """The spec of the sitecustomize this one shadows, or None."""
     import importlib.machinery
 
-    path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    path = [p for p in sys.path if not _is_hook_dir(os.path.abspath(p or "."))]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
     return spec if spec is not None and spec.loader is not None else None
 
