@@ -5,6 +5,7 @@
  *
  *   flight_leak        - device leak only.
  *   flight_leak host   - also keeps 4 MiB of host memory a step (touched, so resident).
+ *   flight_leak chdir DIR - device leak only, after moving to DIR before its first CUDA call.
  */
 #include "cuda_sim.h"
 
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define LEAK_BYTES ((size_t)8 << 20)
 #define HOST_BYTES ((size_t)4 << 20)
@@ -29,6 +31,7 @@ __attribute__((noinline)) void transient_work(void) {
 
 int main(int argc, char **argv) {
     int host = argc > 1 && strcmp(argv[1], "host") == 0;
+    if (argc > 2 && strcmp(argv[1], "chdir") == 0 && chdir(argv[2]) != 0) return 2;
     void (*step)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "oomshim_step");
     struct timespec nap = {0, 20 * 1000 * 1000};
     for (int i = 1;; i++) {
