@@ -3,9 +3,8 @@
  * (marked steps, 20 ms each), prints "ready" after 40 steps, and runs until it is killed. It
  * never runs out of memory by itself: what it leaves behind depends on the live summary.
  *
- *   flight_leak        - device leak only.
+ *   flight_leak [chdir DIR] - device leak only (moved to DIR before its first CUDA call).
  *   flight_leak host   - also keeps 4 MiB of host memory a step (touched, so resident).
- *   flight_leak chdir DIR - device leak only, after moving to DIR before its first CUDA call.
  */
 #include "cuda_sim.h"
 
@@ -14,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #define LEAK_BYTES ((size_t)8 << 20)
 #define HOST_BYTES ((size_t)4 << 20)
@@ -28,6 +26,8 @@ __attribute__((noinline)) void transient_work(void) {
     void *p = NULL;
     if (cudaMalloc(&p, LEAK_BYTES) == cudaSuccess) cudaFree(p);
 }
+
+#include <unistd.h> /* below the functions whose lines the tests name */
 
 int main(int argc, char **argv) {
     int host = argc > 1 && strcmp(argv[1], "host") == 0;
