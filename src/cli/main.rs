@@ -272,6 +272,12 @@ mod tests {
     }
 }
 
+/// `oomshim run` passes the caller's signal dispositions and mask on to the program exactly, so
+/// they are noted before Rust's runtime sets SIGPIPE to ignored (src/cli/supervise.rs).
+#[used]
+#[link_section = ".init_array"]
+static RECORD_SIGNAL_STATE: extern "C" fn() = cli::supervise::record_start_state;
+
 fn main() -> ExitCode {
     let args = Args::parse();
     if !matches!(args.command, Cmd::Run { .. } | Cmd::Demo { .. }) {

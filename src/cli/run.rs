@@ -143,6 +143,17 @@ pub fn command(opts: &RunOptions) -> Result<Command, RunError> {
             std::path::absolute(dir).unwrap_or(dir.into()),
         );
     }
+    if let Some(live) = std::env::var_os("OOMSHIM_LIVE_DIR").filter(|v| !v.is_empty()) {
+        // Absolute, as for OOMSHIM_DIR: the program and oomshim (which reads the regions for a
+        // post-mortem) agree on it wherever the program moves to.
+        let live = PathBuf::from(live);
+        if live.is_relative() {
+            cmd.env(
+                "OOMSHIM_LIVE_DIR",
+                oomshim_core::config::resolve_dir(&live, std::env::current_dir().ok().as_deref()),
+            );
+        }
+    }
     if opts.torch_hook {
         match python_hook_dir() {
             Ok(dir) => {
