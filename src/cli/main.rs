@@ -227,6 +227,12 @@ fn fail(msg: &str, code: i32) -> ExitCode {
     ExitCode::from(code.clamp(0, 255) as u8)
 }
 
+/// `oomshim run` passes the caller's signal dispositions and mask on to the program exactly, so
+/// they are noted before Rust's runtime sets SIGPIPE to ignored (src/cli/supervise.rs).
+#[used]
+#[link_section = ".init_array"]
+static RECORD_SIGNAL_STATE: extern "C" fn() = cli::supervise::record_start_state;
+
 /// A file write beyond `RLIMIT_FSIZE` raises SIGXFSZ, whose default action kills the process
 /// and leaves a half-written temporary file. Ignored, the write fails with EFBIG instead: the
 /// writer removes its temporary file and the error is reported. Not for `run` and `demo`: an

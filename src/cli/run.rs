@@ -1,19 +1,12 @@
 //! `oomshim run -- CMD`: starts CMD with liboomshim.so preloaded.
 //!
-//! By default oomshim stays as the program's parent ([`super::supervise`]), so that it can
-//! write a post-mortem dump when the program is killed outright. `oomshim run --exec` keeps
-//! the behaviour described next: **oomshim replaces itself with the program** (`execvp`, as `env`, `nice` and `numactl` do)
-//! instead of starting it as a child. The program keeps oomshim's pid, process group, session
-//! and terminal, so every signal reaches it exactly as it would without oomshim, exactly once:
-//! `kill PID`, `kill -TERM -PGID` from `timeout` or a scheduler, the terminal's Ctrl-C and
-//! Ctrl-Z, a cgroup-wide kill that signals each pid. A parent that forwards signals cannot do
-//! that: a signal sent to the process group reaches both, and `siginfo` does not say whether
-//! a signal was sent to the group or to the pid, so any forwarding rule either drops the
-//! direct one or doubles the group one; putting the child in a process group of its own
-//! instead takes it out of the terminal's foreground group (SIGTTIN on the first read from
-//! the terminal, a `pdb` prompt in a training script) and out of the group a scheduler kills.
-//! The exit status is the program's own too (a program killed by a signal is seen killed by
-//! it). Nothing is left to do after the program ends, so nothing is lost by not waiting.
+//! By default oomshim stays as the program's parent ([`super::supervise`]), invisible to job
+//! control, so that it can write a post-mortem dump when the program is killed outright.
+//! `oomshim run --exec` instead **replaces oomshim with the program** (`execvp`, as `env`,
+//! `nice` and `numactl` do): the program keeps oomshim's pid, so every signal reaches it exactly
+//! as without oomshim, and there is nothing left to write a post-mortem. The supervisor's rule
+//! for telling a signal sent to oomshim alone from one the program got too is a heuristic with
+//! a documented ambiguity (README, `oomshim run`); `--exec` has none.
 //!
 //! Exit statuses of oomshim itself, as `env` and the shells use them: 125 when oomshim cannot
 //! prepare the run (no usable library), 126 when the program exists but cannot be executed,
@@ -142,6 +135,17 @@ pub fn command(opts: &RunOptions) -> Result<Command, RunError> {
             "OOMSHIM_DIR",
             std::path::absolute(dir).unwrap_or(dir.into()),
         );
+    }
+    if let Some(live) = std::env::var_os("OOMSHIM_LIVE_DIR").filter(|v| !v.is_empty()) {
+        // Absolute, as for OOMSHIM_DIR: the program and oomshim (which reads the regions for a
+        // post-mortem) agree on it wherever the program moves to.
+        let live = PathBuf::from(live);
+        if live.is_relative() {
+            cmd.env(
+                "OOMSHIM_LIVE_DIR",
+                oomshim_core::config::resolve_dir(&live, std::env::current_dir().ok().as_deref()),
+            );
+        }
     }
     if opts.torch_hook {
         match python_hook_dir() {

@@ -1,170 +1,608 @@
-//! `oomshim run` as the program's parent: it starts the program as its child, passes every
-//! signal on once, mirrors how the program ended, and, when the program died without a dump of
-//! its last state (killed by a signal, or exited non-zero right after a failed device
-//! allocation whose dump was never written), writes a post-mortem dump from the program's live
-//! region (src/core/flight).
+//! `oomshim run` as the program's parent, invisible to job control: it starts the program as its
+//! child, stays out of the way of the terminal and of signals, ends as the program ended, and,
+//! when the program (or an orphaned descendant) died without a dump of its last state, writes a
+//! post-mortem dump from its live region (src/core/flight).
 //!
-//! Signals: the child runs in a process group of its own, which is made the terminal's
-//! foreground group when oomshim's was (as a shell does for a job), so Ctrl-C, Ctrl-Z and
-//! terminal reads reach the program alone, once. Signals sent to oomshim's pid or to its
-//! process group (`kill PID`, `kill -TERM -PGID` from `timeout` or a scheduler) reach only
-//! oomshim, which sends each on to the child once. A kill of oomshim itself by SIGKILL takes the
-//! child with it (`PR_SET_PDEATHSIG`), as a group kill would have. The exit status is the
-//! program's own; a program killed by a signal leaves oomshim killed by the same signal.
+//! What the program sees is what it would see run bare (README, "oomshim run"):
+//! - **Same process group and session.** No `setpgid`, no `setsid`, no `tcsetpgrp`: terminal
+//!   signals (Ctrl-C, Ctrl-Z), terminal reads, `kill %1`, `kill -STOP -PGID` and `timeout`'s
+//!   group kill reach the program and its own children directly. oomshim leaves SIGTSTP,
+//!   SIGTTIN and SIGTTOU at their start-up disposition, so Ctrl-Z stops it with its group and
+//!   `bg`/`fg` continue both. It never mirrors a stop of the program.
+//! - **Dispositions and mask exactly as at start.** Recorded by [`record_start_state`] before
+//!   Rust's runtime ignores SIGPIPE, restored in the child before `exec`: a signal ignored at
+//!   start stays ignored (nohup's SIGHUP), the mask is the launcher's mask at start. SIGCHLD
+//!   inherited as ignored is reset to its default here only, so `waitpid` works.
+//! - **Signals sent to oomshim alone are passed on once** (every catchable one, real-time ones
+//!   included), while those the program got too are not: see [`Rule`].
+//! - **Exit status exactly**: the program's code; killed by a signal, oomshim kills itself with
+//!   the same signal, with the core-dumped flag when the program dumped core ([`die_by`]).
+//! - **No descriptor of the program kept**: after the spawn, oomshim's stdin and stdout become
+//!   /dev/null; stderr is kept for the post-mortem lines, written with errors ignored.
+//! - **The whole tree is watched**: oomshim is a child subreaper, reaps orphaned descendants
+//!   and writes one post-mortem per process that died by a signal with a live region. When the
+//!   direct child ends, it reaps what has died and ends at once.
+//!
 //! `oomshim run --exec` replaces oomshim with the program instead (no post-mortem).
 
 use super::run::{command, RunError, RunOptions};
 use oomshim_core::flight;
+use std::io::Write;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-static CHILD: AtomicI32 = AtomicI32::new(0);
+// ---------------------------------------------------------------------------------------------
+// The signal state at start, before Rust's runtime changes it
 
-/// Signals passed on to the child. SIGCHLD, SIGSTOP, SIGKILL, SIGCONT (handled with job
-/// control) and the terminal's own stop signals are not.
-const FORWARDED: &[libc::c_int] = &[
-    libc::SIGHUP,
-    libc::SIGINT,
-    libc::SIGQUIT,
-    libc::SIGTERM,
-    libc::SIGUSR1,
-    libc::SIGUSR2,
-    libc::SIGALRM,
-    libc::SIGPWR,
-    libc::SIGWINCH,
-    libc::SIGXCPU,
-];
+static RECORDED: AtomicBool = AtomicBool::new(false);
+/// Bit `s - 1` set: signal `s` was ignored at start.
+static IGNORED_AT_START: AtomicU64 = AtomicU64::new(0);
+/// Bit `s - 1` set: signal `s` was blocked at start.
+static MASK_AT_START: AtomicU64 = AtomicU64::new(0);
 
-extern "C" fn forward(sig: libc::c_int) {
-    let pid = CHILD.load(Ordering::Relaxed);
-    if pid > 0 {
-        unsafe { libc::kill(pid, sig) }; // async-signal-safe
+/// Signals 1 to 64 (Linux has no more).
+const MAX_SIGNAL: i32 = 64;
+
+fn bit(sig: i32) -> u64 {
+    1u64 << (sig - 1)
+}
+
+/// Notes which signals are ignored and blocked now. Called from the binary's `.init_array`
+/// (src/cli/main.rs), before Rust's runtime sets SIGPIPE to ignored: the program must start
+/// with the caller's disposition, not Rust's. Async-signal-safe, allocates nothing.
+pub extern "C" fn record_start_state() {
+    let (ignored, mask) = current_state();
+    IGNORED_AT_START.store(ignored, Ordering::Relaxed);
+    MASK_AT_START.store(mask, Ordering::Relaxed);
+    RECORDED.store(true, Ordering::Release);
+}
+
+fn current_state() -> (u64, u64) {
+    let mut ignored = 0u64;
+    let mut mask = 0u64;
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigprocmask(libc::SIG_BLOCK, std::ptr::null(), &mut set);
+        for sig in 1..=MAX_SIGNAL {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction == libc::SIG_IGN
+            {
+                ignored |= bit(sig);
+            }
+            if libc::sigismember(&set, sig) == 1 {
+                mask |= bit(sig);
+            }
+        }
+    }
+    (ignored, mask)
+}
+
+/// (ignored, blocked) at start: as recorded before `main`, else as now.
+fn start_state() -> (u64, u64) {
+    if RECORDED.load(Ordering::Acquire) {
+        (
+            IGNORED_AT_START.load(Ordering::Relaxed),
+            MASK_AT_START.load(Ordering::Relaxed),
+        )
+    } else {
+        current_state()
     }
 }
 
+fn sigset_of(bits: u64) -> libc::sigset_t {
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in 1..=MAX_SIGNAL {
+            if bits & bit(sig) != 0 {
+                libc::sigaddset(&mut set, sig); // glibc's own (32, 33) are refused: fine
+            }
+        }
+        set
+    }
+}
+
+/// The signals oomshim takes in (through a signalfd) to reap or to pass on: every signal but
+/// those it cannot catch (KILL, STOP), the terminal's stop signals (left at their default so
+/// oomshim stops with its group), those ignored at start (they stay ignored, as in the program)
+/// and glibc's internal ones.
+fn caught_signals(ignored: u64) -> u64 {
+    let mut bits = 0u64;
+    let rtmin = libc::SIGRTMIN();
+    for sig in 1..=MAX_SIGNAL {
+        let never = [
+            libc::SIGKILL,
+            libc::SIGSTOP,
+            libc::SIGTSTP,
+            libc::SIGTTIN,
+            libc::SIGTTOU,
+        ];
+        if never.contains(&sig) || (sig > 31 && sig < rtmin) {
+            continue;
+        }
+        if sig != libc::SIGCHLD && ignored & bit(sig) != 0 {
+            continue;
+        }
+        bits |= bit(sig);
+    }
+    bits
+}
+
+// ---------------------------------------------------------------------------------------------
+// Which signals are passed on
+
+/// How long a signal that reached oomshim waits for the sentinel's word before it is passed on.
+const SETTLE: Duration = Duration::from_millis(50);
+
+/// What to do with one signal oomshim received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Not the program's: the terminal's (si_code SI_KERNEL: Ctrl-C, Ctrl-\, hangup, window
+    /// size, sent to the whole foreground group), the kernel's for oomshim itself, oomshim's own
+    /// (SIGPIPE of a write to a closed stderr), or sent by the program or one of its
+    /// descendants (bare, it would have gone to the program's parent or to its own group).
+    Drop,
+    /// Passed on unless the sentinel saw it too within [`SETTLE`]: the sentinel is a process
+    /// of oomshim's in the same group, which no one signals by its pid, so a signal it also
+    /// got was sent to the group, the cgroup or every matching process, and the program got
+    /// it too.
+    UnlessSentinelSawIt,
+}
+
+/// The rule for a signal with this `si_code` and sender. `is_descendant` tells whether a pid
+/// is the program or one of its descendants.
+pub fn rule(
+    sig: i32,
+    code: i32,
+    sender: i32,
+    me: i32,
+    is_descendant: impl Fn(i32) -> bool,
+) -> Rule {
+    if code == libc::SI_KERNEL {
+        // An interval timer armed before `exec` is inherited by oomshim, not the program:
+        // its SIGALRM is the program's. Every other SI_KERNEL signal is the terminal's or
+        // about oomshim itself (its own CPU or file limits).
+        return if sig == libc::SIGALRM {
+            Rule::UnlessSentinelSawIt
+        } else {
+            Rule::Drop
+        };
+    }
+    if sender == me || (sender > 0 && is_descendant(sender)) {
+        return Rule::Drop;
+    }
+    Rule::UnlessSentinelSawIt
+}
+
+/// `/proc/PID/stat`'s ppid, read past the command name (which may hold anything).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Whether `pid` descends from this process (walking parents; orphans come to oomshim, the
+/// subreaper). The sentinel counts as not: it never signals.
+fn descends_from_me(pid: i32, me: i32) -> bool {
+    let mut p = pid;
+    for _ in 0..64 {
+        match parent_of(p) {
+            Some(pp) if pp == me => return true,
+            Some(pp) if pp > 1 => p = pp,
+            _ => return false,
+        }
+    }
+    false
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sentinel
+
+/// Forks the sentinel: a process of oomshim's own process group that blocks every signal,
+/// waits for them with `sigwaitinfo` and writes the number and sender of each (except the
+/// terminal's and oomshim's) to `fd`. It holds no other descriptor, and dies with oomshim (PDEATHSIG).
+/// Returns its pid.
+fn start_sentinel(fd: libc::c_int, me: i32) -> Option<i32> {
+    let pid = unsafe { libc::fork() };
+    if pid != 0 {
+        return (pid > 0).then_some(pid);
+    }
+    // The child: async-signal-safe calls only, nothing allocated.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::sigprocmask(libc::SIG_SETMASK, &all, std::ptr::null_mut());
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != me {
+            libc::_exit(0);
+        }
+        libc::prctl(libc::PR_SET_NAME, c"oomshim-signals".as_ptr());
+        // No descriptor of the program's: only `fd` stays open.
+        for other in 0..fd {
+            libc::close(other);
+        }
+        if libc::syscall(libc::SYS_close_range, fd as u32 + 1, u32::MAX, 0) != 0 {
+            for other in fd + 1..1024 {
+                libc::close(other);
+            }
+        }
+        loop {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let sig = libc::sigwaitinfo(&all, &mut info);
+            if sig <= 0 {
+                continue;
+            }
+            if info.si_code == libc::SI_KERNEL || info.si_pid() == me {
+                continue;
+            }
+            let word = [sig, info.si_pid()];
+            if libc::write(fd, word.as_ptr().cast(), 8) != 8 {
+                libc::_exit(0); // oomshim is gone
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running the program
+
 fn now_ms() -> u64 {
     dump::time::unix_ms(std::time::SystemTime::now())
+}
+
+/// One line on stderr; a write error (a closed pipe, a full disk) is ignored, never a panic.
+fn say(line: &str) {
+    let mut s = String::with_capacity(line.len() + 1);
+    s.push_str(line);
+    s.push('\n');
+    let _ = std::io::stderr().lock().write_all(s.as_bytes());
+}
+
+/// A process oomshim is watching, with what a post-mortem needs of it.
+struct Watched {
+    pid: i32,
+    start_ticks: Option<u64>,
 }
 
 /// Runs the program to its end. Returns the exit code to end with; a program killed by a signal
 /// makes oomshim kill itself with it (this returns only if that failed).
 pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
     let mut cmd = command(opts)?;
-    let parent = unsafe { libc::getpid() };
+    let me = unsafe { libc::getpid() };
+    let (ignored, mask) = start_state();
+    let caught = caught_signals(ignored);
+    let live_dir = absolute(&flight::live_dir());
+    let dump_dir = dump_dir(opts);
+    let chld_ignored = ignored & bit(libc::SIGCHLD) != 0;
     unsafe {
+        // Restored in the child exactly as at start: Rust's runtime set SIGPIPE to ignored and
+        // `Command` resets it and the mask before running this.
         cmd.pre_exec(move || {
-            let mut none: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut none);
-            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-            libc::setpgid(0, 0);
+            for sig in 1..=MAX_SIGNAL {
+                if ignored & bit(sig) != 0 {
+                    libc::signal(sig, libc::SIG_IGN);
+                }
+            }
+            let start_mask = sigset_of(mask);
+            libc::sigprocmask(libc::SIG_SETMASK, &start_mask, std::ptr::null_mut());
+            // A SIGKILL of oomshim alone (`kill -9 $!`) ends the program, as it would bare.
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if libc::getppid() != parent {
+            if libc::getppid() != me {
                 libc::_exit(137); // oomshim died before the program started
             }
             Ok(())
         });
-    }
-    let tty_fg = unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() };
-    // The handlers are in place, and the signals held, before the program starts: one sent
-    // the moment it runs is passed on once its pid is known, never lost or fatal to oomshim.
-    // (The child starts with an empty mask; exec resets caught signals to their default.)
-    let mut forwarded: libc::sigset_t = unsafe { std::mem::zeroed() };
-    unsafe {
-        libc::sigemptyset(&mut forwarded);
-        for &s in FORWARDED {
-            libc::sigaddset(&mut forwarded, s);
-            libc::signal(s, forward as *const () as libc::sighandler_t);
+        // waitpid must work: SIGCHLD inherited as ignored would reap children automatically.
+        if chld_ignored {
+            libc::signal(libc::SIGCHLD, libc::SIG_DFL);
         }
-        libc::sigprocmask(libc::SIG_BLOCK, &forwarded, std::ptr::null_mut());
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
     }
+    // Held from now on, and read through a signalfd: one sent the moment the program runs is
+    // passed on once its pid is known, never lost or fatal to oomshim.
+    let caught_set = sigset_of(caught);
+    unsafe { libc::sigprocmask(libc::SIG_BLOCK, &caught_set, std::ptr::null_mut()) };
+    let sfd = unsafe { libc::signalfd(-1, &caught_set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
+    let mut pipe = [-1; 2];
+    let sentinel = if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } == 0 {
+        let s = start_sentinel(pipe[1], me);
+        unsafe {
+            libc::close(pipe[1]);
+            libc::fcntl(pipe[0], libc::F_SETFL, libc::O_NONBLOCK);
+        }
+        if s.is_none() {
+            unsafe { libc::close(pipe[0]) };
+            pipe[0] = -1;
+        }
+        s
+    } else {
+        None
+    };
+
     let spawned = cmd.spawn();
     let child = match spawned {
         Ok(c) => c,
         Err(e) => {
-            unsafe { libc::sigprocmask(libc::SIG_UNBLOCK, &forwarded, std::ptr::null_mut()) };
+            end_sentinel(sentinel);
             return Err(super::run::launch_error(&opts.command[0], e));
         }
     };
     let pid = child.id() as i32;
-    CHILD.store(pid, Ordering::Relaxed);
-    unsafe {
-        libc::setpgid(pid, pid); // also here: whichever runs first
-        libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-        libc::signal(libc::SIGTTIN, libc::SIG_IGN);
-        libc::signal(libc::SIGTSTP, libc::SIG_IGN);
-        if tty_fg {
-            libc::tcsetpgrp(0, pid);
-        }
-        libc::sigprocmask(libc::SIG_UNBLOCK, &forwarded, std::ptr::null_mut());
-    }
-    let start_ticks = flight::start_ticks_of(pid as u32);
+    drop(child); // waited for below, by pid
+    release_stdin_and_stdout();
+    let main = Watched {
+        pid,
+        start_ticks: flight::start_ticks_of(pid as u32),
+    };
     let cgroup = flight::postmortem::cgroup_of(pid as u32, &flight::postmortem::cgroup_root());
     let oom_kill_before = cgroup.as_ref().and_then(flight::postmortem::oom_kills);
-
-    let status = wait_with_job_control(pid, tty_fg);
-    if tty_fg {
-        unsafe { libc::tcsetpgrp(0, libc::getpgrp()) };
-    }
-    let death = flight::postmortem::Death {
-        signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
-        core_dumped: libc::WIFSIGNALED(status) && libc::WCOREDUMP(status),
-        exit_code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
-        unix_ms: now_ms(),
+    let pm = PostMortems {
+        live_dir,
+        dump_dir,
+        cgroup,
+        oom_kill_before,
+        mode: dump_mode(),
     };
-    if let Some(ticks) = start_ticks {
-        let region = flight::live_dir().join(flight::region_name(pid as u32, ticks));
-        if region.exists() {
-            post_mortem(opts, &region, &death, cgroup.as_ref(), oom_kill_before);
-            let _ = std::fs::remove_file(&region);
+
+    let status = watch(&main, sentinel, sfd, pipe[0], me, &pm);
+    end_sentinel(sentinel);
+    unsafe {
+        libc::close(sfd);
+        if pipe[0] >= 0 {
+            libc::close(pipe[0]);
         }
     }
-    match death.signal {
-        Some(sig) => Err(die_by(sig)),
-        None => Ok(death.exit_code.unwrap_or(1)),
+    let signal = libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status));
+    let core = libc::WIFSIGNALED(status) && libc::WCOREDUMP(status);
+    match signal {
+        Some(sig) => Err(die_by(sig, core, caught)),
+        None => Ok(if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status)
+        } else {
+            1
+        }),
     }
 }
 
-/// Waits for the child to end; when it stops (Ctrl-Z), oomshim stops too, and passes the
-/// continue on when it is continued.
-fn wait_with_job_control(pid: i32, tty_fg: bool) -> libc::c_int {
+/// Where post-mortems come from and go to.
+struct PostMortems {
+    live_dir: PathBuf,
+    dump_dir: PathBuf,
+    cgroup: Option<(PathBuf, bool)>,
+    oom_kill_before: Option<u64>,
+    mode: u32,
+}
+
+impl PostMortems {
+    /// The post-mortem of one process that ended with `status`, when it left its region.
+    fn after(&self, w: &Watched, status: libc::c_int) {
+        let Some(ticks) = w.start_ticks else { return };
+        let region = self.live_dir.join(flight::region_name(w.pid as u32, ticks));
+        if !region.exists() {
+            return;
+        }
+        let death = flight::postmortem::Death {
+            signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+            core_dumped: libc::WIFSIGNALED(status) && libc::WCOREDUMP(status),
+            exit_code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+            unix_ms: now_ms(),
+        };
+        post_mortem(self, &region, &death);
+        let _ = std::fs::remove_file(&region);
+    }
+}
+
+/// Waits for the program to end, passing signals on and reaping orphans meanwhile. Returns
+/// the program's wait status.
+fn watch(
+    main: &Watched,
+    sentinel: Option<i32>,
+    sfd: libc::c_int,
+    sentinel_fd: libc::c_int,
+    me: i32,
+    pm: &PostMortems,
+) -> libc::c_int {
+    // Signals received and not yet passed on, and what the sentinel saw lately: (signal,
+    // sender, when). A sender that signalled the sentinel too within SETTLE signalled more than
+    // oomshim's pid (the group, the cgroup): all its sendings of that signal then are one, and
+    // the program got it (timeout sends to the pid, then to the group).
+    let mut waiting: Vec<(i32, i32, Instant)> = Vec::new();
+    let mut seen: Vec<(i32, i32, Instant)> = Vec::new();
+    let mut sentinel_alive = sentinel.is_some();
     loop {
-        let mut status = 0;
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
-        if r < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
+        if let Some(status) = reap(main, sentinel, &mut sentinel_alive, pm) {
             return status;
         }
-        if libc::WIFSTOPPED(status) {
-            unsafe {
-                if tty_fg {
-                    libc::tcsetpgrp(0, libc::getpgrp());
-                }
-                libc::raise(libc::SIGSTOP);
-                // Continued (`fg`, `bg`, SIGCONT): the job goes on.
-                if tty_fg {
-                    libc::tcsetpgrp(0, pid);
-                }
-                libc::kill(-pid, libc::SIGCONT);
+        // Pass on what waited long enough; forget the sentinel's words that matched nothing.
+        let now = Instant::now();
+        waiting.retain(|&(sig, _, at)| {
+            if now >= at + SETTLE || !sentinel_alive {
+                unsafe { libc::kill(main.pid, sig) };
+                false
+            } else {
+                true
+            }
+        });
+        seen.retain(|&(_, _, at)| now < at + 2 * SETTLE);
+        let timeout = waiting
+            .iter()
+            .map(|&(_, _, at)| (at + SETTLE).saturating_duration_since(now))
+            .min()
+            .map(|d| d.as_millis() as i32 + 1)
+            .unwrap_or(-1);
+        if sfd < 0 {
+            // No signalfd (should not happen): wait for the program alone, passing nothing on.
+            let mut status = 0;
+            let r = unsafe { libc::waitpid(main.pid, &mut status, 0) };
+            if r == main.pid {
+                pm.after(main, status);
+                return status;
             }
             continue;
         }
-        return status;
+        let mut fds = [
+            libc::pollfd {
+                fd: sfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: sentinel_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let n = if sentinel_fd >= 0 { 2 } else { 1 };
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), n, timeout) };
+        if r < 0 {
+            continue; // EINTR: the stop signals are the only ones not held
+        }
+        if sentinel_fd >= 0 && fds[1].revents != 0 {
+            let mut word = [0i32; 2];
+            while unsafe { libc::read(sentinel_fd, word.as_mut_ptr().cast(), 8) } == 8 {
+                let [sig, sender] = word;
+                // Sent to more than oomshim: the program got it too.
+                waiting.retain(|&(s, p, _)| (s, p) != (sig, sender));
+                seen.push((sig, sender, Instant::now()));
+            }
+        }
+        if fds[0].revents != 0 {
+            loop {
+                let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+                let size = std::mem::size_of::<libc::signalfd_siginfo>();
+                let got = unsafe { libc::read(sfd, (&raw mut info).cast(), size) };
+                if got != size as isize {
+                    break;
+                }
+                let sig = info.ssi_signo as i32;
+                if sig == libc::SIGCHLD {
+                    continue; // reaped at the top of the loop
+                }
+                let sender = info.ssi_pid as i32;
+                match rule(sig, info.ssi_code, sender, me, |p| {
+                    Some(p) != sentinel && descends_from_me(p, me)
+                }) {
+                    Rule::Drop => {}
+                    Rule::UnlessSentinelSawIt => {
+                        if !seen.iter().any(|&(s, p, _)| (s, p) == (sig, sender)) {
+                            waiting.push((sig, sender, Instant::now()));
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
-/// Ends oomshim by the program's signal, so its parent sees what it would have seen without
-/// oomshim (no core file of oomshim's own).
-fn die_by(sig: libc::c_int) -> RunError {
-    unsafe {
-        let no_core = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
+/// Reaps every child that has ended: orphaned descendants get their post-mortem, the sentinel
+/// is noted gone, and the program's own end is returned (after its post-mortem).
+fn reap(
+    main: &Watched,
+    sentinel: Option<i32>,
+    sentinel_alive: &mut bool,
+    pm: &PostMortems,
+) -> Option<libc::c_int> {
+    let mut ended = None;
+    loop {
+        // Looked at before it is reaped: its start time names its region.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let r = unsafe {
+            libc::waitid(
+                libc::P_ALL,
+                0,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
         };
-        libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+        let pid = unsafe { info.si_pid() };
+        if r != 0 || pid == 0 {
+            break;
+        }
+        let start_ticks = if pid == main.pid {
+            main.start_ticks
+        } else {
+            flight::start_ticks_of(pid as u32)
+        };
+        let mut status = 0;
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != pid {
+            break;
+        }
+        if Some(pid) == sentinel {
+            *sentinel_alive = false;
+        } else if pid == main.pid {
+            ended = Some(status);
+        } else if libc::WIFSIGNALED(status) {
+            pm.after(&Watched { pid, start_ticks }, status);
+        }
+    }
+    if let Some(status) = ended {
+        pm.after(main, status);
+    }
+    ended
+}
+
+fn end_sentinel(sentinel: Option<i32>) {
+    if let Some(pid) = sentinel {
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// stdin and stdout become /dev/null: oomshim holds no end of the program's pipes (a writer
+/// into the program's stdin gets EPIPE once the program closes it, a reader of its stdout sees
+/// the end when the program's side closes). stderr is kept for the post-mortem lines.
+fn release_stdin_and_stdout() {
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::dup2(null, 1);
+            if null > 1 {
+                libc::close(null);
+            }
+        }
+    }
+}
+
+/// Ends oomshim by the program's signal, so its parent sees the wait status it would have seen
+/// without oomshim, the core-dumped flag included. A core flag needs a core: when the program
+/// dumped one, oomshim dumps its own too, in a fresh private directory
+/// (`$TMPDIR/oomshim-UID/core-XXXXXX`) so it never replaces the program's `core` in the working
+/// directory (with a `|` core_pattern it goes to the handler, which sees two crashes). When
+/// the program did not, RLIMIT_CORE 1 stops any core of oomshim (0 would not stop a `|` handler).
+fn die_by(sig: libc::c_int, core: bool, caught: u64) -> RunError {
+    let limit = |cur| libc::rlimit {
+        rlim_cur: cur,
+        rlim_max: cur,
+    };
+    unsafe {
+        let mut rl = limit(0);
+        libc::getrlimit(libc::RLIMIT_CORE, &mut rl);
+        let scratch = core.then(core_scratch_dir).flatten();
+        match scratch {
+            Some(dir) if std::env::set_current_dir(&dir).is_ok() => {
+                if rl.rlim_cur < rl.rlim_max {
+                    rl.rlim_cur = rl.rlim_max;
+                    libc::setrlimit(libc::RLIMIT_CORE, &rl);
+                }
+            }
+            _ => {
+                let one = libc::rlimit {
+                    rlim_cur: 1,
+                    rlim_max: rl.rlim_max,
+                };
+                libc::setrlimit(libc::RLIMIT_CORE, &one);
+            }
+        }
         libc::signal(sig, libc::SIG_DFL);
+        // Nothing else may arrive first and be mistaken for the program's end.
+        let others = sigset_of(caught & !bit(sig));
+        libc::sigprocmask(libc::SIG_BLOCK, &others, std::ptr::null_mut());
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, sig);
@@ -177,6 +615,25 @@ fn die_by(sig: libc::c_int) -> RunError {
     }
 }
 
+/// A fresh directory of oomshim's for its own core file.
+fn core_scratch_dir() -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let parent = dump::write::fallback_dir();
+    std::fs::create_dir_all(&parent).ok()?;
+    let mut template = parent.join("core-XXXXXX").as_os_str().as_bytes().to_vec();
+    template.push(0);
+    let p = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
+    if p.is_null() {
+        return None;
+    }
+    template.pop();
+    Some(PathBuf::from(std::ffi::OsStr::from_bytes(&template)))
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    oomshim_core::config::resolve_dir(p, std::env::current_dir().ok().as_deref())
+}
+
 /// The directory the program's shim wrote dumps to: `--dir`, else `OOMSHIM_DIR`, else
 /// `oomshim-dumps`, relative to where the program started (here).
 fn dump_dir(opts: &RunOptions) -> PathBuf {
@@ -185,22 +642,29 @@ fn dump_dir(opts: &RunOptions) -> PathBuf {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("OOMSHIM_DIR").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from(oomshim_core::config::DEFAULT_DIR));
-    oomshim_core::config::resolve_dir(&dir, std::env::current_dir().ok().as_deref())
+    absolute(&dir)
 }
 
-fn post_mortem(
-    opts: &RunOptions,
-    region: &std::path::Path,
-    death: &flight::postmortem::Death,
-    cgroup: Option<&(PathBuf, bool)>,
-    oom_kill_before: Option<u64>,
-) {
+/// `OOMSHIM_DUMP_MODE` as the shim reads it (the same parser, `config::Config`): the
+/// post-mortem gets the permission bits the program's own dumps get.
+pub fn dump_mode() -> u32 {
+    let (cfg, _) = oomshim_core::config::Config::from_lookup(|k| {
+        (k == "OOMSHIM_DUMP_MODE")
+            .then(|| std::env::var(k).ok())
+            .flatten()
+    });
+    cfg.dump_mode
+}
+
+fn post_mortem(pm: &PostMortems, region: &Path, death: &flight::postmortem::Death) {
     let snapshot = match flight::read::read_region(region) {
         Ok(s) => s,
         Err(flight::read::ReadError::Empty) => return, // died before its first publish
         Err(e) => {
             if death.signal.is_some() {
-                eprintln!("oomshim: no post-mortem dump: the program's live summary {e}");
+                say(&format!(
+                    "oomshim: no post-mortem dump: the program's live summary {e}"
+                ));
             }
             return;
         }
@@ -208,7 +672,7 @@ fn post_mortem(
     if !flight::postmortem::needed(death, &snapshot) {
         return;
     }
-    let host = flight::postmortem::host_now(cgroup, oom_kill_before);
+    let host = flight::postmortem::host_now(pm.cgroup.as_ref(), pm.oom_kill_before);
     let dump = flight::postmortem::build(&snapshot, death, host);
     let headline = dump
         .verdict
@@ -219,7 +683,7 @@ fn post_mortem(
     let bytes = match serde_json::to_vec_pretty(&dump) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("oomshim: no post-mortem dump: {e}");
+            say(&format!("oomshim: no post-mortem dump: {e}"));
             return;
         }
     };
@@ -229,23 +693,81 @@ fn post_mortem(
         rank: dump.process.rank,
     };
     let clean = crate::report::units::clean;
-    match dump::write::write_dump_with_mode(
-        &dump_dir(opts),
-        &name,
-        &bytes,
-        dump::write::file_mode(),
-    ) {
+    match dump::write::write_dump_with_mode(&pm.dump_dir, &name, &bytes, pm.mode) {
         Ok(w) => {
-            eprintln!("oomshim: post-mortem (reconstructed): {}", clean(&headline));
-            eprintln!(
+            say(&format!(
+                "oomshim: post-mortem (reconstructed): {}",
+                clean(&headline)
+            ));
+            say(&format!(
                 "oomshim:   dump: {}  (details: oomshim report {})",
                 w.path.display(),
                 w.path.display()
-            );
+            ));
         }
-        Err(e) => eprintln!(
+        Err(e) => say(&format!(
             "oomshim: post-mortem (reconstructed): {}; no dump written: {e}",
             clean(&headline)
-        ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_own_and_descendant_signals_are_never_passed_on() {
+        let none = |_| false;
+        assert_eq!(rule(libc::SIGINT, libc::SI_KERNEL, 0, 10, none), Rule::Drop);
+        assert_eq!(
+            rule(libc::SIGWINCH, libc::SI_KERNEL, 0, 10, none),
+            Rule::Drop
+        );
+        // An interval timer inherited across exec fires in oomshim: the program's.
+        assert_eq!(
+            rule(libc::SIGALRM, libc::SI_KERNEL, 0, 10, none),
+            Rule::UnlessSentinelSawIt
+        );
+        assert_eq!(rule(libc::SIGPIPE, libc::SI_USER, 10, 10, none), Rule::Drop);
+        assert_eq!(
+            rule(libc::SIGTERM, libc::SI_USER, 11, 10, |p| p == 11),
+            Rule::Drop
+        );
+        assert_eq!(
+            rule(libc::SIGTERM, libc::SI_USER, 12, 10, |p| p == 11),
+            Rule::UnlessSentinelSawIt
+        );
+        assert_eq!(
+            rule(libc::SIGRTMIN() + 3, libc::SI_QUEUE, 12, 10, none),
+            Rule::UnlessSentinelSawIt
+        );
+    }
+
+    #[test]
+    fn every_catchable_signal_but_the_stops_and_the_ignored_ones_is_taken_in() {
+        let c = caught_signals(bit(libc::SIGHUP) | bit(libc::SIGCHLD));
+        assert_eq!(c & bit(libc::SIGHUP), 0, "ignored at start: stays ignored");
+        assert_ne!(c & bit(libc::SIGCHLD), 0, "SIGCHLD is needed to reap");
+        for s in [
+            libc::SIGKILL,
+            libc::SIGSTOP,
+            libc::SIGTSTP,
+            libc::SIGTTIN,
+            libc::SIGTTOU,
+        ] {
+            assert_eq!(c & bit(s), 0, "{s}");
+        }
+        for s in [
+            libc::SIGTERM,
+            libc::SIGPROF,
+            libc::SIGVTALRM,
+            libc::SIGIO,
+            libc::SIGSYS,
+            libc::SIGRTMIN(),
+            libc::SIGRTMAX(),
+        ] {
+            assert_ne!(c & bit(s), 0, "{s}");
+        }
     }
 }

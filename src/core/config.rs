@@ -126,7 +126,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "OOMSHIM_LIVE_DIR",
         default: "/dev/shm/oomshim-UID",
-        meaning: "Where live regions are kept (created 0700, checked to be yours and writable by no one else: readers ignore it otherwise; `$TMPDIR/oomshim-UID/live` where there is no `/dev/shm`). `oomshim top` and `oomshim run` read the same variable.",
+        meaning: "Where live regions are kept (created 0700, checked to be yours and writable by no one else: readers ignore it otherwise; `$TMPDIR/oomshim-UID/live` where there is no `/dev/shm`). `oomshim top` and `oomshim run` read the same variable. A relative path is relative to where the program started, resolved once when the shim starts (as `OOMSHIM_DIR`); `oomshim run` passes it on absolute.",
     },
     Setting {
         name: "OOMSHIM_LIVE_INTERVAL",

@@ -3,7 +3,7 @@
  * (marked steps, 20 ms each), prints "ready" after 40 steps, and runs until it is killed. It
  * never runs out of memory by itself: what it leaves behind depends on the live summary.
  *
- *   flight_leak        - device leak only.
+ *   flight_leak [chdir DIR] - device leak only (moved to DIR before its first CUDA call).
  *   flight_leak host   - also keeps 4 MiB of host memory a step (touched, so resident).
  */
 #include "cuda_sim.h"
@@ -27,8 +27,11 @@ __attribute__((noinline)) void transient_work(void) {
     if (cudaMalloc(&p, LEAK_BYTES) == cudaSuccess) cudaFree(p);
 }
 
+#include <unistd.h> /* below the functions whose lines the tests name */
+
 int main(int argc, char **argv) {
     int host = argc > 1 && strcmp(argv[1], "host") == 0;
+    if (argc > 2 && strcmp(argv[1], "chdir") == 0 && chdir(argv[2]) != 0) return 2;
     void (*step)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "oomshim_step");
     struct timespec nap = {0, 20 * 1000 * 1000};
     for (int i = 1;; i++) {

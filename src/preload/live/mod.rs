@@ -115,7 +115,11 @@ fn start_triggers(s: &'static Shim) {
         oomshim_core::sys::register_exit_dump(at_exit_dump);
     }
     // The flight recorder (src/core/flight): its own settings, read once here like the others.
-    let (live, warnings) = crate::publish::settings_from(|k| std::env::var(k).ok());
+    let (mut live, warnings) = crate::publish::settings_from(|k| std::env::var(k).ok());
+    // Once, now, as the dump directory: a relative OOMSHIM_LIVE_DIR is relative to where the
+    // program started, not to where it is when the publisher thread creates the region.
+    let base = start_dir().or_else(|| std::env::current_dir().ok());
+    live.dir = oomshim_core::config::resolve_dir(&live.dir, base.as_deref());
     for w in &warnings {
         oomshim_core::say!("oomshim: {w}");
     }
