@@ -66,8 +66,10 @@ def check(d, case, launcher):
     truth = truth_of(d)
     if truth is None:
         return None
+    if launcher == "bare":
+        return None  # no shim, no dump: the bare run gives the zoo its reference output only
     row = {"case": case, "launcher": launcher, "truth": truth}
-    stood = []
+    stood, dump_paths = [], []
     for f in dumps_in(d):
         try:
             dump = json.load(open(f))
@@ -76,6 +78,7 @@ def check(d, case, launcher):
         req = dump.get("failed_request")
         if req and req.get("recovered") is not True:
             stood.append(dump)
+            dump_paths.append(f)
     if "dominant" not in truth:
         # A program that does not die of an OOM (growth killed): only the post-mortem's verdict.
         pm = [json.load(open(f)) for f in dumps_in(d)]
@@ -93,7 +96,19 @@ def check(d, case, launcher):
     row["headline"] = top.get("headline", "")[:240]
     row["advice"] = (dump["verdict"].get("suggestions") or [""])[0][:240]
     if not k:
-        row.update(ok=False, why="no kinds in the dump")
+        # Allocator mode: the dump is final before Python hears of the failure; the hook writes
+        # the kinds beside it (oomshim-torch-HOST-PID-<dump>.kinds.json), which `report` merges.
+        name = os.path.basename(dump_paths[-1])
+        for side in glob.glob(os.path.join(d, "oomshim-torch-*.kinds.json")):
+            try:
+                s = json.load(open(side))
+            except Exception:
+                continue
+            if s.get("dump") == name:
+                k = s.get("kinds")
+                row["kinds_from"] = os.path.basename(side)
+    if not k:
+        row.update(ok=False, why="no kinds in the dump or beside it")
         return row
     row["kinds"] = {x: k.get(x) for x in KINDS + ("activations_bytes", "cache_bytes")}
     row["phase"] = k.get("phase")

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 from _zoo import kinds_truth
 
-model = nn.Sequential(*[nn.Linear(16384, 16384, bias=False) for _ in range(30)]).cuda()  # 30 GiB fp32
+model = nn.Sequential(*[nn.Linear(16384, 16384, bias=False, device="cuda") for _ in range(30)])  # 30 GiB fp32, built on the device
 opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 x = torch.randn(8, 16384, device="cuda")
 try:

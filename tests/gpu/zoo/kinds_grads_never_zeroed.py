@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 from _zoo import kinds_truth
 
-model = nn.Sequential(*[nn.Linear(16384, 16384, bias=False) for _ in range(80)]).to("cuda", torch.bfloat16)  # 40 GiB
+model = nn.Sequential(*[nn.Linear(16384, 16384, bias=False, device="cuda", dtype=torch.bfloat16) for _ in range(80)])  # 40 GiB, built on the device
 opt = torch.optim.SGD(model.parameters(), lr=1e-6)
 x = torch.randn(32768, 16384, device="cuda", dtype=torch.bfloat16)  # 1 GiB per layer output: 80 GiB a forward
 try:

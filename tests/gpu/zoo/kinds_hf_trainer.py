@@ -11,7 +11,8 @@ from _zoo import kinds_truth
 
 os.environ.setdefault("WANDB_DISABLED", "true")
 config = GPT2Config(n_layer=24, n_embd=1024, n_head=16, n_positions=1024, vocab_size=50257)
-model = GPT2LMHeadModel(config)
+with torch.device("cuda"):  # built on the device: initialising on the CPU is slow
+    model = GPT2LMHeadModel(config)
 
 
 class Tokens(torch.utils.data.Dataset):

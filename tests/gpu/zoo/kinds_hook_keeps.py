@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 from _zoo import kinds_truth
 
-model = nn.Sequential(nn.Linear(8192, 8192), nn.GELU(), nn.Linear(8192, 8192)).cuda()
+model = nn.Sequential(nn.Linear(8192, 8192, device="cuda"), nn.GELU(), nn.Linear(8192, 8192, device="cuda"))
 opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 outputs = {}
 

@@ -165,11 +165,13 @@ def score(case, launcher, bare, result, d, line):
     row["verdict"] = final["verdict"]["kind"]
     row["verdicts"] = [d["verdict"]["kind"] for _, d in stood]
     row["verdict_ok"] = row["verdict"] in right and (case.kinds is None or set(row["verdicts"]) <= case.kinds)
-    row["headline"] = top.get("headline", "")[:300]
+    headline = top.get("headline", "")
+    row["headline"] = headline[:300]
     row["line"] = line
     base = os.path.splitext(os.path.basename(case.program))[0]
-    # Named in the headline (the first line a user reads): None when no line is expected.
-    row["line_ok"] = any(l in row["headline"] for l in line) if line else None
+    # Named in the headline (the first line a user reads), the whole of it (the row keeps only its
+    # start): None when no line is expected.
+    row["line_ok"] = any(l in headline for l in line) if line else None
     # stderr: one summary per stood dump, in order; the last says the final dump's top finding.
     lines = summaries(err)
     said = lines[-1] if lines else ""
