@@ -91,7 +91,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "OOMSHIM_DUMP_MODE",
         default: "0600",
-        meaning: "Permission bits of dump files, in octal (`0640` lets the group read them). Never world-writable; applied exactly, whatever the umask.",
+        meaning: "Permission bits of dump files, in octal (`0640` lets the group read them). Never world-writable; applied exactly, whatever the umask. The post-mortem dumps of `oomshim run` get the same bits (read with the shim's own parser).",
     },
     Setting {
         name: "OOMSHIM_TORCH_HOOK",
