@@ -62,21 +62,8 @@ pub const MATCH_WINDOW_MS: u64 = 60_000;
 /// for small blocks, 20 MiB for medium ones, the next 2 MiB otherwise), written within a minute
 /// of the dump; the closest in time of those.
 pub fn find_for(dump_path: &Path, dump: &Dump) -> Option<(PathBuf, TorchCache)> {
-    let dir = dump_path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
     let own_name = dump_path.file_name().and_then(|n| n.to_str());
-    let prefix = format!("oomshim-torch-{}-{}", dump.process.host, dump.process.pid);
-    let candidates: Vec<(PathBuf, TorchCache)> = std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".json"))
-        })
+    let candidates: Vec<(PathBuf, TorchCache)> = side_files(dump_path, dump, "", ".json")?
         .filter_map(|p| read(&p).map(|c| (p, c)))
         .filter(|(_, c)| c.pid == dump.process.pid && c.host == dump.process.host)
         .collect();
@@ -128,27 +115,40 @@ struct KindsSide {
     kinds: dump::model::Kinds,
 }
 
+/// The files beside `dump_path` that the Python hook of the dump's process wrote:
+/// `oomshim-torch-HOST-PID{sep}…{suffix}` (each reader then checks what the file says of itself).
+fn side_files(
+    dump_path: &Path,
+    dump: &Dump,
+    sep: &str,
+    suffix: &'static str,
+) -> Option<impl Iterator<Item = PathBuf>> {
+    let dir = dump_path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let prefix = format!("oomshim-torch-{}-{}{sep}", dump.process.host, dump.process.pid);
+    let entries = std::fs::read_dir(dir).ok()?;
+    Some(
+        entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(move |p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(suffix))
+            }),
+    )
+}
+
 /// The kinds side file that names `dump_path` (same directory, same process), when the dump has
 /// no kinds of its own.
 pub fn kinds_for(dump_path: &Path, dump: &Dump) -> Option<dump::model::Kinds> {
     if dump.framework.as_ref().is_some_and(|f| f.kinds.is_some()) {
         return None;
     }
-    let dir = dump_path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
     let own_name = dump_path.file_name()?.to_str()?;
-    let prefix = format!("oomshim-torch-{}-{}-", dump.process.host, dump.process.pid);
-    std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".kinds.json"))
-        })
+    side_files(dump_path, dump, "-", ".kinds.json")?
         .filter_map(|p| dump::read::read_bounded(&p, MAX_BYTES, Links::Refuse).ok())
         .filter_map(|b| serde_json::from_slice::<KindsSide>(&b).ok())
         .find(|k| {
