@@ -747,13 +747,16 @@ fn on_demand_dumps_by_signal_interval_and_exit_are_opt_in() {
     let d = dir.path().to_str().unwrap();
     let out = run_client(
         "on_demand",
-        &["sleep", "1300"],
+        &["sleep", "4000"],
         &[("OOMSHIM_DIR", d), ("OOMSHIM_INTERVAL", "0.3s")],
         true,
     );
     assert!(out.status.success());
+    // Repeated, and never faster than the interval: at least 2 in 4 s (a loaded runner delays
+    // the writer thread; 1.3 s gave a single dump on a busy 2-core machine), at most one per
+    // 0.3 s plus the first.
     let dumps = dumps_in(dir.path());
-    assert!((2..=5).contains(&dumps.len()), "{dumps:?}");
+    assert!((2..=15).contains(&dumps.len()), "{dumps:?}");
     assert!(dumps
         .iter()
         .all(|p| read_dump(p).unwrap().reason == "interval"));
