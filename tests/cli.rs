@@ -152,3 +152,27 @@ fn report_of_a_directory_reports_its_newest_dump() {
         )
     );
 }
+
+/// Issue 27: `oomshim` alone asks for nothing wrong: it prints the help (with the examples) on
+/// stdout and exits 0; a report of zero holders is refused by the argument parser, not rendered.
+#[test]
+fn oomshim_alone_prints_help_and_top_zero_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_oomshim"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Usage: oomshim"), "{text}");
+    assert!(text.contains("oomshim demo"), "{text}");
+    for args in [
+        &["report", "x.json", "--top", "0"][..],
+        &["diff", "a.json", "b.json", "--top", "0"][..],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_oomshim"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&out).contains("--top"), "{args:?}: {}", stderr(&out));
+    }
+}

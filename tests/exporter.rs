@@ -635,3 +635,39 @@ fn slow_clients_never_hold_a_scrape_and_every_request_gets_its_answer() {
     server.kill().unwrap();
     server.wait().unwrap();
 }
+
+/// Issue 27: the metrics are there for GET only; any other method on /metrics is 405 with the
+/// method it takes (not 404, which says the resource is missing), and other paths stay 404.
+#[test]
+fn other_methods_on_metrics_are_refused_with_405_and_allow_get() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, port) = start_server(&dir.path().join("live"));
+    for method in ["POST", "PUT", "DELETE"] {
+        let answer = exchange(
+            port,
+            format!("{method} /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+                .as_bytes(),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 405"), "{method}: {answer}");
+        let head = answer.split("\r\n\r\n").next().unwrap();
+        assert!(head.lines().any(|l| l == "Allow: GET"), "{method}: {head}");
+    }
+    let answer = exchange(
+        port,
+        b"POST /other HTTP/1.1\r\nHost: x\r\n\r\n",
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    let answer = exchange(
+        port,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    server.kill().unwrap();
+    server.wait().unwrap();
+}

@@ -447,6 +447,15 @@ fn handle(mut stream: TcpStream, dir: &Path) -> std::io::Result<()> {
                 let now = dump::time::unix_ms(std::time::SystemTime::now());
                 let body = exposition(dir, now);
                 respond(&mut stream, "200 OK", CONTENT_TYPE, body.as_bytes())
+            } else if path == "/metrics" {
+                // The resource is there, the method is not served: 405, not "not found".
+                respond_with(
+                    &mut stream,
+                    "405 Method Not Allowed",
+                    "Allow: GET\r\n",
+                    "text/plain",
+                    b"method not allowed: GET /metrics\n",
+                )
             } else {
                 respond(
                     &mut stream,
@@ -539,8 +548,19 @@ fn read_head(
 }
 
 fn respond(stream: &mut TcpStream, status: &str, ctype: &str, body: &[u8]) -> std::io::Result<()> {
+    respond_with(stream, status, "", ctype, body)
+}
+
+/// [`respond`] with more header lines (`extra`: each ending in CRLF).
+fn respond_with(
+    stream: &mut TcpStream,
+    status: &str,
+    extra: &str,
+    ctype: &str,
+    body: &[u8],
+) -> std::io::Result<()> {
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\n{extra}Content-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes())?;

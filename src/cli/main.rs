@@ -19,8 +19,9 @@ use std::process::ExitCode;
     after_help = "Examples:\n  oomshim demo                               # the whole job on a simulated GPU\n  oomshim run -- python train.py             # record, and dump at out-of-memory\n  oomshim report oomshim-dumps               # the newest dump, explained\n  oomshim help env                           # every OOMSHIM_* setting"
 )]
 struct Args {
+    /// None: `oomshim` alone, which prints the help and exits 0 (asking for nothing is no error).
     #[command(subcommand)]
-    command: Cmd,
+    command: Option<Cmd>,
 }
 
 #[derive(Subcommand)]
@@ -69,7 +70,7 @@ enum Cmd {
         #[arg(value_name = "DUMP|DIR")]
         dump: PathBuf,
         /// How many holders and sites to show.
-        #[arg(long, default_value_t = 10, value_name = "N")]
+        #[arg(long, default_value_t = 10, value_name = "N", value_parser = at_least_one())]
         top: usize,
         /// Print the report as JSON: everything the dump knows, in the documented shape
         /// `oomshim.report/1` (README: Report JSON).
@@ -93,7 +94,7 @@ enum Cmd {
         #[arg(value_name = "AFTER")]
         after: PathBuf,
         /// How many sites to show.
-        #[arg(long, default_value_t = 20, value_name = "N")]
+        #[arg(long, default_value_t = 20, value_name = "N", value_parser = at_least_one())]
         top: usize,
         /// Print JSON instead of text.
         #[arg(long)]
@@ -278,12 +279,23 @@ mod tests {
     }
 }
 
+/// `--top N`: a report of nothing is never what was meant, so 0 is refused with clap's error.
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
-    if !matches!(args.command, Cmd::Run { .. } | Cmd::Demo { .. }) {
+    let Some(command) = args.command else {
+        use clap::CommandFactory;
+        // Ignored: a closed stdout leaves nothing to say it to.
+        let _ = Args::command().print_long_help();
+        return ExitCode::SUCCESS;
+    };
+    if !matches!(command, Cmd::Run { .. } | Cmd::Demo { .. }) {
         ignore_sigxfsz();
     }
-    match args.command {
+    match command {
         Cmd::Run {
             dir,
             lib,
