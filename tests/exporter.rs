@@ -485,13 +485,18 @@ fn a_running_programs_tracked_bytes_ranks_and_steps_are_exported_once_and_over_h
 
 #[test]
 fn a_non_loopback_listen_address_is_served_only_when_named_and_host_names_are_refused() {
-    let out = cli()
-        .args(["exporter", "--listen", "localhost:9464"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("host names are not resolved"), "{err}");
+    // One rule for the address, with --once (which serves nothing) as without (issue 27).
+    for once in [false, true] {
+        let mut cmd = cli();
+        cmd.args(["exporter", "--listen", "localhost:9464"]);
+        if once {
+            cmd.arg("--once");
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "--once {once}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("host names are not resolved"), "--once {once}: {err}");
+    }
     // Named explicitly, a wildcard address is served, with a warning first.
     let dir = tempfile::tempdir().unwrap();
     let mut server = cli()

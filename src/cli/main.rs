@@ -344,16 +344,17 @@ fn main() -> ExitCode {
         }
         Cmd::Exporter { listen, dir, once } => {
             let dir = dir.unwrap_or_else(oomshim_core::flight::live_dir);
-            if once {
-                let now = dump::time::unix_ms(std::time::SystemTime::now());
-                return print_out(&cli::exporter::exposition(&dir, now));
-            }
+            // Checked with --once too: one rule for the address, whether it is used or not.
             let addr = match cli::exporter::parse_listen(
                 listen.as_deref().unwrap_or(cli::exporter::DEFAULT_LISTEN),
             ) {
                 Ok(a) => a,
                 Err(e) => return fail(&e, 2),
             };
+            if once {
+                let now = dump::time::unix_ms(std::time::SystemTime::now());
+                return print_out(&cli::exporter::exposition(&dir, now));
+            }
             if let Some(w) = cli::exporter::listen_warning(&addr) {
                 note(&format!("{w}\n"));
             }
