@@ -362,6 +362,7 @@ fn region_with(dir: &Path, dump: &Dump) -> (PathBuf, RegionWriter, Vec<u8>) {
         interval_ms: 1000,
         rss: vec![],
         last_failure: None,
+        supervisor: None,
         dump: dump.clone(),
     };
     (path, w, serde_json::to_vec(&summary).unwrap())

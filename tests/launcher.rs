@@ -577,7 +577,7 @@ fn a_closed_stderr_pipe_never_turns_a_sigkill_into_a_crash() {
     let mut out = child.stdout.take().unwrap();
     let mut buf = [0u8; 6];
     out.read_exact(&mut buf).unwrap();
-    std::thread::sleep(Duration::from_millis(400));
+    common::wait_for_published_step(&live, 41);
     let regions = oomshim_core::flight::read::list_regions(&live);
     assert_eq!(regions.len(), 1, "{regions:?}");
     unsafe { libc::kill(regions[0].pid as i32, libc::SIGKILL) };
@@ -651,7 +651,7 @@ fn a_sigkilled_grandchild_under_a_wrapper_gets_a_post_mortem() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(Duration::from_millis(400));
+    common::wait_for_published_step(&live, 41);
     let regions = oomshim_core::flight::read::list_regions(&live);
     assert_eq!(regions.len(), 1, "{regions:?}");
     let gc = regions[0].pid;
@@ -679,6 +679,166 @@ fn a_sigkilled_grandchild_under_a_wrapper_gets_a_post_mortem() {
     assert_eq!(d.process.pid, gc);
     assert_eq!(d.post_mortem.as_ref().unwrap().signal, Some(libc::SIGKILL));
     assert!(oomshim_core::flight::read::list_regions(&live).is_empty());
+}
+
+/// `oomshim run --dir DUMPS -- bash -c SCRIPT` with its own live directory, in a group of its
+/// own (the test kills the group at the end); `{client}` and `{ready}` in SCRIPT are replaced.
+struct Tree {
+    child: Child,
+    pgid: i32,
+    live: PathBuf,
+    dumps: PathBuf,
+    ready: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn start_tree(script: &str) -> Tree {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let dumps = dir.path().join("dumps");
+    let ready = dir.path().join("ready");
+    let script = script
+        .replace("{client}", &testbed::client("flight_leak").display().to_string())
+        .replace("{ready}", &ready.display().to_string());
+    let mut cmd = Command::new(oomshim());
+    cmd.args(["run", "--dir"])
+        .arg(&dumps)
+        .args(["--", "bash", "-c", &script])
+        .env("OOMSHIM_LIVE_DIR", &live)
+        .env("OOMSHIM_LIVE_INTERVAL", "100ms")
+        .env("SIMCUDA_CAPACITY", "64G")
+        .env_remove("LD_PRELOAD")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let child = cmd.spawn().unwrap();
+    let pgid = child.id() as i32;
+    Tree {
+        child,
+        pgid,
+        live,
+        dumps,
+        ready,
+        _dir: dir,
+    }
+}
+
+impl Tree {
+    /// The grandchild's pid, once it printed "ready" and published a region.
+    fn ready_grandchild(&self) -> u32 {
+        let start = Instant::now();
+        while !fs::read_to_string(&self.ready).is_ok_and(|t| t.contains("ready")) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "flight_leak never got ready"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        common::wait_for_published_step(&self.live, 41);
+        let regions = oomshim_core::flight::read::list_regions(&self.live);
+        assert_eq!(regions.len(), 1, "{regions:?}");
+        regions[0].pid
+    }
+
+    /// The dumps written within `limit` (as soon as there is one), then the group is killed:
+    /// (dumps, oomshim's stderr).
+    fn dumps_within(mut self, limit: Duration) -> (Vec<(PathBuf, dump::model::Dump)>, String, Self) {
+        let start = Instant::now();
+        let found = loop {
+            let d = dumps_in(&self.dumps);
+            if !d.is_empty() || start.elapsed() > limit {
+                break d;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        unsafe { libc::kill(-self.pgid, libc::SIGKILL) };
+        let _ = wait_bounded(&mut self.child, Duration::from_secs(30));
+        let mut err = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        (found, err, self)
+    }
+}
+
+/// A grandchild whose own parent reaps it (torchrun's workers, `bash -c 'prog & wait'`, a
+/// Python launcher's `Popen`): the SIGKILL never reaches oomshim's `waitpid`, yet it gets its
+/// post-mortem, with the signal read while it was a zombie and the parent that reaped it, and
+/// its region is gone (item 14).
+#[test]
+fn a_sigkilled_grandchild_its_living_parent_reaps_gets_a_post_mortem() {
+    if !have("python3") {
+        return;
+    }
+    // A parent that reaps late: the grandchild is a zombie for seconds.
+    let t = start_tree(
+        "python3 -c 'import subprocess, sys, time\n\
+         p = subprocess.Popen([sys.argv[1]], stdout=open(sys.argv[2], \"w\"))\n\
+         print(p.pid, file=sys.stderr)\n\
+         while p.poll() is None: time.sleep(3)\n\
+         time.sleep(30)' {client} {ready}; true",
+    );
+    let gc = t.ready_grandchild();
+    unsafe { libc::kill(gc as i32, libc::SIGKILL) };
+    let (found, err, t) = t.dumps_within(Duration::from_secs(20));
+    assert_eq!(found.len(), 1, "no post-mortem of the grandchild: {err}");
+    let d = &found[0].1;
+    assert_eq!(d.reason, "post_mortem");
+    assert_eq!(d.process.pid, gc);
+    let pm = d.post_mortem.as_ref().unwrap();
+    assert_eq!(pm.signal, Some(libc::SIGKILL), "{pm:?}");
+    assert!(pm.reaped_by.is_some(), "{pm:?}");
+    let top = &d.verdict.findings[0].headline;
+    assert!(top.contains("killed by SIGKILL from outside"), "{top}");
+    assert!(top.contains("leak: keep_activations"), "{top}");
+    assert!(err.contains(&format!("oomshim: post-mortem (reconstructed): {top}")), "{err}");
+    assert!(oomshim_core::flight::read::list_regions(&t.live).is_empty());
+}
+
+/// A parent that reaps at once (`bash`'s `wait`): the status may be gone before oomshim reads
+/// it; the post-mortem is written all the same, saying what is and is not known.
+#[test]
+fn a_sigkilled_grandchild_reaped_at_once_still_gets_a_post_mortem() {
+    let t = start_tree("{client} > {ready} & wait $!; sleep 30");
+    let gc = t.ready_grandchild();
+    unsafe { libc::kill(gc as i32, libc::SIGKILL) };
+    let (found, err, t) = t.dumps_within(Duration::from_secs(20));
+    assert_eq!(found.len(), 1, "no post-mortem of the grandchild: {err}");
+    let d = &found[0].1;
+    assert_eq!(d.process.pid, gc);
+    let pm = d.post_mortem.as_ref().unwrap();
+    assert_eq!(pm.exit_code, None, "{pm:?}");
+    let top = &d.verdict.findings[0].headline;
+    match pm.signal {
+        Some(sig) => assert_eq!(sig, libc::SIGKILL, "{pm:?}"),
+        None => {
+            assert!(top.contains("which one is not known"), "{top}");
+            assert!(d.verdict.evidence.iter().any(|e| e.contains("ran no exit handler")));
+        }
+    }
+    assert_eq!(d.verdict.kind, oomshim_core::verdict::KILLED_BY_SIGNAL);
+    assert!(top.contains("leak: keep_activations"), "{top}");
+    assert!(oomshim_core::flight::read::list_regions(&t.live).is_empty());
+}
+
+/// A grandchild that ends on purpose without exit handlers (`_exit`, as Python's `os._exit`
+/// and forked workers do) is not taken for a killed one: no post-mortem, no region left.
+#[test]
+fn a_grandchild_ending_by_underscore_exit_gets_no_post_mortem() {
+    let t = start_tree("{client} _exit > {ready}; echo done >> {ready}; sleep 30");
+    let start = Instant::now();
+    while !fs::read_to_string(&t.ready).is_ok_and(|t| t.contains("done")) {
+        assert!(start.elapsed() < Duration::from_secs(30), "flight_leak _exit never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Two scans of the live directory after its end.
+    let (found, err, t) = t.dumps_within(Duration::from_millis(1500));
+    assert!(found.is_empty(), "a post-mortem of a deliberate _exit: {found:?} {err}");
+    assert!(!err.contains("post-mortem"), "{err}");
+    assert!(oomshim_core::flight::read::list_regions(&t.live).is_empty());
 }
 
 /// A relative `OOMSHIM_LIVE_DIR` is where the program started, not where it moved to before
@@ -725,7 +885,8 @@ fn a_relative_live_dir_and_the_dump_mode_are_honoured_by_the_post_mortem() {
         let mut out = child.stdout.take().unwrap();
         let mut buf = [0u8; 6];
         out.read_exact(&mut buf).unwrap();
-        std::thread::sleep(Duration::from_millis(400));
+        // Published since "ready" (a loaded runner may lag behind the program).
+        common::wait_for_published_step(&dir.path().join(&live), 41);
         let regions = oomshim_core::flight::read::list_regions(&dir.path().join(&live));
         assert_eq!(
             regions.len(),

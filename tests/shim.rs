@@ -592,6 +592,8 @@ fn the_library_exports_the_hooks_and_nothing_else() {
     expected.extend(oomshim::ffi::driver_exported_names());
     // Allocator mode's entry points (src/preload/ffi/torch_alloc.rs).
     expected.extend(oomshim::ffi::TORCH_ALLOCATOR_EXPORTS);
+    // `_exit`/`_Exit`: the live region goes at every deliberate end (src/preload/ffi/process_exit.rs).
+    expected.extend(oomshim::ffi::PROCESS_EXIT_EXPORTS);
     expected.sort();
     assert_eq!(names, expected);
 }

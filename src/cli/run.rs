@@ -102,11 +102,6 @@ pub fn python_hook_dir() -> Result<PathBuf, String> {
     oomshim_core::pyhook::hook_dir()
 }
 
-/// `PYTHONPATH` with `dir` first.
-pub fn pythonpath_value(dir: &Path, existing: Option<&OsStr>) -> OsString {
-    oomshim_core::pyhook::pythonpath_value(dir, existing)
-}
-
 pub struct RunOptions<'a> {
     pub lib: PathBuf,
     /// Inject the Python hook that saves torch's snapshot at OutOfMemoryError.
@@ -148,15 +143,13 @@ pub fn command(opts: &RunOptions) -> Result<Command, RunError> {
         }
     }
     if opts.torch_hook {
-        match python_hook_dir() {
-            Ok(dir) => {
-                cmd.env(
-                    "PYTHONPATH",
-                    pythonpath_value(&dir, std::env::var_os("PYTHONPATH").as_deref()),
-                );
-            }
+        // The shim puts the hook on PYTHONPATH by itself, in each Python process only, before
+        // its interpreter starts (src/core/pyhook.rs): the program and its other descendants
+        // (shells, tools) see the PYTHONPATH they were given. Written here first only so that
+        // a failure to write it is said once, now.
+        if let Err(e) = python_hook_dir() {
             // The program still runs, with the shim; only torch's own snapshot will be missing.
-            Err(e) => eprintln!("oomshim: the Python hook is off: {e}"),
+            eprintln!("oomshim: the Python hook is off: {e}");
         }
     } else {
         // The shim would put the hook on the path by itself (src/core/pyhook.rs): say no to it too.

@@ -272,6 +272,12 @@ struct Watched {
 pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
     let mut cmd = command(opts)?;
     let me = unsafe { libc::getpid() };
+    // Names this run's tree in every region its processes publish (src/core/flight).
+    let token = format!(
+        "{me}-{}",
+        flight::start_ticks_of(me as u32).unwrap_or_default()
+    );
+    cmd.env(flight::SUPERVISOR_ENV, &token);
     let (ignored, mask) = start_state();
     let caught = caught_signals(ignored);
     let live_dir = absolute(&flight::live_dir());
@@ -347,7 +353,10 @@ pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
         mode: dump_mode(),
     };
 
-    let status = watch(&main, sentinel, sfd, pipe[0], me, &pm);
+    let mut tree = Tree::new(token);
+    let status = watch(&main, sentinel, sfd, pipe[0], me, &pm, &mut tree);
+    // What of the tree died with the program (a wrapper's workers) and was reaped by another.
+    tree.scan(&pm, main.pid, me);
     end_sentinel(sentinel);
     unsafe {
         libc::close(sfd);
@@ -384,15 +393,126 @@ impl PostMortems {
         if !region.exists() {
             return;
         }
-        let death = flight::postmortem::Death {
-            signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
-            core_dumped: libc::WIFSIGNALED(status) && libc::WCOREDUMP(status),
-            exit_code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
-            unix_ms: now_ms(),
-        };
+        let death = flight::postmortem::Death::from_status(status, now_ms(), None);
         post_mortem(self, &region, &death);
         let _ = std::fs::remove_file(&region);
     }
+}
+
+/// The processes of this run's tree that published a region (their summary carries this run's
+/// token, src/core/flight `supervisor`), for the deaths `waitpid` never shows oomshim: a
+/// descendant whose own parent (`bash -c`, torchrun, a multiprocessing pool) reaps it. A pidfd
+/// per member wakes oomshim the moment one ends, so its status is usually read while it is a
+/// zombie; when its parent reaped it first, a region left behind still says it did not end on
+/// purpose (`exit`, `_exit` and `_Exit` remove it), and the post-mortem says the signal is
+/// unknown.
+struct Tree {
+    token: String,
+    /// Region file name → whether it is this tree's, and the member.
+    seen: std::collections::HashMap<std::ffi::OsString, Option<Member>>,
+    next_scan: Instant,
+}
+
+struct Member {
+    pid: i32,
+    start_ticks: u64,
+    /// Its parent when last seen running.
+    parent: Option<u32>,
+    pidfd: Option<std::os::fd::OwnedFd>,
+}
+
+/// How often the live directory is looked at for new members (a member's end wakes oomshim
+/// through its pidfd at once).
+const SCAN_EVERY: Duration = Duration::from_millis(500);
+
+impl Tree {
+    fn new(token: String) -> Tree {
+        Tree {
+            token,
+            seen: std::collections::HashMap::new(),
+            next_scan: Instant::now(),
+        }
+    }
+
+    /// The pidfds to wait on.
+    fn pidfds(&self) -> Vec<libc::c_int> {
+        use std::os::fd::AsRawFd;
+        self.seen
+            .values()
+            .flatten()
+            .filter_map(|m| m.pidfd.as_ref().map(|f| f.as_raw_fd()))
+            .collect()
+    }
+
+    /// Finds new members and writes the post-mortem of each that ended without oomshim reaping
+    /// it. `main` and oomshim's own children are left to `reap`, which sees their status.
+    fn scan(&mut self, pm: &PostMortems, main: i32, me: i32) {
+        self.next_scan = Instant::now() + SCAN_EVERY;
+        let Ok(dir) = std::fs::read_dir(&pm.live_dir) else {
+            return;
+        };
+        let mut present = std::collections::HashSet::new();
+        for entry in dir.flatten() {
+            let name = entry.file_name();
+            let Some((pid, start_ticks)) = name.to_str().and_then(flight::parse_region_name)
+            else {
+                continue;
+            };
+            present.insert(name.clone());
+            if !self.seen.contains_key(&name) {
+                let path = pm.live_dir.join(&name);
+                let member = match flight::read::read_region(&path) {
+                    Err(flight::read::ReadError::Empty) => continue, // not published yet
+                    Ok(snap) if snap.summary.supervisor.as_deref() == Some(&self.token) => {
+                        Some(Member {
+                            pid: pid as i32,
+                            start_ticks,
+                            parent: None,
+                            // The program's own end comes through `reap`.
+                            pidfd: (pid as i32 != main).then(|| pidfd_open(pid as i32)).flatten(),
+                        })
+                    }
+                    _ => None,
+                };
+                self.seen.insert(name.clone(), member);
+            }
+            let Some(Some(m)) = self.seen.get_mut(&name) else {
+                continue;
+            };
+            if m.pid == main {
+                continue;
+            }
+            let death = match flight::process_now(m.pid as u32, m.start_ticks) {
+                flight::ProcessNow::Running { parent } => {
+                    m.parent = Some(parent);
+                    continue;
+                }
+                flight::ProcessNow::Ended { parent, .. } if parent as i32 == me => continue,
+                flight::ProcessNow::Ended { status, parent } => {
+                    flight::postmortem::Death::from_status(status, now_ms(), Some(parent))
+                }
+                flight::ProcessNow::Gone => flight::postmortem::Death {
+                    signal: None,
+                    core_dumped: false,
+                    exit_code: None,
+                    unix_ms: now_ms(),
+                    reaped_by: m.parent.filter(|&p| p as i32 != me),
+                },
+            };
+            let region = pm.live_dir.join(&name);
+            post_mortem(pm, &region, &death);
+            let _ = std::fs::remove_file(&region);
+            self.seen.insert(name, None);
+        }
+        self.seen.retain(|name, _| present.contains(name));
+    }
+}
+
+fn pidfd_open(pid: i32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // Close-on-exec by definition; `None` on kernels before 5.3 (then the scan alone finds ends).
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Waits for the program to end, passing signals on and reaping orphans meanwhile. Returns
@@ -404,6 +524,7 @@ fn watch(
     sentinel_fd: libc::c_int,
     me: i32,
     pm: &PostMortems,
+    tree: &mut Tree,
 ) -> libc::c_int {
     // Signals received and not yet passed on, and what the sentinel saw lately: (signal,
     // sender, when). A sender that signalled the sentinel too within SETTLE signalled more than
@@ -427,9 +548,13 @@ fn watch(
             }
         });
         seen.retain(|&(_, _, at)| now < at + 2 * SETTLE);
+        if now >= tree.next_scan {
+            tree.scan(pm, main.pid, me);
+        }
         let timeout = waiting
             .iter()
             .map(|&(_, _, at)| (at + SETTLE).saturating_duration_since(now))
+            .chain(std::iter::once(tree.next_scan.saturating_duration_since(now)))
             .min()
             .map(|d| d.as_millis() as i32 + 1)
             .unwrap_or(-1);
@@ -443,22 +568,23 @@ fn watch(
             }
             continue;
         }
-        let mut fds = [
-            libc::pollfd {
-                fd: sfd,
+        // A negative descriptor is skipped by poll: the sentinel's when there is none.
+        let mut fds: Vec<libc::pollfd> = [sfd, sentinel_fd]
+            .into_iter()
+            .chain(tree.pidfds())
+            .map(|fd| libc::pollfd {
+                fd,
                 events: libc::POLLIN,
                 revents: 0,
-            },
-            libc::pollfd {
-                fd: sentinel_fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        let n = if sentinel_fd >= 0 { 2 } else { 1 };
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), n, timeout) };
+            })
+            .collect();
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if r < 0 {
             continue; // EINTR: the stop signals are the only ones not held
+        }
+        if fds[2..].iter().any(|f| f.revents != 0) {
+            // A member ended: read its status now, while it may still be a zombie.
+            tree.scan(pm, main.pid, me);
         }
         if sentinel_fd >= 0 && fds[1].revents != 0 {
             let mut word = [0i32; 2];

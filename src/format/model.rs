@@ -165,6 +165,11 @@ pub struct PostMortem {
     /// The host's memory and the cgroup's OOM kills, read right after the death.
     #[serde(default)]
     pub host: HostKill,
+    /// The process that reaped it when that was not `oomshim run` (its parent: a wrapper, a
+    /// launcher such as torchrun). With neither `signal` nor `exit_code`, that parent reaped it
+    /// before oomshim could read how it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reaped_by: Option<u32>,
 }
 
 /// One sample of the program's resident host memory.

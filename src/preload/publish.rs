@@ -28,6 +28,8 @@ pub struct Settings {
     pub enabled: bool,
     pub dir: PathBuf,
     pub interval: Duration,
+    /// `OOMSHIM_SUPERVISOR` (src/core/flight): the `oomshim run` whose tree this process is in.
+    pub supervisor: Option<String>,
 }
 
 /// The settings from `lookup`, with a warning for each malformed value (its default applies).
@@ -58,11 +60,16 @@ pub fn settings_from(lookup: impl Fn(&str) -> Option<String>) -> (Settings, Vec<
         },
     };
     let dir = oomshim_core::flight::live_dir_from(lookup("OOMSHIM_LIVE_DIR").map(Into::into));
+    // Only ever written by `oomshim run`; anything else is not a token and is left out.
+    let supervisor = lookup(oomshim_core::flight::SUPERVISOR_ENV).filter(|v| {
+        v.len() <= 64 && !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit() || b == b'-')
+    });
     (
         Settings {
             enabled,
             dir,
             interval,
+            supervisor,
         },
         warnings,
     )
@@ -78,8 +85,10 @@ static WAKE: Wake = Wake {
     cv: Condvar::new(),
 };
 static LAST_FAILURE: Mutex<Option<LiveFailure>> = Mutex::new(None);
-/// The region this process created: its path and the pid that created it.
-static REGION: OnceLock<(PathBuf, u32)> = OnceLock::new();
+/// The region this process created: its path (also as a C string, for [`remove_before_exit`],
+/// which may run in a signal handler or a vfork child and must not allocate) and the pid that
+/// created it.
+static REGION: OnceLock<(PathBuf, std::ffi::CString, u32)> = OnceLock::new();
 static REMOVED: AtomicBool = AtomicBool::new(false);
 
 /// A device allocation failed (the cold out-of-memory path): noted for the next publish, which
@@ -135,7 +144,7 @@ pub fn note_dump(dump: &Dump, path: &std::path::Path) {
 fn publishing_here() -> bool {
     REGION
         .get()
-        .is_some_and(|(_, pid)| *pid == std::process::id())
+        .is_some_and(|(_, _, pid)| *pid == std::process::id())
 }
 
 /// Why this process cannot keep a region safely, if so: a file-size limit below the region's
@@ -223,7 +232,15 @@ fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
             return;
         }
     };
-    let _ = REGION.set((path.clone(), pid));
+    let c_path = {
+        use std::os::unix::ffi::OsStrExt;
+        std::ffi::CString::new(path.as_os_str().as_bytes()).ok()
+    };
+    if let Some(c_path) = c_path {
+        let _ = REGION.set((path.clone(), c_path, pid));
+    }
+    // Resolved here, on this thread: `_exit` may later run where a lookup is not safe.
+    crate::ffi::prepare_exit_hooks();
     on_created();
     oomshim_core::stacks::cache_on_this_thread();
     let mut rss: Vec<RssSample> = Vec::new();
@@ -341,6 +358,7 @@ fn publish_once(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone(),
+        supervisor: settings.supervisor.clone(),
         dump,
     };
     // Reopened by path each time, and only if it is still the file created.
@@ -370,9 +388,17 @@ fn publish_once(
 /// At a normal exit: the region goes (a region left behind means the process did not exit
 /// normally). Only the process that created it removes it: a forked child exiting does not.
 pub fn remove_at_exit() {
-    if let Some((path, pid)) = REGION.get() {
-        if *pid == std::process::id() && !REMOVED.swap(true, Ordering::Relaxed) {
-            let _ = std::fs::remove_file(path);
+    remove_before_exit();
+}
+
+/// [`remove_at_exit`] for every way a process ends on purpose: `exit` (its handler), and `_exit`
+/// / `_Exit` (the shim's own, src/preload/ffi/process_exit.rs), which Python's `os._exit`,
+/// forked workers and programs that skip their teardown call. Async-signal-safe: atomics, a
+/// `getpid` and an `unlink` of a path made when the region was created.
+pub fn remove_before_exit() {
+    if let Some((_, c_path, pid)) = REGION.get() {
+        if *pid == unsafe { libc::getpid() } as u32 && !REMOVED.swap(true, Ordering::Relaxed) {
+            unsafe { libc::unlink(c_path.as_ptr()) };
         }
     }
 }

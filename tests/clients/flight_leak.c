@@ -4,7 +4,7 @@
  * never runs out of memory by itself: what it leaves behind depends on the live summary.
  *
  *   flight_leak [chdir DIR] - device leak only (moved to DIR before its first CUDA call).
- *   flight_leak host   - also keeps 4 MiB of host memory a step (touched, so resident).
+ *   flight_leak host   - also keeps 4 MiB of host memory a step (resident); _exit: ends by _exit(0) at step 80.
  */
 #include "cuda_sim.h"
 
@@ -31,6 +31,7 @@ __attribute__((noinline)) void transient_work(void) {
 
 int main(int argc, char **argv) {
     int host = argc > 1 && strcmp(argv[1], "host") == 0;
+    int quick_exit = argc > 1 && strcmp(argv[1], "_exit") == 0;
     if (argc > 2 && strcmp(argv[1], "chdir") == 0 && chdir(argv[2]) != 0) return 2;
     void (*step)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "oomshim_step");
     struct timespec nap = {0, 20 * 1000 * 1000};
@@ -42,6 +43,7 @@ int main(int argc, char **argv) {
             char *h = malloc(HOST_BYTES);
             if (h) memset(h, i, HOST_BYTES);
         }
+        if (quick_exit && i == 80) _exit(0);
         if (i == 40) {
             printf("ready\n");
             fflush(stdout);

@@ -967,6 +967,45 @@ def check_flight_recorder():
         json.dump(detail, f, indent=1)
 
 
+def check_torchrun_worker_killed():
+    """Issue 25 item 14: under `oomshim run -- torchrun`, a worker that is SIGKILLed is reaped by
+    torchrun's agent (alive), never by oomshim; it still gets a post-mortem naming it (rank,
+    pid), how it ended (SIGKILL read from the zombie, or "not known" when torchrun reaped it
+    first) and its leak's line."""
+    import signal
+    script = os.path.join(ROOT, "tests/gpu/flight_train.py")
+    leak_line = next(i for i, l in enumerate(open(script), 1) if "LEAK_LINE" in l)
+    d = os.path.join(WORK, "torchrun-killed-dumps")
+    live = os.path.join(WORK, "torchrun-killed-live")
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    p = run([CLI, "run", "--dir", d, "--lib", LIB, "--", torchrun, "--nproc_per_node=2", "--master_port=29541",
+             "--max-restarts=0", script, "rank-killed"], env={"OOMSHIM_LIVE_DIR": live}, timeout=240)
+    dumps = [load(x) for x in dumps_in(d)] if os.path.isdir(d) else []
+    pm = [x for x in dumps if x.get("reason") == "post_mortem"]
+    r1 = [x for x in pm if x["process"].get("rank") == 1]
+    left = [f for f in os.listdir(live) if f.endswith(".live")] if os.path.isdir(live) else []
+    detail = ""
+    ok = False
+    if r1:
+        x = r1[0]
+        info_ = x["post_mortem"]
+        findings = x["verdict"].get("findings", [])
+        headline = findings[0]["headline"] if findings else ""
+        named = any(f"flight_train.py:{leak_line}" in f["headline"] for f in findings if f["kind"] == "leak")
+        how = info_.get("signal_name") or ("not known" if info_.get("exit_code") is None else f"exit {info_['exit_code']}")
+        ok = (len(r1) == 1 and info_.get("signal") in (signal.SIGKILL, None) and info_.get("exit_code") is None
+              and headline in p.stderr and not left)
+        detail = (f"rank 1 pid {x['process']['pid']}: {how}, reaped_by {info_.get('reaped_by')}; "
+                  f"leak line {'named' if named else 'NOT named'}; regions left {len(left)}; {headline[:200]}")
+    else:
+        detail = f"no post-mortem of rank 1 ({len(pm)} post-mortems, {len(dumps)} dumps); stderr: {p.stderr[-400:]}"
+    with open(os.path.join(OUT, "torchrun_killed.txt"), "w") as f:
+        f.write(p.stdout[-3000:] + "\n--- stderr ---\n" + p.stderr[-6000:] + "\n" +
+                "\n".join(json.dumps(x.get("post_mortem"), default=str)[:2000] for x in pm))
+    row("check_torchrun_worker_killed: post-mortem of a worker torchrun reaped", ok,
+        f"job exit {p.returncode}; {detail}")
+
+
 def check_exporter():
     """Issue 18: `oomshim exporter` on a real PyTorch training loop: --once and an HTTP scrape of
     loopback both give the process's tracked bytes (at most what NVML says the process uses, at
@@ -1130,7 +1169,7 @@ def main():
         check_zoo, check_views, check_nvcc_leak, check_torch, check_torch_fragmentation, check_other_process,
         check_driver_paths, check_python_stacks, check_overhead, check_backward_oom, check_torchrun, check_ranks,
         check_verdicts, check_torch_allocator, check_soak, check_perf_table, check_flight_recorder,
-        check_exporter)]
+        check_exporter, check_torchrun_worker_killed)]
     # Check files other work adds, run when present (check_kinds reads the zoo's runs).
     checks += [("check_allocator_matrix", extra_check_allocator_matrix), ("check_kinds", extra_check_kinds)]
     only = requested()

@@ -21,6 +21,11 @@ pub const LIVE_SCHEMA: &str = "oomshim.live/1";
 pub const RSS_SAMPLES: usize = 64;
 /// Region files are `PID-STARTTICKS` + this suffix.
 pub const REGION_SUFFIX: &str = ".live";
+/// Set by `oomshim run` for the program it starts (`PID-STARTTICKS` of the `oomshim run`
+/// process) and inherited by the program's descendants; each writes it into its summary, so
+/// that `oomshim run` finds the regions of its whole tree, even of a process that lived for a
+/// moment or whose parent (a wrapper, torchrun) reaps it.
+pub const SUPERVISOR_ENV: &str = "OOMSHIM_SUPERVISOR";
 
 /// One published summary (a region slot's payload).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -40,6 +45,9 @@ pub struct LiveSummary {
     /// The last failed device allocation, when there was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<LiveFailure>,
+    /// [`SUPERVISOR_ENV`] as the process started with it: the `oomshim run` whose tree it is in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supervisor: Option<String>,
     /// The ledger as last published, in the dump schema (`reason: "live"`): devices with their
     /// tracked and peak bytes, the largest holders and sites with symbolised stacks, growth
     /// samples and steps, host memory. Holders and sites are cut to `oomshim::publish::TOP`.
@@ -85,6 +93,48 @@ pub fn start_ticks_of(pid: u32) -> Option<u64> {
     parse_start_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
+/// A process as /proc shows it now, for one that was `pid` started at `start_ticks`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessNow {
+    /// No such process any more (or the pid names another one now): it ended and was reaped.
+    Gone,
+    /// Running (or stopped), with its parent.
+    Running { parent: u32 },
+    /// Ended and not yet reaped by its parent: its wait status as `waitpid` will report it.
+    Ended { status: i32, parent: u32 },
+}
+
+/// What `/proc/PID/stat` text says of the process that started at `start_ticks`.
+pub fn parse_process_now(stat: &str, start_ticks: u64) -> ProcessNow {
+    use crate::facts::gpu_processes::stat_field;
+    if parse_start_ticks(stat) != Some(start_ticks) {
+        return ProcessNow::Gone;
+    }
+    let parent = stat_field(stat, 4).and_then(|p| p.parse().ok()).unwrap_or(0);
+    match stat_field(stat, 3) {
+        // A zombie (or one being torn down): field 52 holds its wait status (Linux 3.5+).
+        Some("Z") | Some("X") | Some("x") => match stat_field(stat, 52).and_then(|c| c.parse().ok()) {
+            Some(status) => ProcessNow::Ended { status, parent },
+            None => ProcessNow::Gone,
+        },
+        _ => ProcessNow::Running { parent },
+    }
+}
+
+/// [`parse_process_now`] of the live process `pid`.
+pub fn process_now(pid: u32, start_ticks: u64) -> ProcessNow {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => parse_process_now(&stat, start_ticks),
+        Err(_) => ProcessNow::Gone,
+    }
+}
+
+/// The pid and start time a region's file name gives (`PID-STARTTICKS.live`).
+pub fn parse_region_name(name: &str) -> Option<(u32, u64)> {
+    let (pid, ticks) = name.strip_suffix(REGION_SUFFIX)?.split_once('-')?;
+    Some((pid.parse().ok()?, ticks.parse().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +146,36 @@ mod tests {
         assert_eq!(parse_start_ticks("garbage"), None);
         let me = std::process::id();
         assert!(start_ticks_of(me).is_some());
+    }
+
+    #[test]
+    fn a_zombies_wait_status_is_read_and_a_reused_pid_is_gone() {
+        let fields = |state: &str, start: u64, code: i32| {
+            let mut f: Vec<String> = (3..=52).map(|_| "0".to_string()).collect();
+            f[0] = state.into();
+            f[1] = "77".into(); // parent, field 4
+            f[19] = start.to_string(); // field 22
+            f[49] = code.to_string(); // field 52
+            format!("4242 (a (b) c) {}", f.join(" "))
+        };
+        assert_eq!(
+            parse_process_now(&fields("Z", 500, 9), 500),
+            ProcessNow::Ended { status: 9, parent: 77 }
+        );
+        assert_eq!(
+            parse_process_now(&fields("S", 500, 0), 500),
+            ProcessNow::Running { parent: 77 }
+        );
+        assert_eq!(parse_process_now(&fields("Z", 501, 9), 500), ProcessNow::Gone);
+        assert_eq!(parse_process_now("garbage", 500), ProcessNow::Gone);
+        assert_eq!(parse_region_name("4242-500.live"), Some((4242, 500)));
+        assert_eq!(parse_region_name("4242-500.live.tmp"), None);
+        assert_eq!(parse_region_name("x-500.live"), None);
+        let me = std::process::id();
+        assert!(matches!(
+            process_now(me, start_ticks_of(me).unwrap()),
+            ProcessNow::Running { .. }
+        ));
     }
 
     #[test]

@@ -6,20 +6,38 @@ use super::read::Snapshot;
 use dump::model::{Dump, HostKill, PostMortem};
 use std::path::{Path, PathBuf};
 
-/// How the program ended, as `waitpid` told.
+/// How the program ended, as `waitpid` (or /proc, for a descendant another process reaps)
+/// told. Neither a signal nor an exit code: it ended without exiting on purpose (its region
+/// was left behind: `exit`, `_exit` and `_Exit` remove it) and its parent reaped it before its
+/// status could be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Death {
     pub signal: Option<i32>,
     pub core_dumped: bool,
     pub exit_code: Option<i32>,
     pub unix_ms: u64,
+    /// Its parent, when that was not `oomshim run`.
+    pub reaped_by: Option<u32>,
+}
+
+impl Death {
+    /// From a wait status.
+    pub fn from_status(status: i32, unix_ms: u64, reaped_by: Option<u32>) -> Death {
+        Death {
+            signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+            core_dumped: libc::WIFSIGNALED(status) && libc::WCOREDUMP(status),
+            exit_code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+            unix_ms,
+            reaped_by,
+        }
+    }
 }
 
 /// Whether the program's end calls for a post-mortem, given what it last published: killed by
 /// a signal (nothing of its own ran), or exited non-zero after a failed device allocation whose
 /// dump was never written. A program that exited normally removed its region: no snapshot then.
 pub fn needed(death: &Death, snapshot: &Snapshot) -> bool {
-    if death.signal.is_some() {
+    if death.signal.is_some() || death.exit_code.is_none() {
         return true;
     }
     death.exit_code.is_some_and(|c| c != 0)
@@ -162,6 +180,7 @@ pub fn build(snapshot: &Snapshot, death: &Death, host: HostKill) -> Dump {
         rss: s.rss.clone(),
         last_failure: s.last_failure.clone(),
         host,
+        reaped_by: death.reaped_by,
     });
     dump.verdict = crate::verdict::judge_post_mortem(&dump);
     dump

@@ -88,6 +88,9 @@ pub(super) enum Death {
     Signalled(i32),
     /// No signal: it exited ([`EXITED_AFTER_FAILURE`]).
     Exited,
+    /// Neither a signal nor an exit status: it ended without exiting on purpose (its region was
+    /// left behind) and its own parent reaped it first ([`KILLED_BY_SIGNAL`], the signal unknown).
+    Unseen,
 }
 
 /// Whether the cgroup counted a new OOM kill while the program ran; `None` when its
@@ -104,6 +107,9 @@ pub(super) fn how_it_ended(pm: &PostMortem) -> Death {
     match (pm.signal, oom_kill_counted(&pm.host)) {
         (Some(libc::SIGKILL), Some(true)) => Death::OomKilled,
         (Some(sig), _) => Death::Signalled(sig),
+        // Its cgroup counted an OOM kill while it ran: the OOM killer's SIGKILL, though unseen.
+        (None, Some(true)) if pm.exit_code.is_none() => Death::OomKilled,
+        (None, _) if pm.exit_code.is_none() => Death::Unseen,
         (None, _) => Death::Exited,
     }
 }

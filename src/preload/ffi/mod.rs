@@ -9,6 +9,7 @@ mod dl;
 mod driver;
 mod hooks;
 mod pools;
+mod process_exit;
 mod real;
 mod runtime;
 mod torch_alloc;
@@ -18,6 +19,8 @@ pub use hooks::PROGRAM_API as PROGRAM_API_EXPORTS;
 pub use runtime::exported_names as runtime_exported_names;
 pub use torch_alloc::EXPORTED_NAMES as TORCH_ALLOCATOR_EXPORTS;
 
+pub use process_exit::prepare as prepare_exit_hooks;
+pub use process_exit::EXPORTED_NAMES as PROCESS_EXIT_EXPORTS;
 pub use real::RealFn;
 
 // The boundary and the real `dlsym` live in `oomshim_core::sys`, below both this module and `live`.

@@ -48,10 +48,18 @@ pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Dea
             clean(name),
             if pm.core_dumped { ", core dumped" } else { "" }
         )),
-        _ => evidence.push(format!(
-            "exited with status {}",
-            pm.exit_code.unwrap_or_default()
-        )),
+        _ => match pm.exit_code {
+            Some(code) => evidence.push(format!("exited with status {code}")),
+            None => evidence.push(format!(
+                "how it ended is not known: its parent{} reaped it before oomshim could read its status; it ran no exit handler (its live region was left behind), so a signal ended it",
+                pm.reaped_by.map(|p| format!(" (PID {p})")).unwrap_or_default()
+            )),
+        },
+    }
+    if let (Some(parent), Some(_)) = (pm.reaped_by, pm.signal.or(pm.exit_code)) {
+        evidence.push(format!(
+            "its parent (PID {parent}) reaped it; oomshim read its status first"
+        ));
     }
     if let (Some(b), Some(a)) = (h.oom_kill_before, h.oom_kill_after) {
         evidence.push(format!(
@@ -149,6 +157,17 @@ pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Dea
                 } else {
                     Vec::new()
                 },
+            )
+        }
+        Death::Unseen => {
+            let cause = "ended by a signal (which one is not known: its parent reaped it first)";
+            (
+                KILLED_BY_SIGNAL,
+                format!("{cause}; {device_words}"),
+                format!(
+                    "The program {cause}; {device_words}; {host_words}. The dump holds the device memory as the program last published it."
+                ),
+                vec!["A scheduler kills a job that exceeds its memory or time limit with SIGKILL: check the job's log for its limit.".to_string()],
             )
         }
         Death::Exited => (

@@ -1,0 +1,49 @@
+//! `_exit` and `_Exit`: a process that ends on purpose without running its exit handlers
+//! (Python's `os._exit`, a forked worker's end, a program skipping a slow teardown) removes its
+//! live region first, as `exit` does through its handler. A region left behind then means the
+//! process did not end on purpose (a signal killed it), which is how `oomshim run` tells a
+//! killed descendant that another process reaped from one that simply ended
+//! (src/cli/supervise.rs).
+//!
+//! Both may run in a signal handler or in a vfork child: nothing here allocates, locks or
+//! looks a symbol up. The real function was resolved when the region was created
+//! ([`prepare`]); before that there is no region, and the process ends by `exit_group`, which is
+//! all the C library's `_exit` does.
+
+use super::RealFn;
+use std::ffi::c_int;
+
+/// The names this file exports.
+pub const EXPORTED_NAMES: &[&str] = &["_Exit", "_exit"];
+
+static REAL_EXIT: RealFn = RealFn::new(c"_exit");
+
+/// Resolves the real `_exit` (on the publisher thread, when the region is created).
+pub fn prepare() {
+    let _ = REAL_EXIT.get();
+}
+
+fn end(status: c_int) -> ! {
+    crate::publish::remove_before_exit();
+    if let Some(p) = REAL_EXIT.resolved() {
+        let real: unsafe extern "C" fn(c_int) -> ! = unsafe { std::mem::transmute(p) };
+        unsafe { real(status) }
+    }
+    loop {
+        unsafe { libc::syscall(libc::SYS_exit_group, status) };
+    }
+}
+
+/// # Safety
+/// As the C library's `_exit`.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    end(status)
+}
+
+/// # Safety
+/// As the C library's `_Exit`.
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    end(status)
+}
