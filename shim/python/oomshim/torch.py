@@ -195,8 +195,9 @@ def _patch_torch_stats(torch):
             _say_once(
                 "history",
                 "oomshim: torch's memory history is not recorded in allocator mode (torch has no "
-                "hook for it under a pluggable allocator); snapshots carry oomshim's segments and "
-                "blocks without traces, and oomshim's dump has every live tensor with its stack. "
+                "hook for it under a pluggable allocator); _snapshot() and _dump_snapshot() carry "
+                "oomshim's segments and blocks with empty device_traces and no frames per block, "
+                "and oomshim's dump has every live tensor with its stack. "
                 "Run without --torch-allocator for torch's recorder.",
             )
 
