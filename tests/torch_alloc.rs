@@ -135,6 +135,33 @@ fn a_leak_to_oom_raises_a_catchable_error_naming_a_dump_whose_holders_are_the_te
 }
 
 #[test]
+fn a_memory_fraction_oom_is_judged_against_the_cap_not_the_device() {
+    // torch.cuda.set_per_process_memory_fraction(0.25) on the 8 GiB device: 2 GiB allowed, 64 MiB
+    // kept, 2000 MiB asked. The device is nearly empty; against it the 64 MiB tracked looked
+    // like a small part of the memory in use (untracked_memory). Against the cap, as torch's own
+    // fraction-limited OOM is reported, the process's own allocations fill it.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let (out, stdout, stderr) = run(&["fraction"], &[("OOMSHIM_DIR", d)], false);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let caught = stdout
+        .lines()
+        .find(|l| l.starts_with("caught: "))
+        .unwrap_or_else(|| panic!("no exception caught:\n{stdout}\n{stderr}"));
+    assert!(caught.contains(" 2.00 GiB allowed;"), "{caught}");
+    let dump = read_dump(&dump_path_in(caught));
+    let dev = dump.devices.iter().find(|d| d.index == 0).unwrap();
+    assert_eq!(dev.total_bytes, Some(2 * GIB), "the cap is the capacity judged");
+    assert_eq!(
+        dev.free_bytes,
+        Some(2 * GIB - dump.free_blocks.reserved_bytes.unwrap()),
+        "free under the cap: the cap less what the cache reserves"
+    );
+    assert_eq!(dev.tracked_bytes, 64 * MIB);
+    assert_eq!(dump.verdict.kind, "own_allocations", "{:#?}", dump.verdict);
+}
+
+#[test]
 fn fragmentation_is_told_from_exhaustion_with_the_exact_histogram() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();

@@ -65,6 +65,13 @@ class _C:
     @staticmethod
     def _cuda_attach_out_of_memory_observer(fn):
         raise RuntimeError("CUDAPluggableAllocator does not yet support attachOutOfMemoryObserver.")
+    # No-ops on a pluggable allocator without the pool hooks, as in torch.
+    @staticmethod
+    def _cuda_beginAllocateCurrentThreadToPool(device, pool): pass
+    @staticmethod
+    def _cuda_endAllocateToPool(device, pool): pass
+    @staticmethod
+    def _cuda_releasePool(device, pool): pass
 
 # torch.compile as far as allocator mode cares: what it was asked for. `compiled` keeps every call.
 compiled = []
@@ -136,6 +143,45 @@ class cuda:
         if _current is not None and "reset" in _current.allocator().hooks:
             _RESET(_current.allocator().hooks["reset"])()
 
+# torch's MemPool (torch._C._MemPool): its constructor asks the current allocator to create the
+# pool, which a pluggable allocator refuses (torch 2.11's message); ids come from one counter.
+_pool_uid = [0]
+class _MemPool:
+    def __init__(self, allocator=None, is_user_created=True, use_on_oom=False, no_split=False):
+        if _current is not None:
+            raise RuntimeError("pluggable does not yet support createOrIncrefPool. If you need it, please file an issue describing your use case.")
+        _pool_uid[0] += 1
+        self.id = (0, _pool_uid[0])
+        self.allocator = allocator
+
+class _PyMemPool(_MemPool):
+    def __init__(self, allocator=None, use_on_oom=False, no_split=False):
+        super().__init__(allocator, True, use_on_oom, no_split)
+
+def _graph_pool_handle():
+    _pool_uid[0] += 1
+    return (0, _pool_uid[0])
+
+class _Graph:
+    retained = []
+    def _retain_pool(self, pool):
+        if not isinstance(pool, _MemPool):
+            raise TypeError("_retain_pool(): incompatible function arguments")
+        self.retained.append(pool)
+
+import contextlib
+@contextlib.contextmanager
+def _use_mem_pool(pool, device=None):
+    # torch.cuda.memory.use_mem_pool, line for line.
+    _C._cuda_beginAllocateCurrentThreadToPool(0, pool.id)
+    try:
+        if cuda._capturing:
+            _Graph()._retain_pool(pool)
+        yield
+    finally:
+        _C._cuda_endAllocateToPool(0, pool.id)
+        _C._cuda_releasePool(0, pool.id)
+
 def _empty(nbytes):
     """A CUDA tensor's storage: through the current allocator, as torch does."""
     _lazy_init()
@@ -145,6 +191,11 @@ def _empty(nbytes):
 
 def _free(ptr, nbytes):
     _current.free(ptr, nbytes, 0, None)
+
+cuda._capturing = False
+cuda.memory.MemPool = cuda.MemPool = _PyMemPool
+cuda.memory.use_mem_pool = cuda.use_mem_pool = _use_mem_pool
+cuda.graph_pool_handle = _graph_pool_handle
 "#;
 
 struct Env {
@@ -577,6 +628,61 @@ fn oomshim_run_torch_allocator_keeps_torchs_allocator_for_a_program_that_asks_fo
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.trim().starts_with("oomshim: torch.compile runs without CUDA graphs in allocator mode"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_mempool_torch_refuses_is_served_and_the_program_goes_on() {
+    // A library makes a MemPool the reading of the program did not see: torch refuses it under a
+    // pluggable allocator ("pluggable does not yet support createOrIncrefPool"); allocator mode
+    // serves it instead, and use_mem_pool works, inside a CUDA graph capture too.
+    let Some(e) = env() else { return };
+    let program = r#"
+import torch, oomshim.torch as ot
+ot.enable()
+pool = torch.cuda.MemPool()
+assert isinstance(pool, torch.cuda.MemPool) and pool.allocator is None, pool
+assert pool.use_count() == 1
+other = torch.cuda.graph_pool_handle()
+assert pool.id[0] == 0 and pool.id != other, (pool.id, other)
+before = ot.memory_allocated()
+with torch.cuda.use_mem_pool(pool):
+    assert pool.use_count() == 2
+    a = torch._empty(3 << 20)
+assert pool.use_count() == 1
+assert ot.memory_allocated() == before + (3 << 20), "served by oomshim's allocator"
+torch.cuda._capturing = True  # torch's use_mem_pool would have the capturing graph retain it
+with torch.cuda.memory.use_mem_pool(pool):
+    b = torch._empty(1000)
+torch.cuda._capturing = False
+assert pool.snapshot() == [] and torch.cuda.memory_snapshot(pool.id) == []
+torch._free(a, 3 << 20)
+torch._free(b, 1000)
+assert ot.memory_allocated() == before
+mine = torch.cuda.MemPool(allocator="their-allocator")
+assert mine.allocator == "their-allocator" and mine.id not in (pool.id, other)
+try:
+    torch.cuda.MemPool(None, False, False, "one too many")
+    raise SystemExit("a wrong call was accepted")
+except TypeError:
+    pass  # torch's own error for a wrong call stays
+print("ok")
+"#;
+    let out = python(&e, program, &[]);
+    assert_eq!(ok(&out).trim(), "ok");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "one line for pools, one for a pool's own allocator: {err}");
+    assert_eq!(
+        lines[0],
+        "oomshim: torch.cuda.MemPool is served by oomshim's allocator in allocator mode (torch \
+         refuses it on a pluggable allocator: pluggable does not yet support createOrIncrefPool. \
+         If you need it, please file an issue describing your use case.): its tensors come from \
+         oomshim's cache, not a separate pool. Run without --torch-allocator to keep torch's pools."
+    );
+    assert!(
+        lines[1].contains("not a separate pool, and the allocator given to the pool is not called."),
         "{err}"
     );
 }

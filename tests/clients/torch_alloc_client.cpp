@@ -13,6 +13,7 @@
 //   churn          many sizes on 4 threads, everything freed, then empty_cache
 //   cuda_error     a segment's cudaMalloc fails with an error other than out-of-memory
 //   bench          ns per alloc+free pair of 4 KiB on a warm cache
+//   fraction       a 0.25 memory-fraction cap (2 GiB of 8), 64 MiB kept, then 2000 MiB
 
 #include "cuda_sim.h"
 
@@ -221,6 +222,25 @@ static int churn(void) {
     return 0;
 }
 
+typedef void (*fraction_fn)(double, int);
+static fraction_fn t_fraction;
+
+// torch.cuda.set_per_process_memory_fraction(0.25): the device is mostly free, yet a request
+// within the device but over the cap fails.
+static int fraction(void) {
+    t_fraction(0.25, 0);
+    void *kept = keep_activations(64 * MiB);
+    try {
+        void *p = t_alloc(2000 * MiB, 0, NULL);
+        printf("over the cap succeeded: %p\n", p);
+        return 1;
+    } catch (const std::exception &e) {
+        printf("caught: %s\n", e.what());
+    }
+    t_free(kept, 64 * MiB, 0, NULL);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s LIB SCENARIO\n", argv[0]);
@@ -238,6 +258,7 @@ int main(int argc, char **argv) {
     t_stats = (json_fn)need(h, "oomshim_torch_memory_stats");
     t_free_blocks = (json_fn)need(h, "oomshim_torch_free_blocks");
     t_step = (step_fn)need(h, "oomshim_step");
+    t_fraction = (fraction_fn)need(h, "oomshim_torch_set_memory_fraction");
     // torch initialises CUDA before its first allocation.
     int dev = 0;
     cudaSetDevice(0);
@@ -252,6 +273,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "churn")) rc = churn();
     else if (!strcmp(s, "cuda_error")) rc = cuda_error();
     else if (!strcmp(s, "bench")) rc = bench();
+    else if (!strcmp(s, "fraction")) rc = fraction();
     else {
         fprintf(stderr, "unknown scenario %s\n", s);
         rc = 2;

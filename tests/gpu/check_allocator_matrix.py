@@ -15,11 +15,21 @@ reading); stdout and the exit status must be the same, and each row asserts what
   values printed must equal the bare run's (get_allocator_backend is printed to stderr: it is
   "pluggable" in allocator mode);
 - mempool, history (_record_memory_history + _dump_snapshot), cudnn.benchmark: kept on torch's
-  allocator by the reading; history and cudnn.benchmark forced: the program still runs (history
-  records nothing, benchmark stays off); conv (cuDNN forward and backward, no benchmark) in
+  allocator by the reading; mempool, history and cudnn.benchmark forced: the program still runs
+  (the MemPool is served by oomshim's cache, history records nothing, benchmark stays off); conv (cuDNN forward and backward, no benchmark) in
   allocator mode, bit for bit;
+- mempool_lib: a MemPool made and used by a library (not read by the hook): in allocator mode it is
+  served (one line), tensors and a CUDA graph capture with `pool=pool.id` give bare's results;
+- apis [allocator]: its fraction-capped OOM is judged against the cap (not `untracked_memory`);
 - oom: a leak to OutOfMemoryError; in allocator mode the dump's verdict is `leak` and its largest
-  holder is the leaking line.
+  holder is the leaking line;
+- graph_oom: a leak inside a CUDA graph's private pool (each capture's 1 GiB output kept) to
+  OutOfMemoryError, under preload (what allocator mode falls back to for CUDA-graph compile and
+  MemPool) and in allocator mode: the program goes on as bare, the verdict is `leak` and the
+  largest holder is the leaking line.
+
+OOMSHIM_MATRIX_CASES=name,name runs only those programs; OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI name
+the build to test.
 
     main(root, lib, cli, out_dir) -> [(check, ok, detail)]
 
@@ -261,6 +271,82 @@ print("tensors", n, file=sys.stderr)
 backend()
 '''
 
+# An OOM inside a CUDA graph's private pool: each step runs the model eagerly (a step mark) and
+# captures a graph whose output, 1 GiB, stays alive with the graph, so the pool grows step after
+# step until a capture cannot allocate. Under preload (where allocator mode falls back to torch's
+# allocator: CUDA-graph compile, MemPool) the dump must name the leaking line.
+GRAPH_OOM = COMMON + r'''
+net = torch.nn.Linear(1024, 1024).cuda()
+x = torch.ones(64, 1024, device="cuda")
+pool = torch.cuda.graph_pool_handle()
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    torch.empty(1 << 20, device="cuda").fill_(1)  # warm-up before capture, as torch asks
+torch.cuda.current_stream().wait_stream(s)
+graphs, outs = [], []
+try:
+    while len(graphs) < 10000:
+        net(x)  # a step: the hook marks each forward pass
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            buf = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")  # the leaking line
+            buf.fill_(1)
+        graphs.append(g)
+        outs.append(buf)
+except torch.OutOfMemoryError:
+    print("caught OutOfMemoryError")
+n = len(graphs)
+outs.clear()
+graphs.clear()
+torch.cuda.synchronize()
+print("usable after", torch.ones(4, device="cuda").sum().item())
+print("graphs", n, file=sys.stderr)
+backend()
+'''
+
+# A MemPool made by a library (a module the hook's reading of the program does not see: not the
+# script, not beside it), used for tensors and for a CUDA graph capture.
+POOL_LIB = r'''
+import torch
+
+
+def make_pool():
+    return torch.cuda.MemPool()
+
+
+def arange_in(pool, n):
+    with torch.cuda.use_mem_pool(pool):
+        return torch.arange(n, device="cuda", dtype=torch.float32)
+'''
+
+MEMPOOL_LIB = COMMON + r'''
+sys.path.insert(0, "lib")
+import poolmaker
+pool = poolmaker.make_pool()
+a = poolmaker.arange_in(pool, 1 << 20)
+b = a * 2
+lin = torch.nn.Linear(256, 256).cuda()
+sx = torch.randn(8, 256, device="cuda")
+s2 = torch.cuda.Stream()
+s2.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s2):
+    lin(sx)
+torch.cuda.current_stream().wait_stream(s2)
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g, pool=pool.id):
+    sy = lin(sx).relu()
+res = []
+for i in range(3):
+    sx.copy_(torch.full((8, 256), float(i), device="cuda"))
+    g.replay()
+    torch.cuda.synchronize()
+    res.append(torch.equal(sy, lin(sx).relu()))
+print("mempool-lib", h(b), res, torch.cuda.memory_allocated() > 0)
+del a, b
+backend()
+'''
+
 FALLBACK = "oomshim: allocator mode is off for this process"
 
 
@@ -271,6 +357,10 @@ def _write(out_dir, name, text):
     path = os.path.join(d, name + ".py")
     with open(path, "w") as f:
         f.write(text)
+    if name == "mempool_lib":
+        os.makedirs(os.path.join(d, "lib"), exist_ok=True)
+        with open(os.path.join(d, "lib", "poolmaker.py"), "w") as f:
+            f.write(POOL_LIB)
     return d, path
 
 
@@ -281,6 +371,8 @@ def _run(cli, lib, d, path, how, timeout=420):
     os.makedirs(dumps, exist_ok=True)
     if how == "bare":
         cmd = [sys.executable, path]
+    elif how == "preload":
+        cmd = [cli, "run", "--lib", lib, "--dir", dumps, "--", sys.executable, path]
     else:
         cmd = [cli, "run", "--torch-allocator", "--lib", lib, "--dir", dumps, "--", sys.executable, path]
         if how == "forced":
@@ -342,6 +434,66 @@ def _rows(name, runs):
         elif how in ("allocator", "forced"):
             rows.append((f"{name} [{how}]: oomshim is torch's allocator", _backend(r) == "pluggable",
                          f"backend {_backend(r)}; oomshim lines: {[l[:160] for l in lines]}"))
+        if name == "mempool_lib" and how == "allocator":
+            served = [l for l in lines if l.startswith("oomshim: torch.cuda.MemPool is served")]
+            rows.append(("mempool_lib [allocator]: a library's MemPool is served, one line says so",
+                         len(served) == 1, (served or lines)[:2]))
+        if name == "apis" and how == "allocator":
+            rows.append(_fraction_row(r))
+    return rows
+
+
+def _fraction_row(r):
+    """The fraction-capped OOM of the apis program (0.3 of the device asked under a 0.25 cap) is
+    judged against the cap: the dump's device total is the cap (torch reports the allowed maximum
+    the same way), so the verdict is not `untracked_memory`."""
+    found = []
+    for p in sorted(glob.glob(os.path.join(r["dumps"], "*.json"))):
+        if os.path.basename(p).startswith("oomshim-torch-"):
+            continue
+        try:
+            d = json.load(open(p))
+        except Exception:
+            continue
+        req = d.get("failed_request") or {}
+        dev = next((x for x in d.get("devices", []) if x.get("index") == req.get("device")), {})
+        found.append((req.get("bytes"), dev.get("total_bytes"), (d.get("verdict") or {}).get("kind")))
+    capped = [f for f in found if f[0] and f[0] < (1 << 45)]
+    ok = len(capped) == 1 and capped[0][2] not in ("untracked_memory", None) and capped[0][1] \
+        and capped[0][1] < capped[0][0]
+    return ("apis [allocator]: the fraction-capped OOM is judged against the cap", bool(ok),
+            f"(request, judged total, verdict) per dump: {found}")
+
+
+def _graph_oom_rows(runs):
+    """An OOM inside a CUDA graph's private pool, under preload: the program goes on as bare, the
+    dump's verdict is leak and its largest holder is the leaking line."""
+    rows = []
+    bare = runs["bare"]
+    n = lambda r: next((l.split()[1] for l in r["stderr"].splitlines() if l.startswith("graphs ")), "?")
+    for how in [h for h in runs if h != "bare"]:
+        r = runs[how]
+        ok = (bare["rc"] == 0 and r["rc"] == 0 and bare["stdout"] == r["stdout"]
+              and "caught OutOfMemoryError" in r["stdout"])
+        rows.append((f"graph_oom [{how}]: OutOfMemoryError inside a graph's pool caught as bare, program goes on",
+                     ok, f"bare {n(bare)} graphs, {how} {n(r)}; exit {bare['rc']}/{r['rc']}; "
+                     f"stderr tail {r['stderr'][-300:]!r}" if not ok else f"bare {n(bare)} graphs, {how} {n(r)}"))
+        dumps = [p for p in sorted(glob.glob(os.path.join(r["dumps"], "*.json")))
+                 if not os.path.basename(p).startswith("oomshim-torch-")]
+        if not dumps:
+            rows.append((f"graph_oom [{how}]: the dump names the leak", False, f"no dump in {r['dumps']}"))
+            continue
+        d = json.load(open(dumps[0]))
+        kind = (d.get("verdict") or {}).get("kind")
+        top = (d.get("largest_holders") or [{}])[0]
+        line = next((f"{f.get('file')}:{f.get('line')}" for f in top.get("stack", [])
+                     if (f.get("file") or "").endswith("graph_oom.py")), None)
+        src = open(os.path.join(os.path.dirname(r["dumps"]), "graph_oom.py")).read().splitlines()
+        want = next(i + 1 for i, l in enumerate(src) if "the leaking line" in l)
+        ok = kind == "leak" and line is not None and line.endswith(f":{want}")
+        rows.append((f"graph_oom [{how}]: the dump's verdict is leak and its largest holder is the leaking line", ok,
+                     f"verdict {kind}; top holder {top.get('bytes')} B via {top.get('api')} at {line} "
+                     f"(leak at line {want}); {len(dumps)} dump(s)"))
     return rows
 
 
@@ -375,14 +527,17 @@ def _oom_rows(runs):
 
 def main(root, lib, cli, out_dir):
     rows = []
+    only = [c for c in os.environ.get("OOMSHIM_MATRIX_CASES", "").split(",") if c]
     cases = [
         ("compile", COMPILE, ["allocator", "forced"]),
         ("apis", APIS, ["allocator"]),
-        ("mempool", MEMPOOL, ["allocator"]),
+        ("mempool", MEMPOOL, ["allocator", "forced"]),
+        ("mempool_lib", MEMPOOL_LIB, ["allocator"]),
         ("history", HISTORY, ["allocator", "forced"]),
         ("cudnn", CUDNN, ["allocator", "forced"]),
         ("conv", CONV, ["allocator"]),
     ]
+    cases = [c for c in cases if not only or c[0] in only]
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(cases)) as pool:
         futures = [pool.submit(_case, n, t, root, lib, cli, out_dir, m) for n, t, m in cases]
         for fut in futures:
@@ -394,15 +549,19 @@ def main(root, lib, cli, out_dir):
             for row in new:
                 print(f"[{'PASS' if row[1] else 'FAIL'}] {row[0]}: {row[2]}", flush=True)
             rows.extend(new)
-    # Alone: it fills the GPU.
-    try:
-        _, runs = _case("oom", LEAK, root, lib, cli, out_dir, ["allocator"])
-        new = _oom_rows(runs)
-    except Exception as e:
-        new = [("oom", False, f"{type(e).__name__}: {e}")]
-    for row in new:
-        print(f"[{'PASS' if row[1] else 'FAIL'}] {row[0]}: {row[2]}", flush=True)
-    rows.extend(new)
+    # Alone, one after the other: each fills the GPU.
+    for name, text, modes, judge in [("oom", LEAK, ["allocator"], _oom_rows),
+                                     ("graph_oom", GRAPH_OOM, ["preload", "allocator"], _graph_oom_rows)]:
+        if only and name not in only:
+            continue
+        try:
+            _, runs = _case(name, text, root, lib, cli, out_dir, modes)
+            new = judge(runs)
+        except Exception as e:
+            new = [(name, False, f"{type(e).__name__}: {e}")]
+        for row in new:
+            print(f"[{'PASS' if row[1] else 'FAIL'}] {row[0]}: {row[2]}", flush=True)
+        rows.extend(new)
     return rows
 
 
@@ -410,8 +569,8 @@ if __name__ == "__main__":
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "/tmp/oomshim-allocator-matrix")
     os.makedirs(out, exist_ok=True)
-    results = main(here, os.path.join(here, "target/release/liboomshim.so"),
-                   os.path.join(here, "target/release/oomshim"), out)
+    results = main(here, os.environ.get("OOMSHIM_GPU_LIB") or os.path.join(here, "target/release/liboomshim.so"),
+                   os.environ.get("OOMSHIM_GPU_CLI") or os.path.join(here, "target/release/oomshim"), out)
     print()
     for c, ok, detail in results:
         print(f"| {'PASS' if ok else 'FAIL'} | {c} | {detail} |")

@@ -24,7 +24,10 @@ What torch cannot do on any pluggable allocator, and how allocator mode keeps th
   graphs (same kernels, same results, the launch overhead stays) and says so once.
 - `torch.cuda.MemPool`, torch's memory history (`_record_memory_history`) and its OOM observer:
   the same reading keeps torch's allocator for them; found only at run time, history and the
-  observer are accepted and said to be off (one line), a MemPool still raises as torch does.
+  observer are accepted and said to be off (one line), and a MemPool torch refuses is served by
+  oomshim's allocator (one line): `use_mem_pool` and `torch.cuda.graph(pool=pool.id)` work, its
+  tensors come from oomshim's cache (no separate pool; an allocator given to the pool is not
+  called) and its `snapshot()` is empty.
 - `torch.backends.cudnn.benchmark = True`: cuDNN's search asks the allocator for `cacheInfo`;
   the same reading keeps torch's allocator, and found only at run time the setting stays off
   (cuDNN's heuristics choose the algorithms), said once.
@@ -164,6 +167,9 @@ def _patch_torch_stats(torch):
 
     def memory_snapshot(*args, **kwargs):
         pool = args[0] if args else kwargs.get("mempool_id")
+        if pool is not None and tuple(pool)[:2] in _served_pool_ids:
+            # A MemPool oomshim serves holds no segments of its own (see _ServedPool).
+            return {"segments": [], "device_traces": [], "allocator_settings": {}, "external_annotations": []}
         if pool is not None and tuple(pool)[:2] != (0, 0):
             # One pool's segments: oomshim keys graph memory by capture, not by torch's pool
             # ids, so this stays torch's answer (which raises under a pluggable allocator).
@@ -189,8 +195,9 @@ def _patch_torch_stats(torch):
             _say_once(
                 "history",
                 "oomshim: torch's memory history is not recorded in allocator mode (torch has no "
-                "hook for it under a pluggable allocator); snapshots carry oomshim's segments and "
-                "blocks without traces, and oomshim's dump has every live tensor with its stack. "
+                "hook for it under a pluggable allocator); _snapshot() and _dump_snapshot() carry "
+                "oomshim's segments and blocks with empty device_traces and no frames per block, "
+                "and oomshim's dump has every live tensor with its stack. "
                 "Run without --torch-allocator for torch's recorder.",
             )
 
@@ -224,6 +231,125 @@ def _patch_torch_stats(torch):
             setattr(C, name, fn)
     _patch_compile(torch)
     _patch_cudnn_benchmark(torch)
+    _patch_mem_pool(torch)
+
+
+# Ids of the MemPools oomshim serves (torch refused to create them on a pluggable allocator).
+_served_pool_ids = set()
+
+
+class _ServedPool:
+    """A `torch.cuda.MemPool` that torch refused to create under oomshim's allocator (torch 2.11:
+    the pool's constructor asks the allocator to `createOrIncrefPool`, which a pluggable
+    allocator does not implement). The program keeps working: its id is a fresh one from torch's
+    own counter (`graph_pool_handle`), so `torch.cuda.graph(pool=pool.id)` shares it as usual;
+    tensors made under `use_mem_pool(pool)` come from oomshim's cache like any other (no separate
+    pool: the pool's own allocator, if one was given, is not called); `snapshot()` is empty
+    (no segment belongs to the pool alone); `use_count()` counts this object and each
+    `use_mem_pool` it is inside."""
+
+    _next = [1 << 40]  # ids when torch has no graph_pool_handle: far above torch's counter
+
+    def __init__(self, allocator=None, use_on_oom=False, no_split=False, *args, **kwargs):
+        import torch
+
+        try:
+            pool_id = tuple(torch.cuda.graph_pool_handle())[:2]
+        except Exception:
+            self._next[0] += 1
+            pool_id = (0, self._next[0])
+        self._id = pool_id
+        self._allocator = allocator
+        self._uses = 0
+        _served_pool_ids.add(pool_id)
+
+    @property
+    def id(self):
+        return self._id
+
+    @property
+    def allocator(self):
+        return self._allocator
+
+    def use_count(self):
+        return 1 + self._uses
+
+    def snapshot(self, include_traces=True):
+        return []
+
+    def __repr__(self):
+        return f"<MemPool id={self._id} served by oomshim's allocator>"
+
+
+def _refused(error):
+    """torch's refusal of a pool feature under a pluggable allocator ("pluggable does not yet
+    support createOrIncrefPool ...")."""
+    return isinstance(error, RuntimeError) and "does not yet support" in str(error)
+
+
+def _patch_mem_pool(torch):
+    """`torch.cuda.MemPool` and `use_mem_pool` keep working in allocator mode where the reading
+    of the program did not see them (a library makes the pool): torch's own pool first; where
+    torch refuses it under a pluggable allocator, a `_ServedPool`, said once."""
+    import contextlib
+
+    memory = getattr(torch.cuda, "memory", None)
+    original = getattr(memory, "MemPool", None)
+    original_use = getattr(memory, "use_mem_pool", None)
+    if original is None or original_use is None or getattr(original, "_oomshim_served", False):
+        return
+
+    class _PoolType(type):
+        # isinstance(pool, torch.cuda.MemPool) holds for torch's pools and for served ones.
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, (original, _ServedPool))
+
+        def __subclasscheck__(cls, sub):
+            return isinstance(sub, type) and issubclass(sub, (original, _ServedPool))
+
+    class MemPool(metaclass=_PoolType):
+        __doc__ = original.__doc__
+        _oomshim_served = True
+
+        def __new__(cls, *args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            except RuntimeError as e:
+                if not _refused(e):
+                    raise
+                why = str(e).splitlines()[0][:120]
+            pool = _ServedPool(*args, **kwargs)
+            own = pool.allocator is not None
+            _say_once(
+                "mempool-allocator" if own else "mempool",
+                "oomshim: torch.cuda.MemPool is served by oomshim's allocator in allocator mode "
+                f"(torch refuses it on a pluggable allocator: {why}): its tensors come from "
+                "oomshim's cache, not a separate pool"
+                + (", and the allocator given to the pool is not called" if own else "")
+                + ". Run without --torch-allocator to keep torch's pools.",
+            )
+            return pool
+
+    @contextlib.contextmanager
+    def use_mem_pool(pool, device=None):
+        if not isinstance(pool, _ServedPool):
+            with original_use(pool, device) as value:
+                yield value
+            return
+        # torch's begin/end calls are no-ops on a pluggable allocator, and a capturing graph
+        # cannot retain a pool that is not torch's: the tensors are oomshim's either way.
+        pool._uses += 1
+        try:
+            yield
+        finally:
+            pool._uses -= 1
+
+    use_mem_pool.__doc__ = original_use.__doc__
+    for module in (torch.cuda, memory):
+        if getattr(module, "MemPool", None) is original:
+            module.MemPool = MemPool
+        if getattr(module, "use_mem_pool", None) is original_use:
+            module.use_mem_pool = use_mem_pool
 
 
 def _patch_cudnn_benchmark(torch):

@@ -408,7 +408,7 @@ fn out_of_memory(oom: &OutOfMemory, stream: Stream) -> [u8; MESSAGE_BYTES] {
         device: oom.device,
         error_code: super::cuda_error::MEMORY_ALLOCATION,
         stream: stream as usize,
-        context: failure_context(oom.device, mem_info),
+        context: failure_context(oom.device, judged_mem_info(oom, mem_info)),
     });
     let fb = &oom.free_blocks;
     let mut text = format!(
@@ -446,6 +446,22 @@ fn out_of_memory(oom: &OutOfMemory, stream: Stream) -> [u8; MESSAGE_BYTES] {
         None => text.push_str(" (no oomshim dump was written; see stderr)"),
     }
     c_message(&text)
+}
+
+/// The device's (free, total) as the dump is judged: under a memory-fraction cap the cap is the
+/// capacity and what the cache reserves is what is in use (free = cap - reserved), as torch's
+/// own fraction-limited OOM reports the allowed maximum to its observers. Judged against the
+/// whole device instead, a cap far below it looked like memory held by someone else (a near
+/// empty device, a few tracked bytes: `untracked_memory`). The exception's message keeps the
+/// device's own numbers.
+fn judged_mem_info(oom: &OutOfMemory, device: Option<(u64, u64)>) -> Option<(u64, u64)> {
+    match oom.cause {
+        OomCause::FractionCap { limit } => Some((
+            limit.saturating_sub(oom.free_blocks.reserved_bytes),
+            limit,
+        )),
+        _ => device,
+    }
 }
 
 /// `text` as a NUL-terminated buffer, cut at a character boundary when too long.
