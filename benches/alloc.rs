@@ -5,7 +5,7 @@
 //! The cache is warmed with 1,000 live blocks of mixed sizes (and the holes between them) so the
 //! free lists and the live map have realistic depth.
 //!
-//! `cargo bench --bench alloc`
+//! `cargo bench -p oomshim-benches --bench alloc`
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use oomshim_core::alloc::{AllocConfig, CachingAllocator, MemorySource};

@@ -8,7 +8,7 @@
 //! default top (goal ≤ 1 s), with the host memory the ledger takes per live allocation, from glibc's heap
 //! statistics before and after building it (stacks measured apart).
 //!
-//! `cargo bench --bench dump`
+//! `cargo bench -p oomshim-benches --bench dump`
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;

@@ -28,7 +28,8 @@ fn build_shim() {
     };
     let status = std::process::Command::new(env!("CARGO"))
         .args(["build", "--lib", "--quiet", "--profile", profile])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        // The workspace root: its default members, the build `cargo run` and `cargo test` share.
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap())
         .status()
         .expect("cargo");
     assert!(status.success(), "building liboomshim.so failed");

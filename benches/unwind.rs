@@ -5,7 +5,7 @@
 //! built at bench start with gcc -O2, once with and once without frame pointers. Each
 //! benchmark runs at the bottom of a 40-deep recursion, so every method stops at 32 frames.
 //!
-//! `cargo bench --bench unwind` (needs gcc for the C groups; they are skipped without it).
+//! `cargo bench -p oomshim-benches --bench unwind` (needs gcc for the C groups; they are skipped without it).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use oomshim_core::stacks;

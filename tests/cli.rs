@@ -1,6 +1,6 @@
 //! The CLI as a user meets it: where it finds its library, and what its help teaches.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

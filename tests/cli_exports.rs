@@ -2,7 +2,7 @@
 //! offer them, or every library the CLI loads (and anything it dlopens) would resolve `dlsym`
 //! or a CUDA function to the shim's copy inside the CLI.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -4,7 +4,7 @@
 //! allocator, the runtime's `cudaGetDriverEntryPointByVersion`, and the runtime calling the
 //! driver underneath `cudaMalloc` — run with and without `LD_PRELOAD=liboomshim.so`.
 
-mod common;
+use crate::common;
 
 use common::dumps;
 use dump::model::{Dump, Frame};

@@ -3,7 +3,7 @@
 //! scrape of loopback. The text is checked by a strict parser of the exposition format (and by
 //! `promtool check metrics` where Prometheus is installed).
 
-mod common;
+use crate::common;
 
 use common::{cli, shim_lib};
 use oomshim_cli::testbed;

@@ -2,7 +2,7 @@
 //! post-mortem dump `oomshim run` writes when its program is killed outright, and
 //! `oomshim top`, all on the simulated device.
 
-mod common;
+use crate::common;
 
 use common::cli;
 use dump::model::Dump;

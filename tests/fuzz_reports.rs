@@ -9,9 +9,9 @@
 //! it and, when it parses, runs every reporter on it. A panic is a finding: the input is saved
 //! to `fuzz/crashes/` and the test fails.
 //!
-//! - `cargo test --release --test fuzz_reports` replays `fuzz/corpus` and `fuzz/crashes` (fast);
+//! - `cargo test --release --test all fuzz_reports::` replays `fuzz/corpus` and `fuzz/crashes` (fast);
 //!   a side file's crash is saved as `fuzz/crashes/torch-*.json` and replayed as one.
-//! - `OOMSHIM_FUZZ_SECS=600 cargo test --release --test fuzz_reports -- --ignored --nocapture`
+//! - `OOMSHIM_FUZZ_SECS=600 cargo test --release --test all fuzz_reports:: -- --ignored --nocapture`
 //!   fuzzes for that long (`OOMSHIM_FUZZ_SEED` repeats a run).
 
 use dump::read::parse_dump;

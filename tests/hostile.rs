@@ -2,7 +2,7 @@
 //! attack (a planted file or directory, a hostile dump) or an accident (a closed stderr, a dead
 //! log reader, a chdir, a full disk) against the CLI or the shim; see RELIABILITY.md section 9.
 
-mod common;
+use crate::common;
 
 use common::shim_lib;
 use serde_json::json;

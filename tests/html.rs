@@ -4,7 +4,7 @@
 //! skips visibly on a developer machine and fails under `CI` (tests/common `skip`; `.ci/run`
 //! installs it).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

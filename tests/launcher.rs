@@ -4,7 +4,7 @@
 //! in a pty, as a user at a terminal would (Ctrl-Z, `bg`, `fg`, `jobs`, `kill %1`, `echo $?`).
 //! Every wait is bounded: a hang fails the test with the transcript, never blocks the suite.
 
-mod common;
+use crate::common;
 
 use common::shim_lib;
 use oomshim_cli::testbed;

@@ -4,7 +4,7 @@
 //! for an LD_PRELOAD dump, VMM addresses with bit 63 set and a real allocator-mode dump; and
 //! folded stacks. torch's own viewer code runs on the GPU machine (tests/gpu/check_memory_viz.py).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

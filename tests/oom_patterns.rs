@@ -2,7 +2,7 @@
 //! simulated CUDA: the number of dumps, `recovered` and how it was learnt, the verdict and the
 //! line it names, and that stderr's first line says what the dump and `oomshim report` say.
 
-mod common;
+use crate::common;
 
 use common::{dump_files, dumps, run_client};
 use dump::model::Dump;

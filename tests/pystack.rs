@@ -10,7 +10,7 @@
 //! `python3` are found as `python3.X` on `PATH`, under `$PYENV_ROOT/versions` (or
 //! `~/.pyenv/versions`), or in `OOMSHIM_TEST_PYTHONS` (colon-separated interpreter paths).
 
-mod common;
+use crate::common;
 
 use common::only_dump;
 use dump::model::{Dump, Frame, FrameKind, Holder, StackMerge};
@@ -533,7 +533,7 @@ nest(int(sys.argv[2]))
 
 /// Measures what Python stacks cost per cudaMalloc+cudaFree pair: the pairs run in C (no
 /// Python between them) below `depth` Python frames, under each `OOMSHIM_STACKS` mode. Run with
-/// `cargo test --release --test pystack -- --ignored --nocapture`.
+/// `cargo test --release --test all pystack:: -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn measure_python_capture_cost() {

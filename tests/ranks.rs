@@ -3,7 +3,7 @@
 //! `oomshim merge` names the leaking rank as the first to fail, the imbalance and the room the
 //! others had.
 
-mod common;
+use crate::common;
 
 use common::{cli, run_client, shim_lib};
 use dump::model::Dump;

@@ -2,7 +2,7 @@
 //! freed in another leave an exact ledger, totals and unknown-free count, whenever the switch
 //! happens (tests/clients/recording_switch.c under `LD_PRELOAD`).
 
-mod common;
+use crate::common;
 
 use common::{only_dump, run_client};
 use dump::model::Dump;

@@ -2,7 +2,7 @@
 //! faults while writing a dump (full disk, planted symlinks, a file where the directory should be),
 //! dump permissions and shared directories, hostile input to the CLI. See RELIABILITY.md.
 
-mod common;
+use crate::common;
 
 use common::{cli, shim_lib, wait_with_watchdog};
 use dump::model::Dump;

@@ -1,7 +1,7 @@
 //! The shim in real processes: C clients built against the simulated CUDA runtime run under
 //! `LD_PRELOAD=liboomshim.so`, and the dumps they leave are read back and checked.
 
-mod common;
+use crate::common;
 
 use common::{cli, only_dump, run_client, shim_lib};
 use dump::model::{Dump, Frame};

@@ -4,7 +4,7 @@
 //! whose holders are the tensors, fragmentation told from exhaustion with the exact histogram,
 //! stream-ordered reuse, CUDA-graph safety and torch's statistics.
 
-mod common;
+use crate::common;
 
 use common::{run_client, shim_lib};
 use dump::model::Dump;

@@ -4,7 +4,7 @@
 //! Device memory comes from the simulated CUDA through libsimcall.so (tests/common). The real
 //! torch is exercised on the GPU machine (tests/gpu/zoo).
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,7 @@
 //! frames count as the framework's, not the program's). Under plain LD_PRELOAD and `oomshim run`.
 //! The real torch is exercised on the GPU machine (tests/gpu/zoo, check_kinds.py).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -6,7 +6,7 @@
 //! liboomshim.so and the simulated CUDA runtime. The real torch is exercised on the GPU machine
 //! (tests/gpu/torch_alloc.py).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

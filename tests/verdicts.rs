@@ -5,7 +5,7 @@
 //! and the framework's cache (free blocks from an allocator source, fed to `oomshim report`), host
 //! pressure, and the configuration snapshot (allowlisted variables only).
 
-mod common;
+use crate::common;
 
 use common::{only_dump, run_client, shim_lib, wait_with_watchdog};
 use dump::model::Dump;

@@ -5,7 +5,9 @@
 pub mod api;
 pub mod checksum;
 pub mod fit;
-#[cfg(any(test, feature = "fixtures"))]
+/// Hand-built dumps for the tests of every crate. Always compiled (a few small functions): a
+/// feature for them would give `cargo test` another build of every crate above (issue 27).
+#[doc(hidden)]
 pub mod fixtures;
 pub mod model;
 pub mod read;

@@ -97,9 +97,15 @@ pub fn shim_lib() -> PathBuf {
             Some("debug") | None => "dev".to_string(),
             Some(name) => name.to_string(),
         };
+        // The CLI's package is selected too: cargo then resolves the features `cargo run` and
+        // `cargo test` do and reuses their build (the library's package alone resolves serde's
+        // derive without clap's `syn/full`: a second build of serde and of every crate above it;
+        // issue 27).
         let status = Command::new(env!("CARGO"))
             .args([
                 "build",
+                "-p",
+                "oomshim",
                 "-p",
                 "oomshim-preload",
                 "--lib",

@@ -1,0 +1,1 @@
+//! Nothing: the package holds only the benches beside this file (Cargo.toml).

@@ -1,0 +1,77 @@
+"""The PEP 517 backend of `pip install .` (pyproject.toml: build-backend): maturin's, with one step
+before it. maturin packages the one binary it builds, the `oomshim` CLI; liboomshim.so is a
+workspace crate's cdylib, so this backend first runs the cargo build the CLI shares with `cargo run`
+and `cargo test` (`cargo build --release`: the same features, so an existing build of the clone is
+reused and maturin's own cargo call then compiles nothing new), stages the library without its
+debug info where pyproject.toml's `include` takes it (shim/python/oomshim/liboomshim.so), lets
+maturin build the wheel, and removes the staged copy again (from a checkout, oomshim._locate would
+otherwise prefer it to the fresh build in target/).
+
+Honours CARGO (the cargo to run) and CARGO_TARGET_DIR (through cargo itself). Needs binutils'
+`strip`, which every C toolchain that can build the tests' simulated CUDA has."""
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import maturin
+from maturin import *  # noqa: F401,F403 (every other hook is maturin's own)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STAGED = os.path.join(ROOT, "shim", "python", "oomshim", "liboomshim.so")
+
+
+def _run(cmd):
+    # stdout to stderr: a PEP 517 frontend may read the hook's stdout, and maturin's is its answer.
+    print("oomshim build: " + " ".join(cmd), file=sys.stderr, flush=True)
+    result = subprocess.run(cmd, cwd=ROOT, stdout=sys.stderr)
+    if result.returncode != 0:
+        raise SystemExit(f"oomshim build: `{' '.join(cmd)}` failed with exit status {result.returncode}")
+
+
+def built_library():
+    """Builds what `cargo run --release` builds (the CLI and liboomshim.so, every workspace crate
+    with the same features) and returns the library's path under cargo's target directory."""
+    cargo = os.environ.get("CARGO", "cargo")
+    if shutil.which(cargo) is None:
+        raise SystemExit(
+            "oomshim build: cargo was not found; building oomshim needs Rust 1.88 or newer "
+            "(rustup.rs) and a C compiler")
+    _run([cargo, "build", "--release"])
+    meta = subprocess.run([cargo, "metadata", "--no-deps", "--format-version", "1"], cwd=ROOT,
+                          stdout=subprocess.PIPE, check=True)
+    lib = os.path.join(json.loads(meta.stdout)["target_directory"], "release", "liboomshim.so")
+    if not os.path.isfile(lib):
+        raise SystemExit(f"oomshim build: cargo build --release left no {lib}")
+    return lib
+
+
+@contextlib.contextmanager
+def staged_library():
+    """liboomshim.so, without its debug info, at STAGED while the block runs."""
+    lib = built_library()
+    strip = shutil.which("strip")
+    if strip is None:
+        raise SystemExit("oomshim build: binutils' strip was not found (it drops the library's "
+                         "30 MB of debug info)")
+    try:
+        _run([strip, "--strip-debug", "-o", STAGED, lib])
+        yield STAGED
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(STAGED)
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    with staged_library():
+        return maturin.build_wheel(wheel_directory, config_settings, metadata_directory)
+
+
+if __name__ == "__main__":
+    # scripts/build-wheel: `python3 scripts/pep517/oomshim_build.py COMMAND...` runs COMMAND (its
+    # `maturin build`) with the library staged, and exits with its status.
+    with staged_library():
+        sys.exit(subprocess.run(sys.argv[1:], cwd=ROOT).returncode)

@@ -1,0 +1,79 @@
+//! Every integration test in one binary (issue 27): one link of the whole workspace instead of
+//! one per file. Each file of tests/ stays where it is and is a module here, so its tests are named
+//! `FILE::test`: `cargo test --release --test all shim::` runs tests/shim.rs, and
+//! `cargo test --release --test all -- torch_package:: torch_hook::` two files. tests/common is
+//! shared by all of them (`use crate::common;` at the top of a file; a file that still says
+//! `mod common;` gets its own copy, which works too). A new file needs its line below:
+//! `every_test_file_is_in_the_binary` fails until it has one.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+#[path = "../build_graph.rs"]
+mod build_graph;
+#[path = "../cli.rs"]
+mod cli;
+#[path = "../cli_exports.rs"]
+mod cli_exports;
+#[path = "../driver.rs"]
+mod driver;
+#[path = "../exporter.rs"]
+mod exporter;
+#[path = "../flight.rs"]
+mod flight;
+#[path = "../fuzz_reports.rs"]
+mod fuzz_reports;
+#[path = "../hostile.rs"]
+mod hostile;
+#[path = "../html.rs"]
+mod html;
+#[path = "../launcher.rs"]
+mod launcher;
+#[path = "../layers.rs"]
+mod layers;
+#[path = "../memory_viz.rs"]
+mod memory_viz;
+#[path = "../oom_patterns.rs"]
+mod oom_patterns;
+#[path = "../pystack.rs"]
+mod pystack;
+#[path = "../ranks.rs"]
+mod ranks;
+#[path = "../recording.rs"]
+mod recording;
+#[path = "../reliability.rs"]
+mod reliability;
+#[path = "../shim.rs"]
+mod shim;
+#[path = "../torch_alloc.rs"]
+mod torch_alloc;
+#[path = "../torch_hook.rs"]
+mod torch_hook;
+#[path = "../torch_kinds.rs"]
+mod torch_kinds;
+#[path = "../torch_package.rs"]
+mod torch_package;
+#[path = "../verdicts.rs"]
+mod verdicts;
+
+/// Cargo builds only this binary (`autotests = false`): a file of tests/ that no line above names
+/// would silently never run.
+#[test]
+fn every_test_file_is_in_the_binary() {
+    let tests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let main = std::fs::read_to_string(tests.join("all/main.rs")).expect("tests/all/main.rs");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&tests).expect("tests/") {
+        let path = entry.expect("tests/ entry").path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.extension().is_some_and(|e| e == "rs")
+            && !main.contains(&format!("#[path = \"../{name}\"]"))
+        {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "tests/{missing:?} not in tests/all/main.rs: add `#[path = \"../NAME.rs\"] mod NAME;`"
+    );
+}
