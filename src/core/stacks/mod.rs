@@ -21,7 +21,9 @@ mod regs;
 mod symbolize;
 pub use symbolize::address_space_headroom;
 
-pub use capture::{capture, capture_frame_pointers, fork_prepare, fork_release, refresh_modules};
+pub use capture::{
+    capture, capture_frame_pointers, capture_interned, fork_prepare, fork_release, refresh_modules,
+};
 pub use symbolize::{cache_on_this_thread, symbolize};
 
 #[cfg(test)]
