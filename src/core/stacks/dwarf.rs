@@ -31,6 +31,9 @@ use std::sync::{Arc, RwLock};
 thread_local! {
     /// Walks completed from the walk memo on this thread (tests only).
     pub(crate) static SPLICES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Frames stepped by walks on this thread before they ended or matched the memo (tests
+    /// only).
+    pub(crate) static WALKED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// Most frames skipped at the top of a stack (with `skip_own_module`, the shim's own
@@ -1005,8 +1008,32 @@ fn walk(
                                 skipped - own_frame as usize + last.skipped.saturating_sub(k);
                             next.truncated = last.truncated;
                             next.out_len = out.len();
-                            next.id = 0;
+                            // The output may still be exactly the memo's (only words that do
+                            // not reach the output differed, e.g. a caller's rbp): then the id
+                            // it carries stays valid, for the new memo too.
+                            let s = last.skipped;
+                            let same_output = last.out_len == out.len()
+                                && take == last.count - k.max(s)
+                                && if k <= s {
+                                    n == 0
+                                } else {
+                                    k - s == n
+                                        && out[..n]
+                                            .iter()
+                                            .zip(&last.frames[s..k])
+                                            .all(|(o, f)| *o == f.ra as usize)
+                                };
+                            let (id, id_tag) = if same_output {
+                                (last.id, last.id_tag)
+                            } else {
+                                (0, 0)
+                            };
+                            next.id = id;
+                            next.id_tag = id_tag;
                             std::mem::swap(&mut memos.last, &mut memos.next);
+                            if id != 0 && id_tag == tag {
+                                return (total, learned, MemoOutcome::Known(id));
+                            }
                             return (total, learned, MemoOutcome::Exact);
                         }
                         return (total, learned, MemoOutcome::Other);
@@ -1024,6 +1051,8 @@ fn walk(
             };
         }
         m += 1;
+        #[cfg(test)]
+        WALKED.with(|c| c.set(c.get() + 1));
         if !own_frame {
             out[n] = ra as usize;
             n += 1;
