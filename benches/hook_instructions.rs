@@ -140,7 +140,10 @@ struct Row {
 }
 
 fn instructions(libs: &[(String, PathBuf)], dir: &Path) {
-    let clients = [(false, build_client(dir, false)), (true, build_client(dir, true))];
+    let clients = [
+        (false, build_client(dir, false)),
+        (true, build_client(dir, true)),
+    ];
     for (name, lib) in libs {
         let mut rows = Vec::new();
         for (fp, client) in &clients {
@@ -246,7 +249,8 @@ fn main() {
             return;
         }
     }
-    let dir = std::env::temp_dir().join(format!("oomshim-hook-instructions-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("oomshim-hook-instructions-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a scratch directory");
     let mut libs = vec![(
         "this build".to_string(),
@@ -259,7 +263,11 @@ fn main() {
         ));
     }
     for (_, lib) in &libs {
-        assert!(lib.is_file(), "{} is missing (cargo build --release)", lib.display());
+        assert!(
+            lib.is_file(),
+            "{} is missing (cargo build --release)",
+            lib.display()
+        );
     }
     instructions(&libs, &dir);
     if std::env::var_os("OOMSHIM_BENCH_SKIP_MEMORY").is_none() {

@@ -669,7 +669,9 @@ impl ThreadUnwinder {
         let Some(snap) = snap.as_deref() else {
             return (0, MemoOutcome::Other);
         };
-        let (n, learned, outcome) = walk(snap, cache, fast, first, memos, regs, hi, out, skip_own, tag);
+        let (n, learned, outcome) = walk(
+            snap, cache, fast, first, memos, regs, hi, out, skip_own, tag,
+        );
         if !learned {
             return (n, outcome); // every rule came from the cache: nothing new to learn
         }
@@ -956,17 +958,15 @@ fn walk(
                             // Nothing walked: the memo stays. It is exactly this output when
                             // matched at its first frame under the same depth limit; then
                             // its id, if it has one, is the answer and `out` is not written.
-                            let outcome = if k == 0
-                                && last.out_len == out.len()
-                                && take == last.outputs()
-                            {
-                                if last.id != 0 && last.id_tag == tag {
-                                    return (total, learned, MemoOutcome::Known(last.id));
-                                }
-                                MemoOutcome::Exact
-                            } else {
-                                MemoOutcome::Other
-                            };
+                            let outcome =
+                                if k == 0 && last.out_len == out.len() && take == last.outputs() {
+                                    if last.id != 0 && last.id_tag == tag {
+                                        return (total, learned, MemoOutcome::Known(last.id));
+                                    }
+                                    MemoOutcome::Exact
+                                } else {
+                                    MemoOutcome::Other
+                                };
                             copy_frames(last, start, &mut out[n..total]);
                             return (total, learned, outcome);
                         }

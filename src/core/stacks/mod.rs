@@ -569,19 +569,34 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
             let r: Vec<_> = [(Vec::new(), 0)].into_iter().chain(r).collect();
             let deep_a = &r[1].0;
             assert!(deep_a.len() > 40);
-            assert!(r[1].1 >= 40, "the first deep capture walked {} frames", r[1].1);
+            assert!(
+                r[1].1 >= 40,
+                "the first deep capture walked {} frames",
+                r[1].1
+            );
             for (i, (stack, walked)) in r.iter().enumerate().skip(2).take(3) {
                 assert_eq!(stack, deep_a, "capture {i}");
-                assert!(*walked <= 1, "repeated deep capture {i} walked {walked} frames");
+                assert!(
+                    *walked <= 1,
+                    "repeated deep capture {i} walked {walked} frames"
+                );
             }
             let deep_b = &r[5].0;
             assert_ne!(deep_b, deep_a);
             assert_eq!(deep_b.len(), deep_a.len());
             assert!(r[5].1 < 10, "the partial match walked {} frames", r[5].1);
             assert_eq!(&r[6].0, deep_b);
-            assert!(r[6].1 <= 1, "after a partial match, a repeat walked {} frames", r[6].1);
+            assert!(
+                r[6].1 <= 1,
+                "after a partial match, a repeat walked {} frames",
+                r[6].1
+            );
             assert_eq!(&r[7].0, deep_a);
-            assert!(r[7].1 < 10, "the partial match back walked {} frames", r[7].1);
+            assert!(
+                r[7].1 < 10,
+                "the partial match back walked {} frames",
+                r[7].1
+            );
         })
         .join()
         .unwrap();
@@ -655,7 +670,10 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
             assert_eq!(steps[4].1, steps[3].1 + 1);
             assert_eq!(frames(4), frames(0));
             assert_eq!(steps[5].0, steps[4].0);
-            assert_eq!(capture_interned(0, false, tables[0].tag(), |_| unreachable!()), 0);
+            assert_eq!(
+                capture_interned(0, false, tables[0].tag(), |_| unreachable!()),
+                0
+            );
         })
         .join()
         .unwrap();
