@@ -460,6 +460,8 @@ impl Ledger {
 /// threads recording different stacks rarely meet on a lock.
 pub struct StackTable {
     shards: Box<[ShardLock<StackShard>]>,
+    /// Unique to this table in the process ([`Self::tag`]).
+    tag: u64,
 }
 
 #[derive(Default)]
@@ -543,11 +545,19 @@ impl Default for StackTable {
 
 impl StackTable {
     pub fn new() -> Self {
+        static TAGS: AtomicU64 = AtomicU64::new(1);
         StackTable {
             shards: (0..STACK_SHARDS)
                 .map(|_| ShardLock::new(StackShard::default()))
                 .collect(),
+            tag: TAGS.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// A number no other table of this process has (never 0): the key under which
+    /// [`crate::stacks::capture_interned`] keeps an id of this table for reuse.
+    pub fn tag(&self) -> u64 {
+        self.tag
     }
 
     /// Before `fork`: takes every shard's lock (see [`Ledger::before_fork`]).

@@ -35,6 +35,9 @@ thread_local! {
 struct ThreadState {
     /// Highest address (exclusive) of this thread's stack; 0 when unknown (capture then yields 0).
     stack_hi: u64,
+    /// Where [`capture_interned`] walks: the caller gets an id, never the frames, so no buffer
+    /// of its own is zeroed on every call.
+    frames: Box<[usize; crate::config::MAX_DEPTH]>,
     #[cfg(target_arch = "x86_64")]
     dwarf: dwarf::ThreadUnwinder,
 }
@@ -43,6 +46,7 @@ impl ThreadState {
     fn new() -> Box<ThreadState> {
         Box::new(ThreadState {
             stack_hi: thread_stack_top().unwrap_or(0),
+            frames: Box::new([0; crate::config::MAX_DEPTH]),
             #[cfg(target_arch = "x86_64")]
             dwarf: dwarf::ThreadUnwinder::new(),
         })
@@ -83,10 +87,10 @@ fn while_busy<R>(f: impl FnOnce() -> R) -> Option<R> {
     r
 }
 
-/// Runs `f` with this thread's state (created on first use), inside [`while_busy`]; 0 when
-/// that refuses.
+/// Runs `f` with this thread's state (created on first use), inside [`while_busy`]; the
+/// default (0) when that refuses.
 #[inline(always)]
-fn with_thread_state(f: impl FnOnce(&mut ThreadState) -> usize) -> usize {
+fn with_thread_state<R: Default>(f: impl FnOnce(&mut ThreadState) -> R) -> R {
     while_busy(|| {
         STATE
             .try_with(|slot| {
@@ -100,9 +104,9 @@ fn with_thread_state(f: impl FnOnce(&mut ThreadState) -> usize) -> usize {
                 }
                 f(st)
             })
-            .unwrap_or(0)
+            .unwrap_or_default()
     })
-    .unwrap_or(0)
+    .unwrap_or_default()
 }
 
 /// Writes the calling thread's return addresses, innermost first, into `out`; returns how many.
@@ -131,6 +135,52 @@ pub fn capture(out: &mut [usize], skip_own_module: bool) -> usize {
     with_thread_state(|st| walk(st, regs, out, skip_own_module))
 }
 
+/// The calling thread's stack (at most `depth` frames, as [`capture`] would write them),
+/// interned: returns `intern(frames)`, the id the caller's table gives the frames. When the
+/// stack is exactly the one this thread captured last for the same table (`tag`, unique to
+/// the table: its [`crate::ledger::StackTable::tag`]) and nothing it depends on changed, the
+/// id stored with that capture is returned without calling `intern` (no hashing, no lock).
+/// 0 when [`capture`] would return 0 (and `intern` is not called then), or `depth` is 0.
+#[inline(never)]
+pub fn capture_interned(
+    depth: usize,
+    skip_own_module: bool,
+    tag: u64,
+    intern: impl FnOnce(&[usize]) -> u32,
+) -> u32 {
+    let depth = depth.min(crate::config::MAX_DEPTH);
+    if depth == 0 {
+        return 0;
+    }
+    let regs = read_regs!();
+    with_thread_state(|st| {
+        let ThreadState {
+            stack_hi,
+            frames,
+            #[cfg(target_arch = "x86_64")]
+            dwarf,
+        } = st;
+        let out = &mut frames[..depth];
+        #[cfg(target_arch = "x86_64")]
+        let (n, memo) = dwarf.capture(regs, *stack_hi, out, skip_own_module, tag);
+        #[cfg(not(target_arch = "x86_64"))]
+        let (n, memo) = (fp_walk(regs.sp, regs.fp, *stack_hi, out), Memo::Other);
+        if n == 0 {
+            return 0;
+        }
+        match memo {
+            Memo::Known(id) => id,
+            Memo::Exact => {
+                let id = intern(&out[..n]);
+                #[cfg(target_arch = "x86_64")]
+                dwarf.remember_id(tag, id);
+                id
+            }
+            Memo::Other => intern(&out[..n]),
+        }
+    })
+}
+
 /// Test only: one register snapshot, walked twice: by [`capture`]'s two-level walk into `fast`
 /// and by framehop alone (every frame through framehop's rule evaluation) into `reference`.
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -142,7 +192,7 @@ pub(crate) fn capture_with_reference(
     let regs = read_regs!();
     let mut r = (0, 0);
     with_thread_state(|st| {
-        r.0 = st.dwarf.capture(regs, st.stack_hi, fast, false);
+        r.0 = st.dwarf.capture(regs, st.stack_hi, fast, false, 0).0;
         r.1 = st.dwarf.reference_walk(regs, st.stack_hi, reference);
         0
     });
@@ -213,9 +263,21 @@ pub fn fork_release() {
     let _ = BUSY.try_with(|b| b.set(false));
 }
 
+/// What a walk's output is to the thread's walk memo (see `dwarf::MemoOutcome`).
+#[cfg(target_arch = "x86_64")]
+use dwarf::MemoOutcome as Memo;
+#[cfg(not(target_arch = "x86_64"))]
+enum Memo {
+    #[allow(dead_code)]
+    Known(u32),
+    #[allow(dead_code)]
+    Exact,
+    Other,
+}
+
 #[cfg(target_arch = "x86_64")]
 fn walk(st: &mut ThreadState, regs: Regs, out: &mut [usize], skip_own: bool) -> usize {
-    st.dwarf.capture(regs, st.stack_hi, out, skip_own)
+    st.dwarf.capture(regs, st.stack_hi, out, skip_own, 0).0
 }
 
 #[cfg(not(target_arch = "x86_64"))]

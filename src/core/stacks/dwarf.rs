@@ -31,6 +31,9 @@ use std::sync::{Arc, RwLock};
 thread_local! {
     /// Walks completed from the walk memo on this thread (tests only).
     pub(crate) static SPLICES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Frames stepped by walks on this thread before they ended or matched the memo (tests
+    /// only).
+    pub(crate) static WALKED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// Most frames skipped at the top of a stack (with `skip_own_module`, the shim's own
@@ -458,8 +461,9 @@ fn slot_of(key: u64) -> usize {
     ((key ^ (key >> 12) ^ (key >> 24)) as usize) & (FAST_SLOTS - 1)
 }
 
-/// Frames a walk memo holds (the default depth plus the shim's own skipped frames fit).
-const MEMO_FRAMES: usize = 128;
+/// Frames a walk memo holds: the shim's own frames at the top (kept as splice points, never
+/// output) and the deepest depth a program may ask for.
+const MEMO_FRAMES: usize = 256 + 16;
 /// Stack reads a walk memo holds (two per frame at most for the compact rules).
 const MEMO_READS: usize = 2 * MEMO_FRAMES;
 
@@ -471,7 +475,7 @@ struct Read {
     ok: bool,
 }
 
-/// The walk state when a frame was emitted: the return address and the sp and bp it was
+/// The walk state when a frame was reached: the return address and the sp and bp it was
 /// unwound with; `reads_from` indexes the first read made after it.
 #[derive(Clone, Copy, Default)]
 struct MemoFrame {
@@ -481,8 +485,8 @@ struct MemoFrame {
     reads_from: u32,
 }
 
-/// The last full walk of this thread, kept so that the next one can stop at the first frame
-/// whose state (ra, sp, bp) matches one of it and take the rest from it.
+/// The last walk of this thread, kept so that the next one can stop at the first frame whose
+/// state (ra, sp, bp) matches one of it and take the rest from it.
 ///
 /// Why this is exact: from a given (ra, sp, bp) the walk is a function of the rules (fixed
 /// for one module snapshot) and of the stack words it reads. If every word the memo's walk
@@ -491,13 +495,34 @@ struct MemoFrame {
 /// CPU runs in parallel, where the walk itself is a chain (read the return address, look
 /// up its rule, read the next): the outer frames of a stack, shared by consecutive
 /// allocations, cost a comparison each instead of a table probe and a dependent load.
+///
+/// The shim's own frames (skipped, never output) are kept too, as the first `skipped`
+/// frames: a hook called again from the same place matches at its very first frame. A walk
+/// that matched the memo only after walking frames of its own becomes the next memo (its own
+/// frames, then the memo's from the match on), so a thread whose first stack was shallow and
+/// whose later ones are deeper walks each new place once, not on every call.
 struct Memo {
     frames: [MemoFrame; MEMO_FRAMES],
     reads: [Read; MEMO_READS],
     count: usize,
     n_reads: usize,
+    /// Leading frames that were skipped (the shim's own), not output.
+    skipped: usize,
     /// The walk stopped because its output was full, not at the end of the stack.
     truncated: bool,
+    /// The length of the output the walk filled (its depth limit).
+    out_len: usize,
+    /// The interned id of exactly this memo's output, when a caller gave one
+    /// ([`ThreadUnwinder::remember_id`]), for the table `id_tag` names; 0: none.
+    id: u32,
+    id_tag: u64,
+    /// Precomputed for the check: every read was inside the stack bounds (`all_ok`), the
+    /// lowest address read, and the top of the stack then. A later walk whose sp is at or
+    /// below `min_addr` (under the same top) reads every word in bounds again, and only
+    /// compares values.
+    all_ok: bool,
+    min_addr: u64,
+    hi: u64,
 }
 
 impl Memo {
@@ -505,13 +530,36 @@ impl Memo {
         // SAFETY: plain integers and bools; all-zero is an empty memo.
         unsafe { Box::<Memo>::new_zeroed().assume_init() }
     }
+
+    /// Forgets the walk (a new module list: its rules may differ).
+    fn clear(&mut self) {
+        self.count = 0;
+        self.id = 0;
+    }
+
+    /// Output frames (the frames after the skipped ones).
+    fn outputs(&self) -> usize {
+        self.count - self.skipped.min(self.count)
+    }
 }
 
-/// The memo being read (`last`) and the one being recorded (`next`), swapped after a full
-/// walk.
+/// The memo being read (`last`) and the one being recorded (`next`), swapped after a walk
+/// that recorded a new one.
 struct Memos {
     last: Box<Memo>,
     next: Box<Memo>,
+}
+
+/// What a capture's output is to the memo, for a caller that interns it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum MemoOutcome {
+    /// The output is exactly the memo's, which carries this id (of the table asked for).
+    Known(u32),
+    /// The memo now describes exactly this output, without an id yet: give it one with
+    /// [`ThreadUnwinder::remember_id`].
+    Exact,
+    /// The memo does not describe this output.
+    Other,
 }
 
 /// Records the reads of one walk into a memo being written (through cells, so that the
@@ -519,6 +567,9 @@ struct Memos {
 struct ReadLog<'a> {
     reads: &'a [std::cell::Cell<Read>],
     n: std::cell::Cell<usize>,
+    /// Lowest address read, and whether every read was in bounds (see `Memo::all_ok`).
+    min_addr: std::cell::Cell<u64>,
+    all_ok: std::cell::Cell<bool>,
 }
 
 impl ReadLog<'_> {
@@ -532,6 +583,8 @@ impl ReadLog<'_> {
                 ok: r.is_ok(),
             });
         }
+        self.min_addr.set(self.min_addr.get().min(addr));
+        self.all_ok.set(self.all_ok.get() & r.is_ok());
         // Past the end counts on: the memo is then not kept.
         self.n.set(n + 1);
     }
@@ -544,6 +597,9 @@ impl ReadLog<'_> {
 pub(super) struct ThreadUnwinder {
     cache: Box<Cache>,
     fast: Box<FastTable>,
+    /// The compact rule of the first frame (a pc inside `capture`, the same on every call),
+    /// keyed by that pc: the walk's first step without framehop.
+    first: Entry,
     memos: Memos,
     snap: Option<Arc<Snapshot>>,
 }
@@ -554,6 +610,7 @@ impl ThreadUnwinder {
             cache: Box::new(Cache::new_in()),
             // SAFETY: `Entry` is plain integers; all-zero is `EMPTY`.
             fast: unsafe { Box::<FastTable>::new_zeroed().assume_init() },
+            first: EMPTY,
             memos: Memos {
                 last: Memo::new_boxed(),
                 next: Memo::new_boxed(),
@@ -568,18 +625,30 @@ impl ThreadUnwinder {
         if !first {
             self.fast.fill(EMPTY); // learned rules belong to one module list
         }
-        self.memos.last.count = 0; // and so does the last walk
+        self.first = EMPTY;
+        self.memos.last.clear(); // and so does the last walk
     }
 
+    /// Gives the memo's output the id `id` in the table `tag` names, when the last capture's
+    /// outcome was [`MemoOutcome::Exact`] (and nothing walked since).
+    pub(super) fn remember_id(&mut self, tag: u64, id: u32) {
+        let last = &mut self.memos.last;
+        last.id = id;
+        last.id_tag = tag;
+    }
+
+    /// Walks from `regs` into `out` (see `walk`); with what the output is to the memo, for
+    /// interning under the table `tag` (0: no table).
     pub(super) fn capture(
         &mut self,
         regs: Regs,
         hi: u64,
         out: &mut [usize],
         skip_own: bool,
-    ) -> usize {
+        tag: u64,
+    ) -> (usize, MemoOutcome) {
         if hi < regs.sp.saturating_add(16) {
-            return 0; // sp outside the known stack (e.g. sigaltstack): refuse
+            return (0, MemoOutcome::Other); // sp outside the known stack (e.g. sigaltstack): refuse
         }
         let generation = GENERATION.load(Ordering::Acquire);
         if self
@@ -593,15 +662,18 @@ impl ThreadUnwinder {
         let ThreadUnwinder {
             cache,
             fast,
+            first,
             memos,
             snap,
         } = self;
         let Some(snap) = snap.as_deref() else {
-            return 0;
+            return (0, MemoOutcome::Other);
         };
-        let (n, learned) = walk(snap, cache, fast, memos, regs, hi, out, skip_own);
+        let (n, learned, outcome) = walk(
+            snap, cache, fast, first, memos, regs, hi, out, skip_own, tag,
+        );
         if !learned {
-            return n; // every rule came from the cache: nothing new to learn
+            return (n, outcome); // every rule came from the cache: nothing new to learn
         }
         // Rules were looked up: was a pc inside an object we do not know yet (dlopen), or was
         // unwind data refused because its object was unloaded? Then rebuild once and redo.
@@ -614,24 +686,26 @@ impl ThreadUnwinder {
                 .iter()
                 .any(|&pc| unknown_object_at(snap, pc as u64))
         {
-            return n;
+            return (n, outcome);
         }
         if loader_counters() == (snap.adds, snap.subs) {
-            return n;
+            return (n, outcome);
         }
         let fresh = publish_new_snapshot();
         self.set_snapshot(Some(fresh.clone()));
-        walk(
+        let (n, _, outcome) = walk(
             &fresh,
             &mut self.cache,
             &mut self.fast,
+            &mut self.first,
             &mut self.memos,
             regs,
             hi,
             out,
             skip_own,
-        )
-        .0
+            tag,
+        );
+        (n, outcome)
     }
 }
 
@@ -682,14 +756,22 @@ fn unknown_object_at(snap: &Snapshot, pc: u64) -> bool {
 #[cold]
 #[inline(never)]
 fn learn(snap: &Snapshot, cache: &mut Cache, ra: u64) -> Rule {
-    const TAG: u64 = 0x5a5a << 48;
-    const LOW: u64 = (1 << 48) - 1;
     let Some(addr) = FrameAddress::from_return_address(ra) else {
         return Rule::End;
     };
     if is_signal_trampoline(snap, ra) {
         return Rule::SignalReturn;
     }
+    learn_at(snap, cache, ra, addr)
+}
+
+/// [`learn`] for the frame at `address` (`ra` as framehop's pc register): a return address, or
+/// the first frame's pc (looked up at the pc itself).
+#[cold]
+#[inline(never)]
+fn learn_at(snap: &Snapshot, cache: &mut Cache, ra: u64, addr: FrameAddress) -> Rule {
+    const TAG: u64 = 0x5a5a << 48;
+    const LOW: u64 = (1 << 48) - 1;
     let mut learned = None;
     for (s, b) in [(0x1000_0000u64, 0x7000_0000u64), (0x2000_0000, 0x6800_0000)] {
         let mut regs = UnwindRegsX86_64::new(ra, s, b);
@@ -753,7 +835,8 @@ fn is_signal_trampoline(snap: &Snapshot, ra: u64) -> bool {
 
 /// One walk from `regs` (a pc inside `capture`). The first frame (capture itself) is always
 /// dropped; with `skip_own` so are the following frames inside the shim's own object.
-/// Returns the frame count and whether any rule had to be learned (cache miss).
+/// Returns the frame count, whether any rule had to be learned (cache miss), and what the
+/// output is to the memo (for interning under the table `tag`).
 #[inline(always)]
 #[allow(
     clippy::too_many_arguments,
@@ -763,12 +846,14 @@ fn walk(
     snap: &Snapshot,
     cache: &mut Cache,
     fast: &mut FastTable,
+    first: &mut Entry,
     memos: &mut Memos,
     regs: Regs,
     hi: u64,
     out: &mut [usize],
     skip_own: bool,
-) -> (usize, bool) {
+    tag: u64,
+) -> (usize, bool, MemoOutcome) {
     let lo = regs.sp;
     let Memos { last, next } = memos;
     let last: &Memo = last;
@@ -776,6 +861,8 @@ fn walk(
     let log = ReadLog {
         reads: std::cell::Cell::from_mut(&mut next.reads[..]).as_slice_of_cells(),
         n: std::cell::Cell::new(0),
+        min_addr: std::cell::Cell::new(u64::MAX),
+        all_ok: std::cell::Cell::new(true),
     };
     let mut read = |addr: u64| {
         let r = read_bounded(addr, lo, hi);
@@ -785,58 +872,188 @@ fn walk(
     // Index into `last.frames` (ascending sp) of the first frame not below the current sp.
     let mut k = 0usize;
     let mut splice_tries = 0u32;
-    // The first frame (a pc, not a return address) goes through framehop: its cache holds
-    // this one rule after the first capture.
-    let mut uregs = UnwindRegsX86_64::new(regs.pc, regs.sp, regs.fp);
-    let pc = FrameAddress::from_instruction_pointer(regs.pc);
-    let mut ra = match snap.unwinder.unwind_frame(pc, &mut uregs, cache, &mut read) {
-        Ok(Some(ra)) => ra,
-        _ => return (0, false),
-    };
-    let (mut sp, mut bp) = (uregs.sp(), uregs.bp());
+    let mut learned = false;
+    // The first frame is a pc inside `capture`, the same one on every call: its compact rule
+    // is kept apart, learned once through framehop at the pc itself.
+    if first.key != regs.pc {
+        learned = true;
+        let rule = learn_at(
+            snap,
+            cache,
+            regs.pc,
+            FrameAddress::from_instruction_pointer(regs.pc),
+        );
+        *first = Entry::new(regs.pc, rule);
+    }
+    let (mut sp, mut bp) = (regs.sp, regs.fp);
+    let mut ra;
+    let e = *first;
+    if e.sp_delta != 0 {
+        let new_sp = sp + e.sp_delta as u64;
+        let Ok(next) = read(new_sp - 8) else {
+            return (0, learned, MemoOutcome::Other);
+        };
+        if e.bp_off != NO_BP {
+            let Ok(b) = read(sp.wrapping_add(e.bp_off as i64 as u64)) else {
+                return (0, learned, MemoOutcome::Other);
+            };
+            bp = b;
+        }
+        sp = new_sp;
+        ra = next;
+    } else if e.bp_off == KIND_FP {
+        if bp < sp || bp > hi - 16 {
+            return (0, learned, MemoOutcome::Other);
+        }
+        let (Ok(next_bp), Ok(next)) = (read(bp), read(bp + 8)) else {
+            return (0, learned, MemoOutcome::Other);
+        };
+        sp = bp + 16;
+        bp = next_bp;
+        ra = next;
+    } else {
+        // Any other rule: framehop, with first-frame semantics, as it always was.
+        let mut uregs = UnwindRegsX86_64::new(regs.pc, regs.sp, regs.fp);
+        let pc = FrameAddress::from_instruction_pointer(regs.pc);
+        ra = match snap.unwinder.unwind_frame(pc, &mut uregs, cache, &mut read) {
+            Ok(Some(ra)) => ra,
+            _ => return (0, learned, MemoOutcome::Other),
+        };
+        (sp, bp) = (uregs.sp(), uregs.bp());
+    }
     let own = if skip_own { snap.own.clone() } else { 0..0 };
     let mut skipping = skip_own;
     let mut skipped = 0usize;
-    let mut learned = false;
     // After a signal frame the next address is an interrupted pc, not a return address.
     let mut at_pc = false;
     let mut n = 0usize;
+    // Frames recorded into `next` (the skipped ones too).
+    let mut m = 0usize;
     loop {
         if ra == 0 {
             break;
         }
-        if skipping && own.start <= ra && ra < own.end {
+        let own_frame = skipping && own.start <= ra && ra < own.end;
+        if own_frame {
             skipped += 1;
             if skipped > MAX_SKIPPED {
                 break;
             }
         } else {
             skipping = false;
-            if !at_pc && splice_tries < MAX_SPLICE_TRIES {
-                while k < last.count && last.frames[k].sp < sp {
-                    k += 1;
-                }
-                if k < last.count {
-                    let f = &last.frames[k];
-                    if f.sp == sp && f.ra == ra && f.bp == bp {
-                        splice_tries += 1;
-                        if let Some(total) = splice(last, k, n, out, lo, hi) {
-                            #[cfg(test)]
-                            SPLICES.with(|c| c.set(c.get() + 1));
-                            return (total, learned);
+        }
+        if !at_pc && splice_tries < MAX_SPLICE_TRIES {
+            while k < last.count && last.frames[k].sp < sp {
+                k += 1;
+            }
+            if k < last.count {
+                let f = &last.frames[k];
+                if f.sp == sp && f.ra == ra && f.bp == bp && (k < last.skipped) == own_frame {
+                    splice_tries += 1;
+                    if let Some((start, take)) = splice(last, k, n, out.len(), lo, hi) {
+                        #[cfg(test)]
+                        SPLICES.with(|c| c.set(c.get() + 1));
+                        let total = n + take;
+                        if m == 0 {
+                            // Nothing walked: the memo stays. It is exactly this output when
+                            // matched at its first frame under the same depth limit; then
+                            // its id, if it has one, is the answer and `out` is not written.
+                            let outcome =
+                                if k == 0 && last.out_len == out.len() && take == last.outputs() {
+                                    if last.id != 0 && last.id_tag == tag {
+                                        return (total, learned, MemoOutcome::Known(last.id));
+                                    }
+                                    MemoOutcome::Exact
+                                } else {
+                                    MemoOutcome::Other
+                                };
+                            copy_frames(last, start, &mut out[n..total]);
+                            return (total, learned, outcome);
                         }
+                        copy_frames(last, start, &mut out[n..total]);
+                        // Frames were walked before the match: they and the memo's frames from
+                        // the match on become the next memo (the reads renumbered after ours).
+                        let base = log.n.get();
+                        let from = last.frames[k].reads_from as usize;
+                        let tail_reads = last.n_reads - from;
+                        let tail_frames = last.count - k;
+                        if take == last.count - k.max(last.skipped)
+                            && m + tail_frames <= MEMO_FRAMES
+                            && base + tail_reads <= MEMO_READS
+                        {
+                            for (to, f) in next_frames[m..m + tail_frames]
+                                .iter_mut()
+                                .zip(&last.frames[k..last.count])
+                            {
+                                *to = MemoFrame {
+                                    reads_from: (f.reads_from as usize - from + base) as u32,
+                                    ..*f
+                                };
+                            }
+                            let (mut min_addr, mut all_ok) = (log.min_addr.get(), log.all_ok.get());
+                            for (to, r) in log.reads[base..base + tail_reads]
+                                .iter()
+                                .zip(&last.reads[from..last.n_reads])
+                            {
+                                to.set(*r);
+                                min_addr = min_addr.min(r.addr);
+                                all_ok &= r.ok;
+                            }
+                            next.min_addr = min_addr;
+                            next.all_ok = all_ok;
+                            next.hi = hi;
+                            next.count = m + tail_frames;
+                            next.n_reads = base + tail_reads;
+                            next.skipped =
+                                skipped - own_frame as usize + last.skipped.saturating_sub(k);
+                            next.truncated = last.truncated;
+                            next.out_len = out.len();
+                            // The output may still be exactly the memo's (only words that do
+                            // not reach the output differed, e.g. a caller's rbp): then the id
+                            // it carries stays valid, for the new memo too.
+                            let s = last.skipped;
+                            let same_output = last.out_len == out.len()
+                                && take == last.count - k.max(s)
+                                && if k <= s {
+                                    n == 0
+                                } else {
+                                    k - s == n
+                                        && out[..n]
+                                            .iter()
+                                            .zip(&last.frames[s..k])
+                                            .all(|(o, f)| *o == f.ra as usize)
+                                };
+                            let (id, id_tag) = if same_output {
+                                (last.id, last.id_tag)
+                            } else {
+                                (0, 0)
+                            };
+                            next.id = id;
+                            next.id_tag = id_tag;
+                            std::mem::swap(&mut memos.last, &mut memos.next);
+                            if id != 0 && id_tag == tag {
+                                return (total, learned, MemoOutcome::Known(id));
+                            }
+                            return (total, learned, MemoOutcome::Exact);
+                        }
+                        return (total, learned, MemoOutcome::Other);
                     }
                 }
             }
-            if let Some(f) = next_frames.get_mut(n) {
-                *f = MemoFrame {
-                    // sp 0 never matches: a frame after a signal frame is not a splice point.
-                    sp: if at_pc { 0 } else { sp },
-                    bp,
-                    ra,
-                    reads_from: log.n.get() as u32,
-                };
-            }
+        }
+        if let Some(f) = next_frames.get_mut(m) {
+            *f = MemoFrame {
+                // sp 0 never matches: a frame after a signal frame is not a splice point.
+                sp: if at_pc { 0 } else { sp },
+                bp,
+                ra,
+                reads_from: log.n.get() as u32,
+            };
+        }
+        m += 1;
+        #[cfg(test)]
+        WALKED.with(|c| c.set(c.get() + 1));
+        if !own_frame {
             out[n] = ra as usize;
             n += 1;
             if n == out.len() {
@@ -921,43 +1138,82 @@ fn walk(
         }
     }
     let n_reads = log.n.get();
-    if n <= MEMO_FRAMES && n_reads <= MEMO_READS {
-        next.count = n;
+    if n > 0 && m <= MEMO_FRAMES && n_reads <= MEMO_READS {
+        next.count = m;
         next.n_reads = n_reads;
+        next.skipped = skipped.min(m);
         next.truncated = n == out.len();
+        next.out_len = out.len();
+        next.id = 0;
+        next.min_addr = log.min_addr.get();
+        next.all_ok = log.all_ok.get();
+        next.hi = hi;
         std::mem::swap(&mut memos.last, &mut memos.next);
+        return (n, learned, MemoOutcome::Exact);
     }
-    (n, learned)
+    (n, learned, MemoOutcome::Other)
 }
 
 /// Matches of a frame state tried per walk before walking on regardless (a stack whose
 /// outer words keep changing, as under a deep recursion, gives up quickly).
 const MAX_SPLICE_TRIES: u32 = 4;
 
-/// Completes `out[..n]` with `last`'s frames from `k` on when every stack read `last` made
-/// from there still reads the same within the current bounds; the total frame count, or
-/// `None` when a read differs or `last` stopped short of what `out` still has room for.
+/// Whether `out[..n]` (of `out_len`) can be completed with `last`'s output frames from `k` on:
+/// every stack read `last` made from there still reads the same within the current bounds.
+/// `(first memo frame to take, how many)`, or `None` when a read differs or `last` stopped
+/// short of what `out` still has room for.
 #[inline(always)]
-fn splice(last: &Memo, k: usize, n: usize, out: &mut [usize], lo: u64, hi: u64) -> Option<usize> {
-    let rest = last.count - k;
-    if last.truncated && n + rest < out.len() {
+fn splice(
+    last: &Memo,
+    k: usize,
+    n: usize,
+    out_len: usize,
+    lo: u64,
+    hi: u64,
+) -> Option<(usize, usize)> {
+    let start = k.max(last.skipped);
+    let rest = last.count - start;
+    if last.truncated && n + rest < out_len {
         return None;
     }
     let from = last.frames[k].reads_from as usize;
-    let mut same = true;
-    for r in &last.reads[from..last.n_reads] {
-        // No early exit: the loads are independent and run side by side.
-        same &= match read_bounded(r.addr, lo, hi) {
-            Ok(v) => r.ok && v == r.value,
-            Err(()) => !r.ok,
-        };
+    let reads = &last.reads[from..last.n_reads];
+    if last.all_ok && lo <= last.min_addr && hi == last.hi {
+        // Every word read then lies in [lo, hi - 8] now too (min_addr >= lo, and each was
+        // at most hi - 8 under the same hi): compare the values alone.
+        // SAFETY (each read): inside this thread's mapped stack, at or above the current sp.
+        let word = |r: &Read| unsafe { std::ptr::read_unaligned(r.addr as *const u64) } ^ r.value;
+        let mut diff = 0u64;
+        let mut fours = reads.chunks_exact(4);
+        for c in &mut fours {
+            diff |= word(&c[0]) | word(&c[1]) | word(&c[2]) | word(&c[3]);
+        }
+        for r in fours.remainder() {
+            diff |= word(r);
+        }
+        if diff != 0 {
+            return None;
+        }
+    } else {
+        let mut same = true;
+        for r in reads {
+            // No early exit: the loads are independent and run side by side.
+            same &= match read_bounded(r.addr, lo, hi) {
+                Ok(v) => r.ok && v == r.value,
+                Err(()) => !r.ok,
+            };
+        }
+        if !same {
+            return None;
+        }
     }
-    if !same {
-        return None;
-    }
-    let take = rest.min(out.len() - n);
-    for (o, f) in out[n..n + take].iter_mut().zip(&last.frames[k..k + take]) {
+    Some((start, rest.min(out_len - n)))
+}
+
+/// Writes the return addresses of `last.frames[start..]` into `out`.
+#[inline(always)]
+fn copy_frames(last: &Memo, start: usize, out: &mut [usize]) {
+    for (o, f) in out.iter_mut().zip(&last.frames[start..]) {
         *o = f.ra as usize;
     }
-    Some(n + take)
 }

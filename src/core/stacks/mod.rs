@@ -21,7 +21,9 @@ mod regs;
 mod symbolize;
 pub use symbolize::address_space_headroom;
 
-pub use capture::{capture, capture_frame_pointers, fork_prepare, fork_release, refresh_modules};
+pub use capture::{
+    capture, capture_frame_pointers, capture_interned, fork_prepare, fork_release, refresh_modules,
+};
 pub use symbolize::{cache_on_this_thread, symbolize};
 
 #[cfg(test)]
@@ -487,6 +489,194 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
         .unwrap();
         // Same shape, different functions: the frames differ in the caller's return address.
         assert_ne!(seen[0], seen[1]);
+    }
+
+    /// Walks (fast and reference) from leaf `W`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(never)]
+    fn stk_leaf<const W: u8>(fast: &mut [usize], reference: &mut [usize]) -> (usize, usize) {
+        let r = capture::capture_with_reference(fast, reference);
+        black_box(W);
+        black_box(r)
+    }
+
+    /// The leaves of [`walk_script`]'s steps, taken in turn by [`stk_deep`] at the leaf (not
+    /// passed down: the frames below the leaf hold the same words whichever it is).
+    #[cfg(target_arch = "x86_64")]
+    static LEAVES: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+    /// Recurses `levels` more frames, then walks from the next leaf of [`LEAVES`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline(never)]
+    fn stk_deep(levels: usize, fast: &mut [usize], reference: &mut [usize]) -> (usize, usize) {
+        let r = if levels > 0 {
+            stk_deep(black_box(levels - 1), fast, reference)
+        } else if LEAVES.lock().unwrap().pop() == Some(1) {
+            stk_leaf::<1>(fast, reference)
+        } else {
+            stk_leaf::<2>(fast, reference)
+        };
+        black_box(r)
+    }
+
+    /// Walks 40 levels deep from the leaves of `leaves` one after another, all from this one
+    /// call site, with nothing of the step in a register across the call (a value held in rbp
+    /// there, even a dead one, is saved by the callees and read by the walk: the frames below
+    /// would differ in more than the leaf): each stack (checked against framehop alone) and the
+    /// frames the walk stepped through rather than took from the memo.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(never)]
+    fn walk_script(leaves: &[u8]) -> Vec<(Vec<usize>, u64)> {
+        *LEAVES.lock().unwrap() = leaves.iter().rev().copied().collect();
+        let mut results = Vec::new();
+        for _ in 0..leaves.len() {
+            let (mut fast, mut reference) = ([0usize; 128], [0usize; 128]);
+            let before = dwarf::WALKED.with(|c| c.get());
+            let (a, b) = stk_deep(black_box(40), &mut fast, &mut reference);
+            let walked = dwarf::WALKED.with(|c| c.get()) - before;
+            // (Nothing of the step is kept across the call, so the frames below differ only
+            // in what the step chose: a value held in rbp here would reach the words a walk
+            // reads through the callees' saved rbp.)
+            assert_eq!(&fast[..a], &reference[..b]);
+            assert!(a > 3, "only {a} frames");
+            results.push((fast[..a].to_vec(), walked));
+        }
+        results
+    }
+
+    /// The memo cliff of issue 26: a thread's first stack shallow, the next ones deeper. The
+    /// memo was replaced only after a full walk, and a deeper walk always matched the shallow
+    /// memo near the stack's bottom, so every deeper capture walked all its frames again. Now a
+    /// walk that matched after walking frames of its own becomes the memo: a repeated capture
+    /// from the same place steps through no frame, a new place through its own frames only,
+    /// and every stack is still exactly framehop's.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn deeper_captures_after_a_shallow_first_one_reuse_the_memo() {
+        std::thread::spawn(|| {
+            // This thread's first capture, from a shallow frame.
+            let (mut fast, mut reference) = ([0usize; 128], [0usize; 128]);
+            let (a, b) = capture::capture_with_reference(&mut fast, &mut reference);
+            assert_eq!(&fast[..a], &reference[..b]);
+            let r = walk_script(&[
+                1, // 1: deeper: walks its 40 frames once...
+                1, // 2-4: ...and then never again
+                1, 1, //
+                2, // 5: another leaf, same frames below: a partial match
+                2, // 6: which became the memo
+                1, // 7: and back
+            ]);
+            let r: Vec<_> = [(Vec::new(), 0)].into_iter().chain(r).collect();
+            let deep_a = &r[1].0;
+            assert!(deep_a.len() > 40);
+            assert!(
+                r[1].1 >= 40,
+                "the first deep capture walked {} frames",
+                r[1].1
+            );
+            for (i, (stack, walked)) in r.iter().enumerate().skip(2).take(3) {
+                assert_eq!(stack, deep_a, "capture {i}");
+                assert!(
+                    *walked <= 1,
+                    "repeated deep capture {i} walked {walked} frames"
+                );
+            }
+            let deep_b = &r[5].0;
+            assert_ne!(deep_b, deep_a);
+            assert_eq!(deep_b.len(), deep_a.len());
+            assert!(r[5].1 < 10, "the partial match walked {} frames", r[5].1);
+            assert_eq!(&r[6].0, deep_b);
+            assert!(
+                r[6].1 <= 1,
+                "after a partial match, a repeat walked {} frames",
+                r[6].1
+            );
+            assert_eq!(&r[7].0, deep_a);
+            assert!(
+                r[7].1 < 10,
+                "the partial match back walked {} frames",
+                r[7].1
+            );
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[inline(never)]
+    fn stk_interned<const W: u8>(
+        table: &crate::ledger::StackTable,
+        seen: &std::cell::RefCell<Vec<Vec<usize>>>,
+    ) -> u32 {
+        let id = capture_interned(64, false, table.tag(), |f| {
+            seen.borrow_mut().push(f.to_vec());
+            table.intern(f).0
+        });
+        black_box(W);
+        black_box(id)
+    }
+
+    /// Interns from one place after another of `script` (leaf, table index), all from this
+    /// one call site: (id, stacks interned so far) after each.
+    #[inline(never)]
+    fn intern_script(
+        script: &[(u8, usize)],
+        tables: &[crate::ledger::StackTable; 2],
+        seen: &std::cell::RefCell<Vec<Vec<usize>>>,
+    ) -> Vec<(u32, usize)> {
+        let mut steps = Vec::new();
+        for &(which, t) in black_box(script) {
+            let id = if which == 1 {
+                stk_interned::<1>(&tables[t], seen)
+            } else {
+                stk_interned::<2>(&tables[t], seen)
+            };
+            steps.push((id, seen.borrow().len()));
+        }
+        steps
+    }
+
+    /// `capture_interned` hands back the id kept with the memo only for the very same stack
+    /// and the same table; anything else is interned again, and every id names the stack that
+    /// was live when it was returned.
+    #[test]
+    fn interned_ids_are_reused_only_for_the_same_stack_and_table() {
+        use crate::ledger::{StackId, StackTable};
+        use std::cell::RefCell;
+        std::thread::spawn(|| {
+            let tables = [StackTable::new(), StackTable::new()];
+            assert_ne!(tables[0].tag(), tables[1].tag());
+            let seen = RefCell::new(Vec::new());
+            // (leaf, table).
+            let script = [(1, 0), (1, 0), (2, 0), (1, 0), (1, 1), (1, 1)];
+            let steps = intern_script(&script, &tables, &seen);
+            assert!(steps.iter().all(|s| s.0 != 0));
+            let seen = seen.borrow();
+            let frames = |step: usize| tables[script[step].1].frames(StackId(steps[step].0));
+            // Every id names the stack interned for it.
+            assert_eq!(frames(0), seen[0]);
+            // The same place: the same id, not interned again (on x86-64, where the memo is).
+            assert_eq!(steps[1].0, steps[0].0);
+            #[cfg(target_arch = "x86_64")]
+            assert_eq!(steps[1].1, 1, "the same stack was interned again");
+            // Another place: its own id, its own frames.
+            assert_ne!(steps[2].0, steps[0].0);
+            assert_eq!(steps[2].1, steps[1].1 + 1);
+            assert_eq!(frames(2), seen[steps[2].1 - 1]);
+            assert_ne!(frames(2), frames(0));
+            // The first place again: interned again, to the same id.
+            assert_eq!(steps[3].0, steps[0].0);
+            assert_eq!(steps[3].1, steps[2].1 + 1);
+            // The same stack for another table: that table's id, interned there.
+            assert_eq!(steps[4].1, steps[3].1 + 1);
+            assert_eq!(frames(4), frames(0));
+            assert_eq!(steps[5].0, steps[4].0);
+            assert_eq!(
+                capture_interned(0, false, tables[0].tag(), |_| unreachable!()),
+                0
+            );
+        })
+        .join()
+        .unwrap();
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -68,19 +68,25 @@ impl RealFn {
     }
 
     /// The real function's address, or `None` when no definition exists in the process.
+    /// Inlined: once resolved, one load and two compares in the hook.
+    #[inline(always)]
     pub fn get(&self) -> Option<usize> {
         match self.ptr.load(Ordering::Acquire) {
             MISSING => None,
-            UNRESOLVED => {
-                let found = resolve(self.name);
-                self.ptr.store(found.unwrap_or(MISSING), Ordering::Release);
-                if found.is_none() && !self.optional {
-                    crate::live::report_missing(self.name());
-                }
-                found
-            }
+            UNRESOLVED => self.resolve_now(),
             p => Some(p),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn resolve_now(&self) -> Option<usize> {
+        let found = resolve(self.name);
+        self.ptr.store(found.unwrap_or(MISSING), Ordering::Release);
+        if found.is_none() && !self.optional {
+            crate::live::report_missing(self.name());
+        }
+        found
     }
 }
 

@@ -21,7 +21,7 @@ pub use growth::{FrameworkLive, StepSource};
 pub use oom::{FrameworkNote, OomEvent};
 pub use recording::Recording;
 
-use oomshim_core::config::{Config, StackMode, DEFAULT_DEPTH, MAX_DEPTH};
+use oomshim_core::config::{Config, StackMode};
 use oomshim_core::ledger::{Allocation, Api, Ledger, StackId, StackTable};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -247,18 +247,16 @@ impl Shim {
         self.py_stacks.intern(&frames[..n])
     }
 
+    /// The calling thread's stack, interned; the id of this thread's previous stack is reused
+    /// without hashing when the stack is unchanged (see `stacks::capture_interned`).
     fn capture_stack(&self) -> StackId {
-        // The buffer is zeroed on every call: keep it no larger than the usual depth needs.
-        let depth = self.config.depth;
-        if depth <= DEFAULT_DEPTH {
-            let mut frames = [0usize; DEFAULT_DEPTH];
-            let n = oomshim_core::stacks::capture(&mut frames[..depth], true);
-            self.stacks.intern(&frames[..n])
-        } else {
-            let mut frames = [0usize; MAX_DEPTH];
-            let n = oomshim_core::stacks::capture(&mut frames[..depth], true);
-            self.stacks.intern(&frames[..n])
-        }
+        let table = &self.stacks;
+        StackId(oomshim_core::stacks::capture_interned(
+            self.config.depth,
+            true,
+            table.tag(),
+            |f| table.intern(f).0,
+        ))
     }
 }
 
@@ -272,13 +270,17 @@ fn coarse_monotonic_ns() -> u64 {
 }
 
 thread_local! {
-    /// The calling thread's kernel id, read once (0: not yet). A forked child's only thread
-    /// gets a new id: the child's `fork` handler clears it.
+    /// The calling thread's kernel id, read once (0: not yet), with [`NAMED`] set once its name
+    /// was noted (one thread-local for both, read once per allocation). A forked child's only
+    /// thread gets a new id: the child's `fork` handler clears it.
     static TID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
+/// In [`TID`]: the thread's name was noted ([`allocating_thread_id`]).
+const NAMED: u64 = 1 << 63;
+
 fn thread_id() -> u64 {
-    let cached = TID.try_with(|t| t.get()).unwrap_or(0);
+    let cached = TID.try_with(|t| t.get()).unwrap_or(0) & !NAMED;
     if cached != 0 {
         return cached;
     }
@@ -287,19 +289,32 @@ fn thread_id() -> u64 {
     tid
 }
 
+/// [`thread_id`] of a thread that allocates: its name is noted at its first allocation.
+#[inline]
+fn allocating_thread_id() -> u64 {
+    let cached = TID.try_with(|t| t.get()).unwrap_or(NAMED);
+    if cached & NAMED != 0 && cached != NAMED {
+        return cached & !NAMED;
+    }
+    first_allocation_of_thread()
+}
+
+#[cold]
+#[inline(never)]
+fn first_allocation_of_thread() -> u64 {
+    let tid = thread_id();
+    if TID.try_with(|t| t.set(tid | NAMED)).is_ok() {
+        note_thread_name(tid);
+    }
+    tid
+}
+
 /// Names of threads seen allocating, from `/proc/self/task/TID/comm` at their first allocation:
 /// the name a dump shows for a thread that has exited by then.
 static THREAD_NAMES: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
 
-/// Reads the calling thread's name once, at its first allocation.
-fn note_thread_name() {
-    thread_local! {
-        static NAMED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
-    if NAMED.try_with(|n| n.replace(true)).unwrap_or(true) {
-        return;
-    }
-    let tid = thread_id();
+/// Reads the calling thread's name, at its first allocation.
+fn note_thread_name(tid: u64) {
     if let Some(name) = read_thread_name(tid) {
         let mut names = THREAD_NAMES.lock().unwrap_or_else(|e| e.into_inner());
         names.retain(|(t, _)| *t != tid);
@@ -350,7 +365,6 @@ pub fn record_alloc_with(
         s.ledger.note_untracked(); // pass-through: nothing recorded
         return;
     };
-    note_thread_name();
     let (stack, py_stack) = if native_ok || recording::chosen() {
         s.capture_stacks_in(stacks)
     } else {
@@ -361,7 +375,7 @@ pub fn record_alloc_with(
         };
         (StackId::EMPTY, py)
     };
-    let thread = thread_id();
+    let thread = allocating_thread_id();
     let alloc = Allocation {
         bytes,
         api,
