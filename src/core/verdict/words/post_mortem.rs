@@ -176,6 +176,9 @@ pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Dea
 
 /// The device leak of a post-mortem dump, in the leak finding's terms.
 pub(in crate::verdict) fn leak(l: &LeakFinding) -> Finding {
+    if l.over_time {
+        return leak_over_time(l);
+    }
     let steps_word = steps_word(l.growth.steps.as_deref());
     let named = l
         .sites
@@ -219,6 +222,61 @@ pub(in crate::verdict) fn leak(l: &LeakFinding) -> Finding {
             .collect(),
         suggestions: vec![
             "Free what each step keeps: tensors appended to lists, losses kept without .item(), outputs held across steps.".to_string(),
+        ],
+    }
+}
+
+/// The same, for growth judged over time (the program marked no steps and repeated none).
+fn leak_over_time(l: &LeakFinding) -> Finding {
+    let named = l
+        .sites
+        .first()
+        .filter(|(_, share)| *share >= LEAK_NAMED_SHARE)
+        .map(|(s, share)| (short_label(&s.stack), s.bytes_per_step, *share));
+    let over = format!(
+        "steadily over the last {} seconds, R² {:.2}",
+        l.fit.samples, l.fit.r_squared
+    );
+    let headline = match &named {
+        Some((label, rate, share)) => format!(
+            "leak: {label} grows by {} every second ({over}; {} of the growth)",
+            human_bytes(*rate),
+            percent(Some(*share * 100.0))
+        ),
+        None => format!(
+            "leak: the process grows by {} every second ({over})",
+            human_bytes(l.fit.bytes_per_step)
+        ),
+    };
+    let runs_out = l
+        .growth
+        .free_bytes
+        .and_then(|free| super::leak::seconds_left(free, l.fit.bytes_per_step))
+        .map(|t| format!(" At that rate the device's free memory would have run out in {t}."))
+        .unwrap_or_default();
+    Finding {
+        kind: LEAK.to_string(),
+        bytes: l.grown,
+        summary: format!(
+            "{headline}. Device memory was growing steadily over time when the program died (it marks no steps, so \
+             growth is measured per second).{runs_out}"
+        ),
+        headline,
+        evidence: l
+            .sites
+            .iter()
+            .take(LEAK_SITES_NAMED)
+            .map(|(s, share)| {
+                format!(
+                    "{}: +{} per second, {} of the growth",
+                    short_label(&s.stack),
+                    human_bytes(s.bytes_per_step),
+                    percent(Some(*share * 100.0))
+                )
+            })
+            .collect(),
+        suggestions: vec![
+            "Free what the program keeps allocating (a `cudaFree` for each `cudaMalloc`), or mark steps with `oomshim_step()` / `oomshim.step()` so growth is judged per step.".to_string(),
         ],
     }
 }
