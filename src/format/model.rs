@@ -165,6 +165,10 @@ pub struct PostMortem {
     /// The host's memory and the cgroup's OOM kills, read right after the death.
     #[serde(default)]
     pub host: HostKill,
+    /// When `oomshim run` started the program. With `generation` 0 (nothing published: it died
+    /// before its first live summary), all that is known besides how it died.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_unix_ms: Option<u64>,
 }
 
 /// One sample of the program's resident host memory.
