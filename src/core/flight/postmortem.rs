@@ -162,7 +162,65 @@ pub fn build(snapshot: &Snapshot, death: &Death, host: HostKill) -> Dump {
         rss: s.rss.clone(),
         last_failure: s.last_failure.clone(),
         host,
+        started_unix_ms: None,
     });
+    dump.verdict = crate::verdict::judge_post_mortem(&dump);
+    dump
+}
+
+/// The post-mortem of a program that died before it published anything (killed in its first
+/// second, before its first live summary): how it died, when it started, the host's memory, and
+/// no device state (`generation` 0, no devices). `process`: what `oomshim run` knows of it.
+pub fn unpublished(
+    process: dump::model::ProcessInfo,
+    started_unix_ms: u64,
+    death: &Death,
+    host: HostKill,
+) -> Dump {
+    let mut dump = Dump {
+        schema: dump::model::SCHEMA.to_string(),
+        reason: "post_mortem".to_string(),
+        time: dump::time::rfc3339(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(death.unix_ms),
+        ),
+        time_unix_ms: death.unix_ms,
+        process,
+        failed_request: None,
+        devices: Vec::new(),
+        pinned_host: Default::default(),
+        largest_holders: Vec::new(),
+        sites: Vec::new(),
+        free_blocks: Default::default(),
+        verdict: Default::default(),
+        recording: dump::model::Recording {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            ..Default::default()
+        },
+        pools: Vec::new(),
+        vmm: None,
+        host: None,
+        gpu_processes: None,
+        growth: None,
+        config: None,
+        request_sizes: None,
+        framework: None,
+        library_memory: None,
+        post_mortem: Some(PostMortem {
+            reconstructed: true,
+            signal: death.signal,
+            signal_name: death.signal.map(signal_name),
+            core_dumped: death.core_dumped,
+            exit_code: death.exit_code,
+            died_unix_ms: death.unix_ms,
+            published_unix_ms: 0,
+            generation: 0,
+            from_previous: false,
+            rss: Vec::new(),
+            last_failure: None,
+            host,
+            started_unix_ms: Some(started_unix_ms),
+        }),
+    };
     dump.verdict = crate::verdict::judge_post_mortem(&dump);
     dump
 }

@@ -23,6 +23,13 @@ pub(in crate::verdict) fn add_leak(death: &mut Finding, l: &Finding) {
 
 /// The evidence line that says where the dump's state came from.
 pub(in crate::verdict) fn reconstructed(pm: &PostMortem) -> String {
+    if pm.generation == 0 {
+        return format!(
+            "the program published no live summary before it died{}: the dump holds how it died and the host's memory, \
+             nothing of its device memory",
+            ran_for(pm)
+        );
+    }
     let published_ago = pm.died_unix_ms.saturating_sub(pm.published_unix_ms);
     format!(
         "reconstructed from the state the program last published, {:.1} s before it died (publish {}{})",
@@ -34,6 +41,18 @@ pub(in crate::verdict) fn reconstructed(pm: &PostMortem) -> String {
             ""
         }
     )
+}
+
+/// ` 0.3 s after it started`, when the start is known.
+fn ran_for(pm: &PostMortem) -> String {
+    pm.started_unix_ms
+        .map(|start| {
+            format!(
+                " {:.1} s after it started",
+                pm.died_unix_ms.saturating_sub(start) as f64 / 1000.0
+            )
+        })
+        .unwrap_or_default()
 }
 
 /// The finding of how the program died.
@@ -85,6 +104,10 @@ pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Dea
         ));
     }
     let device_words = match &pm.last_failure {
+        None if pm.generation == 0 => format!(
+            "its device memory is not known: it died{}, before its first live summary",
+            ran_for(pm)
+        ),
         Some(f) => format!(
             "its last device allocation ({} of {} on device {}) had failed{}",
             human_bytes(f.bytes),
@@ -112,6 +135,11 @@ pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Dea
         },
     };
     let sig_name = clean(pm.signal_name.as_deref().unwrap_or_default());
+    let holds = if pm.generation == 0 {
+        "The dump holds what oomshim run saw of its death."
+    } else {
+        "The dump holds the device memory as the program last published it."
+    };
     let (kind, headline, summary, suggestions) = match death {
         Death::OomKilled => (
             HOST_OOM_KILL,
@@ -142,7 +170,7 @@ pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Dea
                 KILLED_BY_SIGNAL,
                 format!("{cause}; {device_words}"),
                 format!(
-                    "The program was {cause}; {device_words}; {host_words}. The dump holds the device memory as the program last published it."
+                    "The program was {cause}; {device_words}; {host_words}. {holds}"
                 ),
                 if sig == libc::SIGKILL {
                     vec!["A scheduler kills a job that exceeds its memory or time limit with SIGKILL: check the job's log for its limit.".to_string()]
