@@ -190,10 +190,14 @@ pub fn unpublished(
         pinned_host: Default::default(),
         largest_holders: Vec::new(),
         sites: Vec::new(),
-        free_blocks: Default::default(),
+        free_blocks: dump::model::FreeBlocks {
+            source: "unavailable".to_string(),
+            ..Default::default()
+        },
         verdict: Default::default(),
         recording: dump::model::Recording {
             version: env!("CARGO_PKG_VERSION").to_string(),
+            stacks: "off".to_string(),
             ..Default::default()
         },
         pools: Vec::new(),
@@ -228,6 +232,42 @@ pub fn unpublished(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_program_killed_before_it_published_gets_a_dump_of_what_is_known() {
+        let process = dump::model::ProcessInfo {
+            pid: 77,
+            host: "h".into(),
+            command_line: vec!["prog".into()],
+            rank: None,
+            local_rank: None,
+            world_size: None,
+            launcher: None,
+            job_id: None,
+        };
+        let death = Death {
+            signal: Some(libc::SIGKILL),
+            core_dumped: false,
+            exit_code: None,
+            unix_ms: 1_000_400,
+        };
+        let d = unpublished(process, 1_000_000, &death, HostKill::default());
+        assert_eq!(d.reason, "post_mortem");
+        assert!(d.devices.is_empty() && d.growth.is_none());
+        assert_eq!(d.free_blocks.source, "unavailable");
+        let pm = d.post_mortem.as_ref().unwrap();
+        assert_eq!((pm.generation, pm.started_unix_ms), (0, Some(1_000_000)));
+        assert_eq!(d.verdict.kind, crate::verdict::KILLED_BY_SIGNAL);
+        let top = &d.verdict.findings[0].headline;
+        assert!(
+            top.ends_with("its device memory is not known: it died 0.4 s after it started, before its first live summary"),
+            "{top}"
+        );
+        // Round trip: readers take it as any dump.
+        let bytes = serde_json::to_vec(&d).unwrap();
+        let back = dump::read::parse_dump(&bytes, Path::new("x.json")).unwrap();
+        assert_eq!(back, d);
+    }
 
     #[test]
     fn oom_kills_are_read_from_memory_events() {
