@@ -303,6 +303,148 @@ fn top_once_shows_a_running_programs_growing_site() {
         .starts_with("ended by SIGTERM from outside"));
 }
 
+/// `oomshim run -- grow_only ARGS` with its own live and dump directories, once the program
+/// printed "ready".
+fn start_grow(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let dumps = dir.path().join("dumps");
+    let mut cmd = cli();
+    cmd.args(["run", "--dir"])
+        .arg(&dumps)
+        .arg("--")
+        .arg(testbed::client("grow_only"))
+        .args(args)
+        .env("OOMSHIM_LIVE_DIR", &live)
+        .env("SIMCUDA_CAPACITY", "64G")
+        .env_remove("LD_PRELOAD")
+        .env_remove("OOMSHIM_LIVE_INTERVAL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut buf = [0u8; 6];
+    out.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ready\n");
+    Run {
+        child,
+        live,
+        dumps,
+        _dir: dir,
+    }
+}
+
+/// A program that only allocates (no marks, no repeating step) and is SIGKILLed: its post-mortem
+/// judges the growth over time, per second, and names the line (issue 23).
+#[test]
+fn a_program_that_only_allocates_killed_by_sigkill_gets_a_leak_over_time() {
+    let run = start_grow(&["killme"], &[("OOMSHIM_LIVE_INTERVAL", "100ms")]);
+    // A summary with 5 one-second samples of growth (the program grows for 5 s before "ready").
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let samples = oomshim_core::flight::read::list_regions(&run.live)
+            .iter()
+            .filter_map(|r| read_region(&r.path).ok())
+            .filter_map(|s| s.summary.dump.growth)
+            .filter(|g| g.unit == "second")
+            .map(|g| g.samples)
+            .max();
+        if samples.is_some_and(|n| n >= 5) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no growth published: {samples:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = program_pid(&run.live);
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let (out, dumps, _run) = finish(run);
+    assert_eq!(dumps.len(), 1, "{dumps:?}");
+    let (_, dump) = &dumps[0];
+    let v = &dump.verdict;
+    assert_eq!(v.kind, oomshim_core::verdict::KILLED_BY_SIGNAL, "{v:#?}");
+    let top = &v.findings[0].headline;
+    assert!(
+        top.contains("device memory was growing: leak: grow_forever (grow_only.c:")
+            && top.contains(" every second (steadily over the last "),
+        "{top}"
+    );
+    let leak = v
+        .findings
+        .iter()
+        .find(|f| f.kind == "leak")
+        .expect("a leak finding");
+    assert!(
+        leak.summary.contains("growing steadily over time"),
+        "{}",
+        leak.summary
+    );
+    assert!(text(&out.stderr).contains(top.as_str()), "{}", text(&out.stderr));
+}
+
+/// A program SIGKILLed in its first second, before its first live summary: a post-mortem still
+/// says what is known (how it died, when, the host), and that its device memory is not.
+#[test]
+fn a_program_killed_in_its_first_second_still_gets_a_post_mortem() {
+    let run = start_grow(&["early"], &[]);
+    let run_pid = run.child.id();
+    let children = fs::read_to_string(format!("/proc/{run_pid}/task/{run_pid}/children"))
+        .unwrap_or_default();
+    // The program, not oomshim run's sentinel.
+    let pid: i32 = children
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .find(|p: &i32| {
+            fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "grow_only")
+        })
+        .expect("oomshim run's child");
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let (out, dumps, _run) = finish(run);
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(libc::SIGKILL)
+    );
+    assert_eq!(dumps.len(), 1, "{dumps:?} {}", text(&out.stderr));
+    let (path, dump) = &dumps[0];
+    assert_eq!(dump.reason, "post_mortem");
+    assert_eq!(dump.process.pid, pid as u32);
+    assert!(dump.process.command_line[0].ends_with("grow_only"));
+    let pm = dump.post_mortem.as_ref().expect("post_mortem section");
+    assert_eq!(pm.generation, 0, "nothing was published");
+    assert_eq!(pm.signal_name.as_deref(), Some("SIGKILL"));
+    let ran = pm.died_unix_ms - pm.started_unix_ms.expect("when it started");
+    assert!(ran < 3000, "{ran} ms");
+    let v = &dump.verdict;
+    assert_eq!(v.kind, oomshim_core::verdict::KILLED_BY_SIGNAL, "{v:#?}");
+    let top = &v.findings[0].headline;
+    assert!(
+        top.starts_with("killed by SIGKILL from outside")
+            && top.contains("its device memory is not known: it died ")
+            && top.ends_with("s after it started, before its first live summary"),
+        "{top}"
+    );
+    assert!(v.findings[0]
+        .evidence
+        .iter()
+        .any(|e| e.starts_with("the program published no live summary before it died")));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("oomshim: post-mortem (reconstructed): {top}")),
+        "{err}"
+    );
+    let report = cli().arg("report").arg(path).output().unwrap();
+    assert!(report.status.success(), "{}", text(&report.stderr));
+    assert!(
+        text(&report.stdout).contains(
+            "post-mortem dump, reconstructed by oomshim run: the program was killed by SIGKILL before it published any state"
+        ),
+        "{}",
+        text(&report.stdout)
+    );
+}
+
 #[test]
 fn a_program_that_exits_normally_leaves_no_region_and_no_post_mortem() {
     let dir = tempfile::tempdir().unwrap();

@@ -371,8 +371,10 @@ fn oomshim_run_preloads_and_returns_the_childs_status() {
     assert_eq!(status.code(), Some(7));
     // oomshim run ends as its program did: a program killed by a signal leaves oomshim killed
     // by it, exactly as without oomshim (a shell then reports 128 + 9).
+    // (A SIGKILL before the first live summary gets a post-mortem: into the test's directory.)
     let status = cli()
-        .args(["run", "--", "sh", "-c", "kill -KILL $$"])
+        .args(["run", "--dir", dir.path().to_str().unwrap(), "--"])
+        .args(["sh", "-c", "kill -KILL $$"])
         .status()
         .unwrap();
     assert_eq!(

@@ -194,6 +194,86 @@ fn a_leak_with_step_marks_is_named_with_bytes_per_step_and_projected_step() {
     );
 }
 
+/// A C program that only allocates (no marks, no repeating step): its growth is judged over
+/// time, per second, and the OOM verdict is a leak named at the line that allocates (issue 23).
+#[test]
+fn a_program_that_only_allocates_is_judged_a_leak_over_time() {
+    let dir = tempfile::tempdir().unwrap();
+    // 3 GiB less the 256 MiB context: 2816 MiB, 48 MiB every 100 ms: about 6 s of growth.
+    let env = [
+        ("SIMCUDA_CAPACITY", "3G"),
+        ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+    ];
+    let shim = run_client("grow_only", &[], &env, true);
+    assert!(
+        stdout(&shim).contains("failed after 58 chunks with 2"),
+        "{}",
+        stdout(&shim)
+    );
+    let dump = only_dump(dir.path());
+    let g = dump.growth.as_ref().expect("growth key");
+    assert_eq!(g.unit, "second");
+    assert_eq!(g.steps.as_deref(), Some("time"));
+    let fit = g.fit.as_ref().expect("a fit of the growth over time");
+    // 480 MiB a second when each nap is 100 ms; a loaded runner naps longer.
+    assert!(
+        (100 * MIB..=500 * MIB).contains(&fit.bytes_per_step) && fit.r_squared >= 0.9,
+        "{fit:?}"
+    );
+    let v = &dump.verdict;
+    assert_eq!(v.kind, "leak", "{}", v.summary);
+    let f = &v.findings[0];
+    assert!(
+        f.headline.starts_with("grow_forever (grow_only.c:")
+            && f.headline.contains(" every second (steadily over the last "),
+        "{}",
+        f.headline
+    );
+    assert!(
+        f.summary.contains("The program marks no steps and no repeating step was found"),
+        "{}",
+        f.summary
+    );
+    assert!(v.suggestions.iter().any(|s| s.contains("oomshim_step()")));
+    let (line1, _) = summary_lines(&stderr(&shim));
+    assert_line1_is_top_finding(&line1, "cudaMalloc of 48.00 MiB failed", &dump);
+}
+
+/// A program that keeps stepping after its first failure (C programs that ignore errors do):
+/// its dump's growth is the history up to that failure, so the leak is still a leak (issue 27).
+#[test]
+fn growth_evidence_stops_at_the_first_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    // 2 GiB less the 256 MiB context: 1792 MiB; step i keeps i × 96 MiB: step 19 fails, and
+    // 200 steps more follow (each failing), far more than a growth ring holds.
+    let env = [
+        ("SIMCUDA_CAPACITY", "2G"),
+        ("OOMSHIM_DIR", dir.path().to_str().unwrap()),
+    ];
+    let shim = run_client("grow_only", &["keep-going"], &env, true);
+    let out = stdout(&shim);
+    assert!(
+        out.contains("first failure at step 19") && out.contains("stepped 218"),
+        "{out}"
+    );
+    let mut all = common::dumps(dir.path());
+    all.sort_by_key(|d| d.time_unix_ms);
+    let dump = all.first().expect("a dump of the first failure");
+    let g = dump.growth.as_ref().expect("growth key");
+    assert_eq!(g.steps.as_deref(), Some("marked"));
+    assert_eq!(g.current, 19, "the growth as it was at the failure, in step 19");
+    let v = &dump.verdict;
+    assert_eq!(v.kind, "leak", "{}", v.summary);
+    assert!(
+        v.findings[0]
+            .headline
+            .starts_with("keep_activations (grow_only.c:")
+            && v.findings[0].headline.contains("grows by 96.00 MiB every step"),
+        "{}",
+        v.findings[0].headline
+    );
+}
+
 #[test]
 fn steps_are_detected_without_marks_and_the_leak_is_named() {
     let dir = tempfile::tempdir().unwrap();

@@ -337,6 +337,7 @@ pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
         }
     };
     let pid = child.id() as i32;
+    let started_unix_ms = now_ms();
     drop(child); // waited for below, by pid
     release_stdin_and_stdout();
     let main = Watched {
@@ -351,6 +352,14 @@ pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
         cgroup,
         oom_kill_before,
         mode: dump_mode(),
+        main_pid: pid,
+        started_unix_ms,
+        command: opts
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        first_publish_within: first_publish_within(opts),
     };
 
     let mut tree = Tree::new(token);
@@ -383,20 +392,99 @@ struct PostMortems {
     cgroup: Option<(PathBuf, bool)>,
     oom_kill_before: Option<u64>,
     mode: u32,
+    /// The program oomshim started, when, and its command: a post-mortem of it is written even
+    /// when it was SIGKILLed before its first live summary.
+    main_pid: i32,
+    started_unix_ms: u64,
+    command: Vec<String>,
+    /// How long after its start a program's first live summary is due (its publish interval,
+    /// with room for a loaded machine); `None` when the live summary is off.
+    first_publish_within: Option<u64>,
 }
 
 impl PostMortems {
-    /// The post-mortem of one process that ended with `status`, when it left its region.
+    /// The post-mortem of one process that ended with `status`, when it left its region (or,
+    /// for the program itself, when it was SIGKILLed before its region was due).
     fn after(&self, w: &Watched, status: libc::c_int) {
-        let Some(ticks) = w.start_ticks else { return };
-        let region = self.live_dir.join(flight::region_name(w.pid as u32, ticks));
-        if !region.exists() {
+        let death = flight::postmortem::Death::from_status(status, now_ms(), None);
+        let region = w
+            .start_ticks
+            .map(|ticks| self.live_dir.join(flight::region_name(w.pid as u32, ticks)));
+        match region {
+            Some(region) if region.exists() => {
+                post_mortem(self, w, &region, &death);
+                let _ = std::fs::remove_file(&region);
+            }
+            _ => {
+                let early = self.first_publish_within.is_some_and(|within| {
+                    death.unix_ms.saturating_sub(self.started_unix_ms) <= within
+                });
+                if w.pid == self.main_pid && early {
+                    self.unpublished(w, &death);
+                }
+            }
+        }
+    }
+
+    /// The post-mortem of a process SIGKILLed before it published anything (the OOM killer, a
+    /// scheduler over its limit): what is known. Other early ends say something of their own (a
+    /// crash its message, an exit its status), and a program stopped at once with Ctrl-C or
+    /// SIGTERM needs no dump.
+    fn unpublished(&self, w: &Watched, death: &flight::postmortem::Death) {
+        if death.signal != Some(libc::SIGKILL) {
             return;
         }
-        let death = flight::postmortem::Death::from_status(status, now_ms(), None);
-        post_mortem(self, &region, &death);
-        let _ = std::fs::remove_file(&region);
+        let ranks = oomshim_core::facts::ranks::current();
+        let process = dump::model::ProcessInfo {
+            pid: w.pid as u32,
+            host: hostname(),
+            command_line: if w.pid == self.main_pid {
+                self.command.clone()
+            } else {
+                Vec::new()
+            },
+            rank: ranks.rank,
+            local_rank: ranks.local_rank,
+            world_size: ranks.world_size,
+            launcher: ranks.launcher.map(str::to_string),
+            job_id: ranks.job_id,
+        };
+        let host = flight::postmortem::host_now(self.cgroup.as_ref(), self.oom_kill_before);
+        let dump = flight::postmortem::unpublished(process, self.started_unix_ms, death, host);
+        write_post_mortem(self, &dump);
     }
+}
+
+/// How long after its start the program's first live summary is due: its publish interval
+/// (`OOMSHIM_LIVE_INTERVAL` as the shim reads it, 1 s by default) and 2 s more for a loaded
+/// machine. `None` when the live summary is off (`OOMSHIM_LIVE=0`).
+fn first_publish_within(opts: &RunOptions) -> Option<u64> {
+    let var = |k: &str| {
+        opts.extra_env
+            .iter()
+            .rev()
+            .find(|(name, _)| name == k)
+            .map(|(_, v)| v.to_string_lossy().into_owned())
+            .or_else(|| std::env::var(k).ok())
+    };
+    if var("OOMSHIM_LIVE").as_deref().map(str::trim) == Some("0") {
+        return None;
+    }
+    let interval = var("OOMSHIM_LIVE_INTERVAL")
+        .and_then(|v| oomshim_core::config::parse_duration(&v))
+        .filter(|d| d.as_millis() >= 100 && d.as_secs() <= 60)
+        .unwrap_or(std::time::Duration::from_secs(1));
+    Some(interval.as_millis() as u64 + 2000)
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is writable for its whole length; gethostname writes at most that.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return "unknown".to_string();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// The processes of this run's tree that published a region (their summary carries this run's
@@ -500,7 +588,11 @@ impl Tree {
                 },
             };
             let region = pm.live_dir.join(&name);
-            post_mortem(pm, &region, &death);
+            let w = Watched {
+                pid: m.pid,
+                start_ticks: Some(m.start_ticks),
+            };
+            post_mortem(pm, &w, &region, &death);
             let _ = std::fs::remove_file(&region);
             self.seen.insert(name, None);
         }
@@ -782,10 +874,16 @@ pub fn dump_mode() -> u32 {
     cfg.dump_mode
 }
 
-fn post_mortem(pm: &PostMortems, region: &Path, death: &flight::postmortem::Death) {
+fn post_mortem(
+    pm: &PostMortems,
+    w: &Watched,
+    region: &Path,
+    death: &flight::postmortem::Death,
+) {
     let snapshot = match flight::read::read_region(region) {
         Ok(s) => s,
-        Err(flight::read::ReadError::Empty) => return, // died before its first publish
+        // Died before its first publish: what is known.
+        Err(flight::read::ReadError::Empty) => return pm.unpublished(w, death),
         Err(e) => {
             if death.signal.is_some() {
                 say(&format!(
@@ -800,13 +898,18 @@ fn post_mortem(pm: &PostMortems, region: &Path, death: &flight::postmortem::Deat
     }
     let host = flight::postmortem::host_now(pm.cgroup.as_ref(), pm.oom_kill_before);
     let dump = flight::postmortem::build(&snapshot, death, host);
+    write_post_mortem(pm, &dump);
+}
+
+/// Writes a post-mortem dump and says so on stderr, with its headline.
+fn write_post_mortem(pm: &PostMortems, dump: &dump::model::Dump) {
     let headline = dump
         .verdict
         .findings
         .first()
         .map(|f| f.headline.clone())
         .unwrap_or_else(|| dump.verdict.summary.clone());
-    let bytes = match serde_json::to_vec_pretty(&dump) {
+    let bytes = match serde_json::to_vec_pretty(dump) {
         Ok(b) => b,
         Err(e) => {
             say(&format!("oomshim: no post-mortem dump: {e}"));

@@ -170,6 +170,10 @@ pub struct PostMortem {
     /// before oomshim could read how it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reaped_by: Option<u32>,
+    /// When `oomshim run` started the program. With `generation` 0 (nothing published: it died
+    /// before its first live summary), all that is known besides how it died.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_unix_ms: Option<u64>,
 }
 
 /// One sample of the program's resident host memory.

@@ -35,6 +35,49 @@ pub struct Row {
     /// Live bytes NCCL allocated on the row's device (from the dump's `library_memory`).
     pub nccl_bytes: Option<u64>,
     pub verdict: String,
+    /// Torch's live memory by kind at the failure (the dump's `framework.kinds`), when the
+    /// Python hook counted it.
+    pub kinds: Option<RankKinds>,
+}
+
+/// One process's memory by kind, as `merge` lists it per rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankKinds {
+    pub parameters_bytes: u64,
+    pub gradients_bytes: u64,
+    pub optimizer_state_bytes: u64,
+    pub activations_bytes: Option<u64>,
+}
+
+impl RankKinds {
+    fn of(k: &dump::model::Kinds) -> RankKinds {
+        RankKinds {
+            parameters_bytes: k.parameters_bytes,
+            gradients_bytes: k.gradients_bytes,
+            optimizer_state_bytes: k.optimizer_state_bytes,
+            activations_bytes: k.activations_bytes,
+        }
+    }
+
+    /// The kind holding the most (`parameters`, `gradients`, `optimizer_state`, `activations`),
+    /// ties to the first; `None` when nothing was counted.
+    pub fn dominant(&self) -> Option<&'static str> {
+        [
+            ("parameters", self.parameters_bytes),
+            ("gradients", self.gradients_bytes),
+            ("optimizer_state", self.optimizer_state_bytes),
+            ("activations", self.activations_bytes.unwrap_or(0)),
+        ]
+        .into_iter()
+        .fold(None, |best: Option<(&str, u64)>, (k, b)| {
+            if b > best.map_or(0, |x| x.1) {
+                Some((k, b))
+            } else {
+                best
+            }
+        })
+        .map(|b| b.0)
+    }
 }
 
 /// How `merge` compares clocks.
@@ -139,6 +182,11 @@ fn row(path: PathBuf, d: &Dump) -> Row {
         failed_bytes: d.failed_request.as_ref().map(|r| r.bytes),
         nccl_bytes,
         verdict: d.verdict.kind.clone(),
+        kinds: d
+            .framework
+            .as_ref()
+            .and_then(|f| f.kinds.as_ref())
+            .map(RankKinds::of),
     }
 }
 
@@ -614,6 +662,28 @@ pub fn render_merge(m: &Merged) -> String {
             super::units::clean(&r.verdict)
         ));
     }
+    if m.rows.iter().any(|r| r.kinds.is_some()) {
+        // Torch's live memory by kind at each failure (PyTorch processes whose hook counted it).
+        out.push_str("\nBy kind\n");
+        out.push_str(&format!(
+            "  {:<5} {:<20} {:>8} {:>11} {:>11} {:>11} {:>11}  {}\n",
+            "RANK", "HOST", "PID", "PARAMETERS", "GRADIENTS", "OPTIMIZER", "ACTIVATIONS", "MOST"
+        ));
+        for r in m.rows.iter() {
+            let Some(k) = &r.kinds else { continue };
+            out.push_str(&format!(
+                "  {:<5} {:<20} {:>8} {:>11} {:>11} {:>11} {:>11}  {}\n",
+                r.rank.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
+                super::units::truncate_middle(&super::units::clean(&r.host), 20),
+                r.pid,
+                human_bytes(k.parameters_bytes),
+                human_bytes(k.gradients_bytes),
+                human_bytes(k.optimizer_state_bytes),
+                opt(k.activations_bytes),
+                k.dominant().unwrap_or("-")
+            ));
+        }
+    }
     if m.hosts.len() > 1 {
         out.push_str("\nBy host\n");
         for h in &m.hosts {
@@ -660,6 +730,11 @@ pub fn merge_json(m: &Merged) -> Value {
             "tracked_bytes": r.tracked_bytes, "peak_tracked_bytes": r.peak_tracked_bytes,
             "free_bytes": r.free_bytes, "total_bytes": r.total_bytes, "failed_bytes": r.failed_bytes,
             "nccl_bytes": r.nccl_bytes, "verdict": r.verdict,
+            "kinds": r.kinds.map(|k| json!({
+                "parameters_bytes": k.parameters_bytes, "gradients_bytes": k.gradients_bytes,
+                "optimizer_state_bytes": k.optimizer_state_bytes,
+                "activations_bytes": k.activations_bytes, "dominant": k.dominant(),
+            })),
         })).collect::<Vec<_>>(),
         "first_failure": m.first_failure.as_ref().map(|f| json!({
             "process": rank_of(f.row),
@@ -964,6 +1039,44 @@ mod tests {
                 && text.contains("every rank is near its limit"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn kinds_are_listed_per_rank_when_the_hook_counted_them() {
+        let base = fixture("oom_own_allocations.json");
+        let mut with_kinds = rank_dump(&base, 0, "node-a", 70, Some(1), Some(1_000));
+        with_kinds.framework = Some(dump::model::FrameworkOom {
+            kinds: Some(dump::model::Kinds {
+                parameters_bytes: 2 << 30,
+                gradients_bytes: 2 << 30,
+                optimizer_state_bytes: 4 << 30,
+                activations_bytes: Some(60 << 30),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let without = rank_dump(&base, 1, "node-a", 10, Some(70), None);
+        let m = merge_rows(rows_of(&[with_kinds, without]), vec![], opts(0));
+        let text = render_merge(&m);
+        let section = text
+            .split("\nBy kind\n")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no By kind section:\n{text}"));
+        let lines: Vec<&str> = section.lines().take_while(|l| !l.is_empty()).collect();
+        assert_eq!(lines.len(), 2, "a header and rank 0 only:\n{text}");
+        assert!(lines[0].contains("PARAMETERS") && lines[0].contains("ACTIVATIONS"));
+        let rank0: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(rank0[0], "0");
+        assert_eq!(rank0.last(), Some(&"activations"), "{}", lines[1]);
+        assert!(lines[1].contains("60.00 GiB") && lines[1].contains("4.00 GiB"));
+        let j = merge_json(&m);
+        assert_eq!(j["rows"][0]["kinds"]["dominant"], "activations");
+        assert_eq!(j["rows"][0]["kinds"]["optimizer_state_bytes"], 4u64 << 30);
+        assert!(j["rows"][1]["kinds"].is_null());
+        // No process with kinds: no section.
+        let plain = rank_dump(&base, 1, "node-a", 10, Some(70), None);
+        let m = merge_rows(rows_of(&[plain]), vec![], opts(0));
+        assert!(!render_merge(&m).contains("By kind"));
     }
 
     #[test]

@@ -60,6 +60,12 @@ pub fn post_mortem_words(pm: &dump::model::PostMortem) -> String {
         (None, Some(code)) => format!("exited with status {code}"),
         _ => "ended".to_string(),
     };
+    if pm.generation == 0 {
+        // It died before its first live summary: nothing of its state is in the dump.
+        return format!(
+            "post-mortem dump, reconstructed by oomshim run: the program was {how} before it published any state"
+        );
+    }
     format!(
         "post-mortem dump, reconstructed by oomshim run: the program was {how}; its state as published {:.1} s before",
         pm.died_unix_ms.saturating_sub(pm.published_unix_ms) as f64 / 1000.0

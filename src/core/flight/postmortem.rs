@@ -181,7 +181,70 @@ pub fn build(snapshot: &Snapshot, death: &Death, host: HostKill) -> Dump {
         last_failure: s.last_failure.clone(),
         host,
         reaped_by: death.reaped_by,
+        started_unix_ms: None,
     });
+    dump.verdict = crate::verdict::judge_post_mortem(&dump);
+    dump
+}
+
+/// The post-mortem of a program that died before it published anything (killed in its first
+/// second, before its first live summary): how it died, when it started, the host's memory, and
+/// no device state (`generation` 0, no devices). `process`: what `oomshim run` knows of it.
+pub fn unpublished(
+    process: dump::model::ProcessInfo,
+    started_unix_ms: u64,
+    death: &Death,
+    host: HostKill,
+) -> Dump {
+    let mut dump = Dump {
+        schema: dump::model::SCHEMA.to_string(),
+        reason: "post_mortem".to_string(),
+        time: dump::time::rfc3339(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(death.unix_ms),
+        ),
+        time_unix_ms: death.unix_ms,
+        process,
+        failed_request: None,
+        devices: Vec::new(),
+        pinned_host: Default::default(),
+        largest_holders: Vec::new(),
+        sites: Vec::new(),
+        free_blocks: dump::model::FreeBlocks {
+            source: "unavailable".to_string(),
+            ..Default::default()
+        },
+        verdict: Default::default(),
+        recording: dump::model::Recording {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            stacks: "off".to_string(),
+            ..Default::default()
+        },
+        pools: Vec::new(),
+        vmm: None,
+        host: None,
+        gpu_processes: None,
+        growth: None,
+        config: None,
+        request_sizes: None,
+        framework: None,
+        library_memory: None,
+        post_mortem: Some(PostMortem {
+            reconstructed: true,
+            signal: death.signal,
+            signal_name: death.signal.map(signal_name),
+            core_dumped: death.core_dumped,
+            exit_code: death.exit_code,
+            died_unix_ms: death.unix_ms,
+            published_unix_ms: 0,
+            generation: 0,
+            from_previous: false,
+            rss: Vec::new(),
+            last_failure: None,
+            host,
+            reaped_by: death.reaped_by,
+            started_unix_ms: Some(started_unix_ms),
+        }),
+    };
     dump.verdict = crate::verdict::judge_post_mortem(&dump);
     dump
 }
@@ -189,6 +252,43 @@ pub fn build(snapshot: &Snapshot, death: &Death, host: HostKill) -> Dump {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_program_killed_before_it_published_gets_a_dump_of_what_is_known() {
+        let process = dump::model::ProcessInfo {
+            pid: 77,
+            host: "h".into(),
+            command_line: vec!["prog".into()],
+            rank: None,
+            local_rank: None,
+            world_size: None,
+            launcher: None,
+            job_id: None,
+        };
+        let death = Death {
+            signal: Some(libc::SIGKILL),
+            core_dumped: false,
+            exit_code: None,
+            unix_ms: 1_000_400,
+            reaped_by: None,
+        };
+        let d = unpublished(process, 1_000_000, &death, HostKill::default());
+        assert_eq!(d.reason, "post_mortem");
+        assert!(d.devices.is_empty() && d.growth.is_none());
+        assert_eq!(d.free_blocks.source, "unavailable");
+        let pm = d.post_mortem.as_ref().unwrap();
+        assert_eq!((pm.generation, pm.started_unix_ms), (0, Some(1_000_000)));
+        assert_eq!(d.verdict.kind, crate::verdict::KILLED_BY_SIGNAL);
+        let top = &d.verdict.findings[0].headline;
+        assert!(
+            top.ends_with("its device memory is not known: it died 0.4 s after it started, before its first live summary"),
+            "{top}"
+        );
+        // Round trip: readers take it as any dump.
+        let bytes = serde_json::to_vec(&d).unwrap();
+        let back = dump::read::parse_dump(&bytes, Path::new("x.json")).unwrap();
+        assert_eq!(back, d);
+    }
 
     #[test]
     fn oom_kills_are_read_from_memory_events() {

@@ -26,6 +26,9 @@ pub(super) struct LeakFinding<'a> {
     pub(super) detected: Option<DetectedSteps>,
     /// Bytes grown from the first fitted sample to the failure.
     pub(super) grown: u64,
+    /// Judged over time (`growth.unit` `second`): the program marks no steps and repeats no
+    /// pattern; rates are per second.
+    pub(super) over_time: bool,
 }
 
 /// The process's fitted growth: the dump's own, or (dumps of older versions) fitted from its
@@ -74,11 +77,22 @@ pub(super) fn growing_shapes(dump: &Dump) -> Option<(GrowthFit, Option<&str>)> {
 }
 
 /// The process's growth when it is a leak (see [`LEAK`](super::LEAK)).
+///
+/// Growth over time (one sample a second, when nothing marks or repeats steps) is a leak on the
+/// same terms, per second instead of per step, unless the framework's own count says the
+/// growth is the model's parameters (a model being loaded grows steadily too).
 pub(super) fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
-    let g = dump.growth.as_ref().filter(|g| g.unit == "step")?;
+    let g = dump
+        .growth
+        .as_ref()
+        .filter(|g| g.unit == "step" || g.unit == "second")?;
+    let over_time = g.unit == "second";
+    if over_time && loading_parameters(dump, g) {
+        return None;
+    }
     let steps = g.steps.as_deref();
     let detected = match steps {
-        Some("time") => return None,
+        _ if over_time => None,
         Some("detected") => {
             let d = g.detected.as_ref()?;
             if d.intervals == 0
@@ -135,7 +149,21 @@ pub(super) fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
         sites,
         detected,
         grown,
+        over_time,
     })
+}
+
+/// True when the framework counted its live memory at the failure and the model's parameters
+/// hold at least half of what the growth over time added: weights being loaded, not a leak.
+fn loading_parameters(dump: &Dump, g: &Growth) -> bool {
+    let Some(k) = super::kinds::kinds_of(dump) else {
+        return false;
+    };
+    let Some(fit) = growth_fit(g) else {
+        return false;
+    };
+    let grew = fit.last.bytes.saturating_sub(fit.first.bytes);
+    k.parameters_bytes > 0 && k.parameters_bytes.saturating_mul(2) >= grew
 }
 
 #[cfg(test)]
@@ -203,8 +231,45 @@ mod tests {
                 OWN_ALLOCATIONS,
             ),
             (
-                "growth per second is not a step leak",
+                "steady growth per second (no steps marked or detected) is a leak over time",
                 with_growth("second", vec![growth_site("keep", 96 * MIB, 10)]),
+                LEAK,
+            ),
+            (
+                "growth per second below the threshold",
+                with_growth(
+                    "second",
+                    vec![growth_site("keep", LEAK_MIN_BYTES_PER_STEP - 1, 10)],
+                ),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "growth per second that rises and falls is no steady growth",
+                with_growth("second", vec![]).tap(|d| {
+                    let g = d.growth.as_mut().unwrap();
+                    g.tracked = [1u64, 9, 2, 8, 1, 9, 3, 7, 2, 9]
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &b)| GrowthPoint {
+                            step: i as u64 + 1,
+                            bytes: b * 100 * MIB,
+                        })
+                        .collect();
+                }),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "growth per second that the framework counts as the model's parameters: a model \
+                 being loaded",
+                with_growth("second", vec![growth_site("load", 96 * MIB, 10)]).tap(|d| {
+                    d.framework = Some(FrameworkOom {
+                        kinds: Some(Kinds {
+                            parameters_bytes: 900 * MIB,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    });
+                }),
                 OWN_ALLOCATIONS,
             ),
             (
@@ -404,6 +469,34 @@ mod tests {
             "{}",
             spread.findings[0].headline
         );
+    }
+
+    #[test]
+    fn a_leak_over_time_is_said_per_second_with_its_fit() {
+        let v = judge(&with_growth(
+            "second",
+            vec![growth_site("alloc_forever", 32 * MIB, 10)],
+        ));
+        assert_eq!(v.kind, LEAK, "{}", v.summary);
+        let f = &v.findings[0];
+        assert!(
+            f.headline.starts_with(
+                "alloc_forever (train.py:12) grows by 32.00 MiB every second (steadily over the last 10 seconds, R² 1.00;"
+            ),
+            "{}",
+            f.headline
+        );
+        assert!(!f.headline.contains("step"), "{}", f.headline);
+        assert!(
+            f.summary.contains("The program marks no steps and no repeating step was found"),
+            "{}",
+            f.summary
+        );
+        assert!(f
+            .evidence
+            .iter()
+            .any(|e| e.starts_with("growth of the process: 32.00 MiB per second (R² 1.00 over 10 seconds)")));
+        assert!(f.suggestions.iter().any(|s| s.contains("Mark steps")));
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub(crate) struct Capture {
     pub failing: Option<Failing>,
     /// What the device and CUDA said at that moment, gathered where it happened.
     pub context: FailureContext,
+    /// The growth history as it was at that moment (a failure's: taken on the failing thread);
+    /// `None`: the history as it is when the dump is assembled.
+    pub growth: Option<super::growth::Frozen>,
 }
 
 pub(crate) struct Failing {
@@ -755,6 +758,7 @@ mod pure_tests {
                 py_stack: StackId::EMPTY,
             }),
             context: context_of(device),
+            growth: None,
         }
     }
 

@@ -81,17 +81,21 @@ impl RecorderState {
                 .stacks()
                 .unwrap_or(oomshim_core::config::StackMode::Off),
             oom_failures: s.oom_failures.load(std::sync::atomic::Ordering::Relaxed),
-            growth: s.growth.analyse(
-                cap.context.mem_info.map(|m| m.0),
-                s.ledger.total_allocations(),
-                |pairs| {
+            growth: {
+                let name = |pairs: &[_]| {
                     let named = assemble::symbolize_stacks(lookups, native_captured, pairs);
                     pairs
                         .iter()
                         .map(|k| named.get(k).map(|v| v.0.clone()).unwrap_or_default())
                         .collect()
-                },
-            ),
+                };
+                let free = cap.context.mem_info.map(|m| m.0);
+                match &cap.growth {
+                    // The history as it was at the failure.
+                    Some(frozen) => Some(frozen.clone().growth(free, name)),
+                    None => s.growth.analyse(free, s.ledger.total_allocations(), name),
+                }
+            },
             request_sizes: s.growth.request_sizes(),
         }
     }

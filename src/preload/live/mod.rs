@@ -143,6 +143,7 @@ fn live_dump() -> Option<dump::model::Dump> {
             now_ns: s.now_ns(),
             failing: None,
             context: FailureContext::without_cuda(None, None),
+            growth: None,
         };
         let facts = assemble::Facts {
             gpu_processes: None,
@@ -704,6 +705,7 @@ pub fn dump_now(reason: &str, context: FailureContext) -> bool {
         now_ns: s.now_ns(),
         failing: None,
         context,
+        growth: None,
     };
     let facts = assemble::Facts::read(capture.context.device);
     let dump = gather::assemble_now(s, reason, &capture, None, None, facts);
@@ -877,6 +879,7 @@ pub mod bench_support {
                     stack: StackId::EMPTY,
                     py_stack: StackId::EMPTY,
                 }),
+                growth: None,
             };
             let facts = assemble::Facts::read(capture.context.device);
             let dump = gather::assemble_now(s, "oom", &capture, None, None, facts);

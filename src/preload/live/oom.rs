@@ -967,6 +967,9 @@ pub(super) fn failure_capture(s: &Shim, ev: &OomEvent, stacks: (StackId, StackId
             device: Some(ev.device),
             ..ev.context.clone()
         },
+        // The growth up to this failure: a program that keeps stepping after its error would
+        // fill the rings with flat samples before a settled dump is written (issue 27).
+        growth: s.growth.freeze(s.ledger.total_allocations()),
     }
 }
 

@@ -23,6 +23,9 @@ pub(in crate::verdict) fn share_text(site: &GrowthSite, share: f64) -> String {
 }
 
 pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
+    if l.over_time {
+        return finding_over_time(c, l);
+    }
     let g = l.growth;
     let steps_word = steps_word(g.steps.as_deref());
     let fw = framework(c.dump);
@@ -249,6 +252,120 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
             _ => "Mark steps with `oomshim.step()` to confirm the growth per step.".to_string(),
         });
     }
+    f
+}
+
+/// `42% (12.00 MiB per second) at alloc_loop (main.c:9)`.
+fn share_per_second(site: &GrowthSite, share: f64) -> String {
+    format!(
+        "{} ({} per second) at {}",
+        percent(Some((share * 100.0).min(100.0))),
+        human_bytes(site.bytes_per_step),
+        site_name(site)
+    )
+}
+
+/// Seconds until `free` bytes are used up at `rate` bytes a second, in words (`about 12 s`).
+pub(in crate::verdict) fn seconds_left(free: u64, rate: u64) -> Option<String> {
+    (rate > 0).then(|| {
+        let s = free as f64 / rate as f64;
+        if s < 1.0 {
+            "less than a second".to_string()
+        } else {
+            format!("about {} s", thousands(s.round() as u64))
+        }
+    })
+}
+
+/// A leak judged over time: the program marks no steps and repeats no step pattern (a C
+/// program, a service, a loop that only allocates), so its growth is sampled once a second.
+fn finding_over_time(c: &Ctx, l: &LeakFinding) -> Finding {
+    let fw = framework(c.dump);
+    let rate = human_bytes(l.fit.bytes_per_step);
+    let secs = thousands(l.fit.samples);
+    let r2 = l.fit.r_squared;
+    let top = l
+        .sites
+        .first()
+        .filter(|(_, share)| *share >= LEAK_NAMED_SHARE);
+    let parts: Vec<String> = l
+        .sites
+        .iter()
+        .take(LEAK_SITES_NAMED)
+        .map(|(s, share)| share_per_second(s, *share))
+        .collect();
+    let headline = match top {
+        Some((site, share)) => format!(
+            "{} grows by {} every second (steadily over the last {secs} seconds, R² {r2:.2}; {} so far, {} of the growth)",
+            site_name(site),
+            human_bytes(site.bytes_per_step),
+            human_bytes(l.grown),
+            percent(Some((share * 100.0).min(100.0))),
+        ),
+        None if !parts.is_empty() => format!(
+            "the process grows by {rate} every second (steadily over the last {secs} seconds, R² {r2:.2}; {} so far), spread over sites: {}",
+            human_bytes(l.grown),
+            parts.join(", ")
+        ),
+        None => format!(
+            "the process grows by {rate} every second (steadily over the last {secs} seconds, R² {r2:.2}; {} so far)",
+            human_bytes(l.grown)
+        ),
+    };
+    let named = if parts.is_empty() {
+        " No single site carries the growth (it is spread over more sites than are kept)."
+            .to_string()
+    } else {
+        format!(" The growth per second comes from: {}.", parts.join("; "))
+    };
+    let mut f = new_finding(
+        LEAK,
+        l.grown,
+        headline,
+        format!(
+            "A leak over time: this process's tracked memory grows by {rate} every second ({secs} one-second samples, \
+             from {} at second {} to {} at second {} of the program, R² {r2:.2}), and it was still that high when {} \
+             more was requested on device {}.{named} The program marks no steps and no repeating step was found, so \
+             its growth is measured per second: memory that is never given back, or a working set still being built \
+             (a model or a cache being loaded) that was going to be larger than the device.",
+            human_bytes(l.fit.first.bytes),
+            l.fit.first.step,
+            human_bytes(l.fit.last.bytes),
+            l.fit.last.step,
+            c.req,
+            c.dev,
+        ),
+    );
+    f.evidence.push(format!(
+        "growth of the process: {rate} per second (R² {r2:.2} over {secs} seconds), {} from second {} to {}; {} tracked at the failure",
+        human_bytes(l.fit.last.bytes.saturating_sub(l.fit.first.bytes)),
+        l.fit.first.step,
+        l.fit.last.step,
+        human_bytes(tracked_all(c.dump))
+    ));
+    for (site, share) in l.sites.iter().take(LEAK_SITES_NAMED) {
+        f.evidence.push(format!(
+            "growth: {} (R² {:.2}, {} at second {} to {} at second {})",
+            share_per_second(site, *share),
+            site.r_squared,
+            human_bytes(site.first.bytes),
+            site.first.step,
+            human_bytes(site.last.bytes),
+            site.last.step
+        ));
+    }
+    f.evidence.push(
+        "steps: none marked and none detected; growth sampled once a second".to_string(),
+    );
+    let label = top
+        .map(|(s, _)| site_name(s))
+        .or_else(|| l.sites.first().map(|(s, _)| site_name(s)))
+        .unwrap_or_else(|| "the program".to_string());
+    f.suggestions.extend(leak_advice(fw, &label));
+    f.suggestions.push(match fw {
+        Framework::Native => "Mark steps with `oomshim_step()` (from `liboomshim.so`) so growth is judged per step, not per second.".to_string(),
+        _ => "Mark steps with `oomshim.step()` so growth is judged per step, not per second.".to_string(),
+    });
     f
 }
 

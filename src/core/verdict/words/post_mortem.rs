@@ -23,6 +23,13 @@ pub(in crate::verdict) fn add_leak(death: &mut Finding, l: &Finding) {
 
 /// The evidence line that says where the dump's state came from.
 pub(in crate::verdict) fn reconstructed(pm: &PostMortem) -> String {
+    if pm.generation == 0 {
+        return format!(
+            "the program published no live summary before it died{}: the dump holds how it died and the host's memory, \
+             nothing of its device memory",
+            ran_for(pm)
+        );
+    }
     let published_ago = pm.died_unix_ms.saturating_sub(pm.published_unix_ms);
     format!(
         "reconstructed from the state the program last published, {:.1} s before it died (publish {}{})",
@@ -34,6 +41,18 @@ pub(in crate::verdict) fn reconstructed(pm: &PostMortem) -> String {
             ""
         }
     )
+}
+
+/// ` 0.3 s after it started`, when the start is known.
+fn ran_for(pm: &PostMortem) -> String {
+    pm.started_unix_ms
+        .map(|start| {
+            format!(
+                " {:.1} s after it started",
+                pm.died_unix_ms.saturating_sub(start) as f64 / 1000.0
+            )
+        })
+        .unwrap_or_default()
 }
 
 /// The finding of how the program died.
@@ -93,6 +112,10 @@ pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Dea
         ));
     }
     let device_words = match &pm.last_failure {
+        None if pm.generation == 0 => format!(
+            "its device memory is not known: it died{}, before its first live summary",
+            ran_for(pm)
+        ),
         Some(f) => format!(
             "its last device allocation ({} of {} on device {}) had failed{}",
             human_bytes(f.bytes),
@@ -120,6 +143,11 @@ pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Dea
         },
     };
     let sig_name = clean(pm.signal_name.as_deref().unwrap_or_default());
+    let holds = if pm.generation == 0 {
+        "The dump holds what oomshim run saw of its death."
+    } else {
+        "The dump holds the device memory as the program last published it."
+    };
     let (kind, headline, summary, suggestions) = match death {
         Death::OomKilled => (
             HOST_OOM_KILL,
@@ -150,7 +178,7 @@ pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Dea
                 KILLED_BY_SIGNAL,
                 format!("{cause}; {device_words}"),
                 format!(
-                    "The program was {cause}; {device_words}; {host_words}. The dump holds the device memory as the program last published it."
+                    "The program was {cause}; {device_words}; {host_words}. {holds}"
                 ),
                 if sig == libc::SIGKILL {
                     vec!["A scheduler kills a job that exceeds its memory or time limit with SIGKILL: check the job's log for its limit.".to_string()]
@@ -195,6 +223,9 @@ pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Dea
 
 /// The device leak of a post-mortem dump, in the leak finding's terms.
 pub(in crate::verdict) fn leak(l: &LeakFinding) -> Finding {
+    if l.over_time {
+        return leak_over_time(l);
+    }
     let steps_word = steps_word(l.growth.steps.as_deref());
     let named = l
         .sites
@@ -238,6 +269,61 @@ pub(in crate::verdict) fn leak(l: &LeakFinding) -> Finding {
             .collect(),
         suggestions: vec![
             "Free what each step keeps: tensors appended to lists, losses kept without .item(), outputs held across steps.".to_string(),
+        ],
+    }
+}
+
+/// The same, for growth judged over time (the program marked no steps and repeated none).
+fn leak_over_time(l: &LeakFinding) -> Finding {
+    let named = l
+        .sites
+        .first()
+        .filter(|(_, share)| *share >= LEAK_NAMED_SHARE)
+        .map(|(s, share)| (short_label(&s.stack), s.bytes_per_step, *share));
+    let over = format!(
+        "steadily over the last {} seconds, R² {:.2}",
+        l.fit.samples, l.fit.r_squared
+    );
+    let headline = match &named {
+        Some((label, rate, share)) => format!(
+            "leak: {label} grows by {} every second ({over}; {} of the growth)",
+            human_bytes(*rate),
+            percent(Some(*share * 100.0))
+        ),
+        None => format!(
+            "leak: the process grows by {} every second ({over})",
+            human_bytes(l.fit.bytes_per_step)
+        ),
+    };
+    let runs_out = l
+        .growth
+        .free_bytes
+        .and_then(|free| super::leak::seconds_left(free, l.fit.bytes_per_step))
+        .map(|t| format!(" At that rate the device's free memory would have run out in {t}."))
+        .unwrap_or_default();
+    Finding {
+        kind: LEAK.to_string(),
+        bytes: l.grown,
+        summary: format!(
+            "{headline}. Device memory was growing steadily over time when the program died (it marks no steps, so \
+             growth is measured per second).{runs_out}"
+        ),
+        headline,
+        evidence: l
+            .sites
+            .iter()
+            .take(LEAK_SITES_NAMED)
+            .map(|(s, share)| {
+                format!(
+                    "{}: +{} per second, {} of the growth",
+                    short_label(&s.stack),
+                    human_bytes(s.bytes_per_step),
+                    percent(Some(*share * 100.0))
+                )
+            })
+            .collect(),
+        suggestions: vec![
+            "Free what the program keeps allocating (a `cudaFree` for each `cudaMalloc`), or mark steps with `oomshim_step()` / `oomshim.step()` so growth is judged per step.".to_string(),
         ],
     }
 }

@@ -40,6 +40,14 @@ impl Tracker {
         seq_now: u64,
         name: impl FnMut(&[StackPair]) -> Vec<Vec<Frame>>,
     ) -> Option<Growth> {
+        Some(self.freeze(seq_now)?.growth(free_bytes, name))
+    }
+
+    /// The history a dump will describe, copied now (a failure's, taken on the failing thread:
+    /// a program that keeps stepping after its failure must not push the growth that led to it
+    /// out of the rings before the dump is written). `None` before two samples. Copies at most
+    /// [`MAX_SITES`](super::MAX_SITES) × [`RING`](super::RING) samples; names nothing.
+    pub fn freeze(&self, seq_now: u64) -> Option<Frozen> {
         let copy = {
             let h = self.lock()?;
             let source = self.chosen_source(&h);
@@ -93,7 +101,7 @@ impl Tracker {
                 since,
                 anchor,
             });
-        Some(copy.growth(free_bytes, detected, name))
+        Some(Frozen { copy, detected })
     }
 
     /// The marked source whose history describes the phase at hand: the program's own marks
@@ -129,6 +137,25 @@ fn history_view(h: &History) -> View<'_> {
     }
 }
 
+/// A history copied out at one moment ([`Tracker::freeze`]), turned into the dump's growth
+/// later, on whichever thread writes the dump.
+#[derive(Clone)]
+pub(crate) struct Frozen {
+    copy: Copy,
+    detected: Option<Detected>,
+}
+
+impl Frozen {
+    /// The dump's growth: see [`Tracker::analyse`].
+    pub fn growth(
+        self,
+        free_bytes: Option<u64>,
+        name: impl FnMut(&[StackPair]) -> Vec<Vec<Frame>>,
+    ) -> Growth {
+        self.copy.growth(free_bytes, self.detected, name)
+    }
+}
+
 /// A site's samples: (step or second, live bytes).
 type Series = Vec<(u64, u64)>;
 
@@ -148,6 +175,7 @@ pub(super) struct View<'a> {
 pub(super) type SiteView<'a> = (SiteKey, StackPair, &'a VecDeque<(u64, u64)>);
 
 /// The same, copied out so the lock is released before stacks are symbolised.
+#[derive(Clone)]
 pub(super) struct Copy {
     pub steps: &'static str,
     samples: u64,
@@ -161,6 +189,7 @@ pub(super) struct Copy {
 }
 
 /// The detector's state, for `growth.detected`.
+#[derive(Clone)]
 pub(super) struct Detected {
     pub period: u64,
     pub steps: u64,

@@ -40,6 +40,7 @@ mod history;
 mod sizes;
 mod steps;
 
+pub(crate) use analyse::Frozen;
 pub(crate) use sizes::summarize_sizes;
 
 use detect::{Detector, NO_ANCHOR};
