@@ -231,20 +231,38 @@ fn a_directory_stands_for_its_newest_readable_dump_everywhere() {
 
     // diff: two directories (or a directory and a file).
     let other = tempfile::tempdir().unwrap();
-    std::fs::copy(fixture("oom_untracked.json"), other.path().join("oomshim-h-3-1.json")).unwrap();
+    std::fs::copy(
+        fixture("oom_untracked.json"),
+        other.path().join("oomshim-h-3-1.json"),
+    )
+    .unwrap();
     let out = oomshim(&["diff".as_ref(), dir, other.path().as_os_str()]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("Devices (tracked bytes)"));
-    assert!(stderr(&out).contains("skipped a broken dump"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("skipped a broken dump"),
+        "{}",
+        stderr(&out)
+    );
 
     // export: both formats.
     let out = oomshim(&["export".as_ref(), dir, "--folded".as_ref(), "-".as_ref()]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let of_file = oomshim(&["export".as_ref(), good.as_os_str(), "--folded".as_ref(), "-".as_ref()]);
+    let of_file = oomshim(&[
+        "export".as_ref(),
+        good.as_os_str(),
+        "--folded".as_ref(),
+        "-".as_ref(),
+    ]);
     assert_eq!(out.stdout, of_file.stdout);
     assert!(!out.stdout.is_empty());
     let pickle = t.path().join("x.pickle");
-    let out = oomshim(&["export".as_ref(), dir, "--memory-viz".as_ref(), pickle.as_os_str()]);
+    let out = oomshim(&[
+        "export".as_ref(),
+        dir,
+        "--memory-viz".as_ref(),
+        pickle.as_os_str(),
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(pickle.is_file());
 
@@ -268,7 +286,10 @@ fn export_without_a_format_names_both_formats() {
     let out = oomshim(&["export".as_ref(), fixture("snapshot.json").as_os_str()]);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
-    assert!(err.contains("--memory-viz") && err.contains("--folded"), "{err}");
+    assert!(
+        err.contains("--memory-viz") && err.contains("--folded"),
+        "{err}"
+    );
 }
 
 /// A region file of a process that is gone: this process's pid with a start time it never had.
@@ -290,8 +311,12 @@ fn top_prune_removes_the_regions_of_gone_processes_only() {
     let not_a_region = live.path().join("notes.txt");
     std::fs::write(&not_a_region, b"keep").unwrap();
     let top = |prune: bool| {
-        let mut args: Vec<&std::ffi::OsStr> =
-            vec!["top".as_ref(), "--once".as_ref(), "--dir".as_ref(), live.path().as_os_str()];
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            "top".as_ref(),
+            "--once".as_ref(),
+            "--dir".as_ref(),
+            live.path().as_os_str(),
+        ];
         if prune {
             args.push("--prune".as_ref());
         }
@@ -309,11 +334,17 @@ fn top_prune_removes_the_regions_of_gone_processes_only() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains(&format!("pruned the region of gone pid {}", std::process::id())),
+        text.contains(&format!(
+            "pruned the region of gone pid {}",
+            std::process::id()
+        )),
         "{text}"
     );
     assert!(!old.exists(), "{text}");
-    assert!(fresh.exists(), "a region written within the grace period stays: {text}");
+    assert!(
+        fresh.exists(),
+        "a region written within the grace period stays: {text}"
+    );
     assert!(not_a_region.exists());
 }
 
@@ -406,7 +437,10 @@ fn top_shows_its_keys_quits_on_q_and_restores_the_terminal() {
             .unwrap();
         let shown = read_until(&mut master, "q quit");
         assert!(shown.contains("keys: q quit"), "{how}: {shown}");
-        assert!(!cooked(&slave), "{how}: keys are read one at a time while it runs");
+        assert!(
+            !cooked(&slave),
+            "{how}: keys are read one at a time while it runs"
+        );
         if how == "q" {
             master.write_all(b"q").unwrap();
         } else {

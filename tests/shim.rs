@@ -470,12 +470,7 @@ fn oomshim_demo_runs_end_to_end_without_a_gpu() {
         )),
         "{err}"
     );
-    let diff = cli()
-        .arg("diff")
-        .arg(&snapshot)
-        .arg(&oom)
-        .output()
-        .unwrap();
+    let diff = cli().arg("diff").arg(&snapshot).arg(&oom).output().unwrap();
     assert!(diff.status.success(), "{}", stderr(&diff));
     let diff = stdout(&diff);
     assert!(

@@ -189,7 +189,11 @@ pub fn report_html(path: &Path, out: &Path) -> Result<String, String> {
     })
 }
 
-fn report_html_inner(path: &Path, mut dump: dump::model::Dump, out: &Path) -> Result<String, String> {
+fn report_html_inner(
+    path: &Path,
+    mut dump: dump::model::Dump,
+    out: &Path,
+) -> Result<String, String> {
     if let Some(k) = crate::report::torch_cache::kinds_for(path, &dump) {
         crate::report::torch_cache::apply_kinds(&mut dump, k);
     }

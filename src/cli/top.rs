@@ -322,7 +322,11 @@ pub fn live(dir: &Path, pid: Option<u32>, prune_each: bool) -> std::process::Exi
         let clear = if tty { "\x1b[H\x1b[2J" } else { "" };
         let page = format!("{clear}{text}\n{}\n", legend(keys.is_some()));
         let mut out = std::io::stdout().lock();
-        if out.write_all(page.as_bytes()).and_then(|_| out.flush()).is_err() {
+        if out
+            .write_all(page.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err()
+        {
             return ExitCode::SUCCESS; // the reader went away
         }
         drop(out);

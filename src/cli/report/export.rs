@@ -437,7 +437,11 @@ fn segments_of<'a>(dump: &'a Dump, warnings: &mut Vec<String>) -> Vec<RawSegment
             warnings.push(format!(
                 "the dump left {} out of its segment map; {} not exported",
                 plural(fb.segment_map_omitted as u64, "segment", "segments"),
-                if fb.segment_map_omitted == 1 { "it is" } else { "they are" }
+                if fb.segment_map_omitted == 1 {
+                    "it is"
+                } else {
+                    "they are"
+                }
             ));
         }
     }
@@ -567,7 +571,8 @@ pub fn folded(dump: &Dump) -> Folded {
     let rest = tracked.saturating_sub(covered);
     let mut warning = None;
     if rest > 0 {
-        warning = Some(format!(
+        warning =
+            Some(format!(
             "the dump's {} {} {} of {} tracked; the other {} are one stack named \"{FOLDED_REST}\"",
             plural(dump.sites.len() as u64, "site", "sites"),
             if dump.sites.len() == 1 { "covers" } else { "cover" },

@@ -748,7 +748,8 @@ mod tests {
             d.reason = reason.into();
             write(dir.path(), &format!("oomshim-h-{i}-1.json"), &d);
         }
-        let text = render_merge(&merge_dirs(&[dir.path().into()], MergeOptions::default()).unwrap());
+        let text =
+            render_merge(&merge_dirs(&[dir.path().into()], MergeOptions::default()).unwrap());
         let lines: Vec<&str> = text.lines().take(5).collect();
         assert_eq!(lines[0], "3 dumps", "{text}");
         for reason in ["manual: checkpoint at step 1000", "snapshot-at-exit"] {
@@ -758,18 +759,18 @@ mod tests {
         let end = |l: &str| l.find(" TRACKED").map(|i| i + " TRACKED".len());
         let at = end(lines[1]).expect("header");
         for row in &lines[2..5] {
-            assert_eq!(
-                dump::units::width(&row[..row.len().min(at)]),
-                at,
+            assert_eq!(dump::units::width(&row[..row.len().min(at)]), at, "{text}");
+            assert!(
+                row[..at].ends_with(" GiB") || row[..at].ends_with(" MiB"),
                 "{text}"
             );
-            assert!(row[..at].ends_with(" GiB") || row[..at].ends_with(" MiB"), "{text}");
         }
         // A hostile reason is cut in the middle, not allowed to widen the table without end.
         let mut d = base.clone();
         d.reason = "x".repeat(5000);
         write(dir.path(), "oomshim-h-9-1.json", &d);
-        let text = render_merge(&merge_dirs(&[dir.path().into()], MergeOptions::default()).unwrap());
+        let text =
+            render_merge(&merge_dirs(&[dir.path().into()], MergeOptions::default()).unwrap());
         assert!(text.lines().all(|l| l.len() < 400), "{text}");
     }
 
@@ -1034,8 +1035,7 @@ mod tests {
             .collect();
         let text = render_merge(&merge_rows(rows_of(&tight), vec![], opts(1000)));
         assert!(
-            text.contains("0 of the 3 processes")
-                && text.contains("every rank is near its limit"),
+            text.contains("0 of the 3 processes") && text.contains("every rank is near its limit"),
             "{text}"
         );
     }

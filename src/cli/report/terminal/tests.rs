@@ -297,11 +297,23 @@ fn identical_holders_are_one_row_with_their_count() {
     assert_eq!(rows.len(), 3, "{}", section.join("\n"));
     // The group ranks by its total (864 MiB) above the single 512 MiB holder; its address is
     // its earliest allocation's (lowest seq), its age the range of the nine.
-    assert!(rows[0].contains("864.00 MiB") && rows[0].contains("9 × 96.00 MiB"), "{}", rows[0]);
+    assert!(
+        rows[0].contains("864.00 MiB") && rows[0].contains("9 × 96.00 MiB"),
+        "{}",
+        rows[0]
+    );
     assert!(rows[0].contains("0x7f00001000 (first)"), "{}", rows[0]);
     assert!(rows[0].contains("1.0 s–9.0 s"), "{}", rows[0]);
-    assert!(rows[1].contains("512.00 MiB") && !rows[1].contains('×'), "{}", rows[1]);
-    assert!(rows[2].contains("96.00 MiB") && !rows[2].contains('×'), "{}", rows[2]);
+    assert!(
+        rows[1].contains("512.00 MiB") && !rows[1].contains('×'),
+        "{}",
+        rows[1]
+    );
+    assert!(
+        rows[2].contains("96.00 MiB") && !rows[2].contains('×'),
+        "{}",
+        rows[2]
+    );
     // --top counts rows.
     let text = render_terminal(
         &dump,
