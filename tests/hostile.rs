@@ -154,7 +154,7 @@ fn fifos_devices_and_links_to_them_are_refused_at_once_by_every_reader() {
     let o = oomshim(&["merge", dir.path().to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert!(
-        text(&o.stdout).starts_with("1 dump(s)"),
+        text(&o.stdout).starts_with("1 dump\n"),
         "{}",
         text(&o.stdout)
     );

@@ -401,7 +401,16 @@ fn unescape_html(text: &str) -> String {
 fn browser_selftest(exe: &Path, page: &Path) -> (Value, String) {
     let dom_file = page.with_extension("dom.html");
     let url = format!("file://{}#selftest", page.display());
-    run_chromium(exe, &url, &["--dump-dom".to_string()], &dom_file);
+    // 1400 px wide: the holders table's stack column must fit a laptop's window whole.
+    run_chromium(
+        exe,
+        &url,
+        &[
+            "--dump-dom".to_string(),
+            "--window-size=1400,2000".to_string(),
+        ],
+        &dom_file,
+    );
     let dom = std::fs::read_to_string(&dom_file).unwrap();
     let open = "<pre id=\"selftest-result\">";
     let start = dom
@@ -482,6 +491,14 @@ fn pages_pass_their_self_test_in_headless_chromium() {
             // The demo's leak: 64 step samples, the fitted 96 MiB/step line, the 8 GiB capacity.
             let chart = check("growth chart drawn").expect("the chart check ran");
             assert_eq!(chart["detail"], "64 points, fit true, capacity true");
+            // Issue 27: round ticks, the top one at the 8 GiB capacity, not 8.40 GiB.
+            let ticks = check("growth ticks round").expect("the ticks check ran");
+            assert_eq!(
+                ticks["detail"],
+                "0 B, 2.00 GiB, 4.00 GiB, 6.00 GiB, 8.00 GiB"
+            );
+            let stacks = check("holders stacks unclipped").expect("the stacks check ran");
+            assert_eq!(stacks["ok"], true, "{stacks}");
             assert!(dom.contains("id=\"growth-fit\""), "{stem}: fit line");
             assert!(dom.contains("+96.00 MiB per step"), "{stem}: caption");
             // Its 19 identical 96 MiB activations are one row.

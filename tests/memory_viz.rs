@@ -56,7 +56,7 @@ fn an_ld_preload_dump_exports_every_tracked_byte_with_a_warning_for_the_rest() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let err = text(&out.stderr);
     assert!(
-        err.contains("warning: device 0: the dump lists 7 of 2046 allocations (104.50 GiB of 128.50 GiB); the other 24.00 GiB"),
+        err.contains("warning: device 0: the dump lists 7 of 2,046 allocations (104.50 GiB of 128.50 GiB); the other 24.00 GiB"),
         "{err}"
     );
     let Some(v) = viewer_check(&pk) else { return };

@@ -164,7 +164,7 @@ fn torchrun_style_job_one_rank_leaking_merge_names_it_first() {
     );
     assert!(text.contains("imbalance: rank 2 ("), "{text}");
     assert!(
-        text.contains("room on the others: 2 of the 2 process(es) that did not run out had the 256.00 MiB rank 2"),
+        text.contains("room on the others: 2 of the 2 processes that did not run out had the 256.00 MiB rank 2"),
         "{text}"
     );
     assert!(text.contains("NCCL holds 96.00 MiB per process"), "{text}");
@@ -239,12 +239,12 @@ fn slurm_style_job_over_per_host_directories() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(
         text.contains("first to run out of memory: rank 1 (")
-            && text.contains("the only one of 4 process(es) that ran out"),
+            && text.contains("the only one of 4 processes that ran out"),
         "{text}"
     );
     assert!(text.contains("imbalance: rank 1 ("), "{text}");
     assert!(
-        text.contains("3 of the 3 process(es) that did not run out"),
+        text.contains("3 of the 3 processes that did not run out"),
         "{text}"
     );
 }

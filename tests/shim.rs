@@ -452,9 +452,55 @@ fn oomshim_demo_runs_end_to_end_without_a_gpu() {
         "{report}"
     );
     let dumps = dumps_in(&cwd.path().join("oomshim-dumps"));
-    assert_eq!(dumps.len(), 1);
-    let dump = read_dump(&dumps[0]).unwrap();
+    // Issue 27 item 5: a snapshot at step 20 as well as the OOM dump, so `diff` has two states.
+    assert_eq!(dumps.len(), 2, "{dumps:?}");
+    let by_reason = |r: &str| {
+        dumps
+            .iter()
+            .find(|p| read_dump(p).unwrap().reason == r)
+            .unwrap_or_else(|| panic!("no {r} dump in {dumps:?}"))
+            .clone()
+    };
+    let snapshot = by_reason("snapshot at step 20");
+    let oom = by_reason("oom");
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "oomshim diff oomshim-dumps/{} oomshim-dumps/{}",
+            snapshot.file_name().unwrap().to_string_lossy(),
+            oom.file_name().unwrap().to_string_lossy()
+        )),
+        "{err}"
+    );
+    let diff = cli().arg("diff").arg(&snapshot).arg(&oom).output().unwrap();
+    assert!(diff.status.success(), "{}", stderr(&diff));
+    let diff = stdout(&diff);
+    assert!(
+        diff.contains("forward_layer") && diff.contains("allocations 20 → 67"),
+        "{diff}"
+    );
+    let dump = read_dump(&oom).unwrap();
     assert_eq!(dump.reason, "oom");
+    // Every live device allocation is a holder in the dump, so the memory_viz export has no
+    // "not in the dump" remainder (with OOMSHIM_TOP's default of 20, 62% of it was one).
+    for d in &dump.devices {
+        let listed = dump
+            .largest_holders
+            .iter()
+            .filter(|h| h.device == d.index)
+            .count() as u64;
+        assert_eq!(listed, d.tracked_count, "device {}", d.index);
+    }
+    let pickle = cwd.path().join("demo.pickle");
+    let export = cli()
+        .arg("export")
+        .arg(&oom)
+        .arg("--memory-viz")
+        .arg(&pickle)
+        .output()
+        .unwrap();
+    assert!(export.status.success(), "{}", stderr(&export));
+    assert!(!stderr(&export).contains("warning"), "{}", stderr(&export));
     // The demo marks its steps, so the kept activations show as growth per step.
     assert_eq!(dump.verdict.kind, "leak", "{}", dump.verdict.summary);
     assert!(
@@ -624,7 +670,7 @@ fn diff_and_merge_work_on_real_dumps() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(
-        text.contains("2 dump(s)") && text.contains("peak tracked memory per process"),
+        text.contains("2 dumps\n") && text.contains("peak tracked memory per process"),
         "{text}"
     );
 

@@ -1,6 +1,7 @@
 //! `oomshim demo`: the whole job on a machine without a GPU. A bundled training-loop client
 //! with a classic leak runs against the bundled simulated CUDA device under the shim until it
-//! runs out of memory; the dump it leaves is then reported.
+//! runs out of memory; the dump it leaves is then reported. The client also asks for a snapshot
+//! at an early step ([`SNAPSHOT_STEP`]), so `oomshim diff` has two states of one run to compare.
 
 use super::run::{spawn_and_wait, RunOptions};
 use crate::report::units::clean_path;
@@ -15,9 +16,21 @@ use std::path::{Path, PathBuf};
 /// Capacity of the simulated device the demo runs on.
 pub const DEMO_CAPACITY: &str = "8G";
 
+/// The step after which the demo client writes its snapshot (tests/clients/demo_train.c).
+pub const SNAPSHOT_STEP: u32 = 20;
+
+/// Holders and sites the demo's dumps list (`OOMSHIM_TOP`): more than the client ever has live
+/// (about 70 allocations), so the dumps hold every live allocation and a memory_viz export of
+/// them has no "not in the dump" remainder. The default, 20, would leave most of the demo's
+/// activations out of the holders.
+pub const DEMO_TOP: &str = "1000";
+
 pub struct DemoOutcome {
     pub client_exit: i32,
+    /// The out-of-memory dump.
     pub dump: PathBuf,
+    /// The snapshot written at [`SNAPSHOT_STEP`], when the client got that far.
+    pub snapshot: Option<PathBuf>,
 }
 
 /// Unpacks the client and runtime into a private temporary directory, runs the client under
@@ -46,23 +59,31 @@ pub fn run_demo(lib: PathBuf, dump_dir: &Path) -> Result<DemoOutcome, String> {
             ),
             // The demo process exits right after its OOM; no need to wait for a retry.
             (OsString::from("OOMSHIM_SETTLE"), OsString::from("0.2s")),
+            (OsString::from("OOMSHIM_TOP"), OsString::from(DEMO_TOP)),
         ],
     })
     .map_err(|e| e.message)?;
-    let dump = find_dump_of(dump_dir, pid).ok_or_else(|| {
+    let mut dumps = dumps_of(dump_dir, pid);
+    let dump = dumps.pop().ok_or_else(|| {
         format!(
             "the demo client (pid {pid}) left no dump in {}",
             clean_path(dump_dir)
         )
     })?;
-    Ok(DemoOutcome { client_exit, dump })
+    Ok(DemoOutcome {
+        client_exit,
+        dump,
+        snapshot: dumps.pop(),
+    })
 }
 
-/// The newest dump in `dir` written by process `pid`.
-pub fn find_dump_of(dir: &Path, pid: u32) -> Option<PathBuf> {
+/// The dumps in `dir` written by process `pid`, oldest first (by modification time, then name).
+fn dumps_of(dir: &Path, pid: u32) -> Vec<PathBuf> {
     let marker = format!("-{pid}-");
-    fs::read_dir(dir)
-        .ok()?
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<_> = entries
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .filter(|p| {
@@ -73,7 +94,10 @@ pub fn find_dump_of(dir: &Path, pid: u32) -> Option<PathBuf> {
                     && n.contains(&marker)
             })
         })
-        .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
+        .map(|p| (fs::metadata(&p).and_then(|m| m.modified()).ok(), p))
+        .collect();
+    found.sort();
+    found.into_iter().map(|(_, p)| p).collect()
 }
 
 /// A directory of the demo's own, removed with everything in it when dropped.

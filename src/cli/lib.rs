@@ -32,20 +32,26 @@ pub fn output_mode(input: &Path) -> u32 {
 /// `oomshim report`: prints a dump as text or as the JSON report model. PyTorch's own summary of
 /// its cache, saved by the `oomshim run` Python hook next to the dump, is merged in when found.
 pub fn report(path: &Path, top: usize, json: bool, color: bool) -> Result<String, String> {
-    let path = &resolve_dump(path)?;
-    with_progress("reading", path, || report_inner(path, top, json, color))
+    with_progress("reading", path, || {
+        let (path, dump) = read_chosen(path)?;
+        report_inner(&path, dump, top, json, color)
+    })
 }
 
-/// `path` itself, or for a directory its newest dump (by modification time, which is when the
-/// shim renamed it into place; ties by name). Torch's side files (`oomshim-torch-*`) and other
-/// files are not dumps. A directory says on stderr which dump it chose.
-pub fn resolve_dump(path: &Path) -> Result<std::path::PathBuf, String> {
-    if !path.is_dir() {
-        return Ok(path.to_path_buf());
-    }
+/// Writes `text` on stderr; a stderr that cannot be written is not worth failing for (and must
+/// never panic, as `eprint!` does).
+fn note(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// The dumps a directory may hold (`oomshim-*.json`, torch's side files `oomshim-torch-*`
+/// excepted), newest first: by modification time, which is when the shim renamed the dump
+/// into place; ties by name, the greater first.
+pub fn dump_candidates(dir: &Path) -> Result<Vec<std::path::PathBuf>, String> {
     let entries =
-        std::fs::read_dir(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let newest = entries
+        std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", clean_path(dir)))?;
+    let mut found: Vec<_> = entries
         .filter_map(|e| e.ok())
         .filter(|e| {
             let name = e.file_name();
@@ -56,21 +62,79 @@ pub fn resolve_dump(path: &Path) -> Result<std::path::PathBuf, String> {
                 && e.file_type().is_ok_and(|t| t.is_file())
         })
         .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .max();
-    match newest {
-        Some((_, p)) => {
-            eprintln!(
-                "oomshim: the newest dump in {}: {}",
-                clean_path(path),
-                clean_path(&p)
-            );
-            Ok(p)
+        .collect();
+    found.sort_by(|a, b| b.cmp(a));
+    Ok(found.into_iter().map(|(_, p)| p).collect())
+}
+
+/// What a directory given for a dump stands for: its newest dump that can be read, and why each
+/// newer one could not (`path: why`), as [`dump_candidates`] orders them.
+pub struct Chosen {
+    pub path: std::path::PathBuf,
+    pub dump: dump::model::Dump,
+    pub skipped: Vec<String>,
+}
+
+/// The newest readable dump in `dir`. A broken newer one (cut short, not JSON, a wrong schema)
+/// is skipped and named in [`Chosen::skipped`], as `merge` lists it under "Not read"; none
+/// readable at all is an error naming the first problem.
+pub fn newest_readable(dir: &Path) -> Result<Chosen, String> {
+    let candidates = dump_candidates(dir)?;
+    let mut skipped = Vec::new();
+    for path in candidates {
+        match dump::read::read_dump(&path) {
+            Ok(dump) => {
+                return Ok(Chosen {
+                    path,
+                    dump,
+                    skipped,
+                })
+            }
+            Err(e) => skipped.push(e.to_string()),
         }
+    }
+    match skipped.first() {
         None => Err(format!(
             "no oomshim dumps (oomshim-*.json) in {}",
-            clean_path(path)
+            clean_path(dir)
+        )),
+        Some(first) => Err(format!(
+            "no readable oomshim dump in {}: {} unreadable, the newest: {}",
+            clean_path(dir),
+            crate::report::units::plural(skipped.len() as u64, "dump", "dumps"),
+            crate::report::units::clean(first)
         )),
     }
+}
+
+/// `path` read as a dump; for a directory its newest readable dump ([`newest_readable`]),
+/// saying on stderr which one it chose and which broken newer ones it skipped. Every command
+/// that takes a dump takes a directory through this.
+pub fn read_chosen(path: &Path) -> Result<(std::path::PathBuf, dump::model::Dump), String> {
+    if !path.is_dir() {
+        let dump = dump::read::read_dump(path).map_err(|e| e.to_string())?;
+        return Ok((path.to_path_buf(), dump));
+    }
+    let chosen = newest_readable(path)?;
+    let mut text = String::new();
+    for why in &chosen.skipped {
+        text.push_str(&format!(
+            "oomshim: skipped a broken dump: {}\n",
+            crate::report::units::clean(why)
+        ));
+    }
+    text.push_str(&format!(
+        "oomshim: the newest {}dump in {}: {}\n",
+        if chosen.skipped.is_empty() {
+            ""
+        } else {
+            "readable "
+        },
+        clean_path(path),
+        clean_path(&chosen.path)
+    ));
+    note(&text);
+    Ok((chosen.path, chosen.dump))
 }
 
 /// A spinner on stderr while `f` runs, when stderr is a terminal and the dump is large enough
@@ -89,8 +153,13 @@ fn with_progress<R>(what: &str, input: &Path, f: impl FnOnce() -> R) -> R {
     r
 }
 
-fn report_inner(path: &Path, top: usize, json: bool, color: bool) -> Result<String, String> {
-    let mut dump = dump::read::read_dump(path).map_err(|e| e.to_string())?;
+fn report_inner(
+    path: &Path,
+    mut dump: dump::model::Dump,
+    top: usize,
+    json: bool,
+    color: bool,
+) -> Result<String, String> {
     if let Some(k) = crate::report::torch_cache::kinds_for(path, &dump) {
         crate::report::torch_cache::apply_kinds(&mut dump, k);
     }
@@ -114,12 +183,17 @@ fn report_inner(path: &Path, top: usize, json: bool, color: bool) -> Result<Stri
 
 /// `oomshim report DUMP --html OUT`: the self-contained HTML page, written atomically.
 pub fn report_html(path: &Path, out: &Path) -> Result<String, String> {
-    let path = &resolve_dump(path)?;
-    with_progress("rendering", path, || report_html_inner(path, out))
+    with_progress("rendering", path, || {
+        let (path, dump) = read_chosen(path)?;
+        report_html_inner(&path, dump, out)
+    })
 }
 
-fn report_html_inner(path: &Path, out: &Path) -> Result<String, String> {
-    let mut dump = dump::read::read_dump(path).map_err(|e| e.to_string())?;
+fn report_html_inner(
+    path: &Path,
+    mut dump: dump::model::Dump,
+    out: &Path,
+) -> Result<String, String> {
     if let Some(k) = crate::report::torch_cache::kinds_for(path, &dump) {
         crate::report::torch_cache::apply_kinds(&mut dump, k);
     }
@@ -132,10 +206,11 @@ fn report_html_inner(path: &Path, out: &Path) -> Result<String, String> {
     Ok(format!("wrote {}\n", clean_path(out)))
 }
 
-/// `oomshim diff A B`: growth and shrinkage by site between two dumps.
+/// `oomshim diff A B`: growth and shrinkage by site between two dumps (either may be a
+/// directory: its newest readable dump).
 pub fn diff(before: &Path, after: &Path, top: usize, json: bool) -> Result<String, String> {
-    let a = dump::read::read_dump(before).map_err(|e| e.to_string())?;
-    let b = dump::read::read_dump(after).map_err(|e| e.to_string())?;
+    let (_, a) = read_chosen(before)?;
+    let (_, b) = read_chosen(after)?;
     let d = crate::report::diff::diff(&a, &b);
     if json {
         let v = crate::report::diff::diff_json(&d, top);
@@ -183,7 +258,8 @@ pub fn export_memory_viz(dump: &Path, out: &Path) -> Result<String, String> {
 }
 
 fn export_memory_viz_inner(dump: &Path, out: &Path) -> Result<String, String> {
-    let d = dump::read::read_dump(dump).map_err(|e| e.to_string())?;
+    let (dump, d) = read_chosen(dump)?;
+    let dump = dump.as_path();
     let viz = crate::report::export::memory_viz(&d)?;
     dump::write::write_file_atomically(out, &viz.bytes, output_mode(dump))
         .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
@@ -195,9 +271,9 @@ fn export_memory_viz_inner(dump: &Path, out: &Path) -> Result<String, String> {
         ));
     }
     note.push_str(&format!(
-        "wrote {} ({} segments); open it at https://pytorch.org/memory_viz or with torch.cuda._memory_viz\n",
+        "wrote {} ({}); open it at https://pytorch.org/memory_viz or with torch.cuda._memory_viz\n",
         clean_path(out),
-        viz.segments
+        crate::report::units::plural(viz.segments as u64, "segment", "segments")
     ));
     Ok(note)
 }
@@ -206,7 +282,8 @@ fn export_memory_viz_inner(dump: &Path, out: &Path) -> Result<String, String> {
 /// Returns what to print on stderr: where it went, and a warning when the dump's sites do not
 /// cover every tracked byte (the rest is one line of its own).
 pub fn export_folded(dump: &Path, out: &Path) -> Result<String, String> {
-    let d = dump::read::read_dump(dump).map_err(|e| e.to_string())?;
+    let (dump, d) = read_chosen(dump)?;
+    let dump = dump.as_path();
     let folded = crate::report::export::folded(&d);
     let mut note = String::new();
     if let Some(w) = &folded.warning {
@@ -224,9 +301,9 @@ pub fn export_folded(dump: &Path, out: &Path) -> Result<String, String> {
         dump::write::write_file_atomically(out, folded.text.as_bytes(), output_mode(dump))
             .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
         note.push_str(&format!(
-            "wrote {} ({} stacks); open it with flamegraph.pl, inferno-flamegraph or https://www.speedscope.app\n",
+            "wrote {} ({}); open it with flamegraph.pl, inferno-flamegraph or https://www.speedscope.app\n",
             clean_path(out),
-            folded.lines
+            crate::report::units::plural(folded.lines as u64, "stack", "stacks")
         ));
     }
     Ok(note)

@@ -65,8 +65,9 @@ enum Cmd {
         after_help = "Examples:\n  oomshim report oomshim-dumps/oomshim-host-4242-1.json\n  oomshim report oomshim-dumps --top 20     # the newest dump in the directory\n  oomshim report DUMP --json | jq .growth\n  oomshim report DUMP --html report.html"
     )]
     Report {
-        /// A dump file, or a directory: its newest dump (by time of writing; torch's side files
-        /// oomshim-torch-* are not dumps).
+        /// A dump file, or a directory: its newest readable dump (by time of writing; broken
+        /// newer ones are skipped and named on stderr; torch's side files oomshim-torch-* are
+        /// not dumps).
         #[arg(value_name = "DUMP|DIR")]
         dump: PathBuf,
         /// How many holders and sites to show.
@@ -87,10 +88,11 @@ enum Cmd {
         after_help = "Example:\n  oomshim diff oomshim-dumps/oomshim-host-4242-1.json oomshim-dumps/oomshim-host-4242-2.json"
     )]
     Diff {
-        /// The earlier dump.
+        /// The earlier dump, or a directory: its newest readable dump.
         #[arg(value_name = "BEFORE")]
         before: PathBuf,
-        /// The later dump; sites are matched by their symbolised stacks, never by address.
+        /// The later dump (or a directory: its newest readable dump); sites are matched by their
+        /// symbolised stacks, never by address.
         #[arg(value_name = "AFTER")]
         after: PathBuf,
         /// How many sites to show.
@@ -102,15 +104,16 @@ enum Cmd {
     },
     /// Convert a dump for PyTorch's memory viewer or for flame-graph tools.
     #[command(
+        group(clap::ArgGroup::new("format").required(true).multiple(true).args(["memory_viz", "folded"])),
         after_help = "Examples:\n  oomshim export DUMP --memory-viz snapshot.pickle   # open at https://pytorch.org/memory_viz\n  oomshim export DUMP --folded - | flamegraph.pl > holders.svg\n  oomshim export DUMP --folded stacks.folded        # load into https://www.speedscope.app"
     )]
     Export {
-        /// The dump to convert.
-        #[arg(value_name = "DUMP")]
+        /// The dump to convert, or a directory: its newest readable dump.
+        #[arg(value_name = "DUMP|DIR")]
         dump: PathBuf,
         /// Write a torch.cuda.memory._snapshot()-style pickle here (segments, blocks and an
-        /// allocation timeline).
-        #[arg(long, value_name = "OUT.pickle", required_unless_present = "folded")]
+        /// allocation timeline). This, --folded, or both.
+        #[arg(long, value_name = "OUT.pickle")]
         memory_viz: Option<PathBuf>,
         /// Write folded stacks (`outer;…;inner bytes`, one line per stack) here, `-` for stdout:
         /// the input of flamegraph.pl, inferno and speedscope.
@@ -138,7 +141,9 @@ enum Cmd {
     /// A live view of every oomshim process of this user on this host (or one pid), from the
     /// live summaries the shim publishes: device memory, growing sites, steps per second, the
     /// last failure. Refreshed about once a second.
-    #[command(after_help = "Examples:\n  oomshim top\n  oomshim top --pid 4242 --once")]
+    #[command(
+        after_help = "Keys: q quits, p prunes the regions of gone processes (Ctrl-C quits too).\n\nExamples:\n  oomshim top\n  oomshim top --pid 4242 --once\n  oomshim top --prune --once"
+    )]
     Top {
         /// Show only this process.
         #[arg(long, value_name = "PID")]
@@ -149,6 +154,10 @@ enum Cmd {
         /// Where the live summaries are (default: OOMSHIM_LIVE_DIR, else /dev/shm/oomshim-UID).
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
+        /// Remove the regions of processes that are gone (left by a crash, not written for 10 s)
+        /// before showing, and before every refresh; the `p` key does it once.
+        #[arg(long)]
+        prune: bool,
     },
     /// Serve the live summaries of this user's oomshim processes on this host as Prometheus
     /// metrics (text format 0.0.4) at GET /metrics: tracked device bytes and peaks per process,
@@ -334,13 +343,25 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e.message, e.code),
             }
         }
-        Cmd::Top { pid, once, dir } => {
+        Cmd::Top {
+            pid,
+            once,
+            dir,
+            prune,
+        } => {
             let dir = dir.unwrap_or_else(oomshim_core::flight::live_dir);
             if once {
+                let mut text = String::new();
+                if prune {
+                    for line in cli::top::prune(&dir) {
+                        text.push_str(&format!("{line}\n"));
+                    }
+                }
                 let now = dump::time::unix_ms(std::time::SystemTime::now());
-                return print_out(&cli::top::frame(&dir, pid, now));
+                text.push_str(&cli::top::frame(&dir, pid, now));
+                return print_out(&text);
             }
-            cli::top::live(&dir, pid)
+            cli::top::live(&dir, pid, prune)
         }
         Cmd::Exporter { listen, dir, once } => {
             let dir = dir.unwrap_or_else(oomshim_core::flight::live_dir);
@@ -445,11 +466,24 @@ fn main() -> ExitCode {
             ));
             match cli::demo::run_demo(lib, &dir) {
                 Ok(out) => {
-                    note(&format!(
-                        "oomshim demo: the client exited with status {}; its dump is {}\n\n",
+                    let clean = oomshim_cli::report::units::clean_path;
+                    let mut text = format!(
+                        "oomshim demo: the client exited with status {}; its dump is {}\n",
                         out.client_exit,
-                        oomshim_cli::report::units::clean_path(&out.dump)
-                    ));
+                        clean(&out.dump)
+                    );
+                    if let Some(snapshot) = &out.snapshot {
+                        text.push_str(&format!(
+                            "oomshim demo: its snapshot at step {} is {}; what grew between them: \
+                             oomshim diff {} {}\n",
+                            cli::demo::SNAPSHOT_STEP,
+                            clean(snapshot),
+                            clean(snapshot),
+                            clean(&out.dump)
+                        ));
+                    }
+                    text.push('\n');
+                    note(&text);
                     match cli::report(&out.dump, 10, false, color_wanted()) {
                         Ok(text) => print_out(&text),
                         Err(e) => fail(&e, 1),

@@ -4,6 +4,10 @@
 //! otherwise the frame is redrawn about once a second. A region that cannot be read (torn,
 //! foreign, hostile) is one line saying why; nothing in a region can crash the view or drive
 //! the terminal (every string is shown escaped).
+//!
+//! The live view reads keys from a terminal without waiting for Enter (`q` quits, `p` prunes);
+//! the terminal's settings are restored on every way out: `q`, Ctrl-C, SIGTERM or SIGHUP, a
+//! reader that went away.
 
 use crate::report::units::{clean, human_bytes};
 use oomshim_core::flight::read::{read_region, scan, ReadError, RegionEntry, Snapshot};
@@ -62,7 +66,7 @@ fn render_one(out: &mut String, e: &RegionEntry, read: Result<Snapshot, ReadErro
     let state = if e.alive {
         "running"
     } else {
-        "gone (its region was left behind: it did not exit normally)"
+        "gone (its region was left behind: it did not exit normally; `p` or --prune removes it)"
     };
     let snap = match read {
         Ok(s) => s,
@@ -110,10 +114,10 @@ fn render_one(out: &mut String, e: &RegionEntry, read: Result<Snapshot, ReadErro
         };
         let _ = writeln!(
             out,
-            "  device {}: tracked {} in {} allocations, peak {}{free}",
+            "  device {}: tracked {} in {}, peak {}{free}",
             dev.index,
             human_bytes(dev.tracked_bytes),
-            dev.tracked_count,
+            crate::report::units::plural(dev.tracked_count, "allocation", "allocations"),
             human_bytes(dev.peak_tracked_bytes)
         );
     }
@@ -189,19 +193,165 @@ fn truncate(s: &str, max: usize) -> String {
     t
 }
 
-/// `oomshim top` without `--once`: redraws until interrupted.
-pub fn live(dir: &Path, pid: Option<u32>) -> ! {
-    use std::io::IsTerminal;
-    let tty = std::io::stdout().is_terminal();
-    loop {
-        let text = frame(dir, pid, dump::time::unix_ms(std::time::SystemTime::now()));
-        let mut out = std::io::stdout().lock();
-        let clear = if tty { "\x1b[H\x1b[2J" } else { "" };
-        if std::io::Write::write_all(&mut out, format!("{clear}{text}\n").as_bytes()).is_err() {
-            std::process::exit(0); // the reader went away
+/// A region of a gone process is pruned only once it has not been written for this long: the
+/// process published it last, and `oomshim run` (which reads it for a post-mortem the moment it
+/// reaps the process) has had its turn.
+pub const PRUNE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Removes the regions in `dir` of processes that are gone (pid and start time no longer
+/// running) and idle for [`PRUNE_GRACE`]; only regions [`scan`] trusts (this user's, private).
+/// Returns one line per region removed or that could not be removed.
+pub fn prune(dir: &Path) -> Vec<String> {
+    let mut said = Vec::new();
+    for e in scan(dir).regions.into_iter().filter(|e| !e.alive) {
+        let idle = std::fs::symlink_metadata(&e.path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|idle| idle >= PRUNE_GRACE);
+        if !idle {
+            continue;
         }
-        let _ = std::io::Write::flush(&mut out);
+        let name = crate::report::units::clean_path(&e.path);
+        match std::fs::remove_file(&e.path) {
+            Ok(()) => said.push(format!("pruned the region of gone pid {}: {name}", e.pid)),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => said.push(format!("cannot prune {name}: {err}")),
+        }
+    }
+    said
+}
+
+/// The key legend of the live view.
+fn legend(keys: bool) -> &'static str {
+    if keys {
+        "keys: q quit · p prune the regions of gone processes · Ctrl-C quits too"
+    } else {
+        "Ctrl-C quits (no keys: standard input is not a terminal)"
+    }
+}
+
+/// The signal that asked the live view to end (0: none yet).
+static STOP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn on_stop(sig: libc::c_int) {
+    STOP.store(sig, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The terminal on standard input switched to reading keys one at a time without echo (signals
+/// still work: Ctrl-C stays Ctrl-C); its settings come back when this is dropped.
+struct KeyMode {
+    saved: libc::termios,
+}
+
+impl KeyMode {
+    fn enter() -> Option<KeyMode> {
+        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
+        if unsafe { libc::tcgetattr(0, &mut saved) } != 0 {
+            return None;
+        }
+        let mut raw = saved;
+        raw.c_lflag &= !(libc::ICANON | libc::ECHO);
+        raw.c_cc[libc::VMIN] = 0;
+        raw.c_cc[libc::VTIME] = 0;
+        if unsafe { libc::tcsetattr(0, libc::TCSANOW, &raw) } != 0 {
+            return None;
+        }
+        Some(KeyMode { saved })
+    }
+}
+
+impl Drop for KeyMode {
+    fn drop(&mut self) {
+        unsafe { libc::tcsetattr(0, libc::TCSANOW, &self.saved) };
+    }
+}
+
+/// Waits up to `timeout` for a key on standard input; the keys read, empty on a timeout or a
+/// signal.
+fn read_keys(timeout: std::time::Duration) -> Vec<u8> {
+    let mut fds = libc::pollfd {
+        fd: 0,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    if unsafe { libc::poll(&mut fds, 1, ms) } <= 0 || fds.revents & libc::POLLIN == 0 {
+        return Vec::new();
+    }
+    let mut buf = [0u8; 64];
+    let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+    if n <= 0 {
+        return Vec::new();
+    }
+    buf[..n as usize].to_vec()
+}
+
+/// `oomshim top` without `--once`: redraws about once a second until `q`, a signal (Ctrl-C,
+/// SIGTERM, SIGHUP) or a reader that went away; `p` prunes now. `prune_each`: prune before
+/// every frame (`--prune`). Returns the status to exit with (128 + the signal for a signal).
+pub fn live(dir: &Path, pid: Option<u32>, prune_each: bool) -> std::process::ExitCode {
+    use std::io::{IsTerminal, Write};
+    use std::process::ExitCode;
+    let tty = std::io::stdout().is_terminal();
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+        act.sa_sigaction = on_stop as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        unsafe {
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut());
+        }
+    }
+    // Restored when this function returns, whichever way.
+    let keys = if std::io::stdin().is_terminal() {
+        KeyMode::enter()
+    } else {
+        None
+    };
+    let mut said: Vec<String> = Vec::new();
+    let mut prune_now = prune_each;
+    loop {
+        if prune_now {
+            said = prune(dir);
+            prune_now = prune_each;
+        }
+        let mut text = frame(dir, pid, dump::time::unix_ms(std::time::SystemTime::now()));
+        for line in &said {
+            text.push_str(&format!("{line}\n"));
+        }
+        let clear = if tty { "\x1b[H\x1b[2J" } else { "" };
+        let page = format!("{clear}{text}\n{}\n", legend(keys.is_some()));
+        let mut out = std::io::stdout().lock();
+        if out
+            .write_all(page.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err()
+        {
+            return ExitCode::SUCCESS; // the reader went away
+        }
         drop(out);
-        std::thread::sleep(std::time::Duration::from_secs(1));
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            let sig = STOP.load(std::sync::atomic::Ordering::SeqCst);
+            if sig != 0 {
+                return ExitCode::from((128 + sig).clamp(0, 255) as u8);
+            }
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            if keys.is_none() {
+                std::thread::sleep(left.min(std::time::Duration::from_millis(100)));
+                continue;
+            }
+            let pressed = read_keys(left.min(std::time::Duration::from_millis(100)));
+            if pressed.iter().any(|&k| k == b'q' || k == b'Q') {
+                return ExitCode::SUCCESS;
+            }
+            if pressed.iter().any(|&k| k == b'p' || k == b'P') {
+                prune_now = true;
+                break;
+            }
+        }
     }
 }

@@ -4,6 +4,12 @@
 /// Binary units after bytes; `u64::MAX` is just under 16 EiB.
 const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
 
+/// `1 allocation`, `2 allocations`, `1,024 allocations`: a count with the word that agrees
+/// with it (thousands separated).
+pub fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{} {}", thousands(n), if n == 1 { one } else { many })
+}
+
 /// `512 B`, `1.50 MiB`, `2.00 GiB`: binary units, two decimals, never `1024.00` of a unit.
 pub fn human_bytes(bytes: u64) -> String {
     if bytes < 1024 {

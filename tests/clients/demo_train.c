@@ -13,6 +13,9 @@
  * With SIMCUDA_CAPACITY=8G (what `oomshim demo` sets) and the sim's 256 MiB context, the
  * workspace allocation of step 67 fails. Knobs (environment): DEMO_ACT_MB, DEMO_WORKSPACE_MB.
  *
+ * After step SNAPSHOT_STEP (20) it asks the shim for a dump (`oomshim_dump`, reason
+ * "snapshot at step 20"), so `oomshim diff` can compare that early state with the OOM dump.
+ *
  * Output: progress every 10 steps on stdout; on the failure, a PyTorch-style
  * "RuntimeError: CUDA out of memory at step N (cudaMalloc returned 2: out of memory). ..." on
  * stderr and exit 1. Exit 0 if no allocation fails within MAX_STEPS.
@@ -29,6 +32,7 @@
 #define WEIGHTS_BYTES ((size_t)1 << 30)
 #define STAGING_BYTES (64 * MiB)
 #define MAX_STEPS 100000
+#define SNAPSHOT_STEP 20
 
 static void *g_weights;
 static void *g_staging;
@@ -122,6 +126,8 @@ int main(void) {
     fflush(stdout);
     /* Like `oomshim.step()` in a Python loop: marks each step when oomshim is loaded. */
     void (*mark_step)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "oomshim_step");
+    /* Like `oomshim.dump("...")`: an on-demand snapshot, when oomshim is loaded. */
+    int (*dump_now)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "oomshim_dump");
     for (int step = 1; step <= MAX_STEPS; step++) {
         rc = train_step(step);
         if (rc == cudaSuccess && mark_step != NULL) mark_step();
@@ -130,6 +136,7 @@ int main(void) {
             report_oom(step, rc);
             return 1;
         }
+        if (step == SNAPSHOT_STEP && dump_now != NULL) dump_now("snapshot at step 20");
         if (step % 10 == 0) {
             printf("step %d: loss %.4f\n", step, 2.3 / (1.0 + 0.05 * step));
             fflush(stdout);

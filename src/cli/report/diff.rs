@@ -180,9 +180,9 @@ pub fn render_diff(d: &Diff, top: usize) -> String {
         .filter(|s| s.delta() != 0 || s.before_count != s.after_count)
         .collect();
     out.push_str(&format!(
-        "\nSites that changed ({} of {} sites; largest growth first)\n",
+        "\nSites that changed ({} of {}; largest growth first)\n",
         changed.len(),
-        d.sites.len()
+        super::units::plural(d.sites.len() as u64, "site", "sites")
     ));
     if changed.is_empty() {
         out.push_str("  none\n");

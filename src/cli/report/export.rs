@@ -32,7 +32,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::report::units::human_bytes;
+use crate::report::units::{human_bytes, plural};
 use dump::model::{Dump, Frame, Holder};
 use serde::Serialize;
 
@@ -426,16 +426,22 @@ fn segments_of<'a>(dump: &'a Dump, warnings: &mut Vec<String>) -> Vec<RawSegment
         }
         if unlisted.0 > 0 {
             warnings.push(format!(
-                "{} allocated blocks ({}) have no stack: the dump lists only its largest holders \
+                "{} ({}) {} no stack: the dump lists only its largest holders \
                  (raise OOMSHIM_TOP); their frames say so",
-                unlisted.0,
-                human_bytes(unlisted.1)
+                plural(unlisted.0 as u64, "allocated block", "allocated blocks"),
+                human_bytes(unlisted.1),
+                if unlisted.0 == 1 { "has" } else { "have" }
             ));
         }
         if fb.segment_map_omitted > 0 {
             warnings.push(format!(
-                "the dump left {} segments out of its segment map; they are not exported",
-                fb.segment_map_omitted
+                "the dump left {} out of its segment map; {} not exported",
+                plural(fb.segment_map_omitted as u64, "segment", "segments"),
+                if fb.segment_map_omitted == 1 {
+                    "it is"
+                } else {
+                    "they are"
+                }
             ));
         }
     }
@@ -475,11 +481,11 @@ fn segments_of<'a>(dump: &'a Dump, warnings: &mut Vec<String>) -> Vec<RawSegment
         }
         let count = d.tracked_count.saturating_sub(listed.len() as u64);
         warnings.push(format!(
-            "device {}: the dump lists {} of {} allocations ({} of {}); the other {} are one \
+            "device {}: the dump lists {} of {} ({} of {}); the other {} are one \
              segment named \"{NOT_IN_DUMP}\"",
             d.index,
             listed.len(),
-            d.tracked_count,
+            plural(d.tracked_count, "allocation", "allocations"),
             human_bytes(bytes),
             human_bytes(d.tracked_bytes),
             human_bytes(rest)
@@ -500,7 +506,10 @@ fn segments_of<'a>(dump: &'a Dump, warnings: &mut Vec<String>) -> Vec<RawSegment
             frames: vec![VizFrame {
                 filename: "oomshim".to_string(),
                 line: 0,
-                name: format!("{NOT_IN_DUMP} ({count} allocations)"),
+                name: format!(
+                    "{NOT_IN_DUMP} ({})",
+                    plural(count, "allocation", "allocations")
+                ),
             }],
         });
     }
@@ -562,9 +571,11 @@ pub fn folded(dump: &Dump) -> Folded {
     let rest = tracked.saturating_sub(covered);
     let mut warning = None;
     if rest > 0 {
-        warning = Some(format!(
-            "the dump's {} sites cover {} of {} tracked; the other {} are one stack named \"{FOLDED_REST}\"",
-            dump.sites.len(),
+        warning =
+            Some(format!(
+            "the dump's {} {} {} of {} tracked; the other {} are one stack named \"{FOLDED_REST}\"",
+            plural(dump.sites.len() as u64, "site", "sites"),
+            if dump.sites.len() == 1 { "covers" } else { "cover" },
             human_bytes(covered),
             human_bytes(tracked),
             human_bytes(rest)
@@ -834,7 +845,11 @@ mod tests {
             string(key(&list(key(&blocks[2], "frames"))[0], "name")),
             NOT_IN_DUMP
         );
-        assert!(viz.warning.unwrap().contains("1 allocated blocks"));
+        let warning = viz.warning.unwrap();
+        assert!(
+            warning.contains("1 allocated block (") && warning.contains("has no stack"),
+            "{warning}"
+        );
         // Offsets inside the segment are kept.
         let base = int(key(&segments[0], "address"));
         assert_eq!(int(key(&blocks[1], "address")) - base, 4 << 20);

@@ -3,7 +3,7 @@
 //! others idle"). Reads directories that many hosts may share, or one directory per host; files
 //! that are not dumps are skipped, broken dumps are reported.
 
-use super::units::human_bytes;
+use super::units::{human_bytes, plural};
 use dump::model::Dump;
 use dump::read::{read_dump, DumpError};
 use rustc_hash::FxHashMap;
@@ -145,6 +145,10 @@ pub const IMBALANCE_FACTOR: f64 = 1.25;
 
 /// Processes named one by one in a finding; the rest are counted.
 const NAMED: usize = 8;
+
+/// Longest reason shown whole in the table (the shim keeps reasons to 128 characters; what is
+/// longer is cut in the middle).
+const MAX_REASON: usize = 48;
 
 fn row(path: PathBuf, d: &Dump) -> Row {
     let failing = d.failed_request.as_ref().map(|r| r.device);
@@ -474,8 +478,9 @@ fn findings(m: &Merged, procs: &[Proc]) -> Vec<String> {
                     f.failed_processes,
                     procs.len()
                 )),
+                // Only here with two processes or more.
                 None => line.push_str(&format!(
-                    ", the only one of {} process(es) that ran out",
+                    ", the only one of {} processes that ran out",
                     procs.len()
                 )),
             }
@@ -551,10 +556,10 @@ fn findings(m: &Merged, procs: &[Proc]) -> Vec<String> {
         let others_max = others.iter().map(|p| p.peak).max().unwrap_or(0);
         for p in oom.iter().take(NAMED) {
             out.push(format!(
-                "{} ran out of memory at {} tracked while the {} other process(es) peaked at {} at most",
+                "{} ran out of memory at {} tracked while the {} peaked at {} at most",
                 who(&rows[p.first_oom.expect("filtered")]),
                 human_bytes(p.peak),
-                procs.len() - 1,
+                plural((procs.len() - 1) as u64, "other process", "other processes"),
                 human_bytes(others_max)
             ));
         }
@@ -571,13 +576,13 @@ fn findings(m: &Merged, procs: &[Proc]) -> Vec<String> {
     let nccl: Vec<u64> = m.rows.iter().filter_map(|r| r.nccl_bytes).collect();
     if let (Some(lo), Some(hi)) = (nccl.iter().min(), nccl.iter().max()) {
         out.push(format!(
-            "NCCL holds {} per process in {} dump(s){}",
+            "NCCL holds {} per process in {}{}",
             if lo == hi {
                 human_bytes(*lo)
             } else {
                 format!("{} to {}", human_bytes(*lo), human_bytes(*hi))
             },
-            nccl.len(),
+            plural(nccl.len() as u64, "dump", "dumps"),
             if nccl.len() < m.rows.len() {
                 format!(
                     " (the other {} name no NCCL memory)",
@@ -625,9 +630,9 @@ fn room(m: &Merged, others: &[&Proc]) -> Option<String> {
         ),
     };
     Some(format!(
-        "room on the others: {with_room} of the {} process(es) that did not run out had the {} \
+        "room on the others: {with_room} of the {} that did not run out had the {} \
          {} asked for ({basis}){}",
-        measured + estimated,
+        plural((measured + estimated) as u64, "process", "processes"),
         human_bytes(need),
         who(failed),
         if with_room > 0 {
@@ -639,22 +644,50 @@ fn room(m: &Merged, others: &[&Proc]) -> Option<String> {
 }
 
 pub fn render_merge(m: &Merged) -> String {
-    let mut out = format!("{} dump(s)\n", m.rows.len());
+    let mut out = format!("{}\n", plural(m.rows.len() as u64, "dump", "dumps"));
+    // The reason column is as wide as its longest reason (`manual:step-1000` whole, not cut to
+    // fit a fixed width), within reason: a hostile dump's reason is cut in the middle.
+    let reasons: Vec<String> = m
+        .rows
+        .iter()
+        .map(|r| super::units::truncate_middle(&super::units::clean(&r.reason), MAX_REASON))
+        .collect();
+    let rw = reasons
+        .iter()
+        .map(|r| super::units::width(r))
+        .max()
+        .unwrap_or(0)
+        .max("REASON".len());
+    let pad = |text: &str, w: usize| {
+        format!(
+            "{text}{}",
+            " ".repeat(w.saturating_sub(super::units::width(text)))
+        )
+    };
     out.push_str(&format!(
-        "  {:<5} {:<20} {:>8} {:>4} {:<12} {:>11} {:>11} {:>11} {:>11}  {}\n",
-        "RANK", "HOST", "PID", "DEV", "REASON", "TRACKED", "PEAK", "FREE", "TOTAL", "VERDICT"
+        "  {:<5} {:<20} {:>8} {:>4} {} {:>11} {:>11} {:>11} {:>11}  {}\n",
+        "RANK",
+        "HOST",
+        "PID",
+        "DEV",
+        pad("REASON", rw),
+        "TRACKED",
+        "PEAK",
+        "FREE",
+        "TOTAL",
+        "VERDICT"
     ));
     let opt = |b: Option<u64>| b.map(human_bytes).unwrap_or_else(|| "-".into());
-    for r in &m.rows {
+    for (r, reason) in m.rows.iter().zip(&reasons) {
         out.push_str(&format!(
-            "  {:<5} {:<20} {:>8} {:>4} {:<12} {:>11} {:>11} {:>11} {:>11}  {}\n",
+            "  {:<5} {:<20} {:>8} {:>4} {} {:>11} {:>11} {:>11} {:>11}  {}\n",
             r.rank.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
             super::units::truncate_middle(&super::units::clean(&r.host), 20),
             r.pid,
             r.device
                 .map(|x| x.to_string())
                 .unwrap_or_else(|| "-".into()),
-            super::units::truncate_middle(&super::units::clean(&r.reason), 12),
+            pad(reason, rw),
             human_bytes(r.tracked_bytes),
             human_bytes(r.peak_tracked_bytes),
             opt(r.free_bytes),
@@ -688,9 +721,9 @@ pub fn render_merge(m: &Merged) -> String {
         out.push_str("\nBy host\n");
         for h in &m.hosts {
             out.push_str(&format!(
-                "  {:<20} {:>5} process(es)  ranks {:<16} {:>4} ran out  max peak {}\n",
+                "  {:<20} {:>15}  ranks {:<16} {:>4} ran out  max peak {}\n",
                 super::units::truncate_middle(&super::units::clean(&h.host), 20),
-                h.processes,
+                plural(h.processes as u64, "process", "processes"),
                 if h.ranks.is_empty() {
                     "-".to_string()
                 } else {
@@ -772,6 +805,48 @@ mod tests {
 
     fn write(dir: &Path, name: &str, d: &Dump) {
         std::fs::write(dir.join(name), serde_json::to_vec(d).unwrap()).unwrap();
+    }
+
+    /// Issue 27: the REASON column is as wide as the longest reason (it was cut to 12
+    /// characters: `manua...1000`, `snaps...exit`), and the columns after it stay aligned.
+    #[test]
+    fn reasons_are_shown_whole_and_the_table_stays_aligned() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = fixture("oom_own_allocations.json");
+        for (i, reason) in ["oom", "manual: checkpoint at step 1000", "snapshot-at-exit"]
+            .into_iter()
+            .enumerate()
+        {
+            let mut d = base.clone();
+            d.process.rank = Some(i as u32);
+            d.process.pid = 100 + i as u32;
+            d.reason = reason.into();
+            write(dir.path(), &format!("oomshim-h-{i}-1.json"), &d);
+        }
+        let text =
+            render_merge(&merge_dirs(&[dir.path().into()], MergeOptions::default()).unwrap());
+        let lines: Vec<&str> = text.lines().take(5).collect();
+        assert_eq!(lines[0], "3 dumps", "{text}");
+        for reason in ["manual: checkpoint at step 1000", "snapshot-at-exit"] {
+            assert!(text.contains(reason), "{reason} cut: {text}");
+        }
+        // TRACKED ends in the same column on the header and every row.
+        let end = |l: &str| l.find(" TRACKED").map(|i| i + " TRACKED".len());
+        let at = end(lines[1]).expect("header");
+        for row in &lines[2..5] {
+            assert_eq!(dump::units::width(&row[..row.len().min(at)]), at, "{text}");
+            assert!(
+                row[..at].ends_with(" GiB") || row[..at].ends_with(" MiB"),
+                "{text}"
+            );
+        }
+        // A hostile reason is cut in the middle, not allowed to widen the table without end.
+        let mut d = base.clone();
+        d.reason = "x".repeat(5000);
+        write(dir.path(), "oomshim-h-9-1.json", &d);
+        let text =
+            render_merge(&merge_dirs(&[dir.path().into()], MergeOptions::default()).unwrap());
+        assert!(text.lines().all(|l| l.len() < 400), "{text}");
     }
 
     #[test]
@@ -1011,7 +1086,7 @@ mod tests {
         );
         assert!(text.contains("also far above the median (1.25× or more): rank 9 (node-1 pid 1009) 1.5×, rank 12 (node-1 pid 1012) 1.3×"), "{text}");
         assert!(
-            text.contains("room on the others: 15 of the 15 process(es) that did not run out had the 4.00 GiB rank 3 (node-0 pid 1003) asked for (14 by their free bytes, 1 by rank 3 (node-0 pid 1003)'s device size less their peak)"),
+            text.contains("room on the others: 15 of the 15 processes that did not run out had the 4.00 GiB rank 3 (node-0 pid 1003) asked for (14 by their free bytes, 1 by rank 3 (node-0 pid 1003)'s device size less their peak)"),
             "{text}"
         );
         // By host: the ranks of each, as ranges.
@@ -1035,8 +1110,7 @@ mod tests {
             .collect();
         let text = render_merge(&merge_rows(rows_of(&tight), vec![], opts(1000)));
         assert!(
-            text.contains("0 of the 3 process(es)")
-                && text.contains("every rank is near its limit"),
+            text.contains("0 of the 3 processes") && text.contains("every rank is near its limit"),
             "{text}"
         );
     }

@@ -51,6 +51,63 @@ pub struct ReportModel<'a> {
     pub torch_cache: Option<TorchCacheNote<'a>>,
 }
 
+/// Identical holders (same size, API, device and stack: a leak's activations, one per step)
+/// as one row, as the HTML page shows them: `count × size`.
+#[derive(Debug, Clone)]
+pub struct HolderGroup<'a> {
+    /// The group's earliest allocation (lowest `seq`): its address is the one shown.
+    pub first: &'a Holder,
+    /// How many holders are identical to it (1: no others).
+    pub count: u64,
+    /// Their bytes together (saturating).
+    pub bytes: u64,
+    /// The youngest and oldest age among them, in seconds.
+    pub age_min_s: f64,
+    pub age_max_s: f64,
+}
+
+/// `holders` (largest first) grouped into [`HolderGroup`]s, largest total first; groups of equal
+/// totals keep the order of their first holders.
+pub fn group_holders<'a>(holders: &[&'a Holder]) -> Vec<HolderGroup<'a>> {
+    use std::collections::HashMap;
+    // Keyed by what is cheap to hash; the stacks are compared in full within a bucket.
+    let mut index: HashMap<(u64, &str, i32, Vec<&str>), Vec<usize>> = HashMap::new();
+    let mut groups: Vec<HolderGroup<'a>> = Vec::new();
+    for &h in holders {
+        let key = (
+            h.bytes,
+            h.api.as_str(),
+            h.device,
+            h.stack.iter().map(|f| f.address.as_str()).collect(),
+        );
+        let bucket = index.entry(key).or_default();
+        match bucket.iter().find(|&&g| groups[g].first.stack == h.stack) {
+            Some(&g) => {
+                let g = &mut groups[g];
+                if h.seq < g.first.seq {
+                    g.first = h;
+                }
+                g.count += 1;
+                g.bytes = g.bytes.saturating_add(h.bytes);
+                g.age_min_s = g.age_min_s.min(h.age_s);
+                g.age_max_s = g.age_max_s.max(h.age_s);
+            }
+            None => {
+                bucket.push(groups.len());
+                groups.push(HolderGroup {
+                    first: h,
+                    count: 1,
+                    bytes: h.bytes,
+                    age_min_s: h.age_s,
+                    age_max_s: h.age_s,
+                });
+            }
+        }
+    }
+    groups.sort_by_key(|g| std::cmp::Reverse(g.bytes));
+    groups
+}
+
 /// Why the dump was written.
 #[derive(Debug, Clone, Copy)]
 pub enum Occasion<'a> {

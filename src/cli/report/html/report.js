@@ -60,6 +60,20 @@
     while (u + 1 < UNITS.length && Math.round(v * 100) >= 102400) { v /= 1024; u++; }
     return v.toFixed(2) + ' ' + UNITS[u];
   }
+  // Axis ticks at round steps: 1, 2, 2.5 or 5 × 10^k of the binary unit the top is shown in
+  // (an 8 GiB top: 0, 2, 4, 6, 8 GiB), at most `intervals` + 1 of them, none above `top`.
+  function roundTicks(top, intervals) {
+    if (!(top > 0)) return { step: 1, ticks: [0] };
+    var unit = 1;
+    while (unit * 1024 <= top && unit < Math.pow(1024, 6)) unit *= 1024;
+    var raw = top / unit / intervals, p = Math.pow(10, Math.floor(Math.log10(raw)));
+    var m = [1, 2, 2.5, 5, 10].filter(function (x) { return x * p >= raw * (1 - 1e-9); })[0];
+    var step = Math.max(m * p * unit, 1), ticks = [];
+    for (var i = 0; i * step <= top * (1 + 1e-9); i++) ticks.push(i * step);
+    return { step: step, ticks: ticks };
+  }
+  // '1 allocation', '2 allocations': a count with the word that agrees with it.
+  function plural(n, one, many) { return thousands(n) + ' ' + (n === 1 ? one : many); }
   function thousands(n) {
     if (n == null) return 'n/a';
     var s = String(Math.round(n)), out = '';
@@ -205,7 +219,7 @@
     row('size', el('span', { id: 'failed-size', class: 'mono', text: exact(r.bytes) }));
     row('call', r.api + ' on device ' + r.device + ', error ' + r.error_code);
     row('outcome', OUTCOME[r.recovery] || r.recovery);
-    row('burst', r.failures_in_burst === 1 ? '1 failure' : thousands(r.failures_in_burst) + ' failures');
+    row('burst', plural(r.failures_in_burst, 'failure', 'failures'));
     var lf = r.last_failure;
     if (lf) row('last', humanBytes(lf.bytes) + ' via ' + lf.api + ', ' + humanBytes(lf.free_bytes) + ' free of ' + humanBytes(lf.total_bytes) + ', ' + humanBytes(lf.tracked_bytes) + ' tracked');
     row('stack', stackCell(r.stack, 6));
@@ -260,7 +274,7 @@
       add(s, el('h3', { text: 'By kind (device ' + bk.device + ')' }), kbar, legend);
     }
     var ph = D.pinned_host;
-    add(s, el('p', { class: 'muted', text: 'Pinned host memory: ' + humanBytes(ph.bytes) + ' in ' + thousands(ph.count) + ' allocations (peak ' + humanBytes(ph.peak_bytes) + '); host memory, not counted as device memory.' }));
+    add(s, el('p', { class: 'muted', text: 'Pinned host memory: ' + humanBytes(ph.bytes) + ' in ' + plural(ph.count, 'allocation', 'allocations') + ' (peak ' + humanBytes(ph.peak_bytes) + '); host memory, not counted as device memory.' }));
   });
 
   // ---- growth chart --------------------------------------------------------------------------
@@ -309,10 +323,14 @@
     var Y = function (y) { return TOP + (H - TOP - B) * (1 - Math.min(y, ymax) / ymax); };
     var chart = svg('svg', { id: 'growth-chart', viewBox: '0 0 ' + W + ' ' + H, role: 'img', 'aria-label': 'tracked bytes per ' + unit });
     var axes = svg('g', { class: 'axes' });
-    for (var i = 0; i <= 4; i++) {
-      var yv = ymax * i / 4, yy = Y(yv);
+    // Round byte ticks (0, 2, 4, 6, 8 GiB), none above the device's capacity.
+    var yTicks = roundTicks(g.capacity_bytes ? Math.min(ymax, g.capacity_bytes) : ymax, 4);
+    yTicks.ticks.forEach(function (yv) {
+      var yy = Y(yv);
       axes.appendChild(svg('line', { x1: L, x2: W - R, y1: yy, y2: yy, class: 'grid' }));
-      axes.appendChild(svg('text', { x: L - 6, y: yy + 4, 'text-anchor': 'end', text: humanBytes(Math.round(yv)) }));
+      axes.appendChild(svg('text', { x: L - 6, y: yy + 4, 'text-anchor': 'end', class: 'y-tick', text: humanBytes(yv) }));
+    });
+    for (var i = 0; i <= 4; i++) {
       var xv = Math.round(x0 + (x1 - x0) * i / 4);
       axes.appendChild(svg('text', { x: X(xv), y: H - B + 16, 'text-anchor': 'middle', text: String(xv) }));
     }
@@ -333,20 +351,20 @@
     });
     add(s, el('div', { class: 'chart-wrap' }, chart));
     var legend = el('div', { class: 'legend' },
-      el('span', { style: '--c: var(--own)', text: 'tracked device bytes (' + thousands(pts.length) + ' samples' + (g.steps ? ', ' + g.steps + ' steps' : '') + ')' }),
+      el('span', { style: '--c: var(--own)', text: 'tracked device bytes (' + plural(pts.length, 'sample', 'samples') + (g.steps ? ', ' + g.steps + ' steps' : '') + ')' }),
       site ? el('span', { style: '--c: var(--fit)', text: 'fitted growth of the top site' }) : null,
       g.capacity_bytes ? el('span', { style: '--c: var(--capacity)', text: 'device capacity' }) : null);
     add(s, legend);
     if (site) {
       var label = topLabel(site.stack) || '(no named frame)';
-      var r2 = site.r_squared == null ? '' : ' (R² ' + site.r_squared.toFixed(3) + ' over ' + site.samples + ' samples)';
+      var r2 = site.r_squared == null ? '' : ' (R² ' + site.r_squared.toFixed(3) + ' over ' + plural(site.samples, 'sample', 'samples') + ')';
       var out = site.projected_oom_step != null ? '; at that rate free memory runs out at ' + unit + ' ' + thousands(site.projected_oom_step) : '';
       add(s, el('p', { id: 'growth-caption' }, unit === 'step' ? 'Fitted leak: ' : 'Growth per second (evidence only: loading also grows steadily): ',
         el('code', { text: label }), ' +' + humanBytes(site.bytes_per_step) + ' per ' + unit + r2 + out + '.'));
     } else {
       add(s, el('p', { class: 'muted', id: 'growth-caption', text: 'No site grows steadily (a fit needs a positive slope with R² ≥ 0.9 over at least 4 samples).' }));
     }
-    growthChart = { svg: chart, line: line, points: pts.length, fit: site != null, capacity: !!g.capacity_bytes };
+    growthChart = { svg: chart, line: line, points: pts.length, fit: site != null, capacity: !!g.capacity_bytes, yTicks: yTicks };
   });
 
   // ---- flame (icicle) graph ------------------------------------------------------------------
@@ -601,7 +619,7 @@
     var rows = groupHolders();
     var grouped = D.holders.length - rows.length;
     add(s, el('h2', { text: 'Largest holders' }),
-      el('p', { class: 'muted', id: 'holders-note', text: thousands(D.holders.length) + ' listed in the dump; ' + thousands(live) + ' allocations live when it was written.' +
+      el('p', { class: 'muted', id: 'holders-note', text: thousands(D.holders.length) + ' listed in the dump; ' + plural(live, 'allocation', 'allocations') + ' live when it was written.' +
         (grouped ? ' Identical holders (same size, API, device and stack) are one row: ' + thousands(D.holders.length) + ' holders in ' + thousands(rows.length) + ' rows.' : '') }));
     if (!D.holders.length) { add(s, el('p', { class: 'muted', text: 'The dump lists no live allocations.' })); return; }
     tables.holders = sortableTable(s, 'holders-table', rows, [
@@ -620,7 +638,7 @@
 
   section('sites', function (s) {
     add(s, el('h2', { text: 'Allocation sites' }),
-      el('p', { class: 'muted', text: thousands(D.sites.length) + ' sites listed in the dump; live bytes by allocation stack.' }));
+      el('p', { class: 'muted', text: plural(D.sites.length, 'site', 'sites') + ' listed in the dump; live bytes by allocation stack.' }));
     if (!D.sites.length) { add(s, el('p', { class: 'muted', text: 'The dump lists no allocation sites.' })); return; }
     var c = SC;
     tables.sites = sortableTable(s, 'sites-table', D.sites, [
@@ -669,7 +687,7 @@
       var labels = el('div', { class: 'hist-labels' });
       bins.forEach(function (b) {
         var v = b[vi];
-        add(hist, el('div', { class: 'bar', title: humanBytes(b[0]) + ' – ' + humanBytes(b[1]) + ': ' + thousands(b[2]) + ' blocks, ' + humanBytes(b[3]) },
+        add(hist, el('div', { class: 'bar', title: humanBytes(b[0]) + ' – ' + humanBytes(b[1]) + ': ' + plural(b[2], 'block', 'blocks') + ', ' + humanBytes(b[3]) },
           el('div', { class: 'val', text: mode === 'bytes' ? humanBytes(v) : thousands(v) }),
           el('div', { class: 'fill', style: 'height:' + (v * 100 / max).toFixed(2) + '%' })));
         add(labels, el('div', { title: humanBytes(b[0]) + ' – ' + humanBytes(b[1]), text: humanBytes(b[0]) + '–' + humanBytes(b[1]) }));
@@ -719,8 +737,8 @@
     var r = D.recording;
     add(s, el('h2', { text: 'Recording' }));
     add(s, el('p', { class: 'muted', text: 'oomshim ' + r.version + ', stacks ' + r.stacks + (r.python ? ' (' + r.python + ')' : '') + ' (depth ' + r.depth + '); ' +
-      thousands(r.live_allocations) + ' allocations live, ' + thousands(r.total_allocations) + ' recorded in total, ' +
-      thousands(r.unknown_frees) + ' unknown frees, ' + thousands(r.oom_failures) + ' OOM failures. Dump schema ' + D.schema + '.' }));
+      plural(r.live_allocations, 'allocation', 'allocations') + ' live, ' + thousands(r.total_allocations) + ' recorded in total, ' +
+      plural(r.unknown_frees, 'unknown free', 'unknown frees') + ', ' + plural(r.oom_failures, 'OOM failure', 'OOM failures') + '. Dump schema ' + D.schema + '.' }));
   });
 
   var renderMs = performance.now() - T0;
@@ -828,6 +846,25 @@
           !D.growth.sites.length || wide(byId('growth-fit')), !D.growth.capacity_bytes || wide(byId('growth-capacity'))] : [false];
         check('growth chart drawn', parts.every(Boolean),
           gc ? gc.points + ' points, fit ' + gc.fit + ', capacity ' + gc.capacity + (parts.every(Boolean) ? '' : ' [' + parts.join(',') + ']') : 'no chart');
+      }
+      if (gc) {
+        // Round ticks: multiples of a 1/2/2.5/5 × 10^k step of their unit, none above capacity.
+        var yt = gc.yTicks, unitOf = function (v) { var u = 1; while (u * 1024 <= v) u *= 1024; return u; };
+        var mant = yt.step / unitOf(yt.step) / Math.pow(10, Math.floor(Math.log10(yt.step / unitOf(yt.step))));
+        var topTick = yt.ticks[yt.ticks.length - 1];
+        check('growth ticks round', yt.ticks.length >= 2 && [1, 2, 2.5, 5].some(function (x) { return Math.abs(x - mant) < 1e-6; }) &&
+          (!D.growth.capacity_bytes || topTick <= D.growth.capacity_bytes),
+          yt.ticks.map(humanBytes).join(', '));
+      }
+      // The holders' stacks are shown whole: no frame cut, the column inside the table's frame.
+      if (tables.holders) {
+        var wrapBox = byId('holders-table').closest('.table-wrap').getBoundingClientRect();
+        var cut = 0, outside = 0;
+        byId('holders-table').querySelectorAll('tbody .frames').forEach(function (f) {
+          f.querySelectorAll('div').forEach(function (d) { if (d.scrollWidth > d.clientWidth + 1) cut++; });
+          if (f.getBoundingClientRect().right > wrapBox.right + 1) outside++;
+        });
+        check('holders stacks unclipped', cut === 0 && outside === 0, cut + ' frames cut, ' + outside + ' stacks past the edge');
       }
       check('icicle defaults to sites', !D.sites.length || flame.source === 'sites', flame.source);
       // Verdict sentences: code spans are <code>, no literal backtick is left.

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use dump::units::{thousands, width};
+use dump::units::width;
 use oomshim_core::verdict::{
     FRAGMENTATION, FRAMEWORK_CACHE, LEAK, OTHER_PROCESSES, OWN_ALLOCATIONS, REQUEST_EXCEEDS_DEVICE,
     SNAPSHOT, UNTRACKED_MEMORY,
@@ -49,9 +49,7 @@ pub(super) fn kv(out: &mut String, s: &Style, key: &str, value: &str) {
     );
 }
 
-pub(super) fn plural(n: u64, one: &str, many: &str) -> String {
-    format!("{} {}", thousands(n), if n == 1 { one } else { many })
-}
+pub(super) use dump::units::plural;
 
 /// Greedy word wrap; words longer than a line stand alone.
 pub(super) fn wrap(text: &str, max: usize, first: &str, rest: &str) -> Vec<String> {

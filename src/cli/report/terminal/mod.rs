@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 mod layout;
 
-use super::model::{shown_frames, Occasion, Recovery, ReportModel, RequestView};
+use super::model::{group_holders, shown_frames, Occasion, Recovery, ReportModel, RequestView};
 use super::units::{
     bytes_with_exact, clean, human_age, human_bytes, percent, thousands, truncate_function,
     truncate_left, truncate_middle,
@@ -72,12 +72,12 @@ fn request_sizes(out: &mut String, s: &Style, dump: &Dump) {
         .collect();
     let _ = writeln!(
         out,
-        "{} {} distinct among the last {}; {} distinct of {} requests ≥ {}; most frequent: {}",
+        "{} {} distinct among the last {}; {} distinct of {} ≥ {}; most frequent: {}",
         s.title("Request sizes:"),
         thousands(r.distinct),
         plural(r.window, "request", "requests"),
         thousands(r.distinct_large),
-        thousands(r.large),
+        plural(r.large, "request", "requests"),
         human_bytes(r.large_bytes),
         top.join(", ")
     );
@@ -511,17 +511,40 @@ fn shown_of(shown: usize, total: usize) -> String {
     }
 }
 
+/// The largest holders, identical ones (same size, API, device and stack) as one row
+/// `count × size`, as the HTML page groups them; `top` counts rows.
 fn holders(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
     let all = &model.holders;
-    let shown = all.len().min(top);
+    let groups = group_holders(all);
+    let shown = groups.len().min(top);
+    let listed = if groups.len() == all.len() {
+        format!("{} listed in the dump", shown_of(shown, all.len()))
+    } else {
+        format!(
+            "{} listed in the dump, identical ones grouped: {}",
+            thousands(all.len() as u64),
+            if shown == groups.len() {
+                plural(groups.len() as u64, "row", "rows")
+            } else {
+                format!(
+                    "top {} of {} rows",
+                    thousands(shown as u64),
+                    thousands(groups.len() as u64)
+                )
+            }
+        )
+    };
     let _ = writeln!(
         out,
         "\n{} {}",
         s.title("Largest holders"),
         s.dim(&format!(
-            "({} listed in the dump; {} live allocations)",
-            shown_of(shown, all.len()),
-            thousands(model.dump.recording.live_allocations)
+            "({listed}; {})",
+            plural(
+                model.dump.recording.live_allocations,
+                "live allocation",
+                "live allocations"
+            )
         ))
     );
     if shown == 0 {
@@ -536,30 +559,54 @@ fn holders(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
         );
         return;
     }
-    let mut t = Table::new(&[
-        ("#", Align::Right),
-        ("BYTES", Align::Right),
+    // The COUNT × SIZE column only where some row is a group.
+    let grouped = groups.iter().take(shown).any(|g| g.count > 1);
+    let mut columns = vec![("#", Align::Right), ("BYTES", Align::Right)];
+    if grouped {
+        columns.push(("COUNT × SIZE", Align::Right));
+    }
+    columns.extend([
         ("API", Align::Left),
         ("DEV", Align::Right),
         ("AGE", Align::Right),
         ("ADDRESS", Align::Left),
         ("STACK", Align::Left),
     ]);
-    for (i, h) in all.iter().take(shown).enumerate() {
+    let mut t = Table::new(&columns);
+    for (i, g) in groups.iter().take(shown).enumerate() {
+        let h = g.first;
         let mut frames = stack_lines(&h.stack);
         let first = frames.remove(0);
-        t.row(
-            vec![
-                (i + 1).to_string(),
+        let (each, age, address) = if g.count == 1 {
+            (
                 human_bytes(h.bytes),
-                truncate_middle(&clean(&h.api), MAX_CELL),
-                h.device.to_string(),
                 human_age(h.age_s),
                 truncate_middle(&clean(&h.address), MAX_CELL),
-                first,
-            ],
-            frames,
-        );
+            )
+        } else {
+            let (young, old) = (human_age(g.age_min_s), human_age(g.age_max_s));
+            (
+                format!("{} × {}", thousands(g.count), human_bytes(h.bytes)),
+                if young == old {
+                    old
+                } else {
+                    format!("{young}–{old}")
+                },
+                format!("{} (first)", truncate_middle(&clean(&h.address), MAX_CELL)),
+            )
+        };
+        let mut cells = vec![(i + 1).to_string(), human_bytes(g.bytes)];
+        if grouped {
+            cells.push(each);
+        }
+        cells.extend([
+            truncate_middle(&clean(&h.api), MAX_CELL),
+            h.device.to_string(),
+            age,
+            address,
+            first,
+        ]);
+        t.row(cells, frames);
     }
     t.render(out, s);
 }

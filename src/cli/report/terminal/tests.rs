@@ -248,3 +248,82 @@ fn hostile_and_extreme_values() {
     assert!(v["free_blocks"]["fragmentation"].is_null());
     assert!(serde_json::to_string(&v).is_ok());
 }
+
+/// Issue 27: identical holders (same size, API, device and stack) are one row `count × size`,
+/// as the HTML page shows them, not nine copies of one three-line stack; `--top` counts rows,
+/// and a holder that differs in any of the four stays a row of its own.
+#[test]
+fn identical_holders_are_one_row_with_their_count() {
+    let mut dump = load_fixture("oom_own_allocations");
+    let template = dump.largest_holders[0].clone();
+    let mut holders = Vec::new();
+    for i in 0..9u64 {
+        let mut h = template.clone();
+        h.bytes = 96 << 20;
+        h.seq = 100 - i;
+        h.age_s = 1.0 + i as f64;
+        h.address = format!("0x7f{:08x}", 0x1000 * (9 - i));
+        holders.push(h);
+    }
+    let mut other_device = holders[0].clone();
+    other_device.device = 1;
+    holders.push(other_device);
+    let mut big = template.clone();
+    big.bytes = 512 << 20;
+    holders.push(big);
+    dump.largest_holders = holders;
+    let text = render_terminal(
+        &dump,
+        &ReportOptions {
+            top: 10,
+            color: false,
+        },
+    );
+    let section: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Largest holders"))
+        .take_while(|l| !l.is_empty())
+        .collect();
+    assert!(
+        section[0].contains("11 listed in the dump, identical ones grouped: 3 rows"),
+        "{}",
+        section[0]
+    );
+    let rows: Vec<&str> = section
+        .iter()
+        .copied()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(rows.len(), 3, "{}", section.join("\n"));
+    // The group ranks by its total (864 MiB) above the single 512 MiB holder; its address is
+    // its earliest allocation's (lowest seq), its age the range of the nine.
+    assert!(
+        rows[0].contains("864.00 MiB") && rows[0].contains("9 × 96.00 MiB"),
+        "{}",
+        rows[0]
+    );
+    assert!(rows[0].contains("0x7f00001000 (first)"), "{}", rows[0]);
+    assert!(rows[0].contains("1.0 s–9.0 s"), "{}", rows[0]);
+    assert!(
+        rows[1].contains("512.00 MiB") && !rows[1].contains('×'),
+        "{}",
+        rows[1]
+    );
+    assert!(
+        rows[2].contains("96.00 MiB") && !rows[2].contains('×'),
+        "{}",
+        rows[2]
+    );
+    // --top counts rows.
+    let text = render_terminal(
+        &dump,
+        &ReportOptions {
+            top: 1,
+            color: false,
+        },
+    );
+    assert!(
+        text.contains("identical ones grouped: top 1 of 3 rows"),
+        "{text}"
+    );
+}

@@ -193,10 +193,10 @@ pub(in crate::verdict) fn growth_evidence(dump: &Dump, evidence: &mut Vec<String
     let Some(g) = &dump.growth else { return };
     if let (Some("detected"), Some(d)) = (g.steps.as_deref(), &g.detected) {
         evidence.push(format!(
-            "steps detected automatically (no step marks): a cycle of {} allocations, anchored at {}; {} steps",
-            thousands(d.period),
+            "steps detected automatically (no step marks): a cycle of {}, anchored at {}; {}",
+            count_word(d.period, "allocation", "allocations"),
             short_label(&d.anchor),
-            thousands(d.steps)
+            count_word(d.steps, "step", "steps")
         ));
     }
     let unit = clean(&g.unit);

@@ -1,7 +1,7 @@
 //! The words of [`LEAK`]: the growing site or the process's growth, its rate and projection, how
 //! steps were found, and what to change in the program's framework.
 
-use super::{new_finding, segment_note, short_label, site_name, steps_word};
+use super::{count_word, new_finding, segment_note, short_label, site_name, steps_word};
 use crate::verdict::context::{tracked_all, Ctx};
 use crate::verdict::framework::{framework, Framework};
 use crate::verdict::leak::LeakFinding;
@@ -128,9 +128,9 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
         .unwrap_or_default();
     let how = match (&l.detected, g.steps.as_deref()) {
         (Some(d), _) => format!(
-            " Steps were detected automatically (the program marks none): a cycle of {} allocations repeats, \
+            " Steps were detected automatically (the program marks none): a cycle of {} repeats, \
              anchored at {}; {} of {} sampled intervals freed working memory.",
-            thousands(d.period),
+            count_word(d.period, "allocation", "allocations"),
             short_label(&d.anchor),
             thousands(d.freeing_intervals),
             thousands(d.intervals)
@@ -211,10 +211,10 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
     }
     if let Some(d) = &l.detected {
         f.evidence.push(format!(
-            "steps: detected, not marked (a cycle of {} allocations; {} steps; {} allocations since the last)",
-            thousands(d.period),
-            thousands(d.steps),
-            thousands(d.allocations_since_last_step)
+            "steps: detected, not marked (a cycle of {}; {}; {} since the last)",
+            count_word(d.period, "allocation", "allocations"),
+            count_word(d.steps, "step", "steps"),
+            count_word(d.allocations_since_last_step, "allocation", "allocations")
         ));
     } else {
         f.evidence.push(format!(
