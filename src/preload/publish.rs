@@ -90,6 +90,9 @@ static LAST_FAILURE: Mutex<Option<LiveFailure>> = Mutex::new(None);
 /// created it.
 static REGION: OnceLock<(PathBuf, std::ffi::CString, u32)> = OnceLock::new();
 static REMOVED: AtomicBool = AtomicBool::new(false);
+/// The C library's `_exit` (0: not looked up yet), for the shim's own `_exit`
+/// (src/preload/ffi/process_exit.rs); looked up when the region is created.
+static REAL_EXIT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A device allocation failed (the cold out-of-memory path): noted for the next publish, which
 /// comes at once.
@@ -240,7 +243,8 @@ fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
         let _ = REGION.set((path.clone(), c_path, pid));
     }
     // Resolved here, on this thread: `_exit` may later run where a lookup is not safe.
-    crate::ffi::prepare_exit_hooks();
+    let real_exit = unsafe { oomshim_core::sys::real_dlsym_not_ours(libc::RTLD_NEXT, c"_exit") };
+    REAL_EXIT.store(real_exit, Ordering::Release);
     on_created();
     oomshim_core::stacks::cache_on_this_thread();
     let mut rss: Vec<RssSample> = Vec::new();
@@ -400,6 +404,15 @@ pub fn remove_before_exit() {
         if *pid == unsafe { libc::getpid() } as u32 && !REMOVED.swap(true, Ordering::Relaxed) {
             unsafe { libc::unlink(c_path.as_ptr()) };
         }
+    }
+}
+
+/// The address of the C library's `_exit` when it was looked up (at the region's creation; the
+/// shim's `_exit` must not look anything up itself), else `None`.
+pub fn real_exit() -> Option<usize> {
+    match REAL_EXIT.load(Ordering::Acquire) {
+        0 => None,
+        p => Some(p),
     }
 }
 

@@ -900,7 +900,13 @@ def check_flight_recorder():
     import signal
     import statistics
     import time
-    script = os.path.join(ROOT, "tests/gpu/flight_train.py")
+    # A directory of its own: allocator mode reads the script's directory before it swaps the
+    # allocator, and tests/gpu holds programs that name CUDA graphs and MemPool (it would fall
+    # back to torch's allocator, as it says on stderr, and the row would test preload twice).
+    alone = os.path.join(WORK, "flight-program")
+    os.makedirs(alone, exist_ok=True)
+    script = os.path.join(alone, "flight_train.py")
+    shutil.copy(os.path.join(ROOT, "tests/gpu/flight_train.py"), script)
     leak_line = next(i for i, l in enumerate(open(script), 1) if "LEAK_LINE" in l)
     d = os.path.join(WORK, "flight-dumps")
     live = os.path.join(WORK, "flight-live")
@@ -933,6 +939,9 @@ def check_flight_recorder():
             pid, top = None, ""
         dumps = [load(x) for x in dumps_in(d)] if os.path.isdir(d) else []
         pm = [x for x in dumps if x.get("reason") == "post_mortem"]
+        for i, x in enumerate(pm):  # kept whole: which site grew, with its stacks
+            with open(os.path.join(OUT, f"flight-{launcher}-post-mortem-{i}.json"), "w") as f:
+                json.dump(x, f)
         findings = pm[0]["verdict"].get("findings", []) if pm else []
         headline = findings[0]["headline"] if findings else ""
         want = f"flight_train.py:{leak_line}"

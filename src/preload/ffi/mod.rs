@@ -19,7 +19,6 @@ pub use hooks::PROGRAM_API as PROGRAM_API_EXPORTS;
 pub use runtime::exported_names as runtime_exported_names;
 pub use torch_alloc::EXPORTED_NAMES as TORCH_ALLOCATOR_EXPORTS;
 
-pub use process_exit::prepare as prepare_exit_hooks;
 pub use process_exit::EXPORTED_NAMES as PROCESS_EXIT_EXPORTS;
 pub use real::RealFn;
 

@@ -6,26 +6,18 @@
 //! (src/cli/supervise.rs).
 //!
 //! Both may run in a signal handler or in a vfork child: nothing here allocates, locks or
-//! looks a symbol up. The real function was resolved when the region was created
-//! ([`prepare`]); before that there is no region, and the process ends by `exit_group`, which is
-//! all the C library's `_exit` does.
+//! looks a symbol up. The real function was looked up when the region was created
+//! (`publish::real_exit`); before that there is no region, and the process ends by
+//! `exit_group`, which is all the C library's `_exit` does.
 
-use super::RealFn;
 use std::ffi::c_int;
 
 /// The names this file exports.
 pub const EXPORTED_NAMES: &[&str] = &["_Exit", "_exit"];
 
-static REAL_EXIT: RealFn = RealFn::new(c"_exit");
-
-/// Resolves the real `_exit` (on the publisher thread, when the region is created).
-pub fn prepare() {
-    let _ = REAL_EXIT.get();
-}
-
 fn end(status: c_int) -> ! {
     crate::publish::remove_before_exit();
-    if let Some(p) = REAL_EXIT.resolved() {
+    if let Some(p) = crate::publish::real_exit() {
         let real: unsafe extern "C" fn(c_int) -> ! = unsafe { std::mem::transmute(p) };
         unsafe { real(status) }
     }

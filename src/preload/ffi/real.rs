@@ -58,15 +58,6 @@ impl RealFn {
         self.name.to_str().unwrap_or("?")
     }
 
-    /// The address if an earlier [`RealFn::get`] found it: never looks anything up, so it is
-    /// safe where a lookup is not (a signal handler, a vfork child).
-    pub fn resolved(&self) -> Option<usize> {
-        match self.ptr.load(Ordering::Acquire) {
-            UNRESOLVED | MISSING => None,
-            p => Some(p),
-        }
-    }
-
     /// The real function's address, or `None` when no definition exists in the process.
     /// Inlined: once resolved, one load and two compares in the hook.
     #[inline(always)]
