@@ -176,10 +176,35 @@ pub fn spawn_and_wait(opts: &RunOptions) -> Result<(u32, i32), RunError> {
     let mut cmd = command(opts)?;
     let mut child = cmd.spawn().map_err(|e| launch_error(&opts.command[0], e))?;
     let pid = child.id();
+    // Its region's name, read while it certainly exists (running, or a zombie of ours).
+    let start_ticks = oomshim_core::flight::start_ticks_of(pid);
     let status = child
         .wait()
         .map_err(|e| RunError::setup(format!("waiting for the child failed: {e}")))?;
+    // It ended: a live region it left (killed before its exit handler ran) is stale, and no
+    // post-mortem will read it here (only `oomshim run` writes those).
+    if let Some(ticks) = start_ticks {
+        let _ = std::fs::remove_file(
+            live_dir_of(opts).join(oomshim_core::flight::region_name(pid, ticks)),
+        );
+    }
     Ok((pid, exit_code(status)))
+}
+
+/// The live directory the child used: `OOMSHIM_LIVE_DIR` as given to it, else as here,
+/// relative to where it started (here).
+fn live_dir_of(opts: &RunOptions) -> PathBuf {
+    let given = opts
+        .extra_env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "OOMSHIM_LIVE_DIR")
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var_os("OOMSHIM_LIVE_DIR"));
+    oomshim_core::config::resolve_dir(
+        &oomshim_core::flight::live_dir_from(given),
+        std::env::current_dir().ok().as_deref(),
+    )
 }
 
 /// An `exec` failure as shells report it: 127 when the program is nowhere to be found, 126
@@ -222,6 +247,38 @@ fn program_exists(program: &OsStr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `oomshim demo`'s launcher: a child killed before its exit handler ran leaves no region.
+    #[test]
+    fn a_killed_childs_region_is_removed_once_it_is_reaped() {
+        let live = tempfile::tempdir().unwrap();
+        // The child plays a shimmed process killed outright: it creates its region (named by
+        // its pid and start time, as the shim names it) and SIGKILLs itself.
+        let script = r#"t=$(cut -d' ' -f22 /proc/$$/stat); : > "$OOMSHIM_LIVE_DIR/$$-$t.live"; kill -9 $$"#;
+        let command = [
+            OsString::from("sh"),
+            OsString::from("-c"),
+            OsString::from(script),
+        ];
+        let (pid, code) = spawn_and_wait(&RunOptions {
+            lib: PathBuf::new(), // nothing preloaded: the child fakes its region itself
+            torch_hook: false,
+            dir: None,
+            command: &command,
+            extra_env: vec![(
+                OsString::from("OOMSHIM_LIVE_DIR"),
+                live.path().as_os_str().to_owned(),
+            )],
+        })
+        .unwrap();
+        assert_eq!(code, 128 + libc::SIGKILL);
+        assert!(pid > 0);
+        let left: Vec<_> = std::fs::read_dir(live.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
 
     #[test]
     fn preload_puts_the_shim_first_and_keeps_the_rest() {
