@@ -1015,6 +1015,27 @@ def check_torchrun_worker_killed():
         f"job exit {p.returncode}; {detail}")
 
 
+def check_multiprocessing_exit():
+    """Issue 25 item 14: CUDA workers of a spawn pool under `oomshim run`, reaped by their living
+    parent: the one that ends with os._exit(0) gets no post-mortem (the shim's `_exit` removes
+    its region), the SIGKILLed one gets one naming SIGKILL and its parent."""
+    d = os.path.join(WORK, "mp-exit-dumps")
+    p = run([CLI, "run", "--lib", LIB, "--dir", d, "--", sys.executable, os.path.join(ROOT, "tests/gpu/mp_exit.py")],
+            timeout=120)
+    dumps = [load(x) for x in dumps_in(d)] if os.path.isdir(d) else []
+    line = next((l for l in p.stdout.splitlines() if l.startswith("exitcodes")), "")
+    try:
+        pids = json.loads(line.split("pids", 1)[1].strip()) if line else []
+    except ValueError:
+        pids = []
+    pm = [(x["process"]["pid"], (x.get("post_mortem") or {}).get("signal_name"),
+           (x.get("post_mortem") or {}).get("reaped_by")) for x in dumps if x.get("reason") == "post_mortem"]
+    ok = (len(pids) == 2 and len(pm) == 1 and pm[0][0] == pids[1] and pm[0][1] in ("SIGKILL", None)
+          and pm[0][2] is not None and p.returncode == 0)
+    row("check_multiprocessing_exit: os._exit worker no post-mortem, SIGKILLed worker one", ok,
+        f"{line}; post-mortems (pid, signal, reaped_by): {pm}; exit {p.returncode}")
+
+
 def check_exporter():
     """Issue 18: `oomshim exporter` on a real PyTorch training loop: --once and an HTTP scrape of
     loopback both give the process's tracked bytes (at most what NVML says the process uses, at
@@ -1178,7 +1199,7 @@ def main():
         check_zoo, check_views, check_nvcc_leak, check_torch, check_torch_fragmentation, check_other_process,
         check_driver_paths, check_python_stacks, check_overhead, check_backward_oom, check_torchrun, check_ranks,
         check_verdicts, check_torch_allocator, check_soak, check_perf_table, check_flight_recorder,
-        check_exporter, check_torchrun_worker_killed)]
+        check_exporter, check_torchrun_worker_killed, check_multiprocessing_exit)]
     # Check files other work adds, run when present (check_kinds reads the zoo's runs).
     checks += [("check_allocator_matrix", extra_check_allocator_matrix), ("check_kinds", extra_check_kinds)]
     only = requested()
