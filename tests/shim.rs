@@ -38,7 +38,7 @@ fn value_after(text: &str, key: &str) -> u64 {
     text.lines()
         .find_map(|l| {
             l.strip_prefix(key)
-                .map(|v| v.trim().split_whitespace().next().unwrap().parse().unwrap())
+                .map(|v| v.split_whitespace().next().unwrap().parse().unwrap())
         })
         .unwrap_or_else(|| panic!("no `{key}` in output:\n{text}"))
 }
@@ -385,7 +385,7 @@ fn oomshim_run_preloads_and_returns_the_childs_status() {
 
 #[test]
 fn oomshim_run_forwards_signals_sent_to_it() {
-    let child = cli()
+    let mut child = cli()
         .args([
             "run",
             "--",
@@ -397,7 +397,7 @@ fn oomshim_run_forwards_signals_sent_to_it() {
         .spawn()
         .unwrap();
     let pid = child.id();
-    let mut out = child.stdout.unwrap();
+    let mut out = child.stdout.take().unwrap();
     let mut buf = [0u8; 6];
     std::io::Read::read_exact(&mut out, &mut buf).unwrap();
     assert_eq!(&buf, b"ready\n");
@@ -405,6 +405,8 @@ fn oomshim_run_forwards_signals_sent_to_it() {
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
     assert!(rest.contains("got-term"), "{rest}");
+    // Reaped, and as the program ended: its trap's exit code.
+    assert_eq!(child.wait().unwrap().code(), Some(42));
 }
 
 #[test]

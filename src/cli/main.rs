@@ -251,43 +251,6 @@ fn ignore_sigxfsz() {
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
 }
 
-#[cfg(test)]
-mod tests {
-    use super::Args;
-    use clap::CommandFactory;
-
-    /// Every argument of every subcommand has help text, and every subcommand an example.
-    #[test]
-    fn help_describes_every_argument_and_shows_an_example() {
-        let cmd = Args::command();
-        cmd.clone().debug_assert();
-        for sub in cmd.get_subcommands() {
-            let after = sub
-                .get_after_help()
-                .map(|s| s.to_string())
-                .unwrap_or_default();
-            assert!(
-                after.contains("Example"),
-                "{} has no example",
-                sub.get_name()
-            );
-            assert!(sub.get_about().is_some(), "{} has no about", sub.get_name());
-            for arg in sub.get_arguments() {
-                if matches!(arg.get_id().as_str(), "help" | "version") {
-                    continue;
-                }
-                assert!(
-                    arg.get_help()
-                        .is_some_and(|h| !h.to_string().trim().is_empty()),
-                    "{} {} has no help",
-                    sub.get_name(),
-                    arg.get_id()
-                );
-            }
-        }
-    }
-}
-
 /// `--top N`: a report of nothing is never what was meant, so 0 is refused with clap's error.
 fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
@@ -490,6 +453,43 @@ fn main() -> ExitCode {
                     }
                 }
                 Err(e) => fail(&e, 1),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Args;
+    use clap::CommandFactory;
+
+    /// Every argument of every subcommand has help text, and every subcommand an example.
+    #[test]
+    fn help_describes_every_argument_and_shows_an_example() {
+        let cmd = Args::command();
+        cmd.clone().debug_assert();
+        for sub in cmd.get_subcommands() {
+            let after = sub
+                .get_after_help()
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            assert!(
+                after.contains("Example"),
+                "{} has no example",
+                sub.get_name()
+            );
+            assert!(sub.get_about().is_some(), "{} has no about", sub.get_name());
+            for arg in sub.get_arguments() {
+                if matches!(arg.get_id().as_str(), "help" | "version") {
+                    continue;
+                }
+                assert!(
+                    arg.get_help()
+                        .is_some_and(|h| !h.to_string().trim().is_empty()),
+                    "{} {} has no help",
+                    sub.get_name(),
+                    arg.get_id()
+                );
             }
         }
     }

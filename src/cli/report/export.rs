@@ -428,7 +428,7 @@ fn segments_of<'a>(dump: &'a Dump, warnings: &mut Vec<String>) -> Vec<RawSegment
             warnings.push(format!(
                 "{} ({}) {} no stack: the dump lists only its largest holders \
                  (raise OOMSHIM_TOP); their frames say so",
-                plural(unlisted.0 as u64, "allocated block", "allocated blocks"),
+                plural(unlisted.0, "allocated block", "allocated blocks"),
                 human_bytes(unlisted.1),
                 if unlisted.0 == 1 { "has" } else { "have" }
             ));
@@ -436,7 +436,7 @@ fn segments_of<'a>(dump: &'a Dump, warnings: &mut Vec<String>) -> Vec<RawSegment
         if fb.segment_map_omitted > 0 {
             warnings.push(format!(
                 "the dump left {} out of its segment map; {} not exported",
-                plural(fb.segment_map_omitted as u64, "segment", "segments"),
+                plural(fb.segment_map_omitted, "segment", "segments"),
                 if fb.segment_map_omitted == 1 {
                     "it is"
                 } else {
@@ -719,7 +719,7 @@ mod tests {
         let segments = list(key(&v, "segments"));
         let mut pairs: Vec<(u64, i64)> = segments
             .iter()
-            .filter(|s| matches!(key_opt(s, "oomshim_address"), Some(_)))
+            .filter(|s| key_opt(s, "oomshim_address").is_some())
             .map(|s| {
                 (
                     parse_hex(string(key(s, "oomshim_address"))),

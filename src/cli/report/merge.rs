@@ -379,7 +379,7 @@ fn imbalanced(procs: &[Proc]) -> (Vec<usize>, u64) {
     // The middle value, or the mean of the two middle ones: with two ranks the upper one would be
     // the outlier itself and nothing could be far above it.
     let mid = peaks.len() / 2;
-    let median = if peaks.len() % 2 == 0 {
+    let median = if peaks.len().is_multiple_of(2) {
         peaks[mid - 1] / 2 + peaks[mid] / 2 + (peaks[mid - 1] % 2 + peaks[mid] % 2) / 2
     } else {
         peaks[mid]

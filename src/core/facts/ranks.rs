@@ -67,7 +67,7 @@ pub fn from_env(lookup: impl Fn(&str) -> Option<String>) -> RankInfo {
         let v = lookup(k)?;
         let v = v.trim();
         let usable = !v.is_empty()
-            && !(*k == "TORCHELASTIC_RUN_ID" && v == "none")
+            && (*k != "TORCHELASTIC_RUN_ID" || v != "none")
             && v.len() <= MAX_JOB_ID
             && v.chars().all(|c| c.is_ascii_graphic());
         usable.then(|| v.to_string())

@@ -200,7 +200,7 @@ impl RegionWriter {
     /// Marks the next slot as being written (its `seq` odd).
     fn begin(&mut self, slot: u64) -> io::Result<()> {
         self.seqs[slot as usize] += 1;
-        if self.seqs[slot as usize] % 2 == 0 {
+        if self.seqs[slot as usize].is_multiple_of(2) {
             self.seqs[slot as usize] += 1;
         }
         self.file.write_all_at(

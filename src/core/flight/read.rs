@@ -211,9 +211,8 @@ const BAD_CACHE_ENTRIES: usize = 4096;
 /// Regions whose payload failed, by (device, inode), with the file size and the header bytes
 /// they had then: while both stay the same, the failure is the same one (a writer that
 /// publishes changes the header), so the payload is not read again.
-static BAD: std::sync::Mutex<
-    Option<std::collections::HashMap<(u64, u64), (u64, Vec<u8>, ReadError)>>,
-> = std::sync::Mutex::new(None);
+type BadRegions = std::collections::HashMap<(u64, u64), (u64, Vec<u8>, ReadError)>;
+static BAD: std::sync::Mutex<Option<BadRegions>> = std::sync::Mutex::new(None);
 
 fn remembered(key: (u64, u64), len: u64, head: &[u8]) -> Option<ReadError> {
     let bad = BAD.lock().unwrap_or_else(|p| p.into_inner());
@@ -442,9 +441,7 @@ fn read_generation(file: &File, header: &Header, gen: u64) -> Result<Option<Live
 /// The region of `pid` in `dir` (the newest by start time when several are there).
 pub fn region_of(dir: &Path, pid: u32) -> Option<RegionEntry> {
     list_regions(dir)
-        .into_iter()
-        .filter(|r| r.pid == pid)
-        .last()
+        .into_iter().rfind(|r| r.pid == pid)
 }
 
 /// Whether the file at `path` is owned by this user and writable by no one else (regions are

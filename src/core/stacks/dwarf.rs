@@ -98,7 +98,8 @@ static DL_FIND_OBJECT: AtomicUsize = AtomicUsize::new(1);
 fn dl_find_object_fn() -> Option<DlFindObjectFn> {
     let mut f = DL_FIND_OBJECT.load(Ordering::Acquire);
     if f == 1 {
-        f = crate::sys::quiet_dlsym(libc::RTLD_DEFAULT, c"_dl_find_object");
+        // SAFETY: RTLD_DEFAULT is always a valid handle.
+        f = unsafe { crate::sys::quiet_dlsym(libc::RTLD_DEFAULT, c"_dl_find_object") };
         DL_FIND_OBJECT.store(f, Ordering::Release);
     }
     if f <= 1 {

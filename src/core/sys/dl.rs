@@ -42,6 +42,10 @@ pub extern "C" fn ensure_real_dlsym() -> usize {
 }
 
 /// The real `dlsym(handle, name)`, called from the shim: `RTLD_NEXT` here is relative to the shim.
+///
+/// # Safety
+/// As `dlsym`: `handle` is `RTLD_DEFAULT`, `RTLD_NEXT` or an open `dlopen` handle, and `name`
+/// a NUL-terminated string.
 pub unsafe fn real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     let f: DlsymFn = std::mem::transmute(ensure_real_dlsym());
     f(handle, name)
@@ -52,8 +56,11 @@ pub unsafe fn real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_voi
 /// after its own successful `dlsym`/`dlopen` (the man page's idiom, GLib's `g_module_symbol`)
 /// never sees the shim's probe. (glibc clears the pending error at the start of every `dl*`
 /// call, so nothing the program could still read is lost.)
-pub fn quiet_dlsym(handle: *mut c_void, name: &CStr) -> usize {
-    // SAFETY: a NUL-terminated name; the handle is one the program or the loader gave.
+///
+/// # Safety
+/// `handle` is `RTLD_DEFAULT`, `RTLD_NEXT` or a handle `dlopen` returned and not yet closed.
+pub unsafe fn quiet_dlsym(handle: *mut c_void, name: &CStr) -> usize {
+    // SAFETY: a NUL-terminated name; the handle is valid by this function's contract.
     let p = unsafe { real_dlsym(handle, name.as_ptr()) } as usize;
     if p == 0 {
         clear_dl_error();
@@ -95,7 +102,8 @@ fn is_own_code(addr: usize) -> bool {
 /// # Safety
 /// `handle` must be a handle from `dlopen` or one of the `RTLD_*` pseudo-handles.
 pub unsafe fn real_dlsym_not_ours(handle: *mut c_void, name: &CStr) -> usize {
-    let p = quiet_dlsym(handle, name);
+    // SAFETY: the same contract as this function's.
+    let p = unsafe { quiet_dlsym(handle, name) };
     if p == 0 || is_own_code(p) {
         0
     } else {

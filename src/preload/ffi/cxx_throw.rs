@@ -91,7 +91,8 @@ unsafe impl Sync for Runtime {}
 /// stay open: the pointers must outlive any `dlclose` of the program's.
 fn sym_in(name: &CStr, sonames: &[&CStr]) -> Option<usize> {
     // Quiet lookups: the program's `dlerror()` never sees a probe of the shim's.
-    let p = oomshim_core::sys::quiet_dlsym(libc::RTLD_DEFAULT, name);
+    // SAFETY: RTLD_DEFAULT is always a valid handle.
+    let p = unsafe { oomshim_core::sys::quiet_dlsym(libc::RTLD_DEFAULT, name) };
     if p != 0 {
         return Some(p);
     }
@@ -101,7 +102,8 @@ fn sym_in(name: &CStr, sonames: &[&CStr]) -> Option<usize> {
             oomshim_core::sys::clear_dl_error();
             return None;
         }
-        let p = oomshim_core::sys::quiet_dlsym(h, name);
+        // SAFETY: a handle dlopen just returned, kept open (never closed here).
+        let p = unsafe { oomshim_core::sys::quiet_dlsym(h, name) };
         (p != 0).then_some(p)
     })
 }

@@ -31,7 +31,8 @@ extern "C" fn init_real_dlsym(
     // In a Python program that has not started yet: oomshim's Python hook on its path (one
     // symbol lookup here; src/core/pyhook.rs).
     let _ = std::panic::catch_unwind(|| {
-        let found = quiet_dlsym(libc::RTLD_DEFAULT, c"Py_IsInitialized");
+        // SAFETY: RTLD_DEFAULT is always a valid handle.
+        let found = unsafe { quiet_dlsym(libc::RTLD_DEFAULT, c"Py_IsInitialized") };
         if found == 0 {
             return;
         }
