@@ -85,10 +85,10 @@ static WAKE: Wake = Wake {
     cv: Condvar::new(),
 };
 static LAST_FAILURE: Mutex<Option<LiveFailure>> = Mutex::new(None);
-/// The region this process created: its path (also as a C string, for [`remove_before_exit`],
-/// which may run in a signal handler or a vfork child and must not allocate) and the pid that
+/// The region this process created: its path, as a C string made once (for [`remove_at_exit`],
+/// which may run in a signal handler or a vfork child and must not allocate), and the pid that
 /// created it.
-static REGION: OnceLock<(PathBuf, std::ffi::CString, u32)> = OnceLock::new();
+static REGION: OnceLock<(std::ffi::CString, u32)> = OnceLock::new();
 static REMOVED: AtomicBool = AtomicBool::new(false);
 /// The C library's `_exit` (0: not looked up yet), for the shim's own `_exit`
 /// (src/preload/ffi/process_exit.rs); looked up when the region is created.
@@ -147,7 +147,7 @@ pub fn note_dump(dump: &Dump, path: &std::path::Path) {
 fn publishing_here() -> bool {
     REGION
         .get()
-        .is_some_and(|(_, _, pid)| *pid == std::process::id())
+        .is_some_and(|(_, pid)| *pid == std::process::id())
 }
 
 /// Why this process cannot keep a region safely, if so: a file-size limit below the region's
@@ -240,7 +240,7 @@ fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
         std::ffi::CString::new(path.as_os_str().as_bytes()).ok()
     };
     if let Some(c_path) = c_path {
-        let _ = REGION.set((path.clone(), c_path, pid));
+        let _ = REGION.set((c_path, pid));
     }
     // Resolved here, on this thread: `_exit` may later run where a lookup is not safe.
     let real_exit = unsafe { oomshim_core::sys::real_dlsym_not_ours(libc::RTLD_NEXT, c"_exit") };
@@ -389,18 +389,14 @@ fn publish_once(
     Ok(())
 }
 
-/// At a normal exit: the region goes (a region left behind means the process did not exit
-/// normally). Only the process that created it removes it: a forked child exiting does not.
+/// At every deliberate end the region goes (a region left behind means the process did not
+/// end on purpose): `exit` (the handler registered when it was created), and `_exit` / `_Exit`
+/// (the shim's own, src/preload/ffi/process_exit.rs), which Python's `os._exit`, forked workers
+/// and programs that skip their teardown call. Only the process that created it removes it: a
+/// forked child ending does not. Async-signal-safe: atomics, a `getpid` and an `unlink` of a path
+/// made when the region was created.
 pub fn remove_at_exit() {
-    remove_before_exit();
-}
-
-/// [`remove_at_exit`] for every way a process ends on purpose: `exit` (its handler), and `_exit`
-/// / `_Exit` (the shim's own, src/preload/ffi/process_exit.rs), which Python's `os._exit`,
-/// forked workers and programs that skip their teardown call. Async-signal-safe: atomics, a
-/// `getpid` and an `unlink` of a path made when the region was created.
-pub fn remove_before_exit() {
-    if let Some((_, c_path, pid)) = REGION.get() {
+    if let Some((c_path, pid)) = REGION.get() {
         if *pid == unsafe { libc::getpid() } as u32 && !REMOVED.swap(true, Ordering::Relaxed) {
             unsafe { libc::unlink(c_path.as_ptr()) };
         }

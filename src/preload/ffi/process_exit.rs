@@ -16,7 +16,7 @@ use std::ffi::c_int;
 pub const EXPORTED_NAMES: &[&str] = &["_Exit", "_exit"];
 
 fn end(status: c_int) -> ! {
-    crate::publish::remove_before_exit();
+    crate::publish::remove_at_exit();
     if let Some(p) = crate::publish::real_exit() {
         let real: unsafe extern "C" fn(c_int) -> ! = unsafe { std::mem::transmute(p) };
         unsafe { real(status) }
