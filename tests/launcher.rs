@@ -621,64 +621,16 @@ fn dumps_in(dir: &Path) -> Vec<(PathBuf, dump::model::Dump)> {
 /// grandchild gets its post-mortem and leaves no region (item 14).
 #[test]
 fn a_sigkilled_grandchild_under_a_wrapper_gets_a_post_mortem() {
-    let dir = tempfile::tempdir().unwrap();
-    let live = dir.path().join("live");
-    let dumps = dir.path().join("dumps");
-    let ready = dir.path().join("ready");
-    let script = format!(
-        "sh -c '{} > {} &'; sleep 30",
-        testbed::client("flight_leak").display(),
-        ready.display()
-    );
-    let mut cmd = Command::new(oomshim());
-    cmd.args(["run", "--dir"])
-        .arg(&dumps)
-        .args(["--", "bash", "-c", &script])
-        .env("OOMSHIM_LIVE_DIR", &live)
-        .env("OOMSHIM_LIVE_INTERVAL", "100ms")
-        .env("SIMCUDA_CAPACITY", "64G")
-        .env_remove("LD_PRELOAD")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = cmd.spawn().unwrap();
-    let pgid = child.id() as i32;
-    let start = Instant::now();
-    while !fs::read_to_string(&ready).is_ok_and(|t| t.contains("ready")) {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "flight_leak never got ready"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    common::wait_for_published_step(&live, 41);
-    let regions = oomshim_core::flight::read::list_regions(&live);
-    assert_eq!(regions.len(), 1, "{regions:?}");
-    let gc = regions[0].pid;
+    let t = start_tree("sh -c '{client} > {ready} &'; sleep 30");
+    let gc = t.ready_grandchild();
     unsafe { libc::kill(gc as i32, libc::SIGKILL) };
-    let start = Instant::now();
-    let found = loop {
-        let d = dumps_in(&dumps);
-        if !d.is_empty() || start.elapsed() > Duration::from_secs(20) {
-            break d;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    unsafe { libc::kill(-pgid, libc::SIGKILL) };
-    let _ = wait_bounded(&mut child, Duration::from_secs(30));
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let (found, err, t) = t.dumps_within(Duration::from_secs(20));
     assert_eq!(found.len(), 1, "no post-mortem of the grandchild: {err}");
     let d = &found[0].1;
     assert_eq!(d.reason, "post_mortem");
     assert_eq!(d.process.pid, gc);
     assert_eq!(d.post_mortem.as_ref().unwrap().signal, Some(libc::SIGKILL));
-    assert!(oomshim_core::flight::read::list_regions(&live).is_empty());
+    assert!(oomshim_core::flight::read::list_regions(&t.live).is_empty());
 }
 
 /// `oomshim run --dir DUMPS -- bash -c SCRIPT` with its own live directory, in a group of its
