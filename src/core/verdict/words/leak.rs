@@ -12,10 +12,11 @@ use dump::units::{clean, human_bytes, percent, share, thousands, truncate_functi
 /// Sites named with their share in a leak's summary.
 pub(in crate::verdict) const LEAK_SITES_NAMED: usize = 3;
 
-/// `42% (12.00 MiB per step) at forward (model.py:9)`.
-pub(in crate::verdict) fn share_text(site: &GrowthSite, share: f64) -> String {
+/// `42% (12.00 MiB per step) at forward (model.py:9)`; `unit` is `step` or, for growth judged
+/// over time, `second`.
+pub(in crate::verdict) fn share_text(site: &GrowthSite, share: f64, unit: &str) -> String {
     format!(
-        "{} ({} per step) at {}",
+        "{} ({} per {unit}) at {}",
         percent(Some((share * 100.0).min(100.0))),
         human_bytes(site.bytes_per_step),
         site_name(site)
@@ -40,7 +41,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
         .sites
         .iter()
         .take(LEAK_SITES_NAMED)
-        .map(|(s, share)| share_text(s, *share))
+        .map(|(s, share)| share_text(s, *share, "step"))
         .collect();
     // The step in progress at the failure: when the projection is later, a request larger than
     // one step's growth came first.
@@ -200,7 +201,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
     for (site, share) in l.sites.iter().take(LEAK_SITES_NAMED) {
         f.evidence.push(format!(
             "growth: {} ({} of it, R² {:.2}, {} at step {} to {} at step {})",
-            share_text(site, *share),
+            share_text(site, *share, "step"),
             percent(Some((share * 100.0).min(100.0))),
             site.r_squared,
             human_bytes(site.first.bytes),
@@ -255,16 +256,6 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
     f
 }
 
-/// `42% (12.00 MiB per second) at alloc_loop (main.c:9)`.
-fn share_per_second(site: &GrowthSite, share: f64) -> String {
-    format!(
-        "{} ({} per second) at {}",
-        percent(Some((share * 100.0).min(100.0))),
-        human_bytes(site.bytes_per_step),
-        site_name(site)
-    )
-}
-
 /// Seconds until `free` bytes are used up at `rate` bytes a second, in words (`about 12 s`).
 pub(in crate::verdict) fn seconds_left(free: u64, rate: u64) -> Option<String> {
     (rate > 0).then(|| {
@@ -292,7 +283,7 @@ fn finding_over_time(c: &Ctx, l: &LeakFinding) -> Finding {
         .sites
         .iter()
         .take(LEAK_SITES_NAMED)
-        .map(|(s, share)| share_per_second(s, *share))
+        .map(|(s, share)| share_text(s, *share, "second"))
         .collect();
     let headline = match top {
         Some((site, share)) => format!(
@@ -346,7 +337,7 @@ fn finding_over_time(c: &Ctx, l: &LeakFinding) -> Finding {
     for (site, share) in l.sites.iter().take(LEAK_SITES_NAMED) {
         f.evidence.push(format!(
             "growth: {} (R² {:.2}, {} at second {} to {} at second {})",
-            share_per_second(site, *share),
+            share_text(site, *share, "second"),
             site.r_squared,
             human_bytes(site.first.bytes),
             site.first.step,

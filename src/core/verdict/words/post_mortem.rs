@@ -254,23 +254,27 @@ pub(in crate::verdict) fn leak(l: &LeakFinding) -> Finding {
             "{headline}. Device memory was growing step after step when the program died; it would have run out of device memory next."
         ),
         headline,
-        evidence: l
-            .sites
-            .iter()
-            .take(LEAK_SITES_NAMED)
-            .map(|(s, share)| {
-                format!(
-                    "{}: +{} per step, {} of the growth",
-                    short_label(&s.stack),
-                    human_bytes(s.bytes_per_step),
-                    percent(Some(*share * 100.0))
-                )
-            })
-            .collect(),
+        evidence: site_evidence(l, "step"),
         suggestions: vec![
             "Free what each step keeps: tensors appended to lists, losses kept without .item(), outputs held across steps.".to_string(),
         ],
     }
+}
+
+/// One line per growing site: `label: +rate per UNIT, share of the growth`.
+fn site_evidence(l: &LeakFinding, unit: &str) -> Vec<String> {
+    l.sites
+        .iter()
+        .take(LEAK_SITES_NAMED)
+        .map(|(s, share)| {
+            format!(
+                "{}: +{} per {unit}, {} of the growth",
+                short_label(&s.stack),
+                human_bytes(s.bytes_per_step),
+                percent(Some(*share * 100.0))
+            )
+        })
+        .collect()
 }
 
 /// The same, for growth judged over time (the program marked no steps and repeated none).
@@ -309,19 +313,7 @@ fn leak_over_time(l: &LeakFinding) -> Finding {
              growth is measured per second).{runs_out}"
         ),
         headline,
-        evidence: l
-            .sites
-            .iter()
-            .take(LEAK_SITES_NAMED)
-            .map(|(s, share)| {
-                format!(
-                    "{}: +{} per second, {} of the growth",
-                    short_label(&s.stack),
-                    human_bytes(s.bytes_per_step),
-                    percent(Some(*share * 100.0))
-                )
-            })
-            .collect(),
+        evidence: site_evidence(l, "second"),
         suggestions: vec![
             "Free what the program keeps allocating (a `cudaFree` for each `cudaMalloc`), or mark steps with `oomshim_step()` / `oomshim.step()` so growth is judged per step.".to_string(),
         ],
