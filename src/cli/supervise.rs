@@ -496,8 +496,8 @@ fn hostname() -> String {
 /// unknown.
 struct Tree {
     token: String,
-    /// Region file name → whether it is this tree's, and the member.
-    seen: std::collections::HashMap<std::ffi::OsString, Option<Member>>,
+    /// Regions seen, by (pid, start time) → the member when it is this tree's.
+    seen: std::collections::HashMap<(u32, u64), Option<Member>>,
     next_scan: Instant,
 }
 
@@ -536,41 +536,34 @@ impl Tree {
     /// it. `main` and oomshim's own children are left to `reap`, which sees their status.
     fn scan(&mut self, pm: &PostMortems, main: i32, me: i32) {
         self.next_scan = Instant::now() + SCAN_EVERY;
-        let Ok(dir) = std::fs::read_dir(&pm.live_dir) else {
-            return;
-        };
-        let mut present = std::collections::HashSet::new();
-        for entry in dir.flatten() {
-            let name = entry.file_name();
-            let Some((pid, start_ticks)) = name.to_str().and_then(flight::parse_region_name)
-            else {
-                continue;
-            };
-            present.insert(name.clone());
-            if !self.seen.contains_key(&name) {
-                let path = pm.live_dir.join(&name);
-                let member = match flight::read::read_region(&path) {
+        // The regions `top` and the exporter would trust: a private directory, private files.
+        let regions = flight::read::list_regions(&pm.live_dir);
+        for r in &regions {
+            let key = (r.pid, r.start_ticks);
+            if !self.seen.contains_key(&key) {
+                let member = match flight::read::read_region(&r.path) {
                     Err(flight::read::ReadError::Empty) => continue, // not published yet
                     Ok(snap) if snap.summary.supervisor.as_deref() == Some(&self.token) => {
+                        let pid = r.pid as i32;
                         Some(Member {
-                            pid: pid as i32,
-                            start_ticks,
+                            pid,
+                            start_ticks: r.start_ticks,
                             parent: None,
                             // The program's own end comes through `reap`.
-                            pidfd: (pid as i32 != main).then(|| pidfd_open(pid as i32)).flatten(),
+                            pidfd: (pid != main).then(|| pidfd_open(pid)).flatten(),
                         })
                     }
                     _ => None,
                 };
-                self.seen.insert(name.clone(), member);
+                self.seen.insert(key, member);
             }
-            let Some(Some(m)) = self.seen.get_mut(&name) else {
+            let Some(Some(m)) = self.seen.get_mut(&key) else {
                 continue;
             };
             if m.pid == main {
                 continue;
             }
-            let death = match flight::process_now(m.pid as u32, m.start_ticks) {
+            let death = match flight::process_now(r.pid, r.start_ticks) {
                 flight::ProcessNow::Running { parent } => {
                     m.parent = Some(parent);
                     continue;
@@ -587,16 +580,19 @@ impl Tree {
                     reaped_by: m.parent.filter(|&p| p as i32 != me),
                 },
             };
-            let region = pm.live_dir.join(&name);
             let w = Watched {
                 pid: m.pid,
                 start_ticks: Some(m.start_ticks),
             };
-            post_mortem(pm, &w, &region, &death);
-            let _ = std::fs::remove_file(&region);
-            self.seen.insert(name, None);
+            post_mortem(pm, &w, &r.path, &death);
+            let _ = std::fs::remove_file(&r.path);
+            self.seen.insert(key, None);
         }
-        self.seen.retain(|name, _| present.contains(name));
+        self.seen.retain(|&(pid, ticks), _| {
+            regions
+                .iter()
+                .any(|r| (r.pid, r.start_ticks) == (pid, ticks))
+        });
     }
 }
 
@@ -646,7 +642,9 @@ fn watch(
         let timeout = waiting
             .iter()
             .map(|&(_, _, at)| (at + SETTLE).saturating_duration_since(now))
-            .chain(std::iter::once(tree.next_scan.saturating_duration_since(now)))
+            .chain(std::iter::once(
+                tree.next_scan.saturating_duration_since(now),
+            ))
             .min()
             .map(|d| d.as_millis() as i32 + 1)
             .unwrap_or(-1);
@@ -874,12 +872,7 @@ pub fn dump_mode() -> u32 {
     cfg.dump_mode
 }
 
-fn post_mortem(
-    pm: &PostMortems,
-    w: &Watched,
-    region: &Path,
-    death: &flight::postmortem::Death,
-) {
+fn post_mortem(pm: &PostMortems, w: &Watched, region: &Path, death: &flight::postmortem::Death) {
     let snapshot = match flight::read::read_region(region) {
         Ok(s) => s,
         // Died before its first publish: what is known.

@@ -110,13 +110,17 @@ pub fn parse_process_now(stat: &str, start_ticks: u64) -> ProcessNow {
     if parse_start_ticks(stat) != Some(start_ticks) {
         return ProcessNow::Gone;
     }
-    let parent = stat_field(stat, 4).and_then(|p| p.parse().ok()).unwrap_or(0);
+    let parent = stat_field(stat, 4)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
     match stat_field(stat, 3) {
         // A zombie (or one being torn down): field 52 holds its wait status (Linux 3.5+).
-        Some("Z") | Some("X") | Some("x") => match stat_field(stat, 52).and_then(|c| c.parse().ok()) {
-            Some(status) => ProcessNow::Ended { status, parent },
-            None => ProcessNow::Gone,
-        },
+        Some("Z") | Some("X") | Some("x") => {
+            match stat_field(stat, 52).and_then(|c| c.parse().ok()) {
+                Some(status) => ProcessNow::Ended { status, parent },
+                None => ProcessNow::Gone,
+            }
+        }
         _ => ProcessNow::Running { parent },
     }
 }
@@ -160,13 +164,19 @@ mod tests {
         };
         assert_eq!(
             parse_process_now(&fields("Z", 500, 9), 500),
-            ProcessNow::Ended { status: 9, parent: 77 }
+            ProcessNow::Ended {
+                status: 9,
+                parent: 77
+            }
         );
         assert_eq!(
             parse_process_now(&fields("S", 500, 0), 500),
             ProcessNow::Running { parent: 77 }
         );
-        assert_eq!(parse_process_now(&fields("Z", 501, 9), 500), ProcessNow::Gone);
+        assert_eq!(
+            parse_process_now(&fields("Z", 501, 9), 500),
+            ProcessNow::Gone
+        );
         assert_eq!(parse_process_now("garbage", 500), ProcessNow::Gone);
         assert_eq!(parse_region_name("4242-500.live"), Some((4242, 500)));
         assert_eq!(parse_region_name("4242-500.live.tmp"), None);

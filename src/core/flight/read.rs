@@ -15,7 +15,7 @@
 use super::layout::{
     self, Header, SlotDesc, HEADER_BYTES, MAGIC, MIN_HEADER, REGION_BYTES, SLOT_BYTES,
 };
-use super::{LiveSummary, LIVE_SCHEMA, REGION_SUFFIX};
+use super::{LiveSummary, LIVE_SCHEMA};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -117,13 +117,7 @@ pub fn scan(dir: &Path) -> Listing {
         let Ok(name) = e.file_name().into_string() else {
             continue;
         };
-        let Some((pid, ticks)) = name
-            .strip_suffix(REGION_SUFFIX)
-            .and_then(|n| n.split_once('-'))
-        else {
-            continue;
-        };
-        let (Ok(pid), Ok(start_ticks)) = (pid.parse::<u32>(), ticks.parse::<u64>()) else {
+        let Some((pid, start_ticks)) = super::parse_region_name(&name) else {
             continue;
         };
         let path = e.path();
@@ -440,8 +434,7 @@ fn read_generation(file: &File, header: &Header, gen: u64) -> Result<Option<Live
 
 /// The region of `pid` in `dir` (the newest by start time when several are there).
 pub fn region_of(dir: &Path, pid: u32) -> Option<RegionEntry> {
-    list_regions(dir)
-        .into_iter().rfind(|r| r.pid == pid)
+    list_regions(dir).into_iter().rfind(|r| r.pid == pid)
 }
 
 /// Whether the file at `path` is owned by this user and writable by no one else (regions are
