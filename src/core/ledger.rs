@@ -230,11 +230,23 @@ pub struct Totals {
     pub peak_bytes: u64,
 }
 
-/// A consistent-enough copy of the ledger for a dump: each shard is copied under its own lock,
-/// so allocations racing with the copy may or may not appear, but none appears twice.
+/// What a dump needs of the ledger, gathered in one pass over the shards, each under its own
+/// lock: allocations racing with the pass may or may not be counted, but none twice. No copy of
+/// every entry is made (issue 26: the peak host memory of a dump stays near what the ledger
+/// holds): the largest holders are kept to the asked number, the rest is summed per site.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
-    pub allocations: Vec<(usize, Allocation)>,
+    /// The largest device allocations (pinned host memory is not a holder), largest first,
+    /// the older first among equal sizes; at most the number asked.
+    pub holders: Vec<(usize, Allocation)>,
+    /// Every site of device allocations, (native stack, Python stack) → (bytes, count), in no
+    /// particular order.
+    pub sites: Vec<((StackId, StackId), u64, u64)>,
+    /// Device allocations by (device, API, native stack) → (bytes, count), in no particular
+    /// order: what the libraries that asked for memory hold (`facts::libraries`).
+    pub by_stack: Vec<((i32, Api, StackId), u64, u64)>,
+    /// Live allocations of every kind (device and pinned host).
+    pub live_allocations: u64,
     /// (device, totals) for every device that ever held tracked memory.
     pub devices: Vec<(i32, Totals)>,
     pub pinned_host: Totals,
@@ -242,8 +254,242 @@ pub struct Snapshot {
     pub total_allocations: u64,
 }
 
+/// The holders, sites and counts of a [`Snapshot`], fed one allocation at a time.
+struct Gather {
+    top: usize,
+    holders: Vec<(usize, Allocation)>,
+    sites: FxHashMap<(StackId, StackId), (u64, u64)>,
+    by_stack: FxHashMap<(i32, Api, StackId), (u64, u64)>,
+    live: u64,
+    device_counts: [u64; MAX_DEVICES],
+    pinned_count: u64,
+}
+
+fn holder_order(a: &(usize, Allocation), b: &(usize, Allocation)) -> std::cmp::Ordering {
+    b.1.bytes.cmp(&a.1.bytes).then(a.1.seq.cmp(&b.1.seq))
+}
+
+impl Gather {
+    fn new(top: usize) -> Self {
+        Gather {
+            top,
+            holders: Vec::new(),
+            sites: FxHashMap::default(),
+            by_stack: FxHashMap::default(),
+            live: 0,
+            device_counts: [0; MAX_DEVICES],
+            pinned_count: 0,
+        }
+    }
+
+    fn add(&mut self, addr: usize, a: Allocation) {
+        self.live += 1;
+        if a.api.is_pinned_host() {
+            self.pinned_count += 1;
+            return;
+        }
+        self.device_counts[device_slot(a.device)] += 1;
+        let e = self.sites.entry((a.stack, a.py_stack)).or_default();
+        e.0 += a.bytes;
+        e.1 += 1;
+        let e = self.by_stack.entry((a.device, a.api, a.stack)).or_default();
+        e.0 += a.bytes;
+        e.1 += 1;
+        if self.top == 0 {
+            return;
+        }
+        self.holders.push((addr, a));
+        // Amortised: trimmed back to `top` each time it doubles.
+        if self.holders.len() >= self.top.saturating_mul(2).max(64) {
+            self.trim();
+        }
+    }
+
+    fn trim(&mut self) {
+        self.holders.sort_unstable_by(holder_order);
+        self.holders.truncate(self.top);
+    }
+
+    fn finish(mut self) -> Snapshot {
+        self.trim();
+        Snapshot {
+            holders: self.holders,
+            sites: self
+                .sites
+                .into_iter()
+                .map(|(k, (b, c))| (k, b, c))
+                .collect(),
+            by_stack: self
+                .by_stack
+                .into_iter()
+                .map(|(k, (b, c))| (k, b, c))
+                .collect(),
+            live_allocations: self.live,
+            ..Snapshot::default()
+        }
+    }
+}
+
+impl Snapshot {
+    /// The holders, sites and count of `allocations`, as [`Ledger::snapshot`] gathers them
+    /// (no device totals): for tests and benches that state a ledger directly.
+    pub fn of_allocations(
+        allocations: impl IntoIterator<Item = (usize, Allocation)>,
+        top: usize,
+    ) -> Snapshot {
+        let mut g = Gather::new(top);
+        for (addr, a) in allocations {
+            g.add(addr, a);
+        }
+        g.finish()
+    }
+}
+
+mod table;
+use table::{Record, Table};
+
+/// What allocations of one thread and call site share, interned once per distinct value
+/// ([`Contexts`]); a ledger record keeps only its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Context {
+    stack: StackId,
+    py_stack: StackId,
+    thread: u64,
+    stream: usize,
+    device: i32,
+    api: Api,
+}
+
+impl Context {
+    fn of(a: &Allocation) -> Context {
+        Context {
+            stack: a.stack,
+            py_stack: a.py_stack,
+            thread: a.thread,
+            stream: a.stream,
+            device: a.device,
+            api: a.api,
+        }
+    }
+}
+
+/// Ids of contexts in chunks 0.. hold 256 << k each: ids up to about 2^32, and chunks never
+/// move, so a context is read by id without a lock.
+const CHUNK0_BITS: u32 = 8;
+const CHUNKS: usize = 24;
+
+/// Interned [`Context`]s: added under a lock, read by id without one (each is written before
+/// its id is published through `len` and never changes after).
+struct Contexts {
+    ids: ShardLock<FxHashMap<Context, u32>>,
+    chunks: [std::sync::atomic::AtomicPtr<Context>; CHUNKS],
+    /// Unique to this table in the process: the key of a thread's cached last context.
+    tag: u64,
+}
+
+fn chunk_of(id: u32) -> (usize, usize) {
+    let n = u64::from(id) + (1 << CHUNK0_BITS);
+    let k = (63 - n.leading_zeros() - CHUNK0_BITS) as usize;
+    (k, (n - ((1u64 << CHUNK0_BITS) << k)) as usize)
+}
+
+fn chunk_len(k: usize) -> usize {
+    (1usize << CHUNK0_BITS) << k
+}
+
+thread_local! {
+    /// The calling thread's last context: (table tag, context, id). Most allocations of a
+    /// thread repeat its previous one's context, found here without a lock.
+    static LAST_CONTEXT: std::cell::Cell<(u64, Context, u32)> = const {
+        std::cell::Cell::new((
+            0,
+            Context {
+                stack: StackId::EMPTY,
+                py_stack: StackId::EMPTY,
+                thread: 0,
+                stream: 0,
+                device: 0,
+                api: Api::CudaMalloc,
+            },
+            0,
+        ))
+    };
+}
+
+impl Contexts {
+    fn new() -> Self {
+        static TAGS: AtomicU64 = AtomicU64::new(1);
+        Contexts {
+            ids: ShardLock::new(FxHashMap::default()),
+            chunks: std::array::from_fn(|_| std::sync::atomic::AtomicPtr::new(std::ptr::null_mut())),
+            tag: TAGS.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The id of `c`, adding it if new; `None` when the table is full or out of memory.
+    #[inline]
+    fn intern(&self, c: &Context) -> Option<u32> {
+        if let Ok((tag, last, id)) = LAST_CONTEXT.try_with(|l| l.get()) {
+            if tag == self.tag && last == *c {
+                return Some(id);
+            }
+        }
+        let id = self.intern_locked(c)?;
+        let _ = LAST_CONTEXT.try_with(|l| l.set((self.tag, *c, id)));
+        Some(id)
+    }
+
+    #[cold]
+    fn intern_locked(&self, c: &Context) -> Option<u32> {
+        let mut ids = self.ids.lock();
+        if let Some(&id) = ids.get(c) {
+            return Some(id);
+        }
+        let id = u32::try_from(ids.len()).ok()?;
+        let (k, i) = chunk_of(id);
+        if k >= CHUNKS {
+            return None;
+        }
+        let mut chunk = self.chunks[k].load(Ordering::Acquire);
+        if chunk.is_null() {
+            let fresh: Box<[Context]> = vec![*c; chunk_len(k)].into_boxed_slice();
+            chunk = Box::into_raw(fresh).cast::<Context>();
+            self.chunks[k].store(chunk, Ordering::Release);
+        }
+        // SAFETY: i < chunk_len(k); slot `i` is not yet published (no record holds `id`), and
+        // writers are serialised by `ids`' lock.
+        unsafe { chunk.add(i).write(*c) };
+        ids.insert(*c, id);
+        Some(id)
+    }
+
+    /// The context of an id this table gave out.
+    #[inline]
+    fn get(&self, id: u32) -> Context {
+        let (k, i) = chunk_of(id);
+        let chunk = self.chunks[k.min(CHUNKS - 1)].load(Ordering::Acquire);
+        assert!(!chunk.is_null() && k < CHUNKS, "a context id never given out");
+        // SAFETY: ids come from records, each written after its context (see `intern_locked`);
+        // the shard lock the reader holds orders the two.
+        unsafe { *chunk.add(i) }
+    }
+}
+
+impl Drop for Contexts {
+    fn drop(&mut self) {
+        for (k, c) in self.chunks.iter().enumerate() {
+            let p = c.load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: made by Box::into_raw of a boxed slice of chunk_len(k) contexts.
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, chunk_len(k))) });
+            }
+        }
+    }
+}
+
 pub struct Ledger {
-    shards: Box<[ShardLock<FxHashMap<usize, Allocation>>]>,
+    shards: Box<[ShardLock<Table>]>,
+    contexts: Contexts,
     devices: Box<[Counters]>,
     pinned_host: Counters,
     unknown_frees: AtomicU64,
@@ -260,9 +506,8 @@ impl Default for Ledger {
 }
 
 fn shard_of(addr: usize) -> usize {
-    // CUDA addresses are at least 256-byte aligned: mix in the higher bits.
-    let x = (addr >> 8) as u64;
-    (x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS
+    // The top bits of the address's hash; the table's index uses the low ones.
+    (table::hash(addr as u64) >> 58) as usize % SHARDS
 }
 
 fn device_slot(device: i32) -> usize {
@@ -272,9 +517,8 @@ fn device_slot(device: i32) -> usize {
 impl Ledger {
     pub fn new() -> Self {
         Ledger {
-            shards: (0..SHARDS)
-                .map(|_| ShardLock::new(FxHashMap::default()))
-                .collect(),
+            shards: (0..SHARDS).map(|_| ShardLock::new(Table::default())).collect(),
+            contexts: Contexts::new(),
             devices: (0..MAX_DEVICES).map(|_| Counters::default()).collect(),
             pinned_host: Counters::default(),
             unknown_frees: AtomicU64::new(0),
@@ -292,6 +536,7 @@ impl Ledger {
     /// Before `fork`: takes every shard's lock, so the child gets no shard frozen mid-change
     /// by a thread that does not exist there. Undone by [`Self::after_fork`] in both processes.
     pub fn before_fork(&self) {
+        self.contexts.ids.lock_for_fork();
         for s in self.shards.iter() {
             s.lock_for_fork();
         }
@@ -302,6 +547,7 @@ impl Ledger {
         for s in self.shards.iter() {
             s.force_unlock();
         }
+        self.contexts.ids.force_unlock();
     }
 
     /// Next allocation sequence number.
@@ -317,14 +563,47 @@ impl Ledger {
         }
     }
 
-    fn shard(&self, addr: usize) -> ShardGuard<'_, FxHashMap<usize, Allocation>> {
+    fn shard(&self, addr: usize) -> ShardGuard<'_, Table> {
         self.shards[shard_of(addr)].lock()
     }
 
+    fn allocation(&self, r: &Record) -> Allocation {
+        let c = self.contexts.get(r.ctx());
+        Allocation {
+            bytes: r.bytes,
+            api: c.api,
+            device: c.device,
+            stream: c.stream,
+            thread: c.thread,
+            time_ns: r.time_ns(),
+            seq: r.seq(),
+            stack: c.stack,
+            py_stack: c.py_stack,
+        }
+    }
+
+    /// The record of `alloc`, its context interned; `None` when the ledger has no room.
+    fn record(&self, addr: usize, alloc: &Allocation) -> Option<Record> {
+        let ctx = self.contexts.intern(&Context::of(alloc))?;
+        Some(Record::new(addr, alloc.bytes, alloc.seq, alloc.time_ns, ctx))
+    }
+
     /// Records a successful allocation. If the address was already live (its free went through
-    /// a path the shim does not see), the stale entry is replaced and returned.
+    /// a path the shim does not see), the stale entry is replaced and returned. An allocation
+    /// the ledger has no room for (host memory refused; a billion live) is passed through.
     pub fn record_alloc(&self, addr: usize, alloc: Allocation) -> Option<Allocation> {
-        let old = self.shard(addr).insert(addr, alloc);
+        let Some(r) = self.record(addr, &alloc) else {
+            self.note_untracked();
+            return None;
+        };
+        let old = match self.shard(addr).insert(r) {
+            Ok(old) => old,
+            Err(()) => {
+                self.note_untracked();
+                return None;
+            }
+        };
+        let old = old.map(|o| self.allocation(&o));
         if let Some(old) = &old {
             self.counters(old).sub(old.bytes);
         }
@@ -335,9 +614,13 @@ impl Ledger {
     /// Removes an allocation before the real free runs, so that the address, once the runtime
     /// hands it out again, can never be confused with this one. Unknown addresses are counted.
     pub fn take(&self, addr: usize) -> Option<Allocation> {
-        let old = self.shard(addr).remove(&addr);
+        let old = self.shard(addr).remove(addr as u64);
         match &old {
-            Some(a) => self.counters(a).sub(a.bytes),
+            Some(r) => {
+                let a = self.allocation(r);
+                self.counters(&a).sub(a.bytes);
+                Some(a)
+            }
             None => {
                 let passed_through = self
                     .untracked
@@ -346,17 +629,19 @@ impl Ledger {
                 if !passed_through {
                     self.unknown_frees.fetch_add(1, Ordering::Relaxed);
                 }
+                None
             }
         }
-        old
     }
 
     /// Puts back an allocation whose free failed (the memory is still held).
     pub fn reinstate(&self, addr: usize, alloc: Allocation) {
+        let Some(r) = self.record(addr, &alloc) else {
+            return;
+        };
         let mut shard = self.shard(addr);
         // Something may have been recorded at this address meanwhile; the newer entry wins.
-        if let std::collections::hash_map::Entry::Vacant(v) = shard.entry(addr) {
-            v.insert(alloc);
+        if shard.get(addr as u64).is_none() && shard.insert(r).is_ok() {
             drop(shard);
             self.counters(&alloc).add(alloc.bytes);
         }
@@ -389,11 +674,8 @@ impl Ledger {
     }
 
     fn totals(&self, c: &Counters, counts: impl Fn(&Allocation) -> bool) -> Totals {
-        let count = self
-            .shards
-            .iter()
-            .map(|s| s.lock().values().filter(|a| counts(a)).count() as u64)
-            .sum();
+        let mut count = 0;
+        self.for_each_live(|a| count += u64::from(counts(a)));
         Totals {
             bytes: c.bytes.load(Ordering::Relaxed),
             count,
@@ -410,30 +692,32 @@ impl Ledger {
         self.unknown_frees.load(Ordering::Relaxed)
     }
 
+    /// Live allocations now (device and pinned host): one load per shard.
+    pub fn live_count(&self) -> u64 {
+        self.shards.iter().map(|s| s.lock().len() as u64).sum()
+    }
+
     /// Calls `f` for every live allocation, one shard at a time under that shard's lock (a cold
     /// path: growth samples). `f` must not call back into the ledger.
     pub fn for_each_live(&self, mut f: impl FnMut(&Allocation)) {
+        self.for_each_live_at(|_, a| f(a));
+    }
+
+    fn for_each_live_at(&self, mut f: impl FnMut(usize, &Allocation)) {
         for shard in self.shards.iter() {
             let shard = shard.lock();
-            shard.values().for_each(&mut f);
+            for r in shard.iter() {
+                f(r.addr as usize, &self.allocation(&r));
+            }
         }
     }
 
-    pub fn snapshot(&self) -> Snapshot {
-        let mut allocations = Vec::new();
-        for shard in self.shards.iter() {
-            let shard = shard.lock();
-            allocations.extend(shard.iter().map(|(a, v)| (*a, *v)));
-        }
-        let mut counts = vec![0u64; MAX_DEVICES];
-        let mut pinned_count = 0;
-        for (_, a) in &allocations {
-            if a.api.is_pinned_host() {
-                pinned_count += 1;
-            } else {
-                counts[device_slot(a.device)] += 1;
-            }
-        }
+    /// What a dump shows of the ledger: the `top` largest holders, every site's sum, the
+    /// counts and totals (see [`Snapshot`]).
+    pub fn snapshot(&self, top: usize) -> Snapshot {
+        let mut g = Gather::new(top);
+        self.for_each_live_at(|addr, a| g.add(addr, *a));
+        let (device_counts, pinned_count) = (g.device_counts, g.pinned_count);
         let read = |c: &Counters, count: u64| Totals {
             bytes: c.bytes.load(Ordering::Relaxed),
             count,
@@ -443,15 +727,15 @@ impl Ledger {
             .devices
             .iter()
             .enumerate()
-            .map(|(i, c)| (i as i32, read(c, counts[i])))
+            .map(|(i, c)| (i as i32, read(c, device_counts[i])))
             .filter(|(_, t)| t.peak_bytes > 0 || t.count > 0)
             .collect();
         Snapshot {
-            allocations,
             devices,
             pinned_host: read(&self.pinned_host, pinned_count),
             unknown_frees: self.unknown_frees(),
             total_allocations: self.seq.load(Ordering::Relaxed),
+            ..g.finish()
         }
     }
 }
@@ -686,7 +970,7 @@ mod tests {
         l.record_alloc(0x6000, alloc(8192, Api::CudaHostAlloc, -1));
         assert_eq!(l.device_totals(0).bytes, 0);
         assert_eq!(l.pinned_host_totals().bytes, 12288);
-        assert!(l.snapshot().devices.is_empty());
+        assert!(l.snapshot(10).devices.is_empty());
     }
 
     #[test]
@@ -762,8 +1046,8 @@ mod tests {
             t.join().unwrap();
         }
         let live = 16 * 5_000;
-        let snap = l.snapshot();
-        assert_eq!(snap.allocations.len(), live);
+        let snap = l.snapshot(10);
+        assert_eq!(snap.live_allocations, live as u64);
         assert_eq!(
             l.device_totals(0).bytes + l.device_totals(1).bytes,
             512 * live as u64
@@ -772,6 +1056,80 @@ mod tests {
             l.device_totals(0).count + l.device_totals(1).count,
             live as u64
         );
+    }
+
+    /// Every field of an allocation comes back from the ledger as it went in (the time in
+    /// whole microseconds), whatever its thread, stream, stacks and API share with others.
+    #[test]
+    fn allocations_come_back_whole() {
+        let l = Ledger::new();
+        let mut want = Vec::new();
+        for i in 0..5_000u64 {
+            let a = Allocation {
+                bytes: i * 3 + 1,
+                api: if i % 7 == 0 { Api::CudaMallocHost } else { Api::CuMemAllocAsync },
+                device: if i % 7 == 0 { -1 } else { (i % 3) as i32 },
+                stream: (i % 5) as usize * 0x1000,
+                thread: 100 + i % 4,
+                time_ns: i * 1_000_000 + 123_000,
+                seq: l.next_seq(),
+                stack: StackId((i % 11) as u32),
+                py_stack: StackId((i % 13) as u32),
+            };
+            let addr = 0x7f00_0000_0000 + i as usize * 512;
+            assert_eq!(l.record_alloc(addr, a), None);
+            want.push((addr, a));
+        }
+        let mut seen = Vec::new();
+        l.for_each_live(|a| seen.push(*a));
+        seen.sort_by_key(|a| a.seq);
+        assert_eq!(seen, want.iter().map(|w| w.1).collect::<Vec<_>>());
+        for (addr, a) in want.iter().rev() {
+            assert_eq!(l.take(*addr), Some(*a));
+        }
+        assert_eq!(l.live_count(), 0);
+        assert_eq!(l.unknown_frees(), 0);
+    }
+
+    /// A snapshot keeps the largest device holders (older first among equals), sums every
+    /// site of device memory and counts everything, without pinned host memory as a holder.
+    #[test]
+    fn snapshot_keeps_top_holders_and_every_site() {
+        let l = Ledger::new();
+        let rec = |addr: usize, bytes: u64, api: Api, site: u32| {
+            let mut a = alloc(bytes, api, if api.is_pinned_host() { -1 } else { 0 });
+            a.seq = l.next_seq();
+            a.stack = StackId(site);
+            l.record_alloc(addr, a);
+        };
+        for i in 0..1_000usize {
+            rec(0x10_0000 + i * 512, 100 + (i % 10) as u64, Api::CudaMalloc, 1 + (i % 3) as u32);
+        }
+        rec(0x90_0000, 1 << 40, Api::CudaMallocHost, 9);
+        rec(0x91_0000, 5_000, Api::CudaMalloc, 4);
+        rec(0x92_0000, 5_000, Api::CudaMalloc, 4);
+        let snap = l.snapshot(3);
+        let holders: Vec<(usize, u64)> = snap.holders.iter().map(|(p, a)| (*p, a.bytes)).collect();
+        assert_eq!(holders, [(0x91_0000, 5_000), (0x92_0000, 5_000), (0x10_0000 + 9 * 512, 109)]);
+        let mut sites = snap.sites.clone();
+        sites.sort();
+        let site = |k: u32| -> (u64, u64) {
+            let (mut b, mut c) = (0, 0);
+            for i in (0..1_000u64).filter(|i| 1 + (i % 3) as u32 == k) {
+                b += 100 + i % 10;
+                c += 1;
+            }
+            (b, c)
+        };
+        let want: Vec<_> = (1..=3)
+            .map(|k| ((StackId(k), StackId::EMPTY), site(k).0, site(k).1))
+            .chain([((StackId(4), StackId::EMPTY), 10_000, 2)])
+            .collect();
+        assert_eq!(sites, want);
+        assert_eq!(snap.live_allocations, 1_003);
+        assert_eq!(snap.pinned_host.count, 1);
+        assert_eq!(snap.devices, vec![(0, l.device_totals(0))]);
+        assert_eq!(snap.devices[0].1.count, 1_002);
     }
 
     #[test]

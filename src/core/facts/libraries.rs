@@ -117,6 +117,9 @@ impl LibraryMap {
 pub struct LiveAlloc<S> {
     pub device: i32,
     pub bytes: u64,
+    /// Live allocations this entry stands for (the ledger sums those sharing device, API and
+    /// stack).
+    pub count: u64,
     pub api: &'static str,
     pub stack: S,
 }
@@ -155,7 +158,7 @@ pub fn attribute<S: Copy + Eq + std::hash::Hash>(
         };
         let l = &mut out[i];
         l.bytes += a.bytes;
-        l.count += 1;
+        l.count += a.count;
         if l.modules.len() < 4 && !l.modules.contains(&r.path) {
             l.modules.push(r.path.clone());
         }
@@ -294,6 +297,7 @@ garbage line
         let a = |device, bytes, api, stack| LiveAlloc {
             device,
             bytes,
+            count: 1,
             api,
             stack,
         };

@@ -138,26 +138,13 @@ pub(crate) fn assemble(
             .find(|(d, _)| *d == device)
             .map(|(_, u)| u.clone())
     };
-    let device_allocs: Vec<&(usize, Allocation)> = cap
-        .snapshot
-        .allocations
-        .iter()
-        .filter(|(_, a)| !a.api.is_pinned_host())
-        .collect();
-
-    let mut holders = device_allocs.clone();
+    // The ledger's pass kept the largest device holders and summed every site (a site is
+    // one (native stack, Python stack) pair).
+    let mut holders: Vec<&(usize, Allocation)> = cap.snapshot.holders.iter().collect();
     holders.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.1.seq.cmp(&b.1.seq)));
     holders.truncate(top);
 
-    // A site is one (native stack, Python stack) pair.
-    let mut by_site: FxHashMap<StackKey, (u64, u64)> = FxHashMap::default();
-    for (_, a) in &device_allocs {
-        let e = by_site.entry((a.stack, a.py_stack)).or_default();
-        e.0 += a.bytes;
-        e.1 += 1;
-    }
-    let mut sites: Vec<(StackKey, u64, u64)> =
-        by_site.into_iter().map(|(k, (b, c))| (k, b, c)).collect();
+    let mut sites: Vec<(StackKey, u64, u64)> = cap.snapshot.sites.clone();
     sites.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     sites.truncate(top);
 
@@ -311,7 +298,7 @@ pub(crate) fn assemble(
             python_merge: (merge_counts != MergeCounts::default()).then_some(merge_counts),
             depth: config.depth as u32,
             unknown_frees: cap.snapshot.unknown_frees,
-            live_allocations: cap.snapshot.allocations.len() as u64,
+            live_allocations: cap.snapshot.live_allocations,
             total_allocations: cap.snapshot.total_allocations,
             oom_failures: recorder.oom_failures,
             repeated_failures: burst.map_or(0, |b| b.repeats),
@@ -344,7 +331,7 @@ pub(crate) fn assemble(
     dump.library_memory = library_memory(
         lookups,
         config.stacks.native(),
-        &device_allocs,
+        &cap.snapshot.by_stack,
         &maps,
         ctx.device,
         &dump,
@@ -487,20 +474,21 @@ fn has_stream(api: Api) -> bool {
 fn library_memory(
     lookups: &dyn Lookups,
     native: bool,
-    device_allocs: &[&(usize, Allocation)],
+    by_stack: &[((i32, Api, StackId), u64, u64)],
     maps: &str,
     device: Option<i32>,
     dump: &Dump,
 ) -> Option<LibraryMemory> {
     use oomshim_core::facts::libraries;
     let mut libs = if native {
-        let allocs: Vec<libraries::LiveAlloc<StackId>> = device_allocs
+        let allocs: Vec<libraries::LiveAlloc<StackId>> = by_stack
             .iter()
-            .map(|(_, a)| libraries::LiveAlloc {
-                device: a.device,
-                bytes: a.bytes,
-                api: a.api.name(),
-                stack: a.stack,
+            .map(|&((device, api, stack), bytes, count)| libraries::LiveAlloc {
+                device,
+                bytes,
+                count,
+                api: api.name(),
+                stack,
             })
             .collect();
         libraries::attribute(&libraries::LibraryMap::parse(maps), &allocs, |id| {
@@ -700,16 +688,19 @@ mod pure_tests {
     /// program's own) and 5 GiB on device 1.
     fn snapshot() -> Snapshot {
         Snapshot {
-            allocations: vec![
-                (0x7e00_0000_0000, alloc(2 * GIB, 0, 11, 1, 1, 7)),
-                (0x7e00_8000_0000, alloc(GIB / 2, 0, 11, 2, 1, 7)),
-                (0x7e00_c000_0000, alloc(GIB / 2, 0, 12, 3, 2, 0)),
-                (0x7f00_0000_0000, alloc(5 * GIB, 1, 12, 4, 2, 0)),
-            ],
             devices: vec![(0, totals(3 * GIB, 3)), (1, totals(5 * GIB, 1))],
             pinned_host: totals(0, 0),
             unknown_frees: 0,
             total_allocations: 4,
+            ..Snapshot::of_allocations(
+                [
+                    (0x7e00_0000_0000, alloc(2 * GIB, 0, 11, 1, 1, 7)),
+                    (0x7e00_8000_0000, alloc(GIB / 2, 0, 11, 2, 1, 7)),
+                    (0x7e00_c000_0000, alloc(GIB / 2, 0, 12, 3, 2, 0)),
+                    (0x7f00_0000_0000, alloc(5 * GIB, 1, 12, 4, 2, 0)),
+                ],
+                usize::MAX,
+            )
         }
     }
 

@@ -138,7 +138,7 @@ fn live_dump() -> Option<dump::model::Dump> {
             return None;
         }
         let capture = assemble::Capture {
-            snapshot: s.ledger.snapshot(),
+            snapshot: s.ledger.snapshot(s.config.top),
             time: SystemTime::now(),
             now_ns: s.now_ns(),
             failing: None,
@@ -636,8 +636,7 @@ pub fn device_for_on_demand_dump(current: fn() -> i32) -> Option<i32> {
 /// with RLIMIT_AS in tests/reliability.rs): Rust aborts on a failed allocation, so a process out
 /// of host memory gets one message instead of a dump, never an abort. Says so once.
 pub(crate) fn room_for_dump(s: &Shim) -> bool {
-    let mut live = 0usize;
-    s.ledger.for_each_live(|_| live += 1);
+    let live = s.ledger.live_count() as usize;
     let need = (4usize << 20)
         .saturating_add(live.saturating_mul(1024))
         .saturating_add(environment_bytes().saturating_mul(2));
@@ -700,7 +699,7 @@ pub fn dump_now(reason: &str, context: FailureContext) -> bool {
         return false;
     }
     let capture = assemble::Capture {
-        snapshot: s.ledger.snapshot(),
+        snapshot: s.ledger.snapshot(s.config.top),
         time: SystemTime::now(),
         now_ns: s.now_ns(),
         failing: None,
@@ -862,7 +861,7 @@ pub mod bench_support {
         pub fn dump_json(&self) -> Vec<u8> {
             let s = &self.0;
             let capture = assemble::Capture {
-                snapshot: s.ledger.snapshot(),
+                snapshot: s.ledger.snapshot(s.config.top),
                 time: SystemTime::now(),
                 now_ns: s.now_ns(),
                 context: FailureContext {

@@ -951,7 +951,7 @@ fn say(text: &str) {
 /// thread, at once (the most telling moment), with the context the event brought from there.
 pub(super) fn failure_capture(s: &Shim, ev: &OomEvent, stacks: (StackId, StackId)) -> Capture {
     Capture {
-        snapshot: s.ledger.snapshot(),
+        snapshot: s.ledger.snapshot(s.config.top),
         time: SystemTime::now(),
         now_ns: s.now_ns(),
         failing: Some(Failing {
