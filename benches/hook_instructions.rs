@@ -2,7 +2,8 @@
 //! (cachegrind), so the figure is the same on any machine and under any load, unlike time
 //! (issue 26: the goal is at most 1,200 at 32 frames with all stacks). Also the host memory the
 //! shim holds per live allocation (resident set, bare against shim, 1,000,000 live) and the
-//! peak while a dump copies them.
+//! peak while a dump runs, also as slopes between 100,000 and 1,000,000 live (what grows with
+//! the number of allocations, apart from what a dump costs once).
 //!
 //! The client, `benches/hook_pairs.c`, is built here with gcc `-O2`, once without frame pointers
 //! (as PyTorch's wheels and most C are) and once with them, linked against the simulated
@@ -203,9 +204,9 @@ fn memory_lines(out: &[u8]) -> Vec<(u64, u64)> {
 
 fn memory(libs: &[(String, PathBuf)], dir: &Path) {
     let client = build_client(dir, false);
-    let run = |shim: Option<&Path>| {
+    let run = |shim: Option<&Path>, live: u64| {
         let mut cmd = Command::new(&client);
-        cmd.args(["live", &LIVE.to_string(), "dump"]);
+        cmd.args(["live", &live.to_string(), "dump"]);
         settings(&mut cmd, shim, 64, dir);
         let out = cmd.output().expect("the client");
         assert!(
@@ -217,14 +218,23 @@ fn memory(libs: &[(String, PathBuf)], dir: &Path) {
         assert!(lines.len() == 2, "hook_pairs live printed {lines:?}");
         lines
     };
-    let bare = run(None);
+    // A tenth as many too: what grows with the number of live allocations (the slope) apart
+    // from what a dump costs once whatever their number (symbolisation: ~16 MB).
+    let few = LIVE / 10;
+    let (bare, bare_few) = (run(None, LIVE), run(None, few));
     for (name, lib) in libs {
-        let shim = run(Some(lib));
+        let (shim, shim_few) = (run(Some(lib), LIVE), run(Some(lib), few));
         let per = |shim_kib: u64, bare_kib: u64| {
             (shim_kib as f64 - bare_kib as f64) * 1024.0 / LIVE as f64
         };
         let held = per(shim[0].0, bare[0].0);
         let peak = per(shim[1].1, bare[1].1);
+        let slope = |a: u64, b: u64| (a as f64 - b as f64) * 1024.0 / (LIVE - few) as f64;
+        let held_slope = slope(shim[0].0, shim_few[0].0) - slope(bare[0].0, bare_few[0].0);
+        let peak_slope = slope(shim[1].1, shim_few[1].1) - slope(bare[1].1, bare_few[1].1);
+        let fixed_mib = ((shim[1].1 as f64 - shim[0].0 as f64)
+            - (bare[1].1 as f64 - bare[0].0 as f64))
+            / 1024.0;
         let verdict = if held <= GOAL_BYTES {
             "met".to_string()
         } else {
@@ -235,6 +245,10 @@ fn memory(libs: &[(String, PathBuf)], dir: &Path) {
         println!(
             "  peak while a dump runs (VmHWM): {peak:.1} B, {:.2}x the held figure (goal at most 1.25x)",
             peak / held.max(1.0)
+        );
+        println!(
+            "  per added live allocation ({few} -> {LIVE}): held {held_slope:.1} B, peak {peak_slope:.1} B ({:.2}x); the dump's own peak above held: {fixed_mib:.1} MiB",
+            peak_slope / held_slope.max(1.0)
         );
     }
 }

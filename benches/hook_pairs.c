@@ -10,7 +10,7 @@
  * Usage: hook_pairs live N [dump]
  *   Holds N live cudaMalloc(512) allocations, then prints "rss-kib <VmRSS> hwm-kib <VmHWM>"
  *   (from /proc/self/status); with `dump`, then calls oomshim_dump (when the shim is loaded)
- *   and prints the line again: the peak while a dump copies the ledger.
+ *   and prints the line again: the peak while a dump reads the ledger.
  *
  * Exit 0; 1 with a message on stderr when a CUDA call fails or the arguments are wrong.
  */

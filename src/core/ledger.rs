@@ -348,6 +348,20 @@ impl Snapshot {
 mod table;
 use table::{Record, Table};
 
+/// An allocation taken out of the ledger by [`Ledger::take`], as stored: enough to put it back
+/// ([`Ledger::reinstate`]) when its free fails, without reading its context on every free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken(Record);
+
+impl Taken {
+    pub fn bytes(&self) -> u64 {
+        self.0.bytes()
+    }
+}
+
+/// The totals' slot of pinned host memory in a record (devices are 0..MAX_DEVICES).
+const PINNED_SLOT: u8 = MAX_DEVICES as u8;
+
 /// What allocations of one thread and call site share, interned once per distinct value
 /// ([`Contexts`]); a ledger record keeps only its id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -555,11 +569,18 @@ impl Ledger {
         self.seq.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    fn counters(&self, alloc: &Allocation) -> &Counters {
+    fn slot(alloc: &Allocation) -> u8 {
         if alloc.api.is_pinned_host() {
-            &self.pinned_host
+            PINNED_SLOT
         } else {
-            &self.devices[device_slot(alloc.device)]
+            device_slot(alloc.device) as u8
+        }
+    }
+
+    fn counters(&self, slot: u8) -> &Counters {
+        match self.devices.get(slot as usize) {
+            Some(c) => c,
+            None => &self.pinned_host,
         }
     }
 
@@ -570,7 +591,7 @@ impl Ledger {
     fn allocation(&self, r: &Record) -> Allocation {
         let c = self.contexts.get(r.ctx());
         Allocation {
-            bytes: r.bytes,
+            bytes: r.bytes(),
             api: c.api,
             device: c.device,
             stream: c.stream,
@@ -583,9 +604,22 @@ impl Ledger {
     }
 
     /// The record of `alloc`, its context interned; `None` when the ledger has no room.
+    #[inline]
     fn record(&self, addr: usize, alloc: &Allocation) -> Option<Record> {
         let ctx = self.contexts.intern(&Context::of(alloc))?;
-        Some(Record::new(addr, alloc.bytes, alloc.seq, alloc.time_ns, ctx))
+        Some(Record::new(
+            addr,
+            alloc.bytes.min(table::MAX_BYTES),
+            Self::slot(alloc),
+            alloc.seq,
+            alloc.time_ns,
+            ctx,
+        ))
+    }
+
+    /// The allocation a [`Taken`] stands for (its context read back).
+    pub fn allocation_of(&self, taken: &Taken) -> Allocation {
+        self.allocation(&taken.0)
     }
 
     /// Records a successful allocation. If the address was already live (its free went through
@@ -603,23 +637,21 @@ impl Ledger {
                 return None;
             }
         };
-        let old = old.map(|o| self.allocation(&o));
-        if let Some(old) = &old {
-            self.counters(old).sub(old.bytes);
+        if let Some(o) = &old {
+            self.counters(o.slot()).sub(o.bytes());
         }
-        self.counters(&alloc).add(alloc.bytes);
-        old
+        self.counters(r.slot()).add(r.bytes());
+        old.map(|o| self.allocation(&o))
     }
 
     /// Removes an allocation before the real free runs, so that the address, once the runtime
     /// hands it out again, can never be confused with this one. Unknown addresses are counted.
-    pub fn take(&self, addr: usize) -> Option<Allocation> {
+    pub fn take(&self, addr: usize) -> Option<Taken> {
         let old = self.shard(addr).remove(addr as u64);
-        match &old {
+        match old {
             Some(r) => {
-                let a = self.allocation(r);
-                self.counters(&a).sub(a.bytes);
-                Some(a)
+                self.counters(r.slot()).sub(r.bytes());
+                Some(Taken(r))
             }
             None => {
                 let passed_through = self
@@ -635,15 +667,14 @@ impl Ledger {
     }
 
     /// Puts back an allocation whose free failed (the memory is still held).
-    pub fn reinstate(&self, addr: usize, alloc: Allocation) {
-        let Some(r) = self.record(addr, &alloc) else {
-            return;
-        };
+    pub fn reinstate(&self, addr: usize, taken: Taken) {
+        let r = taken.0;
+        debug_assert_eq!(r.addr, addr as u64);
         let mut shard = self.shard(addr);
         // Something may have been recorded at this address meanwhile; the newer entry wins.
         if shard.get(addr as u64).is_none() && shard.insert(r).is_ok() {
             drop(shard);
-            self.counters(&alloc).add(alloc.bytes);
+            self.counters(r.slot()).add(r.bytes());
         }
     }
 
@@ -950,7 +981,7 @@ mod tests {
                 peak_bytes: 150
             }
         );
-        assert_eq!(l.take(0x1000).map(|a| a.bytes), Some(100));
+        assert_eq!(l.take(0x1000).map(|a| a.bytes()), Some(100));
         assert_eq!(
             l.device_totals(0),
             Totals {
@@ -1085,7 +1116,9 @@ mod tests {
         seen.sort_by_key(|a| a.seq);
         assert_eq!(seen, want.iter().map(|w| w.1).collect::<Vec<_>>());
         for (addr, a) in want.iter().rev() {
-            assert_eq!(l.take(*addr), Some(*a));
+            let taken = l.take(*addr).unwrap();
+            assert_eq!(taken.bytes(), a.bytes);
+            assert_eq!(l.allocation_of(&taken), *a);
         }
         assert_eq!(l.live_count(), 0);
         assert_eq!(l.unknown_frees(), 0);

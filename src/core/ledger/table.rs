@@ -15,7 +15,9 @@ use std::marker::PhantomData;
 #[repr(C)]
 pub(super) struct Record {
     pub addr: u64,
-    pub bytes: u64,
+    /// Bytes (low 56 bits) | the totals' slot it counts in (high 8 bits; see `Ledger`), so a
+    /// free adjusts the totals without reading the context.
+    bytes_slot: u64,
     /// Sequence number (low 48 bits) << 16 | the context id's high 16 bits.
     seq_ctx: u64,
     /// Microseconds since the shim started (48 bits, about 8.9 years) << 16 | the context id's
@@ -24,16 +26,26 @@ pub(super) struct Record {
 }
 
 const LOW48: u64 = (1 << 48) - 1;
+/// Bytes a record holds at most (64 PiB): more is kept as this.
+pub(super) const MAX_BYTES: u64 = (1 << 56) - 1;
 
 impl Record {
-    pub fn new(addr: usize, bytes: u64, seq: u64, time_ns: u64, ctx: u32) -> Record {
+    /// `bytes` at most [`MAX_BYTES`] (the caller clamps, and counts what it stored).
+    pub fn new(addr: usize, bytes: u64, slot: u8, seq: u64, time_ns: u64, ctx: u32) -> Record {
+        debug_assert!(bytes <= MAX_BYTES);
         let time_us = (time_ns / 1000).min(LOW48);
         Record {
             addr: addr as u64,
-            bytes,
+            bytes_slot: bytes | u64::from(slot) << 56,
             seq_ctx: (seq & LOW48) << 16 | u64::from(ctx >> 16),
             time_ctx: time_us << 16 | u64::from(ctx & 0xFFFF),
         }
+    }
+    pub fn bytes(&self) -> u64 {
+        self.bytes_slot & MAX_BYTES
+    }
+    pub fn slot(&self) -> u8 {
+        (self.bytes_slot >> 56) as u8
     }
     pub fn seq(&self) -> u64 {
         self.seq_ctx >> 16
@@ -240,34 +252,48 @@ impl Table {
 
     /// Adds `r`, or replaces the record at its address and returns the old one. `Err(())` when
     /// the shard is full or the system refuses memory: nothing changed.
+    #[inline]
     pub fn insert(&mut self, r: Record) -> Result<Option<Record>, ()> {
         let h = hash(r.addr);
-        let mut empty = match self.find(r.addr, h) {
+        match self.find(r.addr, h) {
             Ok((_, pos)) => {
                 let old = self.records.get(pos);
                 self.records.set(pos, r);
-                return Ok(Some(old));
+                Ok(Some(old))
             }
-            Err(slot) => slot,
-        };
+            // At most 3/4 of the slots used: short probes, and 4 bytes / (3/8 .. 3/4) = 5.3
+            // to 10.7 bytes of index per record. (No index yet: `bits` is 0, so never here.)
+            Err(slot)
+                if self.len < self.records.cap && (self.len + 1) * 4 <= (3usize << self.bits) =>
+            {
+                self.records.set(self.len, r);
+                self.len += 1;
+                self.index.set(slot, fingerprint(h) | self.len as u32);
+                Ok(None)
+            }
+            Err(_) => self.insert_growing(r, h),
+        }
+    }
+
+    /// [`Self::insert`] of a new address when the records or the index must grow first.
+    #[cold]
+    #[inline(never)]
+    fn insert_growing(&mut self, r: Record, h: u64) -> Result<Option<Record>, ()> {
         if self.len >= MAX_RECORDS {
             return Err(());
         }
-        // At most 3/4 of the slots used: short probes, and 4 bytes / (3/8 .. 3/4) = 5.3 to
-        // 10.7 bytes of index per record.
-        if self.index.cap == 0 || (self.len + 1) * 4 > (1usize << self.bits) * 3 {
+        if self.index.cap == 0 || (self.len + 1) * 4 > (3usize << self.bits) {
             let bits = (self.bits + 1).max(MIN_INDEX_BITS);
             if !self.rebuild(bits) {
                 return Err(());
             }
-            empty = match self.find(r.addr, h) {
-                Err(slot) => slot,
-                Ok(_) => unreachable!("not present before the rebuild"),
-            };
         }
         if self.len == self.records.cap && !self.records.grow((self.len * 2).max(PAGE / 32)) {
             return Err(());
         }
+        let Err(empty) = self.find(r.addr, h) else {
+            unreachable!("a new address")
+        };
         self.records.set(self.len, r);
         self.len += 1;
         self.index.set(empty, fingerprint(h) | self.len as u32);
@@ -294,33 +320,40 @@ impl Table {
     }
 
     /// Removes the record at `addr` and returns it.
+    #[inline]
     pub fn remove(&mut self, addr: u64) -> Option<Record> {
         let (slot, pos) = self.find(addr, hash(addr)).ok()?;
         let r = self.records.get(pos);
         self.delete_slot(slot);
-        // The last record moves into the hole: its slot now names `pos`.
         let last = self.len - 1;
         if pos != last {
-            let moved = self.records.get(last);
-            let h = hash(moved.addr);
-            let mask = self.mask();
-            let mut i = h as usize & mask;
-            loop {
-                let s = self.index.get(i);
-                debug_assert!(s != 0, "a record without a slot");
-                if s & POS_MASK == last as u32 + 1 {
-                    self.index.set(i, (s & !POS_MASK) | (pos as u32 + 1));
-                    break;
-                }
-                i = (i + 1) & mask;
-            }
-            self.records.set(pos, moved);
+            self.move_last(pos);
         }
         self.len = last;
         Some(r)
     }
 
+    /// The last record moves into the hole at `pos`: its slot now names `pos`.
+    #[inline(never)]
+    fn move_last(&mut self, pos: usize) {
+        let last = self.len - 1;
+        let moved = self.records.get(last);
+        let mask = self.mask();
+        let mut i = hash(moved.addr) as usize & mask;
+        loop {
+            let s = self.index.get(i);
+            debug_assert!(s != 0, "a record without a slot");
+            if s & POS_MASK == last as u32 + 1 {
+                self.index.set(i, (s & !POS_MASK) | (pos as u32 + 1));
+                break;
+            }
+            i = (i + 1) & mask;
+        }
+        self.records.set(pos, moved);
+    }
+
     /// Empties `slot`, moving later slots of its run back (linear probing without tombstones).
+    #[inline]
     fn delete_slot(&mut self, slot: usize) {
         let mask = self.mask();
         let mut hole = slot;
@@ -348,14 +381,22 @@ mod tests {
     use std::collections::HashMap;
 
     fn rec(addr: u64, n: u64) -> Record {
-        Record::new(addr as usize, n, n, n * 1000, n as u32)
+        Record::new(addr as usize, n, (n % 65) as u8, n, n * 1000, n as u32)
     }
 
     #[test]
     fn records_pack_and_unpack() {
-        let r = Record::new(0x7f00_1234_5600, 1 << 40, (1 << 48) - 2, 1_234_567_000, 0xDEAD_BEEF);
+        let r = Record::new(
+            0x7f00_1234_5600,
+            MAX_BYTES,
+            64,
+            (1 << 48) - 2,
+            1_234_567_000,
+            0xDEAD_BEEF,
+        );
         assert_eq!(r.addr, 0x7f00_1234_5600);
-        assert_eq!(r.bytes, 1 << 40);
+        assert_eq!(r.bytes(), MAX_BYTES);
+        assert_eq!(r.slot(), 64);
         assert_eq!(r.seq(), (1 << 48) - 2);
         assert_eq!(r.time_ns(), 1_234_567_000);
         assert_eq!(r.ctx(), 0xDEAD_BEEF);
@@ -405,7 +446,7 @@ mod tests {
             assert_eq!(t.insert(rec(i << 12, i)), Ok(None));
         }
         for i in (0..300_000u64).step_by(7) {
-            assert_eq!(t.get(i << 12).map(|r| r.bytes), Some(i));
+            assert_eq!(t.get(i << 12).map(|r| r.bytes()), Some(i));
         }
         assert_eq!(t.remove(5 << 12).map(|r| r.seq()), Some(5));
         assert_eq!(t.len(), 299_999);

@@ -32,7 +32,10 @@ thread_local! {
 }
 
 /// Proof that this thread entered the shim and is the outermost hook. Dropping it leaves.
-pub struct Guard(());
+/// Holds the thread's flag, found once on entry (a thread-local lookup is a call into the
+/// loader in a shared library); the flag has no destructor, so it lives as long as the thread,
+/// and the guard, being neither Send nor Sync, never leaves it.
+pub struct Guard(*const Cell<bool>);
 
 impl Guard {
     /// `None` when the shim is off or this thread is already inside it.
@@ -41,23 +44,20 @@ impl Guard {
             return None;
         }
         // try_with: during thread teardown the slot may be gone; then stay out of the way.
-        let entered = IN_HOOK
+        let flag = IN_HOOK
             .try_with(|c| {
                 if c.get() {
-                    false
+                    None
                 } else {
                     c.set(true);
-                    true
+                    Some(c as *const Cell<bool>)
                 }
             })
-            .unwrap_or(false);
-        // Not `then_some(Guard(()))`: that builds a Guard even when not entered, and its drop
+            .ok()
+            .flatten();
+        // Not `then_some(Guard(..))`: that builds a Guard even when not entered, and its drop
         // would clear the outer hook's flag.
-        if entered {
-            Some(Guard(()))
-        } else {
-            None
-        }
+        flag.map(Guard)
     }
 
     /// Runs shim code; a panic in it turns the shim into pass-through for the rest of the
@@ -88,7 +88,8 @@ pub fn contain<R>(f: impl FnOnce() -> R, why: impl FnOnce(&str) -> String) -> Op
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let _ = IN_HOOK.try_with(|c| c.set(false));
+        // SAFETY: the flag of this thread (see `Guard`), which outlives every guard on it.
+        unsafe { (*self.0).set(false) };
     }
 }
 

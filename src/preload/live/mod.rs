@@ -528,14 +528,14 @@ pub fn cuda_versions() -> (Option<i32>, Option<i32>) {
 }
 
 /// Removes a live allocation before it is freed; unknown pointers are counted.
-pub fn take(addr: usize) -> Option<Allocation> {
+pub fn take(addr: usize) -> Option<oomshim_core::ledger::Taken> {
     shim()?.ledger.take(addr)
 }
 
 /// Puts back an allocation whose free failed.
-pub fn reinstate(addr: usize, alloc: Allocation) {
+pub fn reinstate(addr: usize, taken: oomshim_core::ledger::Taken) {
     if let Some(s) = shim() {
-        s.ledger.reinstate(addr, alloc);
+        s.ledger.reinstate(addr, taken);
     }
 }
 

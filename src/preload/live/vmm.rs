@@ -13,7 +13,7 @@
 //! same handle or address back the moment the driver frees it) and undone if the call fails.
 //! The state lock is held only for bookkeeping, never across a call into CUDA.
 
-use oomshim_core::ledger::{Allocation, Api};
+use oomshim_core::ledger::{Api, Taken};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
@@ -72,9 +72,9 @@ pub(super) fn fork_release() {
 #[derive(Debug)]
 pub enum VmmUndo {
     /// A release: the handle's record, and its ledger entry if it was taken.
-    Release(u64, Handle, Option<Allocation>),
+    Release(u64, Handle, Option<Taken>),
     /// An unmap: the removed mappings and the handles (with ledger entries) freed by it.
-    Unmap(Vec<(u64, Mapping)>, Vec<(u64, Handle, Option<Allocation>)>),
+    Unmap(Vec<(u64, Mapping)>, Vec<(u64, Handle, Option<Taken>)>),
     /// An address-range free.
     AddressFree(u64, u64),
 }
