@@ -99,3 +99,30 @@ pub fn guarded<R>(f: impl FnOnce() -> R) -> Option<R> {
     let guard = Guard::enter()?;
     guard.run(f)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One guard per thread: a second entry on the same thread is refused until the first
+    /// guard is dropped, while another thread enters on its own flag meanwhile.
+    #[test]
+    fn a_thread_enters_once_until_its_guard_is_dropped() {
+        let outer = Guard::enter().expect("the first entry");
+        assert!(Guard::enter().is_none(), "re-entry on the same thread");
+        let other = std::thread::spawn(|| {
+            let g = Guard::enter();
+            let again = Guard::enter().is_none();
+            (g.is_some(), again)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(other, (true, true));
+        assert!(Guard::enter().is_none(), "still inside");
+        drop(outer);
+        let second = Guard::enter().expect("entry after leaving");
+        assert_eq!(second.run(|| 7), Some(7));
+        drop(second);
+        assert!(guarded(|| ()).is_some());
+    }
+}
