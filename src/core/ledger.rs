@@ -435,7 +435,9 @@ impl Contexts {
         static TAGS: AtomicU64 = AtomicU64::new(1);
         Contexts {
             ids: ShardLock::new(FxHashMap::default()),
-            chunks: std::array::from_fn(|_| std::sync::atomic::AtomicPtr::new(std::ptr::null_mut())),
+            chunks: std::array::from_fn(
+                |_| std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
+            ),
             tag: TAGS.fetch_add(1, Ordering::Relaxed),
         }
     }
@@ -482,7 +484,10 @@ impl Contexts {
     fn get(&self, id: u32) -> Context {
         let (k, i) = chunk_of(id);
         let chunk = self.chunks[k.min(CHUNKS - 1)].load(Ordering::Acquire);
-        assert!(!chunk.is_null() && k < CHUNKS, "a context id never given out");
+        assert!(
+            !chunk.is_null() && k < CHUNKS,
+            "a context id never given out"
+        );
         // SAFETY: ids come from records, each written after its context (see `intern_locked`);
         // the shard lock the reader holds orders the two.
         unsafe { *chunk.add(i) }
@@ -531,7 +536,9 @@ fn device_slot(device: i32) -> usize {
 impl Ledger {
     pub fn new() -> Self {
         Ledger {
-            shards: (0..SHARDS).map(|_| ShardLock::new(Table::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| ShardLock::new(Table::default()))
+                .collect(),
             contexts: Contexts::new(),
             devices: (0..MAX_DEVICES).map(|_| Counters::default()).collect(),
             pinned_host: Counters::default(),
@@ -1098,7 +1105,11 @@ mod tests {
         for i in 0..5_000u64 {
             let a = Allocation {
                 bytes: i * 3 + 1,
-                api: if i % 7 == 0 { Api::CudaMallocHost } else { Api::CuMemAllocAsync },
+                api: if i % 7 == 0 {
+                    Api::CudaMallocHost
+                } else {
+                    Api::CuMemAllocAsync
+                },
                 device: if i % 7 == 0 { -1 } else { (i % 3) as i32 },
                 stream: (i % 5) as usize * 0x1000,
                 thread: 100 + i % 4,
@@ -1136,14 +1147,26 @@ mod tests {
             l.record_alloc(addr, a);
         };
         for i in 0..1_000usize {
-            rec(0x10_0000 + i * 512, 100 + (i % 10) as u64, Api::CudaMalloc, 1 + (i % 3) as u32);
+            rec(
+                0x10_0000 + i * 512,
+                100 + (i % 10) as u64,
+                Api::CudaMalloc,
+                1 + (i % 3) as u32,
+            );
         }
         rec(0x90_0000, 1 << 40, Api::CudaMallocHost, 9);
         rec(0x91_0000, 5_000, Api::CudaMalloc, 4);
         rec(0x92_0000, 5_000, Api::CudaMalloc, 4);
         let snap = l.snapshot(3);
         let holders: Vec<(usize, u64)> = snap.holders.iter().map(|(p, a)| (*p, a.bytes)).collect();
-        assert_eq!(holders, [(0x91_0000, 5_000), (0x92_0000, 5_000), (0x10_0000 + 9 * 512, 109)]);
+        assert_eq!(
+            holders,
+            [
+                (0x91_0000, 5_000),
+                (0x92_0000, 5_000),
+                (0x10_0000 + 9 * 512, 109)
+            ]
+        );
         let mut sites = snap.sites.clone();
         sites.sort();
         let site = |k: u32| -> (u64, u64) {

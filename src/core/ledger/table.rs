@@ -416,7 +416,7 @@ mod tests {
             x ^= x << 17;
             // Few distinct addresses: many hits, replacements and misses.
             let addr = 0x7f00_0000_0000 + (x % 5_000) * 512;
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 assert_eq!(t.remove(addr), m.remove(&addr), "step {step}");
             } else {
                 let r = rec(addr, step);

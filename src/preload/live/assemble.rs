@@ -483,13 +483,15 @@ fn library_memory(
     let mut libs = if native {
         let allocs: Vec<libraries::LiveAlloc<StackId>> = by_stack
             .iter()
-            .map(|&((device, api, stack), bytes, count)| libraries::LiveAlloc {
-                device,
-                bytes,
-                count,
-                api: api.name(),
-                stack,
-            })
+            .map(
+                |&((device, api, stack), bytes, count)| libraries::LiveAlloc {
+                    device,
+                    bytes,
+                    count,
+                    api: api.name(),
+                    stack,
+                },
+            )
             .collect();
         libraries::attribute(&libraries::LibraryMap::parse(maps), &allocs, |id| {
             lookups.native_stack(id)
