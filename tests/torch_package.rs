@@ -613,7 +613,10 @@ blocks = {{bl["address"]: bl for bl in seg["blocks"]}}
 assert blocks[early]["frames"] == [] and names(blocks[b]["frames"])[:2] == ["_empty", "make_activation"]
 assert replay(trace, s["segments"]) == {{b: 3000}}
 torch.cuda.memory._dump_snapshot({dump:?})
-assert pickle.load(open({dump:?}, "rb"))["device_traces"][0][:3] == trace[:3]
+later = pickle.load(open({dump:?}, "rb"))["device_traces"][0]
+assert later[:3] == trace[:3]
+# As torch does, the first snapshot left an entry: the bytes of the active blocks then.
+assert [(e["action"], e["addr"], e["size"], "frames" in e) for e in later[6:]] == [("snapshot", 0, 4096, False)], later
 
 # enabled="state": a trace of one entry; context="state": live blocks keep their frames, the
 # trace's entries have none.

@@ -616,16 +616,15 @@ def _history_of(device):
             entry["frames"] = stacks.get(e["stack"], [])
         trace.append(entry)
     blocks = {addr: stacks.get(sid, []) for addr, sid in h.get("blocks", [])}
-    segments = {addr: stacks.get(sid, []) for addr, sid in h.get("segments", [])}
-    return trace, blocks, segments
+    return trace, blocks
 
 
 def snapshot():
     """torch's `_snapshot()` of oomshim's allocator: every segment of every device with its
     blocks (`active_allocated`, `active_pending_free`, `inactive`), and, while torch's memory
     history is or was on (`_record_memory_history`), each device's trace in `device_traces` and
-    the Python frames of the blocks and segments allocated meanwhile (torch's keys; Python frames
-    only, no C++ frames). A segment of a CUDA graph capture has `segment_pool_id` (capture id,
+    the Python frames of the blocks allocated meanwhile (torch's keys; Python frames only, no C++
+    frames; like torch, each snapshot taken while it is on adds a `snapshot` entry). A segment of a CUDA graph capture has `segment_pool_id` (capture id,
     0): oomshim keys graph memory by capture, not by torch's pool ids."""
     import torch
 
@@ -633,7 +632,7 @@ def snapshot():
     segments = []
     traces = []
     for device in range(devices):
-        trace, block_frames, segment_frames = _history_of(device)
+        trace, block_frames = _history_of(device)
         traces.append(trace)
         state = _json_call(_lib().oomshim_torch_segments, device)
         if state.get("segment_map_omitted"):
@@ -666,7 +665,7 @@ def snapshot():
                 "segment_type": seg["pool"],
                 "segment_pool_id": (seg["capture"], 0) if seg.get("capture") else (0, 0),
                 "is_expandable": False,
-                "frames": segment_frames.get(int(seg["address"], 16), []),
+                "frames": [],  # torch 2.11 gives a segment no frames either
                 "blocks": blocks,
             })
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")

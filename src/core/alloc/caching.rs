@@ -490,6 +490,18 @@ impl<S: MemorySource> CachingAllocator<S> {
         }
     }
 
+    /// torch's `snapshot` trace entry, recorded after a snapshot read the trace of `device`:
+    /// the bytes of its active blocks (allocated or waiting for events), as torch records them.
+    pub fn record_snapshot(&self, device: i32) {
+        if let Some(dev) = self.existing(device) {
+            let mut guard = dev.state.lock();
+            let active = guard.stats.active_bytes.all.current.max(0) as u64;
+            if let Some(trace) = guard.trace.as_mut() {
+                trace.record(TraceAction::Snapshot, 0, active, 0, 0);
+            }
+        }
+    }
+
     /// Devices that have been used, ascending.
     pub fn devices(&self) -> Vec<i32> {
         self.present_devices().collect()

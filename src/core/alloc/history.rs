@@ -11,7 +11,8 @@
 //! - Actions and sizes are torch's: `alloc` (the requested size), `free_requested` and
 //!   `free_completed` (the requested size; completed later for a block waiting for
 //!   `record_stream` events), `segment_alloc` and `segment_free` (the segment's size), `oom`
-//!   (the rounded request, and the device's free bytes in place of an address).
+//!   (the rounded request, and the device's free bytes in place of an address), `snapshot` (the
+//!   bytes of active blocks when a snapshot was taken, which torch 2.11 records too).
 //! - A context is an opaque stack id of the caller's (0: none). Like torch, a block keeps the
 //!   context it was allocated with (its frames in a snapshot), a segment the context of the
 //!   allocation that made it, a trace entry its context only when the context level is `alloc`
@@ -29,6 +30,9 @@ pub enum TraceAction {
     SegmentAlloc,
     SegmentFree,
     Oom,
+    /// A snapshot was taken (torch records one per `_snapshot()`, after reading the trace): the
+    /// bytes of the device's active blocks, no address.
+    Snapshot,
 }
 
 impl TraceAction {
@@ -41,6 +45,7 @@ impl TraceAction {
             TraceAction::SegmentAlloc => "segment_alloc",
             TraceAction::SegmentFree => "segment_free",
             TraceAction::Oom => "oom",
+            TraceAction::Snapshot => "snapshot",
         }
     }
 }

@@ -435,7 +435,10 @@ fn out_of_memory(oom: &OutOfMemory, stream: Stream, context: u32) -> [u8; MESSAG
         device: oom.device,
         error_code: super::cuda_error::MEMORY_ALLOCATION,
         stream: stream as usize,
-        context: failure_context(oom.device, judged_mem_info(oom, mem_info)),
+        context: crate::live::FailureContext {
+            memory_cap: memory_cap(oom, mem_info),
+            ..failure_context(oom.device, judged_mem_info(oom, mem_info))
+        },
     });
     let fb = &oom.free_blocks;
     let mut text = format!(
@@ -489,6 +492,21 @@ fn judged_mem_info(oom: &OutOfMemory, device: Option<(u64, u64)>) -> Option<(u64
         )),
         _ => device,
     }
+}
+
+/// The cap a fraction-capped failure was judged against, for the dump's device entry: its
+/// bytes, the fraction of the device's capacity (`device`: the device's own (free, total)).
+fn memory_cap(oom: &OutOfMemory, device: Option<(u64, u64)>) -> Option<dump::model::MemoryCap> {
+    let OomCause::FractionCap { limit } = oom.cause else {
+        return None;
+    };
+    let total = device?.1;
+    Some(dump::model::MemoryCap {
+        bytes: limit,
+        fraction: limit as f64 / total.max(1) as f64,
+        device_total_bytes: total,
+        set_by: "set_per_process_memory_fraction".to_string(),
+    })
 }
 
 /// `text` as a NUL-terminated buffer, cut at a character boundary when too long.
@@ -731,7 +749,8 @@ pub extern "C" fn oomshim_torch_record_history(
 }
 
 /// torch's memory history of `device` as JSON (`crate::live::history::history_json`): its
-/// trace, the stacks of its live blocks and segments, and those stacks resolved.
+/// trace, the stacks of its live blocks, and those stacks resolved. As torch's snapshot does,
+/// a `snapshot` entry is recorded once the trace was read (it shows in the next one).
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_torch_history(
     device: c_int,
@@ -740,7 +759,9 @@ pub unsafe extern "C" fn oomshim_torch_history(
 ) -> usize {
     let text = contained(|| {
         let a = allocator();
-        crate::live::history::history_json(&a.trace(device), &a.segments(device))
+        let json = crate::live::history::history_json(&a.trace(device), &a.segments(device));
+        a.record_snapshot(device);
+        json
     })
     .unwrap_or_else(|| "{}".into());
     copy_out(&text, buf, cap)

@@ -17,10 +17,10 @@ pub fn python_stack() -> u32 {
     super::shim().map_or(0, |s| s.capture_py_stack().0)
 }
 
-/// `{"trace": [...], "blocks": [[address, stack], ...], "segments": [[address, stack], ...],
-/// "stacks": {"id": [frame, ...]}}` for one device: its trace, oldest first (`action`, `addr` or
-/// `device_free`, `size`, `stream`, `time_us`, `stack`), the stacks its live blocks and its
-/// segments were allocated with (non-zero only), and every stack named, resolved.
+/// `{"trace": [...], "blocks": [[address, stack], ...], "stacks": {"id": [frame, ...]}}` for one
+/// device: its trace, oldest first (`action`, `addr` or `device_free`, `size`, `stream`,
+/// `time_us`, `stack`), the stacks its live blocks were allocated with (non-zero only), and
+/// every stack named, resolved. (Segments get no frames: torch 2.11's snapshot gives none.)
 pub fn history_json(trace: &[TraceEntry], segments: &[SegmentView]) -> String {
     let mut named = BTreeSet::new();
     let entries: Vec<Value> = trace
@@ -43,12 +43,7 @@ pub fn history_json(trace: &[TraceEntry], segments: &[SegmentView]) -> String {
         })
         .collect();
     let mut blocks = Vec::new();
-    let mut segs = Vec::new();
     for seg in segments {
-        if seg.context != 0 {
-            named.insert(seg.context);
-            segs.push(json!([seg.addr, seg.context]));
-        }
         for b in seg.blocks.iter().filter(|b| b.context != 0) {
             named.insert(b.context);
             blocks.push(json!([b.addr, b.context]));
@@ -66,5 +61,5 @@ pub fn history_json(trace: &[TraceEntry], segments: &[SegmentView]) -> String {
             stacks.insert(id.to_string(), Value::Array(frames));
         }
     }
-    json!({"trace": entries, "blocks": blocks, "segments": segs, "stacks": stacks}).to_string()
+    json!({"trace": entries, "blocks": blocks, "stacks": stacks}).to_string()
 }
