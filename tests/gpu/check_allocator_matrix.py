@@ -24,7 +24,8 @@ reading); stdout and the exit status must be the same, and each row asserts what
   bare run's;
 - mempool_lib: a MemPool made and used by a library (not read by the hook): in allocator mode it is
   served (one line), tensors and a CUDA graph capture with `pool=pool.id` give bare's results;
-- apis [allocator]: its fraction-capped OOM is judged against the cap (not `untracked_memory`);
+- apis [allocator]: its fraction-capped OOM is judged against the cap (not `untracked_memory`),
+  the dump carries the cap (`memory_cap`) and the verdict's headline names it;
 - oom: a leak to OutOfMemoryError; in allocator mode the dump's verdict is `leak` and its largest
   holder is the leaking line;
 - graph_oom: a leak inside a CUDA graph's private pool (each capture's 1 GiB output kept) to
@@ -229,7 +230,7 @@ backend()
 # streams and Python frames, the blocks' and segments' frames, every option, and torch's own
 # readers of the snapshot (torch.cuda._memory_viz), printed for comparison with a bare run.
 HISTORY = COMMON + r'''
-import pickle, time
+import pickle, re, time
 from torch.cuda import _memory_viz as viz
 
 def user(frames):
@@ -267,7 +268,9 @@ print("dump", rows(d["device_traces"][0])[len(t):])  # what the first snapshot a
 text = viz.trace(d)
 flame = viz.segments(d, format_flamegraph=lambda lines: lines)
 mem = viz.memory(d, format_flamegraph=lambda lines: lines)
-print("memory_viz trace", [l for l in text.splitlines() if not l.startswith(("cudaMalloc", "cudaFree"))][:40])
+# (addresses and the raw `snapshot` entry's time_us differ from run to run: masked)
+print("memory_viz trace", [re.sub(r"'time_us': \d+", "'time_us': T", l) for l in text.splitlines()
+                           if not l.startswith(("cudaMalloc", "cudaFree"))][:40])
 print("memory_viz segments", sorted(l.split(";", 2)[2] for l in flame.splitlines() if ";active_allocated;" in l))
 print("memory_viz memory", sorted(l.split(";", 1)[1] for l in mem.splitlines() if ";active_allocated;" in l))
 print("memory_viz segsum", [l for l in viz.segsum(d).splitlines() if l.startswith(("segments:", "total_"))])
@@ -523,12 +526,15 @@ def _fraction_row(r):
             continue
         req = d.get("failed_request") or {}
         dev = next((x for x in d.get("devices", []) if x.get("index") == req.get("device")), {})
-        found.append((req.get("bytes"), dev.get("total_bytes"), (d.get("verdict") or {}).get("kind")))
+        v = d.get("verdict") or {}
+        found.append((req.get("bytes"), dev.get("total_bytes"), v.get("kind"),
+                      ((v.get("findings") or [{}])[0]).get("headline"), dev.get("memory_cap")))
     capped = [f for f in found if f[0] and f[0] < (1 << 45)]
     ok = len(capped) == 1 and capped[0][2] not in ("untracked_memory", None) and capped[0][1] \
-        and capped[0][1] < capped[0][0]
-    return ("apis [allocator]: the fraction-capped OOM is judged against the cap", bool(ok),
-            f"(request, judged total, verdict) per dump: {found}")
+        and capped[0][1] < capped[0][0] and "cap set by set_per_process_memory_fraction(0.25) of device 0's" \
+        in (capped[0][3] or "") and (capped[0][4] or {}).get("bytes") == capped[0][1]
+    return ("apis [allocator]: the fraction-capped OOM is judged against the cap and its verdict names it",
+            bool(ok), f"(request, judged total, verdict, headline, memory_cap) per dump: {found}")
 
 
 def _graph_oom_rows(runs):

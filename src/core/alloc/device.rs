@@ -386,6 +386,8 @@ impl DeviceState {
     }
 
     /// Registers a new segment from the source and serves the request from it.
+    // The request's fields and the segment's, on the miss path: a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn insert_segment_and_take(
         &mut self,
         pool: u32,
