@@ -289,6 +289,12 @@ def _memory_cap(torch, device, device_total):
         capacity = int(torch.cuda.get_device_properties(device).total_memory)
     except Exception:
         return None
+    try:
+        get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        if get is not None and float(get(device)) >= 1.0:
+            return None  # no cap set: a smaller total is the device's own figure
+    except Exception:
+        pass  # an older torch: the totals alone tell
     if 0 < int(device_total) < capacity:
         return {"bytes": int(device_total), "device_total_bytes": capacity}
     return None
