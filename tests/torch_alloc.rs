@@ -163,7 +163,8 @@ fn a_memory_fraction_oom_is_judged_against_the_cap_not_the_device() {
     let cap = dev.memory_cap.as_ref().expect("the dump carries the cap");
     assert_eq!((cap.bytes, cap.device_total_bytes), (2 * GIB, 8 * GIB));
     assert_eq!(cap.set_by, "set_per_process_memory_fraction");
-    let place = "the 2.00 GiB cap set by set_per_process_memory_fraction(0.25) of device 0's 8.00 GiB";
+    let place =
+        "the 2.00 GiB cap set by set_per_process_memory_fraction(0.25) of device 0's 8.00 GiB";
     let headline = &dump.verdict.findings[0].headline;
     assert!(
         headline.starts_with(&format!("this process's own allocations fill {place}: ")),

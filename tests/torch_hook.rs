@@ -381,9 +381,13 @@ fn torchs_word_under_a_memory_fraction_names_the_cap() {
         (Some(2 << 30), Some(0)),
         "judged against the cap: torch's 3 GiB reserved leave none of it free"
     );
-    let place = "the 2.00 GiB cap set by set_per_process_memory_fraction(0.25) of device 0's 8.00 GiB";
+    let place =
+        "the 2.00 GiB cap set by set_per_process_memory_fraction(0.25) of device 0's 8.00 GiB";
     let headline = &d.verdict.findings[0].headline;
-    assert!(headline.ends_with(&format!("is larger than {place}")), "{headline}");
+    assert!(
+        headline.ends_with(&format!("is larger than {place}")),
+        "{headline}"
+    );
     assert!(stderr(&out).contains(place), "{}", stderr(&out));
     // No fraction set (torch says 1.0): the smaller total is not taken for a cap.
     std::fs::remove_dir_all(&e.dumps).unwrap();

@@ -62,7 +62,11 @@ impl<S: MemorySource> CachingAllocator<S> {
         Some(slot.get_or_init(|| {
             self.present.fetch_or(1 << device, Ordering::AcqRel);
             let mut state = DeviceState::new(device, &self.config);
-            if let Some(config) = *self.history_config.lock().unwrap_or_else(|e| e.into_inner()) {
+            if let Some(config) = *self
+                .history_config
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+            {
                 state.trace = Some(Box::new(Trace::new(config)));
             }
             Box::new(Device {
@@ -482,7 +486,14 @@ impl<S: MemorySource> CachingAllocator<S> {
 
     /// torch's `oom` trace entry for a request [`Self::malloc`] failed: the rounded size and the
     /// device's free bytes as CUDA reported them.
-    pub fn record_oom(&self, device: i32, rounded: u64, device_free: u64, stream: u64, context: u32) {
+    pub fn record_oom(
+        &self,
+        device: i32,
+        rounded: u64,
+        device_free: u64,
+        stream: u64,
+        context: u32,
+    ) {
         if let Some(dev) = self.existing(device) {
             if let Some(trace) = dev.state.lock().trace.as_mut() {
                 trace.record(TraceAction::Oom, device_free, rounded, stream, context);

@@ -1353,7 +1353,9 @@ fn history_records_torchs_actions_in_order_with_their_stacks() {
     a.malloc_in_context(0, 512, 0, None, 13).unwrap(); // polls the event: y completes
     a.empty_cache(None);
     assert_eq!(
-        a.malloc_in_context(0, 80 * MIB, 0, None, 14).unwrap_err().requested,
+        a.malloc_in_context(0, 80 * MIB, 0, None, 14)
+            .unwrap_err()
+            .requested,
         80 * MIB
     );
     a.record_oom(0, 80 * MIB, 9 * MIB, 0, 14);
@@ -1418,5 +1420,9 @@ fn history_levels_ring_size_and_off() {
     assert_eq!(a.history_context(), None);
     a.malloc_in_context(0, 4 * KIB, 0, None, 0).unwrap();
     assert!(a.trace(0).is_empty() && a.trace(1).is_empty());
-    assert_eq!(seg_of(&a, 0, y.addr).blocks[0].context, 7, "blocks keep theirs");
+    assert_eq!(
+        seg_of(&a, 0, y.addr).blocks[0].context,
+        7,
+        "blocks keep theirs"
+    );
 }

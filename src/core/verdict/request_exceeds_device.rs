@@ -55,9 +55,15 @@ mod tests {
              set_per_process_memory_fraction(0.25) of device 0's 8.00 GiB"
         );
         assert!(f.summary.contains("may use only 2.00 GiB"), "{}", f.summary);
-        assert!(f.suggestions[0].starts_with("Raise the cap"), "{:?}", f.suggestions);
         assert!(
-            v.evidence.iter().any(|e| e.starts_with("the 2.00 GiB cap set by")),
+            f.suggestions[0].starts_with("Raise the cap"),
+            "{:?}",
+            f.suggestions
+        );
+        assert!(
+            v.evidence
+                .iter()
+                .any(|e| e.starts_with("the 2.00 GiB cap set by")),
             "{:?}",
             v.evidence
         );
@@ -65,7 +71,12 @@ mod tests {
 
     #[test]
     fn own_allocations_filling_a_fraction_cap_name_the_cap() {
-        let mut d = oom_dump(512 << 20, Some(2 * GIB), Some(64 << 20), 2 * GIB - (64 << 20));
+        let mut d = oom_dump(
+            512 << 20,
+            Some(2 * GIB),
+            Some(64 << 20),
+            2 * GIB - (64 << 20),
+        );
         capped(&mut d);
         let v = judge(&d);
         check_common(&v);

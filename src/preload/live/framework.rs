@@ -239,14 +239,15 @@ mod tests {
         let (note, mem) = parse(json).unwrap();
         assert_eq!(mem, Some((500, 2000)), "the cap less what torch reserved");
         let cap = note.memory_cap.expect("the cap");
-        assert_eq!((cap.bytes, cap.device_total_bytes, cap.fraction), (2000, 8000, 0.25));
+        assert_eq!(
+            (cap.bytes, cap.device_total_bytes, cap.fraction),
+            (2000, 8000, 0.25)
+        );
         assert_eq!(cap.set_by, "set_per_process_memory_fraction");
         // No cap (null, or not below the device): the framework's numbers as they are.
         for none in ["null", r#"{"bytes":8000,"device_total_bytes":8000}"#] {
-            let json = String::from_utf8_lossy(json).replace(
-                r#"{"bytes":2000,"device_total_bytes":8000}"#,
-                none,
-            );
+            let json = String::from_utf8_lossy(json)
+                .replace(r#"{"bytes":2000,"device_total_bytes":8000}"#, none);
             let (note, mem) = parse(json.as_bytes()).unwrap();
             assert!(note.memory_cap.is_none());
             assert_eq!(mem, Some((7900, 2000)));

@@ -53,11 +53,12 @@ pub fn history_json(trace: &[TraceEntry], segments: &[SegmentView]) -> String {
     let mut stacks = Map::new();
     if let Some(s) = super::shim() {
         for id in named {
-            let frames: Vec<Value> =
-                oomshim_core::pystack::resolve(&s.py_stacks.frames(StackId(id)))
-                    .into_iter()
-                    .map(|f| json!({"filename": f.file, "line": f.line.unwrap_or(0), "name": f.function}))
-                    .collect();
+            let frames: Vec<Value> = oomshim_core::pystack::resolve(
+                &s.py_stacks.frames(StackId(id)),
+            )
+            .into_iter()
+            .map(|f| json!({"filename": f.file, "line": f.line.unwrap_or(0), "name": f.function}))
+            .collect();
             stacks.insert(id.to_string(), Value::Array(frames));
         }
     }
