@@ -599,7 +599,10 @@ def _record_history(on, context_level, max_entries, clear):
     Off drops the traces, as torch does."""
     max_entries = max(1, min(int(max_entries), (1 << 64) - 1))
     if _lib().oomshim_torch_record_history(1 if on else 0, context_level, max_entries, 1 if clear else 0) != 0:
-        raise RuntimeError("oomshim: the allocator refused the memory history's settings")
+        # The shim is off (it failed and passes through): the program goes on without history.
+        _say_once("history", "oomshim: torch's memory history is not recorded: oomshim's allocator "
+                             "refused it (see the line above); snapshots carry no traces")
+        on = False
     _history["on"] = bool(on)
 
 
