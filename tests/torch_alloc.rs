@@ -159,6 +159,28 @@ fn a_memory_fraction_oom_is_judged_against_the_cap_not_the_device() {
     );
     assert_eq!(dev.tracked_bytes, 64 * MIB);
     assert_eq!(dump.verdict.kind, "own_allocations", "{:#?}", dump.verdict);
+    // The cap is named: in the dump, the verdict's words and the report (not "device 0").
+    let cap = dev.memory_cap.as_ref().expect("the dump carries the cap");
+    assert_eq!((cap.bytes, cap.device_total_bytes), (2 * GIB, 8 * GIB));
+    assert_eq!(cap.set_by, "set_per_process_memory_fraction");
+    let place =
+        "the 2.00 GiB cap set by set_per_process_memory_fraction(0.25) of device 0's 8.00 GiB";
+    let headline = &dump.verdict.findings[0].headline;
+    assert!(
+        headline.starts_with(&format!("this process's own allocations fill {place}: ")),
+        "{headline}"
+    );
+    assert!(stderr.contains(place), "{stderr}");
+    let report = common::cli()
+        .arg("report")
+        .arg(dump_path_in(caught))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(
+        text.contains(&format!("device 0: TOTAL and FREE are those of {place}")),
+        "{text}"
+    );
 }
 
 #[test]

@@ -47,6 +47,16 @@ class cuda:
     @staticmethod
     def memory_stats(device):
         return {"inactive_split_bytes.all.current": 3 * ((1 << 30) - (600 << 20)), "num_ooms": 1}
+    # The device's size and the per-process fraction, where a test gives them (FAKE_TOTAL_MEMORY,
+    # FAKE_FRACTION); otherwise they raise, as an API this fake lacks.
+    @staticmethod
+    def get_device_properties(device):
+        import os, types
+        return types.SimpleNamespace(total_memory=int(os.environ["FAKE_TOTAL_MEMORY"]))
+    @staticmethod
+    def get_per_process_memory_fraction(device):
+        import os
+        return float(os.environ["FAKE_FRACTION"])
 
 def _fake_cuda_init():
     global _initialized
@@ -344,6 +354,53 @@ fn torchs_word_without_a_failed_cuda_call_is_a_dump_of_its_own() {
         stderr(&out)
     );
     assert_eq!(files(&e.dumps, "pickle").len(), 1);
+}
+
+#[test]
+fn torchs_word_under_a_memory_fraction_names_the_cap() {
+    // set_per_process_memory_fraction(0.25) of an 8 GiB device: torch refuses 3 GiB without
+    // asking CUDA and tells its observers the 2 GiB cap as the total, the device's own free bytes.
+    let Some(e) = env() else { return };
+    let body = "torch._fake_oom(0, 3 << 30, 2 << 30, 7 << 30)\nprint('ok')\n";
+    let eight = (8u64 << 30).to_string();
+    let out = python(
+        &e,
+        Launcher::Preload,
+        &program(body),
+        &[("FAKE_TOTAL_MEMORY", &eight), ("FAKE_FRACTION", "0.25")],
+    );
+    assert_eq!(stdout(&out), "ok", "{}", stderr(&out));
+    let found = dumps(&e.dumps);
+    assert_eq!(found.len(), 1);
+    let d = dump::read::read_dump(&found[0]).unwrap();
+    let dev = &d.devices[0];
+    let cap = dev.memory_cap.as_ref().expect("the cap is in the dump");
+    assert_eq!((cap.bytes, cap.device_total_bytes), (2 << 30, 8 << 30));
+    assert_eq!(
+        (dev.total_bytes, dev.free_bytes),
+        (Some(2 << 30), Some(0)),
+        "judged against the cap: torch's 3 GiB reserved leave none of it free"
+    );
+    let place =
+        "the 2.00 GiB cap set by set_per_process_memory_fraction(0.25) of device 0's 8.00 GiB";
+    let headline = &d.verdict.findings[0].headline;
+    assert!(
+        headline.ends_with(&format!("is larger than {place}")),
+        "{headline}"
+    );
+    assert!(stderr(&out).contains(place), "{}", stderr(&out));
+    // No fraction set (torch says 1.0): the smaller total is not taken for a cap.
+    std::fs::remove_dir_all(&e.dumps).unwrap();
+    let out = python(
+        &e,
+        Launcher::Preload,
+        &program(body),
+        &[("FAKE_TOTAL_MEMORY", &eight), ("FAKE_FRACTION", "1.0")],
+    );
+    assert_eq!(stdout(&out), "ok", "{}", stderr(&out));
+    let d = dump::read::read_dump(&dumps(&e.dumps)[0]).unwrap();
+    assert!(d.devices[0].memory_cap.is_none());
+    assert_eq!(d.devices[0].total_bytes, Some(2 << 30));
 }
 
 #[test]

@@ -60,6 +60,9 @@ class _C:
     def _cuda_record_memory_history(enabled, *rest):
         raise RuntimeError("CUDAPluggableAllocator does not yet support recordHistory.")
     @staticmethod
+    def _cuda_record_memory_history_legacy(enabled, *rest):
+        raise RuntimeError("CUDAPluggableAllocator does not yet support recordHistory.")
+    @staticmethod
     def _cuda_isHistoryEnabled():
         return False
     @staticmethod
@@ -105,9 +108,33 @@ class cuda:
         @staticmethod
         def _snapshot(device=None):
             return _C._cuda_memorySnapshot(None)
+        # torch.cuda.memory's history functions, as torch 2.11 calls into torch._C.
         @staticmethod
-        def _record_memory_history(enabled="all", *rest):
-            _C._cuda_record_memory_history(enabled)
+        def _record_memory_history(enabled="all", *args, **kwargs):
+            if isinstance(enabled, bool):
+                return cuda.memory._record_memory_history_legacy(enabled, *args, **kwargs)
+            return cuda.memory._record_memory_history_impl(enabled, *args, **kwargs)
+        @staticmethod
+        def _record_memory_history_legacy(enabled, record_context=True, trace_alloc_max_entries=1,
+                                          trace_alloc_record_context=False, device=None,
+                                          record_context_cpp=False, clear_history=False,
+                                          compile_context=False, global_record_annotations=False,
+                                          skip_actions=None):
+            _C._cuda_record_memory_history_legacy(enabled, record_context, trace_alloc_max_entries,
+                trace_alloc_record_context, record_context_cpp, clear_history, compile_context,
+                global_record_annotations, skip_actions or [])
+        @staticmethod
+        def _record_memory_history_impl(enabled="all", context="all", stacks="all",
+                                        max_entries=2**63 - 1, device=None, clear_history=False,
+                                        compile_context=False, global_record_annotations=False,
+                                        skip_actions=None):
+            _C._cuda_record_memory_history(enabled, context, stacks, max_entries, clear_history,
+                compile_context, global_record_annotations, skip_actions or [])
+        @staticmethod
+        def _dump_snapshot(filename="dump_snapshot.pickle"):
+            import pickle
+            with open(filename, "wb") as f:
+                pickle.dump(cuda.memory._snapshot(), f)
     @staticmethod
     def memory_snapshot(mempool_id=None):
         return _C._cuda_memorySnapshot(mempool_id)["segments"]
@@ -504,9 +531,6 @@ try:
     raise SystemExit("a pool's snapshot was invented")
 except RuntimeError as x:
     assert "does not yet support snapshot" in str(x)
-torch.cuda.memory._record_memory_history("all")
-torch.cuda.memory._record_memory_history("all")
-assert torch._C._cuda_isHistoryEnabled()
 torch._C._cuda_attach_out_of_memory_observer(lambda *a: None)
 print("ok")
 "#,
@@ -518,9 +542,139 @@ print("ok")
     assert_eq!(ok(&out).trim(), "ok");
     let err = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 2, "one line per feature, once each: {err}");
-    assert!(lines[0].starts_with("oomshim: torch's memory history is not recorded in allocator mode"), "{err}");
-    assert!(lines[1].starts_with("oomshim: torch's out-of-memory observers are not called in allocator mode"), "{err}");
+    assert_eq!(lines.len(), 1, "one line, once: {err}");
+    assert!(lines[0].starts_with("oomshim: torch's out-of-memory observers are not called in allocator mode"), "{err}");
+}
+
+#[test]
+fn torchs_memory_history_turned_on_at_run_time_is_kept_by_the_allocator() {
+    // A library turns torch's recorder on (nothing in the program's text says so): _snapshot()
+    // and _dump_snapshot() carry device_traces with torch's actions and sizes, and the Python
+    // frames of each allocation, as torch's own allocator records them; its options hold.
+    let Some(e) = env() else { return };
+    let dump = e.tmp.path().join("snap.pickle");
+    let program = format!(
+        r#"
+import pickle, sys, torch, oomshim.torch as ot
+MIB = 1 << 20
+ot.enable()
+early = torch._empty(1000)  # before the history: no frames
+
+def make_activation(n):
+    return torch._empty(n)
+
+def drop(p, n):
+    torch._free(p, n)
+
+def replay(trace, segments):
+    # What pytorch.org/memory_viz replays: every event must find what it acts on.
+    segs, live, pending = {{}}, {{}}, set()
+    for g in segments:  # segments that already existed when the trace began
+        segs.setdefault(g["address"], g["total_size"])
+    for e in trace:
+        a, n = e.get("addr"), e["size"]
+        if e["action"] == "segment_alloc":
+            segs[a] = n
+        elif e["action"] == "alloc":
+            assert any(s <= a < s + z for s, z in segs.items()), e
+            assert a not in live, e
+            live[a] = n
+        elif e["action"] == "free_requested":
+            assert live.get(a) == n, e
+            pending.add(a)
+        elif e["action"] == "free_completed":
+            assert a in pending, e
+            pending.discard(a); del live[a]
+        elif e["action"] == "segment_free":
+            assert segs.pop(a) == n and not any(a <= b < a + n for b in live), e
+    return live
+
+names = lambda fs: [f["name"] for f in fs]
+assert not torch._C._cuda_isHistoryEnabled()
+torch.cuda.memory._record_memory_history(max_entries=100000)  # torch's defaults: "all" everything
+assert torch._C._cuda_isHistoryEnabled()
+a = make_activation(5 * MIB)  # a new 20 MiB segment
+b = make_activation(3000)     # the small segment `early` made
+drop(a, 5 * MIB)
+torch.cuda.empty_cache()       # the 20 MiB segment goes back
+s = torch.cuda.memory._snapshot()
+(trace,) = s["device_traces"]
+print([(e["action"], e["size"]) for e in trace])
+assert all(e["stream"] == 0 and e["time_us"] > 1.6e15 for e in trace), trace
+assert trace[0]["addr"] == trace[5]["addr"] == trace[1]["addr"] == a and trace[2]["addr"] == b
+for e in trace[:3]:
+    assert names(e["frames"])[:2] == ["_empty", "make_activation"], e
+    assert e["frames"][0]["filename"].endswith("torch/__init__.py") and e["frames"][1]["line"] == 8, e
+for e in trace[3:5]:  # context="all": a free carries its own stack
+    assert names(e["frames"])[:2] == ["_free", "drop"], e
+(seg,) = s["segments"]
+assert seg["frames"] == [], "made before the history"
+blocks = {{bl["address"]: bl for bl in seg["blocks"]}}
+assert blocks[early]["frames"] == [] and names(blocks[b]["frames"])[:2] == ["_empty", "make_activation"]
+assert replay(trace, s["segments"]) == {{b: 3000}}
+torch.cuda.memory._dump_snapshot({dump:?})
+later = pickle.load(open({dump:?}, "rb"))["device_traces"][0]
+assert later[:3] == trace[:3]
+# As torch does, the first snapshot left an entry: the bytes of the active blocks then.
+assert [(e["action"], e["addr"], e["size"], "frames" in e) for e in later[6:]] == [("snapshot", 0, 4096, False)], later
+
+# enabled="state": a trace of one entry; context="state": live blocks keep their frames, the
+# trace's entries have none.
+torch.cuda.memory._record_memory_history(enabled="state", context="state")
+c = make_activation(4000)
+(t,) = torch.cuda.memory._snapshot()["device_traces"]
+assert [(e["action"], e["size"], "frames" in e) for e in t] == [("alloc", 4000, False)], t
+# Off: no trace, blocks keep the frames they were allocated with (torch keeps them too).
+torch.cuda.memory._record_memory_history(enabled=None)
+assert not torch._C._cuda_isHistoryEnabled()
+s = torch.cuda.memory._snapshot()
+assert s["device_traces"] == [[]]
+assert names([bl for g in s["segments"] for bl in g["blocks"] if bl["address"] == c][0]["frames"])[1] == "make_activation"
+# context="alloc" with a ring of 2: frees carry the allocation's stack; the newest two stay.
+torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=2)
+drop(c, 4000)
+(t,) = torch.cuda.memory._snapshot()["device_traces"]
+assert [(e["action"], names(e["frames"])[1]) for e in t] == [("free_requested", "make_activation"), ("free_completed", "make_activation")], t
+# The legacy form, and torch's errors for options it does not know.
+torch.cuda.memory._record_memory_history(True, trace_alloc_max_entries=5, trace_alloc_record_context=True, clear_history=True)
+d = make_activation(512)
+(t,) = torch.cuda.memory._snapshot()["device_traces"]
+assert [(e["action"], names(e["frames"])[1]) for e in t] == [("alloc", "make_activation")], t
+for bad, message in (({{"enabled": "everything"}}, "expected state to be 'state', 'all', or None"),
+                     ({{"context": "some"}}, "expected context to be 'state', 'alloc', 'all', or None"),
+                     ({{"stacks": "cpp"}}, "expected stacks to be 'python', or 'all'")):
+    try:
+        torch.cuda.memory._record_memory_history(**bad)
+        raise SystemExit(f"{{bad}} was accepted")
+    except RuntimeError as x:
+        assert str(x) == message, x
+assert torch._C._cuda_isHistoryEnabled(), "a refused call changes nothing"
+# A program that names the recorder keeps allocator mode: the history is served.
+assert ot.unservable_uses(["-c", "torch.cuda.memory._record_memory_history()"]) == []
+print("ok")
+"#,
+        dump = dump.display().to_string()
+    );
+    let out = python(&e, &program, &[]);
+    let text = ok(&out);
+    let mib = 1u64 << 20;
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        [
+            format!(
+                "[('segment_alloc', {s}), ('alloc', {a}), ('alloc', 3000), ('free_requested', {a}), ('free_completed', {a}), ('segment_free', {s})]",
+                s = 20 * mib,
+                a = 5 * mib
+            )
+            .as_str(),
+            "ok"
+        ]
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

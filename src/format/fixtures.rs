@@ -64,6 +64,7 @@ pub fn oom_dump(request: u64, total: Option<u64>, free: Option<u64>, tracked: u6
             tracked_count: 12,
             peak_tracked_bytes: tracked,
             uuid: None,
+            memory_cap: None,
         }],
         pinned_host: PinnedHost::default(),
         largest_holders: vec![],

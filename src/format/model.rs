@@ -786,6 +786,25 @@ pub struct DeviceInfo {
     /// name is asked; absent when it was not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uuid: Option<String>,
+    /// A per-process cap below the device's capacity that the failing allocator enforced
+    /// (torch's `set_per_process_memory_fraction`): `total_bytes` and `free_bytes` are then the
+    /// cap's (what the failure is judged against). Absent without a cap, and in dumps of older
+    /// versions (older readers ignore it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_cap: Option<MemoryCap>,
+}
+
+/// A per-process memory cap on a device (see [`DeviceInfo::memory_cap`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryCap {
+    /// The cap in bytes.
+    pub bytes: u64,
+    /// The fraction of the device it was set as (`bytes / device_total_bytes`, as asked).
+    pub fraction: f64,
+    /// The device's own capacity.
+    pub device_total_bytes: u64,
+    /// What set it: `set_per_process_memory_fraction` (torch).
+    pub set_by: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -130,6 +130,20 @@ pub fn sorted_sites(dump: &Dump) -> Vec<&Site> {
     sites
 }
 
+/// A device's per-process cap in words: "the 2.00 GiB cap set by
+/// set_per_process_memory_fraction(0.25) of device 0's 8.00 GiB" (verdicts and reports say it
+/// where they would say "device 0").
+pub fn cap_phrase(device: i32, cap: &crate::model::MemoryCap) -> String {
+    let fraction = format!("{:.4}", cap.fraction);
+    let fraction = fraction.trim_end_matches('0').trim_end_matches('.');
+    format!(
+        "the {} cap set by {}({fraction}) of device {device}'s {}",
+        crate::units::human_bytes(cap.bytes),
+        cap.set_by,
+        crate::units::human_bytes(cap.device_total_bytes)
+    )
+}
+
 /// Used bytes of a device (`total - free`) when both are known.
 pub fn used_bytes(total: Option<u64>, free: Option<u64>) -> Option<u64> {
     Some(total?.saturating_sub(free?))

@@ -22,17 +22,19 @@ What torch cannot do on any pluggable allocator, and how allocator mode keeps th
   --torch-allocator` reads the program first (`unservable_uses()`) and keeps torch's allocator
   where the program asks for them; where it could not tell, `enable()` compiles without CUDA
   graphs (same kernels, same results, the launch overhead stays) and says so once.
-- `torch.cuda.MemPool`, torch's memory history (`_record_memory_history`) and its OOM observer:
-  the same reading keeps torch's allocator for them; found only at run time, history and the
-  observer are accepted and said to be off (one line), and a MemPool torch refuses is served by
-  oomshim's allocator (one line): `use_mem_pool` and `torch.cuda.graph(pool=pool.id)` work, its
-  tensors come from oomshim's cache (no separate pool; an allocator given to the pool is not
-  called) and its `snapshot()` is empty.
+- `torch.cuda.MemPool` and torch's OOM observer: the same reading keeps torch's allocator for
+  them; found only at run time, the observer is accepted and said to be off (one line), and a
+  MemPool torch refuses is served by oomshim's allocator (one line): `use_mem_pool` and
+  `torch.cuda.graph(pool=pool.id)` work, its tensors come from oomshim's cache (no separate
+  pool; an allocator given to the pool is not called) and its `snapshot()` is empty.
 - `torch.backends.cudnn.benchmark = True`: cuDNN's search asks the allocator for `cacheInfo`;
   the same reading keeps torch's allocator, and found only at run time the setting stays off
   (cuDNN's heuristics choose the algorithms), said once.
 - `torch.cuda.memory_snapshot()`, `torch.cuda.memory._snapshot()` and `_dump_snapshot()` answer
-  from oomshim's segments and blocks (no traces); `get_allocator_backend()` stays "pluggable".
+  from oomshim's segments and blocks; torch's memory history (`_record_memory_history`, any of
+  its options) is kept by oomshim's allocator, so they carry `device_traces` and the frames of
+  each block as torch's do, with Python frames only (`stacks="all"` adds no C++ frames).
+  `get_allocator_backend()` stays "pluggable".
 
 An allocation that cannot be served, even after the cache was emptied and the request retried,
 raises `torch.OutOfMemoryError` (a `RuntimeError` where torch's C++ error type is not found),
@@ -91,7 +93,8 @@ def _lib():
     if _state["lib"] is None:
         path = library_path()
         lib = ctypes.CDLL(path)
-        for name in ("oomshim_torch_memory_stats", "oomshim_torch_free_blocks", "oomshim_torch_segments"):
+        for name in ("oomshim_torch_memory_stats", "oomshim_torch_free_blocks", "oomshim_torch_segments",
+                     "oomshim_torch_history"):
             fn = getattr(lib, name)
             fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
             fn.restype = ctypes.c_size_t
@@ -100,6 +103,8 @@ def _lib():
             fn.argtypes = [ctypes.c_int]
             fn.restype = None
         lib.oomshim_torch_exception_kind.restype = ctypes.c_char_p
+        lib.oomshim_torch_record_history.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_int]
+        lib.oomshim_torch_record_history.restype = ctypes.c_int
         lib.oomshim_dump.argtypes = [ctypes.c_char_p]
         lib.oomshim_dump.restype = ctypes.c_int
         _state["lib"], _state["path"] = lib, path
@@ -186,20 +191,24 @@ def _patch_torch_stats(torch):
     def get_memory_fraction(device):
         return fractions.get(_device_index(device), 1.0)
 
-    history = {"on": False}
+    def record_memory_history(enabled, context="all", stacks="all", max_entries=sys.maxsize,
+                              clear_history=False, *rest):
+        # torch._C._cuda_record_memory_history, as torch.cuda.memory._record_memory_history
+        # calls it (positionally); torch's checks and messages.
+        if enabled is not None and enabled not in ("state", "all"):
+            raise RuntimeError("expected state to be 'state', 'all', or None")
+        if context is not None and context not in ("state", "alloc", "all"):
+            raise RuntimeError("expected context to be 'state', 'alloc', 'all', or None")
+        if stacks not in ("python", "all"):
+            raise RuntimeError("expected stacks to be 'python', or 'all'")
+        level = {None: 0, "state": 1, "alloc": 2, "all": 3}[context]
+        _record_history(enabled is not None, level, max_entries if enabled == "all" else 1, clear_history)
 
-    def record_memory_history(*args, **kwargs):
-        enabled = args[0] if args else kwargs.get("enabled", kwargs.get("enable"))
-        history["on"] = bool(enabled) and enabled not in ("None", "none")
-        if history["on"]:
-            _say_once(
-                "history",
-                "oomshim: torch's memory history is not recorded in allocator mode (torch has no "
-                "hook for it under a pluggable allocator); _snapshot() and _dump_snapshot() carry "
-                "oomshim's segments and blocks with empty device_traces and no frames per block, "
-                "and oomshim's dump has every live tensor with its stack. "
-                "Run without --torch-allocator for torch's recorder.",
-            )
+    def record_memory_history_legacy(enabled, record_context=True, trace_alloc_max_entries=1,
+                                     trace_alloc_record_context=False, record_context_cpp=False,
+                                     clear_history=False, *rest):
+        level = 2 if trace_alloc_record_context else 1 if record_context else 0
+        _record_history(bool(enabled), level, trace_alloc_max_entries, clear_history)
 
     observers = []
 
@@ -217,8 +226,8 @@ def _patch_torch_stats(torch):
         ("_cuda_resetPeakMemoryStats", reset_peak),
         ("_cuda_resetAccumulatedMemoryStats", reset_accumulated),
         ("_cuda_record_memory_history", record_memory_history),
-        ("_cuda_record_memory_history_legacy", record_memory_history),
-        ("_cuda_isHistoryEnabled", lambda: history["on"]),
+        ("_cuda_record_memory_history_legacy", record_memory_history_legacy),
+        ("_cuda_isHistoryEnabled", lambda: _history["on"]),
         ("_cuda_attach_out_of_memory_observer", attach_oom_observer),
     ]
     if original_snapshot is not None:
@@ -451,7 +460,6 @@ _UNSERVABLE = [
     (re.compile(r"max-autotune(?!-no-cudagraphs)"), 'torch.compile with CUDA graphs (mode="max-autotune")'),
     (re.compile(r"triton\.cudagraphs|[\"']cudagraphs[\"']|cudagraph_trees"), "torch.compile with CUDA graphs"),
     (re.compile(r"\bMemPool\b|\buse_mem_pool\b"), "torch.cuda.MemPool"),
-    (re.compile(r"_record_memory_history"), "torch's memory history (_record_memory_history)"),
     (re.compile(r"_cuda_attach_out_of_memory_observer"), "torch's out-of-memory observer"),
     (re.compile(r"cudnn\.benchmark\s*=\s*True"), "cudnn.benchmark (torch asks the allocator for cacheInfo)"),
 ]
@@ -580,17 +588,55 @@ def reset_accumulated_memory_stats(device=None):
     _lib().oomshim_torch_reset_accumulated(_device_index(device))
 
 
+# torch's memory history in allocator mode: whether it is on (torch._C._cuda_isHistoryEnabled).
+_history = {"on": False}
+
+
+def _record_history(on, context_level, max_entries, clear):
+    """torch's `_record_memory_history` served by oomshim's allocator: a trace of torch's actions
+    per device (a ring of `max_entries`) and, from `context_level` 1 ("state") up, the Python
+    stack of each allocation (2 "alloc": on its trace entries too; 3 "all": frees' own stacks).
+    Off drops the traces, as torch does."""
+    max_entries = max(1, min(int(max_entries), (1 << 64) - 1))
+    if _lib().oomshim_torch_record_history(1 if on else 0, context_level, max_entries, 1 if clear else 0) != 0:
+        # The shim is off (it failed and passes through): the program goes on without history.
+        _say_once("history", "oomshim: torch's memory history is not recorded: oomshim's allocator "
+                             "refused it (see the line above); snapshots carry no traces")
+        on = False
+    _history["on"] = bool(on)
+
+
+def _history_of(device):
+    """The device's trace and stacks (oomshim_torch_history), frames as torch lists them."""
+    h = _json_call(_lib().oomshim_torch_history, device)
+    stacks = {int(k): v for k, v in h.get("stacks", {}).items()}
+    trace = []
+    for e in h.get("trace", []):
+        entry = {k: v for k, v in e.items() if k != "stack"}
+        entry["compile_context"] = "N/A"
+        entry["user_metadata"] = ""
+        if e.get("stack"):
+            entry["frames"] = stacks.get(e["stack"], [])
+        trace.append(entry)
+    blocks = {addr: stacks.get(sid, []) for addr, sid in h.get("blocks", [])}
+    return trace, blocks
+
+
 def snapshot():
     """torch's `_snapshot()` of oomshim's allocator: every segment of every device with its
-    blocks (`active_allocated`, `active_pending_free`, `inactive`), without traces (torch's
-    history cannot run under a pluggable allocator). A segment of a CUDA graph capture has
-    `segment_pool_id` (capture id, 0): oomshim keys graph memory by capture, not by torch's
-    pool ids."""
+    blocks (`active_allocated`, `active_pending_free`, `inactive`), and, while torch's memory
+    history is or was on (`_record_memory_history`), each device's trace in `device_traces` and
+    the Python frames of the blocks allocated meanwhile (torch's keys; Python frames only, no C++
+    frames; like torch, each snapshot taken while it is on adds a `snapshot` entry). A segment of a CUDA graph capture has `segment_pool_id` (capture id,
+    0): oomshim keys graph memory by capture, not by torch's pool ids."""
     import torch
 
     devices = torch.cuda.device_count() if torch.cuda.is_initialized() else 0
     segments = []
+    traces = []
     for device in range(devices):
+        trace, block_frames = _history_of(device)
+        traces.append(trace)
         state = _json_call(_lib().oomshim_torch_segments, device)
         if state.get("segment_map_omitted"):
             _say_once(
@@ -605,7 +651,7 @@ def snapshot():
                     "size": b["bytes"],
                     "requested_size": b["requested_bytes"],
                     "state": b["state"],
-                    "frames": [],
+                    "frames": block_frames.get(int(b["address"], 16), []) if b["state"] != "inactive" else [],
                 }
                 for b in seg["blocks"]
             ]
@@ -622,13 +668,13 @@ def snapshot():
                 "segment_type": seg["pool"],
                 "segment_pool_id": (seg["capture"], 0) if seg.get("capture") else (0, 0),
                 "is_expandable": False,
-                "frames": [],
+                "frames": [],  # torch 2.11 gives a segment no frames either
                 "blocks": blocks,
             })
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     return {
         "segments": segments,
-        "device_traces": [[] for _ in range(devices)],
+        "device_traces": traces,
         "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": conf, "expandable_segments": False},
         "external_annotations": [],
     }

@@ -282,6 +282,24 @@ def _kinds_of(torch, device, alloc, frame):
         return None
 
 
+def _memory_cap(torch, device, device_total):
+    """Under `set_per_process_memory_fraction` torch's observer gets the cap as the device's
+    total: the cap and the device's own capacity then, else None."""
+    try:
+        capacity = int(torch.cuda.get_device_properties(device).total_memory)
+    except Exception:
+        return None
+    try:
+        get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        if get is not None and float(get(device)) >= 1.0:
+            return None  # no cap set: a smaller total is the device's own figure
+    except Exception:
+        pass  # an older torch: the totals alone tell
+    if 0 < int(device_total) < capacity:
+        return {"bytes": int(device_total), "device_total_bytes": capacity}
+    return None
+
+
 def _on_torch_oom(torch, device, alloc, device_total, device_free):
     """torch's OOM observer: (device, requested bytes, device total or allowed maximum, free).
     Runs on the failing thread after torch released its allocator lock, before it raises."""
@@ -314,6 +332,7 @@ def _on_torch_oom(torch, device, alloc, device_total, device_free):
             "stats": stats,
             "cache": _free_block_summary(snapshot, device),
             "snapshot_file": name + ".pickle",
+            "memory_cap": _memory_cap(torch, device, device_total),
         }
         if _history["on"]:
             account["attribution"] = _attribution(snapshot, device)

@@ -2,13 +2,14 @@
 //! [`MemorySource`] call made between critical sections, never inside one.
 
 use super::device::{DeviceState, PendingFree};
+use super::history::{HistoryConfig, RecordContext, Trace, TraceAction, TraceEntry};
 use super::lock::{SpinGuard, SpinLock};
 use super::{
     AllocConfig, Block, DeviceStats, FreeBlockSummary, MemorySource, OomCause, OutOfMemory,
     PoolKind, SegmentView, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_MEMORY_ALLOCATION, MAX_DEVICES,
 };
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 /// Requests above this fail at once: rounding them could overflow, and no device has 4 EiB.
 const MAX_REQUEST: u64 = 1 << 62;
@@ -28,6 +29,11 @@ pub struct CachingAllocator<S: MemorySource> {
     devices: Box<[OnceLock<Box<Device>>]>,
     /// Bit d set once device d has state: `free` by address looks only at these.
     present: AtomicU64,
+    /// torch's memory history: 0 off, else 1 + its [`RecordContext`] level (what callers read
+    /// to know whether to gather a stack: one relaxed load).
+    history: AtomicU8,
+    /// The history settings while on, for devices first used later.
+    history_config: Mutex<Option<HistoryConfig>>,
 }
 
 impl<S: MemorySource> CachingAllocator<S> {
@@ -37,6 +43,8 @@ impl<S: MemorySource> CachingAllocator<S> {
             config,
             devices: (0..MAX_DEVICES).map(|_| OnceLock::new()).collect(),
             present: AtomicU64::new(0),
+            history: AtomicU8::new(0),
+            history_config: Mutex::new(None),
         }
     }
 
@@ -53,8 +61,16 @@ impl<S: MemorySource> CachingAllocator<S> {
         let slot = self.devices.get(usize::try_from(device).ok()?)?;
         Some(slot.get_or_init(|| {
             self.present.fetch_or(1 << device, Ordering::AcqRel);
+            let mut state = DeviceState::new(device, &self.config);
+            if let Some(config) = *self
+                .history_config
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+            {
+                state.trace = Some(Box::new(Trace::new(config)));
+            }
             Box::new(Device {
-                state: SpinLock::new(DeviceState::new(device, &self.config)),
+                state: SpinLock::new(state),
             })
         }))
     }
@@ -192,6 +208,21 @@ impl<S: MemorySource> CachingAllocator<S> {
         stream: u64,
         capture: Option<u64>,
     ) -> Result<Block, OutOfMemory> {
+        self.malloc_in_context(device, size, stream, capture, 0)
+    }
+
+    /// [`Self::malloc`] with the caller's stack id (`context`, 0 for none), which the block keeps
+    /// and the history's entries carry while torch's memory history is on.
+    #[allow(clippy::result_large_err)]
+    #[inline]
+    pub fn malloc_in_context(
+        &self,
+        device: i32,
+        size: u64,
+        stream: u64,
+        capture: Option<u64>,
+        context: u32,
+    ) -> Result<Block, OutOfMemory> {
         let Some(dev) = self.device(device) else {
             return Err(self.invalid_device(device, size));
         };
@@ -207,7 +238,7 @@ impl<S: MemorySource> CachingAllocator<S> {
             guard = self.poll_events(dev, guard, false);
         }
         let pool = guard.pool_for(self.pool_kind(rounded), capture);
-        if let Some(block) = guard.try_take(pool, stream, rounded, size) {
+        if let Some(block) = guard.try_take(pool, stream, rounded, size, context) {
             return Ok(block);
         }
 
@@ -236,7 +267,7 @@ impl<S: MemorySource> CachingAllocator<S> {
                     match got {
                         Ok(addr) => {
                             return Ok(guard.insert_segment_and_take(
-                                pool, addr, segment, stream, rounded, size,
+                                pool, addr, segment, stream, rounded, size, context,
                             ))
                         }
                         Err(cuda_error) => OomCause::DeviceExhausted { cuda_error },
@@ -258,7 +289,7 @@ impl<S: MemorySource> CachingAllocator<S> {
                 released += bytes;
                 guard.stats.num_alloc_retries += 1;
                 // Another thread may have freed a fitting block while the lock was dropped.
-                if let Some(block) = guard.try_take(pool, stream, rounded, size) {
+                if let Some(block) = guard.try_take(pool, stream, rounded, size, context) {
                     return Ok(block);
                 }
                 continue;
@@ -290,26 +321,36 @@ impl<S: MemorySource> CachingAllocator<S> {
     /// allocator did not hand out (or already freed).
     pub fn free(&self, addr: u64) -> Option<Block> {
         self.present_devices()
-            .find_map(|d| self.existing(d).and_then(|dev| self.free_in(dev, addr)))
+            .find_map(|d| self.existing(d).and_then(|dev| self.free_in(dev, addr, 0)))
     }
 
     /// [`Self::free`] looking at `device` first (torch's free callback passes the device):
     /// one lock instead of one per device.
     pub fn free_on(&self, device: i32, addr: u64) -> Option<Block> {
+        self.free_in_context(device, addr, 0)
+    }
+
+    /// [`Self::free_on`] with the stack id of the free (`context`, 0 for none), which the
+    /// history's free entries carry when it keeps stacks of frees.
+    #[inline]
+    pub fn free_in_context(&self, device: i32, addr: u64, context: u32) -> Option<Block> {
         if let Some(block) = self
             .existing(device)
-            .and_then(|dev| self.free_in(dev, addr))
+            .and_then(|dev| self.free_in(dev, addr, context))
         {
             return Some(block);
         }
         self.present_devices()
             .filter(|&d| d != device)
-            .find_map(|d| self.existing(d).and_then(|dev| self.free_in(dev, addr)))
+            .find_map(|d| {
+                self.existing(d)
+                    .and_then(|dev| self.free_in(dev, addr, context))
+            })
     }
 
-    fn free_in(&self, dev: &Device, addr: u64) -> Option<Block> {
+    fn free_in(&self, dev: &Device, addr: u64, context: u32) -> Option<Block> {
         let mut guard = dev.state.lock();
-        let (block, pending) = guard.free_allocated(addr)?;
+        let (block, pending) = guard.free_allocated(addr, context)?;
         drop(guard);
         if let Some(PendingFree { node, streams }) = pending {
             // Record one event per extra stream: the block is reusable once all are done.
@@ -398,6 +439,78 @@ impl<S: MemorySource> CachingAllocator<S> {
         self.existing(device)
             .map(|dev| dev.state.lock().segment_views())
             .unwrap_or_default()
+    }
+
+    /// torch's `_record_memory_history`: `Some(config)` turns the history on (or changes its
+    /// settings, keeping the entries unless `clear`), `None` turns it off and drops every trace,
+    /// as torch does. Blocks keep the stack ids they were allocated with either way.
+    pub fn record_history(&self, config: Option<HistoryConfig>, clear: bool) {
+        let mut settings = self
+            .history_config
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *settings = config;
+        for d in self.present_devices() {
+            if let Some(dev) = self.existing(d) {
+                let mut guard = dev.state.lock();
+                match (config, guard.trace.as_mut()) {
+                    (None, _) => guard.trace = None,
+                    (Some(c), Some(trace)) if !clear => trace.reconfigure(c),
+                    (Some(c), _) => guard.trace = Some(Box::new(Trace::new(c))),
+                }
+            }
+        }
+        let level = config.map_or(0, |c| 1 + c.context as u8);
+        self.history.store(level, Ordering::Relaxed);
+    }
+
+    /// The history's context level while it is on (the caller gathers a stack for an allocation
+    /// from `State` up, and for a free at `All`); None while off. One relaxed load.
+    #[inline]
+    pub fn history_context(&self) -> Option<RecordContext> {
+        match self.history.load(Ordering::Relaxed) {
+            0 => None,
+            1 => Some(RecordContext::Never),
+            2 => Some(RecordContext::State),
+            3 => Some(RecordContext::Alloc),
+            _ => Some(RecordContext::All),
+        }
+    }
+
+    /// The trace of `device`, oldest first (empty while history is off).
+    pub fn trace(&self, device: i32) -> Vec<TraceEntry> {
+        self.existing(device)
+            .and_then(|dev| dev.state.lock().trace.as_ref().map(|t| t.entries()))
+            .unwrap_or_default()
+    }
+
+    /// torch's `oom` trace entry for a request [`Self::malloc`] failed: the rounded size and the
+    /// device's free bytes as CUDA reported them.
+    pub fn record_oom(
+        &self,
+        device: i32,
+        rounded: u64,
+        device_free: u64,
+        stream: u64,
+        context: u32,
+    ) {
+        if let Some(dev) = self.existing(device) {
+            if let Some(trace) = dev.state.lock().trace.as_mut() {
+                trace.record(TraceAction::Oom, device_free, rounded, stream, context);
+            }
+        }
+    }
+
+    /// torch's `snapshot` trace entry, recorded after a snapshot read the trace of `device`:
+    /// the bytes of its active blocks (allocated or waiting for events), as torch records them.
+    pub fn record_snapshot(&self, device: i32) {
+        if let Some(dev) = self.existing(device) {
+            let mut guard = dev.state.lock();
+            let active = guard.stats.active_bytes.all.current.max(0) as u64;
+            if let Some(trace) = guard.trace.as_mut() {
+                trace.record(TraceAction::Snapshot, 0, active, 0, 0);
+            }
+        }
     }
 
     /// Devices that have been used, ascending.

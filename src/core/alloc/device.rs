@@ -4,6 +4,7 @@
 //! Everything here runs under the device's lock and never calls out (no `MemorySource` call):
 //! `allocator.rs` does the calls between the lock's critical sections.
 
+use super::history::{Trace, TraceAction};
 use super::stats::DeviceStats;
 use super::{
     AllocConfig, Block, BlockState, BlockView, FreeBlockSummary, HistBin, OomCause, OutOfMemory,
@@ -45,6 +46,8 @@ struct Node {
     pending_events: u32,
     /// Streams recorded by `record_stream` on the current allocation (never the block's own).
     stream_uses: Vec<u64>,
+    /// The caller's stack id of the current allocation (history on), else 0.
+    context: u32,
 }
 
 /// A pool's free blocks of one stream, ordered by (size, address): with the stream chosen
@@ -110,6 +113,8 @@ struct Segment {
     /// The first block; stable for the segment's life because merges keep the lower block.
     head: u32,
     size: u64,
+    /// The stack id of the allocation that made the segment (history on), else 0.
+    context: u32,
 }
 
 /// What `free_allocated` left to do outside the lock.
@@ -163,6 +168,9 @@ pub(crate) struct DeviceState {
     /// A thread is querying events with the lock dropped. Only one thread polls at a time, so
     /// an event is never queried after another poller retired and destroyed it.
     pub(crate) polling: bool,
+    /// torch's memory history while it is on (see `history.rs`); None, and never touched
+    /// beyond that test, while it is off.
+    pub(crate) trace: Option<Box<Trace>>,
 }
 
 /// Power-of-two bin of a non-zero size.
@@ -204,6 +212,7 @@ impl DeviceState {
             limit: None,
             inflight: 0,
             polling: false,
+            trace: None,
         }
     }
 
@@ -353,6 +362,7 @@ impl DeviceState {
         stream: u64,
         rounded: u64,
         requested: u64,
+        context: u32,
     ) -> Option<Block> {
         let p = &self.pools[pool as usize];
         if p.sealed {
@@ -372,10 +382,12 @@ impl DeviceState {
             return None;
         }
         self.remove_free(idx);
-        Some(self.carve(idx, rounded, requested))
+        Some(self.carve(idx, rounded, requested, context))
     }
 
     /// Registers a new segment from the source and serves the request from it.
+    // The request's fields and the segment's, on the miss path: a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn insert_segment_and_take(
         &mut self,
         pool: u32,
@@ -384,6 +396,7 @@ impl DeviceState {
         stream: u64,
         rounded: u64,
         requested: u64,
+        context: u32,
     ) -> Block {
         let kind = self.pools[pool as usize].kind;
         let idx = self.new_node(Node {
@@ -397,21 +410,26 @@ impl DeviceState {
             state: NodeState::Free,
             pending_events: 0,
             stream_uses: Vec::new(),
+            context: 0,
         });
         self.segments.insert(
             addr,
             Segment {
                 head: idx,
                 size: bytes,
+                context,
             },
         );
+        if let Some(trace) = &mut self.trace {
+            trace.record(TraceAction::SegmentAlloc, addr, bytes, stream, context);
+        }
         self.stats.segment.add(kind, 1);
         self.stats.reserved_bytes.add(kind, bytes as i64);
         self.stats.num_device_alloc += 1;
         if bytes >= self.limits.max_split {
             self.stats.oversize_segments.add(1);
         }
-        self.carve(idx, rounded, requested)
+        self.carve(idx, rounded, requested, context)
     }
 
     /// Torch's `should_split`.
@@ -429,7 +447,7 @@ impl DeviceState {
     /// Allocates the free block `idx` (already out of the free lists), splitting off the rest
     /// when torch would (`alloc_found_block`).
     #[inline]
-    fn carve(&mut self, idx: u32, rounded: u64, requested: u64) -> Block {
+    fn carve(&mut self, idx: u32, rounded: u64, requested: u64, context: u32) -> Block {
         let before = self.inactive_split_share(idx);
         let (addr, size, stream, pool, next) = {
             let n = self.node(idx);
@@ -450,6 +468,7 @@ impl DeviceState {
                 state: NodeState::Free,
                 pending_events: 0,
                 stream_uses: Vec::new(),
+                context: 0,
             });
             if next != NIL {
                 self.node_mut(next).prev = rest;
@@ -464,6 +483,7 @@ impl DeviceState {
         let n = self.node_mut(idx);
         n.state = NodeState::Allocated;
         n.requested = requested;
+        n.context = context;
         n.stream_uses.clear();
         self.apply_inactive_split(kind, before, after);
         let s = &mut self.stats;
@@ -476,6 +496,9 @@ impl DeviceState {
             s.oversize_allocations.add(1);
         }
         self.live.insert(addr, idx);
+        if let Some(trace) = &mut self.trace {
+            trace.record(TraceAction::Alloc, addr, requested, stream, context);
+        }
         Block {
             addr,
             size: block_size,
@@ -492,7 +515,12 @@ impl DeviceState {
     /// if streams were recorded on it, once their events (to be recorded by the caller outside
     /// the lock) are done.
     #[inline]
-    pub(crate) fn free_allocated(&mut self, addr: u64) -> Option<(Block, Option<PendingFree>)> {
+    /// `context`: the stack id of the free (history at level `all`), else 0.
+    pub(crate) fn free_allocated(
+        &mut self,
+        addr: u64,
+        context: u32,
+    ) -> Option<(Block, Option<PendingFree>)> {
         let idx = self.live.remove(&addr)?;
         let max_split = self.limits.max_split;
         let device = self.device;
@@ -513,8 +541,18 @@ impl DeviceState {
         if block.size >= max_split {
             s.oversize_allocations.add(-1);
         }
+        if let Some(trace) = &mut self.trace {
+            let context = trace.free_context(context, n.context);
+            trace.record(
+                TraceAction::FreeRequested,
+                block.addr,
+                block.requested,
+                block.stream,
+                context,
+            );
+        }
         if n.stream_uses.is_empty() {
-            self.release_block(idx);
+            self.release_block(idx, context);
             return Some((block, None));
         }
         let streams = std::mem::take(&mut n.stream_uses);
@@ -584,22 +622,35 @@ impl DeviceState {
         if n.pending_events == 0 {
             let size = n.size;
             self.pending_bytes -= size;
-            self.release_block(node);
+            self.release_block(node, 0);
         }
     }
 
     /// Torch's `free_block`: an active block becomes free, merged with free neighbours.
+    /// `context`: the free's stack id (history at level `all`), else 0.
     #[inline]
-    fn release_block(&mut self, idx: u32) {
+    fn release_block(&mut self, idx: u32, context: u32) {
         let (size, pool) = {
             let n = self.node(idx);
             (n.size, n.pool)
         };
+        if let Some(trace) = &mut self.trace {
+            let n = &self.nodes[idx as usize];
+            let context = trace.free_context(context, n.context);
+            trace.record(
+                TraceAction::FreeCompleted,
+                n.addr,
+                n.requested,
+                n.stream,
+                context,
+            );
+        }
         let kind = self.pools[pool as usize].kind;
         self.stats.active.add(kind, -1);
         self.stats.active_bytes.add(kind, -(size as i64));
         self.node_mut(idx).state = NodeState::Free;
         self.node_mut(idx).requested = 0;
+        self.node_mut(idx).context = 0;
 
         let mut before = (0, 0);
         let mut survivor = idx;
@@ -667,12 +718,16 @@ impl DeviceState {
         let mut released = Vec::with_capacity(whole.len());
         for idx in whole {
             self.remove_free(idx);
-            let (addr, size, pool) = {
+            let (addr, size, pool, stream) = {
                 let n = self.node(idx);
-                (n.addr, n.size, n.pool)
+                (n.addr, n.size, n.pool, n.stream)
             };
             let kind = self.pools[pool as usize].kind;
-            self.segments.remove(&addr);
+            let segment = self.segments.remove(&addr);
+            if let Some(trace) = &mut self.trace {
+                let context = segment.map_or(0, |s| s.context);
+                trace.record(TraceAction::SegmentFree, addr, size, stream, context);
+            }
             self.stats.segment.add(kind, -1);
             self.stats.reserved_bytes.add(kind, -(size as i64));
             self.stats.num_device_free += 1;
@@ -759,16 +814,21 @@ impl DeviceState {
                 let mut idx = seg.head;
                 while idx != NIL {
                     let n = self.node(idx);
-                    let (state, requested) = match n.state {
-                        NodeState::Allocated => (BlockState::ActiveAllocated, n.requested),
-                        NodeState::Pending => (BlockState::ActivePendingFree, n.requested),
-                        NodeState::Free => (BlockState::Inactive, 0),
+                    let (state, requested, context) = match n.state {
+                        NodeState::Allocated => {
+                            (BlockState::ActiveAllocated, n.requested, n.context)
+                        }
+                        NodeState::Pending => {
+                            (BlockState::ActivePendingFree, n.requested, n.context)
+                        }
+                        NodeState::Free => (BlockState::Inactive, 0, 0),
                     };
                     blocks.push(BlockView {
                         addr: n.addr,
                         size: n.size,
                         requested,
                         state,
+                        context,
                     });
                     idx = n.next;
                 }
@@ -779,6 +839,7 @@ impl DeviceState {
                     stream: head.stream,
                     pool: pool.kind,
                     capture: pool.capture,
+                    context: seg.context,
                     blocks,
                 }
             })

@@ -46,6 +46,8 @@
 //!   torch's retry (`num_alloc_retries`). Only then is [`OutOfMemory`] returned (`num_ooms`),
 //!   with the free-block summary and stats after the release. Other CUDA errors fail at once,
 //!   without retry and without counting an OOM, as in torch.
+//! - **History.** torch's `_record_memory_history` is kept here too (`history.rs`): a trace of
+//!   torch's actions per device and the stack id of each live block, while it is on.
 //! - **CUDA graphs.** A block allocated with `capture: Some(id)` comes from a private pool of
 //!   that capture, with its own segments (torch's graph pool). Freed during the capture, it is
 //!   reused only by later allocations of the same capture (the graph's own order makes that
@@ -70,12 +72,14 @@
 
 mod caching;
 mod device;
+mod history;
 mod lock;
 mod stats;
 #[cfg(test)]
 mod tests;
 
 pub use caching::CachingAllocator;
+pub use history::{HistoryConfig, RecordContext, TraceAction, TraceEntry};
 pub use stats::{DeviceStats, Stat, StatArray};
 
 /// CUDA's `cudaErrorMemoryAllocation`.
@@ -249,6 +253,8 @@ pub struct BlockView {
     /// The requested size of an allocated or pending block; 0 for an inactive one.
     pub requested: u64,
     pub state: BlockState,
+    /// The stack id its allocation passed while torch's memory history kept stacks; else 0.
+    pub context: u32,
 }
 
 /// Torch snapshot block states.
@@ -269,5 +275,7 @@ pub struct SegmentView {
     pub pool: PoolKind,
     /// The CUDA graph capture the segment belongs to (torch's private pool id), if any.
     pub capture: Option<u64>,
+    /// The stack id of the allocation that made it, while history kept stacks; else 0.
+    pub context: u32,
     pub blocks: Vec<BlockView>,
 }

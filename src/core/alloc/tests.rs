@@ -1319,3 +1319,110 @@ proptest! {
         run_model(config, &ops)?;
     }
 }
+
+// ---- torch's memory history ------------------------------------------------------------------
+
+fn actions(a: &CachingAllocator<FakeSource>, device: i32) -> Vec<(&'static str, u64, u64, u32)> {
+    a.trace(device)
+        .iter()
+        .map(|e| (e.action.torch_name(), e.addr, e.size, e.context))
+        .collect()
+}
+
+fn history(context: RecordContext, max_entries: usize) -> Option<HistoryConfig> {
+    Some(HistoryConfig {
+        context,
+        max_entries,
+    })
+}
+
+#[test]
+fn history_records_torchs_actions_in_order_with_their_stacks() {
+    let a = allocator(&[(0, 64 * MIB)]);
+    let before = a.malloc(0, 4 * KIB, 0, None).unwrap();
+    assert_eq!(a.history_context(), None);
+    assert!(a.trace(0).is_empty(), "nothing while off");
+    a.record_history(history(RecordContext::Alloc, usize::MAX), false);
+    assert_eq!(a.history_context(), Some(RecordContext::Alloc));
+    let x = a.malloc_in_context(0, 5 * MIB, 0, None, 11).unwrap();
+    let y = a.malloc_in_context(0, 1000, 0, None, 12).unwrap();
+    assert!(a.record_stream(y.addr, 3));
+    a.free_in_context(0, x.addr, 21).unwrap(); // a free's own stack is kept only at `all`
+    a.free_in_context(0, y.addr, 0).unwrap(); // waits for stream 3
+    a.source().complete_oldest(0);
+    a.malloc_in_context(0, 512, 0, None, 13).unwrap(); // polls the event: y completes
+    a.empty_cache(None);
+    assert_eq!(
+        a.malloc_in_context(0, 80 * MIB, 0, None, 14)
+            .unwrap_err()
+            .requested,
+        80 * MIB
+    );
+    a.record_oom(0, 80 * MIB, 9 * MIB, 0, 14);
+    let seg_x = seg_of(&a, 0, before.addr).addr;
+    let t = actions(&a, 0);
+    let large = t[0].1;
+    assert_eq!(
+        t,
+        [
+            ("segment_alloc", large, 20 * MIB, 11),
+            ("alloc", x.addr, 5 * MIB, 11),
+            ("alloc", y.addr, 1000, 12),
+            ("free_requested", x.addr, 5 * MIB, 11),
+            ("free_completed", x.addr, 5 * MIB, 11),
+            ("free_requested", y.addr, 1000, 12),
+            ("free_completed", y.addr, 1000, 12),
+            ("alloc", t[7].1, 512, 13),
+            ("segment_free", large, 20 * MIB, 11),
+            ("oom", 9 * MIB, 80 * MIB, 14),
+        ]
+    );
+    assert_eq!(seg_of(&a, 0, t[7].1).addr, seg_x, "the small segment stays");
+    assert!(a.trace(0).windows(2).all(|w| w[0].time_us <= w[1].time_us));
+    // Live blocks keep their allocation's stack; the one from before history has none.
+    let blocks: Vec<(u64, u32)> = a.segments(0)[0]
+        .blocks
+        .iter()
+        .filter(|b| b.state != BlockState::Inactive)
+        .map(|b| (b.addr, b.context))
+        .collect();
+    assert_eq!(blocks, [(before.addr, 0), (t[7].1, 13)]);
+}
+
+#[test]
+fn history_levels_ring_size_and_off() {
+    let a = allocator(&[]);
+    // `all`: a free carries its own stack.
+    a.record_history(history(RecordContext::All, usize::MAX), false);
+    let x = a.malloc_in_context(0, 4 * KIB, 0, None, 5).unwrap();
+    a.free_in_context(0, x.addr, 6).unwrap();
+    let ctx: Vec<u32> = a.trace(0).iter().map(|e| e.context).collect();
+    assert_eq!(ctx, [5, 5, 6, 6]);
+    // `state`: no stack on any entry, but blocks keep theirs.
+    a.record_history(history(RecordContext::State, usize::MAX), true);
+    assert!(a.trace(0).is_empty(), "cleared");
+    let y = a.malloc_in_context(0, 4 * KIB, 0, None, 7).unwrap();
+    assert_eq!(a.trace(0)[0].context, 0);
+    assert_eq!(seg_of(&a, 0, y.addr).blocks[0].context, 7);
+    // A ring of 3 keeps the newest 3; settings change without clearing.
+    a.record_history(history(RecordContext::Alloc, 3), false);
+    for _ in 0..3 {
+        let z = a.malloc_in_context(0, 4 * KIB, 0, None, 8).unwrap();
+        a.free_in_context(0, z.addr, 0).unwrap();
+    }
+    let t: Vec<&str> = actions(&a, 0).iter().map(|e| e.0).collect();
+    assert_eq!(t, ["alloc", "free_requested", "free_completed"]);
+    // A device used for the first time while on records too.
+    a.malloc_in_context(1, 4 * KIB, 0, None, 9).unwrap();
+    assert_eq!(actions(&a, 1).len(), 2);
+    // Off: every trace goes, and nothing more is recorded.
+    a.record_history(None, false);
+    assert_eq!(a.history_context(), None);
+    a.malloc_in_context(0, 4 * KIB, 0, None, 0).unwrap();
+    assert!(a.trace(0).is_empty() && a.trace(1).is_empty());
+    assert_eq!(
+        seg_of(&a, 0, y.addr).blocks[0].context,
+        7,
+        "blocks keep theirs"
+    );
+}

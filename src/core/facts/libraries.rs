@@ -372,6 +372,7 @@ garbage line
             tracked_count: 3,
             peak_tracked_bytes: 60 << 30,
             uuid: None,
+            memory_cap: None,
         };
         let proc_ = |pid, used: u64, relation| GpuProcess {
             pid,

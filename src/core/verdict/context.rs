@@ -4,7 +4,7 @@
 
 use super::words::{site_label, NO_PYTHON_FRAMES};
 use crate::facts::gpu_processes::{GpuProcess, Relation};
-use dump::model::{DeviceInfo, Dump, FailedRequest, Site};
+use dump::model::{DeviceInfo, Dump, FailedRequest, MemoryCap, Site};
 use dump::units::human_bytes;
 use dump::view::{free_blocks_available, sorted_sites, used_bytes};
 
@@ -106,6 +106,8 @@ pub(super) struct Ctx<'a> {
     pub(super) dev: i32,
     pub(super) others: Vec<&'a GpuProcess>,
     pub(super) others_bytes: u64,
+    /// The per-process cap the failure was judged against (`n.total` is the cap then).
+    pub(super) cap: Option<&'a MemoryCap>,
 }
 
 impl<'a> Ctx<'a> {
@@ -128,6 +130,20 @@ impl<'a> Ctx<'a> {
             others,
             others_bytes,
             n,
+            cap: dump
+                .devices
+                .iter()
+                .find(|d| d.index == request.device)
+                .and_then(|d| d.memory_cap.as_ref()),
+        }
+    }
+
+    /// Where the request failed, in words: "device 0", or under a per-process cap "the 2.00 GiB
+    /// cap set by set_per_process_memory_fraction(0.25) of device 0's 8.00 GiB".
+    pub(super) fn place(&self) -> String {
+        match self.cap {
+            Some(cap) => dump::view::cap_phrase(self.dev, cap),
+            None => format!("device {}", self.dev),
         }
     }
 }

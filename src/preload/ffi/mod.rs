@@ -115,6 +115,7 @@ fn failure_context(layer: &Layer, device: i32) -> crate::live::FailureContext {
         pools,
         vmm,
         free_blocks: torch_alloc::free_blocks_if_active(device),
+        memory_cap: None,
     }
 }
 
@@ -144,6 +145,7 @@ pub(crate) fn on_demand_context(
         pools,
         vmm,
         free_blocks: torch_alloc::free_blocks_if_active(device.unwrap_or(0)),
+        memory_cap: None,
     }
 }
 

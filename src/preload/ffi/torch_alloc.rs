@@ -15,6 +15,10 @@
 //! - `oomshim_torch_segments(device, buf, cap)`: the free-block state plus every segment with its
 //!   blocks, from which the Python package answers `torch.cuda.memory_snapshot()` (torch's own
 //!   `snapshot` raises under a pluggable allocator).
+//! - `oomshim_torch_record_history(enabled, context, max_entries, clear)` and
+//!   `oomshim_torch_history(device, buf, cap)`: torch's memory history kept by the allocator
+//!   (`_record_memory_history`; `device_traces` and frames in `_snapshot()`). While it is off
+//!   `alloc`/`free` pay one relaxed load for it.
 //!
 //! A request the allocator cannot serve (after emptying its cache and retrying, as torch does)
 //! writes its dump at once and raises a C++ exception naming it ([`super::cxx_throw`]): torch
@@ -28,7 +32,10 @@ use super::cuda_error::SUCCESS;
 use super::real::real_fn;
 use dump::model::{FreeBlocks, HistogramBin};
 use dump::units::human_bytes;
-use oomshim_core::alloc::{AllocConfig, CachingAllocator, MemorySource, OomCause, OutOfMemory};
+use oomshim_core::alloc::{
+    AllocConfig, CachingAllocator, HistoryConfig, MemorySource, OomCause, OutOfMemory,
+    RecordContext,
+};
 use oomshim_core::ledger::Api;
 use std::cell::Cell;
 use std::ffi::{c_char, c_double, c_int, c_void};
@@ -51,6 +58,8 @@ pub const EXPORTED_NAMES: &[&str] = &[
     "oomshim_torch_reset_peak",
     "oomshim_torch_reset_accumulated",
     "oomshim_torch_exception_kind",
+    "oomshim_torch_record_history",
+    "oomshim_torch_history",
 ];
 
 const NOT_READY: c_int = 600;
@@ -370,7 +379,8 @@ fn alloc_impl(size: usize, device: c_int, stream: Stream) -> Result<*mut c_void,
         note_capture(stream, id);
     }
     let _ = CAPTURING.try_with(|c| c.set(capture.is_some()));
-    let result = a.malloc(device, size as u64, stream as u64, capture);
+    let context = history_stack(a, RecordContext::State);
+    let result = a.malloc_in_context(device, size as u64, stream as u64, capture, context);
     let _ = CAPTURING.try_with(|c| c.set(false));
     match result {
         Ok(block) => {
@@ -395,20 +405,40 @@ fn alloc_impl(size: usize, device: c_int, stream: Stream) -> Result<*mut c_void,
                 human_bytes(size as u64)
             )))))
         }
-        Err(oom) => Err(Failure::OutOfMemory(Box::new(out_of_memory(&oom, stream)))),
+        Err(oom) => Err(Failure::OutOfMemory(Box::new(out_of_memory(
+            &oom, stream, context,
+        )))),
+    }
+}
+
+/// The caller's Python stack for torch's memory history when it keeps stacks at `level` or
+/// above (an allocation from `state`, a free at `all`); 0 otherwise, after one relaxed load.
+#[inline]
+fn history_stack(a: &CachingAllocator<CudaSource>, level: RecordContext) -> u32 {
+    match a.history_context() {
+        Some(l) if l >= level => crate::live::history::python_stack(),
+        _ => 0,
     }
 }
 
 /// Records the failure (its dump is written now) and builds the exception's message.
-fn out_of_memory(oom: &OutOfMemory, stream: Stream) -> [u8; MESSAGE_BYTES] {
+fn out_of_memory(oom: &OutOfMemory, stream: Stream, context: u32) -> [u8; MESSAGE_BYTES] {
     let mem_info = on_device(oom.device, device_mem_info);
+    if allocator().history_context().is_some() {
+        // torch's `oom` entry: the rounded request and what CUDA said was free.
+        let free = mem_info.map_or(0, |m| m.0);
+        allocator().record_oom(oom.device, oom.rounded, free, stream as u64, context);
+    }
     let outcome = crate::live::allocator_mode::oom_now(crate::live::OomEvent {
         api: Api::TorchAlloc,
         bytes: oom.requested,
         device: oom.device,
         error_code: super::cuda_error::MEMORY_ALLOCATION,
         stream: stream as usize,
-        context: failure_context(oom.device, judged_mem_info(oom, mem_info)),
+        context: crate::live::FailureContext {
+            memory_cap: memory_cap(oom, mem_info),
+            ..failure_context(oom.device, judged_mem_info(oom, mem_info))
+        },
     });
     let fb = &oom.free_blocks;
     let mut text = format!(
@@ -462,6 +492,21 @@ fn judged_mem_info(oom: &OutOfMemory, device: Option<(u64, u64)>) -> Option<(u64
         )),
         _ => device,
     }
+}
+
+/// The cap a fraction-capped failure was judged against, for the dump's device entry: its
+/// bytes, the fraction of the device's capacity (`device`: the device's own (free, total)).
+fn memory_cap(oom: &OutOfMemory, device: Option<(u64, u64)>) -> Option<dump::model::MemoryCap> {
+    let OomCause::FractionCap { limit } = oom.cause else {
+        return None;
+    };
+    let total = device?.1;
+    Some(dump::model::MemoryCap {
+        bytes: limit,
+        fraction: limit as f64 / total.max(1) as f64,
+        device_total_bytes: total,
+        set_by: "set_per_process_memory_fraction".to_string(),
+    })
 }
 
 /// `text` as a NUL-terminated buffer, cut at a character boundary when too long.
@@ -549,7 +594,8 @@ pub unsafe extern "C" fn oomshim_torch_free(
         let a = allocator();
         retire_ended_captures(a);
         let _ = crate::live::take(ptr as usize);
-        a.free_on(device, ptr as u64).is_some()
+        let context = history_stack(a, RecordContext::All);
+        a.free_in_context(device, ptr as u64, context).is_some()
     });
     drop(guard);
     if known != Some(true) {
@@ -672,6 +718,53 @@ pub extern "C" fn oomshim_torch_reset_peak(device: c_int) {
 #[no_mangle]
 pub extern "C" fn oomshim_torch_reset_accumulated(device: c_int) {
     contained(|| allocator().reset_accumulated_stats(device));
+}
+
+/// torch's `_record_memory_history`: `enabled` 0 turns it off (and drops the traces), else on
+/// with `context` 0 none, 1 state, 2 alloc, 3 all (torch's option of that name) and a ring of
+/// `max_entries` per device (at least 1); `clear` drops what was recorded. Returns 0, or -1 for
+/// a context level out of range (nothing changed).
+#[no_mangle]
+pub extern "C" fn oomshim_torch_record_history(
+    enabled: c_int,
+    context: c_int,
+    max_entries: u64,
+    clear: c_int,
+) -> c_int {
+    let guard = super::Guard::enter();
+    let rc = contained(|| {
+        let Some(context) = RecordContext::from_level(context) else {
+            return -1;
+        };
+        let config = (enabled != 0).then_some(HistoryConfig {
+            context,
+            max_entries: usize::try_from(max_entries).unwrap_or(usize::MAX),
+        });
+        allocator().record_history(config, clear != 0);
+        0
+    })
+    .unwrap_or(-1);
+    drop(guard);
+    rc
+}
+
+/// torch's memory history of `device` as JSON (`crate::live::history::history_json`): its
+/// trace, the stacks of its live blocks, and those stacks resolved. As torch's snapshot does,
+/// a `snapshot` entry is recorded once the trace was read (it shows in the next one).
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_torch_history(
+    device: c_int,
+    buf: *mut c_char,
+    cap: usize,
+) -> usize {
+    let text = contained(|| {
+        let a = allocator();
+        let json = crate::live::history::history_json(&a.trace(device), &a.segments(device));
+        a.record_snapshot(device);
+        json
+    })
+    .unwrap_or_else(|| "{}".into());
+    copy_out(&text, buf, cap)
 }
 
 /// Which exception an allocation failure raises here: `torch.OutOfMemoryError`,

@@ -215,6 +215,7 @@ pub(crate) fn assemble(
             tracked_count: t.count,
             peak_tracked_bytes: t.peak_bytes,
             uuid: uuid_of(index),
+            memory_cap: None,
         })
         .collect();
     if let Some(d) = ctx.device {
@@ -230,6 +231,7 @@ pub(crate) fn assemble(
                     tracked_count: 0,
                     peak_tracked_bytes: 0,
                     uuid: None,
+                    memory_cap: None,
                 });
                 devices.last_mut().expect("just pushed")
             }
@@ -237,6 +239,7 @@ pub(crate) fn assemble(
         info.name = ctx.device_name.clone();
         info.free_bytes = ctx.mem_info.map(|m| m.0);
         info.total_bytes = ctx.mem_info.map(|m| m.1);
+        info.memory_cap = ctx.memory_cap.clone();
         info.uuid = ctx.device_uuid.clone().or_else(|| uuid_of(d));
     }
     devices.sort_by_key(|d| d.index);
@@ -734,6 +737,7 @@ mod pure_tests {
                 largest_free_bytes: Some(n * MIB),
                 ..FreeBlocks::default()
             }),
+            memory_cap: None,
         }
     }
 

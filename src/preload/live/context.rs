@@ -4,7 +4,7 @@
 //! Assembly reads it from the value only: two failures close together, on two devices, each keep
 //! their own device's answers, whichever is written first.
 
-use dump::model::{FreeBlocks, PoolInfo, VmmInfo};
+use dump::model::{FreeBlocks, MemoryCap, PoolInfo, VmmInfo};
 
 /// Everything a dump knows from CUDA (and from the allocator, in allocator mode) about one
 /// failure or one on-demand dump. Gathered once; never read back from anywhere else.
@@ -29,6 +29,9 @@ pub struct FailureContext {
     /// Allocator mode: the allocator's exact free-block state of `device` (of device 0 when no
     /// device was asked).
     pub free_blocks: Option<FreeBlocks>,
+    /// A per-process cap (torch's `set_per_process_memory_fraction`) the failure was judged
+    /// against: `mem_info` is then the cap's (free, total).
+    pub memory_cap: Option<MemoryCap>,
 }
 
 impl FailureContext {

@@ -4,7 +4,7 @@
 //! under LD_PRELOAD; they become the dump's `free_blocks` before the verdict is judged.
 
 use super::oom::FrameworkNote;
-use dump::model::{Attribution, CacheSummary, FrameworkOom, Kinds, PyFrame};
+use dump::model::{Attribution, CacheSummary, FrameworkOom, Kinds, MemoryCap, PyFrame};
 use serde::Deserialize;
 
 pub const SCHEMA: &str = "oomshim.framework-oom/1";
@@ -44,6 +44,16 @@ struct Report {
     /// without losing the rest of the account.
     #[serde(default, deserialize_with = "lenient")]
     kinds: Option<Kinds>,
+    /// torch under `set_per_process_memory_fraction`: `device_total_bytes` is the cap; this is
+    /// the device's own capacity (null without a cap).
+    #[serde(default)]
+    memory_cap: Option<CapReport>,
+}
+
+#[derive(Deserialize)]
+struct CapReport {
+    bytes: u64,
+    device_total_bytes: u64,
 }
 
 fn lenient<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Kinds>, D::Error> {
@@ -127,8 +137,29 @@ pub fn parse(bytes: &[u8]) -> Option<(FrameworkNote, Option<(u64, u64)>)> {
         .cache
         .as_ref()
         .map(|c| c.free_blocks(format!("{}-snapshot", r.framework)));
-    let mem_info = match (r.device_free_bytes, r.device_total_bytes) {
-        (Some(f), Some(t)) => Some((f, t)),
+    let memory_cap = r
+        .memory_cap
+        .as_ref()
+        .filter(|c| c.bytes > 0 && c.bytes < c.device_total_bytes)
+        .map(|c| MemoryCap {
+            bytes: c.bytes,
+            fraction: c.bytes as f64 / c.device_total_bytes as f64,
+            device_total_bytes: c.device_total_bytes,
+            set_by: "set_per_process_memory_fraction".to_string(),
+        });
+    let mem_info = match (r.device_free_bytes, r.device_total_bytes, &memory_cap) {
+        // Under a cap torch reports the cap as the total but the device's own free bytes: the
+        // failure is judged against the cap, whose free part is what torch has not reserved
+        // (as allocator mode judges it).
+        (_, Some(_), Some(cap)) => {
+            let reserved = r
+                .cache
+                .as_ref()
+                .map(|c| c.reserved_bytes)
+                .or_else(|| r.stats.get("reserved_bytes.all.current").copied());
+            reserved.map(|res| (cap.bytes.saturating_sub(res), cap.bytes))
+        }
+        (Some(f), Some(t), None) => Some((f, t)),
         _ => None,
     };
     let account = FrameworkOom {
@@ -158,6 +189,7 @@ pub fn parse(bytes: &[u8]) -> Option<(FrameworkNote, Option<(u64, u64)>)> {
             device: r.device,
             account,
             free_blocks,
+            memory_cap,
         },
         mem_info,
     ))
@@ -194,6 +226,32 @@ mod tests {
             ),
             (Some(1200), Some(400), Some(3000), Some(3))
         );
+    }
+
+    #[test]
+    fn a_torch_account_under_a_memory_fraction_is_judged_against_the_cap() {
+        // torch's observer reports the cap as the total and the device's own free bytes.
+        let json = br#"{"schema":"oomshim.framework-oom/1","framework":"torch","device":0,
+            "request_bytes":3000,"device_total_bytes":2000,"device_free_bytes":7900,
+            "cache":{"segments":1,"reserved_bytes":1500,"allocated_bytes":1500,"total_free_bytes":0,
+                     "largest_free_bytes":0,"inactive_split_bytes":0,"fragmentation":null,"histogram":[]},
+            "memory_cap":{"bytes":2000,"device_total_bytes":8000}}"#;
+        let (note, mem) = parse(json).unwrap();
+        assert_eq!(mem, Some((500, 2000)), "the cap less what torch reserved");
+        let cap = note.memory_cap.expect("the cap");
+        assert_eq!(
+            (cap.bytes, cap.device_total_bytes, cap.fraction),
+            (2000, 8000, 0.25)
+        );
+        assert_eq!(cap.set_by, "set_per_process_memory_fraction");
+        // No cap (null, or not below the device): the framework's numbers as they are.
+        for none in ["null", r#"{"bytes":8000,"device_total_bytes":8000}"#] {
+            let json = String::from_utf8_lossy(json)
+                .replace(r#"{"bytes":2000,"device_total_bytes":8000}"#, none);
+            let (note, mem) = parse(json.as_bytes()).unwrap();
+            assert!(note.memory_cap.is_none());
+            assert_eq!(mem, Some((7900, 2000)));
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod fork;
 pub mod framework;
 mod gather;
 mod growth;
+pub mod history;
 mod oom;
 pub mod recording;
 // Saying things on stderr is process plumbing (below the hooks); re-exported at its old path.

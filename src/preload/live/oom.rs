@@ -87,6 +87,8 @@ pub struct FrameworkNote {
     pub device: i32,
     pub account: FrameworkOom,
     pub free_blocks: Option<FreeBlocks>,
+    /// The per-process cap torch enforced (`set_per_process_memory_fraction`), if any.
+    pub memory_cap: Option<dump::model::MemoryCap>,
 }
 
 /// One failed request (see the module comment).
@@ -596,7 +598,10 @@ impl OomTracker {
             error_code: oomshim_core::sys::cuda_error::MEMORY_ALLOCATION,
             stream: 0,
             // The framework's thread may hold its allocator's lock: CUDA is not asked here.
-            context: super::FailureContext::without_cuda(Some(note.device), mem_info),
+            context: super::FailureContext {
+                memory_cap: note.memory_cap.clone(),
+                ..super::FailureContext::without_cuda(Some(note.device), mem_info)
+            },
         };
         let mut st = self.lock();
         match self.admit(&mut st, s, &ev, stacks, now, 0) {

@@ -317,6 +317,16 @@ fn devices(out: &mut String, s: &Style, model: &ReportModel) {
             truncate_middle(&clean(uuid), 64)
         );
     }
+    for view in &model.devices {
+        if let Some(cap) = &view.device.memory_cap {
+            let _ = writeln!(
+                out,
+                "  device {}: TOTAL and FREE are those of {}",
+                view.device.index,
+                clean(&dump::view::cap_phrase(view.device.index, cap))
+            );
+        }
+    }
 }
 
 /// Device memory by library, and what the untracked part is made of (absent in dumps without

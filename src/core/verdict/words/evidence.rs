@@ -35,6 +35,12 @@ pub(in crate::verdict) fn general_evidence(c: &Ctx) -> Vec<String> {
     } else {
         ""
     };
+    if c.cap.is_some() {
+        evidence.push(format!(
+            "{}: the device's numbers below are the cap's",
+            c.place()
+        ));
+    }
     match (n.total, used) {
         (Some(total), Some(used)) => evidence.push(format!(
             "device {dev}{when}: {} of {} in use; {} tracked ({} of used)",

@@ -162,7 +162,8 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
             )
         }
         Some(u) if u > 0 => format!(
-            "this process's own allocations fill device {dev}: {} of the {} in use{largest}",
+            "this process's own allocations fill {}: {} of the {} in use{largest}",
+            c.place(),
             human_bytes(tracked),
             human_bytes(u)
         ),
@@ -275,8 +276,9 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
             }
         ),
         (Some(total), Some(used)) => format!(
-            "This process's own allocations fill device {dev}: {} of the {} in use ({}) was allocated by this process, \
+            "This process's own allocations fill {}: {} of the {} in use ({}) was allocated by this process, \
              out of {} in total, when {req} more was requested.{}{}",
+            c.place(),
             human_bytes(tracked),
             human_bytes(used),
             percent(share(tracked, used)),
