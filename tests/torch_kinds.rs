@@ -3,7 +3,10 @@
 //! the module and the batch, and the verdict words its headline and advice by the kind that
 //! dominates. Against a stand-in `torch` whose tensors take real (simulated) device memory
 //! through libsimcall.so, installed under a `site-packages` directory as real torch is (so its
-//! frames count as the framework's, not the program's). Under plain LD_PRELOAD and `oomshim run`.
+//! frames count as the framework's, not the program's). Under plain LD_PRELOAD, `oomshim run` and
+//! `oomshim run --torch-allocator` (the stand-in then has torch's pluggable-allocator API: its
+//! tensors come from oomshim's allocator, and it calls no OOM observer, as torch does not under a
+//! pluggable allocator).
 //! The real torch is exercised on the GPU machine (tests/gpu/zoo, check_kinds.py).
 
 use crate::common;
@@ -14,9 +17,16 @@ use std::process::{Command, Output};
 /// A fake torch with tensors that allocate device memory, modules that call their children and
 /// run global and own forward hooks like `Module.__call__`, optimizers with state, and torch's
 /// OOM path: a failed allocation calls the OOM observers on the allocating thread, then raises.
+/// Once a pluggable allocator is current, tensors come from it through ctypes (which releases
+/// the GIL, as torch does before it reaches the allocator), an allocation it refuses raises
+/// without any observer, and the observer and statistics entry points raise, as torch's do.
 const FAKE_TORCH: &str = r#"
+import ctypes as _ct
 __version__ = "0.0-fake-kinds"
 _queued, _observers = [], []
+_current = None
+_ALLOC = _ct.CFUNCTYPE(_ct.c_void_p, _ct.c_size_t, _ct.c_int, _ct.c_void_p)
+_INIT = _ct.CFUNCTYPE(None, _ct.c_int)
 _initialized = False
 _alloc = None          # the program sets it: bytes -> device pointer (0 when full)
 _allocated = [0]
@@ -47,6 +57,11 @@ class _Storage:
         return self._n
 
 def _allocate(n):
+    if _current is not None:
+        p = _current.alloc(n, 0, None)
+        if not p:
+            raise OutOfMemoryError(f"CUDA out of memory. Tried to allocate {n} bytes (pluggable)")
+        return p
     p = _alloc(n)
     if not p:
         for fn in _observers:
@@ -96,9 +111,44 @@ class no_grad:
 class _C:
     @staticmethod
     def _cuda_attach_out_of_memory_observer(fn):
+        if _current is not None:
+            raise RuntimeError("CUDAPluggableAllocator does not yet support attachOutOfMemoryObserver.")
         _observers.append(fn)
+    @staticmethod
+    def _cuda_memoryStats(device):
+        raise RuntimeError("CUDAPluggableAllocator does not yet support getDeviceStats.")
+
+class _Raw:
+    def __init__(self):
+        self.hooks = {}
+    def set_init_fn(self, p): self.hooks["init"] = p
+    def set_reset_fn(self, p): self.hooks["reset"] = p
+
+class _Pluggable:
+    def __init__(self, path, alloc_fn_name, free_fn_name):
+        lib = _ct.CDLL(path)
+        self.alloc = _ALLOC(_ct.cast(getattr(lib, alloc_fn_name), _ct.c_void_p).value)
+        self._allocator = _Raw()
+    def allocator(self):
+        return self._allocator
+
+def _change_current_allocator(a):
+    global _current
+    if _initialized:
+        raise RuntimeError("Can't swap an already initialized allocator")
+    _current = a
+
+def _flatten(nested, prefix, out):
+    for k, v in nested.items():
+        key = prefix + "." + k if prefix else k
+        if isinstance(v, dict):
+            _flatten(v, key, out)
+        else:
+            out[key] = v
 
 class _Memory:
+    CUDAPluggableAllocator = _Pluggable
+    change_current_allocator = staticmethod(_change_current_allocator)
     @staticmethod
     def _snapshot():
         # One segment holding every live tensor, no free block.
@@ -119,13 +169,28 @@ class cuda:
         else:
             _queued.append(fn)
     @staticmethod
+    def is_initialized():
+        return _initialized
+    @staticmethod
+    def current_device():
+        return 0
+    @staticmethod
+    def device_count():
+        return 1
+    @staticmethod
     def memory_stats(device=None):
+        if _current is not None:
+            out = {}
+            _flatten(_C._cuda_memoryStats(0), "", out)
+            return out
         return {"allocated_bytes.all.current": _allocated[0], "reserved_bytes.all.current": _allocated[0],
                 "allocation.all.current": _count[0]}
 
 def _fake_cuda_init():
     global _initialized
     _initialized = True
+    if _current is not None and "init" in _current.allocator().hooks:
+        _INIT(_current.allocator().hooks["init"])(1)
     for fn in _queued:
         fn()
 
@@ -301,6 +366,8 @@ fn env() -> Option<Env> {
 enum Launcher {
     Preload,
     Run,
+    /// `oomshim run --torch-allocator`.
+    Allocator,
 }
 
 /// The start of every program: torch's tensors take simulated device memory.
@@ -325,9 +392,13 @@ fn run(e: &Env, launcher: Launcher, body: &str) -> Output {
             c.env("LD_PRELOAD", &side.lib).env("OOMSHIM_DIR", &e.dumps);
             c
         }
-        Launcher::Run => {
+        Launcher::Run | Launcher::Allocator => {
             let mut c = Command::new(&side.cli);
-            c.arg("run").arg("--dir").arg(&e.dumps).arg("--");
+            c.arg("run");
+            if launcher == Launcher::Allocator {
+                c.arg("--torch-allocator");
+            }
+            c.arg("--dir").arg(&e.dumps).arg("--");
             c.arg(&side.python);
             c.env_remove("LD_PRELOAD");
             c
@@ -387,10 +458,21 @@ const MIB: u64 = 1 << 20;
 /// Each program under both launchers: its dump, the report, stderr.
 fn each_launcher(body: &str, check: impl Fn(Launcher, &dump::model::Dump, &str, &str)) {
     let Some(e) = env() else { return };
-    for launcher in [Launcher::Preload, Launcher::Run] {
+    for launcher in [Launcher::Preload, Launcher::Run, Launcher::Allocator] {
         let out = run(&e, launcher, body);
         let (path, d) = the_dump(&e.dumps);
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        if launcher == Launcher::Allocator {
+            // oomshim's allocator served torch and wrote the dump at the failure, and the kinds
+            // are in it (no side file: the_dump takes the only dump there is).
+            assert_eq!(
+                d.failed_request.as_ref().map(|r| r.api.as_str()),
+                Some("oomshim_torch_alloc"),
+                "{err}"
+            );
+            assert_eq!(d.free_blocks.source, "oomshim-allocator");
+            assert_eq!(std::fs::read_dir(&e.dumps).unwrap().count(), 1, "{err}");
+        }
         // The stderr line says what the dump says.
         let top = &d.verdict.findings[0];
         assert!(
@@ -717,5 +799,55 @@ except torch.OutOfMemoryError:
             "{}",
             d.verdict.findings[0].headline
         );
+    });
+}
+
+#[test]
+fn an_oom_caught_in_the_optimizer_step_gets_its_kinds_and_the_programs_observer_is_called() {
+    // The program catches the error outside any forward (Adam's first step), and has its own
+    // OOM observer. In allocator mode torch calls no observer under a pluggable allocator: oomshim's
+    // allocator calls both the hook's (the kinds join the dump written at the failure, and the
+    // stderr line) and the program's, with torch's arguments.
+    let body = r#"
+seen = []
+torch._C._cuda_attach_out_of_memory_observer(lambda d, a, t, f: seen.append((d, a, t, f)))
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(128 * MiB)   # 512 MiB
+        self.b = nn.Parameter(128 * MiB)   # 512 MiB
+    def forward(self, x):
+        return torch.empty(x.shape[0], 4)
+model = Net()
+opt = torch.optim.Adam(model.parameters())
+model(torch.empty(1, 4))
+model.a.grad = torch.empty(128 * MiB)   # 512 MiB: only `a` got a gradient
+try:
+    opt.step()                          # Adam's first moment of `a`: 512 MiB more
+except torch.OutOfMemoryError:
+    print("oom in step")
+assert len(seen) == 1, seen
+d, a, t, f = seen[0]
+assert (d, a, t) == (0, 512 * MiB, 2 << 30), seen
+print("observed")
+"#;
+    each_launcher(body, |launcher, d, _, _| {
+        let k = d
+            .framework
+            .as_ref()
+            .and_then(|f| f.kinds.as_ref())
+            .unwrap_or_else(|| panic!("{launcher:?}: no kinds in {:#?}", d.framework));
+        assert_eq!(k.phase.as_deref(), Some("optimizer"), "{launcher:?} {k:#?}");
+        assert_eq!(k.parameters_bytes, 1024 * MIB);
+        assert_eq!(k.gradients_bytes, 512 * MIB);
+        assert_eq!(k.optimizer_state_bytes, 0);
+        let top = &d.verdict.findings[0];
+        assert!(
+            top.headline
+                .starts_with("parameters (the weights) fill device 0: 1.00 GiB"),
+            "{launcher:?} {}",
+            top.headline
+        );
+        assert!(top.headline.contains("in the optimizer step"), "{}", top.headline);
     });
 }

@@ -3,9 +3,9 @@ gradients, optimizer state (per optimizer), activations and other live tensors, 
 the phase the program was in (forward and in which module, backward, the optimizer step,
 inference, outside any step) and the batch that was running.
 
-Computed once per failure by `kinds(...)`, called from the OOM observer in sitecustomize.py (or,
-in allocator mode, where torch has no OOM observer, when the OutOfMemoryError reaches the
-outermost module or the top of a thread). Nothing here runs per allocation: the step hooks only
+Computed once per failure by `kinds(...)`, called from the OOM observer in sitecustomize.py (in
+allocator mode, where torch calls no OOM observer, oomshim's allocator calls it through
+oomshim.torch before it writes the dump). Nothing here runs per allocation: the step hooks only
 remember the models and optimizers they saw (weak references). The phase and the module come
 from the failing thread's Python stack at the failure, not from hooks on every module call.
 
@@ -52,6 +52,15 @@ def _library_file(path):
 
 def _own_file(path):
     return os.path.dirname(os.path.abspath(path)) == _HERE if path and not path.startswith("<") else False
+
+
+def _own_package(frame):
+    """A frame of oomshim's package (allocator mode calls the observers from oomshim.torch)."""
+    try:
+        name = frame.f_globals.get("__name__") or ""
+    except Exception:
+        return False
+    return name == "oomshim" or name.startswith("oomshim.")
 
 
 def _qualname(obj):
@@ -159,7 +168,7 @@ def _stack_view(torch, frame):
         depth += 1
         code = f.f_code
         fname = code.co_filename
-        if not _own_file(fname):
+        if not _own_file(fname) and not _own_package(f):
             where = {"function": code.co_name, "file": fname, "line": f.f_lineno}
             if _library_file(fname):
                 if framework_frame is None:
@@ -440,55 +449,3 @@ def kinds(torch, device, request_bytes, frame=None, budget_ms=None):
     out["request_bytes"] = int(request_bytes) if request_bytes is not None else None
     out["elapsed_ms"] = round((time.monotonic() - start) * 1000, 1)
     return out
-
-
-# Allocator mode: torch calls no OOM observer under a pluggable allocator, and the shim's dump is
-# final when the allocation fails (its path is in the error's message). The kinds are counted
-# when the OutOfMemoryError reaches the outermost module's forward hook (always_call) or the top
-# of a thread, from the innermost frame of its traceback (whose frames still hold the step's
-# tensors), and saved beside the dump for `oomshim report` to merge.
-_KINDS_SCHEMA = "oomshim.kinds/1"
-_done = set()
-
-
-def _dump_named(exc):
-    import re
-
-    m = re.search(r" Dump: (\S+\.json) \(oomshim report ", str(exc))
-    return m.group(1) if m else None
-
-
-def after_allocator_oom(torch, exc, write_private, warn):
-    """Counts the kinds for an allocator-mode OutOfMemoryError once, and writes them beside the
-    dump its message names. Never raises."""
-    try:
-        if id(exc) in _done:
-            return
-        _done.add(id(exc))
-        dump = _dump_named(exc)
-        if not dump or not os.path.isabs(dump):
-            return
-        tb = exc.__traceback__
-        frame = None
-        while tb is not None:
-            frame = tb.tb_frame
-            tb = tb.tb_next
-        import json
-        import socket
-
-        device = 0
-        try:
-            device = int(torch.cuda.current_device())
-        except Exception:
-            pass
-        k = kinds(torch, device, None, frame)
-        if k is None:
-            return
-        host = socket.gethostname()
-        side = {"schema": _KINDS_SCHEMA, "pid": os.getpid(), "host": host, "dump": os.path.basename(dump),
-                "kinds": k}
-        stem = os.path.basename(dump)[:-len(".json")]
-        name = f"oomshim-torch-{host}-{os.getpid()}-{stem}.kinds.json"
-        write_private(os.path.join(os.path.dirname(dump), name), json.dumps(side, indent=1).encode())
-    except Exception as e:
-        warn(f"no memory by kind for this failure ({type(e).__name__}: {e})")

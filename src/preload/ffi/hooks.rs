@@ -114,7 +114,10 @@ pub unsafe extern "C" fn oomshim_framework_attached(_name: *const c_char) {
 /// `crate::live::framework`). Returns once the dump that explains the failure is written
 /// (bounded): its path is copied into `path_out` (`cap` bytes, NUL-terminated; may be NULL) and
 /// 0 is returned when the account is in that dump, 1 when the dump was final before it arrived,
-/// 2 when the failure repeats an earlier dumped one; -1 when no dump explains the failure.
+/// 2 when the failure repeats an earlier dumped one, 3 when it is given from inside allocator
+/// mode's out-of-memory observer (`oomshim_torch_set_oom_observer`): the account joins the dump
+/// written when the observer returns, whose path is not known yet (`path_out` is empty); -1 when
+/// no dump explains the failure.
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_framework_oom(
     json: *const c_char,
