@@ -851,3 +851,93 @@ print("observed")
         assert!(top.headline.contains("in the optimizer step"), "{}", top.headline);
     });
 }
+
+/// The line of `body` (in the program PRELUDE + body) that starts with `start` (trimmed), 1-based.
+fn line_of(body: &str, start: &str) -> u32 {
+    format!("{PRELUDE}{body}")
+        .lines()
+        .position(|l| l.trim_start().starts_with(start))
+        .unwrap_or_else(|| panic!("no line {start}")) as u32
+        + 1
+}
+
+#[test]
+fn a_leak_names_the_global_list_that_keeps_it_at_the_line_that_grows_it() {
+    let body = r#"
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(MiB)
+    def forward(self, x):
+        return torch.empty(x.shape[0], 24 * MiB)  # 96 MiB
+model = Net()
+history = []
+unrelated = [1, 2, 3]
+try:
+    for step in range(100):
+        out = model(torch.empty(1, 4))
+        history.append(out)
+except torch.OutOfMemoryError:
+    print("oom")
+"#;
+    let line = line_of(body, "history.append(out)");
+    each_launcher(body, |launcher, d, _, _| {
+        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        let top = &d.verdict.findings[0];
+        assert_eq!(top.kind, "leak", "{launcher:?} {:#?}", d.verdict);
+        let keeper = k.keepers.first().unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
+        assert_eq!(
+            (keeper.container.as_str(), keeper.name.as_str(), keeper.scope.as_str()),
+            ("list", "history", "a global of __main__"),
+            "{launcher:?} {k:#?}"
+        );
+        assert_eq!((keeper.file.as_deref(), keeper.line), (Some("<string>"), Some(line)));
+        assert_eq!(keeper.bytes, keeper.tensors * 96 * MIB, "{keeper:#?}");
+        assert!(keeper.tensors >= 10, "{keeper:#?}");
+        let held = format!(
+            "; held in list `history` (<string>:{line}, a global of __main__: {} in {} tensors)",
+            dump::units::human_bytes(keeper.bytes),
+            keeper.tensors
+        );
+        assert!(top.headline.ends_with(&held), "{launcher:?}\n{}\n{held}", top.headline);
+    });
+}
+
+#[test]
+fn a_leak_names_the_local_dict_of_a_function_that_keeps_it() {
+    let body = r#"
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(MiB)
+    def forward(self, x):
+        return torch.empty(x.shape[0], 24 * MiB)  # 96 MiB
+def train(model):
+    preds = {}
+    for step in range(100):
+        x = torch.empty(1, 4)
+        preds[step] = model(x)
+try:
+    train(Net())
+except torch.OutOfMemoryError:
+    print("oom")
+"#;
+    let line = line_of(body, "preds[step] = model(x)");
+    each_launcher(body, |launcher, d, _, _| {
+        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        let top = &d.verdict.findings[0];
+        assert_eq!(top.kind, "leak", "{launcher:?} {:#?}", d.verdict);
+        let keeper = k.keepers.first().unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
+        assert_eq!(
+            (keeper.container.as_str(), keeper.name.as_str(), keeper.scope.as_str()),
+            ("dict", "preds", "a local of train"),
+            "{launcher:?} {k:#?}"
+        );
+        assert_eq!(keeper.line, Some(line));
+        assert!(
+            top.headline.contains(&format!("; held in dict `preds` (<string>:{line}, a local of train: ")),
+            "{launcher:?} {}",
+            top.headline
+        );
+    });
+}

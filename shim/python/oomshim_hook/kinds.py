@@ -306,6 +306,230 @@ def _program_hooks(models, deadline):
     return out
 
 
+# The search for the containers that keep tensors (`_keepers`): its own time budget, and bounds.
+_KEEPERS_MS = 50
+_MAX_KEEPERS = 4
+_MAX_ELEMENTS = 200_000
+_MAX_CODES = 400
+# Calls and stores that make a container grow, as the bytecode names them.
+_GROWS = {"append", "extend", "insert", "appendleft", "extendleft", "add", "update", "setdefault", "__setitem__"}
+_CONTAINERS = (list, dict, tuple, set)
+
+
+def _is_container(v):
+    if isinstance(v, _CONTAINERS):
+        return True
+    try:
+        import collections
+
+        return isinstance(v, collections.deque)
+    except Exception:
+        return False
+
+
+def _container_word(v):
+    for t, word in ((dict, "dict"), (list, "list"), (tuple, "tuple"), (set, "set")):
+        if isinstance(v, t):
+            return word
+    return type(v).__name__
+
+
+def _held_bytes(torch, c, v, seen, deadline):
+    """(bytes, tensors) of the device tensors `v` holds: its elements (a dict's values), and one
+    level further for elements that are containers themselves (a list of (loss, logits)
+    tuples, a dict of outputs). Storages counted once (`seen`), parameters, gradients and
+    optimizer state not at all (the counter saw them first)."""
+    total = count = 0
+    budget = [_MAX_ELEMENTS]
+
+    def items(x):
+        return x.values() if isinstance(x, dict) else x
+
+    def one(t):
+        nonlocal total, count
+        if not isinstance(t, torch.Tensor) or not c.on_device(t):
+            return
+        key, n = c.storage(t)
+        if key in c.seen or key in seen:
+            return
+        seen.add(key)
+        total += n
+        count += 1
+
+    def walk(x, depth):
+        for e in items(x):
+            budget[0] -= 1
+            if budget[0] <= 0 or (budget[0] & 1023 == 0 and time.monotonic() > deadline):
+                raise _Out()
+            if isinstance(e, torch.Tensor):
+                one(e)
+            elif depth and _is_container(e):
+                walk(e, depth - 1)
+            elif depth and isinstance(getattr(e, "__dict__", None), dict) and not isinstance(e, type):
+                # An object of plain attributes (a record of a step's outputs).
+                walk(e.__dict__, 0)
+
+    try:
+        walk(v, 1)
+    except _Out:
+        pass
+    except Exception:
+        pass
+    return total, count
+
+
+def _codes_of(roots, deadline):
+    """Every code object reachable from `roots` through their constants (functions and classes
+    defined inside), at most _MAX_CODES."""
+    out, stack, seen = [], list(roots), set()
+    while stack and len(out) < _MAX_CODES and time.monotonic() < deadline:
+        code = stack.pop()
+        if id(code) in seen:
+            continue
+        seen.add(id(code))
+        out.append(code)
+        for const in getattr(code, "co_consts", ()):
+            if hasattr(const, "co_code"):
+                stack.append(const)
+    return out
+
+
+def _growth_line(name, attribute, codes, deadline):
+    """(file, line) of the first instruction in `codes` that grows the container bound to `name`
+    (an attribute name when `attribute`): `name.append(...)` and the other growing calls, or
+    `name[key] = value`. Read from the bytecode (the source of `python -c` is nowhere to read)."""
+    import dis
+
+    loads = ("LOAD_ATTR", "LOAD_METHOD") if attribute else (
+        "LOAD_NAME", "LOAD_GLOBAL", "LOAD_FAST", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FAST_CHECK",
+        "LOAD_FAST_AND_CLEAR", "LOAD_FAST_BORROW")
+    for code in codes:
+        if time.monotonic() > deadline:
+            return None
+        try:
+            ins = list(dis.get_instructions(code))
+        except Exception:
+            continue
+        for i, x in enumerate(ins):
+            if x.opname not in loads or x.argval != name:
+                continue
+            line = getattr(getattr(x, "positions", None), "lineno", None)
+            for y in ins[i + 1:i + 12]:
+                yline = getattr(getattr(y, "positions", None), "lineno", None)
+                if yline is not None and line is not None and yline != line:
+                    break
+                if y.opname in ("LOAD_ATTR", "LOAD_METHOD") and y.argval in _GROWS:
+                    return code.co_filename, line
+                if y.opname == "STORE_SUBSCR":
+                    return code.co_filename, line
+                if y.opname.startswith("STORE_"):
+                    break
+    return None
+
+
+def _keepers(torch, c, frame, models, deadline):
+    """The containers bound to a name that hold the most device tensors not counted as
+    parameters, gradients or optimizer state: the program's own frames' locals on the failing
+    stack, the globals of their modules, the plain attributes of `self` in those frames and of the
+    models' modules. Each with where it is bound and the first line that grows it, at most
+    _MAX_KEEPERS, largest first. A container reached only through another object (a trainer's
+    callback list, a closure) is not found."""
+    found = []  # (bytes, tensors, word, name, scope, codes, attribute)
+    seen = set()
+    done = set()
+    frames = []
+    f = frame
+    while f is not None and len(frames) < 64:
+        fname = f.f_code.co_filename
+        if not _own_file(fname) and not _own_package(f) and not _library_file(fname):
+            frames.append(f)
+        f = f.f_back
+    main = sys.modules.get("__main__")
+
+    def consider(v, name, scope, codes, attribute=False):
+        if id(v) in done or not _is_container(v) or time.monotonic() > deadline:
+            return
+        done.add(id(v))
+        n, k = _held_bytes(torch, c, v, seen, deadline)
+        if n:
+            found.append((n, k, _container_word(v), name, scope, codes, attribute))
+
+    modules = []
+    for f in frames:
+        g = f.f_globals
+        if all(g is not m for m in modules):
+            modules.append(g)
+    if main is not None and all(main.__dict__ is not m for m in modules):
+        modules.append(main.__dict__)
+    for f in frames:
+        if f.f_code.co_name == "<module>":
+            continue
+        try:
+            local = dict(f.f_locals)
+        except Exception:
+            continue
+        for name, v in local.items():
+            consider(v, name, f"a local of {f.f_code.co_name}",
+                     lambda f=f: _codes_of([f.f_code], time.monotonic() + _KEEPERS_MS / 1000.0))
+        owner = local.get("self")
+        if owner is not None and isinstance(getattr(owner, "__dict__", None), dict):
+            cls = type(owner).__name__
+            for name, v in list(owner.__dict__.items()):
+                if not name.startswith("_"):
+                    consider(v, name, f"an attribute of {cls}", lambda o=owner: _method_codes(o), True)
+    for g in modules:
+        mod = g.get("__name__", "?")
+        codes = lambda g=g: _module_codes(g, frames)
+        for name, v in list(g.items()):
+            if not name.startswith("__"):
+                consider(v, name, f"a global of {mod}", codes)
+    for root in models:
+        try:
+            for path, m in root.named_modules():
+                if time.monotonic() > deadline:
+                    break
+                for name, v in list(vars(m).items()):
+                    if not name.startswith("_") and name != "training":
+                        where = f"`{path}`" if path else type(root).__name__
+                        consider(v, name, f"an attribute of {type(m).__name__} at {where}",
+                                 lambda m=m: _method_codes(m), True)
+        except Exception:
+            continue
+    found.sort(key=lambda x: -x[0])
+    out = []
+    for n, k, word, name, scope, codes, attribute in found[:_MAX_KEEPERS]:
+        entry = {"container": word, "name": name, "scope": scope, "bytes": n, "tensors": k}
+        try:
+            at = _growth_line(name, attribute, codes(), deadline)
+        except Exception:
+            at = None
+        if at:
+            entry["file"], entry["line"] = at[0], at[1]
+        out.append(entry)
+    return out
+
+
+def _module_codes(g, frames):
+    """Code of a module: its frames on the stack (the module's own body among them) and its
+    functions, with what they define inside."""
+    roots = [f.f_code for f in frames if f.f_globals is g]
+    for v in list(g.values())[:2000]:
+        code = getattr(v, "__code__", None)
+        if code is not None and not _library_file(code.co_filename):
+            roots.append(code)
+    return _codes_of(roots, time.monotonic() + _KEEPERS_MS / 1000.0)
+
+
+def _method_codes(obj):
+    roots = []
+    for cls in type(obj).__mro__[:8]:
+        for v in list(vars(cls).values()):
+            code = getattr(v, "__code__", None)
+            if code is not None and not _library_file(code.co_filename):
+                roots.append(code)
+    return _codes_of(roots, time.monotonic() + _KEEPERS_MS / 1000.0)
+
+
 def _describe_module(m, path):
     if m is None:
         return None
@@ -445,6 +669,13 @@ def kinds(torch, device, request_bytes, frame=None, budget_ms=None):
     hooks = _program_hooks(models[:_MAX_MODELS], deadline)
     if hooks:
         out["forward_hooks"] = hooks
+    try:
+        keepers = _keepers(torch, c, frame, models[:_MAX_MODELS],
+                           min(deadline, time.monotonic() + _KEEPERS_MS / 1000.0))
+    except Exception:
+        keepers = None
+    if keepers:
+        out["keepers"] = keepers
     out["found_by"] = "hooks" if (_models or _optimizers) else "gc"
     out["request_bytes"] = int(request_bytes) if request_bytes is not None else None
     out["elapsed_ms"] = round((time.monotonic() - start) * 1000, 1)

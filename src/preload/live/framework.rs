@@ -56,6 +56,7 @@ fn bounded(mut k: Kinds) -> Kinds {
     k.models.truncate(16);
     k.optimizers.truncate(16);
     k.forward_hooks.truncate(8);
+    k.keepers.truncate(4);
     k.input_shape.truncate(8);
     let n = k.models.len();
     for m in &mut k.models {
@@ -94,6 +95,12 @@ fn bounded(mut k: Kinds) -> Kinds {
         h.function = cut(std::mem::take(&mut h.function), 256);
         h.file = cut(std::mem::take(&mut h.file), 1024);
         h.module = cut(std::mem::take(&mut h.module), 512);
+    }
+    for keeper in &mut k.keepers {
+        keeper.container = cut(std::mem::take(&mut keeper.container), 32);
+        keeper.name = cut(std::mem::take(&mut keeper.name), 256);
+        keeper.scope = cut(std::mem::take(&mut keeper.scope), 512);
+        keeper.file = keeper.file.take().map(|f| cut(f, 1024));
     }
     k.phase = k.phase.map(|p| cut(p, 32));
     k.found_by = k.found_by.map(|p| cut(p, 32));
