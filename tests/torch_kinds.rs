@@ -941,3 +941,108 @@ except torch.OutOfMemoryError:
         );
     });
 }
+
+#[test]
+fn top_and_the_exporter_show_memory_by_kind_counted_at_an_optimizer_step() {
+    // The hook counts the kinds at an optimizer step (at most every 10 s, here the first step)
+    // and hands them to the shim, whose live region carries them to `oomshim top` and the
+    // exporter's `oomshim_gpu_memory_bytes{kind=...}`.
+    use std::io::{BufRead, BufReader, Write};
+    let Some(e) = env() else { return };
+    let body = r#"
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(16 * MiB)   # 64 MiB
+    def forward(self, x):
+        return torch.empty(x.shape[0], 4 * MiB)   # 16 MiB a sample
+model = Net()
+opt = torch.optim.Adam(model.parameters())
+for step in range(3):
+    out = model(torch.empty(2, 4))
+    model.a.grad = torch.empty(16 * MiB)   # 64 MiB each step, the last one live
+    opt.step()                             # Adam's moments: 128 MiB
+print("ready", flush=True)
+sys.stdin.readline()
+"#;
+    let side = common::python_side();
+    for launcher in [Launcher::Preload, Launcher::Allocator] {
+        let live = e.dumps.with_file_name(format!("live-{launcher:?}"));
+        std::fs::create_dir_all(&live).unwrap();
+        let mut cmd = match launcher {
+            Launcher::Preload => {
+                let mut c = Command::new(&side.python);
+                c.env("LD_PRELOAD", &side.lib).env("OOMSHIM_DIR", &e.dumps);
+                c
+            }
+            _ => {
+                let mut c = Command::new(&side.cli);
+                c.args(["run", "--torch-allocator", "--dir"])
+                    .arg(&e.dumps)
+                    .arg("--")
+                    .arg(&side.python);
+                c.env_remove("LD_PRELOAD");
+                c
+            }
+        };
+        let program = format!("{PRELUDE}{body}");
+        let mut child = cmd
+            .args(["-c", &program, e.simcall.to_str().unwrap()])
+            .env("PYTHONPATH", &e.site)
+            .env("SIMCUDA_CAPACITY", "2G")
+            .env("OOMSHIM_LIVE_DIR", &live)
+            .env("OOMSHIM_LIVE_INTERVAL", "100ms")
+            .env_remove("OOMSHIM_TORCH_HOOK")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().and_then(|l| l.ok()).unwrap_or_default();
+        let cli = |args: &[&str]| {
+            let out = Command::new(&side.cli).args(args).arg(&live).output().unwrap();
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let start = std::time::Instant::now();
+        let (mut metrics, mut top) = (String::new(), String::new());
+        while first == "ready" && start.elapsed() < std::time::Duration::from_secs(20) {
+            metrics = cli(&["exporter", "--once", "--dir"]);
+            top = cli(&["top", "--once", "--dir"]);
+            if metrics.contains("oomshim_gpu_memory_bytes{") && top.contains("by kind") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let _ = child.stdin.take().unwrap().write_all(b"\n");
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(first, "ready", "{launcher:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{launcher:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let value = |kind: &str| -> u64 {
+            metrics
+                .lines()
+                .find(|l| {
+                    l.starts_with("oomshim_gpu_memory_bytes{")
+                        && l.contains(&format!("kind=\"{kind}\""))
+                        && l.contains("device=\"0\"")
+                })
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{launcher:?}: no {kind} in\n{metrics}"))
+        };
+        assert_eq!(value("parameters"), 64 * MIB, "{launcher:?}");
+        assert_eq!(value("gradients"), 64 * MIB, "{launcher:?}");
+        assert_eq!(value("optimizer_state"), 128 * MIB, "{launcher:?}");
+        assert!(value("activations") >= 32 * MIB, "{launcher:?}\n{metrics}");
+        assert!(
+            metrics.contains("# TYPE oomshim_gpu_memory_bytes gauge")
+                && metrics.contains("oomshim_gpu_memory_kinds_age_seconds{"),
+            "{metrics}"
+        );
+        assert!(
+            top.contains("by kind on device 0 (")
+                && top.contains("parameters 64.00 MiB, gradients 64.00 MiB, optimizer state 128.00 MiB, activations "),
+            "{launcher:?}\n{top}"
+        );
+    }
+}

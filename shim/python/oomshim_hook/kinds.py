@@ -306,6 +306,49 @@ def _program_hooks(models, deadline):
     return out
 
 
+def live(torch, device, budget_ms=50):
+    """Memory by kind now, for the live region (`oomshim top`, the exporter): the parameters,
+    gradients and optimizer state of the models and optimizers the step hooks saw, and torch's
+    allocated and reserved bytes. No garbage-collector walk, no stack, no keepers: called at an
+    optimizer step, at most every 10 s (sitecustomize.py), never per allocation; bounded."""
+    deadline = time.monotonic() + budget_ms / 1000.0
+    s = torch.cuda.memory_stats(device)
+    allocated = int(s.get("allocated_bytes.all.current", 0))
+    reserved = int(s.get("reserved_bytes.all.current", 0))
+    c = _Counter(torch, device, deadline)
+    params = grads = state = 0
+    complete = True
+    try:
+        for m in list(_models):
+            ps = list(m.parameters())
+            for p in ps:
+                params += c.count(p)
+            for p in ps:
+                grads += c.count(getattr(p, "grad", None))
+        for o in list(_optimizers):
+            for group in getattr(o, "param_groups", []):
+                for p in group.get("params", []):
+                    params += c.count(p)  # a parameter of no model seen
+                    grads += c.count(getattr(p, "grad", None))
+            for st in list(getattr(o, "state", {}).values()):
+                if isinstance(st, dict):
+                    for v in st.values():
+                        state += c.count(v)
+    except _Out:
+        complete = False
+    return {
+        "complete": complete,
+        "torch_allocated_bytes": allocated,
+        "torch_reserved_bytes": reserved,
+        "parameters_bytes": params,
+        "gradients_bytes": grads,
+        "optimizer_state_bytes": state,
+        "activations_bytes": max(allocated - params - grads - state, 0),
+        "cache_bytes": max(reserved - allocated, 0),
+        "elapsed_ms": round((time.monotonic() - deadline) * 1000 + budget_ms, 1),
+    }
+
+
 # The search for the containers that keep tensors (`_keepers`): its own time budget, and bounds.
 _KEEPERS_MS = 50
 _MAX_KEEPERS = 4

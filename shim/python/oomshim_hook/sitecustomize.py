@@ -134,6 +134,9 @@ def _shim():
         lib.oomshim_mark_step_live.restype = ctypes.c_int
         lib.oomshim_framework_attached.argtypes = [ctypes.c_char_p]
         lib.oomshim_framework_attached.restype = None
+        if hasattr(lib, "oomshim_framework_kinds"):
+            lib.oomshim_framework_kinds.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+            lib.oomshim_framework_kinds.restype = ctypes.c_int
         _shim_lib = lib
     return _shim_lib or None
 
@@ -372,6 +375,41 @@ def _on_allocator_oom(torch, device, alloc, device_total, device_free):
     })
 
 
+# How often, at most, the memory by kind is counted for the live region (oomshim top, the
+# exporter): oomshim_core::flight::LIVE_KINDS_EVERY_S.
+_LIVE_KINDS_EVERY_S = 10
+_live_next = [0.0]
+
+
+def _live_kinds(torch, lib):
+    """At an optimizer step, at most every _LIVE_KINDS_EVERY_S seconds: memory by kind now, for
+    the shim's live region. Never initialises CUDA (a program training on the CPU gets none). A
+    failure ends it, said once (a torch without these entry points silently)."""
+    import time
+
+    now = time.monotonic()
+    if now < _live_next[0] or not hasattr(lib, "oomshim_framework_kinds"):
+        return
+    try:
+        if not torch.cuda.is_initialized():
+            return
+    except Exception:
+        _live_next[0] = float("inf")
+        return
+    _live_next[0] = now + _LIVE_KINDS_EVERY_S
+    try:
+        import json
+
+        device = int(torch.cuda.current_device())
+        data = json.dumps({"device": device, "kinds": _kinds().live(torch, device)}).encode()
+        lib.oomshim_framework_kinds(data, len(data))
+    except AttributeError:
+        _live_next[0] = float("inf")
+    except Exception as e:
+        _live_next[0] = float("inf")
+        _warn(f"no live memory by kind ({type(e).__name__}: {e})")
+
+
 # oomshim_mark_step_live's "count unknown".
 _UNKNOWN = (1 << 64) - 1
 
@@ -428,6 +466,7 @@ def _mark_steps(torch, lib, allocator):
             except Exception:
                 pass
             mark(1)
+            _live_kinds(torch, lib)
 
         register_optimizer_step_post_hook(stepped)
     if "forward" not in wanted:

@@ -14,6 +14,7 @@ pub const PROGRAM_API: &[&str] = &[
     "oomshim_mark_step_live",
     "oomshim_framework_attached",
     "oomshim_framework_oom",
+    "oomshim_framework_kinds",
     "oomshim_set_recording",
     "oomshim_recording",
 ];
@@ -148,6 +149,37 @@ pub unsafe extern "C" fn oomshim_framework_oom(
             }
             word as c_int
         }
+        None => -1,
+    }
+}
+
+/// The framework's memory by kind now (oomshim's Python hook counts it at an optimizer step, at
+/// most every `LIVE_KINDS_EVERY_S` seconds): `{"device": N, "kinds": {...}}` as UTF-8 JSON. It
+/// goes into the live region for `oomshim top` and the exporter. Returns 0 when taken, -1 when
+/// not (not such JSON, or the shim is off).
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_framework_kinds(json: *const c_char, len: usize) -> c_int {
+    if json.is_null() || len > live::framework::MAX_REPORT_BYTES {
+        return -1;
+    }
+    let Some(guard) = Guard::enter() else {
+        return -1;
+    };
+    let bytes = std::slice::from_raw_parts(json.cast::<u8>(), len);
+    let taken = guard.run(|| {
+        let (device, kinds) = live::framework::parse_live_kinds(bytes)?;
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        crate::publish::note_kinds(oomshim_core::flight::LiveKinds {
+            unix_ms,
+            device,
+            kinds,
+        });
+        Some(())
+    });
+    match taken.flatten() {
+        Some(()) => 0,
         None => -1,
     }
 }

@@ -122,6 +122,18 @@ fn cut(mut s: String, max: usize) -> String {
     s
 }
 
+/// A live count of memory by kind (`{"device": 0, "kinds": {...}}`, sent by the Python hook
+/// at an optimizer step), bounded as an account's kinds; `None` for anything else.
+pub fn parse_live_kinds(bytes: &[u8]) -> Option<(i32, Kinds)> {
+    #[derive(Deserialize)]
+    struct Live {
+        device: i32,
+        kinds: Kinds,
+    }
+    let l: Live = serde_json::from_slice(bytes).ok()?;
+    Some((l.device, bounded(l.kinds)))
+}
+
 /// The account and the device's (free, total) as the framework reported them; `None` for
 /// anything that is not a valid account (it is ignored: the hook's failure must not become the
 /// program's).
