@@ -96,7 +96,35 @@ class Tensor:
         return Tensor(*self.shape, dtype=self.dtype, _storage=self._s)
 
 def empty(*shape, dtype=float32):
-    return Tensor(*shape, dtype=dtype)
+    t = Tensor(*shape, dtype=dtype)
+    _record(t)
+    return t
+
+# torch's cache, as far as the records go: `_cache_grow` reserves a segment (one cudaMalloc, at
+# whatever line runs then), `empty_cached` carves a tensor from it (no cudaMalloc); with history
+# on, each tensor is recorded with its frames (innermost first), as `_snapshot()` gives them.
+_pool, _records, _history_on = [], [], [False]
+
+def _cache_grow(n):
+    _pool.append([_allocate(n), n, 0])
+
+def empty_cached(*shape, dtype=float32):
+    n = dtype.size
+    for d in shape:
+        n *= d
+    seg = next(s for s in _pool if s[1] - s[2] >= n)
+    t = Tensor(*shape, dtype=dtype, _storage=_Storage(seg[0] + seg[2], n))
+    seg[2] += n
+    _record(t)
+    return t
+
+def _record(t):
+    if _history_on[0]:
+        import traceback
+        stack = traceback.extract_stack()[:-2]
+        frames = [{"filename": f.filename, "line": f.lineno, "name": f.name} for f in reversed(stack)]
+        _records.append({"address": t.data_ptr(), "size": t.untyped_storage().nbytes(),
+                         "state": "active_allocated", "frames": frames})
 
 def is_grad_enabled():
     return _grad_enabled[0]
@@ -155,10 +183,12 @@ class _Memory:
         n = _allocated[0]
         seg = {"device": 0, "address": 1 << 32, "total_size": n, "stream": 0,
                "blocks": [{"address": 1 << 32, "size": n, "state": "active_allocated"}]}
+        if _records:
+            seg["blocks"] = list(_records)
         return {"segments": [seg] if n else [], "device_traces": [[]]}
     @staticmethod
     def _record_memory_history(**kw):
-        pass
+        _history_on[0] = True
 
 class cuda:
     memory = _Memory
@@ -313,6 +343,9 @@ class Optimizer:
                     p.grad = None
     def step(self):
         self._update()
+        if getattr(self, "_grow_cache", 0):
+            from .. import _cache_grow
+            _cache_grow(self._grow_cache)   # torch's cache grows during the step
         for h in list(_post_hooks):
             h(self, (), {})
 "#;
@@ -1045,4 +1078,77 @@ sys.stdin.readline()
             "{launcher:?}\n{top}"
         );
     }
+}
+
+#[test]
+fn a_post_mortem_names_the_line_that_keeps_tensors_carved_from_segments_of_the_optimizer_step() {
+    // Under preload the shim sees torch's segments: when the kept tensors are carved from
+    // segments torch's cache reserved during the optimizer step, the growing site is the
+    // `opt.step()` line. Once the process grows, the hook turns torch's history on and hands its
+    // records to the live region with the kinds; a SIGKILL's post-mortem names the kept line.
+    let body = r#"
+import os, signal, time
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(MiB)
+model = Net()
+opt = torch.optim.SGD(model.parameters())
+opt._grow_cache = 16 * MiB
+kept = []
+for step in range(1, 100000):
+    opt.step()
+    kept.append(torch.empty_cached(4 * MiB))   # 16 MiB kept a step
+    time.sleep(0.01)
+    if step == 300:
+        os.kill(os.getpid(), signal.SIGKILL)
+"#;
+    let Some(e) = env() else { return };
+    let kept = line_of(body, "kept.append(");
+    let step = line_of(body, "opt.step()");
+    let side = common::python_side();
+    let _ = std::fs::remove_dir_all(&e.dumps);
+    let program = format!("{PRELUDE}{body}");
+    let mut cmd = Command::new(&side.cli);
+    cmd.arg("run")
+        .arg("--dir")
+        .arg(&e.dumps)
+        .arg("--")
+        .arg(&side.python)
+        .args(["-c", &program, e.simcall.to_str().unwrap()])
+        .env_remove("LD_PRELOAD")
+        .env("PYTHONPATH", &e.site)
+        .env("SIMCUDA_CAPACITY", "16G")
+        .env("OOMSHIM_LIVE_DIR", e.dumps.with_file_name("live-pm"))
+        .env("OOMSHIM_LIVE_INTERVAL", "100ms")
+        .env_remove("OOMSHIM_TORCH_HOOK")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = common::wait_with_watchdog(cmd, std::time::Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let (_, d) = the_dump(&e.dumps);
+    assert_eq!(d.reason, "post_mortem", "{err}");
+    let top = &d.verdict.findings;
+    let leak = top
+        .iter()
+        .find(|f| f.kind == "leak")
+        .unwrap_or_else(|| panic!("no leak in {:#?}\n{err}", d.verdict));
+    assert!(
+        leak.headline.starts_with(&format!(
+            "leak: <module> (<string>:{kept}) holds the growth (100.0% of the tensors allocated since it began, by torch's records)"
+        )),
+        "{}\n{err}",
+        leak.headline
+    );
+    let site = d.growth.as_ref().and_then(|g| g.sites.first()).map(|s| oomshim_core::verdict::short_label(&s.stack));
+    // The shim's own site is where the segments were reserved (here the stand-in's allocation
+    // function, reached from the optimizer step): what the post-mortem named before.
+    let site = site.unwrap_or_default();
+    assert!(
+        !site.contains(&format!(":{kept})")) && !site.contains(&format!(":{step})")) && site.starts_with("<lambda> (<string>:"),
+        "{site}"
+    );
+    let f = d.framework.as_ref().expect("the live kinds and records in the post-mortem");
+    assert!(f.kinds.is_some() && !f.raised);
+    assert!(err.contains(&leak.headline) || err.contains(&top[0].headline), "{err}");
 }

@@ -388,7 +388,10 @@ def _live_kinds(torch, lib):
     import time
 
     now = time.monotonic()
-    if now < _live_next[0] or not hasattr(lib, "oomshim_framework_kinds"):
+    # Once torch's history is on, its records name the line that keeps the growth: the first
+    # count with them comes a second after it started (records to read), not up to 10 s later.
+    records_due = _history["on"] and not _history.get("sent") and now >= _history.get("since", now) + 1.0
+    if (now < _live_next[0] and not records_due) or not hasattr(lib, "oomshim_framework_kinds"):
         return
     try:
         if not torch.cuda.is_initialized():
@@ -401,7 +404,13 @@ def _live_kinds(torch, lib):
         import json
 
         device = int(torch.cuda.current_device())
-        data = json.dumps({"device": device, "kinds": _kinds().live(torch, device)}).encode()
+        message = {"device": device, "kinds": _kinds().live(torch, device)}
+        if _history["on"]:
+            # Where the live tensors were allocated, by torch's records (under preload the shim
+            # sees only segments): a post-mortem names the line from them.
+            message["attribution"] = _attribution(torch.cuda.memory._snapshot(), device)
+            _history["sent"] = True
+        data = json.dumps(message).encode()
         lib.oomshim_framework_kinds(data, len(data))
     except AttributeError:
         _live_next[0] = float("inf")
@@ -452,6 +461,9 @@ def _mark_steps(torch, lib, allocator):
                 growing = lib.oomshim_mark_step_live(source, live, count)
         if growing == 1 and record and not _history["on"]:
             _history["on"] = True
+            import time
+
+            _history["since"] = time.monotonic()
             try:
                 torch.cuda.memory._record_memory_history(enabled="state", context="alloc", stacks="python")
             except Exception as e:

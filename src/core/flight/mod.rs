@@ -68,6 +68,11 @@ pub struct LiveKinds {
     pub unix_ms: u64,
     pub device: i32,
     pub kinds: dump::model::Kinds,
+    /// Torch's records of where the live tensors were allocated (under preload, once the process
+    /// grew step after step and the hook turned torch's history on): a post-mortem names the line
+    /// that keeps the growth from them, where the shim sees only torch's segments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attribution: Option<dump::model::Attribution>,
 }
 
 /// `OOMSHIM_LIVE_DIR`, else `/dev/shm/oomshim-UID` (tmpfs: memory, never disk), else

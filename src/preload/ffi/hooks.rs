@@ -154,8 +154,9 @@ pub unsafe extern "C" fn oomshim_framework_oom(
 }
 
 /// The framework's memory by kind now (oomshim's Python hook counts it at an optimizer step, at
-/// most every `LIVE_KINDS_EVERY_S` seconds): `{"device": N, "kinds": {...}}` as UTF-8 JSON. It
-/// goes into the live region for `oomshim top` and the exporter. Returns 0 when taken, -1 when
+/// most every `LIVE_KINDS_EVERY_S` seconds): `{"device": N, "kinds": {...}}` as UTF-8 JSON, with
+/// `"attribution"` (torch's records of where the live tensors were allocated) while torch's
+/// history is on. It goes into the live region for `oomshim top`, the exporter and a post-mortem. Returns 0 when taken, -1 when
 /// not (not such JSON, or the shim is off).
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_framework_kinds(json: *const c_char, len: usize) -> c_int {
@@ -167,7 +168,7 @@ pub unsafe extern "C" fn oomshim_framework_kinds(json: *const c_char, len: usize
     };
     let bytes = std::slice::from_raw_parts(json.cast::<u8>(), len);
     let taken = guard.run(|| {
-        let (device, kinds) = live::framework::parse_live_kinds(bytes)?;
+        let (device, kinds, attribution) = live::framework::parse_live_kinds(bytes)?;
         let unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -175,6 +176,7 @@ pub unsafe extern "C" fn oomshim_framework_kinds(json: *const c_char, len: usize
             unix_ms,
             device,
             kinds,
+            attribution,
         });
         Some(())
     });

@@ -122,16 +122,27 @@ fn cut(mut s: String, max: usize) -> String {
     s
 }
 
-/// A live count of memory by kind (`{"device": 0, "kinds": {...}}`, sent by the Python hook
-/// at an optimizer step), bounded as an account's kinds; `None` for anything else.
-pub fn parse_live_kinds(bytes: &[u8]) -> Option<(i32, Kinds)> {
+/// A live count of memory by kind (`{"device": 0, "kinds": {...}, "attribution": {...}}`, sent
+/// by the Python hook at an optimizer step), bounded as an account's; `None` for anything else.
+pub fn parse_live_kinds(bytes: &[u8]) -> Option<(i32, Kinds, Option<Attribution>)> {
     #[derive(Deserialize)]
     struct Live {
         device: i32,
         kinds: Kinds,
+        #[serde(default)]
+        attribution: Option<Attribution>,
     }
     let l: Live = serde_json::from_slice(bytes).ok()?;
-    Some((l.device, bounded(l.kinds)))
+    Some((l.device, bounded(l.kinds), l.attribution.map(bounded_attribution)))
+}
+
+fn bounded_attribution(mut a: Attribution) -> Attribution {
+    a.lines.truncate(10);
+    for l in &mut a.lines {
+        l.file = cut(std::mem::take(&mut l.file), 1024);
+        l.function = cut(std::mem::take(&mut l.function), 256);
+    }
+    a
 }
 
 /// The account and the device's (free, total) as the framework reported them; `None` for
@@ -162,14 +173,7 @@ pub fn parse(bytes: &[u8]) -> Option<(FrameworkNote, Option<(u64, u64)>)> {
         cache: r.cache,
         snapshot_file: r.snapshot_file.map(|f| cut(f, 255)),
         message: r.message.map(|m| cut(m, MAX_MESSAGE)),
-        attribution: r.attribution.map(|mut a| {
-            a.lines.truncate(10);
-            for l in &mut a.lines {
-                l.file = cut(std::mem::take(&mut l.file), 1024);
-                l.function = cut(std::mem::take(&mut l.function), 256);
-            }
-            a
-        }),
+        attribution: r.attribution.map(bounded_attribution),
         kinds: r.kinds.map(bounded),
     };
     Some((
