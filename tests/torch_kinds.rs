@@ -881,7 +881,11 @@ print("observed")
             "{launcher:?} {}",
             top.headline
         );
-        assert!(top.headline.contains("in the optimizer step"), "{}", top.headline);
+        assert!(
+            top.headline.contains("in the optimizer step"),
+            "{}",
+            top.headline
+        );
     });
 }
 
@@ -918,13 +922,23 @@ except torch.OutOfMemoryError:
         let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
         let top = &d.verdict.findings[0];
         assert_eq!(top.kind, "leak", "{launcher:?} {:#?}", d.verdict);
-        let keeper = k.keepers.first().unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
+        let keeper = k
+            .keepers
+            .first()
+            .unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
         assert_eq!(
-            (keeper.container.as_str(), keeper.name.as_str(), keeper.scope.as_str()),
+            (
+                keeper.container.as_str(),
+                keeper.name.as_str(),
+                keeper.scope.as_str()
+            ),
             ("list", "history", "a global of __main__"),
             "{launcher:?} {k:#?}"
         );
-        assert_eq!((keeper.file.as_deref(), keeper.line), (Some("<string>"), Some(line)));
+        assert_eq!(
+            (keeper.file.as_deref(), keeper.line),
+            (Some("<string>"), Some(line))
+        );
         assert_eq!(keeper.bytes, keeper.tensors * 96 * MIB, "{keeper:#?}");
         assert!(keeper.tensors >= 10, "{keeper:#?}");
         let held = format!(
@@ -932,7 +946,11 @@ except torch.OutOfMemoryError:
             dump::units::human_bytes(keeper.bytes),
             keeper.tensors
         );
-        assert!(top.headline.ends_with(&held), "{launcher:?}\n{}\n{held}", top.headline);
+        assert!(
+            top.headline.ends_with(&held),
+            "{launcher:?}\n{}\n{held}",
+            top.headline
+        );
     });
 }
 
@@ -960,15 +978,24 @@ except torch.OutOfMemoryError:
         let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
         let top = &d.verdict.findings[0];
         assert_eq!(top.kind, "leak", "{launcher:?} {:#?}", d.verdict);
-        let keeper = k.keepers.first().unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
+        let keeper = k
+            .keepers
+            .first()
+            .unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
         assert_eq!(
-            (keeper.container.as_str(), keeper.name.as_str(), keeper.scope.as_str()),
+            (
+                keeper.container.as_str(),
+                keeper.name.as_str(),
+                keeper.scope.as_str()
+            ),
             ("dict", "preds", "a local of train"),
             "{launcher:?} {k:#?}"
         );
         assert_eq!(keeper.line, Some(line));
         assert!(
-            top.headline.contains(&format!("; held in dict `preds` (<string>:{line}, a local of train: ")),
+            top.headline.contains(&format!(
+                "; held in dict `preds` (<string>:{line}, a local of train: "
+            )),
             "{launcher:?} {}",
             top.headline
         );
@@ -1034,7 +1061,11 @@ sys.stdin.readline()
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let first = lines.next().and_then(|l| l.ok()).unwrap_or_default();
         let cli = |args: &[&str]| {
-            let out = Command::new(&side.cli).args(args).arg(&live).output().unwrap();
+            let out = Command::new(&side.cli)
+                .args(args)
+                .arg(&live)
+                .output()
+                .unwrap();
             String::from_utf8_lossy(&out.stdout).into_owned()
         };
         let start = std::time::Instant::now();
@@ -1049,8 +1080,17 @@ sys.stdin.readline()
         }
         let _ = child.stdin.take().unwrap().write_all(b"\n");
         let out = child.wait_with_output().unwrap();
-        assert_eq!(first, "ready", "{launcher:?}: {}", String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "{launcher:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            first,
+            "ready",
+            "{launcher:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "{launcher:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let value = |kind: &str| -> u64 {
             metrics
                 .lines()
@@ -1140,15 +1180,27 @@ for step in range(1, 100000):
         "{}\n{err}",
         leak.headline
     );
-    let site = d.growth.as_ref().and_then(|g| g.sites.first()).map(|s| oomshim_core::verdict::short_label(&s.stack));
+    let site = d
+        .growth
+        .as_ref()
+        .and_then(|g| g.sites.first())
+        .map(|s| oomshim_core::verdict::short_label(&s.stack));
     // The shim's own site is where the segments were reserved (here the stand-in's allocation
     // function, reached from the optimizer step): what the post-mortem named before.
     let site = site.unwrap_or_default();
     assert!(
-        !site.contains(&format!(":{kept})")) && !site.contains(&format!(":{step})")) && site.starts_with("<lambda> (<string>:"),
+        !site.contains(&format!(":{kept})"))
+            && !site.contains(&format!(":{step})"))
+            && site.starts_with("<lambda> (<string>:"),
         "{site}"
     );
-    let f = d.framework.as_ref().expect("the live kinds and records in the post-mortem");
+    let f = d
+        .framework
+        .as_ref()
+        .expect("the live kinds and records in the post-mortem");
     assert!(f.kinds.is_some() && !f.raised);
-    assert!(err.contains(&leak.headline) || err.contains(&top[0].headline), "{err}");
+    assert!(
+        err.contains(&leak.headline) || err.contains(&top[0].headline),
+        "{err}"
+    );
 }

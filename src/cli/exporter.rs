@@ -380,10 +380,7 @@ fn add_process(samples: &mut Samples, e: &RegionEntry, snap: &Snapshot, now_ms: 
         push(
             "oomshim_gpu_memory_kinds_age_seconds",
             &labels,
-            format!(
-                "{:.3}",
-                now_ms.saturating_sub(lk.unix_ms) as f64 / 1000.0
-            ),
+            format!("{:.3}", now_ms.saturating_sub(lk.unix_ms) as f64 / 1000.0),
         );
     }
     push(

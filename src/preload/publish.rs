@@ -374,10 +374,7 @@ fn publish_once(
             .clone(),
         supervisor: settings.supervisor.clone(),
         dump,
-        kinds: LIVE_KINDS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone(),
+        kinds: LIVE_KINDS.lock().unwrap_or_else(|e| e.into_inner()).clone(),
     };
     // Reopened by path each time, and only if it is still the file created.
     let file = std::fs::OpenOptions::new()

@@ -133,7 +133,11 @@ pub fn parse_live_kinds(bytes: &[u8]) -> Option<(i32, Kinds, Option<Attribution>
         attribution: Option<Attribution>,
     }
     let l: Live = serde_json::from_slice(bytes).ok()?;
-    Some((l.device, bounded(l.kinds), l.attribution.map(bounded_attribution)))
+    Some((
+        l.device,
+        bounded(l.kinds),
+        l.attribution.map(bounded_attribution),
+    ))
 }
 
 fn bounded_attribution(mut a: Attribution) -> Attribution {

@@ -276,7 +276,10 @@ pub(in crate::verdict) fn leak_by_records(l: &LeakFinding, dump: &Dump) -> Optio
         return None;
     }
     let label = super::leak::recorded_label(line);
-    if l.sites.first().is_some_and(|(s, _)| short_label(&s.stack) == label) {
+    if l.sites
+        .first()
+        .is_some_and(|(s, _)| short_label(&s.stack) == label)
+    {
         return None; // the site already names it
     }
     let mut f = leak(l);
