@@ -454,7 +454,11 @@ def _growth_line(name, attribute, codes, deadline):
         except Exception:
             continue
         for i, x in enumerate(ins):
-            if x.opname not in loads or x.argval != name:
+            if x.opname == "LOAD_FAST_LOAD_FAST" and not attribute:
+                # Python 3.13 loads two locals at once (`d[k] = v`): (d, k).
+                if not isinstance(x.argval, tuple) or name not in x.argval:
+                    continue
+            elif x.opname not in loads or x.argval != name:
                 continue
             line = getattr(getattr(x, "positions", None), "lineno", None)
             for y in ins[i + 1:i + 12]:

@@ -69,9 +69,10 @@ pub fn observe(run: impl FnOnce()) -> Option<FrameworkNote> {
 /// The framework's word about an out-of-memory error (`oomshim_framework_oom`), given from
 /// inside [`observe`] on this thread: kept for the dump written next, which it then joins, as
 /// under preload the word joins the failure's dump. Its cache summary is left out: the
-/// allocator's own free blocks are exact. `Err(note)` when this thread observes no failure.
-pub(crate) fn hold(mut note: FrameworkNote) -> Result<(), FrameworkNote> {
-    OBSERVING
+/// allocator's own free blocks are exact. Returns the note back when this thread observes no
+/// failure (`None`: held).
+pub(crate) fn hold(mut note: FrameworkNote) -> Option<FrameworkNote> {
+    let held = OBSERVING
         .try_with(|o| match &mut *o.borrow_mut() {
             Some(slot) => {
                 note.free_blocks = None;
@@ -80,10 +81,8 @@ pub(crate) fn hold(mut note: FrameworkNote) -> Result<(), FrameworkNote> {
             }
             None => false,
         })
-        .ok()
-        .filter(|held| *held)
-        .map(|_| ())
-        .ok_or(note)
+        .unwrap_or(false);
+    (!held).then_some(note)
 }
 
 /// What became of an allocator-mode out-of-memory failure.

@@ -483,9 +483,8 @@ pub fn framework_oom(
     mem_info: Option<(u64, u64)>,
 ) -> Option<(std::path::PathBuf, FrameworkWord)> {
     let s = shim()?;
-    let note = match allocator_mode::hold(note) {
-        Ok(()) => return Some((std::path::PathBuf::new(), FrameworkWord::Held)),
-        Err(note) => note,
+    let Some(note) = allocator_mode::hold(note) else {
+        return Some((std::path::PathBuf::new(), FrameworkWord::Held));
     };
     let stacks = s.capture_stacks();
     match s
