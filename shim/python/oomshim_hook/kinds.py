@@ -446,9 +446,9 @@ def _growth_line(name, attribute, codes, deadline):
     loads = ("LOAD_ATTR", "LOAD_METHOD") if attribute else (
         "LOAD_NAME", "LOAD_GLOBAL", "LOAD_FAST", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FAST_CHECK",
         "LOAD_FAST_AND_CLEAR", "LOAD_FAST_BORROW")
-    for code in codes:
-        if time.monotonic() > deadline:
-            return None
+    for n, code in enumerate(codes):
+        if n and time.monotonic() > deadline:
+            return None  # the first code object (the scope's own) is always read
         try:
             ins = list(dis.get_instructions(code))
         except Exception:
@@ -544,6 +544,8 @@ def _keepers(torch, c, frame, models, deadline):
             continue
     found.sort(key=lambda x: -x[0])
     out = []
+    # The lines get a budget of their own: a slow search for containers leaves them theirs.
+    deadline = time.monotonic() + _KEEPERS_MS / 1000.0
     for n, k, word, name, scope, codes, attribute in found[:_MAX_KEEPERS]:
         entry = {"container": word, "name": name, "scope": scope, "bytes": n, "tensors": k}
         try:
