@@ -506,6 +506,7 @@ fn region_with(dir: &Path, dump: &Dump) -> (PathBuf, RegionWriter, Vec<u8>) {
         last_failure: None,
         supervisor: None,
         dump: dump.clone(),
+        kinds: None,
     };
     (path, w, serde_json::to_vec(&summary).unwrap())
 }

@@ -531,7 +531,17 @@ try:
     raise SystemExit("a pool's snapshot was invented")
 except RuntimeError as x:
     assert "does not yet support snapshot" in str(x)
-torch._C._cuda_attach_out_of_memory_observer(lambda *a: None)
+# torch's OOM observers, which torch calls under no pluggable allocator, are called by oomshim's
+# at a failure, with torch's arguments, in order; one that raises is said once, the rest run.
+seen = []
+def broken(*a):
+    raise ValueError("observer bug")
+torch._C._cuda_attach_out_of_memory_observer(lambda *a: seen.append(("first",) + a))
+torch._C._cuda_attach_out_of_memory_observer(broken)
+torch._C._cuda_attach_out_of_memory_observer(lambda *a: seen.append(("last",) + a))
+assert not torch._empty(1 << 50), "a request no device serves"
+assert [s[:3] for s in seen] == [("first", 0, 1 << 50), ("last", 0, 1 << 50)], seen
+assert seen[0][3] == 8 << 30 and 0 < seen[0][4] <= seen[0][3], seen
 print("ok")
 "#,
         a = 5 * MIB,
@@ -543,7 +553,14 @@ print("ok")
     let err = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 1, "one line, once: {err}");
-    assert!(lines[0].starts_with("oomshim: torch's out-of-memory observers are not called in allocator mode"), "{err}");
+    assert!(
+        lines[0].starts_with("oomshim: an out-of-memory observer raised (ValueError: observer bug)"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("observers are not called"),
+        "observers are called in allocator mode now: {err}"
+    );
 }
 
 #[test]

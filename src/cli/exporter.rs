@@ -112,6 +112,16 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "Device memory of the process that no hooked API allocated (NVML's figure less the tracked bytes: the CUDA context and libraries' own), where known.",
     ),
     (
+        "oomshim_gpu_memory_bytes",
+        "gauge",
+        "Torch's device memory by kind (parameters, gradients, optimizer_state, activations: every other live tensor, cache: reserved but unallocated), as oomshim's Python hook last counted it at an optimizer step (at most every 10 s; oomshim_gpu_memory_kinds_age_seconds says when).",
+    ),
+    (
+        "oomshim_gpu_memory_kinds_age_seconds",
+        "gauge",
+        "Seconds since oomshim_gpu_memory_bytes was counted.",
+    ),
+    (
         "oomshim_oom_total",
         "counter",
         "Out-of-memory failures of device allocations since the process started (all devices, de-duplicated ones included).",
@@ -348,6 +358,30 @@ fn add_process(samples: &mut Samples, e: &RegionEntry, snap: &Snapshot, now_ms: 
         if let Some(b) = untracked {
             push("oomshim_gpu_memory_untracked_bytes", &labels, b.to_string());
         }
+    }
+    if let Some(lk) = &s.kinds {
+        let mut labels = proc_labels.clone();
+        labels.push(("device", lk.device.to_string()));
+        let k = &lk.kinds;
+        let kinds = [
+            ("parameters", Some(k.parameters_bytes)),
+            ("gradients", Some(k.gradients_bytes)),
+            ("optimizer_state", Some(k.optimizer_state_bytes)),
+            ("activations", k.activations_bytes),
+            ("cache", k.cache_bytes),
+        ];
+        for (kind, bytes) in kinds {
+            if let Some(b) = bytes {
+                let mut l = labels.clone();
+                l.push(("kind", kind.to_string()));
+                push("oomshim_gpu_memory_bytes", &l, b.to_string());
+            }
+        }
+        push(
+            "oomshim_gpu_memory_kinds_age_seconds",
+            &labels,
+            format!("{:.3}", now_ms.saturating_sub(lk.unix_ms) as f64 / 1000.0),
+        );
     }
     push(
         "oomshim_oom_total",

@@ -332,6 +332,10 @@ pub struct Kinds {
     /// Forward hooks of the program's own code on the models' modules, at most 8.
     #[serde(default)]
     pub forward_hooks: Vec<ForwardHook>,
+    /// The containers bound to a name (a list or dict of the program's) that hold the most
+    /// device tensors beyond parameters, gradients and optimizer state, largest first, at most 4.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keepers: Vec<Keeper>,
     /// `hooks` (the step hooks saw a model or optimizer) or `gc` (found at the failure only).
     #[serde(default)]
     pub found_by: Option<String>,
@@ -412,6 +416,30 @@ pub struct ForwardHook {
     pub line: u32,
     /// The module's path in the model (its class for the model itself).
     pub module: String,
+}
+
+/// A container of the program's bound to a name that holds device tensors at the failure: what
+/// keeps a leak alive. Found by oomshim's Python hook in the failing thread's own frames, their
+/// modules' globals, and the attributes of `self` there and of the models' modules.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Keeper {
+    /// `list`, `dict`, `tuple`, `set`, `deque`.
+    pub container: String,
+    /// The name it is bound to.
+    pub name: String,
+    /// Where the name is: `a global of __main__`, `a local of train`, `an attribute of Trainer`.
+    pub scope: String,
+    /// Device bytes of the tensors it holds (itself and one level of nested containers; each
+    /// storage once), and how many tensors.
+    pub bytes: u64,
+    #[serde(default)]
+    pub tensors: u64,
+    /// The first line that grows it (`name.append(...)`, `name[key] = ...`), read from the
+    /// bytecode, when found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
 }
 
 /// Live tensors by the program's line that allocated them, from the framework's records.

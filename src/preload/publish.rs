@@ -6,7 +6,9 @@
 
 use dump::model::Dump;
 use oomshim_core::flight::layout::RegionWriter;
-use oomshim_core::flight::{LiveFailure, LiveSummary, RssSample, LIVE_SCHEMA, RSS_SAMPLES};
+use oomshim_core::flight::{
+    LiveFailure, LiveKinds, LiveSummary, RssSample, LIVE_SCHEMA, RSS_SAMPLES,
+};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -85,6 +87,14 @@ static WAKE: Wake = Wake {
     cv: Condvar::new(),
 };
 static LAST_FAILURE: Mutex<Option<LiveFailure>> = Mutex::new(None);
+/// Torch's memory by kind, as the Python hook last counted it (`oomshim_framework_kinds`).
+static LIVE_KINDS: Mutex<Option<LiveKinds>> = Mutex::new(None);
+
+/// The Python hook counted torch's memory by kind (at an optimizer step, seldom): the next
+/// publish carries it.
+pub fn note_kinds(kinds: LiveKinds) {
+    *LIVE_KINDS.lock().unwrap_or_else(|e| e.into_inner()) = Some(kinds);
+}
 /// The region this process created: its path, as a C string made once (for [`remove_at_exit`],
 /// which may run in a signal handler or a vfork child and must not allocate), and the pid that
 /// created it.
@@ -364,6 +374,7 @@ fn publish_once(
             .clone(),
         supervisor: settings.supervisor.clone(),
         dump,
+        kinds: LIVE_KINDS.lock().unwrap_or_else(|e| e.into_inner()).clone(),
     };
     // Reopened by path each time, and only if it is still the file created.
     let file = std::fs::OpenOptions::new()

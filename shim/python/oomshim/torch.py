@@ -22,9 +22,8 @@ What torch cannot do on any pluggable allocator, and how allocator mode keeps th
   --torch-allocator` reads the program first (`unservable_uses()`) and keeps torch's allocator
   where the program asks for them; where it could not tell, `enable()` compiles without CUDA
   graphs (same kernels, same results, the launch overhead stays) and says so once.
-- `torch.cuda.MemPool` and torch's OOM observer: the same reading keeps torch's allocator for
-  them; found only at run time, the observer is accepted and said to be off (one line), and a
-  MemPool torch refuses is served by oomshim's allocator (one line): `use_mem_pool` and
+- `torch.cuda.MemPool`: the same reading keeps torch's allocator for it; found only at run
+  time, a MemPool torch refuses is served by oomshim's allocator (one line): `use_mem_pool` and
   `torch.cuda.graph(pool=pool.id)` work, its tensors come from oomshim's cache (no separate
   pool; an allocator given to the pool is not called) and its `snapshot()` is empty.
 - `torch.backends.cudnn.benchmark = True`: cuDNN's search asks the allocator for `cacheInfo`;
@@ -35,6 +34,10 @@ What torch cannot do on any pluggable allocator, and how allocator mode keeps th
   its options) is kept by oomshim's allocator, so they carry `device_traces` and the frames of
   each block as torch's do, with Python frames only (`stacks="all"` adds no C++ frames).
   `get_allocator_backend()` stays "pluggable".
+
+Torch's out-of-memory observers (`torch._C._cuda_attach_out_of_memory_observer`), which torch
+calls under no pluggable allocator, are called by oomshim's, as torch would: on the failing
+thread, with (device, requested bytes, device total, free bytes), before the dump is written.
 
 An allocation that cannot be served, even after the cache was emptied and the request retried,
 raises `torch.OutOfMemoryError` (a `RuntimeError` where torch's C++ error type is not found),
@@ -80,7 +83,7 @@ __all__ = [
 _ALLOC = "oomshim_torch_alloc"
 _FREE = "oomshim_torch_free"
 
-_state = {"lib": None, "path": None, "allocator": None, "keep": []}
+_state = {"lib": None, "path": None, "allocator": None, "keep": [], "observer": None}
 
 
 def library_path():
@@ -210,16 +213,8 @@ def _patch_torch_stats(torch):
         level = 2 if trace_alloc_record_context else 1 if record_context else 0
         _record_history(bool(enabled), level, trace_alloc_max_entries, clear_history)
 
-    observers = []
-
     def attach_oom_observer(fn):
-        observers.append(fn)
-        _say_once(
-            "observer",
-            "oomshim: torch's out-of-memory observers are not called in allocator mode (torch has "
-            "no hook for them under a pluggable allocator); the OutOfMemoryError names oomshim's "
-            "dump instead. Run without --torch-allocator to have them called.",
-        )
+        _attach_oom_observer(fn)
 
     replacements = [
         ("_cuda_memoryStats", memory_stats),
@@ -241,6 +236,49 @@ def _patch_torch_stats(torch):
     _patch_compile(torch)
     _patch_cudnn_benchmark(torch)
     _patch_mem_pool(torch)
+
+
+# torch's out-of-memory observers in allocator mode: torch calls none under a pluggable
+# allocator, so the library calls `_call_oom_observers` through one ctypes callback
+# (`oomshim_torch_set_oom_observer`) when an allocation cannot be served, on the failing thread,
+# before it writes its dump and raises, as torch calls its own.
+_oom_observers = []
+_OOM_OBSERVER = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64)
+
+
+def _call_oom_observers(device, alloc, total, free):
+    """Every observer, in the order attached, with torch's arguments (device, requested bytes,
+    device total or the allowed maximum, free bytes). One that raises is said once and the others
+    still run: the OutOfMemoryError follows either way."""
+    for fn in list(_oom_observers):
+        try:
+            fn(device, alloc, total, free)
+        except Exception as e:
+            _say_once("observer-raised", f"oomshim: an out-of-memory observer raised ({type(e).__name__}: {e}); "
+                                         "torch's OutOfMemoryError follows")
+
+
+def _attach_oom_observer(fn):
+    """`torch._C._cuda_attach_out_of_memory_observer` in allocator mode. The library's callback
+    is set at the first observer (a program without any takes no GIL at a failure) and cleared at
+    exit (Python must not be called once it finalises)."""
+    _oom_observers.append(fn)
+    if _state.get("observer") is not None:
+        return
+    lib = _lib()
+    setter = getattr(lib, "oomshim_torch_set_oom_observer", None)
+    if setter is None:
+        _say_once("observer", "oomshim: this liboomshim.so cannot call torch's out-of-memory observers in "
+                              "allocator mode (an older build); they are not called")
+        return
+    import atexit
+
+    callback = _OOM_OBSERVER(_call_oom_observers)
+    setter.argtypes = [ctypes.c_void_p]
+    setter.restype = None
+    setter(ctypes.cast(callback, ctypes.c_void_p))
+    _state["observer"] = callback  # the library keeps the raw pointer: so must we
+    atexit.register(setter, None)
 
 
 # Ids of the MemPools oomshim serves (torch refused to create them on a pluggable allocator).
@@ -460,7 +498,6 @@ _UNSERVABLE = [
     (re.compile(r"max-autotune(?!-no-cudagraphs)"), 'torch.compile with CUDA graphs (mode="max-autotune")'),
     (re.compile(r"triton\.cudagraphs|[\"']cudagraphs[\"']|cudagraph_trees"), "torch.compile with CUDA graphs"),
     (re.compile(r"\bMemPool\b|\buse_mem_pool\b"), "torch.cuda.MemPool"),
-    (re.compile(r"_cuda_attach_out_of_memory_observer"), "torch's out-of-memory observer"),
     (re.compile(r"cudnn\.benchmark\s*=\s*True"), "cudnn.benchmark (torch asks the allocator for cacheInfo)"),
 ]
 # How much of a program is read: the main script, then the Python sources and small configs

@@ -3,9 +3,9 @@ gradients, optimizer state (per optimizer), activations and other live tensors, 
 the phase the program was in (forward and in which module, backward, the optimizer step,
 inference, outside any step) and the batch that was running.
 
-Computed once per failure by `kinds(...)`, called from the OOM observer in sitecustomize.py (or,
-in allocator mode, where torch has no OOM observer, when the OutOfMemoryError reaches the
-outermost module or the top of a thread). Nothing here runs per allocation: the step hooks only
+Computed once per failure by `kinds(...)`, called from the OOM observer in sitecustomize.py (in
+allocator mode, where torch calls no OOM observer, oomshim's allocator calls it through
+oomshim.torch before it writes the dump). Nothing here runs per allocation: the step hooks only
 remember the models and optimizers they saw (weak references). The phase and the module come
 from the failing thread's Python stack at the failure, not from hooks on every module call.
 
@@ -52,6 +52,15 @@ def _library_file(path):
 
 def _own_file(path):
     return os.path.dirname(os.path.abspath(path)) == _HERE if path and not path.startswith("<") else False
+
+
+def _own_package(frame):
+    """A frame of oomshim's package (allocator mode calls the observers from oomshim.torch)."""
+    try:
+        name = frame.f_globals.get("__name__") or ""
+    except Exception:
+        return False
+    return name == "oomshim" or name.startswith("oomshim.")
 
 
 def _qualname(obj):
@@ -159,7 +168,7 @@ def _stack_view(torch, frame):
         depth += 1
         code = f.f_code
         fname = code.co_filename
-        if not _own_file(fname):
+        if not _own_file(fname) and not _own_package(f):
             where = {"function": code.co_name, "file": fname, "line": f.f_lineno}
             if _library_file(fname):
                 if framework_frame is None:
@@ -295,6 +304,279 @@ def _program_hooks(models, deadline):
         except Exception:
             continue
     return out
+
+
+def live(torch, device, budget_ms=50):
+    """Memory by kind now, for the live region (`oomshim top`, the exporter): the parameters,
+    gradients and optimizer state of the models and optimizers the step hooks saw, and torch's
+    allocated and reserved bytes. No garbage-collector walk, no stack, no keepers: called at an
+    optimizer step, at most every 10 s (sitecustomize.py), never per allocation; bounded."""
+    deadline = time.monotonic() + budget_ms / 1000.0
+    s = torch.cuda.memory_stats(device)
+    allocated = int(s.get("allocated_bytes.all.current", 0))
+    reserved = int(s.get("reserved_bytes.all.current", 0))
+    c = _Counter(torch, device, deadline)
+    params = grads = state = 0
+    complete = True
+    try:
+        for m in list(_models):
+            ps = list(m.parameters())
+            for p in ps:
+                params += c.count(p)
+            for p in ps:
+                grads += c.count(getattr(p, "grad", None))
+        for o in list(_optimizers):
+            for group in getattr(o, "param_groups", []):
+                for p in group.get("params", []):
+                    params += c.count(p)  # a parameter of no model seen
+                    grads += c.count(getattr(p, "grad", None))
+            for st in list(getattr(o, "state", {}).values()):
+                if isinstance(st, dict):
+                    for v in st.values():
+                        state += c.count(v)
+    except _Out:
+        complete = False
+    return {
+        "complete": complete,
+        "torch_allocated_bytes": allocated,
+        "torch_reserved_bytes": reserved,
+        "parameters_bytes": params,
+        "gradients_bytes": grads,
+        "optimizer_state_bytes": state,
+        "activations_bytes": max(allocated - params - grads - state, 0),
+        "cache_bytes": max(reserved - allocated, 0),
+        "elapsed_ms": round((time.monotonic() - deadline) * 1000 + budget_ms, 1),
+    }
+
+
+# The search for the containers that keep tensors (`_keepers`): its own time budget, and bounds.
+_KEEPERS_MS = 50
+_MAX_KEEPERS = 4
+_MAX_ELEMENTS = 200_000
+_MAX_CODES = 400
+# Calls and stores that make a container grow, as the bytecode names them.
+_GROWS = {"append", "extend", "insert", "appendleft", "extendleft", "add", "update", "setdefault", "__setitem__"}
+_CONTAINERS = (list, dict, tuple, set)
+
+
+def _is_container(v):
+    if isinstance(v, _CONTAINERS):
+        return True
+    try:
+        import collections
+
+        return isinstance(v, collections.deque)
+    except Exception:
+        return False
+
+
+def _container_word(v):
+    for t, word in ((dict, "dict"), (list, "list"), (tuple, "tuple"), (set, "set")):
+        if isinstance(v, t):
+            return word
+    return type(v).__name__
+
+
+def _held_bytes(torch, c, v, seen, deadline):
+    """(bytes, tensors) of the device tensors `v` holds: its elements (a dict's values), and one
+    level further for elements that are containers themselves (a list of (loss, logits)
+    tuples, a dict of outputs). Storages counted once (`seen`), parameters, gradients and
+    optimizer state not at all (the counter saw them first)."""
+    total = count = 0
+    budget = [_MAX_ELEMENTS]
+
+    def items(x):
+        return x.values() if isinstance(x, dict) else x
+
+    def one(t):
+        nonlocal total, count
+        if not isinstance(t, torch.Tensor) or not c.on_device(t):
+            return
+        key, n = c.storage(t)
+        if key in c.seen or key in seen:
+            return
+        seen.add(key)
+        total += n
+        count += 1
+
+    def walk(x, depth):
+        for e in items(x):
+            budget[0] -= 1
+            if budget[0] <= 0 or (budget[0] & 1023 == 0 and time.monotonic() > deadline):
+                raise _Out()
+            if isinstance(e, torch.Tensor):
+                one(e)
+            elif depth and _is_container(e):
+                walk(e, depth - 1)
+            elif depth and isinstance(getattr(e, "__dict__", None), dict) and not isinstance(e, type):
+                # An object of plain attributes (a record of a step's outputs).
+                walk(e.__dict__, 0)
+
+    try:
+        walk(v, 1)
+    except _Out:
+        pass
+    except Exception:
+        pass
+    return total, count
+
+
+def _codes_of(roots, deadline):
+    """Every code object reachable from `roots` through their constants (functions and classes
+    defined inside), at most _MAX_CODES."""
+    out, stack, seen = [], list(roots), set()
+    while stack and len(out) < _MAX_CODES and time.monotonic() < deadline:
+        code = stack.pop()
+        if id(code) in seen:
+            continue
+        seen.add(id(code))
+        out.append(code)
+        for const in getattr(code, "co_consts", ()):
+            if hasattr(const, "co_code"):
+                stack.append(const)
+    return out
+
+
+def _growth_line(name, attribute, codes, deadline):
+    """(file, line) of the first instruction in `codes` that grows the container bound to `name`
+    (an attribute name when `attribute`): `name.append(...)` and the other growing calls, or
+    `name[key] = value`. Read from the bytecode (the source of `python -c` is nowhere to read)."""
+    import dis
+
+    loads = ("LOAD_ATTR", "LOAD_METHOD") if attribute else (
+        "LOAD_NAME", "LOAD_GLOBAL", "LOAD_FAST", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_FAST_CHECK",
+        "LOAD_FAST_AND_CLEAR", "LOAD_FAST_BORROW")
+    for n, code in enumerate(codes):
+        if n and time.monotonic() > deadline:
+            return None  # the first code object (the scope's own) is always read
+        try:
+            ins = list(dis.get_instructions(code))
+        except Exception:
+            continue
+        for i, x in enumerate(ins):
+            if x.opname == "LOAD_FAST_LOAD_FAST" and not attribute:
+                # Python 3.13 loads two locals at once (`d[k] = v`): (d, k).
+                if not isinstance(x.argval, tuple) or name not in x.argval:
+                    continue
+            elif x.opname not in loads or x.argval != name:
+                continue
+            line = getattr(getattr(x, "positions", None), "lineno", None)
+            for y in ins[i + 1:i + 12]:
+                yline = getattr(getattr(y, "positions", None), "lineno", None)
+                if yline is not None and line is not None and yline != line:
+                    break
+                if y.opname in ("LOAD_ATTR", "LOAD_METHOD") and y.argval in _GROWS:
+                    return code.co_filename, line
+                if y.opname == "STORE_SUBSCR":
+                    return code.co_filename, line
+                if y.opname.startswith("STORE_"):
+                    break
+    return None
+
+
+def _keepers(torch, c, frame, models, deadline):
+    """The containers bound to a name that hold the most device tensors not counted as
+    parameters, gradients or optimizer state: the program's own frames' locals on the failing
+    stack, the globals of their modules, the plain attributes of `self` in those frames and of the
+    models' modules. Each with where it is bound and the first line that grows it, at most
+    _MAX_KEEPERS, largest first. A container reached only through another object (a trainer's
+    callback list, a closure) is not found."""
+    found = []  # (bytes, tensors, word, name, scope, codes, attribute)
+    seen = set()
+    done = set()
+    frames = []
+    f = frame
+    while f is not None and len(frames) < 64:
+        fname = f.f_code.co_filename
+        if not _own_file(fname) and not _own_package(f) and not _library_file(fname):
+            frames.append(f)
+        f = f.f_back
+    main = sys.modules.get("__main__")
+
+    def consider(v, name, scope, codes, attribute=False):
+        if id(v) in done or not _is_container(v) or time.monotonic() > deadline:
+            return
+        done.add(id(v))
+        n, k = _held_bytes(torch, c, v, seen, deadline)
+        if n:
+            found.append((n, k, _container_word(v), name, scope, codes, attribute))
+
+    modules = []
+    for f in frames:
+        g = f.f_globals
+        if all(g is not m for m in modules):
+            modules.append(g)
+    if main is not None and all(main.__dict__ is not m for m in modules):
+        modules.append(main.__dict__)
+    for f in frames:
+        if f.f_code.co_name == "<module>":
+            continue
+        try:
+            local = dict(f.f_locals)
+        except Exception:
+            continue
+        for name, v in local.items():
+            consider(v, name, f"a local of {f.f_code.co_name}",
+                     lambda f=f: _codes_of([f.f_code], time.monotonic() + _KEEPERS_MS / 1000.0))
+        owner = local.get("self")
+        if owner is not None and isinstance(getattr(owner, "__dict__", None), dict):
+            cls = type(owner).__name__
+            for name, v in list(owner.__dict__.items()):
+                if not name.startswith("_"):
+                    consider(v, name, f"an attribute of {cls}", lambda o=owner: _method_codes(o), True)
+    for g in modules:
+        mod = g.get("__name__", "?")
+        codes = lambda g=g: _module_codes(g, frames)
+        for name, v in list(g.items()):
+            if not name.startswith("__"):
+                consider(v, name, f"a global of {mod}", codes)
+    for root in models:
+        try:
+            for path, m in root.named_modules():
+                if time.monotonic() > deadline:
+                    break
+                for name, v in list(vars(m).items()):
+                    if not name.startswith("_") and name != "training":
+                        where = f"`{path}`" if path else type(root).__name__
+                        consider(v, name, f"an attribute of {type(m).__name__} at {where}",
+                                 lambda m=m: _method_codes(m), True)
+        except Exception:
+            continue
+    found.sort(key=lambda x: -x[0])
+    out = []
+    # The lines get a budget of their own: a slow search for containers leaves them theirs.
+    deadline = time.monotonic() + _KEEPERS_MS / 1000.0
+    for n, k, word, name, scope, codes, attribute in found[:_MAX_KEEPERS]:
+        entry = {"container": word, "name": name, "scope": scope, "bytes": n, "tensors": k}
+        try:
+            at = _growth_line(name, attribute, codes(), deadline)
+        except Exception:
+            at = None
+        if at:
+            entry["file"], entry["line"] = at[0], at[1]
+        out.append(entry)
+    return out
+
+
+def _module_codes(g, frames):
+    """Code of a module: its frames on the stack (the module's own body among them) and its
+    functions, with what they define inside."""
+    roots = [f.f_code for f in frames if f.f_globals is g]
+    for v in list(g.values())[:2000]:
+        code = getattr(v, "__code__", None)
+        if code is not None and not _library_file(code.co_filename):
+            roots.append(code)
+    return _codes_of(roots, time.monotonic() + _KEEPERS_MS / 1000.0)
+
+
+def _method_codes(obj):
+    roots = []
+    for cls in type(obj).__mro__[:8]:
+        for v in list(vars(cls).values()):
+            code = getattr(v, "__code__", None)
+            if code is not None and not _library_file(code.co_filename):
+                roots.append(code)
+    return _codes_of(roots, time.monotonic() + _KEEPERS_MS / 1000.0)
 
 
 def _describe_module(m, path):
@@ -436,59 +718,14 @@ def kinds(torch, device, request_bytes, frame=None, budget_ms=None):
     hooks = _program_hooks(models[:_MAX_MODELS], deadline)
     if hooks:
         out["forward_hooks"] = hooks
+    try:
+        keepers = _keepers(torch, c, frame, models[:_MAX_MODELS],
+                           min(deadline, time.monotonic() + _KEEPERS_MS / 1000.0))
+    except Exception:
+        keepers = None
+    if keepers:
+        out["keepers"] = keepers
     out["found_by"] = "hooks" if (_models or _optimizers) else "gc"
     out["request_bytes"] = int(request_bytes) if request_bytes is not None else None
     out["elapsed_ms"] = round((time.monotonic() - start) * 1000, 1)
     return out
-
-
-# Allocator mode: torch calls no OOM observer under a pluggable allocator, and the shim's dump is
-# final when the allocation fails (its path is in the error's message). The kinds are counted
-# when the OutOfMemoryError reaches the outermost module's forward hook (always_call) or the top
-# of a thread, from the innermost frame of its traceback (whose frames still hold the step's
-# tensors), and saved beside the dump for `oomshim report` to merge.
-_KINDS_SCHEMA = "oomshim.kinds/1"
-_done = set()
-
-
-def _dump_named(exc):
-    import re
-
-    m = re.search(r" Dump: (\S+\.json) \(oomshim report ", str(exc))
-    return m.group(1) if m else None
-
-
-def after_allocator_oom(torch, exc, write_private, warn):
-    """Counts the kinds for an allocator-mode OutOfMemoryError once, and writes them beside the
-    dump its message names. Never raises."""
-    try:
-        if id(exc) in _done:
-            return
-        _done.add(id(exc))
-        dump = _dump_named(exc)
-        if not dump or not os.path.isabs(dump):
-            return
-        tb = exc.__traceback__
-        frame = None
-        while tb is not None:
-            frame = tb.tb_frame
-            tb = tb.tb_next
-        import json
-        import socket
-
-        device = 0
-        try:
-            device = int(torch.cuda.current_device())
-        except Exception:
-            pass
-        k = kinds(torch, device, None, frame)
-        if k is None:
-            return
-        host = socket.gethostname()
-        side = {"schema": _KINDS_SCHEMA, "pid": os.getpid(), "host": host, "dump": os.path.basename(dump),
-                "kinds": k}
-        stem = os.path.basename(dump)[:-len(".json")]
-        name = f"oomshim-torch-{host}-{os.getpid()}-{stem}.kinds.json"
-        write_private(os.path.join(os.path.dirname(dump), name), json.dumps(side, indent=1).encode())
-    except Exception as e:
-        warn(f"no memory by kind for this failure ({type(e).__name__}: {e})")

@@ -13,8 +13,9 @@ does the same; Python then imports this file at start-up as `sitecustomize`. It:
   CUDA allocator (`oomshim.torch.enable()`) right after torch is imported, unless the program's
   text asks for a feature torch cannot run on a pluggable allocator (`oomshim.torch.unservable_uses`;
   then one line says so and the next point applies; `force` skips the reading);
-- torch, otherwise: registers torch's out-of-memory observer (through torch's lazy-initialisation
-  queue) and marks steps for the shim's growth history: every optimizer step
+- torch: registers torch's out-of-memory observer (through torch's lazy-initialisation queue; in
+  allocator mode oomshim's package calls it, as torch calls none under a pluggable allocator)
+  and marks steps for the shim's growth history: every optimizer step
   (`register_optimizer_step_post_hook`) and every forward pass of the program's outermost module
   (found once with global module hooks, then watched with a hook on that module alone).
   `OOMSHIM_AUTO_STEPS=optimizer` keeps only the first, `0` neither;
@@ -22,8 +23,11 @@ does the same; Python then imports this file at start-up as `sitecustomize`. It:
   a dump (XLA refuses inside its preallocated pool without any CUDA call failing).
 
 When torch raises OutOfMemoryError, the observer hands the shim torch's own account (its cache's
-segments and free blocks, PYTORCH_CUDA_ALLOC_CONF, counters) before the dump is judged, and saves
-`torch.cuda.memory._snapshot()` as a pickle beside the dump (for pytorch.org/memory_viz).
+segments and free blocks, PYTORCH_CUDA_ALLOC_CONF, counters, memory by kind) before the dump is
+judged, and saves `torch.cuda.memory._snapshot()` as a pickle beside the dump (for
+pytorch.org/memory_viz). In allocator mode the account has the memory by kind and the phase only
+(the shim's dump has the exact cache itself), and joins the dump the shim writes when the
+observer returns.
 
 Set OOMSHIM_TORCH_HOOK=0 to switch all of this off. The hook never raises into the program; its
 own failures are reported once on stderr.
@@ -130,6 +134,9 @@ def _shim():
         lib.oomshim_mark_step_live.restype = ctypes.c_int
         lib.oomshim_framework_attached.argtypes = [ctypes.c_char_p]
         lib.oomshim_framework_attached.restype = None
+        if hasattr(lib, "oomshim_framework_kinds"):
+            lib.oomshim_framework_kinds.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+            lib.oomshim_framework_kinds.restype = ctypes.c_int
         _shim_lib = lib
     return _shim_lib or None
 
@@ -216,6 +223,8 @@ def _free_block_summary(snapshot, device):
 
 
 _count = 0
+# Allocator mode is on in this process (set by _attach_torch).
+_allocator = {"on": False}
 # torch's allocation records (`_record_memory_history`), turned on by `_mark` once the shim says
 # the process grows step after step.
 _history = {"on": False}
@@ -309,6 +318,9 @@ def _on_torch_oom(torch, device, alloc, device_total, device_free):
         import socket
 
         _count += 1
+        if _allocator["on"]:
+            _on_allocator_oom(torch, device, alloc, device_total, device_free)
+            return
         snapshot = torch.cuda.memory._snapshot()
         stats = {}
         try:
@@ -356,6 +368,76 @@ def _on_torch_oom(torch, device, alloc, device_total, device_free):
         _warn(f"could not give the shim torch's view ({type(e).__name__}: {e})")
 
 
+def _on_allocator_oom(torch, device, alloc, device_total, device_free):
+    """The observer in allocator mode (oomshim's package calls it from inside the shim's failing
+    allocation, before the dump is written): the memory by kind and the phase, for that dump. No
+    snapshot or cache summary: the shim's dump has the allocator's exact blocks."""
+    stats = {}
+    try:
+        s = torch.cuda.memory_stats(device)
+        stats = {k: int(s[k]) for k in ("inactive_split_bytes.all.current", "reserved_bytes.all.current",
+                                        "allocated_bytes.all.current", "num_alloc_retries", "num_ooms") if k in s}
+    except Exception:
+        pass
+    _tell_shim({
+        "schema": _SCHEMA,
+        "framework": "torch",
+        "version": getattr(torch, "__version__", None),
+        "raised": True,
+        "device": int(device),
+        "request_bytes": int(alloc),
+        "device_total_bytes": int(device_total),
+        "device_free_bytes": int(device_free),
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "stats": stats,
+        "kinds": _kinds_of(torch, device, alloc, sys._getframe(2)),
+    })
+
+
+# How often, at most, the memory by kind is counted for the live region (oomshim top, the
+# exporter): oomshim_core::flight::LIVE_KINDS_EVERY_S.
+_LIVE_KINDS_EVERY_S = 10
+_live_next = [0.0]
+
+
+def _live_kinds(torch, lib):
+    """At an optimizer step, at most every _LIVE_KINDS_EVERY_S seconds: memory by kind now, for
+    the shim's live region. Never initialises CUDA (a program training on the CPU gets none). A
+    failure ends it, said once (a torch without these entry points silently)."""
+    import time
+
+    now = time.monotonic()
+    # Once torch's history is on, its records name the line that keeps the growth: the first
+    # count with them comes a second after it started (records to read), not up to 10 s later.
+    records_due = _history["on"] and not _history.get("sent") and now >= _history.get("since", now) + 1.0
+    if (now < _live_next[0] and not records_due) or not hasattr(lib, "oomshim_framework_kinds"):
+        return
+    try:
+        if not torch.cuda.is_initialized():
+            return
+    except Exception:
+        _live_next[0] = float("inf")
+        return
+    _live_next[0] = now + _LIVE_KINDS_EVERY_S
+    try:
+        import json
+
+        device = int(torch.cuda.current_device())
+        message = {"device": device, "kinds": _kinds().live(torch, device)}
+        if _history["on"]:
+            # Where the live tensors were allocated, by torch's records (under preload the shim
+            # sees only segments): a post-mortem names the line from them.
+            message["attribution"] = _attribution(torch.cuda.memory._snapshot(), device)
+            _history["sent"] = True
+        data = json.dumps(message).encode()
+        lib.oomshim_framework_kinds(data, len(data))
+    except AttributeError:
+        _live_next[0] = float("inf")
+    except Exception as e:
+        _live_next[0] = float("inf")
+        _warn(f"no live memory by kind ({type(e).__name__}: {e})")
+
+
 # oomshim_mark_step_live's "count unknown".
 _UNKNOWN = (1 << 64) - 1
 
@@ -377,8 +459,6 @@ def _mark_steps(torch, lib, allocator):
     can name the line that holds the growth."""
     wanted = _auto_steps()
     record = not allocator and not _off("OOMSHIM_TORCH_HISTORY")
-    if allocator:
-        _allocator_excepthook(torch)
 
     def mark(source):
         if allocator:
@@ -400,6 +480,9 @@ def _mark_steps(torch, lib, allocator):
                 growing = lib.oomshim_mark_step_live(source, live, count)
         if growing == 1 and record and not _history["on"]:
             _history["on"] = True
+            import time
+
+            _history["since"] = time.monotonic()
             try:
                 torch.cuda.memory._record_memory_history(enabled="state", context="alloc", stacks="python")
             except Exception as e:
@@ -414,6 +497,7 @@ def _mark_steps(torch, lib, allocator):
             except Exception:
                 pass
             mark(1)
+            _live_kinds(torch, lib)
 
         register_optimizer_step_post_hook(stepped)
     if "forward" not in wanted:
@@ -432,15 +516,11 @@ def _mark_steps(torch, lib, allocator):
         local.depth = getattr(local, "depth", 1) - 1
         if local.depth != 0 or not handles or next(module.parameters(), None) is None:
             return
-        if allocator and output is None:
-            _allocator_oom_in_flight(torch)
         # The outermost module with parameters: the model. From now on only its own forward
         # hook runs; the global hooks (which every module call pays for) go.
         for h in handles:
             h.remove()
         handles.clear()
-        if allocator:
-            _allocator_kinds_hooks(torch, module)
         module.register_forward_hook(lambda m, a, o: mark(2))
         try:
             _kinds().seen_model(module)
@@ -454,45 +534,6 @@ def _mark_steps(torch, lib, allocator):
         handles.append(torch_module.register_module_forward_hook(post, always_call=True))
     except TypeError:
         handles.append(torch_module.register_module_forward_hook(post))
-
-
-def _allocator_oom_in_flight(torch):
-    """Inside a forward hook that runs on errors: the OutOfMemoryError leaving the forward, if
-    that is why it runs (allocator mode: kinds.py counts the kinds for its dump)."""
-    try:
-        exc = sys.exc_info()[1]
-        if isinstance(exc, getattr(torch, "OutOfMemoryError", ())):
-            _kinds().after_allocator_oom(torch, exc, _write_private, _warn)
-    except Exception:
-        pass
-
-
-def _allocator_kinds_hooks(torch, model):
-    """Allocator mode: memory by kind when an OutOfMemoryError leaves the model's forward (a
-    forward hook that runs on errors too)."""
-    def on_error(module, args, output):
-        if output is None:
-            _allocator_oom_in_flight(torch)
-
-    try:
-        model.register_forward_hook(on_error, always_call=True)
-    except TypeError:
-        pass  # torch before 2.1: only uncaught errors are counted
-
-
-def _allocator_excepthook(torch):
-    """Allocator mode: memory by kind when an OutOfMemoryError reaches the top of the program."""
-    previous = sys.excepthook
-
-    def excepthook(kind, value, tb):
-        try:
-            if isinstance(value, getattr(torch, "OutOfMemoryError", ())):
-                _kinds().after_allocator_oom(torch, value, _write_private, _warn)
-        except Exception:
-            pass
-        previous(kind, value, tb)
-
-    sys.excepthook = excepthook
 
 
 def _enable_allocator(torch):
@@ -522,20 +563,28 @@ def _enable_allocator(torch):
 def _attach_torch(torch):
     allocator = os.environ.get("OOMSHIM_TORCH_ALLOCATOR", "").strip().lower() in ("1", "on", "yes", "true", "force")
     if allocator:
-        # torch's OOM observer and snapshot do not exist under a pluggable allocator; the shim
-        # writes the exact free-block state itself. Not enabled: watched as under LD_PRELOAD.
+        # The shim writes the exact free-block state itself. Not enabled: watched as under
+        # LD_PRELOAD.
         allocator = _enable_allocator(torch)
+    _allocator["on"] = allocator
     lib = _shim()
     if lib is None:
         return
     try:
-        if not allocator:
+        def observer(device, alloc, total, free):
+            _on_torch_oom(torch, device, alloc, total, free)
+
+        if allocator:
+            # oomshim.torch answers the attach (torch refuses it under a pluggable allocator) and
+            # has the shim call the observer before it writes the failure's dump. Attached now,
+            # before the program's own observers: the kinds are counted before those run.
+            torch._C._cuda_attach_out_of_memory_observer(observer)
+        else:
             def register():
                 # Runs inside torch's lazy CUDA initialisation: nothing may escape into it (the
                 # cudaMallocAsync backend, for one, refuses OOM observers).
                 try:
-                    torch._C._cuda_attach_out_of_memory_observer(
-                        lambda device, alloc, total, free: _on_torch_oom(torch, device, alloc, total, free))
+                    torch._C._cuda_attach_out_of_memory_observer(observer)
                     lib.oomshim_framework_attached(b"torch")
                 except Exception as e:
                     _warn(f"torch's out-of-memory observer is off ({type(e).__name__}: {e}); dumps come "

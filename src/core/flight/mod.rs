@@ -52,6 +52,27 @@ pub struct LiveSummary {
     /// tracked and peak bytes, the largest holders and sites with symbolised stacks, growth
     /// samples and steps, host memory. Holders and sites are cut to `oomshim::publish::TOP`.
     pub dump: Dump,
+    /// Torch's memory by kind as oomshim's Python hook last counted it (at an optimizer step, at
+    /// most every [`LIVE_KINDS_EVERY_S`] seconds); absent without the hook, before the first
+    /// count, and in regions of older versions (their readers ignore it: the layout is the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kinds: Option<LiveKinds>,
+}
+
+/// How often, at most, the Python hook counts torch's memory by kind for the live region.
+pub const LIVE_KINDS_EVERY_S: u64 = 10;
+
+/// Torch's memory by kind on one device at a moment (see [`LiveSummary::kinds`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LiveKinds {
+    pub unix_ms: u64,
+    pub device: i32,
+    pub kinds: dump::model::Kinds,
+    /// Torch's records of where the live tensors were allocated (under preload, once the process
+    /// grew step after step and the hook turned torch's history on): a post-mortem names the line
+    /// that keeps the growth from them, where the shim sees only torch's segments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attribution: Option<dump::model::Attribution>,
 }
 
 /// `OOMSHIM_LIVE_DIR`, else `/dev/shm/oomshim-UID` (tmpfs: memory, never disk), else

@@ -163,6 +163,16 @@ pub fn build(snapshot: &Snapshot, death: &Death, host: HostKill) -> Dump {
     let s = &snapshot.summary;
     let mut dump = s.dump.clone();
     dump.reason = "post_mortem".to_string();
+    // Torch's memory by kind and its records of the live tensors, as the hook last counted them.
+    if let (None, Some(lk)) = (&dump.framework, &s.kinds) {
+        dump.framework = Some(dump::model::FrameworkOom {
+            name: "torch".to_string(),
+            raised: false,
+            kinds: Some(lk.kinds.clone()),
+            attribution: lk.attribution.clone(),
+            ..Default::default()
+        });
+    }
     dump.time_unix_ms = death.unix_ms;
     dump.time = dump::time::rfc3339(
         std::time::UNIX_EPOCH + std::time::Duration::from_millis(death.unix_ms),

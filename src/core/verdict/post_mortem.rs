@@ -27,7 +27,10 @@ pub fn judge_post_mortem(dump: &Dump) -> Verdict {
     let Some(pm) = &dump.post_mortem else {
         return judge(dump);
     };
-    let leak = leak_finding(dump).map(|l| words::post_mortem::leak(&l));
+    let leak = leak_finding(dump).map(|l| {
+        words::post_mortem::leak_by_records(&l, dump)
+            .unwrap_or_else(|| words::post_mortem::leak(&l))
+    });
     let mut death = words::post_mortem::death_finding(dump, pm, how_it_ended(pm));
     if let Some(l) = &leak {
         words::post_mortem::add_leak(&mut death, l);

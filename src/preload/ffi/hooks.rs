@@ -14,6 +14,7 @@ pub const PROGRAM_API: &[&str] = &[
     "oomshim_mark_step_live",
     "oomshim_framework_attached",
     "oomshim_framework_oom",
+    "oomshim_framework_kinds",
     "oomshim_set_recording",
     "oomshim_recording",
 ];
@@ -114,7 +115,10 @@ pub unsafe extern "C" fn oomshim_framework_attached(_name: *const c_char) {
 /// `crate::live::framework`). Returns once the dump that explains the failure is written
 /// (bounded): its path is copied into `path_out` (`cap` bytes, NUL-terminated; may be NULL) and
 /// 0 is returned when the account is in that dump, 1 when the dump was final before it arrived,
-/// 2 when the failure repeats an earlier dumped one; -1 when no dump explains the failure.
+/// 2 when the failure repeats an earlier dumped one, 3 when it is given from inside allocator
+/// mode's out-of-memory observer (`oomshim_torch_set_oom_observer`): the account joins the dump
+/// written when the observer returns, whose path is not known yet (`path_out` is empty); -1 when
+/// no dump explains the failure.
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_framework_oom(
     json: *const c_char,
@@ -145,6 +149,39 @@ pub unsafe extern "C" fn oomshim_framework_oom(
             }
             word as c_int
         }
+        None => -1,
+    }
+}
+
+/// The framework's memory by kind now (oomshim's Python hook counts it at an optimizer step, at
+/// most every `LIVE_KINDS_EVERY_S` seconds): `{"device": N, "kinds": {...}}` as UTF-8 JSON, with
+/// `"attribution"` (torch's records of where the live tensors were allocated) while torch's
+/// history is on. It goes into the live region for `oomshim top`, the exporter and a post-mortem. Returns 0 when taken, -1 when
+/// not (not such JSON, or the shim is off).
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_framework_kinds(json: *const c_char, len: usize) -> c_int {
+    if json.is_null() || len > live::framework::MAX_REPORT_BYTES {
+        return -1;
+    }
+    let Some(guard) = Guard::enter() else {
+        return -1;
+    };
+    let bytes = std::slice::from_raw_parts(json.cast::<u8>(), len);
+    let taken = guard.run(|| {
+        let (device, kinds, attribution) = live::framework::parse_live_kinds(bytes)?;
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        crate::publish::note_kinds(oomshim_core::flight::LiveKinds {
+            unix_ms,
+            device,
+            kinds,
+            attribution,
+        });
+        Some(())
+    });
+    match taken.flatten() {
+        Some(()) => 0,
         None => -1,
     }
 }

@@ -60,6 +60,7 @@ pub const EXPORTED_NAMES: &[&str] = &[
     "oomshim_torch_exception_kind",
     "oomshim_torch_record_history",
     "oomshim_torch_history",
+    "oomshim_torch_set_oom_observer",
 ];
 
 const NOT_READY: c_int = 600;
@@ -362,6 +363,9 @@ const MESSAGE_BYTES: usize = 2048;
 
 /// What `alloc` hands back when it cannot serve the request.
 enum Failure {
+    /// The request cannot be served: what the allocator found, before the observers ran and the
+    /// dump was written ([`unserved`]).
+    Unserved(Box<OutOfMemory>, u32),
     /// The request cannot be served: the message for the exception.
     OutOfMemory(Box<[u8; MESSAGE_BYTES]>),
     /// CUDA failed for another reason than memory (an invalid device, a sticky error): the
@@ -405,9 +409,7 @@ fn alloc_impl(size: usize, device: c_int, stream: Stream) -> Result<*mut c_void,
                 human_bytes(size as u64)
             )))))
         }
-        Err(oom) => Err(Failure::OutOfMemory(Box::new(out_of_memory(
-            &oom, stream, context,
-        )))),
+        Err(oom) => Err(Failure::Unserved(Box::new(oom), context)),
     }
 }
 
@@ -421,25 +423,85 @@ fn history_stack(a: &CachingAllocator<CudaSource>, level: RecordContext) -> u32 
     }
 }
 
-/// Records the failure (its dump is written now) and builds the exception's message.
-fn out_of_memory(oom: &OutOfMemory, stream: Stream, context: u32) -> [u8; MESSAGE_BYTES] {
-    let mem_info = on_device(oom.device, device_mem_info);
+/// The framework's out-of-memory observer (`void observer(int device, size_t requested, size_t
+/// total, size_t free)`), 0 when none: oomshim's Python package registers one that calls the
+/// program's observers and the hook's (see [`oomshim_torch_set_oom_observer`]).
+static OOM_OBSERVER: AtomicUsize = AtomicUsize::new(0);
+
+type OomObserver = unsafe extern "C" fn(c_int, u64, u64, u64);
+
+/// Sets (or, with NULL, clears) the function called when an allocation cannot be served, before
+/// its dump is written and the exception raised: torch calls its out-of-memory observers there
+/// (`torch._C._cuda_attach_out_of_memory_observer`), with (device, requested bytes, device total
+/// or the allowed maximum under a memory fraction, free bytes), but not under a pluggable
+/// allocator. It runs on the failing thread with no lock of the shim held (it takes the GIL);
+/// what the hook tells the shim from inside it (`oomshim_framework_oom`) goes into that dump.
+/// Not called again while it runs on the same thread (an allocation it makes that fails is
+/// dumped without it).
+#[no_mangle]
+pub extern "C" fn oomshim_torch_set_oom_observer(observer: Option<OomObserver>) {
+    OOM_OBSERVER.store(observer.map_or(0, |f| f as usize), Ordering::Release);
+}
+
+/// An allocation the allocator cannot serve, even after emptying its cache: the observers run
+/// first, as torch calls its own after releasing its allocator's lock and before it raises
+/// (Python runs there, so neither a shim lock nor the guard is held: the hook's own calls into
+/// the shim must get in), then the failure is recorded, its dump written and the exception's
+/// message built. `context`: the caller's stack for torch's history (0 when off). `outermost`: the failing call entered the shim from outside (never observers
+/// from inside the shim).
+fn unserved(oom: &OutOfMemory, stream: Stream, context: u32, outermost: bool) -> Failure {
+    let mem_info = contained(|| on_device(oom.device, device_mem_info)).flatten();
+    let observer = OOM_OBSERVER.load(Ordering::Acquire);
+    let note = if outermost && observer != 0 {
+        let (free, total) = judged_mem_info(oom, mem_info).unwrap_or((0, 0));
+        crate::live::allocator_mode::observe(|| {
+            // SAFETY: set by oomshim_torch_set_oom_observer from a function of this type.
+            let f: OomObserver = unsafe { std::mem::transmute::<usize, OomObserver>(observer) };
+            unsafe { f(oom.device, oom.requested, total, free) };
+        })
+    } else {
+        None
+    };
+    let guard = super::Guard::enter();
+    let message = contained(|| out_of_memory(oom, stream, mem_info, note, context)).unwrap_or_else(|| {
+        c_message(&format!(
+            "CUDA out of memory. Tried to allocate {} (oomshim allocator).",
+            human_bytes(oom.requested)
+        ))
+    });
+    drop(guard);
+    Failure::OutOfMemory(Box::new(message))
+}
+
+/// Records the failure (its dump is written now, with the framework's word `note` when its
+/// observer gave one) and builds the exception's message; `context` is the stack of torch's
+/// `oom` history entry.
+fn out_of_memory(
+    oom: &OutOfMemory,
+    stream: Stream,
+    mem_info: Option<(u64, u64)>,
+    note: Option<crate::live::FrameworkNote>,
+    context: u32,
+) -> [u8; MESSAGE_BYTES] {
     if allocator().history_context().is_some() {
         // torch's `oom` entry: the rounded request and what CUDA said was free.
         let free = mem_info.map_or(0, |m| m.0);
         allocator().record_oom(oom.device, oom.rounded, free, stream as u64, context);
     }
-    let outcome = crate::live::allocator_mode::oom_now(crate::live::OomEvent {
-        api: Api::TorchAlloc,
-        bytes: oom.requested,
-        device: oom.device,
-        error_code: super::cuda_error::MEMORY_ALLOCATION,
-        stream: stream as usize,
-        context: crate::live::FailureContext {
-            memory_cap: memory_cap(oom, mem_info),
-            ..failure_context(oom.device, judged_mem_info(oom, mem_info))
+    let outcome = crate::live::allocator_mode::oom_now(
+        crate::live::OomEvent {
+            api: Api::TorchAlloc,
+            bytes: oom.requested,
+            device: oom.device,
+            error_code: super::cuda_error::MEMORY_ALLOCATION,
+            stream: stream as usize,
+            context: crate::live::FailureContext {
+                memory_cap: memory_cap(oom, mem_info),
+                ..failure_context(oom.device, judged_mem_info(oom, mem_info))
+            },
         },
-    });
+        note,
+    );
     let fb = &oom.free_blocks;
     let mut text = format!(
         "CUDA out of memory. Tried to allocate {}.",
@@ -554,12 +616,18 @@ pub unsafe extern "C-unwind" fn oomshim_torch_alloc(
     // The guard makes any hooked call below (the segment's cudaMalloc, when this library is also
     // preloaded) pass straight through.
     let guard = super::Guard::enter();
+    let outermost = guard.is_some();
     let outcome =
         contained(|| alloc_impl(size, device, stream)).unwrap_or(Err(Failure::PassThrough));
     drop(guard);
+    let outcome = match outcome {
+        Err(Failure::Unserved(oom, context)) => Err(unserved(&oom, stream, context, outermost)),
+        other => other,
+    };
     match outcome {
         Ok(p) => p,
-        Err(Failure::PassThrough) => pass_through_alloc(size, device),
+        // (Unserved never gets here: it became OutOfMemory above.)
+        Err(Failure::PassThrough | Failure::Unserved(..)) => pass_through_alloc(size, device),
         Err(Failure::OutOfMemory(boxed)) => {
             // Out of the box first: nothing with a destructor is live while the exception
             // unwinds through this frame to torch.

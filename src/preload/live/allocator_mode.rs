@@ -12,8 +12,9 @@
 //!
 //! [`FailureContext`]: super::FailureContext
 
-use super::oom::{self, OomEvent};
+use super::oom::{self, FrameworkNote, OomEvent};
 use dump::model::FreeBlocks;
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
@@ -34,6 +35,56 @@ pub(crate) fn free_blocks(device: Option<i32>) -> Option<FreeBlocks> {
     source(device.unwrap_or(0))
 }
 
+thread_local! {
+    /// Set while this thread runs the framework's out-of-memory observers for a failure of
+    /// allocator mode: the framework's word about it, once given, is kept here for its dump.
+    static OBSERVING: RefCell<Option<Option<FrameworkNote>>> = const { RefCell::new(None) };
+}
+
+/// Runs the framework's out-of-memory observers (`run`) for a failure on this thread, before its
+/// dump is written, and returns the word the framework gave from inside them
+/// ([`hold`]: oomshim's Python hook counts the memory by kind there), if any. Not re-entered: an
+/// allocation that fails inside the observers gets its dump without them.
+pub fn observe(run: impl FnOnce()) -> Option<FrameworkNote> {
+    let entered = OBSERVING
+        .try_with(|o| {
+            let mut o = o.borrow_mut();
+            if o.is_some() {
+                return false;
+            }
+            *o = Some(None);
+            true
+        })
+        .unwrap_or(false);
+    if !entered {
+        return None;
+    }
+    run();
+    OBSERVING
+        .try_with(|o| o.borrow_mut().take().flatten())
+        .ok()
+        .flatten()
+}
+
+/// The framework's word about an out-of-memory error (`oomshim_framework_oom`), given from
+/// inside [`observe`] on this thread: kept for the dump written next, which it then joins, as
+/// under preload the word joins the failure's dump. Its cache summary is left out: the
+/// allocator's own free blocks are exact. Returns the note back when this thread observes no
+/// failure (`None`: held).
+pub(crate) fn hold(mut note: FrameworkNote) -> Option<FrameworkNote> {
+    let held = OBSERVING
+        .try_with(|o| match &mut *o.borrow_mut() {
+            Some(slot) => {
+                note.free_blocks = None;
+                *slot = Some(std::mem::take(&mut note));
+                true
+            }
+            None => false,
+        })
+        .unwrap_or(false);
+    (!held).then_some(note)
+}
+
 /// What became of an allocator-mode out-of-memory failure.
 #[derive(Default)]
 pub struct AllocatorOom {
@@ -46,8 +97,9 @@ pub struct AllocatorOom {
 
 /// An allocation the allocator could not serve, even after emptying its cache: records the
 /// failure and writes its dump on this thread (the OOM path shared with preload, src/preload/live/oom.rs),
-/// from the context the allocator gathered into `event`.
-pub fn oom_now(event: OomEvent) -> AllocatorOom {
+/// from the context the allocator gathered into `event`, with the framework's word from its
+/// observers ([`observe`]) when there is one.
+pub fn oom_now(event: OomEvent, framework: Option<FrameworkNote>) -> AllocatorOom {
     let Some(s) = super::shim() else {
         return AllocatorOom::default();
     };
@@ -59,6 +111,7 @@ pub fn oom_now(event: OomEvent) -> AllocatorOom {
         stacks,
         super::thread_id(),
         oom::Mode::Now(oom::Resolution::Allocator),
+        framework,
     ) {
         oom::Handled::Written { path, verdict } => AllocatorOom {
             path,

@@ -66,6 +66,7 @@ fn bounded(mut k: Kinds) -> Kinds {
     k.models.truncate(16);
     k.optimizers.truncate(16);
     k.forward_hooks.truncate(8);
+    k.keepers.truncate(4);
     k.input_shape.truncate(8);
     let n = k.models.len();
     for m in &mut k.models {
@@ -105,6 +106,12 @@ fn bounded(mut k: Kinds) -> Kinds {
         h.file = cut(std::mem::take(&mut h.file), 1024);
         h.module = cut(std::mem::take(&mut h.module), 512);
     }
+    for keeper in &mut k.keepers {
+        keeper.container = cut(std::mem::take(&mut keeper.container), 32);
+        keeper.name = cut(std::mem::take(&mut keeper.name), 256);
+        keeper.scope = cut(std::mem::take(&mut keeper.scope), 512);
+        keeper.file = keeper.file.take().map(|f| cut(f, 1024));
+    }
     k.phase = k.phase.map(|p| cut(p, 32));
     k.found_by = k.found_by.map(|p| cut(p, 32));
     k
@@ -123,6 +130,33 @@ fn cut(mut s: String, max: usize) -> String {
         s.truncate(n);
     }
     s
+}
+
+/// A live count of memory by kind (`{"device": 0, "kinds": {...}, "attribution": {...}}`, sent
+/// by the Python hook at an optimizer step), bounded as an account's; `None` for anything else.
+pub fn parse_live_kinds(bytes: &[u8]) -> Option<(i32, Kinds, Option<Attribution>)> {
+    #[derive(Deserialize)]
+    struct Live {
+        device: i32,
+        kinds: Kinds,
+        #[serde(default)]
+        attribution: Option<Attribution>,
+    }
+    let l: Live = serde_json::from_slice(bytes).ok()?;
+    Some((
+        l.device,
+        bounded(l.kinds),
+        l.attribution.map(bounded_attribution),
+    ))
+}
+
+fn bounded_attribution(mut a: Attribution) -> Attribution {
+    a.lines.truncate(10);
+    for l in &mut a.lines {
+        l.file = cut(std::mem::take(&mut l.file), 1024);
+        l.function = cut(std::mem::take(&mut l.function), 256);
+    }
+    a
 }
 
 /// The account and the device's (free, total) as the framework reported them; `None` for
@@ -174,14 +208,7 @@ pub fn parse(bytes: &[u8]) -> Option<(FrameworkNote, Option<(u64, u64)>)> {
         cache: r.cache,
         snapshot_file: r.snapshot_file.map(|f| cut(f, 255)),
         message: r.message.map(|m| cut(m, MAX_MESSAGE)),
-        attribution: r.attribution.map(|mut a| {
-            a.lines.truncate(10);
-            for l in &mut a.lines {
-                l.file = cut(std::mem::take(&mut l.file), 1024);
-                l.function = cut(std::mem::take(&mut l.function), 256);
-            }
-            a
-        }),
+        attribution: r.attribution.map(bounded_attribution),
         kinds: r.kinds.map(bounded),
     };
     Some((

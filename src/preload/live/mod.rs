@@ -471,6 +471,9 @@ pub enum FrameworkWord {
     TooLate = 1,
     /// The failure repeats an earlier dumped one.
     Repeat = 2,
+    /// Given from inside allocator mode's observers: it joins the dump written when they return
+    /// (no path yet).
+    Held = 3,
 }
 
 /// A framework raised its out-of-memory error on the calling thread (torch's OOM observer via
@@ -481,6 +484,9 @@ pub fn framework_oom(
     mem_info: Option<(u64, u64)>,
 ) -> Option<(std::path::PathBuf, FrameworkWord)> {
     let s = shim()?;
+    let Some(note) = allocator_mode::hold(note) else {
+        return Some((std::path::PathBuf::new(), FrameworkWord::Held));
+    };
     let stacks = s.capture_stacks();
     match s
         .oom
@@ -555,7 +561,7 @@ pub fn record_oom(event: OomEvent) {
     );
     let stacks = s.capture_stacks();
     s.oom
-        .on_failure(s, event, stacks, thread_id(), oom::Mode::Settle);
+        .on_failure(s, event, stacks, thread_id(), oom::Mode::Settle, None);
 }
 
 /// Pinned host memory ran out: host memory, not a device OOM; counted and passed through.

@@ -280,7 +280,8 @@ impl OomTracker {
         self.hooked.store(true, Ordering::Relaxed);
     }
 
-    /// An allocation failed with out-of-memory on `thread`.
+    /// An allocation failed with out-of-memory on `thread`. `framework`: the framework's word,
+    /// given before the failure was recorded (allocator mode's observers), for a dump written now.
     pub(crate) fn on_failure(
         &self,
         s: &'static Shim,
@@ -288,6 +289,7 @@ impl OomTracker {
         stacks: (StackId, StackId),
         thread: u64,
         mode: Mode,
+        framework: Option<FrameworkNote>,
     ) -> Handled {
         let now = Instant::now();
         let last = last_failure(s, &ev, SystemTime::now());
@@ -380,7 +382,7 @@ impl OomTracker {
                         repeats,
                         suppressed,
                     }),
-                    None,
+                    framework.as_ref(),
                     facts,
                 );
                 self.finish_now(s, dump, stacks, thread, now)

@@ -89,8 +89,8 @@ def check(d, case, launcher):
     row["headline"] = top.get("headline", "")[:240]
     row["advice"] = (dump["verdict"].get("suggestions") or [""])[0][:240]
     if not k:
-        # Allocator mode: the dump is final before Python hears of the failure; the hook writes
-        # the kinds beside it (oomshim-torch-HOST-PID-<dump>.kinds.json), which `report` merges.
+        # Dumps of builds before the allocator's observer call: the kinds beside the dump
+        # (oomshim-torch-HOST-PID-<dump>.kinds.json), which `report` merges.
         name = os.path.basename(dump_paths[-1])
         for side in glob.glob(os.path.join(d, "oomshim-torch-*.kinds.json")):
             try:
@@ -104,6 +104,13 @@ def check(d, case, launcher):
         row.update(ok=False, why="no kinds in the dump or beside it")
         return row
     row["kinds"] = {x: k.get(x) for x in KINDS + ("activations_bytes", "cache_bytes")}
+    # The stderr line says what the dump's headline says (the kinds reached the dump before it was
+    # judged, in every launcher, allocator mode included).
+    try:
+        err = open(os.path.join(d, "stderr.txt"), errors="replace").read()
+    except OSError:
+        err = ""
+    row["stderr_has_headline"] = bool(top.get("headline")) and top["headline"][:120] in err
     row["phase"] = k.get("phase")
     row["module"] = (k.get("module") or {}).get("path")
     row["batch"] = k.get("batch")
@@ -153,7 +160,8 @@ def main():
         if r.get("why"):
             print(f"    why: {r['why']}")
         if r.get("headline"):
-            print(f"    headline: {r['headline']}")
+            on_stderr = {True: "", False: " [NOT on stderr]", None: ""}[r.get("stderr_has_headline")]
+            print(f"    headline{on_stderr}: {r['headline']}")
         if r.get("advice"):
             print(f"    advice: {r['advice']}")
     print(f"\n{len(rows)} runs checked, {failed} failed")

@@ -82,6 +82,8 @@ CASES = [
     Case("kinds_grads_never_zeroed", "kinds_grads_never_zeroed.py", {"own_allocations"}, count=1),
     Case("kinds_hook_keeps", "kinds_hook_keeps.py", {"leak"}),
     Case("kinds_hf_trainer", "kinds_hf_trainer.py", {"own_allocations"}),
+    # The leak's headline names the list that keeps it (`held in list `history` (...)`).
+    Case("kinds_list_keeps", "kinds_list_keeps.py", {"leak"}),
     # kinds_growth_killed.py (growth over time, no steps, SIGKILLed) waits for issue 23 item 3.
 ]
 

@@ -160,6 +160,30 @@ pub(in crate::verdict) fn hook_keeper(k: &Kinds) -> Option<String> {
     ))
 }
 
+/// `` dict `outputs` (train.py:40, a global of __main__: 960.00 MiB in 10 tensors) ``: the
+/// program's container that holds the most of the live tensors beyond the weights, gradients
+/// and optimizer state, when it holds at least a quarter of them (and 1 MiB): what keeps a leak
+/// alive, named at the line that grows it.
+pub(in crate::verdict) fn container_keeper(k: &Kinds) -> Option<String> {
+    let c = k.keepers.first()?;
+    let rest = k.activations_bytes.unwrap_or(0);
+    if c.bytes < (1 << 20) || c.bytes.saturating_mul(4) < rest {
+        return None;
+    }
+    let at = match (&c.file, c.line) {
+        (Some(f), Some(l)) => format!("{}:{l}, ", short_file(f)),
+        _ => String::new(),
+    };
+    Some(format!(
+        "{} `{}` ({at}{}: {} in {} tensors)",
+        clean(&c.container),
+        clean(&c.name),
+        clean(&c.scope),
+        human_bytes(c.bytes),
+        c.tensors
+    ))
+}
+
 /// One evidence line: every kind with its bytes, the models and optimizers.
 pub(in crate::verdict) fn evidence(c: &Ctx, k: &Kinds) -> Vec<String> {
     let mut parts: Vec<String> = crate::verdict::kinds::by_kind(k)

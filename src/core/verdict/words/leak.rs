@@ -98,9 +98,13 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
         ),
         },
     };
-    // The program's own forward hook, when the hook found one: what keeps the growth, next to
-    // the line that allocated it.
+    // The program's container that holds the leaked tensors, and its own forward hook, when the
+    // hook found them: what keeps the growth, next to the line that allocated it.
     let kinds = crate::verdict::kinds::kinds_of(c.dump);
+    let headline = match kinds.and_then(super::kinds::container_keeper) {
+        Some(held) => format!("{headline}; held in {held}"),
+        None => headline,
+    };
     let keeper = kinds.and_then(super::kinds::hook_keeper);
     let headline = match &keeper {
         Some(k) => format!("{headline}; possibly kept by {k}"),

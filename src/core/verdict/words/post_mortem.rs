@@ -261,6 +261,50 @@ pub(in crate::verdict) fn leak(l: &LeakFinding) -> Finding {
     }
 }
 
+/// A leak by step whose tensors torch's own records place at another line than the growing
+/// site (under preload the shim sees torch's segments, which the allocator may have cut during
+/// the optimizer step: the site names `opt.step()`, the records the line that keeps tensors):
+/// the recorded line, when it holds at least half of what was recorded.
+pub(in crate::verdict) fn leak_by_records(l: &LeakFinding, dump: &Dump) -> Option<Finding> {
+    if l.over_time {
+        return None;
+    }
+    let a = dump.framework.as_ref()?.attribution.as_ref()?;
+    let line = a.lines.first()?;
+    let share = line.bytes as f64 / a.recorded_bytes.max(1) as f64;
+    if a.recorded_bytes == 0 || share < LEAK_NAMED_SHARE {
+        return None;
+    }
+    let label = super::leak::recorded_label(line);
+    if l.sites
+        .first()
+        .is_some_and(|(s, _)| short_label(&s.stack) == label)
+    {
+        return None; // the site already names it
+    }
+    let mut f = leak(l);
+    let headline = format!(
+        "leak: {label} holds the growth ({} of the tensors allocated since it began, by torch's records): the process grows by {} every step (over the last {} {})",
+        percent(Some(share * 100.0)),
+        human_bytes(l.fit.bytes_per_step),
+        l.fit.samples,
+        steps_word(l.growth.steps.as_deref()),
+    );
+    f.summary = format!(
+        "{headline}. Device memory was growing step after step when the program died; it would have run out of device memory next."
+    );
+    f.evidence.insert(
+        0,
+        format!(
+            "torch's records (its allocation history, on since the growth was seen): {} at {label} of {} recorded",
+            human_bytes(line.bytes),
+            human_bytes(a.recorded_bytes)
+        ),
+    );
+    f.headline = headline;
+    Some(f)
+}
+
 /// One line per growing site: `label: +rate per UNIT, share of the growth`.
 fn site_evidence(l: &LeakFinding, unit: &str) -> Vec<String> {
     l.sites
