@@ -896,12 +896,7 @@ fn post_mortem(pm: &PostMortems, w: &Watched, region: &Path, death: &flight::pos
 
 /// Writes a post-mortem dump and says so on stderr, with its headline.
 fn write_post_mortem(pm: &PostMortems, dump: &dump::model::Dump) {
-    let headline = dump
-        .verdict
-        .findings
-        .first()
-        .map(|f| f.headline.clone())
-        .unwrap_or_else(|| dump.verdict.summary.clone());
+    let headline = dump.verdict.headline();
     let bytes = match serde_json::to_vec_pretty(dump) {
         Ok(b) => b,
         Err(e) => {
@@ -919,7 +914,7 @@ fn write_post_mortem(pm: &PostMortems, dump: &dump::model::Dump) {
         Ok(w) => {
             say(&format!(
                 "oomshim: post-mortem (reconstructed): {}",
-                clean(&headline)
+                clean(headline)
             ));
             say(&format!(
                 "oomshim:   dump: {}  (details: oomshim report {})",
@@ -929,7 +924,7 @@ fn write_post_mortem(pm: &PostMortems, dump: &dump::model::Dump) {
         }
         Err(e) => say(&format!(
             "oomshim: post-mortem (reconstructed): {}; no dump written: {e}",
-            clean(&headline)
+            clean(headline)
         )),
     }
 }

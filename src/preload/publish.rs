@@ -119,12 +119,7 @@ pub fn note_dump(dump: &Dump, path: &std::path::Path) {
         return;
     }
     let mut last = LAST_FAILURE.lock().unwrap_or_else(|e| e.into_inner());
-    let headline = dump
-        .verdict
-        .findings
-        .first()
-        .map(|f| f.headline.clone())
-        .unwrap_or_else(|| dump.verdict.summary.clone());
+    let headline = dump.verdict.headline().to_string();
     let req = dump.failed_request.as_ref().expect("checked");
     let entry = last.get_or_insert_with(|| LiveFailure {
         unix_ms: dump.time_unix_ms,
