@@ -7,6 +7,8 @@
 use dump::model::Dump;
 use oomshim_core::flight::layout::RegionWriter;
 use oomshim_core::flight::{LiveFailure, LiveSummary, RssSample, LIVE_SCHEMA, RSS_SAMPLES};
+use oomshim_core::sys::fn_ptr::FnPtr;
+use std::ffi::c_int;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -398,13 +400,11 @@ pub fn remove_at_exit() {
     }
 }
 
-/// The address of the C library's `_exit` when it was looked up (at the region's creation; the
-/// shim's `_exit` must not look anything up itself), else `None`.
-pub fn real_exit() -> Option<usize> {
-    match REAL_EXIT.load(Ordering::Acquire) {
-        0 => None,
-        p => Some(p),
-    }
+/// The C library's `_exit` when it was looked up (at the region's creation; the shim's `_exit`
+/// must not look anything up itself), else `None`.
+pub fn real_exit() -> Option<unsafe extern "C" fn(c_int) -> !> {
+    // SAFETY: 0 or the address of the C library's `void _exit(int)`, which stays loaded.
+    unsafe { FnPtr::from_addr(REAL_EXIT.load(Ordering::Acquire)) }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! handler and semaphore (the `pthread_atfork` handlers are in [`super::fork`]). Callers pass
 //! the work as plain functions, so this module depends on nothing above it.
 
+use super::fn_ptr::FnPtr;
 use std::panic::catch_unwind;
 use std::sync::OnceLock;
 
@@ -77,12 +78,14 @@ extern "C" fn on_dump_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: 
         if let Some(OldAction(old)) = OLD_DUMP_ACTION.get() {
             let h = old.sa_sigaction;
             if h != libc::SIG_DFL && h != libc::SIG_IGN {
+                // SAFETY: the program's handler, of the signature its flags declare.
                 if old.sa_flags & libc::SA_SIGINFO != 0 {
-                    let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                        std::mem::transmute(h);
-                    f(sig, info, ctx);
-                } else {
-                    let f: extern "C" fn(libc::c_int) = std::mem::transmute(h);
+                    type Action =
+                        extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+                    if let Some(f) = Action::from_addr(h) {
+                        f(sig, info, ctx);
+                    }
+                } else if let Some(f) = <extern "C" fn(libc::c_int)>::from_addr(h) {
                     f(sig);
                 }
             }

@@ -19,6 +19,7 @@
 //! function-pointer types here use the `"C-unwind"` ABI (and why nothing on the way holds a lock
 //! or a value with a destructor).
 
+use oomshim_core::sys::fn_ptr::FnPtr;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::OnceLock;
 
@@ -108,6 +109,15 @@ fn sym_in(name: &CStr, sonames: &[&CStr]) -> Option<usize> {
     })
 }
 
+/// The function `name` ([`sym_in`]) as a function of type `F`.
+///
+/// # Safety
+/// `F` is the C signature of `name`.
+unsafe fn fn_in<F: FnPtr>(name: &CStr, sonames: &[&CStr]) -> Option<F> {
+    // SAFETY: this function's contract; the objects searched stay loaded (`sym_in`).
+    sym_in(name, sonames).and_then(|p| unsafe { F::from_addr(p) })
+}
+
 const STDCXX: &[&CStr] = &[c"libstdc++.so.6"];
 const TORCH: &[&CStr] = &[
     c"libc10.so",
@@ -148,8 +158,9 @@ fn synthesized_oom_type() -> Option<*const c_void> {
 /// virtual destructor is the complete-object destructor. (c10 does not export `~Error`.)
 unsafe extern "C" fn destroy_via_vtable(obj: *mut c_void) {
     let vtable = *(obj as *const *const usize);
-    let complete_dtor: unsafe extern "C" fn(*mut c_void) = std::mem::transmute(*vtable);
-    complete_dtor(obj);
+    if let Some(complete_dtor) = <unsafe extern "C" fn(*mut c_void)>::from_addr(*vtable) {
+        complete_dtor(obj);
+    }
 }
 
 fn runtime() -> Option<&'static Runtime> {
@@ -157,39 +168,34 @@ fn runtime() -> Option<&'static Runtime> {
     static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| unsafe {
-            let allocate: AllocateException =
-                std::mem::transmute(sym_in(c"__cxa_allocate_exception", STDCXX)?);
-            let throw: Throw = std::mem::transmute(sym_in(c"__cxa_throw", STDCXX)?);
+            // Each type is the C signature of the symbol it is looked up by (the types above).
+            let allocate: AllocateException = fn_in(c"__cxa_allocate_exception", STDCXX)?;
+            let throw: Throw = fn_in(c"__cxa_throw", STDCXX)?;
             let c10 = (|| {
                 Some(C10 {
-                    ctor: std::mem::transmute::<usize, C10ErrorCtor>(sym_in(
+                    ctor: fn_in::<C10ErrorCtor>(
                         c"_ZN3c105ErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE",
                         TORCH,
-                    )?),
-                    dtor: match sym_in(c"_ZN3c105ErrorD1Ev", TORCH) {
-                        Some(p) => std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void)>(p),
+                    )?,
+                    dtor: match fn_in::<unsafe extern "C" fn(*mut c_void)>(c"_ZN3c105ErrorD1Ev", TORCH) {
+                        Some(f) => f,
                         None => destroy_via_vtable,
                     },
                     oom_type: match sym_in(c"_ZTIN3c1016OutOfMemoryErrorE", TORCH) {
                         Some(p) => p as *const c_void,
                         None => synthesized_oom_type()?,
                     },
-                    new: std::mem::transmute::<usize, OperatorNew>(sym_in(c"_Znwm", STDCXX)?),
-                    delete: std::mem::transmute::<usize, OperatorDelete>(sym_in(
-                        c"_ZdlPv", STDCXX,
-                    )?),
+                    new: fn_in::<OperatorNew>(c"_Znwm", STDCXX)?,
+                    delete: fn_in::<OperatorDelete>(c"_ZdlPv", STDCXX)?,
                 })
             })();
             let std_runtime_error = (|| {
                 Some(StdRuntimeError {
-                    ctor: std::mem::transmute::<usize, RuntimeErrorCtor>(sym_in(
-                        c"_ZNSt13runtime_errorC1EPKc",
-                        STDCXX,
-                    )?),
-                    dtor: std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void)>(sym_in(
+                    ctor: fn_in::<RuntimeErrorCtor>(c"_ZNSt13runtime_errorC1EPKc", STDCXX)?,
+                    dtor: fn_in::<unsafe extern "C" fn(*mut c_void)>(
                         c"_ZNSt13runtime_errorD1Ev",
                         STDCXX,
-                    )?),
+                    )?,
                     type_info: sym_in(c"_ZTISt13runtime_error", STDCXX)? as *const c_void,
                 })
             })();

@@ -18,7 +18,7 @@
 //! constructor ran (another library's constructor). The shim's own code must never call the
 //! exported `dlsym` for a handle lookup: it uses [`real_dlsym`].
 
-use oomshim_core::sys::dl::{ensure_real_dlsym, quiet_dlsym, real_dlsym, REAL_DLSYM};
+use oomshim_core::sys::dl::{ensure_real_dlsym, quiet_fn, real_dlsym, REAL_DLSYM};
 use std::ffi::{c_char, c_void};
 
 /// glibc calls `.init_array` functions with the program's `argc`, `argv` and `envp`.
@@ -31,13 +31,15 @@ extern "C" fn init_real_dlsym(
     // In a Python program that has not started yet: oomshim's Python hook on its path (one
     // symbol lookup here; src/core/pyhook.rs).
     let _ = std::panic::catch_unwind(|| {
-        // SAFETY: RTLD_DEFAULT is always a valid handle.
-        let found = unsafe { quiet_dlsym(libc::RTLD_DEFAULT, c"Py_IsInitialized") };
-        if found == 0 {
+        // SAFETY: RTLD_DEFAULT is always a valid handle; `int Py_IsInitialized(void)`.
+        let Some(initialized) = (unsafe {
+            quiet_fn::<unsafe extern "C" fn() -> std::ffi::c_int>(
+                libc::RTLD_DEFAULT,
+                c"Py_IsInitialized",
+            )
+        }) else {
             return;
-        }
-        let initialized: unsafe extern "C" fn() -> std::ffi::c_int =
-            unsafe { std::mem::transmute(found) };
+        };
         let mut args: Vec<&[u8]> = Vec::new();
         if !argv.is_null() {
             for i in 0..argc.max(0) as usize {

@@ -293,12 +293,14 @@ pub(super) fn mem_info() -> Option<(u64, u64)> {
 
 /// The device's name: the leading `char name[256]` of `cudaDeviceProp`, whatever its version.
 pub(super) fn device_name(device: i32) -> Option<String> {
-    static V2: RealFn = RealFn::optional(c"cudaGetDeviceProperties_v2");
-    static V1: RealFn = RealFn::optional(c"cudaGetDeviceProperties");
-    let p = V2.get().or_else(|| V1.get())?;
-    let f: unsafe extern "C" fn(*mut u8, c_int) -> c_int = unsafe { std::mem::transmute(p) };
+    type GetProperties = unsafe extern "C" fn(*mut u8, c_int) -> c_int;
+    // SAFETY: both are `cudaError_t (cudaDeviceProp *prop, int device)`.
+    static V2: RealFn<GetProperties> = unsafe { RealFn::optional(c"cudaGetDeviceProperties_v2") };
+    static V1: RealFn<GetProperties> = unsafe { RealFn::optional(c"cudaGetDeviceProperties") };
+    let f = V2.get().or_else(|| V1.get())?;
     // Far larger than any cudaDeviceProp so far (about 1 KiB), so any version fits.
     let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: the buffer is larger than any `cudaDeviceProp`.
     if unsafe { f(buf.as_mut_ptr(), device) } != SUCCESS {
         return None;
     }
@@ -308,9 +310,12 @@ pub(super) fn device_name(device: i32) -> Option<String> {
 
 /// `cudaRuntimeGetVersion` of the runtime in the process (optional: no message when absent).
 fn runtime_version() -> Option<i32> {
-    static GET: RealFn = RealFn::optional(c"cudaRuntimeGetVersion");
-    let f: unsafe extern "C" fn(*mut c_int) -> c_int = unsafe { std::mem::transmute(GET.get()?) };
+    // SAFETY: `cudaError_t cudaRuntimeGetVersion(int *version)`.
+    static GET: RealFn<unsafe extern "C" fn(*mut c_int) -> c_int> =
+        unsafe { RealFn::optional(c"cudaRuntimeGetVersion") };
+    let f = GET.get()?;
     let mut v: c_int = 0;
+    // SAFETY: a valid out-parameter.
     (unsafe { f(&mut v) } == SUCCESS && v > 0).then_some(v)
 }
 
