@@ -156,6 +156,7 @@ fn refused_by_limits() -> Option<&'static str> {
             rlim_cur: 0,
             rlim_max: 0,
         };
+        // SAFETY: a valid out-parameter.
         (unsafe { libc::getrlimit(res, &mut rl) } == 0).then_some(rl.rlim_cur)
     };
     if limit(libc::RLIMIT_FSIZE)
@@ -206,6 +207,7 @@ pub fn start(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn
 fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
     // Signals are the program's: a process-directed one must never land on this thread (a
     // handler of the program's would run here, with this thread's locks held).
+    // SAFETY: a zeroed sigset_t filled by sigfillset; this thread's own mask.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
@@ -240,6 +242,7 @@ fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
         let _ = REGION.set((c_path, pid));
     }
     // Resolved here, on this thread: `_exit` may later run where a lookup is not safe.
+    // SAFETY: RTLD_NEXT is always a valid handle.
     let real_exit = unsafe { oomshim_core::sys::real_dlsym_not_ours(libc::RTLD_NEXT, c"_exit") };
     REAL_EXIT.store(real_exit, Ordering::Release);
     on_created();
@@ -311,6 +314,7 @@ fn create(
         .open(&path)?;
     let file = oomshim_core::own_fd::high_file(file);
     let meta = file.metadata()?;
+    // SAFETY: geteuid cannot fail.
     let writer = RegionWriter::init(file, pid, unsafe { libc::geteuid() }, start_ticks)?;
     Ok((writer, path, (meta.dev(), meta.ino())))
 }
@@ -394,7 +398,9 @@ fn publish_once(
 /// made when the region was created.
 pub fn remove_at_exit() {
     if let Some((c_path, pid)) = REGION.get() {
+        // SAFETY: getpid cannot fail.
         if *pid == unsafe { libc::getpid() } as u32 && !REMOVED.swap(true, Ordering::Relaxed) {
+            // SAFETY: a NUL-terminated path made when the region was created.
             unsafe { libc::unlink(c_path.as_ptr()) };
         }
     }

@@ -93,6 +93,7 @@ pub fn clear_dl_error() {
 pub fn object_base(addr: usize) -> Option<usize> {
     // SAFETY: dladdr only writes `info`; a zeroed Dl_info is a valid out-parameter.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr reads no memory at `addr` and only writes `info`.
     let ok = unsafe { libc::dladdr(addr as *const c_void, &mut info) };
     (ok != 0).then_some(info.dli_fbase as usize)
 }

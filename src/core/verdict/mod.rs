@@ -93,7 +93,7 @@ pub use untracked_memory::UNTRACKED_MIN_SHARE;
 /// Judges a dump. Uses everything in it except its own `verdict` field. Deterministic.
 pub fn judge(dump: &Dump) -> Verdict {
     if dump.post_mortem.is_some() {
-        return judge_post_mortem(dump); // how the program died comes first (issue 15)
+        return judge_post_mortem(dump); // how the program died comes first
     }
     match &dump.failed_request {
         Some(request) => judge_oom(dump, request),

@@ -1,6 +1,6 @@
-//! Post-mortem verdicts (issue 15): how a program died that left no dump of its own, judged
-//! from a dump that `oomshim run` rebuilt from the program's last published state. Separate
-//! from the out-of-memory kinds, which are unchanged.
+//! Post-mortem verdicts: how a program died that left no dump of its own, judged from a dump
+//! that `oomshim run` rebuilt from the program's last published state; kinds of their own,
+//! apart from the out-of-memory kinds.
 //!
 //! This file decides how the program died; `words/post_mortem.rs` says it; `judge_post_mortem`
 //! (`mod.rs`) puts the two together.

@@ -43,13 +43,16 @@ extern "C" fn init_real_dlsym(
         let mut args: Vec<&[u8]> = Vec::new();
         if !argv.is_null() {
             for i in 0..argc.max(0) as usize {
+                // SAFETY: glibc passes `argc` entries of `argv`.
                 let a = unsafe { *argv.add(i) };
                 if a.is_null() {
                     break;
                 }
+                // SAFETY: a non-NULL argument string, NUL-terminated.
                 args.push(unsafe { std::ffi::CStr::from_ptr(a) }.to_bytes());
             }
         }
+        // SAFETY: `Py_IsInitialized` may be called at any time, before Python starts too.
         oomshim_core::pyhook::prepare_for_python(unsafe { initialized() } == 0, &args);
     });
 }
@@ -64,12 +67,15 @@ static INIT_REAL_DLSYM: extern "C" fn(std::ffi::c_int, *const *const c_char, *co
 /// `dlsym` for a real handle (not `RTLD_DEFAULT`/`RTLD_NEXT`): the real lookup, with a tracked
 /// driver function swapped for its wrapper.
 unsafe extern "C" fn dlsym_with_handle(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    let found = real_dlsym(handle, name);
+    // SAFETY: the program's own arguments to `dlsym`.
+    let found = unsafe { real_dlsym(handle, name) };
     if found.is_null() || name.is_null() {
         return found;
     }
-    match std::panic::catch_unwind(|| super::driver::substitute_from_handle(handle, found as usize))
-    {
+    // SAFETY: a handle the real `dlsym` just accepted.
+    match std::panic::catch_unwind(|| unsafe {
+        super::driver::substitute_from_handle(handle, found as usize)
+    }) {
         Ok(p) => p as *mut c_void,
         Err(_) => found,
     }

@@ -70,7 +70,7 @@ macro_rules! driver_functions {
         const COUNT: usize = NAMES.len();
 
         /// The [`Api`] each table entry records, in table order.
-        #[allow(dead_code, reason = "read by the tests")]
+        #[cfg(test)]
         pub(crate) const APIS: &[Option<Api>] = &[$( driver_functions!(@api $($api)?), )*];
 
         /// The shim's wrapper of each table entry.
@@ -89,7 +89,10 @@ macro_rules! driver_functions {
                     return CUDA_ERROR_NOT_INITIALIZED;
                 };
                 let $guard = Guard::enter();
-                $body
+                // SAFETY: the caller's arguments, as valid as the driver API requires of them;
+                // the row's body passes them to the real function unchanged and reads an
+                // out-parameter only after a success, never through NULL.
+                unsafe { $body }
             }
         )*
     };
@@ -347,9 +350,13 @@ static BUILT: AtomicBool = AtomicBool::new(false);
 
 /// Fills [`REAL`] from `handle` by exact names. Racing callers compute the same values, so no
 /// lock is taken (a lock here could be held by a thread blocked on the loader's lock).
-fn build_from(handle: *mut c_void) {
+///
+/// # Safety
+/// `handle` is `RTLD_NEXT` or a handle `dlopen` returned and not yet closed.
+unsafe fn build_from(handle: *mut c_void) {
     let mut any = false;
     for (slot, name) in REAL.iter().zip(NAMES) {
+        // SAFETY: this function's contract.
         let p = unsafe { real_dlsym_not_ours(handle, name) };
         if p != 0 {
             slot.store(p, Ordering::Release);
@@ -363,7 +370,8 @@ fn build_from(handle: *mut c_void) {
 
 fn ensure_built() {
     if !BUILT.load(Ordering::Acquire) {
-        build_from(driver_handle());
+        // SAFETY: `driver_handle` returns an open handle, kept open, or RTLD_NEXT.
+        unsafe { build_from(driver_handle()) };
     }
 }
 
@@ -405,13 +413,18 @@ fn substitute(p: usize) -> usize {
 }
 
 /// Swaps a resolver's out-parameter for a wrapper (pointer identity).
+///
+/// # Safety
+/// `pfn` is NULL or the out-parameter a resolver just wrote.
 unsafe fn substitute_out(pfn: *mut *mut c_void) {
     if pfn.is_null() {
         return;
     }
-    let found = *pfn as usize;
+    // SAFETY: a non-NULL out-parameter the resolver wrote (this function's contract).
+    let found = unsafe { *pfn } as usize;
     if let Ok(p) = std::panic::catch_unwind(|| substitute(found)) {
-        *pfn = p as *mut c_void;
+        // SAFETY: as above.
+        unsafe { *pfn = p as *mut c_void };
     }
 }
 
@@ -419,8 +432,12 @@ unsafe fn substitute_out(pfn: *mut *mut c_void) {
 /// when `found` is a tracked driver function. Before the table exists, it is filled from this
 /// handle only if the handle reaches a driver and `found` lies in that driver's object. No
 /// CUDA call, no `dlopen`, no lock.
-pub(crate) fn substitute_from_handle(handle: *mut c_void, found: usize) -> usize {
+///
+/// # Safety
+/// `handle` is a handle `dlopen` returned and not yet closed (the real `dlsym` just used it).
+pub(crate) unsafe fn substitute_from_handle(handle: *mut c_void, found: usize) -> usize {
     if !BUILT.load(Ordering::Acquire) {
+        // SAFETY: this function's contract.
         let anchor = unsafe { real_dlsym_not_ours(handle, NAMES[Idx::cuGetProcAddress as usize]) };
         if anchor == 0 {
             return found;
@@ -429,7 +446,8 @@ pub(crate) fn substitute_from_handle(handle: *mut c_void, found: usize) -> usize
         if base.is_none() || object_base(found) != base {
             return found;
         }
-        build_from(handle);
+        // SAFETY: this function's contract.
+        unsafe { build_from(handle) };
     }
     match REAL.iter().position(|r| r.load(Ordering::Acquire) == found) {
         Some(i) => wrappers()[i],
@@ -438,8 +456,12 @@ pub(crate) fn substitute_from_handle(handle: *mut c_void, found: usize) -> usize
 }
 
 /// The shim's wrapper for a resolver's answer (for the runtime's `cudaGetDriverEntryPoint*`).
+///
+/// # Safety
+/// `pfn` is NULL or the out-parameter the resolver just wrote.
 pub(crate) unsafe fn substitute_entry_point(pfn: *mut *mut c_void) {
-    substitute_out(pfn)
+    // SAFETY: this function's contract.
+    unsafe { substitute_out(pfn) }
 }
 
 // ---------- helpers the wrappers use (driver functions the shim calls, not exports) ----------
@@ -493,8 +515,9 @@ pub(crate) fn device_uuid(device: i32) -> Option<String> {
     // SAFETY: `CUresult cuDeviceGet(CUdevice *device, int ordinal)`.
     static GET_DEVICE: RealFn<unsafe extern "C" fn(*mut c_int, c_int) -> CUresult> =
         unsafe { RealFn::driver(c"cuDeviceGet") };
-    // SAFETY: both are `CUresult (CUuuid *uuid, CUdevice dev)`; `CUuuid` is 16 bytes.
+    // SAFETY: `CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)`; `CUuuid` is 16 bytes.
     static V2: RealFn<GetUuid> = unsafe { RealFn::driver(c"cuDeviceGetUuid_v2") };
+    // SAFETY: `cuDeviceGetUuid` has the same signature.
     static V1: RealFn<GetUuid> = unsafe { RealFn::driver(c"cuDeviceGetUuid") };
     let get_device = GET_DEVICE.get()?;
     let get_uuid = V2.get().or_else(|| V1.get())?;
@@ -510,11 +533,15 @@ pub(crate) fn device_uuid(device: i32) -> Option<String> {
 }
 
 /// (host?, device) of a `CUmemAllocationProp`; NULL → the current device.
+///
+/// # Safety
+/// `prop` is NULL or points to a `CUmemAllocationProp`.
 unsafe fn location_of(prop: *const CUmemAllocationProp) -> (bool, i32) {
     if prop.is_null() {
         return (false, current_device());
     }
-    let loc = &(*prop).location;
+    // SAFETY: a non-NULL `CUmemAllocationProp` (this function's contract).
+    let loc = unsafe { &(*prop).location };
     if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
         (false, loc.id)
     } else {
@@ -522,19 +549,29 @@ unsafe fn location_of(prop: *const CUmemAllocationProp) -> (bool, i32) {
     }
 }
 
+/// An out-parameter's value, 0 for NULL.
+///
+/// # Safety
+/// `out` is NULL or points to a readable `CUdeviceptr`.
 unsafe fn read(out: *mut CUdeviceptr) -> u64 {
     if out.is_null() {
         0
     } else {
-        *out
+        // SAFETY: non-NULL and readable (this function's contract).
+        unsafe { *out }
     }
 }
 
+/// An out-parameter's value, 0 for NULL.
+///
+/// # Safety
+/// `out` is NULL or points to a readable pointer.
 unsafe fn read_host(out: *mut *mut c_void) -> u64 {
     if out.is_null() {
         0
     } else {
-        *out as u64
+        // SAFETY: non-NULL and readable (this function's contract).
+        (unsafe { *out }) as u64
     }
 }
 

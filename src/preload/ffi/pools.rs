@@ -79,9 +79,11 @@ pub(crate) fn snapshot(device: i32) -> Vec<PoolInfo> {
     if !relevant(device) {
         return Vec::new();
     }
-    // SAFETY: the signatures of these driver functions (`GetPool`, `GetAttribute`).
+    // SAFETY: `cuDeviceGetDefaultMemPool`'s signature is `GetPool`.
     static DEFAULT: RealFn<GetPool> = unsafe { RealFn::driver(c"cuDeviceGetDefaultMemPool") };
+    // SAFETY: `cuDeviceGetMemPool`'s signature is `GetPool`.
     static CURRENT: RealFn<GetPool> = unsafe { RealFn::driver(c"cuDeviceGetMemPool") };
+    // SAFETY: `cuMemPoolGetAttribute`'s signature is `GetAttribute`.
     static GET_ATTR: RealFn<GetAttribute> = unsafe { RealFn::driver(c"cuMemPoolGetAttribute") };
     let Some(get) = GET_ATTR.get() else {
         return Vec::new();

@@ -22,6 +22,7 @@ fn end(status: c_int) -> ! {
         unsafe { real(status) }
     }
     loop {
+        // SAFETY: `exit_group` takes an integer and does not return.
         unsafe { libc::syscall(libc::SYS_exit_group, status) };
     }
 }
