@@ -188,7 +188,10 @@ fn runtime() -> Option<&'static Runtime> {
                         c"_ZN3c105ErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE",
                         TORCH,
                     )?,
-                    dtor: match fn_in::<unsafe extern "C" fn(*mut c_void)>(c"_ZN3c105ErrorD1Ev", TORCH) {
+                    dtor: match fn_in::<unsafe extern "C" fn(*mut c_void)>(
+                        c"_ZN3c105ErrorD1Ev",
+                        TORCH,
+                    ) {
                         Some(f) => f,
                         None => destroy_via_vtable,
                     },
@@ -267,7 +270,8 @@ pub(crate) unsafe fn throw_out_of_memory(message: &[u8]) {
         unsafe {
             let obj = (rt.allocate)(OBJECT_BYTES);
             std::ptr::write_bytes(obj as *mut u8, 0, OBJECT_BYTES);
-            // The string argument, built as libstdc++ lays it out; the constructor may move from it.
+            // The string argument, built as libstdc++ lays it out; the constructor may move
+            // from it.
             let bytes = text.to_bytes();
             let mut arg = CxxString {
                 ptr: std::ptr::null_mut(),
