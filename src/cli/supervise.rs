@@ -62,6 +62,7 @@ pub extern "C" fn record_start_state() {
 fn current_state() -> (u64, u64) {
     let mut ignored = 0u64;
     let mut mask = 0u64;
+    // SAFETY: zeroed `sigset_t` and `sigaction` are valid out-parameters; nothing is changed.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigprocmask(libc::SIG_BLOCK, std::ptr::null(), &mut set);
@@ -93,6 +94,7 @@ fn start_state() -> (u64, u64) {
 }
 
 fn sigset_of(bits: u64) -> libc::sigset_t {
+    // SAFETY: a zeroed `sigset_t`, initialised by `sigemptyset` before `sigaddset`.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -206,11 +208,13 @@ fn descends_from_me(pid: i32, me: i32) -> bool {
 /// terminal's and oomshim's) to `fd`. It holds no other descriptor, and dies with oomshim (PDEATHSIG).
 /// Returns its pid.
 fn start_sentinel(fd: libc::c_int, me: i32) -> Option<i32> {
+    // SAFETY: fork; the child below makes async-signal-safe calls only.
     let pid = unsafe { libc::fork() };
     if pid != 0 {
         return (pid > 0).then_some(pid);
     }
     // The child: async-signal-safe calls only, nothing allocated.
+    // SAFETY: the forked child: async-signal-safe calls on its own mask, name and descriptors.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
@@ -271,6 +275,7 @@ struct Watched {
 /// makes oomshim kill itself with it (this returns only if that failed).
 pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
     let mut cmd = command(opts)?;
+    // SAFETY: getpid cannot fail.
     let me = unsafe { libc::getpid() };
     // Names this run's tree in every region its processes publish (src/core/flight).
     let token = format!(
@@ -283,6 +288,9 @@ pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
     let live_dir = absolute(&flight::live_dir());
     let dump_dir = dump_dir(opts);
     let chld_ignored = ignored & bit(libc::SIGCHLD) != 0;
+    // SAFETY: the `pre_exec` closure runs in the forked child and makes async-signal-safe calls
+    // only (`signal`, `sigprocmask`, `prctl`, `getppid`, `_exit`), allocating nothing; `signal`
+    // and `prctl` below change oomshim's own process.
     unsafe {
         // Restored in the child exactly as at start: Rust's runtime set SIGPIPE to ignored and
         // `Command` resets it and the mask before running this.
@@ -310,16 +318,21 @@ pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
     // Held from now on, and read through a signalfd: one sent the moment the program runs is
     // passed on once its pid is known, never lost or fatal to oomshim.
     let caught_set = sigset_of(caught);
+    // SAFETY: a set built by `sigset_of`.
     unsafe { libc::sigprocmask(libc::SIG_BLOCK, &caught_set, std::ptr::null_mut()) };
+    // SAFETY: as above; the descriptor is closed when the program ends.
     let sfd = unsafe { libc::signalfd(-1, &caught_set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
     let mut pipe = [-1; 2];
+    // SAFETY: a two-element array, as `pipe2` requires.
     let sentinel = if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } == 0 {
         let s = start_sentinel(pipe[1], me);
+        // SAFETY: descriptors `pipe2` just returned.
         unsafe {
             libc::close(pipe[1]);
             libc::fcntl(pipe[0], libc::F_SETFL, libc::O_NONBLOCK);
         }
         if s.is_none() {
+            // SAFETY: the read end, unused without a sentinel.
             unsafe { libc::close(pipe[0]) };
             pipe[0] = -1;
         }
@@ -367,6 +380,7 @@ pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
     // What of the tree died with the program (a wrapper's workers) and was reaped by another.
     tree.scan(&pm, main.pid, me);
     end_sentinel(sentinel);
+    // SAFETY: descriptors this function opened, each closed once here.
     unsafe {
         libc::close(sfd);
         if pipe[0] >= 0 {
@@ -599,7 +613,9 @@ impl Tree {
 fn pidfd_open(pid: i32) -> Option<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     // Close-on-exec by definition; `None` on kernels before 5.3 (then the scan alone finds ends).
+    // SAFETY: `pidfd_open` takes a pid and flags; it returns -1 on failure.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: a descriptor `pidfd_open` just returned, owned by nothing else.
     (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
 
@@ -629,6 +645,7 @@ fn watch(
         let now = Instant::now();
         waiting.retain(|&(sig, _, at)| {
             if now >= at + SETTLE || !sentinel_alive {
+                // SAFETY: a signal to the program's pid.
                 unsafe { libc::kill(main.pid, sig) };
                 false
             } else {
@@ -651,6 +668,7 @@ fn watch(
         if sfd < 0 {
             // No signalfd (should not happen): wait for the program alone, passing nothing on.
             let mut status = 0;
+            // SAFETY: a valid out-parameter.
             let r = unsafe { libc::waitpid(main.pid, &mut status, 0) };
             if r == main.pid {
                 pm.after(main, status);
@@ -668,6 +686,7 @@ fn watch(
                 revents: 0,
             })
             .collect();
+        // SAFETY: `fds.len()` initialised `pollfd`s in a live vector.
         let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if r < 0 {
             continue; // EINTR: the stop signals are the only ones not held
@@ -678,6 +697,7 @@ fn watch(
         }
         if sentinel_fd >= 0 && fds[1].revents != 0 {
             let mut word = [0i32; 2];
+            // SAFETY: an 8-byte buffer.
             while unsafe { libc::read(sentinel_fd, word.as_mut_ptr().cast(), 8) } == 8 {
                 let [sig, sender] = word;
                 // Sent to more than oomshim: the program got it too.
@@ -687,8 +707,10 @@ fn watch(
         }
         if fds[0].revents != 0 {
             loop {
+                // SAFETY: all zeroes is a valid `signalfd_siginfo`.
                 let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
                 let size = std::mem::size_of::<libc::signalfd_siginfo>();
+                // SAFETY: `info` holds `size` bytes.
                 let got = unsafe { libc::read(sfd, (&raw mut info).cast(), size) };
                 if got != size as isize {
                     break;
@@ -724,7 +746,9 @@ fn reap(
     let mut ended = None;
     loop {
         // Looked at before it is reaped: its start time names its region.
+        // SAFETY: all zeroes is a valid `siginfo_t`.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid out-parameter; `WNOWAIT` leaves the child to be reaped below.
         let r = unsafe {
             libc::waitid(
                 libc::P_ALL,
@@ -733,6 +757,7 @@ fn reap(
                 libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
             )
         };
+        // SAFETY: `info` is zeroed, then filled by `waitid`.
         let pid = unsafe { info.si_pid() };
         if r != 0 || pid == 0 {
             break;
@@ -743,6 +768,7 @@ fn reap(
             flight::start_ticks_of(pid as u32)
         };
         let mut status = 0;
+        // SAFETY: a valid out-parameter.
         if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } != pid {
             break;
         }
@@ -762,6 +788,7 @@ fn reap(
 
 fn end_sentinel(sentinel: Option<i32>) {
     if let Some(pid) = sentinel {
+        // SAFETY: the sentinel, oomshim's own child, not reaped before.
         unsafe {
             libc::kill(pid, libc::SIGKILL);
             libc::waitpid(pid, std::ptr::null_mut(), 0);
@@ -773,6 +800,7 @@ fn end_sentinel(sentinel: Option<i32>) {
 /// into the program's stdin gets EPIPE once the program closes it, a reader of its stdout sees
 /// the end when the program's side closes). stderr is kept for the post-mortem lines.
 fn release_stdin_and_stdout() {
+    // SAFETY: a NUL-terminated path; descriptors 0 and 1 are oomshim's own.
     unsafe {
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
         if null >= 0 {
@@ -796,6 +824,8 @@ fn die_by(sig: libc::c_int, core: bool, caught: u64) -> RunError {
         rlim_cur: cur,
         rlim_max: cur,
     };
+    // SAFETY: valid `rlimit` and `sigset_t` arguments; every call changes oomshim's own process,
+    // which ends by the signal raised last.
     unsafe {
         let mut rl = limit(0);
         libc::getrlimit(libc::RLIMIT_CORE, &mut rl);
@@ -838,6 +868,7 @@ fn core_scratch_dir() -> Option<PathBuf> {
     std::fs::create_dir_all(&parent).ok()?;
     let mut template = parent.join("core-XXXXXX").as_os_str().as_bytes().to_vec();
     template.push(0);
+    // SAFETY: a NUL-terminated template in a live buffer, which `mkdtemp` rewrites in place.
     let p = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
     if p.is_null() {
         return None;
@@ -896,12 +927,7 @@ fn post_mortem(pm: &PostMortems, w: &Watched, region: &Path, death: &flight::pos
 
 /// Writes a post-mortem dump and says so on stderr, with its headline.
 fn write_post_mortem(pm: &PostMortems, dump: &dump::model::Dump) {
-    let headline = dump
-        .verdict
-        .findings
-        .first()
-        .map(|f| f.headline.clone())
-        .unwrap_or_else(|| dump.verdict.summary.clone());
+    let headline = dump.verdict.headline();
     let bytes = match serde_json::to_vec_pretty(dump) {
         Ok(b) => b,
         Err(e) => {
@@ -919,7 +945,7 @@ fn write_post_mortem(pm: &PostMortems, dump: &dump::model::Dump) {
         Ok(w) => {
             say(&format!(
                 "oomshim: post-mortem (reconstructed): {}",
-                clean(&headline)
+                clean(headline)
             ));
             say(&format!(
                 "oomshim:   dump: {}  (details: oomshim report {})",
@@ -929,7 +955,7 @@ fn write_post_mortem(pm: &PostMortems, dump: &dump::model::Dump) {
         }
         Err(e) => say(&format!(
             "oomshim: post-mortem (reconstructed): {}; no dump written: {e}",
-            clean(&headline)
+            clean(headline)
         )),
     }
 }

@@ -1038,6 +1038,16 @@ pub struct Verdict {
     pub findings: Vec<Finding>,
 }
 
+impl Verdict {
+    /// The verdict in one line: the top finding's headline, or the summary when there are no
+    /// findings (dumps of older versions).
+    pub fn headline(&self) -> &str {
+        self.findings
+            .first()
+            .map_or(self.summary.as_str(), |f| f.headline.as_str())
+    }
+}
+
 /// One cause that holds, with the bytes it explains.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
@@ -1141,4 +1151,26 @@ pub struct GpuProcess {
     /// Device memory NVML attributes to the process; `None` where the driver does not say.
     pub used_bytes: Option<u64>,
     pub relation: Relation,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Finding, Verdict};
+
+    #[test]
+    fn a_verdicts_headline_is_its_top_findings_else_its_summary() {
+        let mut v = Verdict {
+            kind: "own_allocations".into(),
+            summary: "The summary.".into(),
+            ..Verdict::default()
+        };
+        assert_eq!(v.headline(), "The summary.");
+        for headline in ["first", "second"] {
+            v.findings.push(Finding {
+                headline: headline.into(),
+                ..Finding::default()
+            });
+        }
+        assert_eq!(v.headline(), "first");
+    }
 }

@@ -9,6 +9,8 @@ use oomshim_core::flight::layout::RegionWriter;
 use oomshim_core::flight::{
     LiveFailure, LiveKinds, LiveSummary, RssSample, LIVE_SCHEMA, RSS_SAMPLES,
 };
+use oomshim_core::sys::fn_ptr::FnPtr;
+use std::ffi::c_int;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,12 +131,7 @@ pub fn note_dump(dump: &Dump, path: &std::path::Path) {
         return;
     }
     let mut last = LAST_FAILURE.lock().unwrap_or_else(|e| e.into_inner());
-    let headline = dump
-        .verdict
-        .findings
-        .first()
-        .map(|f| f.headline.clone())
-        .unwrap_or_else(|| dump.verdict.summary.clone());
+    let headline = dump.verdict.headline().to_string();
     let req = dump.failed_request.as_ref().expect("checked");
     let entry = last.get_or_insert_with(|| LiveFailure {
         unix_ms: dump.time_unix_ms,
@@ -169,6 +166,7 @@ fn refused_by_limits() -> Option<&'static str> {
             rlim_cur: 0,
             rlim_max: 0,
         };
+        // SAFETY: a valid out-parameter.
         (unsafe { libc::getrlimit(res, &mut rl) } == 0).then_some(rl.rlim_cur)
     };
     if limit(libc::RLIMIT_FSIZE)
@@ -219,6 +217,7 @@ pub fn start(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn
 fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
     // Signals are the program's: a process-directed one must never land on this thread (a
     // handler of the program's would run here, with this thread's locks held).
+    // SAFETY: a zeroed sigset_t filled by sigfillset; this thread's own mask.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
@@ -253,6 +252,7 @@ fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
         let _ = REGION.set((c_path, pid));
     }
     // Resolved here, on this thread: `_exit` may later run where a lookup is not safe.
+    // SAFETY: RTLD_NEXT is always a valid handle.
     let real_exit = unsafe { oomshim_core::sys::real_dlsym_not_ours(libc::RTLD_NEXT, c"_exit") };
     REAL_EXIT.store(real_exit, Ordering::Release);
     on_created();
@@ -324,6 +324,7 @@ fn create(
         .open(&path)?;
     let file = oomshim_core::own_fd::high_file(file);
     let meta = file.metadata()?;
+    // SAFETY: geteuid cannot fail.
     let writer = RegionWriter::init(file, pid, unsafe { libc::geteuid() }, start_ticks)?;
     Ok((writer, path, (meta.dev(), meta.ino())))
 }
@@ -408,19 +409,19 @@ fn publish_once(
 /// made when the region was created.
 pub fn remove_at_exit() {
     if let Some((c_path, pid)) = REGION.get() {
+        // SAFETY: getpid cannot fail.
         if *pid == unsafe { libc::getpid() } as u32 && !REMOVED.swap(true, Ordering::Relaxed) {
+            // SAFETY: a NUL-terminated path made when the region was created.
             unsafe { libc::unlink(c_path.as_ptr()) };
         }
     }
 }
 
-/// The address of the C library's `_exit` when it was looked up (at the region's creation; the
-/// shim's `_exit` must not look anything up itself), else `None`.
-pub fn real_exit() -> Option<usize> {
-    match REAL_EXIT.load(Ordering::Acquire) {
-        0 => None,
-        p => Some(p),
-    }
+/// The C library's `_exit` when it was looked up (at the region's creation; the shim's `_exit`
+/// must not look anything up itself), else `None`.
+pub fn real_exit() -> Option<unsafe extern "C" fn(c_int) -> !> {
+    // SAFETY: 0 or the address of the C library's `void _exit(int)`, which stays loaded.
+    unsafe { FnPtr::from_addr(REAL_EXIT.load(Ordering::Acquire)) }
 }
 
 #[cfg(test)]

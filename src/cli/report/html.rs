@@ -11,8 +11,9 @@
 //! no `</script>` inside a string can end the element.
 //!
 //! The payload is a rendering of the [`ReportModel`] (verdict, devices, free blocks, growth
-//! capacity are derived there, as for the terminal and JSON reports); its verdict, last-failure
-//! and pinned-host objects are the JSON report's own.
+//! capacity are derived there, as for the terminal and JSON reports), written by the JSON
+//! report's functions (`json.rs`) wherever the two show the same thing; the page adds its
+//! interned stacks and its compact rows.
 //!
 //! Stacks are interned: the payload has one table of distinct frames and one of distinct stacks
 //! (frame indices, innermost first); holders and sites refer to stacks by index and are rows of
@@ -27,7 +28,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::report::json::{last_failure_json, pinned_host_json, verdict_json};
+use crate::report::json::{
+    device_json, failed_request_json, free_blocks_json, pinned_host_json, process_json,
+    recording_json, verdict_json, with,
+};
 use crate::report::model::{known_age, ReportModel};
 use crate::report::units::clean;
 use crate::report::{frame_label, is_cuda_api_frame};
@@ -168,40 +172,14 @@ pub fn html_payload(dump: &Dump) -> Value {
 pub fn payload(model: &ReportModel) -> Value {
     let dump = model.dump;
     let mut interner = Interner::default();
-    let process = &dump.process;
     let failed_request = match &model.failed_request {
         None => Value::Null,
-        Some(r) => {
-            let req = r.request;
-            json!({
-                "bytes": req.bytes,
-                "api": req.api,
-                "device": req.device,
-                "error_code": req.error_code,
-                "recovery": r.recovery.word(),
-                "failures_in_burst": req.failures_in_burst,
-                "stack": interner.stack(&req.stack),
-                "last_failure": req.last_failure.as_ref().map(last_failure_json),
-            })
-        }
+        Some(r) => with(
+            failed_request_json(r),
+            json!({ "stack": interner.stack(&r.request.stack) }),
+        ),
     };
-    let devices: Vec<Value> = model
-        .devices
-        .iter()
-        .map(|v| {
-            let d = v.device;
-            json!({
-                "index": d.index,
-                "name": d.name,
-                "total_bytes": d.total_bytes,
-                "free_bytes": d.free_bytes,
-                "used_bytes": v.used_bytes,
-                "tracked_bytes": d.tracked_bytes,
-                "tracked_count": d.tracked_count,
-                "peak_tracked_bytes": d.peak_tracked_bytes,
-            })
-        })
-        .collect();
+    let devices: Vec<Value> = model.devices.iter().map(device_json).collect();
     let holders: Vec<Value> = dump
         .largest_holders
         .iter()
@@ -252,14 +230,7 @@ pub fn payload(model: &ReportModel) -> Value {
         "schema": dump.schema,
         "reason": dump.reason,
         "time": dump.time,
-        "process": {
-            "pid": process.pid,
-            "host": process.host,
-            "command_line": process.command_line,
-            "rank": process.rank,
-            "local_rank": process.local_rank,
-            "world_size": process.world_size,
-        },
+        "process": process_json(dump),
         "verdict": verdict_json(&model.verdict),
         "recorded_verdict_kind": dump.verdict.kind,
         "failed_request": failed_request,
@@ -272,15 +243,9 @@ pub fn payload(model: &ReportModel) -> Value {
         "growth": growth,
         "frames": interner.frames,
         "stacks": interner.stacks,
-        "free_blocks": {
-            "source": fb.source,
-            "available": model.free_blocks.available,
-            "reason": fb.reason,
-            "total_free_bytes": fb.total_free_bytes,
-            "largest_free_bytes": fb.largest_free_bytes,
-            "fragmentation": model.free_blocks.fragmentation,
+        "free_blocks": with(free_blocks_json(model), json!({
             "histogram": fb.histogram.iter().map(|b| json!([b.lo, b.hi, b.count, b.bytes])).collect::<Vec<_>>(),
-        },
+        })),
         // Other processes on the device (NVML); the page shows a table when this is a
         // non-empty array of objects.
         "processes": model.gpu_processes.as_ref().map(|g| g.list.processes.iter().map(|p| json!({
@@ -294,16 +259,7 @@ pub fn payload(model: &ReportModel) -> Value {
             "device": device,
             "rows": rows,
         })),
-        "recording": {
-            "version": dump.recording.version,
-            "stacks": dump.recording.stacks,
-            "python": dump.recording.python,
-            "depth": dump.recording.depth,
-            "unknown_frees": dump.recording.unknown_frees,
-            "live_allocations": dump.recording.live_allocations,
-            "total_allocations": dump.recording.total_allocations,
-            "oom_failures": dump.recording.oom_failures,
-        },
+        "recording": recording_json(dump),
     })
 }
 
@@ -392,6 +348,52 @@ pub fn write_page(model: &ReportModel, out: &Path, mode: u32) -> std::io::Result
 mod tests {
     use super::*;
     use crate::report::fixtures::{fixture_names, load_fixture};
+
+    /// The keys of `part` (an object), each with the value `whole` has for it.
+    fn assert_within(part: &Value, whole: &Value, what: &str) {
+        let part = part
+            .as_object()
+            .unwrap_or_else(|| panic!("{what}: not an object"));
+        assert!(!part.is_empty(), "{what}: empty");
+        for (k, v) in part {
+            if k == "stack" || k == "histogram" {
+                continue; // interned stacks and compact rows: the page's own encoding
+            }
+            assert_eq!(Some(v), whole.get(k), "{what}.{k}");
+        }
+    }
+
+    /// The page and the JSON report say the same of what both show: the process, the failed
+    /// request, each device, the free blocks, the recording and the verdict.
+    #[test]
+    fn the_page_and_the_json_report_agree_on_what_both_show() {
+        let opts = crate::report::ReportOptions {
+            top: usize::MAX,
+            color: false,
+        };
+        for name in fixture_names() {
+            let dump = load_fixture(name);
+            let page = html_payload(&dump);
+            let report = crate::report::json::render_json(&dump, &opts);
+            assert_within(&page["process"], &report["header"], name);
+            assert_eq!(page["verdict"], report["verdict"], "{name}");
+            assert_eq!(
+                page["failed_request"].is_null(),
+                report["failed_request"].is_null()
+            );
+            if !page["failed_request"].is_null() {
+                assert_within(&page["failed_request"], &report["failed_request"], name);
+            }
+            let devices = page["devices"].as_array().unwrap();
+            assert_eq!(devices.len(), report["devices"].as_array().unwrap().len());
+            for (p, r) in devices.iter().zip(report["devices"].as_array().unwrap()) {
+                assert_within(p, r, name);
+            }
+            assert_within(&page["free_blocks"], &report["free_blocks"], name);
+            assert_within(&page["recording"], &report["recording"], name);
+            assert_eq!(page["pinned_host"], report["pinned_host"], "{name}");
+        }
+    }
 
     #[test]
     fn json_is_script_safe_and_round_trips() {

@@ -1,10 +1,14 @@
 //! The JSON report (`oomshim report --json`): the [`ReportModel`] as one JSON value in the
-//! documented shape [`REPORT_SCHEMA`]. The HTML page's payload shares its verdict, last-failure
-//! and pinned-host objects ([`verdict_json`], [`last_failure_json`], [`pinned_host_json`]).
+//! documented shape [`REPORT_SCHEMA`]. The HTML page's payload (`html.rs`) is written by the same
+//! functions: the process, the failed request, each device, the free blocks and the recording
+//! are [`process_json`], [`failed_request_json`], [`device_json`], [`free_blocks_json`] and
+//! [`recording_json`], to which each report adds its own keys (the JSON report human-readable
+//! sizes and frames, the page an index into its interned stacks); the verdict, last failure and
+//! pinned host memory are [`verdict_json`], [`last_failure_json`], [`pinned_host_json`].
 
 use serde_json::{json, Value};
 
-use super::model::{known_age, shown_frames, Occasion, ReportModel};
+use super::model::{known_age, shown_frames, DeviceView, Occasion, ReportModel, RequestView};
 use super::units::human_bytes;
 use super::{frame_label, named_frames, ReportOptions, REPORT_SCHEMA};
 use dump::model::{Dump, Finding, Frame, LastFailure, PinnedHost, Verdict};
@@ -66,38 +70,25 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
     let verdict = &model.verdict;
     let failed_request = match &model.failed_request {
         None => Value::Null,
-        Some(r) => {
-            let req = r.request;
+        Some(r) => with(
+            failed_request_json(r),
             json!({
-                "bytes": req.bytes,
-                "bytes_human": human_bytes(req.bytes),
-                "api": req.api,
-                "device": req.device,
-                "error_code": req.error_code,
-                "recovery": r.recovery.word(),
-                "failures_in_burst": req.failures_in_burst,
-                "top_frames": frames_json(&req.stack),
-                "last_failure": req.last_failure.as_ref().map(last_failure_json),
-            })
-        }
+                "bytes_human": human_bytes(r.request.bytes),
+                "top_frames": frames_json(&r.request.stack),
+            }),
+        ),
     };
     let devices: Vec<Value> = model
         .devices
         .iter()
         .map(|v| {
-            let d = v.device;
-            json!({
-                "index": d.index,
-                "name": d.name,
-                "total_bytes": d.total_bytes,
-                "free_bytes": d.free_bytes,
-                "used_bytes": v.used_bytes,
-                "tracked_bytes": d.tracked_bytes,
-                "tracked_count": d.tracked_count,
-                "peak_tracked_bytes": d.peak_tracked_bytes,
-                "uuid": d.uuid,
-                "tracked_percent_of_used": v.tracked_percent_of_used.map(round1),
-            })
+            with(
+                device_json(v),
+                json!({
+                    "uuid": v.device.uuid,
+                    "tracked_percent_of_used": v.tracked_percent_of_used.map(round1),
+                }),
+            )
         })
         .collect();
     let holders: Vec<Value> = model
@@ -144,21 +135,15 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
     let mut report = json!({
         "report": REPORT_SCHEMA,
         "dump_schema": dump.schema,
-        "header": {
+        "header": with(process_json(dump), json!({
             "reason": dump.reason,
             "oom": matches!(model.occasion, Occasion::OutOfMemory(_)),
             "time": dump.time,
             "time_unix_ms": dump.time_unix_ms,
-            "pid": process.pid,
-            "host": process.host,
-            "command_line": process.command_line,
-            "rank": process.rank,
-            "local_rank": process.local_rank,
-            "world_size": process.world_size,
             "launcher": process.launcher,
             "job_id": process.job_id,
             "oomshim_version": dump.recording.version,
-        },
+        })),
         "failed_request": failed_request,
         "post_mortem": dump.post_mortem,
         "devices": devices,
@@ -174,13 +159,7 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
         "top_sites": sites,
         "sites_total": dump.sites.len(),
         "pinned_host": pinned_host_json(&dump.pinned_host),
-        "free_blocks": {
-            "source": fb.source,
-            "available": model.free_blocks.available,
-            "reason": fb.reason,
-            "total_free_bytes": fb.total_free_bytes,
-            "largest_free_bytes": fb.largest_free_bytes,
-            "fragmentation": model.free_blocks.fragmentation,
+        "free_blocks": with(free_blocks_json(model), json!({
             "histogram": fb.histogram.iter().map(|b| json!({
                 "lo": b.lo, "hi": b.hi, "count": b.count, "bytes": b.bytes,
             })).collect::<Vec<_>>(),
@@ -190,7 +169,7 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
             "segments": fb.segments,
             "segment_map": fb.segment_map,
             "segment_map_omitted": fb.segment_map_omitted,
-        },
+        })),
         "growth": growth_json(model),
         "gpu_processes": dump.gpu_processes,
         "host": dump.host,
@@ -212,17 +191,9 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
             })).collect::<Vec<_>>(),
             "kinds": dump.framework.as_ref().and_then(|f| f.kinds.as_ref()),
         })),
-        "recording": {
-            "version": dump.recording.version,
-            "stacks": dump.recording.stacks,
-            "depth": dump.recording.depth,
-            "unknown_frees": dump.recording.unknown_frees,
-            "live_allocations": dump.recording.live_allocations,
-            "total_allocations": dump.recording.total_allocations,
-            "oom_failures": dump.recording.oom_failures,
-            "python": dump.recording.python,
+        "recording": with(recording_json(dump), json!({
             "python_merge": dump.recording.python_merge,
-        },
+        })),
     });
     if let (Some(obj), Some(torch)) = (report.as_object_mut(), &model.torch_cache) {
         // Lossy: a path that is not UTF-8 cannot be a JSON string, and must not stop the report.
@@ -232,6 +203,89 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
         );
     }
     report
+}
+
+/// `base` (an object) with the keys of `extra` (an object) added.
+pub(crate) fn with(mut base: Value, extra: Value) -> Value {
+    if let (Some(b), Value::Object(e)) = (base.as_object_mut(), extra) {
+        b.extend(e);
+    }
+    base
+}
+
+/// The process that wrote the dump: `pid`, `host`, `command_line`, `rank`, `local_rank`,
+/// `world_size` (the JSON report's `header` and the page's `process`).
+pub(crate) fn process_json(dump: &Dump) -> Value {
+    let process = &dump.process;
+    json!({
+        "pid": process.pid,
+        "host": process.host,
+        "command_line": process.command_line,
+        "rank": process.rank,
+        "local_rank": process.local_rank,
+        "world_size": process.world_size,
+    })
+}
+
+/// The failed request, without its stack: `bytes`, `api`, `device`, `error_code`, `recovery`,
+/// `failures_in_burst`, `last_failure` (both reports' `failed_request`).
+pub(crate) fn failed_request_json(r: &RequestView) -> Value {
+    let req = r.request;
+    json!({
+        "bytes": req.bytes,
+        "api": req.api,
+        "device": req.device,
+        "error_code": req.error_code,
+        "recovery": r.recovery.word(),
+        "failures_in_burst": req.failures_in_burst,
+        "last_failure": req.last_failure.as_ref().map(last_failure_json),
+    })
+}
+
+/// A device: `index`, `name`, `total_bytes`, `free_bytes`, `used_bytes`, `tracked_bytes`,
+/// `tracked_count`, `peak_tracked_bytes` (both reports' `devices[]`).
+pub(crate) fn device_json(v: &DeviceView) -> Value {
+    let d = v.device;
+    json!({
+        "index": d.index,
+        "name": d.name,
+        "total_bytes": d.total_bytes,
+        "free_bytes": d.free_bytes,
+        "used_bytes": v.used_bytes,
+        "tracked_bytes": d.tracked_bytes,
+        "tracked_count": d.tracked_count,
+        "peak_tracked_bytes": d.peak_tracked_bytes,
+    })
+}
+
+/// The free blocks, without their histogram: `source`, `available`, `reason`,
+/// `total_free_bytes`, `largest_free_bytes`, `fragmentation` (both reports' `free_blocks`).
+pub(crate) fn free_blocks_json(model: &ReportModel) -> Value {
+    let fb = model.free_blocks.blocks;
+    json!({
+        "source": fb.source,
+        "available": model.free_blocks.available,
+        "reason": fb.reason,
+        "total_free_bytes": fb.total_free_bytes,
+        "largest_free_bytes": fb.largest_free_bytes,
+        "fragmentation": model.free_blocks.fragmentation,
+    })
+}
+
+/// How the dump was recorded: `version`, `stacks`, `python`, `depth`, `unknown_frees`,
+/// `live_allocations`, `total_allocations`, `oom_failures` (both reports' `recording`).
+pub(crate) fn recording_json(dump: &Dump) -> Value {
+    let r = &dump.recording;
+    json!({
+        "version": r.version,
+        "stacks": r.stacks,
+        "python": r.python,
+        "depth": r.depth,
+        "unknown_frees": r.unknown_frees,
+        "live_allocations": r.live_allocations,
+        "total_allocations": r.total_allocations,
+        "oom_failures": r.oom_failures,
+    })
 }
 
 /// The verdict judged now: `kind`, `summary`, `evidence`, `suggestions` and the ranked

@@ -35,6 +35,7 @@ mod mem;
 
 pub use linetable::{line_for, LineFormat};
 
+use crate::sys::fn_ptr::FnPtr;
 use mem::{Checked, Direct, Mem};
 use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
@@ -245,8 +246,7 @@ fn find_interp() -> Option<Interp> {
     };
     // SAFETY: the symbol is PyGILState_GetThisThreadState, `PyThreadState *(void)` in every
     // version; it reads a thread-specific key and is safe to call without the GIL.
-    let get_tstate: unsafe extern "C" fn() -> *mut c_void =
-        unsafe { std::mem::transmute(get_tstate) };
+    let get_tstate = unsafe { <unsafe extern "C" fn() -> *mut c_void>::from_addr(get_tstate) }?;
     Some(Interp {
         version,
         get_tstate,
@@ -264,7 +264,7 @@ fn version() -> Option<(u32, u32)> {
     }
     // SAFETY: `const char *Py_GetVersion(void)` returns a static string in every version.
     let s = unsafe {
-        let f: unsafe extern "C" fn() -> *const c_char = std::mem::transmute(f);
+        let f = <unsafe extern "C" fn() -> *const c_char>::from_addr(f)?;
         let p = f();
         if p.is_null() {
             return None;

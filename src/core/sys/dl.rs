@@ -7,6 +7,7 @@
 //! Every lookup of a real function behind a hook ends in [`real_dlsym_not_ours`]: the runtime
 //! hooks' (`ffi::real`) and the driver table's (`ffi::driver`) alike.
 
+use super::fn_ptr::FnPtr;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -47,8 +48,12 @@ pub extern "C" fn ensure_real_dlsym() -> usize {
 /// As `dlsym`: `handle` is `RTLD_DEFAULT`, `RTLD_NEXT` or an open `dlopen` handle, and `name`
 /// a NUL-terminated string.
 pub unsafe fn real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    let f: DlsymFn = std::mem::transmute(ensure_real_dlsym());
-    f(handle, name)
+    // SAFETY: the address of glibc's `dlsym` (or of `no_dlsym`), whose signature this is.
+    match unsafe { DlsymFn::from_addr(ensure_real_dlsym()) } {
+        // SAFETY: the arguments satisfy `dlsym`'s contract (this function's).
+        Some(f) => unsafe { f(handle, name) },
+        None => std::ptr::null_mut(),
+    }
 }
 
 /// The shim's own lookup of `name` (0 when absent) that leaves `dlerror()` as it found no
@@ -68,6 +73,16 @@ pub unsafe fn quiet_dlsym(handle: *mut c_void, name: &CStr) -> usize {
     p
 }
 
+/// The function `name` in `handle` ([`quiet_dlsym`]) as a function of type `F`; `None` when
+/// absent.
+///
+/// # Safety
+/// As [`quiet_dlsym`]; and `F` is the C signature of `name`.
+pub unsafe fn quiet_fn<F: FnPtr>(handle: *mut c_void, name: &CStr) -> Option<F> {
+    // SAFETY: this function's contract.
+    unsafe { F::from_addr(quiet_dlsym(handle, name)) }
+}
+
 /// Consumes a pending `dlerror()` message left by one of the shim's own `dl*` calls.
 pub fn clear_dl_error() {
     // SAFETY: dlerror takes no arguments; the returned string is not used.
@@ -78,6 +93,7 @@ pub fn clear_dl_error() {
 pub fn object_base(addr: usize) -> Option<usize> {
     // SAFETY: dladdr only writes `info`; a zeroed Dl_info is a valid out-parameter.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr reads no memory at `addr` and only writes `info`.
     let ok = unsafe { libc::dladdr(addr as *const c_void, &mut info) };
     (ok != 0).then_some(info.dli_fbase as usize)
 }

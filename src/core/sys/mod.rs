@@ -1,9 +1,11 @@
 //! The shim's process plumbing, below everything that runs inside the host program: the guard
-//! at the boundary, the real `dlsym`, `atexit`/`atfork`/signal registration, and the CUDA error
-//! codes the shim answers with. Imports nothing above it, so the hooks and the live state can
-//! both use it without importing each other.
+//! at the boundary, the real `dlsym`, addresses made typed functions (`fn_ptr`),
+//! `atexit`/`atfork`/signal registration, and the CUDA error codes the shim answers with.
+//! Imports nothing above it, so the hooks and the live state can both use it without importing
+//! each other.
 
 pub mod dl;
+pub mod fn_ptr;
 pub mod fork;
 pub mod guard;
 pub mod process;

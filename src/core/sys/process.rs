@@ -2,6 +2,7 @@
 //! handler and semaphore (the `pthread_atfork` handlers are in [`super::fork`]). Callers pass
 //! the work as plain functions, so this module depends on nothing above it.
 
+use super::fn_ptr::FnPtr;
 use std::panic::catch_unwind;
 use std::sync::OnceLock;
 
@@ -19,6 +20,7 @@ extern "C" fn flush_at_exit() {
 /// Registers `flush` to run at process exit (once per process; later calls do nothing).
 pub fn flush_dumps_at_exit(flush: fn()) {
     static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: `atexit` with a function that never unwinds (it catches panics).
     ONCE.call_once(|| unsafe {
         let _ = FLUSH_AT_EXIT.set(flush);
         libc::atexit(flush_at_exit);
@@ -32,10 +34,11 @@ pub fn flush_dumps_at_exit(flush: fn()) {
 /// opens files that get the same numbers would have the handler's byte written into one of its
 /// own files. A semaphore is no descriptor, and `sem_post` is async-signal-safe (POSIX).
 struct DumpSignalSem(std::cell::UnsafeCell<libc::sem_t>);
-// Safety: a sem_t is made to be shared between threads; it is initialised once (`sem_init`,
+// SAFETY: a sem_t is made to be shared between threads; it is initialised once (`sem_init`,
 // guarded by DUMP_SIGNAL_READY) before the handler or the waiting thread touches it.
 unsafe impl Sync for DumpSignalSem {}
 static DUMP_SIGNAL_SEM: DumpSignalSem =
+    // SAFETY: all zeroes is a valid `sem_t` to hand to `sem_init`.
     DumpSignalSem(std::cell::UnsafeCell::new(unsafe { std::mem::zeroed() }));
 static DUMP_SIGNAL_READY: std::sync::Once = std::sync::Once::new();
 static DUMP_SIGNAL_OK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -43,6 +46,7 @@ static DUMP_SIGNAL_OK: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 /// Initialises the dump signal's semaphore (once); false when that failed.
 pub fn dump_signal_init() -> bool {
     DUMP_SIGNAL_READY.call_once(|| {
+        // SAFETY: the semaphore's storage, initialised here once.
         let ok = unsafe { libc::sem_init(DUMP_SIGNAL_SEM.0.get(), 0, 0) } == 0;
         DUMP_SIGNAL_OK.store(ok, std::sync::atomic::Ordering::Release);
     });
@@ -53,21 +57,26 @@ pub fn dump_signal_init() -> bool {
 /// arrived meanwhile are one dump. Call only after [`dump_signal_init`] returned true.
 pub fn wait_for_dump_signal() {
     let sem = DUMP_SIGNAL_SEM.0.get();
+    // SAFETY: initialised by `dump_signal_init` (this function's precondition).
     while unsafe { libc::sem_wait(sem) } != 0 {
         // EINTR: another signal handler ran on this thread; wait on.
     }
+    // SAFETY: as above.
     while unsafe { libc::sem_trywait(sem) } == 0 {}
 }
 
 struct OldAction(libc::sigaction);
-// Safety: a plain C struct, written once before the handler is installed and only read after.
+// SAFETY: a plain C struct, written once before the handler is installed and only read after.
 unsafe impl Sync for OldAction {}
+// SAFETY: as for `Sync`.
 unsafe impl Send for OldAction {}
 static OLD_DUMP_ACTION: std::sync::OnceLock<OldAction> = std::sync::OnceLock::new();
 
 /// `OOMSHIM_SIGNAL`'s handler: async-signal-safe, it only posts a semaphore (a thread of the
 /// shim's does the dump) and then runs whatever handler the program had installed before.
 extern "C" fn on_dump_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: errno is this thread's; the semaphore was initialised before the handler was
+    // installed (DUMP_SIGNAL_OK); the handler before ours gets the arguments the kernel gave.
     unsafe {
         let errno = *libc::__errno_location();
         if DUMP_SIGNAL_OK.load(std::sync::atomic::Ordering::Acquire) {
@@ -77,12 +86,14 @@ extern "C" fn on_dump_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: 
         if let Some(OldAction(old)) = OLD_DUMP_ACTION.get() {
             let h = old.sa_sigaction;
             if h != libc::SIG_DFL && h != libc::SIG_IGN {
+                // SAFETY: the program's handler, of the signature its flags declare.
                 if old.sa_flags & libc::SA_SIGINFO != 0 {
-                    let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                        std::mem::transmute(h);
-                    f(sig, info, ctx);
-                } else {
-                    let f: extern "C" fn(libc::c_int) = std::mem::transmute(h);
+                    type Action =
+                        extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+                    if let Some(f) = Action::from_addr(h) {
+                        f(sig, info, ctx);
+                    }
+                } else if let Some(f) = <extern "C" fn(libc::c_int)>::from_addr(h) {
                     f(sig);
                 }
             }
@@ -93,6 +104,8 @@ extern "C" fn on_dump_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: 
 /// Installs the dump signal's handler, which posts the semaphore [`wait_for_dump_signal`]
 /// waits on. Once per process; [`dump_signal_init`] must have succeeded.
 pub fn install_dump_signal(signo: i32) -> std::io::Result<()> {
+    // SAFETY: zeroed `sigaction`s are valid out- and in-parameters; the handler installed is
+    // async-signal-safe.
     unsafe {
         let mut old: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(signo, std::ptr::null(), &mut old) != 0 {
@@ -127,6 +140,7 @@ extern "C" fn dump_at_exit() {
 /// Registers `dump` to run at process exit (once per process; later calls do nothing).
 pub fn register_exit_dump(dump: fn()) {
     static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: `atexit` with a function that never unwinds (it catches panics).
     ONCE.call_once(|| unsafe {
         let _ = DUMP_AT_EXIT.set(dump);
         libc::atexit(dump_at_exit);
@@ -147,6 +161,7 @@ extern "C" fn remove_live_region() {
 /// Registers `cleanup` to run at process exit (once per process; later calls do nothing).
 pub fn register_live_cleanup(cleanup: fn()) {
     static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: `atexit` with a function that never unwinds (it catches panics).
     ONCE.call_once(|| unsafe {
         let _ = LIVE_CLEANUP.set(cleanup);
         libc::atexit(remove_live_region);

@@ -2,7 +2,7 @@
 //! site, the framework's free blocks, the other processes on the device. The labels carried here
 //! (the largest site's, the request's size) are computed once for the sentences in `words/`.
 
-use super::words::{site_label, NO_PYTHON_FRAMES};
+use super::sites::{site_label, Line, NO_PYTHON_FRAMES};
 use crate::facts::gpu_processes::{GpuProcess, Relation};
 use dump::model::{DeviceInfo, Dump, FailedRequest, MemoryCap, Site};
 use dump::units::human_bytes;
@@ -59,22 +59,24 @@ impl DeviceNumbers {
     }
 }
 
-/// The largest site and how to name it.
+/// The largest site, its line and how to name it.
 pub(super) struct TopSite<'a> {
     pub(super) site: &'a Site,
+    /// Its line; `None` when no frame of its stack has a name.
+    pub(super) line: Option<Line<'a>>,
     pub(super) label: String,
 }
 
 pub(super) fn top_site(dump: &Dump) -> Option<TopSite<'_>> {
     let site = *sorted_sites(dump).first()?;
-    let label = if site.stack.is_empty() && dump.recording.python.is_some() {
-        // A Python process records a tensor's Python stack only: none means a thread without
-        // Python frames allocated it.
-        NO_PYTHON_FRAMES.to_string()
-    } else {
-        site_label(&site.stack)
+    // A Python process records a tensor's Python stack only: none means a thread without
+    // Python frames allocated it.
+    let line = Line::of_site(site, dump.recording.python.is_some());
+    let label = match line {
+        Some(Line::NoPythonFrames) => NO_PYTHON_FRAMES.to_string(),
+        _ => site_label(&site.stack),
     };
-    Some(TopSite { site, label })
+    Some(TopSite { site, line, label })
 }
 
 /// Tracked bytes of every device at the capture (what the growth samples sum).

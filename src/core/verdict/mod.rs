@@ -35,13 +35,16 @@
 //!   [`CGROUP_MAX_USAGE_SHARE`] of its limit) is a finding with this process's pinned bytes.
 //!
 //! A dump without a failed request gets [`SNAPSHOT`]; a post-mortem dump (`oomshim run` rebuilt
-//! it after its program died) is judged by [`judge_post_mortem`] (src/core/verdict/post_mortem.rs).
+//! it after its program died) is judged by [`judge_post_mortem`] (how it died:
+//! src/core/verdict/post_mortem.rs).
 //!
-//! This folder: this file holds the entry points and the order in which the rules are tried;
-//! each kind has a file of its own (`leak.rs`, `fragmentation.rs`, ...) that decides whether its
-//! finding holds, with its thresholds and its tests; `context.rs` gathers the numbers every rule
-//! reads; `words/` turns what the rules found into headlines, sentences, evidence and advice, one
-//! file per kind. `tests.rs` holds the fixtures the tests share and the tests across kinds.
+//! This folder: this file holds the entry points and the order in which the rules are tried,
+//! and is the only caller of `words/`; each kind has a file of its own (`leak.rs`,
+//! `fragmentation.rs`, ...) that decides whether its finding holds, with its thresholds and its
+//! tests; `context.rs` gathers the numbers every rule reads; `sites.rs` says which line a site is
+//! (what the rules compare) and how it is named; `words/` turns what the rules found into
+//! headlines, sentences, evidence and advice, one file per kind, and never decides what holds.
+//! `tests.rs` holds the fixtures the tests share and the tests across kinds.
 
 use context::{cache, Ctx};
 use dump::model::{Dump, FailedRequest, Finding, Verdict};
@@ -67,6 +70,7 @@ mod other_processes;
 mod own_allocations;
 mod post_mortem;
 mod request_exceeds_device;
+mod sites;
 mod snapshot;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -81,20 +85,54 @@ pub use host_memory::{CGROUP_MAX_USAGE_SHARE, HOST_MIN_AVAILABLE_SHARE};
 pub use leak::{DETECTED_MIN_FREEING_SHARE, LEAK_MIN_BYTES_PER_STEP, LEAK_NAMED_SHARE};
 pub use other_processes::OTHER_PROCESSES_MIN_SHARE;
 pub use post_mortem::{
-    host_growth, judge_post_mortem, EXITED_AFTER_FAILURE, HOST_GROWTH_MIN_BYTES, HOST_OOM_KILL,
-    KILLED_BY_SIGNAL,
+    host_growth, EXITED_AFTER_FAILURE, HOST_GROWTH_MIN_BYTES, HOST_OOM_KILL, KILLED_BY_SIGNAL,
 };
+pub use sites::short_label;
 pub use untracked_memory::UNTRACKED_MIN_SHARE;
-pub use words::short_label;
 
 /// Judges a dump. Uses everything in it except its own `verdict` field. Deterministic.
 pub fn judge(dump: &Dump) -> Verdict {
     if dump.post_mortem.is_some() {
-        return judge_post_mortem(dump); // how the program died comes first (issue 15)
+        return judge_post_mortem(dump); // how the program died comes first
     }
     match &dump.failed_request {
         Some(request) => judge_oom(dump, request),
-        None => snapshot::judge_snapshot(dump),
+        None => words::snapshot::verdict(dump, snapshot::held(dump)),
+    }
+}
+
+/// The verdict of a post-mortem dump: how the program died first, then the device memory's own
+/// finding (a leak growing step after step, named by its line) when the last published state
+/// shows one. Dumps without a `post_mortem` section are judged by [`judge`].
+pub fn judge_post_mortem(dump: &Dump) -> Verdict {
+    let Some(pm) = &dump.post_mortem else {
+        return judge(dump);
+    };
+    let leak = leak::leak_finding(dump).map(|l| {
+        words::post_mortem::leak_by_records(&l, dump).unwrap_or_else(|| words::post_mortem::leak(&l))
+    });
+    let mut death = words::post_mortem::death_finding(dump, pm, post_mortem::how_it_ended(pm));
+    if let Some(l) = &leak {
+        words::post_mortem::add_leak(&mut death, l);
+    }
+    death.evidence.push(words::post_mortem::reconstructed(pm));
+    let mut findings = vec![death];
+    findings.extend(leak);
+    let top = findings[0].clone();
+    let mut suggestions = top.suggestions.clone();
+    for f in &findings[1..] {
+        for s in &f.suggestions {
+            if !suggestions.contains(s) {
+                suggestions.push(s.clone());
+            }
+        }
+    }
+    Verdict {
+        kind: top.kind.clone(),
+        summary: top.summary.clone(),
+        evidence: top.evidence.clone(),
+        suggestions,
+        findings,
     }
 }
 

@@ -1,9 +1,9 @@
 //! [`OWN_ALLOCATIONS`](super::OWN_ALLOCATIONS): the residual account, and which line to name
 //! after the largest holder. Its sentences are in `words/own_allocations.rs`.
 
-use super::words::{short_label, NO_PYTHON_FRAMES};
-use dump::model::Dump;
-use dump::view::named_frames;
+use super::sites::Line;
+use dump::model::{Dump, FailedRequest, FrameKind};
+use dump::view::{is_cuda_api_frame, named_frames};
 
 /// This process's tracked allocations are most of the memory in use and no more specific account
 /// of them (leak, fragmentation, framework cache) holds; or no other finding holds at all.
@@ -11,10 +11,19 @@ pub(super) fn holds(mostly_untracked: bool, specific: bool, found_any: bool) -> 
     (!mostly_untracked && !specific) || !found_any
 }
 
+/// The line of the failing call, when the finding names it: the program's line, not a frame of
+/// the CUDA API; in a Python program only a Python line (a backward thread's native frames name
+/// the framework's internals).
+pub(super) fn failing_line<'a>(dump: &Dump, request: &'a FailedRequest) -> Option<Line<'a>> {
+    let frame = named_frames(&request.stack).next()?;
+    let python_program = dump.recording.python.is_some();
+    ((!python_program || frame.kind == FrameKind::Python) && !is_cuda_api_frame(frame))
+        .then_some(Line::Frame(frame))
+}
+
 /// A line that holds at least the request by itself, its sites summed.
-pub(super) struct NextHolder {
-    /// The line, as `short_label` names it.
-    pub(super) label: String,
+pub(super) struct NextHolder<'a> {
+    pub(super) line: Line<'a>,
     pub(super) bytes: u64,
     pub(super) count: u64,
 }
@@ -22,44 +31,40 @@ pub(super) struct NextHolder {
 /// The line holding the most after the largest holder, when it alone holds at least the request
 /// (freeing it would have made room): with the weights as the largest holder, this is usually
 /// the activations or caches the program grew, the line a user can change. Sites are summed by
-/// the line they name; the largest holder's line and the failing line are not repeated.
-pub(super) fn next_holder(
-    dump: &Dump,
+/// the line they are ([`Line`]); the largest holder's line and the failing line are not
+/// repeated.
+pub(super) fn next_holder<'a>(
+    dump: &'a Dump,
     request: u64,
-    largest: Option<&str>,
-    failing: &str,
-) -> Option<NextHolder> {
+    largest: Option<Line<'_>>,
+    failing: Option<Line<'_>>,
+) -> Option<NextHolder<'a>> {
     if request == 0 {
         return None;
     }
     let python_program = dump.recording.python.is_some();
-    let mut by_line: Vec<(String, u64, u64)> = Vec::new();
+    let mut by_line: Vec<NextHolder<'a>> = Vec::new();
     for s in &dump.sites {
-        let label = if s.stack.is_empty() && python_program {
-            NO_PYTHON_FRAMES.to_string()
-        } else if named_frames(&s.stack).next().is_some() {
-            short_label(&s.stack)
-        } else {
+        let Some(line) = Line::of_site(s, python_program) else {
             continue;
         };
-        match by_line.iter_mut().find(|(l, _, _)| *l == label) {
-            Some(e) => {
-                e.1 = e.1.saturating_add(s.bytes);
-                e.2 = e.2.saturating_add(s.count);
+        match by_line.iter_mut().find(|h| h.line == line) {
+            Some(h) => {
+                h.bytes = h.bytes.saturating_add(s.bytes);
+                h.count = h.count.saturating_add(s.count);
             }
-            None => by_line.push((label, s.bytes, s.count)),
+            None => by_line.push(NextHolder {
+                line,
+                bytes: s.bytes,
+                count: s.count,
+            }),
         }
     }
     by_line
         .into_iter()
-        .filter(|(l, _, _)| Some(l.as_str()) != largest && !failing.ends_with(&format!(" at {l}")))
-        .filter(|&(_, bytes, _)| bytes >= request)
-        .max_by_key(|&(_, bytes, _)| bytes)
-        .map(|(label, bytes, count)| NextHolder {
-            label,
-            bytes,
-            count,
-        })
+        .filter(|h| Some(h.line) != largest && Some(h.line) != failing)
+        .filter(|h| h.bytes >= request)
+        .max_by_key(|h| h.bytes)
 }
 
 #[cfg(test)]
@@ -155,6 +160,19 @@ mod tests {
         let v = headline(&d);
         assert!(v.1.contains("the 516.00 MiB request at"), "{}", v.1);
         // The failing line is the forward line: it is not repeated as the next holder.
+        assert!(!v.1.contains("next:"), "{}", v.1);
+    }
+
+    /// Sites are summed by the line they are, not by how a label shortens it: two scripts of one
+    /// base name are two lines, neither of which alone would have made room.
+    #[test]
+    fn own_allocations_does_not_sum_two_files_that_share_a_label() {
+        let mut d = weights_then_forward([400 * MIB, 300 * MIB]);
+        for (i, dir) in [(1, "/w/a"), (3, "/w/b")] {
+            d.sites[i].stack[1].file = Some(format!("{dir}/train.py"));
+        }
+        let v = headline(&d);
+        assert_eq!(v.0, "own_allocations", "{}", v.1);
         assert!(!v.1.contains("next:"), "{}", v.1);
     }
 

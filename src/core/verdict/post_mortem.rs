@@ -1,12 +1,11 @@
-//! Post-mortem verdicts (issue 15): how a program died that left no dump of its own, judged
-//! from a dump that `oomshim run` rebuilt from the program's last published state. Separate
-//! from the out-of-memory kinds, which are unchanged.
+//! Post-mortem verdicts: how a program died that left no dump of its own, judged from a dump
+//! that `oomshim run` rebuilt from the program's last published state; kinds of their own,
+//! apart from the out-of-memory kinds.
 //!
-//! This file decides how the program died; `words/post_mortem.rs` says it.
+//! This file decides how the program died; `words/post_mortem.rs` says it; `judge_post_mortem`
+//! (`mod.rs`) puts the two together.
 
-use super::leak::leak_finding;
-use super::{judge, words};
-use dump::model::{Dump, HostKill, PostMortem, Verdict};
+use dump::model::{HostKill, PostMortem};
 
 /// Killed by the kernel's OOM killer: SIGKILL while the cgroup's `memory.events` counted a new
 /// `oom_kill`. Host memory, not device memory, ran out.
@@ -19,42 +18,6 @@ pub const EXITED_AFTER_FAILURE: &str = "exited_after_failure";
 /// Host memory growth per step (or per second) below which the RSS samples are not called
 /// growth: allocator noise and caches.
 pub const HOST_GROWTH_MIN_BYTES: u64 = 1 << 20;
-
-/// The verdict of a post-mortem dump: how the program died first, then the device memory's own
-/// finding (a leak growing step after step, named by its line) when the last published state
-/// shows one. Dumps without a `post_mortem` section are judged by [`judge`].
-pub fn judge_post_mortem(dump: &Dump) -> Verdict {
-    let Some(pm) = &dump.post_mortem else {
-        return judge(dump);
-    };
-    let leak = leak_finding(dump).map(|l| {
-        words::post_mortem::leak_by_records(&l, dump)
-            .unwrap_or_else(|| words::post_mortem::leak(&l))
-    });
-    let mut death = words::post_mortem::death_finding(dump, pm, how_it_ended(pm));
-    if let Some(l) = &leak {
-        words::post_mortem::add_leak(&mut death, l);
-    }
-    death.evidence.push(words::post_mortem::reconstructed(pm));
-    let mut findings = vec![death];
-    findings.extend(leak);
-    let top = findings[0].clone();
-    let mut suggestions = top.suggestions.clone();
-    for f in &findings[1..] {
-        for s in &f.suggestions {
-            if !suggestions.contains(s) {
-                suggestions.push(s.clone());
-            }
-        }
-    }
-    Verdict {
-        kind: top.kind.clone(),
-        summary: top.summary.clone(),
-        evidence: top.evidence.clone(),
-        suggestions,
-        findings,
-    }
-}
 
 /// Host memory's growth from the RSS samples: (bytes per unit, unit word), per step when the
 /// samples carry steps that advanced, else per second.

@@ -3,8 +3,7 @@
 //! `words/snapshot.rs`.
 
 use super::context::{top_site, TopSite};
-use super::words;
-use dump::model::{Dump, Verdict};
+use dump::model::Dump;
 
 /// What a snapshot's verdict sums up.
 pub(super) struct Held<'a> {
@@ -16,7 +15,8 @@ pub(super) struct Held<'a> {
     pub(super) top: Option<TopSite<'a>>,
 }
 
-pub(super) fn judge_snapshot(dump: &Dump) -> Verdict {
+/// What a dump without a failed request holds.
+pub(super) fn held(dump: &Dump) -> Held<'_> {
     let tracked: u64 = dump
         .devices
         .iter()
@@ -28,16 +28,12 @@ pub(super) fn judge_snapshot(dump: &Dump) -> Verdict {
         .map(|d| d.tracked_count)
         .fold(0, u64::saturating_add);
     let holding = dump.devices.iter().filter(|d| d.tracked_bytes > 0).count();
-    let top = top_site(dump);
-    words::snapshot::verdict(
-        dump,
-        Held {
-            tracked,
-            count,
-            holding,
-            top,
-        },
-    )
+    Held {
+        tracked,
+        count,
+        holding,
+        top: top_site(dump),
+    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 //! function-pointer types here use the `"C-unwind"` ABI (and why nothing on the way holds a lock
 //! or a value with a destructor).
 
+use oomshim_core::sys::fn_ptr::FnPtr;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::OnceLock;
 
@@ -81,8 +82,10 @@ struct StdRuntimeError {
     type_info: *const c_void,
 }
 
-// The raw pointers are addresses of functions and type-info objects in loaded libraries.
+// SAFETY: the raw pointers are addresses of functions and type-info objects in loaded
+// libraries, never written after the lookup.
 unsafe impl Send for Runtime {}
+// SAFETY: as for `Send`.
 unsafe impl Sync for Runtime {}
 
 /// Looks `name` up in the global scope, then in each loaded library of `sonames` (opened
@@ -97,6 +100,7 @@ fn sym_in(name: &CStr, sonames: &[&CStr]) -> Option<usize> {
         return Some(p);
     }
     sonames.iter().find_map(|soname| {
+        // SAFETY: a NUL-terminated soname.
         let h = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
         if h.is_null() {
             oomshim_core::sys::clear_dl_error();
@@ -106,6 +110,15 @@ fn sym_in(name: &CStr, sonames: &[&CStr]) -> Option<usize> {
         let p = unsafe { oomshim_core::sys::quiet_dlsym(h, name) };
         (p != 0).then_some(p)
     })
+}
+
+/// The function `name` ([`sym_in`]) as a function of type `F`.
+///
+/// # Safety
+/// `F` is the C signature of `name`.
+unsafe fn fn_in<F: FnPtr>(name: &CStr, sonames: &[&CStr]) -> Option<F> {
+    // SAFETY: this function's contract; the objects searched stay loaded (`sym_in`).
+    sym_in(name, sonames).and_then(|p| unsafe { F::from_addr(p) })
 }
 
 const STDCXX: &[&CStr] = &[c"libstdc++.so.6"];
@@ -146,50 +159,57 @@ fn synthesized_oom_type() -> Option<*const c_void> {
 
 /// Destroys a thrown `c10::Error` through its own vtable: slot 0 of an Itanium vtable with a
 /// virtual destructor is the complete-object destructor. (c10 does not export `~Error`.)
+///
+/// # Safety
+/// `obj` is a constructed `c10::Error` (the C++ runtime calls this with the thrown object).
 unsafe extern "C" fn destroy_via_vtable(obj: *mut c_void) {
-    let vtable = *(obj as *const *const usize);
-    let complete_dtor: unsafe extern "C" fn(*mut c_void) = std::mem::transmute(*vtable);
-    complete_dtor(obj);
+    // SAFETY: a polymorphic object starts with its vtable pointer, whose slot 0 is the
+    // complete-object destructor, `void (Error *)`.
+    unsafe {
+        let vtable = *(obj as *const *const usize);
+        if let Some(complete_dtor) = <unsafe extern "C" fn(*mut c_void)>::from_addr(*vtable) {
+            complete_dtor(obj);
+        }
+    }
 }
 
 fn runtime() -> Option<&'static Runtime> {
     // Looked up at the first failure, not at load time, and then kept: torch is loaded by then.
     static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
     RUNTIME
+        // SAFETY: each type is the C signature of the symbol it is looked up by (the types
+        // above); the objects searched stay loaded (`sym_in`).
         .get_or_init(|| unsafe {
-            let allocate: AllocateException =
-                std::mem::transmute(sym_in(c"__cxa_allocate_exception", STDCXX)?);
-            let throw: Throw = std::mem::transmute(sym_in(c"__cxa_throw", STDCXX)?);
+            let allocate: AllocateException = fn_in(c"__cxa_allocate_exception", STDCXX)?;
+            let throw: Throw = fn_in(c"__cxa_throw", STDCXX)?;
             let c10 = (|| {
                 Some(C10 {
-                    ctor: std::mem::transmute::<usize, C10ErrorCtor>(sym_in(
+                    ctor: fn_in::<C10ErrorCtor>(
                         c"_ZN3c105ErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE",
                         TORCH,
-                    )?),
-                    dtor: match sym_in(c"_ZN3c105ErrorD1Ev", TORCH) {
-                        Some(p) => std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void)>(p),
+                    )?,
+                    dtor: match fn_in::<unsafe extern "C" fn(*mut c_void)>(
+                        c"_ZN3c105ErrorD1Ev",
+                        TORCH,
+                    ) {
+                        Some(f) => f,
                         None => destroy_via_vtable,
                     },
                     oom_type: match sym_in(c"_ZTIN3c1016OutOfMemoryErrorE", TORCH) {
                         Some(p) => p as *const c_void,
                         None => synthesized_oom_type()?,
                     },
-                    new: std::mem::transmute::<usize, OperatorNew>(sym_in(c"_Znwm", STDCXX)?),
-                    delete: std::mem::transmute::<usize, OperatorDelete>(sym_in(
-                        c"_ZdlPv", STDCXX,
-                    )?),
+                    new: fn_in::<OperatorNew>(c"_Znwm", STDCXX)?,
+                    delete: fn_in::<OperatorDelete>(c"_ZdlPv", STDCXX)?,
                 })
             })();
             let std_runtime_error = (|| {
                 Some(StdRuntimeError {
-                    ctor: std::mem::transmute::<usize, RuntimeErrorCtor>(sym_in(
-                        c"_ZNSt13runtime_errorC1EPKc",
-                        STDCXX,
-                    )?),
-                    dtor: std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void)>(sym_in(
+                    ctor: fn_in::<RuntimeErrorCtor>(c"_ZNSt13runtime_errorC1EPKc", STDCXX)?,
+                    dtor: fn_in::<unsafe extern "C" fn(*mut c_void)>(
                         c"_ZNSt13runtime_errorD1Ev",
                         STDCXX,
-                    )?),
+                    )?,
                     type_info: sym_in(c"_ZTISt13runtime_error", STDCXX)? as *const c_void,
                 })
             })();
@@ -222,10 +242,16 @@ pub(crate) unsafe fn throw_runtime_error(message: &[u8]) {
     let Some(rt) = runtime() else { return };
     let text = CStr::from_bytes_until_nul(message).unwrap_or(c"CUDA error (oomshim)");
     if let Some(e) = &rt.std_runtime_error {
-        let obj = (rt.allocate)(64);
-        std::ptr::write_bytes(obj as *mut u8, 0, 64);
-        (e.ctor)(obj, text.as_ptr());
-        (rt.throw)(obj, e.type_info, Some(e.dtor));
+        // SAFETY: the C++ runtime's own functions, called as `throw std::runtime_error(text)`
+        // compiles to: room for the object (64 bytes, more than libstdc++'s 16), the
+        // constructor on it, the throw with its type info and destructor. The unwind passes
+        // only frames the caller's contract keeps free of destructors and locks.
+        unsafe {
+            let obj = (rt.allocate)(64);
+            std::ptr::write_bytes(obj as *mut u8, 0, 64);
+            (e.ctor)(obj, text.as_ptr());
+            (rt.throw)(obj, e.type_info, Some(e.dtor));
+        }
     }
 }
 
@@ -239,38 +265,44 @@ pub(crate) unsafe fn throw_out_of_memory(message: &[u8]) {
     let Some(rt) = runtime() else { return };
     let text = CStr::from_bytes_until_nul(message).unwrap_or(c"CUDA out of memory (oomshim)");
     if let Some(c10) = &rt.c10 {
-        let obj = (rt.allocate)(OBJECT_BYTES);
-        std::ptr::write_bytes(obj as *mut u8, 0, OBJECT_BYTES);
-        // The string argument, built as libstdc++ lays it out; the constructor may move from it.
-        let bytes = text.to_bytes();
-        let mut arg = CxxString {
-            ptr: std::ptr::null_mut(),
-            len: bytes.len(),
-            local: [0; 16],
-        };
-        if bytes.len() < 16 {
-            arg.local[..bytes.len()].copy_from_slice(bytes);
-            arg.ptr = arg.local.as_mut_ptr();
-        } else {
-            let heap = (c10.new)(bytes.len() + 1) as *mut u8;
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), heap, bytes.len());
-            *heap.add(bytes.len()) = 0;
-            arg.ptr = heap;
-            arg.local[..8].copy_from_slice(&bytes.len().to_ne_bytes());
+        // SAFETY: as in `throw_runtime_error`, with c10's constructor, which takes a
+        // `SourceLocation` by value and a `std::string` built as libstdc++ lays it out.
+        unsafe {
+            let obj = (rt.allocate)(OBJECT_BYTES);
+            std::ptr::write_bytes(obj as *mut u8, 0, OBJECT_BYTES);
+            // The string argument, built as libstdc++ lays it out; the constructor may move
+            // from it.
+            let bytes = text.to_bytes();
+            let mut arg = CxxString {
+                ptr: std::ptr::null_mut(),
+                len: bytes.len(),
+                local: [0; 16],
+            };
+            if bytes.len() < 16 {
+                arg.local[..bytes.len()].copy_from_slice(bytes);
+                arg.ptr = arg.local.as_mut_ptr();
+            } else {
+                let heap = (c10.new)(bytes.len() + 1) as *mut u8;
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), heap, bytes.len());
+                *heap.add(bytes.len()) = 0;
+                arg.ptr = heap;
+                arg.local[..8].copy_from_slice(&bytes.len().to_ne_bytes());
+            }
+            let location = SourceLocation {
+                function: c"oomshim_torch_alloc".as_ptr(),
+                file: c"liboomshim.so (oomshim allocator mode)".as_ptr(),
+                line: 0,
+            };
+            (c10.ctor)(obj, location, &mut arg);
+            // The caller destroys a by-value argument (Itanium ABI): free the buffer unless the
+            // constructor moved it out (a moved-from string points at its own local bytes).
+            if arg.ptr != arg.local.as_mut_ptr() && !arg.ptr.is_null() {
+                (c10.delete)(arg.ptr as *mut c_void);
+            }
+            (rt.throw)(obj, c10.oom_type, Some(c10.dtor));
         }
-        let location = SourceLocation {
-            function: c"oomshim_torch_alloc".as_ptr(),
-            file: c"liboomshim.so (oomshim allocator mode)".as_ptr(),
-            line: 0,
-        };
-        (c10.ctor)(obj, location, &mut arg);
-        // The caller destroys a by-value argument (Itanium ABI): free the buffer unless the
-        // constructor moved it out (a moved-from string points at its own local bytes).
-        if arg.ptr != arg.local.as_mut_ptr() && !arg.ptr.is_null() {
-            (c10.delete)(arg.ptr as *mut c_void);
-        }
-        (rt.throw)(obj, c10.oom_type, Some(c10.dtor));
     }
     // No c10 in the process: the same text as a plain runtime error.
-    throw_runtime_error(message);
+    // SAFETY: this function's contract, which is that function's.
+    unsafe { throw_runtime_error(message) };
 }

@@ -18,7 +18,7 @@
 //! constructor ran (another library's constructor). The shim's own code must never call the
 //! exported `dlsym` for a handle lookup: it uses [`real_dlsym`].
 
-use oomshim_core::sys::dl::{ensure_real_dlsym, quiet_dlsym, real_dlsym, REAL_DLSYM};
+use oomshim_core::sys::dl::{ensure_real_dlsym, quiet_fn, real_dlsym, REAL_DLSYM};
 use std::ffi::{c_char, c_void};
 
 /// glibc calls `.init_array` functions with the program's `argc`, `argv` and `envp`.
@@ -31,23 +31,28 @@ extern "C" fn init_real_dlsym(
     // In a Python program that has not started yet: oomshim's Python hook on its path (one
     // symbol lookup here; src/core/pyhook.rs).
     let _ = std::panic::catch_unwind(|| {
-        // SAFETY: RTLD_DEFAULT is always a valid handle.
-        let found = unsafe { quiet_dlsym(libc::RTLD_DEFAULT, c"Py_IsInitialized") };
-        if found == 0 {
+        // SAFETY: RTLD_DEFAULT is always a valid handle; `int Py_IsInitialized(void)`.
+        let Some(initialized) = (unsafe {
+            quiet_fn::<unsafe extern "C" fn() -> std::ffi::c_int>(
+                libc::RTLD_DEFAULT,
+                c"Py_IsInitialized",
+            )
+        }) else {
             return;
-        }
-        let initialized: unsafe extern "C" fn() -> std::ffi::c_int =
-            unsafe { std::mem::transmute(found) };
+        };
         let mut args: Vec<&[u8]> = Vec::new();
         if !argv.is_null() {
             for i in 0..argc.max(0) as usize {
+                // SAFETY: glibc passes `argc` entries of `argv`.
                 let a = unsafe { *argv.add(i) };
                 if a.is_null() {
                     break;
                 }
+                // SAFETY: a non-NULL argument string, NUL-terminated.
                 args.push(unsafe { std::ffi::CStr::from_ptr(a) }.to_bytes());
             }
         }
+        // SAFETY: `Py_IsInitialized` may be called at any time, before Python starts too.
         oomshim_core::pyhook::prepare_for_python(unsafe { initialized() } == 0, &args);
     });
 }
@@ -62,12 +67,15 @@ static INIT_REAL_DLSYM: extern "C" fn(std::ffi::c_int, *const *const c_char, *co
 /// `dlsym` for a real handle (not `RTLD_DEFAULT`/`RTLD_NEXT`): the real lookup, with a tracked
 /// driver function swapped for its wrapper.
 unsafe extern "C" fn dlsym_with_handle(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    let found = real_dlsym(handle, name);
+    // SAFETY: the program's own arguments to `dlsym`.
+    let found = unsafe { real_dlsym(handle, name) };
     if found.is_null() || name.is_null() {
         return found;
     }
-    match std::panic::catch_unwind(|| super::driver::substitute_from_handle(handle, found as usize))
-    {
+    // SAFETY: a handle the real `dlsym` just accepted.
+    match std::panic::catch_unwind(|| unsafe {
+        super::driver::substitute_from_handle(handle, found as usize)
+    }) {
         Ok(p) => p as *mut c_void,
         Err(_) => found,
     }

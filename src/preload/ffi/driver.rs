@@ -13,9 +13,11 @@
 
 #![allow(non_snake_case, reason = "CUDA's exported names")]
 
+use super::real::{driver_handle, RealFn};
 use super::{cstr, Guard};
 use crate::live;
 use oomshim_core::ledger::Api;
+use oomshim_core::sys::fn_ptr::FnPtr;
 use oomshim_core::sys::{object_base, real_dlsym_not_ours};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -68,7 +70,7 @@ macro_rules! driver_functions {
         const COUNT: usize = NAMES.len();
 
         /// The [`Api`] each table entry records, in table order.
-        #[allow(dead_code, reason = "read by the tests")]
+        #[cfg(test)]
         pub(crate) const APIS: &[Option<Api>] = &[$( driver_functions!(@api $($api)?), )*];
 
         /// The shim's wrapper of each table entry.
@@ -80,12 +82,17 @@ macro_rules! driver_functions {
             #[no_mangle]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
                 $( const API: Api = Api::$api; )?
-                let Some(p) = real_addr(Idx::$name as usize) else {
+                // SAFETY: the row's own signature.
+                let Some($real) = (unsafe {
+                    real_of::<unsafe extern "C" fn($($ty),*) -> CUresult>(Idx::$name)
+                }) else {
                     return CUDA_ERROR_NOT_INITIALIZED;
                 };
-                let $real: unsafe extern "C" fn($($ty),*) -> CUresult = std::mem::transmute(p);
                 let $guard = Guard::enter();
-                $body
+                // SAFETY: the caller's arguments, as valid as the driver API requires of them;
+                // the row's body passes them to the real function unchanged and reads an
+                // out-parameter only after a success, never through NULL.
+                unsafe { $body }
             }
         )*
     };
@@ -341,35 +348,15 @@ static REAL: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
 /// True once the table was filled from a process where the driver is loaded.
 static BUILT: AtomicBool = AtomicBool::new(false);
 
-/// The driver library already loaded by the program (never loads it): by its soname, else
-/// `RTLD_NEXT` relative to the shim (a driver linked by the program).
-fn driver_handle() -> *mut c_void {
-    static HANDLE: AtomicUsize = AtomicUsize::new(0);
-    let h = HANDLE.load(Ordering::Acquire);
-    if h != 0 {
-        return h as *mut c_void;
-    }
-    // RTLD_NOLOAD: only a driver already in the process. The reference is kept on purpose, so
-    // the addresses stay valid even if the program dlcloses its own handle.
-    let h = unsafe {
-        libc::dlopen(
-            c"libcuda.so.1".as_ptr(),
-            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
-        )
-    };
-    if !h.is_null() {
-        HANDLE.store(h as usize, Ordering::Release);
-        return h;
-    }
-    oomshim_core::sys::clear_dl_error(); // the program's dlerror() never sees it
-    libc::RTLD_NEXT
-}
-
 /// Fills [`REAL`] from `handle` by exact names. Racing callers compute the same values, so no
 /// lock is taken (a lock here could be held by a thread blocked on the loader's lock).
-fn build_from(handle: *mut c_void) {
+///
+/// # Safety
+/// `handle` is `RTLD_NEXT` or a handle `dlopen` returned and not yet closed.
+unsafe fn build_from(handle: *mut c_void) {
     let mut any = false;
     for (slot, name) in REAL.iter().zip(NAMES) {
+        // SAFETY: this function's contract.
         let p = unsafe { real_dlsym_not_ours(handle, name) };
         if p != 0 {
             slot.store(p, Ordering::Release);
@@ -383,11 +370,22 @@ fn build_from(handle: *mut c_void) {
 
 fn ensure_built() {
     if !BUILT.load(Ordering::Acquire) {
-        build_from(driver_handle());
+        // SAFETY: `driver_handle` returns an open handle, kept open, or RTLD_NEXT.
+        unsafe { build_from(driver_handle()) };
     }
 }
 
-/// The real function of table entry `i`.
+/// The real function of table entry `i`, as `F`.
+///
+/// # Safety
+/// `F` is the C signature of `NAMES[i]`.
+unsafe fn real_of<F: FnPtr>(i: Idx) -> Option<F> {
+    // SAFETY: the real address of `NAMES[i]`, whose signature is `F` (this function's contract);
+    // the driver library stays loaded (`driver_handle`, `build_from`'s handle).
+    real_addr(i as usize).and_then(|p| unsafe { F::from_addr(p) })
+}
+
+/// The real address of table entry `i`.
 fn real_addr(i: usize) -> Option<usize> {
     let p = REAL[i].load(Ordering::Acquire);
     if p != 0 {
@@ -415,13 +413,18 @@ fn substitute(p: usize) -> usize {
 }
 
 /// Swaps a resolver's out-parameter for a wrapper (pointer identity).
+///
+/// # Safety
+/// `pfn` is NULL or the out-parameter a resolver just wrote.
 unsafe fn substitute_out(pfn: *mut *mut c_void) {
     if pfn.is_null() {
         return;
     }
-    let found = *pfn as usize;
+    // SAFETY: a non-NULL out-parameter the resolver wrote (this function's contract).
+    let found = unsafe { *pfn } as usize;
     if let Ok(p) = std::panic::catch_unwind(|| substitute(found)) {
-        *pfn = p as *mut c_void;
+        // SAFETY: as above.
+        unsafe { *pfn = p as *mut c_void };
     }
 }
 
@@ -429,8 +432,12 @@ unsafe fn substitute_out(pfn: *mut *mut c_void) {
 /// when `found` is a tracked driver function. Before the table exists, it is filled from this
 /// handle only if the handle reaches a driver and `found` lies in that driver's object. No
 /// CUDA call, no `dlopen`, no lock.
-pub(crate) fn substitute_from_handle(handle: *mut c_void, found: usize) -> usize {
+///
+/// # Safety
+/// `handle` is a handle `dlopen` returned and not yet closed (the real `dlsym` just used it).
+pub(crate) unsafe fn substitute_from_handle(handle: *mut c_void, found: usize) -> usize {
     if !BUILT.load(Ordering::Acquire) {
+        // SAFETY: this function's contract.
         let anchor = unsafe { real_dlsym_not_ours(handle, NAMES[Idx::cuGetProcAddress as usize]) };
         if anchor == 0 {
             return found;
@@ -439,7 +446,8 @@ pub(crate) fn substitute_from_handle(handle: *mut c_void, found: usize) -> usize
         if base.is_none() || object_base(found) != base {
             return found;
         }
-        build_from(handle);
+        // SAFETY: this function's contract.
+        unsafe { build_from(handle) };
     }
     match REAL.iter().position(|r| r.load(Ordering::Acquire) == found) {
         Some(i) => wrappers()[i],
@@ -448,44 +456,24 @@ pub(crate) fn substitute_from_handle(handle: *mut c_void, found: usize) -> usize
 }
 
 /// The shim's wrapper for a resolver's answer (for the runtime's `cudaGetDriverEntryPoint*`).
+///
+/// # Safety
+/// `pfn` is NULL or the out-parameter the resolver just wrote.
 pub(crate) unsafe fn substitute_entry_point(pfn: *mut *mut c_void) {
-    substitute_out(pfn)
+    // SAFETY: this function's contract.
+    unsafe { substitute_out(pfn) }
 }
 
 // ---------- helpers the wrappers use (driver functions the shim calls, not exports) ----------
 
-/// A driver function the shim calls itself, found lazily through the driver's handle.
-pub(crate) struct Helper {
-    name: &'static CStr,
-    ptr: AtomicUsize,
-}
-
-impl Helper {
-    pub(crate) const fn new(name: &'static CStr) -> Self {
-        Helper {
-            name,
-            ptr: AtomicUsize::new(0),
-        }
-    }
-    pub(crate) fn get(&self) -> Option<usize> {
-        let p = self.ptr.load(Ordering::Acquire);
-        if p != 0 {
-            return Some(p);
-        }
-        let p = unsafe { real_dlsym_not_ours(driver_handle(), self.name) };
-        (p != 0).then(|| {
-            self.ptr.store(p, Ordering::Release);
-            p
-        })
-    }
-}
-
 /// The calling thread's current device (its context's), or 0.
 pub(crate) fn current_device() -> i32 {
-    static GET: Helper = Helper::new(c"cuCtxGetDevice");
-    let Some(p) = GET.get() else { return 0 };
-    let f: unsafe extern "C" fn(*mut c_int) -> CUresult = unsafe { std::mem::transmute(p) };
+    // SAFETY: `CUresult cuCtxGetDevice(CUdevice *device)`.
+    static GET: RealFn<unsafe extern "C" fn(*mut c_int) -> CUresult> =
+        unsafe { RealFn::driver(c"cuCtxGetDevice") };
+    let Some(f) = GET.get() else { return 0 };
     let mut d: c_int = 0;
+    // SAFETY: a valid out-parameter.
     if unsafe { f(&mut d) } == CUDA_SUCCESS {
         d
     } else {
@@ -495,22 +483,27 @@ pub(crate) fn current_device() -> i32 {
 
 /// (free, total) of the calling thread's current device, from `cuMemGetInfo_v2`.
 pub(crate) fn mem_info() -> Option<(u64, u64)> {
-    static GET: Helper = Helper::new(c"cuMemGetInfo_v2");
-    let f: unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult =
-        unsafe { std::mem::transmute(GET.get()?) };
+    // SAFETY: `CUresult cuMemGetInfo_v2(size_t *free, size_t *total)`.
+    static GET: RealFn<unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult> =
+        unsafe { RealFn::driver(c"cuMemGetInfo_v2") };
+    let f = GET.get()?;
     let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out-parameters.
     (unsafe { f(&mut free, &mut total) } == CUDA_SUCCESS).then_some((free as u64, total as u64))
 }
 
 pub(crate) fn device_name(device: i32) -> Option<String> {
-    static GET: Helper = Helper::new(c"cuDeviceGetName");
-    let f: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CUresult =
-        unsafe { std::mem::transmute(GET.get()?) };
+    // SAFETY: `CUresult cuDeviceGetName(char *name, int len, CUdevice dev)`.
+    static GET: RealFn<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CUresult> =
+        unsafe { RealFn::driver(c"cuDeviceGetName") };
+    let f = GET.get()?;
     let mut buf = [0 as c_char; 256];
+    // SAFETY: the buffer holds `len` bytes.
     if unsafe { f(buf.as_mut_ptr(), buf.len() as c_int, device) } != CUDA_SUCCESS {
         return None;
     }
     buf[255] = 0;
+    // SAFETY: NUL-terminated by the line above at the latest.
     let name = unsafe { CStr::from_ptr(buf.as_ptr()) };
     Some(name.to_string_lossy().into_owned())
 }
@@ -518,28 +511,37 @@ pub(crate) fn device_name(device: i32) -> Option<String> {
 /// The GPU UUID of CUDA ordinal `device` (`GPU-…`, nvidia-smi's form), from
 /// `cuDeviceGetUuid_v2` (or `cuDeviceGetUuid` on drivers before 11.4): a context-free query.
 pub(crate) fn device_uuid(device: i32) -> Option<String> {
-    static GET_DEVICE: Helper = Helper::new(c"cuDeviceGet");
-    static V2: Helper = Helper::new(c"cuDeviceGetUuid_v2");
-    static V1: Helper = Helper::new(c"cuDeviceGetUuid");
-    let get_device: unsafe extern "C" fn(*mut c_int, c_int) -> CUresult =
-        unsafe { std::mem::transmute(GET_DEVICE.get()?) };
-    let get_uuid: unsafe extern "C" fn(*mut [u8; 16], c_int) -> CUresult =
-        unsafe { std::mem::transmute(V2.get().or_else(|| V1.get())?) };
+    type GetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> CUresult;
+    // SAFETY: `CUresult cuDeviceGet(CUdevice *device, int ordinal)`.
+    static GET_DEVICE: RealFn<unsafe extern "C" fn(*mut c_int, c_int) -> CUresult> =
+        unsafe { RealFn::driver(c"cuDeviceGet") };
+    // SAFETY: `CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)`; `CUuuid` is 16 bytes.
+    static V2: RealFn<GetUuid> = unsafe { RealFn::driver(c"cuDeviceGetUuid_v2") };
+    // SAFETY: `cuDeviceGetUuid` has the same signature.
+    static V1: RealFn<GetUuid> = unsafe { RealFn::driver(c"cuDeviceGetUuid") };
+    let get_device = GET_DEVICE.get()?;
+    let get_uuid = V2.get().or_else(|| V1.get())?;
     let mut dev: c_int = 0;
+    // SAFETY: a valid out-parameter.
     if unsafe { get_device(&mut dev, device) } != CUDA_SUCCESS {
         return None;
     }
     let mut bytes = [0u8; 16];
+    // SAFETY: a valid 16-byte out-parameter.
     (unsafe { get_uuid(&mut bytes, dev) } == CUDA_SUCCESS)
         .then(|| oomshim_core::facts::gpu_processes::uuid_string(&bytes))
 }
 
 /// (host?, device) of a `CUmemAllocationProp`; NULL → the current device.
+///
+/// # Safety
+/// `prop` is NULL or points to a `CUmemAllocationProp`.
 unsafe fn location_of(prop: *const CUmemAllocationProp) -> (bool, i32) {
     if prop.is_null() {
         return (false, current_device());
     }
-    let loc = &(*prop).location;
+    // SAFETY: a non-NULL `CUmemAllocationProp` (this function's contract).
+    let loc = unsafe { &(*prop).location };
     if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
         (false, loc.id)
     } else {
@@ -547,28 +549,40 @@ unsafe fn location_of(prop: *const CUmemAllocationProp) -> (bool, i32) {
     }
 }
 
+/// An out-parameter's value, 0 for NULL.
+///
+/// # Safety
+/// `out` is NULL or points to a readable `CUdeviceptr`.
 unsafe fn read(out: *mut CUdeviceptr) -> u64 {
     if out.is_null() {
         0
     } else {
-        *out
+        // SAFETY: non-NULL and readable (this function's contract).
+        unsafe { *out }
     }
 }
 
+/// An out-parameter's value, 0 for NULL.
+///
+/// # Safety
+/// `out` is NULL or points to a readable pointer.
 unsafe fn read_host(out: *mut *mut c_void) -> u64 {
     if out.is_null() {
         0
     } else {
-        *out as u64
+        // SAFETY: non-NULL and readable (this function's contract).
+        (unsafe { *out }) as u64
     }
 }
 
 /// `cuDriverGetVersion`: context-free.
 pub(crate) fn driver_version() -> Option<i32> {
-    static GET: Helper = Helper::new(c"cuDriverGetVersion");
-    let f: unsafe extern "C" fn(*mut c_int) -> CUresult =
-        unsafe { std::mem::transmute(GET.get()?) };
+    // SAFETY: `CUresult cuDriverGetVersion(int *version)`.
+    static GET: RealFn<unsafe extern "C" fn(*mut c_int) -> CUresult> =
+        unsafe { RealFn::driver(c"cuDriverGetVersion") };
+    let f = GET.get()?;
     let mut v: c_int = 0;
+    // SAFETY: a valid out-parameter.
     (unsafe { f(&mut v) } == CUDA_SUCCESS && v > 0).then_some(v)
 }
 

@@ -201,7 +201,9 @@ pub unsafe extern "C" fn oomshim_dump(reason: *const c_char) -> c_int {
     let written = guard.run(|| {
         // Through the runtime when the process has one, else through the driver (a static
         // runtime or a driver-only program): never a "not found" message for the absent one.
-        static RUNTIME: RealFn = RealFn::optional(c"cudaGetDevice");
+        // SAFETY: `cudaError_t cudaGetDevice(int *device)`.
+        static RUNTIME: RealFn<unsafe extern "C" fn(*mut c_int) -> c_int> =
+            unsafe { RealFn::optional(c"cudaGetDevice") };
         type Ask = (
             fn() -> i32,
             fn() -> Option<(u64, u64)>,

@@ -5,7 +5,8 @@
 //! (`cuMemPoolGetAttribute`) only at an out-of-memory failure, on the failing thread, or by
 //! `oomshim_dump` on the calling thread: a process without stream-ordered allocations asks nothing.
 
-use super::driver::{Helper, CUDA_SUCCESS};
+use super::cuda_error::SUCCESS;
+use super::real::RealFn;
 use dump::model::PoolInfo;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -61,11 +62,15 @@ fn relevant(device: i32) -> bool {
         })
 }
 
-fn attribute(get: usize, pool: usize, attr: c_int) -> Option<u64> {
-    let f: unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> c_int =
-        unsafe { std::mem::transmute(get) };
+/// `CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)`.
+type GetAttribute = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> c_int;
+/// `CUresult cuDeviceGet(Default)MemPool(CUmemoryPool *pool, CUdevice dev)`.
+type GetPool = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
+
+fn attribute(get: GetAttribute, pool: usize, attr: c_int) -> Option<u64> {
     let mut v: u64 = 0;
-    (unsafe { f(pool as *mut c_void, attr, &mut v as *mut u64 as *mut c_void) } == CUDA_SUCCESS)
+    // SAFETY: a pool the driver handed out; both attributes asked write a `cuuint64_t`.
+    (unsafe { get(pool as *mut c_void, attr, &mut v as *mut u64 as *mut c_void) } == SUCCESS)
         .then_some(v)
 }
 
@@ -74,19 +79,21 @@ pub(crate) fn snapshot(device: i32) -> Vec<PoolInfo> {
     if !relevant(device) {
         return Vec::new();
     }
-    static DEFAULT: Helper = Helper::new(c"cuDeviceGetDefaultMemPool");
-    static CURRENT: Helper = Helper::new(c"cuDeviceGetMemPool");
-    static GET_ATTR: Helper = Helper::new(c"cuMemPoolGetAttribute");
+    // SAFETY: `cuDeviceGetDefaultMemPool`'s signature is `GetPool`.
+    static DEFAULT: RealFn<GetPool> = unsafe { RealFn::driver(c"cuDeviceGetDefaultMemPool") };
+    // SAFETY: `cuDeviceGetMemPool`'s signature is `GetPool`.
+    static CURRENT: RealFn<GetPool> = unsafe { RealFn::driver(c"cuDeviceGetMemPool") };
+    // SAFETY: `cuMemPoolGetAttribute`'s signature is `GetAttribute`.
+    static GET_ATTR: RealFn<GetAttribute> = unsafe { RealFn::driver(c"cuMemPoolGetAttribute") };
     let Some(get) = GET_ATTR.get() else {
         return Vec::new();
     };
     let mut pools: Vec<usize> = Vec::new();
     for h in [&DEFAULT, &CURRENT] {
         if let Some(f) = h.get() {
-            let f: unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int =
-                unsafe { std::mem::transmute(f) };
             let mut p: *mut c_void = std::ptr::null_mut();
-            if unsafe { f(&mut p, device) } == CUDA_SUCCESS && !p.is_null() {
+            // SAFETY: a valid out-parameter.
+            if unsafe { f(&mut p, device) } == SUCCESS && !p.is_null() {
                 pools.push(p as usize);
             }
         }

@@ -17,11 +17,12 @@ pub const EXPORTED_NAMES: &[&str] = &["_Exit", "_exit"];
 
 fn end(status: c_int) -> ! {
     crate::publish::remove_at_exit();
-    if let Some(p) = crate::publish::real_exit() {
-        let real: unsafe extern "C" fn(c_int) -> ! = unsafe { std::mem::transmute(p) };
+    if let Some(real) = crate::publish::real_exit() {
+        // SAFETY: the C library's `_exit`, with the caller's status.
         unsafe { real(status) }
     }
     loop {
+        // SAFETY: `exit_group` takes an integer and does not return.
         unsafe { libc::syscall(libc::SYS_exit_group, status) };
     }
 }

@@ -57,7 +57,7 @@ macro_rules! runtime_functions {
         pub(crate) const NAMES: &[&CStr] = &[$( cstr(concat!(stringify!($name), "\0")), )*];
 
         /// The [`Api`] each table entry records, in table order.
-        #[allow(dead_code, reason = "read by the tests")]
+        #[cfg(test)]
         pub(crate) const APIS: &[Option<Api>] = &[$( runtime_functions!(@api $($api)?), )*];
 
         $(
@@ -71,7 +71,10 @@ macro_rules! runtime_functions {
                     return INITIALIZATION_ERROR;
                 };
                 $( let $guard = Guard::enter(); )?
-                $body
+                // SAFETY: the caller's arguments, as valid as the runtime API requires of them;
+                // the row's body passes them to the real function unchanged and reads an
+                // out-parameter only after a success, never through NULL.
+                unsafe { $body }
             }
         )*
     };
@@ -257,11 +260,16 @@ pub fn exported_names() -> Vec<&'static str> {
     NAMES.iter().map(|n| n.to_str().unwrap_or("?")).collect()
 }
 
+/// An out-parameter's value, 0 for NULL.
+///
+/// # Safety
+/// `out` is NULL or points to a readable pointer.
 unsafe fn read_ptr(out: *mut *mut c_void) -> usize {
     if out.is_null() {
         0
     } else {
-        *out as usize
+        // SAFETY: non-NULL and readable (this function's contract).
+        (unsafe { *out }) as usize
     }
 }
 
@@ -273,6 +281,7 @@ unsafe fn read_ptr(out: *mut *mut c_void) -> usize {
 pub(super) fn runtime_device() -> Option<i32> {
     let f = real_fn!(c"cudaGetDevice", unsafe extern "C" fn(*mut c_int) -> c_int)?;
     let mut d: c_int = 0;
+    // SAFETY: a valid out-parameter.
     (unsafe { f(&mut d) } == SUCCESS).then_some(d)
 }
 
@@ -288,17 +297,21 @@ pub(super) fn mem_info() -> Option<(u64, u64)> {
         unsafe extern "C" fn(*mut usize, *mut usize) -> c_int
     )?;
     let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out-parameters.
     (unsafe { f(&mut free, &mut total) } == SUCCESS).then_some((free as u64, total as u64))
 }
 
 /// The device's name: the leading `char name[256]` of `cudaDeviceProp`, whatever its version.
 pub(super) fn device_name(device: i32) -> Option<String> {
-    static V2: RealFn = RealFn::optional(c"cudaGetDeviceProperties_v2");
-    static V1: RealFn = RealFn::optional(c"cudaGetDeviceProperties");
-    let p = V2.get().or_else(|| V1.get())?;
-    let f: unsafe extern "C" fn(*mut u8, c_int) -> c_int = unsafe { std::mem::transmute(p) };
+    type GetProperties = unsafe extern "C" fn(*mut u8, c_int) -> c_int;
+    // SAFETY: `cudaError_t cudaGetDeviceProperties_v2(cudaDeviceProp *prop, int device)`.
+    static V2: RealFn<GetProperties> = unsafe { RealFn::optional(c"cudaGetDeviceProperties_v2") };
+    // SAFETY: `cudaGetDeviceProperties` has the same signature.
+    static V1: RealFn<GetProperties> = unsafe { RealFn::optional(c"cudaGetDeviceProperties") };
+    let f = V2.get().or_else(|| V1.get())?;
     // Far larger than any cudaDeviceProp so far (about 1 KiB), so any version fits.
     let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: the buffer is larger than any `cudaDeviceProp`.
     if unsafe { f(buf.as_mut_ptr(), device) } != SUCCESS {
         return None;
     }
@@ -308,9 +321,12 @@ pub(super) fn device_name(device: i32) -> Option<String> {
 
 /// `cudaRuntimeGetVersion` of the runtime in the process (optional: no message when absent).
 fn runtime_version() -> Option<i32> {
-    static GET: RealFn = RealFn::optional(c"cudaRuntimeGetVersion");
-    let f: unsafe extern "C" fn(*mut c_int) -> c_int = unsafe { std::mem::transmute(GET.get()?) };
+    // SAFETY: `cudaError_t cudaRuntimeGetVersion(int *version)`.
+    static GET: RealFn<unsafe extern "C" fn(*mut c_int) -> c_int> =
+        unsafe { RealFn::optional(c"cudaRuntimeGetVersion") };
+    let f = GET.get()?;
     let mut v: c_int = 0;
+    // SAFETY: a valid out-parameter.
     (unsafe { f(&mut v) } == SUCCESS && v > 0).then_some(v)
 }
 

@@ -1,12 +1,13 @@
 //! The verdict's own evidence: the dump's numbers every finding rests on, and the growth in a
 //! few lines.
 
+use super::count_word;
 use super::fragmentation::dynamic_shapes_evidence;
 use super::host_memory::pressure_text;
 use super::other_processes::process_line;
-use super::{count_word, short_label, site_name, MAX_FUNCTION};
 use crate::verdict::context::{alloc_conf, Ctx};
 use crate::verdict::leak::growth_fit;
+use crate::verdict::sites::{short_label, site_name, MAX_FUNCTION};
 use dump::model::Dump;
 use dump::units::{bytes_with_exact, clean, human_bytes, percent, share, thousands};
 use dump::view::{frame_label, free_blocks_available, named_frames};

@@ -1,10 +1,11 @@
 //! The words of [`LEAK`]: the growing site or the process's growth, its rate and projection, how
 //! steps were found, and what to change in the program's framework.
 
-use super::{count_word, new_finding, segment_note, short_label, site_name, steps_word};
+use super::{count_word, new_finding, segment_note, steps_word};
 use crate::verdict::context::{tracked_all, Ctx};
 use crate::verdict::framework::{framework, Framework};
 use crate::verdict::leak::LeakFinding;
+use crate::verdict::sites::{short_label, site_name};
 use crate::verdict::{LEAK, LEAK_NAMED_SHARE};
 use dump::model::{AttributedLine, Finding, GrowthSite};
 use dump::units::{clean, human_bytes, percent, share, thousands, truncate_function};

@@ -1,6 +1,6 @@
 //! The verdict's wording: every headline, summary, line of evidence and suggestion, apart from
 //! the rules that decide which findings hold (`src/core/verdict/<kind>.rs`). One file per kind; the
-//! labels and sentences that several kinds share are here.
+//! sentences that several kinds share are here; the labels of sites are in `../sites.rs`.
 
 pub(super) mod evidence;
 pub(super) mod fragmentation;
@@ -17,32 +17,11 @@ pub(super) mod untracked_memory;
 
 use super::context::Ctx;
 use super::framework::{framework, Framework};
+use super::sites::{short_label, MAX_FUNCTION};
 use dump::api;
-use dump::model::{Dump, Finding, Frame, GrowthSite};
-use dump::units::{clean, human_bytes, percent, share, thousands};
+use dump::model::{Dump, Finding};
+use dump::units::{human_bytes, percent, share, thousands};
 use dump::view::{frame_label, named_frames};
-
-/// Longest function name quoted in a verdict.
-pub(in crate::verdict) const MAX_FUNCTION: usize = 100;
-
-/// What allocations without Python frames in a Python process are.
-pub(in crate::verdict) const NO_PYTHON_FRAMES: &str =
-    "allocations without Python frames (autograd's backward threads, C++ code)";
-
-/// The innermost named frame of a stack, `function (file:line)`; a plain description when no
-/// frame has a name.
-pub(in crate::verdict) fn site_label(stack: &[Frame]) -> String {
-    match named_frames(stack).next() {
-        Some(frame) => frame_label(frame, MAX_FUNCTION),
-        None => match stack.first() {
-            Some(frame) => format!(
-                "an unnamed site (innermost address {})",
-                clean(&frame.address)
-            ),
-            None => "a site without a recorded stack".to_string(),
-        },
-    }
-}
 
 pub(in crate::verdict) fn count_word(n: u64, one: &str, many: &str) -> String {
     format!("{} {}", thousands(n), if n == 1 { one } else { many })
@@ -55,28 +34,6 @@ pub(in crate::verdict) fn steps_word(steps: Option<&str>) -> &'static str {
         Some("forward") => "forward passes",
         Some("detected") => "detected steps",
         _ => "marked steps",
-    }
-}
-
-/// The innermost named frame with its file's base name: `forward (model.py:42)` (one-liners).
-pub fn short_label(stack: &[Frame]) -> String {
-    match named_frames(stack).next() {
-        Some(frame) => {
-            let mut f = frame.clone();
-            if let Some(file) = &f.file {
-                f.file = Some(file.rsplit('/').next().unwrap_or(file).to_string());
-            }
-            frame_label(&f, 60)
-        }
-        None => site_label(stack),
-    }
-}
-
-/// A growth site's name: its frame, or what its allocations have in common.
-pub(in crate::verdict) fn site_name(site: &GrowthSite) -> String {
-    match site.grouped_by.as_deref() {
-        Some("no_python") => NO_PYTHON_FRAMES.to_string(),
-        _ => short_label(&site.stack),
     }
 }
 
@@ -183,21 +140,5 @@ pub(in crate::verdict) fn verdict_summary(c: &Ctx, judged: String) -> String {
         ),
         Some(false) => format!("{judged} The retry did not succeed: the program saw this out-of-memory error."),
         None => judged,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::site_label;
-    use crate::verdict::tests::{frame, site};
-
-    #[test]
-    fn site_labels() {
-        assert_eq!(site_label(&[]), "a site without a recorded stack");
-        assert_eq!(
-            site_label(&[frame(None, None, None)]),
-            "an unnamed site (innermost address 0x7f00deadbeef)"
-        );
-        assert_eq!(site_label(&site(1, 1).stack), "forward (model.py:42)");
     }
 }

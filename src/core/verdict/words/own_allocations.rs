@@ -2,17 +2,18 @@
 //! program's framework; growing shapes and possible fragmentation as hints.
 
 use super::fragmentation::{dynamic_shapes_evidence, BUCKETING};
-use super::{new_finding, segment_note, short_label, steps_word, NO_PYTHON_FRAMES};
+use super::{new_finding, segment_note, steps_word};
 use crate::verdict::context::{Cache, Ctx};
 use crate::verdict::fragmentation::expandable_segments_on;
 use crate::verdict::framework::{framework, Framework};
 use crate::verdict::leak::growing_shapes;
-use crate::verdict::own_allocations::next_holder;
+use crate::verdict::own_allocations::{failing_line, next_holder};
+use crate::verdict::sites::{short_label, Line};
 use crate::verdict::OWN_ALLOCATIONS;
 use dump::api;
-use dump::model::{Finding, FrameKind, GrowthFit};
+use dump::model::{Finding, GrowthFit};
 use dump::units::{clean, human_bytes, percent, share, thousands};
-use dump::view::{free_blocks_available, named_frames};
+use dump::view::free_blocks_available;
 
 const GROWING_SHAPES: &str = "The memory a step needs grows with its inputs: find the largest input the program will see \
      (the longest sequence, the largest batch or image) and cap it, split it, or lower the batch size so that one fits.";
@@ -78,7 +79,7 @@ fn own_advice(fw: Framework, site: &str) -> Vec<String> {
 }
 
 /// `700.00 MiB (×5) at forward (train.py:34)`: the line [`next_holder`] names.
-fn next_holder_text(c: &Ctx, largest: Option<&str>, failing: &str) -> Option<String> {
+fn next_holder_text(c: &Ctx, largest: Option<Line>, failing: Option<Line>) -> Option<String> {
     next_holder(c.dump, c.request.bytes, largest, failing).map(|h| {
         format!(
             "{}{} at {}",
@@ -88,7 +89,7 @@ fn next_holder_text(c: &Ctx, largest: Option<&str>, failing: &str) -> Option<Str
             } else {
                 String::new()
             },
-            h.label
+            h.line.short_label()
         )
     })
 }
@@ -111,40 +112,26 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
             } else {
                 String::new()
             },
-            if t.label == NO_PYTHON_FRAMES {
-                t.label.clone()
-            } else {
-                short_label(&t.site.stack)
+            match t.line {
+                Some(line) => line.short_label(),
+                None => short_label(&t.site.stack),
             }
         ),
         None => String::new(),
     };
     // Where the program asked for the memory that did not fit, when that is not the largest
     // holder itself: the line a user goes to first.
-    // In a Python program only a Python line says it: a backward thread's native frames name
-    // the framework's internals.
-    let python_program = dump.recording.python.is_some();
-    let failing = match named_frames(&request.stack).next() {
-        Some(f) if !python_program || f.kind == FrameKind::Python => c.failing_at_short(),
-        _ => String::new(),
-    };
-    let largest_label = c.top.as_ref().map(|t| {
-        if t.label == NO_PYTHON_FRAMES {
-            t.label.clone()
-        } else {
-            short_label(&t.site.stack)
-        }
-    });
-    let largest = if !failing.is_empty()
-        && largest_label
-            .as_deref()
-            .is_some_and(|l| !failing.ends_with(&format!(" at {l}")))
-    {
+    let failing_at = failing_line(dump, request);
+    let failing = failing_at
+        .map(|l| format!(" at {}", l.short_label()))
+        .unwrap_or_default();
+    let largest_at = c.top.as_ref().and_then(|t| t.line);
+    let largest = if failing_at.is_some() && c.top.is_some() && largest_at != failing_at {
         format!("{largest}; the {req} request{failing} failed")
     } else {
         largest
     };
-    let largest = match next_holder_text(c, largest_label.as_deref(), &failing) {
+    let largest = match next_holder_text(c, largest_at, failing_at) {
         Some(next) => format!("{largest}; next: {next}"),
         None => largest,
     };

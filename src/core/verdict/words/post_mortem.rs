@@ -2,10 +2,11 @@
 //! [`EXITED_AFTER_FAILURE`]) and of a device leak in a post-mortem dump.
 
 use super::leak::LEAK_SITES_NAMED;
-use super::{short_label, steps_word};
+use super::steps_word;
 use crate::verdict::context::tracked_all;
 use crate::verdict::leak::LeakFinding;
 use crate::verdict::post_mortem::{host_growth, oom_kill_counted, Death};
+use crate::verdict::sites::short_label;
 use crate::verdict::{
     EXITED_AFTER_FAILURE, HOST_OOM_KILL, KILLED_BY_SIGNAL, LEAK, LEAK_NAMED_SHARE,
 };
