@@ -103,7 +103,11 @@ fn fork_while_other_threads_allocate_never_deadlocks_the_child() {
     let o = wait_with_watchdog(bare, Duration::from_secs(120));
     assert!(o.status.success(), "bare: {}\n{}", err(&o), out(&o));
     let limit = Duration::from_secs(30).max(start.elapsed() * 10);
-    let cmd = client_cmd("rel_fork", &args, &env);
+    // Each child's alarm too: a filler child, starved by the parent's eleven busy threads on a
+    // loaded 2-core runner, once met a fixed 30 s alarm (with 6 test threads at load 11).
+    let alarm = limit.as_secs().to_string();
+    let mut cmd = client_cmd("rel_fork", &args, &env);
+    cmd.env("REL_FORK_ALARM", &alarm);
     let start = Instant::now();
     let o = wait_with_watchdog(cmd, Duration::from_secs(120).max(limit));
     let text = out(&o);
