@@ -93,7 +93,7 @@ fn fork_while_other_threads_allocate_never_deadlocks_the_child() {
     // 40 DataLoader-like children, 3 that fill the device, 2 that exec, 20 that meet every lock.
     let args = ["40", "3", "2", "20"];
     // The same forks without the shim first: how long they take on this machine now. A child
-    // that deadlocks dies of its alarm(30) (forks_ok below); what the time bound catches is a
+    // that deadlocks dies of its alarm (forks_ok below); what the time bound catches is a
     // shim that makes forks slow without deadlocking (a child waiting out a timed lock, say).
     // A fixed 30 s bound failed on a 2-core runner at load 12-18 (38.8 s) where nothing was
     // wrong: the bound is now 30 s or ten times the bare run, whichever is longer.
