@@ -117,3 +117,47 @@ fn the_demo_the_tests_and_the_wheel_build_every_shared_crate_with_the_same_featu
         in_build.join("\n")
     );
 }
+
+/// The libraries are built with `doctest = false` (rustdoc's pass over the four of them cost
+/// 25 s of CPU in every `cargo test` and found no example): a doc example written later would
+/// then never run, silently. This fails first, naming it.
+#[test]
+fn no_doc_example_goes_untested() {
+    fn walk(dir: &std::path::Path, found: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (i, line) in text.lines().enumerate() {
+                    let line = line.trim_start();
+                    if (line.starts_with("///") || line.starts_with("//!")) && line.contains("```")
+                    {
+                        found.push(format!("{}:{}", path.display(), i + 1));
+                    }
+                }
+            }
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    walk(&root.join("src"), &mut found);
+    assert!(
+        found.is_empty(),
+        "doc examples at {found:?}: set `doctest = true` (or remove `doctest = false`) in the \
+         [lib] of their crate's Cargo.toml, so that `cargo test` runs them"
+    );
+    for manifest in [
+        "Cargo.toml",
+        "src/format/Cargo.toml",
+        "src/core/Cargo.toml",
+        "src/preload/Cargo.toml",
+    ] {
+        let text = std::fs::read_to_string(root.join(manifest)).unwrap();
+        assert!(
+            text.contains("\ndoctest = false"),
+            "{manifest}: its [lib] runs rustdoc for no example"
+        );
+    }
+}

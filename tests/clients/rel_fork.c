@@ -16,7 +16,8 @@
  * cudaMalloc calls fail (the OOM tracker, the device-name cache), one cycles the driver's VMM
  * calls (the VMM state). A filler child first does the same once each (a new thread that
  * allocates, a VMM cycle) before it fills the device.
- * Every child arms alarm(30): a child that deadlocks dies of SIGALRM and main reports it.
+ * Every child arms alarm(30) (REL_FORK_ALARM seconds, when set: the test scales it to how fast
+ * the machine is now): a child that deadlocks dies of SIGALRM and main reports it.
  * Main prints "forks_ok N" and exits 0 when every child exited 0.
  *
  * Usage: rel_fork [LOADERS FILLERS EXECS [LOCKERS]]   (default 40 3 2 20)
@@ -196,6 +197,8 @@ int main(int argc, char **argv) {
     void *huge = NULL;
     if (cudaMalloc(&huge, (size_t)1 << 40) == cudaSuccess) return 1;
 
+    const char *alarm_env = getenv("REL_FORK_ALARM");
+    unsigned alarm_s = alarm_env != NULL && atoi(alarm_env) > 0 ? (unsigned)atoi(alarm_env) : 30;
     int failed = 0, forks = 0;
     int total = loaders + fillers + execs + lockers;
     for (int f = 0; f < total; f++) {
@@ -212,7 +215,7 @@ int main(int argc, char **argv) {
             continue;
         }
         if (pid == 0) {
-            alarm(30);
+            alarm(alarm_s);
             if (f < loaders) _exit(loader_child());
             if (f < loaders + fillers) {
                 if (new_thread_allocates() != 0 || vmm_cycle() != 0) _exit(2);
