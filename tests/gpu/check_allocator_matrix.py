@@ -268,9 +268,10 @@ print("dump", rows(d["device_traces"][0])[len(t):])  # what the first snapshot a
 text = viz.trace(d)
 flame = viz.segments(d, format_flamegraph=lambda lines: lines)
 mem = viz.memory(d, format_flamegraph=lambda lines: lines)
-# (addresses and the raw `snapshot` entry's time_us differ from run to run: masked)
-print("memory_viz trace", [re.sub(r"'time_us': \d+", "'time_us': T", l) for l in text.splitlines()
-                           if not l.startswith(("cudaMalloc", "cudaFree"))][:40])
+# (segment addresses, `a = cudaMalloc(ADDR, ...)`, and the raw `snapshot` entry's time_us differ
+# from run to run: masked; offsets inside a segment are kept)
+print("memory_viz trace", [re.sub(r"\b\d{10,}\b", "ADDR", re.sub(r"'time_us': \d+", "'time_us': T", l))
+                           for l in text.splitlines()][:40])
 print("memory_viz segments", sorted(l.split(";", 2)[2] for l in flame.splitlines() if ";active_allocated;" in l))
 print("memory_viz memory", sorted(l.split(";", 1)[1] for l in mem.splitlines() if ";active_allocated;" in l))
 print("memory_viz segsum", [l for l in viz.segsum(d).splitlines() if l.startswith(("segments:", "total_"))])
