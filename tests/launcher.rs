@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use common::shim_lib;
+use common::{shim_lib, wait_until_stopped};
 use oomshim_cli::testbed;
 use std::fs;
 use std::io::{Read, Write};
@@ -462,6 +462,74 @@ fn counted(by_group: bool, sig: i32) -> String {
     rest.trim().to_string()
 }
 
+/// The pid of `oomshim run`'s sentinel (its child named `oomshim-signals`).
+fn sentinel_of(launcher: i32) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let Some(close) = stat.rfind(')') else {
+                continue;
+            };
+            let comm = &stat[stat.find('(').unwrap() + 1..close];
+            let ppid: i32 = stat[close + 1..]
+                .split_whitespace()
+                .nth(1)
+                .unwrap()
+                .parse()
+                .unwrap();
+            if ppid == launcher && comm == "oomshim-signals" {
+                return pid;
+            }
+        }
+        assert!(Instant::now() < deadline, "no sentinel under {launcher}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A loaded machine that does not schedule the sentinel for a while (here: the sentinel
+/// stopped for 300 ms, far past the 50 ms oomshim waits for its word): a signal to the group
+/// still reaches the program once, not twice (oomshim sees it pending in the sentinel and
+/// waits), and a signal to oomshim's pid alone is still passed on.
+#[test]
+fn a_group_signal_reaches_the_program_once_while_the_sentinel_is_slow() {
+    for by_group in [true, false] {
+        let mut cmd = Command::new(oomshim());
+        cmd.args(["run", "--"])
+            .arg(testbed::client("count_signals"))
+            .env_remove("LD_PRELOAD")
+            .stdout(Stdio::piped())
+            .process_group(0);
+        let mut child = cmd.spawn().unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let mut buf = [0u8; 6];
+        out.read_exact(&mut buf).unwrap();
+        let launcher = child.id() as i32;
+        let sentinel = sentinel_of(launcher);
+        unsafe { libc::kill(sentinel, libc::SIGSTOP) };
+        // Stopped before the signal is sent (not while it takes one): the signal then waits,
+        // pending, in the stopped sentinel, as in one the machine has not scheduled yet.
+        wait_until_stopped(sentinel as u32);
+        unsafe { libc::kill(if by_group { -launcher } else { launcher }, libc::SIGTERM) };
+        std::thread::sleep(Duration::from_millis(300));
+        unsafe { libc::kill(sentinel, libc::SIGCONT) };
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+        assert_eq!(child.wait().unwrap().code(), Some(0));
+        assert_eq!(
+            rest.trim(),
+            "term 1 int 0",
+            "sent to the {}",
+            if by_group { "group" } else { "pid" }
+        );
+    }
+}
+
 #[test]
 fn signals_by_pid_and_by_group_reach_the_program_exactly_once() {
     for _ in 0..3 {
@@ -650,7 +718,10 @@ fn start_tree(script: &str) -> Tree {
     let dumps = dir.path().join("dumps");
     let ready = dir.path().join("ready");
     let script = script
-        .replace("{client}", &testbed::client("flight_leak").display().to_string())
+        .replace(
+            "{client}",
+            &testbed::client("flight_leak").display().to_string(),
+        )
         .replace("{ready}", &ready.display().to_string());
     let mut cmd = Command::new(oomshim());
     cmd.args(["run", "--dir"])
@@ -694,7 +765,10 @@ impl Tree {
 
     /// The dumps written within `limit` (as soon as there is one), then the group is killed:
     /// (dumps, oomshim's stderr).
-    fn dumps_within(mut self, limit: Duration) -> (Vec<(PathBuf, dump::model::Dump)>, String, Self) {
+    fn dumps_within(
+        mut self,
+        limit: Duration,
+    ) -> (Vec<(PathBuf, dump::model::Dump)>, String, Self) {
         let start = Instant::now();
         let found = loop {
             let d = dumps_in(&self.dumps);
@@ -746,7 +820,10 @@ fn a_sigkilled_grandchild_its_living_parent_reaps_gets_a_post_mortem() {
     let top = &d.verdict.findings[0].headline;
     assert!(top.contains("killed by SIGKILL from outside"), "{top}");
     assert!(top.contains("leak: keep_activations"), "{top}");
-    assert!(err.contains(&format!("oomshim: post-mortem (reconstructed): {top}")), "{err}");
+    assert!(
+        err.contains(&format!("oomshim: post-mortem (reconstructed): {top}")),
+        "{err}"
+    );
     assert!(oomshim_core::flight::read::list_regions(&t.live).is_empty());
 }
 
@@ -768,7 +845,11 @@ fn a_sigkilled_grandchild_reaped_at_once_still_gets_a_post_mortem() {
         Some(sig) => assert_eq!(sig, libc::SIGKILL, "{pm:?}"),
         None => {
             assert!(top.contains("which one is not known"), "{top}");
-            assert!(d.verdict.evidence.iter().any(|e| e.contains("ran no exit handler")));
+            assert!(d
+                .verdict
+                .evidence
+                .iter()
+                .any(|e| e.contains("ran no exit handler")));
         }
     }
     assert_eq!(d.verdict.kind, oomshim_core::verdict::KILLED_BY_SIGNAL);
@@ -783,12 +864,18 @@ fn a_grandchild_ending_by_underscore_exit_gets_no_post_mortem() {
     let t = start_tree("{client} _exit > {ready}; echo done >> {ready}; sleep 30");
     let start = Instant::now();
     while !fs::read_to_string(&t.ready).is_ok_and(|t| t.contains("done")) {
-        assert!(start.elapsed() < Duration::from_secs(30), "flight_leak _exit never ended");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "flight_leak _exit never ended"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     // Two scans of the live directory after its end.
     let (found, err, t) = t.dumps_within(Duration::from_millis(1500));
-    assert!(found.is_empty(), "a post-mortem of a deliberate _exit: {found:?} {err}");
+    assert!(
+        found.is_empty(),
+        "a post-mortem of a deliberate _exit: {found:?} {err}"
+    );
     assert!(!err.contains("post-mortem"), "{err}");
     assert!(oomshim_core::flight::read::list_regions(&t.live).is_empty());
 }

@@ -923,3 +923,45 @@ fn golden_terminal_report_of_a_simulated_oom() {
         golden.display()
     );
 }
+
+/// `OOMSHIM_LOG` turns the shim's own diagnostics on by level and by target, leaves the
+/// program's output alone, and a value that is no filter is said once (diagnostics off), never
+/// a crash.
+#[test]
+fn the_log_setting_filters_the_shims_diagnostics_and_refuses_garbage_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path().to_str().unwrap();
+    let bare = run_client("passthrough", &[], &[("OOMSHIM_DIR", dir)], false);
+    for (setting, started) in [
+        ("debug", true),
+        ("oomshim=debug", true),
+        ("some_other_crate=debug", false),
+        ("warn", false),
+    ] {
+        let out = run_client(
+            "passthrough",
+            &[],
+            &[("OOMSHIM_LOG", setting), ("OOMSHIM_DIR", dir)],
+            true,
+        );
+        assert_eq!(stdout(&out), stdout(&bare), "{setting}");
+        let err = stderr(&out);
+        assert_eq!(
+            err.contains("oomshim started"),
+            started,
+            "OOMSHIM_LOG={setting}: {err}"
+        );
+    }
+    let out = run_client(
+        "passthrough",
+        &[],
+        &[("OOMSHIM_LOG", "debug=[{"), ("OOMSHIM_DIR", dir)],
+        true,
+    );
+    assert_eq!(stdout(&out), stdout(&bare));
+    let err = stderr(&out);
+    let said: Vec<&str> = err.lines().filter(|l| l.contains("OOMSHIM_LOG")).collect();
+    assert_eq!(said.len(), 1, "{err}");
+    assert!(said[0].contains("is not a filter"), "{err}");
+    assert!(!err.contains("oomshim started"), "{err}");
+}

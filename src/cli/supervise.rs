@@ -139,6 +139,33 @@ fn caught_signals(ignored: u64) -> u64 {
 /// How long a signal that reached oomshim waits for the sentinel's word before it is passed on.
 const SETTLE: Duration = Duration::from_millis(50);
 
+/// How long past [`SETTLE`] a signal keeps waiting while the sentinel still holds it pending or
+/// is running (a loaded machine that has not scheduled it yet): passing it on then would make a
+/// group's signal reach the program twice.
+const SETTLE_LOADED: Duration = Duration::from_secs(2);
+
+/// How often a signal that outlived [`SETTLE`] looks at the sentinel again.
+const RECHECK: Duration = Duration::from_millis(5);
+
+/// Whether the sentinel may still write a word for `sig`: the signal is pending in it (queued,
+/// not yet taken by `sigwaitinfo`: a stopped or unscheduled sentinel), or it is running (between
+/// taking a signal and writing its word). Asleep with nothing pending, it has said all it got.
+fn sentinel_may_still_say(sentinel: i32, sig: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{sentinel}/status")) else {
+        return false;
+    };
+    let bit = 1u64 << (sig - 1);
+    status.lines().any(|l| {
+        let (key, value) = l.split_once(':').unwrap_or((l, ""));
+        let value = value.trim();
+        match key {
+            "SigPnd" | "ShdPnd" => u64::from_str_radix(value, 16).is_ok_and(|m| m & bit != 0),
+            "State" => value.starts_with('R'),
+            _ => false,
+        }
+    })
+}
+
 /// What to do with one signal oomshim received.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rule {
@@ -634,7 +661,8 @@ fn watch(
     // sender, when). A sender that signalled the sentinel too within SETTLE signalled more than
     // oomshim's pid (the group, the cgroup): all its sendings of that signal then are one, and
     // the program got it (timeout sends to the pid, then to the group).
-    let mut waiting: Vec<(i32, i32, Instant)> = Vec::new();
+    // Waiting: (signal, sender, when received, when to look again).
+    let mut waiting: Vec<(i32, i32, Instant, Instant)> = Vec::new();
     let mut seen: Vec<(i32, i32, Instant)> = Vec::new();
     let mut sentinel_alive = sentinel.is_some();
     loop {
@@ -643,14 +671,20 @@ fn watch(
         }
         // Pass on what waited long enough; forget the sentinel's words that matched nothing.
         let now = Instant::now();
-        waiting.retain(|&(sig, _, at)| {
-            if now >= at + SETTLE || !sentinel_alive {
-                // SAFETY: a signal to the program's pid.
-                unsafe { libc::kill(main.pid, sig) };
-                false
-            } else {
-                true
+        waiting.retain_mut(|(sig, _, at, next)| {
+            if now < *next && sentinel_alive {
+                return true;
             }
+            let still = sentinel_alive
+                && now < *at + SETTLE_LOADED
+                && sentinel.is_some_and(|s| sentinel_may_still_say(s, *sig));
+            if still {
+                *next = now + RECHECK;
+                return true;
+            }
+            // SAFETY: a signal to the program's pid.
+            unsafe { libc::kill(main.pid, *sig) };
+            false
         });
         seen.retain(|&(_, _, at)| now < at + 2 * SETTLE);
         if now >= tree.next_scan {
@@ -658,7 +692,7 @@ fn watch(
         }
         let timeout = waiting
             .iter()
-            .map(|&(_, _, at)| (at + SETTLE).saturating_duration_since(now))
+            .map(|&(_, _, _, next)| next.saturating_duration_since(now))
             .chain(std::iter::once(
                 tree.next_scan.saturating_duration_since(now),
             ))
@@ -701,7 +735,7 @@ fn watch(
             while unsafe { libc::read(sentinel_fd, word.as_mut_ptr().cast(), 8) } == 8 {
                 let [sig, sender] = word;
                 // Sent to more than oomshim: the program got it too.
-                waiting.retain(|&(s, p, _)| (s, p) != (sig, sender));
+                waiting.retain(|&(s, p, _, _)| (s, p) != (sig, sender));
                 seen.push((sig, sender, Instant::now()));
             }
         }
@@ -726,7 +760,8 @@ fn watch(
                     Rule::Drop => {}
                     Rule::UnlessSentinelSawIt => {
                         if !seen.iter().any(|&(s, p, _)| (s, p) == (sig, sender)) {
-                            waiting.push((sig, sender, Instant::now()));
+                            let at = Instant::now();
+                            waiting.push((sig, sender, at, at + SETTLE));
                         }
                     }
                 }

@@ -71,7 +71,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "OOMSHIM_LOG",
         default: "off",
-        meaning: "A `tracing` filter for the shim's own diagnostics on stderr, for example `debug`.",
+        meaning: "A filter for the shim's own diagnostics on stderr: a level or `target=level` directives separated by commas, for example `debug` or `oomshim=trace,warn`; a value that is no filter is said once and leaves them off.",
     },
     Setting {
         name: "OOMSHIM_SIGNAL",

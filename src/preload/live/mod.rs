@@ -176,10 +176,24 @@ impl Shim {
         dump::write::set_file_mode(config.dump_mode);
         let _ = oomshim_core::config::fault(); // the test hook is read once, now
         if let Some(filter) = &config.log {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-                .with_writer(std::io::stderr)
-                .try_init();
+            // `Targets` ("debug", "oomshim=trace,warn"), not `EnvFilter`: the same
+            // directives a user writes here, without a regex engine in the library (issue 27).
+            use tracing_subscriber::layer::SubscriberExt;
+            use tracing_subscriber::util::SubscriberInitExt;
+            match filter.parse::<tracing_subscriber::filter::Targets>() {
+                Ok(targets) => {
+                    // Everything reaches `targets` (the builder alone would stop at INFO).
+                    let _ = tracing_subscriber::fmt()
+                        .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
+                        .with_writer(std::io::stderr)
+                        .finish()
+                        .with(targets)
+                        .try_init();
+                }
+                Err(e) => oomshim_core::say!(
+                    "oomshim: OOMSHIM_LOG={filter:?} is not a filter ({e}): the shim's own diagnostics stay off"
+                ),
+            }
         }
         // This std is private to liboomshim.so, so the hook only silences the shim's own
         // panics: they are reported once by `disable` instead of as a backtrace in the host.
