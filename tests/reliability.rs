@@ -97,27 +97,44 @@ fn fork_while_other_threads_allocate_never_deadlocks_the_child() {
     // shim that makes forks slow without deadlocking (a child waiting out a timed lock, say).
     // A fixed 30 s bound failed on a 2-core runner at load 12-18 (38.8 s) where nothing was
     // wrong: the bound is now 30 s or ten times the bare run, whichever is longer.
-    let mut bare = client_cmd("rel_fork", &args, &env); // builds liboomshim.so first
-    bare.env_remove("LD_PRELOAD");
-    let start = Instant::now();
-    let o = wait_with_watchdog(bare, Duration::from_secs(120));
-    assert!(o.status.success(), "bare: {}\n{}", err(&o), out(&o));
-    let limit = Duration::from_secs(30).max(start.elapsed() * 10);
-    // Each child's alarm too: a filler child, starved by the parent's eleven busy threads on a
-    // loaded 2-core runner, once met a fixed 30 s alarm (with 6 test threads at load 11).
-    let alarm = limit.as_secs().to_string();
-    let mut cmd = client_cmd("rel_fork", &args, &env);
-    cmd.env("REL_FORK_ALARM", &alarm);
-    let start = Instant::now();
-    let o = wait_with_watchdog(cmd, Duration::from_secs(120).max(limit));
-    let text = out(&o);
-    assert!(o.status.success(), "{}\n{text}", err(&o));
-    assert_eq!(value_after(&text, "forks_ok "), 65, "{text}");
-    assert!(
-        start.elapsed() < limit,
-        "forks took {:?} (the bound: {limit:?}, ten times the same forks without the shim)",
+    // A load spike between the bare run and the shim's (the integration tests run four at a
+    // time: 31 s against a 30 s bound was seen with nothing wrong) gets one more try, with the
+    // bare time measured again; a shim that makes forks slow is slow both times.
+    let bare_time = || {
+        let mut bare = client_cmd("rel_fork", &args, &env); // builds liboomshim.so first
+        bare.env_remove("LD_PRELOAD");
+        let start = Instant::now();
+        let o = wait_with_watchdog(bare, Duration::from_secs(120));
+        assert!(o.status.success(), "bare: {}\n{}", err(&o), out(&o));
         start.elapsed()
-    );
+    };
+    let mut text = String::new();
+    for attempt in 1..=2 {
+        let limit = Duration::from_secs(30).max(bare_time() * 10);
+        // Each child's alarm too: a filler child, starved by the parent's eleven busy threads on
+        // a loaded 2-core runner, once met a fixed 30 s alarm (with 6 test threads at load 11).
+        let alarm = limit.as_secs().to_string();
+        let mut cmd = client_cmd("rel_fork", &args, &env);
+        cmd.env("REL_FORK_ALARM", &alarm);
+        let start = Instant::now();
+        let o = wait_with_watchdog(cmd, Duration::from_secs(120).max(limit));
+        let took = start.elapsed();
+        text = out(&o);
+        assert!(o.status.success(), "{}\n{text}", err(&o));
+        assert_eq!(value_after(&text, "forks_ok "), 65, "{text}");
+        if took < limit {
+            break;
+        }
+        assert!(
+            attempt < 2,
+            "forks took {took:?} twice over the bound ({limit:?}, ten times the same forks without the shim)"
+        );
+        eprintln!("forks took {took:?} (bound {limit:?}): measured again");
+        for (p, _) in dumps(dir.path()) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    let text = text;
 
     let all = dumps(dir.path());
     // Parent: its own 1 TiB failure. Fillers: one OOM dump each. Exec'd children: one on-demand.
