@@ -322,30 +322,14 @@ def _on_torch_oom(torch, device, alloc, device_total, device_free):
             _on_allocator_oom(torch, device, alloc, device_total, device_free)
             return
         snapshot = torch.cuda.memory._snapshot()
-        stats = {}
-        try:
-            s = torch.cuda.memory_stats(device)
-            stats = {k: int(s[k]) for k in ("inactive_split_bytes.all.current", "reserved_bytes.all.current",
-                                            "allocated_bytes.all.current", "num_alloc_retries", "num_ooms") if k in s}
-        except Exception:
-            pass
         rank = os.environ.get("RANK")
         name = f"oomshim-torch-{socket.gethostname()}-{os.getpid()}" + (f"-r{rank}" if rank else "") + f"-{_count}"
-        account = {
-            "schema": _SCHEMA,
-            "framework": "torch",
-            "version": getattr(torch, "__version__", None),
-            "raised": True,
-            "device": int(device),
-            "request_bytes": int(alloc),
-            "device_total_bytes": int(device_total),
-            "device_free_bytes": int(device_free),
-            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-            "stats": stats,
+        account = _torch_account(torch, device, alloc, device_total, device_free)
+        account.update({
             "cache": _free_block_summary(snapshot, device),
             "snapshot_file": name + ".pickle",
             "memory_cap": _memory_cap(torch, device, device_total),
-        }
+        })
         if _history["on"]:
             account["attribution"] = _attribution(snapshot, device)
         account["kinds"] = _kinds_of(torch, device, alloc, sys._getframe(1))
@@ -372,6 +356,14 @@ def _on_allocator_oom(torch, device, alloc, device_total, device_free):
     """The observer in allocator mode (oomshim's package calls it from inside the shim's failing
     allocation, before the dump is written): the memory by kind and the phase, for that dump. No
     snapshot or cache summary: the shim's dump has the allocator's exact blocks."""
+    account = _torch_account(torch, device, alloc, device_total, device_free)
+    account["kinds"] = _kinds_of(torch, device, alloc, sys._getframe(2))
+    _tell_shim(account)
+
+
+def _torch_account(torch, device, alloc, device_total, device_free):
+    """What both observers tell the shim of every failure: the request, torch's numbers for the
+    device and its allocator's counters."""
     stats = {}
     try:
         s = torch.cuda.memory_stats(device)
@@ -379,7 +371,7 @@ def _on_allocator_oom(torch, device, alloc, device_total, device_free):
                                         "allocated_bytes.all.current", "num_alloc_retries", "num_ooms") if k in s}
     except Exception:
         pass
-    _tell_shim({
+    return {
         "schema": _SCHEMA,
         "framework": "torch",
         "version": getattr(torch, "__version__", None),
@@ -390,8 +382,7 @@ def _on_allocator_oom(torch, device, alloc, device_total, device_free):
         "device_free_bytes": int(device_free),
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "stats": stats,
-        "kinds": _kinds_of(torch, device, alloc, sys._getframe(2)),
-    })
+    }
 
 
 # How often, at most, the memory by kind is counted for the live region (oomshim top, the
