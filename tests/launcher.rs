@@ -442,7 +442,9 @@ fn a_real_time_signal_to_the_launcher_reaches_the_program_once() {
 }
 
 /// `count_signals` under `oomshim run` in its own group, signalled by pid or by group: once.
-fn counted(by_group: bool, sig: i32) -> String {
+/// `oomshim run` of the signal-counting client in its own process group, once the client said
+/// it is ready: the launcher and the client's stdout.
+fn start_counter() -> (std::process::Child, std::process::ChildStdout) {
     let mut cmd = Command::new(oomshim());
     cmd.args(["run", "--"])
         .arg(testbed::client("count_signals"))
@@ -453,13 +455,22 @@ fn counted(by_group: bool, sig: i32) -> String {
     let mut out = child.stdout.take().unwrap();
     let mut buf = [0u8; 6];
     out.read_exact(&mut buf).unwrap();
-    let target = child.id() as i32;
-    unsafe { libc::kill(if by_group { -target } else { target }, sig) };
+    (child, out)
+}
+
+/// What the counting client saw (`term N int M`), after a clean exit.
+fn counts(mut child: std::process::Child, mut out: std::process::ChildStdout) -> String {
     let mut rest = String::new();
     out.read_to_string(&mut rest).unwrap();
-    let st = child.wait().unwrap();
-    assert_eq!(st.code(), Some(0));
+    assert_eq!(child.wait().unwrap().code(), Some(0));
     rest.trim().to_string()
+}
+
+fn counted(by_group: bool, sig: i32) -> String {
+    let (child, out) = start_counter();
+    let target = child.id() as i32;
+    unsafe { libc::kill(if by_group { -target } else { target }, sig) };
+    counts(child, out)
 }
 
 /// The pid of `oomshim run`'s sentinel (its child named `oomshim-signals`).
@@ -499,16 +510,7 @@ fn sentinel_of(launcher: i32) -> i32 {
 #[test]
 fn a_group_signal_reaches_the_program_once_while_the_sentinel_is_slow() {
     for by_group in [true, false] {
-        let mut cmd = Command::new(oomshim());
-        cmd.args(["run", "--"])
-            .arg(testbed::client("count_signals"))
-            .env_remove("LD_PRELOAD")
-            .stdout(Stdio::piped())
-            .process_group(0);
-        let mut child = cmd.spawn().unwrap();
-        let mut out = child.stdout.take().unwrap();
-        let mut buf = [0u8; 6];
-        out.read_exact(&mut buf).unwrap();
+        let (child, out) = start_counter();
         let launcher = child.id() as i32;
         let sentinel = sentinel_of(launcher);
         unsafe { libc::kill(sentinel, libc::SIGSTOP) };
@@ -518,11 +520,9 @@ fn a_group_signal_reaches_the_program_once_while_the_sentinel_is_slow() {
         unsafe { libc::kill(if by_group { -launcher } else { launcher }, libc::SIGTERM) };
         std::thread::sleep(Duration::from_millis(300));
         unsafe { libc::kill(sentinel, libc::SIGCONT) };
-        let mut rest = String::new();
-        out.read_to_string(&mut rest).unwrap();
-        assert_eq!(child.wait().unwrap().code(), Some(0));
+        let rest = counts(child, out);
         assert_eq!(
-            rest.trim(),
+            rest,
             "term 1 int 0",
             "sent to the {}",
             if by_group { "group" } else { "pid" }
