@@ -2,13 +2,15 @@
 //! holds every lock of the shim's across `fork` (see `oomshim_core::sys::fork`), taken in this
 //! order:
 //!
-//! 1. the VMM state (`vmm`);
-//! 2. the thread-name cache, then 3. the device-name cache;
-//! 4. the Python code table (`oomshim_core::pystack`);
-//! 5. the unwinder's module snapshot, with this thread marked busy meanwhile
+//! 1. the growth tracker's step detector, then 2. its histories (`growth`: a sample holds the
+//!    histories while it reads the Python code table and the stack tables' shards);
+//! 3. the VMM state (`vmm`);
+//! 4. the thread-name cache, then 5. the device-name cache;
+//! 6. the Python code table (`oomshim_core::pystack`);
+//! 7. the unwinder's module snapshot, with this thread marked busy meanwhile
 //!    (`oomshim_core::stacks`);
-//! 6. the OOM tracker's state (`oom`);
-//! 7. the native stack table's shards, 8. the Python stack table's shards, then 9. the
+//! 8. the OOM tracker's state (`oom`);
+//! 9. the native stack table's shards, 10. the Python stack table's shards, then 11. the
 //!    ledger's shards;
 //!
 //! and let go of in the reverse order, in the parent and in the child. No path of the shim's
@@ -27,6 +29,9 @@ pub(super) fn register() {
 }
 
 fn prepare() {
+    if let Some(s) = super::SHIM.get() {
+        s.growth.hold_for_fork();
+    }
     // A panic in the leaves' part still lets the shim's state be locked.
     let _ = catch_unwind(hold_leaf_locks);
     hold_state_locks();
@@ -35,6 +40,7 @@ fn prepare() {
 fn parent() {
     release_state_locks(false);
     let _ = catch_unwind(release_leaf_locks);
+    release_growth_locks();
 }
 
 fn child() {
@@ -43,6 +49,15 @@ fn child() {
         let _ = super::TID.try_with(|t| t.set(0));
         release_leaf_locks();
     });
+    release_growth_locks();
+}
+
+/// Locks 1 and 2. Only what this thread's `prepare` took is let go (the state may have come into
+/// being meanwhile), so no note of holding them is needed.
+fn release_growth_locks() {
+    if let Some(s) = super::SHIM.get() {
+        s.growth.release_after_fork();
+    }
 }
 
 oomshim_core::fork_held! {
@@ -52,7 +67,7 @@ oomshim_core::fork_held! {
     static DEVICE_NAMES_HELD: MutexGuard<'static, Vec<super::DeviceNames>>;
 }
 
-/// Locks 1 to 5, which live outside the shim's state.
+/// Locks 3 to 7, which live outside the shim's state.
 fn hold_leaf_locks() {
     super::vmm::fork_prepare();
     THREAD_NAMES_HELD.hold(
@@ -78,13 +93,13 @@ fn release_leaf_locks() {
 }
 
 std::thread_local! {
-    /// Whether this thread's `prepare` took locks 6 to 9. The state may come into being on
+    /// Whether this thread's `prepare` took locks 8 to 11. The state may come into being on
     /// another thread between `prepare` and `parent`/`child`; its locks were never taken then,
     /// and forcing them open would unlock what nobody holds.
     static STATE_HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Locks 6 to 9, the shim's state (none before it exists).
+/// Locks 8 to 11, the shim's state (none before it exists).
 fn hold_state_locks() {
     let Some(s) = super::SHIM.get() else {
         return;

@@ -165,11 +165,12 @@ impl<F: Fn(StackId, StackId) -> SiteKey> SiteKeyer for F {
 pub type StackPair = (StackId, StackId);
 
 pub(crate) struct Tracker {
-    /// Only ever taken with [`Tracker::lock`] (never blocking): a child forked while another
-    /// thread held it must not deadlock (the fork handlers do not know this lock).
+    /// Only ever taken with [`Tracker::lock`] (never blocking) on the shim's paths; the forking
+    /// thread holds it across `fork` ([`Tracker::hold_for_fork`]), so a child never starts with
+    /// it held by a thread it does not have.
     histories: Mutex<Histories>,
-    /// Set when the lock could not be had for long (a fork copied it held): growth is off.
-    stuck: AtomicBool,
+    /// Set once a wait for the histories gave up (said once).
+    lock_gave_up: AtomicBool,
     /// Shim clock of the next time-bucket boundary; `u64::MAX` once steps are marked.
     next_bucket_ns: AtomicU64,
     /// Marks per [`StepSource`].
@@ -187,6 +188,16 @@ pub(crate) struct Tracker {
     sizes: Box<[AtomicU64]>,
 }
 
+oomshim_core::fork_held! {
+    static DETECTOR_HELD: std::sync::MutexGuard<'static, Detector<StackPair>>;
+}
+oomshim_core::fork_held! {
+    static HISTORIES_HELD: std::sync::MutexGuard<'static, Histories>;
+}
+
+/// How long a caller waits for the histories before skipping what it came for.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The detector's key of a stack pair (cheap, on the hot path): the Python stack id with the top
 /// bit set, else the native stack id.
 fn anchor_key(native: StackId, python: StackId) -> u64 {
@@ -201,7 +212,7 @@ impl Tracker {
     pub fn new() -> Tracker {
         Tracker {
             histories: Mutex::new(Histories::default()),
-            stuck: AtomicBool::new(false),
+            lock_gave_up: AtomicBool::new(false),
             next_bucket_ns: AtomicU64::new(BUCKET_NS),
             marks: Default::default(),
             forwards_since_optimizer: AtomicU64::new(0),
@@ -211,6 +222,23 @@ impl Tracker {
             next_sample_seq: AtomicU64::new(0),
             sizes: (0..sizes::SIZE_RING).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// `fork` prepare handler (`super::fork`, first of all its locks): takes the detector's lock,
+    /// then the histories' (the order the step path takes them in), and keeps them until
+    /// [`Self::release_after_fork`]. Holders only ever `try_lock` them, so nobody waits on these
+    /// while holding a lock the forking thread takes later.
+    /// A child forked while a sampling thread held the histories once spun 100,000 yields in its
+    /// first failure (30 s and more on a loaded machine) before giving growth up.
+    pub(super) fn hold_for_fork(&'static self) {
+        DETECTOR_HELD.hold(self.detector.lock().unwrap_or_else(|e| e.into_inner()));
+        HISTORIES_HELD.hold(self.histories.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// `fork` parent and child handler: lets go of both, in the reverse order.
+    pub(super) fn release_after_fork(&self) {
+        HISTORIES_HELD.release();
+        DETECTOR_HELD.release();
     }
 
     fn marked_any(&self) -> bool {
@@ -248,19 +276,32 @@ impl Tracker {
     }
 
     /// The histories, by `try_lock` with yields: holders keep it for one sample (a ledger walk)
-    /// or a copy, so a wait of about 100k yields means it will never be released.
+    /// or a copy, and the forking thread across a `fork` (its handlers wait for the shim's other
+    /// locks meanwhile). A wait past [`LOCK_PATIENCE`] gives this one call up, said once: a
+    /// hook never waits without bound, and one late sample does not turn growth off.
     fn lock(&self) -> Option<std::sync::MutexGuard<'_, Histories>> {
-        if self.stuck.load(Ordering::Relaxed) {
-            return None;
-        }
-        for _ in 0..100_000 {
+        let mut started: Option<std::time::Instant> = None;
+        for tries in 0u32.. {
             match self.histories.try_lock() {
                 Ok(g) => return Some(g),
                 Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
+                Err(std::sync::TryLockError::WouldBlock) => {}
             }
+            if tries % 1024 == 0 {
+                let since = *started.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > LOCK_PATIENCE {
+                    break;
+                }
+            }
+            std::thread::yield_now();
         }
-        self.stuck.store(true, Ordering::Relaxed);
+        if !self.lock_gave_up.swap(true, Ordering::Relaxed) {
+            oomshim_core::say!(
+                "oomshim: the growth tracker's lock stayed busy for {} s: that sample was skipped \
+                 (said once; growth over steps may miss it)",
+                LOCK_PATIENCE.as_secs()
+            );
+        }
         None
     }
 
