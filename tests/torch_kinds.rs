@@ -1204,3 +1204,53 @@ for step in range(1, 100000):
         "{err}"
     );
 }
+
+#[test]
+fn an_oom_names_the_line_that_keeps_tensors_carved_from_segments_of_the_optimizer_step() {
+    // The post-mortem's case above, run to an out-of-memory error instead of a SIGKILL: the
+    // dump at the failure names the kept line from torch's records too, where the shim's own
+    // growing site is the stand-in's allocation reached from `opt.step()`, and the stderr line
+    // says the same.
+    let body = r#"
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(MiB)
+model = Net()
+opt = torch.optim.SGD(model.parameters())
+opt._grow_cache = 16 * MiB
+kept = []
+try:
+    for step in range(1, 100000):
+        opt.step()
+        kept.append(torch.empty_cached(4 * MiB))   # 16 MiB kept a step
+except torch.OutOfMemoryError:
+    print("oom")
+"#;
+    let Some(e) = env() else { return };
+    let kept = line_of(body, "kept.append(");
+    let out = run(&e, Launcher::Preload, body);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let (_, d) = the_dump(&e.dumps);
+    assert!(d.failed_request.is_some(), "{err}");
+    let top = &d.verdict.findings[0];
+    assert_eq!(top.kind, "leak", "{:#?}\n{err}", d.verdict);
+    assert!(
+        top.headline.starts_with(&format!(
+            "<module> (<string>:{kept}) holds the growth (100.0% of the tensors allocated since it began, by torch's records)"
+        )),
+        "{}\n{err}",
+        top.headline
+    );
+    let site = d
+        .growth
+        .as_ref()
+        .and_then(|g| g.sites.first())
+        .map(|s| oomshim_core::verdict::short_label(&s.stack))
+        .unwrap_or_default();
+    assert!(!site.contains(&format!(":{kept})")), "{site}");
+    assert!(
+        err.contains(&format!("{}: {}", top.kind, top.headline)),
+        "{err}"
+    );
+}

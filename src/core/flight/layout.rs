@@ -235,7 +235,10 @@ mod tests {
         assert_eq!(w.publish(&full).unwrap(), 2);
         let len = std::fs::metadata(&path).unwrap().len();
         assert_eq!(len, REGION_BYTES);
-        assert!(len <= 16 << 20, "README: Live summary promises 16 MiB at most");
+        assert!(
+            len <= 16 << 20,
+            "README: Live summary promises 16 MiB at most"
+        );
         // One byte more is refused and publishes nothing: the file and the newest stay.
         let err = w.publish(&vec![b'y'; SLOT_BYTES as usize + 1]).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);

@@ -166,6 +166,62 @@ fn loading_parameters(dump: &Dump, g: &Growth) -> bool {
     k.parameters_bytes > 0 && k.parameters_bytes.saturating_mul(2) >= grew
 }
 
+/// Torch's records of where the tensors allocated since the growth began were allocated (the
+/// Python hook turns torch's history on once growth is seen): what names a leak by step when
+/// the shim's own sites cannot. `None` without records.
+///
+/// Under preload the shim sees torch's segments, which the caching allocator may cut during the
+/// optimizer step or the backward pass: the shim's top site then names `opt.step()` or no line of
+/// the program at all, while the records name the line whose tensors are kept. The records name
+/// the leak when their top line is another line than the shim's top site and either the shim
+/// names no line of the program (`no_python`, or no site over [`LEAK_NAMED_SHARE`]) or that line
+/// holds at least [`LEAK_NAMED_SHARE`] of what was recorded. One rule for the out-of-memory
+/// verdict and the post-mortem's.
+pub(super) fn recorded<'a>(l: &LeakFinding, dump: &'a Dump) -> Option<Recorded<'a>> {
+    if l.over_time {
+        return None;
+    }
+    let a = dump
+        .framework
+        .as_ref()?
+        .attribution
+        .as_ref()
+        .filter(|a| a.recorded_bytes > 0 && !a.lines.is_empty())?;
+    let line = &a.lines[0];
+    let share = line.bytes as f64 / a.recorded_bytes as f64;
+    let top = l.sites.first();
+    let named_by_shim = top.is_some_and(|(s, share)| {
+        *share >= LEAK_NAMED_SHARE && s.grouped_by.as_deref() != Some("no_python")
+    });
+    let same_as_shim = top.is_some_and(|(s, _)| same_line(&s.stack, line));
+    Some(Recorded {
+        attribution: a,
+        share,
+        names_it: !same_as_shim && (!named_by_shim || share >= LEAK_NAMED_SHARE),
+    })
+}
+
+/// What [`recorded`] found.
+pub(super) struct Recorded<'a> {
+    pub(super) attribution: &'a dump::model::Attribution,
+    /// The top line's share of the recorded bytes (0–1).
+    pub(super) share: f64,
+    /// The records name the leak (their top line), not the shim's top site.
+    pub(super) names_it: bool,
+}
+
+/// A site's stack names the recorded line: its innermost named frame is the same function in a
+/// file of the same name at the same line (the records carry torch's full path, the stack the
+/// interpreter's).
+fn same_line(stack: &[dump::model::Frame], line: &dump::model::AttributedLine) -> bool {
+    let base = |f: &str| f.rsplit('/').next().unwrap_or(f).to_string();
+    dump::view::named_frames(stack).next().is_some_and(|f| {
+        f.line == Some(line.line)
+            && f.function.as_deref() == Some(line.function.as_str())
+            && f.file.as_deref().map(base) == Some(base(&line.file))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use crate::verdict::tests::{
@@ -488,14 +544,13 @@ mod tests {
         );
         assert!(!f.headline.contains("step"), "{}", f.headline);
         assert!(
-            f.summary.contains("The program marks no steps and no repeating step was found"),
+            f.summary
+                .contains("The program marks no steps and no repeating step was found"),
             "{}",
             f.summary
         );
-        assert!(f
-            .evidence
-            .iter()
-            .any(|e| e.starts_with("growth of the process: 32.00 MiB per second (R² 1.00 over 10 seconds)")));
+        assert!(f.evidence.iter().any(|e| e
+            .starts_with("growth of the process: 32.00 MiB per second (R² 1.00 over 10 seconds)")));
         assert!(f.suggestions.iter().any(|s| s.contains("Mark steps")));
     }
 
@@ -558,5 +613,76 @@ mod tests {
             .iter()
             .any(|e| e.contains("marked by the program")));
         assert!(!v.suggestions.iter().any(|s| s.contains("oomshim.step()")));
+    }
+
+    /// A leak by step under preload whose shim site names `opt.step()` (torch cut the new
+    /// segments there), with torch's records of the tensors allocated since the growth began.
+    fn leak_with_records(record_line: u32, recorded_share: u64) -> Dump {
+        let mut site = growth_site("train", 96 * MIB, 10);
+        site.stack[0].line = Some(30);
+        let mut d = with_growth("step", vec![site]);
+        d.framework = Some(FrameworkOom {
+            name: "torch".into(),
+            attribution: Some(Attribution {
+                recorded_bytes: 100 * MIB,
+                lines: vec![AttributedLine {
+                    file: "/home/u/train.py".into(),
+                    line: record_line,
+                    function: "train".into(),
+                    bytes: recorded_share * MIB,
+                    blocks: 10,
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        d
+    }
+
+    #[test]
+    fn torch_records_name_the_leak_at_the_failure_as_after_death() {
+        // The records' line (train.py:25, 90% of what was recorded) is not the shim's site
+        // (train.py:30): the records name the leak, in the out-of-memory verdict and the
+        // post-mortem alike.
+        let d = leak_with_records(25, 90);
+        let v = judge(&d);
+        check_common(&v);
+        assert_eq!(v.kind, LEAK);
+        assert!(
+            v.headline()
+                .starts_with("train (train.py:25) holds the growth (90.0% of the tensors"),
+            "{}",
+            v.headline()
+        );
+        let mut pm = d.clone();
+        pm.post_mortem = Some(PostMortem::default());
+        let v = crate::verdict::judge_post_mortem(&pm);
+        let leak = v
+            .findings
+            .iter()
+            .find(|f| f.kind == LEAK)
+            .expect("a leak finding");
+        assert!(
+            leak.headline
+                .contains("train (train.py:25) holds the growth"),
+            "{}",
+            leak.headline
+        );
+
+        // The same line as the shim's site: the shim's words, not the records'.
+        let v = judge(&leak_with_records(30, 90));
+        assert!(
+            v.headline().starts_with("train (train.py:30) grows by"),
+            "{}",
+            v.headline()
+        );
+        // Records whose top line holds under half of what they recorded do not override a
+        // line the shim names.
+        let v = judge(&leak_with_records(25, 40));
+        assert!(
+            v.headline().starts_with("train (train.py:30) grows by"),
+            "{}",
+            v.headline()
+        );
     }
 }

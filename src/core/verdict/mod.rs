@@ -109,7 +109,8 @@ pub fn judge_post_mortem(dump: &Dump) -> Verdict {
         return judge(dump);
     };
     let leak = leak::leak_finding(dump).map(|l| {
-        words::post_mortem::leak_by_records(&l, dump).unwrap_or_else(|| words::post_mortem::leak(&l))
+        words::post_mortem::leak_by_records(&l, dump)
+            .unwrap_or_else(|| words::post_mortem::leak(&l))
     });
     let mut death = words::post_mortem::death_finding(dump, pm, post_mortem::how_it_ended(pm));
     if let Some(l) = &leak {

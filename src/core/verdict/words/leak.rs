@@ -58,15 +58,11 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
     // Under preload oomshim sees torch's segments: when its sites name no line of the program
     // (new segments come from the backward pass), torch's own records of where the live tensors
     // were allocated, kept since the growth began, name the line.
-    let recorded = c
-        .dump
-        .framework
-        .as_ref()
-        .and_then(|f| f.attribution.as_ref())
-        .filter(|a| a.recorded_bytes > 0 && !a.lines.is_empty());
-    let named_by_shim = top.is_some_and(|(s, _)| s.grouped_by.as_deref() != Some("no_python"));
-    let headline = match (top, recorded) {
-        (_, Some(a)) if !named_by_shim => {
+    let by_records = crate::verdict::leak::recorded(l, c.dump);
+    let recorded = by_records.as_ref().map(|r| r.attribution);
+    let headline = match (top, by_records.as_ref().filter(|r| r.names_it)) {
+        (_, Some(r)) => {
+            let a = r.attribution;
             let line = &a.lines[0];
             format!(
                 "{} holds the growth ({} of the tensors allocated since it began, by torch's records): the process grows by \
@@ -142,11 +138,14 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
             thousands(d.intervals)
         ),
         (None, Some("optimizer")) => {
-            " Steps are the program's optimizer steps (marked by oomshim's Python hook).".to_string()
+            " Steps are the program's optimizer steps (marked by oomshim's Python hook)."
+                .to_string()
         }
-        (None, Some("forward")) => " Steps are forward passes of the program's outermost module (marked by \
+        (None, Some("forward")) => {
+            " Steps are forward passes of the program's outermost module (marked by \
              oomshim's Python hook): an evaluation or inference loop."
-            .to_string(),
+                .to_string()
+        }
         _ => String::new(),
     };
     let named = if parts.is_empty() {
@@ -234,9 +233,9 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
             }
         ));
     }
-    let label = match (named_by_shim, recorded) {
-        (false, Some(a)) => recorded_label(&a.lines[0]),
-        _ => top
+    let label = match by_records.as_ref().filter(|r| r.names_it) {
+        Some(r) => recorded_label(&r.attribution.lines[0]),
+        None => top
             .map(|(s, _)| site_name(s))
             .or_else(|| l.sites.first().map(|(s, _)| site_name(s)))
             .unwrap_or_else(|| "each step".to_string()),
@@ -350,9 +349,8 @@ fn finding_over_time(c: &Ctx, l: &LeakFinding) -> Finding {
             site.last.step
         ));
     }
-    f.evidence.push(
-        "steps: none marked and none detected; growth sampled once a second".to_string(),
-    );
+    f.evidence
+        .push("steps: none marked and none detected; growth sampled once a second".to_string());
     let label = top
         .map(|(s, _)| site_name(s))
         .or_else(|| l.sites.first().map(|(s, _)| site_name(s)))

@@ -262,27 +262,15 @@ pub(in crate::verdict) fn leak(l: &LeakFinding) -> Finding {
     }
 }
 
-/// A leak by step whose tensors torch's own records place at another line than the growing
-/// site (under preload the shim sees torch's segments, which the allocator may have cut during
-/// the optimizer step: the site names `opt.step()`, the records the line that keeps tensors):
-/// the recorded line, when it holds at least half of what was recorded.
+/// A leak by step that torch's own records name (`verdict::leak::recorded`, the rule the
+/// out-of-memory verdict uses too): under preload the shim sees torch's segments, which the
+/// allocator may cut during the optimizer step, so its site can name `opt.step()` where the
+/// records name the line that keeps tensors.
 pub(in crate::verdict) fn leak_by_records(l: &LeakFinding, dump: &Dump) -> Option<Finding> {
-    if l.over_time {
-        return None;
-    }
-    let a = dump.framework.as_ref()?.attribution.as_ref()?;
-    let line = a.lines.first()?;
-    let share = line.bytes as f64 / a.recorded_bytes.max(1) as f64;
-    if a.recorded_bytes == 0 || share < LEAK_NAMED_SHARE {
-        return None;
-    }
+    let r = crate::verdict::leak::recorded(l, dump).filter(|r| r.names_it)?;
+    let (a, share) = (r.attribution, r.share);
+    let line = &a.lines[0];
     let label = super::leak::recorded_label(line);
-    if l.sites
-        .first()
-        .is_some_and(|(s, _)| short_label(&s.stack) == label)
-    {
-        return None; // the site already names it
-    }
     let mut f = leak(l);
     let headline = format!(
         "leak: {label} holds the growth ({} of the tensors allocated since it began, by torch's records): the process grows by {} every step (over the last {} {})",
