@@ -560,6 +560,13 @@ pub fn reinstate(addr: usize, taken: oomshim_core::ledger::Taken) {
     }
 }
 
+/// Whether a device out-of-memory failure now would be recorded: the shim runs and is not in
+/// pass-through. The hooks ask before they gather a failure's context ([`record_oom`] drops it
+/// otherwise), so that pass-through asks CUDA nothing about the failure.
+pub fn records_failures() -> bool {
+    shim().is_some() && recording::current() != Recording::PassThrough
+}
+
 /// A device allocation failed with cudaErrorMemoryAllocation.
 pub fn record_oom(event: OomEvent) {
     let Some(s) = shim() else { return };
