@@ -249,9 +249,9 @@ fn a_host_memory_kill_in_a_memory_limited_cgroup() {
         .env("SIMCUDA_CAPACITY", "64G")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    // SAFETY: the hook runs in the forked child before exec; it writes one file (it allocates,
-    // which is sound here: the test binary's other threads hold no allocator lock across fork
-    // in glibc, which resets its arenas' locks in the child).
+    // SAFETY: the hook runs in the forked child before exec and writes one file, which
+    // allocates: usable there with glibc, whose fork takes malloc's locks in the parent and
+    // re-initialises them in the child, so no lock of another thread is left held.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
             fs::write(&procs, std::process::id().to_string())?;
