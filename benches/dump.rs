@@ -66,6 +66,7 @@ fn bench(c: &mut Criterion) {
 /// Heap bytes in use (glibc's `mallinfo2`: arena blocks in use plus mmapped blocks). Not the
 /// resident set: memory freed by earlier cases and reused would hide the growth there.
 fn heap_in_use() -> u64 {
+    // SAFETY: `mallinfo2` takes no argument and returns a struct by value.
     let m = unsafe { libc::mallinfo2() };
     (m.uordblks + m.hblkhd) as u64
 }

@@ -53,18 +53,27 @@ fn sim_runtime() -> PathBuf {
         .expect("simulated libcudart.so.13 (build the package first)")
 }
 
+/// # Safety
+/// Loading `path` runs its initialisers: it must be a library meant to be loaded here.
 unsafe fn open(path: &Path, flags: c_int) -> *mut c_void {
     let c = CString::new(path.to_str().unwrap()).unwrap();
-    let h = libc::dlopen(c.as_ptr(), flags);
+    // SAFETY: `c` is a NUL-terminated path alive for the call; what loading runs is the
+    // caller's promise.
+    let h = unsafe { libc::dlopen(c.as_ptr(), flags) };
     assert!(!h.is_null(), "dlopen {}", path.display());
     h
 }
 
+/// # Safety
+/// `handle` comes from [`open`], and `T` is a function pointer type of `name`'s real signature.
 unsafe fn sym<T: Copy>(handle: *mut c_void, name: &str) -> T {
     let c = CString::new(name).unwrap();
-    let p = libc::dlsym(handle, c.as_ptr());
+    // SAFETY: `handle` is a live handle (the caller's promise), `c` a NUL-terminated name.
+    let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
     assert!(!p.is_null(), "{name}");
-    std::mem::transmute_copy(&p)
+    // SAFETY: a non-NULL symbol address as the function pointer type the caller promises is
+    // its signature (a pointer-sized `T`).
+    unsafe { std::mem::transmute_copy(&p) }
 }
 
 /// Runs `f` from `depth` frames further down the stack.
@@ -78,11 +87,17 @@ fn at_depth(depth: usize, f: &mut dyn FnMut()) {
     }
 }
 
+/// # Safety
+/// `malloc` and `free` are a CUDA runtime's `cudaMalloc` and `cudaFree` (or hooks of them).
 #[inline(always)]
 unsafe fn pair(malloc: Malloc, free: Free) {
     let mut p: *mut c_void = std::ptr::null_mut();
-    assert_eq!(malloc(&mut p, 512), 0);
-    assert_eq!(free(black_box(p)), 0);
+    // SAFETY: `cudaMalloc(void **, size_t)` with a valid out-parameter, then `cudaFree` of
+    // what it returned (the caller's promise about the functions).
+    unsafe {
+        assert_eq!(malloc(&mut p, 512), 0);
+        assert_eq!(free(black_box(p)), 0);
+    }
 }
 
 fn hook_overhead(c: &mut Criterion) {
@@ -92,6 +107,9 @@ fn hook_overhead(c: &mut Criterion) {
     std::env::set_var("OOMSHIM_DEPTH", "32");
     std::env::set_var("OOMSHIM_DIR", &dumps);
     std::env::set_var("OOMSHIM_LIVE", "0");
+    // SAFETY: the libraries loaded are the simulated runtime and builds of liboomshim.so, the
+    // symbols are taken with their CUDA (or oomshim C API) signatures, and every pair is a
+    // cudaMalloc and the cudaFree of the same library; nothing is unloaded while in use.
     unsafe {
         let runtime = open(&sim_runtime(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
         let shim = open(

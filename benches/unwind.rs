@@ -111,6 +111,9 @@ fn c_lib(dir: &std::path::Path, name: &str, flags: &[&str]) -> Option<CLib> {
         return None;
     }
     let path = std::ffi::CString::new(lib.to_str()?).ok()?;
+    // SAFETY: the library is the C source above, just compiled (no initialisers); it stays
+    // loaded for the process, and its two functions have the C signatures of CRecurse and
+    // CFpLoop, which the non-NULL symbols are turned into.
     unsafe {
         let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
         if h.is_null() {
@@ -129,12 +132,16 @@ fn c_lib(dir: &std::path::Path, name: &str, flags: &[&str]) -> Option<CLib> {
 }
 
 extern "C" fn c_trampoline(ctx: *mut libc::c_void) {
+    // SAFETY: `ctx` is the `&mut &mut dyn FnMut()` that `c_deep` passed to `c_recurse`, alive
+    // (and borrowed by no one else) until `c_recurse` returns.
     let f = unsafe { &mut *(ctx as *mut &mut dyn FnMut()) };
     f();
 }
 
 fn c_deep(lib: &CLib, depth: usize, mut f: &mut dyn FnMut()) {
     let ctx = &mut f as *mut &mut dyn FnMut() as *mut libc::c_void;
+    // SAFETY: `c_recurse(depth, cb, ctx)` calls `cb(ctx)` once at the bottom; `ctx` points to
+    // `f`, which outlives the call.
     unsafe { (lib.recurse)(depth as libc::c_int, c_trampoline, ctx) };
 }
 
@@ -158,6 +165,7 @@ fn oomshim_capture_40() -> usize {
 #[inline(never)]
 fn glibc_backtrace() -> usize {
     let mut buf = [std::ptr::null_mut::<libc::c_void>(); FRAMES];
+    // SAFETY: `backtrace` writes at most FRAMES entries into `buf`, which holds FRAMES.
     let n = unsafe { libc::backtrace(buf.as_mut_ptr(), FRAMES as libc::c_int) };
     black_box(&buf);
     n as usize
@@ -230,6 +238,8 @@ fn unwind(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     let mut buf = [std::ptr::null_mut::<libc::c_void>(); FRAMES];
                     let t = Instant::now();
+                    // SAFETY: `c_fp_loop` writes at most 32 frames into `out`, and `buf` holds
+                    // FRAMES (at least 32).
                     let n = unsafe {
                         (fp.fp_loop)(
                             DEPTH as libc::c_int,

@@ -351,6 +351,9 @@ fn top_prune_removes_the_regions_of_gone_processes_only() {
 /// A pseudo-terminal for a child's standard streams: (master, slave path).
 fn pty() -> (std::fs::File, std::path::PathBuf) {
     use std::os::fd::FromRawFd;
+    // SAFETY: the pty calls take the master descriptor just opened (checked); `ptsname_r`
+    // writes a NUL-terminated name into the local buffer of the length given, read as a C
+    // string after its success; the master is then owned by the File alone.
     unsafe {
         let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
         assert!(m >= 0);
@@ -377,6 +380,7 @@ fn read_until(master: &mut std::fs::File, want: &str) -> String {
             events: libc::POLLIN,
             revents: 0,
         };
+        // SAFETY: `poll` of one local `pollfd`, count 1.
         if unsafe { libc::poll(&mut fds, 1, 200) } > 0 {
             let mut buf = [0u8; 4096];
             match master.read(&mut buf) {
@@ -407,7 +411,9 @@ fn wait_for(child: &mut std::process::Child, secs: u64) -> Option<std::process::
 /// Whether the terminal has line editing and echo on, as a shell leaves it.
 fn cooked(slave: &std::fs::File) -> bool {
     use std::os::fd::AsRawFd;
+    // SAFETY: `termios` is plain data, for which all zeroes is a valid value.
     let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: `tcgetattr` writes only the local `termios`.
     assert_eq!(unsafe { libc::tcgetattr(slave.as_raw_fd(), &mut t) }, 0);
     t.c_lflag & (libc::ICANON | libc::ECHO) == (libc::ICANON | libc::ECHO)
 }
@@ -444,6 +450,7 @@ fn top_shows_its_keys_quits_on_q_and_restores_the_terminal() {
         if how == "q" {
             master.write_all(b"q").unwrap();
         } else {
+            // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         }
         let status = wait_for(&mut child, 10).unwrap_or_else(|| panic!("{how}: did not quit"));

@@ -255,6 +255,7 @@ struct Stopped(Child);
 
 impl Drop for Stopped {
     fn drop(&mut self) {
+        // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
         unsafe { libc::kill(self.0.id() as i32, libc::SIGCONT) };
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -287,6 +288,7 @@ fn stopped_leak(live: &Path, job_id: &str) -> Stopped {
     assert_eq!(&buf, b"ready\n");
     // A few publishes after step 40 (one every 100 ms, a step every 20 ms): a summary of step 60.
     common::wait_for_published_step(live, 60);
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
     // Stopped for certain before the region is read: a publish cut short by the stop leaves the
     // slot torn, and readers take the one before it (both reads see the same summary).

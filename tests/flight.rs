@@ -105,6 +105,7 @@ fn finish(run: Run) -> (Output, Vec<(PathBuf, Dump)>, Run) {
 fn a_leaking_program_killed_by_sigkill_leaves_a_post_mortem_naming_the_leak_and_the_signal() {
     let run = start_leak(&[], &[]);
     let pid = program_pid(&run.live);
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
     let (out, dumps, run) = finish(run);
     // oomshim ends as its program did.
@@ -190,6 +191,7 @@ fn a_host_memory_kill_is_named_from_the_cgroups_memory_events() {
     let run = start_leak(&["host"], &[("OOMSHIM_CGROUP_ROOT", &root)]);
     let pid = program_pid(&run.live);
     fs::write(&events, "oom 1\noom_kill 1\n").unwrap();
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
     let (out, dumps, _run) = finish(run);
     assert_eq!(dumps.len(), 1, "{}", text(&out.stderr));
@@ -247,6 +249,9 @@ fn a_host_memory_kill_in_a_memory_limited_cgroup() {
         .env("SIMCUDA_CAPACITY", "64G")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    // SAFETY: the hook runs in the forked child before exec and writes one file, which
+    // allocates: usable there with glibc, whose fork takes malloc's locks in the parent and
+    // re-initialises them in the child, so no lock of another thread is left held.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
             fs::write(&procs, std::process::id().to_string())?;
@@ -290,6 +295,7 @@ fn top_once_shows_a_running_programs_growing_site() {
         .output()
         .unwrap();
     assert!(text(&none.stdout).contains("no oomshim process with pid 1"));
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     let (out, dumps, _run) = finish(run);
     assert_eq!(
@@ -359,6 +365,7 @@ fn a_program_that_only_allocates_killed_by_sigkill_gets_a_leak_over_time() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let pid = program_pid(&run.live);
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
     let (out, dumps, _run) = finish(run);
     assert_eq!(dumps.len(), 1, "{dumps:?}");
@@ -400,6 +407,7 @@ fn a_program_killed_in_its_first_second_still_gets_a_post_mortem() {
             fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "grow_only")
         })
         .expect("oomshim run's child");
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let (out, dumps, _run) = finish(run);
     assert_eq!(
@@ -494,6 +502,7 @@ fn region_with(dir: &Path, dump: &Dump) -> (PathBuf, RegionWriter, Vec<u8>) {
         .truncate(true)
         .open(&path)
         .unwrap();
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
     let w = RegionWriter::init(file, pid, unsafe { libc::geteuid() }, ticks).unwrap();
     let summary = LiveSummary {
         schema: LIVE_SCHEMA.into(),
@@ -686,6 +695,7 @@ fn a_live_directory_or_region_that_is_not_the_users_is_not_read() {
     fs::set_permissions(&live, fs::Permissions::from_mode(0o700)).unwrap();
 
     // A region whose header names another user: refused, whoever owns the file.
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
     let me = unsafe { libc::geteuid() };
     let pid = std::process::id();
     let ticks = start_ticks_of(pid).unwrap();
@@ -767,6 +777,7 @@ fn a_region_that_stays_torn_costs_one_read_not_eight_per_scrape() {
             .unwrap();
         fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
         let mut w =
+            // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
             RegionWriter::init(file, pid + 1 + i, unsafe { libc::geteuid() }, ticks).unwrap();
         w.publish(b"{}").unwrap();
         w.publish(b"{}").unwrap();

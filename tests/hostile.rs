@@ -92,6 +92,7 @@ use std::ffi::CString;
 
 fn mkfifo(path: &Path) {
     let c = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path in the test's own directory.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
 }
 
@@ -306,6 +307,8 @@ fn rlimit_fsize_fails_html_and_export_cleanly_and_leaves_no_temporary_file() {
     ] {
         let mut cmd = cli();
         cmd.args(&args);
+        // SAFETY: the hook runs in the forked child before exec and makes only async-signal-safe
+        // calls (setrlimit, setsid, ioctl) on values of its own.
         unsafe {
             cmd.pre_exec(|| {
                 let lim = libc::rlimit {
@@ -583,7 +586,11 @@ use std::os::fd::{FromRawFd, OwnedFd};
 /// A pipe whose read end is already closed.
 fn dead_pipe() -> OwnedFd {
     let mut fds = [0; 2];
-    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: `pipe2` writes two descriptors into the two-slot array.
+    let piped = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    assert_eq!(piped, 0);
+    // SAFETY: both ends are this function's own: the read end is closed once, the write end
+    // owned by the returned OwnedFd alone.
     unsafe {
         libc::close(fds[0]);
         OwnedFd::from_raw_fd(fds[1])
@@ -704,6 +711,7 @@ fn oomshim_run_delivers_a_signal_sent_to_its_process_group_exactly_once() {
     let (child, out) = run_counter();
     // As `timeout`, schedulers and `kill -TERM -PGID` send it: to the whole group.
     assert_eq!(
+        // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
         unsafe { libc::kill(-(child.id() as i32), libc::SIGTERM) },
         0
     );
@@ -713,6 +721,7 @@ fn oomshim_run_delivers_a_signal_sent_to_its_process_group_exactly_once() {
 #[test]
 fn oomshim_run_delivers_a_signal_sent_to_its_pid_exactly_once() {
     let (child, out) = run_counter();
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     assert_eq!(counts_after(child, out), "term 1 int 0");
 }
@@ -720,6 +729,7 @@ fn oomshim_run_delivers_a_signal_sent_to_its_pid_exactly_once() {
 #[test]
 fn ctrl_c_on_the_terminal_reaches_the_program_under_oomshim_run_exactly_once() {
     let (mut master, mut slave) = (-1, -1);
+    // SAFETY: `openpty` writes the two descriptors into locals; the rest are NULL.
     let rc = unsafe {
         libc::openpty(
             &mut master,
@@ -730,7 +740,9 @@ fn ctrl_c_on_the_terminal_reaches_the_program_under_oomshim_run_exactly_once() {
         )
     };
     assert_eq!(rc, 0, "openpty");
+    // SAFETY: a descriptor `openpty` just opened, owned by this File alone.
     let master = unsafe { fs::File::from_raw_fd(master) };
+    // SAFETY: a descriptor `openpty` just opened, owned by this OwnedFd alone.
     let slave = unsafe { OwnedFd::from_raw_fd(slave) };
     let mut cmd = cli();
     cmd.args(["run", "--"])
@@ -738,6 +750,8 @@ fn ctrl_c_on_the_terminal_reaches_the_program_under_oomshim_run_exactly_once() {
         .stdin(Stdio::from(slave.try_clone().unwrap()))
         .stdout(Stdio::from(slave.try_clone().unwrap()))
         .stderr(Stdio::from(slave.try_clone().unwrap()));
+    // SAFETY: the hook runs in the forked child before exec and makes only async-signal-safe
+    // calls (setrlimit, setsid, ioctl) on values of its own.
     unsafe {
         // A session of its own with the pty as controlling terminal: a terminal's foreground job.
         cmd.pre_exec(|| {

@@ -67,9 +67,13 @@ impl Shell {
             ws_ypixel: 0,
         };
         let rc =
+            // SAFETY: `openpty` writes the two descriptors into locals; the name and termios are NULL
+            // and the window size a local.
             unsafe { libc::openpty(&mut m, &mut s, std::ptr::null_mut(), std::ptr::null(), &ws) };
         assert_eq!(rc, 0, "openpty");
+        // SAFETY: a descriptor `openpty` just opened, owned by this File alone.
         let master = unsafe { fs::File::from_raw_fd(m) };
+        // SAFETY: a descriptor `openpty` just opened, owned by this OwnedFd alone.
         let slave = unsafe { OwnedFd::from_raw_fd(s) };
         let mut cmd = Command::new("bash");
         cmd.args(["--norc", "--noprofile", "-i"])
@@ -85,6 +89,8 @@ impl Shell {
             .stdin(Stdio::from(slave.try_clone().unwrap()))
             .stdout(Stdio::from(slave.try_clone().unwrap()))
             .stderr(Stdio::from(slave));
+        // SAFETY: the hook runs in the forked child before exec and makes only async-signal-safe
+        // calls (setrlimit, setsid, ioctl) on values of its own.
         unsafe {
             cmd.pre_exec(|| {
                 if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
@@ -175,6 +181,7 @@ impl Drop for Shell {
     fn drop(&mut self) {
         // The whole session: bash, the jobs, oomshim and what it ran.
         let sid = self.child.id() as i32;
+        // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
         unsafe { libc::kill(-sid, libc::SIGKILL) };
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -403,8 +410,10 @@ fn stop_and_continue_of_the_program_alone_do_not_stop_the_launcher_for_good() {
         ));
         sh.expect("pid=");
         let pid: i32 = sh.expect(".").trim_end_matches('.').trim().parse().unwrap();
+        // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
         unsafe { libc::kill(pid, libc::SIGSTOP) };
         std::thread::sleep(Duration::from_millis(1500));
+        // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
         unsafe { libc::kill(pid, libc::SIGCONT) };
         sh.expect("after");
         // bash may not have seen the continue yet (`wait` of a job it thinks stopped: 147).
@@ -469,6 +478,7 @@ fn counts(mut child: std::process::Child, mut out: std::process::ChildStdout) ->
 fn counted(by_group: bool, sig: i32) -> String {
     let (child, out) = start_counter();
     let target = child.id() as i32;
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     unsafe { libc::kill(if by_group { -target } else { target }, sig) };
     counts(child, out)
 }
@@ -513,12 +523,15 @@ fn a_group_signal_reaches_the_program_once_while_the_sentinel_is_slow() {
         let (child, out) = start_counter();
         let launcher = child.id() as i32;
         let sentinel = sentinel_of(launcher);
+        // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
         unsafe { libc::kill(sentinel, libc::SIGSTOP) };
         // Stopped before the signal is sent (not while it takes one): the signal then waits,
         // pending, in the stopped sentinel, as in one the machine has not scheduled yet.
         wait_until_stopped(sentinel as u32);
+        // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
         unsafe { libc::kill(if by_group { -launcher } else { launcher }, libc::SIGTERM) };
         std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
         unsafe { libc::kill(sentinel, libc::SIGCONT) };
         let rest = counts(child, out);
         assert_eq!(
@@ -557,6 +570,8 @@ fn the_core_dumped_flag_reaches_the_caller() {
         cmd.args(["sh", "-c", "kill -SEGV $$"])
             .current_dir(dir.path())
             .env_remove("LD_PRELOAD");
+        // SAFETY: the hook runs in the forked child before exec and makes only async-signal-safe
+        // calls (setrlimit, setsid, ioctl) on values of its own.
         unsafe {
             cmd.pre_exec(|| {
                 let rl = libc::rlimit {
@@ -648,6 +663,7 @@ fn a_closed_stderr_pipe_never_turns_a_sigkill_into_a_crash() {
     common::wait_for_published_step(&live, 41);
     let regions = oomshim_core::flight::read::list_regions(&live);
     assert_eq!(regions.len(), 1, "{regions:?}");
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     unsafe { libc::kill(regions[0].pid as i32, libc::SIGKILL) };
     let st = wait_bounded(&mut child, Duration::from_secs(60));
     assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
@@ -691,6 +707,7 @@ fn dumps_in(dir: &Path) -> Vec<(PathBuf, dump::model::Dump)> {
 fn a_sigkilled_grandchild_under_a_wrapper_gets_a_post_mortem() {
     let t = start_tree("sh -c '{client} > {ready} &'; sleep 30");
     let gc = t.ready_grandchild();
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     unsafe { libc::kill(gc as i32, libc::SIGKILL) };
     let (found, err, t) = t.dumps_within(Duration::from_secs(20));
     assert_eq!(found.len(), 1, "no post-mortem of the grandchild: {err}");
@@ -777,6 +794,7 @@ impl Tree {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
+        // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
         unsafe { libc::kill(-self.pgid, libc::SIGKILL) };
         let _ = wait_bounded(&mut self.child, Duration::from_secs(30));
         let mut err = String::new();
@@ -808,6 +826,7 @@ fn a_sigkilled_grandchild_its_living_parent_reaps_gets_a_post_mortem() {
          time.sleep(30)' {client} {ready}; true",
     );
     let gc = t.ready_grandchild();
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     unsafe { libc::kill(gc as i32, libc::SIGKILL) };
     let (found, err, t) = t.dumps_within(Duration::from_secs(20));
     assert_eq!(found.len(), 1, "no post-mortem of the grandchild: {err}");
@@ -833,6 +852,7 @@ fn a_sigkilled_grandchild_its_living_parent_reaps_gets_a_post_mortem() {
 fn a_sigkilled_grandchild_reaped_at_once_still_gets_a_post_mortem() {
     let t = start_tree("{client} > {ready} & wait $!; sleep 30");
     let gc = t.ready_grandchild();
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     unsafe { libc::kill(gc as i32, libc::SIGKILL) };
     let (found, err, t) = t.dumps_within(Duration::from_secs(20));
     assert_eq!(found.len(), 1, "no post-mortem of the grandchild: {err}");
@@ -934,6 +954,7 @@ fn a_relative_live_dir_and_the_dump_mode_are_honoured_by_the_post_mortem() {
             fs::read_dir(&elsewhere).map(|d| d.count())
         );
         assert!(!elsewhere.join(&live).exists(), "via run {via_run}");
+        // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
         unsafe { libc::kill(regions[0].pid as i32, libc::SIGKILL) };
         let st = wait_bounded(&mut child, Duration::from_secs(60));
         assert_eq!(st.signal(), Some(libc::SIGKILL));

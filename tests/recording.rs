@@ -91,3 +91,32 @@ fn an_unknown_mode_is_refused_and_changes_nothing() {
     // The mode OOMSHIM_STACKS started the shim in.
     assert_eq!(lines_after(&out, "now "), [2]);
 }
+
+/// The calls asking about the device (free/total, name) made while a cudaMalloc failed for lack
+/// of memory in recording mode `mode`, and the dumps written.
+fn device_queries_of_an_oom(mode: &str) -> (i64, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("OOMSHIM_DIR", dir.path().to_str().unwrap())];
+    let out = run_client("recording_switch", &["oom", mode], &env, true);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // cudaErrorMemoryAllocation reaches the program in every mode.
+    assert_eq!(lines_after(&out, "rc "), [2]);
+    let queries = lines_after(&out, "queries ");
+    assert_eq!(queries.len(), 1);
+    (queries[0], common::dumps(dir.path()).len())
+}
+
+#[test]
+fn pass_through_asks_cuda_nothing_about_an_oom() {
+    // Recording: the failure's context is asked on the failing thread (free/total at least),
+    // and its dump written: the counter sees the shim's queries.
+    let (queries, dumps) = device_queries_of_an_oom("3");
+    assert!(queries >= 1, "{queries} queries while recording");
+    assert_eq!(dumps, 1);
+    // Pass-through drops the failure: nothing gathered for it, no dump.
+    assert_eq!(device_queries_of_an_oom("0"), (0, 0));
+}

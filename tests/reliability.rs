@@ -291,6 +291,7 @@ fn churn_leaves_an_exact_ledger(client: &str) {
 // 3. faults while writing a dump
 
 fn uid() -> u32 {
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
     unsafe { libc::geteuid() }
 }
 
@@ -304,6 +305,8 @@ fn leak_both(env: &[(&str, &str)], rlimit_fsize: Option<u64>) -> (Output, Output
             cmd.env_remove("LD_PRELOAD");
         }
         if let Some(limit) = rlimit_fsize {
+            // SAFETY: the hook runs in the forked child before exec and makes only async-signal-safe
+            // calls (setrlimit, setsid, ioctl) on values of its own.
             unsafe {
                 cmd.pre_exec(move || {
                     let rl = libc::rlimit {
@@ -1373,6 +1376,8 @@ fn short_of_host_memory_while_dumping_the_program_survives_with_one_message() {
             if !with_shim {
                 cmd.env_remove("LD_PRELOAD");
             }
+            // SAFETY: the hook runs in the forked child before exec and makes only async-signal-safe
+            // calls (setrlimit, setsid, ioctl) on values of its own.
             unsafe {
                 cmd.pre_exec(move || {
                     let rl = libc::rlimit {

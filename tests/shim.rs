@@ -260,6 +260,7 @@ fn unwritable_dump_dir_falls_back_to_the_private_temp_dir() {
     let shim = run_client("leak_until_oom", &[], &env, true);
     assert_eq!(stdout(&bare), stdout(&shim));
     assert_eq!(bare.status.code(), shim.status.code());
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
     let uid = unsafe { libc::geteuid() };
     let fallback = tmp.path().join(format!("oomshim-{uid}"));
     let dump = only_dump(&fallback);
@@ -401,6 +402,7 @@ fn oomshim_run_forwards_signals_sent_to_it() {
     let mut buf = [0u8; 6];
     std::io::Read::read_exact(&mut out, &mut buf).unwrap();
     assert_eq!(&buf, b"ready\n");
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut out, &mut rest).unwrap();

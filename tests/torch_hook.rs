@@ -623,6 +623,7 @@ fn in_a_shared_dump_dir_torchs_files_go_to_the_users_own_subdirectory_private() 
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
+    // SAFETY: `getuid` takes no argument, touches no memory and cannot fail.
     let own = format!("oomshim-{}", unsafe { libc::getuid() });
     assert_eq!(
         top,

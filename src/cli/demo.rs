@@ -124,6 +124,8 @@ pub fn private_work_dir(parent: &Path) -> Result<WorkDir, String> {
         .into_os_string()
         .into_vec();
     template.push(0);
+    // SAFETY: `template` is a NUL-terminated, writable buffer; `mkdtemp` rewrites its XXXXXX
+    // in place and returns it or NULL.
     let made = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
     if made.is_null() {
         let e = std::io::Error::last_os_error();
@@ -162,6 +164,7 @@ mod tests {
         let meta = fs::symlink_metadata(dir.path()).unwrap();
         assert!(meta.is_dir());
         assert_eq!(meta.mode() & 0o777, 0o700);
+        // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
         assert_eq!(meta.uid(), unsafe { libc::geteuid() });
         let other = private_work_dir(&parent).unwrap();
         assert_ne!(dir.path(), other.path(), "a new name every time");

@@ -248,6 +248,7 @@ static RECORD_SIGNAL_STATE: extern "C" fn() = cli::supervise::record_start_state
 /// writer removes its temporary file and the error is reported. Not for `run` and `demo`: an
 /// ignored signal stays ignored across `exec`, and the program must start as it would bare.
 fn ignore_sigxfsz() {
+    // SAFETY: SIG_IGN installs no handler code; the CLI's writes check EFBIG themselves.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
 }
 

@@ -267,7 +267,9 @@ struct KeyMode {
 
 impl KeyMode {
     fn enter() -> Option<KeyMode> {
+        // SAFETY: `termios` is plain data, for which all zeroes is a valid value.
         let mut saved: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: `tcgetattr` writes only the local `termios`; not a terminal is an error.
         if unsafe { libc::tcgetattr(0, &mut saved) } != 0 {
             return None;
         }
@@ -275,6 +277,7 @@ impl KeyMode {
         raw.c_lflag &= !(libc::ICANON | libc::ECHO);
         raw.c_cc[libc::VMIN] = 0;
         raw.c_cc[libc::VTIME] = 0;
+        // SAFETY: `tcsetattr` reads the local `termios`, a copy of the terminal's own.
         if unsafe { libc::tcsetattr(0, libc::TCSANOW, &raw) } != 0 {
             return None;
         }
@@ -284,6 +287,7 @@ impl KeyMode {
 
 impl Drop for KeyMode {
     fn drop(&mut self) {
+        // SAFETY: `tcsetattr` reads the settings `enter` saved from this terminal.
         unsafe { libc::tcsetattr(0, libc::TCSANOW, &self.saved) };
     }
 }
@@ -297,10 +301,12 @@ fn read_keys(timeout: std::time::Duration) -> Vec<u8> {
         revents: 0,
     };
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: `poll` of one local `pollfd`, count 1.
     if unsafe { libc::poll(&mut fds, 1, ms) } <= 0 || fds.revents & libc::POLLIN == 0 {
         return Vec::new();
     }
     let mut buf = [0u8; 64];
+    // SAFETY: `read` writes at most `buf.len()` bytes into the local buffer.
     let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
     if n <= 0 {
         return Vec::new();
@@ -316,8 +322,11 @@ pub fn live(dir: &Path, pid: Option<u32>, prune_each: bool) -> std::process::Exi
     use std::process::ExitCode;
     let tty = std::io::stdout().is_terminal();
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: `sigaction` is plain data, for which all zeroes is a valid value.
         let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
         act.sa_sigaction = on_stop as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        // SAFETY: `on_stop` is an `extern "C" fn(c_int)` that only stores into an atomic
+        // (async-signal-safe); the set and the action are locals.
         unsafe {
             libc::sigemptyset(&mut act.sa_mask);
             libc::sigaction(sig, &act, std::ptr::null_mut());

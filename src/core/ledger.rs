@@ -65,12 +65,15 @@ impl<T> ShardLock<T> {
 impl<T> Deref for ShardGuard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
+        // SAFETY: a ShardGuard exists only while its shard's lock is held by it, so nothing
+        // else reaches the value until the guard drops.
         unsafe { &*self.0.value.get() }
     }
 }
 
 impl<T> DerefMut for ShardGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as in `deref`; `&mut self` makes this the guard's only borrow.
         unsafe { &mut *self.0.value.get() }
     }
 }

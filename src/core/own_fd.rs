@@ -19,10 +19,14 @@ pub const FLOOR: RawFd = 512;
 pub fn move_high(fd: RawFd) -> RawFd {
     let moved = [FLOOR, 256, 64]
         .into_iter()
+        // SAFETY: `F_DUPFD_CLOEXEC` takes an int and only creates a descriptor; a bad `fd` is an
+        // error return.
         .map(|floor| unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor) })
         .find(|&n| n >= 0);
     match moved {
         Some(high) => {
+            // SAFETY: `fd` is the caller's to give up (it hands it over), and its duplicate
+            // `high` now stands for it.
             unsafe { libc::close(fd) };
             high
         }
@@ -56,8 +60,11 @@ impl OwnFd {
     /// identity noted. Call once, before any [`OwnFd::get`].
     pub fn adopt(&self, file: std::fs::File) {
         let fd = move_high(file.into_raw_fd());
+        // SAFETY: `stat` is plain integers, for which all zeroes is a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fstat` writes only the `stat` it is given, a valid local.
         if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            // SAFETY: `fd` is ours (taken from `file`), and nothing else holds it.
             unsafe { libc::close(fd) };
             return;
         }
@@ -72,7 +79,10 @@ impl OwnFd {
         if fd < 0 {
             return None;
         }
+        // SAFETY: `stat` is plain integers, for which all zeroes is a valid value.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fstat` writes only the `stat` it is given; a number that was closed or
+        // reused is an error or another identity, never a fault.
         let same = unsafe { libc::fstat(fd, &mut st) } == 0
             && st.st_dev == self.dev.load(Ordering::Relaxed)
             && st.st_ino == self.ino.load(Ordering::Relaxed);
@@ -99,17 +109,20 @@ mod tests {
         own.adopt(std::fs::File::open(&ours).unwrap());
         let fd = own.get().expect("adopted");
         assert!(fd >= 64, "moved above the low range: {fd}");
-        assert_ne!(
-            unsafe { libc::fcntl(fd, libc::F_GETFD) } & libc::FD_CLOEXEC,
-            0
-        );
+        // SAFETY: `F_GETFD` only reads the descriptor's flags.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert_ne!(flags & libc::FD_CLOEXEC, 0);
         // The program closes it and a file of its own gets the number.
+        // SAFETY: the test closes the number behind `own`'s back, as a program may.
         unsafe { libc::close(fd) };
         assert_eq!(own.get(), None, "closed");
         let theirs = std::fs::File::create(dir.path().join("theirs")).unwrap();
         let n = theirs.into_raw_fd();
-        assert_eq!(unsafe { libc::dup2(n, fd) }, fd);
+        // SAFETY: `n` is the test's own open descriptor; `fd` is free (closed above).
+        let dup = unsafe { libc::dup2(n, fd) };
+        assert_eq!(dup, fd);
         assert_eq!(own.get(), None, "the number now names the program's file");
+        // SAFETY: both are the test's own descriptors, closed once.
         unsafe {
             libc::close(n);
             libc::close(fd);

@@ -100,8 +100,10 @@ pub fn hook_dir() -> Result<PathBuf, String> {
 
 fn owned_dir(dir: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
+    let me = unsafe { libc::geteuid() };
     std::fs::symlink_metadata(dir)
-        .is_ok_and(|m| m.is_dir() && m.uid() == unsafe { libc::geteuid() } && m.mode() & 0o022 == 0)
+        .is_ok_and(|m| m.is_dir() && m.uid() == me && m.mode() & 0o022 == 0)
 }
 
 /// Writes `text` to `file` atomically unless it already holds exactly that.
@@ -239,9 +241,12 @@ pub fn prepare_for_python(python_not_started: bool, argv: &[&[u8]]) {
             None => {}
             Some(Some(rest)) => {
                 if let Ok(v) = std::ffi::CString::new(rest) {
+                    // SAFETY: NUL-terminated name and value; at load time no other thread
+                    // reads or writes the environment yet.
                     unsafe { libc::setenv(c"PYTHONPATH".as_ptr(), v.as_ptr(), 1) };
                 }
             }
+            // SAFETY: as for `setenv` above.
             Some(None) => unsafe {
                 libc::unsetenv(c"PYTHONPATH".as_ptr());
             },
@@ -270,7 +275,8 @@ pub fn prepare_for_python(python_not_started: bool, argv: &[&[u8]]) {
     }) else {
         return;
     };
-    // At load time, before main: no other thread reads the environment yet.
+    // SAFETY: NUL-terminated name and value; at load time, before main, no other thread
+    // reads or writes the environment yet.
     unsafe { libc::setenv(c"PYTHONPATH".as_ptr(), c_value.as_ptr(), 1) };
 }
 

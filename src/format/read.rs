@@ -544,7 +544,9 @@ mod tests {
         // Not regular files: refused from the opened descriptor, at once, in one line.
         let fifo = dir.path().join("fifo.json");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // SAFETY: `c` is a NUL-terminated path in the test's own directory.
+        let made = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+        assert_eq!(made, 0);
         for (path, kind) in [
             (dir.path(), "a directory"),
             (fifo.as_path(), "a FIFO"),

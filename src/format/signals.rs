@@ -8,6 +8,9 @@
 /// The thread's signal mask is restored either way. Both signals are raised synchronously on
 /// the writing thread, so blocking this thread alone is enough.
 pub fn with_signal_held<R>(signo: libc::c_int, f: impl FnOnce() -> R) -> R {
+    // SAFETY: the signal sets are plain data (all zeroes valid, then initialised by
+    // sigemptyset) on this frame; the calls change only this thread's mask and pending set,
+    // and the mask is put back before returning (`f` runs safe code).
     unsafe {
         let mut block: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
@@ -40,6 +43,7 @@ mod tests {
 
     #[test]
     fn a_signal_raised_inside_is_consumed_and_the_mask_restored() {
+        // SAFETY: reads this thread's mask into a local set (all zeroes valid).
         let mask = || unsafe {
             let mut m: libc::sigset_t = std::mem::zeroed();
             libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), &mut m);
@@ -48,16 +52,22 @@ mod tests {
         let before = mask();
         // A write to a pipe without a reader raises SIGPIPE on this thread: held, then consumed.
         let mut fds = [0; 2];
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: `pipe` writes two descriptors into the two-slot array.
+        let piped = unsafe { libc::pipe(fds.as_mut_ptr()) };
+        assert_eq!(piped, 0);
+        // SAFETY: the test's own read end, closed once.
         unsafe { libc::close(fds[0]) };
+        // SAFETY: writes one byte of a static string to the test's own write end.
         let rc = with_signal_held(libc::SIGPIPE, || unsafe {
             libc::write(fds[1], b"x".as_ptr().cast(), 1)
         });
         let err = std::io::Error::last_os_error();
+        // SAFETY: the test's own write end, closed once.
         unsafe { libc::close(fds[1]) };
         assert_eq!(rc, -1);
         assert_eq!(err.raw_os_error(), Some(libc::EPIPE));
         assert_eq!(mask(), before, "mask restored");
+        // SAFETY: reads this thread's pending set into a local set (all zeroes valid).
         let pending = unsafe {
             let mut p: libc::sigset_t = std::mem::zeroed();
             libc::sigpending(&mut p);

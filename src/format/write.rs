@@ -127,6 +127,7 @@ pub fn write_dump_with_mode(
 
 /// `$TMPDIR/oomshim-UID` (or `/tmp/oomshim-UID`): private to the user, since the temp dir is shared.
 pub fn fallback_dir() -> PathBuf {
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
     let uid = unsafe { libc::geteuid() };
     std::env::temp_dir().join(format!("oomshim-{uid}"))
 }
@@ -139,6 +140,7 @@ pub fn prepare_private_dir(dir: &Path) -> io::Result<()> {
     }
     // Refuse a directory someone else planted (or a symlink to one).
     let meta = fs::symlink_metadata(dir)?;
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
     if !meta.is_dir() || meta.uid() != unsafe { libc::geteuid() } {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
@@ -157,6 +159,7 @@ pub fn prepare_private_dir(dir: &Path) -> io::Result<()> {
 ///   its per-user subdirectory `oomshim-UID`, created 0700 and checked to be ours.
 fn open_target_dir(dir: &Path) -> io::Result<(std::fs::File, PathBuf)> {
     fs::create_dir_all(dir)?;
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
     let euid = unsafe { libc::geteuid() };
     let link = fs::symlink_metadata(dir)?;
     if link.file_type().is_symlink() && link.uid() != euid && link.uid() != 0 {
@@ -250,6 +253,8 @@ fn remove_stale_temps(dfd: libc::c_int, dir: &Path, host: &str) {
         };
         if stale {
             if let Ok(c) = c_name(name) {
+                // SAFETY: a NUL-terminated name relative to the open directory `dfd`; only a file
+                // this code created (or one it checked is a stale temporary) is removed.
                 unsafe { libc::unlinkat(dfd, c.as_ptr(), 0) };
             }
         }
@@ -257,6 +262,7 @@ fn remove_stale_temps(dfd: libc::c_int, dir: &Path, host: &str) {
 }
 
 fn process_exists(pid: u32) -> bool {
+    // SAFETY: `kill` passes integers only; signal 0 only asks whether the pid exists.
     let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
     rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
@@ -285,8 +291,11 @@ pub fn rewrite_dump(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     let c_tmp = c_name(&temp_name(&host, std::process::id())).map_err(fail)?;
     write_temp(dfd, &c_tmp, bytes, file_mode() & 0o775).map_err(fail)?;
     let c_to = c_name(file).map_err(fail)?;
+    // SAFETY: NUL-terminated names relative to the open directory `dfd`.
     if unsafe { libc::renameat(dfd, c_tmp.as_ptr(), dfd, c_to.as_ptr()) } != 0 {
         let e = io::Error::last_os_error();
+        // SAFETY: a NUL-terminated name relative to the open directory `dfd`; only a file
+        // this code created (or one it checked is a stale temporary) is removed.
         unsafe { libc::unlinkat(dfd, c_tmp.as_ptr(), 0) };
         return Err(fail(e));
     }
@@ -295,6 +304,7 @@ pub fn rewrite_dump(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
 
 fn hostname_for_temp() -> String {
     let mut buf = [0u8; 256];
+    // SAFETY: `gethostname` writes at most `buf.len()` bytes into the local buffer.
     if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
         return "host".to_string();
     }
@@ -307,6 +317,8 @@ fn write_in(dir: &Path, name: &DumpName, bytes: &[u8], mode: u32) -> io::Result<
     let dfd = dir_fd.as_raw_fd();
     remove_stale_temps(dfd, &dir, &name.host);
     let c_tmp = c_name(&temp_name(&name.host, name.pid))?;
+    // SAFETY: a NUL-terminated name relative to the open directory `dfd`; only a file
+    // this code created (or one it checked is a stale temporary) is removed.
     let remove_tmp = || unsafe {
         libc::unlinkat(dfd, c_tmp.as_ptr(), 0);
     };
@@ -337,6 +349,8 @@ fn write_in(dir: &Path, name: &DumpName, bytes: &[u8], mode: u32) -> io::Result<
 /// `mode`. On any failure the file is removed again, so a full disk or `RLIMIT_FSIZE` leaves
 /// nothing behind. Shared by dumps and by every file the CLI writes.
 fn write_temp(dfd: libc::c_int, name: &CString, bytes: &[u8], mode: u32) -> io::Result<()> {
+    // SAFETY: a NUL-terminated name relative to the open directory `dfd`; the mode is
+    // the variadic unsigned int `openat` reads with O_CREAT.
     let fd = unsafe {
         libc::openat(
             dfd,
@@ -349,6 +363,7 @@ fn write_temp(dfd: libc::c_int, name: &CString, bytes: &[u8], mode: u32) -> io::
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: `fd` was just opened here and nothing else owns it: the File alone closes it.
     let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
     // A full disk or RLIMIT_FSIZE must fail this write, not kill the process: SIGXFSZ is held
     // off on this thread meanwhile (and the one the write raised consumed), so the write
@@ -358,6 +373,7 @@ fn write_temp(dfd: libc::c_int, name: &CString, bytes: &[u8], mode: u32) -> io::
     })
     // Exactly the asked bits, whatever the umask took away (never more, never less).
     .and_then(|_| {
+        // SAFETY: `fchmod` of a descriptor the File holds open; integers only.
         if unsafe { libc::fchmod(file.as_raw_fd(), mode as libc::mode_t) } != 0 {
             return Err(io::Error::last_os_error());
         }
@@ -365,6 +381,8 @@ fn write_temp(dfd: libc::c_int, name: &CString, bytes: &[u8], mode: u32) -> io::
     });
     drop(file);
     if result.is_err() {
+        // SAFETY: a NUL-terminated name relative to the open directory `dfd`; only a file
+        // this code created (or one it checked is a stale temporary) is removed.
         unsafe { libc::unlinkat(dfd, name.as_ptr(), 0) };
     }
     result
@@ -398,8 +416,11 @@ pub fn write_file_atomically(target: &Path, bytes: &[u8], mode: u32) -> io::Resu
     tmp.extend(format!(".oomshim-{:016x}.tmp", random_u64()).bytes());
     let c_tmp = CString::new(tmp).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     write_temp(dfd, &c_tmp, bytes, mode & 0o775)?;
+    // SAFETY: NUL-terminated names relative to the open directory `dfd`.
     if unsafe { libc::renameat(dfd, c_tmp.as_ptr(), dfd, c_to.as_ptr()) } != 0 {
         let e = io::Error::last_os_error();
+        // SAFETY: a NUL-terminated name relative to the open directory `dfd`; only a file
+        // this code created (or one it checked is a stale temporary) is removed.
         unsafe { libc::unlinkat(dfd, c_tmp.as_ptr(), 0) };
         return Err(e);
     }
@@ -410,6 +431,7 @@ pub fn write_file_atomically(target: &Path, bytes: &[u8], mode: u32) -> io::Resu
 /// counter and the pid: only ever a name, whose creation is `O_EXCL` anyway.
 fn random_u64() -> u64 {
     let mut v = 0u64;
+    // SAFETY: `getrandom` writes at most 8 bytes into `v`, a local u64.
     let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
     if n == 8 {
         v
@@ -431,6 +453,7 @@ fn unique_suffix() -> u64 {
 /// system lacks it.
 fn rename_noreplace(dfd: libc::c_int, from: &CString, to: &CString) -> io::Result<()> {
     let rc =
+        // SAFETY: NUL-terminated names relative to the open directory `dfd`.
         unsafe { libc::renameat2(dfd, from.as_ptr(), dfd, to.as_ptr(), libc::RENAME_NOREPLACE) };
     if rc == 0 {
         return Ok(());
@@ -438,9 +461,12 @@ fn rename_noreplace(dfd: libc::c_int, from: &CString, to: &CString) -> io::Resul
     let err = io::Error::last_os_error();
     match err.raw_os_error() {
         Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::ENOTSUP) => {
+            // SAFETY: NUL-terminated names relative to the open directory `dfd`.
             if unsafe { libc::linkat(dfd, from.as_ptr(), dfd, to.as_ptr(), 0) } != 0 {
                 return Err(io::Error::last_os_error());
             }
+            // SAFETY: a NUL-terminated name relative to the open directory `dfd`; only a file
+            // this code created (or one it checked is a stale temporary) is removed.
             unsafe { libc::unlinkat(dfd, from.as_ptr(), 0) };
             Ok(())
         }
@@ -472,9 +498,11 @@ mod tests {
             fs::write(dir.path().join(n), b"x").unwrap();
         }
         let c = CString::new(dir.path().as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path; the descriptor is closed by this test.
         let dfd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
         assert!(dfd >= 0);
         remove_stale_temps(dfd, dir.path(), "gpu-node-7");
+        // SAFETY: closes a descriptor this code opened and uses no more.
         unsafe { libc::close(dfd) };
         for (n, kept) in &names {
             assert_eq!(dir.path().join(n).exists(), *kept, "{n}");
@@ -605,6 +633,7 @@ mod tests {
         fs::create_dir(&shared).unwrap();
         fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
         let w = write_dump(&shared, &name(), b"{}").unwrap();
+        // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
         let uid = unsafe { libc::geteuid() };
         assert_eq!(
             w.path.parent().unwrap(),

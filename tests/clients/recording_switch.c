@@ -10,6 +10,9 @@
  *   stress   - 4 threads churn cudaMalloc/cudaFree (all freed at the end) while main switches
  *              the mode 2000 times; then dumps with reason "stress-end".
  *   bad      - asks for modes -1 and 5: prints "bad <rc>" for each and "now <mode>".
+ *   oom MODE - switches to MODE after one allocation, then asks for more than the device has:
+ *              prints "rc <code of that cudaMalloc>" and "queries <n>", the calls asking about
+ *              the device (simcuda_device_queries) made while it failed.
  * Exit 0; 1 (with a message on stderr) if a CUDA call fails or the shim is absent.
  */
 #define _GNU_SOURCE
@@ -105,6 +108,17 @@ static int stress(void) {
     return dump("stress-end") == 0 ? 0 : 1;
 }
 
+static int oom_in(int mode) {
+    must_free(must_alloc(MIB)); /* the shim started and knows the device */
+    switch_to(mode);
+    unsigned long before = simcuda_device_queries();
+    void *p = NULL;
+    cudaError_t rc = cudaMalloc(&p, (size_t)1 << 50);
+    unsigned long after = simcuda_device_queries();
+    printf("rc %d\nqueries %lu\n", (int)rc, after - before);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     set_recording = (int (*)(int))dlsym(RTLD_DEFAULT, "oomshim_set_recording");
     recording = (int (*)(void))dlsym(RTLD_DEFAULT, "oomshim_recording");
@@ -115,6 +129,7 @@ int main(int argc, char **argv) {
     }
     const char *what = argc > 1 ? argv[1] : "sequence";
     if (strcmp(what, "stress") == 0) return stress();
+    if (strcmp(what, "oom") == 0 && argc > 2) return oom_in(atoi(argv[2]));
     if (strcmp(what, "bad") == 0) {
         printf("bad %d\n", set_recording(-1));
         printf("bad %d\n", set_recording(5));

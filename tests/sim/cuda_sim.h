@@ -154,6 +154,8 @@ cudaError_t cudaFreeHost(void *ptr);
  *   context overhead and other-process bytes); 0 for a bad device index.
  * simcuda_pinned_used_bytes(): bytes charged to live pinned host allocations.
  * simcuda_live_allocations(): number of live device + managed + pinned allocations.
+ * simcuda_device_queries(): number of cudaMemGetInfo and cudaGetDeviceProperties[_v2] calls so
+ *   far, whoever made them (the program or an interposer).
  */
 int simcuda_inject_error(int code, int count);
 /* simcuda_stream_launch(stream): queues one unit of simulated work (a kernel) on the stream; it
@@ -164,6 +166,7 @@ int simcuda_stream_complete(cudaStream_t stream);
 size_t simcuda_used_bytes(int device);
 size_t simcuda_pinned_used_bytes(void);
 size_t simcuda_live_allocations(void);
+unsigned long simcuda_device_queries(void);
 
 #ifdef __cplusplus
 }

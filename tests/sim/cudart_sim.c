@@ -125,6 +125,9 @@ static struct size_class *g_classes[CLASS_BUCKETS];
 static unsigned char *g_streams; /* 1 = live, indexed by stream id */
 static size_t g_stream_count, g_stream_cap;
 static int g_inject_code, g_inject_count;
+/* Calls that ask about a device (cudaMemGetInfo, cudaGetDeviceProperties[_v2]): see
+ * simcuda_device_queries(). Atomic: counted outside g_lock. */
+static unsigned long g_device_queries;
 
 static __thread int t_device;
 static __thread cudaError_t t_last_error;
@@ -551,6 +554,7 @@ cudaError_t cudaDeviceSynchronize(void) {
 
 static cudaError_t get_properties(struct cudaDeviceProp *prop, int device) {
     ensure_init();
+    __atomic_fetch_add(&g_device_queries, 1, __ATOMIC_RELAXED);
     if (prop == NULL) return fail(cudaErrorInvalidValue);
     cudaError_t rc = check_device(device);
     if (rc != cudaSuccess) return fail(rc);
@@ -570,6 +574,7 @@ cudaError_t cudaGetDeviceProperties_v2(struct cudaDeviceProp *prop, int device) 
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     ensure_init();
+    __atomic_fetch_add(&g_device_queries, 1, __ATOMIC_RELAXED);
     if (free_bytes == NULL || total_bytes == NULL) return fail(cudaErrorInvalidValue);
     if (g_via_driver) return fail((cudaError_t)g_drv_meminfo(free_bytes, total_bytes));
     pthread_mutex_lock(&g_lock);
@@ -1210,4 +1215,8 @@ size_t simcuda_live_allocations(void) {
     size_t v = g_live_count;
     pthread_mutex_unlock(&g_lock);
     return v;
+}
+
+unsigned long simcuda_device_queries(void) {
+    return __atomic_load_n(&g_device_queries, __ATOMIC_RELAXED);
 }

@@ -18,6 +18,7 @@ pub(crate) struct SpinLock<T> {
 
 // Safety: access to `value` is serialised by `locked`.
 unsafe impl<T: Send> Sync for SpinLock<T> {}
+// Safety: the lock owns its `T` and only moves it with itself, which `T: Send` allows.
 unsafe impl<T: Send> Send for SpinLock<T> {}
 
 pub(crate) struct SpinGuard<'a, T>(&'a SpinLock<T>);

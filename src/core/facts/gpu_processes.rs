@@ -90,7 +90,9 @@ pub fn on_device(uuid: Option<&str>, index: u32) -> Result<Vec<GpuProcess>, Stri
         }
     }
     let me = std::process::id();
+    // SAFETY: `getppid` takes no argument, touches no memory and cannot fail.
     let my_parent = unsafe { libc::getppid() } as u32;
+    // SAFETY: `getuid` takes no argument, touches no memory and cannot fail.
     let my_uid = unsafe { libc::getuid() };
     let mut out: Vec<GpuProcess> = list
         .into_iter()
@@ -192,7 +194,9 @@ mod tests {
         );
         let me = proc_facts(std::process::id());
         assert!(me.visible);
-        assert_eq!(me.ppid, Some(unsafe { libc::getppid() } as u32));
+        // SAFETY: `getppid` takes no argument, touches no memory and cannot fail.
+        let parent = unsafe { libc::getppid() } as u32;
+        assert_eq!(me.ppid, Some(parent));
     }
 
     #[test]

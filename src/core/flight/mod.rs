@@ -81,6 +81,7 @@ pub fn live_dir_from(value: Option<std::ffi::OsString>) -> PathBuf {
     if let Some(v) = value.filter(|v| !v.is_empty()) {
         return PathBuf::from(v);
     }
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
     let uid = unsafe { libc::geteuid() };
     let shm = std::path::Path::new("/dev/shm");
     if shm.is_dir() {
@@ -211,6 +212,7 @@ mod tests {
 
     #[test]
     fn the_live_dir_is_per_user_unless_set() {
+        // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
         let uid = unsafe { libc::geteuid() };
         let d = live_dir_from(None);
         assert!(

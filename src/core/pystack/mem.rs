@@ -155,6 +155,8 @@ fn proc_mem_read(addr: usize, buf: &mut [u8]) -> bool {
     let Some(fd) = FD.get() else {
         return false;
     };
+    // SAFETY: `pread` writes at most `buf.len()` bytes into the live buffer; an unmapped
+    // address is an error from the kernel, never a fault in this process.
     let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), addr as libc::off_t) };
     n == buf.len() as isize
 }

@@ -124,8 +124,9 @@ fn find_object(addr: u64) -> Result<Option<Found>, ()> {
     let Some(f) = dl_find_object_fn() else {
         return Err(());
     };
-    // SAFETY: lock-free, async-signal-safe lookup that only writes `res`.
+    // SAFETY: `DlFindObject` is integers and raw pointers, for which all zeroes is valid.
     let mut res: DlFindObject = unsafe { std::mem::zeroed() };
+    // SAFETY: lock-free, async-signal-safe lookup that only writes `res`.
     if unsafe { f(addr as *mut libc::c_void, &mut res) } == 0 {
         Ok(Some(Found {
             map: res.map_start as usize..res.map_end as usize,
@@ -297,6 +298,8 @@ fn eh_frame_svma(bias: u64, hdr: &Range<u64>) -> Option<u64> {
         return None;
     }
     let field = hdr.start + 4;
+    // SAFETY: as above: the 4-byte forms end at byte 8 (p_memsz >= 8), the 8-byte form is
+    // read only when the header holds 12 bytes; unaligned reads of plain integers.
     let (value, size): (i64, u64) = unsafe {
         let p = base.add(4);
         match enc & 0x0f {
@@ -1182,8 +1185,11 @@ fn splice(
     if last.all_ok && lo <= last.min_addr && hi == last.hi {
         // Every word read then lies in [lo, hi - 8] now too (min_addr >= lo, and each was
         // at most hi - 8 under the same hi): compare the values alone.
-        // SAFETY (each read): inside this thread's mapped stack, at or above the current sp.
-        let word = |r: &Read| unsafe { std::ptr::read_unaligned(r.addr as *const u64) } ^ r.value;
+        let word = |r: &Read| {
+            // SAFETY: each read lies inside this thread's mapped stack, at or above the
+            // current sp (above), so the word is mapped and ours to read.
+            unsafe { std::ptr::read_unaligned(r.addr as *const u64) ^ r.value }
+        };
         let mut diff = 0u64;
         let mut fours = reads.chunks_exact(4);
         for c in &mut fours {

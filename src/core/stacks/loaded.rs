@@ -74,9 +74,15 @@ where
     where
         F: FnMut(&LoadedObject<'_>) -> ControlFlow<()>,
     {
-        // SAFETY: `data` is the `Walk` below, `info` the loader's entry for this call.
-        let walk = &mut *(data as *mut Walk<'_, F>);
-        let object = LoadedObject { info: &*info, size };
+        // SAFETY: `data` is the `&mut Walk` passed to `dl_iterate_phdr` below, which outlives
+        // the iteration and is reached by no one else while it runs; `info` is the loader's
+        // entry for this call, valid until the callback returns (`object` does not escape it).
+        let (walk, object) = unsafe {
+            (
+                &mut *(data as *mut Walk<'_, F>),
+                LoadedObject { info: &*info, size },
+            )
+        };
         match catch_unwind(AssertUnwindSafe(|| (walk.visit)(&object))) {
             Ok(ControlFlow::Continue(())) => 0,
             Ok(ControlFlow::Break(())) => 1,

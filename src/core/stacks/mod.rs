@@ -176,6 +176,7 @@ mod tests {
     /// Raises SIGUSR2 on this thread from a known frame.
     #[inline(never)]
     fn stk_raises_signal() {
+        // SAFETY: signals this thread; the test installed SIGUSR2's handler before.
         unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGUSR2) };
         black_box(());
     }
@@ -206,7 +207,11 @@ mod tests {
             }
         }
         let mut buf = [0usize; 64];
-        assert!(capture(&mut buf, false) > 2); // warm this thread first
+        // Warm this thread first.
+        assert!(capture(&mut buf, false) > 2);
+        // SAFETY: `sigaction` structs are plain data (all zeroes valid); the handler is an
+        // `extern "C"` function of the SA_SIGINFO-less signature, and the old action is put
+        // back below.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = handler as *const () as usize;
@@ -317,6 +322,8 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
     }
 
     extern "C" fn c_callback(ctx: *mut libc::c_void) {
+        // SAFETY: `ctx` is the `&mut CbState` that `stk_rust_calls_into_c` passed through the C
+        // chain, alive and not otherwise borrowed until the call returns.
         let st = unsafe { &mut *(ctx as *mut CbState) };
         #[cfg(target_arch = "x86_64")]
         if st.with_reference {
@@ -331,6 +338,8 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
 
     #[inline(never)]
     fn stk_rust_calls_into_c(outer: COuter, st: &mut CbState) {
+        // SAFETY: `outer` is a test library's `c_outer(cb, ctx)`, which calls `cb(ctx)` once;
+        // `st` outlives the call.
         unsafe { outer(c_callback, st as *mut CbState as *mut libc::c_void) };
         black_box(&st.n);
     }
@@ -345,8 +354,10 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
 
         let dir = tempfile::tempdir().unwrap();
         let handle = build_and_load(dir.path(), "cchain", C_SOURCE);
+        // SAFETY: a live handle from `build_and_load`, a NUL-terminated name.
         let sym = unsafe { libc::dlsym(handle, c"c_outer".as_ptr()) };
         assert!(!sym.is_null());
+        // SAFETY: `c_outer` of C_SOURCE has COuter's signature.
         let outer: COuter = unsafe { std::mem::transmute(sym) };
 
         for skip_own in [false, true] {
@@ -391,6 +402,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
             assert!(st.n > 6);
             assert_eq!(&st.buf[..st.n], &st.reference[..st.n_reference]);
         }
+        // SAFETY: nothing of the library is used after this.
         unsafe { libc::dlclose(handle) };
     }
 
@@ -700,6 +712,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
             .expect("gcc must be installed for this test");
         assert!(status.success());
         let path = std::ffi::CString::new(lib.to_str().unwrap()).unwrap();
+        // SAFETY: the library just compiled from the test's C source (no initialisers).
         let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
         assert!(!handle.is_null());
         handle
@@ -727,6 +740,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
 "#;
         let dir = tempfile::tempdir().unwrap();
         let h1 = build_and_load(dir.path(), "first", C_SOURCE);
+        // SAFETY: dlsym finds `c_outer`, which C_SOURCE defines with COuter's signature.
         let outer1: COuter = unsafe { std::mem::transmute(libc::dlsym(h1, c"c_outer".as_ptr())) };
         let mut st = CbState::new(false, false);
         stk_rust_calls_into_c(outer1, &mut st);
@@ -736,9 +750,11 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
         )
         .unwrap();
         let base1 = outer1 as usize;
+        // SAFETY: `outer1` is only printed as an address after this, never called.
         unsafe { libc::dlclose(h1) };
 
         let h2 = build_and_load(dir.path(), "second", other);
+        // SAFETY: `c_outer` of the second source has COuter's signature too.
         let outer2: COuter = unsafe { std::mem::transmute(libc::dlsym(h2, c"c_outer".as_ptr())) };
         eprintln!(
             "c_outer before/after reload: {base1:#x} / {:#x}",
@@ -758,6 +774,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
             &["d_three", "d_two", "c_outer", "stk_rust_calls_into_c"],
         )
         .unwrap();
+        // SAFETY: nothing of the library is used after this.
         unsafe { libc::dlclose(h2) };
     }
 }

@@ -115,6 +115,8 @@ pub fn register_fork_handlers(prepare: fn(), parent: fn(), child: fn()) {
     {
         return;
     }
+    // SAFETY: the three handlers are argument-less `extern "C"` functions that catch their
+    // handler's panic (nothing unwinds into libc) and live as long as the shim's code.
     let rc = unsafe { pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     if rc != 0 {
         tracing::debug!(rc, "pthread_atfork failed");

@@ -56,7 +56,9 @@ static INO: AtomicU64 = AtomicU64::new(0);
 
 /// `(st_dev, st_ino)` of fd 2 now, `None` when it is closed.
 fn fd2_identity() -> Option<(u64, u64)> {
+    // SAFETY: `stat` is plain integers, for which all zeroes is a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fstat` writes only the `stat` it is given; a closed fd 2 is an error return.
     (unsafe { libc::fstat(2, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
@@ -120,6 +122,7 @@ fn prepare(text: &str) -> String {
 /// nowhere left to report them.
 fn write_all(fd: libc::c_int, mut bytes: &[u8]) {
     while !bytes.is_empty() {
+        // SAFETY: `write` reads `bytes.len()` bytes of a live slice; a bad `fd` is an error.
         let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
         if n > 0 {
             bytes = &bytes[n as usize..];

@@ -50,54 +50,75 @@ pub struct CUmemAllocationProp {
 /// `CU_MEM_LOCATION_TYPE_DEVICE`; HOST (2), HOST_NUMA (3), HOST_NUMA_CURRENT (4) are host memory.
 const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
 
-/// Generates, from one list: the exported wrappers, [`NAMES`] (exact exported names), [`APIS`]
+/// Generates, from one list: the exported wrappers, [`NAMES`] (exact exported names), `apis()`
 /// (the [`Api`] each records, `None` for frees, VMM mapping calls and resolvers), the index
-/// enum and [`wrappers`]. Each entry: `name(args) [as Api] |real, guard| body` where `real` is
+/// enum and [`wrappers`]. Each entry: `name [+ twin](args) [as Api] |real, guard| body`
+/// (`twin`: a second exported name with the same signature and body, such as the `_ptsz`
+/// per-thread-default-stream variant) where `real` is
 /// the real function (already found; a missing one returns CUDA_ERROR_NOT_INITIALIZED),
 /// `guard` the `Option<Guard>` of this call and `API` the row's [`Api`] inside its body.
 macro_rules! driver_functions {
     ($(
-        $name:ident ( $($arg:ident : $ty:ty),* ) $(as $api:ident)?
+        $name:ident $(+ $twin:ident)? ( $($arg:ident : $ty:ty),* ) $(as $api:ident)?
         |$real:ident, $guard:ident| $body:block
     )*) => {
         #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
         #[derive(Clone, Copy)]
         #[repr(usize)]
-        enum Idx { $($name,)* }
+        enum Idx { $($name, $($twin,)?)* }
 
-        /// Exact exported names, in table order.
-        pub(crate) const NAMES: &[&CStr] = &[$( cstr(concat!(stringify!($name), "\0")), )*];
+        /// Exact exported names, in table order (a row's twin right after it).
+        pub(crate) const NAMES: &[&CStr] = &[$(
+            cstr(concat!(stringify!($name), "\0")),
+            $( cstr(concat!(stringify!($twin), "\0")), )?
+        )*];
         const COUNT: usize = NAMES.len();
 
-        /// The [`Api`] each table entry records, in table order.
+        /// The [`Api`] each exported name records, in the order of [`NAMES`].
         #[cfg(test)]
-        pub(crate) const APIS: &[Option<Api>] = &[$( driver_functions!(@api $($api)?), )*];
+        pub(crate) fn apis() -> Vec<Option<Api>> {
+            [$( &driver_functions!(@apis [$name $($twin)?] [$($api)?])[..], )*].concat()
+        }
 
-        /// The shim's wrapper of each table entry.
+        /// The shim's wrapper of each exported name, in the order of [`NAMES`].
         fn wrappers() -> [usize; COUNT] {
-            [$($name as *const () as usize,)*]
+            [$($name as *const () as usize, $($twin as *const () as usize,)?)*]
         }
 
         $(
-            #[no_mangle]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
-                $( const API: Api = Api::$api; )?
-                // SAFETY: the row's own signature.
-                let Some($real) = (unsafe {
-                    real_of::<unsafe extern "C" fn($($ty),*) -> CUresult>(Idx::$name)
-                }) else {
-                    return CUDA_ERROR_NOT_INITIALIZED;
-                };
-                let $guard = Guard::enter();
-                // SAFETY: the caller's arguments, as valid as the driver API requires of them;
-                // the row's body passes them to the real function unchanged and reads an
-                // out-parameter only after a success, never through NULL.
-                unsafe { $body }
-            }
+            driver_functions!(
+                @fns [$name $($twin)?] ($($arg: $ty),*) [$($api)?] [$real, $guard] $body
+            );
         )*
     };
-    (@api) => { None };
-    (@api $api:ident) => { Some(Api::$api) };
+    // One function per name of a row: the row's own and its twin's, the same body.
+    (@fns [$($name:ident)+] $args:tt $api:tt $params:tt $body:block) => {
+        $( driver_functions!(@fn $name $args $api $params $body); )+
+    };
+    (@fn $name:ident ($($arg:ident : $ty:ty),*) [$($api:ident)?]
+        [$real:ident, $guard:ident] $body:block
+    ) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            $( const API: Api = Api::$api; )?
+            // SAFETY: the row's own signature.
+            let Some($real) = (unsafe {
+                real_of::<unsafe extern "C" fn($($ty),*) -> CUresult>(Idx::$name)
+            }) else {
+                return CUDA_ERROR_NOT_INITIALIZED;
+            };
+            let $guard = Guard::enter();
+            // SAFETY: the caller's arguments, as valid as the driver API requires of them;
+            // the row's body passes them to the real function unchanged and reads an
+            // out-parameter only after a success, never through NULL.
+            unsafe { $body }
+        }
+    };
+    (@apis [$($name:ident)+] $api:tt) => {
+        [$( driver_functions!(@api $name $api) ),+]
+    };
+    (@api $name:ident []) => { None };
+    (@api $name:ident [$api:ident]) => { Some(Api::$api) };
 }
 
 driver_functions! {
@@ -137,25 +158,18 @@ driver_functions! {
         rc
     }
     // ---- stream-ordered ----
-    cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        as CuMemAllocAsync |real, guard|
-    {
+    cuMemAllocAsync + cuMemAllocAsync_ptsz(
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+        stream: CUstream
+    ) as CuMemAllocAsync |real, guard| {
         let rc = real(dptr, bytesize, stream);
         if let Some(g) = &guard {
             after_alloc(g, API, rc, read(dptr), bytesize as u64, stream as usize);
         }
         rc
     }
-    cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream)
-        as CuMemAllocAsync |real, guard|
-    {
-        let rc = real(dptr, bytesize, stream);
-        if let Some(g) = &guard {
-            after_alloc(g, API, rc, read(dptr), bytesize as u64, stream as usize);
-        }
-        rc
-    }
-    cuMemAllocFromPoolAsync(
+    cuMemAllocFromPoolAsync + cuMemAllocFromPoolAsync_ptsz(
         dptr: *mut CUdeviceptr,
         bytesize: usize,
         pool: CUmemoryPool,
@@ -170,25 +184,7 @@ driver_functions! {
         }
         rc
     }
-    cuMemAllocFromPoolAsync_ptsz(
-        dptr: *mut CUdeviceptr,
-        bytesize: usize,
-        pool: CUmemoryPool,
-        stream: CUstream
-    ) as CuMemAllocFromPoolAsync |real, guard| {
-        let rc = real(dptr, bytesize, pool, stream);
-        if let Some(g) = &guard {
-            if rc == CUDA_SUCCESS {
-                g.run(|| super::pools::note(current_device(), Some(pool as usize)));
-            }
-            after_alloc(g, API, rc, read(dptr), bytesize as u64, stream as usize);
-        }
-        rc
-    }
-    cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) |real, guard| {
-        free_with(guard.as_ref(), dptr, || real(dptr, stream))
-    }
-    cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) |real, guard| {
+    cuMemFreeAsync + cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) |real, guard| {
         free_with(guard.as_ref(), dptr, || real(dptr, stream))
     }
     // ---- page-locked host memory ----
@@ -308,20 +304,7 @@ driver_functions! {
         }
         rc
     }
-    cuGetProcAddress_v2(
-        symbol: *const c_char,
-        pfn: *mut *mut c_void,
-        cuda_version: c_int,
-        flags: u64,
-        status: *mut c_int
-    ) |real, _guard| {
-        let rc = real(symbol, pfn, cuda_version, flags, status);
-        if rc == CUDA_SUCCESS {
-            substitute_out(pfn);
-        }
-        rc
-    }
-    cuGetProcAddress_v2_ptsz(
+    cuGetProcAddress_v2 + cuGetProcAddress_v2_ptsz(
         symbol: *const c_char,
         pfn: *mut *mut c_void,
         cuda_version: c_int,

@@ -132,7 +132,9 @@ pub unsafe extern "C" fn oomshim_framework_oom(
     let Some(guard) = Guard::enter() else {
         return -1;
     };
-    let bytes = std::slice::from_raw_parts(json.cast::<u8>(), len);
+    // SAFETY: the caller passes `len` readable bytes at `json` (this function's contract); NULL
+    // was refused above and `len` is bounded, so the slice cannot exceed what it handed over.
+    let bytes = unsafe { std::slice::from_raw_parts(json.cast::<u8>(), len) };
     let path = guard
         .run(|| {
             let (note, mem_info) = live::framework::parse(bytes)?;
@@ -144,8 +146,12 @@ pub unsafe extern "C" fn oomshim_framework_oom(
             if !path_out.is_null() && cap > 0 {
                 let text = p.to_string_lossy();
                 let n = text.len().min(cap - 1);
-                std::ptr::copy_nonoverlapping(text.as_ptr(), path_out.cast::<u8>(), n);
-                *path_out.add(n) = 0;
+                // SAFETY: `path_out` is non-NULL and writable for `cap` bytes (this function's
+                // contract); `n + 1 <= cap`, and a Rust string cannot overlap the caller's buffer.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(text.as_ptr(), path_out.cast::<u8>(), n);
+                    *path_out.add(n) = 0;
+                }
             }
             word as c_int
         }
@@ -166,7 +172,9 @@ pub unsafe extern "C" fn oomshim_framework_kinds(json: *const c_char, len: usize
     let Some(guard) = Guard::enter() else {
         return -1;
     };
-    let bytes = std::slice::from_raw_parts(json.cast::<u8>(), len);
+    // SAFETY: the caller passes `len` readable bytes at `json` (this function's contract); NULL
+    // was refused above.
+    let bytes = unsafe { std::slice::from_raw_parts(json.cast::<u8>(), len) };
     let taken = guard.run(|| {
         let (device, kinds, attribution) = live::framework::parse_live_kinds(bytes)?;
         let unix_ms = std::time::SystemTime::now()
@@ -196,7 +204,9 @@ pub unsafe extern "C" fn oomshim_dump(reason: *const c_char) -> c_int {
     let reason = if reason.is_null() {
         "on-demand".to_string()
     } else {
-        live::dump_reason(CStr::from_ptr(reason).to_bytes())
+        // SAFETY: a non-NULL `reason` is a NUL-terminated string the caller keeps alive for the
+        // call (this function's contract).
+        live::dump_reason(unsafe { CStr::from_ptr(reason) }.to_bytes())
     };
     let written = guard.run(|| {
         // Through the runtime when the process has one, else through the driver (a static

@@ -75,7 +75,7 @@ const _: () = assert!(
 
 /// A device allocation failed for lack of memory: asks the layer about the device on the
 /// failing thread (the one place that may ask CUDA safely) and hands the failure on with all it
-/// learnt.
+/// learnt. Asks nothing when the failure would be dropped (pass-through, the shim off).
 pub(crate) fn record_oom(
     layer: &Layer,
     api: oomshim_core::ledger::Api,
@@ -84,6 +84,9 @@ pub(crate) fn record_oom(
     rc: i32,
     stream: usize,
 ) {
+    if !crate::live::records_failures() {
+        return;
+    }
     crate::live::record_oom(crate::live::OomEvent {
         api,
         bytes,
@@ -192,7 +195,8 @@ pub(crate) fn after_alloc(
         } else if rc == cuda_error::MEMORY_ALLOCATION {
             if api.is_pinned_host() {
                 crate::live::record_pinned_failure(api, bytes);
-            } else {
+            } else if crate::live::records_failures() {
+                // (Not even the device is asked in pass-through.)
                 record_oom(layer, api, bytes, (layer.current_device)(), rc, stream);
             }
         }
@@ -227,14 +231,11 @@ mod tests {
     /// Every row of both hook tables, as (exported name, the `Api` it records).
     fn rows() -> Vec<(&'static str, Option<Api>)> {
         let names = runtime::NAMES.iter().chain(driver::NAMES);
-        let apis = runtime::APIS.iter().chain(driver::APIS);
-        assert_eq!(
-            runtime::NAMES.len() + driver::NAMES.len(),
-            runtime::APIS.len() + driver::APIS.len()
-        );
+        let apis: Vec<Option<Api>> = runtime::apis().into_iter().chain(driver::apis()).collect();
+        assert_eq!(runtime::NAMES.len() + driver::NAMES.len(), apis.len());
         names
             .zip(apis)
-            .map(|(n, a)| (n.to_str().unwrap(), *a))
+            .map(|(n, a)| (n.to_str().unwrap(), a))
             .collect()
     }
 

@@ -43,43 +43,63 @@ pub struct CudaPitchedPtr {
 }
 
 /// Generates, from one list: the exported wrappers, [`NAMES`] (exact exported names, in table
-/// order) and [`APIS`] (the [`Api`] each records, `None` for frees and resolvers). Each entry:
-/// `name(args) [as Api] |real[, guard]| body` where `real` is the real function (already found;
+/// order) and `apis()` (the [`Api`] each records, `None` for frees and resolvers). Each entry:
+/// `name [+ twin](args) [as Api] |real[, guard]| body` (`twin`: a second exported name with the
+/// same signature and body, such as the `_ptsz` per-thread-default-stream variant) where `real` is the real function (already found;
 /// a missing one returns `cudaErrorInitializationError`), `guard` the `Option<Guard>` of this
 /// call (a row without it never enters the shim: the resolvers only swap a pointer), and `API`
 /// the row's [`Api`] inside its body.
 macro_rules! runtime_functions {
     ($(
-        $name:ident ( $($arg:ident : $ty:ty),* ) $(as $api:ident)?
+        $name:ident $(+ $twin:ident)? ( $($arg:ident : $ty:ty),* ) $(as $api:ident)?
         |$real:ident $(, $guard:ident)?| $body:block
     )*) => {
-        /// Exact exported names, in table order.
-        pub(crate) const NAMES: &[&CStr] = &[$( cstr(concat!(stringify!($name), "\0")), )*];
+        /// Exact exported names, in table order (a row's twin right after it).
+        pub(crate) const NAMES: &[&CStr] = &[$(
+            cstr(concat!(stringify!($name), "\0")),
+            $( cstr(concat!(stringify!($twin), "\0")), )?
+        )*];
 
-        /// The [`Api`] each table entry records, in table order.
+        /// The [`Api`] each exported name records, in the order of [`NAMES`].
         #[cfg(test)]
-        pub(crate) const APIS: &[Option<Api>] = &[$( runtime_functions!(@api $($api)?), )*];
+        pub(crate) fn apis() -> Vec<Option<Api>> {
+            [$( &runtime_functions!(@apis [$name $($twin)?] [$($api)?])[..], )*].concat()
+        }
 
         $(
-            #[no_mangle]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
-                $( const API: Api = Api::$api; )?
-                let Some($real) = real_fn!(
-                    cstr(concat!(stringify!($name), "\0")),
-                    unsafe extern "C" fn($($ty),*) -> c_int
-                ) else {
-                    return INITIALIZATION_ERROR;
-                };
-                $( let $guard = Guard::enter(); )?
-                // SAFETY: the caller's arguments, as valid as the runtime API requires of them;
-                // the row's body passes them to the real function unchanged and reads an
-                // out-parameter only after a success, never through NULL.
-                unsafe { $body }
-            }
+            runtime_functions!(
+                @fns [$name $($twin)?] ($($arg: $ty),*) [$($api)?] [$real $(, $guard)?] $body
+            );
         )*
     };
-    (@api) => { None };
-    (@api $api:ident) => { Some(Api::$api) };
+    // One function per name of a row: the row's own and its twin's, the same body.
+    (@fns [$($name:ident)+] $args:tt $api:tt $params:tt $body:block) => {
+        $( runtime_functions!(@fn $name $args $api $params $body); )+
+    };
+    (@fn $name:ident ($($arg:ident : $ty:ty),*) [$($api:ident)?]
+        [$real:ident $(, $guard:ident)?] $body:block
+    ) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+            $( const API: Api = Api::$api; )?
+            let Some($real) = real_fn!(
+                cstr(concat!(stringify!($name), "\0")),
+                unsafe extern "C" fn($($ty),*) -> c_int
+            ) else {
+                return INITIALIZATION_ERROR;
+            };
+            $( let $guard = Guard::enter(); )?
+            // SAFETY: the caller's arguments, as valid as the runtime API requires of them;
+            // the row's body passes them to the real function unchanged and reads an
+            // out-parameter only after a success, never through NULL.
+            unsafe { $body }
+        }
+    };
+    (@apis [$($name:ident)+] $api:tt) => {
+        [$( runtime_functions!(@api $name $api) ),+]
+    };
+    (@api $name:ident []) => { None };
+    (@api $name:ident [$api:ident]) => { Some(Api::$api) };
 }
 
 runtime_functions! {
@@ -131,8 +151,9 @@ runtime_functions! {
         }
         rc
     }
-    // ---- stream-ordered (each `_ptsz` twin: same signature, its own real function) ----
-    cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: Stream)
+    // ---- stream-ordered (`NAME + NAME_ptsz`: the per-thread-default-stream twin, exported with
+    // the same signature and body, its own real function) ----
+    cudaMallocAsync + cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: Stream)
         as CudaMallocAsync |real, guard|
     {
         let rc = real(dev_ptr, size, stream);
@@ -141,25 +162,7 @@ runtime_functions! {
         }
         rc
     }
-    cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: Stream)
-        as CudaMallocAsync |real, guard|
-    {
-        let rc = real(dev_ptr, size, stream);
-        if let Some(g) = &guard {
-            after_alloc(g, API, rc, read_ptr(dev_ptr), size as u64, stream as usize);
-        }
-        rc
-    }
-    cudaMallocFromPoolAsync(dev_ptr: *mut *mut c_void, size: usize, pool: MemPool, stream: Stream)
-        as CudaMallocFromPoolAsync |real, guard|
-    {
-        let rc = real(dev_ptr, size, pool, stream);
-        if let Some(g) = &guard {
-            after_alloc(g, API, rc, read_ptr(dev_ptr), size as u64, stream as usize);
-        }
-        rc
-    }
-    cudaMallocFromPoolAsync_ptsz(
+    cudaMallocFromPoolAsync + cudaMallocFromPoolAsync_ptsz(
         dev_ptr: *mut *mut c_void,
         size: usize,
         pool: MemPool,
@@ -171,10 +174,7 @@ runtime_functions! {
         }
         rc
     }
-    cudaFreeAsync(dev_ptr: *mut c_void, stream: Stream) |real, guard| {
-        free_with(guard.as_ref(), dev_ptr, || real(dev_ptr, stream))
-    }
-    cudaFreeAsync_ptsz(dev_ptr: *mut c_void, stream: Stream) |real, guard| {
+    cudaFreeAsync + cudaFreeAsync_ptsz(dev_ptr: *mut c_void, stream: Stream) |real, guard| {
         free_with(guard.as_ref(), dev_ptr, || real(dev_ptr, stream))
     }
     // ---- page-locked host memory ----
@@ -203,7 +203,7 @@ runtime_functions! {
     // it is the real address of a tracked driver function (pointer identity, `super::driver`).
     // No guard: nothing is recorded, and a guard held across the real call would hide what the
     // runtime allocates inside it.
-    cudaGetDriverEntryPoint(
+    cudaGetDriverEntryPoint + cudaGetDriverEntryPoint_ptsz(
         symbol: *const c_char,
         func_ptr: *mut *mut c_void,
         flags: u64,
@@ -215,32 +215,7 @@ runtime_functions! {
         }
         rc
     }
-    cudaGetDriverEntryPoint_ptsz(
-        symbol: *const c_char,
-        func_ptr: *mut *mut c_void,
-        flags: u64,
-        status: *mut c_int
-    ) |real| {
-        let rc = real(symbol, func_ptr, flags, status);
-        if rc == SUCCESS {
-            substitute_entry_point(func_ptr);
-        }
-        rc
-    }
-    cudaGetDriverEntryPointByVersion(
-        symbol: *const c_char,
-        func_ptr: *mut *mut c_void,
-        cuda_version: c_uint,
-        flags: u64,
-        status: *mut c_int
-    ) |real| {
-        let rc = real(symbol, func_ptr, cuda_version, flags, status);
-        if rc == SUCCESS {
-            substitute_entry_point(func_ptr);
-        }
-        rc
-    }
-    cudaGetDriverEntryPointByVersion_ptsz(
+    cudaGetDriverEntryPointByVersion + cudaGetDriverEntryPointByVersion_ptsz(
         symbol: *const c_char,
         func_ptr: *mut *mut c_void,
         cuda_version: c_uint,

@@ -30,17 +30,20 @@
 
 use super::cuda_error::SUCCESS;
 use super::real::real_fn;
-use dump::model::{FreeBlocks, HistogramBin};
+use crate::live::allocator_mode::{
+    c_message, config_from_env, free_blocks_for_dump, judged_mem_info, memory_cap,
+    native_tensor_stacks, out_of_memory_text, MESSAGE_BYTES,
+};
+use dump::model::FreeBlocks;
 use dump::units::human_bytes;
 use oomshim_core::alloc::{
-    AllocConfig, CachingAllocator, HistoryConfig, MemorySource, OomCause, OutOfMemory,
-    RecordContext,
+    CachingAllocator, HistoryConfig, MemorySource, OomCause, OutOfMemory, RecordContext,
 };
 use oomshim_core::ledger::Api;
 use std::cell::Cell;
 use std::ffi::{c_char, c_double, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 type Stream = *mut c_void;
 
@@ -77,6 +80,7 @@ fn get_device() -> Option<i32> {
 
 fn set_device(device: i32) -> bool {
     match real_fn!(c"cudaSetDevice", unsafe extern "C" fn(c_int) -> c_int) {
+        // SAFETY: `cudaError_t cudaSetDevice(int)`, a plain value argument.
         Some(f) => unsafe { f(device) == SUCCESS },
         None => false,
     }
@@ -86,6 +90,7 @@ fn set_device(device: i32) -> bool {
 /// `cudaGetLastError` (torch checks it after every kernel launch) does not see our error.
 fn clear_last_error() {
     if let Some(f) = real_fn!(c"cudaGetLastError", unsafe extern "C" fn() -> c_int) {
+        // SAFETY: `cudaError_t cudaGetLastError(void)`: no argument, no precondition.
         unsafe { f() };
     }
 }
@@ -128,11 +133,15 @@ impl MemorySource for CudaSource {
                 unsafe extern "C" fn(*mut c_int) -> c_int
             );
             let mut mode = CAPTURE_MODE_RELAXED;
+            // SAFETY: `cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode *)` with a
+            // valid in/out mode.
             let relaxed = capturing && exchange.is_some_and(|f| unsafe { f(&mut mode) } == SUCCESS);
             let mut p: *mut c_void = std::ptr::null_mut();
+            // SAFETY: `cudaMalloc(void **, size_t)` with a valid out-parameter.
             let rc = unsafe { malloc(&mut p, bytes) };
             if relaxed {
                 if let Some(f) = exchange {
+                    // SAFETY: as above; puts back the mode the first exchange returned.
                     unsafe { f(&mut mode) };
                 }
             }
@@ -152,6 +161,8 @@ impl MemorySource for CudaSource {
     fn free_segment(&self, device: i32, addr: u64, _bytes: u64) -> Result<(), i32> {
         let free = real_fn!(c"cudaFree", unsafe extern "C" fn(*mut c_void) -> c_int)
             .ok_or(super::cuda_error::INITIALIZATION_ERROR)?;
+        // SAFETY: `cudaFree(void *)` of a segment the allocator got from `cudaMalloc` and no
+        // longer hands out (the MemorySource contract); CUDA checks the pointer itself.
         let rc = on_device(device, || unsafe { free(addr as *mut c_void) });
         if rc == SUCCESS {
             Ok(())
@@ -174,11 +185,15 @@ impl MemorySource for CudaSource {
         .ok_or(super::cuda_error::INITIALIZATION_ERROR)?;
         on_device(device, || {
             let mut e: *mut c_void = std::ptr::null_mut();
+            // SAFETY: `cudaEventCreateWithFlags(cudaEvent_t *, unsigned)` with a valid
+            // out-parameter.
             let rc = unsafe { create(&mut e, EVENT_DISABLE_TIMING) };
             if rc != SUCCESS {
                 clear_last_error();
                 return Err(rc);
             }
+            // SAFETY: `cudaEventRecord(cudaEvent_t, cudaStream_t)` of the event just created, on
+            // a stream torch handed the allocator; CUDA reports a bad stream as an error.
             let rc = unsafe { record(e, stream as Stream) };
             if rc != SUCCESS {
                 clear_last_error();
@@ -196,6 +211,8 @@ impl MemorySource for CudaSource {
         ) else {
             return true;
         };
+        // SAFETY: `cudaEventQuery(cudaEvent_t)` of an event `record_event` created and the
+        // allocator has not destroyed yet.
         match unsafe { query(event as *mut c_void) } {
             SUCCESS => true,
             NOT_READY => false,
@@ -213,6 +230,8 @@ impl MemorySource for CudaSource {
             c"cudaEventDestroy",
             unsafe extern "C" fn(*mut c_void) -> c_int
         ) {
+            // SAFETY: `cudaEventDestroy(cudaEvent_t)` of an event of `record_event`, destroyed
+            // once (the allocator drops its handle).
             if unsafe { f(event as *mut c_void) } != SUCCESS {
                 clear_last_error();
             }
@@ -239,51 +258,9 @@ pub(super) fn free_blocks_if_active(device: i32) -> Option<FreeBlocks> {
     free_blocks_with_segment_map(device)
 }
 
-/// The cache policy torch's own `PYTORCH_CUDA_ALLOC_CONF` asks for, where it applies:
-/// `max_split_size_mb` is honoured; other keys are torch's business (and `expandable_segments`
-/// has no meaning here: segments are plain `cudaMalloc` ranges).
-fn config_from_env() -> AllocConfig {
-    let mut config = AllocConfig::default();
-    if let Ok(conf) = std::env::var("PYTORCH_CUDA_ALLOC_CONF") {
-        for part in conf.split(',') {
-            let mut kv = part.splitn(2, ':');
-            let (Some(k), Some(v)) = (kv.next(), kv.next()) else {
-                continue;
-            };
-            if k.trim() == "max_split_size_mb" {
-                match v.trim().parse::<u64>() {
-                    Ok(mb) if mb > 20 => config.max_split_size = Some(mb << 20),
-                    _ => oomshim_core::say!(
-                        "oomshim: PYTORCH_CUDA_ALLOC_CONF max_split_size_mb={v} ignored (must be a number above 20)"
-                    ),
-                }
-            }
-        }
-    }
-    config
-}
-
-/// In a Python process tensors get native stacks only when OOMSHIM_STACKS asks for them (`all`
-/// or `native`): by default their Python stack alone is recorded (a program without Python gets
-/// native stacks as usual). Measured on the H200 (tests/gpu/torch_alloc.py):
-/// unwinding libtorch's ~40 frames on every `torch.empty` made the allocation loop 1.6x slower
-/// than torch's native allocator, while Python stacks alone ran at 0.92x. The Python line is
-/// what names a tensor's owner; the native frames below it are torch's dispatcher.
-fn native_tensor_stacks() -> bool {
-    static NATIVE: OnceLock<bool> = OnceLock::new();
-    *NATIVE.get_or_init(|| {
-        // Unset or unreadable: Python stacks alone, unlike the settings' default (`all`).
-        std::env::var("OOMSHIM_STACKS")
-            .ok()
-            .and_then(|v| oomshim_core::config::StackMode::parse(&v))
-            .is_some_and(oomshim_core::config::StackMode::native)
-    })
-}
-
-/// Captures whose end the allocator has not been told of yet: (stream, capture id). Checked
-/// only while non-empty, so a program that never captures pays one atomic load.
-static OPEN_CAPTURES: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
-static OPEN_CAPTURE_COUNT: AtomicUsize = AtomicUsize::new(0);
+/// Captures whose end the allocator has not been told of yet.
+static OPEN_CAPTURES: crate::live::allocator_mode::OpenCaptures =
+    crate::live::allocator_mode::OpenCaptures::new();
 
 /// The capture `stream` is part of, if it is being captured now.
 fn capture_of(stream: Stream) -> Option<u64> {
@@ -307,6 +284,8 @@ fn capture_of(stream: Stream) -> Option<u64> {
     let mut status: c_int = 0;
     let mut id: u64 = 0;
     let null = std::ptr::null_mut();
+    // SAFETY: `cudaStreamGetCaptureInfo(stream, status *, id *, graph *, deps *, edges *,
+    // count *)` with valid status and id out-parameters; the optional ones may be NULL.
     let rc = unsafe {
         info(
             stream,
@@ -327,39 +306,15 @@ fn capture_of(stream: Stream) -> Option<u64> {
 
 /// Tells the allocator about captures that ended since the last check.
 fn retire_ended_captures(a: &CachingAllocator<CudaSource>) {
-    if OPEN_CAPTURE_COUNT.load(Ordering::Relaxed) == 0 {
-        return;
-    }
-    let open: Vec<(usize, u64)> = OPEN_CAPTURES.lock().map(|v| v.clone()).unwrap_or_default();
-    // Asked without the lock held: these are calls into CUDA.
-    let ended: Vec<u64> = open
-        .iter()
-        .filter(|(stream, id)| capture_of(*stream as Stream) != Some(*id))
-        .map(|(_, id)| *id)
-        .collect();
-    if ended.is_empty() {
-        return;
-    }
-    for id in &ended {
-        a.end_capture(*id);
-    }
-    if let Ok(mut v) = OPEN_CAPTURES.lock() {
-        v.retain(|(_, id)| !ended.contains(id));
-        OPEN_CAPTURE_COUNT.store(v.len(), Ordering::Relaxed);
-    }
+    OPEN_CAPTURES.retire(
+        |stream| capture_of(stream as Stream),
+        |id| a.end_capture(id),
+    );
 }
 
 fn note_capture(stream: Stream, id: u64) {
-    if let Ok(mut v) = OPEN_CAPTURES.lock() {
-        if !v.iter().any(|(_, i)| *i == id) {
-            v.push((stream as usize, id));
-            OPEN_CAPTURE_COUNT.store(v.len(), Ordering::Relaxed);
-        }
-    }
+    OPEN_CAPTURES.note(stream as usize, id);
 }
-
-/// Room for the exception message (torch's own OOM text is about 600 bytes).
-const MESSAGE_BYTES: usize = 2048;
 
 /// What `alloc` hands back when it cannot serve the request.
 enum Failure {
@@ -455,20 +410,24 @@ fn unserved(oom: &OutOfMemory, stream: Stream, context: u32, outermost: bool) ->
     let note = if outermost && observer != 0 {
         let (free, total) = judged_mem_info(oom, mem_info).unwrap_or((0, 0));
         crate::live::allocator_mode::observe(|| {
-            // SAFETY: set by oomshim_torch_set_oom_observer from a function of this type.
+            // SAFETY: a non-zero `observer` was stored by oomshim_torch_set_oom_observer from a
+            // function of this type, and its caller keeps it callable while it is set.
             let f: OomObserver = unsafe { std::mem::transmute::<usize, OomObserver>(observer) };
+            // SAFETY: called with the four values of its C signature; no lock of the shim and
+            // no guard is held (it runs Python).
             unsafe { f(oom.device, oom.requested, total, free) };
         })
     } else {
         None
     };
     let guard = super::Guard::enter();
-    let message = contained(|| out_of_memory(oom, stream, mem_info, note, context)).unwrap_or_else(|| {
-        c_message(&format!(
-            "CUDA out of memory. Tried to allocate {} (oomshim allocator).",
-            human_bytes(oom.requested)
-        ))
-    });
+    let message =
+        contained(|| out_of_memory(oom, stream, mem_info, note, context)).unwrap_or_else(|| {
+            c_message(&format!(
+                "CUDA out of memory. Tried to allocate {} (oomshim allocator).",
+                human_bytes(oom.requested)
+            ))
+        });
     drop(guard);
     Failure::OutOfMemory(Box::new(message))
 }
@@ -497,90 +456,21 @@ fn out_of_memory(
             stream: stream as usize,
             context: crate::live::FailureContext {
                 memory_cap: memory_cap(oom, mem_info),
-                ..failure_context(oom.device, judged_mem_info(oom, mem_info))
+                ..crate::live::allocator_mode::failure_context(
+                    oom.device,
+                    judged_mem_info(oom, mem_info),
+                    free_blocks_with_segment_map(oom.device),
+                )
             },
         },
         note,
     );
-    let fb = &oom.free_blocks;
-    let mut text = format!(
-        "CUDA out of memory. Tried to allocate {}.",
-        human_bytes(oom.requested)
-    );
-    if let Some((free, total)) = mem_info {
-        text.push_str(&format!(
-            " GPU {} has a total capacity of {} of which {} is free.",
-            oom.device,
-            human_bytes(total),
-            human_bytes(free)
-        ));
-    }
-    if let OomCause::FractionCap { limit } = oom.cause {
-        text.push_str(&format!(" {} allowed;", human_bytes(limit)));
-    }
-    text.push_str(&format!(
-        " Of the allocated memory {} is allocated by PyTorch (oomshim allocator), and {} is reserved but unallocated (largest free block {}).",
-        human_bytes(fb.allocated_bytes),
-        human_bytes(fb.total_free_bytes),
-        human_bytes(fb.largest_free_bytes),
-    ));
-    match (&outcome.verdict, &outcome.path) {
-        (Some((kind, summary)), _) => text.push_str(&format!(" oomshim: {kind}: {summary}")),
-        (None, Some(_)) => text.push_str(" oomshim: same burst as the dump below."),
-        _ => {}
-    }
-    match &outcome.path {
-        Some(p) => text.push_str(&format!(
-            " Dump: {} (oomshim report {})",
-            p.display(),
-            p.display()
-        )),
-        None => text.push_str(" (no oomshim dump was written; see stderr)"),
-    }
-    c_message(&text)
-}
-
-/// The device's (free, total) as the dump is judged: under a memory-fraction cap the cap is the
-/// capacity and what the cache reserves is what is in use (free = cap - reserved), as torch's
-/// own fraction-limited OOM reports the allowed maximum to its observers. Judged against the
-/// whole device instead, a cap far below it looked like memory held by someone else (a near
-/// empty device, a few tracked bytes: `untracked_memory`). The exception's message keeps the
-/// device's own numbers.
-fn judged_mem_info(oom: &OutOfMemory, device: Option<(u64, u64)>) -> Option<(u64, u64)> {
-    match oom.cause {
-        OomCause::FractionCap { limit } => Some((
-            limit.saturating_sub(oom.free_blocks.reserved_bytes),
-            limit,
-        )),
-        _ => device,
-    }
-}
-
-/// The cap a fraction-capped failure was judged against, for the dump's device entry: its
-/// bytes, the fraction of the device's capacity (`device`: the device's own (free, total)).
-fn memory_cap(oom: &OutOfMemory, device: Option<(u64, u64)>) -> Option<dump::model::MemoryCap> {
-    let OomCause::FractionCap { limit } = oom.cause else {
-        return None;
-    };
-    let total = device?.1;
-    Some(dump::model::MemoryCap {
-        bytes: limit,
-        fraction: limit as f64 / total.max(1) as f64,
-        device_total_bytes: total,
-        set_by: "set_per_process_memory_fraction".to_string(),
-    })
-}
-
-/// `text` as a NUL-terminated buffer, cut at a character boundary when too long.
-fn c_message(text: &str) -> [u8; MESSAGE_BYTES] {
-    let mut buf = [0u8; MESSAGE_BYTES];
-    let bytes = text.as_bytes();
-    let mut n = bytes.len().min(MESSAGE_BYTES - 1);
-    while n > 0 && !text.is_char_boundary(n) {
-        n -= 1;
-    }
-    buf[..n].copy_from_slice(&bytes[..n]);
-    buf
+    c_message(&out_of_memory_text(
+        oom,
+        mem_info,
+        outcome.verdict.as_ref(),
+        outcome.path.as_deref(),
+    ))
 }
 
 fn device_mem_info() -> Option<(u64, u64)> {
@@ -632,13 +522,16 @@ pub unsafe extern "C-unwind" fn oomshim_torch_alloc(
             // Out of the box first: nothing with a destructor is live while the exception
             // unwinds through this frame to torch.
             let message: [u8; MESSAGE_BYTES] = *boxed;
-            super::cxx_throw::throw_out_of_memory(&message);
+            // SAFETY: `c_message` always ends the buffer with a NUL, and nothing with a
+            // destructor or a lock is live in this frame (the guard and the box are gone).
+            unsafe { super::cxx_throw::throw_out_of_memory(&message) };
             // No C++ runtime in the process (not torch): the caller checks for NULL.
             std::ptr::null_mut()
         }
         Err(Failure::CudaError(boxed)) => {
             let message: [u8; MESSAGE_BYTES] = *boxed;
-            super::cxx_throw::throw_runtime_error(&message);
+            // SAFETY: as for the out-of-memory exception above.
+            unsafe { super::cxx_throw::throw_runtime_error(&message) };
             std::ptr::null_mut()
         }
     }
@@ -718,11 +611,18 @@ pub extern "C" fn oomshim_torch_init(device_count: c_int) {
 
 /// Copies `text` into `buf` (NUL-terminated when it fits) and returns its length: the caller
 /// retries with a bigger buffer when the length is not below `cap`.
+///
+/// # Safety
+/// A non-NULL `buf` is writable for `cap` bytes.
 unsafe fn copy_out(text: &str, buf: *mut c_char, cap: usize) -> usize {
     let bytes = text.as_bytes();
     if !buf.is_null() && cap > bytes.len() {
-        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, bytes.len());
-        *buf.add(bytes.len()) = 0;
+        // SAFETY: `buf` is writable for `cap > len` bytes (this function's contract), so the
+        // text and its NUL fit; a Rust string cannot overlap the caller's buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, bytes.len());
+            *buf.add(bytes.len()) = 0;
+        }
     }
     bytes.len()
 }
@@ -741,7 +641,9 @@ pub unsafe extern "C" fn oomshim_torch_memory_stats(
         serde_json::Value::Object(map).to_string()
     })
     .unwrap_or_else(|| "{}".into());
-    copy_out(&text, buf, cap)
+    // SAFETY: the caller hands `cap` writable bytes at `buf`, or NULL (this function's
+    // contract, as torch's and the Python package's callers keep it).
+    unsafe { copy_out(&text, buf, cap) }
 }
 
 /// The free-block state of `device` as JSON (the dump's `free_blocks` object).
@@ -752,12 +654,14 @@ pub unsafe extern "C" fn oomshim_torch_free_blocks(
     cap: usize,
 ) -> usize {
     let text = contained(|| {
-        free_blocks_for_dump(device)
-            .and_then(|f| serde_json::to_string(&f).ok())
+        serde_json::to_string(&free_blocks_for_dump(allocator(), device))
+            .ok()
             .unwrap_or_else(|| "{}".into())
     })
     .unwrap_or_else(|| "{}".into());
-    copy_out(&text, buf, cap)
+    // SAFETY: the caller hands `cap` writable bytes at `buf`, or NULL (this function's
+    // contract, as torch's and the Python package's callers keep it).
+    unsafe { copy_out(&text, buf, cap) }
 }
 
 /// [`oomshim_torch_free_blocks`] plus `segment_map`: every segment of `device` with its blocks
@@ -775,7 +679,9 @@ pub unsafe extern "C" fn oomshim_torch_segments(
             .unwrap_or_else(|| "{}".into())
     })
     .unwrap_or_else(|| "{}".into());
-    copy_out(&text, buf, cap)
+    // SAFETY: the caller hands `cap` writable bytes at `buf`, or NULL (this function's
+    // contract, as torch's and the Python package's callers keep it).
+    unsafe { copy_out(&text, buf, cap) }
 }
 
 #[no_mangle]
@@ -832,7 +738,9 @@ pub unsafe extern "C" fn oomshim_torch_history(
         json
     })
     .unwrap_or_else(|| "{}".into());
-    copy_out(&text, buf, cap)
+    // SAFETY: the caller hands `cap` writable bytes at `buf`, or NULL (this function's
+    // contract, as torch's and the Python package's callers keep it).
+    unsafe { copy_out(&text, buf, cap) }
 }
 
 /// Which exception an allocation failure raises here: `torch.OutOfMemoryError`,
@@ -846,82 +754,10 @@ pub extern "C" fn oomshim_torch_exception_kind() -> *const c_char {
     }
 }
 
-/// What an allocator-mode failure on `device` knows, gathered on the failing thread: free/total
-/// as asked for the exception's message, the allocator's exact free blocks, and what the process
-/// learnt before (the UUID, the CUDA versions); the allocator asks CUDA nothing more.
-fn failure_context(device: i32, mem_info: Option<(u64, u64)>) -> crate::live::FailureContext {
-    crate::live::FailureContext {
-        free_blocks: free_blocks_with_segment_map(device),
-        ..crate::live::FailureContext::learnt_before(Some(device), mem_info)
-    }
-}
-
-/// The dump's `free_blocks` for `device`, from the allocator's continuously kept counters.
-fn free_blocks_for_dump(device: i32) -> Option<FreeBlocks> {
-    let f = allocator().free_blocks(device);
-    Some(FreeBlocks {
-        source: "oomshim-allocator".to_string(),
-        reason: None,
-        total_free_bytes: Some(f.total_free_bytes),
-        largest_free_bytes: Some(f.largest_free_bytes),
-        fragmentation: f.fragmentation,
-        histogram: f
-            .histogram
-            .iter()
-            .map(|b| HistogramBin {
-                lo: b.lo,
-                hi: b.hi,
-                count: b.count,
-                bytes: b.bytes,
-            })
-            .collect(),
-        reserved_bytes: Some(f.reserved_bytes),
-        allocated_bytes: Some(f.allocated_bytes),
-        inactive_split_bytes: Some(f.inactive_split_bytes),
-        segments: Some(f.segments),
-        ..Default::default()
-    })
-}
-
-/// [`free_blocks_for_dump`] plus every segment with its blocks (a scan of the device's segments,
-/// done only when a dump is assembled), so `export --memory-viz` can lay out the real cache.
+/// The allocator's free blocks of `device` with every segment (for a dump).
 fn free_blocks_with_segment_map(device: i32) -> Option<FreeBlocks> {
-    use dump::model::{SegmentBlock, SegmentEntry, SEGMENT_MAP_MAX_BLOCKS};
-    use oomshim_core::alloc::{BlockState, PoolKind};
-    let mut fb = free_blocks_for_dump(device)?;
-    let mut blocks = 0usize;
-    for seg in allocator().segments(device) {
-        if blocks + seg.blocks.len() > SEGMENT_MAP_MAX_BLOCKS {
-            fb.segment_map_omitted += 1;
-            continue;
-        }
-        blocks += seg.blocks.len();
-        fb.segment_map.push(SegmentEntry {
-            address: format!("{:#x}", seg.addr),
-            bytes: seg.size,
-            stream: format!("{:#x}", seg.stream),
-            pool: match seg.pool {
-                PoolKind::Small => "small",
-                PoolKind::Large => "large",
-            }
-            .to_string(),
-            capture: seg.capture,
-            blocks: seg
-                .blocks
-                .iter()
-                .map(|b| SegmentBlock {
-                    address: format!("{:#x}", b.addr),
-                    bytes: b.size,
-                    requested_bytes: b.requested,
-                    state: match b.state {
-                        BlockState::ActiveAllocated => "active_allocated",
-                        BlockState::ActivePendingFree => "active_pending_free",
-                        BlockState::Inactive => "inactive",
-                    }
-                    .to_string(),
-                })
-                .collect(),
-        });
-    }
-    Some(fb)
+    Some(crate::live::allocator_mode::free_blocks_with_segment_map(
+        allocator(),
+        device,
+    ))
 }

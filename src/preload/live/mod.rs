@@ -281,6 +281,7 @@ fn coarse_monotonic_ns() -> u64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
+    // SAFETY: `clock_gettime` writes only the `timespec` it is given, a valid local.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -300,6 +301,7 @@ fn thread_id() -> u64 {
     if cached != 0 {
         return cached;
     }
+    // SAFETY: `gettid` takes no argument and touches no memory.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) as u64 };
     let _ = TID.try_with(|t| t.set(tid));
     tid
@@ -560,6 +562,13 @@ pub fn reinstate(addr: usize, taken: oomshim_core::ledger::Taken) {
     }
 }
 
+/// Whether a device out-of-memory failure now would be recorded: the shim runs and is not in
+/// pass-through. The hooks ask before they gather a failure's context ([`record_oom`] drops it
+/// otherwise), so that pass-through asks CUDA nothing about the failure.
+pub fn records_failures() -> bool {
+    shim().is_some() && recording::current() != Recording::PassThrough
+}
+
 /// A device allocation failed with cudaErrorMemoryAllocation.
 pub fn record_oom(event: OomEvent) {
     let Some(s) = shim() else { return };
@@ -766,9 +775,12 @@ pub(crate) fn note_start_dir() {
         return;
     }
     let buf = START_DIR.buf.get().cast::<libc::c_char>();
+    // SAFETY: `buf` is START_DIR_MAX writable bytes, written by no one else: `len` is still 0,
+    // so no reader looks at it, and this runs once, from the load-time constructor.
     if unsafe { libc::getcwd(buf, START_DIR_MAX) }.is_null() {
         return; // deleted, unreachable or too long: the directory at start-up is used then
     }
+    // SAFETY: a successful `getcwd` left a NUL-terminated path inside `buf`.
     let len = unsafe { libc::strlen(buf) };
     START_DIR.len.store(len, Ordering::Release);
 }
@@ -780,6 +792,8 @@ fn start_dir() -> Option<std::path::PathBuf> {
     if len == 0 {
         return None;
     }
+    // SAFETY: a non-zero `len` (Acquire) means the buffer was written before it was published
+    // and is never written again (see `StartDir`'s `Sync`).
     let all: &[u8; START_DIR_MAX] = unsafe { &*START_DIR.buf.get() };
     let bytes = &all[..len];
     Some(std::ffi::OsStr::from_bytes(bytes).into())

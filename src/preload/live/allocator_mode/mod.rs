@@ -1,5 +1,9 @@
-//! Allocator mode's side of the dump path. When oomshim is PyTorch's allocator
-//! (src/preload/ffi/torch_alloc.rs) it knows every free block, so dumps carry the exact free-block state
+//! Allocator mode's state and its side of the dump path, all but the calls into CUDA and torch
+//! (src/preload/ffi/torch_alloc.rs): its configuration ([`config`]), the graph captures it
+//! allocated for ([`captures`]), its free blocks as a dump shows them ([`free_blocks`]) and
+//! what a failure tells the program ([`message`]).
+//!
+//! When oomshim is PyTorch's allocator it knows every free block, so dumps carry the exact free-block state
 //! (`free_blocks.source = "oomshim-allocator"`) instead of "unavailable"; and an allocation it
 //! cannot serve is final (the cache was already emptied and the request retried), so its dump is
 //! written at once, on the failing thread, and its path goes into the exception the program sees.
@@ -12,12 +16,36 @@
 //!
 //! [`FailureContext`]: super::FailureContext
 
+mod captures;
+mod config;
+mod free_blocks;
+mod message;
+
+pub use captures::OpenCaptures;
+pub use config::{config_from_env, native_tensor_stacks};
+pub use free_blocks::{free_blocks_for_dump, free_blocks_with_segment_map};
+pub use message::{c_message, judged_mem_info, memory_cap, out_of_memory_text, MESSAGE_BYTES};
+
 use super::oom::{self, FrameworkNote, OomEvent};
 use dump::model::FreeBlocks;
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
+
+/// What an allocator-mode failure on `device` knows, gathered on the failing thread: free/total
+/// as asked for the exception's message, the allocator's exact free blocks, and what the process
+/// learnt before (the UUID, the CUDA versions); the allocator asks CUDA nothing more.
+pub fn failure_context(
+    device: i32,
+    mem_info: Option<(u64, u64)>,
+    free_blocks: Option<FreeBlocks>,
+) -> super::FailureContext {
+    super::FailureContext {
+        free_blocks,
+        ..super::FailureContext::learnt_before(Some(device), mem_info)
+    }
+}
 
 /// Asked for the free-block state of a device when a dump's context is gathered off the hooks.
 pub type FreeBlocksSource = fn(i32) -> Option<FreeBlocks>;
