@@ -368,7 +368,7 @@ impl OomTracker {
                     Mode::Settle if flushing => Resolution::ProcessExit,
                     Mode::Settle => Resolution::Unknown,
                 };
-                st.writing += 1;
+                let writing = self.start_writing(&mut st);
                 drop(st);
                 let facts = assemble::Facts::read(capture.context.device);
                 let dump = super::gather::assemble_now(
@@ -385,7 +385,7 @@ impl OomTracker {
                     framework.as_ref(),
                     facts,
                 );
-                self.finish_now(s, dump, stacks, thread, now)
+                self.finish_now(s, writing, dump, stacks, thread, now)
             }
         }
     }
@@ -395,6 +395,7 @@ impl OomTracker {
     fn finish_now(
         &self,
         s: &Shim,
+        writing: Writing<'_>,
         dump: Dump,
         stacks: (StackId, StackId),
         thread: u64,
@@ -404,7 +405,7 @@ impl OomTracker {
         print_summary(&dump, &written);
         let path = written.ok().map(|w| w.path);
         let mut st = self.lock();
-        st.writing -= 1;
+        writing.done(&mut st);
         if let Some(req) = &dump.failed_request {
             // Kept as a done request: a framework's word about it later (torch's observer after
             // a dump written at once) finds the dump, and makes no second one.
@@ -615,10 +616,9 @@ impl OomTracker {
             std::mem::take(&mut st.repeats),
             std::mem::take(&mut st.suppressed),
         );
-        st.writing += 1;
+        let writing = self.start_writing(&mut st);
         drop(st);
         if !super::room_for_dump(s) {
-            self.lock().writing -= 1;
             return Handled::NoDump;
         }
         let capture = failure_capture(s, &ev, stacks);
@@ -638,7 +638,7 @@ impl OomTracker {
             Some(&note),
             facts,
         );
-        self.finish_now(s, dump, stacks, thread, now)
+        self.finish_now(s, writing, dump, stacks, thread, now)
     }
 
     /// Forgets the oldest done requests beyond [`KEEP_DONE`].
@@ -666,6 +666,9 @@ impl OomTracker {
             .name("oomshim-writer".into())
             .spawn(move || {
                 let _ = oomshim_core::sys::guarded(|| s.oom.writer_loop(s));
+                // The loop ends only by a panic (the shim is pass-through now): the exit flush
+                // writes what is still queued itself rather than wait for this thread.
+                s.oom.writer_gone();
             });
         if spawned.is_ok() {
             st.writer_pid = pid;
@@ -804,7 +807,7 @@ impl OomTracker {
         };
         let framework = r.framework.clone();
         let existing = r.path.clone();
-        st.writing += 1;
+        let writing = self.start_writing(&mut st);
         drop(st);
 
         // The facts were read when the failure reached the writer; without them (the exit
@@ -829,7 +832,7 @@ impl OomTracker {
             print_summary(&dump, &written);
         }
         let mut st = self.lock();
-        st.writing -= 1;
+        writing.done(&mut st);
         let mut path = None;
         if let Some(r) = st.requests.iter_mut().find(|r| r.id == id) {
             if let Ok(w) = &written {
@@ -856,15 +859,21 @@ impl OomTracker {
         let mut st = self.lock();
         st.flushing = true;
         self.changed.notify_all();
-        let writer_alive = st.writer_pid == std::process::id();
-        if !writer_alive {
-            // No writer thread in this process (a forked child, or none could start): nothing
-            // will write the queued requests but this thread.
-            drop(st);
-            self.write_all_here();
-            st = self.lock();
-        }
-        while st.writing > 0 || st.requests.iter().any(|r| r.job.is_some()) {
+        loop {
+            let queued = st.requests.iter().any(|r| r.job.is_some());
+            if queued && st.writer_pid != std::process::id() {
+                // No writer thread in this process (a forked child, none could start, or it
+                // died of a panic): nothing will write the queued requests but this thread.
+                drop(st);
+                let wrote = self.write_all_here();
+                st = self.lock();
+                if wrote {
+                    continue;
+                }
+            }
+            if st.writing == 0 && !st.requests.iter().any(|r| r.job.is_some()) {
+                break;
+            }
             let now = Instant::now();
             if now >= until {
                 say("gave up waiting for a dump to be written at exit");
@@ -892,9 +901,30 @@ impl OomTracker {
         }
     }
 
-    /// The exit flush's own writing when no writer thread exists.
-    fn write_all_here(&self) {
-        let Some(s) = super::SHIM.get() else { return };
+    /// Counts a dump being written by this thread (see [`Writing`]).
+    fn start_writing(&self, st: &mut State) -> Writing<'_> {
+        st.writing += 1;
+        Writing {
+            tracker: self,
+            counted: true,
+        }
+    }
+
+    /// The writer thread ended (a panic): none runs in this process any more.
+    fn writer_gone(&self) {
+        let mut st = self.lock();
+        if st.writer_pid == std::process::id() {
+            st.writer_pid = 0;
+        }
+        self.changed.notify_all();
+    }
+
+    /// The exit flush's own writing when no writer thread exists; false when there is no shim
+    /// to write with.
+    fn write_all_here(&self) -> bool {
+        let Some(s) = super::SHIM.get() else {
+            return false;
+        };
         loop {
             let next = {
                 let st = self.lock();
@@ -902,8 +932,34 @@ impl OomTracker {
             };
             match next {
                 Some(id) => self.write_request(s, id, false),
-                None => return,
+                None => return true,
             }
+        }
+    }
+}
+
+/// A dump being written by a thread, counted in `State::writing` (the exit flush waits for
+/// those) until [`Writing::done`], or until it is dropped: a panic while writing cannot leave
+/// the flush waiting its whole limit for a dump that will never come. Dropped counted, it takes
+/// the tracker's lock: the thread must not hold it then.
+struct Writing<'a> {
+    tracker: &'a OomTracker,
+    counted: bool,
+}
+
+impl Writing<'_> {
+    /// The dump is written: no longer counted, under the lock the caller holds.
+    fn done(mut self, st: &mut State) {
+        st.writing -= 1;
+        self.counted = false;
+    }
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            self.tracker.lock().writing -= 1;
+            self.tracker.changed.notify_all();
         }
     }
 }
@@ -1138,6 +1194,40 @@ pub(crate) fn summary_lines(dump: &Dump, written: &Result<Written, WriteError>) 
         out.push_str(&format!("  (details: oomshim report {})", w.path.display()));
     }
     Some(out)
+}
+
+#[cfg(test)]
+mod writing_tests {
+    use super::*;
+
+    /// A panic in the middle of writing a dump (on the writer thread, or a failing thread)
+    /// releases its count: the exit flush does not wait its limit for it.
+    #[test]
+    fn a_panic_while_writing_does_not_hold_up_the_exit_flush() {
+        let t = OomTracker::new();
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut st = t.lock();
+            let _writing = t.start_writing(&mut st);
+            drop(st);
+            panic!("in the middle of a dump");
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(t.lock().writing, 0);
+        let started = Instant::now();
+        t.flush(Duration::from_secs(20));
+        assert!(started.elapsed() < Duration::from_secs(5));
+
+        // A dump still being written is waited for, up to the limit, and released by `done`.
+        let mut st = t.lock();
+        let writing = t.start_writing(&mut st);
+        drop(st);
+        let started = Instant::now();
+        t.flush(Duration::from_millis(200));
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        let mut st = t.lock();
+        writing.done(&mut st);
+        assert_eq!(st.writing, 0);
+    }
 }
 
 #[cfg(test)]
