@@ -91,7 +91,8 @@ pub struct FrameworkNote {
     pub memory_cap: Option<dump::model::MemoryCap>,
 }
 
-/// One failed request (see the module comment).
+/// One failed request (see the module comment): what it is, and where it is in its life
+/// ([`Stage`]).
 struct Request {
     /// Stable identity (requests are looked up by it after the lock was released).
     id: u64,
@@ -101,29 +102,53 @@ struct Request {
     failures: u32,
     last: LastFailure,
     started: Instant,
-    /// The thread had a successful allocation since this request's last failure: a failure of
-    /// the same size now is a new request, not a retry.
-    moved_on: bool,
-    outcome: Option<Resolution>,
+    stage: Stage,
     framework: Option<FrameworkNote>,
     /// A framework hook was attached when it failed: its word is waited for (no provisional
     /// dump).
     hooked: bool,
-    /// Still to be written by the writer thread.
+    /// Its capture, waiting for the writer thread (taken while a thread writes it).
     job: Option<Job>,
-    /// Where its dump is (provisional or final).
+    /// Where its dump is (provisional or final; for a repeat, the dump it repeats).
     path: Option<PathBuf>,
-    /// Its final dump is written: nothing changes it any more.
-    done: bool,
     /// Repeats and suppressed failures to report in its dump.
     repeats: u64,
     suppressed: u64,
     /// A framework's own refusal (no CUDA call failed): a later word of the framework is a new
     /// failure, never about this one.
     framework_only: bool,
-    /// A repeat of an earlier dumped failure (no dump of its own; `path` is that dump's): kept
+}
+
+/// Where a request is. Every change of stage is one of `Request`'s methods below:
+///
+/// ```text
+/// Open ──retry──▶ Open                    (same thread, same size, no success in between)
+/// Open ──success──▶ Open{moved_on}         (a smaller success: the next failure is new)
+/// Open ──provisional dump──▶ Open{provisional}
+/// Open ──stand(outcome)──▶ Stood           (retry succeeded, next request failed, framework
+///                                           raised, settle expired, process exit)
+/// Stood ──framework raised──▶ Stood        (the framework's word is final)
+/// Open, Stood ──final dump written──▶ Done
+/// (written on the failing thread) ──▶ Done(Unknown);  (a repeat) ──▶ Repeat
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Its outcome is not known yet: the same thread asking the same size again is its retry.
+    Open {
+        /// The thread had a successful allocation since this request's last failure: a
+        /// failure of the same size now is a new request, not a retry.
+        moved_on: bool,
+        /// Its provisional dump was written (or tried): no second one.
+        provisional: bool,
+    },
+    /// Its outcome is known; its final dump is still to be written.
+    Stood(Resolution),
+    /// Its final dump is written (or, for a recovered failure after the first, deliberately
+    /// none): nothing changes it any more.
+    Done(Resolution),
+    /// A repeat of an earlier dumped failure: no dump of its own (`path` is that dump's); kept
     /// so the framework's word about it is recognised.
-    repeat: bool,
+    Repeat,
 }
 
 impl Request {
@@ -144,37 +169,128 @@ impl Request {
             failures: 1,
             last,
             started,
-            moved_on: false,
-            outcome: None,
+            stage: Stage::Open {
+                moved_on: false,
+                provisional: false,
+            },
             framework: None,
             hooked: false,
             job: None,
             path: None,
-            done: false,
             repeats: 0,
             suppressed: 0,
             framework_only: false,
-            repeat: false,
         }
     }
 
-    /// Kept only so that a framework's word about it later finds `path` (its dump, or the
-    /// earlier dump it repeats) and makes no second one: nothing about it changes any more.
-    fn settled(self, path: Option<PathBuf>) -> Request {
+    /// Written on the failing thread: kept only so that a framework's word about it later finds
+    /// its dump at `path` and makes no second one.
+    fn written_at_once(self, path: Option<PathBuf>) -> Request {
         Request {
-            moved_on: true,
-            outcome: Some(Resolution::Unknown),
+            stage: Stage::Done(Resolution::Unknown),
             path,
-            done: true,
             ..self
+        }
+    }
+
+    /// A repeat of the dump at `path`: kept only so that a framework's word about it later finds
+    /// that dump and makes no second one.
+    fn repeating(self, path: Option<PathBuf>) -> Request {
+        Request {
+            stage: Stage::Repeat,
+            path,
+            ..self
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        matches!(self.stage, Stage::Open { .. })
+    }
+
+    /// Nothing changes it any more.
+    fn is_done(&self) -> bool {
+        matches!(self.stage, Stage::Done(_) | Stage::Repeat)
+    }
+
+    /// Its outcome, once known (a request written at once or a repeat: `Unknown`).
+    fn outcome(&self) -> Option<Resolution> {
+        match self.stage {
+            Stage::Open { .. } => None,
+            Stage::Stood(r) | Stage::Done(r) => Some(r),
+            Stage::Repeat => Some(Resolution::Unknown),
+        }
+    }
+
+    /// A failure of `device` and `bytes` on its thread, if it is this open request's retry:
+    /// counted, and true.
+    fn retry(&mut self, device: i32, bytes: u64, last: LastFailure) -> bool {
+        let is_retry = matches!(self.stage, Stage::Open { moved_on: false, .. })
+            && self.device == device
+            && self.bytes == bytes;
+        if is_retry {
+            self.failures += 1;
+            self.last = last;
+        }
+        is_retry
+    }
+
+    /// A successful allocation of `bytes` on its thread while open: true when it is the retry
+    /// that recovered (then it stood), else the thread moved on.
+    fn success(&mut self, bytes: u64) -> bool {
+        let Stage::Open { moved_on, .. } = &mut self.stage else {
+            return false;
+        };
+        if !*moved_on && bytes >= self.bytes {
+            self.stage = Stage::Stood(Resolution::RetrySucceeded);
+            true
+        } else {
+            *moved_on = true;
+            false
+        }
+    }
+
+    /// Its outcome is known: `outcome` (a framework's word replaces an earlier outcome). True
+    /// when it was open until now.
+    fn stand(&mut self, outcome: Resolution) -> bool {
+        let was_open = self.is_open();
+        if !self.is_done() {
+            self.stage = Stage::Stood(outcome);
+        }
+        was_open
+    }
+
+    /// Its provisional dump was written (or tried).
+    fn provisional_written(&mut self) {
+        if let Stage::Open { provisional, .. } = &mut self.stage {
+            *provisional = true;
+        }
+    }
+
+    /// Its final dump is written, or deliberately none.
+    fn finish(&mut self) {
+        if !self.is_done() {
+            self.stage = Stage::Done(self.outcome().unwrap_or(Resolution::Unknown));
         }
     }
 }
 
+/// A failure whose dump is written on the failing thread, now (allocator mode,
+/// `OOMSHIM_SETTLE=0`, after the exit flush, a framework's own refusal).
+struct WriteNow<'a> {
+    capture: Capture,
+    resolution: Resolution,
+    last: LastFailure,
+    framework: Option<&'a FrameworkNote>,
+    stacks: (StackId, StackId),
+    thread: u64,
+    started: Instant,
+}
+
+/// A queued request's capture, for the writer thread; the facts are read by the writer as soon
+/// as it sees the request.
 struct Job {
     capture: Capture,
     facts: Option<assemble::Facts>,
-    provisional_written: bool,
 }
 
 /// A dumped failure, for recognising repeats.
@@ -209,6 +325,24 @@ struct State {
     writer_pid: u32,
     /// Requests being written by a thread now (the exit flush waits for them).
     writing: u32,
+}
+
+impl State {
+    /// This thread's open request (at most one).
+    fn open_request_of(&mut self, thread: u64) -> Option<&mut Request> {
+        self.requests
+            .iter_mut()
+            .find(|r| r.thread == thread && r.is_open())
+    }
+
+    /// The failures without a dump since the last dump (repeats, over the cap), for the next
+    /// dump to report.
+    fn take_without_dump(&mut self) -> (u64, u64) {
+        (
+            std::mem::take(&mut self.repeats),
+            std::mem::take(&mut self.suppressed),
+        )
+    }
 }
 
 /// Requests kept once done (for matching a late framework word and for tests); older ones go.
@@ -295,18 +429,12 @@ impl OomTracker {
         let last = last_failure(s, &ev, SystemTime::now());
         let mut st = self.lock();
         // A retry of this thread's open request?
-        if let Some(r) = st
-            .requests
-            .iter_mut()
-            .find(|r| r.thread == thread && r.outcome.is_none())
-        {
-            if mode == Mode::Settle && r.device == ev.device && r.bytes == ev.bytes && !r.moved_on {
-                r.failures += 1;
-                r.last = last;
+        if let Some(r) = st.open_request_of(thread) {
+            if mode == Mode::Settle && r.retry(ev.device, ev.bytes, last.clone()) {
                 return Handled::Retry;
             }
             // The thread moved on to another request: the open one stood.
-            r.outcome = Some(Resolution::NextRequestFailed);
+            r.stand(Resolution::NextRequestFailed);
             self.open.fetch_sub(1, Ordering::Relaxed);
             self.changed.notify_all();
         }
@@ -321,11 +449,10 @@ impl OomTracker {
             Admit::Repeat(path) => {
                 // Remembered, so the framework's word about this failure finds it (and makes
                 // no dump of its own).
-                st.requests.push(Request {
-                    repeat: true,
-                    ..Request::first_failure(id, thread, ev.device, ev.bytes, last, now)
-                        .settled(path.clone())
-                });
+                st.requests.push(
+                    Request::first_failure(id, thread, ev.device, ev.bytes, last, now)
+                        .repeating(path.clone()),
+                );
                 self.trim(&mut st);
                 return Handled::Repeat(path);
             }
@@ -338,19 +465,15 @@ impl OomTracker {
         }
         let capture = failure_capture(s, &ev, stacks);
         let mut st = self.lock();
-        let (repeats, suppressed) = (
-            std::mem::take(&mut st.repeats),
-            std::mem::take(&mut st.suppressed),
-        );
         match mode {
             Mode::Settle if queued => {
+                let (repeats, suppressed) = st.take_without_dump();
                 let hooked = self.hooked.load(Ordering::Relaxed);
                 st.requests.push(Request {
                     hooked,
                     job: Some(Job {
                         capture,
                         facts: None,
-                        provisional_written: false,
                     }),
                     repeats,
                     suppressed,
@@ -368,40 +491,45 @@ impl OomTracker {
                     Mode::Settle if flushing => Resolution::ProcessExit,
                     Mode::Settle => Resolution::Unknown,
                 };
-                let writing = self.start_writing(&mut st);
-                drop(st);
-                let facts = assemble::Facts::read(capture.context.device);
-                let dump = super::gather::assemble_now(
-                    s,
-                    "oom",
-                    &capture,
-                    Some(assemble::BurstInfo {
-                        failures: 1,
-                        resolution,
-                        last,
-                        repeats,
-                        suppressed,
-                    }),
-                    framework.as_ref(),
-                    facts,
-                );
-                self.finish_now(s, writing, dump, stacks, thread, now)
+                let failure = WriteNow {
+                    capture,
+                    resolution,
+                    last,
+                    framework: framework.as_ref(),
+                    stacks,
+                    thread,
+                    started: now,
+                };
+                self.write_now(s, st, failure)
             }
         }
     }
 
-    /// Writes a dump assembled on the failing thread, with its summary; remembers its path for
-    /// repeats.
-    fn finish_now(
-        &self,
-        s: &Shim,
-        writing: Writing<'_>,
-        dump: Dump,
-        stacks: (StackId, StackId),
-        thread: u64,
-        started: Instant,
-    ) -> Handled {
-        let written = write(s, &dump);
+    /// Assembles and writes the dump of a failure on the failing thread, now, with the failures
+    /// that got no dump since the last one, and says its summary; remembers it as a done request
+    /// (a framework's word about it finds its dump) and its path for repeats.
+    fn write_now(&self, s: &Shim, mut st: MutexGuard<'_, State>, failure: WriteNow<'_>) -> Handled {
+        let WriteNow {
+            capture,
+            resolution,
+            last,
+            framework,
+            stacks,
+            thread,
+            started,
+        } = failure;
+        let (repeats, suppressed) = st.take_without_dump();
+        let writing = self.start_writing(&mut st);
+        drop(st);
+        let facts = assemble::Facts::read(capture.context.device);
+        let burst = assemble::BurstInfo {
+            failures: 1,
+            resolution,
+            last,
+            repeats,
+            suppressed,
+        };
+        let (dump, written) = assemble_and_write(s, &capture, burst, framework, facts, None);
         print_summary(&dump, &written);
         let path = written.ok().map(|w| w.path);
         let mut st = self.lock();
@@ -422,7 +550,7 @@ impl OomTracker {
             st.requests.push(Request {
                 framework_only: req.api == Api::FrameworkAllocator.name(),
                 ..Request::first_failure(id, thread, req.device, req.bytes, last, started)
-                    .settled(path.clone())
+                    .written_at_once(path.clone())
             });
             self.trim(&mut st);
             let site = site_of(stacks);
@@ -502,13 +630,8 @@ impl OomTracker {
             return;
         }
         let mut st = self.lock();
-        if let Some(r) = st
-            .requests
-            .iter_mut()
-            .find(|r| r.thread == thread && r.outcome.is_none())
-        {
-            if bytes >= r.bytes && !r.moved_on {
-                r.outcome = Some(Resolution::RetrySucceeded);
+        if let Some(r) = st.open_request_of(thread) {
+            if r.success(bytes) {
                 let id = r.id;
                 self.open.fetch_sub(1, Ordering::Relaxed);
                 // A recovered failure is no failure to repeat (the same one again is news), and
@@ -516,8 +639,6 @@ impl OomTracker {
                 st.dumped.retain(|d| d.request != id);
                 st.recent.pop_back();
                 self.changed.notify_all();
-            } else {
-                r.moved_on = true;
             }
         }
     }
@@ -542,13 +663,13 @@ impl OomTracker {
                     && r.device == note.device
                     && !r.framework_only
                     // A failure that recovered is not the one the framework raises now.
-                    && r.outcome != Some(Resolution::RetrySucceeded)
+                    && r.outcome() != Some(Resolution::RetrySucceeded)
                     && now.duration_since(r.started) < FRAMEWORK_MATCH
             }) {
-                if r.repeat {
+                if r.stage == Stage::Repeat {
                     return Handled::Repeat(r.path.clone());
                 }
-                if r.done {
+                if r.is_done() {
                     // Its dump was already final (`OOMSHIM_SETTLE=0`, or the settle window
                     // passed): it stays as written, so stderr and the dump agree.
                     return Handled::Explained {
@@ -556,11 +677,10 @@ impl OomTracker {
                         included: false,
                     };
                 }
-                if r.outcome.is_none() {
+                // The framework's word is final, even over a success seen on this thread.
+                if r.stand(Resolution::FrameworkRaised) {
                     self.open.fetch_sub(1, Ordering::Relaxed);
                 }
-                // The framework's word is final, even over a success seen on this thread.
-                r.outcome = Some(Resolution::FrameworkRaised);
                 r.framework = Some(note);
                 let id = r.id;
                 self.changed.notify_all();
@@ -570,11 +690,11 @@ impl OomTracker {
                 loop {
                     let r = st.requests.iter().find(|r| r.id == id);
                     match r {
-                        Some(r) if !r.done && Instant::now() < until => {}
+                        Some(r) if !r.is_done() && Instant::now() < until => {}
                         Some(r) => {
                             return Handled::Explained {
                                 path: r.path.clone(),
-                                included: r.done,
+                                included: r.is_done(),
                             }
                         }
                         None => {
@@ -612,42 +732,31 @@ impl OomTracker {
             Admit::Capped => return Handled::NoDump,
             Admit::New => {}
         }
-        let (repeats, suppressed) = (
-            std::mem::take(&mut st.repeats),
-            std::mem::take(&mut st.suppressed),
-        );
-        let writing = self.start_writing(&mut st);
         drop(st);
         if !super::room_for_dump(s) {
             return Handled::NoDump;
         }
         let capture = failure_capture(s, &ev, stacks);
         let last = last_failure(s, &ev, capture.time);
-        let facts = assemble::Facts::read(capture.context.device);
-        let dump = super::gather::assemble_now(
-            s,
-            "oom",
-            &capture,
-            Some(assemble::BurstInfo {
-                failures: 1,
-                resolution: Resolution::FrameworkRaised,
-                last,
-                repeats,
-                suppressed,
-            }),
-            Some(&note),
-            facts,
-        );
-        self.finish_now(s, writing, dump, stacks, thread, now)
+        let failure = WriteNow {
+            capture,
+            resolution: Resolution::FrameworkRaised,
+            last,
+            framework: Some(&note),
+            stacks,
+            thread,
+            started: now,
+        };
+        self.write_now(s, self.lock(), failure)
     }
 
     /// Forgets the oldest done requests beyond [`KEEP_DONE`].
     fn trim(&self, st: &mut State) {
-        let done = st.requests.iter().filter(|r| r.done).count();
+        let done = st.requests.iter().filter(|r| r.is_done()).count();
         if done > KEEP_DONE {
             let mut drop_n = done - KEEP_DONE;
             st.requests.retain(|r| {
-                if r.done && drop_n > 0 {
+                if r.is_done() && drop_n > 0 {
                     drop_n -= 1;
                     false
                 } else {
@@ -718,7 +827,9 @@ impl OomTracker {
             }
             let mut wait = Duration::from_secs(3600);
             for r in &st.requests {
-                let Some(job) = &r.job else { continue };
+                if r.job.is_none() {
+                    continue;
+                }
                 // With a framework hook attached its word is worth waiting for: torch empties its
                 // cache and retries before it raises, which can take seconds on a full device.
                 let settle = if r.hooked {
@@ -727,13 +838,13 @@ impl OomTracker {
                     s.config.settle
                 };
                 let deadline = r.started + settle;
-                if r.outcome.is_some() || flushing || now >= deadline {
+                if !r.is_open() || flushing || now >= deadline {
                     return Work::Write {
                         id: r.id,
                         provisional: false,
                     };
                 }
-                if !r.hooked && !job.provisional_written {
+                if !r.hooked && matches!(r.stage, Stage::Open { provisional: false, .. }) {
                     return Work::Write {
                         id: r.id,
                         provisional: true,
@@ -759,7 +870,7 @@ impl OomTracker {
         let resolution = if provisional {
             Resolution::Unknown
         } else {
-            match r.outcome {
+            match r.outcome() {
                 Some(o) => o,
                 None => {
                     // Nothing more will be learnt.
@@ -768,13 +879,13 @@ impl OomTracker {
                     } else {
                         Resolution::SettleExpired
                     };
-                    r.outcome = Some(o);
+                    r.stand(o);
                     self.open.fetch_sub(1, Ordering::Relaxed);
                     o
                 }
             }
         };
-        let Some(mut job) = r.job.take() else { return };
+        let Some(job) = r.job.take() else { return };
         if resolution == Resolution::RetrySucceeded {
             // The first recovered failure gets its dump and one quiet line; later ones (a cache
             // that keeps running full and recovering) are counted and said once at exit.
@@ -785,7 +896,7 @@ impl OomTracker {
                 .find(|r| r.id == id)
                 .expect("found above");
             if quiet {
-                r.done = true;
+                r.finish();
                 if let Some(p) = r.path.take() {
                     let _ = std::fs::remove_file(p); // its provisional dump
                 }
@@ -816,18 +927,14 @@ impl OomTracker {
             Some(f) => f.with_current_uuids(),
             None => assemble::Facts::read(job.capture.context.device),
         };
-        let dump = super::gather::assemble_now(
+        let (dump, written) = assemble_and_write(
             s,
-            "oom",
             &job.capture,
-            Some(burst),
+            burst,
             framework.as_ref(),
             facts,
+            existing.as_deref(),
         );
-        let written = match &existing {
-            Some(path) => rewrite(path, &dump),
-            None => write(s, &dump),
-        };
         if !provisional {
             print_summary(&dump, &written);
         }
@@ -840,10 +947,10 @@ impl OomTracker {
             }
             path = r.path.clone();
             if provisional {
-                job.provisional_written = true;
+                r.provisional_written();
                 r.job = Some(job);
             } else {
-                r.done = true;
+                r.finish();
             }
         }
         if let Some(d) = st.dumped.iter_mut().find(|d| d.request == id) {
@@ -1074,6 +1181,25 @@ impl OomTracker {
         }
         drop(state);
     }
+}
+
+/// Assembles the dump of a failed request from its capture and `facts` (read at the failure)
+/// and writes it: over `existing` (this process's provisional dump of it) when given, else as
+/// a new dump.
+fn assemble_and_write(
+    s: &Shim,
+    capture: &Capture,
+    burst: assemble::BurstInfo,
+    framework: Option<&FrameworkNote>,
+    facts: assemble::Facts,
+    existing: Option<&std::path::Path>,
+) -> (Dump, Result<Written, WriteError>) {
+    let dump = super::gather::assemble_now(s, "oom", capture, Some(burst), framework, facts);
+    let written = match existing {
+        Some(path) => rewrite(path, &dump),
+        None => write(s, &dump),
+    };
+    (dump, written)
 }
 
 /// Serialises and writes a new dump; a fallback directory is announced once.
