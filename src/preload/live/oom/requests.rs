@@ -39,17 +39,16 @@ pub(super) struct Request {
 }
 
 /// Where a request is. Every change of stage is one of `Request`'s methods below:
-///
-/// ```text
-/// Open ──retry──▶ Open                    (same thread, same size, no success in between)
-/// Open ──success──▶ Open{moved_on}         (a smaller success: the next failure is new)
-/// Open ──provisional dump──▶ Open{provisional}
-/// Open ──stand(outcome)──▶ Stood           (retry succeeded, next request failed, framework
-///                                           raised, settle expired, process exit)
-/// Stood ──framework raised──▶ Stood        (the framework's word is final)
-/// Open, Stood ──final dump written──▶ Done
-/// (written on the failing thread) ──▶ Done(Unknown);  (a repeat) ──▶ Repeat
-/// ```
+/// - Open, `retry`: stays Open (same thread, device and size, no success in between);
+/// - Open, `success` smaller than the request: Open with `moved_on` (the next failure is new);
+/// - Open, `success` at least the request's size: Stood(RetrySucceeded);
+/// - Open, `provisional_written`: Open with `provisional`;
+/// - Open, `stand(outcome)`: Stood(outcome) (next request failed, framework raised, settle
+///   expired, process exit);
+/// - Stood, `stand(FrameworkRaised)`: Stood(FrameworkRaised) (the framework's word is final);
+/// - Open or Stood, `finish` (final dump written, or deliberately none): Done;
+/// - written on the failing thread: Done(Unknown) from the start (`written_at_once`); a repeat:
+///   Repeat from the start (`repeating`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Stage {
     /// Its outcome is not known yet: the same thread asking the same size again is its retry.
