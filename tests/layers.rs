@@ -35,13 +35,8 @@ const CRATES: &[(&str, &str, &str, &[&str])] = &[
 const IMPORTED_BY_NOBODY: &[&str] = &["ffi"];
 
 /// Circles between files that are known and not yet broken: (crate dir, the files' module paths,
-/// sorted). Issue 28: the out-of-memory dump path (`live/oom.rs`, `assemble.rs`, `gather.rs`)
-/// is being reshaped into a state machine; its circle goes with that. Any other circle, or this
-/// one grown by a file, fails; so does this entry once the circle is gone.
-const KNOWN_FILE_CIRCLES: &[(&str, &[&str])] = &[(
-    "src/preload",
-    &["live::assemble", "live::gather", "live::oom"],
-)];
+/// sorted). None is left; any circle fails, and so would an entry here once its circle is gone.
+const KNOWN_FILE_CIRCLES: &[(&str, &[&str])] = &[];
 
 /// The source without comments and without `#[cfg(test)]` items that are braced modules.
 fn strip(src: &str) -> String {

@@ -43,7 +43,7 @@ pub(crate) struct Failing {
 
 pub(crate) struct BurstInfo {
     pub failures: u32,
-    pub resolution: super::oom::Resolution,
+    pub resolution: super::oom::event::Resolution,
     pub last: LastFailure,
     /// Failures before this one that got no dump (repeats, over the cap).
     pub repeats: u64,
@@ -120,7 +120,7 @@ pub(crate) fn assemble(
     reason: &str,
     cap: &Capture,
     burst: Option<BurstInfo>,
-    framework: Option<&super::oom::FrameworkNote>,
+    framework: Option<&super::oom::event::FrameworkNote>,
     observed: Observed,
     lookups: &dyn Lookups,
 ) -> Dump {

@@ -18,7 +18,7 @@ pub(crate) fn assemble_now(
     reason: &str,
     cap: &Capture,
     burst: Option<BurstInfo>,
-    framework: Option<&super::oom::FrameworkNote>,
+    framework: Option<&super::oom::event::FrameworkNote>,
     facts: Facts,
 ) -> Dump {
     let lookups = LiveLookups(s);

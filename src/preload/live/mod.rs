@@ -738,7 +738,7 @@ pub fn dump_now(reason: &str, context: FailureContext) -> bool {
     };
     let facts = assemble::Facts::read(capture.context.device);
     let dump = gather::assemble_now(s, reason, &capture, None, None, facts);
-    match oom::write(s, &dump) {
+    match oom::writer::write(s, &dump) {
         Ok(w) => {
             oomshim_core::say!("oomshim: dump ({reason}) written: {}", w.path.display());
             true

@@ -1,0 +1,419 @@
+//! The out-of-memory path, one for both modes (preload and allocator mode).
+//!
+//! A *request* is one failed allocation and its retries: the same thread asking again for the
+//! same size with only frees in between (PyTorch frees its cache and retries; so do XLA and
+//! CuPy). Its state is captured at the first failure, on the failing thread (the most telling
+//! moment). A failure on that thread of another size, or after a successful allocation, is a new
+//! request with its own dump; the earlier one then stood. A request is:
+//! - *recovered* when its retry succeeds (the same thread gets at least the failed size);
+//! - *stood* when the framework says it raised its out-of-memory error (oomshim's Python hook
+//!   forwards torch's OOM observer, with torch's cache state), when the same thread's next
+//!   request fails, when `OOMSHIM_SETTLE` passes without a successful retry, or at exit.
+//!
+//! The dump of a request is written by a writer thread once its outcome is known (or the settle
+//! window ends). Without a framework hook in the process (plain CUDA programs, which often abort
+//! right after a failure) a provisional dump is written at once and replaced when the outcome is
+//! known; with `OOMSHIM_SETTLE=0` the dump is written on the failing thread before the call
+//! returns. Allocator mode's failures are final (oomshim's allocator already emptied its cache and
+//! retried): their dump is written on the failing thread.
+//!
+//! Not every failure gets a dump: the same failure again (device, size and stack) within
+//! `OOMSHIM_MIN_INTERVAL` of its dump is a *repeat*, and no more than `OOMSHIM_MAX_DUMPS` dumps
+//! are written per minute; both are counted in the next dump and said once at exit.
+
+pub(super) mod event;
+mod requests;
+mod summary;
+pub(super) mod writer;
+
+pub(crate) use event::Resolution;
+pub use event::{FrameworkNote, OomEvent};
+
+use super::assemble::{Capture, Failing};
+use super::{unix_ms, Shim};
+use dump::model::LastFailure;
+use oomshim_core::ledger::{Api, StackId};
+use requests::{Admit, Dumped, Job, Request, Stage};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+use writer::WriteNow;
+
+/// The tracker's state, under its lock.
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    requests: Vec<Request>,
+    dumped: Vec<Dumped>,
+    /// When the last dumps were started (for `OOMSHIM_MAX_DUMPS` per minute).
+    recent: std::collections::VecDeque<Instant>,
+    /// Failures without a dump since the last dump: repeats, and over the cap.
+    repeats: u64,
+    suppressed: u64,
+    /// Said at exit (once) when failures after the last dump got none.
+    said_at_exit: bool,
+    /// Recovered failures written (the first gets a dump), and those only counted since.
+    recovered_dumps: u64,
+    recovered_quiet: u64,
+    flushing: bool,
+    /// The pid whose writer thread runs (a forked child starts its own).
+    writer_pid: u32,
+    /// Requests being written by a thread now (the exit flush waits for them).
+    writing: u32,
+}
+
+/// Requests kept once done (for matching a late framework word and for tests); older ones go.
+const KEEP_DONE: usize = 16;
+/// How long after its failure a framework's word is matched to a request.
+const FRAMEWORK_MATCH: Duration = Duration::from_secs(60);
+/// The least a failure waits for the word of an attached framework hook.
+const HOOKED_SETTLE: Duration = Duration::from_secs(30);
+/// How long the framework's thread waits for the dump its word completes.
+const FRAMEWORK_WAIT: Duration = Duration::from_secs(30);
+
+pub(crate) struct OomTracker {
+    /// Requests not yet resolved: read on every allocation, so the lock is taken only when set.
+    open: AtomicU32,
+    /// A framework hook (torch's OOM observer) is attached in this process.
+    hooked: AtomicBool,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// The outcome of an allocation failure for its caller.
+pub(crate) enum Handled {
+    /// Dump queued for the writer thread.
+    Queued,
+    /// A retry of an open request.
+    Retry,
+    /// Written on this thread (allocator mode, `OOMSHIM_SETTLE=0`, a framework's own failure).
+    Written {
+        path: Option<PathBuf>,
+        verdict: (String, String),
+    },
+    /// A repeat of an earlier dumped failure: its dump.
+    Repeat(Option<PathBuf>),
+    /// A framework's word about a failure already dumped (or being dumped): the dump, and
+    /// whether the word made it into the dump.
+    Explained {
+        path: Option<PathBuf>,
+        included: bool,
+    },
+    /// Over `OOMSHIM_MAX_DUMPS` (or no room for a dump): no dump.
+    NoDump,
+}
+
+/// How the failing path wants the dump written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Preload: by the writer thread once the outcome is known.
+    Settle,
+    /// Now, on this thread, with this resolution.
+    Now(Resolution),
+}
+
+impl OomTracker {
+    pub(crate) fn new() -> Self {
+        OomTracker {
+            open: AtomicU32::new(0),
+            hooked: AtomicBool::new(false),
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A framework hook (torch's OOM observer) is attached: failures wait for its word.
+    pub(crate) fn set_hooked(&self) {
+        self.hooked.store(true, Ordering::Relaxed);
+    }
+
+    /// An allocation failed with out-of-memory on `thread`. `framework`: the framework's word,
+    /// given before the failure was recorded (allocator mode's observers), for a dump written now.
+    pub(crate) fn on_failure(
+        &self,
+        s: &'static Shim,
+        ev: OomEvent,
+        stacks: (StackId, StackId),
+        thread: u64,
+        mode: Mode,
+        framework: Option<FrameworkNote>,
+    ) -> Handled {
+        let now = Instant::now();
+        let last = last_failure(s, &ev, SystemTime::now());
+        let mut st = self.lock();
+        // A retry of this thread's open request?
+        if let Some(r) = st.open_request_of(thread) {
+            if mode == Mode::Settle && r.retry(ev.device, ev.bytes, last.clone()) {
+                return Handled::Retry;
+            }
+            // The thread moved on to another request: the open one stood.
+            r.stand(Resolution::NextRequestFailed);
+            self.open.fetch_sub(1, Ordering::Relaxed);
+            self.changed.notify_all();
+        }
+        st.next_id += 1;
+        let id = st.next_id;
+        // After the exit flush the writer thread may never run again (the process is ending):
+        // such a failure is written on this thread rather than lost.
+        let flushing = st.flushing;
+        let settle_now = mode == Mode::Settle && (s.config.settle.is_zero() || flushing);
+        let queued = mode == Mode::Settle && !settle_now;
+        match st.admit(s, &ev, stacks, now, if queued { id } else { 0 }) {
+            Admit::Repeat(path) => {
+                // Remembered, so the framework's word about this failure finds it (and makes
+                // no dump of its own).
+                st.requests.push(
+                    Request::first_failure(id, thread, ev.device, ev.bytes, last, now)
+                        .repeating(path.clone()),
+                );
+                st.trim();
+                return Handled::Repeat(path);
+            }
+            Admit::Capped => return Handled::NoDump,
+            Admit::New => {}
+        }
+        drop(st);
+        if !super::room_for_dump(s) {
+            return Handled::NoDump;
+        }
+        let capture = failure_capture(s, &ev, stacks);
+        let mut st = self.lock();
+        match mode {
+            Mode::Settle if queued => {
+                let (repeats, suppressed) = st.take_without_dump();
+                let hooked = self.hooked.load(Ordering::Relaxed);
+                st.requests.push(Request {
+                    hooked,
+                    job: Some(Job {
+                        capture,
+                        facts: None,
+                    }),
+                    repeats,
+                    suppressed,
+                    ..Request::first_failure(id, thread, ev.device, ev.bytes, last, now)
+                });
+                self.open.fetch_add(1, Ordering::Relaxed);
+                st.trim();
+                self.ensure_writer(s, &mut st);
+                self.changed.notify_all();
+                Handled::Queued
+            }
+            _ => {
+                let resolution = match mode {
+                    Mode::Now(r) => r,
+                    Mode::Settle if flushing => Resolution::ProcessExit,
+                    Mode::Settle => Resolution::Unknown,
+                };
+                let failure = WriteNow {
+                    capture,
+                    resolution,
+                    last,
+                    framework: framework.as_ref(),
+                    stacks,
+                    thread,
+                    started: now,
+                };
+                self.write_now(s, st, failure)
+            }
+        }
+    }
+
+    /// A successful device allocation on `thread`: the retry of its open request when at least
+    /// as large, else the thread moved on.
+    #[inline]
+    pub(crate) fn note_success(&self, thread: u64, bytes: u64) {
+        if self.open.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut st = self.lock();
+        if let Some(r) = st.open_request_of(thread) {
+            if r.success(bytes) {
+                let id = r.id;
+                self.open.fetch_sub(1, Ordering::Relaxed);
+                // A recovered failure is no failure to repeat (the same one again is news), and
+                // takes no place under the dump cap.
+                st.dumped.retain(|d| d.request != id);
+                st.recent.pop_back();
+                self.changed.notify_all();
+            }
+        }
+    }
+
+    /// A framework raised its out-of-memory error on `thread` (torch's OOM observer, through the
+    /// Python hook): the matching request stood and gets the framework's account; without one
+    /// (torch refused without asking CUDA: a memory-fraction cap) the framework's failure is a
+    /// request of its own, dumped now.
+    pub(crate) fn on_framework_oom(
+        &self,
+        s: &'static Shim,
+        note: FrameworkNote,
+        thread: u64,
+        stacks: (StackId, StackId),
+        mem_info: Option<(u64, u64)>,
+    ) -> Handled {
+        let now = Instant::now();
+        {
+            let mut st = self.lock();
+            if let Some(r) = st.requests.iter_mut().rev().find(|r| {
+                r.thread == thread
+                    && r.device == note.device
+                    && !r.framework_only
+                    // A failure that recovered is not the one the framework raises now.
+                    && r.outcome() != Some(Resolution::RetrySucceeded)
+                    && now.duration_since(r.started) < FRAMEWORK_MATCH
+            }) {
+                if r.stage == Stage::Repeat {
+                    return Handled::Repeat(r.path.clone());
+                }
+                if r.is_done() {
+                    // Its dump was already final (`OOMSHIM_SETTLE=0`, or the settle window
+                    // passed): it stays as written, so stderr and the dump agree.
+                    return Handled::Explained {
+                        path: r.path.clone(),
+                        included: false,
+                    };
+                }
+                // The framework's word is final, even over a success seen on this thread.
+                if r.stand(Resolution::FrameworkRaised) {
+                    self.open.fetch_sub(1, Ordering::Relaxed);
+                }
+                r.framework = Some(note);
+                let id = r.id;
+                self.changed.notify_all();
+                // The framework raises as soon as this returns: wait (bounded) for the dump to be
+                // on disk, so the program's error, and its exit, come after it.
+                let until = Instant::now() + FRAMEWORK_WAIT;
+                loop {
+                    let r = st.requests.iter().find(|r| r.id == id);
+                    match r {
+                        Some(r) if !r.is_done() && Instant::now() < until => {}
+                        Some(r) => {
+                            return Handled::Explained {
+                                path: r.path.clone(),
+                                included: r.is_done(),
+                            }
+                        }
+                        None => {
+                            return Handled::Explained {
+                                path: None,
+                                included: false,
+                            }
+                        }
+                    }
+                    let left = until.saturating_duration_since(Instant::now());
+                    st = self
+                        .changed
+                        .wait_timeout(st, left)
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|e| e.into_inner().0);
+                }
+            }
+        }
+        let bytes = note.account.request_bytes.unwrap_or(0);
+        let ev = OomEvent {
+            api: Api::FrameworkAllocator,
+            bytes,
+            device: note.device,
+            error_code: oomshim_core::sys::cuda_error::MEMORY_ALLOCATION,
+            stream: 0,
+            // The framework's thread may hold its allocator's lock: CUDA is not asked here.
+            context: super::FailureContext {
+                memory_cap: note.memory_cap.clone(),
+                ..super::FailureContext::without_cuda(Some(note.device), mem_info)
+            },
+        };
+        let mut st = self.lock();
+        match st.admit(s, &ev, stacks, now, 0) {
+            Admit::Repeat(p) => return Handled::Repeat(p),
+            Admit::Capped => return Handled::NoDump,
+            Admit::New => {}
+        }
+        drop(st);
+        if !super::room_for_dump(s) {
+            return Handled::NoDump;
+        }
+        let capture = failure_capture(s, &ev, stacks);
+        let last = last_failure(s, &ev, capture.time);
+        let failure = WriteNow {
+            capture,
+            resolution: Resolution::FrameworkRaised,
+            last,
+            framework: Some(&note),
+            stacks,
+            thread,
+            started: now,
+        };
+        self.write_now(s, self.lock(), failure)
+    }
+}
+
+/// The ledger and the device as they are at a failure, for its dump: taken on the failing
+/// thread, at once (the most telling moment), with the context the event brought from there.
+pub(super) fn failure_capture(s: &Shim, ev: &OomEvent, stacks: (StackId, StackId)) -> Capture {
+    Capture {
+        snapshot: s.ledger.snapshot(s.config.top),
+        time: SystemTime::now(),
+        now_ns: s.now_ns(),
+        failing: Some(Failing {
+            api: ev.api,
+            bytes: ev.bytes,
+            device: ev.device,
+            error_code: ev.error_code,
+            stack: stacks.0,
+            py_stack: stacks.1,
+        }),
+        context: super::FailureContext {
+            // The dump describes the failing device, whoever gathered the rest.
+            device: Some(ev.device),
+            ..ev.context.clone()
+        },
+        // The growth up to this failure: a program that keeps stepping after its error would
+        // fill the rings with flat samples before a settled dump is written (issue 27).
+        growth: s.growth.freeze(s.ledger.total_allocations()),
+    }
+}
+
+/// The dump's `last_failure` for `ev`, seen at `time`.
+pub(super) fn last_failure(s: &Shim, ev: &OomEvent, time: SystemTime) -> LastFailure {
+    LastFailure {
+        bytes: ev.bytes,
+        api: ev.api.name().to_string(),
+        time_unix_ms: unix_ms(time),
+        tracked_bytes: s.ledger.device_bytes(ev.device),
+        free_bytes: ev.context.mem_info.map(|m| m.0),
+        total_bytes: ev.context.mem_info.map(|m| m.1),
+    }
+}
+
+oomshim_core::fork_held! {
+    /// The OOM tracker's lock, held by the forking thread across `fork` (see `super::fork`).
+    static FORK_HELD: MutexGuard<'static, State>;
+}
+
+impl OomTracker {
+    /// `fork` prepare handler: takes the tracker's lock (the ledger's and the stack tables' are
+    /// taken after it, see `super::fork`).
+    pub(super) fn hold_for_fork(&'static self) {
+        FORK_HELD.hold(self.lock());
+    }
+
+    /// `fork` parent and child handler: lets go of it; in the child, with the parent's requests
+    /// forgotten.
+    pub(super) fn release_after_fork(&self, child: bool) {
+        let Some(mut state) = FORK_HELD.take() else {
+            return;
+        };
+        if child {
+            // The child has no writer thread and none of the parent's requests: start afresh. The
+            // parent's are leaked, not dropped (they may hold what a vanished thread was using).
+            std::mem::forget(std::mem::take(&mut *state));
+            self.open.store(0, Ordering::Relaxed);
+        }
+        drop(state);
+    }
+}
