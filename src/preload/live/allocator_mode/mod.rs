@@ -124,7 +124,7 @@ pub struct AllocatorOom {
 }
 
 /// An allocation the allocator could not serve, even after emptying its cache: records the
-/// failure and writes its dump on this thread (the OOM path shared with preload, src/preload/live/oom.rs),
+/// failure and writes its dump on this thread (the OOM path shared with preload, src/preload/live/oom/),
 /// from the context the allocator gathered into `event`, with the framework's word from its
 /// observers ([`observe`]) when there is one.
 pub fn oom_now(event: OomEvent, framework: Option<FrameworkNote>) -> AllocatorOom {
