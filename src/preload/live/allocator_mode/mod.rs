@@ -128,6 +128,11 @@ pub struct AllocatorOom {
 /// from the context the allocator gathered into `event`, with the framework's word from its
 /// observers ([`observe`]) when there is one.
 pub fn oom_now(event: OomEvent, framework: Option<FrameworkNote>) -> AllocatorOom {
+    // Pass-through (switched off by the program, or after a failure of the shim's own) writes
+    // no dump, as under preload: the allocator still raises its error with torch's words.
+    if !super::records_failures() {
+        return AllocatorOom::default();
+    }
     let Some(s) = super::shim() else {
         return AllocatorOom::default();
     };
