@@ -580,7 +580,7 @@ fn host_pressure_is_a_finding_with_the_pinned_bytes() {
         count: 12,
         peak_bytes: 6 * GIB,
     };
-    dump.host = Some(oomshim_core::facts::host::HostMemory {
+    dump.host = Some(dump::model::HostMemory {
         total_bytes: Some(64 * GIB),
         available_bytes: Some(2 * GIB),
         cgroup_limit_bytes: None,
@@ -600,7 +600,7 @@ fn host_pressure_is_a_finding_with_the_pinned_bytes() {
         "host memory is low: 2.00 GiB available of 64.00 GiB (3.1%)"
     );
     // A cgroup at its limit says the same.
-    dump.host = Some(oomshim_core::facts::host::HostMemory {
+    dump.host = Some(dump::model::HostMemory {
         total_bytes: Some(64 * GIB),
         available_bytes: Some(40 * GIB),
         cgroup_limit_bytes: Some(8 * GIB),

@@ -497,7 +497,7 @@ mod tests {
             processes: vec![],
             error: Some("no NVML".into()),
         });
-        dump.host = Some(oomshim_core::facts::host::HostMemory {
+        dump.host = Some(dump::model::HostMemory {
             total_bytes: Some(64 << 30),
             available_bytes: Some(1 << 30),
             ..Default::default()

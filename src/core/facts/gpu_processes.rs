@@ -2,8 +2,7 @@
 //! only when a dump is written). Seeing a pid does not mean it may be killed: the dump records
 //! whose process it is, and the report never suggests killing processes the user doesn't own.
 
-// The types a dump stores live with the dump format; re-exported at their old paths.
-pub use dump::model::{GpuProcess, Relation};
+use dump::model::{GpuProcess, Relation};
 
 /// What is known of a process from /proc, for [`relation`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

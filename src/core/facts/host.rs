@@ -4,8 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-// The type a dump stores lives with the dump format; re-exported at its old path.
-pub use dump::model::HostMemory;
+use dump::model::HostMemory;
 
 /// A `Key:   123 kB` line's value in bytes.
 fn kb_field(text: &str, key: &str) -> Option<u64> {

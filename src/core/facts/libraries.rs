@@ -6,7 +6,7 @@
 //! each distinct stack is looked at once, its return addresses matched against the address
 //! ranges of the known libraries in `/proc/self/maps`. No symbolisation is needed for that.
 
-use crate::facts::gpu_processes::Relation;
+use dump::model::Relation;
 use dump::model::{DeviceInfo, GpuProcesses, LibraryBytes, SegmentEntry, UntrackedSplit};
 use rustc_hash::FxHashMap;
 
@@ -248,7 +248,7 @@ pub fn untracked_split(devices: &[DeviceInfo], nvml: Option<&GpuProcesses>) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::facts::gpu_processes::GpuProcess;
+    use dump::model::GpuProcess;
 
     const MAPS: &str = "\
 7f0000000000-7f0000100000 r-xp 00000000 08:01 11 /opt/nvidia/nccl/lib/libnccl.so.2.21.5

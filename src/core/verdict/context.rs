@@ -3,7 +3,7 @@
 //! (the largest site's, the request's size) are computed once for the sentences in `words/`.
 
 use super::sites::{site_label, Line, NO_PYTHON_FRAMES};
-use crate::facts::gpu_processes::{GpuProcess, Relation};
+use dump::model::{GpuProcess, Relation};
 use dump::model::{DeviceInfo, Dump, FailedRequest, MemoryCap, Site};
 use dump::units::human_bytes;
 use dump::view::{free_blocks_available, sorted_sites, used_bytes};

@@ -19,7 +19,7 @@ pub(super) fn holds(c: &Ctx) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use crate::facts::gpu_processes::{GpuProcess, Relation};
+    use dump::model::{GpuProcess, Relation};
     use crate::verdict::tests::{check_common, kinds, oom_dump, process, with_processes, GIB};
     use crate::verdict::{judge, OTHER_PROCESSES, OWN_ALLOCATIONS, UNTRACKED_MEMORY};
     use dump::model::{Dump, GpuProcesses};

@@ -10,7 +10,7 @@ pub(super) fn holds(c: &Ctx) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use crate::facts::gpu_processes::Relation;
+    use dump::model::Relation;
     use crate::verdict::tests::{
         cache, check_common, kinds, oom_dump, process, with_processes, GIB,
     };

@@ -4,7 +4,7 @@
 //! sit in its file.
 
 use super::*;
-use crate::facts::gpu_processes::{GpuProcess, Relation};
+use dump::model::{GpuProcess, Relation};
 pub(crate) use dump::fixtures::{frame, oom_dump, site};
 use dump::model::*;
 

@@ -48,7 +48,7 @@ impl Untracked {
 
 #[cfg(test)]
 mod tests {
-    use crate::facts::gpu_processes::Relation;
+    use dump::model::Relation;
     use crate::verdict::tests::{check_common, kinds, oom_dump, process, with_processes, GIB, MIB};
     use crate::verdict::{judge, OTHER_PROCESSES, OWN_ALLOCATIONS, UNTRACKED_MEMORY};
 

@@ -45,7 +45,7 @@ pub(crate) const fn cstr(s: &'static str) -> &'static CStr {
 /// `getcwd` into a static buffer: nothing is allocated, nothing can fail loudly.
 extern "C" fn note_load_time_facts() {
     let _ = catch_unwind(|| {
-        crate::live::say::note_stderr_at_load();
+        oomshim_core::sys::say::note_stderr_at_load();
         crate::live::note_start_dir();
     });
 }

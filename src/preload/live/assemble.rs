@@ -57,7 +57,7 @@ pub(crate) struct BurstInfo {
 #[derive(Debug, Clone)]
 pub(crate) struct Facts {
     pub gpu_processes: Option<GpuProcesses>,
-    pub host: oomshim_core::facts::host::HostMemory,
+    pub host: dump::model::HostMemory,
     /// (device, UUID) of every device whose UUID the process asked so far: the identities of
     /// devices other than the context's own.
     pub device_uuids: Vec<(i32, String)>,

@@ -14,8 +14,6 @@ mod growth;
 pub mod history;
 mod oom;
 pub mod recording;
-// Saying things on stderr is process plumbing (below the hooks); re-exported at its old path.
-pub use oomshim_core::sys::say;
 
 pub use context::FailureContext;
 pub use growth::{FrameworkLive, StepSource};

@@ -686,7 +686,7 @@ fn pinned(out: &mut String, s: &Style, dump: &Dump) {
 /// this process wherever it ranks; the rest are counted, not listed (a shared node can list
 /// thousands).
 fn gpu_processes(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
-    use oomshim_core::facts::gpu_processes::Relation;
+    use dump::model::Relation;
     let Some(view) = &model.gpu_processes else {
         return;
     };

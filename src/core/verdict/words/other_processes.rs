@@ -1,7 +1,7 @@
 //! The words of [`OTHER_PROCESSES`], and the line that names one process on the device.
 
 use super::{count_word, new_finding};
-use crate::facts::gpu_processes::{GpuProcess, Relation};
+use dump::model::{GpuProcess, Relation};
 use crate::verdict::context::Ctx;
 use crate::verdict::OTHER_PROCESSES;
 use dump::model::Finding;

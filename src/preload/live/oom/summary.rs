@@ -8,7 +8,7 @@ use oomshim_core::ledger::Api;
 
 pub(super) fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
     if let Some(text) = summary_lines(dump, written) {
-        crate::live::say::say(&text);
+        oomshim_core::sys::say::say(&text);
     }
 }
 
@@ -128,7 +128,7 @@ fn without_dump_line(repeats: u64, suppressed: u64) -> String {
 }
 
 pub(super) fn say(text: &str) {
-    crate::live::say::say(&format!("oomshim: {text}"));
+    oomshim_core::sys::say::say(&format!("oomshim: {text}"));
 }
 
 #[cfg(test)]
