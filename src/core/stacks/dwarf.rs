@@ -103,11 +103,11 @@ fn dl_find_object_fn() -> Option<DlFindObjectFn> {
         DL_FIND_OBJECT.store(f, Ordering::Release);
     }
     if f <= 1 {
-        None
-    } else {
-        // SAFETY: the address of glibc's `_dl_find_object`, whose C signature this is.
-        Some(unsafe { std::mem::transmute::<usize, DlFindObjectFn>(f) })
+        return None;
     }
+    // SAFETY: the address of glibc's `_dl_find_object`, whose C signature this is; the C
+    // library stays loaded.
+    unsafe { <DlFindObjectFn as crate::sys::fn_ptr::FnPtr>::from_addr(f) }
 }
 
 /// What `_dl_find_object` says about the object mapped at `addr`.

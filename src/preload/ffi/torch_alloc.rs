@@ -40,6 +40,7 @@ use oomshim_core::alloc::{
     CachingAllocator, HistoryConfig, MemorySource, OomCause, OutOfMemory, RecordContext,
 };
 use oomshim_core::ledger::Api;
+use oomshim_core::sys::fn_ptr::FnPtr;
 use std::cell::Cell;
 use std::ffi::{c_char, c_double, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -412,7 +413,9 @@ fn unserved(oom: &OutOfMemory, stream: Stream, context: u32, outermost: bool) ->
         crate::live::allocator_mode::observe(|| {
             // SAFETY: a non-zero `observer` was stored by oomshim_torch_set_oom_observer from a
             // function of this type, and its caller keeps it callable while it is set.
-            let f: OomObserver = unsafe { std::mem::transmute::<usize, OomObserver>(observer) };
+            let Some(f) = (unsafe { <OomObserver as FnPtr>::from_addr(observer) }) else {
+                return;
+            };
             // SAFETY: called with the four values of its C signature; no lock of the shim and
             // no guard is held (it runs Python).
             unsafe { f(oom.device, oom.requested, total, free) };
