@@ -397,20 +397,22 @@ fn unescape_html(text: &str) -> String {
         .replace("&amp;", "&")
 }
 
-/// Loads `page#selftest` in Chromium and returns the self-test's result and the dumped DOM.
-fn browser_selftest(exe: &Path, page: &Path) -> (Value, String) {
+/// Loads `page#selftest` in Chromium and returns the self-test's result and the dumped DOM. With
+/// `screenshot`, the same browser run also writes a PNG of the page there (one start of Chromium
+/// per page, not two: issue 27, a faster `cargo test`).
+fn browser_selftest(exe: &Path, page: &Path, screenshot: Option<&Path>) -> (Value, String) {
     let dom_file = page.with_extension("dom.html");
     let url = format!("file://{}#selftest", page.display());
     // 1400 px wide: the holders table's stack column must fit a laptop's window whole.
-    run_chromium(
-        exe,
-        &url,
-        &[
-            "--dump-dom".to_string(),
-            "--window-size=1400,2000".to_string(),
-        ],
-        &dom_file,
-    );
+    let mut flags = vec![
+        "--dump-dom".to_string(),
+        "--window-size=1400,2000".to_string(),
+    ];
+    if let Some(png) = screenshot {
+        let _ = std::fs::remove_file(png);
+        flags.push(format!("--screenshot={}", png.display()));
+    }
+    run_chromium(exe, &url, &flags, &dom_file);
     let dom = std::fs::read_to_string(&dom_file).unwrap();
     let open = "<pre id=\"selftest-result\">";
     let start = dom
@@ -421,6 +423,29 @@ fn browser_selftest(exe: &Path, page: &Path) -> (Value, String) {
     let result: Value = serde_json::from_str(&unescape_html(&dom[start..end]))
         .unwrap_or_else(|e| panic!("{}: self-test result: {e}", page.display()));
     (result, dom)
+}
+
+/// Runs `browser_selftest` on every `(page, screenshot)` at once, a few browsers at a time (each
+/// Chromium mostly waits on its own start-up), and returns the results in the order given.
+fn browser_selftests(exe: &Path, pages: &[(PathBuf, Option<PathBuf>)]) -> Vec<(Value, String)> {
+    const AT_ONCE: usize = 3;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<OnceLock<(Value, String)>> = pages.iter().map(|_| OnceLock::new()).collect();
+    std::thread::scope(|s| {
+        for _ in 0..AT_ONCE.min(pages.len()) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((page, png)) = pages.get(i) else {
+                    break;
+                };
+                let _ = results[i].set(browser_selftest(exe, page, png.as_deref()));
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|r| r.into_inner().expect("every page ran"))
+        .collect()
 }
 
 fn assert_selftest_passed(result: &Value, what: &str) {
@@ -449,25 +474,53 @@ fn pages_pass_their_self_test_in_headless_chromium() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    for path in fixture_dumps() {
+    // Screenshots to look at (kept under target/, not committed), taken by the self-test's
+    // browser run of these pages.
+    let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("html-report");
+    std::fs::create_dir_all(&shots).unwrap();
+    let shot_of = |name: &str| -> Option<PathBuf> {
+        [
+            "html_python_hostile",
+            "oom_fragmentation",
+            "oom_leak_steps",
+            "large_100k",
+        ]
+        .contains(&name)
+        .then(|| shots.join(format!("{name}.png")))
+    };
+    let fixtures = fixture_dumps();
+    let mut pages = Vec::new();
+    for path in &fixtures {
         let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
         let page = dir.path().join(format!("{stem}.html"));
         let run = oomshim()
             .arg("report")
-            .arg(&path)
+            .arg(path)
             .arg("--html")
             .arg(&page)
             .output()
             .unwrap();
         assert!(run.status.success(), "{run:?}");
-        let (result, dom) = browser_selftest(&exe, &page);
+        pages.push((page, shot_of(&stem)));
+    }
+    // The 100,000-holder page: renders, stays capped, passes the same checks.
+    let large = dir.path().join("large.html");
+    write_html(large_dump(), &large).unwrap();
+    pages.push((large.clone(), shot_of("large_100k")));
+    let start = Instant::now();
+    let mut browsed = browser_selftests(&exe, &pages).into_iter();
+    let whole_run = start.elapsed();
+
+    for path in &fixtures {
+        let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let (result, dom) = browsed.next().unwrap();
         assert_selftest_passed(&result, &stem);
         let checks = result["checks"].as_array().unwrap().len();
         assert!(checks >= 6, "{stem}: {checks} checks");
         // Hostile strings stayed text: no element was made from them.
         assert_eq!(dom.matches("<script").count(), 2, "{stem}");
         assert!(!dom.contains("<img"), "{stem}");
-        let dump = load(&path);
+        let dump = load(path);
         assert!(
             dom.contains(&format!(">{}<", judge(&dump).kind)),
             "{stem}: verdict kind in the DOM"
@@ -513,15 +566,12 @@ fn pages_pass_their_self_test_in_headless_chromium() {
         }
     }
 
-    // The 100,000-holder page: renders, stays capped, passes the same checks.
-    let large = dir.path().join("large.html");
-    write_html(large_dump(), &large).unwrap();
-    let start = Instant::now();
-    let (result, dom) = browser_selftest(&exe, &large);
+    let (result, dom) = browsed.next().unwrap();
     println!(
-        "100,000 holders in Chromium: page script {} ms, whole headless run {:.1} s",
+        "100,000 holders in Chromium: page script {} ms; all {} pages' headless runs {:.1} s",
         result["render_ms"],
-        start.elapsed().as_secs_f64()
+        pages.len(),
+        whole_run.as_secs_f64()
     );
     assert_selftest_passed(&result, "large");
     assert_eq!(result["holders"], LARGE_HOLDERS);
@@ -546,33 +596,8 @@ fn pages_pass_their_self_test_in_headless_chromium() {
     assert!(rows < 2000, "{rows} table rows in the DOM");
     assert!(result["render_ms"].as_u64().unwrap() < 10_000);
 
-    // A screenshot to look at (kept under target/, not committed).
-    let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("html-report");
-    std::fs::create_dir_all(&shots).unwrap();
-    for (name, page) in [
-        (
-            "html_python_hostile",
-            dir.path().join("html_python_hostile.html"),
-        ),
-        (
-            "oom_fragmentation",
-            dir.path().join("oom_fragmentation.html"),
-        ),
-        ("oom_leak_steps", dir.path().join("oom_leak_steps.html")),
-        ("large_100k", large.clone()),
-    ] {
-        let png = shots.join(format!("{name}.png"));
-        let _ = std::fs::remove_file(&png);
-        run_chromium(
-            &exe,
-            &format!("file://{}", page.display()),
-            &[
-                format!("--screenshot={}", png.display()),
-                "--window-size=1280,2000".to_string(),
-            ],
-            &shots.join(format!("{name}.stdout")),
-        );
-        let bytes = std::fs::read(&png).unwrap();
+    for png in pages.iter().filter_map(|(_, png)| png.as_ref()) {
+        let bytes = std::fs::read(png).unwrap();
         assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{}", png.display());
         assert!(
             bytes.len() > 20_000,
@@ -582,4 +607,9 @@ fn pages_pass_their_self_test_in_headless_chromium() {
         );
         println!("screenshot: {}", png.display());
     }
+    assert_eq!(
+        pages.iter().filter(|(_, png)| png.is_some()).count(),
+        4,
+        "four screenshots"
+    );
 }

@@ -3,6 +3,7 @@
 //! Reporters read dump files only: nothing here touches a live process except `run`/`demo`,
 //! which start one.
 
+pub mod args;
 pub mod demo;
 pub mod exporter;
 pub mod locate;

@@ -1,0 +1,238 @@
+//! The `oomshim` command line's arguments (clap): here in the library rather than in
+//! src/cli/main.rs so that their test runs in the library's test binary and the CLI binary is not
+//! compiled a second time as a test harness (issue 27: `test = false` on the [[bin]]).
+
+use clap::{Parser, Subcommand};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "oomshim",
+    version,
+    about = "Explains CUDA out-of-memory errors",
+    long_about = "Explains CUDA out-of-memory errors. `oomshim run` starts a program with \
+                  liboomshim.so preloaded; when a device allocation fails, the shim writes a dump \
+                  (JSON) naming the largest holders, the allocation sites, the free blocks and a \
+                  verdict. The other commands read dumps.",
+    after_help = "Examples:\n  oomshim demo                               # the whole job on a simulated GPU\n  oomshim run -- python train.py             # record, and dump at out-of-memory\n  oomshim report oomshim-dumps               # the newest dump, explained\n  oomshim help env                           # every OOMSHIM_* setting"
+)]
+pub struct Args {
+    /// None: `oomshim` alone, which prints the help and exits 0 (asking for nothing is no error).
+    #[command(subcommand)]
+    pub command: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Run a program with liboomshim.so preloaded; dumps are written when it runs out of memory.
+    #[command(
+        after_help = "Examples:\n  oomshim run -- python train.py\n  oomshim run --dir /shared/dumps --torch-allocator -- torchrun --nproc-per-node 8 train.py\n\nSettings (OOMSHIM_DIR, OOMSHIM_TOP, …): oomshim help env"
+    )]
+    Run {
+        /// Directory for dumps (sets OOMSHIM_DIR; default ./oomshim-dumps).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// The shim library (default: OOMSHIM_LIB, else liboomshim.so next to this binary or in
+        /// the Python package it was installed with).
+        #[arg(long, value_name = "PATH")]
+        lib: Option<PathBuf>,
+        /// Don't inject the Python hook that saves PyTorch's own memory snapshot when torch
+        /// raises OutOfMemoryError (also: OOMSHIM_TORCH_HOOK=0).
+        #[arg(long)]
+        no_torch_hook: bool,
+        /// Make oomshim PyTorch's CUDA allocator (allocator mode): every tensor is recorded with
+        /// its stack and the dump has the exact free-block state. Installed through the same
+        /// Python hook, right after the program imports torch (sets OOMSHIM_TORCH_ALLOCATOR=1).
+        #[arg(long, conflicts_with = "no_torch_hook")]
+        torch_allocator: bool,
+        /// Replace oomshim with the program (exec) instead of staying as its parent: the
+        /// program keeps oomshim's pid, but no post-mortem dump is written if it is killed.
+        #[arg(long)]
+        exec: bool,
+        /// The program and its arguments, after `--`.
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
+        command: Vec<OsString>,
+    },
+    /// Print a dump as a readable report (or as JSON, or as one HTML page).
+    #[command(
+        after_help = "Examples:\n  oomshim report oomshim-dumps/oomshim-host-4242-1.json\n  oomshim report oomshim-dumps --top 20     # the newest dump in the directory\n  oomshim report DUMP --json | jq .growth\n  oomshim report DUMP --html report.html"
+    )]
+    Report {
+        /// A dump file, or a directory: its newest readable dump (by time of writing; broken
+        /// newer ones are skipped and named on stderr; torch's side files oomshim-torch-* are
+        /// not dumps).
+        #[arg(value_name = "DUMP|DIR")]
+        dump: PathBuf,
+        /// How many holders and sites to show.
+        #[arg(long, default_value_t = 10, value_name = "N", value_parser = at_least_one())]
+        top: usize,
+        /// Print the report as JSON: everything the dump knows, in the documented shape
+        /// `oomshim.report/1` (README: Report JSON).
+        #[arg(long)]
+        json: bool,
+        /// Write a self-contained HTML report (verdict, growth chart, icicle graph, sortable
+        /// tables) here instead of printing; shows every holder and site in the dump (`--top` is
+        /// ignored).
+        #[arg(long, value_name = "OUT.html", conflicts_with = "json")]
+        html: Option<PathBuf>,
+    },
+    /// Compare two dumps of one program: growth and shrinkage by allocation site.
+    #[command(
+        after_help = "Example:\n  oomshim diff oomshim-dumps/oomshim-host-4242-1.json oomshim-dumps/oomshim-host-4242-2.json"
+    )]
+    Diff {
+        /// The earlier dump, or a directory: its newest readable dump.
+        #[arg(value_name = "BEFORE")]
+        before: PathBuf,
+        /// The later dump (or a directory: its newest readable dump); sites are matched by their
+        /// symbolised stacks, never by address.
+        #[arg(value_name = "AFTER")]
+        after: PathBuf,
+        /// How many sites to show.
+        #[arg(long, default_value_t = 20, value_name = "N", value_parser = at_least_one())]
+        top: usize,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Convert a dump for PyTorch's memory viewer or for flame-graph tools.
+    #[command(
+        group(clap::ArgGroup::new("format").required(true).multiple(true).args(["memory_viz", "folded"])),
+        after_help = "Examples:\n  oomshim export DUMP --memory-viz snapshot.pickle   # open at https://pytorch.org/memory_viz\n  oomshim export DUMP --folded - | flamegraph.pl > holders.svg\n  oomshim export DUMP --folded stacks.folded        # load into https://www.speedscope.app"
+    )]
+    Export {
+        /// The dump to convert, or a directory: its newest readable dump.
+        #[arg(value_name = "DUMP|DIR")]
+        dump: PathBuf,
+        /// Write a torch.cuda.memory._snapshot()-style pickle here (segments, blocks and an
+        /// allocation timeline). This, --folded, or both.
+        #[arg(long, value_name = "OUT.pickle")]
+        memory_viz: Option<PathBuf>,
+        /// Write folded stacks (`outer;…;inner bytes`, one line per stack) here, `-` for stdout:
+        /// the input of flamegraph.pl, inferno and speedscope.
+        #[arg(long, value_name = "OUT.folded")]
+        folded: Option<PathBuf>,
+    },
+    /// One table of the dumps of all ranks of a job: the first rank to run out of memory, the
+    /// ranks far above the median, whether the others had room, the ranks of each host.
+    #[command(
+        after_help = "Examples:\n  oomshim merge /shared/dumps --json\n  oomshim merge node-a/dumps node-b/dumps --clock-skew-ms 50"
+    )]
+    Merge {
+        /// The directories to read (each with one level of subdirectories): one shared by all
+        /// hosts, or one per host. A dump file may be named too.
+        #[arg(value_name = "DIR", required = true)]
+        dirs: Vec<PathBuf>,
+        /// The most two hosts' clocks may disagree, in milliseconds: failures on different
+        /// hosts closer than this are not ordered.
+        #[arg(long, value_name = "MS", default_value_t = crate::report::merge::DEFAULT_CLOCK_SKEW_MS)]
+        clock_skew_ms: u64,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A live view of every oomshim process of this user on this host (or one pid), from the
+    /// live summaries the shim publishes: device memory, growing sites, steps per second, the
+    /// last failure. Refreshed about once a second.
+    #[command(
+        after_help = "Keys: q quits, p prunes the regions of gone processes (Ctrl-C quits too).\n\nExamples:\n  oomshim top\n  oomshim top --pid 4242 --once\n  oomshim top --prune --once"
+    )]
+    Top {
+        /// Show only this process.
+        #[arg(long, value_name = "PID")]
+        pid: Option<u32>,
+        /// Print one frame as plain text and exit (for scripts).
+        #[arg(long)]
+        once: bool,
+        /// Where the live summaries are (default: OOMSHIM_LIVE_DIR, else /dev/shm/oomshim-UID).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Remove the regions of processes that are gone (left by a crash, not written for 10 s)
+        /// before showing, and before every refresh; the `p` key does it once.
+        #[arg(long)]
+        prune: bool,
+    },
+    /// Serve the live summaries of this user's oomshim processes on this host as Prometheus
+    /// metrics (text format 0.0.4) at GET /metrics: tracked device bytes and peaks per process,
+    /// rank and device, OOM counts, steps, host RSS. Every scrape re-reads the regions.
+    #[command(
+        after_help = "Examples:\n  oomshim exporter\n  oomshim exporter --listen 127.0.0.1:9500\n  oomshim exporter --once"
+    )]
+    Exporter {
+        /// IP:PORT to listen on (default 127.0.0.1:9464, loopback only). A non-loopback address
+        /// is served only when named here, with a warning; host names are not resolved.
+        #[arg(long, value_name = "IP:PORT")]
+        listen: Option<String>,
+        /// Where the live summaries are (default: OOMSHIM_LIVE_DIR, else /dev/shm/oomshim-UID).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Print the metrics once to stdout and exit (for scripts and tests).
+        #[arg(long)]
+        once: bool,
+    },
+    /// Run a bundled leaky training loop on a simulated CUDA device (no GPU needed) and report
+    /// the dump it produces.
+    #[command(after_help = "Example:\n  oomshim demo --dir /tmp/demo-dumps")]
+    Demo {
+        /// Directory for the dump (default ./oomshim-dumps).
+        #[arg(long, default_value = "oomshim-dumps", value_name = "DIR")]
+        dir: PathBuf,
+        /// The shim library (default: found as for `run`).
+        #[arg(long, value_name = "PATH")]
+        lib: Option<PathBuf>,
+    },
+    /// List every OOMSHIM_* setting with its default and meaning (also: oomshim help env).
+    #[command(
+        long_about = oomshim_core::config::settings_help(100),
+        after_help = "Example:\n  OOMSHIM_DIR=/shared/dumps OOMSHIM_TOP=50 oomshim run -- python train.py"
+    )]
+    Env,
+}
+
+/// `--top N`: a report of nothing is never what was meant, so 0 is refused with clap's error.
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Args;
+    use clap::CommandFactory;
+
+    /// Every argument of every subcommand has help text, and every subcommand an example.
+    #[test]
+    fn help_describes_every_argument_and_shows_an_example() {
+        let cmd = Args::command();
+        cmd.clone().debug_assert();
+        for sub in cmd.get_subcommands() {
+            let after = sub
+                .get_after_help()
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            assert!(
+                after.contains("Example"),
+                "{} has no example",
+                sub.get_name()
+            );
+            assert!(sub.get_about().is_some(), "{} has no about", sub.get_name());
+            for arg in sub.get_arguments() {
+                if matches!(arg.get_id().as_str(), "help" | "version") {
+                    continue;
+                }
+                assert!(
+                    arg.get_help()
+                        .is_some_and(|h| !h.to_string().trim().is_empty()),
+                    "{} {} has no help",
+                    sub.get_name(),
+                    arg.get_id()
+                );
+            }
+        }
+    }
+}
