@@ -377,7 +377,7 @@ fn the_same_leak_without_step_marks_is_own_allocations() {
     assert!(
         f.headline.starts_with(&format!(
             "this process's own allocations fill device 0: {} of the",
-            oomshim_cli::report::units::human_bytes(tracked)
+            dump::units::human_bytes(tracked)
         )) && f.headline.contains("at leaky_cache_grow (leak_until_oom.c:"),
         "{}",
         f.headline
@@ -387,7 +387,7 @@ fn the_same_leak_without_step_marks_is_own_allocations() {
     let failed = format!(
         "{} of {} failed",
         req.api,
-        oomshim_cli::report::units::human_bytes(req.bytes)
+        dump::units::human_bytes(req.bytes)
     );
     assert_line1_is_top_finding(&line1, &failed, &dump);
 }

@@ -4,7 +4,7 @@
 //! at an early step ([`SNAPSHOT_STEP`]), so `oomshim diff` has two states of one run to compare.
 
 use super::run::{spawn_and_wait, RunOptions};
-use crate::report::units::clean_path;
+use dump::units::clean_path;
 use crate::testbed::{DEMO_CLIENT, SIM_CUDART_SO};
 use std::ffi::OsString;
 use std::fs;

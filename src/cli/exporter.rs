@@ -37,7 +37,7 @@ pub fn parse_listen(value: &str) -> Result<SocketAddr, String> {
     value.trim().parse::<SocketAddr>().map_err(|_| {
         format!(
             "--listen {}: expected IP:PORT (e.g. {DEFAULT_LISTEN} or [::1]:9464); host names are not resolved",
-            crate::report::units::clean(value)
+            dump::units::clean(value)
         )
     })
 }
@@ -173,7 +173,7 @@ fn say_ignored_once(why: &str) {
     // Never a panic for a stderr that is gone (eprintln! would).
     let _ = std::io::stderr()
         .lock()
-        .write_all(format!("oomshim: exporter: {}\n", crate::report::units::clean(why)).as_bytes());
+        .write_all(format!("oomshim: exporter: {}\n", dump::units::clean(why)).as_bytes());
 }
 
 /// The exposition for every region in `dir`, at `now_ms`.

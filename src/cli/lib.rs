@@ -13,7 +13,7 @@ pub mod supervise;
 pub mod testbed;
 pub mod top;
 
-use crate::report::units::clean_path;
+use dump::units::clean_path;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -102,8 +102,8 @@ pub fn newest_readable(dir: &Path) -> Result<Chosen, String> {
         Some(first) => Err(format!(
             "no readable oomshim dump in {}: {} unreadable, the newest: {}",
             clean_path(dir),
-            crate::report::units::plural(skipped.len() as u64, "dump", "dumps"),
-            crate::report::units::clean(first)
+            dump::units::plural(skipped.len() as u64, "dump", "dumps"),
+            dump::units::clean(first)
         )),
     }
 }
@@ -121,7 +121,7 @@ pub fn read_chosen(path: &Path) -> Result<(std::path::PathBuf, dump::model::Dump
     for why in &chosen.skipped {
         text.push_str(&format!(
             "oomshim: skipped a broken dump: {}\n",
-            crate::report::units::clean(why)
+            dump::units::clean(why)
         ));
     }
     text.push_str(&format!(
@@ -237,7 +237,7 @@ pub fn merge(
             msg.push_str(&format!(
                 " ({} unreadable, e.g. {})",
                 m.problems.len(),
-                crate::report::units::clean(p)
+                dump::units::clean(p)
             ));
         }
         return Err(msg);
@@ -268,13 +268,13 @@ fn export_memory_viz_inner(dump: &Path, out: &Path) -> Result<String, String> {
     if let Some(w) = &viz.warning {
         note.push_str(&format!(
             "oomshim: warning: {}\n",
-            crate::report::units::clean(w)
+            dump::units::clean(w)
         ));
     }
     note.push_str(&format!(
         "wrote {} ({}); open it at https://pytorch.org/memory_viz or with torch.cuda._memory_viz\n",
         clean_path(out),
-        crate::report::units::plural(viz.segments as u64, "segment", "segments")
+        dump::units::plural(viz.segments as u64, "segment", "segments")
     ));
     Ok(note)
 }
@@ -290,7 +290,7 @@ pub fn export_folded(dump: &Path, out: &Path) -> Result<String, String> {
     if let Some(w) = &folded.warning {
         note.push_str(&format!(
             "oomshim: warning: {}\n",
-            crate::report::units::clean(w)
+            dump::units::clean(w)
         ));
     }
     if out == Path::new("-") {
@@ -304,7 +304,7 @@ pub fn export_folded(dump: &Path, out: &Path) -> Result<String, String> {
         note.push_str(&format!(
             "wrote {} ({}); open it with flamegraph.pl, inferno-flamegraph or https://www.speedscope.app\n",
             clean_path(out),
-            crate::report::units::plural(folded.lines as u64, "stack", "stacks")
+            dump::units::plural(folded.lines as u64, "stack", "stacks")
         ));
     }
     Ok(note)

@@ -42,7 +42,7 @@ fn note(text: &str) {
 fn fail(msg: &str, code: i32) -> ExitCode {
     note(&format!(
         "oomshim: error: {}\n",
-        oomshim_cli::report::units::clean(msg)
+        dump::units::clean(msg)
     ));
     ExitCode::from(code.clamp(0, 255) as u8)
 }
@@ -158,7 +158,7 @@ fn main() -> ExitCode {
                 .unwrap_or_default();
             note(&format!(
                 "oomshim: exporter serving http://{bound}/metrics (regions in {})\n",
-                oomshim_cli::report::units::clean_path(&dir)
+                dump::units::clean_path(&dir)
             ));
             cli::exporter::serve(listener, &dir)
         }
@@ -235,7 +235,7 @@ fn main() -> ExitCode {
             ));
             match cli::demo::run_demo(lib, &dir) {
                 Ok(out) => {
-                    let clean = oomshim_cli::report::units::clean_path;
+                    let clean = dump::units::clean_path;
                     let mut text = format!(
                         "oomshim demo: the client exited with status {}; its dump is {}\n",
                         out.client_exit,

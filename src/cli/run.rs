@@ -58,7 +58,7 @@ pub fn check_preloadable(lib: &Path) -> Result<(), String> {
             "cannot preload {}: ld.so splits LD_PRELOAD at spaces and colons, so the library's \
              path must hold neither; copy or link {LIB_NAME} to a path without them (for example \
              ~/.local/lib/{LIB_NAME}) and pass it with --lib",
-            crate::report::units::clean_path(lib)
+            dump::units::clean_path(lib)
         ));
     }
     Ok(())
@@ -211,7 +211,7 @@ fn live_dir_of(opts: &RunOptions) -> PathBuf {
 /// when it is there but cannot be executed (no execute permission, a directory, a missing
 /// interpreter or loader, a wrong architecture).
 pub(crate) fn launch_error(program: &OsStr, e: std::io::Error) -> RunError {
-    let name = crate::report::units::clean(&program.to_string_lossy());
+    let name = dump::units::clean(&program.to_string_lossy());
     if e.kind() == std::io::ErrorKind::NotFound && !program_exists(program) {
         let where_ = if program.as_bytes().contains(&b'/') {
             "no such file"

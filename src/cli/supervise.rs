@@ -975,7 +975,7 @@ fn write_post_mortem(pm: &PostMortems, dump: &dump::model::Dump) {
         pid: dump.process.pid,
         rank: dump.process.rank,
     };
-    let clean = crate::report::units::clean;
+    let clean = dump::units::clean;
     match dump::write::write_dump_with_mode(&pm.dump_dir, &name, &bytes, pm.mode) {
         Ok(w) => {
             say(&format!(

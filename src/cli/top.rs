@@ -9,7 +9,7 @@
 //! the terminal's settings are restored on every way out: `q`, Ctrl-C, SIGTERM or SIGHUP, a
 //! reader that went away.
 
-use crate::report::units::{clean, human_bytes};
+use dump::units::{clean, human_bytes};
 use oomshim_core::flight::read::{read_region, scan, ReadError, RegionEntry, Snapshot};
 use oomshim_core::verdict::short_label;
 use std::fmt::Write;
@@ -33,7 +33,7 @@ pub fn frame(dir: &Path, pid: Option<u32>, now_ms: u64) -> String {
         "oomshim top — {} process{} (regions in {})",
         entries.len(),
         if entries.len() == 1 { "" } else { "es" },
-        crate::report::units::clean_path(dir)
+        dump::units::clean_path(dir)
     );
     if entries.is_empty() {
         let _ = writeln!(
@@ -117,7 +117,7 @@ fn render_one(out: &mut String, e: &RegionEntry, read: Result<Snapshot, ReadErro
             "  device {}: tracked {} in {}, peak {}{free}",
             dev.index,
             human_bytes(dev.tracked_bytes),
-            crate::report::units::plural(dev.tracked_count, "allocation", "allocations"),
+            dump::units::plural(dev.tracked_count, "allocation", "allocations"),
             human_bytes(dev.peak_tracked_bytes)
         );
     }
@@ -233,7 +233,7 @@ pub fn prune(dir: &Path) -> Vec<String> {
         if !idle {
             continue;
         }
-        let name = crate::report::units::clean_path(&e.path);
+        let name = dump::units::clean_path(&e.path);
         match std::fs::remove_file(&e.path) {
             Ok(()) => said.push(format!("pruned the region of gone pid {}: {name}", e.pid)),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}

@@ -137,6 +137,8 @@ pub fn wait_with_watchdog(mut cmd: Command, limit: Duration) -> Output {
     // it is reaped below), so the pid cannot belong to another process by then.
     let watchdog = std::thread::spawn(move || {
         if finished.recv_timeout(limit) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            // SAFETY: kill(2) with a pid and a signal number; the child is not reaped yet (see
+            // above), so the pid is still its own.
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
             return true;
         }
@@ -155,7 +157,9 @@ pub fn wait_with_watchdog(mut cmd: Command, limit: Duration) -> Output {
     let stderr = drain(child.stderr.take());
     // Waits for the end without reaping it (WNOWAIT).
     loop {
+        // SAFETY: siginfo_t is plain integers and unions of them: all-zero is a valid value.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid(2) with a valid out-parameter that lives across the call.
         let rc = unsafe {
             libc::waitid(
                 libc::P_PID,

@@ -2,8 +2,8 @@
 //! site. Sites are matched by their symbolised stack (function, file, line of every frame), never
 //! by address, so two runs of the same program (different address-space layouts) line up.
 
-use super::named_frames;
-use super::units::{clean, human_bytes, thousands};
+use dump::view::named_frames;
+use dump::units::{clean, human_bytes, thousands};
 use dump::model::{Dump, Frame};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -182,7 +182,7 @@ pub fn render_diff(d: &Diff, top: usize) -> String {
     out.push_str(&format!(
         "\nSites that changed ({} of {}; largest growth first)\n",
         changed.len(),
-        super::units::plural(d.sites.len() as u64, "site", "sites")
+        dump::units::plural(d.sites.len() as u64, "site", "sites")
     ));
     if changed.is_empty() {
         out.push_str("  none\n");

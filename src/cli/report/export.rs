@@ -32,7 +32,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::report::units::{human_bytes, plural};
+use dump::units::{human_bytes, plural};
 use dump::model::{Dump, Frame, Holder};
 use serde::Serialize;
 
@@ -598,15 +598,15 @@ pub fn folded(dump: &Dump) -> Folded {
 /// `;` nor a line break may appear inside (control characters are escaped by `clean`).
 fn folded_frame(f: &Frame) -> String {
     let label = if f.function.as_deref().is_some_and(|n| !n.trim().is_empty()) {
-        crate::report::frame_label(f, usize::MAX)
+        dump::view::frame_label(f, usize::MAX)
     } else {
         match f.module.as_deref().filter(|m| !m.is_empty()) {
             Some(m) => format!(
                 "{} [{}]",
-                crate::report::units::clean(&f.address),
-                crate::report::units::clean(m.rsplit('/').next().unwrap_or(m))
+                dump::units::clean(&f.address),
+                dump::units::clean(m.rsplit('/').next().unwrap_or(m))
             ),
-            None => crate::report::units::clean(&f.address),
+            None => dump::units::clean(&f.address),
         }
     };
     label.replace(';', ":")

@@ -33,8 +33,8 @@ use crate::report::json::{
     recording_json, verdict_json, with,
 };
 use crate::report::model::{known_age, ReportModel};
-use crate::report::units::clean;
-use crate::report::{frame_label, is_cuda_api_frame};
+use dump::units::clean;
+use dump::view::{frame_label, is_cuda_api_frame};
 use dump::model::{Dump, Frame, FrameKind};
 
 /// The page's script (vanilla JS, no libraries).
@@ -122,7 +122,7 @@ fn frame_json(f: &Frame) -> Value {
         .filter(|m| !m.is_empty())
         .map(|m| m.rsplit('/').next().unwrap_or(m));
     let (label, short) = if named {
-        let short_fn = crate::report::units::truncate_function(
+        let short_fn = dump::units::truncate_function(
             &clean(f.function.as_deref().unwrap_or("")),
             60,
         );

@@ -3,7 +3,7 @@
 //! others idle"). Reads directories that many hosts may share, or one directory per host; files
 //! that are not dumps are skipped, broken dumps are reported.
 
-use super::units::{human_bytes, plural};
+use dump::units::{human_bytes, plural};
 use dump::model::Dump;
 use dump::read::{read_dump, DumpError};
 use rustc_hash::FxHashMap;
@@ -236,7 +236,7 @@ pub fn merge_dirs(dirs: &[PathBuf], options: MergeOptions) -> Result<Merged, Str
     let mut files = Vec::new();
     for dir in dirs {
         json_files(dir, &mut files)
-            .map_err(|e| format!("{}: {e}", super::units::clean_path(dir)))?;
+            .map_err(|e| format!("{}: {e}", dump::units::clean_path(dir)))?;
     }
     files.sort();
     files.dedup();
@@ -425,7 +425,7 @@ fn hosts(rows: &[Row], procs: &[Proc]) -> Vec<HostGroup> {
 
 /// A process in words, for the balance lines (the host name comes from a dump: cleaned).
 fn who(r: &Row) -> String {
-    let host = super::units::truncate_middle(&super::units::clean(&r.host), 64);
+    let host = dump::units::truncate_middle(&dump::units::clean(&r.host), 64);
     match r.rank {
         Some(rank) => format!("rank {rank} ({host} pid {})", r.pid),
         None => format!("{host} pid {}", r.pid),
@@ -468,7 +468,7 @@ fn findings(m: &Merged, procs: &[Proc]) -> Vec<String> {
     // With one process there is nothing to compare: its own report says it all.
     if let Some(f) = m.first_failure.as_ref().filter(|_| procs.len() > 1) {
         let r = &rows[f.row];
-        let at = super::units::truncate_middle(&super::units::clean(&r.time), 40);
+        let at = dump::units::truncate_middle(&dump::units::clean(&r.time), 40);
         if f.uncertain_with.is_empty() {
             let mut line = format!("first to run out of memory: {} at {at}", who(r));
             match f.next {
@@ -650,18 +650,18 @@ pub fn render_merge(m: &Merged) -> String {
     let reasons: Vec<String> = m
         .rows
         .iter()
-        .map(|r| super::units::truncate_middle(&super::units::clean(&r.reason), MAX_REASON))
+        .map(|r| dump::units::truncate_middle(&dump::units::clean(&r.reason), MAX_REASON))
         .collect();
     let rw = reasons
         .iter()
-        .map(|r| super::units::width(r))
+        .map(|r| dump::units::width(r))
         .max()
         .unwrap_or(0)
         .max("REASON".len());
     let pad = |text: &str, w: usize| {
         format!(
             "{text}{}",
-            " ".repeat(w.saturating_sub(super::units::width(text)))
+            " ".repeat(w.saturating_sub(dump::units::width(text)))
         )
     };
     out.push_str(&format!(
@@ -682,7 +682,7 @@ pub fn render_merge(m: &Merged) -> String {
         out.push_str(&format!(
             "  {:<5} {:<20} {:>8} {:>4} {} {:>11} {:>11} {:>11} {:>11}  {}\n",
             r.rank.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
-            super::units::truncate_middle(&super::units::clean(&r.host), 20),
+            dump::units::truncate_middle(&dump::units::clean(&r.host), 20),
             r.pid,
             r.device
                 .map(|x| x.to_string())
@@ -692,7 +692,7 @@ pub fn render_merge(m: &Merged) -> String {
             human_bytes(r.peak_tracked_bytes),
             opt(r.free_bytes),
             opt(r.total_bytes),
-            super::units::clean(&r.verdict)
+            dump::units::clean(&r.verdict)
         ));
     }
     if m.rows.iter().any(|r| r.kinds.is_some()) {
@@ -707,7 +707,7 @@ pub fn render_merge(m: &Merged) -> String {
             out.push_str(&format!(
                 "  {:<5} {:<20} {:>8} {:>11} {:>11} {:>11} {:>11}  {}\n",
                 r.rank.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
-                super::units::truncate_middle(&super::units::clean(&r.host), 20),
+                dump::units::truncate_middle(&dump::units::clean(&r.host), 20),
                 r.pid,
                 human_bytes(k.parameters_bytes),
                 human_bytes(k.gradients_bytes),
@@ -722,12 +722,12 @@ pub fn render_merge(m: &Merged) -> String {
         for h in &m.hosts {
             out.push_str(&format!(
                 "  {:<20} {:>15}  ranks {:<16} {:>4} ran out  max peak {}\n",
-                super::units::truncate_middle(&super::units::clean(&h.host), 20),
+                dump::units::truncate_middle(&dump::units::clean(&h.host), 20),
                 plural(h.processes as u64, "process", "processes"),
                 if h.ranks.is_empty() {
                     "-".to_string()
                 } else {
-                    super::units::truncate_middle(&rank_ranges(&h.ranks), 16)
+                    dump::units::truncate_middle(&rank_ranges(&h.ranks), 16)
                 },
                 h.out_of_memory,
                 human_bytes(h.max_peak_bytes)
@@ -743,7 +743,7 @@ pub fn render_merge(m: &Merged) -> String {
     if !m.problems.is_empty() {
         out.push_str("\nNot read\n");
         for p in &m.problems {
-            out.push_str(&format!("  - {}\n", super::units::clean(p)));
+            out.push_str(&format!("  - {}\n", dump::units::clean(p)));
         }
     }
     out

@@ -14,10 +14,6 @@ pub mod merge;
 pub mod model;
 pub mod terminal;
 pub mod torch_cache;
-// The units and the frame views are shared with the verdict and the live shim; they live with
-// the dump format and are re-exported at their old paths.
-pub use dump::units;
-pub use dump::view::{frame_label, is_cuda_api_frame, is_library_python_frame, named_frames};
 
 pub use json::render_json;
 pub use model::ReportModel;
@@ -56,7 +52,7 @@ pub fn recovery_word(recovered: Option<bool>) -> &'static str {
 /// the state it shows is.
 pub fn post_mortem_words(pm: &dump::model::PostMortem) -> String {
     let how = match (&pm.signal_name, pm.exit_code) {
-        (Some(name), _) => format!("killed by {}", units::clean(name)),
+        (Some(name), _) => format!("killed by {}", dump::units::clean(name)),
         (None, Some(code)) => format!("exited with status {code}"),
         _ => "ended".to_string(),
     };
@@ -138,7 +134,7 @@ pub(crate) mod fixtures {
 
 #[cfg(test)]
 mod library_frame_tests {
-    use super::*;
+    use dump::view::*;
     use dump::model::{Frame, FrameKind};
 
     fn py(function: &str, file: &str, line: u32) -> Frame {
@@ -203,7 +199,7 @@ mod library_frame_tests {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use dump::view::*;
     use dump::model::{Frame, FrameKind};
 
     #[test]

@@ -4,7 +4,7 @@
 //! not the free blocks inside them; torch's snapshot has them, which is what tells fragmentation
 //! apart from plain exhaustion.
 
-use super::units::{clean, clean_path, human_bytes, percent};
+use dump::units::{clean, clean_path, human_bytes, percent};
 use dump::model::{CacheSummary, Dump};
 use dump::read::Links;
 use serde::Deserialize;

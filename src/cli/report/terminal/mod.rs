@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 mod layout;
 
 use super::model::{group_holders, shown_frames, Occasion, Recovery, ReportModel, RequestView};
-use super::units::{
+use dump::units::{
     bytes_with_exact, clean, human_age, human_bytes, percent, thousands, truncate_function,
     truncate_left, truncate_middle,
 };
