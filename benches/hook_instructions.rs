@@ -66,7 +66,9 @@ fn have(tool: &str) -> bool {
 /// Builds the client into `dir`, with or without frame pointers.
 fn build_client(dir: &Path, frame_pointers: bool) -> PathBuf {
     // The benches package sits in benches/ of the repository.
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the repository");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the repository");
     let sim = sim_dir();
     let out = dir.join(if frame_pointers {
         "hook_pairs-fp"

@@ -13,7 +13,14 @@ use std::process::Command;
 /// where cargo prints one) with the feature sets it is built with.
 fn features(args: &[&str]) -> BTreeMap<String, BTreeSet<String>> {
     let out = Command::new(env!("CARGO"))
-        .args(["tree", "--prefix", "none", "--no-dedupe", "--format", "{p} [{f}]"])
+        .args([
+            "tree",
+            "--prefix",
+            "none",
+            "--no-dedupe",
+            "--format",
+            "{p} [{f}]",
+        ])
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
@@ -95,7 +102,12 @@ fn the_demo_the_tests_and_the_wheel_build_every_shared_crate_with_the_same_featu
     // `cargo build --release`: every default member, without them.
     let build = features(&[&members[..], &["--edges", "normal,build"]].concat());
 
-    for package in ["oomshim", "oomshim-preload", "oomshim-core", "oomshim-format"] {
+    for package in [
+        "oomshim",
+        "oomshim-preload",
+        "oomshim-core",
+        "oomshim-format",
+    ] {
         assert!(
             demo.keys().any(|p| p.starts_with(&format!("{package} v"))),
             "{package} missing from the demo's graph: {:?}",

@@ -497,7 +497,10 @@ fn a_non_loopback_listen_address_is_served_only_when_named_and_host_names_are_re
         let out = cmd.output().unwrap();
         assert_eq!(out.status.code(), Some(2), "--once {once}");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("host names are not resolved"), "--once {once}: {err}");
+        assert!(
+            err.contains("host names are not resolved"),
+            "--once {once}: {err}"
+        );
     }
     // Named explicitly, a wildcard address is served, with a warning first.
     let dir = tempfile::tempdir().unwrap();

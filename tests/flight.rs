@@ -361,7 +361,10 @@ fn a_program_that_only_allocates_killed_by_sigkill_gets_a_leak_over_time() {
         if samples.is_some_and(|n| n >= 5) {
             break;
         }
-        assert!(Instant::now() < deadline, "no growth published: {samples:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no growth published: {samples:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let pid = program_pid(&run.live);
@@ -388,7 +391,11 @@ fn a_program_that_only_allocates_killed_by_sigkill_gets_a_leak_over_time() {
         "{}",
         leak.summary
     );
-    assert!(text(&out.stderr).contains(top.as_str()), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(top.as_str()),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// A program SIGKILLed in its first second, before its first live summary: a post-mortem still
@@ -397,8 +404,8 @@ fn a_program_that_only_allocates_killed_by_sigkill_gets_a_leak_over_time() {
 fn a_program_killed_in_its_first_second_still_gets_a_post_mortem() {
     let run = start_grow(&["early"], &[]);
     let run_pid = run.child.id();
-    let children = fs::read_to_string(format!("/proc/{run_pid}/task/{run_pid}/children"))
-        .unwrap_or_default();
+    let children =
+        fs::read_to_string(format!("/proc/{run_pid}/task/{run_pid}/children")).unwrap_or_default();
     // The program, not oomshim run's sentinel.
     let pid: i32 = children
         .split_whitespace()

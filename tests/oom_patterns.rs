@@ -380,7 +380,11 @@ fn a_program_that_aborts_after_its_failure_still_leaves_a_dump() {
     // not after the settle window: a program that logs for a while before aborting keeps it. The
     // program aborts as soon as the dump is there, or after 5 s, half the 10 s window: no race
     // with a loaded runner, and a dump held back for the window still fails the test.
-    let (dir, bare, _) = run(&["abort-dumped", "5000"], "1G", &[("OOMSHIM_SETTLE", "10s")]);
+    let (dir, bare, _) = run(
+        &["abort-dumped", "5000"],
+        "1G",
+        &[("OOMSHIM_SETTLE", "10s")],
+    );
     assert_ne!(bare.status.code(), Some(0));
     let all = dumps(dir.path());
     assert_eq!(all.len(), 1);

@@ -151,7 +151,11 @@ fn a_memory_fraction_oom_is_judged_against_the_cap_not_the_device() {
     assert!(caught.contains(" 2.00 GiB allowed;"), "{caught}");
     let dump = read_dump(&dump_path_in(caught));
     let dev = dump.devices.iter().find(|d| d.index == 0).unwrap();
-    assert_eq!(dev.total_bytes, Some(2 * GIB), "the cap is the capacity judged");
+    assert_eq!(
+        dev.total_bytes,
+        Some(2 * GIB),
+        "the cap is the capacity judged"
+    );
     assert_eq!(
         dev.free_bytes,
         Some(2 * GIB - dump.free_blocks.reserved_bytes.unwrap()),

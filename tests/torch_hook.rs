@@ -849,6 +849,10 @@ fn a_second_hook_directory_on_the_path_is_not_taken_for_the_users_sitecustomize(
     for launcher in [Launcher::Preload, Launcher::Run] {
         let out = python_args(Some(launcher), &["-c", program], Some(&pythonpath), &[]);
         assert_eq!(stdout(&out), "ran 1", "{launcher:?}: {}", stderr(&out));
-        assert!(!stderr(&out).contains("RecursionError"), "{launcher:?}: {}", stderr(&out));
+        assert!(
+            !stderr(&out).contains("RecursionError"),
+            "{launcher:?}: {}",
+            stderr(&out)
+        );
     }
 }

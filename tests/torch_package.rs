@@ -558,11 +558,14 @@ print("ok")
     // Beside the failure's own summary (its headline and dump), one line: the observer that raised.
     let others: Vec<&&str> = lines
         .iter()
-        .filter(|l| !l.starts_with("oomshim: CUDA out of memory") && !l.starts_with("oomshim:   dump:"))
+        .filter(|l| {
+            !l.starts_with("oomshim: CUDA out of memory") && !l.starts_with("oomshim:   dump:")
+        })
         .collect();
     assert_eq!(others.len(), 1, "one line, once: {err}");
     assert!(
-        others[0].starts_with("oomshim: an out-of-memory observer raised (ValueError: observer bug)"),
+        others[0]
+            .starts_with("oomshim: an out-of-memory observer raised (ValueError: observer bug)"),
         "{err}"
     );
     assert!(
@@ -708,7 +711,11 @@ fn the_program_is_read_for_features_no_pluggable_allocator_serves() {
     let dir = e.tmp.path().join("prog");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("train.py"), "import torch\nx = 1\n").unwrap();
-    std::fs::write(dir.join("model.py"), "import torch\n\n\npool = torch.cuda.MemPool()\n").unwrap();
+    std::fs::write(
+        dir.join("model.py"),
+        "import torch\n\n\npool = torch.cuda.MemPool()\n",
+    )
+    .unwrap();
     std::fs::write(dir.join("conf.yaml"), "compile:\n  mode: max-autotune\n").unwrap();
     let clean = e.tmp.path().join("clean");
     std::fs::create_dir_all(&clean).unwrap();
@@ -739,7 +746,11 @@ print(ot.unservable_uses(["-c", "--compile-mode", "reduce-overhead"]))
     assert_eq!(
         text.lines().collect::<Vec<_>>(),
         [
-            format!("{}:2 | torch.compile with CUDA graphs (mode=\"max-autotune\")", rel("conf.yaml")).as_str(),
+            format!(
+                "{}:2 | torch.compile with CUDA graphs (mode=\"max-autotune\")",
+                rel("conf.yaml")
+            )
+            .as_str(),
             format!("{}:4 | torch.cuda.MemPool", rel("model.py")).as_str(),
             "--",
             "[]",
@@ -751,7 +762,10 @@ print(ot.unservable_uses(["-c", "--compile-mode", "reduce-overhead"]))
 /// `path` relative to `base`, as Python's os.path.relpath writes it.
 fn pathdiff(path: &std::path::Path, base: &std::path::Path) -> String {
     let out = Command::new(&common::python_side().python)
-        .args(["-c", "import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))"])
+        .args([
+            "-c",
+            "import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))",
+        ])
         .arg(path)
         .arg(base)
         .output()
@@ -806,7 +820,8 @@ fn oomshim_run_torch_allocator_keeps_torchs_allocator_for_a_program_that_asks_fo
     assert_eq!(ok(&out).trim(), "True default");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.trim().starts_with("oomshim: torch.compile runs without CUDA graphs in allocator mode"),
+        err.trim()
+            .starts_with("oomshim: torch.compile runs without CUDA graphs in allocator mode"),
         "{err}"
     );
 }
@@ -852,7 +867,11 @@ print("ok")
     assert_eq!(ok(&out).trim(), "ok");
     let err = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 2, "one line for pools, one for a pool's own allocator: {err}");
+    assert_eq!(
+        lines.len(),
+        2,
+        "one line for pools, one for a pool's own allocator: {err}"
+    );
     assert_eq!(
         lines[0],
         "oomshim: torch.cuda.MemPool is served by oomshim's allocator in allocator mode (torch \
@@ -861,7 +880,8 @@ print("ok")
          oomshim's cache, not a separate pool. Run without --torch-allocator to keep torch's pools."
     );
     assert!(
-        lines[1].contains("not a separate pool, and the allocator given to the pool is not called."),
+        lines[1]
+            .contains("not a separate pool, and the allocator given to the pool is not called."),
         "{err}"
     );
 }

@@ -225,12 +225,14 @@ fn a_program_that_only_allocates_is_judged_a_leak_over_time() {
     let f = &v.findings[0];
     assert!(
         f.headline.starts_with("grow_forever (grow_only.c:")
-            && f.headline.contains(" every second (steadily over the last "),
+            && f.headline
+                .contains(" every second (steadily over the last "),
         "{}",
         f.headline
     );
     assert!(
-        f.summary.contains("The program marks no steps and no repeating step was found"),
+        f.summary
+            .contains("The program marks no steps and no repeating step was found"),
         "{}",
         f.summary
     );
@@ -261,14 +263,19 @@ fn growth_evidence_stops_at_the_first_failure() {
     let dump = all.first().expect("a dump of the first failure");
     let g = dump.growth.as_ref().expect("growth key");
     assert_eq!(g.steps.as_deref(), Some("marked"));
-    assert_eq!(g.current, 19, "the growth as it was at the failure, in step 19");
+    assert_eq!(
+        g.current, 19,
+        "the growth as it was at the failure, in step 19"
+    );
     let v = &dump.verdict;
     assert_eq!(v.kind, "leak", "{}", v.summary);
     assert!(
         v.findings[0]
             .headline
             .starts_with("keep_activations (grow_only.c:")
-            && v.findings[0].headline.contains("grows by 96.00 MiB every step"),
+            && v.findings[0]
+                .headline
+                .contains("grows by 96.00 MiB every step"),
         "{}",
         v.findings[0].headline
     );
@@ -378,7 +385,9 @@ fn the_same_leak_without_step_marks_is_own_allocations() {
         f.headline.starts_with(&format!(
             "this process's own allocations fill device 0: {} of the",
             dump::units::human_bytes(tracked)
-        )) && f.headline.contains("at leaky_cache_grow (leak_until_oom.c:"),
+        )) && f
+            .headline
+            .contains("at leaky_cache_grow (leak_until_oom.c:"),
         "{}",
         f.headline
     );

@@ -4,8 +4,8 @@
 //! at an early step ([`SNAPSHOT_STEP`]), so `oomshim diff` has two states of one run to compare.
 
 use super::run::{spawn_and_wait, RunOptions};
-use dump::units::clean_path;
 use crate::testbed::{DEMO_CLIENT, SIM_CUDART_SO};
+use dump::units::clean_path;
 use std::ffi::OsString;
 use std::fs;
 use std::io::Write;

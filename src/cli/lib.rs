@@ -266,10 +266,7 @@ fn export_memory_viz_inner(dump: &Path, out: &Path) -> Result<String, String> {
         .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
     let mut note = String::new();
     if let Some(w) = &viz.warning {
-        note.push_str(&format!(
-            "oomshim: warning: {}\n",
-            dump::units::clean(w)
-        ));
+        note.push_str(&format!("oomshim: warning: {}\n", dump::units::clean(w)));
     }
     note.push_str(&format!(
         "wrote {} ({}); open it at https://pytorch.org/memory_viz or with torch.cuda._memory_viz\n",
@@ -288,10 +285,7 @@ pub fn export_folded(dump: &Path, out: &Path) -> Result<String, String> {
     let folded = crate::report::export::folded(&d);
     let mut note = String::new();
     if let Some(w) = &folded.warning {
-        note.push_str(&format!(
-            "oomshim: warning: {}\n",
-            dump::units::clean(w)
-        ));
+        note.push_str(&format!("oomshim: warning: {}\n", dump::units::clean(w)));
     }
     if out == Path::new("-") {
         use std::io::Write;

@@ -40,10 +40,7 @@ fn note(text: &str) {
 /// One line on stderr, whatever the message holds (file names and dump strings can carry
 /// newlines and escape sequences: shown escaped), then the exit status.
 fn fail(msg: &str, code: i32) -> ExitCode {
-    note(&format!(
-        "oomshim: error: {}\n",
-        dump::units::clean(msg)
-    ));
+    note(&format!("oomshim: error: {}\n", dump::units::clean(msg)));
     ExitCode::from(code.clamp(0, 255) as u8)
 }
 

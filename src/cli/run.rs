@@ -254,7 +254,8 @@ mod tests {
         let live = tempfile::tempdir().unwrap();
         // The child plays a shimmed process killed outright: it creates its region (named by
         // its pid and start time, as the shim names it) and SIGKILLs itself.
-        let script = r#"t=$(cut -d' ' -f22 /proc/$$/stat); : > "$OOMSHIM_LIVE_DIR/$$-$t.live"; kill -9 $$"#;
+        let script =
+            r#"t=$(cut -d' ' -f22 /proc/$$/stat); : > "$OOMSHIM_LIVE_DIR/$$-$t.live"; kill -9 $$"#;
         let command = [
             OsString::from("sh"),
             OsString::from("-c"),

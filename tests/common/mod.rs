@@ -60,9 +60,8 @@ pub fn on_path(tool: &str) -> bool {
     if tool.contains('/') {
         return executable(std::path::Path::new(tool));
     }
-    std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path).any(|dir| executable(&dir.join(tool)))
-    })
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| executable(&dir.join(tool))))
 }
 
 /// Whether the tests run under CI (`CI` set to anything but empty, `0` or `false`).
@@ -500,7 +499,9 @@ pub fn wait_until_stopped(pid: u32) {
     loop {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         // The state follows the command name's closing parenthesis.
-        let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
         if state == Some("T") {
             return;
         }
@@ -554,9 +555,7 @@ pub fn dump_files(dir: &std::path::Path) -> Vec<PathBuf> {
 pub fn dumps(dir: &std::path::Path) -> Vec<dump::model::Dump> {
     dump_files(dir)
         .iter()
-        .map(|p| {
-            dump::read::read_dump(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        })
+        .map(|p| dump::read::read_dump(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
         .collect()
 }
 

@@ -2,9 +2,9 @@
 //! site. Sites are matched by their symbolised stack (function, file, line of every frame), never
 //! by address, so two runs of the same program (different address-space layouts) line up.
 
-use dump::view::named_frames;
-use dump::units::{clean, human_bytes, thousands};
 use dump::model::{Dump, Frame};
+use dump::units::{clean, human_bytes, thousands};
+use dump::view::named_frames;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 

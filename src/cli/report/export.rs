@@ -32,8 +32,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use dump::units::{human_bytes, plural};
 use dump::model::{Dump, Frame, Holder};
+use dump::units::{human_bytes, plural};
 use serde::Serialize;
 
 /// Where the synthetic address space starts: looks like a device address, far below 2^53.

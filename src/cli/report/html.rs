@@ -33,9 +33,9 @@ use crate::report::json::{
     recording_json, verdict_json, with,
 };
 use crate::report::model::{known_age, ReportModel};
+use dump::model::{Dump, Frame, FrameKind};
 use dump::units::clean;
 use dump::view::{frame_label, is_cuda_api_frame};
-use dump::model::{Dump, Frame, FrameKind};
 
 /// The page's script (vanilla JS, no libraries).
 const SCRIPT: &str = include_str!("html/report.js");
@@ -122,10 +122,8 @@ fn frame_json(f: &Frame) -> Value {
         .filter(|m| !m.is_empty())
         .map(|m| m.rsplit('/').next().unwrap_or(m));
     let (label, short) = if named {
-        let short_fn = dump::units::truncate_function(
-            &clean(f.function.as_deref().unwrap_or("")),
-            60,
-        );
+        let short_fn =
+            dump::units::truncate_function(&clean(f.function.as_deref().unwrap_or("")), 60);
         let place = match (f.file.as_deref().filter(|p| !p.is_empty()), f.line) {
             (Some(file), Some(line)) => {
                 format!(

@@ -9,10 +9,10 @@
 use serde_json::{json, Value};
 
 use super::model::{known_age, shown_frames, DeviceView, Occasion, ReportModel, RequestView};
-use dump::units::human_bytes;
 use super::{ReportOptions, REPORT_SCHEMA};
-use dump::view::{frame_label, named_frames};
 use dump::model::{Dump, Finding, Frame, LastFailure, PinnedHost, Verdict};
+use dump::units::human_bytes;
+use dump::view::{frame_label, named_frames};
 
 /// The report model as JSON. Keys (all always present; `null` where unknown):
 ///

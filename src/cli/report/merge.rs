@@ -3,9 +3,9 @@
 //! others idle"). Reads directories that many hosts may share, or one directory per host; files
 //! that are not dumps are skipped, broken dumps are reported.
 
-use dump::units::{human_bytes, plural};
 use dump::model::Dump;
 use dump::read::{read_dump, DumpError};
+use dump::units::{human_bytes, plural};
 use rustc_hash::FxHashMap;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};

@@ -134,8 +134,8 @@ pub(crate) mod fixtures {
 
 #[cfg(test)]
 mod library_frame_tests {
-    use dump::view::*;
     use dump::model::{Frame, FrameKind};
+    use dump::view::*;
 
     fn py(function: &str, file: &str, line: u32) -> Frame {
         Frame {
@@ -199,8 +199,8 @@ mod library_frame_tests {
 
 #[cfg(test)]
 mod tests {
-    use dump::view::*;
     use dump::model::{Frame, FrameKind};
+    use dump::view::*;
 
     #[test]
     fn python_frames_name_a_stack_that_has_them() {

@@ -356,7 +356,10 @@ mod tests {
             let payload = crate::report::html::payload(&m);
             assert_eq!(payload["verdict"]["kind"], kind, "{name}");
             let text = crate::report::terminal::render(&m, &opts);
-            assert!(text.contains(&format!("Verdict: {kind}")), "{name}:\n{text}");
+            assert!(
+                text.contains(&format!("Verdict: {kind}")),
+                "{name}:\n{text}"
+            );
             assert!(!text.contains("what an older shim concluded"), "{name}");
             assert!(
                 text.contains("(the shim recorded verdict stale_rules"),

@@ -4,9 +4,9 @@
 //! not the free blocks inside them; torch's snapshot has them, which is what tells fragmentation
 //! apart from plain exhaustion.
 
-use dump::units::{clean, clean_path, human_bytes, percent};
 use dump::model::{CacheSummary, Dump};
 use dump::read::Links;
+use dump::units::{clean, clean_path, human_bytes, percent};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -127,7 +127,10 @@ fn side_files(
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let prefix = format!("oomshim-torch-{}-{}{sep}", dump.process.host, dump.process.pid);
+    let prefix = format!(
+        "oomshim-torch-{}-{}{sep}",
+        dump.process.host, dump.process.pid
+    );
     let entries = std::fs::read_dir(dir).ok()?;
     Some(
         entries

@@ -3,8 +3,8 @@
 //! (the largest site's, the request's size) are computed once for the sentences in `words/`.
 
 use super::sites::{site_label, Line, NO_PYTHON_FRAMES};
-use dump::model::{GpuProcess, Relation};
 use dump::model::{DeviceInfo, Dump, FailedRequest, MemoryCap, Site};
+use dump::model::{GpuProcess, Relation};
 use dump::units::human_bytes;
 use dump::view::{free_blocks_available, sorted_sites, used_bytes};
 

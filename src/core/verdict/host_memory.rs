@@ -49,9 +49,9 @@ pub(super) fn is_pinned_api(api: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use dump::model::HostMemory;
     use crate::verdict::tests::{check_common, kinds, oom_dump, GIB, MIB};
     use crate::verdict::{judge, HOST_MEMORY, OWN_ALLOCATIONS};
+    use dump::model::HostMemory;
     use dump::model::*;
 
     #[test]

@@ -19,10 +19,10 @@ pub(super) fn holds(c: &Ctx) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use dump::model::{GpuProcess, Relation};
     use crate::verdict::tests::{check_common, kinds, oom_dump, process, with_processes, GIB};
     use crate::verdict::{judge, OTHER_PROCESSES, OWN_ALLOCATIONS, UNTRACKED_MEMORY};
     use dump::model::{Dump, GpuProcesses};
+    use dump::model::{GpuProcess, Relation};
 
     fn untracked_fixture() -> Dump {
         let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))

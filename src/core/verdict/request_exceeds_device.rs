@@ -10,11 +10,11 @@ pub(super) fn holds(c: &Ctx) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use dump::model::Relation;
     use crate::verdict::tests::{
         cache, check_common, kinds, oom_dump, process, with_processes, GIB,
     };
     use crate::verdict::{judge, REQUEST_EXCEEDS_DEVICE};
+    use dump::model::Relation;
 
     #[test]
     fn a_request_larger_than_the_device_is_the_only_finding() {

@@ -4,9 +4,9 @@
 //! sit in its file.
 
 use super::*;
-use dump::model::{GpuProcess, Relation};
 pub(crate) use dump::fixtures::{frame, oom_dump, site};
 use dump::model::*;
+use dump::model::{GpuProcess, Relation};
 
 pub(crate) const GIB: u64 = 1 << 30;
 pub(crate) const MIB: u64 = 1 << 20;

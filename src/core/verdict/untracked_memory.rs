@@ -48,9 +48,9 @@ impl Untracked {
 
 #[cfg(test)]
 mod tests {
-    use dump::model::Relation;
     use crate::verdict::tests::{check_common, kinds, oom_dump, process, with_processes, GIB, MIB};
     use crate::verdict::{judge, OTHER_PROCESSES, OWN_ALLOCATIONS, UNTRACKED_MEMORY};
+    use dump::model::Relation;
 
     #[test]
     fn untracked_threshold() {

@@ -873,7 +873,10 @@ mod pure_tests {
         // The verdict is judged from the assembled numbers: of what is in use on the failing
         // device, all but its 3 GiB tracked is someone else's or untracked.
         let dev = &d.devices[0];
-        assert_eq!((dev.tracked_bytes, dev.free_bytes), (3 * GIB, Some(100 << 20)));
+        assert_eq!(
+            (dev.tracked_bytes, dev.free_bytes),
+            (3 * GIB, Some(100 << 20))
+        );
         assert_eq!(d.verdict.kind, "untracked_memory", "{:#?}", d.verdict);
         assert_eq!(
             d.verdict.findings[0].bytes,

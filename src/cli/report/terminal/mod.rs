@@ -7,12 +7,12 @@ use std::fmt::Write as _;
 mod layout;
 
 use super::model::{group_holders, shown_frames, Occasion, Recovery, ReportModel, RequestView};
+use super::ReportOptions;
+use dump::model::{Dump, Frame};
 use dump::units::{
     bytes_with_exact, clean, human_age, human_bytes, percent, thousands, truncate_function,
     truncate_left, truncate_middle,
 };
-use super::ReportOptions;
-use dump::model::{Dump, Frame};
 use layout::{kv, plural, wrap, Align, Style, Table};
 
 /// Width that prose (summary, suggestions) is wrapped to.

@@ -1,10 +1,10 @@
 //! The words of [`OTHER_PROCESSES`], and the line that names one process on the device.
 
 use super::{count_word, new_finding};
-use dump::model::{GpuProcess, Relation};
 use crate::verdict::context::Ctx;
 use crate::verdict::OTHER_PROCESSES;
 use dump::model::Finding;
+use dump::model::{GpuProcess, Relation};
 use dump::units::{clean, human_bytes};
 
 /// `process 4242 (python, another user's) holds 60.00 GiB on device 0 (NVML)`.
