@@ -1120,29 +1120,36 @@ sys.stdin.readline()
     }
 }
 
-#[test]
-fn a_post_mortem_names_the_line_that_keeps_tensors_carved_from_segments_of_the_optimizer_step() {
-    // Under preload the shim sees torch's segments: when the kept tensors are carved from
-    // segments torch's cache reserved during the optimizer step, the growing site is the
-    // `opt.step()` line. Once the process grows, the hook turns torch's history on and hands its
-    // records to the live region with the kinds; a SIGKILL's post-mortem names the kept line.
-    let body = r#"
-import os, signal, time
-class Net(nn.Module):
+/// A model whose optimizer step grows the stand-in's cache by 16 MiB (new segments cut there),
+/// and the list the training loops below keep a tensor a step in: the two tests that follow.
+const KEPT_FROM_STEP_SEGMENTS: &str = r#"class Net(nn.Module):
     def __init__(self):
         super().__init__()
         self.w = nn.Parameter(MiB)
 model = Net()
 opt = torch.optim.SGD(model.parameters())
 opt._grow_cache = 16 * MiB
-kept = []
+kept = []"#;
+
+#[test]
+fn a_post_mortem_names_the_line_that_keeps_tensors_carved_from_segments_of_the_optimizer_step() {
+    // Under preload the shim sees torch's segments: when the kept tensors are carved from
+    // segments torch's cache reserved during the optimizer step, the growing site is the
+    // `opt.step()` line. Once the process grows, the hook turns torch's history on and hands its
+    // records to the live region with the kinds; a SIGKILL's post-mortem names the kept line.
+    let body = format!(
+        r#"
+import os, signal, time
+{KEPT_FROM_STEP_SEGMENTS}
 for step in range(1, 100000):
     opt.step()
     kept.append(torch.empty_cached(4 * MiB))   # 16 MiB kept a step
     time.sleep(0.01)
     if step == 300:
         os.kill(os.getpid(), signal.SIGKILL)
-"#;
+"#
+    );
+    let body = body.as_str();
     let Some(e) = env() else { return };
     let kept = line_of(body, "kept.append(");
     let step = line_of(body, "opt.step()");
@@ -1211,22 +1218,18 @@ fn an_oom_names_the_line_that_keeps_tensors_carved_from_segments_of_the_optimize
     // dump at the failure names the kept line from torch's records too, where the shim's own
     // growing site is the stand-in's allocation reached from `opt.step()`, and the stderr line
     // says the same.
-    let body = r#"
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(MiB)
-model = Net()
-opt = torch.optim.SGD(model.parameters())
-opt._grow_cache = 16 * MiB
-kept = []
+    let body = format!(
+        r#"
+{KEPT_FROM_STEP_SEGMENTS}
 try:
     for step in range(1, 100000):
         opt.step()
         kept.append(torch.empty_cached(4 * MiB))   # 16 MiB kept a step
 except torch.OutOfMemoryError:
     print("oom")
-"#;
+"#
+    );
+    let body = body.as_str();
     let Some(e) = env() else { return };
     let kept = line_of(body, "kept.append(");
     let out = run(&e, Launcher::Preload, body);
