@@ -193,7 +193,9 @@ pub(super) fn recorded<'a>(l: &LeakFinding, dump: &'a Dump) -> Option<Recorded<'
     let named_by_shim = top.is_some_and(|(s, share)| {
         *share >= LEAK_NAMED_SHARE && s.grouped_by.as_deref() != Some("no_python")
     });
-    let same_as_shim = top.is_some_and(|(s, _)| same_line(&s.stack, line));
+    let same_as_shim = top.is_some_and(|(s, _)| {
+        super::sites::Line::of_stack(&s.stack).is_some_and(|l| l.is_recorded(line))
+    });
     Some(Recorded {
         attribution: a,
         share,
@@ -208,18 +210,6 @@ pub(super) struct Recorded<'a> {
     pub(super) share: f64,
     /// The records name the leak (their top line), not the shim's top site.
     pub(super) names_it: bool,
-}
-
-/// A site's stack names the recorded line: its innermost named frame is the same function in a
-/// file of the same name at the same line (the records carry torch's full path, the stack the
-/// interpreter's).
-fn same_line(stack: &[dump::model::Frame], line: &dump::model::AttributedLine) -> bool {
-    let base = |f: &str| f.rsplit('/').next().unwrap_or(f).to_string();
-    dump::view::named_frames(stack).next().is_some_and(|f| {
-        f.line == Some(line.line)
-            && f.function.as_deref() == Some(line.function.as_str())
-            && f.file.as_deref().map(base) == Some(base(&line.file))
-    })
 }
 
 #[cfg(test)]

@@ -51,6 +51,22 @@ impl<'a> Line<'a> {
     }
 }
 
+impl Line<'_> {
+    /// This line is the one torch's records name: the same function in a file of the same name
+    /// at the same line (the records carry torch's full path, a stack the interpreter's).
+    pub(super) fn is_recorded(&self, recorded: &dump::model::AttributedLine) -> bool {
+        let base = |f: &str| f.rsplit('/').next().unwrap_or(f).to_string();
+        match self {
+            Line::NoPythonFrames => false,
+            Line::Frame(f) => {
+                f.line == Some(recorded.line)
+                    && f.function.as_deref() == Some(recorded.function.as_str())
+                    && f.file.as_deref().map(base) == Some(base(&recorded.file))
+            }
+        }
+    }
+}
+
 impl PartialEq for Line<'_> {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {

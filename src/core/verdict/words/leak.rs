@@ -60,7 +60,8 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
     // were allocated, kept since the growth began, name the line.
     let by_records = crate::verdict::leak::recorded(l, c.dump);
     let recorded = by_records.as_ref().map(|r| r.attribution);
-    let headline = match (top, by_records.as_ref().filter(|r| r.names_it)) {
+    let named_by_records = by_records.as_ref().filter(|r| r.names_it);
+    let headline = match (top, named_by_records) {
         (_, Some(r)) => {
             let a = r.attribution;
             let line = &a.lines[0];
@@ -233,7 +234,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
             }
         ));
     }
-    let label = match by_records.as_ref().filter(|r| r.names_it) {
+    let label = match named_by_records {
         Some(r) => recorded_label(&r.attribution.lines[0]),
         None => top
             .map(|(s, _)| site_name(s))
