@@ -28,7 +28,7 @@ _current = None
 _ALLOC = _ct.CFUNCTYPE(_ct.c_void_p, _ct.c_size_t, _ct.c_int, _ct.c_void_p)
 _INIT = _ct.CFUNCTYPE(None, _ct.c_int)
 _initialized = False
-_alloc = None          # the program sets it: bytes -> device pointer (0 when full)
+_alloc = None          # _use_simcall sets it: bytes -> device pointer (0 when full)
 _allocated = [0]
 _count = [0]
 _grad_enabled = [True]
@@ -55,6 +55,13 @@ class _Storage:
         return self._ptr
     def nbytes(self):
         return self._n
+
+def _use_simcall(path):
+    global _alloc
+    sim = _ct.CDLL(path)
+    sim.simcall_alloc.restype = _ct.c_void_p
+    sim.simcall_alloc.argtypes = [_ct.c_size_t]
+    _alloc = lambda n: sim.simcall_alloc(n) or 0
 
 def _allocate(n):
     if _current is not None:
@@ -94,6 +101,9 @@ class Tensor:
         return self.dtype.size
     def view(self):
         return Tensor(*self.shape, dtype=self.dtype, _storage=self._s)
+    def backward(self):
+        from .autograd import _engine_run_backward
+        _engine_run_backward(self)
 
 def empty(*shape, dtype=float32):
     t = Tensor(*shape, dtype=dtype)
@@ -145,6 +155,10 @@ class _C:
     @staticmethod
     def _cuda_memoryStats(device):
         raise RuntimeError("CUDAPluggableAllocator does not yet support getDeviceStats.")
+    @staticmethod
+    def _current_autograd_node():
+        from .autograd import _engine
+        return getattr(_engine, "node", None)
 
 class _Raw:
     def __init__(self):
@@ -225,6 +239,33 @@ def _fake_cuda_init():
         fn()
 
 from . import nn, optim
+"#;
+
+/// torch's backward pass: autograd's engine runs it on a thread of its own, where no frame of
+/// the program is (here only torch's), with the node it runs current, while the program's
+/// thread waits in `_engine_run_backward`; a failure there reaches the program as the raise.
+/// The gradients it makes are the shapes in `_grad_shapes`.
+const FAKE_AUTOGRAD: &str = r#"
+import _thread
+import threading as _threading
+_engine = _threading.local()
+
+def _engine_run_backward(t):
+    done, failed = _threading.Event(), []
+    def run():
+        _engine.node = t
+        try:
+            from .. import Tensor
+            t._grads = [Tensor(*shape) for shape in getattr(t, "_grad_shapes", [t.shape])]
+        except BaseException as e:
+            failed.append(e)
+        finally:
+            _engine.node = None
+            done.set()
+    _thread.start_new_thread(run, ())
+    done.wait()
+    if failed:
+        raise failed[0]
 "#;
 
 const FAKE_NN: &str = r#"
@@ -375,6 +416,7 @@ fn env() -> Option<Env> {
     let site = tmp.path().join("site-packages");
     for (name, text) in [
         ("torch/__init__.py", FAKE_TORCH),
+        ("torch/autograd/__init__.py", FAKE_AUTOGRAD),
         ("torch/nn/__init__.py", FAKE_NN),
         ("torch/nn/modules/__init__.py", "from . import module\n"),
         ("torch/nn/modules/module.py", FAKE_MODULE),
@@ -403,16 +445,14 @@ enum Launcher {
     Allocator,
 }
 
-/// The start of every program: torch's tensors take simulated device memory.
+/// The start of every program: torch's tensors take simulated device memory (through torch's
+/// own code, as real torch's do: no frame of the program sits between a tensor and the device).
 const PRELUDE: &str = r#"
-import ctypes, sys
-sim = ctypes.CDLL(sys.argv[1])
-sim.simcall_alloc.restype = ctypes.c_void_p
-sim.simcall_alloc.argtypes = [ctypes.c_size_t]
+import sys
 MiB = 1 << 20
 import torch
 from torch import nn
-torch._alloc = lambda n: sim.simcall_alloc(n) or 0
+torch._use_simcall(sys.argv[1])
 torch._fake_cuda_init()
 "#;
 
@@ -616,6 +656,63 @@ fn a_batch_too_big_is_activations_in_the_forward_of_a_module_with_the_batch_that
         assert!(advice.contains("autocast"), "{advice}");
         assert!(report.contains("By kind"), "{report}");
         assert!(report.contains("activations"), "{report}");
+    });
+}
+
+/// A backward pass that does not fit: it fails on autograd's thread, where neither the program's
+/// line nor the batch is on the stack. The dump still has both: the line that called
+/// `backward()` (from the thread waiting in it) and the batch of the model's last forward; and
+/// since "activations and other live tensors" is everything but the weights, gradients and
+/// optimizer state, the headline names the line that holds most of it.
+const BACKWARD_DOES_NOT_FIT: &str = r#"
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(4 * MiB)   # 16 MiB of weights
+    def forward(self, x):
+        self.kept = torch.empty(x.shape[0], 2 * MiB)   # 8 MiB a sample, kept for backward
+        return self.kept
+model = Net()
+buffer = torch.empty(256 * MiB)   # 1 GiB: the largest holder
+out = model(torch.empty(64, 16))
+out._grad_shapes = [(64, 2 * MiB), (64, 2 * MiB)]
+try:
+    out.backward()
+except torch.OutOfMemoryError:
+    print("oom")
+"#;
+
+#[test]
+fn a_backward_pass_that_does_not_fit_names_the_backward_call_its_batch_and_the_largest_holder() {
+    let buffer = line_of(BACKWARD_DOES_NOT_FIT, "buffer = ");
+    let backward = line_of(BACKWARD_DOES_NOT_FIT, "out.backward()");
+    each_launcher(BACKWARD_DOES_NOT_FIT, |launcher, d, report, err| {
+        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        assert_eq!(k.phase.as_deref(), Some("backward"), "{launcher:?} {k:#?}");
+        assert_eq!(k.input_shape, vec![64, 16], "{launcher:?} {k:#?}");
+        assert_eq!(k.batch, Some(64));
+        let program = k
+            .program_frame
+            .as_ref()
+            .unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
+        assert_eq!(program.line, backward, "{launcher:?} {k:#?}");
+        let top = &d.verdict.findings[0];
+        assert_eq!(top.kind, "own_allocations");
+        let want = [
+            "activations and other live tensors fill device 0: ".to_string(),
+            format!("; the largest holder: 1.00 GiB at <module> (<string>:{buffer})"),
+            "; in the backward pass, batch 64 (64×16); the 512.00 MiB request at ".to_string(),
+            format!("(<string>:{backward}) failed"),
+        ];
+        for w in &want {
+            assert!(
+                top.headline.contains(w.as_str()),
+                "{launcher:?}: want {w:?} in\n{}",
+                top.headline
+            );
+        }
+        assert!(err.contains(&top.headline), "{launcher:?}\n{err}");
+        assert!(report.contains(&format!("<string>:{buffer}")), "{report}");
     });
 }
 
@@ -1192,15 +1289,11 @@ for step in range(1, 100000):
         .as_ref()
         .and_then(|g| g.sites.first())
         .map(|s| oomshim_core::verdict::short_label(&s.stack));
-    // The shim's own site is where the segments were reserved (here the stand-in's allocation
-    // function, reached from the optimizer step): what the post-mortem named before.
+    // The shim's own site is where the segments were reserved, the `opt.step()` line: what the
+    // post-mortem named before.
     let site = site.unwrap_or_default();
-    assert!(
-        !site.contains(&format!(":{kept})"))
-            && !site.contains(&format!(":{step})"))
-            && site.starts_with("<lambda> (<string>:"),
-        "{site}"
-    );
+    assert_eq!(site, format!("<module> (<string>:{step})"));
+    assert_ne!(kept, step);
     let f = d
         .framework
         .as_ref()

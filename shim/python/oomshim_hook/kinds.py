@@ -22,6 +22,8 @@ _models = weakref.WeakSet()
 _optimizers = weakref.WeakSet()
 _MAX_MODELS = 16
 _MAX_HOOKS = 8
+# The input shape of the model's last forward (seen_forward).
+_last_input_shape = None
 
 
 def seen_model(module):
@@ -30,6 +32,23 @@ def seen_model(module):
         _models.add(module)
     except TypeError:
         pass
+
+
+def seen_forward(args):
+    """The model's forward just ran on `args`: the shape of its first tensor is the batch its
+    backward pass will run (a backward runs on autograd's threads, where no forward is on the
+    stack to read it from). Once per model forward: the shape only, no reference kept."""
+    global _last_input_shape
+    found = None
+    try:
+        for a in args:
+            shape = getattr(a, "shape", None)
+            if shape is not None and hasattr(a, "dim"):
+                found = [int(x) for x in shape] or None
+                break
+    except Exception:
+        pass
+    _last_input_shape = found
 
 
 def seen_optimizer(optimizer):
@@ -153,6 +172,38 @@ def _find_roots(torch, deadline):
     return modules, optimizers, complete
 
 
+def _runs_backward(code, fname):
+    """A frame of torch's backward entry points (the program's thread waits in one while
+    autograd's threads run the pass)."""
+    return code.co_name in ("backward", "_engine_run_backward", "run_backward") and (
+        "autograd" in fname or fname.endswith("_tensor.py"))
+
+
+def _caller_of_backward(torch):
+    """The program's line that called the backward pass, from the thread waiting in it: a
+    failure on one of autograd's threads has no program frame of its own."""
+    try:
+        frames = sys._current_frames()
+    except Exception:
+        return None
+    for ident, f in frames.items():
+        waits = False
+        program = None
+        depth = 0
+        while f is not None and depth < 400:
+            depth += 1
+            code = f.f_code
+            fname = code.co_filename
+            if _runs_backward(code, fname):
+                waits = True
+            elif program is None and not _library_file(fname) and not _own_file(fname) and not _own_package(f):
+                program = {"function": code.co_name, "file": fname, "line": f.f_lineno}
+            f = f.f_back
+        if waits and program is not None:
+            return program
+    return None
+
+
 def _stack_view(torch, frame):
     """The phase, modules and frames of the failing thread's stack, innermost first."""
     Module = torch.nn.Module
@@ -178,8 +229,7 @@ def _stack_view(torch, frame):
             name = code.co_name
             if "loss" in name.lower() or name in ("cross_entropy", "nll_loss", "log_softmax"):
                 in_loss = True
-            if name in ("backward", "_engine_run_backward", "run_backward") and (
-                    "autograd" in fname or fname.endswith("_tensor.py")):
+            if _runs_backward(code, fname):
                 backward = True
             if name == "forward" or name == "step" or name.startswith("_call_impl") or name == "_wrapped_call_impl":
                 try:
@@ -705,14 +755,19 @@ def kinds(torch, device, request_bytes, frame=None, budget_ms=None):
         out["module"]["file"], out["module"]["line"] = view["inner_where"]
     out["outer_module"] = _describe_module(outer, _module_path(root, outer, deadline))
     shape = _input_shape(torch, view["outer_frame"])
+    if not shape and view["phase"] == "backward":
+        shape = _last_input_shape
     if shape:
         out["input_shape"] = shape
         out["batch"] = shape[0]
     out["in_loss"] = view["in_loss"]
     if view["framework_frame"]:
         out["framework_frame"] = view["framework_frame"]
-    if view["program_frame"]:
-        out["program_frame"] = view["program_frame"]
+    program_frame = view["program_frame"]
+    if program_frame is None and view["phase"] == "backward":
+        program_frame = _caller_of_backward(torch)
+    if program_frame:
+        out["program_frame"] = program_frame
     if view["optimizer"] is not None:
         out["step_optimizer"] = _qualname(view["optimizer"])[0]
     hooks = _program_hooks(models[:_MAX_MODELS], deadline)

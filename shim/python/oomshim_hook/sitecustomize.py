@@ -512,11 +512,19 @@ def _mark_steps(torch, lib, allocator):
         for h in handles:
             h.remove()
         handles.clear()
-        module.register_forward_hook(lambda m, a, o: mark(2))
         try:
-            _kinds().seen_model(module)
+            kinds = _kinds()
+            kinds.seen_model(module)
+            kinds.seen_forward(args)
         except Exception:
-            pass
+            kinds = None
+
+        def after_forward(m, a, o):
+            if kinds is not None:
+                kinds.seen_forward(a)
+            mark(2)
+
+        module.register_forward_hook(after_forward)
         mark(2)
 
     handles.append(torch_module.register_module_forward_pre_hook(pre))

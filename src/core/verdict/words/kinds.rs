@@ -85,9 +85,24 @@ pub(in crate::verdict) fn phase_text(k: &Kinds) -> String {
 }
 
 /// The headline of `own_allocations` with the kinds: the dominant kind and its bytes, the
-/// others, the phase, and the failing call (the program's line and the framework's module).
-pub(in crate::verdict) fn headline(c: &Ctx, k: &Kinds, failing: &str) -> Option<String> {
+/// others, the largest holder when activations dominate, the phase, and the failing call (the
+/// program's line and the framework's module). `largest` is the largest site's bytes and line.
+pub(in crate::verdict) fn headline(
+    c: &Ctx,
+    k: &Kinds,
+    failing: &str,
+    largest: Option<(u64, String)>,
+) -> Option<String> {
     let (kind, bytes) = dominant(k)?;
+    // "Activations and other live tensors" is everything that is no weight, gradient or
+    // optimizer state: when one line holds at least half of it, that line is what fills the
+    // device (a buffer, a cache, a batch kept), and the headline names it.
+    let holder = match largest {
+        Some((held, label)) if kind == Kind::Activations && held.saturating_mul(2) >= bytes => {
+            format!("; the largest holder: {} at {label}", human_bytes(held))
+        }
+        _ => String::new(),
+    };
     let of = match c.used {
         Some(u) if u > 0 => format!(" of the {} in use", human_bytes(u)),
         _ => String::new(),
@@ -130,7 +145,7 @@ pub(in crate::verdict) fn headline(c: &Ctx, k: &Kinds, failing: &str) -> Option<
         failing.to_string()
     };
     Some(format!(
-        "{what} fill device {}: {}{of} ({}){phase}; the {} request{program} failed",
+        "{what} fill device {}: {}{of} ({}){holder}{phase}; the {} request{program} failed",
         c.dev,
         human_bytes(bytes),
         rest.join(", "),

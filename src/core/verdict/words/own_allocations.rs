@@ -13,7 +13,7 @@ use crate::verdict::OWN_ALLOCATIONS;
 use dump::api;
 use dump::model::{Finding, GrowthFit};
 use dump::units::{clean, human_bytes, percent, share, thousands};
-use dump::view::free_blocks_available;
+use dump::view::{free_blocks_available, is_library_python_frame};
 
 const GROWING_SHAPES: &str = "The memory a step needs grows with its inputs: find the largest input the program will see \
      (the longest sequence, the largest batch or image) and cap it, split it, or lower the batch size so that one fits.";
@@ -136,7 +136,30 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
         None => largest,
     };
     let kinds = crate::verdict::kinds::kinds_of(dump);
-    let by_kind = kinds.and_then(|k| super::kinds::headline(c, k, &failing));
+    // The largest holder beside the kinds, unless it is the failing line the headline names.
+    let holder = c
+        .top
+        .as_ref()
+        .filter(|t| failing_at.is_none() || t.line != failing_at)
+        .map(|t| {
+            let label = match t.line {
+                Some(line) => line.short_label(),
+                None => short_label(&t.site.stack),
+            };
+            (t.site.bytes, label)
+        });
+    // A request whose stack holds only torch's own Python code (a thread of the framework's,
+    // not the program's) is named at the program's line the hook found instead: the line that
+    // called the backward pass, say, rather than a frame inside torch.
+    let inside_framework = matches!(failing_at, Some(Line::Frame(f)) if is_library_python_frame(f));
+    let by_kind = kinds.and_then(|k| {
+        let failing = if inside_framework && k.program_frame.is_some() {
+            ""
+        } else {
+            failing.as_str()
+        };
+        super::kinds::headline(c, k, failing, holder)
+    });
     let headline = match used {
         _ if by_kind.is_some() => by_kind.clone().unwrap_or_default(),
         Some(_)
