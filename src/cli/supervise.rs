@@ -45,7 +45,7 @@ static MASK_AT_START: AtomicU64 = AtomicU64::new(0);
 /// Signals 1 to 64 (Linux has no more).
 const MAX_SIGNAL: i32 = 64;
 
-fn bit(sig: i32) -> u64 {
+pub fn bit(sig: i32) -> u64 {
     1u64 << (sig - 1)
 }
 
@@ -111,7 +111,7 @@ fn sigset_of(bits: u64) -> libc::sigset_t {
 /// those it cannot catch (KILL, STOP), the terminal's stop signals (left at their default so
 /// oomshim stops with its group), those ignored at start (they stay ignored, as in the program)
 /// and glibc's internal ones.
-fn caught_signals(ignored: u64) -> u64 {
+pub fn caught_signals(ignored: u64) -> u64 {
     let mut bits = 0u64;
     let rtmin = libc::SIGRTMIN();
     for sig in 1..=MAX_SIGNAL {
@@ -992,65 +992,5 @@ fn write_post_mortem(pm: &PostMortems, dump: &dump::model::Dump) {
             "oomshim: post-mortem (reconstructed): {}; no dump written: {e}",
             clean(headline)
         )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn terminal_own_and_descendant_signals_are_never_passed_on() {
-        let none = |_| false;
-        assert_eq!(rule(libc::SIGINT, libc::SI_KERNEL, 0, 10, none), Rule::Drop);
-        assert_eq!(
-            rule(libc::SIGWINCH, libc::SI_KERNEL, 0, 10, none),
-            Rule::Drop
-        );
-        // An interval timer inherited across exec fires in oomshim: the program's.
-        assert_eq!(
-            rule(libc::SIGALRM, libc::SI_KERNEL, 0, 10, none),
-            Rule::UnlessSentinelSawIt
-        );
-        assert_eq!(rule(libc::SIGPIPE, libc::SI_USER, 10, 10, none), Rule::Drop);
-        assert_eq!(
-            rule(libc::SIGTERM, libc::SI_USER, 11, 10, |p| p == 11),
-            Rule::Drop
-        );
-        assert_eq!(
-            rule(libc::SIGTERM, libc::SI_USER, 12, 10, |p| p == 11),
-            Rule::UnlessSentinelSawIt
-        );
-        assert_eq!(
-            rule(libc::SIGRTMIN() + 3, libc::SI_QUEUE, 12, 10, none),
-            Rule::UnlessSentinelSawIt
-        );
-    }
-
-    #[test]
-    fn every_catchable_signal_but_the_stops_and_the_ignored_ones_is_taken_in() {
-        let c = caught_signals(bit(libc::SIGHUP) | bit(libc::SIGCHLD));
-        assert_eq!(c & bit(libc::SIGHUP), 0, "ignored at start: stays ignored");
-        assert_ne!(c & bit(libc::SIGCHLD), 0, "SIGCHLD is needed to reap");
-        for s in [
-            libc::SIGKILL,
-            libc::SIGSTOP,
-            libc::SIGTSTP,
-            libc::SIGTTIN,
-            libc::SIGTTOU,
-        ] {
-            assert_eq!(c & bit(s), 0, "{s}");
-        }
-        for s in [
-            libc::SIGTERM,
-            libc::SIGPROF,
-            libc::SIGVTALRM,
-            libc::SIGIO,
-            libc::SIGSYS,
-            libc::SIGRTMIN(),
-            libc::SIGRTMAX(),
-        ] {
-            assert_ne!(c & bit(s), 0, "{s}");
-        }
     }
 }

@@ -56,6 +56,12 @@ mod torch_package;
 #[path = "../verdicts.rs"]
 mod verdicts;
 
+// Unit tests of library crates whose API is public, here rather than in a harness of their own.
+#[path = "../unit/cli/mod.rs"]
+mod unit_cli;
+#[path = "../unit/format/mod.rs"]
+mod unit_format;
+
 /// Cargo builds only this binary (`autotests = false`): a file of tests/ that no line above names
 /// would silently never run.
 #[test]
@@ -75,5 +81,35 @@ fn every_test_file_is_in_the_binary() {
     assert!(
         missing.is_empty(),
         "tests/{missing:?} not in tests/all/main.rs: add `#[path = \"../NAME.rs\"] mod NAME;`"
+    );
+    // The crates' unit tests under tests/unit/CRATE/: each file is a module of that mod.rs.
+    let mut crates = 0;
+    for dir in std::fs::read_dir(tests.join("unit")).expect("tests/unit/") {
+        let dir = dir.expect("tests/unit entry").path();
+        let krate = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let rel = format!("../unit/{krate}/mod.rs");
+        assert!(
+            main.contains(&format!("#[path = \"{rel}\"]")),
+            "{rel} not in tests/all/main.rs"
+        );
+        let listed = std::fs::read_to_string(dir.join("mod.rs")).expect("mod.rs");
+        for entry in std::fs::read_dir(&dir).expect("unit dir") {
+            let name = entry
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
+            if let Some(module) = name.strip_suffix(".rs").filter(|m| *m != "mod") {
+                if !listed.contains(&format!("mod {module};")) {
+                    missing.push(format!("tests/unit/{krate}/{name}"));
+                }
+            }
+        }
+        crates += 1;
+    }
+    assert!(crates >= 2, "tests/unit/ has {crates} crates' tests");
+    assert!(
+        missing.is_empty(),
+        "{missing:?} not in their tests/unit/CRATE/mod.rs"
     );
 }

@@ -10,8 +10,8 @@ use oomshim_core::verdict::{
 };
 
 /// ANSI styling that is a no-op without colour.
-pub(super) struct Style {
-    pub(super) color: bool,
+pub struct Style {
+    pub color: bool,
 }
 
 impl Style {
@@ -52,7 +52,7 @@ pub(super) fn kv(out: &mut String, s: &Style, key: &str, value: &str) {
 pub(super) use dump::units::plural;
 
 /// Greedy word wrap; words longer than a line stand alone.
-pub(super) fn wrap(text: &str, max: usize, first: &str, rest: &str) -> Vec<String> {
+pub fn wrap(text: &str, max: usize, first: &str, rest: &str) -> Vec<String> {
     let mut lines = Vec::new();
     let mut line = first.to_string();
     let mut empty = true;
@@ -72,31 +72,31 @@ pub(super) fn wrap(text: &str, max: usize, first: &str, rest: &str) -> Vec<Strin
 }
 
 #[derive(Clone, Copy, PartialEq)]
-pub(super) enum Align {
+pub enum Align {
     Left,
     Right,
 }
 
 /// A table whose last column is free text (not padded) and may carry continuation lines.
-pub(super) struct Table {
+pub struct Table {
     headers: Vec<(String, Align)>,
     rows: Vec<(Vec<String>, Vec<String>)>,
 }
 
 impl Table {
-    pub(super) fn new(headers: &[(&str, Align)]) -> Table {
+    pub fn new(headers: &[(&str, Align)]) -> Table {
         Table {
             headers: headers.iter().map(|(h, a)| (h.to_string(), *a)).collect(),
             rows: Vec::new(),
         }
     }
 
-    pub(super) fn row(&mut self, cells: Vec<String>, more: Vec<String>) {
+    pub fn row(&mut self, cells: Vec<String>, more: Vec<String>) {
         debug_assert_eq!(cells.len(), self.headers.len());
         self.rows.push((cells, more));
     }
 
-    pub(super) fn render(&self, out: &mut String, s: &Style) {
+    pub fn render(&self, out: &mut String, s: &Style) {
         let n = self.headers.len();
         let mut widths: Vec<usize> = self.headers.iter().map(|(h, _)| width(h)).collect();
         for (cells, _) in &self.rows {
@@ -135,36 +135,5 @@ impl Table {
                 let _ = writeln!(out, "{}{extra}", " ".repeat(continuation));
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn wrap_and_table_alignment() {
-        assert_eq!(wrap("a b c", 3, "", ""), vec!["a b", "c"]);
-        assert_eq!(wrap("", 10, "  ", "  "), vec!["  "]);
-        assert_eq!(
-            wrap("averyveryverylongword x", 5, "- ", "  "),
-            vec!["- averyveryverylongword", "  x"]
-        );
-        let mut t = Table::new(&[
-            ("N", Align::Right),
-            ("NAME", Align::Left),
-            ("TEXT", Align::Left),
-        ]);
-        t.row(
-            vec!["1".into(), "a".into(), "first".into()],
-            vec!["second".into()],
-        );
-        t.row(vec!["100".into(), "abcdef".into(), "x".into()], vec![]);
-        let mut out = String::new();
-        t.render(&mut out, &Style { color: false });
-        assert_eq!(
-            out,
-            "    N  NAME    TEXT\n    1  a       first\n               second\n  100  abcdef  x\n"
-        );
     }
 }

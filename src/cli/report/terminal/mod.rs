@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-mod layout;
+pub mod layout;
 
 use super::model::{group_holders, shown_frames, Occasion, Recovery, ReportModel, RequestView};
 use super::ReportOptions;
@@ -885,6 +885,3 @@ fn recording(out: &mut String, s: &Style, dump: &Dump) {
         );
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -1,10 +1,11 @@
 //! The terminal report's goldens (`tests/fixtures/*.report.txt`) and hostile input.
 
-use super::*;
-use crate::report::fixtures::{check_golden, fixture_names, load_fixture};
+use super::fixtures::{check_golden, fixture_names, load_fixture};
 use dump::fixtures::oom_dump;
 use dump::model::*;
 use dump::units::width;
+use oomshim_cli::report::terminal::*;
+use oomshim_cli::report::ReportOptions;
 
 #[test]
 fn libraries_and_the_untracked_split_are_named_in_the_report() {
@@ -151,7 +152,7 @@ fn empty_and_unknown_render_without_panicking() {
             ),
             "{text}"
         );
-        let _ = crate::report::render_json(&dump, &ReportOptions { top, color: false });
+        let _ = oomshim_cli::report::render_json(&dump, &ReportOptions { top, color: false });
     }
 }
 
@@ -237,7 +238,7 @@ fn hostile_and_extreme_values() {
             assert!(width(line) < 400, "line too long: {line}");
         }
     }
-    let v = crate::report::render_json(
+    let v = oomshim_cli::report::render_json(
         &dump,
         &ReportOptions {
             top: 3,
