@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::args` (moved from src/.../args.rs).
+//! Unit tests of `oomshim_cli::args` (src/cli/args.rs).
 
 use clap::CommandFactory;
 use oomshim_cli::args::Args;

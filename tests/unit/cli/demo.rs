@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::demo` (moved from src/.../demo.rs).
+//! Unit tests of `oomshim_cli::demo` (src/cli/demo.rs).
 
 use oomshim_cli::demo::*;
 use std::fs;

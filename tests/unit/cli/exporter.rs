@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::exporter` (moved from src/.../exporter.rs).
+//! Unit tests of `oomshim_cli::exporter` (src/cli/exporter.rs).
 
 use oomshim_cli::exporter::*;
 

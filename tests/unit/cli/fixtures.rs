@@ -1,4 +1,5 @@
-//! Unit tests of `oomshim_cli::report` (moved from src/.../report/mod.rs).
+//! Test fixtures under `tests/fixtures/` and golden-file comparison for the report tests.
+//! `OOMSHIM_BLESS=1` rewrites the expected files instead of comparing.
 
 use std::path::PathBuf;
 

@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::locate` (moved from src/.../locate.rs).
+//! Unit tests of `oomshim_cli::locate` (src/cli/locate.rs).
 
 use oomshim_cli::locate::*;
 use std::fs;

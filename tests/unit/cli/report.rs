@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::report` (moved from src/.../report/mod.rs).
+//! Unit tests of `oomshim_cli::report` (src/cli/report/mod.rs).
 
 use dump::model::{Frame, FrameKind};
 use dump::view::*;

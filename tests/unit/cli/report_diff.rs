@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::report::diff` (moved from src/.../report/diff.rs).
+//! Unit tests of `oomshim_cli::report::diff` (src/cli/report/diff.rs).
 
 use dump::model::Site;
 use dump::model::{Dump, Frame};

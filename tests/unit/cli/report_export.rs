@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::report::export` (moved from src/.../report/export.rs).
+//! Unit tests of `oomshim_cli::report::export` (src/cli/report/export.rs).
 
 use dump::model::{Dump, Frame, Holder};
 use dump::model::{SegmentBlock, SegmentEntry};

@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::report::html` (moved from src/.../report/html.rs).
+//! Unit tests of `oomshim_cli::report::html` (src/cli/report/html.rs).
 
 use super::fixtures::{fixture_names, load_fixture};
 use oomshim_cli::report::html::*;

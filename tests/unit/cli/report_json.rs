@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::report::json` (moved from src/.../report/json.rs).
+//! Unit tests of `oomshim_cli::report::json` (src/cli/report/json.rs).
 
 use super::fixtures::{self, check_golden, fixture_names, load_fixture};
 use dump::view::{frame_label, named_frames};

@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::report::merge` (moved from src/.../report/merge.rs).
+//! Unit tests of `oomshim_cli::report::merge` (src/cli/report/merge.rs).
 
 use dump::model::Dump;
 use dump::read::parse_dump;

@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::report::model` (moved from src/.../report/model.rs).
+//! Unit tests of `oomshim_cli::report::model` (src/cli/report/model.rs).
 
 use super::fixtures::{fixture_names, load_fixture};
 use dump::model::{Growth, Verdict};

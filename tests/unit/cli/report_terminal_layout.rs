@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::report::terminal::layout` (moved from src/.../report/terminal/layout.rs).
+//! Unit tests of `oomshim_cli::report::terminal::layout` (src/cli/report/terminal/layout.rs).
 
 use oomshim_cli::report::terminal::layout::*;
 

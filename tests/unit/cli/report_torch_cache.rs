@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::report::torch_cache` (moved from src/.../report/torch_cache.rs).
+//! Unit tests of `oomshim_cli::report::torch_cache` (src/cli/report/torch_cache.rs).
 
 use dump::model::HistogramBin;
 use dump::model::{CacheSummary, Dump};

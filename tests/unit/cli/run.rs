@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::run` (moved from src/.../run.rs).
+//! Unit tests of `oomshim_cli::run` (src/cli/run.rs).
 
 use oomshim_cli::run::*;
 use std::ffi::{OsStr, OsString};

@@ -1,4 +1,4 @@
-//! Unit tests of `oomshim_cli::supervise` (moved from src/.../supervise.rs).
+//! Unit tests of `oomshim_cli::supervise` (src/cli/supervise.rs).
 
 use oomshim_cli::supervise::*;
 
