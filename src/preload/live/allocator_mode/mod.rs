@@ -30,7 +30,6 @@ use super::oom::{self, FrameworkNote, OomEvent};
 use dump::model::FreeBlocks;
 use std::cell::RefCell;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
 /// What an allocator-mode failure on `device` knows, gathered on the failing thread: free/total
@@ -136,16 +135,8 @@ pub fn oom_now(event: OomEvent, framework: Option<FrameworkNote>) -> AllocatorOo
     let Some(s) = super::shim() else {
         return AllocatorOom::default();
     };
-    s.oom_failures.fetch_add(1, Ordering::Relaxed);
-    let stacks = s.capture_stacks();
-    match s.oom.on_failure(
-        s,
-        event,
-        stacks,
-        super::thread_id(),
-        oom::Mode::Now(oom::Resolution::Allocator),
-        framework,
-    ) {
+    s.count_oom_failure();
+    match s.oom_failure(event, oom::Mode::Now(oom::Resolution::Allocator), framework) {
         oom::Handled::Written { path, verdict } => AllocatorOom {
             path,
             verdict: Some(verdict),

@@ -135,7 +135,7 @@ impl OomTracker {
     /// An allocation failed with out-of-memory on `thread`. `framework`: the framework's word,
     /// given before the failure was recorded (allocator mode's observers), for a dump written now.
     pub(crate) fn on_failure(
-        &self,
+        &'static self,
         s: &'static Shim,
         ev: OomEvent,
         stacks: (StackId, StackId),
@@ -161,7 +161,7 @@ impl OomTracker {
         // After the exit flush the writer thread may never run again (the process is ending):
         // such a failure is written on this thread rather than lost.
         let flushing = st.flushing;
-        let settle_now = mode == Mode::Settle && (s.config.settle.is_zero() || flushing);
+        let settle_now = mode == Mode::Settle && (s.config().settle.is_zero() || flushing);
         let queued = mode == Mode::Settle && !settle_now;
         match st.admit(s, &ev, stacks, now, if queued { id } else { 0 }) {
             Admit::Repeat(path) => {
@@ -356,7 +356,7 @@ impl OomTracker {
 /// thread, at once (the most telling moment), with the context the event brought from there.
 pub(super) fn failure_capture(s: &Shim, ev: &OomEvent, stacks: (StackId, StackId)) -> Capture {
     Capture {
-        snapshot: s.ledger.snapshot(s.config.top),
+        snapshot: s.snapshot(),
         time: SystemTime::now(),
         now_ns: s.now_ns(),
         failing: Some(Failing {
@@ -374,7 +374,7 @@ pub(super) fn failure_capture(s: &Shim, ev: &OomEvent, stacks: (StackId, StackId
         },
         // The growth up to this failure: a program that keeps stepping after its error would
         // fill the rings with flat samples before a settled dump is written (issue 27).
-        growth: s.growth.freeze(s.ledger.total_allocations()),
+        growth: s.frozen_growth(),
     }
 }
 
@@ -384,7 +384,7 @@ pub(super) fn last_failure(s: &Shim, ev: &OomEvent, time: SystemTime) -> LastFai
         bytes: ev.bytes,
         api: ev.api.name().to_string(),
         time_unix_ms: unix_ms(time),
-        tracked_bytes: s.ledger.device_bytes(ev.device),
+        tracked_bytes: s.device_bytes(ev.device),
         free_bytes: ev.context.mem_info.map(|m| m.0),
         total_bytes: ev.context.mem_info.map(|m| m.1),
     }
