@@ -163,8 +163,10 @@ impl OomTracker {
         let flushing = st.flushing;
         let settle_now = mode == Mode::Settle && (s.config().settle.is_zero() || flushing);
         let queued = mode == Mode::Settle && !settle_now;
-        match st.admit(s, &ev, stacks, now, if queued { id } else { 0 }) {
-            Admit::Repeat(path) => {
+        let request = if queued { id } else { 0 };
+        let capture = match self.admit_and_capture(s, st, &ev, stacks, now, request) {
+            Admitted::Capture(capture) => capture,
+            Admitted::Repeat(path, mut st) => {
                 // Remembered, so the framework's word about this failure finds it (and makes
                 // no dump of its own).
                 st.requests.push(
@@ -174,14 +176,8 @@ impl OomTracker {
                 st.trim();
                 return Handled::Repeat(path);
             }
-            Admit::Capped => return Handled::NoDump,
-            Admit::New => {}
-        }
-        drop(st);
-        if !super::room_for_dump(s) {
-            return Handled::NoDump;
-        }
-        let capture = failure_capture(s, &ev, stacks);
+            Admitted::NoDump => return Handled::NoDump,
+        };
         let mut st = self.lock();
         match mode {
             Mode::Settle if queued => {
@@ -327,17 +323,11 @@ impl OomTracker {
                 ..super::FailureContext::without_cuda(Some(note.device), mem_info)
             },
         };
-        let mut st = self.lock();
-        match st.admit(s, &ev, stacks, now, 0) {
-            Admit::Repeat(p) => return Handled::Repeat(p),
-            Admit::Capped => return Handled::NoDump,
-            Admit::New => {}
-        }
-        drop(st);
-        if !super::room_for_dump(s) {
-            return Handled::NoDump;
-        }
-        let capture = failure_capture(s, &ev, stacks);
+        let capture = match self.admit_and_capture(s, self.lock(), &ev, stacks, now, 0) {
+            Admitted::Capture(capture) => capture,
+            Admitted::Repeat(p, _) => return Handled::Repeat(p),
+            Admitted::NoDump => return Handled::NoDump,
+        };
         let last = last_failure(s, &ev, capture.time);
         let failure = WriteNow {
             capture,
@@ -349,6 +339,44 @@ impl OomTracker {
             started: now,
         };
         self.write_now(s, self.lock(), failure)
+    }
+}
+
+/// What became of a failure at [`OomTracker::admit_and_capture`].
+enum Admitted<'a> {
+    /// A new dump: the state it describes, captured now.
+    Capture(Capture),
+    /// A repeat of an earlier dumped failure: that dump, with the tracker's lock still held
+    /// (the caller may remember the repeat under it).
+    Repeat(Option<PathBuf>, MutexGuard<'a, State>),
+    /// Over the dump cap, or no room for a dump.
+    NoDump,
+}
+
+impl OomTracker {
+    /// The steps every failure that may get a dump goes through, in this order: admitted under
+    /// the tracker's lock `st` (a repeat, over the cap, or a new dump, counted against the cap;
+    /// `request` is the queued request's id, 0 for a dump written now), the lock let go, room
+    /// for a dump made sure of, and the failure's state captured on this thread.
+    fn admit_and_capture<'a>(
+        &'a self,
+        s: &Shim,
+        mut st: MutexGuard<'a, State>,
+        ev: &OomEvent,
+        stacks: (StackId, StackId),
+        now: Instant,
+        request: u64,
+    ) -> Admitted<'a> {
+        match st.admit(s, ev, stacks, now, request) {
+            Admit::Repeat(path) => return Admitted::Repeat(path, st),
+            Admit::Capped => return Admitted::NoDump,
+            Admit::New => {}
+        }
+        drop(st);
+        if !super::room_for_dump(s) {
+            return Admitted::NoDump;
+        }
+        Admitted::Capture(failure_capture(s, ev, stacks))
     }
 }
 
