@@ -342,7 +342,10 @@ impl OomTracker {
     }
 }
 
-/// What became of a failure at [`OomTracker::admit_and_capture`].
+/// What became of a failure at [`OomTracker::admit_and_capture`]. Returned once per failure and
+/// taken apart at once: the capture moves on by value, as it did before this step was shared,
+/// rather than through a box allocated on the out-of-memory path.
+#[allow(clippy::large_enum_variant)]
 enum Admitted<'a> {
     /// A new dump: the state it describes, captured now.
     Capture(Capture),
