@@ -120,7 +120,7 @@ fn failure_context(layer: &Layer, device: i32) -> crate::live::FailureContext {
         runtime_version,
         pools,
         vmm,
-        free_blocks: torch_alloc::free_blocks_if_active(device),
+        free_blocks: crate::live::allocator_mode::free_blocks_if_active(device),
         memory_cap: None,
     }
 }
@@ -150,7 +150,7 @@ pub(crate) fn on_demand_context(
         runtime_version,
         pools,
         vmm,
-        free_blocks: torch_alloc::free_blocks_if_active(device.unwrap_or(0)),
+        free_blocks: crate::live::allocator_mode::free_blocks_if_active(device.unwrap_or(0)),
         memory_cap: None,
     }
 }
