@@ -269,7 +269,7 @@ impl Shim {
     }
 
     /// The settings read at start.
-    pub(crate) fn config(&self) -> &Config {
+    fn config(&self) -> &Config {
         &self.config
     }
 
