@@ -104,10 +104,13 @@ fn failure_context(layer: &Layer, device: i32) -> crate::live::FailureContext {
     let pools = pools::snapshot(device);
     let vmm = crate::live::vmm_summary();
     let (driver_version, runtime_version) =
-        crate::live::note_cuda_versions(driver::driver_version, layer.runtime_version);
+        crate::live::context::note_cuda_versions(driver::driver_version, layer.runtime_version);
     let mem_info = (layer.mem_info)();
-    let (device_name, device_uuid) =
-        crate::live::cached_device_identity(device, layer.device_name, driver::device_uuid);
+    let (device_name, device_uuid) = crate::live::context::cached_device_identity(
+        device,
+        layer.device_name,
+        driver::device_uuid,
+    );
     crate::live::FailureContext {
         device: Some(device),
         mem_info,
@@ -117,7 +120,7 @@ fn failure_context(layer: &Layer, device: i32) -> crate::live::FailureContext {
         runtime_version,
         pools,
         vmm,
-        free_blocks: torch_alloc::free_blocks_if_active(device),
+        free_blocks: crate::live::allocator_mode::free_blocks_if_active(device),
         memory_cap: None,
     }
 }
@@ -135,9 +138,9 @@ pub(crate) fn on_demand_context(
     let vmm = crate::live::vmm_summary();
     let mem_info = device.and_then(|_| mem_info());
     let (device_name, device_uuid) = device
-        .map(|d| crate::live::cached_device_identity(d, device_name, driver::device_uuid))
+        .map(|d| crate::live::context::cached_device_identity(d, device_name, driver::device_uuid))
         .unwrap_or_default();
-    let (driver_version, runtime_version) = crate::live::cuda_versions();
+    let (driver_version, runtime_version) = crate::live::context::cuda_versions();
     crate::live::FailureContext {
         device,
         mem_info,
@@ -147,7 +150,7 @@ pub(crate) fn on_demand_context(
         runtime_version,
         pools,
         vmm,
-        free_blocks: torch_alloc::free_blocks_if_active(device.unwrap_or(0)),
+        free_blocks: crate::live::allocator_mode::free_blocks_if_active(device.unwrap_or(0)),
         memory_cap: None,
     }
 }

@@ -249,7 +249,7 @@ unsafe fn read_ptr(out: *mut *mut c_void) -> usize {
 }
 
 // The runtime layer's device queries, shared by the hooks here, `oomshim_dump` and allocator
-// mode (`torch_alloc.rs`): one lookup of each real function.
+// mode (`torch_alloc.rs`, for `live::allocator_mode`): one lookup of each real function.
 
 /// The calling thread's current device, from the real runtime (no context is created by it);
 /// `None` when the runtime is missing or the call fails.

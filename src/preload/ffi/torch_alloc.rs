@@ -27,24 +27,22 @@
 //! CUDA graphs: an allocation on a stream that is being captured belongs to that capture
 //! (`oomshim_core::alloc` keeps such blocks for the graph's replays); the segment `cudaMalloc` then runs
 //! in relaxed capture mode, as torch's own allocator does, so it cannot invalidate the capture.
+//!
+//! This file is the C side only: the entry points, their arguments turned into Rust values, the
+//! panic boundary, the observer call and the C++ exception, and the real runtime functions
+//! ([`RealCuda`]). What each call does with the allocator is `crate::live::allocator_mode`,
+//! which gets its segments and events through those functions.
 
 use super::cuda_error::SUCCESS;
-use super::real::real_fn;
+use super::RealFn;
 use crate::live::allocator_mode::{
-    c_message, config_from_env, free_blocks_for_dump, judged_mem_info, memory_cap,
-    native_tensor_stacks, out_of_memory_text, MESSAGE_BYTES,
+    self as mode, c_message, judged_mem_info, Call, CudaRuntime, Failure, MESSAGE_BYTES,
 };
-use dump::model::FreeBlocks;
 use dump::units::human_bytes;
-use oomshim_core::alloc::{
-    CachingAllocator, HistoryConfig, MemorySource, OomCause, OutOfMemory, RecordContext,
-};
-use oomshim_core::ledger::Api;
+use oomshim_core::alloc::OutOfMemory;
 use oomshim_core::sys::fn_ptr::FnPtr;
-use std::cell::Cell;
 use std::ffi::{c_char, c_double, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 
 type Stream = *mut c_void;
 
@@ -67,315 +65,162 @@ pub const EXPORTED_NAMES: &[&str] = &[
     "oomshim_torch_set_oom_observer",
 ];
 
-const NOT_READY: c_int = 600;
-/// `cudaEventDisableTiming`: events used only for ordering are cheaper without timing.
-const EVENT_DISABLE_TIMING: u32 = 2;
-/// `cudaStreamCaptureModeRelaxed`.
-const CAPTURE_MODE_RELAXED: c_int = 2;
-/// `cudaStreamCaptureStatusActive`.
-const CAPTURE_ACTIVE: c_int = 1;
+// The real runtime functions allocator mode calls, each with its C signature.
+type SetDevice = unsafe extern "C" fn(c_int) -> c_int;
+type GetLastError = unsafe extern "C" fn() -> c_int;
+type Malloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
+type ExchangeCaptureMode = unsafe extern "C" fn(*mut c_int) -> c_int;
+type Free = unsafe extern "C" fn(*mut c_void) -> c_int;
+type EventCreate = unsafe extern "C" fn(*mut *mut c_void, u32) -> c_int;
+type EventRecord = unsafe extern "C" fn(*mut c_void, Stream) -> c_int;
+type EventQuery = unsafe extern "C" fn(*mut c_void) -> c_int;
+type EventDestroy = unsafe extern "C" fn(*mut c_void) -> c_int;
+type GetCaptureInfo = unsafe extern "C" fn(
+    Stream,
+    *mut c_int,
+    *mut u64,
+    *mut c_void,
+    *mut c_void,
+    *mut c_void,
+    *mut usize,
+) -> c_int;
 
-fn get_device() -> Option<i32> {
-    super::runtime::runtime_device()
-}
+// SAFETY: each type is the C signature of the function its static names, `cudaError_t`
+// being a C int; so for every static below ("as above").
+static SET_DEVICE: RealFn<SetDevice> = unsafe { RealFn::new(c"cudaSetDevice") };
+// SAFETY: as above.
+static GET_LAST_ERROR: RealFn<GetLastError> = unsafe { RealFn::new(c"cudaGetLastError") };
+// SAFETY: as above.
+static MALLOC: RealFn<Malloc> = unsafe { RealFn::new(c"cudaMalloc") };
+// SAFETY: as above.
+static EXCHANGE_CAPTURE_MODE: RealFn<ExchangeCaptureMode> =
+    unsafe { RealFn::new(c"cudaThreadExchangeStreamCaptureMode") };
+// SAFETY: as above.
+static FREE: RealFn<Free> = unsafe { RealFn::new(c"cudaFree") };
+// SAFETY: as above.
+static EVENT_CREATE: RealFn<EventCreate> = unsafe { RealFn::new(c"cudaEventCreateWithFlags") };
+// SAFETY: as above.
+static EVENT_RECORD: RealFn<EventRecord> = unsafe { RealFn::new(c"cudaEventRecord") };
+// SAFETY: as above.
+static EVENT_QUERY: RealFn<EventQuery> = unsafe { RealFn::new(c"cudaEventQuery") };
+// SAFETY: as above.
+static EVENT_DESTROY: RealFn<EventDestroy> = unsafe { RealFn::new(c"cudaEventDestroy") };
+// SAFETY: as above.
+static GET_CAPTURE_INFO: RealFn<GetCaptureInfo> =
+    unsafe { RealFn::new(c"cudaStreamGetCaptureInfo") };
 
-fn set_device(device: i32) -> bool {
-    match real_fn!(c"cudaSetDevice", unsafe extern "C" fn(c_int) -> c_int) {
-        // SAFETY: `cudaError_t cudaSetDevice(int)`, a plain value argument.
-        Some(f) => unsafe { f(device) == SUCCESS },
-        None => false,
+/// The real CUDA runtime, as allocator mode calls it (`crate::live::allocator_mode::source`):
+/// pointers and streams as integers, out-parameters as return values.
+struct RealCuda;
+
+/// What allocator mode is handed on every call.
+static CUDA: RealCuda = RealCuda;
+
+impl CudaRuntime for RealCuda {
+    fn current_device(&self) -> Option<i32> {
+        super::runtime::runtime_device()
     }
-}
 
-/// Clears the runtime's last-error state after a call of ours failed, so the program's next
-/// `cudaGetLastError` (torch checks it after every kernel launch) does not see our error.
-fn clear_last_error() {
-    if let Some(f) = real_fn!(c"cudaGetLastError", unsafe extern "C" fn() -> c_int) {
-        // SAFETY: `cudaError_t cudaGetLastError(void)`: no argument, no precondition.
-        unsafe { f() };
-    }
-}
-
-/// Runs `f` with `device` current, restoring the caller's device after.
-fn on_device<R>(device: i32, f: impl FnOnce() -> R) -> R {
-    let before = get_device();
-    let switch = before.is_some_and(|d| d != device) && set_device(device);
-    let r = f();
-    if switch {
-        if let Some(d) = before {
-            set_device(d);
+    fn set_device(&self, device: i32) -> bool {
+        match SET_DEVICE.get() {
+            // SAFETY: `cudaError_t cudaSetDevice(int)`, a plain value argument.
+            Some(f) => unsafe { f(device) == SUCCESS },
+            None => false,
         }
     }
-    r
-}
 
-thread_local! {
-    /// True while this thread allocates for a stream under CUDA graph capture.
-    static CAPTURING: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Segments and events from the real CUDA runtime.
-pub(crate) struct CudaSource;
-
-impl MemorySource for CudaSource {
-    fn alloc_segment(&self, device: i32, bytes: u64) -> Result<u64, i32> {
-        let malloc = real_fn!(
-            c"cudaMalloc",
-            unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int
-        )
-        .ok_or(super::cuda_error::INITIALIZATION_ERROR)?;
-        let bytes = usize::try_from(bytes).map_err(|_| super::cuda_error::MEMORY_ALLOCATION)?;
-        let capturing = CAPTURING.with(|c| c.get());
-        on_device(device, || {
-            // During capture a cudaMalloc in the default (global) mode would invalidate the
-            // graph being captured; torch's allocator switches to relaxed mode the same way.
-            let exchange = real_fn!(
-                c"cudaThreadExchangeStreamCaptureMode",
-                unsafe extern "C" fn(*mut c_int) -> c_int
-            );
-            let mut mode = CAPTURE_MODE_RELAXED;
-            // SAFETY: `cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode *)` with a
-            // valid in/out mode.
-            let relaxed = capturing && exchange.is_some_and(|f| unsafe { f(&mut mode) } == SUCCESS);
-            let mut p: *mut c_void = std::ptr::null_mut();
-            // SAFETY: `cudaMalloc(void **, size_t)` with a valid out-parameter.
-            let rc = unsafe { malloc(&mut p, bytes) };
-            if relaxed {
-                if let Some(f) = exchange {
-                    // SAFETY: as above; puts back the mode the first exchange returned.
-                    unsafe { f(&mut mode) };
-                }
-            }
-            if rc == SUCCESS && !p.is_null() {
-                Ok(p as u64)
-            } else {
-                clear_last_error();
-                Err(if rc == SUCCESS {
-                    super::cuda_error::MEMORY_ALLOCATION
-                } else {
-                    rc
-                })
-            }
-        })
+    fn clear_last_error(&self) {
+        if let Some(f) = GET_LAST_ERROR.get() {
+            // SAFETY: `cudaError_t cudaGetLastError(void)`: no argument, no precondition.
+            unsafe { f() };
+        }
     }
 
-    fn free_segment(&self, device: i32, addr: u64, _bytes: u64) -> Result<(), i32> {
-        let free = real_fn!(c"cudaFree", unsafe extern "C" fn(*mut c_void) -> c_int)
-            .ok_or(super::cuda_error::INITIALIZATION_ERROR)?;
+    fn found(&self, call: Call) -> bool {
+        match call {
+            Call::Malloc => MALLOC.get().is_some(),
+            Call::Free => FREE.get().is_some(),
+            Call::EventCreate => EVENT_CREATE.get().is_some(),
+            Call::EventRecord => EVENT_RECORD.get().is_some(),
+            Call::ExchangeCaptureMode => EXCHANGE_CAPTURE_MODE.get().is_some(),
+        }
+    }
+
+    fn malloc(&self, bytes: usize) -> Option<(i32, u64)> {
+        let f = MALLOC.get()?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `cudaMalloc(void **, size_t)` with a valid out-parameter.
+        let rc = unsafe { f(&mut p, bytes) };
+        Some((rc, p as u64))
+    }
+
+    fn exchange_capture_mode(&self, mode: &mut i32) -> Option<i32> {
+        let f = EXCHANGE_CAPTURE_MODE.get()?;
+        // SAFETY: `cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode *)` with a valid
+        // in/out mode.
+        Some(unsafe { f(mode) })
+    }
+
+    fn free(&self, addr: u64) -> Option<i32> {
+        let f = FREE.get()?;
         // SAFETY: `cudaFree(void *)` of a segment the allocator got from `cudaMalloc` and no
         // longer hands out (the MemorySource contract); CUDA checks the pointer itself.
-        let rc = on_device(device, || unsafe { free(addr as *mut c_void) });
-        if rc == SUCCESS {
-            Ok(())
-        } else {
-            clear_last_error();
-            Err(rc)
-        }
+        Some(unsafe { f(addr as *mut c_void) })
     }
 
-    fn record_event(&self, device: i32, stream: u64) -> Result<u64, i32> {
-        let create = real_fn!(
-            c"cudaEventCreateWithFlags",
-            unsafe extern "C" fn(*mut *mut c_void, u32) -> c_int
-        )
-        .ok_or(super::cuda_error::INITIALIZATION_ERROR)?;
-        let record = real_fn!(
-            c"cudaEventRecord",
-            unsafe extern "C" fn(*mut c_void, Stream) -> c_int
-        )
-        .ok_or(super::cuda_error::INITIALIZATION_ERROR)?;
-        on_device(device, || {
-            let mut e: *mut c_void = std::ptr::null_mut();
-            // SAFETY: `cudaEventCreateWithFlags(cudaEvent_t *, unsigned)` with a valid
-            // out-parameter.
-            let rc = unsafe { create(&mut e, EVENT_DISABLE_TIMING) };
-            if rc != SUCCESS {
-                clear_last_error();
-                return Err(rc);
-            }
-            // SAFETY: `cudaEventRecord(cudaEvent_t, cudaStream_t)` of the event just created, on
-            // a stream torch handed the allocator; CUDA reports a bad stream as an error.
-            let rc = unsafe { record(e, stream as Stream) };
-            if rc != SUCCESS {
-                clear_last_error();
-                self.destroy_event(e as u64);
-                return Err(rc);
-            }
-            Ok(e as u64)
-        })
+    fn event_create(&self, flags: u32) -> Option<(i32, u64)> {
+        let f = EVENT_CREATE.get()?;
+        let mut e: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `cudaEventCreateWithFlags(cudaEvent_t *, unsigned)` with a valid
+        // out-parameter.
+        let rc = unsafe { f(&mut e, flags) };
+        Some((rc, e as u64))
     }
 
-    fn event_done(&self, event: u64) -> bool {
-        let Some(query) = real_fn!(
-            c"cudaEventQuery",
-            unsafe extern "C" fn(*mut c_void) -> c_int
-        ) else {
-            return true;
-        };
+    fn event_record(&self, event: u64, stream: u64) -> Option<i32> {
+        let f = EVENT_RECORD.get()?;
+        // SAFETY: `cudaEventRecord(cudaEvent_t, cudaStream_t)` of an event just created, on a
+        // stream torch handed the allocator; CUDA reports a bad stream as an error.
+        Some(unsafe { f(event as *mut c_void, stream as Stream) })
+    }
+
+    fn event_query(&self, event: u64) -> Option<i32> {
+        let f = EVENT_QUERY.get()?;
         // SAFETY: `cudaEventQuery(cudaEvent_t)` of an event `record_event` created and the
         // allocator has not destroyed yet.
-        match unsafe { query(event as *mut c_void) } {
-            SUCCESS => true,
-            NOT_READY => false,
-            _ => {
-                // A broken event can never complete: treat the block as free rather than
-                // leaking it forever, and keep the error away from the program.
-                clear_last_error();
-                true
-            }
-        }
+        Some(unsafe { f(event as *mut c_void) })
     }
 
-    fn destroy_event(&self, event: u64) {
-        if let Some(f) = real_fn!(
-            c"cudaEventDestroy",
-            unsafe extern "C" fn(*mut c_void) -> c_int
-        ) {
-            // SAFETY: `cudaEventDestroy(cudaEvent_t)` of an event of `record_event`, destroyed
-            // once (the allocator drops its handle).
-            if unsafe { f(event as *mut c_void) } != SUCCESS {
-                clear_last_error();
-            }
-        }
+    fn event_destroy(&self, event: u64) -> Option<i32> {
+        let f = EVENT_DESTROY.get()?;
+        // SAFETY: `cudaEventDestroy(cudaEvent_t)` of an event of `record_event`, destroyed once
+        // (the allocator drops its handle).
+        Some(unsafe { f(event as *mut c_void) })
     }
-}
 
-/// The allocator, created on the first call from torch (never at load time).
-static ALLOCATOR: OnceLock<CachingAllocator<CudaSource>> = OnceLock::new();
-
-fn allocator() -> &'static CachingAllocator<CudaSource> {
-    ALLOCATOR.get_or_init(|| {
-        // For the dumps no hook gathers (the shim's own trigger threads, a framework's word):
-        // the runtime cannot reach this module otherwise.
-        crate::live::allocator_mode::set_free_blocks_source(free_blocks_with_segment_map);
-        CachingAllocator::new(CudaSource, config_from_env())
-    })
-}
-
-/// The allocator's free blocks of `device` for a dump gathered on a hook's thread, when allocator
-/// mode is on; `None` (and no allocator created) otherwise.
-pub(super) fn free_blocks_if_active(device: i32) -> Option<FreeBlocks> {
-    ALLOCATOR.get()?;
-    free_blocks_with_segment_map(device)
-}
-
-/// Captures whose end the allocator has not been told of yet.
-static OPEN_CAPTURES: crate::live::allocator_mode::OpenCaptures =
-    crate::live::allocator_mode::OpenCaptures::new();
-
-/// The capture `stream` is part of, if it is being captured now.
-fn capture_of(stream: Stream) -> Option<u64> {
-    // The legacy and per-thread default streams cannot be captured; asking about them while
-    // another stream captures would itself be an error. Torch's default stream is 0.
-    if (stream as usize) <= 2 {
-        return None;
+    fn capture_info(&self, stream: u64) -> Option<(i32, i32, u64)> {
+        let f = GET_CAPTURE_INFO.get()?;
+        let mut status: c_int = 0;
+        let mut id: u64 = 0;
+        let null = std::ptr::null_mut();
+        // SAFETY: `cudaStreamGetCaptureInfo(stream, status *, id *, graph *, deps *, edges *,
+        // count *)` with valid status and id out-parameters; the optional ones may be NULL.
+        let rc = unsafe {
+            f(
+                stream as Stream,
+                &mut status,
+                &mut id,
+                null,
+                null,
+                null,
+                null as *mut usize,
+            )
+        };
+        Some((rc, status, id))
     }
-    let info = real_fn!(
-        c"cudaStreamGetCaptureInfo",
-        unsafe extern "C" fn(
-            Stream,
-            *mut c_int,
-            *mut u64,
-            *mut c_void,
-            *mut c_void,
-            *mut c_void,
-            *mut usize,
-        ) -> c_int
-    )?;
-    let mut status: c_int = 0;
-    let mut id: u64 = 0;
-    let null = std::ptr::null_mut();
-    // SAFETY: `cudaStreamGetCaptureInfo(stream, status *, id *, graph *, deps *, edges *,
-    // count *)` with valid status and id out-parameters; the optional ones may be NULL.
-    let rc = unsafe {
-        info(
-            stream,
-            &mut status,
-            &mut id,
-            null,
-            null,
-            null,
-            null as *mut usize,
-        )
-    };
-    if rc != SUCCESS {
-        clear_last_error();
-        return None;
-    }
-    (status == CAPTURE_ACTIVE).then_some(id)
-}
 
-/// Tells the allocator about captures that ended since the last check.
-fn retire_ended_captures(a: &CachingAllocator<CudaSource>) {
-    OPEN_CAPTURES.retire(
-        |stream| capture_of(stream as Stream),
-        |id| a.end_capture(id),
-    );
-}
-
-fn note_capture(stream: Stream, id: u64) {
-    OPEN_CAPTURES.note(stream as usize, id);
-}
-
-/// What `alloc` hands back when it cannot serve the request.
-enum Failure {
-    /// The request cannot be served: what the allocator found, before the observers ran and the
-    /// dump was written ([`unserved`]).
-    Unserved(Box<OutOfMemory>, u32),
-    /// The request cannot be served: the message for the exception.
-    OutOfMemory(Box<[u8; MESSAGE_BYTES]>),
-    /// CUDA failed for another reason than memory (an invalid device, a sticky error): the
-    /// message for a plain runtime error.
-    CudaError(Box<[u8; MESSAGE_BYTES]>),
-    /// The shim is broken (a panic): pass through to a plain cudaMalloc.
-    PassThrough,
-}
-
-fn alloc_impl(size: usize, device: c_int, stream: Stream) -> Result<*mut c_void, Failure> {
-    let a = allocator();
-    retire_ended_captures(a);
-    let capture = capture_of(stream);
-    if let Some(id) = capture {
-        note_capture(stream, id);
-    }
-    let _ = CAPTURING.try_with(|c| c.set(capture.is_some()));
-    let context = history_stack(a, RecordContext::State);
-    let result = a.malloc_in_context(device, size as u64, stream as u64, capture, context);
-    let _ = CAPTURING.try_with(|c| c.set(false));
-    match result {
-        Ok(block) => {
-            crate::live::record_alloc_with(
-                Api::TorchAlloc,
-                block.addr as usize,
-                size as u64,
-                device,
-                stream as usize,
-                native_tensor_stacks() || !oomshim_core::pystack::active(),
-            );
-            Ok(block.addr as *mut c_void)
-        }
-        Err(OutOfMemory {
-            cause: OomCause::DeviceExhausted { cuda_error },
-            segment_bytes,
-            ..
-        }) if cuda_error != super::cuda_error::MEMORY_ALLOCATION => {
-            Err(Failure::CudaError(Box::new(c_message(&format!(
-                "CUDA error {cuda_error} from cudaMalloc of a {} segment for a {} tensor on device {device} (oomshim allocator)",
-                human_bytes(segment_bytes),
-                human_bytes(size as u64)
-            )))))
-        }
-        Err(oom) => Err(Failure::Unserved(Box::new(oom), context)),
-    }
-}
-
-/// The caller's Python stack for torch's memory history when it keeps stacks at `level` or
-/// above (an allocation from `state`, a free at `all`); 0 otherwise, after one relaxed load.
-#[inline]
-fn history_stack(a: &CachingAllocator<CudaSource>, level: RecordContext) -> u32 {
-    match a.history_context() {
-        Some(l) if l >= level => crate::live::history::python_stack(),
-        _ => 0,
+    fn mem_info(&self) -> Option<(u64, u64)> {
+        super::runtime::mem_info()
     }
 }
 
@@ -406,11 +251,11 @@ pub extern "C" fn oomshim_torch_set_oom_observer(observer: Option<OomObserver>) 
 /// message built. `context`: the caller's stack for torch's history (0 when off). `outermost`: the failing call entered the shim from outside (never observers
 /// from inside the shim).
 fn unserved(oom: &OutOfMemory, stream: Stream, context: u32, outermost: bool) -> Failure {
-    let mem_info = contained(|| on_device(oom.device, device_mem_info)).flatten();
+    let mem_info = contained(|| mode::mem_info_on(&CUDA, oom.device)).flatten();
     let observer = OOM_OBSERVER.load(Ordering::Acquire);
     let note = if outermost && observer != 0 {
         let (free, total) = judged_mem_info(oom, mem_info).unwrap_or((0, 0));
-        crate::live::allocator_mode::observe(|| {
+        mode::observe(|| {
             // SAFETY: a non-zero `observer` was stored by oomshim_torch_set_oom_observer from a
             // function of this type, and its caller keeps it callable while it is set.
             let Some(f) = (unsafe { <OomObserver as FnPtr>::from_addr(observer) }) else {
@@ -425,70 +270,15 @@ fn unserved(oom: &OutOfMemory, stream: Stream, context: u32, outermost: bool) ->
     };
     let guard = super::Guard::enter();
     let message =
-        contained(|| out_of_memory(oom, stream, mem_info, note, context)).unwrap_or_else(|| {
-            c_message(&format!(
-                "CUDA out of memory. Tried to allocate {} (oomshim allocator).",
-                human_bytes(oom.requested)
-            ))
-        });
+        contained(|| mode::out_of_memory(&CUDA, oom, stream as u64, mem_info, note, context))
+            .unwrap_or_else(|| {
+                c_message(&format!(
+                    "CUDA out of memory. Tried to allocate {} (oomshim allocator).",
+                    human_bytes(oom.requested)
+                ))
+            });
     drop(guard);
     Failure::OutOfMemory(Box::new(message))
-}
-
-/// Records the failure (its dump is written now, with the framework's word `note` when its
-/// observer gave one) and builds the exception's message; `context` is the stack of torch's
-/// `oom` history entry.
-fn out_of_memory(
-    oom: &OutOfMemory,
-    stream: Stream,
-    mem_info: Option<(u64, u64)>,
-    note: Option<crate::live::FrameworkNote>,
-    context: u32,
-) -> [u8; MESSAGE_BYTES] {
-    if allocator().history_context().is_some() {
-        // torch's `oom` entry: the rounded request and what CUDA said was free.
-        let free = mem_info.map_or(0, |m| m.0);
-        allocator().record_oom(oom.device, oom.rounded, free, stream as u64, context);
-    }
-    let outcome = crate::live::allocator_mode::oom_now(
-        crate::live::OomEvent {
-            api: Api::TorchAlloc,
-            bytes: oom.requested,
-            device: oom.device,
-            error_code: super::cuda_error::MEMORY_ALLOCATION,
-            stream: stream as usize,
-            context: crate::live::FailureContext {
-                memory_cap: memory_cap(oom, mem_info),
-                ..crate::live::allocator_mode::failure_context(
-                    oom.device,
-                    judged_mem_info(oom, mem_info),
-                    free_blocks_with_segment_map(oom.device),
-                )
-            },
-        },
-        note,
-    );
-    c_message(&out_of_memory_text(
-        oom,
-        mem_info,
-        outcome.verdict.as_ref(),
-        outcome.path.as_deref(),
-    ))
-}
-
-fn device_mem_info() -> Option<(u64, u64)> {
-    let info = super::runtime::mem_info();
-    if info.is_none() {
-        clear_last_error();
-    }
-    info
-}
-
-/// A plain cudaMalloc of `size` on `device`: the pass-through when the shim itself failed.
-fn pass_through_alloc(size: usize, device: c_int) -> *mut c_void {
-    CudaSource
-        .alloc_segment(device, size.max(1) as u64)
-        .map_or(std::ptr::null_mut(), |p| p as *mut c_void)
 }
 
 /// Runs shim code inside the shim's panic boundary ([`oomshim_core::sys::contain`]): a panic turns the
@@ -510,17 +300,21 @@ pub unsafe extern "C-unwind" fn oomshim_torch_alloc(
     // preloaded) pass straight through.
     let guard = super::Guard::enter();
     let outermost = guard.is_some();
-    let outcome =
-        contained(|| alloc_impl(size, device, stream)).unwrap_or(Err(Failure::PassThrough));
+    let outcome = contained(|| mode::alloc(&CUDA, size, device, stream as u64))
+        .unwrap_or(Err(Failure::PassThrough));
     drop(guard);
     let outcome = match outcome {
         Err(Failure::Unserved(oom, context)) => Err(unserved(&oom, stream, context, outermost)),
         other => other,
     };
     match outcome {
-        Ok(p) => p,
-        // (Unserved never gets here: it became OutOfMemory above.)
-        Err(Failure::PassThrough | Failure::Unserved(..)) => pass_through_alloc(size, device),
+        Ok(p) => p as *mut c_void,
+        // (Unserved never gets here: it became OutOfMemory above.) A plain cudaMalloc when the
+        // shim itself failed.
+        Err(Failure::PassThrough | Failure::Unserved(..)) => {
+            mode::pass_through_alloc(&CUDA, size, device)
+                .map_or(std::ptr::null_mut(), |p| p as *mut c_void)
+        }
         Err(Failure::OutOfMemory(boxed)) => {
             // Out of the box first: nothing with a destructor is live while the exception
             // unwinds through this frame to torch.
@@ -554,18 +348,12 @@ pub unsafe extern "C" fn oomshim_torch_free(
         return;
     }
     let guard = super::Guard::enter();
-    let known = contained(|| {
-        let a = allocator();
-        retire_ended_captures(a);
-        let _ = crate::live::take(ptr as usize);
-        let context = history_stack(a, RecordContext::All);
-        a.free_in_context(device, ptr as u64, context).is_some()
-    });
+    let known = contained(|| mode::free(&CUDA, device, ptr as u64));
     drop(guard);
     if known != Some(true) {
         // Not one of the allocator's blocks: a pass-through allocation made while the shim was
         // failing. Give it back to CUDA.
-        let _ = CudaSource.free_segment(device, ptr as u64, size as u64);
+        mode::pass_through_free(&CUDA, device, ptr as u64, size);
     }
 }
 
@@ -573,7 +361,7 @@ pub unsafe extern "C" fn oomshim_torch_free(
 #[no_mangle]
 pub extern "C" fn oomshim_torch_empty_cache() {
     let guard = super::Guard::enter();
-    contained(|| allocator().empty_cache(None));
+    contained(|| mode::allocator(&CUDA).empty_cache(None));
     drop(guard);
 }
 
@@ -582,7 +370,7 @@ pub extern "C" fn oomshim_torch_empty_cache() {
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_torch_record_stream(ptr: *mut c_void, stream: Stream) {
     let guard = super::Guard::enter();
-    contained(|| allocator().record_stream(ptr as u64, stream as u64));
+    contained(|| mode::allocator(&CUDA).record_stream(ptr as u64, stream as u64));
     drop(guard);
 }
 
@@ -591,14 +379,7 @@ pub unsafe extern "C" fn oomshim_torch_record_stream(ptr: *mut c_void, stream: S
 #[no_mangle]
 pub extern "C" fn oomshim_torch_set_memory_fraction(fraction: c_double, device: c_int) {
     let guard = super::Guard::enter();
-    contained(|| {
-        let total = on_device(device, device_mem_info).map(|m| m.1);
-        let limit = match total {
-            Some(t) if (0.0..1.0).contains(&fraction) => Some((t as f64 * fraction) as u64),
-            _ => None,
-        };
-        allocator().set_memory_limit(device, limit);
-    });
+    contained(|| mode::set_memory_fraction(&CUDA, fraction, device));
     drop(guard);
 }
 
@@ -608,7 +389,7 @@ pub extern "C" fn oomshim_torch_set_memory_fraction(fraction: c_double, device: 
 pub extern "C" fn oomshim_torch_init(device_count: c_int) {
     let _ = device_count;
     let guard = super::Guard::enter();
-    contained(allocator);
+    contained(|| mode::allocator(&CUDA));
     drop(guard);
 }
 
@@ -637,13 +418,7 @@ pub unsafe extern "C" fn oomshim_torch_memory_stats(
     buf: *mut c_char,
     cap: usize,
 ) -> usize {
-    let text = contained(|| {
-        let stats = allocator().stats(device).torch_keys();
-        let map: serde_json::Map<String, serde_json::Value> =
-            stats.into_iter().map(|(k, v)| (k, v.into())).collect();
-        serde_json::Value::Object(map).to_string()
-    })
-    .unwrap_or_else(|| "{}".into());
+    let text = contained(|| mode::memory_stats_json(&CUDA, device)).unwrap_or_else(|| "{}".into());
     // SAFETY: the caller hands `cap` writable bytes at `buf`, or NULL (this function's
     // contract, as torch's and the Python package's callers keep it).
     unsafe { copy_out(&text, buf, cap) }
@@ -656,12 +431,7 @@ pub unsafe extern "C" fn oomshim_torch_free_blocks(
     buf: *mut c_char,
     cap: usize,
 ) -> usize {
-    let text = contained(|| {
-        serde_json::to_string(&free_blocks_for_dump(allocator(), device))
-            .ok()
-            .unwrap_or_else(|| "{}".into())
-    })
-    .unwrap_or_else(|| "{}".into());
+    let text = contained(|| mode::free_blocks_json(&CUDA, device)).unwrap_or_else(|| "{}".into());
     // SAFETY: the caller hands `cap` writable bytes at `buf`, or NULL (this function's
     // contract, as torch's and the Python package's callers keep it).
     unsafe { copy_out(&text, buf, cap) }
@@ -676,12 +446,7 @@ pub unsafe extern "C" fn oomshim_torch_segments(
     buf: *mut c_char,
     cap: usize,
 ) -> usize {
-    let text = contained(|| {
-        free_blocks_with_segment_map(device)
-            .and_then(|f| serde_json::to_string(&f).ok())
-            .unwrap_or_else(|| "{}".into())
-    })
-    .unwrap_or_else(|| "{}".into());
+    let text = contained(|| mode::segments_json(&CUDA, device)).unwrap_or_else(|| "{}".into());
     // SAFETY: the caller hands `cap` writable bytes at `buf`, or NULL (this function's
     // contract, as torch's and the Python package's callers keep it).
     unsafe { copy_out(&text, buf, cap) }
@@ -689,12 +454,12 @@ pub unsafe extern "C" fn oomshim_torch_segments(
 
 #[no_mangle]
 pub extern "C" fn oomshim_torch_reset_peak(device: c_int) {
-    contained(|| allocator().reset_peak_stats(device));
+    contained(|| mode::allocator(&CUDA).reset_peak_stats(device));
 }
 
 #[no_mangle]
 pub extern "C" fn oomshim_torch_reset_accumulated(device: c_int) {
-    contained(|| allocator().reset_accumulated_stats(device));
+    contained(|| mode::allocator(&CUDA).reset_accumulated_stats(device));
 }
 
 /// torch's `_record_memory_history`: `enabled` 0 turns it off (and drops the traces), else on
@@ -709,18 +474,9 @@ pub extern "C" fn oomshim_torch_record_history(
     clear: c_int,
 ) -> c_int {
     let guard = super::Guard::enter();
-    let rc = contained(|| {
-        let Some(context) = RecordContext::from_level(context) else {
-            return -1;
-        };
-        let config = (enabled != 0).then_some(HistoryConfig {
-            context,
-            max_entries: usize::try_from(max_entries).unwrap_or(usize::MAX),
-        });
-        allocator().record_history(config, clear != 0);
-        0
-    })
-    .unwrap_or(-1);
+    let rc =
+        contained(|| mode::record_history(&CUDA, enabled != 0, context, max_entries, clear != 0))
+            .unwrap_or(-1);
     drop(guard);
     rc
 }
@@ -734,13 +490,7 @@ pub unsafe extern "C" fn oomshim_torch_history(
     buf: *mut c_char,
     cap: usize,
 ) -> usize {
-    let text = contained(|| {
-        let a = allocator();
-        let json = crate::live::history::history_json(&a.trace(device), &a.segments(device));
-        a.record_snapshot(device);
-        json
-    })
-    .unwrap_or_else(|| "{}".into());
+    let text = contained(|| mode::history_json(&CUDA, device)).unwrap_or_else(|| "{}".into());
     // SAFETY: the caller hands `cap` writable bytes at `buf`, or NULL (this function's
     // contract, as torch's and the Python package's callers keep it).
     unsafe { copy_out(&text, buf, cap) }
@@ -755,12 +505,4 @@ pub extern "C" fn oomshim_torch_exception_kind() -> *const c_char {
         Some("RuntimeError") => c"RuntimeError".as_ptr(),
         _ => c"none".as_ptr(),
     }
-}
-
-/// The allocator's free blocks of `device` with every segment (for a dump).
-fn free_blocks_with_segment_map(device: i32) -> Option<FreeBlocks> {
-    Some(crate::live::allocator_mode::free_blocks_with_segment_map(
-        allocator(),
-        device,
-    ))
 }

@@ -5,6 +5,7 @@
 //! their own device's answers, whichever is written first.
 
 use dump::model::{FreeBlocks, MemoryCap, PoolInfo, VmmInfo};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Everything a dump knows from CUDA (and from the allocator, in allocator mode) about one
 /// failure or one on-demand dump. Gathered once; never read back from anywhere else.
@@ -39,11 +40,11 @@ impl FailureContext {
     /// asked already, the CUDA versions if a failure asked them. `mem_info` is the caller's own
     /// figure, if it has one. Nothing else is filled in.
     pub fn learnt_before(device: Option<i32>, mem_info: Option<(u64, u64)>) -> FailureContext {
-        let (driver_version, runtime_version) = super::cuda_versions();
+        let (driver_version, runtime_version) = cuda_versions();
         FailureContext {
             device,
             mem_info,
-            device_uuid: device.and_then(super::cached_device_uuid),
+            device_uuid: device.and_then(cached_device_uuid),
             driver_version,
             runtime_version,
             ..FailureContext::default()
@@ -60,4 +61,98 @@ impl FailureContext {
             ..FailureContext::learnt_before(device, mem_info)
         }
     }
+}
+
+// What the process asked CUDA once and remembers: the versions and each device's name and UUID.
+// The hooks ask (`ffi`, on a failing thread, through the functions they pass in); the contexts
+// above read what was asked.
+
+/// `cuDriverGetVersion` (context-free), asked once on a failing thread: a cache, so that CUDA is
+/// asked once per process; each dump carries the versions in its [`FailureContext`].
+static DRIVER_VERSION: OnceLock<Option<i32>> = OnceLock::new();
+/// `cudaRuntimeGetVersion` of the dynamically linked runtime, asked once the same way.
+static RUNTIME_VERSION: OnceLock<Option<i32>> = OnceLock::new();
+
+/// The CUDA versions, asked on the failing thread (which already calls CUDA there) the first
+/// time, remembered after.
+pub fn note_cuda_versions(
+    driver: fn() -> Option<i32>,
+    runtime: fn() -> Option<i32>,
+) -> (Option<i32>, Option<i32>) {
+    (
+        *DRIVER_VERSION.get_or_init(driver),
+        *RUNTIME_VERSION.get_or_init(runtime),
+    )
+}
+
+/// The CUDA versions if a failure asked them already; never calls CUDA.
+pub fn cuda_versions() -> (Option<i32>, Option<i32>) {
+    (
+        DRIVER_VERSION.get().copied().flatten(),
+        RUNTIME_VERSION.get().copied().flatten(),
+    )
+}
+
+/// The device's name, asked of the runtime once per device, and with it the GPU's UUID, asked of
+/// the driver (`cuDeviceGetUuid`, context-free) at the same safe moment: (name, UUID).
+pub fn cached_device_identity(
+    device: i32,
+    ask: fn(i32) -> Option<String>,
+    ask_uuid: fn(i32) -> Option<String>,
+) -> (Option<String>, Option<String>) {
+    let names = || DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = names().iter().find(|n| n.device == device) {
+        return (n.name.clone(), n.uuid.clone());
+    }
+    // Asked without the lock held: this calls into CUDA.
+    let name = ask(device);
+    let uuid = ask_uuid(device);
+    names().push(DeviceNames {
+        device,
+        name: name.clone(),
+        uuid: uuid.clone(),
+    });
+    (name, uuid)
+}
+
+/// The GPU UUID of `device` if [`cached_device_identity`] asked it already; never calls CUDA.
+pub fn cached_device_uuid(device: i32) -> Option<String> {
+    let names = DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    names
+        .iter()
+        .find(|n| n.device == device)
+        .and_then(|n| n.uuid.clone())
+}
+
+/// Every GPU UUID learnt so far (a device's identity never changes): read when a dump is
+/// assembled, for the devices other than the one its context asked about.
+pub(crate) fn known_device_uuids() -> Vec<(i32, String)> {
+    let names = DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    names
+        .iter()
+        .filter_map(|n| n.uuid.clone().map(|u| (n.device, u)))
+        .collect()
+}
+
+struct DeviceNames {
+    device: i32,
+    name: Option<String>,
+    uuid: Option<String>,
+}
+
+/// Device names and UUIDs asked so far ([`cached_device_identity`]).
+static DEVICE_NAMES: Mutex<Vec<DeviceNames>> = Mutex::new(Vec::new());
+
+oomshim_core::fork_held! {
+    static DEVICE_NAMES_HELD: MutexGuard<'static, Vec<DeviceNames>>;
+}
+
+/// `fork` prepare: holds the device-name cache (lock 5 in `super::fork`).
+pub(super) fn fork_prepare() {
+    DEVICE_NAMES_HELD.hold(DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner()));
+}
+
+/// `fork` parent and child: lets go of it.
+pub(super) fn fork_release() {
+    DEVICE_NAMES_HELD.release();
 }

@@ -5,7 +5,7 @@
 //! 1. the growth tracker's step detector, then 2. its histories (`growth`: a sample holds the
 //!    histories while it reads the Python code table and the stack tables' shards);
 //! 3. the VMM state (`vmm`);
-//! 4. the thread-name cache, then 5. the device-name cache;
+//! 4. the thread-name cache, then 5. the device-name cache (`context`);
 //! 6. the Python code table (`oomshim_core::pystack`);
 //! 7. the unwinder's module snapshot, with this thread marked busy meanwhile
 //!    (`oomshim_core::stacks`);
@@ -20,6 +20,7 @@
 //! threads knew: the OOM tracker forgets the parent's requests, and this (the child's only)
 //! thread's cached id, which is the parent thread's, is read again.
 
+use super::Shim;
 use std::panic::catch_unwind;
 use std::sync::MutexGuard;
 
@@ -29,8 +30,8 @@ pub(super) fn register() {
 }
 
 fn prepare() {
-    if let Some(s) = super::SHIM.get() {
-        s.growth.hold_for_fork();
+    if let Some(s) = Shim::started() {
+        s.hold_growth_for_fork();
     }
     // A panic in the leaves' part still lets the shim's state be locked.
     let _ = catch_unwind(hold_leaf_locks);
@@ -55,16 +56,13 @@ fn child() {
 /// Locks 1 and 2. Only what this thread's `prepare` took is let go (the state may have come into
 /// being meanwhile), so no note of holding them is needed.
 fn release_growth_locks() {
-    if let Some(s) = super::SHIM.get() {
-        s.growth.release_after_fork();
+    if let Some(s) = Shim::started() {
+        s.release_growth_after_fork();
     }
 }
 
 oomshim_core::fork_held! {
     static THREAD_NAMES_HELD: MutexGuard<'static, Vec<(u64, String)>>;
-}
-oomshim_core::fork_held! {
-    static DEVICE_NAMES_HELD: MutexGuard<'static, Vec<super::DeviceNames>>;
 }
 
 /// Locks 3 to 7, which live outside the shim's state.
@@ -75,11 +73,7 @@ fn hold_leaf_locks() {
             .lock()
             .unwrap_or_else(|e| e.into_inner()),
     );
-    DEVICE_NAMES_HELD.hold(
-        super::DEVICE_NAMES
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()),
-    );
+    super::context::fork_prepare();
     oomshim_core::pystack::fork_prepare();
     oomshim_core::stacks::fork_prepare();
 }
@@ -87,7 +81,7 @@ fn hold_leaf_locks() {
 fn release_leaf_locks() {
     oomshim_core::stacks::fork_release();
     oomshim_core::pystack::fork_release();
-    DEVICE_NAMES_HELD.release();
+    super::context::fork_release();
     THREAD_NAMES_HELD.release();
     super::vmm::fork_release();
 }
@@ -101,27 +95,21 @@ std::thread_local! {
 
 /// Locks 8 to 11, the shim's state (none before it exists).
 fn hold_state_locks() {
-    let Some(s) = super::SHIM.get() else {
+    let Some(s) = Shim::started() else {
         return;
     };
     if STATE_HELD.try_with(|h| h.set(true)).is_err() {
         return; // no note of holding them could be kept: take none
     }
-    s.oom.hold_for_fork();
-    s.stacks.before_fork();
-    s.py_stacks.before_fork();
-    s.ledger.before_fork();
+    s.hold_state_for_fork();
 }
 
 fn release_state_locks(child: bool) {
     if !STATE_HELD.try_with(|h| h.replace(false)).unwrap_or(false) {
         return;
     }
-    let Some(s) = super::SHIM.get() else {
+    let Some(s) = Shim::started() else {
         return;
     };
-    s.ledger.after_fork();
-    s.py_stacks.after_fork();
-    s.stacks.after_fork();
-    s.oom.release_after_fork(child);
+    s.release_state_after_fork(child);
 }

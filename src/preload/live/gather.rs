@@ -27,7 +27,15 @@ pub(crate) fn assemble_now(
         process: ProcessSnapshot::read(),
         recorder: RecorderState::read(s, cap, &lookups),
     };
-    assemble::assemble(&s.config, reason, cap, burst, framework, observed, &lookups)
+    assemble::assemble(
+        s.config(),
+        reason,
+        cap,
+        burst,
+        framework,
+        observed,
+        &lookups,
+    )
 }
 
 impl Facts {
@@ -36,7 +44,7 @@ impl Facts {
             // Asked only for a device the process uses: NVML is loaded on the calling thread.
             gpu_processes: device.map(oomshim_core::facts::gpu_processes::for_dump),
             host: oomshim_core::facts::host::read(),
-            device_uuids: super::known_device_uuids(),
+            device_uuids: super::context::known_device_uuids(),
         }
     }
 
@@ -44,7 +52,7 @@ impl Facts {
     /// failure but assembles its dump later, when more devices may have been named.
     pub fn with_current_uuids(self) -> Facts {
         Facts {
-            device_uuids: super::known_device_uuids(),
+            device_uuids: super::context::known_device_uuids(),
             ..self
         }
     }
@@ -75,12 +83,12 @@ impl RecorderState {
     /// The shim's counters and the growth tracker's analysis now, for the dump of `cap`
     /// (projections use the free bytes its context asked).
     pub fn read(s: &Shim, cap: &Capture, lookups: &dyn Lookups) -> RecorderState {
-        let native_captured = s.config.stacks.native();
+        let native_captured = s.config().stacks.native();
         RecorderState {
             stacks: super::recording::current()
                 .stacks()
                 .unwrap_or(oomshim_core::config::StackMode::Off),
-            oom_failures: s.oom_failures.load(std::sync::atomic::Ordering::Relaxed),
+            oom_failures: s.oom_failures(),
             growth: {
                 let name = |pairs: &[_]| {
                     let named = assemble::symbolize_stacks(lookups, native_captured, pairs);
@@ -93,10 +101,10 @@ impl RecorderState {
                 match &cap.growth {
                     // The history as it was at the failure.
                     Some(frozen) => Some(frozen.clone().growth(free, name)),
-                    None => s.growth.analyse(free, s.ledger.total_allocations(), name),
+                    None => s.growth_now(free, name),
                 }
             },
-            request_sizes: s.growth.request_sizes(),
+            request_sizes: s.request_sizes(),
         }
     }
 }
@@ -106,7 +114,7 @@ pub(crate) struct LiveLookups<'a>(pub &'a Shim);
 
 impl Lookups for LiveLookups<'_> {
     fn native_stack(&self, id: StackId) -> Vec<usize> {
-        self.0.stacks.frames(id)
+        self.0.native_frames(id)
     }
 
     fn symbolize(&self, addrs: &[usize]) -> Vec<Vec<Frame>> {
@@ -114,7 +122,7 @@ impl Lookups for LiveLookups<'_> {
     }
 
     fn python_stack(&self, id: StackId) -> Vec<PyFrame> {
-        oomshim_core::pystack::resolve(&self.0.py_stacks.frames(id))
+        oomshim_core::pystack::resolve(&self.0.python_frames(id))
     }
 
     fn thread_name(&self, tid: u64) -> Option<String> {

@@ -54,7 +54,7 @@ pub fn history_json(trace: &[TraceEntry], segments: &[SegmentView]) -> String {
     if let Some(s) = super::shim() {
         for id in named {
             let frames: Vec<Value> = oomshim_core::pystack::resolve(
-                &s.py_stacks.frames(StackId(id)),
+                &s.python_frames(StackId(id)),
             )
             .into_iter()
             .map(|f| json!({"filename": f.file, "line": f.line.unwrap_or(0), "name": f.function}))

@@ -6,7 +6,7 @@
 
 pub mod allocator_mode;
 mod assemble;
-mod context;
+pub mod context;
 mod fork;
 pub mod framework;
 mod gather;
@@ -26,8 +26,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
 
+/// The shim's state in this process. Its fields are read here, in this file, only: the children
+/// (the OOM path, gather, fork, history, allocator mode) ask through the methods below.
 pub struct Shim {
-    pub config: Config,
+    config: Config,
     ledger: Ledger,
     stacks: StackTable,
     /// Python stacks: packed `(code id, offset)` frames, interned like native ones.
@@ -147,7 +149,7 @@ fn live_dump() -> Option<dump::model::Dump> {
         let facts = assemble::Facts {
             gpu_processes: None,
             host: oomshim_core::facts::host::read(),
-            device_uuids: known_device_uuids(),
+            device_uuids: context::known_device_uuids(),
         };
         Some(gather::assemble_now(s, "live", &capture, None, None, facts))
     })
@@ -259,6 +261,107 @@ impl Shim {
         let mut frames = [0usize; oomshim_core::pystack::MAX_PY_FRAMES];
         let n = oomshim_core::pystack::capture(&mut frames);
         self.py_stacks.intern(&frames[..n])
+    }
+
+    /// The state, if the shim started; never starts it (the `fork` handlers, the exit flush).
+    fn started() -> Option<&'static Shim> {
+        SHIM.get()
+    }
+
+    /// The settings read at start.
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The ledger's live allocations now, its largest `OOMSHIM_TOP` sites in full.
+    fn snapshot(&self) -> oomshim_core::ledger::Snapshot {
+        self.ledger.snapshot(self.config.top)
+    }
+
+    /// The bytes the ledger holds live on `device`.
+    fn device_bytes(&self, device: i32) -> u64 {
+        self.ledger.device_bytes(device)
+    }
+
+    /// Device out-of-memory failures recorded so far.
+    fn oom_failures(&self) -> u64 {
+        self.oom_failures.load(Ordering::Relaxed)
+    }
+
+    /// The growth history as it is now, copied for a failure's dump (see `growth::Tracker::freeze`).
+    fn frozen_growth(&self) -> Option<growth::Frozen> {
+        self.growth.freeze(self.ledger.total_allocations())
+    }
+
+    /// The growth for a dump assembled now (see `growth::Tracker::analyse`).
+    fn growth_now(
+        &self,
+        free_bytes: Option<u64>,
+        name: impl FnMut(&[growth::StackPair]) -> Vec<Vec<dump::model::Frame>>,
+    ) -> Option<dump::model::Growth> {
+        self.growth
+            .analyse(free_bytes, self.ledger.total_allocations(), name)
+    }
+
+    /// The request-size summary for a dump.
+    fn request_sizes(&self) -> Option<dump::model::RequestSizes> {
+        self.growth.request_sizes()
+    }
+
+    /// The frames of an interned native stack.
+    fn native_frames(&self, id: StackId) -> Vec<usize> {
+        self.stacks.frames(id)
+    }
+
+    /// The packed `(code id, offset)` frames of an interned Python stack.
+    fn python_frames(&self, id: StackId) -> Vec<usize> {
+        self.py_stacks.frames(id)
+    }
+
+    /// A device out-of-memory failure on the calling thread, counted by the caller: its stacks
+    /// are captured here and the OOM path ([`oom`]) takes it, dumped as `mode` says.
+    fn oom_failure(
+        &'static self,
+        event: OomEvent,
+        mode: oom::Mode,
+        framework: Option<FrameworkNote>,
+    ) -> oom::Handled {
+        let stacks = self.capture_stacks();
+        self.oom
+            .on_failure(self, event, stacks, thread_id(), mode, framework)
+    }
+
+    /// Counts a device out-of-memory failure (the dump's `oom_failures`).
+    fn count_oom_failure(&self) {
+        self.oom_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `fork` prepare: locks 1 and 2 of `fork`'s order, the growth tracker's.
+    fn hold_growth_for_fork(&'static self) {
+        self.growth.hold_for_fork();
+    }
+
+    /// `fork` parent and child: lets go of locks 1 and 2.
+    fn release_growth_after_fork(&self) {
+        self.growth.release_after_fork();
+    }
+
+    /// `fork` prepare: locks 8 to 11 of `fork`'s order, in that order: the OOM tracker's, the
+    /// native and the Python stack tables' shards, the ledger's shards.
+    fn hold_state_for_fork(&'static self) {
+        self.oom.hold_for_fork();
+        self.stacks.before_fork();
+        self.py_stacks.before_fork();
+        self.ledger.before_fork();
+    }
+
+    /// `fork` parent and child: lets go of locks 11 to 8; in the child, the OOM tracker forgets
+    /// the parent's requests.
+    fn release_state_after_fork(&self, child: bool) {
+        self.ledger.after_fork();
+        self.py_stacks.after_fork();
+        self.stacks.after_fork();
+        self.oom.release_after_fork(child);
     }
 
     /// The calling thread's stack, interned; the id of this thread's previous stack is reused
@@ -522,32 +625,6 @@ pub fn framework_oom(
     }
 }
 
-/// `cuDriverGetVersion` (context-free), asked once on a failing thread: a cache, so that CUDA is
-/// asked once per process; each dump carries the versions in its [`FailureContext`].
-static DRIVER_VERSION: OnceLock<Option<i32>> = OnceLock::new();
-/// `cudaRuntimeGetVersion` of the dynamically linked runtime, asked once the same way.
-static RUNTIME_VERSION: OnceLock<Option<i32>> = OnceLock::new();
-
-/// The CUDA versions, asked on the failing thread (which already calls CUDA there) the first
-/// time, remembered after.
-pub fn note_cuda_versions(
-    driver: fn() -> Option<i32>,
-    runtime: fn() -> Option<i32>,
-) -> (Option<i32>, Option<i32>) {
-    (
-        *DRIVER_VERSION.get_or_init(driver),
-        *RUNTIME_VERSION.get_or_init(runtime),
-    )
-}
-
-/// The CUDA versions if a failure asked them already; never calls CUDA.
-pub fn cuda_versions() -> (Option<i32>, Option<i32>) {
-    (
-        DRIVER_VERSION.get().copied().flatten(),
-        RUNTIME_VERSION.get().copied().flatten(),
-    )
-}
-
 /// Removes a live allocation before it is freed; unknown pointers are counted.
 pub fn take(addr: usize) -> Option<oomshim_core::ledger::Taken> {
     shim()?.ledger.take(addr)
@@ -573,16 +650,14 @@ pub fn record_oom(event: OomEvent) {
     if recording::current() == Recording::PassThrough {
         return;
     }
-    s.oom_failures.fetch_add(1, Ordering::Relaxed);
+    s.count_oom_failure();
     crate::publish::note_failure(
         event.device,
         event.bytes,
         event.api.name(),
         event.context.mem_info,
     );
-    let stacks = s.capture_stacks();
-    s.oom
-        .on_failure(s, event, stacks, thread_id(), oom::Mode::Settle, None);
+    s.oom_failure(event, oom::Mode::Settle, None);
 }
 
 /// Pinned host memory ran out: host memory, not a device OOM; counted and passed through.
@@ -596,56 +671,6 @@ pub fn record_pinned_failure(api: Api, bytes: u64) {
         );
     }
 }
-
-/// The device's name, asked of the runtime once per device, and with it the GPU's UUID, asked of
-/// the driver (`cuDeviceGetUuid`, context-free) at the same safe moment: (name, UUID).
-pub fn cached_device_identity(
-    device: i32,
-    ask: fn(i32) -> Option<String>,
-    ask_uuid: fn(i32) -> Option<String>,
-) -> (Option<String>, Option<String>) {
-    let names = || DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(n) = names().iter().find(|n| n.device == device) {
-        return (n.name.clone(), n.uuid.clone());
-    }
-    // Asked without the lock held: this calls into CUDA.
-    let name = ask(device);
-    let uuid = ask_uuid(device);
-    names().push(DeviceNames {
-        device,
-        name: name.clone(),
-        uuid: uuid.clone(),
-    });
-    (name, uuid)
-}
-
-/// The GPU UUID of `device` if [`cached_device_identity`] asked it already; never calls CUDA.
-pub fn cached_device_uuid(device: i32) -> Option<String> {
-    let names = DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
-    names
-        .iter()
-        .find(|n| n.device == device)
-        .and_then(|n| n.uuid.clone())
-}
-
-/// Every GPU UUID learnt so far (a device's identity never changes): read when a dump is
-/// assembled, for the devices other than the one its context asked about.
-pub(crate) fn known_device_uuids() -> Vec<(i32, String)> {
-    let names = DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
-    names
-        .iter()
-        .filter_map(|n| n.uuid.clone().map(|u| (n.device, u)))
-        .collect()
-}
-
-struct DeviceNames {
-    device: i32,
-    name: Option<String>,
-    uuid: Option<String>,
-}
-
-/// Device names and UUIDs asked so far ([`cached_device_identity`]).
-static DEVICE_NAMES: Mutex<Vec<DeviceNames>> = Mutex::new(Vec::new());
 
 /// The device an on-demand dump may ask about: the caller's current device, but only when the
 /// process already allocated on it (asking CUDA about an untouched device would create a
@@ -800,7 +825,7 @@ fn start_dir() -> Option<std::path::PathBuf> {
 /// Called at process exit: lets a dump that waits to learn whether its failure was recovered
 /// be written now.
 pub fn flush_at_exit() {
-    if let Some(s) = SHIM.get() {
+    if let Some(s) = Shim::started() {
         s.oom.flush(std::time::Duration::from_secs(30));
     }
 }

@@ -1,7 +1,10 @@
-//! Allocator mode's state and its side of the dump path, all but the calls into CUDA and torch
-//! (src/preload/ffi/torch_alloc.rs): its configuration ([`config`]), the graph captures it
-//! allocated for ([`captures`]), its free blocks as a dump shows them ([`free_blocks`]) and
-//! what a failure tells the program ([`message`]).
+//! Allocator mode: the caching allocator torch calls through its pluggable-allocator entry points
+//! (src/preload/ffi/torch_alloc.rs, which keeps only the C side: argument conversion, the panic
+//! boundary, the observer call and the C++ exception) and its side of the dump path: the
+//! allocator and what each call does with it ([`allocator`]), the CUDA runtime it gets its
+//! memory from, as functions the hooks pass in ([`source`]), its configuration ([`config`]), the
+//! graph captures it allocated for ([`captures`]), its free blocks as a dump shows them
+//! ([`free_blocks`]) and what a failure tells the program ([`message`]).
 //!
 //! When oomshim is PyTorch's allocator it knows every free block, so dumps carry the exact free-block state
 //! (`free_blocks.source = "oomshim-allocator"`) instead of "unavailable"; and an allocation it
@@ -10,28 +13,30 @@
 //!
 //! The hooks gather the allocator's state themselves, into the [`FailureContext`] of the failure
 //! or dump they report. The dumps no hook takes (the shim's own signal, interval, exit and
-//! live-summary threads, a framework's word) are gathered here, where the allocator, which lives
-//! with the hooks, can only be reached through the source it registered: asked when such a
-//! dump's context is gathered, never while a dump is assembled.
+//! live-summary threads, a framework's word) read it here ([`free_blocks`](fn@free_blocks)):
+//! asked when such a dump's context is gathered, never while a dump is assembled.
 //!
 //! [`FailureContext`]: super::FailureContext
 
+mod allocator;
 mod captures;
 mod config;
 mod free_blocks;
 mod message;
+mod source;
 
-pub use captures::OpenCaptures;
-pub use config::{config_from_env, native_tensor_stacks};
-pub use free_blocks::{free_blocks_for_dump, free_blocks_with_segment_map};
-pub use message::{c_message, judged_mem_info, memory_cap, out_of_memory_text, MESSAGE_BYTES};
+pub use allocator::{
+    alloc, allocator, free, free_blocks_if_active, free_blocks_json, history_json,
+    memory_stats_json, out_of_memory, pass_through_alloc, pass_through_free, record_history,
+    segments_json, set_memory_fraction, Failure,
+};
+pub use message::{c_message, judged_mem_info, MESSAGE_BYTES};
+pub use source::{mem_info_on, Call, CudaRuntime};
 
 use super::oom::{self, FrameworkNote, OomEvent};
 use dump::model::FreeBlocks;
 use std::cell::RefCell;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::sync::OnceLock;
 
 /// What an allocator-mode failure on `device` knows, gathered on the failing thread: free/total
 /// as asked for the exception's message, the allocator's exact free blocks, and what the process
@@ -47,20 +52,9 @@ pub fn failure_context(
     }
 }
 
-/// Asked for the free-block state of a device when a dump's context is gathered off the hooks.
-pub type FreeBlocksSource = fn(i32) -> Option<FreeBlocks>;
-
-static SOURCE: OnceLock<FreeBlocksSource> = OnceLock::new();
-
-/// Registers the allocator as the source of free-block state (once; later calls are ignored).
-pub fn set_free_blocks_source(source: FreeBlocksSource) {
-    let _ = SOURCE.set(source);
-}
-
 /// The allocator's free-block state of `device` (device 0 when none), when allocator mode is on.
 pub(crate) fn free_blocks(device: Option<i32>) -> Option<FreeBlocks> {
-    let source = SOURCE.get()?;
-    source(device.unwrap_or(0))
+    free_blocks_if_active(device.unwrap_or(0))
 }
 
 thread_local! {
@@ -136,16 +130,8 @@ pub fn oom_now(event: OomEvent, framework: Option<FrameworkNote>) -> AllocatorOo
     let Some(s) = super::shim() else {
         return AllocatorOom::default();
     };
-    s.oom_failures.fetch_add(1, Ordering::Relaxed);
-    let stacks = s.capture_stacks();
-    match s.oom.on_failure(
-        s,
-        event,
-        stacks,
-        super::thread_id(),
-        oom::Mode::Now(oom::Resolution::Allocator),
-        framework,
-    ) {
+    s.count_oom_failure();
+    match s.oom_failure(event, oom::Mode::Now(oom::Resolution::Allocator), framework) {
         oom::Handled::Written { path, verdict } => AllocatorOom {
             path,
             verdict: Some(verdict),

@@ -135,7 +135,7 @@ impl OomTracker {
     /// An allocation failed with out-of-memory on `thread`. `framework`: the framework's word,
     /// given before the failure was recorded (allocator mode's observers), for a dump written now.
     pub(crate) fn on_failure(
-        &self,
+        &'static self,
         s: &'static Shim,
         ev: OomEvent,
         stacks: (StackId, StackId),
@@ -161,10 +161,12 @@ impl OomTracker {
         // After the exit flush the writer thread may never run again (the process is ending):
         // such a failure is written on this thread rather than lost.
         let flushing = st.flushing;
-        let settle_now = mode == Mode::Settle && (s.config.settle.is_zero() || flushing);
+        let settle_now = mode == Mode::Settle && (s.config().settle.is_zero() || flushing);
         let queued = mode == Mode::Settle && !settle_now;
-        match st.admit(s, &ev, stacks, now, if queued { id } else { 0 }) {
-            Admit::Repeat(path) => {
+        let request = if queued { id } else { 0 };
+        let capture = match self.admit_and_capture(s, st, &ev, stacks, now, request) {
+            Admitted::Capture(capture) => capture,
+            Admitted::Repeat(path, mut st) => {
                 // Remembered, so the framework's word about this failure finds it (and makes
                 // no dump of its own).
                 st.requests.push(
@@ -174,14 +176,8 @@ impl OomTracker {
                 st.trim();
                 return Handled::Repeat(path);
             }
-            Admit::Capped => return Handled::NoDump,
-            Admit::New => {}
-        }
-        drop(st);
-        if !super::room_for_dump(s) {
-            return Handled::NoDump;
-        }
-        let capture = failure_capture(s, &ev, stacks);
+            Admitted::NoDump => return Handled::NoDump,
+        };
         let mut st = self.lock();
         match mode {
             Mode::Settle if queued => {
@@ -327,17 +323,11 @@ impl OomTracker {
                 ..super::FailureContext::without_cuda(Some(note.device), mem_info)
             },
         };
-        let mut st = self.lock();
-        match st.admit(s, &ev, stacks, now, 0) {
-            Admit::Repeat(p) => return Handled::Repeat(p),
-            Admit::Capped => return Handled::NoDump,
-            Admit::New => {}
-        }
-        drop(st);
-        if !super::room_for_dump(s) {
-            return Handled::NoDump;
-        }
-        let capture = failure_capture(s, &ev, stacks);
+        let capture = match self.admit_and_capture(s, self.lock(), &ev, stacks, now, 0) {
+            Admitted::Capture(capture) => capture,
+            Admitted::Repeat(p, _) => return Handled::Repeat(p),
+            Admitted::NoDump => return Handled::NoDump,
+        };
         let last = last_failure(s, &ev, capture.time);
         let failure = WriteNow {
             capture,
@@ -352,11 +342,52 @@ impl OomTracker {
     }
 }
 
+/// What became of a failure at [`OomTracker::admit_and_capture`]. Returned once per failure and
+/// taken apart at once: the capture moves on by value, as it did before this step was shared,
+/// rather than through a box allocated on the out-of-memory path.
+#[allow(clippy::large_enum_variant)]
+enum Admitted<'a> {
+    /// A new dump: the state it describes, captured now.
+    Capture(Capture),
+    /// A repeat of an earlier dumped failure: that dump, with the tracker's lock still held
+    /// (the caller may remember the repeat under it).
+    Repeat(Option<PathBuf>, MutexGuard<'a, State>),
+    /// Over the dump cap, or no room for a dump.
+    NoDump,
+}
+
+impl OomTracker {
+    /// The steps every failure that may get a dump goes through, in this order: admitted under
+    /// the tracker's lock `st` (a repeat, over the cap, or a new dump, counted against the cap;
+    /// `request` is the queued request's id, 0 for a dump written now), the lock let go, room
+    /// for a dump made sure of, and the failure's state captured on this thread.
+    fn admit_and_capture<'a>(
+        &'a self,
+        s: &Shim,
+        mut st: MutexGuard<'a, State>,
+        ev: &OomEvent,
+        stacks: (StackId, StackId),
+        now: Instant,
+        request: u64,
+    ) -> Admitted<'a> {
+        match st.admit(s, ev, stacks, now, request) {
+            Admit::Repeat(path) => return Admitted::Repeat(path, st),
+            Admit::Capped => return Admitted::NoDump,
+            Admit::New => {}
+        }
+        drop(st);
+        if !super::room_for_dump(s) {
+            return Admitted::NoDump;
+        }
+        Admitted::Capture(failure_capture(s, ev, stacks))
+    }
+}
+
 /// The ledger and the device as they are at a failure, for its dump: taken on the failing
 /// thread, at once (the most telling moment), with the context the event brought from there.
 pub(super) fn failure_capture(s: &Shim, ev: &OomEvent, stacks: (StackId, StackId)) -> Capture {
     Capture {
-        snapshot: s.ledger.snapshot(s.config.top),
+        snapshot: s.snapshot(),
         time: SystemTime::now(),
         now_ns: s.now_ns(),
         failing: Some(Failing {
@@ -374,7 +405,7 @@ pub(super) fn failure_capture(s: &Shim, ev: &OomEvent, stacks: (StackId, StackId
         },
         // The growth up to this failure: a program that keeps stepping after its error would
         // fill the rings with flat samples before a settled dump is written (issue 27).
-        growth: s.growth.freeze(s.ledger.total_allocations()),
+        growth: s.frozen_growth(),
     }
 }
 
@@ -384,7 +415,7 @@ pub(super) fn last_failure(s: &Shim, ev: &OomEvent, time: SystemTime) -> LastFai
         bytes: ev.bytes,
         api: ev.api.name().to_string(),
         time_unix_ms: unix_ms(time),
-        tracked_bytes: s.ledger.device_bytes(ev.device),
+        tracked_bytes: s.device_bytes(ev.device),
         free_bytes: ev.context.mem_info.map(|m| m.0),
         total_bytes: ev.context.mem_info.map(|m| m.1),
     }

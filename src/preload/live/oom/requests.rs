@@ -260,7 +260,7 @@ impl State {
     ) -> Admit {
         // Whatever becomes of this failure, the exit says what got no dump.
         oomshim_core::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
-        let interval = s.config.min_interval;
+        let interval = s.config().min_interval;
         self.dumped
             .retain(|d| now.duration_since(d.at) < interval.max(FRAMEWORK_MATCH));
         let site = site_of(stacks);
@@ -281,7 +281,7 @@ impl State {
         {
             self.recent.pop_front();
         }
-        if let Some(max) = s.config.max_dumps_per_minute {
+        if let Some(max) = s.config().max_dumps_per_minute {
             if self.recent.len() as u64 >= max {
                 self.suppressed += 1;
                 return Admit::Capped;

@@ -100,7 +100,7 @@ impl OomTracker {
     }
 
     /// Starts this process's writer thread unless it runs.
-    pub(super) fn ensure_writer(&self, s: &'static Shim, st: &mut State) {
+    pub(super) fn ensure_writer(&'static self, s: &'static Shim, st: &mut State) {
         let pid = std::process::id();
         if st.writer_pid == pid {
             return;
@@ -108,10 +108,10 @@ impl OomTracker {
         let spawned = std::thread::Builder::new()
             .name("oomshim-writer".into())
             .spawn(move || {
-                let _ = oomshim_core::sys::guarded(|| s.oom.writer_loop(s));
+                let _ = oomshim_core::sys::guarded(|| self.writer_loop(s));
                 // The loop ends only by a panic (the shim is pass-through now): the exit flush
                 // writes what is still queued itself rather than wait for this thread.
-                s.oom.writer_gone();
+                self.writer_gone();
             });
         if spawned.is_ok() {
             st.writer_pid = pid;
@@ -167,9 +167,9 @@ impl OomTracker {
                 // With a framework hook attached its word is worth waiting for: torch empties its
                 // cache and retries before it raises, which can take seconds on a full device.
                 let settle = if r.hooked {
-                    s.config.settle.max(HOOKED_SETTLE)
+                    s.config().settle.max(HOOKED_SETTLE)
                 } else {
-                    s.config.settle
+                    s.config().settle
                 };
                 let deadline = r.started + settle;
                 if !r.is_open() || flushing || now >= deadline {
@@ -363,7 +363,7 @@ impl OomTracker {
     /// The exit flush's own writing when no writer thread exists; false when there is no shim
     /// to write with.
     fn write_all_here(&self) -> bool {
-        let Some(s) = crate::live::SHIM.get() else {
+        let Some(s) = Shim::started() else {
             return false;
         };
         loop {
@@ -440,7 +440,7 @@ pub(in crate::live) fn write(s: &Shim, dump: &Dump) -> Result<Written, WriteErro
         pid: dump.process.pid,
         rank: dump.process.rank,
     };
-    let written = write_dump(&s.config.dir, &name, &bytes)?;
+    let written = write_dump(&s.config().dir, &name, &bytes)?;
     crate::publish::note_dump(dump, &written.path);
     if let Some(why) = &written.fell_back {
         if !FALLBACK_SAID.swap(true, Ordering::Relaxed) {
