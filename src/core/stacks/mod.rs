@@ -406,6 +406,78 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
         unsafe { libc::dlclose(handle) };
     }
 
+    /// A word only a saved rbp holds, changing from one call to the next: `c_outer` holds
+    /// `c_word` in rbp across its call, `c_keep` saves it (and clears rbp for the callback).
+    /// No frame's rule reads bp: only CFI walks this code.
+    const C_SAVED_BP: &str = r#"
+typedef void (*cb_t)(void *);
+volatile long c_word;
+volatile int c_sink;
+
+__attribute__((noinline)) void c_keep(cb_t cb, void *ctx) {
+    volatile char pad[8];
+    pad[0] = 1;
+    __asm__ volatile("xor %%ebp, %%ebp" ::: "rbp");
+    cb(ctx);
+    c_sink += pad[0];
+}
+
+__attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
+    volatile char pad[24];
+    pad[0] = 2;
+    __asm__ volatile("mov %0, %%rbp" :: "r"(c_word) : "rbp");
+    c_keep(cb, ctx);
+    c_sink += pad[0];
+}
+"#;
+
+    /// The walk memo compares only the stack words that decide the stack: a saved rbp that
+    /// no later frame reads bp from may change (here on every call) and the memo is still
+    /// taken whole, with exactly framehop's frames.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_changed_saved_bp_that_no_frame_reads_keeps_the_memo() {
+        let dir = tempfile::tempdir().unwrap();
+        let handle = build_and_load(dir.path(), "savedbp", C_SAVED_BP);
+        // SAFETY: a live handle, NUL-terminated names, both defined by C_SAVED_BP.
+        let (outer, word) = unsafe {
+            (
+                libc::dlsym(handle, c"c_outer".as_ptr()),
+                libc::dlsym(handle, c"c_word".as_ptr()) as usize,
+            )
+        };
+        assert!(!outer.is_null() && word != 0);
+        // SAFETY: `c_outer` of C_SAVED_BP has COuter's signature.
+        let outer: COuter = unsafe { std::mem::transmute(outer) };
+        std::thread::spawn(move || {
+            let walked = || dwarf::WALKED.with(|c| c.get());
+            let mut first: Option<Vec<usize>> = None;
+            for v in 1..=6i64 {
+                // SAFETY: the library's `volatile long`, written while nothing else runs in it.
+                unsafe { (word as *mut i64).write_volatile(v * 0x1111) };
+                let before = walked();
+                let mut st = CbState::new(false, true);
+                stk_rust_calls_into_c(outer, &mut st);
+                let stepped = walked() - before;
+                assert!(st.n > 4);
+                assert_eq!(&st.buf[..st.n], &st.reference[..st.n_reference], "call {v}");
+                match &first {
+                    None => first = Some(st.buf[..st.n].to_vec()),
+                    Some(f) => {
+                        assert_eq!(&st.buf[..st.n], &f[..], "call {v}");
+                        assert_eq!(stepped, 0, "call {v} stepped through {stepped} frames");
+                    }
+                }
+            }
+            let names = names(&symbolize(first.as_deref().unwrap()));
+            in_order(&names, &["c_keep", "c_outer", "stk_rust_calls_into_c"]).unwrap();
+        })
+        .join()
+        .unwrap();
+        // SAFETY: nothing of the library is used after this.
+        unsafe { libc::dlclose(handle) };
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[inline(never)]
     fn stk_ref_two(fast: &mut [usize], reference: &mut [usize]) -> (usize, usize) {
