@@ -740,6 +740,9 @@ impl ThreadUnwinder {
         {
             self.set_snapshot(current_snapshot());
         }
+        if let Some(id) = self.reuse_whole(regs, hi, out.len(), skip_own, tag) {
+            return (id.0, MemoOutcome::Known(id.1));
+        }
         // Borrowed, not cloned: no shared reference count touched per capture.
         let ThreadUnwinder {
             cache,
@@ -788,6 +791,68 @@ impl ThreadUnwinder {
             tag,
         );
         (n, outcome)
+    }
+}
+
+impl ThreadUnwinder {
+    /// The steady state of a hook called again from the same place, without setting up a
+    /// walk: (frames, id) when `walk` would match the memo at its very first frame and return
+    /// the id kept with it. That is: the first frame's kept rule (a stack-pointer rule) steps
+    /// to exactly the memo's first frame state, in bounds; the memo's output carries an id of
+    /// the table `tag` under the same depth limit and is whole within it; and every word of
+    /// the memo that decides the output still holds what it held (`live_words_unchanged`).
+    /// Anything else (`None`) is left to `walk`, which decides it the same way.
+    #[inline(always)]
+    fn reuse_whole(
+        &self,
+        regs: Regs,
+        hi: u64,
+        out_len: usize,
+        skip_own: bool,
+        tag: u64,
+    ) -> Option<(usize, u32)> {
+        let last: &Memo = &self.memos.last;
+        let e = self.first;
+        let lo = regs.sp;
+        if e.key != regs.pc
+            || e.sp_delta == 0
+            || last.count == 0
+            || last.id == 0
+            || last.id_tag != tag
+            || last.out_len != out_len
+            || !last.all_ok
+            || hi != last.hi
+            || lo > last.min_addr
+        {
+            return None;
+        }
+        let sp = lo + e.sp_delta as u64;
+        let ra = read_bounded(sp - 8, lo, hi).ok()?;
+        let bp = if e.bp_off != NO_BP {
+            read_bounded(lo.wrapping_add(e.bp_off as i64 as u64), lo, hi).ok()?
+        } else {
+            regs.fp
+        };
+        let f = &last.frames[0];
+        if ra == 0 || f.sp != sp || f.ra != ra || f.bp != bp {
+            return None;
+        }
+        let own_frame = skip_own && self.snap.as_ref()?.own.contains(&ra);
+        if (last.skipped > 0) != own_frame {
+            return None;
+        }
+        // As `splice` from frame 0 and `walk`'s test of the whole memo: all its output frames
+        // fit, and a memo cut by its depth limit is as long as that limit.
+        let outputs = last.outputs();
+        if outputs > out_len || (last.truncated && outputs < out_len) {
+            return None;
+        }
+        if !live_words_unchanged(last, 0) {
+            return None;
+        }
+        #[cfg(test)]
+        SPLICES.with(|c| c.set(c.get() + 1));
+        Some((outputs, last.id))
     }
 }
 
@@ -1280,23 +1345,8 @@ fn splice(
     let f = &last.frames[k];
     if last.all_ok && lo <= last.min_addr && hi == last.hi {
         // Every word read then lies in [lo, hi - 8] now too (min_addr >= lo, and each was
-        // at most hi - 8 under the same hi): compare the values alone, of the words that
-        // decide the output (`Memo::index_live`).
-        let reads = &last.live[f.live_from as usize..];
-        let word = |r: &Word| {
-            // SAFETY: each read lies inside this thread's mapped stack, at or above the
-            // current sp (above), so the word is mapped and ours to read.
-            unsafe { std::ptr::read_unaligned(r.addr as *const u64) ^ r.value }
-        };
-        let mut diff = 0u64;
-        let mut fours = reads.chunks_exact(4);
-        for c in &mut fours {
-            diff |= word(&c[0]) | word(&c[1]) | word(&c[2]) | word(&c[3]);
-        }
-        for r in fours.remainder() {
-            diff |= word(r);
-        }
-        if diff != 0 {
+        // at most hi - 8 under the same hi): compare the values alone.
+        if !live_words_unchanged(last, k) {
             return None;
         }
     } else {
@@ -1313,6 +1363,28 @@ fn splice(
         }
     }
     Some((start, rest.min(out_len - n)))
+}
+
+/// Whether every word that decides `last`'s output from frame `k` on (`Memo::index_live`)
+/// still holds the value read then. Only for a memo whose reads were all in bounds, under the
+/// same stack top, from an sp at or below its lowest read (`min_addr`): each word then lies in
+/// this thread's stack at or above the current sp.
+#[inline(always)]
+fn live_words_unchanged(last: &Memo, k: usize) -> bool {
+    let words = &last.live[last.frames[k].live_from as usize..];
+    let word = |w: &Word| {
+        // SAFETY: inside this thread's mapped stack, at or above the current sp (above).
+        unsafe { std::ptr::read_unaligned(w.addr as *const u64) ^ w.value }
+    };
+    let mut diff = 0u64;
+    let mut fours = words.chunks_exact(4);
+    for c in &mut fours {
+        diff |= word(&c[0]) | word(&c[1]) | word(&c[2]) | word(&c[3]);
+    }
+    for w in fours.remainder() {
+        diff |= word(w);
+    }
+    diff == 0
 }
 
 /// Writes the return addresses of `last.frames[start..]` into `out`.

@@ -763,6 +763,80 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
         .unwrap();
     }
 
+    #[inline(never)]
+    fn stk_id_leaf(
+        table: &crate::ledger::StackTable,
+        seen: &std::cell::RefCell<Vec<Vec<usize>>>,
+    ) -> u32 {
+        let id = capture_interned(64, false, table.tag(), |f| {
+            seen.borrow_mut().push(f.to_vec());
+            table.intern(f).0
+        });
+        black_box(id)
+    }
+
+    #[inline(never)]
+    fn stk_id_common(
+        table: &crate::ledger::StackTable,
+        seen: &std::cell::RefCell<Vec<Vec<usize>>>,
+    ) -> u32 {
+        let id = stk_id_leaf(black_box(table), seen);
+        black_box(id)
+    }
+
+    /// Two callers of the same shape (see `stk_memo_caller`): the frames below them are the
+    /// same, at the same addresses, and only the word holding the return address into one
+    /// or the other differs.
+    #[inline(never)]
+    fn stk_id_caller<const WHICH: u8>(
+        table: &crate::ledger::StackTable,
+        seen: &std::cell::RefCell<Vec<Vec<usize>>>,
+    ) -> u32 {
+        let id = stk_id_common(black_box(table), seen);
+        black_box(WHICH);
+        black_box(id)
+    }
+
+    /// The id kept with the memo is handed back, without a walk, only while every word its
+    /// stack was read from still holds the same: two callers whose stacks differ in one word
+    /// far from the hook, taken in turn from one call site, each get their own stack's id.
+    #[test]
+    fn a_kept_id_is_not_reused_when_an_outer_return_address_changed() {
+        use crate::ledger::{StackId, StackTable};
+        use std::cell::RefCell;
+        type Caller = fn(&StackTable, &RefCell<Vec<Vec<usize>>>) -> u32;
+        std::thread::spawn(|| {
+            let table = StackTable::new();
+            let seen = RefCell::new(Vec::new());
+            let callers: [Caller; 2] = [stk_id_caller::<1>, stk_id_caller::<2>];
+            let mut ids = [0u32; 2];
+            for (i, which) in [0usize, 0, 1, 1, 0, 1, 0, 0].into_iter().enumerate() {
+                let interned = seen.borrow().len();
+                let id = black_box(callers[which])(&table, &seen);
+                assert_ne!(id, 0);
+                let again = seen.borrow().len() > interned;
+                if ids[which] == 0 {
+                    ids[which] = id;
+                }
+                assert_eq!(id, ids[which], "capture {i} (caller {which})");
+                let frames = table.frames(StackId(id));
+                assert_eq!(frames, *seen.borrow().last().unwrap(), "capture {i}");
+                // A repeat from the same caller reuses the kept id (on x86-64, where the
+                // memo is); a change of caller interns again.
+                let repeat = i > 0 && [0usize, 0, 1, 1, 0, 1, 0, 0][i - 1] == which;
+                #[cfg(target_arch = "x86_64")]
+                assert_eq!(again, !repeat, "capture {i}");
+                let _ = (again, repeat);
+            }
+            assert_ne!(ids[0], ids[1]);
+            let (a, b) = (table.frames(StackId(ids[0])), table.frames(StackId(ids[1])));
+            assert_eq!(a.len(), b.len());
+            assert_eq!(a.iter().zip(&b).filter(|(x, y)| x != y).count(), 1);
+        })
+        .join()
+        .unwrap();
+    }
+
     #[cfg(target_arch = "x86_64")]
     /// Compiles `source` into `dir/name` and loads it; returns the handle.
     fn build_and_load(dir: &std::path::Path, name: &str, source: &str) -> *mut libc::c_void {
