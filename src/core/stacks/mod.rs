@@ -149,6 +149,38 @@ mod tests {
         assert!(capture(&mut buf, false) > 2);
     }
 
+    /// At thread exit the capture state is freed by a thread-local destructor: a capture from
+    /// a destructor that runs before it still works, one that runs after it returns 0 (and
+    /// makes no new state).
+    #[test]
+    fn captures_during_thread_exit_are_safe() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static BEFORE_FREE: AtomicUsize = AtomicUsize::new(usize::MAX);
+        static AFTER_FREE: AtomicUsize = AtomicUsize::new(usize::MAX);
+        struct CaptureOnDrop(&'static AtomicUsize);
+        impl Drop for CaptureOnDrop {
+            fn drop(&mut self) {
+                let mut buf = [0usize; 32];
+                self.0.store(capture(&mut buf, false), Ordering::Relaxed);
+            }
+        }
+        thread_local! {
+            // Destructors run in the reverse order of first use.
+            static FIRST: CaptureOnDrop = const { CaptureOnDrop(&AFTER_FREE) };
+            static LAST: CaptureOnDrop = const { CaptureOnDrop(&BEFORE_FREE) };
+        }
+        std::thread::spawn(|| {
+            FIRST.with(|_| ());
+            let mut buf = [0usize; 32];
+            assert!(capture(&mut buf, false) > 0);
+            LAST.with(|_| ());
+        })
+        .join()
+        .unwrap();
+        assert!(BEFORE_FREE.load(Ordering::Relaxed) > 0);
+        assert_eq!(AFTER_FREE.load(Ordering::Relaxed), 0);
+    }
+
     #[test]
     fn symbolize_never_fails() {
         let out = symbolize(&[
