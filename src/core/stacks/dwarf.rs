@@ -720,7 +720,8 @@ impl ThreadUnwinder {
     }
 
     /// Walks from `regs` into `out` (see `walk`); with what the output is to the memo, for
-    /// interning under the table `tag` (0: no table).
+    /// interning under the table `tag` (0: no table). Inlined into `capture_interned`.
+    #[inline]
     pub(super) fn capture(
         &mut self,
         regs: Regs,
