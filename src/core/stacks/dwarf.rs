@@ -575,6 +575,7 @@ impl Memo {
     }
 
     /// Output frames (the frames after the skipped ones).
+    #[inline]
     fn outputs(&self) -> usize {
         self.count - self.skipped.min(self.count)
     }
