@@ -64,21 +64,16 @@ impl Drop for StateOwner {
 }
 
 /// This thread's state, made on first use; `None` once the thread's destructors ran (or the
-/// state cannot be freed at exit: it is then not made).
+/// state cannot be freed at exit: it is then not made). Valid until the thread's
+/// `StateOwner` frees it, which marks the slot GONE first.
 #[inline(always)]
-fn thread_state(slot: &Slot) -> Option<&mut ThreadState> {
+fn thread_state(slot: &Slot) -> Option<*mut ThreadState> {
     let mut state = slot.state.get();
     if state.is_null() {
         state = new_thread_state();
         slot.state.set(state);
     }
-    if state == GONE {
-        return None;
-    }
-    // SAFETY: made by `new_thread_state` for this thread and freed only by its `StateOwner`
-    // at thread exit, which marks the slot GONE first; the busy flag (held by the caller)
-    // makes this the only reference.
-    Some(unsafe { &mut *state })
+    (state != GONE).then_some(state)
 }
 
 #[cold]
@@ -168,6 +163,9 @@ fn with_thread_state<R: Default>(f: impl FnOnce(&mut ThreadState) -> R) -> R {
     SLOT.try_with(|slot| {
         while_busy_in(slot, |slot| {
             let st = thread_state(slot)?;
+            // SAFETY: this thread's live state (`thread_state`: never null); the busy flag,
+            // held here, makes this the only reference to it until `f` returns.
+            let st = unsafe { &mut *st };
             #[cfg(test)]
             if let Some(hook) = TEST_REENTER.with(|h| h.get()) {
                 hook();
