@@ -8,6 +8,23 @@ fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Runs a command whose program this process just wrote ([`cli_copy`]). Another test thread may
+/// fork while the copy's descriptor is open, and its child holds that descriptor until it execs:
+/// running the copy then fails with ETXTBSY ("Text file busy") for that moment. Retried, as
+/// the kernel offers nothing better.
+fn output_of_copy(cmd: &mut Command) -> std::process::Output {
+    let mut tries = 0;
+    loop {
+        match cmd.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 200 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.unwrap(),
+        }
+    }
+}
+
 /// A copy of the CLI in a fresh directory, as `cargo run` or an install leaves it.
 fn cli_copy(dir: &std::path::Path) -> std::path::PathBuf {
     std::fs::create_dir_all(dir).unwrap();
@@ -20,12 +37,12 @@ fn cli_copy(dir: &std::path::Path) -> std::path::PathBuf {
 fn without_a_library_the_error_names_every_place_tried() {
     let t = tempfile::tempdir().unwrap();
     let exe = cli_copy(&t.path().join("bin"));
-    let out = Command::new(&exe)
-        .args(["demo", "--dir"])
-        .arg(t.path().join("dumps"))
-        .env_remove("OOMSHIM_LIB")
-        .output()
-        .unwrap();
+    let out = output_of_copy(
+        Command::new(&exe)
+            .args(["demo", "--dir"])
+            .arg(t.path().join("dumps"))
+            .env_remove("OOMSHIM_LIB"),
+    );
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -50,29 +67,29 @@ fn cargo_runs_layout_and_oomshim_lib_both_work() {
     let deps = t.path().join("release/deps");
     std::fs::create_dir_all(&deps).unwrap();
     std::fs::copy(common::shim_lib(), deps.join("liboomshim.so")).unwrap();
-    let out = Command::new(&exe)
-        .args(["demo", "--dir"])
-        .arg(t.path().join("dumps"))
-        .env_remove("OOMSHIM_LIB")
-        .output()
-        .unwrap();
+    let out = output_of_copy(
+        Command::new(&exe)
+            .args(["demo", "--dir"])
+            .arg(t.path().join("dumps"))
+            .env_remove("OOMSHIM_LIB"),
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("leak"));
 
     // OOMSHIM_LIB names the library for a CLI that has none beside it; a wrong one is an error.
     let bare = cli_copy(&t.path().join("elsewhere"));
-    let out = Command::new(&bare)
-        .args(["demo", "--dir"])
-        .arg(t.path().join("dumps2"))
-        .env("OOMSHIM_LIB", common::shim_lib())
-        .output()
-        .unwrap();
+    let out = output_of_copy(
+        Command::new(&bare)
+            .args(["demo", "--dir"])
+            .arg(t.path().join("dumps2"))
+            .env("OOMSHIM_LIB", common::shim_lib()),
+    );
     assert!(out.status.success(), "{}", stderr(&out));
-    let out = Command::new(&bare)
-        .arg("demo")
-        .env("OOMSHIM_LIB", t.path().join("missing.so"))
-        .output()
-        .unwrap();
+    let out = output_of_copy(
+        Command::new(&bare)
+            .arg("demo")
+            .env("OOMSHIM_LIB", t.path().join("missing.so")),
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("does not name a file"),
