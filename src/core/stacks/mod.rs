@@ -32,6 +32,14 @@ mod tests {
     use dump::model::Frame;
     use std::hint::black_box;
 
+    /// The walk tests one at a time: a test that loads a library and walks through it publishes
+    /// a new module snapshot, which (rightly) invalidates every thread's memo; a test running
+    /// meanwhile that asserts a memo was reused would see a fresh walk instead.
+    fn one_walk_test_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        static WALK_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        WALK_TESTS.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn names(frames: &[Vec<Frame>]) -> Vec<String> {
         frames
             .iter()
@@ -379,6 +387,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn walks_through_c_without_frame_pointers() {
+        let _serial = one_walk_test_at_a_time();
         // Build the module list before the library exists, so the capture below must notice
         // the dlopen'ed object by itself.
         let mut warm = [0usize; 8];
@@ -469,6 +478,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn a_changed_saved_bp_that_no_frame_reads_keeps_the_memo() {
+        let _serial = one_walk_test_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let handle = build_and_load(dir.path(), "savedbp", C_SAVED_BP);
         // SAFETY: a live handle, NUL-terminated names, both defined by C_SAVED_BP.
@@ -527,6 +537,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn two_level_walk_agrees_with_framehop() {
+        let _serial = one_walk_test_at_a_time();
         for _ in 0..3 {
             let (mut fast, mut reference) = ([0usize; 64], [0usize; 64]);
             let (a, b) = stk_ref_one(&mut fast, &mut reference);
@@ -570,6 +581,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_walk_memo_never_reuses_a_changed_stack() {
+        let _serial = one_walk_test_at_a_time();
         type Caller = fn(&mut [usize], &mut [usize]) -> (usize, usize);
         let callers: [Caller; 2] = [stk_memo_caller::<1>, stk_memo_caller::<2>];
         let mut seen = [Vec::new(), Vec::new()];
@@ -669,6 +681,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn deeper_captures_after_a_shallow_first_one_reuse_the_memo() {
+        let _serial = one_walk_test_at_a_time();
         std::thread::spawn(|| {
             // This thread's first capture, from a shallow frame.
             let (mut fast, mut reference) = ([0usize; 128], [0usize; 128]);
@@ -756,6 +769,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
     /// was live when it was returned.
     #[test]
     fn interned_ids_are_reused_only_for_the_same_stack_and_table() {
+        let _serial = one_walk_test_at_a_time();
         use crate::ledger::{StackId, StackTable};
         use std::cell::RefCell;
         std::thread::spawn(|| {
@@ -834,6 +848,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
     /// far from the hook, taken in turn from one call site, each get their own stack's id.
     #[test]
     fn a_kept_id_is_not_reused_when_an_outer_return_address_changed() {
+        let _serial = one_walk_test_at_a_time();
         use crate::ledger::{StackId, StackTable};
         use std::cell::RefCell;
         type Caller = fn(&StackTable, &RefCell<Vec<Vec<usize>>>) -> u32;
@@ -901,6 +916,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn survives_dlclose_and_reload() {
+        let _serial = one_walk_test_at_a_time();
         let other = r#"
 typedef void (*cb_t)(void *);
 volatile int sink2;
