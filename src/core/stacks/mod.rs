@@ -32,9 +32,9 @@ mod tests {
     use dump::model::Frame;
     use std::hint::black_box;
 
-    /// The walk tests one at a time: a test that loads a library and walks through it publishes
-    /// a new module snapshot, which (rightly) invalidates every thread's memo; a test running
-    /// meanwhile that asserts a memo was reused would see a fresh walk instead.
+    /// This module's tests one at a time: a test that loads a library and walks through it
+    /// publishes a new module snapshot, which (rightly) invalidates every thread's memo, so a
+    /// test running meanwhile that asserts a memo was reused would see a fresh walk instead.
     fn one_walk_test_at_a_time() -> std::sync::MutexGuard<'static, ()> {
         static WALK_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
         WALK_TESTS.lock().unwrap_or_else(|e| e.into_inner())
@@ -84,6 +84,7 @@ mod tests {
 
     #[test]
     fn chain_of_functions_is_captured_and_symbolised_in_order() {
+        let _serial = one_walk_test_at_a_time();
         let mut buf = [0usize; 64];
         let (n, line) = stk_level_one(&mut buf);
         assert!(n >= 4, "only {n} frames");
@@ -129,6 +130,7 @@ mod tests {
 
     #[test]
     fn tiny_output_slice_truncates() {
+        let _serial = one_walk_test_at_a_time();
         let mut full = [0usize; 64];
         let (n, _) = stk_level_one(&mut full);
         let mut two = [0usize; 2];
@@ -141,6 +143,7 @@ mod tests {
 
     #[test]
     fn reentrant_capture_returns_zero() {
+        let _serial = one_walk_test_at_a_time();
         use std::cell::Cell;
         thread_local!(static INNER: Cell<Option<usize>> = const { Cell::new(None) });
         fn reenter() {
@@ -159,6 +162,7 @@ mod tests {
 
     #[test]
     fn symbolize_never_fails() {
+        let _serial = one_walk_test_at_a_time();
         let out = symbolize(&[
             0,
             1,
@@ -175,6 +179,7 @@ mod tests {
 
     #[test]
     fn frame_pointer_walk_is_bounded() {
+        let _serial = one_walk_test_at_a_time();
         // Code here has no frame pointers: whatever rbp holds, the walk must stay in bounds.
         let mut buf = [0usize; 64];
         let n = capture_frame_pointers(&mut buf);
@@ -193,6 +198,7 @@ mod tests {
     /// capture in a handler walks through the signal frame into the interrupted code.
     #[test]
     fn signals_during_capture_are_safe() {
+        let _serial = one_walk_test_at_a_time();
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         use std::sync::Mutex;
         static IN_HANDLER_TOTAL: AtomicUsize = AtomicUsize::new(0);
