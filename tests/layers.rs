@@ -166,6 +166,14 @@ fn named_crates(code: &str) -> BTreeSet<(String, String)> {
     found
 }
 
+/// Writes `text` at `rel` under `root`, making its directories: the made-up trees the scans'
+/// own tests run on.
+fn write_in_tree(root: &Path, rel: &str, text: &str) {
+    let path = root.join(rel);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
 fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut files = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -662,11 +670,7 @@ fn files_inside_a_module_close_no_circle() {
 fn the_file_scan_catches_circles_through_aliases_groups_and_rings() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let w = |p: &str, text: &str| {
-        let path = root.join(p);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    };
+    let w = |p: &str, text: &str| write_in_tree(root, p, text);
     // verdict/: the parent uses its children and they use it (not circles); `snapshot` and
     // `words/snapshot` use each other through an alias bound by `use`; `a`, `b`, `c` form a
     // ring through a nested group; `d` names `a` only in a comment and a test module.
@@ -763,11 +767,7 @@ fn each_crate_depends_only_on_the_crates_below_it() {
 fn the_scan_catches_upward_names_circles_and_ffi_imports() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let w = |p: &str, text: &str| {
-        let path = root.join(p);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    };
+    let w = |p: &str, text: &str| write_in_tree(root, p, text);
     w(
         "src/format/read.rs",
         "// oomshim_cli::report in a comment does not count\nuse oomshim_core::units::clean;\n",
@@ -891,11 +891,7 @@ fn only_live_mod_rs_reads_the_fields_of_shim() {
 fn the_shim_field_scan_catches_a_child_reading_a_field() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let w = |p: &str, text: &str| {
-        let path = root.join(p);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
-    };
+    let w = |p: &str, text: &str| write_in_tree(root, p, text);
     w(
         "src/preload/live/mod.rs",
         "pub struct Shim {\n    config: Config,\n    /// doc\n    ledger: Ledger,\n    growth: Tracker,\n}\nfn f(s: &Shim) { s.ledger.take(); }\n",
