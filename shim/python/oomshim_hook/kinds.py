@@ -172,6 +172,15 @@ def _find_roots(torch, deadline):
     return modules, optimizers, complete
 
 
+def _not_ours(frame):
+    """A frame of the program or a library, not of oomshim's hook or package."""
+    return not _own_file(frame.f_code.co_filename) and not _own_package(frame)
+
+
+def _where(frame):
+    return {"function": frame.f_code.co_name, "file": frame.f_code.co_filename, "line": frame.f_lineno}
+
+
 def _runs_backward(code, fname):
     """A frame of torch's backward entry points (the program's thread waits in one while
     autograd's threads run the pass)."""
@@ -196,8 +205,8 @@ def _caller_of_backward(torch):
             fname = code.co_filename
             if _runs_backward(code, fname):
                 waits = True
-            elif program is None and not _library_file(fname) and not _own_file(fname) and not _own_package(f):
-                program = {"function": code.co_name, "file": fname, "line": f.f_lineno}
+            elif program is None and _not_ours(f) and not _library_file(fname):
+                program = _where(f)
             f = f.f_back
         if waits and program is not None:
             return program
@@ -219,8 +228,8 @@ def _stack_view(torch, frame):
         depth += 1
         code = f.f_code
         fname = code.co_filename
-        if not _own_file(fname) and not _own_package(f):
-            where = {"function": code.co_name, "file": fname, "line": f.f_lineno}
+        if _not_ours(f):
+            where = _where(f)
             if _library_file(fname):
                 if framework_frame is None:
                     framework_frame = where

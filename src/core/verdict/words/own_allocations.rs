@@ -103,21 +103,22 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
         .as_ref()
         .map(|t| t.label.as_str())
         .unwrap_or("the largest allocation sites");
-    let largest = match &c.top {
-        Some(t) => format!(
-            "; largest: {}{} at {}",
+    // The largest site as the headlines name it: its line, else its stack's label.
+    let top_label = c.top.as_ref().map(|t| match t.line {
+        Some(line) => line.short_label(),
+        None => short_label(&t.site.stack),
+    });
+    let largest = match (&c.top, &top_label) {
+        (Some(t), Some(label)) => format!(
+            "; largest: {}{} at {label}",
             human_bytes(t.site.bytes),
             if t.site.count > 1 {
                 format!(" (×{})", thousands(t.site.count))
             } else {
                 String::new()
             },
-            match t.line {
-                Some(line) => line.short_label(),
-                None => short_label(&t.site.stack),
-            }
         ),
-        None => String::new(),
+        _ => String::new(),
     };
     // Where the program asked for the memory that did not fit, when that is not the largest
     // holder itself: the line a user goes to first.
@@ -140,14 +141,9 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
     let holder = c
         .top
         .as_ref()
-        .filter(|t| failing_at.is_none() || t.line != failing_at)
-        .map(|t| {
-            let label = match t.line {
-                Some(line) => line.short_label(),
-                None => short_label(&t.site.stack),
-            };
-            (t.site.bytes, label)
-        });
+        .zip(top_label)
+        .filter(|(t, _)| failing_at.is_none() || t.line != failing_at)
+        .map(|(t, label)| (t.site.bytes, label));
     // A request whose stack holds only torch's own Python code (a thread of the framework's,
     // not the program's) is named at the program's line the hook found instead: the line that
     // called the backward pass, say, rather than a frame inside torch.
