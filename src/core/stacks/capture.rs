@@ -11,18 +11,80 @@
 //!
 //! Other architectures: a bounded, validated frame-pointer walk (no CFI).
 
-use std::cell::{Cell, UnsafeCell};
+use std::cell::Cell;
 
 #[cfg(target_arch = "x86_64")]
 use super::dwarf;
 use super::regs::{read_bounded, read_regs, Regs};
 
 thread_local! {
-    /// Set while this thread is inside [`capture`]. Kept in its own `const`, drop-free slot so
-    /// that testing it never runs lazy thread-local initialisation (signal handlers may land
+    /// This thread's capture slot: one `const`, drop-free thread-local, so that a capture
+    /// looks up one thread-local (a call into the loader in a shared library) and testing the
+    /// busy flag never runs lazy thread-local initialisation (signal handlers may land
     /// anywhere, including inside that initialisation).
-    static BUSY: Cell<bool> = const { Cell::new(false) };
-    static STATE: UnsafeCell<Option<Box<ThreadState>>> = const { UnsafeCell::new(None) };
+    static SLOT: Slot = const {
+        Slot {
+            busy: Cell::new(false),
+            state: Cell::new(std::ptr::null_mut()),
+        }
+    };
+    /// Frees this thread's state when the thread exits; touched once per thread, when the
+    /// state is made.
+    static OWNER: StateOwner = const { StateOwner };
+}
+
+struct Slot {
+    /// Set while this thread is inside [`capture`] (or anything else run by [`while_busy`]).
+    busy: Cell<bool>,
+    /// This thread's state: null before its first capture, [`GONE`] once freed at thread exit.
+    state: Cell<*mut ThreadState>,
+}
+
+/// [`Slot::state`] after the thread's destructors freed it: captures then return 0, as they
+/// do when thread-locals are gone.
+const GONE: *mut ThreadState = std::ptr::dangling_mut();
+
+struct StateOwner;
+
+impl Drop for StateOwner {
+    fn drop(&mut self) {
+        let _ = SLOT.try_with(|slot| {
+            // Marked busy meanwhile: a capture from a signal handler landing here returns 0.
+            let was_busy = slot.busy.replace(true);
+            let state = slot.state.replace(GONE);
+            if !state.is_null() && state != GONE {
+                // SAFETY: made by `Box::into_raw` in `thread_state` on this thread, freed only
+                // here, once (the slot holds GONE from now on); no capture runs on this thread
+                // while its destructors do, and a signal handler's is refused (busy).
+                drop(unsafe { Box::from_raw(state) });
+            }
+            slot.busy.set(was_busy);
+        });
+    }
+}
+
+/// This thread's state, made on first use; `None` once the thread's destructors ran (or the
+/// state cannot be freed at exit: it is then not made). Valid until the thread's
+/// `StateOwner` frees it, which marks the slot GONE first.
+#[inline(always)]
+fn thread_state(slot: &Slot) -> Option<*mut ThreadState> {
+    let mut state = slot.state.get();
+    if state.is_null() {
+        state = new_thread_state();
+        slot.state.set(state);
+    }
+    (state != GONE).then_some(state)
+}
+
+#[cold]
+#[inline(never)]
+fn new_thread_state() -> *mut ThreadState {
+    // Registers the destructor that frees the state; refused once the thread's destructors
+    // ran (then nothing is made).
+    if OWNER.try_with(|_| ()).is_err() {
+        return GONE;
+    }
+    Box::into_raw(ThreadState::new())
 }
 
 #[cfg(test)]
@@ -78,33 +140,40 @@ fn thread_stack_top() -> Option<u64> {
 /// caught (`None`); it never crosses into the host program.
 #[inline(always)]
 fn while_busy<R>(f: impl FnOnce() -> R) -> Option<R> {
-    let entered = BUSY.try_with(|b| !b.replace(true)).unwrap_or(false);
-    if !entered {
+    SLOT.try_with(|slot| while_busy_in(slot, |_| f()))
+        .ok()
+        .flatten()
+}
+
+/// [`while_busy`] with the slot at hand, passed on to `f`.
+#[inline(always)]
+fn while_busy_in<R>(slot: &Slot, f: impl FnOnce(&Slot) -> R) -> Option<R> {
+    if slot.busy.replace(true) {
         return None;
     }
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok();
-    let _ = BUSY.try_with(|b| b.set(false));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(slot))).ok();
+    slot.busy.set(false);
     r
 }
 
 /// Runs `f` with this thread's state (created on first use), inside [`while_busy`]; the
-/// default (0) when that refuses.
+/// default (0) when that refuses or the state is gone. One thread-local lookup.
 #[inline(always)]
 fn with_thread_state<R: Default>(f: impl FnOnce(&mut ThreadState) -> R) -> R {
-    while_busy(|| {
-        STATE
-            .try_with(|slot| {
-                // SAFETY: BUSY guarantees exclusive access on this thread; other threads have
-                // their own slot.
-                let slot = unsafe { &mut *slot.get() };
-                let st = slot.get_or_insert_with(ThreadState::new);
-                #[cfg(test)]
-                if let Some(hook) = TEST_REENTER.with(|h| h.get()) {
-                    hook();
-                }
-                f(st)
-            })
-            .unwrap_or_default()
+    SLOT.try_with(|slot| {
+        while_busy_in(slot, |slot| {
+            let st = thread_state(slot)?;
+            // SAFETY: this thread's live state (`thread_state`: never null); the busy flag,
+            // held here, makes this the only reference to it until `f` returns.
+            let st = unsafe { &mut *st };
+            #[cfg(test)]
+            if let Some(hook) = TEST_REENTER.with(|h| h.get()) {
+                hook();
+            }
+            Some(f(st))
+        })
+        .flatten()
+        .unwrap_or_default()
     })
     .unwrap_or_default()
 }
@@ -251,7 +320,7 @@ pub fn refresh_modules() {
 /// snapshot's lock, with this thread marked busy meanwhile (a capture from a signal handler on
 /// it returns nothing rather than wait for the lock it holds).
 pub fn fork_prepare() {
-    let _ = BUSY.try_with(|b| b.set(true));
+    let _ = SLOT.try_with(|s| s.busy.set(true));
     #[cfg(target_arch = "x86_64")]
     dwarf::fork_prepare();
 }
@@ -260,7 +329,7 @@ pub fn fork_prepare() {
 pub fn fork_release() {
     #[cfg(target_arch = "x86_64")]
     dwarf::fork_release();
-    let _ = BUSY.try_with(|b| b.set(false));
+    let _ = SLOT.try_with(|s| s.busy.set(false));
 }
 
 /// What a walk's output is to the thread's walk memo (see `dwarf::MemoOutcome`).

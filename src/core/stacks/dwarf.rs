@@ -480,13 +480,40 @@ struct Read {
 }
 
 /// The walk state when a frame was reached: the return address and the sp and bp it was
-/// unwound with; `reads_from` indexes the first read made after it.
+/// unwound with; `reads_from` indexes the first read made after it, `live_from` the first
+/// word of [`Memo::live`] after it, and `step` says how the walk stepped on from it.
 #[derive(Clone, Copy, Default)]
 struct MemoFrame {
     sp: u64,
     bp: u64,
     ra: u64,
     reads_from: u32,
+    live_from: u32,
+    step: Step,
+}
+
+/// How a walk stepped from one frame of a memo to the next, as far as the check cares: which
+/// of the step's reads define bp, and whether the step depends on bp.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+#[repr(u8)]
+enum Step {
+    /// No step (the walk ended here), or one that neither reads bp nor sets it from a read:
+    /// its reads (the return address) count.
+    #[default]
+    Plain,
+    /// `sp' = sp + k`, return address at `sp' - 8`, then `bp' = *(sp + j)`: the second read
+    /// only sets bp, and counts only if a later step depends on bp before another sets it.
+    LoadsBp,
+    /// A step that depends on bp (the frame-pointer rule; framehop and signal frames, taken
+    /// as such): all its reads count, and so does the read that set the bp it started from.
+    UsesBp,
+}
+
+/// A stack word the check compares: its address and the value the walk read there.
+#[derive(Clone, Copy, Default)]
+struct Word {
+    addr: u64,
+    value: u64,
 }
 
 /// The last walk of this thread, kept so that the next one can stop at the first frame whose
@@ -508,6 +535,12 @@ struct MemoFrame {
 struct Memo {
     frames: [MemoFrame; MEMO_FRAMES],
     reads: [Read; MEMO_READS],
+    /// The reads that decide the walk's output, filled from the end: `live[f.live_from..]`
+    /// are those made after frame `f` ([`Memo::index_live`]). A saved bp that no later step
+    /// depends on before another is loaded (every saved rbp in code built without frame
+    /// pointers) cannot change the output and is left out: about half the words of such a
+    /// stack.
+    live: [Word; MEMO_READS],
     count: usize,
     n_reads: usize,
     /// Leading frames that were skipped (the shim's own), not output.
@@ -542,8 +575,54 @@ impl Memo {
     }
 
     /// Output frames (the frames after the skipped ones).
+    #[inline]
     fn outputs(&self) -> usize {
         self.count - self.skipped.min(self.count)
+    }
+
+    /// Fills [`Memo::live`] and each frame's `live_from` from `frames` and `reads`, once a
+    /// walk recorded them. From frame `f` on, the walk is a function of (ra, sp, bp) at `f`
+    /// and of the words read after it; a word that only sets bp, when no later step depends
+    /// on bp before another step sets it again, reaches neither the return addresses nor
+    /// the sp of any later frame. Its address still counts for the bounds (`min_addr`: a
+    /// read out of bounds would end the walk), its value does not.
+    fn index_live(&mut self) {
+        let Memo {
+            frames,
+            reads,
+            live,
+            count,
+            n_reads,
+            ..
+        } = self;
+        let mut at = MEMO_READS;
+        let mut end = (*n_reads).min(MEMO_READS);
+        // Whether the bp at the current point of the (backward) scan is depended on later.
+        let mut bp_needed = false;
+        for f in frames[..*count].iter_mut().rev() {
+            let from = (f.reads_from as usize).min(end);
+            let step = &reads[from..end];
+            let (bp_read, uses_bp) = match f.step {
+                Step::LoadsBp if step.len() == 2 => (Some(1), false),
+                Step::UsesBp => (None, true),
+                _ => (None, false),
+            };
+            let keep_bp = bp_needed;
+            bp_needed &= bp_read.is_none();
+            for (i, r) in step.iter().enumerate().rev() {
+                if bp_read == Some(i) && !keep_bp {
+                    continue;
+                }
+                at -= 1;
+                live[at] = Word {
+                    addr: r.addr,
+                    value: r.value,
+                };
+            }
+            bp_needed |= uses_bp;
+            f.live_from = at as u32;
+            end = from;
+        }
     }
 }
 
@@ -642,7 +721,8 @@ impl ThreadUnwinder {
     }
 
     /// Walks from `regs` into `out` (see `walk`); with what the output is to the memo, for
-    /// interning under the table `tag` (0: no table).
+    /// interning under the table `tag` (0: no table). Inlined into `capture_interned`.
+    #[inline]
     pub(super) fn capture(
         &mut self,
         regs: Regs,
@@ -661,6 +741,9 @@ impl ThreadUnwinder {
             .is_none_or(|s| s.generation != generation)
         {
             self.set_snapshot(current_snapshot());
+        }
+        if let Some(id) = self.reuse_whole(regs, hi, out.len(), skip_own, tag) {
+            return (id.0, MemoOutcome::Known(id.1));
         }
         // Borrowed, not cloned: no shared reference count touched per capture.
         let ThreadUnwinder {
@@ -710,6 +793,68 @@ impl ThreadUnwinder {
             tag,
         );
         (n, outcome)
+    }
+}
+
+impl ThreadUnwinder {
+    /// The steady state of a hook called again from the same place, without setting up a
+    /// walk: (frames, id) when `walk` would match the memo at its very first frame and return
+    /// the id kept with it. That is: the first frame's kept rule (a stack-pointer rule) steps
+    /// to exactly the memo's first frame state, in bounds; the memo's output carries an id of
+    /// the table `tag` under the same depth limit and is whole within it; and every word of
+    /// the memo that decides the output still holds what it held (`live_words_unchanged`).
+    /// Anything else (`None`) is left to `walk`, which decides it the same way.
+    #[inline(always)]
+    fn reuse_whole(
+        &self,
+        regs: Regs,
+        hi: u64,
+        out_len: usize,
+        skip_own: bool,
+        tag: u64,
+    ) -> Option<(usize, u32)> {
+        let last: &Memo = &self.memos.last;
+        let e = self.first;
+        let lo = regs.sp;
+        if e.key != regs.pc
+            || e.sp_delta == 0
+            || last.count == 0
+            || last.id == 0
+            || last.id_tag != tag
+            || last.out_len != out_len
+            || !last.all_ok
+            || hi != last.hi
+            || lo > last.min_addr
+        {
+            return None;
+        }
+        let sp = lo + e.sp_delta as u64;
+        let ra = read_bounded(sp - 8, lo, hi).ok()?;
+        let bp = if e.bp_off != NO_BP {
+            read_bounded(lo.wrapping_add(e.bp_off as i64 as u64), lo, hi).ok()?
+        } else {
+            regs.fp
+        };
+        let f = &last.frames[0];
+        if ra == 0 || f.sp != sp || f.ra != ra || f.bp != bp {
+            return None;
+        }
+        let own_frame = skip_own && self.snap.as_ref()?.own.contains(&ra);
+        if (last.skipped > 0) != own_frame {
+            return None;
+        }
+        // As `splice` from frame 0 and `walk`'s test of the whole memo: all its output frames
+        // fit, and a memo cut by its depth limit is as long as that limit.
+        let outputs = last.outputs();
+        if outputs > out_len || (last.truncated && outputs < out_len) {
+            return None;
+        }
+        if !live_words_unchanged(last, 0) {
+            return None;
+        }
+        #[cfg(test)]
+        SPLICES.with(|c| c.set(c.get() + 1));
+        Some((outputs, last.id))
     }
 }
 
@@ -1034,6 +1179,7 @@ fn walk(
                             };
                             next.id = id;
                             next.id_tag = id_tag;
+                            next.index_live();
                             std::mem::swap(&mut memos.last, &mut memos.next);
                             if id != 0 && id_tag == tag {
                                 return (total, learned, MemoOutcome::Known(id));
@@ -1052,6 +1198,8 @@ fn walk(
                 bp,
                 ra,
                 reads_from: log.n.get() as u32,
+                live_from: 0,
+                step: Step::Plain,
             };
         }
         m += 1;
@@ -1064,8 +1212,15 @@ fn walk(
                 break;
             }
         }
+        // How this frame steps on (see `Memo::index_live`); `m >= 1` here.
+        let mut mark = |step: Step| {
+            if let Some(f) = next_frames.get_mut(m - 1) {
+                f.step = step;
+            }
+        };
         if at_pc {
             // framehop with first-frame semantics (lookup at the pc itself).
+            mark(Step::UsesBp);
             at_pc = false;
             let mut u = UnwindRegsX86_64::new(ra, sp, bp);
             let addr = FrameAddress::from_instruction_pointer(ra);
@@ -1090,6 +1245,11 @@ fn walk(
         if e.sp_delta != 0 {
             // sp < hi and sp_delta <= 1 MiB: no overflow.
             let new_sp = sp + e.sp_delta as u64;
+            mark(if e.bp_off != NO_BP {
+                Step::LoadsBp
+            } else {
+                Step::Plain
+            });
             let Ok(next) = read(new_sp - 8) else { break };
             if e.bp_off != NO_BP {
                 let Ok(b) = read(sp.wrapping_add(e.bp_off as i64 as u64)) else {
@@ -1100,6 +1260,7 @@ fn walk(
             sp = new_sp;
             ra = next;
         } else if e.bp_off == KIND_FP {
+            mark(Step::UsesBp);
             // Validated: strictly towards the stack top, inside the stack.
             if bp < sp || bp > hi - 16 {
                 break;
@@ -1111,6 +1272,7 @@ fn walk(
             bp = next_bp;
             ra = next;
         } else if e.bp_off == KIND_FRAMEHOP {
+            mark(Step::UsesBp);
             let Some(addr) = FrameAddress::from_return_address(ra) else {
                 break;
             };
@@ -1124,6 +1286,7 @@ fn walk(
                 _ => break,
             }
         } else if e.bp_off == KIND_SIGNAL {
+            mark(Step::UsesBp);
             // sp is the address of the ucontext_t the kernel pushed.
             let (Ok(pc), Ok(new_sp), Ok(new_bp)) =
                 (read(sp + UC_RIP), read(sp + UC_RSP), read(sp + UC_RBP))
@@ -1152,6 +1315,7 @@ fn walk(
         next.min_addr = log.min_addr.get();
         next.all_ok = log.all_ok.get();
         next.hi = hi;
+        next.index_live();
         std::mem::swap(&mut memos.last, &mut memos.next);
         return (n, learned, MemoOutcome::Exact);
     }
@@ -1180,30 +1344,16 @@ fn splice(
     if last.truncated && n + rest < out_len {
         return None;
     }
-    let from = last.frames[k].reads_from as usize;
-    let reads = &last.reads[from..last.n_reads];
+    let f = &last.frames[k];
     if last.all_ok && lo <= last.min_addr && hi == last.hi {
         // Every word read then lies in [lo, hi - 8] now too (min_addr >= lo, and each was
         // at most hi - 8 under the same hi): compare the values alone.
-        let word = |r: &Read| {
-            // SAFETY: each read lies inside this thread's mapped stack, at or above the
-            // current sp (above), so the word is mapped and ours to read.
-            unsafe { std::ptr::read_unaligned(r.addr as *const u64) ^ r.value }
-        };
-        let mut diff = 0u64;
-        let mut fours = reads.chunks_exact(4);
-        for c in &mut fours {
-            diff |= word(&c[0]) | word(&c[1]) | word(&c[2]) | word(&c[3]);
-        }
-        for r in fours.remainder() {
-            diff |= word(r);
-        }
-        if diff != 0 {
+        if !live_words_unchanged(last, k) {
             return None;
         }
     } else {
         let mut same = true;
-        for r in reads {
+        for r in &last.reads[f.reads_from as usize..last.n_reads] {
             // No early exit: the loads are independent and run side by side.
             same &= match read_bounded(r.addr, lo, hi) {
                 Ok(v) => r.ok && v == r.value,
@@ -1217,10 +1367,112 @@ fn splice(
     Some((start, rest.min(out_len - n)))
 }
 
+/// Whether every word that decides `last`'s output from frame `k` on (`Memo::index_live`)
+/// still holds the value read then. Only for a memo whose reads were all in bounds, under the
+/// same stack top, from an sp at or below its lowest read (`min_addr`): each word then lies in
+/// this thread's stack at or above the current sp.
+#[inline(always)]
+fn live_words_unchanged(last: &Memo, k: usize) -> bool {
+    let words = &last.live[last.frames[k].live_from as usize..];
+    let word = |w: &Word| {
+        // SAFETY: inside this thread's mapped stack, at or above the current sp (above).
+        unsafe { std::ptr::read_unaligned(w.addr as *const u64) ^ w.value }
+    };
+    let mut diff = 0u64;
+    let mut fours = words.chunks_exact(4);
+    for c in &mut fours {
+        diff |= word(&c[0]) | word(&c[1]) | word(&c[2]) | word(&c[3]);
+    }
+    for w in fours.remainder() {
+        diff |= word(w);
+    }
+    diff == 0
+}
+
 /// Writes the return addresses of `last.frames[start..]` into `out`.
 #[inline(always)]
 fn copy_frames(last: &Memo, start: usize, out: &mut [usize]) {
     for (o, f) in out.iter_mut().zip(&last.frames[start..]) {
         *o = f.ra as usize;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A memo of `steps`, each (step, its reads' addresses): read `i` of it holds `i * 100`.
+    fn memo_of(steps: &[(Step, &[u64])]) -> Box<Memo> {
+        let mut memo = Memo::new_boxed();
+        let mut n = 0;
+        for (j, (step, addrs)) in steps.iter().enumerate() {
+            memo.frames[j] = MemoFrame {
+                sp: 0x1000 + j as u64 * 0x10,
+                reads_from: n as u32,
+                step: *step,
+                ..MemoFrame::default()
+            };
+            for &addr in addrs.iter() {
+                memo.reads[n] = Read {
+                    addr,
+                    value: n as u64 * 100,
+                    ok: true,
+                };
+                n += 1;
+            }
+        }
+        memo.count = steps.len();
+        memo.n_reads = n;
+        memo.index_live();
+        memo
+    }
+
+    /// The addresses the check compares from frame `k` on.
+    fn checked_from(memo: &Memo, k: usize) -> Vec<u64> {
+        memo.live[memo.frames[k].live_from as usize..]
+            .iter()
+            .map(|w| w.addr)
+            .collect()
+    }
+
+    #[test]
+    fn saved_bp_words_are_checked_only_when_a_later_step_depends_on_bp() {
+        // Code without frame pointers: every frame's saved rbp is loaded and never used; only
+        // the return addresses are checked.
+        let memo = memo_of(&[
+            (Step::LoadsBp, &[1, 2]),
+            (Step::LoadsBp, &[3, 4]),
+            (Step::Plain, &[5]),
+            (Step::LoadsBp, &[6, 7]),
+            (Step::Plain, &[]),
+        ]);
+        assert_eq!(checked_from(&memo, 0), [1, 3, 5, 6]);
+        assert_eq!(checked_from(&memo, 1), [3, 5, 6]);
+        assert_eq!(checked_from(&memo, 3), [6]);
+        assert_eq!(checked_from(&memo, 4), Vec::<u64>::new());
+        // Values stay with their addresses.
+        let values: Vec<u64> = memo.live[memo.frames[0].live_from as usize..]
+            .iter()
+            .map(|w| w.value)
+            .collect();
+        assert_eq!(values, [0, 200, 400, 500]);
+
+        // A frame-pointer step further out depends on the bp loaded last before it (through
+        // steps that keep bp), not on one loaded before that.
+        let memo = memo_of(&[
+            (Step::LoadsBp, &[1, 2]),
+            (Step::LoadsBp, &[3, 4]),
+            (Step::Plain, &[5]),
+            (Step::UsesBp, &[6, 7]),
+            (Step::LoadsBp, &[8, 9]),
+        ]);
+        assert_eq!(checked_from(&memo, 0), [1, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(checked_from(&memo, 2), [5, 6, 7, 8]);
+        assert_eq!(checked_from(&memo, 4), [8]);
+
+        // A step that ended before its bp read (out of bounds) keeps what it read; framehop's
+        // steps keep all theirs.
+        let memo = memo_of(&[(Step::LoadsBp, &[1]), (Step::UsesBp, &[2, 3, 4])]);
+        assert_eq!(checked_from(&memo, 0), [1, 2, 3, 4]);
     }
 }

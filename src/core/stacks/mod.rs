@@ -160,6 +160,38 @@ mod tests {
         assert!(capture(&mut buf, false) > 2);
     }
 
+    /// At thread exit the capture state is freed by a thread-local destructor: a capture from
+    /// a destructor that runs before it still works, one that runs after it returns 0 (and
+    /// makes no new state).
+    #[test]
+    fn captures_during_thread_exit_are_safe() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static BEFORE_FREE: AtomicUsize = AtomicUsize::new(usize::MAX);
+        static AFTER_FREE: AtomicUsize = AtomicUsize::new(usize::MAX);
+        struct CaptureOnDrop(&'static AtomicUsize);
+        impl Drop for CaptureOnDrop {
+            fn drop(&mut self) {
+                let mut buf = [0usize; 32];
+                self.0.store(capture(&mut buf, false), Ordering::Relaxed);
+            }
+        }
+        thread_local! {
+            // Destructors run in the reverse order of first use.
+            static FIRST: CaptureOnDrop = const { CaptureOnDrop(&AFTER_FREE) };
+            static LAST: CaptureOnDrop = const { CaptureOnDrop(&BEFORE_FREE) };
+        }
+        std::thread::spawn(|| {
+            FIRST.with(|_| ());
+            let mut buf = [0usize; 32];
+            assert!(capture(&mut buf, false) > 0);
+            LAST.with(|_| ());
+        })
+        .join()
+        .unwrap();
+        assert!(BEFORE_FREE.load(Ordering::Relaxed) > 0);
+        assert_eq!(AFTER_FREE.load(Ordering::Relaxed), 0);
+    }
+
     #[test]
     fn symbolize_never_fails() {
         let _serial = one_walk_test_at_a_time();
@@ -417,6 +449,79 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
             assert!(st.n > 6);
             assert_eq!(&st.buf[..st.n], &st.reference[..st.n_reference]);
         }
+        // SAFETY: nothing of the library is used after this.
+        unsafe { libc::dlclose(handle) };
+    }
+
+    /// A word only a saved rbp holds, changing from one call to the next: `c_outer` holds
+    /// `c_word` in rbp across its call, `c_keep` saves it (and clears rbp for the callback).
+    /// No frame's rule reads bp: only CFI walks this code.
+    const C_SAVED_BP: &str = r#"
+typedef void (*cb_t)(void *);
+volatile long c_word;
+volatile int c_sink;
+
+__attribute__((noinline)) void c_keep(cb_t cb, void *ctx) {
+    volatile char pad[8];
+    pad[0] = 1;
+    __asm__ volatile("xor %%ebp, %%ebp" ::: "rbp");
+    cb(ctx);
+    c_sink += pad[0];
+}
+
+__attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
+    volatile char pad[24];
+    pad[0] = 2;
+    __asm__ volatile("mov %0, %%rbp" :: "r"(c_word) : "rbp");
+    c_keep(cb, ctx);
+    c_sink += pad[0];
+}
+"#;
+
+    /// The walk memo compares only the stack words that decide the stack: a saved rbp that
+    /// no later frame reads bp from may change (here on every call) and the memo is still
+    /// taken whole, with exactly framehop's frames.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_changed_saved_bp_that_no_frame_reads_keeps_the_memo() {
+        let _serial = one_walk_test_at_a_time();
+        let dir = tempfile::tempdir().unwrap();
+        let handle = build_and_load(dir.path(), "savedbp", C_SAVED_BP);
+        // SAFETY: a live handle, NUL-terminated names, both defined by C_SAVED_BP.
+        let (outer, word) = unsafe {
+            (
+                libc::dlsym(handle, c"c_outer".as_ptr()),
+                libc::dlsym(handle, c"c_word".as_ptr()) as usize,
+            )
+        };
+        assert!(!outer.is_null() && word != 0);
+        // SAFETY: `c_outer` of C_SAVED_BP has COuter's signature.
+        let outer: COuter = unsafe { std::mem::transmute(outer) };
+        std::thread::spawn(move || {
+            let walked = || dwarf::WALKED.with(|c| c.get());
+            let mut first: Option<Vec<usize>> = None;
+            for v in 1..=6i64 {
+                // SAFETY: the library's `volatile long`, written while nothing else runs in it.
+                unsafe { (word as *mut i64).write_volatile(v * 0x1111) };
+                let before = walked();
+                let mut st = CbState::new(false, true);
+                stk_rust_calls_into_c(outer, &mut st);
+                let stepped = walked() - before;
+                assert!(st.n > 4);
+                assert_eq!(&st.buf[..st.n], &st.reference[..st.n_reference], "call {v}");
+                match &first {
+                    None => first = Some(st.buf[..st.n].to_vec()),
+                    Some(f) => {
+                        assert_eq!(&st.buf[..st.n], &f[..], "call {v}");
+                        assert_eq!(stepped, 0, "call {v} stepped through {stepped} frames");
+                    }
+                }
+            }
+            let names = names(&symbolize(first.as_deref().unwrap()));
+            in_order(&names, &["c_keep", "c_outer", "stk_rust_calls_into_c"]).unwrap();
+        })
+        .join()
+        .unwrap();
         // SAFETY: nothing of the library is used after this.
         unsafe { libc::dlclose(handle) };
     }
@@ -705,6 +810,81 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
                 capture_interned(0, false, tables[0].tag(), |_| unreachable!()),
                 0
             );
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[inline(never)]
+    fn stk_id_leaf(
+        table: &crate::ledger::StackTable,
+        seen: &std::cell::RefCell<Vec<Vec<usize>>>,
+    ) -> u32 {
+        let id = capture_interned(64, false, table.tag(), |f| {
+            seen.borrow_mut().push(f.to_vec());
+            table.intern(f).0
+        });
+        black_box(id)
+    }
+
+    #[inline(never)]
+    fn stk_id_common(
+        table: &crate::ledger::StackTable,
+        seen: &std::cell::RefCell<Vec<Vec<usize>>>,
+    ) -> u32 {
+        let id = stk_id_leaf(black_box(table), seen);
+        black_box(id)
+    }
+
+    /// Two callers of the same shape (see `stk_memo_caller`): the frames below them are the
+    /// same, at the same addresses, and only the word holding the return address into one
+    /// or the other differs.
+    #[inline(never)]
+    fn stk_id_caller<const WHICH: u8>(
+        table: &crate::ledger::StackTable,
+        seen: &std::cell::RefCell<Vec<Vec<usize>>>,
+    ) -> u32 {
+        let id = stk_id_common(black_box(table), seen);
+        black_box(WHICH);
+        black_box(id)
+    }
+
+    /// The id kept with the memo is handed back, without a walk, only while every word its
+    /// stack was read from still holds the same: two callers whose stacks differ in one word
+    /// far from the hook, taken in turn from one call site, each get their own stack's id.
+    #[test]
+    fn a_kept_id_is_not_reused_when_an_outer_return_address_changed() {
+        let _serial = one_walk_test_at_a_time();
+        use crate::ledger::{StackId, StackTable};
+        use std::cell::RefCell;
+        type Caller = fn(&StackTable, &RefCell<Vec<Vec<usize>>>) -> u32;
+        std::thread::spawn(|| {
+            let table = StackTable::new();
+            let seen = RefCell::new(Vec::new());
+            let callers: [Caller; 2] = [stk_id_caller::<1>, stk_id_caller::<2>];
+            let mut ids = [0u32; 2];
+            for (i, which) in [0usize, 0, 1, 1, 0, 1, 0, 0].into_iter().enumerate() {
+                let interned = seen.borrow().len();
+                let id = black_box(callers[which])(&table, &seen);
+                assert_ne!(id, 0);
+                let again = seen.borrow().len() > interned;
+                if ids[which] == 0 {
+                    ids[which] = id;
+                }
+                assert_eq!(id, ids[which], "capture {i} (caller {which})");
+                let frames = table.frames(StackId(id));
+                assert_eq!(frames, *seen.borrow().last().unwrap(), "capture {i}");
+                // A repeat from the same caller reuses the kept id (on x86-64, where the
+                // memo is); a change of caller interns again.
+                let repeat = i > 0 && [0usize, 0, 1, 1, 0, 1, 0, 0][i - 1] == which;
+                #[cfg(target_arch = "x86_64")]
+                assert_eq!(again, !repeat, "capture {i}");
+                let _ = (again, repeat);
+            }
+            assert_ne!(ids[0], ids[1]);
+            let (a, b) = (table.frames(StackId(ids[0])), table.frames(StackId(ids[1])));
+            assert_eq!(a.len(), b.len());
+            assert_eq!(a.iter().zip(&b).filter(|(x, y)| x != y).count(), 1);
         })
         .join()
         .unwrap();

@@ -62,6 +62,7 @@ impl Guard {
 
     /// Runs shim code; a panic in it turns the shim into pass-through for the rest of the
     /// process (with one message) instead of unwinding into C.
+    #[inline]
     pub fn run<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
         contain(f, |what| format!("internal error ({what})"))
     }
@@ -71,19 +72,28 @@ impl Guard {
 /// the rest of the process, saying `why(panic message)` once, and never unwinds into C. Callers
 /// that hold no [`Guard`] (allocator mode's entry points run their work whether or not they are
 /// the outermost hook) use it directly.
+/// Inlined into each hook (no call of its own on the allocation path); the panic's handling is
+/// out of line.
+#[inline]
 pub fn contain<R>(f: impl FnOnce() -> R, why: impl FnOnce(&str) -> String) -> Option<R> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => Some(r),
         Err(payload) => {
-            let what = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".to_string());
-            disable(&why(&what));
+            disable(&why(&panic_message(payload)));
             None
         }
     }
+}
+
+/// The message of a caught panic.
+#[cold]
+#[inline(never)]
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
 }
 
 impl Drop for Guard {
