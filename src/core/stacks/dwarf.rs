@@ -63,6 +63,13 @@ struct Owner {
     /// Its `struct link_map *`; 0 when glibc could not describe it (before 2.35, or an
     /// object still being loaded): then it is trusted unchecked.
     link_map: usize,
+    /// Where it was mapped, and a hash of its path ([`path_hash`]). An object loaded after
+    /// this one was closed can land at the same address with its `struct link_map` in the
+    /// same freed heap chunk (the loader's allocation has the same size when the paths are
+    /// about as long): the address and the link map alone cannot tell them apart.
+    map_start: usize,
+    map_end: usize,
+    path: u64,
 }
 
 impl Deref for MappedBytes {
@@ -139,11 +146,44 @@ fn find_object(addr: u64) -> Result<Option<Found>, ()> {
 }
 
 fn owner_of(hdr: usize) -> Owner {
-    let link_map = match find_object(hdr as u64) {
-        Ok(Some(f)) if f.hdr == hdr => f.link_map,
-        _ => 0,
-    };
-    Owner { hdr, link_map }
+    match find_object(hdr as u64) {
+        Ok(Some(f)) if f.hdr == hdr => Owner {
+            hdr,
+            link_map: f.link_map,
+            map_start: f.map.start,
+            map_end: f.map.end,
+            path: path_hash(f.link_map),
+        },
+        _ => Owner {
+            hdr,
+            ..Owner::default()
+        },
+    }
+}
+
+/// FNV-1a of an object's path as its `struct link_map` holds it (`l_name`; empty for the
+/// main program), at most 4 KiB of it. Called only with a link map `_dl_find_object` has
+/// just returned, so the object is loaded and its name allocated.
+fn path_hash(link_map: usize) -> u64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    if link_map == 0 {
+        return hash;
+    }
+    // SAFETY: `struct link_map`'s public head is `l_addr` then `l_name` (<link.h>, part of
+    // glibc's ABI): the second word of a live link map is a pointer to a NUL-terminated path.
+    let name = unsafe { *(link_map as *const *const u8).add(1) };
+    if name.is_null() {
+        return hash;
+    }
+    for i in 0..4096 {
+        // SAFETY: inside the NUL-terminated path: the loop stops at its NUL.
+        let b = unsafe { *name.add(i) };
+        if b == 0 {
+            break;
+        }
+        hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
 }
 
 fn still_loaded(owner: &Owner, ptr: usize, len: usize) -> bool {
@@ -154,6 +194,9 @@ fn still_loaded(owner: &Owner, ptr: usize, len: usize) -> bool {
         Ok(Some(f))
             if f.hdr == owner.hdr
                 && f.link_map == owner.link_map
+                && f.map.start == owner.map_start
+                && f.map.end == owner.map_end
+                && path_hash(f.link_map) == owner.path
                 && f.map.start <= ptr
                 && ptr.saturating_add(len) <= f.map.end =>
         {

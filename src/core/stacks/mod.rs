@@ -893,6 +893,11 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
     #[cfg(target_arch = "x86_64")]
     /// Compiles `source` into `dir/name` and loads it; returns the handle.
     fn build_and_load(dir: &std::path::Path, name: &str, source: &str) -> *mut libc::c_void {
+        load(&build(dir, name, source))
+    }
+
+    /// Compiles `source` into `dir/lib{name}.so` without frame pointers, with CFI.
+    fn build(dir: &std::path::Path, name: &str, source: &str) -> std::path::PathBuf {
         let src = dir.join(format!("{name}.c"));
         let lib = dir.join(format!("lib{name}.so"));
         std::fs::write(&src, source).unwrap();
@@ -910,6 +915,11 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
             .status()
             .expect("gcc must be installed for this test");
         assert!(status.success());
+        lib
+    }
+
+    /// `dlopen`s `lib` (`RTLD_NOW | RTLD_LOCAL`), which must load.
+    fn load(lib: &std::path::Path) -> *mut libc::c_void {
         let path = std::ffi::CString::new(lib.to_str().unwrap()).unwrap();
         // SAFETY: the library just compiled from the test's C source (no initialisers).
         let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
@@ -976,5 +986,65 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
         .unwrap();
         // SAFETY: nothing of the library is used after this.
         unsafe { libc::dlclose(h2) };
+    }
+
+    /// A library closed while the unwinder's module list still holds it, and another loaded
+    /// in its place: glibc maps the new one at the same address and gives it the freed
+    /// `struct link_map` (same size: the paths are as long), so that object identity alone
+    /// cannot tell the two apart. The first walk through the new library, with no
+    /// `refresh_modules`, must use the new library's unwind data, not read the old one's
+    /// table over the new bytes (it ended the walk after the innermost C frame).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_library_loaded_where_a_closed_one_was_is_walked_with_its_own_unwind_data() {
+        let _serial = one_walk_test_at_a_time();
+        let dir = tempfile::tempdir().unwrap();
+        let closed = build(dir.path(), "closed", C_SAVED_BP);
+        let fresh = build(dir.path(), "fresh0", C_SOURCE);
+        let base_of = |f: *mut libc::c_void| {
+            // SAFETY: `Dl_info` is pointers and integers, for which all zeroes is valid.
+            let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+            // SAFETY: an address inside a loaded library; dladdr only writes `info`.
+            let found = unsafe { libc::dladdr(f, &mut info) };
+            assert_ne!(found, 0);
+            info.dli_fbase as usize
+        };
+        // The place is reused every time here, the link map about one time in two (it depends
+        // on what else the heap holds): go on until it was reused twice.
+        let mut same_place = 0;
+        for round in 0..200 {
+            if same_place == 2 {
+                break;
+            }
+            let h = load(&closed);
+            // SAFETY: a live handle; C_SAVED_BP defines `c_outer` with COuter's signature.
+            let outer: COuter = unsafe { std::mem::transmute(libc::dlsym(h, c"c_outer".as_ptr())) };
+            let mut st = CbState::new(false, false);
+            stk_rust_calls_into_c(outer, &mut st); // the module list now holds `closed`
+            in_order(&names(&symbolize(&st.buf[..st.n])), &["c_keep", "c_outer"]).unwrap();
+            let old = (h as usize, base_of(outer as *mut libc::c_void));
+            // SAFETY: nothing of the library is used after this.
+            unsafe { libc::dlclose(h) };
+
+            let h = load(&fresh);
+            // SAFETY: C_SOURCE defines `c_outer` with COuter's signature.
+            let outer: COuter = unsafe { std::mem::transmute(libc::dlsym(h, c"c_outer".as_ptr())) };
+            same_place += usize::from((h as usize, base_of(outer as *mut libc::c_void)) == old);
+            let mut st = CbState::new(false, false);
+            stk_rust_calls_into_c(outer, &mut st);
+            in_order(
+                &names(&symbolize(&st.buf[..st.n])),
+                &["c_inner", "c_middle", "c_outer", "stk_rust_calls_into_c"],
+            )
+            .map_err(|e| format!("round {round}: {e}"))
+            .unwrap();
+            // SAFETY: as above.
+            unsafe { libc::dlclose(h) };
+        }
+        // Otherwise this test walked only through libraries the unwinder could tell apart.
+        assert!(
+            same_place == 2,
+            "in 200 rounds glibc did not load the second library in the first one's place and link map twice"
+        );
     }
 }
