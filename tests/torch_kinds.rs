@@ -1217,6 +1217,91 @@ sys.stdin.readline()
     }
 }
 
+#[test]
+fn top_shows_the_last_failure_with_its_verdict_under_preload_and_in_allocator_mode() {
+    // A failed allocation reaches the live region at once (`oomshim top`'s "last failure"),
+    // then the dump's path and headline once it is written: the same in both launchers.
+    use std::io::{BufRead, BufReader, Write};
+    let Some(e) = env() else { return };
+    let body = r#"
+keep = [torch.empty(64 * MiB) for _ in range(6)]   # 1.5 GiB of the 2 GiB device
+try:
+    torch.empty(256 * MiB)                         # 1 GiB: does not fit
+except torch.OutOfMemoryError:
+    print("ready", flush=True)
+sys.stdin.readline()
+"#;
+    let side = common::python_side();
+    for launcher in [Launcher::Preload, Launcher::Allocator] {
+        let _ = std::fs::remove_dir_all(&e.dumps);
+        let live = e.dumps.with_file_name(format!("live-failure-{launcher:?}"));
+        std::fs::create_dir_all(&live).unwrap();
+        let mut cmd = match launcher {
+            Launcher::Preload => {
+                let mut c = Command::new(&side.python);
+                c.env("LD_PRELOAD", &side.lib).env("OOMSHIM_DIR", &e.dumps);
+                c
+            }
+            _ => {
+                let mut c = Command::new(&side.cli);
+                c.args(["run", "--torch-allocator", "--dir"])
+                    .arg(&e.dumps)
+                    .arg("--")
+                    .arg(&side.python);
+                c.env_remove("LD_PRELOAD");
+                c
+            }
+        };
+        let program = format!("{PRELUDE}{body}");
+        let mut child = cmd
+            .args(["-c", &program, e.simcall.to_str().unwrap()])
+            .env("PYTHONPATH", &e.site)
+            .env("SIMCUDA_CAPACITY", "2G")
+            .env("OOMSHIM_LIVE_DIR", &live)
+            .env("OOMSHIM_LIVE_INTERVAL", "100ms")
+            .env_remove("OOMSHIM_TORCH_HOOK")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().and_then(|l| l.ok()).unwrap_or_default();
+        let start = std::time::Instant::now();
+        let mut top = String::new();
+        while first == "ready" && start.elapsed() < std::time::Duration::from_secs(20) {
+            let out = Command::new(&side.cli)
+                .args(["top", "--once", "--dir"])
+                .arg(&live)
+                .output()
+                .unwrap();
+            top = String::from_utf8_lossy(&out.stdout).into_owned();
+            if top.contains("(dump ") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let _ = child.stdin.take().unwrap().write_all(b"\n");
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(first, "ready", "{launcher:?}: {stderr}");
+        assert!(out.status.success(), "{launcher:?}: {stderr}");
+        let (path, dump) = the_dump(&e.dumps);
+        let line = top
+            .lines()
+            .find(|l| l.trim_start().starts_with("last failure: 1.00 GiB of "))
+            .unwrap_or_else(|| panic!("{launcher:?}: no last failure in\n{top}"));
+        assert!(
+            line.contains(&format!(
+                ": {}  (dump {})",
+                dump.verdict.headline(),
+                path.display()
+            )),
+            "{launcher:?}: {line}"
+        );
+    }
+}
+
 /// A model whose optimizer step grows the stand-in's cache by 16 MiB (new segments cut there),
 /// and the list the training loops below keep a tensor a step in: the two tests that follow.
 const KEPT_FROM_STEP_SEGMENTS: &str = r#"class Net(nn.Module):

@@ -88,7 +88,9 @@ static WAKE: Wake = Wake {
     pending: Mutex::new(false),
     cv: Condvar::new(),
 };
-static LAST_FAILURE: Mutex<Option<LiveFailure>> = Mutex::new(None);
+/// The last device allocation failure, with the pid that noted it (a forked child inherits the
+/// memory, not the failure).
+static LAST_FAILURE: Mutex<Option<(u32, LiveFailure)>> = Mutex::new(None);
 /// Torch's memory by kind, as the Python hook last counted it (`oomshim_framework_kinds`).
 static LIVE_KINDS: Mutex<Option<LiveKinds>> = Mutex::new(None);
 
@@ -109,52 +111,77 @@ static REAL_EXIT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsiz
 /// A device allocation failed (the cold out-of-memory path): noted for the next publish, which
 /// comes at once.
 pub fn note_failure(device: i32, bytes: u64, api: &str, mem_info: Option<(u64, u64)>) {
-    if !publishing_here() {
+    let Some(mut last) = failure_slot() else {
         return;
-    }
-    *LAST_FAILURE.lock().unwrap_or_else(|e| e.into_inner()) = Some(LiveFailure {
-        unix_ms: dump::time::unix_ms(std::time::SystemTime::now()),
-        device,
-        bytes,
-        api: api.to_string(),
-        free_bytes: mem_info.map(|m| m.0),
-        total_bytes: mem_info.map(|m| m.1),
-        dump: None,
-        headline: None,
-    });
-    wake();
-}
-
-/// An out-of-memory dump was written for the last failure.
-pub fn note_dump(dump: &Dump, path: &std::path::Path) {
-    if !publishing_here() || dump.failed_request.is_none() {
-        return;
-    }
-    let mut last = LAST_FAILURE.lock().unwrap_or_else(|e| e.into_inner());
-    let headline = dump.verdict.headline().to_string();
-    let req = dump.failed_request.as_ref().expect("checked");
-    let entry = last.get_or_insert_with(|| LiveFailure {
-        unix_ms: dump.time_unix_ms,
-        device: req.device,
-        bytes: req.bytes,
-        api: req.api.clone(),
-        free_bytes: None,
-        total_bytes: None,
-        dump: None,
-        headline: None,
-    });
-    entry.dump = Some(path.display().to_string());
-    entry.headline = Some(headline);
+    };
+    *last = Some((
+        std::process::id(),
+        LiveFailure {
+            unix_ms: dump::time::unix_ms(std::time::SystemTime::now()),
+            device,
+            bytes,
+            api: api.to_string(),
+            free_bytes: mem_info.map(|m| m.0),
+            total_bytes: mem_info.map(|m| m.1),
+            dump: None,
+            headline: None,
+        },
+    ));
     drop(last);
     wake();
 }
 
-/// This process publishes a region. Not in a forked child: its publisher thread did not survive
-/// the fork, and the locks here may have been held by it at the fork.
-fn publishing_here() -> bool {
-    REGION
-        .get()
-        .is_some_and(|(_, pid)| *pid == std::process::id())
+/// The last failure's slot, when this process may note one. Before its region exists (the first
+/// publish comes one interval after start) a failure is noted all the same, or a program that
+/// runs out early would never show it; but then this may be a child forked before its parent had
+/// a region, by a thread that held the lock at that moment: never wait for it. Not in a child
+/// of a process that had a region: its publisher thread did not survive the fork.
+fn failure_slot() -> Option<std::sync::MutexGuard<'static, Option<(u32, LiveFailure)>>> {
+    match REGION.get() {
+        Some((_, pid)) if *pid == std::process::id() => {
+            Some(LAST_FAILURE.lock().unwrap_or_else(|e| e.into_inner()))
+        }
+        Some(_) => None,
+        None => match LAST_FAILURE.try_lock() {
+            Ok(last) => Some(last),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        },
+    }
+}
+
+/// An out-of-memory dump was written for the last failure.
+pub fn note_dump(dump: &Dump, path: &std::path::Path) {
+    let Some(req) = dump.failed_request.as_ref() else {
+        return;
+    };
+    let Some(mut last) = failure_slot() else {
+        return;
+    };
+    let me = std::process::id();
+    if last.as_ref().is_none_or(|(pid, _)| *pid != me) {
+        *last = Some((
+            me,
+            LiveFailure {
+                unix_ms: dump.time_unix_ms,
+                device: req.device,
+                bytes: req.bytes,
+                api: req.api.clone(),
+                free_bytes: None,
+                total_bytes: None,
+                dump: None,
+                headline: None,
+            },
+        ));
+    }
+    let headline = dump.verdict.headline().to_string();
+    let Some((_, entry)) = last.as_mut() else {
+        return;
+    };
+    entry.dump = Some(path.display().to_string());
+    entry.headline = Some(headline);
+    drop(last);
+    wake();
 }
 
 /// Why this process cannot keep a region safely, if so: a file-size limit below the region's
@@ -372,7 +399,9 @@ fn publish_once(
         last_failure: LAST_FAILURE
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone(),
+            .as_ref()
+            .filter(|(noted_by, _)| *noted_by == pid)
+            .map(|(_, failure)| failure.clone()),
         supervisor: settings.supervisor.clone(),
         dump,
         kinds: LIVE_KINDS.lock().unwrap_or_else(|e| e.into_inner()).clone(),

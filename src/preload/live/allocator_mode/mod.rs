@@ -131,6 +131,13 @@ pub fn oom_now(event: OomEvent, framework: Option<FrameworkNote>) -> AllocatorOo
         return AllocatorOom::default();
     };
     s.count_oom_failure();
+    // As under preload (`record_oom`): the live region shows the failure before its dump is done.
+    crate::publish::note_failure(
+        event.device,
+        event.bytes,
+        event.api.name(),
+        event.context.mem_info,
+    );
     match s.oom_failure(event, oom::Mode::Now(oom::Resolution::Allocator), framework) {
         oom::Handled::Written { path, verdict } => AllocatorOom {
             path,
