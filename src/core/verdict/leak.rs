@@ -675,4 +675,60 @@ mod tests {
             v.headline()
         );
     }
+
+    #[test]
+    fn records_spread_over_many_lines_name_no_single_line() {
+        // A leak spread over twelve lines (8.3% each by torch's records) while the shim's site
+        // names no line of the program (torch's segments): the headline says how the growth is
+        // spread, never that the first of the twelve holds it; the post-mortem says the same.
+        let mut site = growth_site("train", 96 * MIB, 10);
+        site.grouped_by = Some("no_python".into());
+        let mut d = with_growth("step", vec![site]);
+        d.framework = Some(FrameworkOom {
+            name: "torch".into(),
+            attribution: Some(Attribution {
+                recorded_bytes: 96 * MIB,
+                lines: (0..12)
+                    .map(|i| AttributedLine {
+                        file: "/home/u/train.py".into(),
+                        line: 18 + i,
+                        function: "keep_metrics".into(),
+                        bytes: 8 * MIB,
+                        blocks: 10,
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let spread =
+            "spread over lines (torch's records of the tensors allocated since it began): \
+                      8.3% at keep_metrics (train.py:18), 8.3% at keep_metrics (train.py:19), \
+                      8.3% at keep_metrics (train.py:20)";
+        let v = judge(&d);
+        check_common(&v);
+        assert_eq!(v.kind, LEAK);
+        assert!(
+            v.headline()
+                .starts_with("the process grows by 96.00 MiB every step")
+                && v.headline().contains(spread),
+            "{}",
+            v.headline()
+        );
+        let mut pm = d.clone();
+        pm.post_mortem = Some(PostMortem::default());
+        let v = crate::verdict::judge_post_mortem(&pm);
+        let leak = v
+            .findings
+            .iter()
+            .find(|f| f.kind == LEAK)
+            .expect("a leak finding");
+        assert!(
+            leak.headline
+                .starts_with("leak: the process grows by 96.00 MiB every step")
+                && leak.headline.contains(spread),
+            "{}",
+            leak.headline
+        );
+    }
 }

@@ -62,6 +62,14 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
     let recorded = by_records.as_ref().map(|r| r.attribution);
     let named_by_records = by_records.as_ref().filter(|r| r.names_it);
     let headline = match (top, named_by_records) {
+        // No line holds the growth, by the records either: say how it is spread.
+        (_, Some(r)) if r.share < LEAK_NAMED_SHARE => format!(
+            "the process grows by {rate} every step (over the last {n_steps} {}; {} so far), spread over lines \
+             (torch's records of the tensors allocated since it began): {}{runs_out}",
+            steps_word,
+            human_bytes(l.grown),
+            recorded_parts(r.attribution),
+        ),
         (_, Some(r)) => {
             let a = r.attribution;
             let line = &a.lines[0];
@@ -110,22 +118,10 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
     };
     let records = recorded
         .map(|a| {
-            let parts: Vec<String> = a
-                .lines
-                .iter()
-                .take(LEAK_SITES_NAMED)
-                .map(|line| {
-                    format!(
-                        "{} at {}",
-                        percent(share(line.bytes, a.recorded_bytes)),
-                        recorded_label(line)
-                    )
-                })
-                .collect();
             format!(
                 " torch's records of the {} of tensors allocated since the growth began put {}.",
                 human_bytes(a.recorded_bytes),
-                parts.join(", ")
+                recorded_parts(a)
             )
         })
         .unwrap_or_default();
@@ -365,6 +361,22 @@ fn finding_over_time(c: &Ctx, l: &LeakFinding) -> Finding {
 }
 
 /// `function (file:line)` of a line from the framework's records, with the file's base name.
+/// `8.3% at keep (train.py:18), 8.3% at ...`: the records' first lines and their shares.
+pub(in crate::verdict) fn recorded_parts(a: &dump::model::Attribution) -> String {
+    a.lines
+        .iter()
+        .take(LEAK_SITES_NAMED)
+        .map(|line| {
+            format!(
+                "{} at {}",
+                percent(share(line.bytes, a.recorded_bytes)),
+                recorded_label(line)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 pub(in crate::verdict) fn recorded_label(line: &AttributedLine) -> String {
     let file = line.file.rsplit('/').next().unwrap_or(&line.file);
     format!(

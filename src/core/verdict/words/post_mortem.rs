@@ -272,13 +272,24 @@ pub(in crate::verdict) fn leak_by_records(l: &LeakFinding, dump: &Dump) -> Optio
     let line = &a.lines[0];
     let label = super::leak::recorded_label(line);
     let mut f = leak(l);
-    let headline = format!(
-        "leak: {label} holds the growth ({} of the tensors allocated since it began, by torch's records): the process grows by {} every step (over the last {} {})",
-        percent(Some(share * 100.0)),
-        human_bytes(l.fit.bytes_per_step),
-        l.fit.samples,
-        steps_word(l.growth.steps.as_deref()),
-    );
+    let headline = if share < crate::verdict::leak::LEAK_NAMED_SHARE {
+        // No line holds the growth, by the records either: say how it is spread.
+        format!(
+            "leak: the process grows by {} every step (over the last {} {}), spread over lines (torch's records of the tensors allocated since it began): {}",
+            human_bytes(l.fit.bytes_per_step),
+            l.fit.samples,
+            steps_word(l.growth.steps.as_deref()),
+            super::leak::recorded_parts(a),
+        )
+    } else {
+        format!(
+            "leak: {label} holds the growth ({} of the tensors allocated since it began, by torch's records): the process grows by {} every step (over the last {} {})",
+            percent(Some(share * 100.0)),
+            human_bytes(l.fit.bytes_per_step),
+            l.fit.samples,
+            steps_word(l.growth.steps.as_deref()),
+        )
+    };
     f.summary = format!(
         "{headline}. Device memory was growing step after step when the program died; it would have run out of device memory next."
     );
