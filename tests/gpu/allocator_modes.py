@@ -1,0 +1,125 @@
+"""Issue 26, item 3: where allocator mode's time goes on a training step, in one process.
+
+    python3 tests/gpu/allocator_modes.py          # about 60 s on an H200
+
+allocator_ab.py compares allocator mode with torch's native allocator across processes; this
+splits allocator mode's own cost inside one process, switching what the shim records with
+oomshim.set_recording between blocks (the caching allocator serves every block):
+
+    pass-through (the allocator alone) | totals | python (Python stacks) | all (and native) | ...
+
+Each block is divided by the mean of the two pass-through blocks around it. A second process
+runs torch's native allocator for the allocations a step makes (memory_stats) and its time per
+step, for scale (across processes: only a rough figure). Prints figures, never a pass.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODES = ("totals", "python", "all")
+
+
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def setup(allocator):
+    sys.path.insert(0, HERE)
+    import torch
+    import torch_alloc
+
+    if allocator:
+        torch_alloc.enable()
+    torch.manual_seed(0)
+    model = torch_alloc.GPT(ctx=256).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    gen = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, 50257, (8, 257), generator=gen).cuda() for _ in range(4)]
+
+    def steps(n):
+        torch.cuda.synchronize()
+        t0, c0 = time.perf_counter_ns(), time.process_time_ns()
+        for i in range(n):
+            xy = data[i % len(data)]
+            x, y = xy[:, :-1], xy[:, 1:]
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(x)
+                loss = torch.nn.functional.cross_entropy(
+                    logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        torch.cuda.synchronize()
+        return (time.perf_counter_ns() - t0) / n / 1e6, (time.process_time_ns() - c0) / n / 1e6
+
+    steps(6)
+    return torch, steps
+
+
+def native():
+    torch, steps = setup(False)
+    before = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+    ms = [steps(10)[0] for _ in range(8)]
+    after = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+    print(json.dumps({"native_step_ms": median(ms), "allocations_per_step": (after - before) / 80}))
+
+
+def modes():
+    torch, steps = setup(True)
+    import oomshim  # on sys.path once torch_alloc is imported
+    rounds = int(os.environ.get("MODES_ROUNDS", "8"))
+    base, by = [], {m: [] for m in MODES}
+    cpu = {m: [] for m in ("pass-through",) + MODES}
+    oomshim.set_recording("pass-through")
+    prev = steps(10)
+    cpu["pass-through"].append(prev[1])
+    for _ in range(rounds):
+        for m in MODES:
+            oomshim.set_recording(m)
+            t = steps(10)
+            cpu[m].append(t[1])
+            oomshim.set_recording("pass-through")
+            nxt = steps(10)
+            cpu["pass-through"].append(nxt[1])
+            by[m].append(t[0] / ((prev[0] + nxt[0]) / 2))
+            base.append(nxt[0])
+            prev = nxt
+    print(json.dumps({"pass_through_step_ms": median(base),
+                      **{f"{m}_over_pass_through": median(v) for m, v in by.items()},
+                      **{f"{m}_range": [min(v), max(v)] for m, v in by.items()},
+                      **{f"{m}_cpu_ms": median(v) for m, v in cpu.items()}}))
+
+
+def main():
+    if len(sys.argv) > 1:
+        {"native": native, "modes": modes}[sys.argv[1]]()
+        return
+    rows = {}
+    for arm in ("native", "modes"):
+        p = subprocess.run([sys.executable, __file__, arm], capture_output=True, text=True, timeout=240)
+        last = (p.stdout.strip().splitlines() or [""])[-1]
+        try:
+            rows.update(json.loads(last))
+        except ValueError:
+            print(f"allocator_modes: {arm} said nothing usable (exit {p.returncode}): {p.stderr[-600:]}")
+    print(f"allocator mode, one process, blocks of 10 steps ({time.strftime('%Y-%m-%d')})")
+    if "native_step_ms" in rows:
+        print(f"  native (other process): {rows['native_step_ms']:.2f} ms a step, "
+              f"{rows['allocations_per_step']:.0f} allocations a step")
+    if "pass_through_step_ms" in rows:
+        print(f"  allocator, recording nothing: {rows['pass_through_step_ms']:.2f} ms a step "
+              f"(cpu {rows['pass-through_cpu_ms']:.2f} ms)")
+        for m in MODES:
+            lo, hi = rows[f"{m}_range"]
+            print(f"  recording {m:6}: {rows[f'{m}_over_pass_through']:.3f}x   range {lo:.3f}-{hi:.3f}   "
+                  f"cpu {rows[f'{m}_cpu_ms']:.2f} ms a step")
+    print(json.dumps({"case": "allocator_modes", **rows}))
+
+
+if __name__ == "__main__":
+    main()
