@@ -1162,6 +1162,51 @@ def extra_check_kinds():
         f"exit {p.returncode}; {(p.stdout.strip().splitlines() or [''])[-1][:200]}")
 
 
+def check_allocator_costs():
+    """Issue 26, item 3: allocator mode's cost against torch native and torch's recorder
+    (tests/gpu/allocator_ab.py, AB_ROUNDS rounds, about 75 s) and split by recording mode in one
+    process (tests/gpu/allocator_modes.py, about 60 s). Figures against their goals; a script
+    that printed no figures is a failed row. Their own output goes to OUT/allocator_costs.log."""
+    log = []
+    for name in ("allocator_ab.py", "allocator_modes.py"):
+        p = run([sys.executable, os.path.join(ROOT, "tests/gpu", name)], env={"OOMSHIM_LIB": LIB}, timeout=280)
+        log.append(f"$ {name} (exit {p.returncode})\n{p.stdout}{p.stderr}")
+        for check, value, goal, detail in allocator_cost_figures(name, p.stdout):
+            if value is None:
+                row(check, False, detail)
+            else:
+                figure(check, value, goal, detail)
+    with open(os.path.join(OUT, "allocator_costs.log"), "w") as f:
+        f.write("\n".join(log))
+
+
+def allocator_cost_figures(name, stdout):
+    """(check, value or None, goal, detail) from the JSON line a cost script prints last."""
+    last = next((l for l in reversed(stdout.strip().splitlines()) if l.startswith("{")), "")
+    try:
+        d = json.loads(last)
+    except ValueError:
+        return [(f"allocator costs: {name}", None, "", f"no figures printed: {stdout[-300:]!r}")]
+    if name == "allocator_ab.py":
+        out = []
+        for case, goal in (("loop", 1.05), ("step", 1.01)):
+            a, r = d.get(f"{case}_allocator"), d.get(f"{case}_recorder")
+            if not a or not r:
+                out.append((f"allocator mode / native, {case}", None, "", f"missing in {last[:200]}"))
+                continue
+            out.append((f"allocator mode / native, {case}", f"{a['median']:.3f}x", f"<= {goal}x",
+                        f"range {a['min']:.2f}-{a['max']:.2f}, middle half +-{a['iqr_half_pct']:.1f}% "
+                        f"(goal: under 2%); torch's recorder {r['median']:.3f}x"))
+        return out
+    if "python_over_pass_through" not in d:
+        return [("allocator mode: recording cost on a step", None, "", f"missing in {last[:200]}")]
+    return [("allocator mode: Python stacks over recording nothing, one process, a training step",
+             f"{d['python_over_pass_through']:.3f}x", "(part of <= 1.01x over native)",
+             f"all stacks {d['all_over_pass_through']:.3f}x, totals {d['totals_over_pass_through']:.3f}x; "
+             f"{d.get('allocations_per_step', 0):.0f} allocations a step; allocator recording nothing "
+             f"{d['pass_through_step_ms']:.1f} ms a step, torch native {d.get('native_step_ms', 0):.1f} ms (other process)")]
+
+
 def absent(path):
     """An extra check file that is not there: fails when asked for by name, is said otherwise."""
     name = os.path.splitext(os.path.basename(path))[0]
@@ -1205,7 +1250,8 @@ def main():
         check_verdicts, check_torch_allocator, check_soak, check_perf_table, check_flight_recorder,
         check_exporter, check_torchrun_worker_killed, check_multiprocessing_exit)]
     # Check files other work adds, run when present (check_kinds reads the zoo's runs).
-    checks += [("check_allocator_matrix", extra_check_allocator_matrix), ("check_kinds", extra_check_kinds)]
+    checks += [("check_allocator_matrix", extra_check_allocator_matrix), ("check_kinds", extra_check_kinds),
+               ("check_allocator_costs", check_allocator_costs)]
     only = requested()
     unknown = [n for n in only if n not in dict(checks)]
     if unknown:
