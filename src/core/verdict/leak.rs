@@ -515,6 +515,15 @@ mod tests {
             "{}",
             spread.findings[0].headline
         );
+        // The advice does not single out the first of them.
+        assert!(
+            spread
+                .suggestions
+                .iter()
+                .any(|s| s.starts_with("Find what each of the sites named above keeps")),
+            "{:?}",
+            spread.suggestions
+        );
     }
 
     #[test]
@@ -714,6 +723,13 @@ mod tests {
                 && v.headline().contains(spread),
             "{}",
             v.headline()
+        );
+        assert!(
+            v.suggestions
+                .iter()
+                .any(|s| s.starts_with("Find what each of the lines named above keeps")),
+            "{:?}",
+            v.suggestions
         );
         let mut pm = d.clone();
         pm.post_mortem = Some(PostMortem::default());

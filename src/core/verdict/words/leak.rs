@@ -230,12 +230,14 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
             }
         ));
     }
-    let label = match named_by_records {
-        Some(r) => recorded_label(&r.attribution.lines[0]),
-        None => top
-            .map(|(s, _)| site_name(s))
-            .or_else(|| l.sites.first().map(|(s, _)| site_name(s)))
-            .unwrap_or_else(|| "each step".to_string()),
+    // What the advice asks to look at: the line or site that holds the growth, or, when it is
+    // spread, each of those the headline lists (never the first of them as if it were the leak).
+    let label = match (named_by_records, top) {
+        (Some(r), _) if r.share < LEAK_NAMED_SHARE => "each of the lines named above".to_string(),
+        (Some(r), _) => recorded_label(&r.attribution.lines[0]),
+        (None, Some((s, _))) => site_name(s),
+        (None, None) if !l.sites.is_empty() => "each of the sites named above".to_string(),
+        (None, None) => "each step".to_string(),
     };
     if let Some(k) = &keeper {
         f.suggestions.push(format!(
