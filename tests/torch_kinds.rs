@@ -1099,12 +1099,58 @@ except torch.OutOfMemoryError:
     });
 }
 
+/// Starts `body` (after [`PRELUDE`]) under plain preload or in allocator mode, publishing its
+/// live region into `live` every 100 ms, with stdin and stdout piped: the child, and the first
+/// line it printed (the programs print `ready` once there is something to see, then wait for a
+/// line on stdin).
+fn start_with_live_region(
+    e: &Env,
+    launcher: Launcher,
+    body: &str,
+    live: &Path,
+) -> (std::process::Child, String) {
+    use std::io::{BufRead, BufReader};
+    let side = common::python_side();
+    let mut cmd = match launcher {
+        Launcher::Preload => {
+            let mut c = Command::new(&side.python);
+            c.env("LD_PRELOAD", &side.lib).env("OOMSHIM_DIR", &e.dumps);
+            c
+        }
+        _ => {
+            let mut c = Command::new(&side.cli);
+            c.args(["run", "--torch-allocator", "--dir"])
+                .arg(&e.dumps)
+                .arg("--")
+                .arg(&side.python);
+            c.env_remove("LD_PRELOAD");
+            c
+        }
+    };
+    let program = format!("{PRELUDE}{body}");
+    let mut child = cmd
+        .args(["-c", &program, e.simcall.to_str().unwrap()])
+        .env("PYTHONPATH", &e.site)
+        .env("SIMCUDA_CAPACITY", "2G")
+        .env("OOMSHIM_LIVE_DIR", live)
+        .env("OOMSHIM_LIVE_INTERVAL", "100ms")
+        .env_remove("OOMSHIM_TORCH_HOOK")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().and_then(|l| l.ok()).unwrap_or_default();
+    (child, first)
+}
+
 #[test]
 fn top_and_the_exporter_show_memory_by_kind_counted_at_an_optimizer_step() {
     // The hook counts the kinds at an optimizer step (at most every 10 s, here the first step)
     // and hands them to the shim, whose live region carries them to `oomshim top` and the
     // exporter's `oomshim_gpu_memory_bytes{kind=...}`.
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     let Some(e) = env() else { return };
     let body = r#"
 class Net(nn.Module):
@@ -1126,37 +1172,7 @@ sys.stdin.readline()
     for launcher in [Launcher::Preload, Launcher::Allocator] {
         let live = e.dumps.with_file_name(format!("live-{launcher:?}"));
         std::fs::create_dir_all(&live).unwrap();
-        let mut cmd = match launcher {
-            Launcher::Preload => {
-                let mut c = Command::new(&side.python);
-                c.env("LD_PRELOAD", &side.lib).env("OOMSHIM_DIR", &e.dumps);
-                c
-            }
-            _ => {
-                let mut c = Command::new(&side.cli);
-                c.args(["run", "--torch-allocator", "--dir"])
-                    .arg(&e.dumps)
-                    .arg("--")
-                    .arg(&side.python);
-                c.env_remove("LD_PRELOAD");
-                c
-            }
-        };
-        let program = format!("{PRELUDE}{body}");
-        let mut child = cmd
-            .args(["-c", &program, e.simcall.to_str().unwrap()])
-            .env("PYTHONPATH", &e.site)
-            .env("SIMCUDA_CAPACITY", "2G")
-            .env("OOMSHIM_LIVE_DIR", &live)
-            .env("OOMSHIM_LIVE_INTERVAL", "100ms")
-            .env_remove("OOMSHIM_TORCH_HOOK")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().and_then(|l| l.ok()).unwrap_or_default();
+        let (mut child, first) = start_with_live_region(&e, launcher, body, &live);
         let cli = |args: &[&str]| {
             let out = Command::new(&side.cli)
                 .args(args)
@@ -1221,7 +1237,7 @@ sys.stdin.readline()
 fn top_shows_the_last_failure_with_its_verdict_under_preload_and_in_allocator_mode() {
     // A failed allocation reaches the live region at once (`oomshim top`'s "last failure"),
     // then the dump's path and headline once it is written: the same in both launchers.
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     let Some(e) = env() else { return };
     let body = r#"
 keep = [torch.empty(64 * MiB) for _ in range(6)]   # 1.5 GiB of the 2 GiB device
@@ -1236,37 +1252,7 @@ sys.stdin.readline()
         let _ = std::fs::remove_dir_all(&e.dumps);
         let live = e.dumps.with_file_name(format!("live-failure-{launcher:?}"));
         std::fs::create_dir_all(&live).unwrap();
-        let mut cmd = match launcher {
-            Launcher::Preload => {
-                let mut c = Command::new(&side.python);
-                c.env("LD_PRELOAD", &side.lib).env("OOMSHIM_DIR", &e.dumps);
-                c
-            }
-            _ => {
-                let mut c = Command::new(&side.cli);
-                c.args(["run", "--torch-allocator", "--dir"])
-                    .arg(&e.dumps)
-                    .arg("--")
-                    .arg(&side.python);
-                c.env_remove("LD_PRELOAD");
-                c
-            }
-        };
-        let program = format!("{PRELUDE}{body}");
-        let mut child = cmd
-            .args(["-c", &program, e.simcall.to_str().unwrap()])
-            .env("PYTHONPATH", &e.site)
-            .env("SIMCUDA_CAPACITY", "2G")
-            .env("OOMSHIM_LIVE_DIR", &live)
-            .env("OOMSHIM_LIVE_INTERVAL", "100ms")
-            .env_remove("OOMSHIM_TORCH_HOOK")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().and_then(|l| l.ok()).unwrap_or_default();
+        let (mut child, first) = start_with_live_region(&e, launcher, body, &live);
         let start = std::time::Instant::now();
         let mut top = String::new();
         while first == "ready" && start.elapsed() < std::time::Duration::from_secs(20) {

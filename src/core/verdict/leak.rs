@@ -614,6 +614,17 @@ mod tests {
         assert!(!v.suggestions.iter().any(|s| s.contains("oomshim.step()")));
     }
 
+    /// The leak finding of `d` judged as a post-mortem (the program died instead of failing).
+    fn post_mortem_leak(d: &Dump) -> crate::verdict::Finding {
+        let mut pm = d.clone();
+        pm.post_mortem = Some(PostMortem::default());
+        crate::verdict::judge_post_mortem(&pm)
+            .findings
+            .into_iter()
+            .find(|f| f.kind == LEAK)
+            .expect("a leak finding")
+    }
+
     /// A leak by step under preload whose shim site names `opt.step()` (torch cut the new
     /// segments there), with torch's records of the tensors allocated since the growth began.
     fn leak_with_records(record_line: u32, recorded_share: u64) -> Dump {
@@ -653,14 +664,7 @@ mod tests {
             "{}",
             v.headline()
         );
-        let mut pm = d.clone();
-        pm.post_mortem = Some(PostMortem::default());
-        let v = crate::verdict::judge_post_mortem(&pm);
-        let leak = v
-            .findings
-            .iter()
-            .find(|f| f.kind == LEAK)
-            .expect("a leak finding");
+        let leak = post_mortem_leak(&d);
         assert!(
             leak.headline
                 .contains("train (train.py:25) holds the growth"),
@@ -731,14 +735,7 @@ mod tests {
             "{:?}",
             v.suggestions
         );
-        let mut pm = d.clone();
-        pm.post_mortem = Some(PostMortem::default());
-        let v = crate::verdict::judge_post_mortem(&pm);
-        let leak = v
-            .findings
-            .iter()
-            .find(|f| f.kind == LEAK)
-            .expect("a leak finding");
+        let leak = post_mortem_leak(&d);
         assert!(
             leak.headline
                 .starts_with("leak: the process grows by 96.00 MiB every step")
