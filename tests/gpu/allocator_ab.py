@@ -59,34 +59,14 @@ def worker(arm):
         torch.cuda.synchronize()
         return (time.perf_counter_ns() - t0) / n
 
-    torch.manual_seed(0)
-    model = torch_alloc.GPT(ctx=256).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    gen = torch.Generator().manual_seed(1)
-    data = [torch.randint(0, 50257, (8, 257), generator=gen).cuda() for _ in range(4)]
-
-    def steps(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        for i in range(n):
-            xy = data[i % len(data)]
-            x, y = xy[:, :-1], xy[:, 1:]
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(x)
-                loss = torch.nn.functional.cross_entropy(
-                    logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        torch.cuda.synchronize()
-        return (time.perf_counter_ns() - t0) / n
+    steps = torch_alloc.timed_steps()
 
     loop(5000)
     steps(6)
     print("ready", flush=True)
     for line in sys.stdin:
         case, n = line.split()
-        t = loop(int(n)) if case == "loop" else steps(int(n))
+        t = loop(int(n)) if case == "loop" else steps(int(n))[0]
         print(t, flush=True)
 
 

@@ -35,27 +35,11 @@ def setup(allocator):
 
     if allocator:
         torch_alloc.enable()
-    torch.manual_seed(0)
-    model = torch_alloc.GPT(ctx=256).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    gen = torch.Generator().manual_seed(1)
-    data = [torch.randint(0, 50257, (8, 257), generator=gen).cuda() for _ in range(4)]
+    timed = torch_alloc.timed_steps()
 
     def steps(n):
-        torch.cuda.synchronize()
-        t0, c0 = time.perf_counter_ns(), time.process_time_ns()
-        for i in range(n):
-            xy = data[i % len(data)]
-            x, y = xy[:, :-1], xy[:, 1:]
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(x)
-                loss = torch.nn.functional.cross_entropy(
-                    logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        torch.cuda.synchronize()
-        return (time.perf_counter_ns() - t0) / n / 1e6, (time.process_time_ns() - c0) / n / 1e6
+        wall, cpu = timed(n)
+        return wall / 1e6, cpu / 1e6  # milliseconds a step
 
     steps(6)
     return torch, steps

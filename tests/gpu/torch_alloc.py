@@ -103,6 +103,35 @@ def train(steps=50, batch=8, ctx=256):
     return losses, times
 
 
+def timed_steps(batch=8, ctx=256):
+    """The GPT-2-small bf16 AdamW training step that allocator_ab.py and allocator_modes.py time
+    (one model, data and step, so that their figures compare). Returns steps(n): n steps between
+    two synchronisations, and the wall and CPU nanoseconds a step."""
+    torch.manual_seed(0)
+    model = GPT(ctx=ctx).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    gen = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, 50257, (batch, ctx + 1), generator=gen).cuda() for _ in range(4)]
+
+    def steps(n):
+        torch.cuda.synchronize()
+        t0, c0 = time.perf_counter_ns(), time.process_time_ns()
+        for i in range(n):
+            xy = data[i % len(data)]
+            x, y = xy[:, :-1], xy[:, 1:]
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(x)
+                loss = torch.nn.functional.cross_entropy(
+                    logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        torch.cuda.synchronize()
+        return (time.perf_counter_ns() - t0) / n, (time.process_time_ns() - c0) / n
+
+    return steps
+
+
 def empty_loop(n=100_000, repeats=9):
     """torch.empty + del in a Python loop: per-iteration ns, the fastest of the repeats (the
     least disturbed by other work on the machine)."""
