@@ -212,6 +212,14 @@ pub(super) struct Recorded<'a> {
     pub(super) names_it: bool,
 }
 
+impl Recorded<'_> {
+    /// No line of the records holds [`LEAK_NAMED_SHARE`] of what they recorded: the growth is
+    /// spread over lines, and none of them is to be named as holding it.
+    pub(super) fn spread(&self) -> bool {
+        self.share < LEAK_NAMED_SHARE
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::verdict::tests::{

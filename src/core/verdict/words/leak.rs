@@ -63,7 +63,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
     let named_by_records = by_records.as_ref().filter(|r| r.names_it);
     let headline = match (top, named_by_records) {
         // No line holds the growth, by the records either: say how it is spread.
-        (_, Some(r)) if r.share < LEAK_NAMED_SHARE => format!(
+        (_, Some(r)) if r.spread() => format!(
             "the process grows by {rate} every step (over the last {n_steps} {}; {} so far), spread over lines \
              (torch's records of the tensors allocated since it began): {}{runs_out}",
             steps_word,
@@ -233,7 +233,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
     // What the advice asks to look at: the line or site that holds the growth, or, when it is
     // spread, each of those the headline lists (never the first of them as if it were the leak).
     let label = match (named_by_records, top) {
-        (Some(r), _) if r.share < LEAK_NAMED_SHARE => "each of the lines named above".to_string(),
+        (Some(r), _) if r.spread() => "each of the lines named above".to_string(),
         (Some(r), _) => recorded_label(&r.attribution.lines[0]),
         (None, Some((s, _))) => site_name(s),
         (None, None) if !l.sites.is_empty() => "each of the sites named above".to_string(),

@@ -272,7 +272,7 @@ pub(in crate::verdict) fn leak_by_records(l: &LeakFinding, dump: &Dump) -> Optio
     let line = &a.lines[0];
     let label = super::leak::recorded_label(line);
     let mut f = leak(l);
-    let headline = if share < crate::verdict::leak::LEAK_NAMED_SHARE {
+    let headline = if r.spread() {
         // No line holds the growth, by the records either: say how it is spread.
         format!(
             "leak: the process grows by {} every step (over the last {} {}), spread over lines (torch's records of the tensors allocated since it began): {}",
