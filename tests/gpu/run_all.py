@@ -14,14 +14,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LIB = os.environ.get("OOMSHIM_GPU_LIB") or os.path.join(ROOT, "target/release/liboomshim.so")
 CLI = os.environ.get("OOMSHIM_GPU_CLI") or os.path.join(ROOT, "target/release/oomshim")
 OUT = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="oomshim-gpu-")
+os.makedirs(OUT, exist_ok=True)
 WORK = tempfile.mkdtemp(prefix="oomshim-gpu-work-")
 rows = []  # (check, result, detail, is_assertion)
+
+
+def keep(line):
+    """Prints a row and appends it to OUT/rows.txt as it is made: a run cut short by its time limit
+    still brings back every row it finished."""
+    print(line, flush=True)
+    with open(os.path.join(OUT, "rows.txt"), "a") as f:
+        f.write(line + "\n")
 
 
 def row(check, ok, detail):
     """An assertion: PASS or FAIL, and any FAIL fails the run."""
     rows.append((check, "PASS" if ok else "FAIL", detail, True))
-    print(f"[{'PASS' if ok else 'FAIL'}] {check}: {detail}", flush=True)
+    keep(f"[{'PASS' if ok else 'FAIL'}] {check}: {detail}")
 
 
 def figure(check, value, goal, detail=""):
@@ -30,13 +39,13 @@ def figure(check, value, goal, detail=""):
     no number is a failed assertion instead: call row(..., False, ...)."""
     result = f"{value} vs goal {goal}"
     rows.append((check, result, detail, False))
-    print(f"[FIGURE] {check}: {result}; {detail}", flush=True)
+    keep(f"[FIGURE] {check}: {result}; {detail}")
 
 
 def info(check, detail):
     """A fact worth printing beside the checks; neither a pass nor a failure."""
     rows.append((check, "INFO", detail, False))
-    print(f"[INFO] {check}: {detail}", flush=True)
+    keep(f"[INFO] {check}: {detail}")
 
 
 def run(cmd, env=None, timeout=300):
@@ -1176,8 +1185,41 @@ def check_allocator_costs():
                 row(check, False, detail)
             else:
                 figure(check, value, goal, detail)
+    p = serve_ab()
+    log.append(f"$ serve_ab (exit {p.returncode})\n{p.stdout}{p.stderr}")
+    for check, value, goal, detail in allocator_cost_figures("serve_ab", p.stdout):
+        if value is None:
+            row(check, False, detail)
+        else:
+            figure(check, value, goal, detail)
     with open(os.path.join(OUT, "allocator_costs.log"), "w") as f:
         f.write("\n".join(log))
+
+
+def serve_ab():
+    """Builds tests/gpu/serve_ab.cpp against this machine's torch (its headers and libraries; about
+    30 s) and runs it: torch's native allocator and allocator mode's serving path in one process."""
+    import torch
+    import torch.utils.cpp_extension as ce
+    try:
+        includes = ce.include_paths("cuda")
+    except TypeError:  # torch before 2.6
+        includes = ce.include_paths(cuda=True)
+    libs = ce.library_paths()
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        cuda_lib = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "lib64")
+        libs = libs + [cuda_lib]
+        includes = includes + [os.path.join(os.path.dirname(cuda_lib), "include")]
+    exe = os.path.join(tempfile.mkdtemp(prefix="serve-ab-"), "serve_ab")
+    cmd = (["g++", "-O2", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            os.path.join(ROOT, "tests/gpu/serve_ab.cpp"), "-o", exe]
+           + [f"-I{i}" for i in includes] + [f"-L{d}" for d in libs] + [f"-Wl,-rpath,{d}" for d in libs]
+           + ["-ltorch_cuda", "-ltorch_cpu", "-lc10_cuda", "-lc10", "-lcudart", "-ldl"])
+    built = run(cmd, timeout=150)
+    if built.returncode != 0:
+        return subprocess.CompletedProcess(cmd, built.returncode, "", "serve_ab did not build:\n" + built.stderr[-2000:])
+    return run([exe, LIB, "15"], timeout=150)
 
 
 def allocator_cost_figures(name, stdout):
@@ -1198,6 +1240,15 @@ def allocator_cost_figures(name, stdout):
                         f"range {a['min']:.2f}-{a['max']:.2f}, middle half +-{a['iqr_half_pct']:.1f}% "
                         f"(goal: under 2%); torch's recorder {r['median']:.3f}x"))
         return out
+    if name == "serve_ab":
+        if "allocator_totals" not in d:
+            return [("allocator mode serving / native, one process", None, "", f"missing in {last[:200]}")]
+        t, pt, dt = d["allocator_totals"], d["allocator_pass_through"], d["direct_totals"]
+        return [("allocator mode serving / native, one process, ns a tensor (alloc+free)",
+                 f"{t['ns']:.0f} ns / {d['native_ns']:.0f} ns = {t['over_native']:.3f}x", "(profile: part of <= 1.01x a step)",
+                 f"middle half {t['q1']:.3f}-{t['q3']:.3f}; recording nothing {pt['ns']:.0f} ns; "
+                 f"oomshim's entry points without torch's wrapper {dt['ns']:.0f} ns; cudaStreamGetCaptureInfo "
+                 f"{d['capture_info_ns']:.0f} ns, cudaGetDevice {d['get_device_ns']:.0f} ns a call")]
     if "python_over_pass_through" not in d:
         return [("allocator mode: recording cost on a step", None, "", f"missing in {last[:200]}")]
     return [("allocator mode: Python stacks over recording nothing, one process, a training step",
