@@ -12,6 +12,12 @@
 //! `((shim at N2) - (shim at N1) - ((bare at N2) - (bare at N1))) / (N2 - N1)`: start-up, the
 //! shim's first call and the first walk cancel out; what is left is the steady per-pair cost.
 //!
+//! Python stacks: the instructions recording the Python stack adds to a pair made from Python
+//! (`benches/py_pairs.py` through `benches/py_pairs.c`, with 4 and 32 Python frames), the shim
+//! with `OOMSHIM_STACKS=python` against `off`, with and without the code watcher (CPython 3.12+:
+//! known code objects are not checked again while none is created or destroyed). Needs a
+//! `python3.12`/`python3.13` (or a `python3` that is one); said and skipped otherwise.
+//!
 //! `cargo bench -p oomshim-benches --bench hook_instructions` (or `scripts/count-hook-instructions`, which builds
 //! liboomshim.so first). `OOMSHIM_BENCH_LIB=PATH` counts another build of the library beside
 //! this one (a baseline), `OOMSHIM_BENCH_SKIP_MEMORY=1` leaves out the memory figures. Without
@@ -99,22 +105,29 @@ fn build_client(dir: &Path, frame_pointers: bool) -> PathBuf {
 
 /// Instructions the client executed (valgrind's `I refs`), with `shim` preloaded if given.
 fn count(client: &Path, shim: Option<&Path>, frames: u32, pairs: u64, dir: &Path) -> u64 {
+    let mut cmd = cachegrind();
+    cmd.arg(client)
+        .args(["pairs", &frames.to_string(), &pairs.to_string()]);
+    settings(&mut cmd, shim, frames, dir);
+    instructions_of(cmd, &client.display().to_string())
+}
+
+/// valgrind counting instructions only: the program and its arguments go after.
+fn cachegrind() -> Command {
     let mut cmd = Command::new("valgrind");
     cmd.args([
         "--tool=cachegrind",
         "--cache-sim=no",
         "--cachegrind-out-file=/dev/null",
-    ])
-    .arg(client)
-    .args(["pairs", &frames.to_string(), &pairs.to_string()]);
-    settings(&mut cmd, shim, frames, dir);
+    ]);
+    cmd
+}
+
+/// Runs `cmd` (from [`cachegrind`]): the instructions `what` executed.
+fn instructions_of(mut cmd: Command, what: &str) -> u64 {
     let out = cmd.output().expect("valgrind");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{} failed under valgrind: {err}",
-        client.display()
-    );
+    assert!(out.status.success(), "{what} failed under valgrind: {err}");
     err.lines()
         .find_map(|l| {
             let (_, rest) = l.split_once("I   refs:")?;
@@ -185,6 +198,104 @@ fn instructions(libs: &[(String, PathBuf)], dir: &Path) {
             println!(
                 "  {:>6}  {client}  {:>9.0}   {:>17.0}   {verdict}",
                 r.frames, r.bare, r.added
+            );
+        }
+    }
+}
+
+/// A CPython 3.12 or 3.13 (code watchers) on PATH or among pyenv's versions, as its real
+/// executable (valgrind cannot follow a launcher script such as pyenv's); None without one.
+fn python_with_code_watchers() -> Option<(PathBuf, String)> {
+    let mut candidates: Vec<PathBuf> = ["python3.13", "python3.12", "python3"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    let pyenv = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")));
+    if let Some(Ok(versions)) = pyenv.map(|root| std::fs::read_dir(root.join("versions"))) {
+        let mut dirs: Vec<PathBuf> = versions.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+        dirs.sort();
+        candidates.extend(dirs.into_iter().rev().map(|d| d.join("bin/python3")));
+    }
+    candidates.iter().find_map(|name| {
+        let out = Command::new(name)
+            .args([
+                "-c",
+                "import sys; print(sys.executable); print('%d.%d' % sys.version_info[:2])",
+            ])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let mut lines = text.lines();
+        let (exe, version) = (lines.next()?, lines.next()?);
+        let minor: u32 = version.strip_prefix("3.")?.parse().ok()?;
+        (out.status.success() && (12..=13).contains(&minor))
+            .then(|| (PathBuf::from(exe), version.to_string()))
+    })
+}
+
+/// libpy_pairs.so in `dir`, linked against the simulated runtime.
+fn build_py_pairs(dir: &Path) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the repository");
+    let sim = sim_dir();
+    let out = dir.join("libpy_pairs.so");
+    let status = Command::new("gcc")
+        .args(["-O2", "-shared", "-fPIC", "-I"])
+        .arg(root.join("tests/sim"))
+        .arg("-o")
+        .arg(&out)
+        .arg(root.join("benches/py_pairs.c"))
+        .arg(format!("-L{}", sim.display()))
+        .arg("-l:libcudart.so.13")
+        .arg(format!("-Wl,-rpath,{}", sim.display()))
+        .status()
+        .expect("gcc");
+    assert!(status.success(), "building libpy_pairs.so failed");
+    out
+}
+
+fn python_stacks(libs: &[(String, PathBuf)], dir: &Path) {
+    let Some((python, version)) = python_with_code_watchers() else {
+        let msg = "hook_instructions: Python stacks SKIPPED: no python3.12 or python3.13 found";
+        if ci() {
+            panic!("{msg}; CI must have one");
+        }
+        println!("\n{msg}");
+        return;
+    };
+    let pairs_lib = build_py_pairs(dir);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py_pairs.py");
+    for (name, lib) in libs {
+        let count = |stacks: &str, depth: u32, watch: bool, pairs: u64| {
+            let mut cmd = cachegrind();
+            cmd.arg(&python).arg(&script).arg(&pairs_lib).args([
+                pairs.to_string(),
+                depth.to_string(),
+                if watch { "watch" } else { "nowatch" }.to_string(),
+            ]);
+            settings(&mut cmd, Some(lib), 64, dir);
+            cmd.env("OOMSHIM_STACKS", stacks);
+            instructions_of(cmd, "py_pairs.py")
+        };
+        let per_pair = |stacks: &str, depth: u32, watch: bool| {
+            let few = count(stacks, depth, watch, PAIRS_FEW);
+            let many = count(stacks, depth, watch, PAIRS_MANY);
+            (many as f64 - few as f64) / (PAIRS_MANY - PAIRS_FEW) as f64
+        };
+        println!(
+            "\ninstructions the Python stack adds per allocation (OOMSHIM_STACKS=python against off), CPython {version}, {name}"
+        );
+        println!("  Python frames   each code checked every time   code watcher (known codes by address)");
+        for depth in [2, 30] {
+            let added = |watch| per_pair("python", depth, watch) - per_pair("off", depth, watch);
+            let (every, watched) = (added(false), added(true));
+            println!(
+                "  {:>13}   {every:>28.0}   {watched:>10.0} ({:.2}x fewer)",
+                depth + 2,
+                every / watched.max(1.0)
             );
         }
     }
@@ -287,6 +398,7 @@ fn main() {
         );
     }
     instructions(&libs, &dir);
+    python_stacks(&libs, &dir);
     if std::env::var_os("OOMSHIM_BENCH_SKIP_MEMORY").is_none() {
         memory(&libs, &dir);
     }

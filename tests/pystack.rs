@@ -223,6 +223,15 @@ keep.append(asyncio.run(prefetch()))
 keep.append(recurse(200))
 keep.append(lib.simcall_alloc_in_native_thread(107 * MIB))
 
+# From here on, CPython 3.12+: the shim counts code objects created and destroyed (a code
+# watcher, as oomshim's hook registers when torch or jax is imported) and knows the code objects
+# it checked by their address alone while that count stands. Registered only under the GIL.
+released = ctypes.CDLL(None).oomshim_watch_python_code
+released.restype = ctypes.c_int
+print("watching without the GIL:", released(), file=sys.stderr)
+watch = ctypes.PyDLL(None).oomshim_watch_python_code
+watch.restype = ctypes.c_int
+print("watching:", watch(), file=sys.stderr)
 # A function whose code object is freed before the dump, replaced by many new ones.
 src = "def doomed_function():\n    pad = 1\n    return lib.simcall_alloc(106 * MIB)\n"
 ns = {"lib": lib, "MIB": MIB}
@@ -269,6 +278,18 @@ fn run_scenarios(py: &Python, lib: &Path, dir: &Path) -> Dump {
         "python {:?} failed: {:?}\n{stderr}",
         py.version,
         out.status
+    );
+    // A code watcher counts on 3.12 and 3.13 only, and only registered under the GIL.
+    let watches = py.version >= (3, 12);
+    assert!(
+        stderr.contains("watching without the GIL: 0"),
+        "python {:?}:\n{stderr}",
+        py.version
+    );
+    assert!(
+        stderr.contains(&format!("watching: {}", u8::from(watches))),
+        "python {:?}:\n{stderr}",
+        py.version
     );
     only_dump(&dumps)
 }

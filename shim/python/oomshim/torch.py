@@ -83,7 +83,7 @@ __all__ = [
 _ALLOC = "oomshim_torch_alloc"
 _FREE = "oomshim_torch_free"
 
-_state = {"lib": None, "path": None, "allocator": None, "keep": [], "observer": None}
+_state = {"lib": None, "path": None, "allocator": None, "keep": [], "observer": None, "code_watcher": False}
 
 
 def library_path():
@@ -112,6 +112,19 @@ def _lib():
         lib.oomshim_dump.restype = ctypes.c_int
         _state["lib"], _state["path"] = lib, path
     return _state["lib"]
+
+
+def _watch_code():
+    """CPython 3.12+: has the shim count code objects created and destroyed (a code watcher), so
+    that the Python stack it records for every tensor knows a code object by its address while
+    none is freed, instead of checking its name, file and line table at every allocation. Through
+    ctypes.PyDLL: the call must hold the GIL. True when a watcher counts."""
+    if sys.version_info < (3, 12):
+        return False
+    watch = ctypes.PyDLL(_state["path"]).oomshim_watch_python_code
+    watch.argtypes = []
+    watch.restype = ctypes.c_int
+    return watch() == 1
 
 
 def enabled():
@@ -149,6 +162,7 @@ def enable(patch_torch=True):
             continue  # an older torch without this hook: the feature stays torch's no-op
         set_fn(ctypes.cast(getattr(lib, fn), ctypes.c_void_p).value)
     torch.cuda.memory.change_current_allocator(allocator)
+    _state["code_watcher"] = _watch_code()
     # torch keeps raw function pointers: the library and the allocator object must live as long
     # as the process.
     _state["allocator"] = allocator

@@ -141,6 +141,29 @@ def _shim():
     return _shim_lib or None
 
 
+def _watch_code(lib):
+    """CPython 3.12+: has the shim count code objects created and destroyed (a code watcher), so
+    its Python stacks know a code object by its address while none is freed, instead of checking
+    its name, file and line table again at every allocation. Through ctypes.PyDLL: the call must
+    hold the GIL. Quiet when it cannot (the shim then checks every frame, as before)."""
+    global _code_watcher
+    if sys.version_info < (3, 12) or _code_watcher:
+        return
+    import ctypes
+
+    try:
+        fn = ctypes.PyDLL(lib._name).oomshim_watch_python_code
+    except (AttributeError, OSError):
+        return
+    fn.argtypes = []
+    fn.restype = ctypes.c_int
+    _code_watcher = fn() == 1
+
+
+# Whether the shim's code watcher counts (_watch_code).
+_code_watcher = False
+
+
 def _tell_shim(account):
     """Hands the framework's account to the shim. Returns (code, dump path or None): 0 the
     account is in the dump, 1 the dump was final before it arrived, 2 the failure repeats an
@@ -570,6 +593,10 @@ def _attach_torch(torch):
     if lib is None:
         return
     try:
+        _watch_code(lib)
+    except Exception as e:
+        _warn(f"Python stacks check every frame ({type(e).__name__}: {e})")
+    try:
         def observer(device, alloc, total, free):
             _on_torch_oom(torch, device, alloc, total, free)
 
@@ -636,6 +663,12 @@ def _xla_oom(exc):
 
 
 def _attach_jax(jax):
+    lib = _shim()
+    if lib is not None:
+        try:
+            _watch_code(lib)
+        except Exception as e:
+            _warn(f"Python stacks check every frame ({type(e).__name__}: {e})")
     previous = sys.excepthook
 
     def excepthook(kind, value, tb):

@@ -21,6 +21,11 @@
 //!   alive. A code object freed and another created at the same address with a different name,
 //!   file or table therefore gets a new id: an old allocation is never reported with the new
 //!   code's names. Lines are decoded from the copied table when a dump is written.
+//! - On CPython 3.12 and 3.13 oomshim's Python code registers a code watcher
+//!   ([`watch_code_objects`]) that counts every code object created or destroyed. While that
+//!   count stands no code object was freed, so one this thread identified by its fingerprint is
+//!   known by its address alone: a frame then costs a few reads instead of a dozen (about 3x
+//!   fewer instructions for a 32-frame stack; benches/hook_instructions.rs).
 //! - Every read is validated: plausible, aligned addresses; the code object's type must be
 //!   `PyCode_Type`; string and table lengths are bounded. The first walk on each thread goes
 //!   through the kernel ([`mem::Checked`]), so a wrong layout yields "no Python stack" and turns
@@ -40,7 +45,7 @@ use mem::{Checked, Direct, Mem};
 use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Python frames kept per stack, innermost first.
@@ -391,27 +396,186 @@ pub fn fork_release() {
 /// Slots of a thread's code-id cache (direct-mapped by code address).
 const LOCAL_SLOTS: usize = 256;
 
+/// A generation no walk has: a slot stamped with it is never taken on its address alone.
+const UNWATCHED: u64 = u64::MAX;
+
+/// One slot of a thread's code-id cache: the full key, the id, and the value of
+/// [`CODE_EVENTS`] when the key was last checked (`UNWATCHED` when no watcher ran then).
+#[derive(Clone, Copy)]
+struct Slot {
+    key: CodeKey,
+    id: u32,
+    /// The code object's `_co_firsttraceable` (3.11+; 0 before): fixed when it is created.
+    first_traceable: u32,
+    seen: u64,
+}
+
 /// A thread's code ids, looked up without a lock or a hash-map probe. A slot holds the full key,
-/// so a hit is exact; a collision just replaces the slot.
-struct LocalCache(Box<[(CodeKey, u32)]>);
+/// so a hit is exact; a collision just replaces the slot. `now` is [`CODE_EVENTS`] as read at the
+/// start of the current walk (`UNWATCHED` without a code watcher).
+struct LocalCache {
+    slots: Box<[Slot]>,
+    now: u64,
+}
 
 impl LocalCache {
     fn new() -> Self {
-        LocalCache(vec![(CodeKey::default(), 0); LOCAL_SLOTS].into_boxed_slice())
+        let empty = Slot {
+            key: CodeKey::default(),
+            id: 0,
+            first_traceable: 0,
+            seen: UNWATCHED,
+        };
+        LocalCache {
+            slots: vec![empty; LOCAL_SLOTS].into_boxed_slice(),
+            now: UNWATCHED,
+        }
     }
 
     fn slot(code: usize) -> usize {
         ((code as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % LOCAL_SLOTS
     }
 
-    fn get(&self, key: &CodeKey) -> Option<u32> {
-        let (k, id) = &self.0[Self::slot(key.code)];
-        (k == key).then_some(*id)
+    /// The id of the code object at `code` when its key was checked in this generation: no code
+    /// object was created or destroyed since, so the object at that address is the one checked
+    /// (a code watcher counts every such event). Never with `now == UNWATCHED`.
+    #[inline]
+    fn checked_this_generation(&self, code: usize) -> Option<CodeId> {
+        let s = &self.slots[Self::slot(code)];
+        (s.key.code == code && s.seen == self.now && self.now != UNWATCHED).then_some(CodeId {
+            id: s.id,
+            first_traceable: s.first_traceable,
+        })
     }
 
-    fn insert(&mut self, key: CodeKey, id: u32) {
-        self.0[Self::slot(key.code)] = (key, id);
+    /// The id stored for `key` (its slot then counts as checked in this generation).
+    fn get(&mut self, key: &CodeKey) -> Option<u32> {
+        let now = self.now;
+        let s = &mut self.slots[Self::slot(key.code)];
+        if s.key != *key {
+            return None;
+        }
+        s.seen = now;
+        Some(s.id)
     }
+
+    /// Stores what `key`'s code object is known by, checked in the current generation.
+    fn insert(&mut self, key: CodeKey, code: CodeId) {
+        self.slots[Self::slot(key.code)] = Slot {
+            key,
+            id: code.id,
+            first_traceable: code.first_traceable,
+            seen: self.now,
+        };
+    }
+}
+
+/// What the walk needs of a code object: its id, and (3.11+) the index of its first traceable
+/// instruction (a frame whose instruction is before it has not started: it is skipped).
+#[derive(Clone, Copy)]
+struct CodeId {
+    id: u32,
+    first_traceable: u32,
+}
+
+/// Code objects created or destroyed since a code watcher was registered
+/// ([`watch_code_objects`]; CPython 3.12+). While it keeps its value, no code object was freed,
+/// so one a thread identified at some address (by its full key, while that thread ran it) is
+/// still the object at that address: the hot path then knows it by its address alone.
+static CODE_EVENTS: AtomicU64 = AtomicU64::new(0);
+/// Set once a code watcher counts into [`CODE_EVENTS`].
+static WATCHING: AtomicBool = AtomicBool::new(false);
+
+/// A code watcher's callback, `int (*)(PyCodeEvent, PyCodeObject *)`: the shim's (in its FFI
+/// layer) calls [`note_code_event`] and returns 0.
+pub type CodeWatcher = extern "C" fn(i32, *mut c_void) -> i32;
+
+/// Counts a code object created or destroyed (called from the code watcher, under the GIL). Both
+/// kinds count: what matters is that no object is freed unseen, whatever CPython numbers the
+/// events.
+#[inline]
+pub fn note_code_event() {
+    CODE_EVENTS.fetch_add(1, Ordering::Release);
+}
+
+/// Whether a code watcher counts code objects' lives in this process.
+pub fn watching_code_objects() -> bool {
+    WATCHING.load(Ordering::Acquire)
+}
+
+/// Registers `watcher` as a CPython code watcher (`PyCode_AddWatcher`, 3.12 and 3.13), so that
+/// [`capture`] knows the code objects it has seen by their address until a code object is
+/// created or destroyed (it then checks each one's full key again). The caller must hold the GIL
+/// (oomshim's Python code calls it through `ctypes.PyDLL`, which keeps it); this is checked, and
+/// nothing is done without it, under an exception already raised, or on other versions. A failed
+/// registration (all of the interpreter's watcher slots taken) clears the exception it raised.
+/// Returns whether a watcher counts (true again once registered).
+pub fn watch_code_objects(watcher: CodeWatcher) -> bool {
+    if WATCHING.load(Ordering::Acquire) {
+        return true;
+    }
+    if !init() || BROKEN.load(Ordering::Relaxed) {
+        return false;
+    }
+    let Some(Some(interp)) = INTERP.get() else {
+        return false;
+    };
+    if interp.version < (3, 12) || interp.version > (3, 13) {
+        return false;
+    }
+    // The thread state this thread runs Python with (NULL when it does not hold the GIL):
+    // `PyThreadState_GetUnchecked` from 3.13, `_PyThreadState_UncheckedGet` in 3.12.
+    let attached = match lookup(c"PyThreadState_GetUnchecked") {
+        0 => lookup(c"_PyThreadState_UncheckedGet"),
+        f => f,
+    };
+    let (add, occurred, clear) = (
+        lookup(c"PyCode_AddWatcher"),
+        lookup(c"PyErr_Occurred"),
+        lookup(c"PyErr_Clear"),
+    );
+    type NoArgs = unsafe extern "C" fn() -> *mut c_void;
+    type Clear = unsafe extern "C" fn();
+    type Add = unsafe extern "C" fn(CodeWatcher) -> i32;
+    // SAFETY: each symbol is the CPython function of that name and signature in 3.12 and 3.13:
+    // `PyThreadState *(void)`, `PyObject *PyErr_Occurred(void)`, `void PyErr_Clear(void)` (its
+    // result ignored) and `int PyCode_AddWatcher(PyCode_WatchCallback)`.
+    let (Some(attached), Some(occurred), Some(clear), Some(add)) = (unsafe {
+        (
+            <NoArgs as FnPtr>::from_addr(attached),
+            <NoArgs as FnPtr>::from_addr(occurred),
+            <Clear as FnPtr>::from_addr(clear),
+            <Add as FnPtr>::from_addr(add),
+        )
+    }) else {
+        return false;
+    };
+    // SAFETY: both read this thread's own state and are callable without the GIL.
+    let holds_gil = unsafe {
+        let mine = (interp.get_tstate)();
+        !mine.is_null() && attached() == mine
+    };
+    if !holds_gil {
+        return false;
+    }
+    // SAFETY: this thread holds the GIL (above), which PyErr_Occurred, PyCode_AddWatcher and
+    // PyErr_Clear need; the callback stays valid for the life of the process (the shim's
+    // library is never unloaded).
+    unsafe {
+        if !occurred().is_null() {
+            return false;
+        }
+        if add(watcher) < 0 {
+            clear();
+            tracing::debug!(
+                "no code watcher (every watcher slot taken): Python stacks check every frame"
+            );
+            return false;
+        }
+    }
+    WATCHING.store(true, Ordering::Release);
+    tracing::debug!("code watcher registered: Python stacks know checked code objects by address");
+    true
 }
 
 thread_local! {
@@ -436,9 +600,16 @@ pub fn capture(out: &mut [usize]) -> usize {
     if tstate == 0 {
         return 0;
     }
+    // The generation this walk's shortcuts hold for, read before any frame is.
+    let now = if WATCHING.load(Ordering::Relaxed) {
+        CODE_EVENTS.load(Ordering::Acquire)
+    } else {
+        UNWATCHED
+    };
     // The thread's code-id cache, borrowed once per walk (a fresh one during thread teardown).
     let walk_cached = |checked: bool, out: &mut [usize]| {
         let run = |cache: &mut LocalCache, out: &mut [usize]| {
+            cache.now = now;
             if checked {
                 walk(interp, &Checked, tstate, out, cache)
             } else {
@@ -513,7 +684,7 @@ fn walk<M: Mem>(
                 } else {
                     li as u32
                 };
-                let id = code_id(interp, m, code, cache)?;
+                let id = code_id(interp, m, code, cache)?.id;
                 out[n] = pack(id, offset, true);
                 n += 1;
             }
@@ -539,21 +710,19 @@ fn walk<M: Mem>(
                 } else {
                     let code = m.ptr(frame + l.code)?;
                     let ip = m.ptr(frame + instr)?;
+                    let known = code_id(interp, m, code, cache)?;
                     let base = code + code_adaptive;
-                    let incomplete = match firsttraceable {
-                        Some(ft) if own != 1 => {
-                            let ft = m.get::<i32>(code + ft)?.max(0) as usize;
-                            ip < base + 2 * ft
-                        }
-                        _ => false,
-                    };
+                    // A frame not yet past its code's first traceable instruction (not a
+                    // generator's, owner 1) has not started: skipped.
+                    let incomplete = firsttraceable.is_some()
+                        && own != 1
+                        && ip < base + 2 * known.first_traceable as usize;
                     if !incomplete {
                         let offset = ip
                             .checked_sub(base)
                             .and_then(|o| u32::try_from(o).ok())
                             .unwrap_or(NO_OFFSET);
-                        let id = code_id(interp, m, code, cache)?;
-                        out[n] = pack(id, offset, entry);
+                        out[n] = pack(known.id, offset, entry);
                         n += 1;
                     } else if entry && n > 0 {
                         out[n - 1] |= GROUP_END;
@@ -573,12 +742,24 @@ fn pack(id: u32, offset: u32, group_end: bool) -> usize {
     ((id as usize) << 32) | offset as usize | if group_end { GROUP_END } else { 0 }
 }
 
-/// The code id of the code object at `code`, resolving it on first sight.
-fn code_id<M: Mem>(interp: &Interp, m: &M, code: usize, cache: &mut LocalCache) -> Option<u32> {
+/// What the code object at `code` is known by, resolving it on first sight. Known by its
+/// address alone when this thread checked it in this generation of [`CODE_EVENTS`] (it is still
+/// that live code object: nothing of it is read); otherwise by its full key.
+fn code_id<M: Mem>(interp: &Interp, m: &M, code: usize, cache: &mut LocalCache) -> Option<CodeId> {
+    if let Some(known) = cache.checked_this_generation(code) {
+        return Some(known);
+    }
     let l = &interp.layout;
     if m.ptr(code + l.ob_type)? != interp.code_type {
         return None;
     }
+    let first_traceable = match l.chain {
+        Chain::Interpreter {
+            firsttraceable: Some(off),
+            ..
+        } => m.get::<i32>(code + off)?.max(0) as u32,
+        _ => 0,
+    };
     let filename = m.ptr(code + l.co_filename)?;
     let name = m.ptr(code + l.co_name)?;
     let linetable = m.ptr(code + l.co_linetable)?;
@@ -601,7 +782,10 @@ fn code_id<M: Mem>(interp: &Interp, m: &M, code: usize, cache: &mut LocalCache) 
             .clamp(0, u32::MAX as isize) as u32,
     };
     if let Some(id) = cache.get(&key) {
-        return Some(id);
+        return Some(CodeId {
+            id,
+            first_traceable,
+        });
     }
     let id = {
         let known = codes().ids.get(&key).copied();
@@ -633,8 +817,12 @@ fn code_id<M: Mem>(interp: &Interp, m: &M, code: usize, cache: &mut LocalCache) 
             }
         }
     };
-    cache.insert(key, id);
-    Some(id)
+    let known = CodeId {
+        id,
+        first_traceable,
+    };
+    cache.insert(key, known);
+    Some(known)
 }
 
 /// Where a str object's characters are: (data address, length, bytes per character).

@@ -17,7 +17,34 @@ pub const PROGRAM_API: &[&str] = &[
     "oomshim_framework_kinds",
     "oomshim_set_recording",
     "oomshim_recording",
+    "oomshim_watch_python_code",
 ];
+
+/// Lets the shim's Python stacks know a code object by its address once they identified it, for
+/// as long as no code object is created or destroyed (CPython 3.12+: a code watcher counts both;
+/// see `oomshim_core::pystack::watch_code_objects`): the full check of each frame's code object
+/// is then paid once per code object instead of on every allocation. Must be called with the GIL
+/// held (oomshim's Python code calls it through `ctypes.PyDLL`). Returns 1 when a watcher counts
+/// (again 1 on later calls), 0 when none could be registered (another Python version, the GIL not
+/// held, an exception pending, every watcher slot taken: Python stacks then check every frame as
+/// before), -1 when the shim is off.
+#[no_mangle]
+pub extern "C" fn oomshim_watch_python_code() -> c_int {
+    let Some(guard) = Guard::enter() else {
+        return -1;
+    };
+    guard
+        .run(|| oomshim_core::pystack::watch_code_objects(code_event))
+        .map_or(-1, c_int::from)
+}
+
+/// The code watcher (`int (*)(PyCodeEvent, PyCodeObject *)`): counts the event and returns 0,
+/// which CPython takes as success. Runs under the GIL wherever a code object is created or
+/// destroyed; an atomic add, so it cannot fail or panic.
+extern "C" fn code_event(_event: i32, _code: *mut std::ffi::c_void) -> i32 {
+    oomshim_core::pystack::note_code_event();
+    0
+}
 
 /// Switches what the shim records from now on: 0 pass-through (the hooks only forward), 1
 /// totals (sizes and totals, no stacks), 2 native stacks, 3 all stacks (native and Python), 4
