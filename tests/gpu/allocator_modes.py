@@ -29,11 +29,17 @@ def median(v):
 
 
 def setup(allocator):
+    """torch, steps(n) and, in allocator mode, a function that registers the shim's code watcher
+    (enable() runs without it here: modes() measures Python stacks before and after)."""
     sys.path.insert(0, HERE)
     import torch
     import torch_alloc
 
+    watch_code = None
     if allocator:
+        import oomshim.torch
+        watch_code = oomshim.torch._watch_code
+        oomshim.torch._watch_code = lambda: False
         torch_alloc.enable()
     timed = torch_alloc.timed_steps()
 
@@ -42,21 +48,70 @@ def setup(allocator):
         return wall / 1e6, cpu / 1e6  # milliseconds a step
 
     steps(6)
-    return torch, steps
+    return torch, steps, watch_code
 
 
 def native():
-    torch, steps = setup(False)
+    torch, steps, _ = setup(False)
     before = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
     ms = [steps(10)[0] for _ in range(8)]
     after = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
     print(json.dumps({"native_step_ms": median(ms), "allocations_per_step": (after - before) / 80}))
 
 
+def deep_loop(torch, n, depth=30):
+    """torch.empty + del n times from depth + 2 Python frames: ns an iteration."""
+    def leaf():
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            x = torch.empty(1024, device="cuda")
+            del x
+        torch.cuda.synchronize()
+        return (time.perf_counter_ns() - t0) / n
+
+    def nest(d):
+        return leaf() if d == 0 else nest(d - 1)
+
+    return nest(depth)
+
+
+def stack_ns(torch, oomshim, rounds):
+    """ns the Python stack adds to a tensor allocated from 32 Python frames: python blocks
+    against the mean of the pass-through blocks around each (median over rounds)."""
+    oomshim.set_recording("pass-through")
+    prev = deep_loop(torch, 20000)
+    added = []
+    for _ in range(rounds):
+        oomshim.set_recording("python")
+        t = deep_loop(torch, 20000)
+        oomshim.set_recording("pass-through")
+        nxt = deep_loop(torch, 20000)
+        added.append(t - (prev + nxt) / 2)
+        prev = nxt
+    return median(added), prev
+
+
 def modes():
-    torch, steps = setup(True)
+    torch, steps, watch_code = setup(True)
     import oomshim  # on sys.path once torch_alloc is imported
     rounds = int(os.environ.get("MODES_ROUNDS", "8"))
+    loop_unwatched, loop_base = stack_ns(torch, oomshim, 2 * rounds)
+    # First without the code watcher (CPython 3.12+): Python stacks check every frame's code
+    # object at every allocation; python blocks between pass-through blocks.
+    oomshim.set_recording("pass-through")
+    prev = steps(10)
+    unwatched = []
+    for _ in range(rounds):
+        oomshim.set_recording("python")
+        t = steps(10)
+        oomshim.set_recording("pass-through")
+        nxt = steps(10)
+        unwatched.append(t[0] / ((prev[0] + nxt[0]) / 2))
+        prev = nxt
+    # Then with it, as enable() registers it, for every mode.
+    watcher = watch_code()
+    loop_watched, _ = stack_ns(torch, oomshim, 2 * rounds)
     base, by = [], {m: [] for m in MODES}
     cpu = {m: [] for m in ("pass-through",) + MODES}
     oomshim.set_recording("pass-through")
@@ -74,6 +129,12 @@ def modes():
             base.append(nxt[0])
             prev = nxt
     print(json.dumps({"pass_through_step_ms": median(base),
+                      "code_watcher": watcher,
+                      "loop_pass_through_ns": loop_base,
+                      "loop_python_stack_ns_unwatched": loop_unwatched,
+                      "loop_python_stack_ns_watched": loop_watched,
+                      "python_unwatched_over_pass_through": median(unwatched),
+                      "python_unwatched_range": [min(unwatched), max(unwatched)],
                       **{f"{m}_over_pass_through": median(v) for m, v in by.items()},
                       **{f"{m}_range": [min(v), max(v)] for m, v in by.items()},
                       **{f"{m}_cpu_ms": median(v) for m, v in cpu.items()}}))
@@ -98,6 +159,13 @@ def main():
     if "pass_through_step_ms" in rows:
         print(f"  allocator, recording nothing: {rows['pass_through_step_ms']:.2f} ms a step "
               f"(cpu {rows['pass-through_cpu_ms']:.2f} ms)")
+        lo, hi = rows["python_unwatched_range"]
+        print(f"  recording python, each code object checked at every allocation: "
+              f"{rows['python_unwatched_over_pass_through']:.3f}x   range {lo:.3f}-{hi:.3f}")
+        print(f"  code watcher registered for what follows: {rows['code_watcher']}")
+        print(f"  torch.empty+del from 32 Python frames: {rows['loop_pass_through_ns']:.0f} ns recording nothing; "
+              f"its Python stack adds {rows['loop_python_stack_ns_unwatched']:.0f} ns without the watcher, "
+              f"{rows['loop_python_stack_ns_watched']:.0f} ns with it")
         for m in MODES:
             lo, hi = rows[f"{m}_range"]
             print(f"  recording {m:6}: {rows[f'{m}_over_pass_through']:.3f}x   range {lo:.3f}-{hi:.3f}   "
