@@ -740,3 +740,49 @@ fn line_tables_decode_like_cpython() {
         assert!(checked > 500);
     }
 }
+
+/// The hook registers the shim's code watcher when the program imports torch, on CPython 3.12
+/// and 3.13 (where code watchers exist), and nowhere else; not before the import.
+#[test]
+fn the_hook_registers_the_code_watcher_when_torch_is_imported_on_3_12_and_later() {
+    let pythons = all_pythons();
+    if pythons.is_empty() {
+        common::skip("python3");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A stand-in torch: the hook attaches to whatever module the program imports as torch (its
+    // later steps fail on this one and say so once; the watcher comes first).
+    std::fs::create_dir_all(dir.path().join("torch")).unwrap();
+    std::fs::write(dir.path().join("torch/__init__.py"), "").unwrap();
+    let script = dir.path().join("watch.py");
+    std::fs::write(
+        &script,
+        r#"
+import sys
+
+def watcher():
+    # The hook module's flag (it is not importable by name: it chains the program's own
+    # sitecustomize under that name).
+    return [m.__dict__["_code_watcher"] for m in list(sys.modules.values())
+            if "_code_watcher" in getattr(m, "__dict__", {})]
+
+print("before", watcher())
+import torch
+print("after", watcher())
+"#,
+    )
+    .unwrap();
+    let fake = dir.path().to_str().unwrap();
+    for py in pythons.iter().filter(|p| p.version <= (3, 13)) {
+        let out = run_python(py, &script, &[], &[("PYTHONPATH", fake)]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let watches = if py.version >= (3, 12) { "True" } else { "False" };
+        assert!(
+            text.contains("before [False]") && text.contains(&format!("after [{watches}]")),
+            "python {:?}: {text}\n{}",
+            py.version,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
