@@ -777,7 +777,11 @@ print("after", watcher())
     for py in pythons.iter().filter(|p| p.version <= (3, 13)) {
         let out = run_python(py, &script, &[], &[("PYTHONPATH", fake)]);
         let text = String::from_utf8_lossy(&out.stdout);
-        let watches = if py.version >= (3, 12) { "True" } else { "False" };
+        let watches = if py.version >= (3, 12) {
+            "True"
+        } else {
+            "False"
+        };
         assert!(
             text.contains("before [False]") && text.contains(&format!("after [{watches}]")),
             "python {:?}: {text}\n{}",
