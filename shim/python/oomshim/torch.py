@@ -39,6 +39,10 @@ Torch's out-of-memory observers (`torch._C._cuda_attach_out_of_memory_observer`)
 calls under no pluggable allocator, are called by oomshim's, as torch would: on the failing
 thread, with (device, requested bytes, device total, free bytes), before the dump is written.
 
+Every tensor is recorded with the Python stack that made it. On CPython 3.12 and 3.13 `enable()`
+also has the shim register a code watcher (one of the interpreter's eight), so that stack costs
+about a third of what it did (see the README's "Python stacks").
+
 An allocation that cannot be served, even after the cache was emptied and the request retried,
 raises `torch.OutOfMemoryError` (a `RuntimeError` where torch's C++ error type is not found),
 with torch's wording plus oomshim's verdict and the path of the dump it wrote.

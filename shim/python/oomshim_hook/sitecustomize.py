@@ -19,6 +19,9 @@ does the same; Python then imports this file at start-up as `sitecustomize`. It:
   (`register_optimizer_step_post_hook`) and every forward pass of the program's outermost module
   (found once with global module hooks, then watched with a hook on that module alone).
   `OOMSHIM_AUTO_STEPS=optimizer` keeps only the first, `0` neither;
+- torch or jax, on CPython 3.12 and 3.13: has the shim register a code watcher, so the Python
+  stack it records with each allocation knows the code objects it already identified by their
+  address while none is created or destroyed (see the README's "Python stacks");
 - jax: reports an uncaught XLA out-of-memory error (RESOURCE_EXHAUSTED) to the shim, which writes
   a dump (XLA refuses inside its preallocated pool without any CUDA call failing).
 
