@@ -24,7 +24,7 @@
 //! - On CPython 3.12 and 3.13 oomshim's Python code registers a code watcher
 //!   ([`watch_code_objects`]) that counts every code object created or destroyed. While that
 //!   count stands no code object was freed, so one this thread identified by its fingerprint is
-//!   known by its address alone: a frame then costs a few reads instead of a dozen (about 3x
+//!   known by its address alone: a frame then costs a few reads instead of a dozen (about 3.5x
 //!   fewer instructions for a 32-frame stack; benches/hook_instructions.rs).
 //! - Every read is validated: plausible, aligned addresses; the code object's type must be
 //!   `PyCode_Type`; string and table lengths are bounded. The first walk on each thread goes
@@ -745,10 +745,19 @@ fn pack(id: u32, offset: u32, group_end: bool) -> usize {
 /// What the code object at `code` is known by, resolving it on first sight. Known by its
 /// address alone when this thread checked it in this generation of [`CODE_EVENTS`] (it is still
 /// that live code object: nothing of it is read); otherwise by its full key.
+#[inline(always)]
 fn code_id<M: Mem>(interp: &Interp, m: &M, code: usize, cache: &mut LocalCache) -> Option<CodeId> {
-    if let Some(known) = cache.checked_this_generation(code) {
-        return Some(known);
+    match cache.checked_this_generation(code) {
+        Some(known) => Some(known),
+        None => identify(interp, m, code, cache),
     }
+}
+
+/// [`code_id`] when the code object is not known by its address: its full key, through the
+/// thread's cache, then the process's table. Out of line: the known case stays a few
+/// instructions in the walk's loop.
+#[inline(never)]
+fn identify<M: Mem>(interp: &Interp, m: &M, code: usize, cache: &mut LocalCache) -> Option<CodeId> {
     let l = &interp.layout;
     if m.ptr(code + l.ob_type)? != interp.code_type {
         return None;
