@@ -498,11 +498,6 @@ pub fn note_code_event() {
     CODE_EVENTS.fetch_add(1, Ordering::Release);
 }
 
-/// Whether a code watcher counts code objects' lives in this process.
-pub fn watching_code_objects() -> bool {
-    WATCHING.load(Ordering::Acquire)
-}
-
 /// Registers `watcher` as a CPython code watcher (`PyCode_AddWatcher`, 3.12 and 3.13), so that
 /// [`capture`] knows the code objects it has seen by their address until a code object is
 /// created or destroyed (it then checks each one's full key again). The caller must hold the GIL
