@@ -71,36 +71,38 @@ fn have(tool: &str) -> bool {
 
 /// Builds the client into `dir`, with or without frame pointers.
 fn build_client(dir: &Path, frame_pointers: bool) -> PathBuf {
+    let (name, frames) = if frame_pointers {
+        ("hook_pairs-fp", "-fno-omit-frame-pointer")
+    } else {
+        ("hook_pairs", "-fomit-frame-pointer")
+    };
+    gcc_against_sim("hook_pairs.c", &dir.join(name), &["-g", frames, "-ldl"])
+}
+
+/// Compiles `benches/SOURCE` with gcc `-O2` and then `flags` into `out`, linked against the simulated
+/// runtime (its headers, its libcudart, an rpath to it).
+fn gcc_against_sim(source: &str, out: &Path, flags: &[&str]) -> PathBuf {
     // The benches package sits in benches/ of the repository.
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the repository");
     let sim = sim_dir();
-    let out = dir.join(if frame_pointers {
-        "hook_pairs-fp"
-    } else {
-        "hook_pairs"
-    });
     let status = Command::new("gcc")
-        .args(["-O2", "-g"])
-        .arg(if frame_pointers {
-            "-fno-omit-frame-pointer"
-        } else {
-            "-fomit-frame-pointer"
-        })
+        .arg("-O2")
         .arg("-I")
         .arg(root.join("tests/sim"))
         .arg("-o")
-        .arg(&out)
-        .arg(root.join("benches/hook_pairs.c"))
+        .arg(out)
+        .arg(root.join("benches").join(source))
         .arg(format!("-L{}", sim.display()))
         .arg("-l:libcudart.so.13")
         .arg(format!("-Wl,-rpath,{}", sim.display()))
-        .arg("-ldl")
+        // Last: libraries among them (-ldl) come after the objects that need them.
+        .args(flags)
         .status()
         .expect("gcc");
-    assert!(status.success(), "building the client failed");
-    out
+    assert!(status.success(), "building {source} failed");
+    out.to_path_buf()
 }
 
 /// Instructions the client executed (valgrind's `I refs`), with `shim` preloaded if given.
@@ -237,24 +239,11 @@ fn python_with_code_watchers() -> Option<(PathBuf, String)> {
 
 /// libpy_pairs.so in `dir`, linked against the simulated runtime.
 fn build_py_pairs(dir: &Path) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the repository");
-    let sim = sim_dir();
-    let out = dir.join("libpy_pairs.so");
-    let status = Command::new("gcc")
-        .args(["-O2", "-shared", "-fPIC", "-I"])
-        .arg(root.join("tests/sim"))
-        .arg("-o")
-        .arg(&out)
-        .arg(root.join("benches/py_pairs.c"))
-        .arg(format!("-L{}", sim.display()))
-        .arg("-l:libcudart.so.13")
-        .arg(format!("-Wl,-rpath,{}", sim.display()))
-        .status()
-        .expect("gcc");
-    assert!(status.success(), "building libpy_pairs.so failed");
-    out
+    gcc_against_sim(
+        "py_pairs.c",
+        &dir.join("libpy_pairs.so"),
+        &["-shared", "-fPIC"],
+    )
 }
 
 fn python_stacks(libs: &[(String, PathBuf)], dir: &Path) {
@@ -277,7 +266,9 @@ fn python_stacks(libs: &[(String, PathBuf)], dir: &Path) {
                 if watch { "watch" } else { "nowatch" }.to_string(),
             ]);
             settings(&mut cmd, Some(lib), 64, dir);
-            cmd.env("OOMSHIM_STACKS", stacks);
+            // A fixed hash seed: string hashing is randomised per process otherwise, and the
+            // interpreter's own instruction count moves with it.
+            cmd.env("OOMSHIM_STACKS", stacks).env("PYTHONHASHSEED", "0");
             instructions_of(cmd, "py_pairs.py")
         };
         let per_pair = |stacks: &str, depth: u32, watch: bool| {
