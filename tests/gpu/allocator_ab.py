@@ -50,15 +50,7 @@ def worker(arm):
     elif arm == "recorder":
         torch.cuda.memory._record_memory_history(stacks="python")
 
-    def loop(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            x = torch.empty(1024, device="cuda")
-            del x
-        torch.cuda.synchronize()
-        return (time.perf_counter_ns() - t0) / n
-
+    loop = torch_alloc.empty_block
     steps = torch_alloc.timed_steps()
 
     loop(5000)

@@ -59,34 +59,29 @@ def native():
     print(json.dumps({"native_step_ms": median(ms), "allocations_per_step": (after - before) / 80}))
 
 
-def deep_loop(torch, n, depth=30):
-    """torch.empty + del n times from depth + 2 Python frames: ns an iteration."""
-    def leaf():
-        torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            x = torch.empty(1024, device="cuda")
-            del x
-        torch.cuda.synchronize()
-        return (time.perf_counter_ns() - t0) / n
+def deep_loop(n, depth=30):
+    """torch_alloc.empty_block(n) called through depth + 1 frames of nest(): each tensor's Python
+    stack is then 37 frames deep (<module>, main, modes, stack_ns, deep_loop, 31 of nest,
+    empty_block)."""
+    import torch_alloc
 
     def nest(d):
-        return leaf() if d == 0 else nest(d - 1)
+        return torch_alloc.empty_block(n) if d == 0 else nest(d - 1)
 
     return nest(depth)
 
 
-def stack_ns(torch, oomshim, rounds):
-    """ns the Python stack adds to a tensor allocated from 32 Python frames: python blocks
+def stack_ns(oomshim, rounds):
+    """ns the Python stack adds to a tensor allocated from 37 Python frames: python blocks
     against the mean of the pass-through blocks around each (median over rounds)."""
     oomshim.set_recording("pass-through")
-    prev = deep_loop(torch, 20000)
+    prev = deep_loop(20000)
     added = []
     for _ in range(rounds):
         oomshim.set_recording("python")
-        t = deep_loop(torch, 20000)
+        t = deep_loop(20000)
         oomshim.set_recording("pass-through")
-        nxt = deep_loop(torch, 20000)
+        nxt = deep_loop(20000)
         added.append(t - (prev + nxt) / 2)
         prev = nxt
     return median(added), prev
@@ -96,7 +91,7 @@ def modes():
     torch, steps, watch_code = setup(True)
     import oomshim  # on sys.path once torch_alloc is imported
     rounds = int(os.environ.get("MODES_ROUNDS", "8"))
-    loop_unwatched, loop_base = stack_ns(torch, oomshim, 2 * rounds)
+    loop_unwatched, loop_base = stack_ns(oomshim, 2 * rounds)
     # First without the code watcher (CPython 3.12+): Python stacks check every frame's code
     # object at every allocation; python blocks between pass-through blocks.
     oomshim.set_recording("pass-through")
@@ -111,7 +106,7 @@ def modes():
         prev = nxt
     # Then with it, as enable() registers it, for every mode.
     watcher = watch_code()
-    loop_watched, _ = stack_ns(torch, oomshim, 2 * rounds)
+    loop_watched, _ = stack_ns(oomshim, 2 * rounds)
     base, by = [], {m: [] for m in MODES}
     cpu = {m: [] for m in ("pass-through",) + MODES}
     oomshim.set_recording("pass-through")
@@ -163,7 +158,7 @@ def main():
         print(f"  recording python, each code object checked at every allocation: "
               f"{rows['python_unwatched_over_pass_through']:.3f}x   range {lo:.3f}-{hi:.3f}")
         print(f"  code watcher registered for what follows: {rows['code_watcher']}")
-        print(f"  torch.empty+del from 32 Python frames: {rows['loop_pass_through_ns']:.0f} ns recording nothing; "
+        print(f"  torch.empty+del from 37 Python frames: {rows['loop_pass_through_ns']:.0f} ns recording nothing; "
               f"its Python stack adds {rows['loop_python_stack_ns_unwatched']:.0f} ns without the watcher, "
               f"{rows['loop_python_stack_ns_watched']:.0f} ns with it")
         for m in MODES:

@@ -45,14 +45,7 @@ def launch(kind):
         oomshim.torch.enable()
 
 
-def loop_block(n):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter_ns()
-    for _ in range(n):
-        x = torch.empty(1024, device="cuda")
-        del x
-    torch.cuda.synchronize()
-    return (time.perf_counter_ns() - t0) / n
+loop_block = torch_alloc.empty_block
 
 
 def ab(block, rounds):

@@ -1254,7 +1254,7 @@ def allocator_cost_figures(name, stdout):
     return [("allocator mode: Python stacks over recording nothing, one process, a training step",
              f"{d['python_over_pass_through']:.3f}x", "(part of <= 1.01x over native)",
              f"without the code watcher {d.get('python_unwatched_over_pass_through', 0):.3f}x (watcher registered: "
-             f"{d.get('code_watcher')}); a tensor from 32 Python frames: its stack {d.get('loop_python_stack_ns_unwatched', 0):.0f} ns "
+             f"{d.get('code_watcher')}); a tensor from 37 Python frames: its stack {d.get('loop_python_stack_ns_unwatched', 0):.0f} ns "
              f"without the watcher, {d.get('loop_python_stack_ns_watched', 0):.0f} ns with it (of "
              f"{d.get('loop_pass_through_ns', 0):.0f} ns recording nothing); all stacks {d['all_over_pass_through']:.3f}x, totals {d['totals_over_pass_through']:.3f}x; "
              f"{d.get('allocations_per_step', 0):.0f} allocations a step; allocator recording nothing "

@@ -132,19 +132,21 @@ def timed_steps(batch=8, ctx=256):
     return steps
 
 
+def empty_block(n):
+    """torch.empty + del n times in a Python loop, between two synchronisations: ns an iteration.
+    The block every loop figure of the GPU scripts times."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        x = torch.empty(1024, device="cuda")
+        del x
+    torch.cuda.synchronize()
+    return (time.perf_counter_ns() - t0) / n
+
+
 def empty_loop(n=100_000, repeats=9):
-    """torch.empty + del in a Python loop: per-iteration ns, the fastest of the repeats (the
-    least disturbed by other work on the machine)."""
-    per = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            x = torch.empty(1024, device="cuda")
-            del x
-        torch.cuda.synchronize()
-        per.append((time.perf_counter_ns() - t0) / n)
-    return min(per)
+    """The fastest of `repeats` blocks of n (the least disturbed by other work on the machine)."""
+    return min(empty_block(n) for _ in range(repeats))
 
 
 def bench(mode):
