@@ -586,6 +586,83 @@ fn measure_python_capture_cost() {
     }
 }
 
+const STATE_THREAD: &str = r#"
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.simcall_alloc.restype = ctypes.c_void_p
+lib.simcall_alloc.argtypes = [ctypes.c_size_t]
+lib.simcall_free.argtypes = [ctypes.c_void_p]
+lib.simcall_pairs_in_python_state_thread.argtypes = [ctypes.c_long, ctypes.c_size_t]
+def allocate_here():
+    lib.simcall_free(lib.simcall_alloc(1 << 20))
+allocate_here()  # a walk with frames on this thread proves the layout
+assert lib.simcall_pairs_in_python_state_thread(int(sys.argv[2]), 1 << 20) == 0
+print("ok")
+"#;
+
+/// `process_vm_readv` calls the process made, counted by strace (`-c`).
+fn kernel_copies(py: &Python, script: &Path, simcall: &Path, pairs: u32, dir: &Path) -> u64 {
+    let summary = dir.join(format!("strace-{pairs}.txt"));
+    let out = Command::new("strace")
+        .args(["-f", "-qq", "-c", "-e", "trace=process_vm_readv", "-o"])
+        .arg(&summary)
+        .arg("-E")
+        .arg(format!("LD_PRELOAD={}", shim_lib().display()))
+        .arg(&py.exe)
+        .arg(script)
+        .arg(simcall)
+        .arg(pairs.to_string())
+        .env_remove("LD_PRELOAD")
+        .env("OOMSHIM_STACKS", "python")
+        .env("OOMSHIM_SETTLE", "0")
+        .env("OOMSHIM_DIR", dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run strace");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),
+        "python {:?} under strace: {:?}\n{}",
+        py.version,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&summary).unwrap();
+    // "% time  seconds  usecs/call  calls  [errors]  syscall": the fourth column.
+    text.lines()
+        .find(|l| l.trim_end().ends_with("process_vm_readv"))
+        .map_or(0, |l| l.split_whitespace().nth(3).unwrap().parse().unwrap())
+}
+
+/// Torch's autograd threads have a Python thread state and no Python frame while they allocate.
+/// Their walks read nothing but the thread state, and read it directly once a thread with frames
+/// proved the layout: not through the kernel (`process_vm_readv`, about 0.5 us a call) at every
+/// allocation, as they did when only a walk that found a frame validated a thread. 1,000 more
+/// allocations from such a thread may add a handful of kernel copies, not 1,000.
+#[test]
+fn a_thread_with_python_state_and_no_frame_reads_its_state_directly() {
+    if !common::require("strace") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(simcall) = build_simcall(dir.path()) else {
+        return;
+    };
+    let script = dir.path().join("state_thread.py");
+    std::fs::write(&script, STATE_THREAD).unwrap();
+    let pythons = all_pythons();
+    assert!(!pythons.is_empty(), "no supported Python found");
+    for py in pythons {
+        let few = kernel_copies(&py, &script, &simcall, 100, dir.path());
+        let many = kernel_copies(&py, &script, &simcall, 1100, dir.path());
+        assert!(
+            many.saturating_sub(few) < 20,
+            "python {:?}: {few} kernel copies with 100 allocations from the frameless thread, \
+             {many} with 1,100",
+            py.version
+        );
+    }
+}
+
 /// A process without Python under the default `all`: native stacks as before, no Python keys.
 #[test]
 fn a_process_without_python_is_unaffected() {

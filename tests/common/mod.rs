@@ -268,6 +268,37 @@ void *simcall_alloc_in_native_thread(size_t n) {
     return j.p;
 }
 
+/* n cudaMalloc + cudaFree pairs of `bytes` from a new thread that has a Python thread state and
+   no Python frame while it allocates, as torch's autograd threads do (the state made by
+   PyGILState_Ensure, then the GIL released). 0 when done; -1 without the Python C API in the
+   process. Call it through ctypes.CDLL, which releases the caller's GIL. */
+struct state_job { long n; size_t bytes; int rc; };
+static void *python_state_thread_main(void *arg) {
+    struct state_job *j = arg;
+    int (*ensure)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "PyGILState_Ensure");
+    void (*release)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "PyGILState_Release");
+    void *(*save)(void) = (void *(*)(void))dlsym(RTLD_DEFAULT, "PyEval_SaveThread");
+    void (*restore)(void *) = (void (*)(void *))dlsym(RTLD_DEFAULT, "PyEval_RestoreThread");
+    if (!ensure || !release || !save || !restore) { j->rc = -1; return 0; }
+    int gil = ensure();
+    void *state = save();
+    for (long i = 0; i < j->n; i++) {
+        void *p = 0;
+        if (cudaMalloc(&p, j->bytes) == 0) cudaFree(p);
+    }
+    restore(state);
+    release(gil);
+    j->rc = 0;
+    return 0;
+}
+int simcall_pairs_in_python_state_thread(long n, size_t bytes) {
+    pthread_t t;
+    struct state_job j = { n, bytes, -1 };
+    if (pthread_create(&t, 0, python_state_thread_main, &j) != 0) return -1;
+    pthread_join(t, 0);
+    return j.rc;
+}
+
 /* Mean nanoseconds of one cudaMalloc + cudaFree pair, n pairs. */
 double simcall_pairs_ns(long n, size_t bytes) {
     struct timespec a, b;

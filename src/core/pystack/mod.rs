@@ -573,8 +573,17 @@ pub fn watch_code_objects(watcher: CodeWatcher) -> bool {
     true
 }
 
+/// Some thread walked a frame chain of at least one frame through the kernel: the layout guess
+/// holds for this interpreter (offsets in its thread states and frames are the same on every
+/// thread).
+static LAYOUT_PROVEN: AtomicBool = AtomicBool::new(false);
+
 thread_local! {
-    /// This thread already walked its frames once through the kernel.
+    /// This thread reads its frames directly: a walk through the kernel found at least one frame
+    /// here, or read this thread's state without fault once the layout was proven on another
+    /// thread. Without the second way a thread that never runs Python code while it allocates
+    /// (torch's autograd threads have a thread state and no frame) would pay the kernel's copies
+    /// at every allocation.
     static VALIDATED: Cell<bool> = const { Cell::new(false) };
     /// Code ids this thread already looked up: no lock on the hot path.
     static LOCAL: RefCell<LocalCache> = RefCell::new(LocalCache::new());
@@ -625,6 +634,9 @@ pub fn capture(out: &mut [usize]) -> usize {
         match walk_cached(true, out) {
             Some(n) => {
                 if n > 0 {
+                    LAYOUT_PROVEN.store(true, Ordering::Relaxed);
+                }
+                if n > 0 || LAYOUT_PROVEN.load(Ordering::Relaxed) {
                     let _ = VALIDATED.try_with(|v| v.set(true));
                 }
                 n
