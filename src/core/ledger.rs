@@ -199,7 +199,7 @@ pub struct Allocation {
     /// Native stack (in the shim's native [`StackTable`]).
     pub stack: StackId,
     /// Python stack of the allocating thread (in the shim's second, Python [`StackTable`]:
-    /// packed `(code id, offset)` frames from [`crate::pystack::capture`]); EMPTY when the thread
+    /// packed `(code id, offset)` frames from [`crate::pystack::capture_interned`]); EMPTY when the thread
     /// had none or Python stacks are off.
     pub py_stack: StackId,
 }

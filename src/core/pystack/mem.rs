@@ -41,6 +41,84 @@ pub trait Mem {
         let mut b = [0u8; 8];
         self.bytes(addr, &mut b).then(|| u64::from_ne_bytes(b))
     }
+
+    /// The fields the walk reads of the 3.11+ interpreter frame at `addr` (8-aligned), read with
+    /// one check ([`Direct`]) or one kernel copy ([`Checked`]) for all of them. None when the
+    /// frame's bytes cannot be read.
+    fn frame(&self, addr: usize, at: &FrameOffsets) -> Option<FrameFields> {
+        let mut buf = [0u8; FRAME_BYTES];
+        let bytes = &mut buf[..at.span];
+        if !plausible(addr, bytes.len(), 8) || !self.bytes(addr, bytes) {
+            return None;
+        }
+        let word = |off: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[off..off + 8]);
+            u64::from_ne_bytes(w) as usize
+        };
+        Some(FrameFields {
+            previous: word(at.previous),
+            code: word(at.code),
+            instr: word(at.instr),
+            owner: bytes[at.owner],
+            is_entry: at.is_entry.map_or(0, |o| bytes[o]),
+        })
+    }
+}
+
+/// Room for the fields the walk reads of a 3.11+ interpreter frame (they end before 80 bytes in
+/// 3.11-3.13).
+pub const FRAME_BYTES: usize = 128;
+
+/// Where the fields the walk reads lie in a 3.11+ interpreter frame, all within its first
+/// `span` bytes (checked when made, so that a read of them never leaves the frame's bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameOffsets {
+    previous: usize,
+    code: usize,
+    instr: usize,
+    owner: usize,
+    is_entry: Option<usize>,
+    span: usize,
+}
+
+impl FrameOffsets {
+    /// None when a field would end past [`FRAME_BYTES`].
+    pub fn new(
+        previous: usize,
+        code: usize,
+        instr: usize,
+        owner: usize,
+        is_entry: Option<usize>,
+    ) -> Option<FrameOffsets> {
+        let span = [
+            previous + 8,
+            code + 8,
+            instr + 8,
+            owner + 1,
+            is_entry.map_or(0, |o| o + 1),
+        ]
+        .into_iter()
+        .max()?;
+        (span <= FRAME_BYTES).then_some(FrameOffsets {
+            previous,
+            code,
+            instr,
+            owner,
+            is_entry,
+            span,
+        })
+    }
+}
+
+/// What the walk reads of one 3.11+ interpreter frame (`is_entry` 0 where the layout has none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameFields {
+    pub previous: usize,
+    pub code: usize,
+    pub instr: usize,
+    pub owner: u8,
+    pub is_entry: u8,
 }
 
 /// Dereferences plausible addresses. See the module notes for when this is used.
@@ -74,6 +152,26 @@ impl Mem for Direct {
         }
         // SAFETY: as above.
         Some(unsafe { std::ptr::read_unaligned(addr as *const u64) })
+    }
+
+    #[inline]
+    fn frame(&self, addr: usize, at: &FrameOffsets) -> Option<FrameFields> {
+        if !plausible(addr, at.span, 8) {
+            return None;
+        }
+        let p = addr as *const u8;
+        // SAFETY: as above: a frame of the current thread's frozen chain (not written while this
+        // thread runs the shim), by the proven layout; every offset read lies within `span`
+        // (FrameOffsets::new), which was checked as a whole.
+        unsafe {
+            Some(FrameFields {
+                previous: std::ptr::read_unaligned(p.add(at.previous).cast::<usize>()),
+                code: std::ptr::read_unaligned(p.add(at.code).cast::<usize>()),
+                instr: std::ptr::read_unaligned(p.add(at.instr).cast::<usize>()),
+                owner: std::ptr::read(p.add(at.owner)),
+                is_entry: at.is_entry.map_or(0, |o| std::ptr::read(p.add(o))),
+            })
+        }
     }
 }
 
@@ -174,5 +272,31 @@ mod tests {
         assert_eq!(Checked.get::<u64>((&x as *const u64 as usize) + 1), None); // misaligned
         assert_eq!(Direct.get::<u64>(&x as *const u64 as usize), Some(x));
         assert_eq!(Direct.get::<u64>(0), None);
+    }
+
+    #[test]
+    fn frames_read_the_same_either_way_or_not_at_all() {
+        // previous, code, instr, then owner and is_entry bytes.
+        let frame: [u64; 4] = [0x1000, 0x2000, 0x3000, 0x0201];
+        let at = FrameOffsets::new(0, 8, 16, 24, Some(25)).unwrap();
+        let addr = frame.as_ptr() as usize;
+        let want = FrameFields {
+            previous: 0x1000,
+            code: 0x2000,
+            instr: 0x3000,
+            owner: 1,
+            is_entry: 2,
+        };
+        assert_eq!(Checked.frame(addr, &at), Some(want));
+        assert_eq!(Direct.frame(addr, &at), Some(want));
+        let no_entry = FrameOffsets::new(0, 8, 16, 24, None).unwrap();
+        assert_eq!(Direct.frame(addr, &no_entry).unwrap().is_entry, 0);
+        // A field past FRAME_BYTES: no offsets at all.
+        assert_eq!(FrameOffsets::new(0, 8, FRAME_BYTES - 4, 24, None), None);
+        // Misaligned, near zero, unmapped: nothing.
+        assert_eq!(Checked.frame(addr + 1, &at), None);
+        assert_eq!(Direct.frame(addr + 1, &at), None);
+        assert_eq!(Direct.frame(8, &at), None);
+        assert_eq!(Checked.frame(0x7000_0000_0008, &at), None);
     }
 }

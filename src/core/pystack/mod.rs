@@ -41,9 +41,9 @@ mod mem;
 pub use linetable::{line_for, LineFormat};
 
 use crate::sys::fn_ptr::FnPtr;
-use mem::{Checked, Direct, Mem};
+use mem::{Checked, Direct, FrameOffsets, Mem};
 use rustc_hash::FxHashMap;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -578,25 +578,103 @@ pub fn watch_code_objects(watcher: CodeWatcher) -> bool {
 /// thread).
 static LAYOUT_PROVEN: AtomicBool = AtomicBool::new(false);
 
-thread_local! {
-    /// This thread reads its frames directly: a walk through the kernel found at least one frame
-    /// here, or read this thread's state without fault once the layout was proven on another
-    /// thread. Without the second way a thread that never runs Python code while it allocates
-    /// (torch's autograd threads have a thread state and no frame) would pay the kernel's copies
-    /// at every allocation.
-    static VALIDATED: Cell<bool> = const { Cell::new(false) };
-    /// Code ids this thread already looked up: no lock on the hot path.
-    static LOCAL: RefCell<LocalCache> = RefCell::new(LocalCache::new());
+/// What a thread keeps between its walks: its code-id cache, whether it may read its frames
+/// directly, and its last stack with the id the caller's table gave it.
+struct ThreadWalk {
+    codes: LocalCache,
+    /// This thread reads its frames directly: a walk through the kernel found at least one
+    /// frame here, or read this thread's state without fault once the layout was proven on
+    /// another thread. Without the second way a thread that never runs Python code while it
+    /// allocates (torch's autograd threads have a thread state and no frame) would pay the
+    /// kernel's copies at every allocation.
+    validated: bool,
+    /// The walk writes here (never cleared: only the first `n` words are read).
+    frames: Box<[usize]>,
+    /// The last stack interned (its first `last_n` words), for the table `last_tag`, as `last_id`.
+    last: Box<[usize]>,
+    last_n: usize,
+    last_tag: u64,
+    last_id: u32,
 }
 
-/// Captures the calling thread's Python stack into `out` as packed frames, innermost first;
-/// returns how many. 0 when the thread has no Python state, the interpreter is unsupported, or
-/// anything read looked wrong.
-pub fn capture(out: &mut [usize]) -> usize {
+impl ThreadWalk {
+    fn new() -> Self {
+        ThreadWalk {
+            codes: LocalCache::new(),
+            validated: false,
+            frames: vec![0; MAX_PY_FRAMES].into_boxed_slice(),
+            last: vec![0; MAX_PY_FRAMES].into_boxed_slice(),
+            last_n: 0,
+            last_tag: 0,
+            last_id: 0,
+        }
+    }
+
+    /// Walks the thread's frames into `frames`; how many (0 when anything read looked wrong).
+    fn walk(&mut self, interp: &Interp, tstate: usize, now: u64) -> usize {
+        self.codes.now = now;
+        if self.validated {
+            return walk(interp, &Direct, tstate, &mut self.frames, &mut self.codes).unwrap_or(0);
+        }
+        match walk(interp, &Checked, tstate, &mut self.frames, &mut self.codes) {
+            Some(n) => {
+                if n > 0 {
+                    LAYOUT_PROVEN.store(true, Ordering::Relaxed);
+                }
+                self.validated = n > 0 || LAYOUT_PROVEN.load(Ordering::Relaxed);
+                n
+            }
+            None => {
+                if !BROKEN.swap(true, Ordering::Relaxed) {
+                    tracing::debug!("Python frame layout check failed; Python stacks are off");
+                }
+                0
+            }
+        }
+    }
+
+    /// [`capture_interned`] on this thread's state.
+    fn capture_interned(
+        &mut self,
+        interp: &Interp,
+        tstate: usize,
+        now: u64,
+        tag: u64,
+        intern: impl FnOnce(&[usize]) -> u32,
+    ) -> u32 {
+        let n = self.walk(interp, tstate, now);
+        if n == 0 {
+            return 0;
+        }
+        if n == self.last_n && tag == self.last_tag && self.frames[..n] == self.last[..n] {
+            return self.last_id;
+        }
+        let id = intern(&self.frames[..n]);
+        std::mem::swap(&mut self.frames, &mut self.last);
+        self.last_n = n;
+        self.last_tag = tag;
+        self.last_id = id;
+        id
+    }
+}
+
+thread_local! {
+    /// The thread's walk state: no lock on the hot path.
+    static LOCAL: RefCell<ThreadWalk> = RefCell::new(ThreadWalk::new());
+}
+
+/// The calling thread's Python stack (packed frames, innermost first, at most
+/// [`MAX_PY_FRAMES`]), interned: returns `intern(frames)`, the id the caller's table gives the
+/// frames. When the frames are exactly those this thread captured last for the same table
+/// (`tag`, unique to the table: its [`crate::ledger::StackTable::tag`]) the id that capture got is
+/// returned without calling `intern` (the table gives equal frames the same id). 0 without
+/// calling `intern` when the thread has no Python frame or state, the interpreter is
+/// unsupported, or anything read looked wrong.
+pub fn capture_interned(tag: u64, intern: impl FnOnce(&[usize]) -> u32) -> u32 {
     let Some(Some(interp)) = INTERP.get() else {
         return 0;
     };
-    if BROKEN.load(Ordering::Relaxed) || out.is_empty() {
+    if BROKEN.load(Ordering::Relaxed) {
         return 0;
     }
     // SAFETY: see find_interp.
@@ -610,45 +688,19 @@ pub fn capture(out: &mut [usize]) -> usize {
     } else {
         UNWATCHED
     };
-    // The thread's code-id cache, borrowed once per walk (a fresh one during thread teardown).
-    let walk_cached = |checked: bool, out: &mut [usize]| {
-        let run = |cache: &mut LocalCache, out: &mut [usize]| {
-            cache.now = now;
-            if checked {
-                walk(interp, &Checked, tstate, out, cache)
-            } else {
-                walk(interp, &Direct, tstate, out, cache)
-            }
-        };
-        LOCAL
-            .try_with(|c| match c.try_borrow_mut() {
-                Ok(mut cache) => run(&mut cache, out),
-                Err(_) => run(&mut LocalCache::new(), out),
-            })
-            .unwrap_or_else(|_| run(&mut LocalCache::new(), out))
+    // Borrowed once per capture; a fresh state (checked walk, no memo) when the thread's is in
+    // use (a signal handler's capture) or gone (thread teardown).
+    let mut intern = Some(intern);
+    let mut run = |state: &mut ThreadWalk| match intern.take() {
+        Some(f) => state.capture_interned(interp, tstate, now, tag, f),
+        None => 0,
     };
-    let validated = VALIDATED.try_with(|v| v.get()).unwrap_or(false);
-    if validated {
-        walk_cached(false, out).unwrap_or(0)
-    } else {
-        match walk_cached(true, out) {
-            Some(n) => {
-                if n > 0 {
-                    LAYOUT_PROVEN.store(true, Ordering::Relaxed);
-                }
-                if n > 0 || LAYOUT_PROVEN.load(Ordering::Relaxed) {
-                    let _ = VALIDATED.try_with(|v| v.set(true));
-                }
-                n
-            }
-            None => {
-                if !BROKEN.swap(true, Ordering::Relaxed) {
-                    tracing::debug!("Python frame layout check failed; Python stacks are off");
-                }
-                0
-            }
-        }
-    }
+    LOCAL
+        .try_with(|c| match c.try_borrow_mut() {
+            Ok(mut state) => run(&mut state),
+            Err(_) => run(&mut ThreadWalk::new()),
+        })
+        .unwrap_or_else(|_| run(&mut ThreadWalk::new()))
 }
 
 /// Walks the frame chain. `None` when something read contradicts the layout.
@@ -660,7 +712,7 @@ fn walk<M: Mem>(
     cache: &mut LocalCache,
 ) -> Option<usize> {
     let l = &interp.layout;
-    let mut frame = match l.cframe {
+    let frame = match l.cframe {
         Some(off) => {
             let cframe = m.ptr(tstate + off)?;
             if cframe == 0 {
@@ -670,77 +722,114 @@ fn walk<M: Mem>(
         }
         None => m.ptr(tstate + l.frame)?,
     };
-    let mut n = 0;
     let limit = out.len().min(MAX_PY_FRAMES);
-    // A chain longer than the output is cut; a cycle is cut by the hop bound.
+    let out = &mut out[..limit];
+    let n = match l.chain {
+        Chain::FrameObjects { lasti, lasti_units } => {
+            walk_frame_objects(interp, m, frame, lasti, lasti_units, out, cache)?
+        }
+        Chain::Interpreter { .. } => walk_interpreter_frames(interp, m, frame, out, cache)?,
+    };
+    if n > 0 {
+        out[n - 1] |= GROUP_END;
+    }
+    Some(n)
+}
+
+/// A chain longer than the output is cut; a cycle is cut by this bound on the frames visited.
+const MAX_HOPS: usize = 4 * MAX_PY_FRAMES;
+
+/// ≤ 3.10: `PyFrameObject`s linked by `f_back`, one group each.
+fn walk_frame_objects<M: Mem>(
+    interp: &Interp,
+    m: &M,
+    mut frame: usize,
+    lasti: usize,
+    lasti_units: bool,
+    out: &mut [usize],
+    cache: &mut LocalCache,
+) -> Option<usize> {
+    let l = &interp.layout;
+    let mut n = 0;
     let mut hops = 0;
-    while frame != 0 && n < limit && hops < 4 * MAX_PY_FRAMES {
+    while frame != 0 && n < out.len() && hops < MAX_HOPS {
         hops += 1;
         let next = m.ptr(frame + l.previous)?;
-        match l.chain {
-            Chain::FrameObjects { lasti, lasti_units } => {
-                if m.ptr(frame + l.ob_type)? != interp.frame_type {
-                    return None;
-                }
-                let code = m.ptr(frame + l.code)?;
-                let li = m.get::<i32>(frame + lasti)?;
-                let offset = if li < 0 {
-                    NO_OFFSET
-                } else if lasti_units {
-                    (li as u32).saturating_mul(2)
-                } else {
-                    li as u32
-                };
-                let id = code_id(interp, m, code, cache)?.id;
-                out[n] = pack(id, offset, true);
-                n += 1;
+        if m.ptr(frame + l.ob_type)? != interp.frame_type {
+            return None;
+        }
+        let code = m.ptr(frame + l.code)?;
+        let li = m.get::<i32>(frame + lasti)?;
+        let offset = if li < 0 {
+            NO_OFFSET
+        } else if lasti_units {
+            (li as u32).saturating_mul(2)
+        } else {
+            li as u32
+        };
+        let id = code_id(interp, m, code, cache)?.id;
+        out[n] = pack(id, offset, true);
+        n += 1;
+        frame = next;
+    }
+    Some(n)
+}
+
+/// ≥ 3.11: `_PyInterpreterFrame`s linked by `previous`, each read as one object (one check, or
+/// one kernel copy, for all its fields).
+fn walk_interpreter_frames<M: Mem>(
+    interp: &Interp,
+    m: &M,
+    mut frame: usize,
+    out: &mut [usize],
+    cache: &mut LocalCache,
+) -> Option<usize> {
+    let l = &interp.layout;
+    let Chain::Interpreter {
+        instr,
+        owner,
+        is_entry,
+        cstack_owner,
+        firsttraceable,
+        code_adaptive,
+    } = l.chain
+    else {
+        return None;
+    };
+    let at = FrameOffsets::new(l.previous, l.code, instr, owner, is_entry)?;
+    let mut n = 0;
+    let mut hops = 0;
+    while frame != 0 && n < out.len() && hops < MAX_HOPS {
+        hops += 1;
+        let f = m.frame(frame, &at)?;
+        let (next, own, entry) = (f.previous, f.owner, f.is_entry != 0);
+        if cstack_owner.is_some_and(|c| own >= c) {
+            // An entry shim of a native eval call: the frame before it was the outermost of
+            // its group.
+            if n > 0 {
+                out[n - 1] |= GROUP_END;
             }
-            Chain::Interpreter {
-                instr,
-                owner,
-                is_entry,
-                cstack_owner,
-                firsttraceable,
-                code_adaptive,
-            } => {
-                let own = m.get::<u8>(frame + owner)?;
-                let entry = match is_entry {
-                    Some(off) => m.get::<u8>(frame + off)? != 0,
-                    None => false,
-                };
-                if cstack_owner.is_some_and(|c| own >= c) {
-                    // An entry shim of a native eval call: the frame before it was the
-                    // outermost of its group.
-                    if n > 0 {
-                        out[n - 1] |= GROUP_END;
-                    }
-                } else {
-                    let code = m.ptr(frame + l.code)?;
-                    let ip = m.ptr(frame + instr)?;
-                    let known = code_id(interp, m, code, cache)?;
-                    let base = code + code_adaptive;
-                    // A frame not yet past its code's first traceable instruction (not a
-                    // generator's, owner 1) has not started: skipped.
-                    let incomplete = firsttraceable.is_some()
-                        && own != 1
-                        && ip < base + 2 * known.first_traceable as usize;
-                    if !incomplete {
-                        let offset = ip
-                            .checked_sub(base)
-                            .and_then(|o| u32::try_from(o).ok())
-                            .unwrap_or(NO_OFFSET);
-                        out[n] = pack(known.id, offset, entry);
-                        n += 1;
-                    } else if entry && n > 0 {
-                        out[n - 1] |= GROUP_END;
-                    }
-                }
+        } else {
+            let (code, ip) = (f.code, f.instr);
+            let known = code_id(interp, m, code, cache)?;
+            let base = code + code_adaptive;
+            // A frame not yet past its code's first traceable instruction (not a generator's,
+            // owner 1) has not started: skipped.
+            let incomplete = firsttraceable.is_some()
+                && own != 1
+                && ip < base + 2 * known.first_traceable as usize;
+            if !incomplete {
+                let offset = ip
+                    .checked_sub(base)
+                    .and_then(|o| u32::try_from(o).ok())
+                    .unwrap_or(NO_OFFSET);
+                out[n] = pack(known.id, offset, entry);
+                n += 1;
+            } else if entry && n > 0 {
+                out[n - 1] |= GROUP_END;
             }
         }
         frame = next;
-    }
-    if n > 0 {
-        out[n - 1] |= GROUP_END;
     }
     Some(n)
 }

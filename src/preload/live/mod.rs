@@ -258,9 +258,11 @@ impl Shim {
         if !oomshim_core::pystack::active() {
             return StackId::EMPTY; // no Python in this process: nothing more to pay
         }
-        let mut frames = [0usize; oomshim_core::pystack::MAX_PY_FRAMES];
-        let n = oomshim_core::pystack::capture(&mut frames);
-        self.py_stacks.intern(&frames[..n])
+        let table = &self.py_stacks;
+        StackId(oomshim_core::pystack::capture_interned(
+            table.tag(),
+            |frames| table.intern(frames).0,
+        ))
     }
 
     /// The state, if the shim started; never starts it (the `fork` handlers, the exit flush).
