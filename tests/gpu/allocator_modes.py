@@ -2,9 +2,9 @@
 
     python3 tests/gpu/allocator_modes.py          # about 60 s on an H200
 
-allocator_ab.py compares allocator mode with torch's native allocator across processes; this
-splits allocator mode's own cost inside one process, switching what the shim records with
-oomshim.set_recording between blocks (the caching allocator serves every block):
+allocator_ab.py compares allocator mode with torch's native allocator; this splits allocator
+mode's own cost by recording mode, switching what the shim records with oomshim.set_recording
+between blocks (oomshim's caching allocator serves every block):
 
     pass-through (the allocator alone) | totals | python (Python stacks) | all (and native) | ...
 

@@ -113,7 +113,9 @@ def timed_steps(batch=8, ctx=256):
     gen = torch.Generator().manual_seed(1)
     data = [torch.randint(0, 50257, (batch, ctx + 1), generator=gen).cuda() for _ in range(4)]
 
-    def steps(n):
+    def steps(n, train=True):
+        """train=False: the forward pass and loss alone (no backward, no optimizer): every tensor
+        is then allocated on the calling thread, none on autograd's."""
         torch.cuda.synchronize()
         t0, c0 = time.perf_counter_ns(), time.process_time_ns()
         for i in range(n):
@@ -123,6 +125,8 @@ def timed_steps(batch=8, ctx=256):
                 logits = model(x)
                 loss = torch.nn.functional.cross_entropy(
                     logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+            if not train:
+                continue
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
