@@ -365,6 +365,17 @@ impl Taken {
 /// The totals' slot of pinned host memory in a record (devices are 0..MAX_DEVICES).
 const PINNED_SLOT: u8 = MAX_DEVICES as u8;
 
+/// The live allocations of one recorded context ([`Ledger::for_each_live_sum`]): several
+/// contexts (other devices, streams or threads) may share an API and stacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveSum {
+    pub api: Api,
+    pub stack: StackId,
+    pub py_stack: StackId,
+    pub bytes: u64,
+    pub count: u64,
+}
+
 /// What allocations of one thread and call site share, interned once per distinct value
 /// ([`Contexts`]); a ledger record keeps only its id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -742,6 +753,32 @@ impl Ledger {
     /// path: growth samples). `f` must not call back into the ledger.
     pub fn for_each_live(&self, mut f: impl FnMut(&Allocation)) {
         self.for_each_live_at(|_, a| f(a));
+    }
+
+    /// Live bytes and allocations summed per recorded context (API, device, stream, thread and
+    /// stacks), then `f` once per context with its API and stacks, after every shard's lock is
+    /// released. A growth sample's walk: it reads only each record's size and context id, where
+    /// [`Ledger::for_each_live`] builds every allocation.
+    pub fn for_each_live_sum(&self, mut f: impl FnMut(&LiveSum)) {
+        let mut by_context: FxHashMap<u32, (u64, u64)> = FxHashMap::default();
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            for r in shard.iter() {
+                let e = by_context.entry(r.ctx()).or_insert((0, 0));
+                e.0 += r.bytes();
+                e.1 += 1;
+            }
+        }
+        for (ctx, (bytes, count)) in by_context {
+            let c = self.contexts.get(ctx);
+            f(&LiveSum {
+                api: c.api,
+                stack: c.stack,
+                py_stack: c.py_stack,
+                bytes,
+                count,
+            });
+        }
     }
 
     fn for_each_live_at(&self, mut f: impl FnMut(usize, &Allocation)) {
@@ -1129,6 +1166,22 @@ mod tests {
         l.for_each_live(|a| seen.push(*a));
         seen.sort_by_key(|a| a.seq);
         assert_eq!(seen, want.iter().map(|w| w.1).collect::<Vec<_>>());
+        // The sums per context are the allocations' sums by (API, stacks), whatever the split.
+        type Key = (Api, StackId, StackId);
+        let mut by_key: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+        let key = |k: Key| format!("{k:?}");
+        for (_, a) in &want {
+            let e = by_key.entry(key((a.api, a.stack, a.py_stack))).or_default();
+            e.0 += a.bytes;
+            e.1 += 1;
+        }
+        let mut summed: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+        l.for_each_live_sum(|s| {
+            let e = summed.entry(key((s.api, s.stack, s.py_stack))).or_default();
+            e.0 += s.bytes;
+            e.1 += s.count;
+        });
+        assert_eq!(summed, by_key);
         for (addr, a) in want.iter().rev() {
             let taken = l.take(*addr).unwrap();
             assert_eq!(taken.bytes(), a.bytes);

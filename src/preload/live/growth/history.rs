@@ -84,20 +84,20 @@ pub(super) fn sample(
     x: u64,
     seq: u64,
 ) {
-    // First the walk, under the ledger's shard locks, into plain sums by stack pair; naming the
+    // First the ledger's sums per recorded context, into plain sums by stack pair; naming the
     // pairs takes other locks (stack tables, the Python code table), so it comes after.
     let mut by_pair: FxHashMap<StackPair, u64> = FxHashMap::default();
     let mut total = 0u64;
     let mut live = 0u64;
     let mut device_live = 0u64;
-    ledger.for_each_live(|a| {
-        live += 1;
-        if a.api.is_pinned_host() {
+    ledger.for_each_live_sum(|s| {
+        live += s.count;
+        if s.api.is_pinned_host() {
             return;
         }
-        device_live += 1;
-        total += a.bytes;
-        *by_pair.entry((a.stack, a.py_stack)).or_insert(0) += a.bytes;
+        device_live += s.count;
+        total += s.bytes;
+        *by_pair.entry((s.stack, s.py_stack)).or_insert(0) += s.bytes;
     });
     if keys.len() > MAX_KEY_CACHE {
         keys.clear();
