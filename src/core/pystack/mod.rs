@@ -24,12 +24,16 @@
 //! - On CPython 3.12 and 3.13 oomshim's Python code registers a code watcher
 //!   ([`watch_code_objects`]) that counts every code object created or destroyed. While that
 //!   count stands no code object was freed, so one this thread identified by its fingerprint is
-//!   known by its address alone: a frame then costs a few reads instead of a dozen (about 3.5x
+//!   known by its address alone: a frame then costs a few reads instead of a dozen (about 5x
 //!   fewer instructions for a 32-frame stack; benches/hook_instructions.rs).
 //! - Every read is validated: plausible, aligned addresses; the code object's type must be
-//!   `PyCode_Type`; string and table lengths are bounded. The first walk on each thread goes
-//!   through the kernel ([`mem::Checked`]), so a wrong layout yields "no Python stack" and turns
-//!   Python stacks off for the process, never a fault.
+//!   `PyCode_Type`; string and table lengths are bounded. A thread's first walk goes through the
+//!   kernel ([`mem::Checked`]), so a wrong layout yields "no Python stack" and turns Python stacks
+//!   off for the process, never a fault. Later walks read directly once that walk found a frame,
+//!   or read the thread's state without fault after a walk on any thread found one
+//!   (`ThreadWalk`).
+//! - A thread keeps its last stack with the id it was interned to ([`capture_interned`]): the
+//!   same frames again are neither hashed nor looked up.
 //! - Frames owned by the C stack (3.12+ entry shims) are skipped and mark the boundary between
 //!   two native `_PyEval_EvalFrameDefault` calls, as `is_entry` does in 3.11, so a dump can put
 //!   each group of Python frames where its eval frame is in the native stack. At most
@@ -115,6 +119,9 @@ struct Interp {
     /// `PyFrame_Type` for ≤ 3.10 (frame objects are type-checked); 0 otherwise.
     frame_type: usize,
     layout: Layout,
+    /// 3.11+: where the walk's fields lie in an interpreter frame (from `layout`, checked once
+    /// here); None for the frame objects of ≤ 3.10.
+    frame_offsets: Option<FrameOffsets>,
 }
 
 static INTERP: OnceLock<Option<Interp>> = OnceLock::new();
@@ -131,7 +138,7 @@ pub fn init() -> bool {
     INTERP.get_or_init(find_interp).is_some()
 }
 
-/// True when [`capture`] can find Python frames in this process: one atomic load, so callers
+/// True when [`capture_interned`] can find Python frames in this process: one atomic load, so callers
 /// skip even preparing a buffer in a process without Python.
 #[inline]
 pub fn active() -> bool {
@@ -249,6 +256,21 @@ fn find_interp() -> Option<Interp> {
     } else {
         0
     };
+    let frame_offsets = match layout.chain {
+        Chain::Interpreter {
+            instr,
+            owner,
+            is_entry,
+            ..
+        } => Some(FrameOffsets::new(
+            layout.previous,
+            layout.code,
+            instr,
+            owner,
+            is_entry,
+        )?),
+        Chain::FrameObjects { .. } => None,
+    };
     // SAFETY: the symbol is PyGILState_GetThisThreadState, `PyThreadState *(void)` in every
     // version; it reads a thread-specific key and is safe to call without the GIL.
     let get_tstate = unsafe { <unsafe extern "C" fn() -> *mut c_void>::from_addr(get_tstate) }?;
@@ -258,6 +280,7 @@ fn find_interp() -> Option<Interp> {
         code_type,
         frame_type,
         layout,
+        frame_offsets,
     })
 }
 
@@ -499,7 +522,7 @@ pub fn note_code_event() {
 }
 
 /// Registers `watcher` as a CPython code watcher (`PyCode_AddWatcher`, 3.12 and 3.13), so that
-/// [`capture`] knows the code objects it has seen by their address until a code object is
+/// [`capture_interned`] knows the code objects it has seen by their address until a code object is
 /// created or destroyed (it then checks each one's full key again). The caller must hold the GIL
 /// (oomshim's Python code calls it through `ctypes.PyDLL`, which keeps it); this is checked, and
 /// nothing is done without it, under an exception already raised, or on other versions. A failed
@@ -785,18 +808,18 @@ fn walk_interpreter_frames<M: Mem>(
     cache: &mut LocalCache,
 ) -> Option<usize> {
     let l = &interp.layout;
-    let Chain::Interpreter {
-        instr,
-        owner,
-        is_entry,
-        cstack_owner,
-        firsttraceable,
-        code_adaptive,
-    } = l.chain
+    let (
+        Chain::Interpreter {
+            cstack_owner,
+            firsttraceable,
+            code_adaptive,
+            ..
+        },
+        Some(at),
+    ) = (l.chain, interp.frame_offsets)
     else {
         return None;
     };
-    let at = FrameOffsets::new(l.previous, l.code, instr, owner, is_entry)?;
     let mut n = 0;
     let mut hops = 0;
     while frame != 0 && n < out.len() && hops < MAX_HOPS {
@@ -1016,7 +1039,7 @@ pub struct PyFrame {
 // re-exported here, where the stack capture uses it.
 pub use dump::view::{is_hook_file, is_library_file};
 
-/// The innermost frame of the program's own code in packed frames from [`capture`]: its code id
+/// The innermost frame of the program's own code in packed frames from [`capture_interned`]: its code id
 /// and line (0 when unknown). `None` when every frame is library code (or unknown).
 pub fn user_line(packed: &[usize]) -> Option<(u32, u32)> {
     let format = INTERP
@@ -1041,7 +1064,7 @@ pub fn user_line(packed: &[usize]) -> Option<(u32, u32)> {
     })
 }
 
-/// Resolves packed frames from [`capture`] (innermost first). Unknown ids are dropped.
+/// Resolves packed frames from [`capture_interned`] (innermost first). Unknown ids are dropped.
 pub fn resolve(packed: &[usize]) -> Vec<PyFrame> {
     let format = INTERP
         .get()
