@@ -199,8 +199,8 @@ pub struct Allocation {
     /// Native stack (in the shim's native [`StackTable`]).
     pub stack: StackId,
     /// Python stack of the allocating thread (in the shim's second, Python [`StackTable`]:
-    /// packed `(code id, offset)` frames from [`crate::pystack::capture_interned`]); EMPTY when the thread
-    /// had none or Python stacks are off.
+    /// packed `(code id, offset)` frames from [`crate::pystack::capture_interned`]); EMPTY when
+    /// the thread had none or Python stacks are off.
     pub py_stack: StackId,
 }
 
@@ -1167,17 +1167,15 @@ mod tests {
         seen.sort_by_key(|a| a.seq);
         assert_eq!(seen, want.iter().map(|w| w.1).collect::<Vec<_>>());
         // The sums per context are the allocations' sums by (API, stacks), whatever the split.
-        type Key = (Api, StackId, StackId);
-        let mut by_key: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
-        let key = |k: Key| format!("{k:?}");
+        let mut by_key: FxHashMap<(Api, StackId, StackId), (u64, u64)> = FxHashMap::default();
         for (_, a) in &want {
-            let e = by_key.entry(key((a.api, a.stack, a.py_stack))).or_default();
+            let e = by_key.entry((a.api, a.stack, a.py_stack)).or_default();
             e.0 += a.bytes;
             e.1 += 1;
         }
-        let mut summed: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+        let mut summed: FxHashMap<(Api, StackId, StackId), (u64, u64)> = FxHashMap::default();
         l.for_each_live_sum(|s| {
-            let e = summed.entry(key((s.api, s.stack, s.py_stack))).or_default();
+            let e = summed.entry((s.api, s.stack, s.py_stack)).or_default();
             e.0 += s.bytes;
             e.1 += s.count;
         });
