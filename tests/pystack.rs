@@ -99,6 +99,16 @@ fn all_pythons() -> Vec<Python> {
     found
 }
 
+/// [`all_pythons`], or None after a visible skip (a failure under `CI`) when none is found.
+fn pythons_or_skip() -> Option<Vec<Python>> {
+    let pythons = all_pythons();
+    if pythons.is_empty() {
+        common::skip("python3");
+        return None;
+    }
+    Some(pythons)
+}
+
 fn run_python(py: &Python, script: &Path, args: &[&Path], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(&py.exe);
     cmd.arg(script)
@@ -418,11 +428,9 @@ fn python_frames_name_the_allocating_function_and_line() {
 
 #[test]
 fn every_supported_python_version_found_is_read() {
-    let pythons = all_pythons();
-    if pythons.is_empty() {
-        common::skip("python3");
+    let Some(pythons) = pythons_or_skip() else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     let Some(lib) = build_simcall(dir.path()) else {
         return;
@@ -649,8 +657,9 @@ fn a_thread_with_python_state_and_no_frame_reads_its_state_directly() {
     };
     let script = dir.path().join("state_thread.py");
     std::fs::write(&script, STATE_THREAD).unwrap();
-    let pythons = all_pythons();
-    assert!(!pythons.is_empty(), "no supported Python found");
+    let Some(pythons) = pythons_or_skip() else {
+        return;
+    };
     for py in pythons {
         let few = kernel_copies(&py, &script, &simcall, 100, dir.path());
         let many = kernel_copies(&py, &script, &simcall, 1100, dir.path());
@@ -765,11 +774,9 @@ print(json.dumps(out))
 #[test]
 fn line_tables_decode_like_cpython() {
     use oomshim_core::pystack::{line_for, LineFormat};
-    let pythons = all_pythons();
-    if pythons.is_empty() {
-        common::skip("python3");
+    let Some(pythons) = pythons_or_skip() else {
         return;
-    }
+    };
     let supported: Vec<&Python> = pythons.iter().filter(|p| p.version <= (3, 13)).collect();
     assert!(
         !supported.is_empty(),
@@ -822,11 +829,9 @@ fn line_tables_decode_like_cpython() {
 /// and 3.13 (where code watchers exist), and nowhere else; not before the import.
 #[test]
 fn the_hook_registers_the_code_watcher_when_torch_is_imported_on_3_12_and_later() {
-    let pythons = all_pythons();
-    if pythons.is_empty() {
-        common::skip("python3");
+    let Some(pythons) = pythons_or_skip() else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     // A stand-in torch: the hook attaches to whatever module the program imports as torch (its
     // later steps fail on this one and say so once; the watcher comes first).
