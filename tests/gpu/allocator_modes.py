@@ -17,15 +17,10 @@ import os
 import subprocess
 import sys
 import time
+from statistics import median
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ("totals", "python", "all")
-
-
-def median(v):
-    v = sorted(v)
-    n = len(v)
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
 def setup(allocator):
@@ -71,20 +66,28 @@ def deep_loop(n, depth=30):
     return nest(depth)
 
 
+def between_pass_through(oomshim, mode, block, rounds):
+    """`rounds` blocks recording `mode`, each between two blocks recording nothing (the one after
+    a block is the next one's before): [(before, during, after)] of block()'s results."""
+    oomshim.set_recording("pass-through")
+    prev = block()
+    runs = []
+    for _ in range(rounds):
+        oomshim.set_recording(mode)
+        t = block()
+        oomshim.set_recording("pass-through")
+        nxt = block()
+        runs.append((prev, t, nxt))
+        prev = nxt
+    return runs
+
+
 def stack_ns(oomshim, rounds):
     """ns the Python stack adds to a tensor allocated from 37 Python frames: python blocks
-    against the mean of the pass-through blocks around each (median over rounds)."""
-    oomshim.set_recording("pass-through")
-    prev = deep_loop(20000)
-    added = []
-    for _ in range(rounds):
-        oomshim.set_recording("python")
-        t = deep_loop(20000)
-        oomshim.set_recording("pass-through")
-        nxt = deep_loop(20000)
-        added.append(t - (prev + nxt) / 2)
-        prev = nxt
-    return median(added), prev
+    against the mean of the pass-through blocks around each (median over rounds), and the last
+    pass-through block."""
+    runs = between_pass_through(oomshim, "python", lambda: deep_loop(20000), rounds)
+    return median([t - (a + c) / 2 for a, t, c in runs]), runs[-1][2]
 
 
 def modes():
@@ -94,16 +97,8 @@ def modes():
     loop_unwatched, loop_base = stack_ns(oomshim, 2 * rounds)
     # First without the code watcher (CPython 3.12+): Python stacks check every frame's code
     # object at every allocation; python blocks between pass-through blocks.
-    oomshim.set_recording("pass-through")
-    prev = steps(10)
-    unwatched = []
-    for _ in range(rounds):
-        oomshim.set_recording("python")
-        t = steps(10)
-        oomshim.set_recording("pass-through")
-        nxt = steps(10)
-        unwatched.append(t[0] / ((prev[0] + nxt[0]) / 2))
-        prev = nxt
+    unwatched = [t[0] / ((a[0] + c[0]) / 2)
+                 for a, t, c in between_pass_through(oomshim, "python", lambda: steps(10), rounds)]
     # Then with it, as enable() registers it, for every mode.
     watcher = watch_code()
     loop_watched, _ = stack_ns(oomshim, 2 * rounds)
