@@ -1,7 +1,7 @@
 """Issue 26, item 3: allocator mode against torch's native allocator and against torch's own
 recorder, A/B in ONE process. Prints figures (medians, ranges, the goals beside them), never a pass.
 
-    python3 tests/gpu/allocator_ab.py            # about 2 minutes on an H200
+    python3 tests/gpu/allocator_ab.py            # about 3 minutes on an H200
     AB_ROUNDS=24 AB_LOOP=50000 AB_STEP_ROUNDS=48 AB_STEPS=4 python3 ...   # the defaults
     AB_CASES=step,forward AB_ARMS=allocator,totals,pass_through python3 ...   # a narrower run
 
@@ -25,8 +25,9 @@ Blocks alternate, each arm's block divided by the mean of the two native blocks 
     native | allocator | native | pass-through | native | recorder | native | ...   (order rotates)
 
 Arms: `allocator` (oomshim's allocator, its default recording: every tensor in the ledger with
-its Python stack), `all_stacks` (and each tensor's native stack, OOMSHIM_STACKS=all), `pass-through` (oomshim's allocator recording nothing: the allocator and torch's
-pluggable wrapper alone), `recorder` (torch's native allocator with
+its Python stack), `all_stacks` (and each tensor's native stack, OOMSHIM_STACKS=all),
+`pass_through` (oomshim's allocator recording nothing: the allocator and torch's pluggable
+wrapper alone), `recorder` (torch's native allocator with
 `torch.cuda.memory._record_memory_history(stacks="python", max_entries=100_000)`). Cases:
 `torch.empty(1024)`+`del` in a Python loop (goal: allocator <= 1.05x native) and a GPT-2-small
 bf16 AdamW training step (goal <= 1.01x), allocator mode below the recorder in both, and the
@@ -41,6 +42,7 @@ import json
 import os
 import sys
 import time
+from statistics import median
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARMS = ("allocator", "all_stacks", "pass_through", "recorder")
@@ -51,12 +53,6 @@ RECORDING = {"allocator": "python", "all_stacks": "all", "totals": "totals", "pa
 GOALS = {"loop": 1.05, "step": 1.01}
 # c10::cuda::CUDACachingAllocator::allocator
 POINTER_SYMBOL = "_ZN3c104cuda20CUDACachingAllocator9allocatorE"
-
-
-def median(v):
-    v = sorted(v)
-    n = len(v)
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
 def median_interval(v):

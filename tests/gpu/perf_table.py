@@ -18,6 +18,7 @@ import os
 import resource
 import sys
 import time
+from statistics import median
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -32,11 +33,6 @@ MODES = ("totals", "python", "native", "all")
 
 def out(d):
     print(json.dumps(d), flush=True)
-
-
-def median(v):
-    v = sorted(v)
-    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
 
 
 def launch(kind):

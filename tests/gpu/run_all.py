@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from statistics import median
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI: the build to test (carried stripped copies), else the repo's.
@@ -901,11 +902,6 @@ def check_perf_table():
         f"{len(table)} rows; see the perf table above and {os.path.join(OUT, 'perf_table.json')}")
 
 
-def median(v):
-    v = sorted(v)
-    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
-
-
 def check_flight_recorder():
     """Issue 15: a PyTorch training loop killed with SIGKILL under oomshim run leaves a post-mortem
     dump naming its leaking line; publishing the live summary costs at most 1% of a training step
@@ -1173,7 +1169,7 @@ def extra_check_kinds():
 
 def check_allocator_costs():
     """Issue 26, item 3: allocator mode's cost against torch native and torch's recorder
-    in one process (tests/gpu/allocator_ab.py, about 90 s) and split by recording mode in one
+    in one process (tests/gpu/allocator_ab.py, about 3 minutes) and split by recording mode in one
     process (tests/gpu/allocator_modes.py, about 60 s). Figures against their goals; a script
     that printed no figures is a failed row. Their own output goes to OUT/allocator_costs.log."""
     log = []
