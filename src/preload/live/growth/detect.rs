@@ -36,7 +36,8 @@ pub const GAP_HISTORY: usize = MAX_CYCLE_GAPS * CYCLE_REPEATS;
 pub const MAX_MISSES: u32 = 4;
 /// Gaps seen at an anchor without any cycle before it is given up for another site.
 pub const GIVE_UP_GAPS: usize = 64;
-/// Detected steps end when the anchor is not seen for this many periods.
+/// A confirmed cycle's anchor is waited for at least this many periods before the cycle is
+/// lost (see `Detector::patience` for how long at most).
 pub const DETECT_LOST_PERIODS: u64 = 8;
 
 /// No anchor yet.
@@ -72,6 +73,8 @@ pub struct Detector<S: Copy> {
     pub anchor_stack: S,
     /// Sequence number of the anchor's last occurrence.
     pub last_seq: u64,
+    /// Sequence number at which the anchor was taken.
+    taken_seq: u64,
     gaps: VecDeque<u64>,
     /// The confirmed cycle of gaps; empty while learning.
     cycle: Vec<u64>,
@@ -94,6 +97,7 @@ impl<S: Copy> Detector<S> {
             anchor: NO_ANCHOR,
             anchor_stack: empty,
             last_seq: 0,
+            taken_seq: 0,
             gaps: VecDeque::new(),
             cycle: Vec::new(),
             pos: 0,
@@ -208,8 +212,38 @@ impl<S: Copy> Detector<S> {
         }
     }
 
-    /// The anchor was not seen in time (or none is set): watch `key` instead.
+    /// How long a confirmed cycle's anchor may be absent before the cycle is lost: eight
+    /// periods, or four times the span over which the anchor has been seen, whichever is
+    /// longer, up to [`DETECT_MAX_PERIOD`].
+    ///
+    /// The cycle learnt first is often one layer's, and a backward pass runs many layers'
+    /// length without that site; losing the cycle there moved the anchor and cleared the gaps,
+    /// so the whole step was never seen four times and the detector relearnt the layer at every
+    /// step. A site seen across a whole forward pass is waited for through a backward pass of
+    /// twice its length, and an anchor followed for many steps through an evaluation pass
+    /// between them; weights loaded layer by layer (a cycle that ends for good) are given up
+    /// after a few times their loading.
+    fn patience(&self) -> u64 {
+        let span = self.last_seq.saturating_sub(self.taken_seq);
+        DETECT_LOST_PERIODS
+            .saturating_mul(self.period)
+            .max(span.saturating_mul(4))
+            .min(DETECT_MAX_PERIOD)
+    }
+
+    /// The anchor was not seen in time (or none is set): watch `key` instead, unless a
+    /// confirmed cycle's anchor is still within its [`patience`](Self::patience); then it is
+    /// waited for again, twice as long each time (each expiry is one locked call).
     fn move_anchor(&mut self, key: u64, stack: S, seq: u64) -> Watch {
+        let absent = seq.saturating_sub(self.last_seq);
+        let patience = self.patience();
+        if self.detected() && self.anchor != NO_ANCHOR && absent < patience {
+            return Watch {
+                anchor: self.anchor,
+                deadline: self.last_seq + absent.saturating_mul(2).min(patience),
+                event: Event::None,
+            };
+        }
         let lost = self.detected();
         if lost {
             self.lose();
@@ -227,6 +261,7 @@ impl<S: Copy> Detector<S> {
         self.anchor = key;
         self.anchor_stack = stack;
         self.last_seq = seq;
+        self.taken_seq = seq;
         self.gaps.clear();
         self.window = (window * 2).min(DETECT_MAX_PERIOD);
         Watch {
@@ -387,6 +422,88 @@ mod tests {
         // ... and the new phase's cycle is learnt.
         assert!(f.d.detected());
         assert_eq!(f.d.period, 3);
+    }
+
+    /// One step of a layered model as the allocator sees it: `layers` layers of `per_layer`
+    /// allocations from the same lines (sites 100..), then a backward pass of `backward`
+    /// allocations and an update of 3, each from its own site.
+    fn layered_step(f: &mut Feed, layers: u64, per_layer: u64, backward: u64) {
+        for _ in 0..layers {
+            for site in 0..per_layer {
+                f.alloc(100 + site);
+            }
+        }
+        for site in 0..backward + 3 {
+            f.alloc(1000 + site);
+        }
+    }
+
+    #[test]
+    fn a_layered_model_whose_backward_outlasts_eight_layers_keeps_one_step() {
+        // 12 layers of 6, a backward of 72: the layer's cycle (6 allocations) is learnt first,
+        // the backward then runs 12 of those cycles without the anchor. The step (147
+        // allocations) must be found and kept, not relearnt at every step.
+        let mut f = Feed::new();
+        for _ in 0..120 {
+            layered_step(&mut f, 12, 6, 72);
+        }
+        assert!(f.d.detected(), "{:?}", &f.events[f.events.len().saturating_sub(8)..]);
+        assert_eq!(f.d.period, 12 * 6 + 72 + 3, "the whole step, not the layer");
+        let count = |e: Event| f.events.iter().filter(|x| x.1 == e).count();
+        assert_eq!(count(Event::Lost), 0, "{:?}", &f.events[..f.events.len().min(40)]);
+        assert!(count(Event::Detected) <= 2, "{:?}", &f.events[..f.events.len().min(40)]);
+        // Once the step is learnt (within its first few), one step per real step.
+        assert!(
+            (110..=120).contains(&(f.d.steps as usize)),
+            "{} steps counted since the last detection, for 120 real ones",
+            f.d.steps
+        );
+    }
+
+    #[test]
+    fn a_pause_without_the_anchor_keeps_the_steps() {
+        // Training, an evaluation pass of 2,000 allocations from other sites, training again:
+        // the steps go on counting in the same cycle (a leak's trend spans the pause).
+        let mut f = Feed::new();
+        for _ in 0..30 {
+            layered_step(&mut f, 4, 3, 20);
+        }
+        let before = f.d.steps;
+        for i in 0..2000 {
+            f.alloc(5000 + i % 7);
+        }
+        for _ in 0..30 {
+            layered_step(&mut f, 4, 3, 20);
+        }
+        assert!(f.d.detected());
+        assert_eq!(f.d.period, 4 * 3 + 23);
+        assert!(!f.events.iter().any(|e| e.1 == Event::Lost), "{:?}", f.events);
+        assert!(f.d.steps >= before + 29, "{} then {}", before, f.d.steps);
+    }
+
+    #[test]
+    fn weights_loaded_layer_by_layer_give_way_to_the_training_steps() {
+        // 48 layers of 7 parameters from the same lines (a cycle of 7 that ends for good), then
+        // steps of 10 allocations: the loading cycle is given up after at most four times its
+        // span and the steps are found soon after.
+        let mut f = Feed::new();
+        for _ in 0..48 {
+            for site in 0..7 {
+                f.alloc(100 + site);
+            }
+        }
+        let loaded = f.seq;
+        for _ in 0..400 {
+            for site in 0..10 {
+                f.alloc(200 + site);
+            }
+        }
+        assert!(f.d.detected());
+        assert_eq!(f.d.period, 10);
+        let lost = f.events.iter().find(|e| e.1 == Event::Lost).expect("loading cycle lost");
+        assert!(lost.0 <= loaded * 5, "lost at {} after loading {}", lost.0, loaded);
+        let found = f.events.iter().rfind(|e| e.1 == Event::Detected).unwrap();
+        assert!(found.0 < lost.0 + 200, "training found at {}, lost at {}", found.0, lost.0);
     }
 
     #[test]
