@@ -447,11 +447,24 @@ mod tests {
         for _ in 0..120 {
             layered_step(&mut f, 12, 6, 72);
         }
-        assert!(f.d.detected(), "{:?}", &f.events[f.events.len().saturating_sub(8)..]);
+        assert!(
+            f.d.detected(),
+            "{:?}",
+            &f.events[f.events.len().saturating_sub(8)..]
+        );
         assert_eq!(f.d.period, 12 * 6 + 72 + 3, "the whole step, not the layer");
         let count = |e: Event| f.events.iter().filter(|x| x.1 == e).count();
-        assert_eq!(count(Event::Lost), 0, "{:?}", &f.events[..f.events.len().min(40)]);
-        assert!(count(Event::Detected) <= 2, "{:?}", &f.events[..f.events.len().min(40)]);
+        assert_eq!(
+            count(Event::Lost),
+            0,
+            "{:?}",
+            &f.events[..f.events.len().min(40)]
+        );
+        assert!(
+            count(Event::Detected) <= 2,
+            "{:?}",
+            &f.events[..f.events.len().min(40)]
+        );
         // Once the step is learnt (within its first few), one step per real step.
         assert!(
             (110..=120).contains(&(f.d.steps as usize)),
@@ -477,7 +490,11 @@ mod tests {
         }
         assert!(f.d.detected());
         assert_eq!(f.d.period, 4 * 3 + 23);
-        assert!(!f.events.iter().any(|e| e.1 == Event::Lost), "{:?}", f.events);
+        assert!(
+            !f.events.iter().any(|e| e.1 == Event::Lost),
+            "{:?}",
+            f.events
+        );
         assert!(f.d.steps >= before + 29, "{} then {}", before, f.d.steps);
     }
 
@@ -500,10 +517,24 @@ mod tests {
         }
         assert!(f.d.detected());
         assert_eq!(f.d.period, 10);
-        let lost = f.events.iter().find(|e| e.1 == Event::Lost).expect("loading cycle lost");
-        assert!(lost.0 <= loaded * 5, "lost at {} after loading {}", lost.0, loaded);
+        let lost = f
+            .events
+            .iter()
+            .find(|e| e.1 == Event::Lost)
+            .expect("loading cycle lost");
+        assert!(
+            lost.0 <= loaded * 5,
+            "lost at {} after loading {}",
+            lost.0,
+            loaded
+        );
         let found = f.events.iter().rfind(|e| e.1 == Event::Detected).unwrap();
-        assert!(found.0 < lost.0 + 200, "training found at {}, lost at {}", found.0, lost.0);
+        assert!(
+            found.0 < lost.0 + 200,
+            "training found at {}, lost at {}",
+            found.0,
+            lost.0
+        );
     }
 
     #[test]
