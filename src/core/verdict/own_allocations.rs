@@ -176,6 +176,77 @@ mod tests {
         assert!(!v.1.contains("next:"), "{}", v.1);
     }
 
+    /// A batch finder under allocator mode, as the H200 showed it: the input (line 10) and the
+    /// output (line 11) hold 32 GiB each, the failing line (12, `out.float()`) 64 GiB, and the
+    /// 32 GiB request of the backward pass fails. No line holds half of the activations, and the
+    /// one holding the most is the failing line: the headline still names a line whose tensors
+    /// alone are as large as the request.
+    #[test]
+    fn the_kinds_headline_names_a_line_holding_the_request_when_no_largest_holder_is_named() {
+        let py = |line: u32| {
+            vec![Frame {
+                kind: FrameKind::Python,
+                ..frame(Some("<module>"), Some("/w/batch_finder.py"), Some(line))
+            }]
+        };
+        let mut d = oom_dump(32 * GIB, Some(140 * GIB), Some(11 * GIB), 128 * GIB);
+        d.recording.python = Some("all".into());
+        d.failed_request.as_mut().unwrap().stack = py(12);
+        d.sites = vec![
+            Site {
+                bytes: 64 * GIB,
+                count: 1,
+                stack: py(12),
+            },
+            Site {
+                bytes: 32 * GIB,
+                count: 1,
+                stack: py(10),
+            },
+            Site {
+                bytes: 32 * GIB,
+                count: 1,
+                stack: py(11),
+            },
+        ];
+        d.framework = Some(FrameworkOom {
+            kinds: Some(Kinds {
+                parameters_bytes: 128 * MIB,
+                activations_bytes: Some(128 * GIB),
+                phase: Some("backward".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let v = headline(&d);
+        assert_eq!(v.0, "own_allocations", "{}", v.1);
+        assert!(
+            v.1.starts_with("activations and other live tensors fill"),
+            "{}",
+            v.1
+        );
+        // Lines 10 and 11 hold as much: either is named.
+        assert!(
+            [10, 11].iter().any(|l| v.1.contains(&format!(
+                "32.00 GiB at <module> (batch_finder.py:{l}) alone holds as much as the 32.00 GiB request"
+            ))),
+            "{}",
+            v.1
+        );
+        assert!(
+            v.1.contains("request at <module> (batch_finder.py:12) failed"),
+            "{}",
+            v.1
+        );
+
+        // Parameters dominating: no line is named for the request's size (the weights are
+        // named by the kinds' own words).
+        let k = d.framework.as_mut().unwrap().kinds.as_mut().unwrap();
+        k.parameters_bytes = 200 * GIB;
+        let v = headline(&d);
+        assert!(!v.1.contains("alone holds"), "{}", v.1);
+    }
+
     #[test]
     fn fragmentation_is_only_a_possibility_when_free_blocks_unavailable() {
         let v = judge(&oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB));

@@ -86,20 +86,30 @@ pub(in crate::verdict) fn phase_text(k: &Kinds) -> String {
 
 /// The headline of `own_allocations` with the kinds: the dominant kind and its bytes, the
 /// others, the largest holder when activations dominate, the phase, and the failing call (the
-/// program's line and the framework's module). `largest` is the largest site's bytes and line.
+/// program's line and the framework's module). `largest` is the largest site's bytes and line;
+/// `room`, a line other than the failing one that alone holds at least the request (its bytes
+/// and label), named when the largest holder is not.
 pub(in crate::verdict) fn headline(
     c: &Ctx,
     k: &Kinds,
     failing: &str,
     largest: Option<(u64, String)>,
+    room: Option<String>,
 ) -> Option<String> {
     let (kind, bytes) = dominant(k)?;
     // "Activations and other live tensors" is everything that is no weight, gradient or
     // optimizer state: when one line holds at least half of it, that line is what fills the
-    // device (a buffer, a cache, a batch kept), and the headline names it.
-    let holder = match largest {
-        Some((held, label)) if kind == Kind::Activations && held.saturating_mul(2) >= bytes => {
+    // device (a buffer, a cache, a batch kept), and the headline names it. Otherwise a line
+    // that alone holds as much as the request is where to cut (freeing it would have made
+    // room): a batch finder's input and output, say, when the failing line holds the most.
+    let holder = match (largest, room) {
+        (Some((held, label)), _)
+            if kind == Kind::Activations && held.saturating_mul(2) >= bytes =>
+        {
             format!("; the largest holder: {} at {label}", human_bytes(held))
+        }
+        (_, Some(room)) if kind == Kind::Activations => {
+            format!("; {room} alone holds as much as the {} request", c.req)
         }
         _ => String::new(),
     };

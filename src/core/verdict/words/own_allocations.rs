@@ -154,7 +154,10 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
         } else {
             failing.as_str()
         };
-        super::kinds::headline(c, k, failing, holder)
+        // Any line but the failing one, the largest holder included: when the headline does not
+        // name it as the largest holder, it may still hold the request's size alone.
+        let room = next_holder_text(c, None, failing_at);
+        super::kinds::headline(c, k, failing, holder, room)
     });
     let headline = match used {
         _ if by_kind.is_some() => by_kind.clone().unwrap_or_default(),
