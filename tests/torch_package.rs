@@ -418,6 +418,45 @@ print(ot.memory_allocated(), ot.library_path())
     );
 }
 
+/// `oomshim run --lib` takes a library of any name. The package found the preloaded copy by the
+/// name liboomshim.so only, so a renamed one (a versioned file, a test build) was missed: the
+/// package then loaded another copy (a second shim with its own ledger, from the checkout's
+/// build) or none (allocator mode off, torch's own allocator kept). Found on the H200.
+#[test]
+fn oomshim_run_torch_allocator_uses_a_preloaded_library_of_any_name() {
+    let Some(e) = env() else { return };
+    let side = common::python_side();
+    let renamed = e.tmp.path().join("liboomshim-test-build.so");
+    std::fs::copy(&side.lib, &renamed).unwrap();
+    let program = r#"
+import torch, oomshim.torch as ot
+assert ot.enabled(), "allocator mode is on"
+p = torch._empty(3 << 20)
+print(ot.library_path())
+"#;
+    let out = Command::new(&side.cli)
+        .args(["run", "--torch-allocator", "--dir"])
+        .arg(e.tmp.path().join("dumps"))
+        .arg("--lib")
+        .arg(&renamed)
+        .arg("--")
+        .arg(&side.python)
+        .args(["-c", program])
+        .env("PYTHONPATH", side.pythonpath(&[&e.fake]))
+        .env("SIM_CUDART", oomshim_cli::testbed::sim_cudart())
+        .env_remove("OOMSHIM_LIB")
+        .output()
+        .unwrap();
+    let text = ok(&out);
+    let renamed = std::fs::canonicalize(&renamed).unwrap();
+    assert_eq!(text.trim(), renamed.display().to_string());
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn the_recording_switch_works_in_allocator_mode_and_leaves_the_ledger_exact() {
     let Some(e) = env() else { return };

@@ -69,18 +69,47 @@ def bundled_library():
     return path if os.path.isfile(path) else None
 
 
+# Exported by the shim only: the file mapped where it lies is the shim, whatever it is named.
+_SHIM_SYMBOL = "oomshim_torch_alloc"
+
+
+def _shim_symbol_address():
+    """The address of the shim's exported allocator function in the process's global scope
+    (LD_PRELOAD, `oomshim run`), or None."""
+    try:
+        import ctypes
+
+        return ctypes.cast(getattr(ctypes.CDLL(None), _SHIM_SYMBOL), ctypes.c_void_p).value
+    except (AttributeError, OSError, ImportError):
+        return None
+
+
 def loaded_library():
-    """The path of a liboomshim.so already mapped into this process, if any."""
+    """The path of the shim already mapped into this process, if any: the file mapped where its
+    exported allocator function lies (`oomshim run --lib` and LD_PRELOAD take a library of any
+    name: another copy loaded by name would be a second shim with its own state), else a file
+    named liboomshim.so (a copy loaded privately, with RTLD_LOCAL)."""
+    address = _shim_symbol_address()
+    by_name = None
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
                 fields = line.rstrip("\n").split(None, 5)
                 path = fields[5] if len(fields) == 6 else ""
-                if os.path.basename(path) == LIB_NAME and os.path.exists(path):
-                    return path
+                if not path.startswith("/"):
+                    continue
+                if address is not None:
+                    lo, _, hi = fields[0].partition("-")
+                    try:
+                        if int(lo, 16) <= address < int(hi, 16) and os.path.isfile(path):
+                            return path
+                    except ValueError:
+                        pass
+                if by_name is None and os.path.basename(path) == LIB_NAME and os.path.exists(path):
+                    by_name = path
     except OSError:
         pass
-    return None
+    return by_name
 
 
 def _newest(paths):
@@ -109,7 +138,7 @@ def library_path():
     loaded = loaded_library()
     if loaded:
         return loaded
-    tried.append("no liboomshim.so loaded in this process")
+    tried.append("no shim loaded in this process")
     bundled = bundled_library()
     if bundled:
         return bundled

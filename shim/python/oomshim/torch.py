@@ -49,8 +49,8 @@ with torch's wording plus oomshim's verdict and the path of the dump it wrote.
 
 The library is found by this rule, first match wins:
   1. the `OOMSHIM_LIB` environment variable (a path to liboomshim.so);
-  2. the liboomshim.so already loaded in this process (by `oomshim run` or LD_PRELOAD), so there
-     is only ever one copy of the shim's state;
+  2. the shim already loaded in this process (by `oomshim run` or LD_PRELOAD, whatever its file
+     is named), so there is only ever one copy of the shim's state;
   3. liboomshim.so inside this package (the wheel);
   4. the build directory of the repository this package sits in (target/release, or
      target/release/deps where `cargo run` leaves it; the newer of the two).
