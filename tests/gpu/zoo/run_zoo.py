@@ -10,6 +10,7 @@ does not build is a failed row (`launcher: build`). OUT/zoo.jsonl holds this run
 Exit status 0 when every run is ok, 1 otherwise.
 
     python3 tests/gpu/zoo/run_zoo.py OUT [CASE ...]
+    ZOO_LAUNCHERS=alloc python3 tests/gpu/zoo/run_zoo.py OUT [CASE ...]   # bare and these only
 """
 import glob
 import json
@@ -88,10 +89,21 @@ CASES = [
 ]
 
 
+def launchers_of(case):
+    """The case's launchers this run uses: those named in ZOO_LAUNCHERS (comma-separated, of
+    preload, run and alloc) when it is set, else all; `bare` always, the reference for the
+    output. A name that is no launcher is an error (a typo would score nothing)."""
+    only = [l.strip() for l in os.environ.get("ZOO_LAUNCHERS", "").split(",") if l.strip()]
+    unknown = [l for l in only if l not in TORCH]
+    if unknown:
+        raise ValueError(f"ZOO_LAUNCHERS: {', '.join(unknown)} is no launcher (one of {', '.join(TORCH[1:])})")
+    return [l for l in case.launchers if l == "bare" or not only or l in only]
+
+
 def expected_runs(names=()):
     """(case, launcher) of every scored run for these case names (all cases when none)."""
     chosen = [c for n in names for c in CASES if c.name == n] if names else CASES
-    return [(c.name, l) for c in chosen for l in c.launchers if l != "bare"]
+    return [(c.name, l) for c in chosen for l in launchers_of(c) if l != "bare"]
 
 
 def run_ok(row):
@@ -197,6 +209,10 @@ def main():
     # OUT gets the scored rows; the dumps and stderr of every run go to ZOO_WORK (default
     # OUT/runs), which can be kept apart (the GPU tool returns only files near the top of OUT).
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "/tmp/zoo"
+    try:
+        expected_runs()
+    except ValueError as e:
+        sys.exit(str(e))
     os.makedirs(out_dir, exist_ok=True)
     runs_dir = os.environ.get("ZOO_WORK") or os.path.join(out_dir, "runs")
     work = os.path.join(runs_dir, "work")
@@ -222,7 +238,7 @@ def main():
         else:
             cmd = [PY, src]
         results = {}
-        for launcher in case.launchers:
+        for launcher in launchers_of(case):
             d = os.path.join(runs_dir, case.name, launcher)
             os.makedirs(d, exist_ok=True)
             env = dict(case.env, PYTHONUNBUFFERED="1")
