@@ -89,15 +89,22 @@ CASES = [
 ]
 
 
-def launchers_of(case):
-    """The case's launchers this run uses: those named in ZOO_LAUNCHERS (comma-separated, of
-    preload, run and alloc) when it is set, else all; `bare` always, the reference for the
-    output. A name that is no launcher is an error (a typo would score nothing)."""
+def launcher_filter():
+    """The launchers named in ZOO_LAUNCHERS (comma-separated, of preload, run and alloc), or None
+    when it is unset or empty. A name that is no launcher is a ValueError (a typo would score
+    nothing)."""
     only = [l.strip() for l in os.environ.get("ZOO_LAUNCHERS", "").split(",") if l.strip()]
-    unknown = [l for l in only if l not in TORCH]
+    unknown = [l for l in only if l not in TORCH[1:]]
     if unknown:
         raise ValueError(f"ZOO_LAUNCHERS: {', '.join(unknown)} is no launcher (one of {', '.join(TORCH[1:])})")
-    return [l for l in case.launchers if l == "bare" or not only or l in only]
+    return set(only) or None
+
+
+def launchers_of(case):
+    """The case's launchers this run uses: `bare` always (the reference for the output), and
+    those of launcher_filter(), else all."""
+    only = launcher_filter()
+    return [l for l in case.launchers if l == "bare" or only is None or l in only]
 
 
 def expected_runs(names=()):
@@ -210,7 +217,7 @@ def main():
     # OUT/runs), which can be kept apart (the GPU tool returns only files near the top of OUT).
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "/tmp/zoo"
     try:
-        expected_runs()
+        launcher_filter()
     except ValueError as e:
         sys.exit(str(e))
     os.makedirs(out_dir, exist_ok=True)
