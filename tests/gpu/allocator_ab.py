@@ -200,9 +200,15 @@ def main():
     # AB_ARMS / AB_CASES (comma-separated) narrow a run for profiling; totals is an extra arm.
     arms = tuple(os.environ.get("AB_ARMS", ",".join(ARMS)).split(","))
     cases = tuple(os.environ.get("AB_CASES", "loop,step").split(","))
-    results, took = measure(rounds, sizes, arms, cases)
     unit = {"loop": ("us per torch.empty+del", 1e3), "step": ("ms per training step", 1e6),
             "forward": ("ms per forward pass and loss (no backward)", 1e6)}
+    # A misspelt arm would run as native (a ratio of 1 that looks like a result), a misspelt case
+    # as the forward pass: refused before anything is timed.
+    bad = [a for a in arms if a not in ARMS + ("totals",)] + [c for c in cases if c not in unit]
+    if bad:
+        sys.exit(f"allocator_ab: unknown AB_ARMS/AB_CASES entries {bad}: arms are {', '.join(ARMS)}, "
+                 f"totals; cases {', '.join(unit)}")
+    results, took = measure(rounds, sizes, arms, cases)
     print(f"\nallocator mode A/B in one process, {took:.0f} s "
           f"({time.strftime('%Y-%m-%d', time.gmtime())})")
     table = {}
