@@ -83,24 +83,31 @@ pub struct FrameOffsets {
 }
 
 impl FrameOffsets {
-    /// None when a field would end past [`FRAME_BYTES`].
-    pub fn new(
+    /// None when a field would end past [`FRAME_BYTES`]. A `const fn`, so that the layouts
+    /// known at build time are checked at build time.
+    pub const fn new(
         previous: usize,
         code: usize,
         instr: usize,
         owner: usize,
         is_entry: Option<usize>,
     ) -> Option<FrameOffsets> {
-        let span = [
-            previous + 8,
-            code + 8,
-            instr + 8,
-            owner + 1,
-            is_entry.map_or(0, |o| o + 1),
-        ]
-        .into_iter()
-        .max()?;
-        (span <= FRAME_BYTES).then_some(FrameOffsets {
+        let words = [previous + 8, code + 8, instr + 8, owner + 1];
+        let mut span = match is_entry {
+            Some(o) => o + 1,
+            None => 0,
+        };
+        let mut i = 0;
+        while i < words.len() {
+            if words[i] > span {
+                span = words[i];
+            }
+            i += 1;
+        }
+        if span > FRAME_BYTES {
+            return None;
+        }
+        Some(FrameOffsets {
             previous,
             code,
             instr,
@@ -108,6 +115,22 @@ impl FrameOffsets {
             is_entry,
             span,
         })
+    }
+}
+
+#[cfg(test)]
+impl FrameOffsets {
+    /// The bytes of a frame that reads as `f` with these offsets (the rest zero).
+    pub fn frame_bytes(&self, f: FrameFields) -> [u8; FRAME_BYTES] {
+        let mut b = [0u8; FRAME_BYTES];
+        b[self.previous..self.previous + 8].copy_from_slice(&f.previous.to_ne_bytes());
+        b[self.code..self.code + 8].copy_from_slice(&f.code.to_ne_bytes());
+        b[self.instr..self.instr + 8].copy_from_slice(&f.instr.to_ne_bytes());
+        b[self.owner] = f.owner;
+        if let Some(o) = self.is_entry {
+            b[o] = f.is_entry;
+        }
+        b
     }
 }
 
@@ -154,7 +177,7 @@ impl Mem for Direct {
         Some(unsafe { std::ptr::read_unaligned(addr as *const u64) })
     }
 
-    #[inline]
+    #[inline(always)]
     fn frame(&self, addr: usize, at: &FrameOffsets) -> Option<FrameFields> {
         if !plausible(addr, at.span, 8) {
             return None;

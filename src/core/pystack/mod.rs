@@ -14,6 +14,9 @@
 //!   a chain of `PyFrameObject`s), 3.11 and 3.12 (`tstate->cframe->current_frame`, a chain of
 //!   `_PyInterpreterFrame`s), 3.13 from the `_Py_DebugOffsets` the runtime publishes at the start
 //!   of `_PyRuntime`. Other versions (3.14+, free-threaded builds, ≤ 3.8) give no Python stack.
+//!   The 3.11, 3.12 and 3.13 frame layouts are also constants with a walk loop each, taken when
+//!   the running interpreter's offsets are those (`FrameLoop`): offsets folded into the loop cost
+//!   about 50 instructions a frame where reading them from the layout cost about 80.
 //! - Per frame the hot path keeps only (code object id, bytecode offset). A code object is
 //!   identified by its address *and* a fingerprint of its contents (name, file name, first line,
 //!   line table: pointers, lengths and leading/trailing bytes), and resolved — names copied, line
@@ -67,20 +70,84 @@ const NO_OFFSET: u32 = u32::MAX;
 /// Which frame chain a version has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Chain {
-    /// ≤ 3.10: `PyFrameObject`s linked by `f_back`; `f_lasti` in bytes (3.9) or code units (3.10).
-    FrameObjects { lasti: usize, lasti_units: bool },
-    /// ≥ 3.11: `_PyInterpreterFrame`s linked by `previous`.
-    Interpreter {
-        instr: usize,
-        owner: usize,
-        /// 3.11: offset of `is_entry`; later versions mark entries with C-stack-owned frames.
-        is_entry: Option<usize>,
-        /// Owner value of C-stack shim frames (3.12+: 3); None in 3.11.
-        cstack_owner: Option<u8>,
-        /// Offset of `_co_firsttraceable` (frames not yet past it are incomplete: skipped).
-        firsttraceable: Option<usize>,
-        code_adaptive: usize,
+    /// ≤ 3.10: `PyFrameObject`s linked by `f_back` (at `previous`), the code object at `code`;
+    /// `f_lasti` in bytes (3.9) or code units (3.10).
+    FrameObjects {
+        previous: usize,
+        code: usize,
+        lasti: usize,
+        lasti_units: bool,
     },
+    /// ≥ 3.11: `_PyInterpreterFrame`s linked by `previous`.
+    Interpreter(FrameShape),
+}
+
+/// How a 3.11+ chain of `_PyInterpreterFrame`s is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FrameShape {
+    /// `previous`, `f_code`, `prev_instr`/`instr_ptr`, `owner` and (3.11) `is_entry`; later
+    /// versions mark entries with C-stack-owned frames.
+    offsets: FrameOffsets,
+    /// Owner value of C-stack shim frames (3.12+: 3); None in 3.11.
+    cstack_owner: Option<u8>,
+    /// Offset of `_co_firsttraceable` (frames not yet past it are incomplete: skipped).
+    firsttraceable: Option<usize>,
+    code_adaptive: usize,
+}
+
+/// A layout known when the shim is built: a field past [`mem::FRAME_BYTES`] fails the build.
+const fn known(offsets: Option<FrameOffsets>) -> FrameOffsets {
+    match offsets {
+        Some(o) => o,
+        None => panic!("a frame field lies past FRAME_BYTES"),
+    }
+}
+
+/// CPython 3.11's frames. The walk takes this constant (not the copy in the layout) so that its
+/// offsets and options fold into the loop: about a third fewer instructions a frame.
+const FRAMES_311: FrameShape = FrameShape {
+    offsets: known(FrameOffsets::new(48, 32, 56, 69, Some(68))),
+    cstack_owner: None,
+    firsttraceable: Some(168),
+    code_adaptive: 184,
+};
+
+/// CPython 3.12's frames (see [`FRAMES_311`]).
+const FRAMES_312: FrameShape = FrameShape {
+    offsets: known(FrameOffsets::new(8, 0, 56, 70, None)),
+    cstack_owner: Some(3),
+    firsttraceable: Some(176),
+    code_adaptive: 192,
+};
+
+/// CPython 3.13's frames in its default build, as its debug offsets give them: the walk takes
+/// this constant when the running interpreter's offsets are these (see [`FRAMES_311`]).
+const FRAMES_313: FrameShape = FrameShape {
+    offsets: known(FrameOffsets::new(8, 0, 56, 70, None)),
+    cstack_owner: Some(3),
+    firsttraceable: None,
+    code_adaptive: 200,
+};
+
+/// Which loop walks a 3.11+ frame chain: one of those compiled for a [`FrameShape`] known when
+/// built (its offsets and options folded in), or the one that reads them from the layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FrameLoop {
+    Fixed311,
+    Fixed312,
+    Fixed313,
+    FromLayout,
+}
+
+impl FrameLoop {
+    fn of(shape: &FrameShape) -> FrameLoop {
+        match *shape {
+            s if s == FRAMES_311 => FrameLoop::Fixed311,
+            s if s == FRAMES_312 => FrameLoop::Fixed312,
+            s if s == FRAMES_313 => FrameLoop::Fixed313,
+            _ => FrameLoop::FromLayout,
+        }
+    }
 }
 
 /// Offsets for one interpreter version (x86-64/aarch64, default build).
@@ -91,8 +158,6 @@ struct Layout {
     cframe: Option<usize>,
     cframe_current: usize,
     frame: usize,
-    previous: usize,
-    code: usize,
     chain: Chain,
     co_filename: usize,
     /// `co_qualname` from 3.11, `co_name` before.
@@ -119,9 +184,8 @@ struct Interp {
     /// `PyFrame_Type` for ≤ 3.10 (frame objects are type-checked); 0 otherwise.
     frame_type: usize,
     layout: Layout,
-    /// 3.11+: where the walk's fields lie in an interpreter frame (from `layout`, checked once
-    /// here); None for the frame objects of ≤ 3.10.
-    frame_offsets: Option<FrameOffsets>,
+    /// How a 3.11+ chain is walked (`FromLayout` before 3.11, where it is not used).
+    frame_loop: FrameLoop,
 }
 
 static INTERP: OnceLock<Option<Interp>> = OnceLock::new();
@@ -163,6 +227,38 @@ fn find_interp() -> Option<Interp> {
         return None;
     }
     let layout = match version {
+        (3, 13) => debug_offsets_313()?,
+        _ => built_in_layout(version)?,
+    };
+    let frame_type = if version.1 <= 10 {
+        let t = lookup(c"PyFrame_Type");
+        if t == 0 {
+            return None;
+        }
+        t
+    } else {
+        0
+    };
+    // SAFETY: the symbol is PyGILState_GetThisThreadState, `PyThreadState *(void)` in every
+    // version; it reads a thread-specific key and is safe to call without the GIL.
+    let get_tstate = unsafe { <unsafe extern "C" fn() -> *mut c_void>::from_addr(get_tstate) }?;
+    Some(Interp {
+        version,
+        get_tstate,
+        code_type,
+        frame_type,
+        layout,
+        frame_loop: match layout.chain {
+            Chain::Interpreter(shape) => FrameLoop::of(&shape),
+            Chain::FrameObjects { .. } => FrameLoop::FromLayout,
+        },
+    })
+}
+
+/// The offsets of a version whose layout is written here (3.9 to 3.12); None for others (3.13
+/// publishes its own, [`debug_offsets_313`]).
+fn built_in_layout(version: (u32, u32)) -> Option<Layout> {
+    Some(match version {
         (3, 9) | (3, 10) => {
             let (lasti, lasti_units, co_linetable, line_format) = if version.1 == 9 {
                 (104, false, 120, LineFormat::Lnotab)
@@ -173,9 +269,12 @@ fn find_interp() -> Option<Interp> {
                 cframe: None,
                 cframe_current: 0,
                 frame: 24,
-                previous: 24,
-                code: 32,
-                chain: Chain::FrameObjects { lasti, lasti_units },
+                chain: Chain::FrameObjects {
+                    previous: 24,
+                    code: 32,
+                    lasti,
+                    lasti_units,
+                },
                 co_filename: 104,
                 co_name: 112,
                 co_firstlineno: 40,
@@ -194,16 +293,7 @@ fn find_interp() -> Option<Interp> {
             cframe: Some(56),
             cframe_current: 8,
             frame: 0,
-            previous: 48,
-            code: 32,
-            chain: Chain::Interpreter {
-                instr: 56,
-                owner: 69,
-                is_entry: Some(68),
-                cstack_owner: None,
-                firsttraceable: Some(168),
-                code_adaptive: 184,
-            },
+            chain: Chain::Interpreter(FRAMES_311),
             co_filename: 112,
             co_name: 128,
             co_firstlineno: 72,
@@ -221,16 +311,7 @@ fn find_interp() -> Option<Interp> {
             cframe: Some(56),
             cframe_current: 0,
             frame: 0,
-            previous: 8,
-            code: 0,
-            chain: Chain::Interpreter {
-                instr: 56,
-                owner: 70,
-                is_entry: None,
-                cstack_owner: Some(3),
-                firsttraceable: Some(176),
-                code_adaptive: 192,
-            },
+            chain: Chain::Interpreter(FRAMES_312),
             co_filename: 112,
             co_name: 128,
             co_firstlineno: 68,
@@ -244,43 +325,7 @@ fn find_interp() -> Option<Interp> {
             bytes_sval: 32,
             var_size: 16,
         },
-        (3, 13) => debug_offsets_313()?,
         _ => return None,
-    };
-    let frame_type = if version.1 <= 10 {
-        let t = lookup(c"PyFrame_Type");
-        if t == 0 {
-            return None;
-        }
-        t
-    } else {
-        0
-    };
-    let frame_offsets = match layout.chain {
-        Chain::Interpreter {
-            instr,
-            owner,
-            is_entry,
-            ..
-        } => Some(FrameOffsets::new(
-            layout.previous,
-            layout.code,
-            instr,
-            owner,
-            is_entry,
-        )?),
-        Chain::FrameObjects { .. } => None,
-    };
-    // SAFETY: the symbol is PyGILState_GetThisThreadState, `PyThreadState *(void)` in every
-    // version; it reads a thread-specific key and is safe to call without the GIL.
-    let get_tstate = unsafe { <unsafe extern "C" fn() -> *mut c_void>::from_addr(get_tstate) }?;
-    Some(Interp {
-        version,
-        get_tstate,
-        code_type,
-        frame_type,
-        layout,
-        frame_offsets,
     })
 }
 
@@ -337,16 +382,18 @@ fn debug_offsets_313() -> Option<Layout> {
         cframe: None,
         cframe_current: 0,
         frame: small(w(23))?,
-        previous: small(w(29))?,
-        code: small(w(30))?,
-        chain: Chain::Interpreter {
-            instr: small(w(31))?,
-            owner: small(w(33))?,
-            is_entry: None,
+        chain: Chain::Interpreter(FrameShape {
+            offsets: FrameOffsets::new(
+                small(w(29))?,
+                small(w(30))?,
+                small(w(31))?,
+                small(w(33))?,
+                None,
+            )?,
             cstack_owner: Some(3),
             firsttraceable: None,
             code_adaptive: small(w(43))?,
-        },
+        }),
         co_filename: small(w(35))?,
         co_name: small(w(37))?,
         co_firstlineno: small(w(39))?,
@@ -421,6 +468,10 @@ const LOCAL_SLOTS: usize = 256;
 
 /// A generation no walk has: a slot stamped with it is never taken on its address alone.
 const UNWATCHED: u64 = u64::MAX;
+/// What a walk without a code watcher compares slots' stamps with: no slot holds it (slots are
+/// stamped `UNWATCHED` or with a count of code events, which never gets this far), so no code is
+/// known by its address alone, and the loop needs one comparison for that instead of two.
+const NO_STAMP: u64 = u64::MAX - 1;
 
 /// One slot of a thread's code-id cache: the full key, the id, and the value of
 /// [`CODE_EVENTS`] when the key was last checked (`UNWATCHED` when no watcher ran then).
@@ -435,10 +486,14 @@ struct Slot {
 
 /// A thread's code ids, looked up without a lock or a hash-map probe. A slot holds the full key,
 /// so a hit is exact; a collision just replaces the slot. `now` is [`CODE_EVENTS`] as read at the
-/// start of the current walk (`UNWATCHED` without a code watcher).
+/// start of the current walk (`UNWATCHED` without a code watcher), what slots are stamped with;
+/// `known` is what a slot's stamp must equal for its code to be known by address (`now`, or
+/// [`NO_STAMP`] without a watcher). Set both with [`LocalCache::start`].
 struct LocalCache {
-    slots: Box<[Slot]>,
+    /// A fixed length, so that an index reduced modulo it needs no bounds check in the walk.
+    slots: Box<[Slot; LOCAL_SLOTS]>,
     now: u64,
+    known: u64,
 }
 
 impl LocalCache {
@@ -450,9 +505,16 @@ impl LocalCache {
             seen: UNWATCHED,
         };
         LocalCache {
-            slots: vec![empty; LOCAL_SLOTS].into_boxed_slice(),
+            slots: Box::new([empty; LOCAL_SLOTS]),
             now: UNWATCHED,
+            known: NO_STAMP,
         }
+    }
+
+    /// Starts a walk in generation `now` ([`UNWATCHED`] without a code watcher).
+    fn start(&mut self, now: u64) {
+        self.now = now;
+        self.known = if now == UNWATCHED { NO_STAMP } else { now };
     }
 
     fn slot(code: usize) -> usize {
@@ -461,11 +523,11 @@ impl LocalCache {
 
     /// The id of the code object at `code` when its key was checked in this generation: no code
     /// object was created or destroyed since, so the object at that address is the one checked
-    /// (a code watcher counts every such event). Never with `now == UNWATCHED`.
-    #[inline]
+    /// (a code watcher counts every such event). Never without a watcher.
+    #[inline(always)]
     fn checked_this_generation(&self, code: usize) -> Option<CodeId> {
         let s = &self.slots[Self::slot(code)];
-        (s.key.code == code && s.seen == self.now && self.now != UNWATCHED).then_some(CodeId {
+        (s.key.code == code && s.seen == self.known).then_some(CodeId {
             id: s.id,
             first_traceable: s.first_traceable,
         })
@@ -635,7 +697,7 @@ impl ThreadWalk {
 
     /// Walks the thread's frames into `frames`; how many (0 when anything read looked wrong).
     fn walk(&mut self, interp: &Interp, tstate: usize, now: u64) -> usize {
-        self.codes.now = now;
+        self.codes.start(now);
         if self.validated {
             return walk(interp, &Direct, tstate, &mut self.frames, &mut self.codes).unwrap_or(0);
         }
@@ -748,10 +810,34 @@ fn walk<M: Mem>(
     let limit = out.len().min(MAX_PY_FRAMES);
     let out = &mut out[..limit];
     let n = match l.chain {
-        Chain::FrameObjects { lasti, lasti_units } => {
-            walk_frame_objects(interp, m, frame, lasti, lasti_units, out, cache)?
-        }
-        Chain::Interpreter { .. } => walk_interpreter_frames(interp, m, frame, out, cache)?,
+        Chain::FrameObjects {
+            previous,
+            code,
+            lasti,
+            lasti_units,
+        } => walk_frame_objects(
+            interp,
+            m,
+            frame,
+            (previous, code, lasti, lasti_units),
+            out,
+            cache,
+        )?,
+        // A layout known when built gets a loop of its own with its constants folded in
+        // (`FrameLoop::of` found the layout equal to that constant).
+        // (One call each: a loop per constant.)
+        Chain::Interpreter(shape) => match interp.frame_loop {
+            FrameLoop::Fixed311 => {
+                walk_interpreter_frames(interp, m, &FRAMES_311, frame, out, cache)?
+            }
+            FrameLoop::Fixed312 => {
+                walk_interpreter_frames(interp, m, &FRAMES_312, frame, out, cache)?
+            }
+            FrameLoop::Fixed313 => {
+                walk_interpreter_frames(interp, m, &FRAMES_313, frame, out, cache)?
+            }
+            FrameLoop::FromLayout => walk_interpreter_frames(interp, m, &shape, frame, out, cache)?,
+        },
     };
     if n > 0 {
         out[n - 1] |= GROUP_END;
@@ -767,8 +853,7 @@ fn walk_frame_objects<M: Mem>(
     interp: &Interp,
     m: &M,
     mut frame: usize,
-    lasti: usize,
-    lasti_units: bool,
+    (previous, code_at, lasti, lasti_units): (usize, usize, usize, bool),
     out: &mut [usize],
     cache: &mut LocalCache,
 ) -> Option<usize> {
@@ -777,11 +862,11 @@ fn walk_frame_objects<M: Mem>(
     let mut hops = 0;
     while frame != 0 && n < out.len() && hops < MAX_HOPS {
         hops += 1;
-        let next = m.ptr(frame + l.previous)?;
+        let next = m.ptr(frame + previous)?;
         if m.ptr(frame + l.ob_type)? != interp.frame_type {
             return None;
         }
-        let code = m.ptr(frame + l.code)?;
+        let code = m.ptr(frame + code_at)?;
         let li = m.get::<i32>(frame + lasti)?;
         let offset = if li < 0 {
             NO_OFFSET
@@ -800,26 +885,21 @@ fn walk_frame_objects<M: Mem>(
 
 /// ≥ 3.11: `_PyInterpreterFrame`s linked by `previous`, each read as one object (one check, or
 /// one kernel copy, for all its fields).
+#[inline(always)]
 fn walk_interpreter_frames<M: Mem>(
     interp: &Interp,
     m: &M,
+    shape: &FrameShape,
     mut frame: usize,
     out: &mut [usize],
     cache: &mut LocalCache,
 ) -> Option<usize> {
-    let l = &interp.layout;
-    let (
-        Chain::Interpreter {
-            cstack_owner,
-            firsttraceable,
-            code_adaptive,
-            ..
-        },
-        Some(at),
-    ) = (l.chain, interp.frame_offsets)
-    else {
-        return None;
-    };
+    let FrameShape {
+        offsets: at,
+        cstack_owner,
+        firsttraceable,
+        code_adaptive,
+    } = *shape;
     let mut n = 0;
     let mut hops = 0;
     while frame != 0 && n < out.len() && hops < MAX_HOPS {
@@ -842,10 +922,14 @@ fn walk_interpreter_frames<M: Mem>(
                 && own != 1
                 && ip < base + 2 * known.first_traceable as usize;
             if !incomplete {
-                let offset = ip
-                    .checked_sub(base)
-                    .and_then(|o| u32::try_from(o).ok())
-                    .unwrap_or(NO_OFFSET);
+                // Before the code's first instruction (3.12 points one unit before it until the
+                // first runs) wraps to a huge distance: unknown, like one past 4 GiB.
+                let distance = ip.wrapping_sub(base);
+                let offset = if distance > NO_OFFSET as usize {
+                    NO_OFFSET
+                } else {
+                    distance as u32
+                };
                 out[n] = pack(known.id, offset, entry);
                 n += 1;
             } else if entry && n > 0 {
@@ -873,8 +957,10 @@ fn code_id<M: Mem>(interp: &Interp, m: &M, code: usize, cache: &mut LocalCache) 
 }
 
 /// [`code_id`] when the code object is not known by its address: its full key, through the
-/// thread's cache, then the process's table. Out of line: the known case stays a few
-/// instructions in the walk's loop.
+/// thread's cache, then the process's table. Out of line and cold: the known case stays a few
+/// instructions in the walk's loop, and the registers it holds are saved around this call only
+/// when it is made.
+#[cold]
 #[inline(never)]
 fn identify<M: Mem>(interp: &Interp, m: &M, code: usize, cache: &mut LocalCache) -> Option<CodeId> {
     let l = &interp.layout;
@@ -882,10 +968,10 @@ fn identify<M: Mem>(interp: &Interp, m: &M, code: usize, cache: &mut LocalCache)
         return None;
     }
     let first_traceable = match l.chain {
-        Chain::Interpreter {
+        Chain::Interpreter(FrameShape {
             firsttraceable: Some(off),
             ..
-        } => m.get::<i32>(code + off)?.max(0) as u32,
+        }) => m.get::<i32>(code + off)?.max(0) as u32,
         _ => 0,
     };
     let filename = m.ptr(code + l.co_filename)?;
@@ -1091,4 +1177,205 @@ pub fn resolve(packed: &[usize]) -> Vec<PyFrame> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mem::{FrameFields, FRAME_BYTES};
+    use super::*;
+
+    /// A frame's bytes where [`Direct`] reads them (8-aligned).
+    #[repr(C, align(8))]
+    struct FrameBytes([u8; FRAME_BYTES]);
+
+    extern "C" fn no_thread_state() -> *mut c_void {
+        std::ptr::null_mut()
+    }
+
+    fn interp(version: (u32, u32), shape: FrameShape) -> Interp {
+        let mut layout = built_in_layout((3, 12)).unwrap();
+        layout.chain = Chain::Interpreter(shape);
+        Interp {
+            version,
+            get_tstate: no_thread_state,
+            code_type: 0,
+            frame_type: 0,
+            layout,
+            frame_loop: FrameLoop::of(&shape),
+        }
+    }
+
+    /// One frame of a test chain: its code object's address, id and first traceable
+    /// instruction, where it executes (in bytes from the code's first instruction), its owner
+    /// and its `is_entry` byte.
+    struct Spec {
+        code: usize,
+        id: u32,
+        first_traceable: u32,
+        at: isize,
+        owner: u8,
+        is_entry: u8,
+    }
+
+    /// Lays `specs` out as a chain (innermost first) with `shape`'s offsets, every code object
+    /// already known to the thread's cache, and walks it with the loop for `shape` and with the
+    /// loop that reads the shape at run time: both must give the same frames.
+    fn walk_both(shape: FrameShape, specs: &[Spec]) -> Vec<usize> {
+        let mut frames: Vec<FrameBytes> =
+            specs.iter().map(|_| FrameBytes([0; FRAME_BYTES])).collect();
+        let addrs: Vec<usize> = frames.iter().map(|f| f.0.as_ptr() as usize).collect();
+        let mut cache = LocalCache::new();
+        cache.start(7);
+        for (i, s) in specs.iter().enumerate() {
+            let base = s.code + shape.code_adaptive;
+            frames[i].0 = shape.offsets.frame_bytes(FrameFields {
+                previous: addrs.get(i + 1).copied().unwrap_or(0),
+                code: s.code,
+                instr: base.wrapping_add_signed(s.at),
+                owner: s.owner,
+                is_entry: s.is_entry,
+            });
+            let key = CodeKey {
+                code: s.code,
+                ..CodeKey::default()
+            };
+            let id = CodeId {
+                id: s.id,
+                first_traceable: s.first_traceable,
+            };
+            cache.insert(key, id);
+        }
+        let fixed = interp((3, 0), shape);
+        assert_ne!(fixed.frame_loop, FrameLoop::FromLayout);
+        let mut out = vec![0; MAX_PY_FRAMES];
+        let n = match fixed.frame_loop {
+            FrameLoop::Fixed311 => walk_interpreter_frames(
+                &fixed,
+                &Direct,
+                &FRAMES_311,
+                addrs[0],
+                &mut out,
+                &mut cache,
+            ),
+            FrameLoop::Fixed312 => walk_interpreter_frames(
+                &fixed,
+                &Direct,
+                &FRAMES_312,
+                addrs[0],
+                &mut out,
+                &mut cache,
+            ),
+            FrameLoop::Fixed313 => walk_interpreter_frames(
+                &fixed,
+                &Direct,
+                &FRAMES_313,
+                addrs[0],
+                &mut out,
+                &mut cache,
+            ),
+            FrameLoop::FromLayout => unreachable!(),
+        }
+        .unwrap();
+        let from_layout = std::hint::black_box(shape);
+        let mut again = vec![0; MAX_PY_FRAMES];
+        let m = walk_interpreter_frames(
+            &fixed,
+            &Direct,
+            &from_layout,
+            addrs[0],
+            &mut again,
+            &mut cache,
+        )
+        .unwrap();
+        assert_eq!(out[..n], again[..m], "the loops for {shape:?} disagree");
+        drop(frames);
+        out.truncate(n);
+        out
+    }
+
+    fn spec(code: usize, id: u32, first_traceable: u32, at: isize, owner: u8) -> Spec {
+        Spec {
+            code,
+            id,
+            first_traceable,
+            at,
+            owner,
+            is_entry: 0,
+        }
+    }
+
+    #[test]
+    fn each_layout_known_when_built_has_its_own_loop() {
+        assert_eq!(FrameLoop::of(&FRAMES_311), FrameLoop::Fixed311);
+        assert_eq!(FrameLoop::of(&FRAMES_312), FrameLoop::Fixed312);
+        assert_eq!(FrameLoop::of(&FRAMES_313), FrameLoop::Fixed313);
+        let moved = FrameShape {
+            code_adaptive: 208,
+            ..FRAMES_313
+        };
+        assert_eq!(FrameLoop::of(&moved), FrameLoop::FromLayout);
+        for version in [(3, 11), (3, 12)] {
+            let Chain::Interpreter(shape) = built_in_layout(version).unwrap().chain else {
+                panic!("{version:?} has interpreter frames");
+            };
+            assert_ne!(FrameLoop::of(&shape), FrameLoop::FromLayout, "{version:?}");
+        }
+    }
+
+    #[test]
+    fn shim_frames_end_a_group_and_frames_not_started_are_skipped() {
+        // 3.12 and 3.13: owner 3 is a C-stack shim frame.
+        let (a, b, c) = (0x7100_0000, 0x7200_0000, 0x7300_0000);
+        for shape in [FRAMES_312, FRAMES_313] {
+            let got = walk_both(
+                shape,
+                &[
+                    spec(a, 1, 0, 20, 0),
+                    spec(a, 1, 0, 0, 3),
+                    // Not yet past its first traceable instruction (3.12 only: 3.13 has none).
+                    spec(b, 2, 4, 6, 0),
+                    // A generator's frame (owner 1) is kept wherever it is.
+                    spec(b, 2, 4, 2, 1),
+                    // One unit before the first instruction: offset unknown.
+                    spec(c, 3, 0, -2, 1),
+                ],
+            );
+            let mut want = vec![pack(1, 20, true)];
+            if shape.firsttraceable.is_none() {
+                want.push(pack(2, 6, false));
+            }
+            want.extend([pack(2, 2, false), pack(3, NO_OFFSET, false)]);
+            assert_eq!(got, want, "{shape:?}");
+        }
+    }
+
+    #[test]
+    fn entry_frames_end_their_group_in_3_11() {
+        let (a, b, c) = (0x7100_0000, 0x7200_0000, 0x7300_0000);
+        let entry = |mut s: Spec| {
+            s.is_entry = 1;
+            s
+        };
+        let got = walk_both(
+            FRAMES_311,
+            &[
+                spec(a, 1, 0, 10, 0),
+                entry(spec(a, 1, 0, 12, 0)),
+                spec(b, 2, 0, 0, 0),
+                // Not started, but an entry: the frame before it ends its group.
+                entry(spec(c, 3, 3, 4, 0)),
+                // Beyond 4 GiB of its code: offset unknown.
+                spec(c, 3, 3, 1 << 40, 0),
+            ],
+        );
+        assert_eq!(
+            got,
+            vec![
+                pack(1, 10, false),
+                pack(1, 12, true),
+                pack(2, 0, true),
+                pack(3, NO_OFFSET, false)
+            ]
+        );
+    }
 }
