@@ -32,7 +32,8 @@ pub(super) struct NextHolder<'a> {
 /// (freeing it would have made room): with the weights as the largest holder, this is usually
 /// the activations or caches the program grew, the line a user can change. Sites are summed by
 /// the line they are ([`Line`]); the largest holder's line and the failing line are not
-/// repeated.
+/// repeated, and memory allocated without Python frames is no such line (autograd's buffers in
+/// a backward pass: no line of the program frees them).
 pub(super) fn next_holder<'a>(
     dump: &'a Dump,
     request: u64,
@@ -45,7 +46,7 @@ pub(super) fn next_holder<'a>(
     let python_program = dump.recording.python.is_some();
     let mut by_line: Vec<NextHolder<'a>> = Vec::new();
     for s in &dump.sites {
-        let Some(line) = Line::of_site(s, python_program) else {
+        let Some(line @ Line::Frame(_)) = Line::of_site(s, python_program) else {
             continue;
         };
         match by_line.iter_mut().find(|h| h.line == line) {
@@ -235,6 +236,25 @@ mod tests {
         );
         assert!(
             v.1.contains("request at <module> (batch_finder.py:12) failed"),
+            "{}",
+            v.1
+        );
+
+        // As it failed on the H200 under allocator mode: the request on autograd's thread (no
+        // Python frames) and the mean's 64 GiB gradient made there. That gradient is no line a
+        // user can free: lines 10 and 11 are still the ones named.
+        let mut backward = d.clone();
+        backward.failed_request.as_mut().unwrap().stack = Vec::new();
+        backward.sites[0].stack = Vec::new();
+        // 128.03 GiB of activations there: the gradient holds less than half, so it is not
+        // named as the largest holder.
+        let k = backward.framework.as_mut().unwrap().kinds.as_mut().unwrap();
+        k.activations_bytes = Some(128 * GIB + 32 * MIB);
+        let v = headline(&backward);
+        assert!(
+            [10, 11].iter().any(|l| v.1.contains(&format!(
+                "32.00 GiB at <module> (batch_finder.py:{l}) alone holds as much as the 32.00 GiB request"
+            ))),
             "{}",
             v.1
         );
