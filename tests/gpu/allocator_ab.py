@@ -4,6 +4,9 @@ recorder, A/B in ONE process. Prints figures (medians, ranges, the goals beside 
     python3 tests/gpu/allocator_ab.py            # about 3 minutes on an H200
     AB_ROUNDS=24 AB_LOOP=50000 AB_STEP_ROUNDS=48 AB_STEPS=4 python3 ...   # the defaults
     AB_CASES=step,forward AB_ARMS=allocator,totals,pass_through python3 ...   # a narrower run
+    AB_SECONDS=300 python3 ...   # stop starting rounds after 300 s; report the rounds made
+
+A SIGTERM (`timeout`) also ends the rounds: what was measured is reported, not lost.
 
 How both allocators serve one process. torch asks one process-wide pointer for every tensor's
 memory: `c10::cuda::CUDACachingAllocator::allocator`, an exported `std::atomic<CUDAAllocator*>` in
@@ -40,6 +43,7 @@ import ctypes
 import gc
 import json
 import os
+import signal
 import sys
 import time
 from statistics import median
@@ -173,17 +177,30 @@ def measure(rounds, sizes, arms, cases):
         block(arm, "step") if arm != "native" else steps(3)
     results = {}
     t0 = time.time()
+    # Rounds stop at AB_SECONDS or a SIGTERM; the rounds made so far are reported.
+    deadline = t0 + float(os.environ.get("AB_SECONDS", "inf"))
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     gc.disable()
     for case in cases:
+        if stop or time.time() > deadline:
+            print(f"allocator_ab: {case} not measured (out of time)", flush=True)
+            continue
         ratios = {arm: [] for arm in arms}
         natives = [block("native", case)]
         for r in range(rounds[case]):
+            if stop or time.time() > deadline:
+                print(f"allocator_ab: {case} stopped after {r} of {rounds[case]} rounds (out of time)",
+                      flush=True)
+                rounds[case] = r
+                break
             for k in range(len(arms)):  # rotate the order, so that no arm always follows another
                 arm = arms[(r + k) % len(arms)]
                 t = block(arm, case)
                 natives.append(block("native", case))
                 ratios[arm].append(t / ((natives[-2] + natives[-1]) / 2))
-        results[case] = {"native": median(natives), "ratios": ratios}
+        if rounds[case]:
+            results[case] = {"native": median(natives), "ratios": ratios}
     gc.enable()
     return results, time.time() - t0
 
