@@ -457,6 +457,62 @@ print(ot.library_path())
     );
 }
 
+/// A shim rebuilt while the program runs: its file is replaced, /proc/self/maps names the loaded
+/// copy "PATH (deleted)", and loading PATH would map the new build as a second shim. The package
+/// names the loaded copy by its mapping's map_files link (dlopen gives that same copy back), or,
+/// where the process may not open that link, refuses with an error rather than load another.
+#[test]
+fn a_loaded_shim_replaced_on_disk_is_still_the_one_used() {
+    let Some(e) = env() else { return };
+    let copy = e.tmp.path().join("liboomshim.so");
+    std::fs::copy(common::shim_lib(), &copy).unwrap();
+    let program = format!(
+        r#"
+import ctypes, os, shutil
+lib = ctypes.CDLL({copy:?}, mode=ctypes.RTLD_GLOBAL)  # as LD_PRELOAD leaves it: in the global scope
+loaded = ctypes.cast(lib.oomshim_torch_alloc, ctypes.c_void_p).value
+os.unlink({copy:?})
+shutil.copy({copy:?} + ".new", {copy:?})  # the rebuild
+os.environ.pop("OOMSHIM_LIB", None)
+import oomshim.torch as ot
+try:
+    path = ot.library_path()
+except FileNotFoundError as x:
+    print("refused:", x)
+    raise SystemExit(0)
+again = ctypes.cast(ctypes.CDLL(path).oomshim_torch_alloc, ctypes.c_void_p).value
+print("same copy" if again == loaded else "another copy", path)
+"#,
+        copy = copy.display().to_string()
+    );
+    std::fs::copy(common::shim_lib(), e.tmp.path().join("liboomshim.so.new")).unwrap();
+    let text = ok(&python(&e, &program, &[]));
+    let opens_map_files = {
+        // The same test the package makes: can this process open its own map_files links?
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let range = maps
+            .lines()
+            .next()
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string();
+        std::fs::File::open(format!("/proc/self/map_files/{range}")).is_ok()
+    };
+    if opens_map_files {
+        assert!(
+            text.starts_with("same copy /proc/self/map_files/"),
+            "{text}"
+        );
+    } else {
+        assert!(
+            text.starts_with("refused:") && text.contains("removed or replaced on disk"),
+            "{text}"
+        );
+    }
+}
+
 #[test]
 fn the_recording_switch_works_in_allocator_mode_and_leaves_the_ledger_exact() {
     let Some(e) = env() else { return };

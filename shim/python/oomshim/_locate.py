@@ -84,11 +84,25 @@ def _shim_symbol_address():
         return None
 
 
+def _opens(path):
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+        return True
+    except OSError:
+        return False
+
+
 def loaded_library():
     """The path of the shim already mapped into this process, if any: the file mapped where its
     exported allocator function lies (`oomshim run --lib` and LD_PRELOAD take a library of any
     name: another copy loaded by name would be a second shim with its own state), else a file
-    named liboomshim.so (a copy loaded privately, with RTLD_LOCAL)."""
+    named liboomshim.so (a copy loaded privately, with RTLD_LOCAL).
+
+    A shim removed or replaced on disk since it was loaded (a rebuild while the program runs) is
+    named by its mapping's /proc/self/map_files link, which opens that same file: dlopen then
+    returns the copy already loaded. Where this process may not open those links (they need
+    CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN), FileNotFoundError says so: loading whatever now
+    has that name would be a second shim."""
     address = _shim_symbol_address()
     by_name = None
     try:
@@ -101,10 +115,20 @@ def loaded_library():
                 if address is not None:
                     lo, _, hi = fields[0].partition("-")
                     try:
-                        if int(lo, 16) <= address < int(hi, 16) and os.path.isfile(path):
-                            return path
+                        mapped_here = int(lo, 16) <= address < int(hi, 16)
                     except ValueError:
-                        pass
+                        mapped_here = False
+                    if mapped_here and os.path.isfile(path):
+                        return path
+                    if mapped_here:
+                        link = "/proc/self/map_files/" + fields[0]
+                        if _opens(link):
+                            return link
+                        raise FileNotFoundError(
+                            f"the oomshim library loaded in this process ({path}) was removed or "
+                            "replaced on disk since, and this process may not open its mapping "
+                            f"({link}); loading another copy would make a second shim. Restart "
+                            "the program to use the new build.")
                 if by_name is None and os.path.basename(path) == LIB_NAME and os.path.exists(path):
                     by_name = path
     except OSError:
@@ -122,7 +146,7 @@ def library_path():
 
     1. the OOMSHIM_LIB environment variable (it must name a file);
     2. the copy already loaded in this process (by `oomshim run` or LD_PRELOAD), so there is only
-       ever one copy of the shim's state;
+       ever one copy of the shim's state (`loaded_library`: also when its file was replaced since);
     3. the copy inside this package (the wheel);
     4. the build directory of the repository this package sits in: target/release or
        target/release/deps, the newer of the two; only in a checkout that proves to be one,
