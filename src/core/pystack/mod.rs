@@ -70,16 +70,22 @@ const NO_OFFSET: u32 = u32::MAX;
 /// Which frame chain a version has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Chain {
-    /// ≤ 3.10: `PyFrameObject`s linked by `f_back` (at `previous`), the code object at `code`;
-    /// `f_lasti` in bytes (3.9) or code units (3.10).
-    FrameObjects {
-        previous: usize,
-        code: usize,
-        lasti: usize,
-        lasti_units: bool,
-    },
+    /// ≤ 3.10: `PyFrameObject`s linked by `f_back`.
+    FrameObjects(FrameObjectShape),
     /// ≥ 3.11: `_PyInterpreterFrame`s linked by `previous`.
     Interpreter(FrameShape),
+}
+
+/// How a ≤ 3.10 chain of `PyFrameObject`s is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FrameObjectShape {
+    /// `f_back`.
+    previous: usize,
+    /// `f_code`.
+    code: usize,
+    /// `f_lasti`, in bytes (3.9) or code units (3.10, `lasti_units`).
+    lasti: usize,
+    lasti_units: bool,
 }
 
 /// How a 3.11+ chain of `_PyInterpreterFrame`s is read.
@@ -250,7 +256,7 @@ fn find_interp() -> Option<Interp> {
         layout,
         frame_loop: match layout.chain {
             Chain::Interpreter(shape) => FrameLoop::of(&shape),
-            Chain::FrameObjects { .. } => FrameLoop::FromLayout,
+            Chain::FrameObjects(_) => FrameLoop::FromLayout,
         },
     })
 }
@@ -269,12 +275,12 @@ fn built_in_layout(version: (u32, u32)) -> Option<Layout> {
                 cframe: None,
                 cframe_current: 0,
                 frame: 24,
-                chain: Chain::FrameObjects {
+                chain: Chain::FrameObjects(FrameObjectShape {
                     previous: 24,
                     code: 32,
                     lasti,
                     lasti_units,
-                },
+                }),
                 co_filename: 104,
                 co_name: 112,
                 co_firstlineno: 40,
@@ -810,34 +816,8 @@ fn walk<M: Mem>(
     let limit = out.len().min(MAX_PY_FRAMES);
     let out = &mut out[..limit];
     let n = match l.chain {
-        Chain::FrameObjects {
-            previous,
-            code,
-            lasti,
-            lasti_units,
-        } => walk_frame_objects(
-            interp,
-            m,
-            frame,
-            (previous, code, lasti, lasti_units),
-            out,
-            cache,
-        )?,
-        // A layout known when built gets a loop of its own with its constants folded in
-        // (`FrameLoop::of` found the layout equal to that constant).
-        // (One call each: a loop per constant.)
-        Chain::Interpreter(shape) => match interp.frame_loop {
-            FrameLoop::Fixed311 => {
-                walk_interpreter_frames(interp, m, &FRAMES_311, frame, out, cache)?
-            }
-            FrameLoop::Fixed312 => {
-                walk_interpreter_frames(interp, m, &FRAMES_312, frame, out, cache)?
-            }
-            FrameLoop::Fixed313 => {
-                walk_interpreter_frames(interp, m, &FRAMES_313, frame, out, cache)?
-            }
-            FrameLoop::FromLayout => walk_interpreter_frames(interp, m, &shape, frame, out, cache)?,
-        },
+        Chain::FrameObjects(shape) => walk_frame_objects(interp, m, &shape, frame, out, cache)?,
+        Chain::Interpreter(shape) => walk_interpreter_chain(interp, m, &shape, frame, out, cache)?,
     };
     if n > 0 {
         out[n - 1] |= GROUP_END;
@@ -852,12 +832,18 @@ const MAX_HOPS: usize = 4 * MAX_PY_FRAMES;
 fn walk_frame_objects<M: Mem>(
     interp: &Interp,
     m: &M,
+    shape: &FrameObjectShape,
     mut frame: usize,
-    (previous, code_at, lasti, lasti_units): (usize, usize, usize, bool),
     out: &mut [usize],
     cache: &mut LocalCache,
 ) -> Option<usize> {
     let l = &interp.layout;
+    let FrameObjectShape {
+        previous,
+        code: code_at,
+        lasti,
+        lasti_units,
+    } = *shape;
     let mut n = 0;
     let mut hops = 0;
     while frame != 0 && n < out.len() && hops < MAX_HOPS {
@@ -881,6 +867,25 @@ fn walk_frame_objects<M: Mem>(
         frame = next;
     }
     Some(n)
+}
+
+/// ≥ 3.11: the chain from `frame` (the layout's `shape`), by the loop `interp.frame_loop` names:
+/// a layout known when built has a loop of its own with its constants folded in (`FrameLoop::of`
+/// found `shape` equal to that constant), one call each so that each is a loop of its own.
+fn walk_interpreter_chain<M: Mem>(
+    interp: &Interp,
+    m: &M,
+    shape: &FrameShape,
+    frame: usize,
+    out: &mut [usize],
+    cache: &mut LocalCache,
+) -> Option<usize> {
+    match interp.frame_loop {
+        FrameLoop::Fixed311 => walk_interpreter_frames(interp, m, &FRAMES_311, frame, out, cache),
+        FrameLoop::Fixed312 => walk_interpreter_frames(interp, m, &FRAMES_312, frame, out, cache),
+        FrameLoop::Fixed313 => walk_interpreter_frames(interp, m, &FRAMES_313, frame, out, cache),
+        FrameLoop::FromLayout => walk_interpreter_frames(interp, m, shape, frame, out, cache),
+    }
 }
 
 /// ≥ 3.11: `_PyInterpreterFrame`s linked by `previous`, each read as one object (one check, or
@@ -1192,16 +1197,17 @@ mod tests {
         std::ptr::null_mut()
     }
 
-    fn interp(version: (u32, u32), shape: FrameShape) -> Interp {
+    /// An interpreter whose frames have `shape`, walked by `frame_loop`.
+    fn interp(shape: FrameShape, frame_loop: FrameLoop) -> Interp {
         let mut layout = built_in_layout((3, 12)).unwrap();
         layout.chain = Chain::Interpreter(shape);
         Interp {
-            version,
+            version: (3, 0),
             get_tstate: no_thread_state,
             code_type: 0,
             frame_type: 0,
             layout,
-            frame_loop: FrameLoop::of(&shape),
+            frame_loop,
         }
     }
 
@@ -1245,51 +1251,19 @@ mod tests {
             };
             cache.insert(key, id);
         }
-        let fixed = interp((3, 0), shape);
-        assert_ne!(fixed.frame_loop, FrameLoop::FromLayout);
-        let mut out = vec![0; MAX_PY_FRAMES];
-        let n = match fixed.frame_loop {
-            FrameLoop::Fixed311 => walk_interpreter_frames(
-                &fixed,
-                &Direct,
-                &FRAMES_311,
-                addrs[0],
-                &mut out,
-                &mut cache,
-            ),
-            FrameLoop::Fixed312 => walk_interpreter_frames(
-                &fixed,
-                &Direct,
-                &FRAMES_312,
-                addrs[0],
-                &mut out,
-                &mut cache,
-            ),
-            FrameLoop::Fixed313 => walk_interpreter_frames(
-                &fixed,
-                &Direct,
-                &FRAMES_313,
-                addrs[0],
-                &mut out,
-                &mut cache,
-            ),
-            FrameLoop::FromLayout => unreachable!(),
-        }
-        .unwrap();
-        let from_layout = std::hint::black_box(shape);
-        let mut again = vec![0; MAX_PY_FRAMES];
-        let m = walk_interpreter_frames(
-            &fixed,
-            &Direct,
-            &from_layout,
-            addrs[0],
-            &mut again,
-            &mut cache,
-        )
-        .unwrap();
-        assert_eq!(out[..n], again[..m], "the loops for {shape:?} disagree");
+        let run = |frame_loop: FrameLoop, cache: &mut LocalCache| {
+            let mut out = vec![0; MAX_PY_FRAMES];
+            let i = interp(shape, frame_loop);
+            let n = walk_interpreter_chain(&i, &Direct, &shape, addrs[0], &mut out, cache).unwrap();
+            out.truncate(n);
+            out
+        };
+        let fixed = FrameLoop::of(&shape);
+        assert_ne!(fixed, FrameLoop::FromLayout);
+        let out = run(fixed, &mut cache);
+        let again = run(FrameLoop::FromLayout, &mut cache);
+        assert_eq!(out, again, "the loops for {shape:?} disagree");
         drop(frames);
-        out.truncate(n);
         out
     }
 
