@@ -237,7 +237,7 @@ impl<S: Copy> Detector<S> {
     fn move_anchor(&mut self, key: u64, stack: S, seq: u64) -> Watch {
         let absent = seq.saturating_sub(self.last_seq);
         let patience = self.patience();
-        if self.detected() && self.anchor != NO_ANCHOR && absent < patience {
+        if self.detected() && absent < patience {
             return Watch {
                 anchor: self.anchor,
                 deadline: self.last_seq + absent.saturating_mul(2).min(patience),
