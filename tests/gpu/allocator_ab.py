@@ -182,25 +182,29 @@ def measure(rounds, sizes, arms, cases):
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     gc.disable()
+
+    def out_of_time():
+        return stop or time.time() > deadline
+
     for case in cases:
-        if stop or time.time() > deadline:
+        if out_of_time():
             print(f"allocator_ab: {case} not measured (out of time)", flush=True)
             continue
         ratios = {arm: [] for arm in arms}
         natives = [block("native", case)]
-        for r in range(rounds[case]):
-            if stop or time.time() > deadline:
-                print(f"allocator_ab: {case} stopped after {r} of {rounds[case]} rounds (out of time)",
-                      flush=True)
-                rounds[case] = r
-                break
+        made = 0
+        while made < rounds[case] and not out_of_time():
             for k in range(len(arms)):  # rotate the order, so that no arm always follows another
-                arm = arms[(r + k) % len(arms)]
+                arm = arms[(made + k) % len(arms)]
                 t = block(arm, case)
                 natives.append(block("native", case))
                 ratios[arm].append(t / ((natives[-2] + natives[-1]) / 2))
-        if rounds[case]:
-            results[case] = {"native": median(natives), "ratios": ratios}
+            made += 1
+        if made < rounds[case]:
+            print(f"allocator_ab: {case} stopped after {made} of {rounds[case]} rounds (out of time)",
+                  flush=True)
+        if made:
+            results[case] = {"native": median(natives), "ratios": ratios, "rounds": made}
     gc.enable()
     return results, time.time() - t0
 
@@ -233,7 +237,7 @@ def main():
         name, scale = unit[case]
         blocks = sum(len(v) for v in r["ratios"].values()) + 1
         print(f"\n{case}: native {r['native'] / scale:.3f} {name} (median of {blocks} native blocks of "
-              f"{sizes[case]}; {rounds[case]} rounds)")
+              f"{sizes[case]}; {r['rounds']} rounds)")
         for arm, v in r["ratios"].items():
             s = sorted(v)
             q1, q3 = s[len(s) // 4], s[(3 * len(s)) // 4]
@@ -254,7 +258,8 @@ def main():
             a, rec = median(r["ratios"]["allocator"]), median(r["ratios"]["recorder"])
             print(f"  allocator / recorder: {a / rec:.3f} (goal below 1)")
         table[f"{case}_native_ns"] = r["native"]
-    print(json.dumps({"case": "allocator_ab", "one_process": True, "rounds": rounds, "sizes": sizes,
+    made = {case: r["rounds"] for case, r in results.items()}
+    print(json.dumps({"case": "allocator_ab", "one_process": True, "rounds": made, "sizes": sizes,
                       "recording": RECORDING, **table}))
 
 
