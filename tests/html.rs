@@ -345,10 +345,8 @@ fn chromium() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Runs headless Chromium on `url` with `extra` flags; stdout goes to `stdout_file`. Killed after
-/// two minutes.
-/// Runs Chromium on `url` until it exits (asserting it succeeded); false when it gave no result
-/// within 120 s (killed).
+/// Runs headless Chromium on `url` with `extra` flags until it exits (asserting it succeeded);
+/// stdout goes to `stdout_file`. False when it gave no result within two minutes (then killed).
 fn run_chromium(exe: &Path, url: &str, extra: &[String], stdout_file: &Path) -> bool {
     let profile = tempfile::tempdir().unwrap();
     let stderr_file = stdout_file.with_extension("stderr");
