@@ -861,3 +861,52 @@ fn starting_and_exiting_processes_are_not_region_errors() {
     );
     assert!(stderr.is_empty(), "{stderr}");
 }
+
+/// A program that closes every descriptor it did not open and reuses the numbers (with a limit
+/// too low for the shim to move its own descriptors high) keeps writing to its own file while
+/// the live summary goes on publishing: the publisher holds no descriptor between publishes, so
+/// it never closes a number the program has since reused.
+#[test]
+fn a_program_reusing_descriptor_numbers_keeps_its_own_files_while_the_summary_publishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let own = dir.path().join("own.log");
+    for launcher in ["preload", "run"] {
+        let mut cmd = if launcher == "preload" {
+            let mut c = Command::new(testbed::client("fd_reuse"));
+            c.env("LD_PRELOAD", common::shim_lib())
+                .env("OOMSHIM_DIR", dir.path().join("dumps"));
+            c
+        } else {
+            let mut c = cli();
+            c.args(["run", "--dir"])
+                .arg(dir.path().join("dumps"))
+                .arg("--")
+                .arg(testbed::client("fd_reuse"))
+                .env_remove("LD_PRELOAD");
+            c
+        };
+        cmd.arg(&own)
+            .env("OOMSHIM_LIVE_DIR", dir.path().join("live"))
+            .env("OOMSHIM_LIVE_INTERVAL", "100ms")
+            .env("SIMCUDA_CAPACITY", "1G");
+        let out = common::wait_with_watchdog(
+            {
+                cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+                cmd
+            },
+            Duration::from_secs(60),
+        );
+        assert!(
+            out.status.success() && text(&out.stdout).contains("wrote 75 of 75 lines"),
+            "{launcher}: stdout {} stderr {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        let written = fs::read_to_string(&own).unwrap();
+        assert_eq!(written.lines().count(), 75, "{launcher}: {written}");
+        assert!(
+            written.lines().all(|l| l.starts_with("line ")),
+            "{launcher}: the shim's bytes in the program's file"
+        );
+    }
+}

@@ -262,7 +262,10 @@ fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
         return;
     }
     let (mut writer, path, ino) = match create(&settings.dir, pid, start_ticks) {
-        Ok(v) => v,
+        Ok((mut writer, path, ino)) => {
+            writer.release_file(); // each publish opens the region anew
+            (writer, path, ino)
+        }
         Err(e) => {
             oomshim_core::say!(
                 "oomshim: the live summary is off: cannot create it in {} ({e}); post-mortem dumps and `oomshim top` will not see this process",
@@ -418,13 +421,21 @@ fn publish_once(
         return Err(std::io::Error::other("the region file was replaced"));
     }
     writer.use_file(file);
+    let published = write_summary(writer, &mut summary);
+    writer.release_file();
+    published
+}
+
+/// Serialises `summary` (smaller if it does not fit a slot) and publishes it through the file
+/// the writer holds for this publish.
+fn write_summary(writer: &mut RegionWriter, summary: &mut LiveSummary) -> std::io::Result<()> {
     summary.generation = writer.generation() + 1;
-    let mut bytes = serde_json::to_vec(&summary).map_err(std::io::Error::other)?;
+    let mut bytes = serde_json::to_vec(&*summary).map_err(std::io::Error::other)?;
     if bytes.len() as u64 > oomshim_core::flight::layout::SLOT_BYTES {
         // Huge stacks or names: keep the totals, growth and sites, drop the holders first.
         summary.dump.largest_holders.clear();
         summary.dump.sites.truncate(5);
-        bytes = serde_json::to_vec(&summary).map_err(std::io::Error::other)?;
+        bytes = serde_json::to_vec(&*summary).map_err(std::io::Error::other)?;
     }
     writer.publish(&bytes)?;
     Ok(())

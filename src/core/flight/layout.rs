@@ -129,7 +129,8 @@ pub fn parse_header(b: &[u8]) -> Result<Header, String> {
 
 /// The writing side of a region file: one writer per region (the publisher thread).
 pub struct RegionWriter {
-    file: File,
+    /// Only while a publish runs (see [`RegionWriter::use_file`]).
+    file: Option<File>,
     generation: u64,
     seqs: [u64; 2],
 }
@@ -148,7 +149,7 @@ impl RegionWriter {
         h[32..40].copy_from_slice(&start_ticks.to_le_bytes());
         file.write_all_at(&h, 0)?;
         Ok(RegionWriter {
-            file,
+            file: Some(file),
             generation: 0,
             seqs: [0, 0],
         })
@@ -159,11 +160,27 @@ impl RegionWriter {
         self.generation
     }
 
-    /// Writes through `file` from now on: the same region reopened by its path (a publisher
-    /// keeps no descriptor between publishes, so a program closing and reusing descriptor
-    /// numbers can never have the region's bytes written into one of its own files).
+    /// Writes through `file` until [`RegionWriter::release_file`]: the same region reopened by
+    /// its path for one publish.
     pub fn use_file(&mut self, file: File) {
-        self.file = file;
+        self.file = Some(file);
+    }
+
+    /// Closes the descriptor now, while it is surely still the writer's. A publisher keeps no
+    /// descriptor between publishes: the program owns its descriptor table and may close every
+    /// number it did not open (`closefrom(3)`) and reuse it; a descriptor kept across that and
+    /// closed later would close one of the program's own files.
+    pub fn release_file(&mut self) {
+        self.file = None;
+    }
+
+    fn file(&self) -> io::Result<&File> {
+        self.file.as_ref().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the region is not open for this publish",
+            )
+        })
     }
 
     /// Publishes `payload` as the next generation; returns it. Fails (and publishes nothing
@@ -183,16 +200,17 @@ impl RegionWriter {
         let slot = gen % 2;
         let d = slot_desc_offset(slot);
         self.begin(slot)?;
-        self.file.write_all_at(payload, slot_payload_offset(slot))?;
+        self.file()?
+            .write_all_at(payload, slot_payload_offset(slot))?;
         let mut desc = [0u8; 24];
         desc[..8].copy_from_slice(&(payload.len() as u64).to_le_bytes());
         desc[8..16].copy_from_slice(&checksum(payload).to_le_bytes());
         desc[16..24].copy_from_slice(&gen.to_le_bytes());
-        self.file.write_all_at(&desc, d + 8)?;
+        self.file()?.write_all_at(&desc, d + 8)?;
         self.seqs[slot as usize] += 1; // even: complete
-        self.file
+        self.file()?
             .write_all_at(&self.seqs[slot as usize].to_le_bytes(), d)?;
-        self.file.write_all_at(&gen.to_le_bytes(), OFF_LATEST)?;
+        self.file()?.write_all_at(&gen.to_le_bytes(), OFF_LATEST)?;
         self.generation = gen;
         Ok(gen)
     }
@@ -203,7 +221,7 @@ impl RegionWriter {
         if self.seqs[slot as usize].is_multiple_of(2) {
             self.seqs[slot as usize] += 1;
         }
-        self.file.write_all_at(
+        self.file()?.write_all_at(
             &self.seqs[slot as usize].to_le_bytes(),
             slot_desc_offset(slot),
         )
@@ -216,7 +234,7 @@ impl RegionWriter {
         let slot = (self.generation + 1) % 2;
         self.begin(slot)?;
         let half = &payload[..payload.len().min(SLOT_BYTES as usize) / 2];
-        self.file.write_all_at(half, slot_payload_offset(slot))
+        self.file()?.write_all_at(half, slot_payload_offset(slot))
     }
 }
 
