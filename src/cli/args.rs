@@ -73,7 +73,7 @@ pub enum Cmd {
         #[arg(long, default_value_t = 10, value_name = "N", value_parser = at_least_one())]
         top: usize,
         /// Print the report as JSON: everything the dump knows, in the documented shape
-        /// `oomshim.report/1` (README: Report JSON).
+        /// `oomshim.report/1` (docs/dump-schema.md).
         #[arg(long)]
         json: bool,
         /// Write a self-contained HTML report (verdict, growth chart, icicle graph, sortable

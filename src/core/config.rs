@@ -19,7 +19,7 @@ pub const DEFAULT_SETTLE: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_DUMPS_PER_MINUTE: u64 = 10;
 
 /// One `OOMSHIM_*` setting as users see it: the one list behind `oomshim env` (and
-/// `oomshim help env`) and the README's table of settings (a test keeps the two equal).
+/// `oomshim help env`) and the table of settings in docs/configuration.md (a test keeps the two equal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Setting {
     pub name: &'static str,
@@ -30,7 +30,7 @@ pub struct Setting {
 }
 
 /// Every setting a user may set, in the order they are documented. Adding one is adding a row
-/// here (and running the README test with `OOMSHIM_BLESS=1` to copy it into the README); a test
+/// here (and running the docs test with `OOMSHIM_BLESS=1` to copy it into docs/configuration.md); a test
 /// fails when the code reads an `OOMSHIM_*` variable this table lacks.
 pub const SETTINGS: &[Setting] = &[
     Setting {
@@ -46,7 +46,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "OOMSHIM_STACKS",
         default: "all",
-        meaning: "`all`: the native stack and, on threads running Python, the Python stack, merged in dumps (see Python stacks). `native`: native stacks only. `python`: Python stacks only (no native unwinding). `off`: no stacks (cheapest); sizes, APIs and totals are still exact. Native stacks are symbolised only when a dump is written.",
+        meaning: "`all`: the native stack and, on threads running Python, the Python stack, merged in dumps (docs: user guide, Python stacks). `native`: native stacks only. `python`: Python stacks only (no native unwinding). `off`: no stacks (cheapest); sizes, APIs and totals are still exact. Native stacks are symbolised only when a dump is written.",
     },
     Setting {
         name: "OOMSHIM_TOP",
@@ -96,7 +96,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "OOMSHIM_TORCH_HOOK",
         default: "1",
-        meaning: "`0` switches off oomshim's Python hook, which the shim puts on a Python program's path by itself (plain `LD_PRELOAD`) and `oomshim run` puts there too (see With PyTorch): torch's OOM observer, the automatic step marks, JAX's out-of-memory errors.",
+        meaning: "`0` switches off oomshim's Python hook, which the shim puts on a Python program's path by itself (plain `LD_PRELOAD`) and `oomshim run` puts there too (docs: user guide, With PyTorch): torch's OOM observer, the automatic step marks, JAX's out-of-memory errors.",
     },
     Setting {
         name: "OOMSHIM_AUTO_STEPS",
@@ -121,7 +121,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "OOMSHIM_LIVE",
         default: "1",
-        meaning: "`1`: the shim keeps a live summary of its ledger in a private shared-memory region (see Flight recorder), read by `oomshim top` and by `oomshim run` for a post-mortem dump when the program is killed. `0`: no region (and no post-mortem dumps).",
+        meaning: "`1`: the shim keeps a live summary of its ledger in a private shared-memory region (docs: operations, the flight recorder), read by `oomshim top` and by `oomshim run` for a post-mortem dump when the program is killed. `0`: no region (and no post-mortem dumps).",
     },
     Setting {
         name: "OOMSHIM_LIVE_DIR",
@@ -141,7 +141,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "OOMSHIM_LIB",
         default: "—",
-        meaning: "Where the CLI (`run`, `demo`) and `oomshim.torch.enable()` find `liboomshim.so`; it must name a file. Unset, each looks beside itself (see Set-up and PyTorch allocator mode).",
+        meaning: "Where the CLI (`run`, `demo`) and `oomshim.torch.enable()` find `liboomshim.so`; it must name a file. Unset, each looks beside itself (docs: configuration, where the shim library is found).",
     },
 ];
 
@@ -163,8 +163,8 @@ pub fn settings_help(width: usize) -> String {
     out
 }
 
-/// The README's table of settings (section "Environment variables"), generated from
-/// [`SETTINGS`]; a test keeps the README equal to it.
+/// The table of settings in docs/configuration.md (section "Environment variables"), generated
+/// from [`SETTINGS`]; a test keeps the page equal to it.
 pub fn settings_markdown_table() -> String {
     let mut out = String::from("| variable | default | meaning |\n| --- | --- | --- |\n");
     for s in SETTINGS {
@@ -876,26 +876,26 @@ mod tests {
         assert!(unread.is_empty(), "in SETTINGS but never read: {unread:?}");
     }
 
-    /// The README's table is [`settings_markdown_table`]; `OOMSHIM_BLESS=1` rewrites it.
+    /// docs/configuration.md's table is [`settings_markdown_table`]; `OOMSHIM_BLESS=1` rewrites it.
     #[test]
-    fn the_readme_table_is_the_settings_table() {
-        let path =
-            std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("README.md");
-        let readme = std::fs::read_to_string(&path).unwrap();
-        let start = readme
+    fn the_configuration_page_table_is_the_settings_table() {
+        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+            .join("docs/configuration.md");
+        let page = std::fs::read_to_string(&path).unwrap();
+        let start = page
             .find("| variable | default | meaning |")
-            .expect("README has the settings table");
-        let end = start + readme[start..].find("\n\n").expect("a blank line after it") + 1;
+            .expect("docs/configuration.md has the settings table");
+        let end = start + page[start..].find("\n\n").expect("a blank line after it") + 1;
         let expected = settings_markdown_table();
         if std::env::var_os("OOMSHIM_BLESS").is_some_and(|v| v == "1") {
-            let updated = format!("{}{expected}{}", &readme[..start], &readme[end..]);
+            let updated = format!("{}{expected}{}", &page[..start], &page[end..]);
             std::fs::write(&path, updated).unwrap();
             return;
         }
         assert_eq!(
-            &readme[start..end],
+            &page[start..end],
             expected,
-            "README's settings table differs from config::SETTINGS (run this test with \
+            "docs/configuration.md's settings table differs from config::SETTINGS (run this test with \
              OOMSHIM_BLESS=1 to rewrite it)"
         );
     }

@@ -20,7 +20,7 @@ use dump::view::{frame_label, named_frames};
 /// - `header`: `reason`, `oom` (bool: a failed request is present), `time`, `time_unix_ms`, `pid`,
 ///   `host`, `command_line` (array), `rank`, `local_rank`, `world_size`, `oomshim_version`.
 /// - `post_mortem`: `null`, or the dump's `post_mortem` section as it is (a dump that
-///   `oomshim run` reconstructed after its program died: README, Dump schema).
+///   `oomshim run` reconstructed after its program died: docs/dump-schema.md).
 /// - `failed_request`: `null` or `bytes`, `bytes_human`, `api`, `device`, `error_code`,
 ///   `recovery` (`recovered` | `stood` | `unknown`), `failures_in_burst`, `top_frames`,
 ///   `last_failure` (`null` or `bytes`, `api`, `time_unix_ms`, `tracked_bytes`, `free_bytes`,
@@ -58,7 +58,7 @@ use dump::view::{frame_label, named_frames};
 /// - `header` also `launcher`, `job_id`; `devices[]` also `uuid`; `library_memory`: `null` or
 ///   the dump's object as written (live bytes by library, the untracked split).
 ///
-/// The dump's keys are documented in the README (Dump schema).
+/// The dump's keys are documented in docs/dump-schema.md.
 pub fn render_json(dump: &Dump, opts: &ReportOptions) -> Value {
     render(&ReportModel::new(dump), opts)
 }
