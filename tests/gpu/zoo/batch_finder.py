@@ -4,7 +4,7 @@ import torch.nn as nn
 
 torch.manual_seed(0)
 model = nn.Linear(8192, 8192, dtype=torch.bfloat16).cuda()
-batch = 1 << 23
+batch = 2 * torch.cuda.mem_get_info()[1] // (8192 * 2)  # an input twice the device
 while batch >= 1024:
     try:
         x = torch.randn(batch, 8192, dtype=torch.bfloat16, device="cuda")  # EXPECT-LINE

@@ -27,7 +27,7 @@ def collate(batch):
 
 model = nn.Sequential(nn.Embedding(32000, 1024), nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-weights = load_weights(8)
+weights = load_weights(0.1)
 print("training")
 for tokens in DataLoader(Lengths(), batch_size=8, collate_fn=collate):
     tokens = tokens.cuda()

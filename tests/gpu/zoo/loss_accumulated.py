@@ -8,7 +8,7 @@ from _zoo import load_weights
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(4096, 8192), nn.GELU(), nn.Linear(8192, 10)).cuda()
 criterion = nn.CrossEntropyLoss()
-weights = load_weights(24)
+weights = load_weights(0.3)
 total = 0.0
 print("evaluating")
 for batch in range(1, 10_000):

@@ -8,7 +8,7 @@ from _zoo import load_weights
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(4096, 8192), nn.GELU(), nn.Linear(8192, 4096)).cuda()
 opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-weights = load_weights(24)
+weights = load_weights(0.3)
 outputs = []
 print("training")
 for step in range(1, 10_000):

@@ -9,7 +9,7 @@ from _zoo import load_weights
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(2048, 2048), nn.GELU(), nn.Linear(2048, 2048)).cuda()
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-weights = load_weights(12)
+weights = load_weights(0.15)
 history = []
 
 

@@ -1,11 +1,11 @@
-"""Two different out-of-memory errors 3 ms apart: a 100 GiB request that is caught, then a
-2 GiB one that fails because the cache is fragmented."""
+"""Two different out-of-memory errors 3 ms apart: a request twice the device that is caught,
+then a 2 GiB one that fails because the cache is fragmented."""
 import time
 
 import torch
 
 GiB = 1 << 30
-free, _ = torch.cuda.mem_get_info()
+free, total = torch.cuda.mem_get_info()
 n = free // GiB - 1
 blocks = [torch.empty(GiB, dtype=torch.uint8, device="cuda") for _ in range(n)]
 kept = []
@@ -13,8 +13,8 @@ for i in range(n):
     blocks[i] = None
     kept.append(torch.empty(600 << 20, dtype=torch.uint8, device="cuda"))
 try:
-    huge = torch.empty(100 * GiB, dtype=torch.uint8, device="cuda")
+    huge = torch.empty(2 * total, dtype=torch.uint8, device="cuda")
 except torch.OutOfMemoryError:
-    print("the 100 GiB buffer does not fit")
+    print("the buffer twice the device does not fit")
 time.sleep(0.003)
 big = torch.empty(2 * GiB, dtype=torch.uint8, device="cuda")  # EXPECT-LINE
