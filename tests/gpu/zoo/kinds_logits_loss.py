@@ -1,13 +1,15 @@
-"""Memory by kind (issue 23): a small language model whose logits (batch × sequence ×
-vocabulary, upcast to float32 in the loss) do not fit: the failure is in the loss, and the
-advice is a chunked loss.
-KINDS: dominant=activations phase=forward in_loss=1"""
+"""A small language model whose logits (batch × sequence × vocabulary, upcast to float32 in the
+loss) do not fit: the bfloat16 logits take 40% of the device, their float32 copy 80%. The
+failure is in the loss, and the advice is a chunked loss; the largest batch that fits is then
+found by bisection.
+KINDS: dominant=activations phase=forward in_loss=1 batch=yes"""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from _zoo import kinds_truth
+from _zoo import batch_truth, kinds_truth, too_large, total_bytes
 
-VOCAB, DIM, SEQ, BATCH = 256_000, 1024, 4096, 24  # bf16 logits 50 GiB; float32 100 GiB
+VOCAB, DIM, SEQ = 256_000, 1024, 1024
+BATCH = max(2, int(0.4 * total_bytes() / (SEQ * VOCAB * 2)))
 
 
 class TinyLM(nn.Module):
@@ -28,10 +30,22 @@ def compute_loss(logits, labels):
 
 
 model = TinyLM().cuda().to(torch.bfloat16)
-ids = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda")
-try:
+
+
+def train_step(batch):
+    ids = torch.randint(0, VOCAB, (batch, SEQ), device="cuda")
     loss = model(ids, ids)  # EXPECT-LINE
     loss.backward()
-except torch.OutOfMemoryError:
+    model.zero_grad(set_to_none=True)
+
+
+print(f"training at batch {BATCH}")
+failed = None
+try:
+    too_large(train_step, BATCH)
+except torch.OutOfMemoryError as e:
+    failed = e.batch
     print("out of memory in the loss")
     kinds_truth("kinds_logits_loss", "activations", [model])
+if failed:
+    batch_truth(train_step, failed, reset=lambda: model.zero_grad(set_to_none=True))
