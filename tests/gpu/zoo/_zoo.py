@@ -312,11 +312,13 @@ def probe(step, batch, reset=None):
     return fits
 
 
-def batch_truth(step, failed, reset=None, warm=1):
+def batch_truth(step, failed, reset=None, warm=None):
     """After the failure at batch `failed`: find the largest batch `step(batch)` runs with, in
     this process, and print `oomshim-batch-truth: {json}` on stderr. `step` is the program's own
     step at another batch size; `reset` frees what a failed step leaves (gradients, a framework's
-    state). Bounded: ZOO_BISECT_PROBES probes (8), ZOO_BISECT_SECONDS seconds (60). ZOO_BISECT=0
+    state); `warm`, a batch run first where the step's optimizer keeps state (Adam's moments,
+    momentum), so that every larger probe is judged with that state in place, as a real step
+    after the first would be. Bounded: ZOO_BISECT_PROBES probes (8), ZOO_BISECT_SECONDS seconds (60). ZOO_BISECT=0
     skips it (the zoo bisects in the bare run only unless ZOO_BISECT_ALL=1). What the probes print
     goes to stderr, so the program's stdout is the same with or without them."""
     if os.environ.get("ZOO_BISECT", "1") == "0":

@@ -1,126 +1,79 @@
-"""Compares the memory by kind in each zoo dump (`framework.kinds`, issue 23) with the truth the
-program computed itself (`oomshim-kinds-truth: {json}` on its stderr, printed by
-_zoo.kinds_truth after it caught the OutOfMemoryError), and prints a table.
+"""Compares the memory by kind in each zoo dump (`framework.kinds`) with the truth the program
+computed itself (`oomshim-kinds-truth: {json}` on its stderr, printed by _zoo.kinds_truth after
+it caught the OutOfMemoryError), and prints a table.
 
     python3 tests/gpu/zoo/check_kinds.py RUNS [--json OUT.jsonl]
 
 RUNS is run_zoo.py's run folder (OUT/runs, or ZOO_WORK): RUNS/<case>/<launcher>/ holds the
-dumps and stderr.txt of each run. Only cases whose stderr has a truth line are checked (the
-`kinds_*` programs). Per run: parameters, gradients and optimizer state each within 5% of the
-program's count (or within 64 MiB, for counts near zero), the dominant kind the one the program
-declares, and the verdict's headline and first advice, for the closing note. Exit status 1 when a
-checked run fails.
+dumps and stderr.txt of each run. Only runs whose stderr has a truth line are checked (the
+corpus). Per run, as run_zoo.py scores it (scoring.py): parameters, gradients and optimizer
+state each within 5% of the program's count (or within 64 MiB, for counts near zero),
+activations too where the run measured them, and the dominant kind the program's; plus the
+verdict's headline and first advice, for the closing note. The dump scored is the one of the
+failure the truth describes (not a later probe's). Exit status 1 when a checked run fails.
 """
-import glob
 import json
 import os
 import sys
 
-TOLERANCE = 0.05
-SLACK = 64 << 20
-KINDS = ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes")
-
-# A run's dumps in the order they were written, as the zoo lists them.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scoring  # noqa: E402
 from run_zoo import dumps_in  # noqa: E402
 
 
-def truth_of(d):
+def read(d, name):
     try:
-        text = open(os.path.join(d, "stderr.txt"), errors="replace").read()
+        with open(os.path.join(d, name), errors="replace") as f:
+            return f.read()
     except OSError:
-        return None
-    found = None
-    for line in text.splitlines():
-        if line.startswith("oomshim-kinds-truth: "):
-            try:
-                found = json.loads(line.split(": ", 1)[1])
-            except ValueError:
-                pass
-    return found
+        return ""
 
 
-def close(got, want):
-    return abs(got - want) <= max(TOLERANCE * want, SLACK)
-
-
-def dominant(k):
-    pairs = [("parameters", k.get("parameters_bytes", 0)), ("gradients", k.get("gradients_bytes", 0)),
-             ("optimizer_state", k.get("optimizer_state_bytes", 0)), ("activations", k.get("activations_bytes") or 0)]
-    best = max(pairs, key=lambda p: p[1])
-    return best[0] if best[1] > 0 else None
-
-
-def gib(n):
-    return f"{n / (1 << 30):.2f}" if isinstance(n, (int, float)) else "-"
-
-
-def check(d, case, launcher):
-    truth = truth_of(d)
-    if truth is None:
-        return None
-    if launcher == "bare":
-        return None  # no shim, no dump: the bare run gives the zoo its reference output only
+def check(d, case, launcher, bare_truth=None):
+    err = read(d, "stderr.txt")
+    truth = scoring.kinds_truth(err)
+    if truth is None or launcher == "bare":
+        return None  # no account, or no shim and no dump: the bare run is the output's reference
     row = {"case": case, "launcher": launcher, "truth": truth}
-    stood, dump_paths = [], []
-    for f in dumps_in(d):
-        try:
-            dump = json.load(open(f))
-        except Exception:
-            continue
-        req = dump.get("failed_request")
-        if req and req.get("recovered") is not True:
-            stood.append(dump)
-            dump_paths.append(f)
     if "dominant" not in truth:
         # A program that does not die of an OOM (growth killed): only the post-mortem's verdict.
-        pm = [json.load(open(f)) for f in dumps_in(d)]
+        pm = [x for _, x in scoring.load_dumps(dumps_in(d))]
         last = pm[-1] if pm else {}
         row.update(ok=None, verdict=(last.get("verdict") or {}).get("kind"),
                    headline=((last.get("verdict") or {}).get("findings") or [{}])[0].get("headline", "")[:200])
         return row
+    stood = scoring.stood(scoring.load_dumps(dumps_in(d)))
     if not stood:
         row.update(ok=False, why="no dump of a failure that stood")
         return row
-    dump = stood[-1]
-    k = (dump.get("framework") or {}).get("kinds")
+    path, dump = stood[scoring.scored_index(stood, truth)]
     top = (dump["verdict"].get("findings") or [{}])[0]
     row["verdict"] = dump["verdict"]["kind"]
     row["headline"] = top.get("headline", "")[:240]
     row["advice"] = (dump["verdict"].get("suggestions") or [""])[0][:240]
+    k = scoring.kinds_of(dump)
     if not k:
-        # Dumps of builds before the allocator's observer call: the kinds beside the dump
-        # (oomshim-torch-HOST-PID-<dump>.kinds.json), which `report` merges.
-        name = os.path.basename(dump_paths[-1])
-        for side in glob.glob(os.path.join(d, "oomshim-torch-*.kinds.json")):
-            try:
-                s = json.load(open(side))
-            except Exception:
-                continue
-            if s.get("dump") == name:
-                k = s.get("kinds")
-                row["kinds_from"] = os.path.basename(side)
+        k = scoring.sidecar_kinds(d, path)
+        row["kinds_from"] = "sidecar" if k else None
     if not k:
         row.update(ok=False, why="no kinds in the dump or beside it")
         return row
-    row["kinds"] = {x: k.get(x) for x in KINDS + ("activations_bytes", "cache_bytes")}
+    row["kinds"] = {x: k.get(x) for x in scoring.KINDS + ("activations_bytes", "cache_bytes")}
     # The stderr line says what the dump's headline says (the kinds reached the dump before it was
     # judged, in every launcher, allocator mode included).
-    try:
-        err = open(os.path.join(d, "stderr.txt"), errors="replace").read()
-    except OSError:
-        err = ""
     row["stderr_has_headline"] = bool(top.get("headline")) and top["headline"][:120] in err
     row["phase"] = k.get("phase")
     row["module"] = (k.get("module") or {}).get("path")
     row["batch"] = k.get("batch")
-    bad = [x for x in KINDS if not close(k.get(x) or 0, truth.get(x, 0))]
-    row["dominant"] = dominant(k)
-    ok_dominant = row["dominant"] == truth["dominant"]
+    cmp_ = scoring.compare_kinds(k, truth)
+    want = scoring.truth_dominant(truth, bare_truth)
+    row["dominant"] = scoring.dominant(k)
+    ok_dominant = row["dominant"] == want
+    bad = [x for x, v in cmp_.items() if not v[2]]
     row["ok"] = not bad and ok_dominant
-    if bad or not ok_dominant:
-        row["why"] = ", ".join([f"{x} {gib(k.get(x))} vs {gib(truth.get(x))} GiB" for x in bad]
-                               + ([] if ok_dominant else [f"dominant {row['dominant']} vs {truth['dominant']}"]))
+    if not row["ok"]:
+        row["why"] = ", ".join([f"{x} {scoring.gib(cmp_[x][0])} vs {scoring.gib(cmp_[x][1])} GiB" for x in bad]
+                               + ([] if ok_dominant else [f"dominant {row['dominant']} vs {want}"]))
     return row
 
 
@@ -136,15 +89,17 @@ def main():
         cdir = os.path.join(runs, case)
         if not os.path.isdir(cdir) or case == "work":
             continue
+        bare_truth = scoring.kinds_truth(read(os.path.join(cdir, "bare"), "stderr.txt"))
         for launcher in sorted(os.listdir(cdir)):
             d = os.path.join(cdir, launcher)
             if os.path.isdir(d):
-                r = check(d, case, launcher)
+                r = check(d, case, launcher, bare_truth)
                 if r:
                     rows.append(r)
                     if out:
                         out.write(json.dumps(r) + "\n")
-    print(f"{'case':28} {'launcher':8} {'ok':4} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7}   "
+    gib = scoring.gib
+    print(f"{'case':30} {'launcher':8} {'ok':4} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7}   "
           f"{'truth p/g/o (GiB)':20} {'dominant':16} phase/module/batch")
     failed = 0
     for r in rows:
@@ -152,7 +107,7 @@ def main():
         t = r["truth"]
         ok = {True: "yes", False: "NO", None: "-"}[r.get("ok")]
         failed += r.get("ok") is False
-        print(f"{r['case']:28} {r['launcher']:8} {ok:4} {gib(k.get('parameters_bytes')):>7} "
+        print(f"{r['case']:30} {r['launcher']:8} {ok:4} {gib(k.get('parameters_bytes')):>7} "
               f"{gib(k.get('gradients_bytes')):>7} {gib(k.get('optimizer_state_bytes')):>7} "
               f"{gib(k.get('activations_bytes')):>7}   "
               f"{gib(t.get('parameters_bytes')) + '/' + gib(t.get('gradients_bytes')) + '/' + gib(t.get('optimizer_state_bytes')):20} "

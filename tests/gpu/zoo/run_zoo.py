@@ -1,17 +1,27 @@
-"""The OOM zoo, scored: every program in this directory run bare and under each launcher
-(plain LD_PRELOAD, `oomshim run`, `oomshim run --torch-allocator` for PyTorch), each run bounded,
-each row written to OUT/zoo.jsonl as it finishes, a scored table printed last.
+"""The OOM zoo and its labelled corpus, scored: every program in this directory run bare and under
+each launcher (plain LD_PRELOAD, `oomshim run`, `oomshim run --torch-allocator` for PyTorch),
+each run bounded, each row written to OUT/zoo.jsonl as it finishes, the tables printed last and
+the markdown one written to OUT/zoo.md (card, memory and date in its header, for docs/).
 
-Scored per run: output unchanged (stdout and exit code as bare), a dump for the failure, the
-verdict right (the last failure that stood), the program's line named in its headline (the line
-marked `# EXPECT-LINE` / `// EXPECT-LINE` in the source), and stderr's first line saying what the
-dump and `oomshim report --json` say. A run is `ok` only when all of these hold; a program that
-does not build is a failed row (`launcher: build`). OUT/zoo.jsonl holds this run's rows only.
-Exit status 0 when every run is ok, 1 otherwise.
+Scored per run (scoring.py says how): output unchanged (stdout and exit code as bare), a dump of
+the failure, the verdict right, the line marked `# EXPECT-LINE` named in the headline, stderr's
+line saying what the dump and `oomshim report --json` say, one dump for the one failure; and for
+the corpus (programs that print their own account, `_zoo.kinds_truth`): the dominant kind, each
+kind within 5%, and, for programs whose failure is their batch, the largest batch the verdict
+says would fit against the real one (bisection in the bare run). A run is `ok` when every
+promise that applies holds. A program that says `[INFO] skipped: P missing` is not run (a row
+per launcher with `skipped`), never passed. Exit status 0 when every run is ok, 1 otherwise.
 
     python3 tests/gpu/zoo/run_zoo.py OUT [CASE ...]
-    ZOO_LAUNCHERS=alloc python3 tests/gpu/zoo/run_zoo.py OUT [CASE ...]   # bare and these only
+    ZOO_CASES=a,b ZOO_LAUNCHERS=preload,alloc python3 tests/gpu/zoo/run_zoo.py OUT
+    ZOO_DRY=1 ZOO_DRY_DIR=RUNS python3 tests/gpu/zoo/run_zoo.py OUT   # score recorded runs, no GPU
+
+Environment: ZOO_CASES (comma-separated, in the order to run; or as arguments), ZOO_LAUNCHERS
+(of preload, run, alloc; bare always runs), ZOO_TIMEOUT (seconds a run, 120), ZOO_WORK (where
+each run's dumps and output go, OUT/runs), ZOO_BISECT_ALL=1 (bisect under every launcher too,
+not only bare), OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI (the build to test).
 """
+import datetime
 import glob
 import json
 import os
@@ -21,6 +31,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import scoring  # noqa: E402
+from scoring import run_ok  # noqa: E402,F401  (run_all.py and test_harness.py use run_zoo.run_ok)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 # OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI: the build to test (the carried copies), else the repo's.
 LIB = os.environ.get("OOMSHIM_GPU_LIB") or os.path.join(ROOT, "target/release/liboomshim.so")
@@ -33,10 +47,11 @@ NO_ALLOCATOR = ("bare", "preload", "run")
 
 class Case:
     def __init__(self, name, program, final, launchers=TORCH, env=None, count=None, kinds=None,
-                 holder=False, truth=False, build=None, note=""):
+                 holder=False, truth=False, build=None, note="", framework=None, batch=False,
+                 alloc_mode=None, secs=20, bisect_secs=0):
         self.name = name
         self.program = program
-        self.final = set(final)  # verdicts right for the last failure that stood
+        self.final = set(final)  # verdicts right for the failure scored
         self.launchers = launchers
         self.env = env or {}
         self.count = count  # failures that stood, with a dump each (None: at least one)
@@ -45,7 +60,24 @@ class Case:
         self.truth = truth  # the right verdict is torch's own account (`truth:` on stderr, bare)
         self.build = build  # nvcc flags for a .cu program
         self.note = note
+        # The corpus: a program that prints its own account (`oomshim-kinds-truth:`), driven by
+        # this framework ("": plain PyTorch; None: not in the corpus); `batch` when its failure
+        # is its batch (it bisects for the largest that fits); `alloc_mode`: whether allocator
+        # mode must be on under `alloc` (True for the corpus unless said), "either" when both are
+        # right (then, when off, the line that says so names a line marked `# COMPILE-LINE`).
+        self.framework = framework
+        self.batch = batch
+        self.alloc_mode = alloc_mode if alloc_mode is not None else (True if framework is not None else None)
+        self.secs = secs  # about how long one run takes on an H100, to say what a run will take
+        self.bisect_secs = bisect_secs  # and how much longer the bare run's bisection
 
+    @property
+    def corpus(self):
+        return self.framework is not None
+
+
+PLAIN = ""  # the framework label of a plain PyTorch corpus program
+HF = "HF Trainer"
 
 CASES = [
     Case("retain_graph", "retain_graph.py", {"leak"}),
@@ -74,19 +106,80 @@ CASES = [
     Case("cupy_pool", "cupy_pool.py", {"own_allocations"}, launchers=NO_ALLOCATOR),
     Case("nvcc_static_leak", "static_leak.cu", {"leak"}, launchers=NO_ALLOCATOR, build=["-cudart", "static"]),
     Case("plain_c", "plain_c.cu", {"own_allocations"}, launchers=NO_ALLOCATOR, build=["-cudart", "shared"]),
-    # Memory by kind (issue 23): each program prints its own count of parameters, gradients and
-    # optimizer state (`oomshim-kinds-truth:`), which check_kinds.py compares with the dump's kinds.
-    Case("kinds_batch_transformer", "kinds_batch_transformer.py", {"own_allocations"}, count=1),
-    Case("kinds_logits_loss", "kinds_logits_loss.py", {"own_allocations"}, count=1),
-    Case("kinds_model_twice", "kinds_model_twice.py", {"own_allocations"}, count=1),
-    Case("kinds_adam_large", "kinds_adam_large.py", {"own_allocations"}, count=1),
-    Case("kinds_grads_never_zeroed", "kinds_grads_never_zeroed.py", {"own_allocations"}, count=1),
-    Case("kinds_hook_keeps", "kinds_hook_keeps.py", {"leak"}),
-    Case("kinds_hf_trainer", "kinds_hf_trainer.py", {"own_allocations"}),
+    # The corpus: each program prints its own count of parameters, gradients and optimizer state
+    # (and torch's allocated bytes at the failure), which the dump's kinds are scored against.
+    # Plain PyTorch.
+    Case("kinds_adam_large", "kinds_adam_large.py", {"own_allocations"}, framework=PLAIN),
+    Case("kinds_batch_transformer", "kinds_batch_transformer.py", {"own_allocations"}, framework=PLAIN,
+         batch=True, bisect_secs=25),
+    Case("kinds_grads_never_zeroed", "kinds_grads_never_zeroed.py", {"own_allocations"}, framework=PLAIN, secs=25),
+    Case("kinds_hook_keeps", "kinds_hook_keeps.py", {"leak"}, framework=PLAIN),
     # The leak's headline names the list that keeps it (`held in list `history` (...)`).
-    Case("kinds_list_keeps", "kinds_list_keeps.py", {"leak"}),
-    # kinds_growth_killed.py (growth over time, no steps, SIGKILLed) waits for issue 23 item 3.
+    Case("kinds_list_keeps", "kinds_list_keeps.py", {"leak"}, framework=PLAIN),
+    Case("kinds_logits_loss", "kinds_logits_loss.py", {"own_allocations"}, framework=PLAIN, batch=True,
+         bisect_secs=15),
+    Case("kinds_model_twice", "kinds_model_twice.py", {"own_allocations"}, framework=PLAIN),
+    Case("model_four_times", "model_four_times.py", {"own_allocations"}, framework=PLAIN),
+    Case("hparam_search_keeps", "hparam_search_keeps.py", {"leak"}, framework=PLAIN, note="far more than 16 models"),
+    # A file beside it asks for CUDA graphs, and it never imports that file: allocator mode stays on.
+    Case("sibling_compile", "sibling_compile/prog.py", {"own_allocations"}, framework=PLAIN, batch=True,
+         bisect_secs=15),
+    Case("eval_autograd_batch", "eval_autograd_batch.py", {"own_allocations"}, framework=PLAIN, batch=True,
+         bisect_secs=15),
+    Case("checkpoint_too_big", "checkpoint_too_big.py", {"own_allocations"}, framework=PLAIN, batch=True,
+         bisect_secs=20),
+    Case("gan_two_adams", "gan_two_adams.py", {"own_allocations"}, framework=PLAIN),
+    Case("curriculum_batch_growth", "curriculum_batch_growth.py", {"own_allocations"}, framework=PLAIN, batch=True,
+         bisect_secs=15),
+    # Driven by a framework.
+    Case("kinds_hf_trainer", "kinds_hf_trainer.py", {"own_allocations"}, framework=HF, batch=True, secs=35,
+         bisect_secs=30),
+    Case("hf_trainer_bert_workers", "hf_trainer_bert_workers.py", {"own_allocations"},
+         framework="HF Trainer + DataLoader workers", batch=True, secs=35, bisect_secs=30),
+    Case("hf_generate_batch", "hf_generate_batch.py", {"own_allocations"}, framework="transformers generate",
+         batch=True, secs=30, bisect_secs=30),
+    Case("hf_eval_accumulates_logits", "hf_eval_accumulates_logits.py", {"leak", "own_allocations"},
+         framework="HF Trainer (evaluate)", secs=30),
+    Case("hf_reference_model_twice", "hf_reference_model_twice.py", {"own_allocations"}, framework="transformers",
+         secs=30),
+    Case("accelerate_adamw_state", "accelerate_adamw_state.py", {"own_allocations"}, framework="accelerate", secs=30),
+    Case("accelerate_grad_accum_batch", "accelerate_grad_accum_batch.py", {"own_allocations"},
+         framework="accelerate", batch=True, secs=30, bisect_secs=20),
+    Case("peft_lora_trainer", "peft_lora_trainer.py", {"own_allocations"}, framework="PEFT + HF Trainer", batch=True,
+         secs=35, bisect_secs=30),
+    Case("peft_lora_big_base", "peft_lora_big_base.py", {"own_allocations"}, framework="PEFT", secs=35),
+    Case("timm_vit_accelerate", "timm_vit_accelerate.py", {"own_allocations"}, framework="timm + accelerate",
+         batch=True, secs=25, bisect_secs=15),
+    Case("timm_resnet_workers", "timm_resnet_workers.py", {"own_allocations"}, framework="timm + DataLoader workers",
+         batch=True, secs=30, bisect_secs=20),
+    Case("timm_convnext_inference", "timm_convnext_inference.py", {"own_allocations"}, framework="timm", batch=True,
+         bisect_secs=15),
+    Case("compile_mlp_dynamic", "compile_mlp_dynamic.py", {"own_allocations"}, framework="torch.compile", batch=True,
+         secs=45, bisect_secs=15),
+    # Allocator mode either stays on (torch.compile without graphs) or is off naming this program.
+    Case("compile_graphs_inference", "cudagraphs/compile_graphs_inference.py", {"own_allocations"},
+         framework="torch.compile (CUDA graphs)", alloc_mode="either", secs=40),
+    Case("lightning_token_mlp", "lightning_token_mlp.py", {"own_allocations"}, framework="Lightning", batch=True,
+         secs=30, bisect_secs=30),
+    Case("lightning_adam_state", "lightning_adam_state.py", {"own_allocations"}, framework="Lightning", secs=35),
+    Case("lightning_transformer_workers", "lightning_transformer_workers.py", {"own_allocations"},
+         framework="Lightning + DataLoader workers", batch=True, secs=35, bisect_secs=35),
+    Case("dataloader_workers_lengths", "dataloader_workers_lengths.py", {"own_allocations"},
+         framework="DataLoader workers", secs=25),
+    # kinds_growth_killed.py (growth over time, no steps, SIGKILLed) waits for the growth-by-time
+    # verdict: it records its truth for when that exists.
 ]
+
+
+def case_names():
+    """The cases to run, in order: ZOO_CASES (comma-separated), else the command line's, else
+    all. An unknown name is a ValueError (a typo would run nothing)."""
+    named = [n.strip() for n in os.environ.get("ZOO_CASES", "").split(",") if n.strip()] or sys.argv[2:]
+    known = {c.name for c in CASES}
+    unknown = [n for n in named if n not in known]
+    if unknown:
+        raise ValueError(f"no such zoo case: {', '.join(unknown)}")
+    return named
 
 
 def launcher_filter():
@@ -107,17 +200,19 @@ def launchers_of(case):
     return [l for l in case.launchers if l == "bare" or only is None or l in only]
 
 
+def chosen(names=()):
+    return [c for n in names for c in CASES if c.name == n] if names else CASES
+
+
 def expected_runs(names=()):
     """(case, launcher) of every scored run for these case names (all cases when none)."""
-    chosen = [c for n in names for c in CASES if c.name == n] if names else CASES
-    return [(c.name, l) for c in chosen for l in launchers_of(c) if l != "bare"]
+    return [(c.name, l) for c in chosen(names) for l in launchers_of(c) if l != "bare"]
 
 
-def run_ok(row):
-    """What a scored row promises: output unchanged, the dumps, the verdict, the EXPECT-LINE line
-    named where one is marked, and stderr saying what the dump and the report say."""
-    return bool(row.get("output_unchanged") and row.get("dump_ok") and row.get("verdict_ok")
-                and row.get("line_ok") is not False and row.get("agree"))
+def expected_seconds(names=()):
+    """About how long these cases take: each run's estimate, the bare run's bisection, and the
+    per-run limit as the ceiling."""
+    return sum(c.secs * len(launchers_of(c)) + c.bisect_secs for c in chosen(names))
 
 
 def run(cmd, env, timeout, cwd=None):
@@ -128,19 +223,21 @@ def run(cmd, env, timeout, cwd=None):
         p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout, cwd=cwd)
         return p.returncode, p.stdout, p.stderr, time.time() - t0
     except subprocess.TimeoutExpired as t:
-        out = t.stdout.decode() if isinstance(t.stdout, bytes) else (t.stdout or "")
-        err = t.stderr.decode() if isinstance(t.stderr, bytes) else (t.stderr or "")
+        out = t.stdout.decode(errors="replace") if isinstance(t.stdout, bytes) else (t.stdout or "")
+        err = t.stderr.decode(errors="replace") if isinstance(t.stderr, bytes) else (t.stderr or "")
         return 124, out, err + f"\n[timed out after {timeout} s]", time.time() - t0
 
 
-def expect_lines(path):
+def expect_lines(path, marker="EXPECT-LINE"):
     """`file:line` of every line marked EXPECT-LINE (any of them may be named); [] when the
     line is not the point (another process holds the GPU)."""
-    return [f"{os.path.basename(path)}:{i}" for i, line in enumerate(open(path), 1) if "EXPECT-LINE" in line]
+    with open(path) as f:
+        return [f"{os.path.basename(path)}:{i}" for i, line in enumerate(f, 1) if marker in line]
 
 
 def dumps_in(d):
-    files = [p for p in glob.glob(os.path.join(d, "oomshim-*.json")) if not os.path.basename(p).startswith("oomshim-torch-")]
+    files = [p for p in glob.glob(os.path.join(d, "oomshim-*.json")) if not os.path.basename(p).startswith("oomshim-torch-")
+             and not p.endswith(".report.json")]
 
     def seq(p):
         m = re.search(r"-(\d+)\.json$", p)
@@ -153,63 +250,270 @@ def summaries(err):
     return [l for l in err.splitlines() if l.startswith("oomshim: CUDA out of memory")]
 
 
+def dry():
+    return os.environ.get("ZOO_DRY") == "1"
+
+
+def report_kind(dump_path):
+    """The verdict `oomshim report --json` gives the dump; in a dry run the recorded
+    `<dump>.report.json` beside it stands for the CLI."""
+    recorded = dump_path[:-len(".json")] + ".report.json"
+    if dry() and os.path.exists(recorded):
+        text = open(recorded).read()
+    else:
+        text = run([CLI, "report", "--json", dump_path], {}, 60)[1]
+    try:
+        return json.loads(text)["verdict"]["kind"]
+    except Exception:
+        return None
+
+
 def score(case, launcher, bare, result, d, line):
     rc, out, err, secs = result
     row = {"case": case.name, "launcher": launcher, "rc": rc, "secs": round(secs, 1)}
+    if case.framework is not None:
+        row["framework"] = case.framework
     row["output_unchanged"] = (out == bare[1] and rc == bare[0])
+    truth = scoring.kinds_truth(err) if case.corpus else None
+    bare_truth = scoring.kinds_truth(bare[2]) if case.corpus else None
     files = dumps_in(d)
-    stood = []
-    for f in files:
-        try:
-            dump = json.load(open(f))
-        except Exception:
-            continue
-        req = dump.get("failed_request")
-        if req and req.get("recovered") is not True:
-            stood.append((f, dump))
+    loaded = scoring.load_dumps(files)
+    stood = scoring.stood(loaded)
     row["dumps"] = len(files)
     row["stood"] = len(stood)
-    row["dump_ok"] = bool(stood) and (case.count is None or len(stood) == case.count)
+    if case.corpus:
+        row["truth"] = truth is not None
+        if truth is None:
+            row["why"] = "the program printed no account of its failure"
     if not stood:
-        row.update(verdict=None, verdict_ok=False, line_ok=False, agree=False, stderr=err[-600:], ok=False)
+        row.update(verdict=None, verdict_ok=False, line_ok=False, agree=False, dump_ok=False, stderr=err[-600:])
+        if case.corpus:
+            row.update(dominant_ok=False, kinds_ok=False)
+        if case.batch:
+            row["batch"] = {"ok": False, "why": "no dump"}
+        row["ok"] = False
         return row
-    final_path, final = stood[-1]
+    i = scoring.scored_index(stood, truth) if case.corpus else len(stood) - 1
+    final_path, final = stood[i]
+    row["dump"] = os.path.basename(final_path)
+    if case.corpus:
+        # One story per failure: the program's one failure has one dump (a recovered one included).
+        caught = (truth or {}).get("caught_unix_ms")
+        before = [x for _, x in loaded if x.get("failed_request") and caught is not None
+                  and (scoring.failure_ms(x) or 0) <= caught]
+        row["one_story"] = len(before) == 1 if caught is not None else None
+        row["dump_ok"] = row["one_story"] is not False
+    else:
+        row["dump_ok"] = case.count is None or len(stood) == case.count
     top = (final["verdict"].get("findings") or [{}])[0]
     right = case.final
     if case.truth:
         m = re.search(r"^truth: (\w+)", bare[2], re.M)
         right = {m.group(1)} if m else set()
-        row["truth"] = m.group(1) if m else None
-        if row["truth"] == "own_allocations":
+        row["truth_said"] = m.group(1) if m else None
+        if row["truth_said"] == "own_allocations":
             # Not fragmentation by torch's account; the kept cache entries also make it a leak.
             right |= case.final
     row["verdict"] = final["verdict"]["kind"]
-    row["verdicts"] = [d["verdict"]["kind"] for _, d in stood]
+    row["verdicts"] = [x["verdict"]["kind"] for _, x in stood]
     row["verdict_ok"] = row["verdict"] in right and (case.kinds is None or set(row["verdicts"]) <= case.kinds)
     headline = top.get("headline", "")
     row["headline"] = headline[:300]
     row["line"] = line
-    base = os.path.splitext(os.path.basename(case.program))[0]
     # Named in the headline (the first line a user reads), the whole of it (the row keeps only its
     # start): None when no line is expected.
     row["line_ok"] = any(l in headline for l in line) if line else None
-    # stderr: one summary per stood dump, in order; the last says the final dump's top finding.
+    # stderr: one summary per stood dump, in order; the one of the scored dump says its top finding.
     lines = summaries(err)
-    said = lines[-1] if lines else ""
+    said = lines[i] if len(lines) == len(stood) else (lines[-1] if lines else "")
     row["stderr_line"] = said[:300]
-    rep = run([CLI, "report", "--json", final_path], {}, 60)
-    try:
-        judged = json.loads(rep[1])["verdict"]["kind"]
-    except Exception:
-        judged = None
+    judged = report_kind(final_path)
     row["report_kind"] = judged
     row["agree"] = bool(said) and said.endswith(f"{top.get('kind')}: {top.get('headline')}") and judged == row["verdict"]
     row["resolution"] = (final.get("failed_request") or {}).get("resolution")
     g = final.get("growth") or {}
     row["steps"] = g.get("steps")
-    row["_base"] = base
+    if case.corpus:
+        score_kinds(row, final, final_path, d, truth, bare_truth)
+    if case.batch:
+        bt = scoring.batch_truth(bare[2]) or scoring.batch_truth(err)
+        row["batch"] = scoring.score_batch(scoring.batch_claim(final), bt)
+    if case.alloc_mode is not None and launcher == "alloc":
+        # Allocator mode was on when the dump's free blocks are the allocator's own.
+        on = (final.get("free_blocks") or {}).get("source") == "oomshim-allocator"
+        row["alloc_mode"] = on
+        off = scoring.ALLOCATOR_OFF.search(err)
+        row["alloc_off_line"] = off.group(0)[:300] if off else None
+        if case.alloc_mode == "either":
+            marked = expect_lines(os.path.join(HERE, case.program), "COMPILE-LINE")
+            row["alloc_off_line_ok"] = any(m in off.group(0) for m in marked) if off and marked else None
+        else:
+            row["alloc_mode_ok"] = on == case.alloc_mode
     row["ok"] = run_ok(row)
     return row
+
+
+def score_kinds(row, dump, dump_path, d, truth, bare_truth):
+    """The corpus's columns: the dump's kinds against the program's own account."""
+    if truth is None:
+        row.update(dominant_ok=False, kinds_ok=False)
+        return
+    k = scoring.kinds_of(dump) or scoring.sidecar_kinds(d, dump_path)
+    want = scoring.truth_dominant(truth, bare_truth)
+    row["truth_dominant"] = want
+    if not k:
+        row.update(dominant_ok=False, kinds_ok=False, why="no kinds in the dump")
+        return
+    row["kinds_cmp"] = scoring.compare_kinds(k, truth)
+    row["kinds_ok"] = all(v[2] for v in row["kinds_cmp"].values())
+    row["dominant"] = scoring.dominant(k)
+    row["dominant_ok"] = row["dominant"] == want
+    row["kinds_complete"] = k.get("complete", True)
+    row["phase"] = k.get("phase")
+    row["batch_seen"] = k.get("batch")
+
+
+def bare_row(case, result):
+    rc, out, err, secs = result
+    row = {"case": case.name, "launcher": "bare", "rc": rc, "secs": round(secs, 1),
+           "stdout": out[-300:], "stderr_tail": err[-300:]}
+    gone = scoring.skipped(out)
+    if gone:
+        row["skipped"] = gone
+    if case.corpus and not gone:
+        truth = scoring.kinds_truth(err)
+        row["truth"] = truth
+        m = (truth or {}).get("measured") or {}
+        # The program's label against its own measurement at the failure: a program that does not
+        # show what it was built to show is a corpus defect, said here.
+        row["label_ok"] = (m.get("dominant") == truth.get("dominant")) if truth and m else None
+        if case.batch:
+            row["batch_truth"] = scoring.batch_truth(err)
+    return row
+
+
+def recorded(d):
+    """A dry run's recorded result in folder d: rc, stdout.txt, stderr.txt, secs."""
+    def text(name):
+        try:
+            return open(os.path.join(d, name), errors="replace").read()
+        except OSError:
+            return ""
+    rc = text("rc").strip()
+    return (int(rc) if rc else 0), text("stdout.txt"), text("stderr.txt"), float(text("secs").strip() or 0)
+
+
+def card():
+    """The card the runs use: name, total memory, torch, the date, oomshim's version."""
+    if dry():
+        try:
+            return json.load(open(os.path.join(os.environ["ZOO_DRY_DIR"], "card.json")))
+        except (OSError, ValueError, KeyError):
+            return {}
+    out = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
+    probe = ("import json, torch; print(json.dumps({'name': torch.cuda.get_device_name(), "
+             "'total_bytes': torch.cuda.mem_get_info()[1], 'torch': torch.__version__}))")
+    try:
+        out.update(json.loads(run([PY, "-c", probe], {}, 120)[1].strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        pass
+    version = run([CLI, "--version"], {}, 30)[1].strip()
+    if version:
+        out["oomshim"] = version
+    return out
+
+
+def launch(case, launcher, cmd, d, work):
+    """One run of the case under a launcher, bounded; its output kept in d."""
+    if dry():
+        return recorded(d)
+    env = dict(case.env, PYTHONUNBUFFERED="1")
+    if launcher != "bare" and os.environ.get("ZOO_BISECT_ALL") != "1":
+        env["ZOO_BISECT"] = "0"
+    if launcher == "bare":
+        full = cmd
+    elif launcher == "preload":
+        env.update(LD_PRELOAD=LIB, OOMSHIM_DIR=d)
+        full = cmd
+    elif launcher == "run":
+        full = [CLI, "run", "--lib", LIB, "--dir", d, "--"] + cmd
+    else:
+        full = [CLI, "run", "--torch-allocator", "--lib", LIB, "--dir", d, "--"] + cmd
+    timeout = int(os.environ.get("ZOO_TIMEOUT", "120"))
+    if launcher == "bare" or os.environ.get("ZOO_BISECT_ALL") == "1":
+        timeout += case.bisect_secs * 2
+    holder = None
+    if case.holder:
+        holder = subprocess.Popen([PY, os.path.join(HERE, "holder.py")], stdout=subprocess.PIPE, text=True)
+        holder.stdout.readline()
+    try:
+        result = run(full, env, timeout, cwd=work)
+    finally:
+        if holder:
+            holder.kill()
+            holder.wait()
+    for name, text in (("stdout.txt", result[1]), ("stderr.txt", result[2])):
+        with open(os.path.join(d, name), "w") as f:
+            f.write(text)
+    return result
+
+
+def emit(rows, log, row):
+    rows.append(row)
+    log.write(json.dumps(row) + "\n")
+    log.flush()
+    print(json.dumps({k: v for k, v in row.items() if k not in ("stderr", "stdout", "truth")})[:700], flush=True)
+
+
+def run_case(case, runs_dir, work, rows, log):
+    src = os.path.join(HERE, case.program)
+    line = expect_lines(src)
+    if case.build and not dry():
+        exe = os.path.join(work, case.name)
+        b = run(["nvcc", "-O2", "-g", *case.build, "-o", exe, src], {}, 240)
+        if b[0] != 0:
+            emit(rows, log, {"case": case.name, "launcher": "build", "rc": b[0], "stderr": b[2][-500:], "ok": False})
+            return
+        cmd = [exe]
+    else:
+        cmd = [PY, src]
+    bare, bare_skipped = None, None
+    for launcher in launchers_of(case):
+        d = os.path.join(runs_dir, case.name, launcher)
+        if bare_skipped:
+            emit(rows, log, {"case": case.name, "launcher": launcher, "skipped": bare_skipped, "ok": False,
+                             "headline": f"not run: {bare_skipped} missing"})
+            continue
+        if dry():
+            if not os.path.isdir(d):
+                continue  # a dry run scores the runs recorded, no others
+        else:
+            os.makedirs(d, exist_ok=True)
+        result = launch(case, launcher, cmd, d, work)
+        if launcher == "bare":
+            bare = result
+            row = bare_row(case, result)
+            bare_skipped = row.get("skipped")
+        else:
+            row = score(case, launcher, bare, result, d, line)
+        emit(rows, log, row)
+
+
+def text_table(rows):
+    scored = [r for r in rows if r.get("launcher") not in ("bare", "build")]
+    out = [f"{'case':30} {'launcher':8} {'out':4} {'dump':4} {'verdict':24} {'ok':3} {'dom':4} {'kinds':5} "
+           f"{'line':4} {'agree':5} {'batch':18}"]
+    for r in scored:
+        if r.get("skipped"):
+            out.append(f"{r['case']:30} {r['launcher']:8} not run: {r['skipped']} missing")
+            continue
+        out.append(f"{r['case']:30} {r['launcher']:8} {scoring.yn(r.get('output_unchanged')):4} "
+                   f"{scoring.yn(r.get('dump_ok')):4} {str(r.get('verdict')):24} {scoring.yn(r.get('verdict_ok')):3} "
+                   f"{scoring.yn(r.get('dominant_ok')):4} {scoring.yn(r.get('kinds_ok')):5} "
+                   f"{scoring.yn(r.get('line_ok')):4} {scoring.yn(r.get('agree')):5} {scoring.batch_cell(r):18}")
+        if r.get("why"):
+            out.append(f"    why: {r['why']}")
+    return "\n".join(out)
 
 
 def main():
@@ -218,97 +522,38 @@ def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "/tmp/zoo"
     try:
         launcher_filter()
+        names = case_names()
     except ValueError as e:
         sys.exit(str(e))
+    if dry() and not os.environ.get("ZOO_DRY_DIR"):
+        sys.exit("ZOO_DRY=1 needs ZOO_DRY_DIR: the recorded runs (CASE/LAUNCHER/ with stdout.txt, stderr.txt, rc, dumps)")
     os.makedirs(out_dir, exist_ok=True)
-    runs_dir = os.environ.get("ZOO_WORK") or os.path.join(out_dir, "runs")
-    work = os.path.join(runs_dir, "work")
+    runs_dir = os.environ["ZOO_DRY_DIR"] if dry() else (os.environ.get("ZOO_WORK") or os.path.join(out_dir, "runs"))
+    work = os.path.join(out_dir, "work") if dry() else os.path.join(runs_dir, "work")
     os.makedirs(work, exist_ok=True)
+    cases = chosen(names)
+    # Named cases run in the order named (the ones that matter most first, for a run cut short).
+    total = expected_seconds(names)
+    print(f"{len(cases)} cases, {len(expected_runs(names))} scored runs: about {total // 60} min {total % 60} s on an "
+          f"H100 (each run up to {os.environ.get('ZOO_TIMEOUT', '120')} s). Per case, seconds: "
+          + ", ".join(f"{c.name} {c.secs * len(launchers_of(c)) + c.bisect_secs}" for c in cases), flush=True)
     log = open(os.path.join(out_dir, "zoo.jsonl"), "w")  # this run's rows, never stale ones
     rows = []
-    # Named cases run in the order named (the ones that matter most first, for a run cut short).
-    named = [c for n in sys.argv[2:] for c in CASES if c.name == n]
-    for case in named or CASES:
-        src = os.path.join(HERE, case.program)
-        line = expect_lines(src)
-        if case.build:
-            exe = os.path.join(work, case.name)
-            b = run(["nvcc", "-O2", "-g", *case.build, "-o", exe, src], {}, 240)
-            if b[0] != 0:
-                row = {"case": case.name, "launcher": "build", "rc": b[0], "stderr": b[2][-500:], "ok": False}
-                rows.append(row)
-                log.write(json.dumps(row) + "\n")
-                log.flush()
-                print(json.dumps(row)[:700], flush=True)
-                continue
-            cmd = [exe]
-        else:
-            cmd = [PY, src]
-        results = {}
-        for launcher in launchers_of(case):
-            d = os.path.join(runs_dir, case.name, launcher)
-            os.makedirs(d, exist_ok=True)
-            env = dict(case.env, PYTHONUNBUFFERED="1")
-            if launcher == "bare":
-                full = cmd
-            elif launcher == "preload":
-                env.update(LD_PRELOAD=LIB, OOMSHIM_DIR=d)
-                full = cmd
-            elif launcher == "run":
-                full = [CLI, "run", "--lib", LIB, "--dir", d, "--"] + cmd
-            else:
-                full = [CLI, "run", "--torch-allocator", "--lib", LIB, "--dir", d, "--"] + cmd
-            holder = None
-            if case.holder:
-                holder = subprocess.Popen([PY, os.path.join(HERE, "holder.py")], stdout=subprocess.PIPE, text=True)
-                holder.stdout.readline()
-            try:
-                results[launcher] = run(full, env, int(os.environ.get("ZOO_TIMEOUT", "90")), cwd=work)
-            finally:
-                if holder:
-                    holder.kill()
-                    holder.wait()
-            if launcher == "bare":
-                with open(os.path.join(d, "stdout.txt"), "w") as f:
-                    f.write(results["bare"][1])
-                with open(os.path.join(d, "stderr.txt"), "w") as f:
-                    f.write(results["bare"][2])
-                row = {"case": case.name, "launcher": "bare", "rc": results["bare"][0],
-                       "secs": round(results["bare"][3], 1),
-                       "stdout": results["bare"][1][-300:], "stderr_tail": results["bare"][2][-300:]}
-            else:
-                row = score(case, launcher, results["bare"], results[launcher], d, line)
-                with open(os.path.join(d, "stderr.txt"), "w") as f:
-                    f.write(results[launcher][2])
-                with open(os.path.join(d, "stdout.txt"), "w") as f:
-                    f.write(results[launcher][1])
-            rows.append(row)
-            log.write(json.dumps(row) + "\n")
-            log.flush()
-            print(json.dumps({k: v for k, v in row.items() if k not in ("stderr", "stdout")})[:700], flush=True)
-    # The table.
-    scored = [r for r in rows if r.get("launcher") not in ("bare", "build")]
+    for case in cases:
+        run_case(case, runs_dir, work, rows, log)
     print()
-    print(f"{'case':24} {'launcher':8} {'out':4} {'dump':4} {'verdict':24} {'ok':3} {'line':4} {'agree':5}")
-    for r in scored:
-        print(f"{r['case']:24} {r['launcher']:8} {'Y' if r.get('output_unchanged') else 'N':4} "
-              f"{'Y' if r.get('dump_ok') else 'N':4} {str(r.get('verdict')):24} {'Y' if r.get('verdict_ok') else 'N':3} "
-              f"{({True: 'Y', False: 'N'}).get(r.get('line_ok'), '-'):4} {'Y' if r.get('agree') else 'N':5}")
-    by = {}
-    for r in scored:
-        s = by.setdefault(r["launcher"], [0, 0, 0, 0, 0, 0])
-        s[0] += 1
-        s[1] += bool(r.get("output_unchanged"))
-        s[2] += bool(r.get("dump_ok"))
-        s[3] += bool(r.get("verdict_ok"))
-        s[4] += r.get("line_ok") is not False
-        s[5] += bool(r.get("agree"))
+    print(text_table(rows))
+    info = card()
+    table = scoring.markdown(rows, info, {c.name: c.framework or ("PyTorch" if c.corpus else "") for c in CASES})
+    with open(os.path.join(out_dir, "zoo.md"), "w") as f:
+        f.write(table)
     print()
-    print(f"{'launcher':8} {'runs':>4} {'output':>7} {'dumps':>6} {'verdict':>8} {'line':>5} {'agree':>6}")
-    for k, s in by.items():
-        n = s[0] or 1
-        print(f"{k:8} {s[0]:4} {100 * s[1] // n:6}% {100 * s[2] // n:5}% {100 * s[3] // n:7}% {100 * s[4] // n:4}% {100 * s[5] // n:5}%")
+    print(table)
     json.dump(rows, open(os.path.join(out_dir, "zoo.json"), "w"), indent=1)
+    scored = [r for r in rows if r.get("launcher") not in ("bare", "build")]
+    labels = [r["case"] for r in rows if r.get("launcher") == "bare" and r.get("label_ok") is False]
+    if labels:
+        print(f"\ncorpus programs whose failure did not show their declared dominant kind: {labels}")
     failed = [f"{r['case']} ({r['launcher']})" for r in rows if r.get("launcher") != "bare" and not r.get("ok")]
     print(f"\n{len(failed)} run(s) not as promised: {failed}" if failed else "\nevery run as promised")
     return 1 if failed or not scored else 0

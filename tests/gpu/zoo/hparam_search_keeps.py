@@ -1,0 +1,40 @@
+"""A hyper-parameter search that keeps every trained copy, with its gradients, to pick the best
+one at the end: each trial is a model of 1/100 of the device (a frozen float32 backbone and a
+trained head), trained a few steps and appended to `trials`. Far more than 16 models are live
+when it runs out; parameters dominate (the frozen backbone has no gradients). A leak by steps.
+KINDS: dominant=parameters leak=1 models=many"""
+import torch
+import torch.nn as nn
+from _zoo import kinds_truth, total_bytes
+
+# Three float32 D×D layers are 1/100 of the device.
+D = max(256, int((total_bytes() / 100 / 12) ** 0.5) // 256 * 256)
+trials = []
+
+
+def build():
+    model = nn.Sequential(nn.Linear(D, D, device="cuda"), nn.ReLU(), nn.Linear(D, D, device="cuda"), nn.ReLU(),
+                          nn.Linear(D, D, device="cuda"))  # EXPECT-LINE
+    for p in list(model[0].parameters()) + list(model[2].parameters()):
+        p.requires_grad_(False)  # the backbone is frozen
+    return model
+
+
+print(f"searching with width {D}")
+model = opt = None
+try:
+    for trial in range(100_000):
+        lr = 10 ** (-4 + (trial % 7) / 3)
+        model = build()
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+        for step in range(3):
+            x = torch.randn(256, D, device="cuda")
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+        trials.append((lr, model))  # EXPECT-LINE
+        model = opt = None
+except torch.OutOfMemoryError:
+    print("out of memory after", len(trials), "trials")
+    kinds_truth("hparam_search_keeps", "parameters", [m for _, m in trials] + ([model] if model is not None else []),
+                [opt] if opt is not None else [])
