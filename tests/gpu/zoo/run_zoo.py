@@ -17,7 +17,8 @@ per launcher with `skipped`), never passed. Exit status 0 when every run is ok, 
     ZOO_DRY=1 ZOO_DRY_DIR=RUNS python3 tests/gpu/zoo/run_zoo.py OUT   # score recorded runs, no GPU
 
 Environment: ZOO_CASES (comma-separated, in the order to run; or as arguments), ZOO_LAUNCHERS
-(of preload, run, alloc; bare always runs), ZOO_TIMEOUT (seconds a run, 120), ZOO_WORK (where
+(of preload, run, alloc; bare always runs), ZOO_GPUS (GPU indices or `all`: one case at a time on
+each, in parallel; unset: the default device), ZOO_TIMEOUT (seconds a run, 120), ZOO_WORK (where
 each run's dumps and output go, OUT/runs), ZOO_BISECT_ALL=1 (bisect under every launcher too,
 not only bare), OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI (the build to test).
 """
@@ -28,6 +29,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -423,11 +425,29 @@ def card():
     return out
 
 
-def launch(case, launcher, cmd, d, work):
+def gpus():
+    """The GPUs to spread the cases over (ZOO_GPUS: indices, comma-separated, or `all`), one case
+    at a time on each; [None] (the default device, one case at a time) when unset. Every program
+    sizes itself from the device it sees, so a case runs the same on any of them."""
+    want = os.environ.get("ZOO_GPUS", "").strip()
+    if not want:
+        return [None]
+    if want == "all":
+        listed = run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], {}, 60)[1].split()
+        return listed or [None]
+    found = [g.strip() for g in want.split(",") if g.strip()]
+    if not all(g.isdigit() for g in found):
+        raise ValueError(f"ZOO_GPUS: {want!r} is not a list of GPU indices (or `all`)")
+    return found
+
+
+def launch(case, launcher, cmd, d, work, gpu=None):
     """One run of the case under a launcher, bounded; its output kept in d."""
     if dry():
         return recorded(d)
     env = dict(case.env, PYTHONUNBUFFERED="1")
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
     if launcher != "bare" and os.environ.get("ZOO_BISECT_ALL") != "1":
         env["ZOO_BISECT"] = "0"
     if launcher == "bare":
@@ -444,7 +464,8 @@ def launch(case, launcher, cmd, d, work):
         timeout += case.bisect_secs * 2
     holder = None
     if case.holder:
-        holder = subprocess.Popen([PY, os.path.join(HERE, "holder.py")], stdout=subprocess.PIPE, text=True)
+        holder = subprocess.Popen([PY, os.path.join(HERE, "holder.py")], stdout=subprocess.PIPE, text=True,
+                                  env=dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})))
         holder.stdout.readline()
     try:
         result = run(full, env, timeout, cwd=work)
@@ -458,14 +479,18 @@ def launch(case, launcher, cmd, d, work):
     return result
 
 
+EMITTING = threading.Lock()
+
+
 def emit(rows, log, row):
-    rows.append(row)
-    log.write(json.dumps(row) + "\n")
-    log.flush()
-    print(json.dumps({k: v for k, v in row.items() if k not in ("stderr", "stdout", "truth")})[:700], flush=True)
+    with EMITTING:
+        rows.append(row)
+        log.write(json.dumps(row) + "\n")
+        log.flush()
+        print(json.dumps({k: v for k, v in row.items() if k not in ("stderr", "stdout", "truth")})[:700], flush=True)
 
 
-def run_case(case, runs_dir, work, rows, log):
+def run_case(case, runs_dir, work, rows, log, gpu=None):
     src = os.path.join(HERE, case.program)
     line = expect_lines(src)
     if case.build and not dry():
@@ -489,7 +514,7 @@ def run_case(case, runs_dir, work, rows, log):
                 continue  # a dry run scores the runs recorded, no others
         else:
             os.makedirs(d, exist_ok=True)
-        result = launch(case, launcher, cmd, d, work)
+        result = launch(case, launcher, cmd, d, work, gpu)
         if launcher == "bare":
             bare = result
             row = bare_row(case, result)
@@ -523,6 +548,7 @@ def main():
     try:
         launcher_filter()
         names = case_names()
+        devices = gpus()
     except ValueError as e:
         sys.exit(str(e))
     if dry() and not os.environ.get("ZOO_DRY_DIR"):
@@ -533,14 +559,30 @@ def main():
     os.makedirs(work, exist_ok=True)
     cases = chosen(names)
     # Named cases run in the order named (the ones that matter most first, for a run cut short).
-    total = expected_seconds(names)
-    print(f"{len(cases)} cases, {len(expected_runs(names))} scored runs: about {total // 60} min {total % 60} s on an "
-          f"H100 (each run up to {os.environ.get('ZOO_TIMEOUT', '120')} s). Per case, seconds: "
+    total = expected_seconds(names) // len(devices)
+    print(f"{len(cases)} cases, {len(expected_runs(names))} scored runs on {len(devices)} GPU(s): about {total // 60} min "
+          f"{total % 60} s on H100s (each run up to {os.environ.get('ZOO_TIMEOUT', '120')} s). Per case, seconds: "
           + ", ".join(f"{c.name} {c.secs * len(launchers_of(c)) + c.bisect_secs}" for c in cases), flush=True)
     log = open(os.path.join(out_dir, "zoo.jsonl"), "w")  # this run's rows, never stale ones
     rows = []
-    for case in cases:
-        run_case(case, runs_dir, work, rows, log)
+    queue = list(cases)
+
+    def worker(gpu):
+        while True:
+            with EMITTING:
+                if not queue:
+                    return
+                case = queue.pop(0)
+            run_case(case, runs_dir, work, rows, log, gpu)
+
+    threads = [threading.Thread(target=worker, args=(g,)) for g in devices]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # The tables in the cases' order, whichever GPU finished first.
+    order = {c.name: i for i, c in enumerate(cases)}
+    rows.sort(key=lambda r: order.get(r["case"], len(order)))
     print()
     print(text_table(rows))
     info = card()

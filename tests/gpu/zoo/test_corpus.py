@@ -293,11 +293,14 @@ class DryRun(unittest.TestCase):
             json.dump({"name": "NVIDIA H100 80GB HBM3", "total_bytes": 85 * 10 ** 9, "torch": "2.11.0+cu130",
                        "date": "2026-12-05", "oomshim": "oomshim 0.1.0"}, f)
         env = dict(os.environ, ZOO_DRY="1", ZOO_DRY_DIR=self.runs,
-                   ZOO_CASES="kinds_logits_loss,peft_lora_trainer,too_large", ZOO_LAUNCHERS="")
+                   ZOO_CASES="kinds_logits_loss,peft_lora_trainer,too_large", ZOO_LAUNCHERS="",
+                   ZOO_GPUS="0,1,2")  # three cases at once: the tables still follow the cases' order
         self.p = subprocess.run([sys.executable, os.path.join(HERE, "run_zoo.py"), self.out], env=env,
                                 capture_output=True, text=True, timeout=120)
         with open(os.path.join(self.out, "zoo.jsonl")) as f:
             self.rows = {(r["case"], r["launcher"]): r for r in map(json.loads, f)}
+        with open(os.path.join(self.out, "zoo.json")) as f:
+            self.ordered = [r["case"] for r in json.load(f)]
 
     def test_a_run_right_in_every_column(self):
         r = self.rows[("kinds_logits_loss", "preload")]
@@ -320,6 +323,20 @@ class DryRun(unittest.TestCase):
         self.assertFalse(a["alloc_mode_ok"])
         self.assertNotIn("activations_bytes", a["kinds_cmp"], "not measured in that run: not compared")
         self.assertTrue(a["dominant_ok"], "the bare run's measured dominant kind stands in")
+
+    def test_cases_spread_over_gpus_are_tabled_in_order(self):
+        self.assertEqual(self.ordered, sorted(self.ordered, key=["kinds_logits_loss", "peft_lora_trainer",
+                                                                  "too_large"].index))
+        self.assertIn("on 3 GPU(s)", self.p.stdout.splitlines()[0])
+
+    def test_gpus_are_indices_or_all(self):
+        for value, want in (("", [None]), ("0, 3", ["0", "3"])):
+            os.environ["ZOO_GPUS"] = value
+            self.assertEqual(run_zoo.gpus(), want)
+        os.environ["ZOO_GPUS"] = "first"
+        with self.assertRaises(ValueError):
+            run_zoo.gpus()
+        del os.environ["ZOO_GPUS"]
 
     def test_a_missing_package_is_not_run_never_passed(self):
         for launcher in ("preload", "run", "alloc"):
