@@ -16,7 +16,8 @@ per launcher with `skipped`), never passed. Exit status 0 when every run is ok, 
     ZOO_CASES=a,b ZOO_LAUNCHERS=preload,alloc python3 tests/gpu/zoo/run_zoo.py OUT
     ZOO_DRY=1 ZOO_DRY_DIR=RUNS python3 tests/gpu/zoo/run_zoo.py OUT   # score recorded runs, no GPU
 
-Environment: ZOO_CASES (comma-separated, in the order to run; or as arguments), ZOO_LAUNCHERS
+Environment: ZOO_CASES (comma-separated, in the order to run; or as arguments), ZOO_SET
+(`corpus` or `zoo`), ZOO_PIECE (`k/n`: the k-th of n pieces of about equal time), ZOO_LAUNCHERS
 (of preload, run, alloc; bare always runs), ZOO_GPUS (GPU indices or `all`: one case at a time on
 each, in parallel; unset: the default device), ZOO_TIMEOUT (seconds a run, 120), ZOO_WORK (where
 each run's dumps and output go, OUT/runs), ZOO_BISECT_ALL=1 (bisect under every launcher too,
@@ -175,13 +176,44 @@ CASES = [
 
 def case_names():
     """The cases to run, in order: ZOO_CASES (comma-separated), else the command line's, else
-    all. An unknown name is a ValueError (a typo would run nothing)."""
+    all; of those, ZOO_SET's (`corpus`: the programs with their own account, `zoo`: the others)
+    and ZOO_PIECE's (`k/n`: the k-th of n pieces of about equal expected time). An unknown name
+    or setting is a ValueError (a typo would run nothing)."""
     named = [n.strip() for n in os.environ.get("ZOO_CASES", "").split(",") if n.strip()] or sys.argv[2:]
     known = {c.name for c in CASES}
     unknown = [n for n in named if n not in known]
     if unknown:
         raise ValueError(f"no such zoo case: {', '.join(unknown)}")
-    return named
+    which = os.environ.get("ZOO_SET", "").strip() or "all"
+    if which not in ("all", "corpus", "zoo"):
+        raise ValueError(f"ZOO_SET: {which!r} is none of all, corpus, zoo")
+    picked = [c for c in chosen(named) if which == "all" or c.corpus == (which == "corpus")]
+    piece = os.environ.get("ZOO_PIECE", "").strip()
+    if piece:
+        m = re.fullmatch(r"(\d+)/(\d+)", piece)
+        if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+            raise ValueError(f"ZOO_PIECE: {piece!r} is not k/n with 1 <= k <= n")
+        picked = pieces(picked, int(m.group(2)))[int(m.group(1)) - 1]
+    if not picked:
+        raise ValueError("no zoo case left to run (ZOO_CASES, ZOO_SET and ZOO_PIECE together chose none)")
+    return [c.name for c in picked] if (named or which != "all" or piece) else []
+
+
+def seconds_of(case):
+    """A case's expected seconds: each of its runs, and the bare run's bisection."""
+    return case.secs * len(launchers_of(case)) + case.bisect_secs
+
+
+def pieces(cases, n):
+    """`cases` cut into n pieces of about equal expected time (the longest case first into the
+    piece with the least so far), each in the cases' own order."""
+    loads = [[0, []] for _ in range(n)]
+    for c in sorted(cases, key=seconds_of, reverse=True):
+        least = min(loads, key=lambda p: p[0])
+        least[0] += seconds_of(c)
+        least[1].append(c)
+    order = {c.name: i for i, c in enumerate(cases)}
+    return [sorted(p[1], key=lambda c: order[c.name]) for p in loads]
 
 
 def launcher_filter():
@@ -212,9 +244,9 @@ def expected_runs(names=()):
 
 
 def expected_seconds(names=()):
-    """About how long these cases take: each run's estimate, the bare run's bisection, and the
-    per-run limit as the ceiling."""
-    return sum(c.secs * len(launchers_of(c)) + c.bisect_secs for c in chosen(names))
+    """About how long these cases take one after another: each run's estimate and the bare
+    run's bisection."""
+    return sum(seconds_of(c) for c in chosen(names))
 
 
 def run(cmd, env, timeout, cwd=None):
@@ -562,7 +594,7 @@ def main():
     total = expected_seconds(names) // len(devices)
     print(f"{len(cases)} cases, {len(expected_runs(names))} scored runs on {len(devices)} GPU(s): about {total // 60} min "
           f"{total % 60} s on H100s (each run up to {os.environ.get('ZOO_TIMEOUT', '120')} s). Per case, seconds: "
-          + ", ".join(f"{c.name} {c.secs * len(launchers_of(c)) + c.bisect_secs}" for c in cases), flush=True)
+          + ", ".join(f"{c.name} {seconds_of(c)}" for c in cases), flush=True)
     log = open(os.path.join(out_dir, "zoo.jsonl"), "w")  # this run's rows, never stale ones
     rows = []
     queue = list(cases)

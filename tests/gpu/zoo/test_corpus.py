@@ -338,6 +338,31 @@ class DryRun(unittest.TestCase):
             run_zoo.gpus()
         del os.environ["ZOO_GPUS"]
 
+    def test_pieces_cover_the_set_once_and_about_evenly(self):
+        old = {k: os.environ.get(k) for k in ("ZOO_SET", "ZOO_PIECE", "ZOO_CASES")}
+        try:
+            os.environ.pop("ZOO_CASES", None)
+            os.environ["ZOO_SET"] = "corpus"
+            corpus = run_zoo.case_names()
+            self.assertEqual(len(corpus), len([c for c in run_zoo.CASES if c.corpus]))
+            got = []
+            for k in range(1, 5):
+                os.environ["ZOO_PIECE"] = f"{k}/4"
+                got.append(run_zoo.case_names())
+            self.assertEqual(sorted(sum(got, [])), sorted(corpus))
+            times = [run_zoo.expected_seconds(p) for p in got]
+            self.assertLess(max(times) - min(times), max(run_zoo.seconds_of(c) for c in run_zoo.chosen(corpus)))
+            for bad in ("5/4", "0/4", "half"):
+                os.environ["ZOO_PIECE"] = bad
+                with self.assertRaises(ValueError):
+                    run_zoo.case_names()
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
     def test_a_missing_package_is_not_run_never_passed(self):
         for launcher in ("preload", "run", "alloc"):
             r = self.rows[("peft_lora_trainer", launcher)]
