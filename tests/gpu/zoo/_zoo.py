@@ -211,7 +211,10 @@ def kinds_truth(name, dominant, models=(), optimizers=()):
     OutOfMemoryError: parameters, gradients and optimizer state are what they were at the
     failure; the failed step's activations are gone by then, which is why torch's allocated
     bytes are read in the OOM observer, at the failure itself. `dominant` is the kind the program
-    was built to show; `measured.dominant` says whether it did."""
+    was built to show; `measured.dominant` says whether it did. Once per process: the account is
+    of the program's first failure (a framework's hook may call it again at a probe's)."""
+    if not _watching:
+        return None
     _watching.clear()  # later failures (the bisection's probes) are not this one
     try:
         torch.cuda.synchronize()
@@ -249,6 +252,126 @@ def too_large(step, batch, tries=4):
         sys.stderr.write(f"[zoo] batch {batch} fit: trying {2 * batch}\n")
         batch *= 2
     sys.exit(f"[zoo] batch {batch // 2} still fit after {tries} tries: the program is sized for a smaller device")
+
+
+def fail_then_bisect(step, batch, truth, reset=None, warm=None, said="out of memory", probe=None):
+    """The shape of a corpus program whose failure is its batch: its step at a batch too large
+    (too_large); in the handler of the OutOfMemoryError, `said` on stdout and the program's
+    account (`truth()`, its kinds_truth call); after the handler, the bisection (batch_truth) of
+    `probe`, else of the same step. Returns the batch that failed."""
+    failed = None
+    try:
+        too_large(step, batch)
+    except torch.OutOfMemoryError as e:
+        failed = e.batch
+        print(said, flush=True)
+        truth()
+    if failed:
+        batch_truth(probe or step, failed, reset=reset, warm=warm)
+    return failed
+
+
+def wide_mlp(d=2048, h=16384, blocks=4):
+    """The plain programs' model: `blocks` of Linear(d, h), GELU, Linear(h, d), bfloat16, on the
+    device; about 70 KiB of activations a row and block in training (d=2048, h=16384)."""
+    import torch.nn as nn
+
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(d, h), nn.GELU(), nn.Linear(h, d)) for _ in range(blocks)])
+    return model.cuda().to(torch.bfloat16)
+
+
+def lightning_trainer(pl, name, dominant, precision="bf16-mixed", max_steps=1):
+    """A Lightning Trainer on the GPU that logs, checkpoints and summarises nothing, with the
+    callback that prints the program's account at an OutOfMemoryError (lightning_truth)."""
+    return pl.Trainer(accelerator="gpu", devices=1, max_steps=max_steps, precision=precision, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=[lightning_truth(pl, name, dominant)])
+
+
+def lightning_truth(pl, name, dominant):
+    """A Lightning callback that prints the program's account when fit fails of an
+    OutOfMemoryError: in on_exception, before Lightning's teardown moves the model and the
+    optimizer state to the CPU."""
+
+    class Truth(pl.Callback):
+        def on_exception(self, trainer, module, exception):
+            if isinstance(exception, torch.OutOfMemoryError):
+                kinds_truth(name, dominant, [module], trainer.optimizers)
+
+    return Truth()
+
+
+class Tokens(torch.utils.data.Dataset):
+    """Random token sequences of `seq`, made when asked for (seeded by index, so a worker process
+    makes the same as the main one): a language model's examples (`labels` are the ids) or, with
+    `classes`, a classifier's (with an attention mask). Long enough for any batch."""
+
+    def __init__(self, seq, vocab, classes=None):
+        self.seq, self.vocab, self.classes = seq, vocab, classes
+
+    def __len__(self):
+        return 1 << 30
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        ids = torch.randint(0, self.vocab, (self.seq,), generator=g)
+        if self.classes is None:
+            return {"input_ids": ids, "labels": ids}
+        return {"input_ids": ids, "attention_mask": torch.ones(self.seq, dtype=torch.long),
+                "labels": torch.tensor(i % self.classes)}
+
+
+def hf_trainer(model, dataset, batch, workers=0):
+    """A Hugging Face Trainer of one step at `batch`, bf16, that logs, saves and reports nothing."""
+    import tempfile
+
+    from transformers import Trainer, TrainingArguments
+
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=batch, max_steps=1, bf16=True,
+                             report_to=[], save_strategy="no", logging_steps=1000, dataloader_num_workers=workers,
+                             disable_tqdm=True, remove_unused_columns=False)
+    return Trainer(model=model, args=args, train_dataset=dataset)
+
+
+class Fresh:
+    """A step that makes a fresh framework object for each batch (a Trainer, with an optimizer
+    of its own whose state a failed probe must not leave behind) and runs it: `run` is the
+    program's own line. The latest is kept for the program's account; `forget` drops it."""
+
+    def __init__(self, make, run, model):
+        self.make, self.run, self.model, self.latest = make, run, model, None
+
+    def __call__(self, batch):
+        self.latest = self.make(batch)
+        self.run(self.latest)
+
+    def forget(self):
+        self.latest = None
+        self.model.zero_grad(set_to_none=True)
+
+
+def llama(hidden, intermediate, layers, dtype, heads=None, positions=1024):
+    """A Llama-style causal language model from its config (no download), built on the device in
+    `dtype` (built elsewhere, it would first take float32 room on the device or minutes on the
+    CPU)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    heads = heads or hidden // 128
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=heads, vocab_size=32000,
+                         max_position_embeddings=positions)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("cuda"):
+            return LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(before)
+
+
+def llama_layer_bytes(hidden, intermediate, dtype_bytes):
+    """One Llama layer's weights: attention's four projections and the MLP's three."""
+    return (4 * hidden * hidden + 3 * hidden * intermediate) * dtype_bytes
 
 
 def bisect(fits, failed, warm=None, probes=8, out_of_time=lambda: False):

@@ -3,22 +3,16 @@ AdamW: weights and gradients fit, the first optimizer step creates the two momen
 and the update's temporaries do not fit. Optimizer state dominates, behind accelerate's
 optimizer wrapper.
 KINDS: dominant=optimizer_state phase=optimizer"""
-from _zoo import require
+from _zoo import kinds_truth, llama, llama_layer_bytes, require, total_bytes
 
 require("accelerate", "transformers")
 import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-
-from _zoo import kinds_truth, total_bytes  # noqa: E402
 
 HIDDEN, INTER = 2048, 5632
-LAYERS = max(2, round(0.2 * total_bytes() / ((4 * HIDDEN * HIDDEN + 3 * HIDDEN * INTER) * 4)))
-config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS, num_attention_heads=16,
-                     num_key_value_heads=16, vocab_size=32000, max_position_embeddings=512)
+LAYERS = max(2, round(0.2 * total_bytes() / llama_layer_bytes(HIDDEN, INTER, 4)))
 accelerator = Accelerator()
-with torch.device("cuda"):
-    model = LlamaForCausalLM(config)
+model = llama(HIDDEN, INTER, LAYERS, torch.float32, positions=512)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
 model, optimizer = accelerator.prepare(model, optimizer)
 print(f"training {LAYERS} layers")

@@ -10,7 +10,7 @@ import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
-from _zoo import batch_truth, kinds_truth, too_large, total_bytes  # noqa: E402
+from _zoo import fail_then_bisect, kinds_truth, total_bytes  # noqa: E402
 
 SEQ, ACCUMULATE = 1024, 4
 BATCH = max(8, int(4 * total_bytes() / 1.5e9))
@@ -32,12 +32,6 @@ def accumulated_step(batch):
 
 
 print(f"training at micro-batch {BATCH}")
-failed = None
-try:
-    too_large(accumulated_step, BATCH)
-except torch.OutOfMemoryError as e:
-    failed = e.batch
-    print("out of memory")
-    kinds_truth("accelerate_grad_accum_batch", "activations", [model], [optimizer])
-if failed:
-    batch_truth(accumulated_step, failed, reset=lambda: optimizer.zero_grad(set_to_none=True), warm=1)
+fail_then_bisect(accumulated_step, BATCH,
+                 lambda: kinds_truth("accelerate_grad_accum_batch", "activations", [model], [optimizer]),
+                 reset=lambda: optimizer.zero_grad(set_to_none=True), warm=1)

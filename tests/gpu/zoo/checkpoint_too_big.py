@@ -5,7 +5,7 @@ KINDS: dominant=activations phase=forward|backward batch=yes checkpoint=1"""
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
-from _zoo import batch_truth, kinds_truth, too_large, total_bytes
+from _zoo import fail_then_bisect, kinds_truth, total_bytes
 
 D, H, BLOCKS = 2048, 16384, 16
 BATCH = 4 * total_bytes() // (140 << 10)  # 16 checkpoints of 4 KiB and one block's 70 KiB a row, about
@@ -24,12 +24,5 @@ def train_step(batch):
 
 
 print(f"training at batch {BATCH}")
-failed = None
-try:
-    too_large(train_step, BATCH)
-except torch.OutOfMemoryError as e:
-    failed = e.batch
-    print("out of memory")
-    kinds_truth("checkpoint_too_big", "activations", [blocks], [opt])
-if failed:
-    batch_truth(train_step, failed, reset=lambda: opt.zero_grad(set_to_none=True))
+fail_then_bisect(train_step, BATCH, lambda: kinds_truth("checkpoint_too_big", "activations", [blocks], [opt]),
+                 reset=lambda: opt.zero_grad(set_to_none=True))

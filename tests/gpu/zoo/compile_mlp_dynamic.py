@@ -5,7 +5,7 @@ same compiled graph (dynamic: no recompilation).
 KINDS: dominant=activations phase=forward|backward batch=yes compile=inductor"""
 import torch
 import torch.nn as nn
-from _zoo import batch_truth, kinds_truth, too_large, total_bytes
+from _zoo import fail_then_bisect, kinds_truth, total_bytes
 
 D, H = 2048, 16384
 BATCH = 4 * total_bytes() // (200 << 10)
@@ -36,12 +36,5 @@ def train_step(batch):
 
 
 print(f"training at batch {BATCH}")
-failed = None
-try:
-    too_large(train_step, BATCH)
-except torch.OutOfMemoryError as e:
-    failed = e.batch
-    print("out of memory")
-    kinds_truth("compile_mlp_dynamic", "activations", [model], [opt])
-if failed:
-    batch_truth(train_step, failed, reset=lambda: opt.zero_grad(set_to_none=True))
+fail_then_bisect(train_step, BATCH, lambda: kinds_truth("compile_mlp_dynamic", "activations", [model], [opt]),
+                 reset=lambda: opt.zero_grad(set_to_none=True))

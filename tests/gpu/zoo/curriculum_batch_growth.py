@@ -3,13 +3,11 @@ before the last fits, the last does not. The largest batch that fits lies betwee
 bisection finds it.
 KINDS: dominant=activations phase=forward|backward batch=yes"""
 import torch
-import torch.nn as nn
-from _zoo import batch_truth, kinds_truth, total_bytes
+from _zoo import batch_truth, kinds_truth, total_bytes, wide_mlp
 
 torch.manual_seed(0)
 D, H = 2048, 16384
-model = nn.Sequential(*[nn.Sequential(nn.Linear(D, H), nn.GELU(), nn.Linear(H, D)) for _ in range(4)])
-model = model.cuda().to(torch.bfloat16)
+model = wide_mlp(D, H)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
 

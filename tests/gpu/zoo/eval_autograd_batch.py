@@ -3,13 +3,11 @@ batch four times what fits: every activation is kept for a backward that never c
 largest batch that fits this way is found by bisection.
 KINDS: dominant=activations phase=forward eval=1 batch=yes"""
 import torch
-import torch.nn as nn
-from _zoo import batch_truth, kinds_truth, too_large, total_bytes
+from _zoo import fail_then_bisect, kinds_truth, total_bytes, wide_mlp
 
 D, H = 2048, 16384
 BATCH = 4 * total_bytes() // (280 << 10)  # about 280 KiB of kept activations a row
-model = nn.Sequential(*[nn.Sequential(nn.Linear(D, H), nn.GELU(), nn.Linear(H, D)) for _ in range(4)])
-model = model.cuda().to(torch.bfloat16).eval()
+model = wide_mlp(D, H).eval()
 
 
 def evaluate(batch):
@@ -19,12 +17,5 @@ def evaluate(batch):
 
 
 print(f"evaluating at batch {BATCH}")
-failed = None
-try:
-    too_large(evaluate, BATCH)
-except torch.OutOfMemoryError as e:
-    failed = e.batch
-    print("out of memory in evaluation")
-    kinds_truth("eval_autograd_batch", "activations", [model])
-if failed:
-    batch_truth(evaluate, failed)
+fail_then_bisect(evaluate, BATCH, lambda: kinds_truth("eval_autograd_batch", "activations", [model]),
+                 said="out of memory in evaluation")

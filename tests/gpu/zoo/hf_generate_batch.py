@@ -4,22 +4,14 @@ and the prefill's temporaries. No autograd (generate runs under no_grad): the ph
 inference, the cache is "activations and other live tensors". The largest batch that fits is
 found by bisection.
 KINDS: dominant=activations phase=inference batch=yes"""
-from _zoo import require
+from _zoo import fail_then_bisect, kinds_truth, llama, require, total_bytes
 
 require("transformers")
 import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-
-from _zoo import batch_truth, kinds_truth, too_large, total_bytes  # noqa: E402
 
 PROMPT, NEW = 256, 8
 BATCH = max(8, int(4 * total_bytes() / ((PROMPT + NEW) * (128 << 10) * 1.3)))
-config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
-                     num_key_value_heads=16, vocab_size=32000, max_position_embeddings=1024)
-torch.set_default_dtype(torch.bfloat16)
-with torch.device("cuda"):
-    model = LlamaForCausalLM(config).eval()
-torch.set_default_dtype(torch.float32)
+model = llama(2048, 5632, 16, torch.bfloat16).eval()  # 16 heads of 128: 128 KiB of cache a token
 
 
 def generate(batch):
@@ -29,12 +21,5 @@ def generate(batch):
 
 
 print(f"generating for a batch of {BATCH}")
-failed = None
-try:
-    too_large(generate, BATCH)
-except torch.OutOfMemoryError as e:
-    failed = e.batch
-    print("out of memory in generate")
-    kinds_truth("hf_generate_batch", "activations", [model])
-if failed:
-    batch_truth(generate, failed)
+fail_then_bisect(generate, BATCH, lambda: kinds_truth("hf_generate_batch", "activations", [model]),
+                 said="out of memory in generate")

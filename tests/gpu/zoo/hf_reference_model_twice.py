@@ -5,23 +5,15 @@ shapes: the model is named as held twice.
 KINDS: dominant=parameters duplicate=2 phase=inference"""
 import copy
 
-from _zoo import require
+from _zoo import kinds_truth, llama, llama_layer_bytes, require, total_bytes
 
 require("transformers")
 import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-
-from _zoo import kinds_truth, total_bytes  # noqa: E402
 
 T = total_bytes()
 HIDDEN, INTER, SEQ = 4096, 11008, 1024
-LAYERS = max(2, round(0.36 * T / ((4 * HIDDEN * HIDDEN + 3 * HIDDEN * INTER) * 2)))
-config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS, num_attention_heads=32,
-                     num_key_value_heads=32, vocab_size=32000, max_position_embeddings=SEQ)
-torch.set_default_dtype(torch.bfloat16)
-with torch.device("cuda"):
-    policy = LlamaForCausalLM(config)
-torch.set_default_dtype(torch.float32)
+LAYERS = max(2, round(0.36 * T / llama_layer_bytes(HIDDEN, INTER, 2)))
+policy = llama(HIDDEN, INTER, LAYERS, torch.bfloat16, positions=SEQ)
 reference = copy.deepcopy(policy).eval().requires_grad_(False)
 # A batch whose MLP temporaries in one layer alone are half the device.
 BATCH = max(2, int(0.5 * T / (SEQ * (HIDDEN + 3 * INTER) * 2)))

@@ -5,7 +5,7 @@ known. The largest batch that fits is then found by bisection.
 KINDS: dominant=activations phase=forward batch=yes"""
 import torch
 import torch.nn as nn
-from _zoo import GiB, batch_truth, kinds_truth, too_large, total_bytes
+from _zoo import GiB, fail_then_bisect, kinds_truth, total_bytes
 
 torch.manual_seed(0)
 layer = nn.TransformerEncoderLayer(d_model=1024, nhead=16, dim_feedforward=4096, batch_first=True)
@@ -23,12 +23,5 @@ def train_step(batch):
 
 
 print(f"training at batch {BATCH}")
-failed = None
-try:
-    too_large(train_step, BATCH)
-except torch.OutOfMemoryError as e:
-    failed = e.batch
-    print("out of memory in the forward pass")
-    kinds_truth("kinds_batch_transformer", "activations", [model], [opt])
-if failed:
-    batch_truth(train_step, failed, reset=lambda: opt.zero_grad(set_to_none=True), warm=1)
+fail_then_bisect(train_step, BATCH, lambda: kinds_truth("kinds_batch_transformer", "activations", [model], [opt]),
+                 reset=lambda: opt.zero_grad(set_to_none=True), warm=1, said="out of memory in the forward pass")

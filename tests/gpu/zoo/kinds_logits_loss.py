@@ -6,7 +6,7 @@ KINDS: dominant=activations phase=forward in_loss=1 batch=yes"""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from _zoo import batch_truth, kinds_truth, too_large, total_bytes
+from _zoo import fail_then_bisect, kinds_truth, total_bytes
 
 VOCAB, DIM, SEQ = 256_000, 1024, 1024
 BATCH = max(2, int(0.4 * total_bytes() / (SEQ * VOCAB * 2)))
@@ -40,12 +40,5 @@ def train_step(batch):
 
 
 print(f"training at batch {BATCH}")
-failed = None
-try:
-    too_large(train_step, BATCH)
-except torch.OutOfMemoryError as e:
-    failed = e.batch
-    print("out of memory in the loss")
-    kinds_truth("kinds_logits_loss", "activations", [model])
-if failed:
-    batch_truth(train_step, failed, reset=lambda: model.zero_grad(set_to_none=True))
+fail_then_bisect(train_step, BATCH, lambda: kinds_truth("kinds_logits_loss", "activations", [model]),
+                 reset=lambda: model.zero_grad(set_to_none=True), said="out of memory in the loss")

@@ -6,7 +6,7 @@ to the CPU.
 KINDS: dominant=optimizer_state phase=optimizer framework=lightning"""
 import importlib
 
-from _zoo import GiB, kinds_truth, require, total_bytes
+from _zoo import GiB, lightning_trainer, require, total_bytes
 
 (LIGHTNING,) = require("lightning.pytorch|pytorch_lightning")
 pl = importlib.import_module(LIGHTNING)
@@ -40,17 +40,9 @@ class Rows(Dataset):
         return torch.randn(16384, generator=torch.Generator().manual_seed(i))
 
 
-class Truth(pl.Callback):
-    def on_exception(self, trainer, module, exception):
-        if isinstance(exception, torch.OutOfMemoryError):
-            kinds_truth("lightning_adam_state", "optimizer_state", [module], trainer.optimizers)
-
-
 with torch.device("cuda"):  # built on the device: initialising this many weights on the CPU is slow
     module = Wide()
-trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=3, precision="32-true", logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                     callbacks=[Truth()])
+trainer = lightning_trainer(pl, "lightning_adam_state", "optimizer_state", precision="32-true", max_steps=3)
 print(f"training {LAYERS} layers")
 try:
     trainer.fit(module, DataLoader(Rows(), batch_size=8))  # EXPECT-LINE

@@ -5,14 +5,14 @@ largest batch that fits is found by bisection, a fresh Trainer and loader for ea
 KINDS: dominant=activations phase=forward|backward batch=yes workers=4 framework=lightning"""
 import importlib
 
-from _zoo import batch_truth, kinds_truth, require, too_large, total_bytes
+from _zoo import Tokens, fail_then_bisect, lightning_trainer, require, total_bytes
 
 (LIGHTNING,) = require("lightning.pytorch|pytorch_lightning")
 pl = importlib.import_module(LIGHTNING)
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 SEQ, D = 256, 512
 BATCH = max(16, int(4 * total_bytes() / 40e6))
@@ -30,57 +30,21 @@ class Encoder(pl.LightningModule):
         return self.head(self.encoder(self.embed(ids)).mean(1))  # EXPECT-LINE
 
     def training_step(self, batch, index):
-        ids, labels = batch
-        return F.cross_entropy(self(ids), labels)
+        return F.cross_entropy(self(batch["input_ids"]), batch["labels"])
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=1e-4)
 
 
-class Tokens(Dataset):
-    def __len__(self):
-        return 1 << 30
-
-    def __getitem__(self, i):
-        g = torch.Generator().manual_seed(i)
-        return torch.randint(0, 32000, (SEQ,), generator=g), i % 2
-
-
-class Truth(pl.Callback):
-    said = False
-
-    def on_exception(self, trainer, module, exception):
-        if isinstance(exception, torch.OutOfMemoryError) and not Truth.said:
-            Truth.said = True
-            kinds_truth("lightning_transformer_workers", "activations", [module], trainer.optimizers)
-
-
 module = Encoder()
-trainer = None
 
 
 def train_at(batch):
-    global trainer
-    trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=1, precision="bf16-mixed", logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[Truth()])
-    loader = DataLoader(Tokens(), batch_size=batch, num_workers=4, persistent_workers=True)
+    trainer = lightning_trainer(pl, "lightning_transformer_workers", "activations")
+    loader = DataLoader(Tokens(SEQ, 32000, classes=2), batch_size=batch, num_workers=4, persistent_workers=True)
     trainer.fit(module, loader)  # EXPECT-LINE
 
 
-def forget():
-    global trainer
-    trainer = None
-    module.zero_grad(set_to_none=True)
-
-
 print(f"training at batch {BATCH}")
-failed = None
-try:
-    too_large(train_at, BATCH)
-except torch.OutOfMemoryError as e:
-    failed = e.batch
-    print("out of memory")
-if failed:
-    forget()
-    batch_truth(train_at, failed, reset=forget)
+# The account is printed by the callback, in Lightning's on_exception.
+fail_then_bisect(train_at, BATCH, lambda: None, reset=lambda: module.zero_grad(set_to_none=True))

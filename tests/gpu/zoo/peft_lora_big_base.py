@@ -2,24 +2,16 @@
 the device: the adapters and their optimizer are tiny, the step's activations do not fit next
 to the base. Parameters dominate, and almost none of them have gradients.
 KINDS: dominant=parameters phase=forward|backward peft=lora"""
-from _zoo import require
+from _zoo import kinds_truth, llama, llama_layer_bytes, require, total_bytes
 
 require("peft", "transformers")
 import torch  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-
-from _zoo import kinds_truth, total_bytes  # noqa: E402
 
 T = total_bytes()
 HIDDEN, INTER, SEQ = 4096, 11008, 256
-LAYERS = max(2, round(0.6 * T / ((4 * HIDDEN * HIDDEN + 3 * HIDDEN * INTER) * 2)))
-config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS, num_attention_heads=32,
-                     num_key_value_heads=32, vocab_size=32000, max_position_embeddings=SEQ)
-torch.set_default_dtype(torch.bfloat16)
-with torch.device("cuda"):
-    base = LlamaForCausalLM(config)
-torch.set_default_dtype(torch.float32)
+LAYERS = max(2, round(0.6 * T / llama_layer_bytes(HIDDEN, INTER, 2)))
+base = llama(HIDDEN, INTER, LAYERS, torch.bfloat16, positions=SEQ)
 model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
 optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
 # Each layer keeps about 115 KiB of bf16 inputs a token for backward: a batch that needs the

@@ -406,9 +406,10 @@ class Corpus(unittest.TestCase):
             with open(path) as f:
                 src = f.read()
             compile(src, path, "exec")
-            self.assertIn(f'kinds_truth("{c.name}"', src, c.name)
+            self.assertRegex(src, rf'(kinds_truth\(|lightning_trainer\(pl, )"{c.name}"', c.name)
             self.assertTrue(run_zoo.expect_lines(path), c.name)
-            self.assertEqual("batch_truth(" in src, c.batch, f"{c.name}: bisects exactly when its batch is scored")
+            bisects = "batch_truth(" in src or "fail_then_bisect(" in src
+            self.assertEqual(bisects, c.batch, f"{c.name}: bisects exactly when its batch is scored")
             # Sized from the device: no program has a size of its own in GiB.
             self.assertRegex(src, r"total_bytes\(\)|mem_get_info", c.name)
             self.assertNotRegex(src, r"\d+\s*\*\s*GiB|<<\s*30\)", c.name)

@@ -3,7 +3,7 @@ about four times what fits (about 8 MB of temporaries an image in its first stag
 inference; activations (the batch and one block's temporaries) dominate. The largest batch that
 fits is found by bisection.
 KINDS: dominant=activations phase=inference batch=yes"""
-from _zoo import batch_truth, kinds_truth, require, too_large, total_bytes
+from _zoo import fail_then_bisect, kinds_truth, require, total_bytes
 
 require("timm")
 import timm  # noqa: E402
@@ -20,12 +20,4 @@ def classify(batch):
 
 
 print(f"classifying a batch of {BATCH}")
-failed = None
-try:
-    too_large(classify, BATCH)
-except torch.OutOfMemoryError as e:
-    failed = e.batch
-    print("out of memory")
-    kinds_truth("timm_convnext_inference", "activations", [model])
-if failed:
-    batch_truth(classify, failed)
+fail_then_bisect(classify, BATCH, lambda: kinds_truth("timm_convnext_inference", "activations", [model]))

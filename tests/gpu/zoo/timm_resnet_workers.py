@@ -5,7 +5,7 @@ activations an image). Activations dominate; the largest batch that fits is foun
 KINDS: dominant=activations phase=forward|backward batch=yes workers=3"""
 import shutil
 
-from _zoo import batch_truth, kinds_truth, require, too_large, total_bytes
+from _zoo import fail_then_bisect, kinds_truth, require, total_bytes
 
 require("timm")
 import timm  # noqa: E402
@@ -59,12 +59,5 @@ def probe_step(batch):
 
 
 print(f"training at batch {BATCH}")
-failed = None
-try:
-    too_large(train_step, BATCH)
-except torch.OutOfMemoryError as e:
-    failed = e.batch
-    print("out of memory")
-    kinds_truth("timm_resnet_workers", "activations", [model], [opt])
-if failed:
-    batch_truth(probe_step, failed, reset=lambda: opt.zero_grad(set_to_none=True), warm=1)
+fail_then_bisect(train_step, BATCH, lambda: kinds_truth("timm_resnet_workers", "activations", [model], [opt]),
+                 reset=lambda: opt.zero_grad(set_to_none=True), warm=1, probe=probe_step)

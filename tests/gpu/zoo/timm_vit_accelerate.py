@@ -2,7 +2,7 @@
 and AdamW, at a batch about four times what fits (about 100 MB of activations an image).
 Activations dominate; the largest batch that fits is found by bisection.
 KINDS: dominant=activations phase=forward|backward batch=yes"""
-from _zoo import batch_truth, kinds_truth, require, too_large, total_bytes
+from _zoo import fail_then_bisect, kinds_truth, require, total_bytes
 
 require("timm", "accelerate")
 import timm  # noqa: E402
@@ -27,12 +27,5 @@ def train_step(batch):
 
 
 print(f"training at batch {BATCH}")
-failed = None
-try:
-    too_large(train_step, BATCH)
-except torch.OutOfMemoryError as e:
-    failed = e.batch
-    print("out of memory")
-    kinds_truth("timm_vit_accelerate", "activations", [model], [optimizer])
-if failed:
-    batch_truth(train_step, failed, reset=lambda: optimizer.zero_grad(set_to_none=True), warm=1)
+fail_then_bisect(train_step, BATCH, lambda: kinds_truth("timm_vit_accelerate", "activations", [model], [optimizer]),
+                 reset=lambda: optimizer.zero_grad(set_to_none=True), warm=1)

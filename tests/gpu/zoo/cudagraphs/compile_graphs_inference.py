@@ -8,15 +8,13 @@ import os
 import sys
 
 import torch
-import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _zoo import kinds_truth, too_large, total_bytes  # noqa: E402
+from _zoo import kinds_truth, too_large, total_bytes, wide_mlp  # noqa: E402
 
 D, H = 1024, 32768
 BATCH = 4 * total_bytes() // (130 << 10)  # about 130 KiB of temporaries a row in one block
-model = nn.Sequential(*[nn.Sequential(nn.Linear(D, H), nn.GELU(), nn.Linear(H, D)) for _ in range(4)])
-model = model.cuda().to(torch.bfloat16).eval()
+model = wide_mlp(D, H).eval()
 compiled = torch.compile(model, mode="reduce-overhead")  # COMPILE-LINE
 
 

@@ -8,16 +8,14 @@ import os
 import sys
 
 import torch
-import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _zoo import batch_truth, kinds_truth, too_large, total_bytes  # noqa: E402
+from _zoo import fail_then_bisect, kinds_truth, total_bytes, wide_mlp  # noqa: E402
 
 D, H = 2048, 16384
 # Four blocks keep about 280 KiB of bfloat16 activations a row; four times what fits.
 BATCH = 4 * total_bytes() // (280 << 10)
-model = nn.Sequential(*[nn.Sequential(nn.Linear(D, H), nn.GELU(), nn.Linear(H, D)) for _ in range(4)])
-model = model.cuda().to(torch.bfloat16)
+model = wide_mlp(D, H)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
 
@@ -30,12 +28,5 @@ def train_step(batch):
 
 
 print(f"training at batch {BATCH}")
-failed = None
-try:
-    too_large(train_step, BATCH)
-except torch.OutOfMemoryError as e:
-    failed = e.batch
-    print("out of memory in the forward pass")
-    kinds_truth("sibling_compile", "activations", [model], [opt])
-if failed:
-    batch_truth(train_step, failed, reset=lambda: opt.zero_grad(set_to_none=True))
+fail_then_bisect(train_step, BATCH, lambda: kinds_truth("sibling_compile", "activations", [model], [opt]),
+                 reset=lambda: opt.zero_grad(set_to_none=True), said="out of memory in the forward pass")
