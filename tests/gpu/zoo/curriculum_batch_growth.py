@@ -2,6 +2,8 @@
 before the last fits, the last does not. The largest batch that fits lies between the last two;
 bisection finds it.
 KINDS: dominant=activations phase=forward|backward batch=yes"""
+import sys
+
 import torch
 from _zoo import batch_truth, kinds_truth, total_bytes, wide_mlp
 
@@ -29,7 +31,8 @@ try:
         train_step(batch)
 except torch.OutOfMemoryError:
     failed = batch
-    print("out of memory at step", step)
+    print("out of memory")
+    sys.stderr.write(f"out of memory at step {step}, batch {batch}\n")  # the allocator decides which: not output
     kinds_truth("curriculum_batch_growth", "activations", [model], [opt])
 if failed:
     # The batch before the last fitted: it is the first probe, and the momentum buffers exist.

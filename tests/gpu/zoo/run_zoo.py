@@ -384,6 +384,8 @@ def score(case, launcher, bare, result, d, line):
         else:
             row["alloc_mode_ok"] = on == case.alloc_mode
     row["ok"] = run_ok(row)
+    if not row["ok"]:
+        row["broken"] = scoring.promises_broken(row)
     return row
 
 

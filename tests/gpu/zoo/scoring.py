@@ -261,6 +261,27 @@ def broken(row):
     return [dict(BROKEN)[key] for key in keys]
 
 
+def promises_broken(row):
+    """Every promise a scored row broke, in words (for a failed row's detail line)."""
+    out = []
+    if row.get("output_unchanged") is False:
+        out.append("output changed")
+    if row.get("verdict_ok") is False:
+        out.append(f"verdict {row.get('verdict')}")
+    if row.get("dominant_ok") is False:
+        out.append(f"dominant {row.get('dominant')} vs {row.get('truth_dominant')}")
+    for kind, (got, want, within) in (row.get("kinds_cmp") or {}).items():
+        if not within:
+            out.append(f"{kind[:-len('_bytes')]} {gib(got)} vs {gib(want)} GiB")
+    if row.get("kinds_ok") is False and not row.get("kinds_cmp"):
+        out.append(row.get("why") or "no kinds")
+    if row.get("line_ok") is False:
+        out.append(f"line not named (want {', '.join(row.get('line') or [])})")
+    if (row.get("batch") or {}).get("ok") is False:
+        out.append(f"batch: {row['batch'].get('why')}")
+    return out + broken(row)
+
+
 def markdown(rows, card, cases=None):
     """The table for docs/: a header with the card, its memory and the date; per launcher the
     counts of each column; then a row per program and launcher. `cases` maps a case name to its

@@ -317,6 +317,8 @@ class DryRun(unittest.TestCase):
         self.assertFalse(r["batch"]["ok"])
         self.assertIn("above the real largest", r["batch"]["why"])
         self.assertFalse(r["ok"])
+        self.assertEqual(r["broken"], ["parameters 0.50 vs 2.00 GiB",
+                                       "batch: 20 is above the real largest (17; 18 failed)"])
         a = self.rows[("kinds_logits_loss", "alloc")]
         self.assertFalse(a["output_unchanged"])
         self.assertIs(a["alloc_mode"], False)
