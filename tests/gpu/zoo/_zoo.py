@@ -101,7 +101,8 @@ def report_truth(request):
 
 # torch's word at its last failure: what its OOM observers are told, and torch's allocated bytes
 # then (read inside the observer: torch calls observers after it released its allocator's lock,
-# before it raises). Not in allocator mode: torch calls no observer on a pluggable allocator.
+# before it raises). Not in allocator mode: there torch calls no observer, and the attach
+# function is oomshim's own, whose figures are the ones being judged.
 _failure = {}
 _watching = [True]
 
@@ -117,11 +118,27 @@ def _observer(device, request, device_total, device_free):
         pass
 
 
-def _watch_failures():
+def _torch_attaches():
+    """True when the observer attach function is torch's own (not oomshim's stand-in)."""
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    return attach is not None and (getattr(attach, "__module__", None) or "").startswith("torch")
+
+
+def _attach():
     try:
-        torch._C._cuda_attach_out_of_memory_observer(_observer)
+        if _torch_attaches():
+            torch._C._cuda_attach_out_of_memory_observer(_observer)
     except Exception:
-        pass  # a pluggable allocator (allocator mode) has no observers: the truth then lacks `measured`
+        pass  # an allocator that refuses observers (cudaMallocAsync): the truth then lacks `measured`
+
+
+def _watch_failures():
+    """Attach the observer when CUDA initialises: torch's allocator keeps the observers of
+    devices it has set up, so one attached before that is dropped."""
+    try:
+        torch.cuda._lazy_call(_attach)
+    except Exception:
+        pass
 
 
 _watch_failures()

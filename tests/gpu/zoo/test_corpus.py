@@ -162,6 +162,32 @@ class Truth(unittest.TestCase):
         self.assertEqual(t["expect_lines"], run_zoo.expect_lines(os.path.join(HERE, "kinds_logits_loss.py")))
         self.assertNotIn("measured", _zoo.truth_record("p", "activations", kinds, {}), "allocator mode: no observer")
 
+    def test_the_observer_is_attached_when_cuda_starts_and_only_to_torch(self):
+        """torch's allocator drops an observer attached before its lazy init; in allocator mode
+        the attach function is oomshim's, whose figures are the ones judged: not used."""
+        queued, attached = [], []
+        lazy, attach = torch.cuda._lazy_call, torch._C._cuda_attach_out_of_memory_observer
+        try:
+            torch.cuda._lazy_call = queued.append
+            _zoo._watch_failures()
+            self.assertEqual(queued, [_zoo._attach])
+
+            def torch_attach(fn):
+                attached.append(fn)
+            torch_attach.__module__ = "torch._C"
+            torch._C._cuda_attach_out_of_memory_observer = torch_attach
+            _zoo._attach()
+            self.assertEqual(attached, [_zoo._observer])
+
+            def oomshim_attach(fn):
+                attached.append(fn)
+            oomshim_attach.__module__ = "oomshim.torch"
+            torch._C._cuda_attach_out_of_memory_observer = oomshim_attach
+            _zoo._attach()
+            self.assertEqual(len(attached), 1)
+        finally:
+            torch.cuda._lazy_call, torch._C._cuda_attach_out_of_memory_observer = lazy, attach
+
     def test_the_dominant_kind_breaks_ties_as_oomshim_does(self):
         self.assertEqual(_zoo.dominant_of({"parameters_bytes": 5, "gradients_bytes": 5}), "parameters")
         self.assertIsNone(_zoo.dominant_of({}))
