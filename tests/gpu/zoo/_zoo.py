@@ -321,13 +321,14 @@ def lightning_truth(pl, name, dominant):
 class Tokens(torch.utils.data.Dataset):
     """Random token sequences of `seq`, made when asked for (seeded by index, so a worker process
     makes the same as the main one): a language model's examples (`labels` are the ids) or, with
-    `classes`, a classifier's (with an attention mask). Long enough for any batch."""
+    `classes`, a classifier's (with an attention mask). 2^20 of them: more than any batch here,
+    and few enough for the Trainer's random sampler, which draws a permutation of them all."""
 
     def __init__(self, seq, vocab, classes=None):
         self.seq, self.vocab, self.classes = seq, vocab, classes
 
     def __len__(self):
-        return 1 << 30
+        return 1 << 20
 
     def __getitem__(self, i):
         g = torch.Generator().manual_seed(i)
