@@ -80,6 +80,8 @@ class Case:
 
 
 PLAIN = ""  # the framework label of a plain PyTorch corpus program
+# Named in the table's header with their versions (or as missing).
+FRAMEWORK_PACKAGES = ("transformers", "accelerate", "peft", "timm", "torchvision", "pytorch-lightning", "lightning")
 HF = "HF Trainer"
 
 CASES = [
@@ -447,8 +449,15 @@ def card():
         except (OSError, ValueError, KeyError):
             return {}
     out = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
-    probe = ("import json, torch; print(json.dumps({'name': torch.cuda.get_device_name(), "
-             "'total_bytes': torch.cuda.mem_get_info()[1], 'torch': torch.__version__}))")
+    probe = ("import json, torch; from importlib import metadata\n"
+             "def version(p):\n"
+             "    try:\n"
+             "        return metadata.version(p)\n"
+             "    except metadata.PackageNotFoundError:\n"
+             "        return None\n"
+             "print(json.dumps({'name': torch.cuda.get_device_name(), 'total_bytes': torch.cuda.mem_get_info()[1], "
+             "'torch': torch.__version__, 'packages': {p: version(p) for p in "
+             + repr(FRAMEWORK_PACKAGES) + "}}))")
     try:
         out.update(json.loads(run([PY, "-c", probe], {}, 120)[1].strip().splitlines()[-1]))
     except (ValueError, IndexError):

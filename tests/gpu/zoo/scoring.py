@@ -287,8 +287,10 @@ def markdown(rows, card, cases=None):
     counts of each column; then a row per program and launcher. `cases` maps a case name to its
     framework label."""
     cases = cases or {}
+    packages = ", ".join(f"{p} {v or 'missing'}" for p, v in (card.get("packages") or {}).items())
     lines = [f"OOM corpus on {card.get('name', '?')} ({gib(card.get('total_bytes'))} GiB), "
-             f"torch {card.get('torch', '?')}, {card.get('date', '?')}; {card.get('oomshim', 'oomshim ?')}.", ""]
+             f"torch {card.get('torch', '?')}, {card.get('date', '?')}; {card.get('oomshim', 'oomshim ?')}."
+             + (f" Packages: {packages}." if packages else ""), ""]
     s = summary(rows)
     head = ["launcher", "programs run", "not run"] + [t for t, _, _ in COLUMNS]
     lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]

@@ -317,7 +317,8 @@ class DryRun(unittest.TestCase):
                   dumps=[big], reports=["request_exceeds_device"])
         with open(os.path.join(self.runs, "card.json"), "w") as f:
             json.dump({"name": "NVIDIA H100 80GB HBM3", "total_bytes": 85 * 10 ** 9, "torch": "2.11.0+cu130",
-                       "date": "2026-12-05", "oomshim": "oomshim 0.1.0"}, f)
+                       "date": "2026-12-05", "oomshim": "oomshim 0.1.0",
+                       "packages": {"transformers": "5.17.0", "peft": None}}, f)
         env = dict(os.environ, ZOO_DRY="1", ZOO_DRY_DIR=self.runs,
                    ZOO_CASES="kinds_logits_loss,peft_lora_trainer,too_large", ZOO_LAUNCHERS="",
                    ZOO_GPUS="0,1,2")  # three cases at once: the tables still follow the cases' order
@@ -406,7 +407,8 @@ class DryRun(unittest.TestCase):
     def test_the_markdown_table(self):
         with open(os.path.join(self.out, "zoo.md")) as f:
             md = f.read()
-        self.assertIn("OOM corpus on NVIDIA H100 80GB HBM3 (79.16 GiB), torch 2.11.0+cu130, 2026-12-05", md)
+        self.assertIn("OOM corpus on NVIDIA H100 80GB HBM3 (79.16 GiB), torch 2.11.0+cu130, 2026-12-05; oomshim 0.1.0. "
+                      "Packages: transformers 5.17.0, peft missing.", md)
         self.assertRegex(md, r"\| preload \| 2 \| 1 \| 2/2 \| 2/2 \| 1/1 \| 1/1 \| 2/2 \| 1/1 \| 2/2 \|")
         self.assertRegex(md, r"\| run \| 1 \| 1 \| 1/1 \| 1/1 \| 1/1 \| 0/1 \| 1/1 \| 0/1 \| 0/1 \|")
         self.assertIn("| kinds_logits_loss | PyTorch | run | Y | own_allocations Y | activations / activations Y | "
