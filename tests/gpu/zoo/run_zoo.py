@@ -28,6 +28,7 @@ import glob
 import json
 import os
 import re
+import select
 import subprocess
 import sys
 import threading
@@ -509,7 +510,8 @@ def launch(case, launcher, cmd, d, work, gpu=None):
     if case.holder:
         holder = subprocess.Popen([PY, os.path.join(HERE, "holder.py")], stdout=subprocess.PIPE, text=True,
                                   env=dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})))
-        holder.stdout.readline()
+        # Its "ready" (or its end): a holder that hangs is waited for 120 s at most.
+        select.select([holder.stdout], [], [], 120)
     try:
         result = run(full, env, timeout, cwd=work)
     finally:
