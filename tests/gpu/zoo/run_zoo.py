@@ -333,15 +333,12 @@ def score(case, launcher, bare, result, d, line):
     i = scoring.scored_index(stood, truth) if case.corpus else len(stood) - 1
     final_path, final = stood[i]
     row["dump"] = os.path.basename(final_path)
+    row["dump_ok"] = case.count is None or len(stood) == case.count
     if case.corpus:
-        # One story per failure: the program's one failure has one dump (a recovered one included).
-        caught = (truth or {}).get("caught_unix_ms")
-        before = [x for _, x in loaded if x.get("failed_request") and caught is not None
-                  and (scoring.failure_ms(x) or 0) <= caught]
-        row["one_story"] = len(before) == 1 if caught is not None else None
-        row["dump_ok"] = row["one_story"] is not False
-    else:
-        row["dump_ok"] = case.count is None or len(stood) == case.count
+        # One story per failure: another dump of a request of the same size just before this one
+        # (torch's free-the-cache-and-retry, said once as recovered and once as raised). A note,
+        # not a promise: an earlier step's request of that size may have recovered on its own.
+        row["same_request_dumps"] = scoring.same_request(loaded, final)
     top = (final["verdict"].get("findings") or [{}])[0]
     right = case.final
     if case.truth:

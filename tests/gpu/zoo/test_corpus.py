@@ -247,6 +247,16 @@ class Selection(unittest.TestCase):
         self.assertEqual(scoring.scored_index(stood, None), 2)
         self.assertEqual(scoring.scored_index(stood, {"caught_unix_ms": 50}), 0)
 
+    def test_one_request_said_twice_is_counted_and_an_earlier_one_is_not(self):
+        raised = dump("own_allocations", "x", t=5000)
+        twice = [("a", dump("own_allocations", "x", t=4998, recovered=True)), ("b", raised)]
+        self.assertEqual(scoring.same_request(twice, raised), 2)
+        earlier = [("a", dump("own_allocations", "x", t=1000, recovered=True)), ("b", raised)]
+        self.assertEqual(scoring.same_request(earlier, raised), 1)
+        other = dump("own_allocations", "x", t=4999)
+        other["failed_request"]["bytes"] = 2 * GiB
+        self.assertEqual(scoring.same_request([("a", other), ("b", raised)], raised), 1)
+
     def test_recovered_failures_did_not_stand(self):
         loaded = [("a", dump("own_allocations", "x", recovered=True)), ("b", dump("own_allocations", "y"))]
         self.assertEqual([p for p, _ in scoring.stood(loaded)], ["b"])
@@ -331,8 +341,9 @@ class DryRun(unittest.TestCase):
 
     def test_a_run_right_in_every_column(self):
         r = self.rows[("kinds_logits_loss", "preload")]
-        for key in ("output_unchanged", "verdict_ok", "dominant_ok", "kinds_ok", "line_ok", "agree", "one_story", "ok"):
+        for key in ("output_unchanged", "verdict_ok", "dominant_ok", "kinds_ok", "line_ok", "agree", "ok"):
             self.assertIs(r[key], True, key)
+        self.assertEqual(r["same_request_dumps"], 1)
         self.assertEqual(r["batch"], {"claim": 17, "real": 17, "failing": 18, "ok": True})
         self.assertIn("activations_bytes", r["kinds_cmp"], "measured in this run: compared")
 
