@@ -23,6 +23,8 @@ mod exporter;
 mod flight;
 #[path = "../fuzz_reports.rs"]
 mod fuzz_reports;
+#[path = "../gpu_scripts.rs"]
+mod gpu_scripts;
 #[path = "../hostile.rs"]
 mod hostile;
 #[path = "../html.rs"]

@@ -1,0 +1,44 @@
+//! The GPU scripts' own logic, on this machine: tests/gpu/test_harness.py (run_all.py's rows and
+//! table, run_zoo.py's promises) and tests/gpu/zoo/test_corpus.py (the corpus's truth helpers,
+//! scoring and a dry run of the runner). The scripts run only on the GPU machine, where a broken
+//! parser costs a whole session's device time; their CPU tests run with every test run here.
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common;
+
+fn python_unittest(script: &str) {
+    if !common::require("python3") {
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cmd = Command::new("python3");
+    cmd.arg(root.join(script))
+        .current_dir(root)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = common::wait_with_watchdog(cmd, Duration::from_secs(300));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{script} failed:\n{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("Ran ") && !l.starts_with("Ran 0 ")),
+        "{script} ran no test:\n{text}"
+    );
+}
+
+#[test]
+fn the_gpu_harness_logic_passes_its_tests() {
+    python_unittest("tests/gpu/test_harness.py");
+}
+
+#[test]
+fn the_zoo_corpus_logic_passes_its_tests() {
+    python_unittest("tests/gpu/zoo/test_corpus.py");
+}
