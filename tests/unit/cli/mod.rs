@@ -10,6 +10,7 @@ mod locate;
 mod report;
 mod report_diff;
 mod report_export;
+mod report_glance;
 mod report_html;
 mod report_json;
 mod report_library_frame_tests;

@@ -1,4 +1,7 @@
-//! The terminal report: a parsed dump as aligned plain-text tables, ANSI colour on request.
+//! The terminal report: a parsed dump as text, answer first. Its first screen (at most
+//! [`FIRST_SCREEN_LINES`] lines) says what failed, what fills the device (a bar by kind where
+//! the framework counted its kinds), the verdict's headline, the one change to make and where
+//! the details are; the details follow, each once, every line within the report's width.
 //! Pure: identical input gives identical output. The sections are here; `layout` has the
 //! styling, wrapping and tables they are drawn with.
 
@@ -6,63 +9,331 @@ use std::fmt::Write as _;
 
 pub mod layout;
 
-use super::model::{group_holders, shown_frames, Occasion, Recovery, ReportModel, RequestView};
-use super::ReportOptions;
+use super::glance::{self, is_system_frame, SourcePaths};
+use super::model::{group_holders, Recovery, ReportModel, RequestView};
+use super::{Layout, ReportOptions};
 use dump::model::{Dump, Frame};
 use dump::units::{
     bytes_with_exact, clean, human_age, human_bytes, percent, thousands, truncate_function,
     truncate_left, truncate_middle,
 };
-use layout::{kv, plural, wrap, Align, Style, Table};
+use dump::view::named_frames;
+use layout::{at_most, fit, kv, plural, wrap, Align, Style, Table};
 
-/// Width that prose (summary, suggestions) is wrapped to.
-const WRAP: usize = 100;
-/// Longest function name in a table row.
+/// The most lines the answer takes before the details: one screen of a small terminal.
+pub const FIRST_SCREEN_LINES: usize = 12;
+/// Longest function name in a stack line.
 const MAX_FUNCTION: usize = 60;
-/// Longest file path in a table row (its end is kept).
-const MAX_FILE: usize = 48;
 /// Longest device name, API name or address in a table cell.
 const MAX_CELL: usize = 32;
-/// Width of the histogram bars.
+/// Widest histogram bar.
 const BAR: usize = 30;
+/// Frames shown per stack in the details.
+const FRAMES: usize = 3;
 
 /// Renders the whole report. Ends with a newline.
 pub fn render_terminal(dump: &Dump, opts: &ReportOptions) -> String {
     render(&ReportModel::new(dump), opts)
 }
 
-/// [`render_terminal`] of a model already derived; with a torch side file in the model, its
-/// description follows the report after a blank line.
+/// What every section needs: the style, the width, how paths are shown and how the dump was
+/// named.
+struct Ctx {
+    s: Style,
+    width: usize,
+    paths: SourcePaths,
+    source: Option<String>,
+}
+
+impl Ctx {
+    fn new(model: &ReportModel, opts: &ReportOptions, layout: &Layout) -> Ctx {
+        Ctx {
+            s: Style { color: opts.color },
+            width: layout.width.clamp(super::MIN_WIDTH, super::MAX_WIDTH),
+            paths: SourcePaths::of(model.dump),
+            source: layout.source.clone(),
+        }
+    }
+}
+
+/// [`render_terminal`] of a model already derived, at the default [`Layout`].
 pub fn render(model: &ReportModel, opts: &ReportOptions) -> String {
-    let s = Style { color: opts.color };
+    render_in(model, opts, &Layout::default())
+}
+
+/// [`render`] within `layout`; with a torch side file in the model, its description follows
+/// the report after a blank line.
+pub fn render_in(model: &ReportModel, opts: &ReportOptions, layout: &Layout) -> String {
+    let c = Ctx::new(model, opts, layout);
     let dump = model.dump;
     let mut out = String::new();
-    header(&mut out, &s, model);
+    let shown_whole = first_screen_into(&mut out, &c, model, false);
+    header(&mut out, &c, model);
+    verdict(&mut out, &c, model, shown_whole);
     if let Some(request) = &model.failed_request {
-        failed_request(&mut out, &s, request);
+        failed_request(&mut out, &c, request);
     }
-    verdict(&mut out, &s, model);
-    by_kind(&mut out, &s, dump);
-    devices(&mut out, &s, model);
-    libraries(&mut out, &s, dump);
-    gpu_processes(&mut out, &s, model, opts.top);
-    holders(&mut out, &s, model, opts.top);
-    sites(&mut out, &s, model, opts.top);
-    pinned(&mut out, &s, dump);
-    host(&mut out, &s, dump);
-    config(&mut out, &s, dump);
-    request_sizes(&mut out, &s, dump);
-    free_blocks(&mut out, &s, model);
-    recording(&mut out, &s, dump);
+    by_kind(&mut out, &c, dump);
+    devices(&mut out, &c, model);
+    libraries(&mut out, &c, dump);
+    gpu_processes(&mut out, &c, model, opts.top);
+    holders(&mut out, &c, model, opts.top);
+    sites(&mut out, &c, model, opts.top);
+    out.push('\n');
+    pinned(&mut out, &c, dump);
+    host(&mut out, &c, dump);
+    config(&mut out, &c, dump);
+    request_sizes(&mut out, &c, dump);
+    free_blocks(&mut out, &c, model);
+    recording(&mut out, &c, dump);
     if let Some(torch) = &model.torch_cache {
         out.push('\n');
-        out.push_str(&super::torch_cache::describe(torch.path, torch.cache));
+        for line in super::torch_cache::describe(torch.path, torch.cache).lines() {
+            for l in wrap(line, c.width, "", "  ") {
+                let _ = writeln!(out, "{l}");
+            }
+        }
     }
     out
 }
 
+/// The report's first screen alone (what `oomshim demo` prints): at most
+/// [`FIRST_SCREEN_LINES`] lines.
+pub fn first_screen(model: &ReportModel, opts: &ReportOptions, layout: &Layout) -> String {
+    let c = Ctx::new(model, opts, layout);
+    let mut out = String::new();
+    first_screen_into(&mut out, &c, model, true);
+    out
+}
+
+/// Writes the first screen followed by a blank line (`alone`: no details follow, it says where
+/// they are); returns whether the change it names was shown whole (then the details list only
+/// the other suggestions).
+fn first_screen_into(out: &mut String, c: &Ctx, model: &ReportModel, alone: bool) -> bool {
+    let w = c.width;
+    let s = &c.s;
+    let what = wrap(&glance::occasion_sentence(model), w, "", "  ");
+    let mut place = Vec::new();
+    if let Some(r) = &model.failed_request {
+        let frames: Vec<String> = shown_frames(&r.request.stack)
+            .take(2)
+            .map(|f| frame_text(&c.paths, f))
+            .collect();
+        if !frames.is_empty() {
+            place.push(fit(&format!("  at {}", frames.join(" ← ")), w));
+        }
+    }
+    let (bar, legend) = fill_lines(c, model.dump);
+    let v = &model.verdict;
+    let verdict_text = format!("{}: {}", v.kind, c.paths.in_text(&clean(v.headline())));
+    let verdict_lines = wrap(&verdict_text, w, "Verdict: ", "  ");
+    let change = glance::first_change(model);
+    let change_lines = change
+        .map(|t| wrap(&c.paths.in_text(&clean(t)), w, "Change: ", "  "))
+        .unwrap_or_default();
+    let report = match &c.source {
+        Some(src) => format!("oomshim report {}", shell_word(src)),
+        None => "oomshim report".to_string(),
+    };
+    let details_text = if alone {
+        format!("Details: {report} (as a page: --html report.html)")
+    } else {
+        format!("Details below; as a page: {report} --html report.html")
+    };
+    let details = wrap(&details_text, w, "", "  ");
+    // Within the budget: cut the least telling first.
+    let mut keep = [
+        what.len().min(2),
+        place.len(),
+        bar.len(),
+        legend.len().min(2),
+        verdict_lines.len().min(4),
+        change_lines.len().min(3),
+        details.len().min(2),
+    ];
+    let cuts: [(usize, usize); 8] = [
+        (6, 1),
+        (3, 1),
+        (1, 0),
+        (5, 2),
+        (4, 3),
+        (0, 1),
+        (5, 1),
+        (4, 2),
+    ];
+    for (block, to) in cuts {
+        if keep.iter().sum::<usize>() <= FIRST_SCREEN_LINES {
+            break;
+        }
+        keep[block] = keep[block].min(to);
+    }
+    let blocks = [
+        &what,
+        &place,
+        &bar,
+        &legend,
+        &verdict_lines,
+        &change_lines,
+        &details,
+    ];
+    for (i, (block, n)) in blocks.iter().zip(keep).enumerate() {
+        for (j, line) in at_most(block.to_vec(), n, w).into_iter().enumerate() {
+            let styled = match (i, j) {
+                (0, 0) => s.title(&line),
+                (4, 0) => match line.strip_prefix("Verdict: ") {
+                    Some(rest) => {
+                        let kind_end = rest.find(':').unwrap_or(0);
+                        format!(
+                            "{} {}{}",
+                            s.title("Verdict:"),
+                            s.kind(&rest[..kind_end]),
+                            &rest[kind_end..]
+                        )
+                    }
+                    None => line,
+                },
+                (5, 0) => match line.strip_prefix("Change: ") {
+                    Some(rest) => format!("{} {rest}", s.title("Change:")),
+                    None => line,
+                },
+                _ => line,
+            };
+            let _ = writeln!(out, "{styled}");
+        }
+    }
+    out.push('\n');
+    keep[5] >= change_lines.len()
+}
+
+/// The bar of what fills the device, and its legend (wrapped), within the width.
+fn fill_lines(c: &Ctx, dump: &Dump) -> (Vec<String>, Vec<String>) {
+    let Some(fill) = glance::device_fill(dump) else {
+        // Without the device's total there is no bar: say what is known.
+        let Some(device) = glance::focus_device(dump) else {
+            return (vec![], vec![]);
+        };
+        let tracked = dump
+            .devices
+            .iter()
+            .find(|d| d.index == device)
+            .map_or(0, |d| d.tracked_bytes);
+        return (
+            vec![fit(
+                &format!(
+                    "Device {device}: {} tracked (its total and free bytes are not in the dump)",
+                    human_bytes(tracked)
+                ),
+                c.width,
+            )],
+            vec![],
+        );
+    };
+    const GLYPHS: [char; 8] = ['█', '▓', '▒', '░', '#', '=', '+', '~'];
+    const COLORS: [&str; 8] = ["31", "33", "35", "34", "36", "32", "37", "90"];
+    let glyph = |i: usize, key: &str| {
+        if key == "free" {
+            ('·', "2")
+        } else {
+            (GLYPHS[i % GLYPHS.len()], COLORS[i % COLORS.len()])
+        }
+    };
+    let label = format!("Device {} ", fill.device);
+    let total = format!(" {}", human_bytes(fill.total_bytes));
+    let cells = c
+        .width
+        .saturating_sub(label.len() + total.len() + 2)
+        .max(10);
+    let widths = bar_cells(
+        &fill.rows.iter().map(|r| r.bytes).collect::<Vec<_>>(),
+        cells,
+    );
+    let mut bar = String::new();
+    for (i, (row, n)) in fill.rows.iter().zip(&widths).enumerate() {
+        let (g, color) = glyph(i, row.key);
+        bar.push_str(&c.s.paint(color, &g.to_string().repeat(*n)));
+    }
+    let bar_line = format!("{}[{bar}]{total}", c.s.title(&label));
+    // Entries are packed whole, two spaces apart; each starts with its glyph, coloured as in
+    // the bar.
+    let mut legend: Vec<String> = Vec::new();
+    let mut line = String::new();
+    let mut line_w = 0;
+    for (i, r) in fill.rows.iter().enumerate() {
+        let (g, color) = glyph(i, r.key);
+        let text = format!("{} {}", r.label, human_bytes(r.bytes));
+        let w = 2 + 2 + text.chars().count();
+        if line_w > 0 && line_w + w > c.width {
+            legend.push(std::mem::take(&mut line));
+            line_w = 0;
+        }
+        let _ = write!(line, "  {} {text}", c.s.paint(color, &g.to_string()));
+        line_w += w;
+    }
+    legend.push(line);
+    (vec![bar_line], legend)
+}
+
+/// Cells of a bar of `cells` for parts of `bytes`: proportional, largest remainders first, and
+/// at least one cell for every part that holds anything (when there are cells enough).
+pub fn bar_cells(bytes: &[u64], cells: usize) -> Vec<usize> {
+    let total: u128 = bytes.iter().map(|&b| b as u128).sum();
+    if total == 0 {
+        return vec![0; bytes.len()];
+    }
+    let exact: Vec<u128> = bytes.iter().map(|&b| b as u128 * cells as u128).collect();
+    let mut n: Vec<usize> = exact.iter().map(|e| (e / total) as usize).collect();
+    let mut order: Vec<usize> = (0..bytes.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(exact[i] % total));
+    let mut left = cells.saturating_sub(n.iter().sum());
+    for &i in &order {
+        if left == 0 {
+            break;
+        }
+        n[i] += 1;
+        left -= 1;
+    }
+    // A part too small for a cell of its own takes one from the largest part.
+    for i in 0..n.len() {
+        if bytes[i] > 0 && n[i] == 0 {
+            if let Some(big) = (0..n.len()).max_by_key(|&j| n[j]).filter(|&j| n[j] > 1) {
+                n[big] -= 1;
+                n[i] = 1;
+            }
+        }
+    }
+    n
+}
+
+/// A line of prose (a `Title: text` line or a paragraph), wrapped within the width.
+fn prose(out: &mut String, c: &Ctx, title: &str, text: &str) {
+    let lines = wrap(text, c.width, &format!("{title} "), "  ");
+    for (i, line) in lines.iter().enumerate() {
+        if i == 0 && !title.is_empty() {
+            let _ = writeln!(out, "{}{}", c.s.title(title), &line[title.len()..]);
+        } else {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+}
+
+/// A `  key      value` line, its value wrapped under itself.
+fn kv_wrapped(out: &mut String, c: &Ctx, key: &str, value: &str) {
+    let lines = wrap(value, c.width.saturating_sub(12), "", "");
+    let mut first = String::new();
+    kv(
+        &mut first,
+        &c.s,
+        key,
+        lines.first().map_or("", String::as_str),
+    );
+    out.push_str(&first);
+    for line in &lines[1..] {
+        let _ = writeln!(out, "            {line}");
+    }
+}
+
 /// One line on the recent request sizes (many distinct large sizes: dynamic shapes).
-fn request_sizes(out: &mut String, s: &Style, dump: &Dump) {
+fn request_sizes(out: &mut String, c: &Ctx, dump: &Dump) {
     let Some(r) = &dump.request_sizes else { return };
     let top: Vec<String> = r
         .top
@@ -70,10 +341,8 @@ fn request_sizes(out: &mut String, s: &Style, dump: &Dump) {
         .take(3)
         .map(|c| format!("{} ×{}", human_bytes(c.bytes), thousands(c.count)))
         .collect();
-    let _ = writeln!(
-        out,
-        "{} {} distinct among the last {}; {} distinct of {} ≥ {}; most frequent: {}",
-        s.title("Request sizes:"),
+    let text = format!(
+        "{} distinct among the last {}; {} distinct of {} ≥ {}; most frequent: {}",
         thousands(r.distinct),
         plural(r.window, "request", "requests"),
         thousands(r.distinct_large),
@@ -81,23 +350,13 @@ fn request_sizes(out: &mut String, s: &Style, dump: &Dump) {
         human_bytes(r.large_bytes),
         top.join(", ")
     );
+    prose(out, c, "Request sizes:", &text);
 }
 
-fn header(out: &mut String, s: &Style, model: &ReportModel) {
+/// What the dump is of: when, which process, which command. The first screen said what
+/// happened; this says where.
+fn header(out: &mut String, c: &Ctx, model: &ReportModel) {
     let dump = model.dump;
-    let what = match model.occasion {
-        Occasion::OutOfMemory(r) => format!(
-            "out of memory on device {} ({} via {})",
-            r.device,
-            human_bytes(r.bytes),
-            truncate_middle(&clean(&r.api), MAX_CELL)
-        ),
-        Occasion::PostMortem(pm) => crate::report::post_mortem_words(pm),
-        Occasion::OnDemand => format!(
-            "on-demand dump ({})",
-            truncate_middle(&clean(&dump.reason), 60)
-        ),
-    };
     let p = &dump.process;
     let mut process = if p.host.is_empty() {
         format!("pid {} (host unknown)", p.pid)
@@ -129,11 +388,11 @@ fn header(out: &mut String, s: &Style, model: &ReportModel) {
             .collect::<Vec<_>>()
             .join(" ")
     };
-    let _ = writeln!(out, "{}", s.title(&format!("oomshim report: {what}")));
-    kv(out, s, "reason", &clean(&dump.reason));
-    kv(out, s, "time", &clean(&dump.time));
-    kv(out, s, "process", &process);
-    kv(out, s, "command", &command);
+    let _ = writeln!(out, "{}", c.s.title("Dump"));
+    kv_wrapped(out, c, "reason", &clean(&dump.reason));
+    kv_wrapped(out, c, "time", &clean(&dump.time));
+    kv_wrapped(out, c, "process", &process);
+    kv_wrapped(out, c, "command", &command);
 }
 
 /// An argument as a shell would need it, control characters escaped.
@@ -151,13 +410,13 @@ fn shell_word(arg: &str) -> String {
     }
 }
 
-fn failed_request(out: &mut String, s: &Style, view: &RequestView) {
+fn failed_request(out: &mut String, c: &Ctx, view: &RequestView) {
     let r = view.request;
-    let _ = writeln!(out, "\n{}", s.title("Failed request"));
-    kv(out, s, "size", &bytes_with_exact(r.bytes));
-    kv(
+    let _ = writeln!(out, "\n{}", c.s.title("Failed request"));
+    kv_wrapped(out, c, "size", &bytes_with_exact(r.bytes));
+    kv_wrapped(
         out,
-        s,
+        c,
         "call",
         &format!(
             "{} on device {}, error {}",
@@ -171,10 +430,10 @@ fn failed_request(out: &mut String, s: &Style, view: &RequestView) {
         Recovery::Stood => "stood: no retry succeeded; the program saw this error",
         Recovery::Unknown => "unknown: the dump was written before a retry could be seen",
     };
-    kv(out, s, "outcome", outcome);
-    kv(
+    kv_wrapped(out, c, "outcome", outcome);
+    kv_wrapped(
         out,
-        s,
+        c,
         "burst",
         &plural(r.failures_in_burst.into(), "failure", "failures"),
     );
@@ -202,22 +461,53 @@ fn failed_request(out: &mut String, s: &Style, view: &RequestView) {
             (None, None) => {}
         }
         let _ = write!(text, ", {} tracked", human_bytes(l.tracked_bytes));
-        kv(out, s, "last", &text);
+        kv_wrapped(out, c, "last", &text);
     }
-    let frames = stack_lines(&r.stack);
-    for (i, line) in frames.iter().enumerate() {
+    for (i, line) in stack_lines(c, &r.stack, 12).iter().enumerate() {
         if i == 0 {
-            kv(out, s, "stack", line);
+            kv(out, &c.s, "stack", line.trim_start());
         } else {
-            let _ = writeln!(out, "  {}  {line}", " ".repeat(8));
+            let _ = writeln!(out, "{line}");
         }
     }
 }
 
-fn verdict(out: &mut String, s: &Style, model: &ReportModel) {
+/// Evidence lines that repeat what the Failed request and Processes sections show (the
+/// request, its call, its burst and outcome; NVML's error): left out of the report's evidence,
+/// so each fact is said once. The dump and the JSON report keep them.
+const EVIDENCE_SHOWN_ELSEWHERE: [&str; 5] = [
+    "failed request: ",
+    "failing call: ",
+    "failures in this burst: ",
+    "last failure of the burst: ",
+    "recovered: ",
+];
+
+fn shown_elsewhere(model: &ReportModel, evidence: &str) -> bool {
+    if model.failed_request.is_some()
+        && EVIDENCE_SHOWN_ELSEWHERE
+            .iter()
+            .any(|p| evidence.starts_with(p))
+    {
+        return true;
+    }
+    // NVML's error is the Processes section's line.
+    model
+        .gpu_processes
+        .as_ref()
+        .is_some_and(|g| g.list.error.is_some())
+        && evidence.starts_with("other processes on device ")
+        && evidence.contains(": unknown (")
+}
+
+/// The verdict's explanation: the summary, every finding with its evidence, the evidence, and
+/// the suggestions (the first one only when the first screen did not show it whole).
+fn verdict(out: &mut String, c: &Ctx, model: &ReportModel, change_shown: bool) {
     let v = &model.verdict;
-    let _ = writeln!(out, "\n{} {}", s.title("Verdict:"), s.kind(&v.kind));
-    for line in wrap(&v.summary, WRAP, "  ", "  ") {
+    let s = &c.s;
+    let w = c.width;
+    let _ = writeln!(out, "\n{} {}", s.title("Why:"), s.kind(&v.kind));
+    for line in wrap(&c.paths.in_text(&v.summary), w, "  ", "  ") {
         let _ = writeln!(out, "{line}");
     }
     // The ranked findings, top first, each with the bytes it explains.
@@ -229,30 +519,46 @@ fn verdict(out: &mut String, s: &Style, model: &ReportModel) {
                 i + 1,
                 clean(&f.kind),
                 human_bytes(f.bytes),
-                clean(&f.headline)
+                c.paths.in_text(&clean(&f.headline))
             );
-            for line in wrap(&head, WRAP, "    ", "       ") {
+            for line in wrap(&head, w, "    ", "       ") {
                 let _ = writeln!(out, "{line}");
             }
-            for e in &f.evidence {
-                for line in wrap(e, WRAP, "       - ", "         ") {
+            for e in f.evidence.iter().filter(|e| !shown_elsewhere(model, e)) {
+                for line in wrap(&c.paths.in_text(e), w, "       - ", "         ") {
                     let _ = writeln!(out, "{line}");
                 }
             }
         }
     }
-    if !v.evidence.is_empty() {
+    let evidence: Vec<&String> = v
+        .evidence
+        .iter()
+        .filter(|e| !shown_elsewhere(model, e))
+        .collect();
+    if !evidence.is_empty() {
         let _ = writeln!(out, "  {}", s.title("Evidence"));
-        for e in &v.evidence {
-            for line in wrap(e, WRAP, "    - ", "      ") {
+        for e in evidence {
+            for line in wrap(&c.paths.in_text(e), w, "    - ", "      ") {
                 let _ = writeln!(out, "{line}");
             }
         }
     }
-    if !v.suggestions.is_empty() {
-        let _ = writeln!(out, "  {}", s.title("Suggestions"));
-        for e in &v.suggestions {
-            for line in wrap(e, WRAP, "    - ", "      ") {
+    let first = glance::first_change(model);
+    let rest: Vec<&String> = v
+        .suggestions
+        .iter()
+        .filter(|t| !(change_shown && Some(t.as_str()) == first))
+        .collect();
+    if !rest.is_empty() {
+        let title = if change_shown && first.is_some() {
+            "Other suggestions"
+        } else {
+            "Suggestions"
+        };
+        let _ = writeln!(out, "  {}", s.title(title));
+        for e in rest {
+            for line in wrap(&c.paths.in_text(e), w, "    - ", "      ") {
                 let _ = writeln!(out, "{line}");
             }
         }
@@ -261,16 +567,19 @@ fn verdict(out: &mut String, s: &Style, model: &ReportModel) {
         let _ = writeln!(
             out,
             "  {}",
-            s.dim(&format!(
-                "(the shim recorded verdict {} when it wrote the dump)",
-                truncate_middle(&clean(recorded), 40)
+            s.dim(&fit(
+                &format!(
+                    "(the shim recorded verdict {} when it wrote the dump)",
+                    truncate_middle(&clean(recorded), 40)
+                ),
+                w - 2
             ))
         );
     }
 }
 
-fn devices(out: &mut String, s: &Style, model: &ReportModel) {
-    let _ = writeln!(out, "\n{}", s.title("Devices"));
+fn devices(out: &mut String, c: &Ctx, model: &ReportModel) {
+    let _ = writeln!(out, "\n{}", c.s.title("Devices"));
     if model.devices.is_empty() {
         let _ = writeln!(out, "  (none recorded)");
         return;
@@ -280,11 +589,11 @@ fn devices(out: &mut String, s: &Style, model: &ReportModel) {
         ("NAME", Align::Left),
         ("TOTAL", Align::Right),
         ("FREE", Align::Right),
-        ("USED", Align::Right),
         ("TRACKED", Align::Right),
         ("ALLOCS", Align::Right),
         ("PEAK", Align::Right),
-    ]);
+    ])
+    .within(c.width, 1);
     let opt = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "-".to_string());
     for view in &model.devices {
         let d = view.device;
@@ -297,7 +606,6 @@ fn devices(out: &mut String, s: &Style, model: &ReportModel) {
                     .unwrap_or_else(|| "-".into()),
                 opt(d.total_bytes),
                 opt(d.free_bytes),
-                opt(view.used_bytes),
                 human_bytes(d.tracked_bytes),
                 thousands(d.tracked_count),
                 human_bytes(d.peak_tracked_bytes),
@@ -305,36 +613,38 @@ fn devices(out: &mut String, s: &Style, model: &ReportModel) {
             vec![],
         );
     }
-    t.render(out, s);
+    t.render(out, &c.s);
     for view in &model.devices {
         let Some(uuid) = view.device.uuid.as_deref() else {
             continue;
         };
-        let _ = writeln!(
-            out,
-            "  device {} is {}",
+        let text = format!(
+            "device {} is {}",
             view.device.index,
             truncate_middle(&clean(uuid), 64)
         );
+        for line in wrap(&text, c.width, "  ", "    ") {
+            let _ = writeln!(out, "{line}");
+        }
     }
     for view in &model.devices {
         if let Some(cap) = &view.device.memory_cap {
-            let _ = writeln!(
-                out,
-                "  device {}: TOTAL and FREE are those of {}",
+            let text = format!(
+                "device {}: TOTAL and FREE are those of {}",
                 view.device.index,
                 clean(&dump::view::cap_phrase(view.device.index, cap))
             );
+            for line in wrap(&text, c.width, "  ", "    ") {
+                let _ = writeln!(out, "{line}");
+            }
         }
     }
 }
 
-/// Device memory by library, and what the untracked part is made of (absent in dumps without
-/// `library_memory`).
 /// The failing device by kind of memory (torch's parameters, gradients, optimizer state,
 /// activations, cache; outside torch; other processes; free), a bar per kind against the
 /// device's total, and where the framework failed.
-fn by_kind(out: &mut String, s: &Style, dump: &Dump) {
+fn by_kind(out: &mut String, c: &Ctx, dump: &Dump) {
     let Some((device, rows)) = dump::view::kind_rows(dump) else {
         return;
     };
@@ -344,39 +654,50 @@ fn by_kind(out: &mut String, s: &Style, dump: &Dump) {
         .and_then(|f| f.kinds.as_ref())
         .expect("kind_rows has kinds");
     let total: u64 = rows.iter().map(|r| r.bytes).fold(0, u64::saturating_add);
-    let _ = writeln!(out, "\n{}", s.title(&format!("By kind (device {device})")));
+    let _ = writeln!(
+        out,
+        "\n{}",
+        c.s.title(&format!("By kind (device {device})"))
+    );
+    let label_w = rows.iter().map(|r| r.label.len()).max().unwrap_or(4).max(4);
+    // KIND, BYTES (≤ 11), SHARE (≤ 6) and the gaps; the bar takes what is left, up to BAR.
+    let bar_w = c
+        .width
+        .saturating_sub(2 + label_w + 2 + 11 + 2 + 6 + 2)
+        .clamp(8, BAR);
     let mut t = Table::new(&[
         ("KIND", Align::Left),
         ("BYTES", Align::Right),
         ("SHARE", Align::Right),
         ("", Align::Left),
-    ]);
+    ])
+    .within(c.width, 0);
     for r in &rows {
         let bar = if total == 0 {
             0
         } else {
-            ((r.bytes as u128 * BAR as u128).div_ceil(total as u128)) as usize
+            ((r.bytes as u128 * bar_w as u128).div_ceil(total as u128)) as usize
         };
         t.row(
             vec![
                 r.label.to_string(),
                 human_bytes(r.bytes),
                 percent(dump::units::share(r.bytes, total)),
-                "#".repeat(bar.min(BAR)),
+                "#".repeat(bar.min(bar_w)),
             ],
             vec![],
         );
     }
-    t.render(out, s);
+    t.render(out, &c.s);
+    let mut notes = Vec::new();
     for m in k.models.iter().take(4) {
         let dtypes: Vec<String> = m
             .dtypes
             .iter()
             .map(|(d, b)| format!("{} {}", clean(d), human_bytes(*b)))
             .collect();
-        let _ = writeln!(
-            out,
-            "  model {}: {} of parameters ({}){}",
+        notes.push(format!(
+            "model {}: {} of parameters ({}){}",
             truncate_middle(&clean(&m.class), MAX_CELL),
             human_bytes(m.bytes),
             dtypes.join(", "),
@@ -387,16 +708,15 @@ fn by_kind(out: &mut String, s: &Style, dump: &Dump) {
                 ),
                 None => String::new(),
             }
-        );
+        ));
     }
     for o in k.optimizers.iter().take(4) {
-        let _ = writeln!(
-            out,
-            "  optimizer {}: {} of state for {} of parameters",
+        notes.push(format!(
+            "optimizer {}: {} of state for {} of parameters",
             truncate_middle(&clean(&o.class), MAX_CELL),
             human_bytes(o.bytes),
             human_bytes(o.param_bytes)
-        );
+        ));
     }
     let phase = k.phase.as_deref().map(clean).unwrap_or_else(|| "-".into());
     let module = k
@@ -409,24 +729,31 @@ fn by_kind(out: &mut String, s: &Style, dump: &Dump) {
                 m.path
                     .as_deref()
                     .filter(|p| !p.is_empty())
-                    .map(|p| format!(" at {}", truncate_left(&clean(p), MAX_FILE)))
+                    .map(|p| format!(" at {}", truncate_left(&clean(p), 48)))
                     .unwrap_or_default()
             )
         })
         .unwrap_or_default();
     let batch = k.batch.map(|b| format!(", batch {b}")).unwrap_or_default();
-    let _ = writeln!(out, "  phase: {phase}{module}{batch}");
+    notes.push(format!("phase: {phase}{module}{batch}"));
     if !k.complete {
-        let _ = writeln!(out, "  (counted in part: the hook's time budget ran out)");
+        notes.push("(counted in part: the hook's time budget ran out)".to_string());
+    }
+    for note in notes {
+        for line in wrap(&note, c.width, "  ", "    ") {
+            let _ = writeln!(out, "{line}");
+        }
     }
 }
 
-fn libraries(out: &mut String, s: &Style, dump: &Dump) {
+/// Device memory by library, and what the untracked part is made of (absent in dumps without
+/// `library_memory`).
+fn libraries(out: &mut String, c: &Ctx, dump: &Dump) {
     let Some(l) = &dump.library_memory else {
         return;
     };
     if !l.libraries.is_empty() {
-        let _ = writeln!(out, "\n{}", s.title("By library"));
+        let _ = writeln!(out, "\n{}", c.s.title("By library"));
         let mut t = Table::new(&[
             ("DEV", Align::Right),
             ("LIBRARY", Align::Left),
@@ -434,7 +761,8 @@ fn libraries(out: &mut String, s: &Style, dump: &Dump) {
             ("ALLOCS", Align::Right),
             ("VIA", Align::Left),
             ("MODULE", Align::Left),
-        ]);
+        ])
+        .within(c.width, 4);
         for b in &l.libraries {
             t.row(
                 vec![
@@ -454,15 +782,14 @@ fn libraries(out: &mut String, s: &Style, dump: &Dump) {
                 vec![],
             );
         }
-        t.render(out, s);
+        t.render(out, &c.s);
     }
     for u in &l.untracked {
         let Some(context) = u.context_bytes else {
             continue;
         };
-        let _ = writeln!(
-            out,
-            "  device {}: {} used = {} tracked + {} CUDA context and unhooked (NVML, this process) + {} other processes + {} that no API shows",
+        let text = format!(
+            "device {}: {} used = {} tracked + {} CUDA context and unhooked (NVML, this process) + {} other processes + {} that no API shows",
             u.device,
             human_bytes(u.used_bytes),
             human_bytes(u.tracked_bytes),
@@ -470,39 +797,54 @@ fn libraries(out: &mut String, s: &Style, dump: &Dump) {
             human_bytes(u.other_processes_bytes.unwrap_or(0)),
             human_bytes(u.unexplained_bytes.unwrap_or(0)),
         );
+        for line in wrap(&text, c.width, "  ", "    ") {
+            let _ = writeln!(out, "{line}");
+        }
     }
 }
 
-/// Up to three named frames as table lines: `function (…/file:line)`.
-fn stack_lines(stack: &[Frame]) -> Vec<String> {
-    let lines: Vec<String> = shown_frames(stack).map(table_frame).collect();
+/// The frames a report shows for a stack: named ones (see [`named_frames`]), the C runtime's
+/// start-up frames left out unless nothing else names the stack.
+fn shown_frames(stack: &[Frame]) -> impl Iterator<Item = &Frame> {
+    let own = named_frames(stack).any(|f| !is_system_frame(f));
+    named_frames(stack).filter(move |f| !own || !is_system_frame(f))
+}
+
+/// A stack's first [`FRAMES`] shown frames, one line each at `indent`, within the width.
+fn stack_lines(c: &Ctx, stack: &[Frame], indent: usize) -> Vec<String> {
+    let pad = " ".repeat(indent);
+    let lines: Vec<String> = shown_frames(stack)
+        .take(FRAMES)
+        .map(|f| fit(&format!("{pad}{}", frame_text(&c.paths, f)), c.width))
+        .collect();
     if lines.is_empty() {
-        vec![if stack.is_empty() {
-            "(no stack recorded)"
-        } else {
-            "(no named frames)"
-        }
-        .to_string()]
+        vec![format!(
+            "{pad}{}",
+            if stack.is_empty() {
+                "(no stack recorded)"
+            } else {
+                "(no named frames)"
+            }
+        )]
     } else {
         lines
     }
 }
 
-fn table_frame(frame: &Frame) -> String {
+/// `function (file:line)` with the file as [`SourcePaths`] shows it, `function [module]`
+/// without a file.
+fn frame_text(paths: &SourcePaths, frame: &Frame) -> String {
     let function = truncate_function(
         &clean(frame.function.as_deref().unwrap_or("?")),
         MAX_FUNCTION,
     );
     match (frame.file.as_deref().filter(|f| !f.is_empty()), frame.line) {
-        (Some(file), Some(line)) => format!(
-            "{function} ({}:{line})",
-            truncate_left(&clean(file), MAX_FILE)
-        ),
-        (Some(file), None) => format!("{function} ({})", truncate_left(&clean(file), MAX_FILE)),
+        (Some(file), Some(line)) => format!("{function} ({}:{line})", clean(&paths.show(file))),
+        (Some(file), None) => format!("{function} ({})", clean(&paths.show(file))),
         (None, _) => match frame.module.as_deref().filter(|m| !m.is_empty()) {
             Some(module) => {
                 let base = module.rsplit('/').next().unwrap_or(module);
-                format!("{function} [{}]", truncate_left(&clean(base), MAX_FILE))
+                format!("{function} [{}]", clean(base))
             }
             None => function,
         },
@@ -522,8 +864,9 @@ fn shown_of(shown: usize, total: usize) -> String {
 }
 
 /// The largest holders, identical ones (same size, API, device and stack) as one row
-/// `count × size`, as the HTML page groups them; `top` counts rows.
-fn holders(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
+/// `count × size`, as the HTML page groups them; `top` counts rows. Each row's stack follows
+/// it, indented.
+fn holders(out: &mut String, c: &Ctx, model: &ReportModel, top: usize) {
     let all = &model.holders;
     let groups = group_holders(all);
     let shown = groups.len().min(top);
@@ -544,19 +887,15 @@ fn holders(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
             }
         )
     };
-    let _ = writeln!(
-        out,
-        "\n{} {}",
-        s.title("Largest holders"),
-        s.dim(&format!(
-            "({listed}; {})",
-            plural(
-                model.dump.recording.live_allocations,
-                "live allocation",
-                "live allocations"
-            )
-        ))
+    let note = format!(
+        "({listed}; {})",
+        plural(
+            model.dump.recording.live_allocations,
+            "live allocation",
+            "live allocations"
+        )
     );
+    section_title(out, c, "Largest holders", &note);
     if shown == 0 {
         let _ = writeln!(
             out,
@@ -579,20 +918,14 @@ fn holders(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
         ("API", Align::Left),
         ("DEV", Align::Right),
         ("AGE", Align::Right),
-        ("ADDRESS", Align::Left),
-        ("STACK", Align::Left),
+        ("THREAD", Align::Left),
     ]);
-    let mut t = Table::new(&columns);
+    let api_column = columns.len() - 4;
+    let mut t = Table::new(&columns).within(c.width, api_column);
     for (i, g) in groups.iter().take(shown).enumerate() {
         let h = g.first;
-        let mut frames = stack_lines(&h.stack);
-        let first = frames.remove(0);
-        let (each, age, address) = if g.count == 1 {
-            (
-                human_bytes(h.bytes),
-                human_age(h.age_s),
-                truncate_middle(&clean(&h.address), MAX_CELL),
-            )
+        let (each, age) = if g.count == 1 {
+            (human_bytes(h.bytes), human_age(h.age_s))
         } else {
             let (young, old) = (human_age(g.age_min_s), human_age(g.age_max_s));
             (
@@ -602,7 +935,6 @@ fn holders(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
                 } else {
                     format!("{young}–{old}")
                 },
-                format!("{} (first)", truncate_middle(&clean(&h.address), MAX_CELL)),
             )
         };
         let mut cells = vec![(i + 1).to_string(), human_bytes(g.bytes)];
@@ -613,26 +945,40 @@ fn holders(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
             truncate_middle(&clean(&h.api), MAX_CELL),
             h.device.to_string(),
             age,
-            address,
-            first,
+            h.thread_name
+                .as_deref()
+                .map(|n| truncate_middle(&clean(n), 16))
+                .unwrap_or_else(|| h.thread.to_string()),
         ]);
-        t.row(cells, frames);
+        t.row(cells, vec![]);
+        for line in stack_lines(c, &h.stack, 7) {
+            t.more(line);
+        }
     }
-    t.render(out, s);
+    t.render(out, &c.s);
 }
 
-fn sites(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
+/// A section's title with a dimmed note, the note wrapped onto its own line when both do not
+/// fit.
+fn section_title(out: &mut String, c: &Ctx, title: &str, note: &str) {
+    if title.len() + 1 + note.chars().count() <= c.width {
+        let _ = writeln!(out, "\n{} {}", c.s.title(title), c.s.dim(note));
+    } else {
+        let _ = writeln!(out, "\n{}", c.s.title(title));
+        for line in wrap(note, c.width, "  ", "  ") {
+            let _ = writeln!(out, "{}", c.s.dim(&line));
+        }
+    }
+}
+
+fn sites(out: &mut String, c: &Ctx, model: &ReportModel, top: usize) {
     let all = &model.sites;
     let shown = all.len().min(top);
-    let _ = writeln!(
-        out,
-        "\n{} {}",
-        s.title("Allocation sites"),
-        s.dim(&format!(
-            "({}; live bytes by allocation stack)",
-            shown_of(shown, all.len())
-        ))
+    let note = format!(
+        "({}; live bytes by allocation stack)",
+        shown_of(shown, all.len())
     );
+    section_title(out, c, "Allocation sites", &note);
     if shown == 0 {
         let _ = writeln!(
             out,
@@ -650,42 +996,40 @@ fn sites(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
         ("BYTES", Align::Right),
         ("ALLOCS", Align::Right),
         ("TRACKED%", Align::Right),
-        ("STACK", Align::Left),
     ]);
     for (i, view) in all.iter().take(shown).enumerate() {
         let site = view.site;
-        let mut frames = stack_lines(&site.stack);
-        let first = frames.remove(0);
         t.row(
             vec![
                 (i + 1).to_string(),
                 human_bytes(site.bytes),
                 thousands(site.count),
                 percent(view.percent_of_tracked),
-                first,
             ],
-            frames,
+            vec![],
         );
+        for line in stack_lines(c, &site.stack, 7) {
+            t.more(line);
+        }
     }
-    t.render(out, s);
+    t.render(out, &c.s);
 }
 
-fn pinned(out: &mut String, s: &Style, dump: &Dump) {
+fn pinned(out: &mut String, c: &Ctx, dump: &Dump) {
     let p = &dump.pinned_host;
-    let _ = writeln!(
-        out,
-        "\n{} {} in {} (peak {}); host memory, not counted as device memory",
-        s.title("Pinned host memory:"),
+    let text = format!(
+        "{} in {} (peak {}); host memory, not counted as device memory",
         human_bytes(p.bytes),
         plural(p.count, "allocation", "allocations"),
         human_bytes(p.peak_bytes)
     );
+    prose(out, c, "Pinned host memory:", &text);
 }
 
 /// Processes NVML lists on the device (absent in dumps without them): the `top` largest, and
 /// this process wherever it ranks; the rest are counted, not listed (a shared node can list
 /// thousands).
-fn gpu_processes(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
+fn gpu_processes(out: &mut String, c: &Ctx, model: &ReportModel, top: usize) {
     use dump::model::Relation;
     let Some(view) = &model.gpu_processes else {
         return;
@@ -694,10 +1038,12 @@ fn gpu_processes(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
     let _ = writeln!(
         out,
         "\n{}",
-        s.title(&format!("Processes on device {} (NVML)", g.device))
+        c.s.title(&format!("Processes on device {} (NVML)", g.device))
     );
     if let Some(e) = &g.error {
-        let _ = writeln!(out, "  unknown: {}", clean(e));
+        for line in wrap(&format!("unknown: {}", clean(e)), c.width, "  ", "    ") {
+            let _ = writeln!(out, "{line}");
+        }
         return;
     }
     if g.processes.is_empty() {
@@ -716,14 +1062,14 @@ fn gpu_processes(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
     let mut listed = 0;
     for p in shown {
         listed += 1;
-        let _ = writeln!(
-            out,
+        let line = format!(
             "  {:>8}  {:>12}  {:<24} {}",
             p.pid,
             p.used_bytes.map(human_bytes).unwrap_or_else(|| "?".into()),
-            truncate_middle(&clean(p.name.as_deref().unwrap_or("-")), MAX_CELL),
+            truncate_middle(&clean(p.name.as_deref().unwrap_or("-")), 24),
             p.relation.words()
         );
+        let _ = writeln!(out, "{}", fit(line.trim_end(), c.width));
     }
     let hidden = order.len() - listed;
     if hidden > 0 {
@@ -735,52 +1081,53 @@ fn gpu_processes(out: &mut String, s: &Style, model: &ReportModel, top: usize) {
             .filter(|&(i, _)| Some(i) != me)
             .map(|(_, p)| p.used_bytes.unwrap_or(0))
             .fold(0u64, u64::saturating_add);
-        let _ = writeln!(
-            out,
-            "  … and {} more processes holding {} (--top shows more; --json or --html lists all)",
+        let text = format!(
+            "… and {} more processes holding {} (--top shows more; --json or --html lists all)",
             thousands(hidden as u64),
             human_bytes(bytes)
         );
+        for line in wrap(&text, c.width, "  ", "    ") {
+            let _ = writeln!(out, "{line}");
+        }
     }
 }
 
 /// Host memory when the dump was written (absent in older dumps).
-fn host(out: &mut String, s: &Style, dump: &Dump) {
+fn host(out: &mut String, c: &Ctx, dump: &Dump) {
     let Some(h) = &dump.host else { return };
     let opt = |b: Option<u64>| b.map(human_bytes).unwrap_or_else(|| "?".into());
-    let mut line = format!(
-        "{} {} available of {}; this process's RSS {}",
-        s.title("Host memory:"),
+    let mut text = format!(
+        "{} available of {}; this process's RSS {}",
         opt(h.available_bytes),
         opt(h.total_bytes),
         opt(h.rss_bytes)
     );
     if let Some(limit) = h.cgroup_limit_bytes {
-        line.push_str(&format!(
+        text.push_str(&format!(
             "; cgroup limit {} (using {})",
             human_bytes(limit),
             opt(h.cgroup_usage_bytes)
         ));
     }
-    let _ = writeln!(out, "{line}");
+    prose(out, c, "Host memory:", &text);
 }
 
 /// The configuration snapshot: CUDA versions and the allowlisted framework variables. The
 /// shim's own `OOMSHIM_*` settings stay in the dump (the recording line shows their effect).
-fn config(out: &mut String, s: &Style, dump: &Dump) {
-    let Some(c) = &dump.config else { return };
+fn config(out: &mut String, c: &Ctx, dump: &Dump) {
+    let Some(cfg) = &dump.config else { return };
     let mut parts = Vec::new();
     let v = oomshim_core::facts::env::version_text;
-    match (c.cuda_driver_version, c.cuda_runtime_version) {
+    match (cfg.cuda_driver_version, cfg.cuda_runtime_version) {
         (Some(d), Some(r)) => parts.push(format!("CUDA driver {}, runtime {}", v(d), v(r))),
         (Some(d), None) => parts.push(format!("CUDA driver {}", v(d))),
         (None, Some(r)) => parts.push(format!("CUDA runtime {}", v(r))),
         (None, None) => {}
     }
-    if let Some(t) = &c.torch_version {
+    if let Some(t) = &cfg.torch_version {
         parts.push(format!("torch {}", clean(t)));
     }
-    for (k, val) in &c.env {
+    for (k, val) in &cfg.env {
         if !k.starts_with(oomshim_core::facts::env::ALLOWED_PREFIX) {
             parts.push(format!("{}={}", clean(k), clean(val)));
         }
@@ -788,10 +1135,10 @@ fn config(out: &mut String, s: &Style, dump: &Dump) {
     if parts.is_empty() {
         return;
     }
-    let _ = writeln!(out, "{} {}", s.title("Configuration:"), parts.join("; "));
+    prose(out, c, "Configuration:", &parts.join("; "));
 }
 
-fn free_blocks(out: &mut String, s: &Style, model: &ReportModel) {
+fn free_blocks(out: &mut String, c: &Ctx, model: &ReportModel) {
     let fb = model.free_blocks.blocks;
     if !model.free_blocks.available {
         let reason = fb
@@ -799,19 +1146,19 @@ fn free_blocks(out: &mut String, s: &Style, model: &ReportModel) {
             .as_deref()
             .map(clean)
             .unwrap_or_else(|| "no reason given".to_string());
-        let _ = writeln!(
+        prose(
             out,
-            "{} unavailable ({})",
-            s.title("Free blocks:"),
-            truncate_middle(&reason, 200)
+            c,
+            "Free blocks:",
+            &format!("unavailable ({})", truncate_middle(&reason, 200)),
         );
         return;
     }
     let _ = writeln!(
         out,
         "{} {}",
-        s.title("Free blocks"),
-        s.dim(&format!(
+        c.s.title("Free blocks"),
+        c.s.dim(&format!(
             "(source: {})",
             truncate_middle(&clean(&fb.source), 40)
         ))
@@ -822,54 +1169,60 @@ fn free_blocks(out: &mut String, s: &Style, model: &ReportModel) {
         .fragmentation
         .map(|f| percent(Some(f * 100.0)))
         .unwrap_or_else(|| "-".into());
-    let _ = writeln!(
-        out,
-        "  total free {}, largest block {}, fragmentation {frag} (1 - largest / total)",
+    let text = format!(
+        "total free {}, largest block {}, fragmentation {frag} (1 - largest / total)",
         opt(fb.total_free_bytes),
         opt(fb.largest_free_bytes)
     );
+    for line in wrap(&text, c.width, "  ", "    ") {
+        let _ = writeln!(out, "{line}");
+    }
     if fb.histogram.is_empty() {
         let _ = writeln!(out, "  (no histogram)");
         return;
     }
     let max = fb.histogram.iter().map(|b| b.bytes).max().unwrap_or(0);
+    // BLOCK SIZE (≤ 25), BLOCKS (≤ 9), BYTES (≤ 11) and the gaps; the bar takes what is left.
+    let bar_w = c
+        .width
+        .saturating_sub(2 + 25 + 2 + 9 + 2 + 11 + 2)
+        .clamp(8, BAR);
     let mut t = Table::new(&[
         ("BLOCK SIZE", Align::Left),
         ("BLOCKS", Align::Right),
         ("BYTES", Align::Right),
         ("", Align::Left),
-    ]);
+    ])
+    .within(c.width, 0);
     for b in &fb.histogram {
         let bar = if max == 0 {
             0
         } else {
             // Round up so that any non-empty bin shows at least one mark.
-            ((b.bytes as u128 * BAR as u128).div_ceil(max as u128)) as usize
+            ((b.bytes as u128 * bar_w as u128).div_ceil(max as u128)) as usize
         };
         t.row(
             vec![
                 format!("{} - {}", human_bytes(b.lo), human_bytes(b.hi)),
                 thousands(b.count),
                 human_bytes(b.bytes),
-                "#".repeat(bar.min(BAR)),
+                "#".repeat(bar.min(bar_w)),
             ],
             vec![],
         );
     }
-    t.render(out, s);
+    t.render(out, &c.s);
 }
 
-fn recording(out: &mut String, s: &Style, dump: &Dump) {
+fn recording(out: &mut String, c: &Ctx, dump: &Dump) {
     let r = &dump.recording;
     let version = if r.version.is_empty() {
         "unknown version".to_string()
     } else {
         truncate_middle(&clean(&r.version), 40)
     };
-    let _ = writeln!(
-        out,
-        "{} oomshim {version}, stacks {} (depth {}); {} live, {} recorded in total, {}, {}",
-        s.title("Recording:"),
+    let text = format!(
+        "oomshim {version}, stacks {} (depth {}); {} live, {} recorded in total, {}, {}",
         truncate_middle(&clean(&r.stacks), 20),
         r.depth,
         plural(r.live_allocations, "allocation", "allocations"),
@@ -877,11 +1230,15 @@ fn recording(out: &mut String, s: &Style, dump: &Dump) {
         plural(r.unknown_frees, "unknown free", "unknown frees"),
         plural(r.oom_failures, "OOM failure", "OOM failures"),
     );
+    prose(out, c, "Recording:", &text);
     if r.unknown_frees > 0 {
-        let _ = writeln!(
-            out,
-            "  {}",
-            s.dim("unknown frees: pointers freed that the shim never saw allocated (allocated before it loaded, or through a path it does not hook)")
-        );
+        for line in wrap(
+            "unknown frees: pointers freed that the shim never saw allocated (allocated before it loaded, or through a path it does not hook)",
+            c.width,
+            "  ",
+            "  ",
+        ) {
+            let _ = writeln!(out, "{}", c.s.dim(&line));
+        }
     }
 }

@@ -1,0 +1,327 @@
+//! What a report shows before its details, the same in the terminal and on the page: what
+//! fills the device (by kind where the framework counted its kinds), the one change to make,
+//! and how stack frames are shown to a person (paths relative to the program's source root,
+//! the C runtime's start-up frames as system frames). The JSON report keeps every path as the
+//! dump has it.
+
+use super::model::{Occasion, ReportModel};
+use dump::model::{Dump, Frame, FrameKind, Relation};
+use dump::view::{is_library_file, named_frames, used_bytes};
+
+/// One part of the device's memory.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FillRow {
+    /// Machine-readable: the kind keys of `dump::view::kind_rows`, or `this_process`,
+    /// `untracked` (the CUDA context, libraries: used but allocated through no hooked call),
+    /// `other_processes`, `free`.
+    pub key: &'static str,
+    /// As people say it.
+    pub label: &'static str,
+    pub bytes: u64,
+}
+
+/// What fills one device: its parts, which sum to `total_bytes`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Fill {
+    pub device: i32,
+    pub total_bytes: u64,
+    /// Whether the parts are the framework's kinds (parameters, gradients, …).
+    pub by_kind: bool,
+    pub rows: Vec<FillRow>,
+}
+
+/// The device the report is about: the failing one, else the one holding the most tracked
+/// bytes.
+pub fn focus_device(dump: &Dump) -> Option<i32> {
+    if let Some(r) = &dump.failed_request {
+        return Some(r.device);
+    }
+    if let Some(last) = dump
+        .post_mortem
+        .as_ref()
+        .and_then(|p| p.last_failure.as_ref())
+    {
+        return Some(last.device);
+    }
+    dump.devices
+        .iter()
+        .max_by_key(|d| d.tracked_bytes)
+        .map(|d| d.index)
+}
+
+/// What fills the report's device, when its total is known: by kind where the framework
+/// counted its kinds, else this process's tracked bytes, what it holds untracked (context,
+/// libraries), other processes (NVML) and free.
+pub fn device_fill(dump: &Dump) -> Option<Fill> {
+    if let Some((device, rows)) = dump::view::kind_rows(dump) {
+        let rows: Vec<FillRow> = rows
+            .into_iter()
+            .filter(|r| r.bytes > 0)
+            .map(|r| FillRow {
+                key: r.key,
+                label: short_kind_label(r.key, r.label),
+                bytes: r.bytes,
+            })
+            .collect();
+        let sum = rows.iter().map(|r| r.bytes).fold(0, u64::saturating_add);
+        let total = dump
+            .devices
+            .iter()
+            .find(|d| d.index == device)
+            .and_then(|d| d.total_bytes)
+            .unwrap_or(sum)
+            .max(sum);
+        if total > 0 {
+            return Some(Fill {
+                device,
+                total_bytes: total,
+                by_kind: true,
+                rows,
+            });
+        }
+    }
+    let device = focus_device(dump)?;
+    let info = dump.devices.iter().find(|d| d.index == device)?;
+    let total = info.total_bytes?;
+    let free = info.free_bytes?;
+    let used = used_bytes(Some(total), Some(free))?;
+    let others = other_processes_bytes(dump, device);
+    let tracked = info.tracked_bytes.min(used);
+    // Free blocks of the framework's cache, where the dump knows them: oomshim's allocator
+    // tracks tensors and keeps its cache beside them; torch's cache (seen through its
+    // snapshot) is inside the segments the shim tracked.
+    let fb = &dump.free_blocks;
+    let cache_free = if dump::view::free_blocks_available(dump) {
+        fb.total_free_bytes.unwrap_or(0)
+    } else {
+        0
+    };
+    let (in_use, cache) = if fb.source == "oomshim-allocator" {
+        (tracked, cache_free.min(used - tracked))
+    } else {
+        let cache = cache_free.min(tracked);
+        (tracked - cache, cache)
+    };
+    let not_tracked = used.saturating_sub(in_use + cache).saturating_sub(others);
+    let rows = [
+        ("this_process", "this process", in_use),
+        ("framework_cache", "cache, free", cache),
+        ("untracked", "untracked", not_tracked),
+        (
+            "other_processes",
+            "other processes",
+            others.min(used - in_use - cache),
+        ),
+        ("free", "free", free.min(total)),
+    ]
+    .into_iter()
+    .filter(|(_, _, b)| *b > 0)
+    .map(|(key, label, bytes)| FillRow { key, label, bytes })
+    .collect();
+    Some(Fill {
+        device,
+        total_bytes: total,
+        by_kind: false,
+        rows,
+    })
+}
+
+/// The kinds' labels, short enough for a legend.
+fn short_kind_label(key: &str, label: &'static str) -> &'static str {
+    match key {
+        "activations" => "activations",
+        "framework_cache" => "torch's cache",
+        "outside_framework" => "outside torch",
+        _ => label,
+    }
+}
+
+/// Other processes' bytes on `device`: from the dump's untracked split, else NVML's list.
+fn other_processes_bytes(dump: &Dump, device: i32) -> u64 {
+    if let Some(b) = dump
+        .library_memory
+        .as_ref()
+        .and_then(|l| l.untracked.iter().find(|u| u.device == device))
+        .and_then(|u| u.other_processes_bytes)
+    {
+        return b;
+    }
+    dump.gpu_processes
+        .as_ref()
+        .filter(|g| g.device == device && g.error.is_none())
+        .map(|g| {
+            g.processes
+                .iter()
+                .filter(|p| p.relation != Relation::This)
+                .filter_map(|p| p.used_bytes)
+                .fold(0, u64::saturating_add)
+        })
+        .unwrap_or(0)
+}
+
+/// The one change to make: the top finding's first suggestion.
+pub fn first_change<'a>(model: &'a ReportModel) -> Option<&'a str> {
+    model
+        .verdict
+        .findings
+        .first()
+        .and_then(|f| f.suggestions.first())
+        .or_else(|| model.verdict.suggestions.first())
+        .map(String::as_str)
+}
+
+/// What happened, in one sentence: the failed request and its outcome, how the program died,
+/// or why an on-demand dump was written.
+pub fn occasion_sentence(model: &ReportModel) -> String {
+    use dump::units::{clean, human_bytes};
+    match model.occasion {
+        Occasion::OutOfMemory(r) => {
+            let outcome = match model.failed_request.map(|v| v.recovery) {
+                Some(super::model::Recovery::Recovered) => "a retry succeeded",
+                Some(super::model::Recovery::Stood) => "the program saw it",
+                _ => "whether a retry succeeded is not known",
+            };
+            format!(
+                "Out of memory on device {}: {} of {} failed; {outcome}.",
+                r.device,
+                clean(&r.api),
+                human_bytes(r.bytes),
+            )
+        }
+        Occasion::PostMortem(pm) => {
+            let words = super::post_mortem_words(pm);
+            let mut s = words[..1].to_uppercase();
+            s.push_str(&words[1..]);
+            s.push('.');
+            s
+        }
+        Occasion::OnDemand => format!(
+            "Dump on demand ({}): nothing failed.",
+            clean(&model.dump.reason)
+        ),
+    }
+}
+
+/// Whether a frame is the C runtime's or the loader's (libc, ld.so, `_start`,
+/// `__libc_start_main`, thread start): present in every native stack, never the program's
+/// answer. Reports show them as system frames, folded away by default.
+pub fn is_system_frame(frame: &Frame) -> bool {
+    if frame.kind == FrameKind::Python {
+        return false;
+    }
+    let module = frame.module.as_deref().unwrap_or("");
+    let module = module.rsplit('/').next().unwrap_or(module);
+    if module.starts_with("libc.so")
+        || module.starts_with("ld-linux")
+        || module.starts_with("ld.so")
+        || module.starts_with("libpthread")
+    {
+        return true;
+    }
+    matches!(
+        frame.function.as_deref(),
+        Some(
+            "_start"
+                | "__libc_start_main"
+                | "__libc_start_call_main"
+                | "__libc_start_main_impl"
+                | "start_thread"
+                | "clone"
+                | "clone3"
+                | "__clone"
+                | "__clone3"
+        )
+    )
+}
+
+/// How file paths of stack frames are shown to a person: relative to the program's source
+/// root where one is known, packages from their `site-packages` directory, anything else as
+/// the dump has it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourcePaths {
+    /// The directory, ending in `/`, that the program's own files are shown relative to.
+    pub root: Option<String>,
+}
+
+impl SourcePaths {
+    /// The program's source root in `dump`:
+    /// - a Python program started as `python DIR/script.py` from its working directory: that
+    ///   directory, found as the part of the script frame's absolute path before the relative
+    ///   `DIR/script.py` of the command line;
+    /// - otherwise the deepest directory holding every file of the program's own frames (the
+    ///   frames that name holders, sites and the failed request, installed packages left out).
+    pub fn of(dump: &Dump) -> SourcePaths {
+        let stacks = dump
+            .failed_request
+            .iter()
+            .map(|r| r.stack.as_slice())
+            .chain(dump.largest_holders.iter().map(|h| h.stack.as_slice()))
+            .chain(dump.sites.iter().map(|s| s.stack.as_slice()));
+        let mut own: Vec<&str> = Vec::new();
+        for stack in stacks {
+            for f in named_frames(stack) {
+                if let Some(file) = f.file.as_deref() {
+                    if file.starts_with('/') && !is_library_file(file) && !is_system_frame(f) {
+                        own.push(file);
+                    }
+                }
+            }
+        }
+        SourcePaths {
+            root: working_dir_of_script(dump, &own).or_else(|| common_dir(&own)),
+        }
+    }
+
+    /// `text` (a verdict's words, which name files as the dump has them) with the source root
+    /// left out of every path in it.
+    pub fn in_text(&self, text: &str) -> String {
+        match self.root.as_deref() {
+            Some(root) if root.len() > 1 => text.replace(root, ""),
+            _ => text.to_string(),
+        }
+    }
+
+    /// `file` as a person reads it.
+    pub fn show(&self, file: &str) -> String {
+        if let Some(rest) = self.root.as_deref().and_then(|r| file.strip_prefix(r)) {
+            if !rest.is_empty() {
+                return rest.to_string();
+            }
+        }
+        for marker in ["/site-packages/", "/dist-packages/"] {
+            if let Some(i) = file.find(marker) {
+                return file[i + marker.len()..].to_string();
+            }
+        }
+        file.to_string()
+    }
+}
+
+/// The working directory of a Python program, from a relative `.py` argument and the absolute
+/// path of that script in its frames.
+fn working_dir_of_script(dump: &Dump, own: &[&str]) -> Option<String> {
+    dump.process
+        .command_line
+        .iter()
+        .filter(|a| a.ends_with(".py") && !a.starts_with('/') && !a.starts_with('-'))
+        .find_map(|arg| {
+            let arg = arg.trim_start_matches("./");
+            own.iter().find_map(|file| {
+                let dir = file.strip_suffix(arg)?;
+                dir.ends_with('/').then(|| dir.to_string())
+            })
+        })
+}
+
+/// The deepest directory (ending in `/`) that holds every file, when there is one below `/`.
+fn common_dir(files: &[&str]) -> Option<String> {
+    let first = files.first()?;
+    let mut prefix = &first[..first.rfind('/')? + 1];
+    for f in &files[1..] {
+        while !f.starts_with(prefix) {
+            let trimmed = prefix.trim_end_matches('/');
+            prefix = &prefix[..trimmed.rfind('/')? + 1];
+        }
+    }
+    (prefix.len() > 1).then(|| prefix.to_string())
+}
