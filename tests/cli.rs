@@ -482,3 +482,324 @@ fn top_shows_its_keys_quits_on_q_and_restores_the_terminal() {
         assert!(cooked(&slave), "{how}: the terminal is restored");
     }
 }
+
+/// A directory holding two dumps of the fixtures, the newer one `oom_leak_steps`, as
+/// `DIR/oomshim-dumps/`; returns DIR and the two dumps (older, newer).
+fn dumps_here() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let dumps = t.path().join("oomshim-dumps");
+    std::fs::create_dir(&dumps).unwrap();
+    let older = dumps.join("oomshim-host-7-1.json");
+    let newer = dumps.join("oomshim-host-7-2.json");
+    std::fs::copy(fixture("oom_untracked.json"), &older).unwrap();
+    std::fs::copy(fixture("oom_leak_steps.json"), &newer).unwrap();
+    set_age(&older, 3600);
+    (t, older, newer)
+}
+
+fn run_in(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_oomshim"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("OOMSHIM_DIR")
+        .output()
+        .unwrap()
+}
+
+/// Everything writes to ./oomshim-dumps, so `report` and `diff` read it when no dump is
+/// named, and `report .` (the directory the program ran in) finds it too.
+#[test]
+fn report_and_diff_read_oomshim_dumps_when_no_dump_is_named() {
+    let (t, older, newer) = dumps_here();
+    let expected = run_in(t.path(), &["report", "--json", newer.to_str().unwrap()]);
+    assert!(expected.status.success(), "{}", stderr(&expected));
+    for args in [&["report", "--json"][..], &["report", "--json", "."][..]] {
+        let out = run_in(t.path(), args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        assert_eq!(out.stdout, expected.stdout, "{args:?}");
+    }
+    // diff: none named, or the directory alone, compares its two newest, older first.
+    let expected = run_in(
+        t.path(),
+        &[
+            "diff",
+            "--json",
+            older.to_str().unwrap(),
+            newer.to_str().unwrap(),
+        ],
+    );
+    assert!(expected.status.success(), "{}", stderr(&expected));
+    for args in [
+        &["diff", "--json"][..],
+        &["diff", "--json", "oomshim-dumps"][..],
+    ] {
+        let out = run_in(t.path(), args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        assert_eq!(out.stdout, expected.stdout, "{args:?}");
+        assert!(
+            stderr(&out).contains("comparing the two newest dumps"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    // Nowhere to look: a sentence, not a usage error.
+    let empty = tempfile::tempdir().unwrap();
+    let out = run_in(empty.path(), &["report"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out).trim(),
+        "oomshim: error: no dump named and no oomshim-dumps here: name a dump file or a directory of dumps"
+    );
+}
+
+/// A dump compared with itself shows nothing: refused with a sentence that says what to do.
+#[test]
+fn diff_of_a_dump_with_itself_is_refused() {
+    let (t, _, newer) = dumps_here();
+    for args in [
+        &["diff", "oomshim-dumps", "oomshim-dumps"][..],
+        &[
+            "diff",
+            newer.to_str().unwrap(),
+            "oomshim-dumps/oomshim-host-7-2.json",
+        ][..],
+    ] {
+        let out = run_in(t.path(), args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = stderr(&out);
+        assert!(
+            err.contains("are the same dump") && err.contains("name two dumps"),
+            "{args:?}: {err}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+    let out = run_in(t.path(), &["diff", newer.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("diff compares two dumps"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// `-` is stdout for every output flag: no file named `-` appears.
+#[test]
+fn a_dash_means_stdout_for_every_output_flag() {
+    let (t, _, newer) = dumps_here();
+    let dump = newer.to_str().unwrap();
+    let out = run_in(t.path(), &["report", dump, "--html", "-"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        out.stdout.starts_with(b"<!DOCTYPE html>"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run_in(t.path(), &["export", dump, "--memory-viz", "-"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        out.stdout.first(),
+        Some(&0x80),
+        "a pickle (protocol opcode) on stdout"
+    );
+    let out = run_in(t.path(), &["export", dump, "--folded", "-"]);
+    assert!(
+        out.status.success() && !out.stdout.is_empty(),
+        "{}",
+        stderr(&out)
+    );
+    let out = run_in(
+        t.path(),
+        &["export", dump, "--folded", "-", "--memory-viz", "-"],
+    );
+    assert_eq!(out.status.code(), Some(2), "two outputs on one stdout");
+    assert!(!t.path().join("-").exists(), "a file named -");
+}
+
+/// The demo reports its dump wherever the shim put it: a directory it cannot write sends the
+/// dumps to the private fallback of $TMPDIR, and the demo says so and reports them.
+#[test]
+fn the_demo_reports_its_dump_wherever_the_shim_put_it() {
+    let t = tempfile::tempdir().unwrap();
+    let tmp = t.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    // /proc refuses new directories even to root.
+    let out = common::cli()
+        .args(["demo", "--dir", "/proc/oomshim-unwritable"])
+        .env("TMPDIR", &tmp)
+        .current_dir(t.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
+    let fallback = tmp.join(format!("oomshim-{}", unsafe { libc::geteuid() }));
+    assert!(
+        err.contains(&format!(
+            "could not write to /proc/oomshim-unwritable and put its dumps in {}",
+            fallback.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("Verdict: leak"),
+        "{err}"
+    );
+    assert_eq!(common::dump_files(&fallback).len(), 2);
+}
+
+/// `--lib` is checked before the program starts: a file that is not oomshim's shim is refused
+/// in one line with status 125, and the program never runs.
+#[test]
+fn run_checks_its_library_before_the_program_starts() {
+    let t = tempfile::tempdir().unwrap();
+    let notes = t.path().join("notjson.txt");
+    std::fs::write(&notes, "not a library\n").unwrap();
+    let marker = t.path().join("ran");
+    let libm = [
+        "/lib/x86_64-linux-gnu/libm.so.6",
+        "/usr/lib64/libm.so.6",
+        "/lib64/libm.so.6",
+    ]
+    .into_iter()
+    .map(std::path::PathBuf::from)
+    .find(|p| p.is_file());
+    let mut cases = vec![
+        (notes.clone(), "not a shared library (no ELF header)"),
+        // A position-independent executable is an ELF shared object too.
+        (std::path::PathBuf::from("/bin/true"), "not oomshim's shim"),
+    ];
+    if let Some(libm) = libm {
+        cases.push((libm, "not oomshim's shim (it does not export oomshim_dump"));
+    }
+    for (lib, why) in cases {
+        let out = common::cli()
+            .arg("run")
+            .arg("--lib")
+            .arg(&lib)
+            .args(["--", "sh", "-c"])
+            .arg(format!("touch {}", marker.display()))
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(125),
+            "{}: {}",
+            lib.display(),
+            stderr(&out)
+        );
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(why) && err.contains("--lib"),
+            "{}: {err}",
+            lib.display()
+        );
+        assert!(!marker.exists(), "the program ran with {}", lib.display());
+    }
+    // The shim itself passes.
+    let out = common::cli()
+        .arg("run")
+        .arg("--lib")
+        .arg(common::shim_lib())
+        .args(["--", "sh", "-c"])
+        .arg(format!("touch {}", marker.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(marker.exists());
+}
+
+/// Numeric flags say their range in words, not `1..18446744073709551615`.
+#[test]
+fn numeric_flags_say_their_range_in_words() {
+    for (args, range) in [
+        (
+            &["report", "x.json", "--top", "0"][..],
+            "a whole number from 1 to 100,000",
+        ),
+        (
+            &["diff", "--top", "100001"][..],
+            "a whole number from 1 to 100,000",
+        ),
+        (
+            &["report", "--width", "20"][..],
+            "a whole number from 60 to 400",
+        ),
+        (
+            &["merge", "d", "--clock-skew-ms", "3600001"][..],
+            "a whole number from 0 to 3,600,000",
+        ),
+        (
+            &["report", "--top", "ten"][..],
+            "ten is not a whole number from 1 to 100,000",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_oomshim"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = stderr(&out);
+        assert!(err.contains(range), "{args:?}: {err}");
+        assert!(!err.contains("18446744073709551615"), "{args:?}: {err}");
+    }
+}
+
+/// Each option's help says its default once (clap's `[default: …]` or the text, never both),
+/// and the help promises only what each launcher gives: free blocks need PyTorch.
+#[test]
+fn help_shows_each_default_once_and_promises_what_is_true() {
+    let help = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_oomshim"))
+            .args(args)
+            .arg("--help")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for sub in [
+        "run", "report", "diff", "export", "merge", "top", "exporter", "demo",
+    ] {
+        let text = help(&[sub]);
+        // One option's help runs from its `--flag` line to the next option.
+        let options = text.split("\n  -").skip(1);
+        for option in options {
+            let option = option.split("\n\n").next().unwrap_or(option);
+            let n = option.to_lowercase().matches("default").count();
+            assert!(n <= 1, "oomshim {sub}: a default said twice in {option:?}");
+        }
+    }
+    let root = help(&[]);
+    let flat = root.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("With PyTorch it adds torch's free blocks"),
+        "{root}"
+    );
+    assert!(
+        !flat.contains("the allocation sites, the free blocks"),
+        "{root}"
+    );
+}
+
+/// Reports show stack files from the program's source root; the JSON keeps them absolute.
+#[test]
+fn reports_show_paths_from_the_source_root_and_json_keeps_them_whole() {
+    let t = tempfile::tempdir().unwrap();
+    let out = common::cli()
+        .arg("demo")
+        .current_dir(t.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = run_in(t.path(), &["report"]);
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(text.contains("forward_layer (demo_train.c:76)"), "{text}");
+    assert!(!text.contains("tests/clients/demo_train.c"), "{text}");
+    let json = run_in(t.path(), &["report", "--json"]);
+    let json = String::from_utf8_lossy(&json.stdout).into_owned();
+    let absolute = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/clients/demo_train.c")
+        .display()
+        .to_string();
+    assert!(json.contains(&absolute), "the JSON keeps {absolute}");
+}

@@ -13,9 +13,11 @@ use std::path::PathBuf;
     about = "Explains CUDA out-of-memory errors",
     long_about = "Explains CUDA out-of-memory errors. `oomshim run` starts a program with \
                   liboomshim.so preloaded; when a device allocation fails, the shim writes a dump \
-                  (JSON) naming the largest holders, the allocation sites, the free blocks and a \
-                  verdict. The other commands read dumps.",
-    after_help = "Examples:\n  oomshim demo                               # the whole job on a simulated GPU\n  oomshim run -- python train.py             # record, and dump at out-of-memory\n  oomshim report oomshim-dumps               # the newest dump, explained\n  oomshim help env                           # every OOMSHIM_* setting"
+                  (JSON) naming the largest holders, the allocation sites and a verdict, and says \
+                  the verdict on stderr. With PyTorch it adds torch's free blocks and memory by \
+                  kind (through its Python hook), and every tensor with exact free blocks in \
+                  allocator mode (`run --torch-allocator`). The other commands read dumps.",
+    after_help = "Examples:\n  oomshim demo                               # the whole job on a simulated GPU\n  oomshim run -- python train.py             # record, and dump at out-of-memory\n  oomshim report                             # the newest dump in ./oomshim-dumps, explained\n  oomshim help env                           # every OOMSHIM_* setting"
 )]
 pub struct Args {
     /// None: `oomshim` alone, which prints the help and exits 0 (asking for nothing is no error).
@@ -33,12 +35,14 @@ pub enum Cmd {
         /// Directory for dumps (sets OOMSHIM_DIR; default ./oomshim-dumps).
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
-        /// The shim library (default: OOMSHIM_LIB, else liboomshim.so next to this binary or in
-        /// the Python package it was installed with).
+        /// The shim library, checked before the program starts (default: OOMSHIM_LIB, else
+        /// liboomshim.so next to this binary or in the Python package it was installed with).
         #[arg(long, value_name = "PATH")]
         lib: Option<PathBuf>,
-        /// Don't inject the Python hook that saves PyTorch's own memory snapshot when torch
-        /// raises OutOfMemoryError (also: OOMSHIM_TORCH_HOOK=0).
+        /// Don't inject oomshim's Python hook (also: OOMSHIM_TORCH_HOOK=0). In PyTorch programs
+        /// the hook adds torch's view at an OOM (its free blocks, memory by kind, the snapshot
+        /// for memory_viz) and marks training steps; without it the shim sees torch's segments
+        /// only.
         #[arg(long)]
         no_torch_hook: bool,
         /// Make oomshim PyTorch's CUDA allocator (allocator mode): every tensor is recorded with
@@ -61,41 +65,48 @@ pub enum Cmd {
     },
     /// Print a dump as a readable report (or as JSON, or as one HTML page).
     #[command(
-        after_help = "Examples:\n  oomshim report oomshim-dumps/oomshim-host-4242-1.json\n  oomshim report oomshim-dumps --top 20     # the newest dump in the directory\n  oomshim report DUMP --json | jq .growth\n  oomshim report DUMP --html report.html"
+        after_help = "Examples:\n  oomshim report                            # the newest dump in ./oomshim-dumps\n  oomshim report oomshim-dumps/oomshim-host-4242-1.json --top 20\n  oomshim report DUMP --json | jq .growth\n  oomshim report DUMP --html report.html"
     )]
     Report {
         /// A dump file, or a directory: its newest readable dump (by time of writing; broken
         /// newer ones are skipped and named on stderr; torch's side files oomshim-torch-* are
-        /// not dumps).
+        /// not dumps). A directory without dumps stands for its oomshim-dumps/. Default:
+        /// OOMSHIM_DIR when set, else ./oomshim-dumps.
         #[arg(value_name = "DUMP|DIR")]
-        dump: PathBuf,
-        /// How many holders and sites to show.
-        #[arg(long, default_value_t = 10, value_name = "N", value_parser = at_least_one())]
+        dump: Option<PathBuf>,
+        /// How many holders and sites to show, 1 to 100,000.
+        #[arg(long, default_value_t = 10, value_name = "N", value_parser = parse_top)]
         top: usize,
+        /// Columns to wrap the report to, 60 to 400 (default: the terminal's width, 80 when the
+        /// output is no terminal).
+        #[arg(long, value_name = "COLUMNS", value_parser = parse_width)]
+        width: Option<usize>,
         /// Print the report as JSON: everything the dump knows, in the documented shape
         /// `oomshim.report/1` (docs/dump-schema.md).
         #[arg(long)]
         json: bool,
-        /// Write a self-contained HTML report (verdict, growth chart, icicle graph, sortable
-        /// tables) here instead of printing; shows every holder and site in the dump (`--top` is
-        /// ignored).
+        /// Write a self-contained HTML report (verdict, what fills the device, growth chart,
+        /// icicle graph, sortable tables) here instead of printing, `-` for stdout; shows every
+        /// holder and site in the dump (`--top` is ignored).
         #[arg(long, value_name = "OUT.html", conflicts_with = "json")]
         html: Option<PathBuf>,
     },
     /// Compare two dumps of one program: growth and shrinkage by allocation site.
     #[command(
-        after_help = "Example:\n  oomshim diff oomshim-dumps/oomshim-host-4242-1.json oomshim-dumps/oomshim-host-4242-2.json"
+        after_help = "Examples:\n  oomshim diff                              # the two newest dumps in ./oomshim-dumps\n  oomshim diff oomshim-dumps/oomshim-host-4242-1.json oomshim-dumps/oomshim-host-4242-2.json"
     )]
     Diff {
-        /// The earlier dump, or a directory: its newest readable dump.
+        /// The earlier dump (a directory stands for its newest readable dump). Named alone, a
+        /// directory: its two newest dumps are compared. Neither named: the two newest in
+        /// OOMSHIM_DIR when set, else ./oomshim-dumps.
         #[arg(value_name = "BEFORE")]
-        before: PathBuf,
-        /// The later dump (or a directory: its newest readable dump); sites are matched by their
+        before: Option<PathBuf>,
+        /// The later dump (a directory: its newest readable dump). Sites are matched by their
         /// symbolised stacks, never by address.
         #[arg(value_name = "AFTER")]
-        after: PathBuf,
-        /// How many sites to show.
-        #[arg(long, default_value_t = 20, value_name = "N", value_parser = at_least_one())]
+        after: Option<PathBuf>,
+        /// How many sites to show, 1 to 100,000.
+        #[arg(long, default_value_t = 20, value_name = "N", value_parser = parse_top)]
         top: usize,
         /// Print JSON instead of text.
         #[arg(long)]
@@ -107,11 +118,12 @@ pub enum Cmd {
         after_help = "Examples:\n  oomshim export DUMP --memory-viz snapshot.pickle   # open at https://pytorch.org/memory_viz\n  oomshim export DUMP --folded - | flamegraph.pl > holders.svg\n  oomshim export DUMP --folded stacks.folded        # load into https://www.speedscope.app"
     )]
     Export {
-        /// The dump to convert, or a directory: its newest readable dump.
+        /// The dump to convert, or a directory: its newest readable dump (default: OOMSHIM_DIR
+        /// when set, else ./oomshim-dumps).
         #[arg(value_name = "DUMP|DIR")]
-        dump: PathBuf,
+        dump: Option<PathBuf>,
         /// Write a torch.cuda.memory._snapshot()-style pickle here (segments, blocks and an
-        /// allocation timeline). This, --folded, or both.
+        /// allocation timeline), `-` for stdout (not a terminal). This, --folded, or both.
         #[arg(long, value_name = "OUT.pickle")]
         memory_viz: Option<PathBuf>,
         /// Write folded stacks (`outer;…;inner bytes`, one line per stack) here, `-` for stdout:
@@ -129,9 +141,9 @@ pub enum Cmd {
         /// hosts, or one per host. A dump file may be named too.
         #[arg(value_name = "DIR", required = true)]
         dirs: Vec<PathBuf>,
-        /// The most two hosts' clocks may disagree, in milliseconds: failures on different
-        /// hosts closer than this are not ordered.
-        #[arg(long, value_name = "MS", default_value_t = crate::report::merge::DEFAULT_CLOCK_SKEW_MS)]
+        /// The most two hosts' clocks may disagree, in milliseconds (0 to 3,600,000): failures
+        /// on different hosts closer than this are not ordered.
+        #[arg(long, value_name = "MS", default_value_t = crate::report::merge::DEFAULT_CLOCK_SKEW_MS, value_parser = parse_clock_skew)]
         clock_skew_ms: u64,
         /// Print JSON instead of text.
         #[arg(long)]
@@ -180,10 +192,11 @@ pub enum Cmd {
     /// the dump it produces.
     #[command(after_help = "Example:\n  oomshim demo --dir /tmp/demo-dumps")]
     Demo {
-        /// Directory for the dump (default ./oomshim-dumps).
-        #[arg(long, default_value = "oomshim-dumps", value_name = "DIR")]
+        /// Directory for the dumps (where the shim cannot write, it says so and puts them in a
+        /// private directory of $TMPDIR; the demo reports them there).
+        #[arg(long, default_value = oomshim_core::config::DEFAULT_DIR, value_name = "DIR")]
         dir: PathBuf,
-        /// The shim library (default: found as for `run`).
+        /// The shim library, checked before the demo runs (default: found as for `run`).
         #[arg(long, value_name = "PATH")]
         lib: Option<PathBuf>,
     },
@@ -195,7 +208,37 @@ pub enum Cmd {
     Env,
 }
 
-/// `--top N`: a report of nothing is never what was meant, so 0 is refused with clap's error.
-fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+/// A whole number from `min` to `max`, or an error that says so in words (clap's own range
+/// error names `1..18446744073709551615`).
+fn number_in(text: &str, min: u64, max: u64) -> Result<u64, String> {
+    let range = format!(
+        "a whole number from {} to {}",
+        dump::units::thousands(min),
+        dump::units::thousands(max)
+    );
+    match text.trim().replace(['_', ','], "").parse::<u64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        Ok(_) => Err(format!("{text} is out of range: {range}")),
+        Err(_) => Err(format!("{text} is not {range}")),
+    }
+}
+
+/// `--top N`: a report of nothing is never what was meant.
+pub fn parse_top(text: &str) -> Result<usize, String> {
+    number_in(text, 1, 100_000).map(|n| n as usize)
+}
+
+/// `--width COLUMNS`.
+pub fn parse_width(text: &str) -> Result<usize, String> {
+    number_in(
+        text,
+        crate::report::MIN_WIDTH as u64,
+        crate::report::MAX_WIDTH as u64,
+    )
+    .map(|n| n as usize)
+}
+
+/// `--clock-skew-ms MS`: up to an hour.
+pub fn parse_clock_skew(text: &str) -> Result<u64, String> {
+    number_in(text, 0, 3_600_000)
 }

@@ -44,8 +44,9 @@ pub fn run_demo(lib: PathBuf, dump_dir: &Path) -> Result<DemoOutcome, String> {
     create_new_file(&runtime, SIM_CUDART_SO, 0o600)?;
     create_new_file(&client, DEMO_CLIENT, 0o700)?;
 
-    fs::create_dir_all(dump_dir)
-        .map_err(|e| format!("cannot create {}: {e}", clean_path(dump_dir)))?;
+    // A directory that cannot be made is the shim's to handle: it writes where it can (a
+    // private directory of $TMPDIR) and says so; the demo then finds the dumps there.
+    let _ = fs::create_dir_all(dump_dir);
     let command = [client.clone().into_os_string()];
     let (pid, client_exit) = spawn_and_wait(&RunOptions {
         lib,
@@ -63,11 +64,20 @@ pub fn run_demo(lib: PathBuf, dump_dir: &Path) -> Result<DemoOutcome, String> {
         ],
     })
     .map_err(|e| e.message)?;
-    let mut dumps = dumps_of(dump_dir, pid);
+    let places = dump_places(dump_dir);
+    let mut dumps = places
+        .iter()
+        .map(|dir| dumps_of(dir, pid))
+        .find(|found| !found.is_empty())
+        .unwrap_or_default();
     let dump = dumps.pop().ok_or_else(|| {
         format!(
             "the demo client (pid {pid}) left no dump in {}",
-            clean_path(dump_dir)
+            places
+                .iter()
+                .map(|p| clean_path(p))
+                .collect::<Vec<_>>()
+                .join(" or ")
         )
     })?;
     Ok(DemoOutcome {
@@ -75,6 +85,19 @@ pub fn run_demo(lib: PathBuf, dump_dir: &Path) -> Result<DemoOutcome, String> {
         dump,
         snapshot: dumps.pop(),
     })
+}
+
+/// Where the shim may have put the dumps it was told to write into `dir`: there, its private
+/// `oomshim-UID` subdirectory (a world-writable `dir`), or the per-user fallback directory of
+/// `$TMPDIR` (a `dir` it cannot write).
+pub fn dump_places(dir: &Path) -> Vec<PathBuf> {
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    vec![
+        dir.to_path_buf(),
+        dir.join(format!("oomshim-{uid}")),
+        dump::write::fallback_dir(),
+    ]
 }
 
 /// The dumps in `dir` written by process `pid`, oldest first (by modification time, then name).

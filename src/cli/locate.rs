@@ -3,6 +3,7 @@
 //! `cargo run` leaves the library), the wheel (the library inside the `oomshim` Python package,
 //! the CLI in the environment's `bin/`), or anywhere by `--lib` / `OOMSHIM_LIB`.
 
+use dump::units::clean_path;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -23,10 +24,137 @@ pub const LIB_ENV: &str = "OOMSHIM_LIB";
 ///    (`BIN/../lib/python3.*/site-packages/oomshim/liboomshim.so`, where the wheel puts it).
 ///
 /// The error names every place tried.
+///
+/// Whichever it is, it must be oomshim's shim ([`check_shim_library`]): a wrong file would
+/// otherwise start the program untracked, with only ld.so's warning.
 pub fn find_library(explicit: Option<&Path>) -> Result<PathBuf, String> {
     let exe =
         std::env::current_exe().map_err(|e| format!("cannot locate the oomshim binary: {e}"))?;
-    find_library_from(explicit, std::env::var_os(LIB_ENV), &exe)
+    let env_lib = std::env::var_os(LIB_ENV).filter(|v| !v.is_empty());
+    let lib = find_library_from(explicit, env_lib.clone(), &exe)?;
+    check_shim_library(&lib).map_err(|why| {
+        let named = match (explicit, &env_lib) {
+            (Some(p), _) => format!("--lib {}", clean_path(p)),
+            (None, Some(v)) => format!("{LIB_ENV}={}", clean_path(Path::new(v))),
+            (None, None) => clean_path(&lib),
+        };
+        format!("{named}: {why}; pass the {LIB_NAME} that `cargo build --release` or the wheel installs")
+    })?;
+    Ok(lib)
+}
+
+/// The symbols every build of the shim exports (its C API and the first CUDA hook).
+const SHIM_SYMBOLS: [&str; 2] = ["oomshim_dump", "cudaMalloc"];
+
+/// Whether `path` is oomshim's shim: an ELF shared object of this machine's kind whose dynamic
+/// symbol table defines [`SHIM_SYMBOLS`]. Read from the file (never loaded: its constructors
+/// must not run in the CLI). A library without section headers cannot be checked further than
+/// its header and passes.
+pub fn check_shim_library(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    let read = |offset: u64, size: usize| -> Result<Vec<u8>, String> {
+        if offset.checked_add(size as u64).is_none_or(|end| end > len) {
+            return Err("a cut-short ELF file".to_string());
+        }
+        let mut buf = vec![0; size];
+        file.read_exact_at(&mut buf, offset)
+            .map_err(|e| e.to_string())?;
+        Ok(buf)
+    };
+    let mut magic = [0u8; 4];
+    if file.read_exact_at(&mut magic, 0).is_err() || &magic != b"\x7fELF" {
+        return Err("not a shared library (no ELF header)".to_string());
+    }
+    let header =
+        read(0, 64).map_err(|_| "not a shared library (a cut-short ELF header)".to_string())?;
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+    if header[4] != 2 || header[5] != 1 {
+        return Err(
+            "an ELF file for another kind of machine (not 64-bit little-endian)".to_string(),
+        );
+    }
+    const ET_DYN: u16 = 3;
+    let kind = u16_at(&header, 16);
+    if kind != ET_DYN {
+        return Err(format!(
+            "an ELF {}, not a shared library",
+            match kind {
+                1 => "object file",
+                2 => "executable",
+                4 => "core file",
+                _ => "file",
+            }
+        ));
+    }
+    let machine = u16_at(&header, 18);
+    let ours: u16 = if cfg!(target_arch = "x86_64") {
+        62
+    } else if cfg!(target_arch = "aarch64") {
+        183
+    } else {
+        machine
+    };
+    if machine != ours {
+        return Err(format!(
+            "a shared library for another machine (ELF machine {machine})"
+        ));
+    }
+    let (shoff, shentsize, shnum) = (
+        u64_at(&header, 40),
+        u16_at(&header, 58) as usize,
+        u16_at(&header, 60) as usize,
+    );
+    if shnum == 0 || shentsize < 64 {
+        return Ok(());
+    }
+    let sections = read(shoff, shentsize * shnum)?;
+    let section = |i: usize| &sections[i * shentsize..i * shentsize + 64];
+    const SHT_DYNSYM: u32 = 11;
+    let Some(dynsym) = (0..shnum).map(section).find(|s| u32_at(s, 4) == SHT_DYNSYM) else {
+        return Err(format!(
+            "a shared library that exports nothing (it lacks {})",
+            SHIM_SYMBOLS.join(" and ")
+        ));
+    };
+    let link = u32_at(dynsym, 40) as usize;
+    if link >= shnum {
+        return Err("a shared library with a broken symbol table".to_string());
+    }
+    let strtab = section(link);
+    // The tables of a real library are at most a few MiB: a larger claim is a broken file.
+    let limit = 64 << 20;
+    let (sym_size, str_size) = (u64_at(dynsym, 32), u64_at(strtab, 32));
+    if sym_size > limit || str_size > limit {
+        return Err("a shared library with a broken symbol table".to_string());
+    }
+    let symbols = read(u64_at(dynsym, 24), sym_size as usize)?;
+    let strings = read(u64_at(strtab, 24), str_size as usize)?;
+    let name_at = |o: usize| -> &[u8] {
+        let rest = strings.get(o..).unwrap_or(&[]);
+        &rest[..rest.iter().position(|&b| b == 0).unwrap_or(rest.len())]
+    };
+    let defined: std::collections::HashSet<&[u8]> = symbols
+        .chunks_exact(24)
+        .filter(|s| u16_at(s, 6) != 0)
+        .map(|s| name_at(u32_at(s, 0) as usize))
+        .collect();
+    let missing: Vec<&str> = SHIM_SYMBOLS
+        .iter()
+        .copied()
+        .filter(|n| !defined.contains(n.as_bytes()))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "an ELF shared object, but not oomshim's shim (it does not export {})",
+            missing.join(" or ")
+        ))
+    }
 }
 
 /// [`find_library`] with its inputs given: testable without touching the process.
@@ -65,7 +193,7 @@ pub fn find_library_from(
     tried.push(pattern);
     Err(format!(
         "{LIB_NAME} not found; tried {}. Build it with `cargo build --release`, install the \
-         wheel (README: Install), or pass --lib PATH / set {LIB_ENV}",
+         wheel (pip install .), or pass --lib PATH / set {LIB_ENV}",
         tried.join(", ")
     ))
 }

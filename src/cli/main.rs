@@ -10,6 +10,71 @@ fn color_wanted() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
+/// The terminal report's width: `--width`, else the terminal's (stdout), else 80.
+fn report_width(asked: Option<usize>) -> usize {
+    if let Some(w) = asked {
+        return w;
+    }
+    if std::io::stdout().is_terminal() {
+        // SAFETY: TIOCGWINSZ writes one `winsize` into the struct it is given, nothing else.
+        let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+        // SAFETY: stdout's descriptor and a valid out-pointer; failure leaves `size` zeroed.
+        if unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) } == 0
+            && size.ws_col > 0
+        {
+            return (size.ws_col as usize).clamp(
+                oomshim_cli::report::MIN_WIDTH,
+                oomshim_cli::report::MAX_WIDTH,
+            );
+        }
+    }
+    oomshim_cli::report::DEFAULT_WIDTH
+}
+
+/// The terminal's height when stdout is one.
+fn terminal_rows() -> Option<usize> {
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    // SAFETY: as in `report_width`.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: as in `report_width`.
+    let ok = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
+    (ok && size.ws_row > 0).then_some(size.ws_row as usize)
+}
+
+/// A report longer than the terminal goes through a pager, so that its first screen, the
+/// answer, is what the user sees (git's way: `$PAGER`, else `less -FRX`; `PAGER=cat` or an
+/// empty `PAGER` prints directly). Without a terminal, or when no pager can start, it is
+/// printed.
+fn print_paged(text: &str) -> ExitCode {
+    let Some(rows) = terminal_rows() else {
+        return print_out(text);
+    };
+    if text.lines().count() < rows {
+        return print_out(text);
+    }
+    let (program, args): (String, Vec<String>) = match std::env::var("PAGER") {
+        Ok(p) if p.trim().is_empty() || p.trim() == "cat" => return print_out(text),
+        Ok(p) => ("sh".into(), vec!["-c".into(), p]),
+        Err(_) => ("less".into(), vec!["-FRX".into()]),
+    };
+    let child = std::process::Command::new(&program)
+        .args(&args)
+        .stdin(std::process::Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        return print_out(text);
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        use std::io::Write;
+        // A pager quit before the end (`q`) closes its end: that is the user's choice.
+        let _ = stdin.write_all(text.as_bytes());
+    }
+    let _ = child.wait();
+    ExitCode::SUCCESS
+}
+
 /// Status when stdout cannot be written for a reason other than a reader that went away.
 const EXIT_OUTPUT_FAILED: u8 = 1;
 
@@ -163,7 +228,7 @@ fn main() -> ExitCode {
             dump,
             html: Some(out),
             ..
-        } => match cli::report_html(&dump, &out) {
+        } => match cli::report_html(dump.as_deref(), &out) {
             Ok(text) => {
                 note(&text);
                 ExitCode::SUCCESS
@@ -171,17 +236,35 @@ fn main() -> ExitCode {
             Err(e) => fail(&e, EXIT_BAD_INPUT),
         },
         Cmd::Report {
-            dump, top, json, ..
-        } => match cli::report(&dump, top, json, color_wanted()) {
-            Ok(text) => print_out(&text),
-            Err(e) => fail(&e, EXIT_BAD_INPUT),
-        },
+            dump,
+            top,
+            json,
+            width,
+            ..
+        } => {
+            let style = cli::ReportStyle {
+                top,
+                json,
+                color: color_wanted(),
+                width: report_width(width),
+                first_screen_only: false,
+            };
+            match cli::report(dump.as_deref(), &style) {
+                Ok(text) if json => print_out(&text),
+                Ok(text) => print_paged(&text),
+                Err(e) => fail(&e, EXIT_BAD_INPUT),
+            }
+        }
         Cmd::Diff {
             before,
             after,
             top,
             json,
-        } => match cli::diff(&before, &after, top, json) {
+        } => match cli::diff(
+            &[before, after].into_iter().flatten().collect::<Vec<_>>(),
+            top,
+            json,
+        ) {
             Ok(text) => print_out(&text),
             Err(e) => fail(&e, EXIT_BAD_INPUT),
         },
@@ -190,6 +273,18 @@ fn main() -> ExitCode {
             memory_viz,
             folded,
         } => {
+            if memory_viz.as_deref().is_some_and(cli::is_stdout)
+                && folded.as_deref().is_some_and(cli::is_stdout)
+            {
+                return fail(
+                    "--memory-viz - and --folded - would both write to stdout: send one to a file",
+                    2,
+                );
+            }
+            let dump = match cli::dump_or_default(dump.as_deref()) {
+                Ok(d) => d,
+                Err(e) => return fail(&e, EXIT_BAD_INPUT),
+            };
             if let Some(out) = &memory_viz {
                 match cli::export_memory_viz(&dump, out) {
                     Ok(text) => note(&text),
@@ -238,6 +333,13 @@ fn main() -> ExitCode {
                         out.client_exit,
                         clean(&out.dump)
                     );
+                    if let Some(actual) = out.dump.parent().filter(|d| *d != dir.as_path()) {
+                        text.push_str(&format!(
+                            "oomshim demo: the shim could not write to {} and put its dumps in {}\n",
+                            clean(&dir),
+                            clean(actual)
+                        ));
+                    }
                     if let Some(snapshot) = &out.snapshot {
                         text.push_str(&format!(
                             "oomshim demo: its snapshot at step {} is {}; what grew between them: \
@@ -248,9 +350,26 @@ fn main() -> ExitCode {
                             clean(&out.dump)
                         ));
                     }
-                    text.push('\n');
+                    text.push_str(&format!(
+                        "oomshim demo: the whole report: oomshim report {}\n\n",
+                        clean(&out.dump)
+                    ));
                     note(&text);
-                    match cli::report(&out.dump, 10, false, color_wanted()) {
+                    let style = cli::ReportStyle {
+                        top: 10,
+                        json: false,
+                        color: color_wanted(),
+                        width: report_width(None),
+                        first_screen_only: true,
+                    };
+                    // Named as the user would name it: nothing for the default directory.
+                    let default = dir == std::path::Path::new(oomshim_core::config::DEFAULT_DIR);
+                    let named = match out.dump.parent() {
+                        Some(d) if default && d == dir.as_path() => None,
+                        Some(d) => Some(d.to_path_buf()),
+                        None => Some(out.dump.clone()),
+                    };
+                    match cli::report_as(&out.dump, named.as_deref(), &style) {
                         Ok(text) => print_out(&text),
                         Err(e) => fail(&e, 1),
                     }
