@@ -32,14 +32,24 @@ def _run(cmd):
         raise SystemExit(f"oomshim build: `{' '.join(cmd)}` failed with exit status {result.returncode}")
 
 
+def rust_version():
+    """The oldest Rust the workspace builds with: Cargo.toml's `rust-version`, the one place it
+    is written (the README quotes it; tests/docs.rs checks both)."""
+    with open(os.path.join(ROOT, "Cargo.toml"), encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("rust-version = "):
+                return line.split("=", 1)[1].strip().strip('"')
+    return "(see Cargo.toml)"
+
+
 def built_library():
     """Builds what `cargo run --release` builds (the CLI and liboomshim.so, every workspace crate
     with the same features) and returns the library's path under cargo's target directory."""
     cargo = os.environ.get("CARGO", "cargo")
     if shutil.which(cargo) is None:
         raise SystemExit(
-            "oomshim build: cargo was not found; building oomshim needs Rust 1.88 or newer "
-            "(rustup.rs) and a C compiler")
+            f"oomshim build: cargo was not found; building oomshim needs Rust {rust_version()} or "
+            "newer (rustup.rs) and a C and a C++ compiler")
     _run([cargo, "build", "--release"])
     meta = subprocess.run([cargo, "metadata", "--no-deps", "--format-version", "1"], cwd=ROOT,
                           stdout=subprocess.PIPE, check=True)

@@ -15,6 +15,8 @@ mod build_graph;
 mod cli;
 #[path = "../cli_exports.rs"]
 mod cli_exports;
+#[path = "../docs.rs"]
+mod docs;
 #[path = "../driver.rs"]
 mod driver;
 #[path = "../exporter.rs"]
