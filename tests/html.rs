@@ -111,6 +111,14 @@ fn assert_structure(page: &str, dump: &Dump, what: &str) {
         data["free_blocks"]["source"],
         dump.free_blocks.source.as_str()
     );
+    // The page's title is the verdict: its kind and headline.
+    let title_start = page.find("<title>").unwrap() + "<title>".len();
+    let title = &page[title_start..title_start + page[title_start..].find("</title>").unwrap()];
+    assert!(
+        title.starts_with(&format!("{}: ", verdict.kind)) && title.ends_with(" - oomshim"),
+        "{what}: title {title:?}"
+    );
+    assert_eq!(data["headline"], verdict.headline(), "{what}");
     for id in [
         "verdict",
         "failed",
@@ -125,8 +133,10 @@ fn assert_structure(page: &str, dump: &Dump, what: &str) {
             "{what}: #{id}"
         );
     }
-    // The verdict comes first, then the failed request, the devices, the flame graph.
+    // The answer comes first (what fills the device, the change, the growth chart), then why,
+    // the failed request, the devices, the flame graph.
     let pos = |id: &str| page.find(&format!("<section id=\"{id}\"")).unwrap();
+    assert!(pos("answer") < pos("growth") && pos("growth") < pos("verdict"));
     assert!(pos("verdict") < pos("failed") && pos("failed") < pos("devices"));
     assert!(pos("devices") < pos("flame") && pos("flame") < pos("holders"));
 }
@@ -549,7 +559,20 @@ fn pages_pass_their_self_test_in_headless_chromium() {
             check("no literal backticks in the verdict").is_some(),
             "{stem}"
         );
+        // The answer is in the first screen of a 1400 x 900 window, measured in the page laid
+        // out 1400 px wide: the verdict's headline, what fills the device, the growth chart.
+        let first = check("answer in the first screen").expect("the first-screen check ran");
+        assert_eq!(first["ok"], true, "{stem}: {first}");
+        let folded = check("system frames folded").expect("the system-frames check ran");
+        assert_eq!(folded["ok"], true, "{stem}: {folded}");
         if stem == "oom_leak_steps" {
+            // Its bar of what fills the device and its chart are measured, not just present.
+            let sizes: Value = serde_json::from_str(first["detail"].as_str().unwrap()).unwrap();
+            assert_eq!(sizes["width"], 1400, "{first}");
+            assert!(
+                sizes["fill"].as_i64().is_some() && sizes["chart"].as_i64().is_some(),
+                "{first}"
+            );
             // The demo's leak: 64 step samples, the fitted 96 MiB/step line, the 8 GiB capacity.
             let chart = check("growth chart drawn").expect("the chart check ran");
             assert_eq!(chart["detail"], "64 points, fit true, capacity true");

@@ -159,6 +159,35 @@ fn other_processes_bytes(dump: &Dump, device: i32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Evidence lines that repeat what a report's Failed request and Processes sections show (the
+/// request, its call, its burst and outcome; NVML's error): reports leave them out of the
+/// evidence, so each fact is said once. The dump and the JSON report keep them.
+const EVIDENCE_SHOWN_ELSEWHERE: [&str; 5] = [
+    "failed request: ",
+    "failing call: ",
+    "failures in this burst: ",
+    "last failure of the burst: ",
+    "recovered: ",
+];
+
+/// Whether a line of the verdict's evidence repeats another section of the report.
+pub fn said_elsewhere(model: &ReportModel, evidence: &str) -> bool {
+    if model.failed_request.is_some()
+        && EVIDENCE_SHOWN_ELSEWHERE
+            .iter()
+            .any(|p| evidence.starts_with(p))
+    {
+        return true;
+    }
+    // NVML's error is the Processes section's line.
+    model
+        .gpu_processes
+        .as_ref()
+        .is_some_and(|g| g.list.error.is_some())
+        && evidence.starts_with("other processes on device ")
+        && evidence.contains(": unknown (")
+}
+
 /// The one change to make: the top finding's first suggestion.
 pub fn first_change<'a>(model: &'a ReportModel) -> Option<&'a str> {
     model
@@ -257,11 +286,17 @@ impl SourcePaths {
             .map(|r| r.stack.as_slice())
             .chain(dump.largest_holders.iter().map(|h| h.stack.as_slice()))
             .chain(dump.sites.iter().map(|s| s.stack.as_slice()));
+        // Distinct files, in the order met (a dump of 100,000 holders has a few hundred).
+        let mut seen = std::collections::HashSet::new();
         let mut own: Vec<&str> = Vec::new();
         for stack in stacks {
             for f in named_frames(stack) {
                 if let Some(file) = f.file.as_deref() {
-                    if file.starts_with('/') && !is_library_file(file) && !is_system_frame(f) {
+                    if file.starts_with('/')
+                        && seen.insert(file)
+                        && !is_library_file(file)
+                        && !is_system_frame(f)
+                    {
                         own.push(file);
                     }
                 }

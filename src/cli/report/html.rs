@@ -28,6 +28,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use crate::report::glance::{self, is_system_frame, SourcePaths};
 use crate::report::json::{
     device_json, failed_request_json, free_blocks_json, pinned_host_json, process_json,
     recording_json, verdict_json, with,
@@ -35,7 +36,7 @@ use crate::report::json::{
 use crate::report::model::{known_age, ReportModel};
 use dump::model::{Dump, Frame, FrameKind};
 use dump::units::clean;
-use dump::view::{frame_label, is_cuda_api_frame};
+use dump::view::is_cuda_api_frame;
 
 /// The page's script (vanilla JS, no libraries).
 const SCRIPT: &str = include_str!("html/report.js");
@@ -61,6 +62,8 @@ const SITE_COLUMNS: [&str; 3] = ["bytes", "count", "stack"];
 /// Interns frames and stacks for the payload; keys borrow from the dump.
 #[derive(Default)]
 struct Interner<'a> {
+    /// How files are named to a person (the payload keeps each file whole too).
+    paths: SourcePaths,
     frames: Vec<Value>,
     frame_ids: HashMap<FrameKey<'a>, usize>,
     stacks: Vec<Vec<usize>>,
@@ -93,7 +96,7 @@ impl<'a> Interner<'a> {
         let next = self.frames.len();
         let id = *self.frame_ids.entry(key).or_insert(next);
         if id == next {
-            self.frames.push(frame_json(f));
+            self.frames.push(frame_json(f, &self.paths));
         }
         id
     }
@@ -110,11 +113,12 @@ impl<'a> Interner<'a> {
     }
 }
 
-/// One frame of the payload: `l` the full label, `s` a short one for flame boxes, `k` `"py"` or
-/// `"c"` (native), `n` whether it has a function name, `a` whether it is a CUDA API/runtime
-/// frame (dropped from the compact view like the text report does), `i` inlined, plus the raw
-/// fields for the tooltip.
-fn frame_json(f: &Frame) -> Value {
+/// One frame of the payload: `l` the full label (its file named from the program's source
+/// root), `s` a short one for flame boxes, `k` `"py"` or `"c"` (native), `n` whether it has a
+/// function name, `a` whether it is a CUDA API/runtime frame (dropped from the compact view like
+/// the text report does), `y` whether it is a system frame (libc, ld.so, `_start`: folded away by
+/// default), `i` inlined, plus the raw fields (the file whole) for the tooltip.
+fn frame_json(f: &Frame, paths: &SourcePaths) -> Value {
     let named = f.function.as_deref().is_some_and(|n| !n.trim().is_empty());
     let module_base = f
         .module
@@ -136,7 +140,16 @@ fn frame_json(f: &Frame) -> Value {
                 .map(|m| format!(" [{}]", clean(m)))
                 .unwrap_or_default(),
         };
-        (frame_label(f, usize::MAX), format!("{short_fn}{place}"))
+        let function = clean(f.function.as_deref().unwrap_or(""));
+        let label = match (f.file.as_deref().filter(|p| !p.is_empty()), f.line) {
+            (Some(file), Some(line)) => format!("{function} ({}:{line})", clean(&paths.show(file))),
+            (Some(file), None) => format!("{function} ({})", clean(&paths.show(file))),
+            _ => match module_base {
+                Some(m) => format!("{function} [{}]", clean(m)),
+                None => function,
+            },
+        };
+        (label, format!("{short_fn}{place}"))
     } else {
         let label = match module_base {
             Some(m) => format!("{} [{}]", clean(&f.address), clean(m)),
@@ -150,6 +163,7 @@ fn frame_json(f: &Frame) -> Value {
         "k": if f.kind == FrameKind::Python { "py" } else { "c" },
         "n": named,
         "a": is_cuda_api_frame(f),
+        "y": is_system_frame(f),
         "i": f.inlined,
         "fn": f.function,
         "file": f.file,
@@ -168,8 +182,16 @@ pub fn html_payload(dump: &Dump) -> Value {
 /// page sorts its tables itself); stacks are interned in the order they are met: the failed
 /// request's, the holders', the sites', the growth sites'.
 pub fn payload(model: &ReportModel) -> Value {
+    payload_with(model, &SourcePaths::of(model.dump))
+}
+
+/// [`payload`] with the source paths already found.
+fn payload_with(model: &ReportModel, paths: &SourcePaths) -> Value {
     let dump = model.dump;
-    let mut interner = Interner::default();
+    let mut interner = Interner {
+        paths: paths.clone(),
+        ..Default::default()
+    };
     let failed_request = match &model.failed_request {
         None => Value::Null,
         Some(r) => with(
@@ -226,6 +248,18 @@ pub fn payload(model: &ReportModel) -> Value {
     });
     json!({
         "schema": dump.schema,
+        // The answer, as the terminal report's first screen has it.
+        "occasion": glance::occasion_sentence(model),
+        "headline": model.verdict.headline(),
+        "change": glance::first_change(model),
+        "fill": glance::device_fill(dump),
+        // Verdict texts name files as the dump has them; the page shows them from this root.
+        "source_root": paths.root,
+        // Evidence the page shows in another section (the failed request, NVML's error).
+        "said_elsewhere": model.verdict.evidence.iter()
+            .chain(model.verdict.findings.iter().flat_map(|f| f.evidence.iter()))
+            .filter(|e| glance::said_elsewhere(model, e))
+            .collect::<std::collections::BTreeSet<_>>(),
         "reason": dump.reason,
         "time": dump.time,
         "process": process_json(dump),
@@ -287,15 +321,27 @@ pub fn render_html(dump: &Dump) -> String {
 
 /// [`render_html`] of a model already derived.
 pub fn page(model: &ReportModel) -> String {
-    let data = script_safe_json(&payload(model));
+    let paths = SourcePaths::of(model.dump);
+    let data = script_safe_json(&payload_with(model, &paths));
     let mut page = String::with_capacity(data.len() + SCRIPT.len() + STYLE.len() + 4096);
     page.push_str(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
          <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; \
          script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">\n\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
-         <title>oomshim report</title>\n<style>\n",
+         <title>",
     );
+    // The verdict is the page's title too (the script keeps it), escaped as text.
+    let title = format!(
+        "{}: {} - oomshim",
+        model.verdict.kind,
+        paths.in_text(model.verdict.headline())
+    );
+    page.push_str(&escape_text(&dump::units::truncate_middle(
+        &clean(&title),
+        200,
+    )));
+    page.push_str("</title>\n<style>\n");
     page.push_str(STYLE);
     page.push_str("</style>\n</head>\n<body>\n");
     page.push_str(SKELETON);
@@ -307,14 +353,25 @@ pub fn page(model: &ReportModel) -> String {
     page
 }
 
-/// The static part of the page; the script fills the sections in.
-const SKELETON: &str = r#"<header id="top"><h1>oomshim report</h1><div id="headline"></div><div id="meta"></div></header>
+/// `text` for an HTML text node: `&`, `<`, `>` and `"` escaped.
+fn escape_text(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// The static part of the page; the script fills the sections in. The answer comes first: the
+/// verdict's headline, what fills the device, the change to make and the growth chart, within
+/// the first screen of a laptop's window.
+const SKELETON: &str = r#"<header id="top"><div id="occasion"></div><h1 id="headline"></h1><div id="meta"></div></header>
 <noscript><p class="warn">This report needs JavaScript to show the dump's data.</p></noscript>
 <main>
+<section id="answer"></section>
+<section id="growth"></section>
 <section id="verdict"></section>
 <section id="failed"></section>
 <section id="devices"></section>
-<section id="growth"></section>
 <section id="flame"></section>
 <section id="holders"></section>
 <section id="sites"></section>

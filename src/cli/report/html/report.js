@@ -117,6 +117,13 @@
   D.holder_columns.forEach(function (c, i) { HC[c] = i; });
   D.site_columns.forEach(function (c, i) { SC[c] = i; });
   var trackedTotal = D.devices.reduce(function (a, d) { return a + d.tracked_bytes; }, 0);
+  // The verdict's texts name files as the dump has them: shown from the program's source root.
+  var SAID_ELSEWHERE = new Set(D.said_elsewhere || []);
+  function fresh(e) { return !SAID_ELSEWHERE.has(e); }
+  function shown(text) {
+    var root = D.source_root;
+    return root && root.length > 1 && text ? text.split(root).join('') : text;
+  }
 
   // The frames the text report names (report::named_frames): with Python frames only those;
   // only frames with a function name; CUDA API/runtime frames only when nothing else is left.
@@ -129,6 +136,9 @@
     var named = stack.filter(function (i) { return (!py || FR[i].k === 'py') && FR[i].n; });
     var hasCaller = named.some(function (i) { return !FR[i].a; });
     got = hasCaller ? named.filter(function (i) { return !FR[i].a; }) : named;
+    // The C runtime's start-up frames (libc, ld.so, _start) only when nothing else names it.
+    var own = got.filter(function (i) { return !FR[i].y; });
+    if (own.length) got = own;
     namedCache.set(si, got);
     return got;
   }
@@ -151,7 +161,8 @@
         var keep = new Set(n);
         add(det, el('ol', null, ST[si].map(function (i) {
           var f = FR[i];
-          return el('li', { class: keep.has(i) ? null : 'dim', title: f.addr }, kindTag(f), f.l, f.i ? ' (inlined)' : '');
+          return el('li', { class: f.y ? 'dim sys' : keep.has(i) ? null : 'dim', title: f.file ? f.file + ' ' + f.addr : f.addr },
+            kindTag(f), f.l, f.i ? ' (inlined)' : '', f.y ? ' (system)' : '');
         })));
       });
       add(wrap, det);
@@ -161,16 +172,13 @@
 
   // ---- header --------------------------------------------------------------------------------
 
+  // The verdict is the headline and the title; what happened is the line above it.
   section('top', function () {
-    var req = D.failed_request, p = D.process;
-    var headline = req
-      ? 'Out of memory on device ' + req.device + ' (' + humanBytes(req.bytes) + ' via ' + req.api + ')'
-      : D.post_mortem
-        ? 'Post-mortem (reconstructed by oomshim run): the program was ' +
-          (D.post_mortem.signal_name ? 'killed by ' + D.post_mortem.signal_name : 'ended with exit status ' + D.post_mortem.exit_code)
-        : 'Snapshot of device memory (reason: ' + D.reason + ')';
-    byId('headline').textContent = headline;
-    document.title = 'oomshim: ' + D.verdict.kind + ' on ' + p.host + ' (pid ' + p.pid + ')';
+    var p = D.process;
+    byId('occasion').textContent = D.occasion;
+    var h = byId('headline');
+    add(h, el('span', { id: 'headline-kind', class: 'badge ' + (D.failed_request ? 'oom' : 'snap'), text: D.verdict.kind }), ' ', rich(shown(D.headline)));
+    document.title = D.verdict.kind + ': ' + shown(D.headline).replace(/`/g, '') + ' - oomshim';
     var meta = byId('meta');
     var who = 'pid ' + p.pid + ' on ' + p.host;
     if (p.rank != null) who += ', rank ' + p.rank;
@@ -181,23 +189,57 @@
     if (p.command_line.length) add(meta, el('span', null, 'command ', el('code', { text: p.command_line.map(shellQuote).join(' ') })));
   });
 
+  // ---- the answer: what fills the device, the change to make --------------------------------
+
+  var FILL_COLOURS = {
+    this_process: 'var(--own)', untracked: 'var(--untracked)', framework_cache: '#8fb8e8',
+    other_processes: 'var(--accent)', free: 'var(--free)'
+  };
+  section('answer', function (s) {
+    var f = D.fill, r = D.failed_request;
+    if (r) {
+      var n = namedFrames(r.stack).slice(0, 2).map(function (i) { return FR[i].l; });
+      if (n.length) add(s, el('p', { id: 'failing-line', class: 'muted' }, 'Failed at ', el('code', { text: n.join(' ← ') })));
+    }
+    if (f && f.rows.length) {
+      add(s, el('h2', { text: 'What fills device ' + f.device + ' (' + humanBytes(f.total_bytes) + ')' + (f.by_kind ? ', by kind' : '') }));
+      var bar = el('div', { id: 'fill', class: 'usage big' });
+      var legend = el('div', { id: 'fill-legend', class: 'legend' });
+      f.rows.forEach(function (row, i) {
+        var colour = FILL_COLOURS[row.key] || 'hsl(' + ((i * 47 + 200) % 360) + ', 60%, 55%)';
+        var w = row.bytes * 100 / f.total_bytes;
+        add(bar, el('div', { title: row.label + ': ' + exact(row.bytes), style: 'background:' + colour + ';width:' + w.toFixed(3) + '%' }));
+        add(legend, el('span', { style: '--c: ' + colour, text: row.label + ' ' + humanBytes(row.bytes) + ' (' + percent(row.bytes, f.total_bytes) + ')' }));
+      });
+      add(s, bar, legend);
+    } else {
+      add(s, el('h2', { text: 'What fills the device' }), el('p', { class: 'muted', text: 'Not known: the dump has no total and free bytes for the device.' }));
+    }
+    if (D.change) add(s, el('h3', { text: 'The change to make' }), richEl('p', { id: 'change' }, shown(D.change)));
+    add(s, el('p', { class: 'muted', text: 'Why, the evidence, every stack and table follow below.' }));
+  });
+
   // ---- verdict -------------------------------------------------------------------------------
 
   section('verdict', function (s) {
     var v = D.verdict;
     if (!D.failed_request) s.classList.add('snapshot');
-    add(s, el('h2', null, 'Verdict', el('span', { id: 'verdict-kind', class: 'badge ' + (D.failed_request ? 'oom' : 'snap'), text: v.kind })));
-    add(s, richEl('p', { id: 'verdict-summary' }, v.summary));
+    add(s, el('h2', null, 'Why', el('span', { id: 'verdict-kind', class: 'badge ' + (D.failed_request ? 'oom' : 'snap'), text: v.kind })));
+    add(s, richEl('p', { id: 'verdict-summary' }, shown(v.summary)));
     // The ranked findings, top first, each with the bytes it explains and its own evidence.
     if (v.findings && v.findings.length > 1) {
       add(s, el('h3', { text: 'Findings (by bytes explained)' }), el('ol', { id: 'verdict-findings' }, v.findings.map(function (f) {
-        var li = el('li', null, el('span', { class: 'badge', text: f.kind }), ' ', el('b', { text: humanBytes(f.bytes) }), ': ', rich(f.headline));
-        if (f.evidence && f.evidence.length) add(li, el('ul', null, f.evidence.map(function (e) { return richEl('li', null, e); })));
+        var li = el('li', null, el('span', { class: 'badge', text: f.kind }), ' ', el('b', { text: humanBytes(f.bytes) }), ': ', rich(shown(f.headline)));
+        var ev = (f.evidence || []).filter(fresh);
+        if (ev.length) add(li, el('ul', null, ev.map(function (e) { return richEl('li', null, shown(e)); })));
         return li;
       })));
     }
-    if (v.evidence.length) add(s, el('h3', { text: 'Evidence' }), el('ul', { id: 'verdict-evidence' }, v.evidence.map(function (e) { return richEl('li', null, e); })));
-    if (v.suggestions.length) add(s, el('h3', { text: 'Suggestions' }), el('ul', { id: 'verdict-suggestions' }, v.suggestions.map(function (e) { return richEl('li', null, e); })));
+    var evidence = v.evidence.filter(fresh);
+    if (evidence.length) add(s, el('h3', { text: 'Evidence' }), el('ul', { id: 'verdict-evidence' }, evidence.map(function (e) { return richEl('li', null, shown(e)); })));
+    // The first suggestion is the answer's change; the others are here.
+    var more = v.suggestions.filter(function (t) { return t !== D.change; });
+    if (more.length) add(s, el('h3', { text: D.change ? 'Other suggestions' : 'Suggestions' }), el('ul', { id: 'verdict-suggestions' }, more.map(function (e) { return richEl('li', null, shown(e)); })));
     if (D.recorded_verdict_kind && D.recorded_verdict_kind !== v.kind) {
       add(s, el('p', { class: 'muted', text: 'The dump recorded the verdict "' + D.recorded_verdict_kind + '"; this report judges it with the current rules.' }));
     }
@@ -231,17 +273,10 @@
   section('devices', function (s) {
     add(s, el('h2', { text: 'Devices' }));
     if (!D.devices.length) { add(s, el('p', { class: 'muted', text: 'No devices in this dump.' })); return; }
-    var cols = ['dev', 'name', 'total', 'free', 'used', 'tracked', 'allocs', 'peak', 'tracked % of used', 'memory'];
+    var cols = ['dev', 'name', 'total', 'free', 'used', 'tracked', 'allocs', 'peak', 'tracked % of used'];
     var num = { dev: 1, total: 1, free: 1, used: 1, tracked: 1, allocs: 1, peak: 1, 'tracked % of used': 1 };
     var tb = el('tbody');
     D.devices.forEach(function (d) {
-      var bar = el('div', { class: 'usage', title: 'tracked ' + humanBytes(d.tracked_bytes) + ', untracked ' + humanBytes(d.used_bytes == null ? null : Math.max(0, d.used_bytes - d.tracked_bytes)) + ', free ' + humanBytes(d.free_bytes) });
-      if (d.total_bytes) {
-        var own = Math.min(d.tracked_bytes, d.used_bytes == null ? d.tracked_bytes : d.used_bytes);
-        var untracked = d.used_bytes == null ? 0 : Math.max(0, d.used_bytes - own);
-        add(bar, el('div', { class: 'own', style: 'width:' + (own * 100 / d.total_bytes).toFixed(3) + '%' }));
-        add(bar, el('div', { class: 'untracked', style: 'width:' + (untracked * 100 / d.total_bytes).toFixed(3) + '%' }));
-      }
       add(tb, el('tr', null,
         el('td', { class: 'num', text: d.index }),
         el('td', { text: d.name == null ? '?' : d.name }),
@@ -251,28 +286,9 @@
         el('td', { class: 'num', text: humanBytes(d.tracked_bytes) }),
         el('td', { class: 'num', text: thousands(d.tracked_count) }),
         el('td', { class: 'num', text: humanBytes(d.peak_tracked_bytes) }),
-        el('td', { class: 'num', text: d.used_bytes == null ? 'n/a' : percent(d.tracked_bytes, d.used_bytes) }),
-        el('td', null, bar)));
+        el('td', { class: 'num', text: d.used_bytes == null ? 'n/a' : percent(d.tracked_bytes, d.used_bytes) })));
     });
     add(s, el('table', null, el('thead', null, el('tr', null, cols.map(function (c) { return el('th', { class: num[c] ? 'num' : null, text: c }); }))), tb));
-    add(s, el('div', { class: 'legend' },
-      el('span', { style: '--c: var(--own)', text: 'tracked (this process)' }),
-      el('span', { style: '--c: var(--untracked)', text: 'used, not tracked' }),
-      el('span', { style: '--c: var(--free)', text: 'free' })));
-    var bk = D.by_kind;
-    if (bk && bk.rows && bk.rows.length) {
-      // A stacked bar by kind of memory: torch's parameters, gradients, optimizer state,
-      // activations and cache, outside torch, other processes, free.
-      var sum = bk.rows.reduce(function (a, r) { return a + r.bytes; }, 0);
-      var kbar = el('div', { id: 'by-kind', class: 'usage' });
-      var legend = el('div', { class: 'legend' });
-      bk.rows.forEach(function (r, i) {
-        var colour = r.key === 'free' ? 'var(--free)' : 'hsl(' + ((i * 47) % 360) + ', 60%, 55%)';
-        if (sum) add(kbar, el('div', { title: r.label + ': ' + humanBytes(r.bytes), style: 'background:' + colour + ';width:' + (r.bytes * 100 / sum).toFixed(3) + '%' }));
-        add(legend, el('span', { style: '--c: ' + colour, text: r.label + ' ' + humanBytes(r.bytes) }));
-      });
-      add(s, el('h3', { text: 'By kind (device ' + bk.device + ')' }), kbar, legend);
-    }
     var ph = D.pinned_host;
     add(s, el('p', { class: 'muted', text: 'Pinned host memory: ' + humanBytes(ph.bytes) + ' in ' + plural(ph.count, 'allocation', 'allocations') + ' (peak ' + humanBytes(ph.peak_bytes) + '); host memory, not counted as device memory.' }));
   });
@@ -297,6 +313,9 @@
     add(s, el('h2', { text: 'Tracked bytes per ' + unit }));
     if (!g || g.tracked.length < 2) {
       add(s, el('p', { class: 'muted', id: 'growth-none', text: 'No growth history in this dump: it needs two samples (a step mark with oomshim.step() / oomshim_step(), a detected step, or one sample per second).' }));
+      // Without a chart the section is no part of the answer: it goes after the verdict.
+      var why = byId('verdict');
+      if (why && why.parentNode) why.parentNode.insertBefore(s, why.nextSibling);
       return;
     }
     var pts = g.tracked, site = g.sites.length ? g.sites[0] : null;
@@ -371,7 +390,7 @@
 
   // Boxes narrower than MIN_PX are not drawn (counted in the info line); at most MAX_BOXES are.
   var ROW = 20, MIN_PX = 3, MAX_BOXES = 4000;
-  var flame = { source: null, all: true, root: null, zoom: null, boxes: [] };
+  var flame = { source: null, all: true, sys: false, root: null, zoom: null, boxes: [] };
 
   function buildTree(source, all) {
     var rows = source === 'sites' ? D.sites : D.holders;
@@ -380,6 +399,12 @@
     for (var r = 0; r < rows.length; r++) {
       var row = rows[r], b = row[bi], c = ci < 0 ? 1 : row[ci];
       var frames = all ? ST[row[si]] : namedFrames(row[si]);
+      // System frames (libc, ld.so, _start) are folded away unless asked for, where others
+      // are left.
+      if (!flame.sys) {
+        var own = frames.filter(function (i) { return !FR[i].y; });
+        if (own.length) frames = own;
+      }
       var node = root;
       root.v += b; root.n += c;
       for (var i = frames.length - 1; i >= 0; i--) {
@@ -398,6 +423,7 @@
   function nodeClass(n) {
     if (n.f < 0) return 'root';
     var f = FR[n.f];
+    if (f.y) return 'sys';
     if (f.a) return 'cuda';
     if (!f.n) return 'unnamed';
     return f.k;
@@ -483,6 +509,10 @@
     allBox.checked = flame.all;
     allBox.addEventListener('change', function () { flame.all = allBox.checked; rebuildFlame(); });
     add(controls, el('label', { title: 'Unchecked: only the frames the text report names (Python frames when the stack has them; no CUDA runtime frames)' }, allBox, ' all frames (Python and native)'));
+    var sysBox = el('input', { type: 'checkbox', id: 'flame-sys' });
+    sysBox.checked = flame.sys;
+    sysBox.addEventListener('change', function () { flame.sys = sysBox.checked; rebuildFlame(); });
+    add(controls, el('label', { title: 'The C runtime and loader frames every native stack starts with' }, sysBox, ' system frames (libc, ld.so, _start)'));
     var reset = el('button', { type: 'button', text: 'Reset zoom' });
     reset.addEventListener('click', function () { zoomTo(flame.root); });
     add(controls, reset);
@@ -490,7 +520,8 @@
     add(s, el('div', { class: 'legend' },
       el('span', { style: '--c: var(--py)', text: 'Python' }),
       el('span', { style: '--c: var(--native)', text: 'native' }),
-      el('span', { style: '--c: var(--cuda)', text: 'CUDA runtime / shim' }),
+      el('span', { style: '--c: var(--cuda)', text: 'CUDA runtime / allocator / shim' }),
+      el('span', { style: '--c: var(--sys)', text: 'system (libc, ld.so, _start; folded unless shown)' }),
       el('span', { style: '--c: var(--unnamed)', text: 'no symbol' }),
       el('span', { class: 'muted', text: 'outermost caller at the top, the allocating frame at the leaf; width = live bytes' })));
     add(s, el('div', { id: 'flame-crumbs' }));
@@ -753,7 +784,7 @@
       var vk = byId('verdict-kind'), vs = byId('verdict-summary');
       check('verdict kind visible', visible(vk) && vk.textContent === D.verdict.kind, vk && vk.textContent);
       // Code spans are <code> elements: the text is the summary without its backticks.
-      check('verdict summary visible', visible(vs) && vs.textContent === D.verdict.summary.replace(/`/g, '') &&
+      check('verdict summary visible', visible(vs) && vs.textContent === shown(D.verdict.summary).replace(/`/g, '') &&
         vs.textContent.length > 0);
       if (D.verdict.findings && D.verdict.findings.length > 1) {
         var fl = byId('verdict-findings');
@@ -867,6 +898,15 @@
         check('holders stacks unclipped', cut === 0 && outside === 0, cut + ' frames cut, ' + outside + ' stacks past the edge');
       }
       check('icicle defaults to sites', !D.sites.length || flame.source === 'sites', flame.source);
+      // The answer in the first screen of a 1400 x 900 window: the verdict's headline, what
+      // fills the device and the growth chart end within 900 px of the page's top.
+      var bottom = function (e) { return e ? Math.round(e.getBoundingClientRect().bottom + window.scrollY) : null; };
+      var hl = byId('headline'), fb = byId('fill'), gcv = byId('growth-chart');
+      var firstScreen = { headline: bottom(hl), fill: bottom(fb), chart: bottom(gcv), width: window.innerWidth };
+      check('answer in the first screen', visible(hl) && firstScreen.headline <= 900 &&
+        (!D.fill || (visible(fb) && firstScreen.fill <= 900)) && (!gcv || firstScreen.chart <= 900), JSON.stringify(firstScreen));
+      var sysShown = Array.prototype.some.call(byId('flame-graph') ? byId('flame-graph').querySelectorAll('.fl.sys') : [], function (b) { return true; });
+      check('system frames folded', !sysShown, sysShown ? 'system frames drawn' : 'none drawn');
       // Verdict sentences: code spans are <code>, no literal backtick is left.
       var ticks = 0, walker = document.createTreeWalker(byId('verdict'), NodeFilter.SHOW_TEXT);
       while (walker.nextNode()) if (walker.currentNode.nodeValue.indexOf('`') >= 0) ticks++;

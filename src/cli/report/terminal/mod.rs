@@ -472,32 +472,8 @@ fn failed_request(out: &mut String, c: &Ctx, view: &RequestView) {
     }
 }
 
-/// Evidence lines that repeat what the Failed request and Processes sections show (the
-/// request, its call, its burst and outcome; NVML's error): left out of the report's evidence,
-/// so each fact is said once. The dump and the JSON report keep them.
-const EVIDENCE_SHOWN_ELSEWHERE: [&str; 5] = [
-    "failed request: ",
-    "failing call: ",
-    "failures in this burst: ",
-    "last failure of the burst: ",
-    "recovered: ",
-];
-
 fn shown_elsewhere(model: &ReportModel, evidence: &str) -> bool {
-    if model.failed_request.is_some()
-        && EVIDENCE_SHOWN_ELSEWHERE
-            .iter()
-            .any(|p| evidence.starts_with(p))
-    {
-        return true;
-    }
-    // NVML's error is the Processes section's line.
-    model
-        .gpu_processes
-        .as_ref()
-        .is_some_and(|g| g.list.error.is_some())
-        && evidence.starts_with("other processes on device ")
-        && evidence.contains(": unknown (")
+    glance::said_elsewhere(model, evidence)
 }
 
 /// The verdict's explanation: the summary, every finding with its evidence, the evidence, and
