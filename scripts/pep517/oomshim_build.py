@@ -8,7 +8,12 @@ maturin build the wheel, and removes the staged copy again (from a checkout, oom
 otherwise prefer it to the fresh build in target/).
 
 Honours CARGO (the cargo to run) and CARGO_TARGET_DIR (through cargo itself). Needs binutils'
-`strip`, which every C toolchain that can build the tests' simulated CUDA has."""
+`strip`, which every C toolchain that can build the tests' simulated CUDA has.
+
+pip shows a backend's output only with -v or on failure, and a first build takes minutes: so
+while cargo builds, a line of progress every few seconds (crates compiled of about how many, the
+time, what it compiles now) goes to the terminal pip runs in (/dev/tty), and cargo's own output
+to stderr as always (pip -v shows it)."""
 
 import contextlib
 import json
@@ -16,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import maturin
 from maturin import *  # noqa: F401,F403 (every other hook is maturin's own)
@@ -30,6 +36,75 @@ def _run(cmd):
     result = subprocess.run(cmd, cwd=ROOT, stdout=sys.stderr)
     if result.returncode != 0:
         raise SystemExit(f"oomshim build: `{' '.join(cmd)}` failed with exit status {result.returncode}")
+
+
+# Seconds between two progress lines on the terminal.
+PROGRESS_EVERY = 5
+
+
+def _terminal():
+    """The terminal pip runs in, for progress lines it does not capture; None without one."""
+    try:
+        return open("/dev/tty", "w", encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _crates_to_build(cargo):
+    """About how many crates `cargo build --release` compiles from nothing: the packages of the
+    default members' graph without dev-dependencies (from Cargo.lock; nothing is fetched)."""
+    try:
+        out = subprocess.run([cargo, "tree", "-e", "no-dev", "--prefix", "none", "-f", "{p}"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = {line.replace(" (*)", "").strip() for line in out.stdout.splitlines() if line.strip()}
+    return len(names) or None
+
+
+def _minutes(seconds):
+    return f"{int(seconds // 60)} m {int(seconds % 60):02d} s" if seconds >= 60 else f"{int(seconds)} s"
+
+
+def _cargo_build(cargo):
+    """`cargo build --release`, its output passed to stderr line by line, and a progress line
+    on the terminal every PROGRESS_EVERY seconds while it compiles."""
+    cmd = [cargo, "build", "--release"]
+    print("oomshim build: " + " ".join(cmd), file=sys.stderr, flush=True)
+    tty = _terminal()
+    total = _crates_to_build(cargo) if tty else None
+    start = time.monotonic()
+    last = start
+    compiled, current = 0, ""
+
+    def say(text):
+        if tty:
+            tty.write(f"oomshim build: {text}\n")
+            tty.flush()
+
+    if tty:
+        say("compiling oomshim with cargo (a first build takes minutes; `pip install -v .` shows cargo's own output)")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sys.stderr, stderr=subprocess.PIPE, text=True,
+                            errors="replace")
+    for line in proc.stderr:
+        sys.stderr.write(line)
+        words = line.split()
+        if len(words) >= 2 and words[0] == "Compiling":
+            compiled += 1
+            current = words[1]
+        now = time.monotonic()
+        if tty and now - last >= PROGRESS_EVERY and compiled:
+            last = now
+            of = f" of about {total}" if total else ""
+            say(f"{compiled}{of} crates compiled, {_minutes(now - start)} (now {current})")
+    status = proc.wait()
+    if status != 0:
+        if tty:
+            tty.close()
+        raise SystemExit(f"oomshim build: `{' '.join(cmd)}` failed with exit status {status}")
+    if tty:
+        say(f"cargo build done in {_minutes(time.monotonic() - start)} ({compiled} crates compiled); packaging the wheel")
+        tty.close()
 
 
 def rust_version():
@@ -50,7 +125,7 @@ def built_library():
         raise SystemExit(
             f"oomshim build: cargo was not found; building oomshim needs Rust {rust_version()} or "
             "newer (rustup.rs) and a C and a C++ compiler")
-    _run([cargo, "build", "--release"])
+    _cargo_build(cargo)
     meta = subprocess.run([cargo, "metadata", "--no-deps", "--format-version", "1"], cwd=ROOT,
                           stdout=subprocess.PIPE, check=True)
     lib = os.path.join(json.loads(meta.stdout)["target_directory"], "release", "liboomshim.so")
