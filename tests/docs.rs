@@ -187,23 +187,7 @@ fn the_link_checker_finds_what_it_must() {
     );
 }
 
-/// Every `OOMSHIM_` name in `text`.
-fn setting_names(text: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut rest = text;
-    while let Some(i) = rest.find("OOMSHIM_") {
-        let name: String = rest[i..]
-            .chars()
-            .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
-            .collect();
-        rest = &rest[i + name.len()..];
-        let name = name.trim_end_matches('_');
-        if name.len() > "OOMSHIM_".len() {
-            out.insert(name.to_string());
-        }
-    }
-    out
-}
+use oomshim_core::config::setting_names_in as setting_names;
 
 /// Every `OOMSHIM_` name in the code (sources, scripts, tests, CI), Markdown left out.
 fn names_in_code() -> BTreeSet<String> {
@@ -444,22 +428,35 @@ fn rust_version() -> String {
         .to_string()
 }
 
-/// Every `<!-- number:NAME -->VALUE<!-- /number -->` in a text, as (NAME, VALUE, byte range).
+/// Every `<!-- number:NAME -->VALUE<!-- /number -->` in a text, as (NAME, VALUE, byte range);
+/// a marker left open has the value `(no end marker)`, which no source equals.
 fn numbers(text: &str) -> Vec<(String, String, std::ops::Range<usize>)> {
+    const OPEN: &str = "<!-- number:";
+    const CLOSE: &str = "<!-- /number -->";
     let mut out = Vec::new();
     let mut at = 0;
-    while let Some(i) = text[at..].find("<!-- number:") {
+    while let Some(i) = text[at..].find(OPEN) {
         let start = at + i;
-        let name_end = start + text[start..].find(" -->").expect("a closed marker");
-        let name = text[start + "<!-- number:".len()..name_end].to_string();
-        let value_start = name_end + " -->".len();
-        let value_end = value_start
-            + text[value_start..]
-                .find("<!-- /number -->")
-                .expect("a number's end marker");
-        let end = value_end + "<!-- /number -->".len();
-        out.push((name, text[value_start..value_end].to_string(), start..end));
-        at = end;
+        let after = start + OPEN.len();
+        let (Some(name_len), Some(value_at)) = (
+            text[after..].find(" -->"),
+            text[after..].find(" -->").map(|n| after + n + " -->".len()),
+        ) else {
+            out.push((String::new(), "(no end marker)".into(), start..text.len()));
+            break;
+        };
+        let name = text[after..after + name_len].to_string();
+        match text[value_at..].find(CLOSE) {
+            Some(n) => {
+                let end = value_at + n + CLOSE.len();
+                out.push((name, text[value_at..value_at + n].to_string(), start..end));
+                at = end;
+            }
+            None => {
+                out.push((name, "(no end marker)".into(), start..text.len()));
+                break;
+            }
+        }
     }
     out
 }
@@ -556,4 +553,6 @@ fn the_number_checker_finds_loose_copies() {
     assert_eq!(marked[0].1, "1.92");
     let ranges: Vec<_> = marked.iter().map(|(_, _, r)| r.clone()).collect();
     assert_eq!(loose_rust_versions(text, &ranges), ["1.88", "1.92"]);
+    let open = numbers("a <!-- number:x -->3 s and no end");
+    assert_eq!(open[0].1, "(no end marker)");
 }

@@ -62,48 +62,65 @@ def _crates_to_build(cargo):
     return len(names) or None
 
 
+def _crates(n):
+    return f"{n} crate" if n == 1 else f"{n} crates"
+
+
 def _minutes(seconds):
     return f"{int(seconds // 60)} m {int(seconds % 60):02d} s" if seconds >= 60 else f"{int(seconds)} s"
 
 
 def _cargo_build(cargo):
     """`cargo build --release`, its output passed to stderr line by line, and a progress line
-    on the terminal every PROGRESS_EVERY seconds while it compiles."""
+    on the terminal every PROGRESS_EVERY seconds while it runs (also while cargo is silent: the
+    last crates, the shim and the CLI, take minutes with nothing to say)."""
+    import threading
+
     cmd = [cargo, "build", "--release"]
     print("oomshim build: " + " ".join(cmd), file=sys.stderr, flush=True)
     tty = _terminal()
     total = _crates_to_build(cargo) if tty else None
     start = time.monotonic()
-    last = start
-    compiled, current = 0, ""
+    state = {"compiled": 0, "current": ""}
 
     def say(text):
         if tty:
             tty.write(f"oomshim build: {text}\n")
             tty.flush()
 
-    if tty:
-        say("compiling oomshim with cargo (a first build takes minutes; `pip install -v .` shows cargo's own output)")
+    def forward(stream):
+        # cargo's own lines go to stderr as they come (pip -v shows them); "Compiling NAME"
+        # counts a crate.
+        for line in stream:
+            sys.stderr.write(line)
+            words = line.split()
+            if len(words) >= 2 and words[0] == "Compiling":
+                state["compiled"] += 1
+                state["current"] = words[1]
+
+    say("compiling oomshim with cargo (a first build takes minutes; `pip install -v .` shows cargo's own output)")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sys.stderr, stderr=subprocess.PIPE, text=True,
                             errors="replace")
-    for line in proc.stderr:
-        sys.stderr.write(line)
-        words = line.split()
-        if len(words) >= 2 and words[0] == "Compiling":
-            compiled += 1
-            current = words[1]
-        now = time.monotonic()
-        if tty and now - last >= PROGRESS_EVERY and compiled:
-            last = now
+    reader = threading.Thread(target=forward, args=(proc.stderr,), daemon=True)
+    reader.start()
+    while True:
+        try:
+            status = proc.wait(timeout=PROGRESS_EVERY)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if state["compiled"]:
             of = f" of about {total}" if total else ""
-            say(f"{compiled}{of} crates compiled, {_minutes(now - start)} (now {current})")
-    status = proc.wait()
+            say(f"{_crates(state['compiled'])}{of} compiled, {_minutes(time.monotonic() - start)} "
+                f"(now {state['current']})")
+    reader.join(timeout=10)
     if status != 0:
         if tty:
             tty.close()
         raise SystemExit(f"oomshim build: `{' '.join(cmd)}` failed with exit status {status}")
     if tty:
-        say(f"cargo build done in {_minutes(time.monotonic() - start)} ({compiled} crates compiled); packaging the wheel")
+        say(f"cargo build done in {_minutes(time.monotonic() - start)} ({_crates(state['compiled'])} "
+            "compiled); packaging the wheel")
         tty.close()
 
 

@@ -163,6 +163,25 @@ pub fn settings_help(width: usize) -> String {
     out
 }
 
+/// Every `OOMSHIM_*` name written in `text` (the checks that every setting the code reads is
+/// listed, and every one the documents name is read, scan files with it).
+pub fn setting_names_in(text: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("OOMSHIM_") {
+        let name: String = rest[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        rest = &rest[i + name.len()..];
+        let name = name.trim_end_matches('_');
+        if name.len() > "OOMSHIM_".len() {
+            out.insert(name.to_string());
+        }
+    }
+    out
+}
+
 /// The table of settings in docs/configuration.md (section "Environment variables"), generated
 /// from [`SETTINGS`]; a test keeps the page equal to it.
 pub fn settings_markdown_table() -> String {
@@ -848,18 +867,7 @@ mod tests {
                     let tests = text.find("#[cfg(test)]").unwrap();
                     text = format!("{}{}", &text[..start], &text[end..tests]);
                 }
-                let mut rest = text.as_str();
-                while let Some(i) = rest.find("OOMSHIM_") {
-                    let name: String = rest[i..]
-                        .chars()
-                        .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
-                        .collect();
-                    rest = &rest[i + name.len()..];
-                    let name = name.trim_end_matches('_');
-                    if name.len() > "OOMSHIM_".len() {
-                        read.insert(name.to_string());
-                    }
-                }
+                read.extend(setting_names_in(&text));
             }
         }
         let listed: std::collections::BTreeSet<String> =
