@@ -418,3 +418,38 @@ fn the_details_say_each_fact_once() {
     let words = &change["Change: ".len()..];
     assert_eq!(count(words), 1, "{text}");
 }
+
+/// A verdict the first screen had to cut is said whole in the details (once: not when it fit).
+#[test]
+fn a_verdict_cut_on_the_first_screen_is_whole_in_the_details() {
+    use oomshim_cli::report::terminal::render_in;
+    use oomshim_cli::report::{Layout, ReportModel};
+    let dump = load_fixture("oom_leak_steps");
+    let model = ReportModel::new(&dump);
+    let headline = model.verdict.headline().to_string();
+    let flat = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+    let opts = ReportOptions {
+        top: 5,
+        color: false,
+    };
+    let narrow = render_in(
+        &model,
+        &opts,
+        &Layout {
+            width: 60,
+            source: None,
+        },
+    );
+    let (first, details) = narrow.split_once("\n\n").unwrap();
+    assert!(first.contains('…'), "{first}");
+    assert!(flat(details).contains(&headline), "{details}");
+    let wide = render_in(
+        &model,
+        &opts,
+        &Layout {
+            width: 200,
+            source: None,
+        },
+    );
+    assert_eq!(flat(&wide).matches(headline.as_str()).count(), 1, "{wide}");
+}

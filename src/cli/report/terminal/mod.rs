@@ -67,9 +67,9 @@ pub fn render_in(model: &ReportModel, opts: &ReportOptions, layout: &Layout) -> 
     let c = Ctx::new(model, opts, layout);
     let dump = model.dump;
     let mut out = String::new();
-    let shown_whole = first_screen_into(&mut out, &c, model, false);
+    let whole = first_screen_into(&mut out, &c, model, false);
     header(&mut out, &c, model);
-    verdict(&mut out, &c, model, shown_whole);
+    verdict(&mut out, &c, model, whole);
     if let Some(request) = &model.failed_request {
         failed_request(&mut out, &c, request);
     }
@@ -106,10 +106,16 @@ pub fn first_screen(model: &ReportModel, opts: &ReportOptions, layout: &Layout) 
     out
 }
 
+/// What the first screen showed whole, so that the details repeat only what it had to cut.
+#[derive(Clone, Copy)]
+struct ShownWhole {
+    verdict: bool,
+    change: bool,
+}
+
 /// Writes the first screen followed by a blank line (`alone`: no details follow, it says where
-/// they are); returns whether the change it names was shown whole (then the details list only
-/// the other suggestions).
-fn first_screen_into(out: &mut String, c: &Ctx, model: &ReportModel, alone: bool) -> bool {
+/// they are); returns what it showed whole.
+fn first_screen_into(out: &mut String, c: &Ctx, model: &ReportModel, alone: bool) -> ShownWhole {
     let w = c.width;
     let s = &c.s;
     let what = wrap(&glance::occasion_sentence(model), w, "", "  ");
@@ -202,7 +208,10 @@ fn first_screen_into(out: &mut String, c: &Ctx, model: &ReportModel, alone: bool
         }
     }
     out.push('\n');
-    keep[5] >= change_lines.len()
+    ShownWhole {
+        verdict: keep[4] >= verdict_lines.len(),
+        change: keep[5] >= change_lines.len(),
+    }
 }
 
 /// The bar of what fills the device, and its legend (wrapped), within the width.
@@ -478,11 +487,18 @@ fn shown_elsewhere(model: &ReportModel, evidence: &str) -> bool {
 
 /// The verdict's explanation: the summary, every finding with its evidence, the evidence, and
 /// the suggestions (the first one only when the first screen did not show it whole).
-fn verdict(out: &mut String, c: &Ctx, model: &ReportModel, change_shown: bool) {
+fn verdict(out: &mut String, c: &Ctx, model: &ReportModel, whole: ShownWhole) {
     let v = &model.verdict;
     let s = &c.s;
     let w = c.width;
+    let change_shown = whole.change;
     let _ = writeln!(out, "\n{} {}", s.title("Why:"), s.kind(&v.kind));
+    // The headline the first screen had to cut, whole (the findings list has it otherwise).
+    if !whole.verdict && v.findings.len() <= 1 {
+        for line in wrap(&c.paths.in_text(&clean(v.headline())), w, "  ", "  ") {
+            let _ = writeln!(out, "{line}");
+        }
+    }
     for line in wrap(&c.paths.in_text(&v.summary), w, "  ", "  ") {
         let _ = writeln!(out, "{line}");
     }
