@@ -188,8 +188,8 @@ pub enum Cmd {
         #[arg(long)]
         once: bool,
     },
-    /// Run a bundled leaky training loop on a simulated CUDA device (no GPU needed) and report
-    /// the dump it produces.
+    /// Run a bundled leaky training loop on a simulated CUDA device (no GPU needed) and show the
+    /// answer of the dump it produces (the report's first screen).
     #[command(after_help = "Example:\n  oomshim demo --dir /tmp/demo-dumps")]
     Demo {
         /// Directory for the dumps (where the shim cannot write, it says so and puts them in a
