@@ -489,6 +489,7 @@ impl PostMortems {
             world_size: ranks.world_size,
             launcher: ranks.launcher.map(str::to_string),
             job_id: ranks.job_id,
+            kubernetes: oomshim_core::facts::kubernetes::current(),
         };
         let host = flight::postmortem::host_now(self.cgroup.as_ref(), self.oom_kill_before);
         let dump = flight::postmortem::unpublished(process, self.started_unix_ms, death, host);
@@ -963,6 +964,12 @@ fn post_mortem(pm: &PostMortems, w: &Watched, region: &Path, death: &flight::pos
 /// Writes a post-mortem dump and says so on stderr, with its headline.
 fn write_post_mortem(pm: &PostMortems, dump: &dump::model::Dump) {
     let headline = dump.verdict.headline();
+    let retry = dump
+        .verdict
+        .retry
+        .as_ref()
+        .map(|r| format!("; retry: {}", r.hint))
+        .unwrap_or_default();
     let bytes = match serde_json::to_vec_pretty(dump) {
         Ok(b) => b,
         Err(e) => {
@@ -983,13 +990,13 @@ fn write_post_mortem(pm: &PostMortems, dump: &dump::model::Dump) {
                 clean(headline)
             ));
             say(&format!(
-                "oomshim:   dump: {}  (details: oomshim report {})",
+                "oomshim:   dump: {}  (details: oomshim report {}){retry}",
                 w.path.display(),
                 w.path.display()
             ));
         }
         Err(e) => say(&format!(
-            "oomshim: post-mortem (reconstructed): {}; no dump written: {e}",
+            "oomshim: post-mortem (reconstructed): {}; no dump written: {e}{retry}",
             clean(headline)
         )),
     }

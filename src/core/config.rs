@@ -139,6 +139,16 @@ pub const SETTINGS: &[Setting] = &[
         meaning: "Where `oomshim run` finds the cgroup filesystem, to read the program's `memory.events` (`oom_kill`), `memory.max` and `memory.current` for a post-mortem dump.",
     },
     Setting {
+        name: "OOMSHIM_TORCHELASTIC",
+        default: "1",
+        meaning: "`1`: a process that ends because of an out-of-memory error (or, under `oomshim run`, is SIGKILLed) puts oomshim's headline, retry hint and dump path into torchelastic's error file (`TORCHELASTIC_ERROR_FILE`, set by torchrun for each worker), so torchrun's \"Root Cause\" shows them: added to the message of a file the program's `@record` wrote for the out-of-memory error, or a file of its own in torchelastic's format when there is none; a file written for any other failure is never touched. `0`: never.",
+    },
+    Setting {
+        name: "OOMSHIM_TERMINATION_LOG",
+        default: "/dev/termination-log",
+        meaning: "Where a process that ends because of an out-of-memory error (or, under `oomshim run`, is SIGKILLed or crashes) leaves a summary of at most 4096 bytes for Kubernetes' termination message: headline, retry hint, memory by kind, the line to change, the dump. The default is used only when it exists and is writable (a pod's container); an absolute path given here is created if missing; `off` writes none. Text already there (the program's own, an earlier failure's) is kept first; the summary fills what is left of the 4096 bytes. Nothing is written at a normal exit.",
+    },
+    Setting {
         name: "OOMSHIM_LIB",
         default: "—",
         meaning: "Where the CLI (`run`, `demo`) and `oomshim.torch.enable()` find `liboomshim.so`; it must name a file. Unset, each looks beside itself (docs: configuration, where the shim library is found).",
@@ -293,6 +303,27 @@ pub struct Config {
     /// `OOMSHIM_DUMP_MODE`: permission bits of dump files (octal, default 0600). Never
     /// world-writable; applied exactly (with `fchmod`), so the umask cannot widen or narrow it.
     pub dump_mode: u32,
+    /// `OOMSHIM_TORCHELASTIC`: a failure that ends the process puts oomshim's answer into
+    /// torchelastic's error file (`TORCHELASTIC_ERROR_FILE`), src/core/jobfiles.rs.
+    pub torchelastic: bool,
+    /// `OOMSHIM_TERMINATION_LOG`: where a failure that ends the process leaves its summary for
+    /// Kubernetes (src/core/jobfiles.rs).
+    pub termination_log: TerminationLog,
+}
+
+/// Kubernetes' default `terminationMessagePath`.
+pub const DEFAULT_TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// `OOMSHIM_TERMINATION_LOG`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TerminationLog {
+    /// Unset: [`DEFAULT_TERMINATION_LOG`], only when it exists and is writable (a container of a
+    /// pod; nowhere else).
+    Default,
+    /// A path given: written, created if missing.
+    Path(PathBuf),
+    /// `off`.
+    Off,
 }
 
 impl Default for Config {
@@ -310,6 +341,8 @@ impl Default for Config {
             interval: None,
             at_exit: false,
             dump_mode: DEFAULT_DUMP_MODE,
+            torchelastic: true,
+            termination_log: TerminationLog::Default,
         }
     }
 }
@@ -469,6 +502,30 @@ impl Config {
                     "octal permission bits such as `0640`, never world-writable",
                     format!("{DEFAULT_DUMP_MODE:04o}"),
                 ),
+            }
+        }
+        if let Some(v) = lookup("OOMSHIM_TORCHELASTIC") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => cfg.torchelastic = true,
+                "0" | "false" | "no" | "off" => cfg.torchelastic = false,
+                _ => warn("OOMSHIM_TORCHELASTIC", &v, "`1` or `0`", "1".to_string()),
+            }
+        }
+        if let Some(v) = lookup("OOMSHIM_TERMINATION_LOG") {
+            let t = v.trim();
+            if t.eq_ignore_ascii_case("off") || t == "0" {
+                cfg.termination_log = TerminationLog::Off;
+            } else if t == DEFAULT_TERMINATION_LOG {
+                cfg.termination_log = TerminationLog::Default;
+            } else if t.starts_with('/') {
+                cfg.termination_log = TerminationLog::Path(PathBuf::from(t));
+            } else {
+                warn(
+                    "OOMSHIM_TERMINATION_LOG",
+                    &v,
+                    "an absolute path or `off`",
+                    DEFAULT_TERMINATION_LOG.to_string(),
+                );
             }
         }
         if let Some(v) = lookup("OOMSHIM_LOG") {

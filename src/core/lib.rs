@@ -5,6 +5,7 @@ pub mod alloc;
 pub mod config;
 pub mod facts;
 pub mod flight;
+pub mod jobfiles;
 pub mod ledger;
 pub mod own_fd;
 pub mod pyhook;

@@ -42,6 +42,7 @@ pub fn oom_dump(request: u64, total: Option<u64>, free: Option<u64>, tracked: u6
             world_size: None,
             launcher: None,
             job_id: None,
+            kubernetes: None,
         },
         failed_request: Some(FailedRequest {
             bytes: request,
@@ -88,6 +89,7 @@ pub fn oom_dump(request: u64, total: Option<u64>, free: Option<u64>, tracked: u6
             summary: String::new(),
             evidence: vec![],
             suggestions: vec![],
+            retry: None,
         },
         recording: Recording::default(),
         pools: Vec::new(),

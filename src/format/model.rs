@@ -203,6 +203,11 @@ pub struct LiveFailure {
     pub dump: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headline: Option<String>,
+    /// The verdict's top kind and its retry hint ([`RetryHint::hint`]), with the headline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<String>,
 }
 
 /// Host memory and the cgroup's OOM-killer count around a death.
@@ -749,6 +754,28 @@ pub struct ProcessInfo {
     /// The job: `SLURM_JOB_ID`, else torchrun's `TORCHELASTIC_RUN_ID`, else `PBS_JOBID`/`LSB_JOBID`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_id: Option<String>,
+    /// The Kubernetes pod the process ran in, from the variables a pod spec sets with the
+    /// downward API (src/core/facts/kubernetes.rs); absent outside one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<Kubernetes>,
+}
+
+/// Where in a Kubernetes cluster a process ran: each field from its variable, when set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kubernetes {
+    /// `POD_NAME` (`fieldRef: metadata.name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// `POD_NAMESPACE` (`fieldRef: metadata.namespace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// `CONTAINER_NAME` (a literal `value`: the downward API has no field for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// `NODE_NAME` (`fieldRef: spec.nodeName`): the node, which DCGM-exporter calls `Hostname`
+    /// (a pod's own host name is the pod's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1036,6 +1063,23 @@ pub struct Verdict {
     /// Ranked findings, top first; absent in dumps of older versions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub findings: Vec<Finding>,
+    /// Whether running the same job again can succeed (src/core/verdict/retry.rs): present in
+    /// every dump of a failure (an out-of-memory dump, a post-mortem); absent in on-demand
+    /// dumps, which record no failure, and in dumps of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryHint>,
+}
+
+/// The retry hint of a failure, for a scheduler's restart policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryHint {
+    /// `elsewhere`: the memory was held by someone else (another process, a quota) and the same
+    /// program fits on a free device; `after_change`: the program's own memory filled the device,
+    /// so the same configuration fails again, whatever device it gets; `unknown`: the dump cannot
+    /// tell.
+    pub hint: String,
+    /// Why, in one sentence with the numbers.
+    pub reason: String,
 }
 
 impl Verdict {

@@ -125,6 +125,8 @@ pub fn note_failure(device: i32, bytes: u64, api: &str, mem_info: Option<(u64, u
             total_bytes: mem_info.map(|m| m.1),
             dump: None,
             headline: None,
+            kind: None,
+            retry: None,
         },
     ));
     drop(last);
@@ -171,6 +173,8 @@ pub fn note_dump(dump: &Dump, path: &std::path::Path) {
                 total_bytes: None,
                 dump: None,
                 headline: None,
+                kind: None,
+                retry: None,
             },
         ));
     }
@@ -180,6 +184,8 @@ pub fn note_dump(dump: &Dump, path: &std::path::Path) {
     };
     entry.dump = Some(path.display().to_string());
     entry.headline = Some(headline);
+    entry.kind = Some(dump.verdict.kind.clone());
+    entry.retry = dump.verdict.retry.as_ref().map(|r| r.hint.clone());
     drop(last);
     wake();
 }

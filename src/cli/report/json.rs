@@ -27,7 +27,9 @@ use dump::view::{frame_label, named_frames};
 ///   `total_bytes`).
 /// - `devices[]`: `index`, `name`, `total_bytes`, `free_bytes`, `used_bytes`, `tracked_bytes`,
 ///   `tracked_count`, `peak_tracked_bytes`, `tracked_percent_of_used`.
-/// - `verdict`: `kind`, `summary`, `evidence[]`, `suggestions[]` (judged now);
+/// - `verdict`: `kind`, `summary`, `evidence[]`, `suggestions[]`, `findings[]`, `retry`
+///   (`hint`: `elsewhere`, `after_change` or `unknown`, and `reason`; null without a failure)
+///   (judged now);
 ///   `recorded_verdict`: the same four keys as stored in the dump.
 /// - `top_holders[]` (at most `opts.top`, largest first): `rank` (1-based), `bytes`,
 ///   `bytes_human`, `api`, `device`, `stream`, `thread`, `age_s`, `address`, `seq`, `top_frames`.
@@ -289,8 +291,9 @@ pub fn recording_json(dump: &Dump) -> Value {
     })
 }
 
-/// The verdict judged now: `kind`, `summary`, `evidence`, `suggestions` and the ranked
-/// `findings` (the JSON report's and the page's `verdict`).
+/// The verdict judged now: `kind`, `summary`, `evidence`, `suggestions`, the ranked
+/// `findings` and the `retry` hint (`hint`, `reason`; null without a failure) (the JSON
+/// report's and the page's `verdict`).
 pub fn verdict_json(verdict: &Verdict) -> Value {
     json!({
         "kind": verdict.kind,
@@ -298,6 +301,7 @@ pub fn verdict_json(verdict: &Verdict) -> Value {
         "evidence": verdict.evidence,
         "suggestions": verdict.suggestions,
         "findings": findings_json(&verdict.findings),
+        "retry": verdict.retry.as_ref().map(|r| json!({"hint": r.hint, "reason": r.reason})),
     })
 }
 

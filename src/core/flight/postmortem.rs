@@ -274,6 +274,7 @@ mod tests {
             world_size: None,
             launcher: None,
             job_id: None,
+            kubernetes: None,
         };
         let death = Death {
             signal: Some(libc::SIGKILL),

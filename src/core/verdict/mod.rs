@@ -34,6 +34,9 @@
 //!   otherwise low host memory (below [`HOST_MIN_AVAILABLE_SHARE`] available, or a cgroup at
 //!   [`CGROUP_MAX_USAGE_SHARE`] of its limit) is a finding with this process's pinned bytes.
 //!
+//! Every failure's verdict carries a retry hint (`retry.rs`: `elsewhere`, `after_change`,
+//! `unknown`, derived from the kinds above).
+//!
 //! A dump without a failed request gets [`SNAPSHOT`]; a post-mortem dump (`oomshim run` rebuilt
 //! it after its program died) is judged by [`judge_post_mortem`] (how it died:
 //! src/core/verdict/post_mortem.rs).
@@ -70,6 +73,7 @@ mod other_processes;
 mod own_allocations;
 mod post_mortem;
 mod request_exceeds_device;
+pub mod retry;
 mod sites;
 mod snapshot;
 #[cfg(test)]
@@ -117,6 +121,7 @@ pub fn judge_post_mortem(dump: &Dump) -> Verdict {
         words::post_mortem::add_leak(&mut death, l);
     }
     death.evidence.push(words::post_mortem::reconstructed(pm));
+    let retry = retry::of_post_mortem(pm, &post_mortem::how_it_ended(pm));
     let mut findings = vec![death];
     findings.extend(leak);
     let top = findings[0].clone();
@@ -134,6 +139,7 @@ pub fn judge_post_mortem(dump: &Dump) -> Verdict {
         evidence: top.evidence.clone(),
         suggestions,
         findings,
+        retry: Some(retry),
     }
 }
 
@@ -197,12 +203,14 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
             }
         }
     }
+    let retry = retry::of_oom(&c, &findings);
     Verdict {
         kind: findings[0].kind.clone(),
         summary,
         evidence,
         suggestions,
         findings,
+        retry: Some(retry),
     }
 }
 

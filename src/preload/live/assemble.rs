@@ -776,6 +776,7 @@ mod pure_tests {
                     world_size: Some(8),
                     launcher: Some("torchrun".into()),
                     job_id: None,
+                    kubernetes: None,
                 },
                 maps: MAPS.into(),
                 torch_version: Some("2.11.0+cu130".into()),

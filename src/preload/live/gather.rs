@@ -149,6 +149,7 @@ fn process_info() -> ProcessInfo {
         world_size: ranks.world_size,
         launcher: ranks.launcher.map(str::to_string),
         job_id: ranks.job_id,
+        kubernetes: oomshim_core::facts::kubernetes::current(),
     }
 }
 

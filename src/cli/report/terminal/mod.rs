@@ -502,6 +502,15 @@ fn verdict(out: &mut String, c: &Ctx, model: &ReportModel, whole: ShownWhole) {
     for line in wrap(&c.paths.in_text(&v.summary), w, "  ", "  ") {
         let _ = writeln!(out, "{line}");
     }
+    // One line for whoever decides whether to resubmit (the reason is in `--json`).
+    if let Some(r) = &v.retry {
+        let gloss = match r.hint.as_str() {
+            oomshim_core::verdict::retry::ELSEWHERE => "the same program fits on a free device",
+            oomshim_core::verdict::retry::AFTER_CHANGE => "the same configuration fails again",
+            _ => "the dump cannot tell whether a retry fits",
+        };
+        let _ = writeln!(out, "  {} {} ({gloss})", s.title("Retry:"), clean(&r.hint));
+    }
     // The ranked findings, top first, each with the bytes it explains.
     if v.findings.len() > 1 {
         let _ = writeln!(out, "  {}", s.title("Findings (by bytes explained)"));

@@ -115,5 +115,6 @@ pub(in crate::verdict) fn verdict(dump: &Dump, held: Held) -> Verdict {
         evidence,
         suggestions,
         findings,
+        retry: None,
     }
 }

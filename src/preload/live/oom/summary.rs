@@ -14,7 +14,7 @@ pub(super) fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) 
 
 /// The stderr summary of an out-of-memory dump: one quiet line when a retry recovered it, else
 /// two: the failure and the top finding in plain words with its key numbers, then where the
-/// dump is and how to read it. `None` for a dump without a failed request.
+/// dump is and how to read it, and the verdict's retry hint. `None` for a dump without a failed request.
 pub(super) fn summary_lines(dump: &Dump, written: &Result<Written, WriteError>) -> Option<String> {
     let req = dump.failed_request.as_ref()?;
     let where_ = match written {
@@ -88,6 +88,10 @@ pub(super) fn summary_lines(dump: &Dump, written: &Result<Written, WriteError>) 
     out.push_str(&format!("oomshim:   {where_}"));
     if let Ok(w) = written {
         out.push_str(&format!("  (details: oomshim report {})", w.path.display()));
+    }
+    // For a scheduler's restart policy, and for the reader deciding whether to resubmit.
+    if let Some(r) = &dump.verdict.retry {
+        out.push_str(&format!("; retry: {}", r.hint));
     }
     Some(out)
 }
@@ -167,7 +171,8 @@ mod summary_tests {
         );
         assert_eq!(
             lines[1],
-            "oomshim:   dump: /tmp/d/oomshim-h-1-1.json  (details: oomshim report /tmp/d/oomshim-h-1-1.json)"
+            "oomshim:   dump: /tmp/d/oomshim-h-1-1.json  (details: oomshim report /tmp/d/oomshim-h-1-1.json); \
+             retry: after_change"
         );
         // No dump written: still two lines, saying why.
         let err = Err(WriteError {
@@ -176,7 +181,7 @@ mod summary_tests {
         let text = summary_lines(&d, &err).unwrap();
         assert_eq!(text.lines().count(), 2);
         assert!(
-            text.ends_with("oomshim:   no dump written: disk full"),
+            text.ends_with("oomshim:   no dump written: disk full; retry: after_change"),
             "{text}"
         );
         // torch's word and failures without a dump are said.
