@@ -54,6 +54,12 @@ pub enum Cmd {
         /// program keeps oomshim's pid, but no post-mortem dump is written if it is killed.
         #[arg(long)]
         exec: bool,
+        /// When the program fails, exit with a status that says whether running it again can
+        /// succeed, from its first failure's verdict: 75 when the memory was someone else's (retry
+        /// on a free device), 78 when it was the program's own (change it first); otherwise, and
+        /// without this flag, the program's own status (for Kubernetes' podFailurePolicy).
+        #[arg(long, conflicts_with = "exec")]
+        exit_code: bool,
         /// The program and its arguments, after `--`.
         #[arg(
             required = true,

@@ -53,6 +53,7 @@ pub fn run_demo(lib: PathBuf, dump_dir: &Path) -> Result<DemoOutcome, String> {
         torch_hook: false,
         dir: Some(dump_dir),
         command: &command,
+        exit_code: false,
         extra_env: vec![
             (
                 OsString::from("SIMCUDA_CAPACITY"),

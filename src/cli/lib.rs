@@ -6,6 +6,7 @@
 pub mod args;
 pub mod demo;
 pub mod exporter;
+pub mod jobs;
 pub mod locate;
 pub mod report;
 pub mod run;

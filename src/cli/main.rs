@@ -142,6 +142,7 @@ fn main() -> ExitCode {
             no_torch_hook,
             torch_allocator,
             exec,
+            exit_code,
             command,
         } => {
             let lib = match cli::run::find_library(lib.as_deref()) {
@@ -153,6 +154,7 @@ fn main() -> ExitCode {
                 torch_hook: !no_torch_hook,
                 dir: dir.as_deref(),
                 command: &command,
+                exit_code,
                 extra_env: if torch_allocator {
                     // `force` (skip the hook's reading of the program) survives the flag.
                     let forced = std::env::var("OOMSHIM_TORCH_ALLOCATOR")

@@ -109,6 +109,9 @@ pub struct RunOptions<'a> {
     pub dir: Option<&'a Path>,
     pub command: &'a [OsString],
     pub extra_env: Vec<(OsString, OsString)>,
+    /// `--exit-code`: a failed program's status becomes its first failure's retry hint's
+    /// (src/cli/jobs.rs); off, the status is the program's own.
+    pub exit_code: bool,
 }
 
 /// The program's command: its arguments, the preload and the settings in its environment.

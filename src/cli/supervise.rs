@@ -296,6 +296,9 @@ fn say(line: &str) {
 struct Watched {
     pid: i32,
     start_ticks: Option<u64>,
+    /// Where its answer goes when it dies (its error file, the termination message), read
+    /// from its environment while it ran.
+    targets: oomshim_core::jobfiles::Targets,
 }
 
 /// Runs the program to its end. Returns the exit code to end with; a program killed by a signal
@@ -383,6 +386,7 @@ pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
     let main = Watched {
         pid,
         start_ticks: flight::start_ticks_of(pid as u32),
+        targets: super::jobs::targets_of_pid(pid),
     };
     let cgroup = flight::postmortem::cgroup_of(pid as u32, &flight::postmortem::cgroup_root());
     let oom_kill_before = cgroup.as_ref().and_then(flight::postmortem::oom_kills);
@@ -400,9 +404,10 @@ pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
         first_publish_within: first_publish_within(opts),
+        written: std::cell::RefCell::new(Vec::new()),
     };
 
-    let mut tree = Tree::new(token);
+    let mut tree = Tree::new(token.clone());
     let status = watch(&main, sentinel, sfd, pipe[0], me, &pm, &mut tree);
     // What of the tree died with the program (a wrapper's workers) and was reaped by another.
     tree.scan(&pm, main.pid, me);
@@ -416,6 +421,14 @@ pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
     }
     let signal = libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status));
     let core = libc::WIFSIGNALED(status) && libc::WCOREDUMP(status);
+    let failed = signal.is_some() || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0;
+    if opts.exit_code && failed {
+        if let Some(code) =
+            super::jobs::exit_code_for_run(&pm.dump_dir, &token, &pm.written.borrow())
+        {
+            return Ok(code);
+        }
+    }
     match signal {
         Some(sig) => Err(die_by(sig, core, caught)),
         None => Ok(if libc::WIFEXITED(status) {
@@ -441,6 +454,8 @@ struct PostMortems {
     /// How long after its start a program's first live summary is due (its publish interval,
     /// with room for a loaded machine); `None` when the live summary is off.
     first_publish_within: Option<u64>,
+    /// The post-mortems written in this run (`--exit-code` reads their retry hints).
+    written: std::cell::RefCell<Vec<dump::model::Dump>>,
 }
 
 impl PostMortems {
@@ -493,7 +508,7 @@ impl PostMortems {
         };
         let host = flight::postmortem::host_now(self.cgroup.as_ref(), self.oom_kill_before);
         let dump = flight::postmortem::unpublished(process, self.started_unix_ms, death, host);
-        write_post_mortem(self, &dump);
+        write_post_mortem(self, w, &dump);
     }
 }
 
@@ -549,6 +564,7 @@ struct Member {
     /// Its parent when last seen running.
     parent: Option<u32>,
     pidfd: Option<std::os::fd::OwnedFd>,
+    targets: oomshim_core::jobfiles::Targets,
 }
 
 /// How often the live directory is looked at for new members (a member's end wakes oomshim
@@ -591,6 +607,8 @@ impl Tree {
                             pid,
                             start_ticks: r.start_ticks,
                             parent: None,
+                            // Read while it runs: a zombie's environment is gone.
+                            targets: super::jobs::targets_of_pid(pid),
                             // The program's own end comes through `reap`.
                             pidfd: (pid != main).then(|| pidfd_open(pid)).flatten(),
                         })
@@ -625,6 +643,7 @@ impl Tree {
             let w = Watched {
                 pid: m.pid,
                 start_ticks: Some(m.start_ticks),
+                targets: m.targets.clone(),
             };
             post_mortem(pm, &w, &r.path, &death);
             let _ = std::fs::remove_file(&r.path);
@@ -813,7 +832,16 @@ fn reap(
         } else if pid == main.pid {
             ended = Some(status);
         } else if libc::WIFSIGNALED(status) {
-            pm.after(&Watched { pid, start_ticks }, status);
+            // An orphan: its environment is gone with it, and so is where its answer would go.
+            let targets = Default::default();
+            pm.after(
+                &Watched {
+                    pid,
+                    start_ticks,
+                    targets,
+                },
+                status,
+            );
         }
     }
     if let Some(status) = ended {
@@ -958,11 +986,13 @@ fn post_mortem(pm: &PostMortems, w: &Watched, region: &Path, death: &flight::pos
     }
     let host = flight::postmortem::host_now(pm.cgroup.as_ref(), pm.oom_kill_before);
     let dump = flight::postmortem::build(&snapshot, death, host);
-    write_post_mortem(pm, &dump);
+    write_post_mortem(pm, w, &dump);
 }
 
-/// Writes a post-mortem dump and says so on stderr, with its headline.
-fn write_post_mortem(pm: &PostMortems, dump: &dump::model::Dump) {
+/// Writes a post-mortem dump and says so on stderr, with its headline; the process's torchelastic
+/// error file goes first (src/cli/jobs.rs: the race with torchrun's agent), its termination
+/// message after.
+fn write_post_mortem(pm: &PostMortems, w: &Watched, dump: &dump::model::Dump) {
     let headline = dump.verdict.headline();
     let retry = dump
         .verdict
@@ -983,7 +1013,15 @@ fn write_post_mortem(pm: &PostMortems, dump: &dump::model::Dump) {
         rank: dump.process.rank,
     };
     let clean = dump::units::clean;
-    match dump::write::write_dump_with_mode(&pm.dump_dir, &name, &bytes, pm.mode) {
+    let planned = super::jobs::planned_path(&pm.dump_dir, &name);
+    let reaped = || match w.start_ticks {
+        Some(ticks) => flight::process_now(w.pid as u32, ticks) == flight::ProcessNow::Gone,
+        None => false,
+    };
+    super::jobs::error_file_after_death(dump, &planned, &w.targets, reaped, say);
+    let written = dump::write::write_dump_with_mode(&pm.dump_dir, &name, &bytes, pm.mode);
+    pm.written.borrow_mut().push(dump.clone());
+    match &written {
         Ok(w) => {
             say(&format!(
                 "oomshim: post-mortem (reconstructed): {}",
@@ -1000,4 +1038,6 @@ fn write_post_mortem(pm: &PostMortems, dump: &dump::model::Dump) {
             clean(headline)
         )),
     }
+    let path = written.as_ref().ok().map(|w| w.path.as_path());
+    super::jobs::termination_after_death(dump, path, &w.targets, say);
 }

@@ -24,7 +24,7 @@ pub const ERROR_FILE_ENV: &str = "TORCHELASTIC_ERROR_FILE";
 /// Kubernetes reads at most this many bytes of a termination message.
 pub const TERMINATION_MAX: usize = 4096;
 /// Where the termination message is too full to say more than this, nothing is added.
-const TERMINATION_MIN_ROOM: usize = 64;
+pub const TERMINATION_MIN_ROOM: usize = 64;
 /// The key oomshim's structured answer takes in the error file's `extraInfo`.
 const EXTRA_KEY: &str = "oomshim";
 
@@ -241,6 +241,30 @@ pub fn line_to_change(dump: &Dump) -> Option<String> {
     None
 }
 
+/// Whether a post-mortem's death leaves an answer for the job: a SIGKILL (the death nobody else
+/// explains: torchrun shows only "Signal 9", Kubernetes "OOMKilled" or "Error"), the kernel's
+/// OOM killer, an exit or a crash right after a failed device allocation. Not a process asked
+/// to stop (SIGTERM, SIGINT, SIGHUP: torchrun's own SIGTERM to the other workers after a
+/// failure, a pod's deletion), nor a crash with no memory failure: another reason.
+pub fn post_mortem_leaves_answer(dump: &Dump) -> bool {
+    let Some(pm) = &dump.post_mortem else {
+        return false;
+    };
+    let kind = dump.verdict.kind.as_str();
+    if kind == crate::verdict::HOST_OOM_KILL || kind == crate::verdict::EXITED_AFTER_FAILURE {
+        return true;
+    }
+    match pm.signal {
+        Some(libc::SIGKILL) => true,
+        Some(s) if [libc::SIGSEGV, libc::SIGBUS, libc::SIGABRT, libc::SIGILL, libc::SIGFPE]
+            .contains(&s) =>
+        {
+            pm.last_failure.is_some()
+        }
+        _ => false,
+    }
+}
+
 /// The error file oomshim writes for a failure that `@record` did not report (torchelastic's
 /// format: the root cause shows `py_callstack`).
 pub fn error_file_json(a: &Answer) -> Vec<u8> {
@@ -339,7 +363,10 @@ pub enum ErrorFileOutcome {
     Written,
     /// The program's out-of-memory report, with oomshim's answer added.
     Merged,
-    /// Left as it was (another failure's, already answered, or not torchelastic's).
+    /// The program reported another failure: left as it was (and that failure is the process's
+    /// end, not the out-of-memory error).
+    OtherFailure,
+    /// Left as it was: answered already, or not torchelastic's format.
     Kept(&'static str),
 }
 
@@ -356,7 +383,7 @@ pub fn write_error_file(path: &Path, a: &Answer) -> std::io::Result<ErrorFileOut
                 dump::write::write_file_atomically(path, &bytes, mode)?;
                 Ok(ErrorFileOutcome::Merged)
             }
-            Existing::OtherFailure => Ok(ErrorFileOutcome::Kept("written for another failure")),
+            Existing::OtherFailure => Ok(ErrorFileOutcome::OtherFailure),
             Existing::AlreadyAnswered => Ok(ErrorFileOutcome::Kept("answered already")),
             Existing::Unreadable => Ok(ErrorFileOutcome::Kept("not torchelastic's format")),
         },
@@ -374,9 +401,10 @@ pub fn write_error_file(path: &Path, a: &Answer) -> std::io::Result<ErrorFileOut
     }
 }
 
-/// Appends `message` to the termination log at `path` within [`TERMINATION_MAX`] bytes: what is
-/// there already (the program's own message, an earlier failure's) stays first; the message is
-/// cut at a line to fit, and nothing is added when less than a line's room is left. `create`:
+/// Appends `message` (and a line end) to the termination log at `path` within
+/// [`TERMINATION_MAX`] bytes: what is there already (the program's own message, an earlier
+/// failure's) stays first, a line end between; the message is cut at a line to fit, and nothing
+/// is added when less than a line's room is left. `create`:
 /// the path was given by a setting, so a missing file is created. Returns the bytes written.
 pub fn append_termination(path: &Path, message: &str, create: bool) -> std::io::Result<usize> {
     let mut f = std::fs::OpenOptions::new()
@@ -391,15 +419,17 @@ pub fn append_termination(path: &Path, message: &str, create: bool) -> std::io::
     if room < TERMINATION_MIN_ROOM {
         return Ok(0);
     }
-    let text = fit_lines(message, room);
+    // Room for the line end after the last line.
+    let text = fit_lines(message, room - 1);
     if text.is_empty() {
         return Ok(0);
     }
-    let mut bytes = Vec::with_capacity(text.len() + 1);
+    let mut bytes = Vec::with_capacity(text.len() + 2);
     if sep > 0 {
         bytes.push(b'\n');
     }
     bytes.extend_from_slice(text.as_bytes());
+    bytes.push(b'\n');
     f.write_all(&bytes)?;
     Ok(bytes.len())
 }
@@ -519,7 +549,7 @@ mod tests {
         let other = dir.path().join("other.json");
         let theirs = recorded("ValueError: bad shape");
         std::fs::write(&other, &theirs).unwrap();
-        assert!(matches!(write_error_file(&other, &a).unwrap(), ErrorFileOutcome::Kept(_)));
+        assert_eq!(write_error_file(&other, &a).unwrap(), ErrorFileOutcome::OtherFailure);
         assert_eq!(std::fs::read(&other).unwrap(), theirs, "byte for byte");
         let oom = dir.path().join("oom.json");
         std::fs::write(&oom, recorded("OutOfMemoryError: CUDA out of memory.")).unwrap();
@@ -553,6 +583,53 @@ mod tests {
         let long = format!("{}\nsecond line", "z".repeat(5000));
         assert_eq!(fit_lines(&long, 100).len(), 100);
         assert_eq!(fit_lines("a\nbb\nccc", 5), "a\nbb");
+    }
+
+    #[test]
+    fn only_deaths_nobody_else_explains_leave_an_answer() {
+        use dump::model::{LiveFailure, PostMortem};
+        let pm = |signal: Option<i32>, failed: bool| {
+            let mut d = dump::fixtures::oom_dump(0, None, None, GIB);
+            d.failed_request = None;
+            d.post_mortem = Some(PostMortem {
+                reconstructed: true,
+                signal,
+                signal_name: None,
+                core_dumped: false,
+                exit_code: signal.is_none().then_some(1),
+                died_unix_ms: 1,
+                published_unix_ms: 1,
+                generation: 1,
+                from_previous: false,
+                rss: vec![],
+                last_failure: failed.then(|| LiveFailure {
+                    unix_ms: 1,
+                    device: 0,
+                    bytes: GIB,
+                    api: "cudaMalloc".into(),
+                    free_bytes: None,
+                    total_bytes: None,
+                    dump: None,
+                    headline: None,
+                    kind: None,
+                    retry: None,
+                }),
+                host: Default::default(),
+                reaped_by: None,
+                started_unix_ms: None,
+            });
+            d.verdict = crate::verdict::judge(&d);
+            d
+        };
+        assert!(post_mortem_leaves_answer(&pm(Some(libc::SIGKILL), false)));
+        assert!(post_mortem_leaves_answer(&pm(Some(libc::SIGABRT), true)));
+        assert!(!post_mortem_leaves_answer(&pm(Some(libc::SIGABRT), false)));
+        assert!(!post_mortem_leaves_answer(&pm(Some(libc::SIGTERM), true)));
+        assert!(!post_mortem_leaves_answer(&pm(Some(libc::SIGINT), false)));
+        assert!(post_mortem_leaves_answer(&pm(None, true)), "exited after a failure");
+        let mut d = pm(Some(libc::SIGKILL), false);
+        d.post_mortem = None;
+        assert!(!post_mortem_leaves_answer(&d));
     }
 
     #[test]

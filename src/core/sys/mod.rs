@@ -17,7 +17,7 @@ pub use guard::{contain, guarded, Guard};
 pub use guard::{disable, disabled};
 pub use process::{
     dump_signal_init, flush_dumps_at_exit, install_dump_signal, register_exit_dump,
-    register_live_cleanup, wait_for_dump_signal,
+    register_exit_with_status, register_live_cleanup, wait_for_dump_signal,
 };
 
 /// `cudaError_t` values the shim needs to know about.

@@ -167,3 +167,31 @@ pub fn register_live_cleanup(cleanup: fn()) {
         libc::atexit(remove_live_region);
     });
 }
+
+extern "C" {
+    // glibc's: like `atexit`, with the status passed to `exit` (the libc crate does not declare it).
+    fn on_exit(
+        function: extern "C" fn(libc::c_int, *mut libc::c_void),
+        arg: *mut libc::c_void,
+    ) -> libc::c_int;
+}
+
+/// What [`register_exit_with_status`] runs at exit.
+static AT_EXIT_WITH_STATUS: OnceLock<fn(i32)> = OnceLock::new();
+
+extern "C" fn exit_with_status(status: libc::c_int, _arg: *mut libc::c_void) {
+    if let Some(f) = AT_EXIT_WITH_STATUS.get() {
+        let _ = catch_unwind(|| f(status));
+    }
+}
+
+/// Registers `f` to run at process exit with the status given to `exit` (once per process; later
+/// calls do nothing): what a failure leaves for the job depends on how the process ends.
+pub fn register_exit_with_status(f: fn(i32)) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: `on_exit` with a function that never unwinds (it catches panics) and no argument.
+    ONCE.call_once(|| unsafe {
+        let _ = AT_EXIT_WITH_STATUS.set(f);
+        on_exit(exit_with_status, std::ptr::null_mut());
+    });
+}

@@ -6,7 +6,7 @@
 //! (src/cli/supervise.rs).
 //!
 //! Both may run in a signal handler or in a vfork child: nothing here allocates, locks or
-//! looks a symbol up. The real function was looked up when the region was created
+//! looks a symbol up (the job files are written from bytes prepared at the failure). The real function was looked up when the region was created
 //! (`publish::real_exit`); before that there is no region, and the process ends by
 //! `exit_group`, which is all the C library's `_exit` does.
 
@@ -16,6 +16,9 @@ use std::ffi::c_int;
 pub const EXPORTED_NAMES: &[&str] = &["_Exit", "_exit"];
 
 fn end(status: c_int) -> ! {
+    // An out-of-memory failure that ends the process leaves its answer for the job (torchrun's
+    // error file, Kubernetes' termination message): prepared bytes, system calls only.
+    crate::live::job_files_at_raw_exit(status);
     crate::publish::remove_at_exit();
     if let Some(real) = crate::publish::real_exit() {
         // SAFETY: the C library's `_exit`, with the caller's status.

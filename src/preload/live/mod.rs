@@ -824,6 +824,12 @@ fn start_dir() -> Option<std::path::PathBuf> {
     Some(std::ffi::OsStr::from_bytes(bytes).into())
 }
 
+/// The process ends by `_exit`/`_Exit` with `status`: a failure that ended it leaves its answer
+/// for the job (async-signal-safe: see `oom::job`).
+pub fn job_files_at_raw_exit(status: i32) {
+    oom::job::at_raw_exit(status);
+}
+
 /// Called at process exit: lets a dump that waits to learn whether its failure was recovered
 /// be written now.
 pub fn flush_at_exit() {

@@ -22,6 +22,7 @@ fn a_killed_childs_region_is_removed_once_it_is_reaped() {
         torch_hook: false,
         dir: None,
         command: &command,
+        exit_code: false,
         extra_env: vec![(
             OsString::from("OOMSHIM_LIVE_DIR"),
             live.path().as_os_str().to_owned(),

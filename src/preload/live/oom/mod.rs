@@ -22,6 +22,7 @@
 //! are written per minute; both are counted in the next dump and said once at exit.
 
 pub(super) mod event;
+pub(super) mod job;
 mod requests;
 mod summary;
 pub(super) mod writer;

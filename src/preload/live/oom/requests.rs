@@ -260,6 +260,8 @@ impl State {
     ) -> Admit {
         // Whatever becomes of this failure, the exit says what got no dump.
         oomshim_core::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
+        // And, should it end the process, what it leaves for the job (after that flush).
+        super::job::watch_exit();
         let interval = s.config().min_interval;
         self.dumped
             .retain(|d| now.duration_since(d.at) < interval.max(FRAMEWORK_MATCH));

@@ -4,6 +4,7 @@
 
 use super::event::{FrameworkNote, Resolution};
 use super::requests::{site_of, Request, Stage};
+use super::job;
 use super::summary::{print_summary, say, say_without_dumps};
 use super::{Handled, OomTracker, State, HOOKED_SETTLE};
 use crate::live::assemble::{BurstInfo, Capture, Facts};
@@ -59,6 +60,7 @@ impl OomTracker {
         };
         let (dump, written) = assemble_and_write(s, &capture, burst, framework, facts, None);
         print_summary(&dump, &written);
+        job::arm(&dump, &written);
         let path = written.ok().map(|w| w.path);
         let mut st = self.lock();
         writing.done(&mut st);
@@ -279,6 +281,7 @@ impl OomTracker {
         );
         if !provisional {
             print_summary(&dump, &written);
+            job::arm(&dump, &written);
         }
         let mut st = self.lock();
         writing.done(&mut st);
