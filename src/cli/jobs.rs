@@ -33,8 +33,8 @@ pub fn targets_of_environ(raw: &[u8]) -> Targets {
         })
         .collect();
     let lookup = |k: &str| {
+        // The first, as getenv (and so the process's own shim) sees it.
         vars.iter()
-            .rev()
             .find(|(n, _)| *n == k.as_bytes())
             .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
     };
@@ -149,20 +149,4 @@ pub fn exit_code_for_run(dump_dir: &Path, token: &str, post_mortems: &[Dump]) ->
                 .map_or(d.time_unix_ms, |pm| pm.died_unix_ms)
         })?;
     oomshim_core::verdict::retry::exit_code(&first.verdict.retry.as_ref()?.hint)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_environment_a_process_started_with_names_its_files() {
-        let raw = b"PATH=/bin\0TORCHELASTIC_ERROR_FILE=/logs/1/error.json\0OOMSHIM_TERMINATION_LOG=/t/log\0X=a=b\0\0";
-        let t = targets_of_environ(raw);
-        assert_eq!(t.error_file.as_deref(), Some(Path::new("/logs/1/error.json")));
-        assert_eq!(t.termination_log.as_deref(), Some(Path::new("/t/log")));
-        let t = targets_of_environ(b"TORCHELASTIC_ERROR_FILE=/e\0OOMSHIM_TORCHELASTIC=0\0");
-        assert_eq!(t.error_file, None);
-        assert_eq!(targets_of_environ(b"garbage without equals").error_file, None);
-    }
 }

@@ -31,6 +31,8 @@ mod gpu_scripts;
 mod hostile;
 #[path = "../html.rs"]
 mod html;
+#[path = "../jobs.rs"]
+mod jobs;
 #[path = "../launcher.rs"]
 mod launcher;
 #[path = "../layers.rs"]

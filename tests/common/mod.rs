@@ -314,9 +314,21 @@ double simcall_pairs_ns(long n, size_t bytes) {
 
 /// Builds libsimcall.so into `dir`; None without a C compiler (after [`skip`]).
 pub fn build_simcall(dir: &std::path::Path) -> Option<PathBuf> {
-    let src = dir.join("simcall.c");
-    std::fs::write(&src, SIMCALL_C).unwrap();
-    let lib = dir.join("libsimcall.so");
+    build_sim_library(dir, "simcall", SIMCALL_C, "libcudart.so.13")
+}
+
+/// Builds `lib{name}.so` from the C `source` into `dir`, linked to the simulated `runtime`
+/// (`libcudart.so.13` or `libcuda.so.1`) of the testbed; None without a C compiler (after
+/// [`skip`]).
+pub fn build_sim_library(
+    dir: &std::path::Path,
+    name: &str,
+    source: &str,
+    runtime: &str,
+) -> Option<PathBuf> {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let lib = dir.join(format!("lib{name}.so"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let out = Command::new(&cc)
         .args([
@@ -331,7 +343,7 @@ pub fn build_simcall(dir: &std::path::Path) -> Option<PathBuf> {
         .arg(&src)
         .arg("-L")
         .arg(oomshim_cli::testbed::artifact_dir())
-        .arg("-l:libcudart.so.13")
+        .arg(format!("-l:{runtime}"))
         .arg(format!(
             "-Wl,-rpath,{}",
             oomshim_cli::testbed::artifact_dir().display()
@@ -341,7 +353,7 @@ pub fn build_simcall(dir: &std::path::Path) -> Option<PathBuf> {
     match out {
         Ok(o) if o.status.success() => Some(lib),
         Ok(o) => panic!(
-            "compiling libsimcall.so failed:\n{}",
+            "compiling lib{name}.so failed:\n{}",
             String::from_utf8_lossy(&o.stderr)
         ),
         Err(e) => {

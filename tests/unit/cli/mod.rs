@@ -6,6 +6,7 @@ mod args;
 mod demo;
 mod exporter;
 mod fixtures;
+mod jobs;
 mod locate;
 mod report;
 mod report_diff;
