@@ -176,11 +176,28 @@ fn promtool_check(text: &str) {
         .write_all(text.as_bytes())
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool: {}{}",
+    if out.status.success() {
+        return;
+    }
+    // The one lint accepted: DCGM-exporter's own label name `modelName` is camelCase, and the
+    // series carry it as DCGM-exporter spells it so that joins need no label_replace. Every
+    // other complaint (and a camelCase name of oomshim's own) fails.
+    let said = format!(
+        "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+    let only_dcgm_names = said.lines().all(|l| {
+        l.trim().is_empty() || l.ends_with(" label names should be written in 'snake_case' not 'camelCase'")
+    });
+    let camel: BTreeSet<String> = parse_exposition(text)
+        .into_iter()
+        .flat_map(|s| s.labels.into_keys())
+        .filter(|k| k.chars().any(|c| c.is_ascii_uppercase()) && k.chars().any(|c| c.is_ascii_lowercase()))
+        .collect();
+    assert!(
+        only_dcgm_names && camel.iter().all(|k| k == "modelName" || k == "Hostname"),
+        "promtool: {said}\nmixed-case labels: {camel:?}"
     );
 }
 
@@ -266,7 +283,16 @@ impl Drop for Stopped {
 /// publishing into `live`; stopped (SIGSTOP) once it has published after 40 steps, so its
 /// region holds still while it is read twice.
 fn stopped_leak(live: &Path, job_id: &str) -> Stopped {
-    let mut child = Command::new(testbed::client("flight_leak"))
+    stopped_leak_with(live, job_id, &[])
+}
+
+/// [`stopped_leak`] with more variables for the program.
+fn stopped_leak_with(live: &Path, job_id: &str, env: &[(&str, &str)]) -> Stopped {
+    let mut cmd = Command::new(testbed::client("flight_leak"));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
         .env("LD_PRELOAD", shim_lib())
         .env("OOMSHIM_LIVE_DIR", live)
         .env("OOMSHIM_LIVE_INTERVAL", "100ms")
@@ -680,4 +706,250 @@ fn other_methods_on_metrics_are_refused_with_405_and_allow_get() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     server.kill().unwrap();
     server.wait().unwrap();
+}
+
+
+/// One sample as DCGM-exporter 3.x writes it for GPU 0 of a node whose pod mapping is on: its
+/// labels `gpu`, `UUID`, `pci_bus_id`, `device`, `modelName`, `Hostname` and the pod's.
+const DCGM_SAMPLE: &str = r#"# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).
+# TYPE DCGM_FI_DEV_FB_USED gauge
+DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-5e1d0013-1415-1617-1819-1a1b1c1d1e1f",pci_bus_id="00000000:07:00.0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-7",DCGM_FI_DRIVER_VERSION="580.159",container="trainer",namespace="ml",pod="trainer-0"} 1024
+DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-5e1d0113-1415-1617-1819-1a1b1c1d1e1f",pci_bus_id="00000000:0F:00.0",device="nvidia1",modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-7",DCGM_FI_DRIVER_VERSION="580.159"} 0
+"#;
+
+/// The labels a join on DCGM-exporter's series matches on.
+const JOIN_ON: &[&str] = &["gpu", "UUID", "Hostname", "modelName", "pod", "namespace", "container"];
+
+/// `left * on(JOIN_ON) group_left(pci_bus_id) right`, evaluated by a real PromQL engine
+/// (`promtool test rules`) where Prometheus is installed: the join yields exactly the left
+/// sample, with DCGM-exporter's `pci_bus_id`.
+fn promql_join(left: &Sample, right_text: &str) {
+    if !common::on_path("promtool") {
+        common::skip("promtool");
+        return;
+    }
+    let series = |name: &str, labels: &BTreeMap<String, String>| {
+        let body: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")))
+            .collect();
+        format!("{name}{{{}}}", body.join(","))
+    };
+    let mut input = vec![(series(&left.name, &left.labels), left.value)];
+    for r in parse_exposition(right_text) {
+        input.push((series(&r.name, &r.labels), r.value));
+    }
+    let mut expected = left.labels.clone();
+    expected.insert("pci_bus_id".into(), "00000000:07:00.0".into());
+    let mut yaml = String::from("rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n");
+    for (s, v) in &input {
+        yaml.push_str(&format!("      - series: '{s}'\n        values: '{v}'\n"));
+    }
+    yaml.push_str(&format!(
+        "    promql_expr_test:\n      - expr: '{} * on({}) group_left(pci_bus_id) (0 * DCGM_FI_DEV_FB_USED + 1)'\n        eval_time: 0m\n        exp_samples:\n          - labels: '{}'\n            value: {}\n",
+        left.name,
+        JOIN_ON.join(", "),
+        series("", &expected),
+        left.value
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("join_test.yml");
+    std::fs::write(&file, &yaml).unwrap();
+    let out = Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "promtool test rules:\n{yaml}\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The pod of [`DCGM_SAMPLE`], as its downward-API variables give it to the program.
+const POD_ENV: &[(&str, &str)] = &[
+    ("NODE_NAME", "gpu-node-7"),
+    ("POD_NAME", "trainer-0"),
+    ("POD_NAMESPACE", "ml"),
+    ("CONTAINER_NAME", "trainer"),
+];
+
+#[test]
+fn the_series_carry_dcgm_exporters_labels_and_join_its_series_of_the_same_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let nvml = tempfile::tempdir().unwrap();
+    common::build_fake_nvml(nvml.path());
+    let program = stopped_leak_with(&live, "job-41", POD_ENV);
+    let pid = program.0.id().to_string();
+    // The exporter asks this host's NVML for each GPU's index and model name, as DCGM-exporter
+    // does; the program's live summary knows only the CUDA ordinal (no failure asked the driver).
+    let out = cli()
+        .args(["exporter", "--once", "--dir"])
+        .arg(&live)
+        .env("LD_LIBRARY_PATH", nvml.path())
+        .env("SIMNVML_DEVICES", "2")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let samples = parse_exposition(&text);
+    let usage = find(&samples, "hw_gpu_memory_usage_bytes", &[("pid", &pid)]);
+    assert_eq!(usage.len(), 1, "{text}");
+    let l = &usage[0].labels;
+    let want = [
+        ("gpu", "0"),
+        ("UUID", "GPU-5e1d0013-1415-1617-1819-1a1b1c1d1e1f"),
+        ("modelName", "NVIDIA H100 80GB HBM3"),
+        ("Hostname", "gpu-node-7"),
+        ("pod", "trainer-0"),
+        ("namespace", "ml"),
+        ("container", "trainer"),
+        // oomshim's own stay.
+        ("device", "0"),
+        ("gpu_uuid", "GPU-5e1d0013-1415-1617-1819-1a1b1c1d1e1f"),
+        ("rank", "3"),
+    ];
+    for (k, v) in want {
+        assert_eq!(l.get(k).map(String::as_str), Some(v), "{k}: {text}");
+    }
+    assert_ne!(l.get("host"), l.get("Hostname"), "the pod's host name is not the node's");
+    // The join, as PromQL would do it: on DCGM's labels, exactly one of its series matches.
+    let dcgm = parse_exposition(DCGM_SAMPLE);
+    let matching: Vec<&Sample> = dcgm
+        .iter()
+        .filter(|d| {
+            JOIN_ON
+                .iter()
+                .all(|k| d.labels.get(*k) == usage[0].labels.get(*k))
+        })
+        .collect();
+    assert_eq!(matching.len(), 1, "{text}");
+    assert_eq!(matching[0].labels["pci_bus_id"], "00000000:07:00.0");
+    promql_join(usage[0], DCGM_SAMPLE);
+    promtool_check(&text);
+
+    // CUDA_VISIBLE_DEVICES renumbers: CUDA's device 0 is NVML's 1 (another UUID).
+    drop(program);
+    let live1 = dir.path().join("live1");
+    let env1: Vec<(&str, &str)> = [("CUDA_VISIBLE_DEVICES", "1")]
+        .iter()
+        .chain(POD_ENV)
+        .copied()
+        .collect();
+    let program = stopped_leak_with(&live1, "job-41", &env1);
+    let pid = program.0.id().to_string();
+    let out = cli()
+        .args(["exporter", "--once", "--dir"])
+        .arg(&live1)
+        .env("LD_LIBRARY_PATH", nvml.path())
+        .env("SIMNVML_DEVICES", "2")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let samples = parse_exposition(&text);
+    let usage = find(&samples, "hw_gpu_memory_usage_bytes", &[("pid", &pid)]);
+    assert_eq!(usage[0].labels["device"], "0", "{text}");
+    assert_eq!(usage[0].labels["gpu"], "1", "{text}");
+    assert_eq!(
+        usage[0].labels["UUID"],
+        "GPU-5e1d0113-1415-1617-1819-1a1b1c1d1e1f",
+        "{text}"
+    );
+    // Without NVML: the index the ordinal maps to, no UUID or model to claim.
+    let out = cli()
+        .args(["exporter", "--once", "--dir"])
+        .arg(&live1)
+        .env("LD_LIBRARY_PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let samples = parse_exposition(&text);
+    let usage = find(&samples, "hw_gpu_memory_usage_bytes", &[("pid", &pid)]);
+    assert_eq!(usage[0].labels["gpu"], "1", "{text}");
+    assert!(!usage[0].labels.contains_key("UUID"), "{text}");
+    drop(program);
+}
+
+#[test]
+fn a_failure_leaves_a_textfile_node_exporter_reads_until_its_dump_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let dumps = dir.path().join("dumps");
+    let tf = dir.path().join("textfile");
+    let mut env: Vec<(&str, &str)> = vec![
+        ("RANK", "1"),
+        ("SIM_LEAK_RANK", "1"),
+        ("OOMSHIM_DIR", dumps.to_str().unwrap()),
+        ("OOMSHIM_LIVE", "0"),
+    ];
+    env.extend(POD_ENV);
+    let o = common::run_client("rank_worker", &[], &env, true);
+    assert_eq!(o.status.code(), Some(3));
+    let files = common::dump_files(&dumps);
+    assert_eq!(files.len(), 1);
+    let d = dump::read::read_dump(&files[0]).unwrap();
+    let exporter = |extra: &[&str]| {
+        let out = cli()
+            .args(["exporter", "--once", "--dir"])
+            .arg(dir.path().join("no-live"))
+            .arg("--textfile-dir")
+            .arg(&tf)
+            .args(extra)
+            .env("LD_LIBRARY_PATH", "/nonexistent")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    exporter(&["--dumps", dumps.to_str().unwrap()]);
+    let stem = files[0].file_stem().unwrap().to_str().unwrap();
+    let prom = tf.join(format!("{stem}.prom"));
+    let text = std::fs::read_to_string(&prom).unwrap();
+    let samples = parse_exposition(&text);
+    promtool_check(&text);
+    let info = find(&samples, "oomshim_failure_info", &[]);
+    assert_eq!(info.len(), 1, "{text}");
+    let l = &info[0].labels;
+    assert_eq!(l["reason"], "oom");
+    assert_eq!(l["kind"], d.verdict.kind);
+    assert_eq!(l["retry"], "after_change");
+    assert_eq!(l["recovered"], "false");
+    assert_eq!(l["Hostname"], "gpu-node-7");
+    assert_eq!(l["pod"], "trainer-0");
+    assert_eq!(l["rank"], "1");
+    assert_eq!(l["dump"], files[0].file_name().unwrap().to_str().unwrap());
+    let req = find(&samples, "oomshim_failure_request_bytes", &[]);
+    assert_eq!(req[0].value, (256u64 << 20) as f64, "{text}");
+    assert_eq!(req[0].labels["UUID"], "GPU-5e1d0013-1415-1617-1819-1a1b1c1d1e1f");
+    let tracked = find(&samples, "oomshim_failure_tracked_bytes", &[("device", "0")]);
+    assert_eq!(tracked[0].value, d.devices[0].tracked_bytes as f64);
+    let ts = find(&samples, "oomshim_failure_timestamp_seconds", &[])[0].value;
+    assert_eq!((ts * 1000.0).round() as u64, d.time_unix_ms);
+    // Nothing left half-written, nothing else in the directory.
+    let names: Vec<String> = std::fs::read_dir(&tf)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, [format!("{stem}.prom")]);
+    // Another program's file in the directory is never touched; the dump's file goes with it.
+    std::fs::write(tf.join("node.prom"), "up 1\n").unwrap();
+    std::fs::remove_file(&files[0]).unwrap();
+    exporter(&["--dumps", dumps.to_str().unwrap()]);
+    assert!(!prom.exists());
+    assert!(tf.join("node.prom").exists());
+    // A directory that cannot be made is said, and the metrics are printed anyway.
+    let out = cli()
+        .args(["exporter", "--once", "--dir"])
+        .arg(dir.path().join("no-live"))
+        .arg("--textfile-dir")
+        .arg("/proc/self/no-such-dir")
+        .args(["--dumps", dumps.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("oomshim: exporter: textfile: /proc/self/no-such-dir"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -193,6 +193,15 @@ pub enum Cmd {
         /// Print the metrics once to stdout and exit (for scripts and tests).
         #[arg(long)]
         once: bool,
+        /// Also write one .prom file per out-of-memory dump and post-mortem into this directory,
+        /// for node_exporter's textfile collector (atomic renames; files of removed dumps are
+        /// removed; looked at every 5 s, or once with --once).
+        #[arg(long, value_name = "DIR")]
+        textfile_dir: Option<PathBuf>,
+        /// The dump directories --textfile-dir reads (repeatable; default: OOMSHIM_DIR, else
+        /// ./oomshim-dumps).
+        #[arg(long = "dumps", value_name = "DIR", requires = "textfile_dir")]
+        dumps: Vec<PathBuf>,
     },
     /// Run a bundled leaky training loop on a simulated CUDA device (no GPU needed) and show the
     /// answer of the dump it produces (the report's first screen).

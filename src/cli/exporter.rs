@@ -9,7 +9,14 @@
 //! `hw_gpu_memory_limit_bytes`, as the OTel → Prometheus translation spells them); what OTel has
 //! no name for is `oomshim_*`. Only what a summary knows is exported: an unknown is a missing
 //! sample, never a zero.
+//!
+//! Labels join DCGM-exporter's series of the same GPU without `label_replace`: its label names
+//! and values (`gpu`: NVML's index, `UUID`, `modelName`, `Hostname`: the node, and `pod`,
+//! `namespace`, `container` from the process's downward-API variables), beside oomshim's own
+//! (`pid`, `rank`, `local_rank`, `job_id`, `host`, `device`: the CUDA ordinal, `gpu_uuid`).
 
+use dump::model::{DeviceInfo, Dump};
+use oomshim_core::facts::gpu_processes::{nvml_devices, nvml_identity, NvmlDevice};
 use oomshim_core::flight::read::{read_region, scan, ReadError, RegionEntry, Snapshot};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -122,6 +129,16 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "Seconds since oomshim_gpu_memory_bytes was counted.",
     ),
     (
+        "oomshim_last_oom_info",
+        "gauge",
+        "1 for the process's last out-of-memory failure that got a dump, labelled with its verdict's kind and retry hint (elsewhere: the same program fits on a free device; after_change: the same configuration fails again; unknown).",
+    ),
+    (
+        "oomshim_last_oom_timestamp_seconds",
+        "gauge",
+        "When the process's last out-of-memory failure happened (Unix seconds).",
+    ),
+    (
         "oomshim_oom_total",
         "counter",
         "Out-of-memory failures of device allocations since the process started (all devices, de-duplicated ones included).",
@@ -161,6 +178,97 @@ const FAMILIES: &[(&str, &str, &str)] = &[
 /// Samples by family name: (label pairs, value).
 type Samples = BTreeMap<&'static str, Vec<(Vec<(&'static str, String)>, String)>>;
 
+/// The GPUs NVML lists on this host, asked once per exporter process (GPUs do not come and go
+/// while it runs); none without NVML.
+pub fn host_gpus() -> &'static [NvmlDevice] {
+    static GPUS: std::sync::OnceLock<Vec<NvmlDevice>> = std::sync::OnceLock::new();
+    GPUS.get_or_init(|| nvml_devices().unwrap_or_default())
+}
+
+/// A process's labels, oomshim's and DCGM-exporter's: `pid`, `rank`, `local_rank`, `job_id`,
+/// `host`, then `Hostname` (the node: `NODE_NAME`, else the host name) and `pod`, `namespace`,
+/// `container` where the process's downward-API variables set them.
+pub fn process_labels(d: &Dump, pid: u32) -> Vec<(&'static str, String)> {
+    let p = &d.process;
+    let mut labels: Vec<(&'static str, String)> = vec![("pid", pid.to_string())];
+    if let Some(r) = p.rank {
+        labels.push(("rank", r.to_string()));
+    }
+    if let Some(r) = p.local_rank {
+        labels.push(("local_rank", r.to_string()));
+    }
+    if let Some(j) = &p.job_id {
+        labels.push(("job_id", j.clone()));
+    }
+    labels.push(("host", p.host.clone()));
+    let k8s = p.kubernetes.as_ref();
+    let node = k8s.and_then(|k| k.node.clone());
+    labels.push(("Hostname", node.unwrap_or_else(|| p.host.clone())));
+    if let Some(k) = k8s {
+        for (name, v) in [
+            ("pod", &k.pod),
+            ("namespace", &k.namespace),
+            ("container", &k.container),
+        ] {
+            if let Some(v) = v {
+                labels.push((name, v.clone()));
+            }
+        }
+    }
+    labels
+}
+
+/// A device's labels: oomshim's `device` (the CUDA ordinal) and `gpu_uuid`, and DCGM-exporter's
+/// `gpu` (NVML's index), `UUID` and `modelName` for the same GPU. The GPU is the one whose UUID
+/// the process asked the driver for; else the one its `CUDA_VISIBLE_DEVICES` (`visible`) names
+/// for that ordinal; else NVML's device of that index. NVML's own index and name are taken where
+/// this host's NVML lists the GPU, as DCGM-exporter takes them; without NVML, `gpu` is the index
+/// the ordinal maps to (and absent where only a UUID is known) and `modelName` the name CUDA gave.
+pub fn device_labels(
+    index: i32,
+    dev: Option<&DeviceInfo>,
+    visible: Option<&str>,
+    gpus: &[NvmlDevice],
+) -> Vec<(&'static str, String)> {
+    let mut labels: Vec<(&'static str, String)> = vec![("device", index.to_string())];
+    let (listed_uuid, nvml_index, matched_by) = nvml_identity(index, visible);
+    let uuid = dev.and_then(|d| d.uuid.clone()).or(listed_uuid);
+    let known = match &uuid {
+        Some(u) => gpus.iter().find(|g| g.uuid == *u),
+        None => gpus.iter().find(|g| g.index == nvml_index),
+    };
+    let uuid = uuid.or_else(|| known.map(|g| g.uuid.clone()));
+    if let Some(u) = &uuid {
+        labels.push(("gpu_uuid", u.clone()));
+    }
+    let gpu = match known {
+        Some(g) => Some(g.index),
+        None => (matched_by == "index").then_some(nvml_index),
+    };
+    if let Some(g) = gpu {
+        labels.push(("gpu", g.to_string()));
+    }
+    if let Some(u) = uuid {
+        labels.push(("UUID", u));
+    }
+    let model = known
+        .map(|g| g.name.clone())
+        .or_else(|| dev.and_then(|d| d.name.clone()));
+    if let Some(m) = model {
+        labels.push(("modelName", m));
+    }
+    labels
+}
+
+/// The process's `CUDA_VISIBLE_DEVICES`, as its dump's configuration recorded it.
+pub fn visible_devices(d: &Dump) -> Option<&str> {
+    d.config
+        .as_ref()?
+        .env
+        .get("CUDA_VISIBLE_DEVICES")
+        .map(String::as_str)
+}
+
 /// Says each distinct reason for ignoring something in the live directory once per exporter
 /// process, on stderr (the scrape shows the count as `state="foreign"`).
 fn say_ignored_once(why: &str) {
@@ -176,8 +284,14 @@ fn say_ignored_once(why: &str) {
         .write_all(format!("oomshim: exporter: {}\n", dump::units::clean(why)).as_bytes());
 }
 
-/// The exposition for every region in `dir`, at `now_ms`.
+/// The exposition for every region in `dir`, at `now_ms`, labelled with this host's GPUs as
+/// NVML lists them.
 pub fn exposition(dir: &Path, now_ms: u64) -> String {
+    exposition_with(dir, now_ms, host_gpus())
+}
+
+/// [`exposition`] with the GPUs given (`gpus`: NVML's list).
+pub fn exposition_with(dir: &Path, now_ms: u64, gpus: &[NvmlDevice]) -> String {
     let listing = scan(dir);
     for why in &listing.ignored {
         say_ignored_once(why);
@@ -203,7 +317,7 @@ pub fn exposition(dir: &Path, now_ms: u64) -> String {
         match read_region(&e.path) {
             Ok(snap) => {
                 *states.entry("read").or_default() += 1;
-                add_process(&mut samples, e, &snap, now_ms);
+                add_process(&mut samples, e, &snap, now_ms, gpus);
             }
             Err(err) => {
                 // A region not yet initialised (its process is starting), one removed since the
@@ -284,20 +398,17 @@ fn render(samples: &Samples) -> String {
     out
 }
 
-fn add_process(samples: &mut Samples, e: &RegionEntry, snap: &Snapshot, now_ms: u64) {
+fn add_process(
+    samples: &mut Samples,
+    e: &RegionEntry,
+    snap: &Snapshot,
+    now_ms: u64,
+    gpus: &[NvmlDevice],
+) {
     let s = &snap.summary;
     let d = &s.dump;
-    let mut proc_labels: Vec<(&'static str, String)> = vec![("pid", s.pid.to_string())];
-    if let Some(r) = d.process.rank {
-        proc_labels.push(("rank", r.to_string()));
-    }
-    if let Some(r) = d.process.local_rank {
-        proc_labels.push(("local_rank", r.to_string()));
-    }
-    if let Some(j) = &d.process.job_id {
-        proc_labels.push(("job_id", j.clone()));
-    }
-    proc_labels.push(("host", d.process.host.clone()));
+    let proc_labels = process_labels(d, s.pid);
+    let visible = visible_devices(d);
     let mut push = |name: &'static str, labels: &[(&'static str, String)], value: String| {
         samples
             .entry(name)
@@ -306,10 +417,7 @@ fn add_process(samples: &mut Samples, e: &RegionEntry, snap: &Snapshot, now_ms: 
     };
     for dev in &d.devices {
         let mut labels = proc_labels.clone();
-        labels.push(("device", dev.index.to_string()));
-        if let Some(u) = &dev.uuid {
-            labels.push(("gpu_uuid", u.clone()));
-        }
+        labels.extend(device_labels(dev.index, Some(dev), visible, gpus));
         push(
             "hw_gpu_memory_usage_bytes",
             &labels,
@@ -361,7 +469,8 @@ fn add_process(samples: &mut Samples, e: &RegionEntry, snap: &Snapshot, now_ms: 
     }
     if let Some(lk) = &s.kinds {
         let mut labels = proc_labels.clone();
-        labels.push(("device", lk.device.to_string()));
+        let dev = d.devices.iter().find(|x| x.index == lk.device);
+        labels.extend(device_labels(lk.device, dev, visible, gpus));
         let k = &lk.kinds;
         let kinds = [
             ("parameters", Some(k.parameters_bytes)),
@@ -381,6 +490,19 @@ fn add_process(samples: &mut Samples, e: &RegionEntry, snap: &Snapshot, now_ms: 
             "oomshim_gpu_memory_kinds_age_seconds",
             &labels,
             format!("{:.3}", now_ms.saturating_sub(lk.unix_ms) as f64 / 1000.0),
+        );
+    }
+    if let Some(f) = s.last_failure.as_ref().filter(|f| f.dump.is_some()) {
+        let mut labels = proc_labels.clone();
+        let dev = d.devices.iter().find(|x| x.index == f.device);
+        labels.extend(device_labels(f.device, dev, visible, gpus));
+        labels.push(("kind", f.kind.clone().unwrap_or_else(|| "unknown".into())));
+        labels.push(("retry", f.retry.clone().unwrap_or_else(|| "unknown".into())));
+        push("oomshim_last_oom_info", &labels, "1".into());
+        push(
+            "oomshim_last_oom_timestamp_seconds",
+            &proc_labels,
+            format!("{:.3}", f.unix_ms as f64 / 1000.0),
         );
     }
     push(

@@ -12,6 +12,7 @@ pub mod report;
 pub mod run;
 pub mod supervise;
 pub mod testbed;
+pub mod textfile;
 pub mod top;
 
 use dump::units::clean_path;

@@ -196,8 +196,22 @@ fn main() -> ExitCode {
             }
             cli::top::live(&dir, pid, prune)
         }
-        Cmd::Exporter { listen, dir, once } => {
+        Cmd::Exporter {
+            listen,
+            dir,
+            once,
+            textfile_dir,
+            dumps,
+        } => {
             let dir = dir.unwrap_or_else(oomshim_core::flight::live_dir);
+            let dumps = if dumps.is_empty() {
+                vec![std::env::var_os("OOMSHIM_DIR")
+                    .filter(|v| !v.is_empty())
+                    .map(std::path::PathBuf::from)
+                    .unwrap_or_else(|| oomshim_core::config::DEFAULT_DIR.into())]
+            } else {
+                dumps
+            };
             // Checked with --once too: one rule for the address, whether it is used or not.
             let addr = match cli::exporter::parse_listen(
                 listen.as_deref().unwrap_or(cli::exporter::DEFAULT_LISTEN),
@@ -206,6 +220,9 @@ fn main() -> ExitCode {
                 Err(e) => return fail(&e, 2),
             };
             if once {
+                if let Some(out) = &textfile_dir {
+                    textfile_pass(out, &dumps);
+                }
                 let now = dump::time::unix_ms(std::time::SystemTime::now());
                 return print_out(&cli::exporter::exposition(&dir, now));
             }
@@ -224,6 +241,17 @@ fn main() -> ExitCode {
                 "oomshim: exporter serving http://{bound}/metrics (regions in {})\n",
                 dump::units::clean_path(&dir)
             ));
+            if let Some(out) = textfile_dir {
+                let spawned = std::thread::Builder::new()
+                    .name("oomshim-textfile".into())
+                    .spawn(move || loop {
+                        textfile_pass(&out, &dumps);
+                        std::thread::sleep(cli::textfile::EVERY);
+                    });
+                if let Err(e) = spawned {
+                    return fail(&format!("cannot start the textfile writer: {e}"), 1);
+                }
+            }
             cli::exporter::serve(listener, &dir)
         }
         Cmd::Report {
@@ -378,6 +406,19 @@ fn main() -> ExitCode {
                 }
                 Err(e) => fail(&e, 1),
             }
+        }
+    }
+}
+
+/// One pass of `--textfile-dir`; each problem said once per exporter process.
+fn textfile_pass(out: &std::path::Path, dumps: &[std::path::PathBuf]) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let pass = cli::textfile::refresh(out, dumps, cli::exporter::host_gpus());
+    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+    for p in pass.problems {
+        if !said.contains(&p) && said.len() < 256 {
+            note(&format!("oomshim: exporter: textfile: {}\n", dump::units::clean(&p)));
+            said.push(p);
         }
     }
 }

@@ -11,8 +11,11 @@
  *   no-device    init succeeds; nvmlDeviceGetHandleByIndex_v2/ByUUID return NVML_ERROR_GPU_IS_LOST (15)
  *   list-fails   the device is found; listing its processes returns NVML_ERROR_UNKNOWN (999)
  * SIMNVML_DELAY_MS: nvmlInit_v2 sleeps this long first (an NVML that hangs for a while).
+ * SIMNVML_DEVICES, SIMNVML_NAME: the devices it lists (count, model name; see below), as
+ *   `oomshim exporter` asks for DCGM-exporter's labels (tests/exporter.rs).
  */
 #define _GNU_SOURCE
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -64,21 +67,64 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
     return NVML_ERROR_UNKNOWN;
 }
 
-static nvmlReturn_t handle(nvmlDevice_t *device) {
+/* Devices: SIMNVML_DEVICES (default 1), named SIMNVML_NAME (default "NVIDIA H100 80GB HBM3"),
+ * with the UUIDs the simulated driver gives its devices (GPU-5e1d00NN-1415-…, NN the index).
+ * A handle is 0x1000 + the index. */
+static unsigned int device_count(void) {
+    const char *s = getenv("SIMNVML_DEVICES");
+    return s != NULL && *s != '\0' ? (unsigned int)strtoul(s, NULL, 10) : 1;
+}
+
+static nvmlReturn_t handle(unsigned int index, nvmlDevice_t *device) {
     if (device == NULL) return 1;
     if (strcmp(mode(), "no-device") == 0) return NVML_ERROR_GPU_IS_LOST;
-    *device = (nvmlDevice_t)(unsigned long)0x1000;
+    *device = (nvmlDevice_t)(unsigned long)(0x1000 + index);
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
-    (void)index;
-    return handle(device);
+static unsigned int index_of(nvmlDevice_t device) {
+    return (unsigned int)((unsigned long)device - 0x1000);
 }
 
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    return handle(index, device);
+}
+
+/* A UUID of the simulated driver's names its device; any other is device 0 (the tests that
+ * list processes pass whatever UUID the dump has). */
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
-    (void)uuid;
-    return handle(device);
+    unsigned int index = 0;
+    if (uuid != NULL && strncmp(uuid, "GPU-5e1d", 8) == 0 && strlen(uuid) > 10) {
+        char hex[3] = {uuid[8], uuid[9], 0};
+        index = (unsigned int)strtoul(hex, NULL, 16);
+    }
+    return handle(index, device);
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    if (count == NULL) return 1;
+    *count = device_count();
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    if (index == NULL) return 1;
+    *index = index_of(device);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    if (uuid == NULL) return 1;
+    snprintf(uuid, length, "GPU-5e1d%02x13-1415-1617-1819-1a1b1c1d1e1f", index_of(device) & 0xff);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    (void)device;
+    if (name == NULL) return 1;
+    const char *s = getenv("SIMNVML_NAME");
+    snprintf(name, length, "%s", s != NULL ? s : "NVIDIA H100 80GB HBM3");
+    return NVML_SUCCESS;
 }
 
 #define MAX_PROCS 64

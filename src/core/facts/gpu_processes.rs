@@ -114,6 +114,41 @@ pub fn on_device(uuid: Option<&str>, index: u32) -> Result<Vec<GpuProcess>, Stri
     Ok(out)
 }
 
+/// One GPU as NVML names it: what DCGM-exporter labels its series with (`gpu`, `UUID`,
+/// `modelName`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmlDevice {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+}
+
+/// Every GPU NVML lists, in its order; an error in words when NVML is not available.
+pub fn nvml_devices() -> Result<Vec<NvmlDevice>, String> {
+    let nvml = nvml_wrapper::Nvml::builder()
+        .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
+        .init()
+        .or_else(|_| nvml_wrapper::Nvml::init())
+        .map_err(|e| format!("NVML is not available ({e})"))?;
+    let count = nvml
+        .device_count()
+        .map_err(|e| format!("NVML could not count devices ({e})"))?;
+    let mut out = Vec::new();
+    for index in 0..count.min(1024) {
+        let Ok(d) = nvml.device_by_index(index) else {
+            continue;
+        };
+        if let (Ok(uuid), Ok(name)) = (d.uuid(), d.name()) {
+            out.push(NvmlDevice {
+                index: d.index().unwrap_or(index),
+                uuid,
+                name,
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// How to find CUDA ordinal `device` in NVML: `CUDA_VISIBLE_DEVICES` (its value, passed in)
 /// renumbers devices; entries are NVML indices or UUIDs. Returns (uuid, index, matched_by).
 pub fn nvml_identity(device: i32, visible: Option<&str>) -> (Option<String>, u32, &'static str) {
