@@ -248,3 +248,76 @@ fn slurm_style_job_over_per_host_directories() {
         "{text}"
     );
 }
+
+/// "Why this rank" on real rank dumps: rank 1 leaks and runs out first; rank 3 runs out of
+/// memory 6 s after its steps, long after rank 1, as a rank whose collective timed out would:
+/// `merge` names the cascade and that rank 1's failure is the one to fix, in text, JSON and HTML.
+#[test]
+fn a_late_failure_after_the_first_is_named_a_cascade() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let outs = run_job(4, |r| {
+        pairs(&[
+            ("RANK", r.to_string()),
+            ("WORLD_SIZE", "4".into()),
+            ("SIM_LEAK_RANK", "1".into()),
+            ("SIM_LATE_OOM_RANK", "3".into()),
+            ("SIM_LATE_OOM_MS", "6000".into()),
+            ("OOMSHIM_DIR", d.clone()),
+        ])
+    });
+    let codes: Vec<Option<i32>> = outs.iter().map(|o| o.status.code()).collect();
+    assert_eq!(codes, [Some(0), Some(3), Some(0), Some(3)], "{outs:?}");
+    let o = cli().arg("merge").arg(dir.path()).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    let why = text
+        .split("\nWhy this rank\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        why.contains("- rank 1 failed first; rank 3 failed ")
+            && why.contains("s later, together, after a collective timed out: a cascade; fix rank 1's failure"),
+        "{text}"
+    );
+    let j: serde_json::Value = serde_json::from_slice(
+        &cli()
+            .arg("merge")
+            .arg(dir.path())
+            .arg("--json")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let cascade = j["why"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["rule"] == "cascade")
+        .unwrap()
+        .clone();
+    assert_eq!(cascade["applies"], true);
+    assert_eq!(cascade["ranks"], serde_json::json!([1, 3]));
+    // The C ranks have no kinds: those rules say so.
+    let edges = j["why"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["rule"] == "pipeline_edges")
+        .unwrap()
+        .clone();
+    assert_eq!(edges["applies"], false);
+    assert!(edges["text"].as_str().unwrap().contains("kinds"));
+    // The page.
+    let page = dir.path().join("merge.html");
+    let o = cli()
+        .arg("merge")
+        .arg(dir.path())
+        .arg("--html")
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("<li data-rule=\"cascade\">rank 1 failed first"), "{html}");
+}

@@ -152,8 +152,11 @@ pub enum Cmd {
         #[arg(long, value_name = "MS", default_value_t = crate::report::merge::DEFAULT_CLOCK_SKEW_MS, value_parser = parse_clock_skew)]
         clock_skew_ms: u64,
         /// Print JSON instead of text.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "html")]
         json: bool,
+        /// Write the merge as one self-contained HTML page to this file instead.
+        #[arg(long, value_name = "OUT.html")]
+        html: Option<PathBuf>,
     },
     /// A live view of every oomshim process of this user on this host (or one pid), from the
     /// live summaries the shim publishes: device memory, growing sites, steps per second, the

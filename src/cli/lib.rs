@@ -387,11 +387,13 @@ pub fn diff(named: &[std::path::PathBuf], top: usize, json: bool) -> Result<Stri
     }
 }
 
-/// `oomshim merge DIR...`: all ranks' dumps in one table. No dump at all is an error.
+/// `oomshim merge DIR...`: all ranks' dumps in one table (or JSON, or an HTML page written to
+/// `html`, then a line saying where). No dump at all is an error.
 pub fn merge(
     dirs: &[std::path::PathBuf],
     options: crate::report::merge::MergeOptions,
     json: bool,
+    html: Option<&Path>,
 ) -> Result<String, String> {
     let m = crate::report::merge::merge_dirs(dirs, options)?;
     if m.rows.is_empty() {
@@ -405,6 +407,12 @@ pub fn merge(
             ));
         }
         return Err(msg);
+    }
+    if let Some(out) = html {
+        let page = crate::report::merge_html::merge_page(&m);
+        dump::write::write_file_atomically(out, page.as_bytes(), 0o644)
+            .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
+        return Ok(format!("merge of {} dumps written to {}\n", m.rows.len(), clean_path(out)));
     }
     if json {
         let v = crate::report::merge::merge_json(&m);

@@ -337,10 +337,12 @@ fn main() -> ExitCode {
             dirs,
             clock_skew_ms,
             json,
+            html,
         } => match cli::merge(
             &dirs,
             oomshim_cli::report::merge::MergeOptions { clock_skew_ms },
             json,
+            html.as_deref(),
         ) {
             Ok(text) => print_out(&text),
             Err(e) => fail(&e, EXIT_BAD_INPUT),

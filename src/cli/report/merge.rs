@@ -1,6 +1,7 @@
 //! `oomshim merge DIR...`: the dumps of all ranks of one job in one table, the first rank to
-//! run out of memory, and the imbalance between ranks (the classic "one card runs out while the
-//! others idle"). Reads directories that many hosts may share, or one directory per host; files
+//! run out of memory, the imbalance between ranks (the classic "one card runs out while the
+//! others idle"), and why that rank: the structural causes named from the ranks' memory by kind
+//! and their failure times (src/cli/report/why_rank.rs). Reads directories that many hosts may share, or one directory per host; files
 //! that are not dumps are skipped, broken dumps are reported.
 
 use dump::model::Dump;
@@ -38,6 +39,10 @@ pub struct Row {
     /// Torch's live memory by kind at the failure (the dump's `framework.kinds`), when the
     /// Python hook counted it.
     pub kinds: Option<RankKinds>,
+    /// When the process failed: an out-of-memory dump's time, a post-mortem's death.
+    pub failed_unix_ms: Option<u64>,
+    /// The verdict's retry hint, when the dump records a failure.
+    pub retry: Option<String>,
 }
 
 /// One process's memory by kind, as `merge` lists it per rank.
@@ -135,6 +140,9 @@ pub struct Merged {
     pub hosts: Vec<HostGroup>,
     /// Plain-words findings about the balance between processes.
     pub findings: Vec<String>,
+    /// Why the rank that differs does: every rule of src/cli/report/why_rank.rs, applying or
+    /// saying why not. Empty with one process.
+    pub why: Vec<super::why_rank::Why>,
     /// `path: why` for every JSON file that could not be read as a dump.
     pub problems: Vec<String>,
     pub options: MergeOptions,
@@ -191,6 +199,12 @@ pub fn row(path: PathBuf, d: &Dump) -> Row {
             .as_ref()
             .and_then(|f| f.kinds.as_ref())
             .map(RankKinds::of),
+        failed_unix_ms: match (&d.post_mortem, &d.failed_request) {
+            (Some(pm), _) => Some(pm.died_unix_ms),
+            (None, Some(_)) if d.reason == "oom" => Some(d.time_unix_ms),
+            _ => None,
+        },
+        retry: d.verdict.retry.as_ref().map(|r| r.hint.clone()),
     }
 }
 
@@ -280,11 +294,48 @@ pub fn merge_rows(mut rows: Vec<Row>, problems: Vec<String>, options: MergeOptio
         median_peak_bytes,
         hosts,
         findings: Vec::new(),
+        why: Vec::new(),
         problems,
         options,
     };
     m.findings = findings(&m, &procs);
+    if procs.len() > 1 {
+        m.why = super::why_rank::why(&rank_facts(&m.rows, &procs), options.clock_skew_ms);
+    }
     m
+}
+
+/// One entry per process for the "why this rank" rules: its kinds from its first
+/// out-of-memory dump, else from its latest dump that has them; its first failure.
+fn rank_facts<'a>(rows: &'a [Row], procs: &[Proc]) -> Vec<super::why_rank::RankFacts<'a>> {
+    procs
+        .iter()
+        .map(|p| {
+            let mine = |r: &Row| {
+                let at = &rows[p.peak_row];
+                r.host == at.host && r.pid == at.pid
+            };
+            let kinds = p
+                .first_oom
+                .and_then(|i| rows[i].kinds)
+                .or_else(|| {
+                    rows.iter()
+                        .filter(|r| mine(r) && r.kinds.is_some())
+                        .max_by_key(|r| r.time_unix_ms)
+                        .and_then(|r| r.kinds)
+                });
+            let failed_ms = rows
+                .iter()
+                .filter(|r| mine(r))
+                .filter_map(|r| r.failed_unix_ms)
+                .min();
+            super::why_rank::RankFacts {
+                row: &rows[p.peak_row],
+                kinds,
+                failed_ms,
+            }
+        })
+        .collect()
 }
 
 /// One process (host, pid) across its dumps.
@@ -716,6 +767,39 @@ pub fn render_merge(m: &Merged) -> String {
                 k.dominant().unwrap_or("-")
             ));
         }
+        let counted: Vec<RankKinds> = m.rows.iter().filter_map(|r| r.kinds).collect();
+        if counted.len() > 1 {
+            let med =
+                |f: fn(&RankKinds) -> u64| super::why_rank::median(counted.iter().map(f).collect());
+            out.push_str(&format!(
+                "  {:<5} {:<20} {:>8} {:>11} {:>11} {:>11} {:>11}\n",
+                "",
+                "median",
+                "",
+                human_bytes(med(|k| k.parameters_bytes)),
+                human_bytes(med(|k| k.gradients_bytes)),
+                human_bytes(med(|k| k.optimizer_state_bytes)),
+                human_bytes(med(|k| k.activations_bytes.unwrap_or(0))),
+            ));
+        }
+    }
+    if !m.why.is_empty() {
+        out.push_str("\nWhy this rank\n");
+        let applying: Vec<&super::why_rank::Why> = m.why.iter().filter(|w| w.applies).collect();
+        for w in &applying {
+            out.push_str(&format!("  - {}\n", dump::units::clean(&w.text)));
+        }
+        if applying.is_empty() {
+            let not: Vec<String> = m
+                .why
+                .iter()
+                .map(|w| format!("{}: {}", w.rule, dump::units::clean(&w.text)))
+                .collect();
+            out.push_str(&format!(
+                "  - no known structural cause applies ({})\n",
+                not.join("; ")
+            ));
+        }
     }
     if m.hosts.len() > 1 {
         out.push_str("\nBy host\n");
@@ -762,7 +846,8 @@ pub fn merge_json(m: &Merged) -> Value {
             "time_unix_ms": r.time_unix_ms, "device": r.device, "uuid": r.uuid,
             "tracked_bytes": r.tracked_bytes, "peak_tracked_bytes": r.peak_tracked_bytes,
             "free_bytes": r.free_bytes, "total_bytes": r.total_bytes, "failed_bytes": r.failed_bytes,
-            "nccl_bytes": r.nccl_bytes, "verdict": r.verdict,
+            "nccl_bytes": r.nccl_bytes, "verdict": r.verdict, "retry": r.retry,
+            "failed_unix_ms": r.failed_unix_ms,
             "kinds": r.kinds.map(|k| json!({
                 "parameters_bytes": k.parameters_bytes, "gradients_bytes": k.gradients_bytes,
                 "optimizer_state_bytes": k.optimizer_state_bytes,
@@ -787,6 +872,9 @@ pub fn merge_json(m: &Merged) -> Value {
             "out_of_memory": h.out_of_memory, "max_peak_bytes": h.max_peak_bytes,
         })).collect::<Vec<_>>(),
         "findings": m.findings,
+        "why": m.why.iter().map(|w| json!({
+            "rule": w.rule, "applies": w.applies, "ranks": w.ranks, "text": w.text,
+        })).collect::<Vec<_>>(),
         "problems": m.problems,
     })
 }

@@ -12,9 +12,11 @@ pub mod glance;
 pub mod html;
 pub mod json;
 pub mod merge;
+pub mod merge_html;
 pub mod model;
 pub mod terminal;
 pub mod torch_cache;
+pub mod why_rank;
 
 pub use json::render_json;
 pub use model::ReportModel;

@@ -20,5 +20,6 @@ mod report_model;
 mod report_terminal;
 mod report_terminal_layout;
 mod report_torch_cache;
+mod report_why_rank;
 mod run;
 mod supervise;
