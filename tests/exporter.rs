@@ -188,12 +188,15 @@ fn promtool_check(text: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
     let only_dcgm_names = said.lines().all(|l| {
-        l.trim().is_empty() || l.ends_with(" label names should be written in 'snake_case' not 'camelCase'")
+        l.trim().is_empty()
+            || l.ends_with(" label names should be written in 'snake_case' not 'camelCase'")
     });
     let camel: BTreeSet<String> = parse_exposition(text)
         .into_iter()
         .flat_map(|s| s.labels.into_keys())
-        .filter(|k| k.chars().any(|c| c.is_ascii_uppercase()) && k.chars().any(|c| c.is_ascii_lowercase()))
+        .filter(|k| {
+            k.chars().any(|c| c.is_ascii_uppercase()) && k.chars().any(|c| c.is_ascii_lowercase())
+        })
         .collect();
     assert!(
         only_dcgm_names && camel.iter().all(|k| k == "modelName" || k == "Hostname"),
@@ -708,7 +711,6 @@ fn other_methods_on_metrics_are_refused_with_405_and_allow_get() {
     server.wait().unwrap();
 }
 
-
 /// One sample as DCGM-exporter 3.x writes it for GPU 0 of a node whose pod mapping is on: its
 /// labels `gpu`, `UUID`, `pci_bus_id`, `device`, `modelName`, `Hostname` and the pod's.
 const DCGM_SAMPLE: &str = r#"# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).
@@ -718,7 +720,15 @@ DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-5e1d0113-1415-1617-1819-1a1b1c1d1e1f",pci_
 "#;
 
 /// The labels a join on DCGM-exporter's series matches on.
-const JOIN_ON: &[&str] = &["gpu", "UUID", "Hostname", "modelName", "pod", "namespace", "container"];
+const JOIN_ON: &[&str] = &[
+    "gpu",
+    "UUID",
+    "Hostname",
+    "modelName",
+    "pod",
+    "namespace",
+    "container",
+];
 
 /// `left * on(JOIN_ON) group_left(pci_bus_id) right`, evaluated by a real PromQL engine
 /// (`promtool test rules`) where Prometheus is installed: the join yields exactly the left
@@ -741,7 +751,9 @@ fn promql_join(left: &Sample, right_text: &str) {
     }
     let mut expected = left.labels.clone();
     expected.insert("pci_bus_id".into(), "00000000:07:00.0".into());
-    let mut yaml = String::from("rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n");
+    let mut yaml = String::from(
+        "rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n",
+    );
     for (s, v) in &input {
         yaml.push_str(&format!("      - series: '{s}'\n        values: '{v}'\n"));
     }
@@ -814,7 +826,11 @@ fn the_series_carry_dcgm_exporters_labels_and_join_its_series_of_the_same_gpu() 
     for (k, v) in want {
         assert_eq!(l.get(k).map(String::as_str), Some(v), "{k}: {text}");
     }
-    assert_ne!(l.get("host"), l.get("Hostname"), "the pod's host name is not the node's");
+    assert_ne!(
+        l.get("host"),
+        l.get("Hostname"),
+        "the pod's host name is not the node's"
+    );
     // The join, as PromQL would do it: on DCGM's labels, exactly one of its series matches.
     let dcgm = parse_exposition(DCGM_SAMPLE);
     let matching: Vec<&Sample> = dcgm
@@ -853,8 +869,7 @@ fn the_series_carry_dcgm_exporters_labels_and_join_its_series_of_the_same_gpu() 
     assert_eq!(usage[0].labels["device"], "0", "{text}");
     assert_eq!(usage[0].labels["gpu"], "1", "{text}");
     assert_eq!(
-        usage[0].labels["UUID"],
-        "GPU-5e1d0113-1415-1617-1819-1a1b1c1d1e1f",
+        usage[0].labels["UUID"], "GPU-5e1d0113-1415-1617-1819-1a1b1c1d1e1f",
         "{text}"
     );
     // Without NVML: the index the ordinal maps to, no UUID or model to claim.
@@ -899,7 +914,12 @@ fn a_failure_leaves_a_textfile_node_exporter_reads_until_its_dump_is_removed() {
             .env("LD_LIBRARY_PATH", "/nonexistent")
             .output()
             .unwrap();
-        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     exporter(&["--dumps", dumps.to_str().unwrap()]);
     let stem = files[0].file_stem().unwrap().to_str().unwrap();
@@ -920,8 +940,15 @@ fn a_failure_leaves_a_textfile_node_exporter_reads_until_its_dump_is_removed() {
     assert_eq!(l["dump"], files[0].file_name().unwrap().to_str().unwrap());
     let req = find(&samples, "oomshim_failure_request_bytes", &[]);
     assert_eq!(req[0].value, (256u64 << 20) as f64, "{text}");
-    assert_eq!(req[0].labels["UUID"], "GPU-5e1d0013-1415-1617-1819-1a1b1c1d1e1f");
-    let tracked = find(&samples, "oomshim_failure_tracked_bytes", &[("device", "0")]);
+    assert_eq!(
+        req[0].labels["UUID"],
+        "GPU-5e1d0013-1415-1617-1819-1a1b1c1d1e1f"
+    );
+    let tracked = find(
+        &samples,
+        "oomshim_failure_tracked_bytes",
+        &[("device", "0")],
+    );
     assert_eq!(tracked[0].value, d.devices[0].tracked_bytes as f64);
     let ts = find(&samples, "oomshim_failure_timestamp_seconds", &[])[0].value;
     assert_eq!((ts * 1000.0).round() as u64, d.time_unix_ms);
@@ -948,7 +975,8 @@ fn a_failure_leaves_a_textfile_node_exporter_reads_until_its_dump_is_removed() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("oomshim: exporter: textfile: /proc/self/no-such-dir"),
+        String::from_utf8_lossy(&out.stderr)
+            .contains("oomshim: exporter: textfile: /proc/self/no-such-dir"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

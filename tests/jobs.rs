@@ -120,13 +120,20 @@ fn a_c_worker_out_of_memory_is_torchruns_root_cause_with_oomshims_headline() {
     let bare_logs = dir.path().join("bare");
     let bare = torchrun(None, 2, &["--no-python"], &[worker], &env, &bare_logs);
     let bare_cause = root_cause(&text(&bare.stderr));
-    assert!(bare_cause.contains("rank      : 1 (local_rank: 1)"), "{bare_cause}");
+    assert!(
+        bare_cause.contains("rank      : 1 (local_rank: 1)"),
+        "{bare_cause}"
+    );
     assert!(bare_cause.contains("error_file: <N/A>"), "{bare_cause}");
     assert!(!bare_cause.contains("oomshim"), "{bare_cause}");
 
     let logs = dir.path().join("logs");
     let o = torchrun(Some(&[]), 2, &["--no-python"], &[worker], &env, &logs);
-    assert_eq!(o.status.code(), bare.status.code(), "the launcher's status, unchanged");
+    assert_eq!(
+        o.status.code(),
+        bare.status.code(),
+        "the launcher's status, unchanged"
+    );
     let cause = root_cause(&text(&o.stderr));
     let d = oom_dumps(&dumps);
     assert_eq!(d.len(), 1, "one out-of-memory dump, rank 1's: {d:#?}");
@@ -149,14 +156,22 @@ fn a_c_worker_out_of_memory_is_torchruns_root_cause_with_oomshims_headline() {
         "{cause}"
     );
     assert!(cause.contains("retry: after_change ("), "{cause}");
-    assert!(cause.contains("line: train_step (rank_worker.c:"), "{cause}");
+    assert!(
+        cause.contains("line: train_step (rank_worker.c:"),
+        "{cause}"
+    );
     let path = common::dump_files(&dumps)[0].clone();
     assert!(
-        cause.contains(&format!("dump: {}  (details: oomshim report {})", path.display(), path.display())),
+        cause.contains(&format!(
+            "dump: {}  (details: oomshim report {})",
+            path.display(),
+            path.display()
+        )),
         "{cause}"
     );
     // Rank 0 ended normally: no error file of oomshim's.
-    assert!(error_file(&logs, 0).is_none_or(|f| !std::fs::read_to_string(f).unwrap().contains("oomshim")));
+    assert!(error_file(&logs, 0)
+        .is_none_or(|f| !std::fs::read_to_string(f).unwrap().contains("oomshim")));
 }
 
 /// What the Python workers allocate with: the simulated driver (`libcuda.so.1`) through the PLT,
@@ -248,7 +263,12 @@ fn py_job() -> Option<PyJob> {
 
 impl PyJob {
     /// One Python worker under `oomshim run`; (output, root cause, error file's text, dumps).
-    fn run(&self, name: &str, mode: &str, record: bool) -> (Output, String, Option<String>, Vec<Dump>) {
+    fn run(
+        &self,
+        name: &str,
+        mode: &str,
+        record: bool,
+    ) -> (Output, String, Option<String>, Vec<Dump>) {
         let logs = self.dir.path().join(format!("{name}-logs"));
         let dumps = self.dir.path().join(format!("{name}-dumps"));
         let env = [
@@ -258,7 +278,14 @@ impl PyJob {
             ("OOMSHIM_DIR", dumps.to_str().unwrap()),
             ("OOMSHIM_TERMINATION_LOG", "off"),
         ];
-        let o = torchrun(Some(&[]), 1, &[], &[self.script.to_str().unwrap()], &env, &logs);
+        let o = torchrun(
+            Some(&[]),
+            1,
+            &[],
+            &[self.script.to_str().unwrap()],
+            &env,
+            &logs,
+        );
         let cause = root_cause(&text(&o.stderr));
         let file = error_file(&logs, 0).map(|f| std::fs::read_to_string(f).unwrap());
         (o, cause, file, oom_dumps(&dumps))
@@ -272,9 +299,16 @@ fn a_python_worker_out_of_memory_without_record_gets_oomshims_error_file() {
     assert_eq!(dumps.len(), 1, "{cause}");
     let file = file.expect("oomshim wrote the error file torchrun asked for");
     let v: serde_json::Value = serde_json::from_str(&file).unwrap();
-    assert_eq!(v["message"]["extraInfo"]["oomshim"]["kind"], dumps[0].verdict.kind);
+    assert_eq!(
+        v["message"]["extraInfo"]["oomshim"]["kind"],
+        dumps[0].verdict.kind
+    );
     assert!(
-        cause.contains(&format!("{}: {}", dumps[0].verdict.kind, dumps[0].verdict.headline())),
+        cause.contains(&format!(
+            "{}: {}",
+            dumps[0].verdict.kind,
+            dumps[0].verdict.headline()
+        )),
         "{cause}"
     );
     assert!(cause.contains("retry: "), "{cause}");
@@ -287,18 +321,24 @@ fn a_python_worker_out_of_memory_with_record_keeps_its_traceback_and_gets_the_he
     let (_, cause, file, dumps) = job.run("record", "oom", true);
     assert_eq!(dumps.len(), 1, "{cause}");
     // The program's own report first: torch's traceback and its message ...
-    let tb = cause.find("Traceback (most recent call last)").expect(&cause);
+    let tb = cause
+        .find("Traceback (most recent call last)")
+        .expect(&cause);
     let own = cause
         .find("OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB.")
         .expect(&cause);
     // ... then oomshim's answer.
-    let ours = cause.find("oomshim: CUDA out of memory on device 0").expect(&cause);
+    let ours = cause
+        .find("oomshim: CUDA out of memory on device 0")
+        .expect(&cause);
     assert!(tb < own && own < ours, "{cause}");
     assert!(cause.contains(dumps[0].verdict.headline()), "{cause}");
     let v: serde_json::Value = serde_json::from_str(&file.unwrap()).unwrap();
     let message = v["message"]["message"].as_str().unwrap();
     assert!(
-        message.starts_with("OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB.\noomshim: "),
+        message.starts_with(
+            "OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB.\noomshim: "
+        ),
         "{message}"
     );
 }
@@ -317,7 +357,10 @@ fn a_worker_failing_for_another_reason_shows_its_own_text_only() {
     // ValueError: with @record, the program's text only; without, no error file of oomshim's.
     let (_, cause, file, dumps) = job.run("survive-record", "survive", true);
     assert_eq!(dumps.len(), 1, "the caught failure still has its dump");
-    assert!(cause.contains("ValueError: bad shape after recovering"), "{cause}");
+    assert!(
+        cause.contains("ValueError: bad shape after recovering"),
+        "{cause}"
+    );
     assert!(!cause.contains("oomshim"), "{cause}");
     assert!(!file.unwrap().contains("oomshim"));
     let (_, cause, file, _) = job.run("survive-plain", "survive", false);
@@ -372,41 +415,61 @@ fn sigkilled_worker() -> (Output, String, Vec<Dump>) {
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let (cg, v2) = oomshim_core::facts::host::cgroup_dir(&own, &fake).expect("a memory cgroup");
     std::fs::create_dir_all(&cg).unwrap();
-    let events = cg.join(if v2 { "memory.events" } else { "memory.oom_control" });
+    let events = cg.join(if v2 {
+        "memory.events"
+    } else {
+        "memory.oom_control"
+    });
     std::fs::write(&events, "oom 0\noom_kill 0\n").unwrap();
-    let max = cg.join(if v2 { "memory.max" } else { "memory.limit_in_bytes" });
+    let max = cg.join(if v2 {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    });
     std::fs::write(max, "17179869184\n").unwrap();
     let worker = oomshim_cli::testbed::client("flight_leak");
     let _ = shim_lib();
     let mut cmd = cli();
-    cmd.args(["run", "--", "python3", "-m", "torch.distributed.run", "--nproc_per_node=2"])
-        .arg("--log-dir")
-        .arg(&logs)
-        .arg("--no-python")
-        .arg(&worker)
-        .env_remove("LD_PRELOAD")
-        .env("OOMSHIM_LIVE_DIR", &live)
-        .env("OOMSHIM_LIVE_INTERVAL", "100ms")
-        .env("OOMSHIM_DIR", &dumps)
-        .env("OOMSHIM_CGROUP_ROOT", &fake)
-        .env("OOMSHIM_TERMINATION_LOG", "off")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.args([
+        "run",
+        "--",
+        "python3",
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+    ])
+    .arg("--log-dir")
+    .arg(&logs)
+    .arg("--no-python")
+    .arg(&worker)
+    .env_remove("LD_PRELOAD")
+    .env("OOMSHIM_LIVE_DIR", &live)
+    .env("OOMSHIM_LIVE_INTERVAL", "100ms")
+    .env("OOMSHIM_DIR", &dumps)
+    .env("OOMSHIM_CGROUP_ROOT", &fake)
+    .env("OOMSHIM_TERMINATION_LOG", "off")
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     let child = cmd.spawn().unwrap();
     // Rank 1, once its region has a few publishes.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let rank1 = loop {
-        let found = oomshim_core::flight::read::list_regions(&live).into_iter().find(|r| {
-            std::fs::read(format!("/proc/{}/environ", r.pid))
-                .is_ok_and(|e| e.split(|&b| b == 0).any(|v| v == b"RANK=1"))
-                && oomshim_core::flight::read::read_region(&r.path)
-                    .is_ok_and(|s| s.summary.generation >= 5)
-        });
+        let found = oomshim_core::flight::read::list_regions(&live)
+            .into_iter()
+            .find(|r| {
+                std::fs::read(format!("/proc/{}/environ", r.pid))
+                    .is_ok_and(|e| e.split(|&b| b == 0).any(|v| v == b"RANK=1"))
+                    && oomshim_core::flight::read::read_region(&r.path)
+                        .is_ok_and(|s| s.summary.generation >= 5)
+            });
         if let Some(r) = found {
             break r.pid;
         }
-        assert!(std::time::Instant::now() < deadline, "rank 1 never published");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rank 1 never published"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     std::fs::write(&events, "oom 1\noom_kill 1\n").unwrap();
@@ -440,12 +503,18 @@ fn a_termination_message_is_left_by_a_failure_that_ends_the_process_and_only_the
     assert_eq!(o.status.code(), Some(3));
     let msg = std::fs::read_to_string(&log).unwrap();
     let d = &oom_dumps(&dumps)[0];
-    assert!(msg.starts_with("trainer: giving up\n\noomshim: CUDA out of memory on device 0"), "{msg}");
+    assert!(
+        msg.starts_with("trainer: giving up\n\noomshim: CUDA out of memory on device 0"),
+        "{msg}"
+    );
     assert!(msg.contains(d.verdict.headline()), "{msg}");
     assert!(msg.contains("\nretry: after_change ("), "{msg}");
     assert!(msg.contains("\nline: train_step (rank_worker.c:"), "{msg}");
     let path = common::dump_files(&dumps)[0].clone();
-    assert!(msg.contains(&format!("\ndump: {}", path.display())), "{msg}");
+    assert!(
+        msg.contains(&format!("\ndump: {}", path.display())),
+        "{msg}"
+    );
     assert!(msg.len() <= 4096 && msg.ends_with('\n'));
     // Full up to 4096 bytes already: nothing is added.
     std::fs::write(&log, "x".repeat(4080)).unwrap();
@@ -455,7 +524,11 @@ fn a_termination_message_is_left_by_a_failure_that_ends_the_process_and_only_the
     let o = run_client(
         "rank_worker",
         &[],
-        &[("RANK", "1"), ("SIM_LEAK_RANK", "1"), ("OOMSHIM_DIR", dumps.to_str().unwrap())],
+        &[
+            ("RANK", "1"),
+            ("SIM_LEAK_RANK", "1"),
+            ("OOMSHIM_DIR", dumps.to_str().unwrap()),
+        ],
         true,
     );
     assert_eq!(o.status.code(), Some(3));
@@ -470,7 +543,10 @@ fn exit_codes_follow_the_retry_hint_only_when_asked() {
         let d = tempfile::tempdir_in(dir.path()).unwrap();
         let _ = shim_lib();
         let mut cmd = cli();
-        cmd.arg("run").args(flags).arg("--").arg(oomshim_cli::testbed::client(client));
+        cmd.arg("run")
+            .args(flags)
+            .arg("--")
+            .arg(oomshim_cli::testbed::client(client));
         cmd.env_remove("LD_PRELOAD")
             .env("OOMSHIM_DIR", d.path())
             .env("OOMSHIM_SETTLE", "0.2s")
@@ -490,7 +566,10 @@ fn exit_codes_follow_the_retry_hint_only_when_asked() {
     assert_eq!(code, Some(78), "{err}");
     assert!(err.contains("; retry: after_change"), "{err}");
     // A normal exit stays 0.
-    assert_eq!(run(&["--exit-code"], "rank_worker", &[("RANK", "0")]).0, Some(0));
+    assert_eq!(
+        run(&["--exit-code"], "rank_worker", &[("RANK", "0")]).0,
+        Some(0)
+    );
     // Another process holds 5 GiB of the 8 GiB device (the simulated NVML lists it): elsewhere.
     let lib = tempfile::tempdir().unwrap();
     common::build_fake_nvml(lib.path());

@@ -276,7 +276,9 @@ fn a_late_failure_after_the_first_is_named_a_cascade() {
         .unwrap_or_else(|| panic!("{text}"));
     assert!(
         why.contains("- rank 1 failed first; rank 3 failed ")
-            && why.contains("s later, together, after a collective timed out: a cascade; fix rank 1's failure"),
+            && why.contains(
+                "s later, together, after a collective timed out: a cascade; fix rank 1's failure"
+            ),
         "{text}"
     );
     let j: serde_json::Value = serde_json::from_slice(
@@ -319,5 +321,8 @@ fn a_late_failure_after_the_first_is_named_a_cascade() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0));
     let html = std::fs::read_to_string(&page).unwrap();
-    assert!(html.contains("<li data-rule=\"cascade\">rank 1 failed first"), "{html}");
+    assert!(
+        html.contains("<li data-rule=\"cascade\">rank 1 failed first"),
+        "{html}"
+    );
 }

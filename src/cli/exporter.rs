@@ -87,7 +87,7 @@ pub fn escape_label(v: &str) -> String {
 }
 
 /// Metric families in the order they are written, with their type and help text.
-const FAMILIES: &[(&str, &str, &str)] = &[
+const FAMILIES: &[Family] = &[
     (
         "hw_gpu_memory_usage_bytes",
         "gauge",
@@ -176,7 +176,10 @@ const FAMILIES: &[(&str, &str, &str)] = &[
 ];
 
 /// Samples by family name: (label pairs, value).
-type Samples = BTreeMap<&'static str, Vec<(Vec<(&'static str, String)>, String)>>;
+pub type Samples = BTreeMap<&'static str, Vec<(Vec<(&'static str, String)>, String)>>;
+
+/// One metric family: name, type, help.
+pub type Family = (&'static str, &'static str, &'static str);
 
 /// The GPUs NVML lists on this host, asked once per exporter process (GPUs do not come and go
 /// while it runs); none without NVML.
@@ -369,12 +372,14 @@ pub fn exposition_with(dir: &Path, now_ms: u64, gpus: &[NvmlDevice]) -> String {
             Vec::new(),
             REGION_ERRORS.load(Ordering::Relaxed).to_string(),
         ));
-    render(&samples)
+    render(FAMILIES, &samples)
 }
 
-fn render(samples: &Samples) -> String {
+/// The text of `samples`, family by family in the order of `families` (those without samples
+/// left out).
+pub fn render(families: &[Family], samples: &Samples) -> String {
     let mut out = String::new();
-    for (name, kind, help) in FAMILIES {
+    for (name, kind, help) in families {
         let Some(rows) = samples.get(name).filter(|r| !r.is_empty()) else {
             continue;
         };

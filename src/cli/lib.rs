@@ -412,7 +412,11 @@ pub fn merge(
         let page = crate::report::merge_html::merge_page(&m);
         dump::write::write_file_atomically(out, page.as_bytes(), 0o644)
             .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
-        return Ok(format!("merge of {} dumps written to {}\n", m.rows.len(), clean_path(out)));
+        return Ok(format!(
+            "merge of {} dumps written to {}\n",
+            m.rows.len(),
+            clean_path(out)
+        ));
     }
     if json {
         let v = crate::report::merge::merge_json(&m);

@@ -419,7 +419,10 @@ fn textfile_pass(out: &std::path::Path, dumps: &[std::path::PathBuf]) {
     let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
     for p in pass.problems {
         if !said.contains(&p) && said.len() < 256 {
-            note(&format!("oomshim: exporter: textfile: {}\n", dump::units::clean(&p)));
+            note(&format!(
+                "oomshim: exporter: textfile: {}\n",
+                dump::units::clean(&p)
+            ));
             said.push(p);
         }
     }

@@ -9,11 +9,9 @@
 //! [`MAX_FILES`] dumps get one, so a directory of old dumps cannot flood the collector. Files of
 //! other names in DIR are never touched.
 
-use crate::exporter::{device_labels, escape_label, process_labels, visible_devices};
+use crate::exporter::{device_labels, process_labels, render, visible_devices, Family, Samples};
 use dump::model::Dump;
 use oomshim_core::facts::gpu_processes::NvmlDevice;
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -24,37 +22,45 @@ pub const EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 /// This module's file names: the dump's (`oomshim-…`), with `.prom` for `.json`.
 const PREFIX: &str = "oomshim-";
 
-const FAMILIES: &[(&str, &str)] = &[
+const FAMILIES: &[Family] = &[
     (
         "oomshim_failure_info",
+        "gauge",
         "1 per failure that got a dump (an out-of-memory dump whose failure stood or was recovered, or a post-mortem), labelled with its reason, verdict kind and retry hint (elsewhere, after_change, unknown).",
     ),
     (
         "oomshim_failure_timestamp_seconds",
+        "gauge",
         "When the failure happened (a post-mortem: when the process died), Unix seconds.",
     ),
     (
         "oomshim_failure_request_bytes",
+        "gauge",
         "The allocation that failed, in bytes (out-of-memory dumps).",
     ),
     (
         "oomshim_failure_tracked_bytes",
+        "gauge",
         "Device bytes in live allocations tracked by oomshim at the failure.",
     ),
     (
         "oomshim_failure_peak_tracked_bytes",
+        "gauge",
         "Highest tracked device bytes of the process up to the failure.",
     ),
     (
         "oomshim_failure_device_total_bytes",
+        "gauge",
         "The device's total memory at the failure, where known.",
     ),
     (
         "oomshim_failure_device_free_bytes",
+        "gauge",
         "The device's free memory at the failure, where known.",
     ),
     (
         "oomshim_failure_memory_bytes",
+        "gauge",
         "Torch's memory on the failing device by kind at the failure (parameters, gradients, optimizer_state, activations, cache), where oomshim's Python hook counted it.",
     ),
 ];
@@ -68,7 +74,7 @@ pub fn exposition_of(d: &Dump, file_name: &str, gpus: &[NvmlDevice]) -> Option<S
     let mut base = process_labels(d, d.process.pid);
     base.push(("dump", file_name.to_string()));
     let visible = visible_devices(d);
-    let mut samples: BTreeMap<&str, Vec<(Vec<(&'static str, String)>, String)>> = BTreeMap::new();
+    let mut samples = Samples::new();
     let mut push = |name: &'static str, labels: &[(&'static str, String)], value: String| {
         samples
             .entry(name)
@@ -119,7 +125,11 @@ pub fn exposition_of(d: &Dump, file_name: &str, gpus: &[NvmlDevice]) -> Option<S
     for dev in &d.devices {
         let mut l = base.clone();
         l.extend(device_labels(dev.index, Some(dev), visible, gpus));
-        push("oomshim_failure_tracked_bytes", &l, dev.tracked_bytes.to_string());
+        push(
+            "oomshim_failure_tracked_bytes",
+            &l,
+            dev.tracked_bytes.to_string(),
+        );
         push(
             "oomshim_failure_peak_tracked_bytes",
             &l,
@@ -154,22 +164,7 @@ pub fn exposition_of(d: &Dump, file_name: &str, gpus: &[NvmlDevice]) -> Option<S
             }
         }
     }
-    let mut out = String::new();
-    for (name, help) in FAMILIES {
-        let Some(rows) = samples.get(name) else {
-            continue;
-        };
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} gauge");
-        for (labels, value) in rows {
-            let body: Vec<String> = labels
-                .iter()
-                .map(|(k, v)| format!("{k}=\"{}\"", escape_label(v)))
-                .collect();
-            let _ = writeln!(out, "{name}{{{}}} {value}", body.join(","));
-        }
-    }
-    Some(out)
+    Some(render(FAMILIES, &samples))
 }
 
 /// What one pass did.

@@ -223,7 +223,11 @@ fn kinds_words(dump: &Dump) -> Option<String> {
 /// The program's line the verdict points at: the growing site of a leak, else the program's own
 /// frame at the failure (torch's hook), else the failing call's innermost named frame.
 pub fn line_to_change(dump: &Dump) -> Option<String> {
-    let leak = dump.verdict.findings.iter().any(|f| f.kind == crate::verdict::LEAK);
+    let leak = dump
+        .verdict
+        .findings
+        .iter()
+        .any(|f| f.kind == crate::verdict::LEAK);
     if leak {
         if let Some(site) = dump.growth.as_ref().and_then(|g| g.sites.first()) {
             return Some(crate::verdict::short_label(&site.stack));
@@ -232,7 +236,12 @@ pub fn line_to_change(dump: &Dump) -> Option<String> {
     let kinds = dump.framework.as_ref().and_then(|f| f.kinds.as_ref());
     if let Some(f) = kinds.and_then(|k| k.program_frame.as_ref()) {
         let file = f.file.rsplit('/').next().unwrap_or(&f.file);
-        return Some(format!("{} ({}:{})", clean(&f.function), clean(file), f.line));
+        return Some(format!(
+            "{} ({}:{})",
+            clean(&f.function),
+            clean(file),
+            f.line
+        ));
     }
     let req = dump.failed_request.as_ref()?;
     if req.stack.iter().any(|f| f.line.is_some()) {
@@ -256,7 +265,14 @@ pub fn post_mortem_leaves_answer(dump: &Dump) -> bool {
     }
     match pm.signal {
         Some(libc::SIGKILL) => true,
-        Some(s) if [libc::SIGSEGV, libc::SIGBUS, libc::SIGABRT, libc::SIGILL, libc::SIGFPE]
+        Some(s)
+            if [
+                libc::SIGSEGV,
+                libc::SIGBUS,
+                libc::SIGABRT,
+                libc::SIGILL,
+                libc::SIGFPE,
+            ]
             .contains(&s) =>
         {
             pm.last_failure.is_some()
@@ -295,9 +311,14 @@ pub enum Existing {
 /// own text, XLA's `RESOURCE_EXHAUSTED`).
 fn is_out_of_memory(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
-    ["out of memory", "outofmemoryerror", "resource_exhausted", "cudaerrormemoryallocation"]
-        .iter()
-        .any(|k| m.contains(k))
+    [
+        "out of memory",
+        "outofmemoryerror",
+        "resource_exhausted",
+        "cudaerrormemoryallocation",
+    ]
+    .iter()
+    .any(|k| m.contains(k))
 }
 
 /// oomshim's answer added to an error file the program wrote, when it reported an out-of-memory
@@ -478,7 +499,10 @@ mod tests {
             t.contains("dump: /d/oomshim-h-1-r1-1.json  (details: oomshim report /d/oomshim-h-1-r1-1.json)"),
             "{t}"
         );
-        assert!(t.ends_with("process: rank 1 (local rank 1), pid 4812 on gpu-node-7"), "{t}");
+        assert!(
+            t.ends_with("process: rank 1 (local rank 1), pid 4812 on gpu-node-7"),
+            "{t}"
+        );
         for max in [0, 1, 10, 80, 200, 4096] {
             let cut = a.text(max);
             assert!(cut.len() <= max, "{max}: {}", cut.len());
@@ -491,9 +515,15 @@ mod tests {
         let a = answer();
         let v: Value = serde_json::from_slice(&error_file_json(&a)).unwrap();
         let m = &v["message"];
-        assert!(m["message"].as_str().unwrap().starts_with("oomshim: CUDA out of memory"));
+        assert!(m["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("oomshim: CUDA out of memory"));
         assert_eq!(m["extraInfo"]["py_callstack"], a.text(usize::MAX));
-        assert_eq!(m["extraInfo"]["timestamp"], (1_795_966_991_123u64 / 1000).to_string());
+        assert_eq!(
+            m["extraInfo"]["timestamp"],
+            (1_795_966_991_123u64 / 1000).to_string()
+        );
         assert_eq!(m["extraInfo"]["oomshim"]["retry"], "after_change");
         assert_eq!(m["extraInfo"]["oomshim"]["kind"], "own_allocations");
     }
@@ -515,11 +545,20 @@ mod tests {
         let v: Value = serde_json::from_slice(&bytes).unwrap();
         let m = &v["message"];
         let text = m["message"].as_str().unwrap();
-        assert!(text.starts_with(msg) && text.contains("\noomshim: CUDA out of memory"), "{text}");
+        assert!(
+            text.starts_with(msg) && text.contains("\noomshim: CUDA out of memory"),
+            "{text}"
+        );
         let stack = m["extraInfo"]["py_callstack"].as_str().unwrap();
         assert!(stack.starts_with("Traceback (most recent call last):\n  File \"train.py\""));
-        assert!(stack.contains(&format!("{msg}\noomshim: CUDA out of memory")), "{stack}");
-        assert_eq!(m["extraInfo"]["timestamp"], "1700000000", "the program's timestamp stays");
+        assert!(
+            stack.contains(&format!("{msg}\noomshim: CUDA out of memory")),
+            "{stack}"
+        );
+        assert_eq!(
+            m["extraInfo"]["timestamp"], "1700000000",
+            "the program's timestamp stays"
+        );
         // Answered once only.
         assert_eq!(merge_error_file(&bytes, &a), Existing::AlreadyAnswered);
         // Another failure's report, or a file not in torchelastic's format, is never touched.
@@ -535,7 +574,10 @@ mod tests {
             panic!()
         };
         let v: Value = serde_json::from_slice(&b).unwrap();
-        assert!(v["message"].as_str().unwrap().starts_with("RuntimeError: CUDA out of memory\noomshim: "));
+        assert!(v["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("RuntimeError: CUDA out of memory\noomshim: "));
         assert_eq!(v["timestamp"], 5);
     }
 
@@ -544,16 +586,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = answer();
         let fresh = dir.path().join("fresh.json");
-        assert_eq!(write_error_file(&fresh, &a).unwrap(), ErrorFileOutcome::Written);
+        assert_eq!(
+            write_error_file(&fresh, &a).unwrap(),
+            ErrorFileOutcome::Written
+        );
         assert_eq!(std::fs::read(&fresh).unwrap(), error_file_json(&a));
         let other = dir.path().join("other.json");
         let theirs = recorded("ValueError: bad shape");
         std::fs::write(&other, &theirs).unwrap();
-        assert_eq!(write_error_file(&other, &a).unwrap(), ErrorFileOutcome::OtherFailure);
+        assert_eq!(
+            write_error_file(&other, &a).unwrap(),
+            ErrorFileOutcome::OtherFailure
+        );
         assert_eq!(std::fs::read(&other).unwrap(), theirs, "byte for byte");
         let oom = dir.path().join("oom.json");
         std::fs::write(&oom, recorded("OutOfMemoryError: CUDA out of memory.")).unwrap();
-        assert_eq!(write_error_file(&oom, &a).unwrap(), ErrorFileOutcome::Merged);
+        assert_eq!(
+            write_error_file(&oom, &a).unwrap(),
+            ErrorFileOutcome::Merged
+        );
         // A directory that cannot be written to: an error, nothing else.
         assert!(write_error_file(Path::new("/proc/nope/error.json"), &a).is_err());
     }
@@ -626,7 +677,10 @@ mod tests {
         assert!(!post_mortem_leaves_answer(&pm(Some(libc::SIGABRT), false)));
         assert!(!post_mortem_leaves_answer(&pm(Some(libc::SIGTERM), true)));
         assert!(!post_mortem_leaves_answer(&pm(Some(libc::SIGINT), false)));
-        assert!(post_mortem_leaves_answer(&pm(None, true)), "exited after a failure");
+        assert!(
+            post_mortem_leaves_answer(&pm(None, true)),
+            "exited after a failure"
+        );
         let mut d = pm(Some(libc::SIGKILL), false);
         d.post_mortem = None;
         assert!(!post_mortem_leaves_answer(&d));

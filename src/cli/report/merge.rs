@@ -315,15 +315,12 @@ fn rank_facts<'a>(rows: &'a [Row], procs: &[Proc]) -> Vec<super::why_rank::RankF
                 let at = &rows[p.peak_row];
                 r.host == at.host && r.pid == at.pid
             };
-            let kinds = p
-                .first_oom
-                .and_then(|i| rows[i].kinds)
-                .or_else(|| {
-                    rows.iter()
-                        .filter(|r| mine(r) && r.kinds.is_some())
-                        .max_by_key(|r| r.time_unix_ms)
-                        .and_then(|r| r.kinds)
-                });
+            let kinds = p.first_oom.and_then(|i| rows[i].kinds).or_else(|| {
+                rows.iter()
+                    .filter(|r| mine(r) && r.kinds.is_some())
+                    .max_by_key(|r| r.time_unix_ms)
+                    .and_then(|r| r.kinds)
+            });
             let failed_ms = rows
                 .iter()
                 .filter(|r| mine(r))
@@ -425,16 +422,9 @@ fn imbalanced(procs: &[Proc]) -> (Vec<usize>, u64) {
     if procs.len() < 2 {
         return (Vec::new(), procs.first().map_or(0, |p| p.peak));
     }
-    let mut peaks: Vec<u64> = procs.iter().map(|p| p.peak).collect();
-    peaks.sort_unstable();
     // The middle value, or the mean of the two middle ones: with two ranks the upper one would be
     // the outlier itself and nothing could be far above it.
-    let mid = peaks.len() / 2;
-    let median = if peaks.len().is_multiple_of(2) {
-        peaks[mid - 1] / 2 + peaks[mid] / 2 + (peaks[mid - 1] % 2 + peaks[mid] % 2) / 2
-    } else {
-        peaks[mid]
-    };
+    let median = super::why_rank::median(procs.iter().map(|p| p.peak).collect());
     let mut far: Vec<&Proc> = procs
         .iter()
         .filter(|p| median > 0 && p.peak as f64 > IMBALANCE_FACTOR * median as f64)

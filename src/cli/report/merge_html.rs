@@ -112,7 +112,8 @@ fn by_kind(p: &mut String, m: &Merged) {
     if rows.is_empty() {
         return;
     }
-    let kinds: [(&str, fn(&RankKinds) -> Option<u64>); 4] = [
+    type KindOf = fn(&RankKinds) -> Option<u64>;
+    let kinds: [(&str, KindOf); 4] = [
         ("parameters", |k| Some(k.parameters_bytes)),
         ("gradients", |k| Some(k.gradients_bytes)),
         ("optimizer state", |k| Some(k.optimizer_state_bytes)),

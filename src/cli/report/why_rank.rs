@@ -91,7 +91,7 @@ pub fn median(mut v: Vec<u64>) -> u64 {
     let mid = v.len() / 2;
     if v.is_empty() {
         0
-    } else if v.len() % 2 == 0 {
+    } else if v.len().is_multiple_of(2) {
         v[mid - 1] / 2 + v[mid] / 2 + (v[mid - 1] % 2 + v[mid] % 2) / 2
     } else {
         v[mid]
@@ -113,7 +113,10 @@ pub fn ranks_words(ranks: &[u32]) -> String {
         [one] => format!("rank {one}"),
         [init @ .., last] => format!(
             "ranks {} and {last}",
-            init.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            init.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }
@@ -210,7 +213,8 @@ fn edges_or_expert(ranked: &[(u32, RankKinds)], edges: bool) -> Why {
         [(r, _)] if elevated.len() == 1 => {
             let p = with_acts.iter().find(|x| x.0 == *r).expect("listed").2;
             let same = med_params == 0
-                || (p as f64 - med_params as f64).abs() <= SAME_PARAMETERS_TOLERANCE * med_params as f64;
+                || (p as f64 - med_params as f64).abs()
+                    <= SAME_PARAMETERS_TOLERANCE * med_params as f64;
             same.then_some(*r)
         }
         _ => None,

@@ -69,7 +69,15 @@ mod tests {
             })
         );
         assert_eq!(from_env(|_| None), None);
-        assert_eq!(from_env(|_| Some("a\nb".into())), None, "control characters");
-        assert_eq!(from_env(|_| Some("x".repeat(300))), None, "too long for a name");
+        assert_eq!(
+            from_env(|_| Some("a\nb".into())),
+            None,
+            "control characters"
+        );
+        assert_eq!(
+            from_env(|_| Some("x".repeat(300))),
+            None,
+            "too long for a name"
+        );
     }
 }

@@ -64,7 +64,9 @@ pub(super) fn of_oom(c: &Ctx, findings: &[Finding]) -> RetryHint {
     if others && c.cap.is_none() {
         if let Some(total) = c.n.total {
             // This process's own share of the used memory: what NVML's other processes do not hold.
-            let own = c.used.map_or(c.tracked, |u| u.saturating_sub(c.others_bytes));
+            let own = c
+                .used
+                .map_or(c.tracked, |u| u.saturating_sub(c.others_bytes));
             let need = own.saturating_add(c.request.bytes);
             if need <= total {
                 return hint(
@@ -141,7 +143,10 @@ pub(super) fn of_oom(c: &Ctx, findings: &[Finding]) -> RetryHint {
             UNKNOWN,
             "host memory, shared with the host's other processes, ran short".into(),
         ),
-        _ => hint(UNKNOWN, "the verdict names no cause a retry depends on".into()),
+        _ => hint(
+            UNKNOWN,
+            "the verdict names no cause a retry depends on".into(),
+        ),
     }
 }
 
@@ -176,7 +181,11 @@ pub(super) fn of_post_mortem(pm: &PostMortem, death: &Death) -> RetryHint {
         );
     }
     if let Some(f) = &pm.last_failure {
-        if let Some(h) = f.retry.as_deref().filter(|h| [ELSEWHERE, AFTER_CHANGE].contains(h)) {
+        if let Some(h) = f
+            .retry
+            .as_deref()
+            .filter(|h| [ELSEWHERE, AFTER_CHANGE].contains(h))
+        {
             return hint(
                 h,
                 format!(
@@ -202,8 +211,7 @@ mod tests {
     use crate::verdict::tests::{oom_dump, process, with_processes, GIB, MIB};
     use crate::verdict::{judge, judge_post_mortem};
     use dump::model::{
-        Dump, FreeBlocks, GpuProcesses, HostKill, LiveFailure, MemoryCap,
-        PostMortem, Relation,
+        Dump, FreeBlocks, GpuProcesses, HostKill, LiveFailure, MemoryCap, PostMortem, Relation,
     };
 
     fn retry(d: &Dump) -> RetryHint {
@@ -225,8 +233,10 @@ mod tests {
         let r = retry(&d);
         assert_eq!(r.hint, ELSEWHERE, "{r:?}");
         assert!(
-            r.reason.contains("other processes hold 60.00 GiB of device 0")
-                && r.reason.contains("own 15.00 GiB and the 10.00 GiB request fit its 80.00 GiB"),
+            r.reason
+                .contains("other processes hold 60.00 GiB of device 0")
+                && r.reason
+                    .contains("own 15.00 GiB and the 10.00 GiB request fit its 80.00 GiB"),
             "{}",
             r.reason
         );

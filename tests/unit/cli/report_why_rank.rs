@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 const GIB: u64 = 1 << 30;
 
 fn base() -> Dump {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/oom_own_allocations.json");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/oom_own_allocations.json");
     parse_dump(&std::fs::read(&path).unwrap(), &path).unwrap()
 }
 
@@ -57,18 +58,30 @@ fn merged(dumps: &[Dump]) -> Merged {
         .enumerate()
         .map(|(i, d)| row(PathBuf::from(format!("{i}.json")), d))
         .collect();
-    merge_rows(rows, vec![], MergeOptions { clock_skew_ms: 1000 })
+    merge_rows(
+        rows,
+        vec![],
+        MergeOptions {
+            clock_skew_ms: 1000,
+        },
+    )
 }
 
 fn rule<'a>(m: &'a Merged, name: &str) -> &'a Why {
-    m.why.iter().find(|w| w.rule == name).unwrap_or_else(|| panic!("{name}: {:?}", m.why))
+    m.why
+        .iter()
+        .find(|w| w.rule == name)
+        .unwrap_or_else(|| panic!("{name}: {:?}", m.why))
 }
 
 /// Each rule's outcome shows in all three renderings: the terminal's "Why this rank", the JSON's
 /// `why`, the page's list (escaped).
 fn rendered_everywhere(m: &Merged, w: &Why) {
     let text = render_merge(m);
-    let section = text.split("\nWhy this rank\n").nth(1).unwrap_or_else(|| panic!("{text}"));
+    let section = text
+        .split("\nWhy this rank\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{text}"));
     assert!(section.contains(&w.text), "{text}");
     let j = merge_json(m);
     let found = j["why"]
@@ -81,7 +94,10 @@ fn rendered_everywhere(m: &Merged, w: &Why) {
     assert_eq!(found["applies"], true);
     assert_eq!(found["text"], w.text.as_str());
     let page = merge_page(m);
-    assert!(page.contains(&format!("<li data-rule=\"{}\">", w.rule)), "{page}");
+    assert!(
+        page.contains(&format!("<li data-rule=\"{}\">", w.rule)),
+        "{page}"
+    );
 }
 
 #[test]
@@ -99,9 +115,16 @@ fn rank_0_holding_a_full_copy_of_the_parameters_is_named() {
     );
     rendered_everywhere(&m, w);
     // The others: the same model everywhere is no full copy; rank 0 without kinds says so.
-    let m = merged(&(0..4).map(|r| rank(r, "n", 4, 10, None)).collect::<Vec<_>>());
+    let m = merged(
+        &(0..4)
+            .map(|r| rank(r, "n", 4, 10, None))
+            .collect::<Vec<_>>(),
+    );
     let w = rule(&m, RANK0_FULL_COPY);
-    assert!(!w.applies && w.text.contains("1.0× the parameters"), "{w:?}");
+    assert!(
+        !w.applies && w.text.contains("1.0× the parameters"),
+        "{w:?}"
+    );
     let mut dumps: Vec<Dump> = (0..4).map(|r| rank(r, "n", 4, 10, None)).collect();
     dumps[0].framework = None;
     let w = rule(&merged(&dumps), RANK0_FULL_COPY).clone();
@@ -116,34 +139,67 @@ fn rank_0_holding_a_full_copy_of_the_parameters_is_named() {
 fn the_first_and_last_pipeline_stages_holding_more_activations_are_named() {
     // 8 stages: 10 GiB of activations each, 13 GiB on the first and the last.
     let dumps: Vec<Dump> = (0..8)
-        .map(|r| rank(r, "n", 4, if r == 0 || r == 7 { 13 } else { 10 }, (r == 7).then_some(5_000)))
+        .map(|r| {
+            rank(
+                r,
+                "n",
+                4,
+                if r == 0 || r == 7 { 13 } else { 10 },
+                (r == 7).then_some(5_000),
+            )
+        })
         .collect();
     let m = merged(&dumps);
     let w = rule(&m, PIPELINE_EDGES);
     assert!(w.applies, "{:?}", m.why);
     assert_eq!(w.ranks, [0, 7]);
     assert!(
-        w.text.starts_with("ranks 0 and 7 hold 1.3× the median activations (first/last pipeline stage"),
+        w.text.starts_with(
+            "ranks 0 and 7 hold 1.3× the median activations (first/last pipeline stage"
+        ),
         "{}",
         w.text
     );
-    assert!(!rule(&m, HOT_EXPERT).applies, "a pipeline is not a hot expert");
+    assert!(
+        !rule(&m, HOT_EXPERT).applies,
+        "a pipeline is not a hot expert"
+    );
     rendered_everywhere(&m, w);
     // A middle rank raised too: not the pipeline's shape.
     let dumps: Vec<Dump> = (0..8)
-        .map(|r| rank(r, "n", 4, if [0, 3, 7].contains(&r) { 13 } else { 10 }, None))
+        .map(|r| {
+            rank(
+                r,
+                "n",
+                4,
+                if [0, 3, 7].contains(&r) { 13 } else { 10 },
+                None,
+            )
+        })
         .collect();
     let w = rule(&merged(&dumps), PIPELINE_EDGES).clone();
     assert!(!w.applies && w.text.contains("ranks 0, 3 and 7"), "{w:?}");
     // Two ranks: both are edges, so nothing can be said.
-    let w = rule(&merged(&[rank(0, "n", 4, 13, None), rank(1, "n", 4, 10, None)]), PIPELINE_EDGES).clone();
+    let w = rule(
+        &merged(&[rank(0, "n", 4, 13, None), rank(1, "n", 4, 10, None)]),
+        PIPELINE_EDGES,
+    )
+    .clone();
     assert!(!w.applies && w.text.contains("3 ranks or more"), "{w:?}");
 }
 
 #[test]
 fn a_hot_expert_is_one_rank_with_more_activations_and_the_same_parameters() {
     let dumps: Vec<Dump> = (0..8)
-        .map(|r| rank(r, "n", 4, if r == 3 { 18 } else { 10 }, (r == 3).then_some(5_000)))
+        .map(|r| {
+            rank(
+                r,
+                "n",
+                4,
+                if r == 3 { 18 } else { 10 },
+                (r == 3).then_some(5_000),
+            )
+        })
         .collect();
     let m = merged(&dumps);
     let w = rule(&m, HOT_EXPERT);
@@ -158,7 +214,15 @@ fn a_hot_expert_is_one_rank_with_more_activations_and_the_same_parameters() {
     rendered_everywhere(&m, w);
     // More parameters too: another model shard, not a hot expert.
     let dumps: Vec<Dump> = (0..8)
-        .map(|r| rank(r, "n", if r == 3 { 8 } else { 4 }, if r == 3 { 18 } else { 10 }, None))
+        .map(|r| {
+            rank(
+                r,
+                "n",
+                if r == 3 { 8 } else { 4 },
+                if r == 3 { 18 } else { 10 },
+                None,
+            )
+        })
         .collect();
     assert!(!rule(&merged(&dumps), HOT_EXPERT).applies);
     // Two hot ranks: not one expert.
@@ -166,7 +230,10 @@ fn a_hot_expert_is_one_rank_with_more_activations_and_the_same_parameters() {
         .map(|r| rank(r, "n", 4, if r == 3 || r == 5 { 18 } else { 10 }, None))
         .collect();
     let w = rule(&merged(&dumps), HOT_EXPERT).clone();
-    assert!(!w.applies && w.text.starts_with("2 ranks hold 1.5×"), "{w:?}");
+    assert!(
+        !w.applies && w.text.starts_with("2 ranks hold 1.5×"),
+        "{w:?}"
+    );
 }
 
 #[test]
@@ -209,12 +276,22 @@ fn failures_long_after_the_first_and_together_are_a_cascade() {
         reaped_by: None,
         started_unix_ms: None,
     });
-    let m = merged(&[pm, rank(2, "n", 4, 10, Some(t + 40_300)), rank(3, "n", 4, 10, Some(t))]);
+    let m = merged(&[
+        pm,
+        rank(2, "n", 4, 10, Some(t + 40_300)),
+        rank(3, "n", 4, 10, Some(t)),
+    ]);
     assert!(rule(&m, CASCADE).applies, "{:?}", m.why);
     // Close together: one cause, not a timeout.
-    let near = merged(&[rank(1, "n", 4, 10, Some(t + 800)), rank(3, "n", 4, 10, Some(t))]);
+    let near = merged(&[
+        rank(1, "n", 4, 10, Some(t + 800)),
+        rank(3, "n", 4, 10, Some(t)),
+    ]);
     let w = rule(&near, CASCADE).clone();
-    assert!(!w.applies && w.text.contains("0.8 s after the first"), "{w:?}");
+    assert!(
+        !w.applies && w.text.contains("0.8 s after the first"),
+        "{w:?}"
+    );
     // Spread out: they did not fail together.
     let spread = merged(&[
         rank(1, "n", 4, 10, Some(t + 40_000)),
@@ -234,7 +311,10 @@ fn without_a_cause_the_terminal_says_why_each_rule_did_not_apply_and_the_page_es
     let m = merged(&dumps);
     assert!(m.why.iter().all(|w| !w.applies));
     let text = render_merge(&m);
-    assert!(text.contains("no known structural cause applies (rank0_full_copy: "), "{text}");
+    assert!(
+        text.contains("no known structural cause applies (rank0_full_copy: "),
+        "{text}"
+    );
     let page = merge_page(&m);
     assert!(!page.contains("<script>"), "{page}");
     assert!(page.contains("&lt;script&gt;x&lt;/script&gt;"));

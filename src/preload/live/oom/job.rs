@@ -144,13 +144,14 @@ fn prepare(answer: &Answer, targets: &Targets, allocations: u64) {
         .error_file
         .as_deref()
         .filter(|_| json.len() <= ERROR_JSON_MAX)
-        .map_or(0, |path| copy(&mut b.error_path, path.as_os_str().as_encoded_bytes()));
+        .map_or(0, |path| {
+            copy(&mut b.error_path, path.as_os_str().as_encoded_bytes())
+        });
     b.error_json_len = copy(&mut b.error_json, &json);
     let message = answer.text(TERMINATION_MAX);
-    b.termination_path_len = targets
-        .termination_log
-        .as_deref()
-        .map_or(0, |path| copy(&mut b.termination_path, path.as_os_str().as_encoded_bytes()));
+    b.termination_path_len = targets.termination_log.as_deref().map_or(0, |path| {
+        copy(&mut b.termination_path, path.as_os_str().as_encoded_bytes())
+    });
     b.termination_create = created_if_missing(targets);
     b.termination_len = copy(&mut b.termination, message.as_bytes());
     p.pid.store(std::process::id(), Ordering::Relaxed);
@@ -218,8 +219,7 @@ pub fn at_exit(status: i32) {
     }
     if let (Some(path), false) = (&a.targets.termination_log, other_failure) {
         let create = created_if_missing(&a.targets);
-        if let Err(e) =
-            jobfiles::append_termination(path, &a.answer.text(TERMINATION_MAX), create)
+        if let Err(e) = jobfiles::append_termination(path, &a.answer.text(TERMINATION_MAX), create)
         {
             super::summary::say(&format!(
                 "cannot write the termination message {}: {e}",
@@ -257,9 +257,19 @@ pub fn at_raw_exit(status: i32) {
         let flags = libc::O_WRONLY
             | libc::O_APPEND
             | libc::O_CLOEXEC
-            | if b.termination_create { libc::O_CREAT } else { 0 };
+            | if b.termination_create {
+                libc::O_CREAT
+            } else {
+                0
+            };
         // SAFETY: a NUL-terminated path in a static buffer.
-        let fd = unsafe { libc::open(b.termination_path.as_ptr().cast(), flags, 0o644 as libc::c_uint) };
+        let fd = unsafe {
+            libc::open(
+                b.termination_path.as_ptr().cast(),
+                flags,
+                0o644 as libc::c_uint,
+            )
+        };
         if fd >= 0 {
             // SAFETY: `fstat` into a zeroed stat of this stack frame.
             let mut st: libc::stat = unsafe { std::mem::zeroed() };

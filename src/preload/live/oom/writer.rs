@@ -3,8 +3,8 @@
 //! framework will speak), and the exit flush that waits for them.
 
 use super::event::{FrameworkNote, Resolution};
-use super::requests::{site_of, Request, Stage};
 use super::job;
+use super::requests::{site_of, Request, Stage};
 use super::summary::{print_summary, say, say_without_dumps};
 use super::{Handled, OomTracker, State, HOOKED_SETTLE};
 use crate::live::assemble::{BurstInfo, Capture, Facts};
