@@ -788,6 +788,21 @@ const POD_ENV: &[(&str, &str)] = &[
     ("CONTAINER_NAME", "trainer"),
 ];
 
+/// `oomshim exporter --once` over `live` with the NVML in `nvml` (two simulated GPUs): its text
+/// and samples.
+fn export_once(live: &Path, nvml: &Path) -> (String, Vec<Sample>) {
+    let out = cli()
+        .args(["exporter", "--once", "--dir"])
+        .arg(live)
+        .env("LD_LIBRARY_PATH", nvml)
+        .env("SIMNVML_DEVICES", "2")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let samples = parse_exposition(&text);
+    (text, samples)
+}
+
 #[test]
 fn the_series_carry_dcgm_exporters_labels_and_join_its_series_of_the_same_gpu() {
     let dir = tempfile::tempdir().unwrap();
@@ -798,15 +813,7 @@ fn the_series_carry_dcgm_exporters_labels_and_join_its_series_of_the_same_gpu() 
     let pid = program.0.id().to_string();
     // The exporter asks this host's NVML for each GPU's index and model name, as DCGM-exporter
     // does; the program's live summary knows only the CUDA ordinal (no failure asked the driver).
-    let out = cli()
-        .args(["exporter", "--once", "--dir"])
-        .arg(&live)
-        .env("LD_LIBRARY_PATH", nvml.path())
-        .env("SIMNVML_DEVICES", "2")
-        .output()
-        .unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
-    let samples = parse_exposition(&text);
+    let (text, samples) = export_once(&live, nvml.path());
     let usage = find(&samples, "hw_gpu_memory_usage_bytes", &[("pid", &pid)]);
     assert_eq!(usage.len(), 1, "{text}");
     let l = &usage[0].labels;
@@ -856,15 +863,7 @@ fn the_series_carry_dcgm_exporters_labels_and_join_its_series_of_the_same_gpu() 
         .collect();
     let program = stopped_leak_with(&live1, "job-41", &env1);
     let pid = program.0.id().to_string();
-    let out = cli()
-        .args(["exporter", "--once", "--dir"])
-        .arg(&live1)
-        .env("LD_LIBRARY_PATH", nvml.path())
-        .env("SIMNVML_DEVICES", "2")
-        .output()
-        .unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
-    let samples = parse_exposition(&text);
+    let (text, samples) = export_once(&live1, nvml.path());
     let usage = find(&samples, "hw_gpu_memory_usage_bytes", &[("pid", &pid)]);
     assert_eq!(usage[0].labels["device"], "0", "{text}");
     assert_eq!(usage[0].labels["gpu"], "1", "{text}");
@@ -873,14 +872,7 @@ fn the_series_carry_dcgm_exporters_labels_and_join_its_series_of_the_same_gpu() 
         "{text}"
     );
     // Without NVML: the index the ordinal maps to, no UUID or model to claim.
-    let out = cli()
-        .args(["exporter", "--once", "--dir"])
-        .arg(&live1)
-        .env("LD_LIBRARY_PATH", "/nonexistent")
-        .output()
-        .unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
-    let samples = parse_exposition(&text);
+    let (text, samples) = export_once(&live1, Path::new("/nonexistent"));
     let usage = find(&samples, "hw_gpu_memory_usage_bytes", &[("pid", &pid)]);
     assert_eq!(usage[0].labels["gpu"], "1", "{text}");
     assert!(!usage[0].labels.contains_key("UUID"), "{text}");

@@ -43,6 +43,12 @@ fn pairs(p: &[(&str, String)]) -> Vec<(String, String)> {
     p.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
 }
 
+/// `oomshim merge DIR --json`, parsed.
+fn merge_json_of(dir: &Path) -> serde_json::Value {
+    let out = cli().arg("merge").arg(dir).arg("--json").output().unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn oom_dump_of(dumps: &[Dump], rank: u32) -> &Dump {
     dumps
         .iter()
@@ -168,16 +174,7 @@ fn torchrun_style_job_one_rank_leaking_merge_names_it_first() {
         "{text}"
     );
     assert!(text.contains("NCCL holds 96.00 MiB per process"), "{text}");
-    let j: serde_json::Value = serde_json::from_slice(
-        &cli()
-            .arg("merge")
-            .arg(dir.path())
-            .arg("--json")
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let j = merge_json_of(dir.path());
     assert_eq!(j["first_failure"]["process"]["rank"], 2);
     assert_eq!(j["first_failure"]["next"]["process"]["rank"], 3);
     assert_eq!(j["imbalanced"][0]["rank"], 2);
@@ -281,33 +278,21 @@ fn a_late_failure_after_the_first_is_named_a_cascade() {
             ),
         "{text}"
     );
-    let j: serde_json::Value = serde_json::from_slice(
-        &cli()
-            .arg("merge")
-            .arg(dir.path())
-            .arg("--json")
-            .output()
+    let j = merge_json_of(dir.path());
+    let rule = |name: &str| {
+        j["why"]
+            .as_array()
             .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    let cascade = j["why"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|w| w["rule"] == "cascade")
-        .unwrap()
-        .clone();
+            .iter()
+            .find(|w| w["rule"] == name)
+            .unwrap()
+            .clone()
+    };
+    let cascade = rule("cascade");
     assert_eq!(cascade["applies"], true);
     assert_eq!(cascade["ranks"], serde_json::json!([1, 3]));
     // The C ranks have no kinds: those rules say so.
-    let edges = j["why"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|w| w["rule"] == "pipeline_edges")
-        .unwrap()
-        .clone();
+    let edges = rule("pipeline_edges");
     assert_eq!(edges["applies"], false);
     assert!(edges["text"].as_str().unwrap().contains("kinds"));
     // The page.

@@ -476,15 +476,7 @@ fn add_process(
         let mut labels = proc_labels.clone();
         let dev = d.devices.iter().find(|x| x.index == lk.device);
         labels.extend(device_labels(lk.device, dev, visible, gpus));
-        let k = &lk.kinds;
-        let kinds = [
-            ("parameters", Some(k.parameters_bytes)),
-            ("gradients", Some(k.gradients_bytes)),
-            ("optimizer_state", Some(k.optimizer_state_bytes)),
-            ("activations", k.activations_bytes),
-            ("cache", k.cache_bytes),
-        ];
-        for (kind, bytes) in kinds {
+        for (kind, bytes) in dump::view::kinds_by_name(&lk.kinds) {
             if let Some(b) = bytes {
                 let mut l = labels.clone();
                 l.push(("kind", kind.to_string()));

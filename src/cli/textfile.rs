@@ -112,15 +112,15 @@ pub fn exposition_of(d: &Dump, file_name: &str, gpus: &[NvmlDevice]) -> Option<S
         &base,
         format!("{:.3}", at_ms as f64 / 1000.0),
     );
-    if let Some(r) = failed {
+    // The failing device's labels, for the request and torch's kinds.
+    let failing = failed.map(|r| {
         let mut l = base.clone();
-        l.extend(device_labels(
-            r.device,
-            d.devices.iter().find(|x| x.index == r.device),
-            visible,
-            gpus,
-        ));
-        push("oomshim_failure_request_bytes", &l, r.bytes.to_string());
+        let dev = d.devices.iter().find(|x| x.index == r.device);
+        l.extend(device_labels(r.device, dev, visible, gpus));
+        l
+    });
+    if let (Some(r), Some(l)) = (failed, &failing) {
+        push("oomshim_failure_request_bytes", l, r.bytes.to_string());
     }
     for dev in &d.devices {
         let mut l = base.clone();
@@ -142,21 +142,9 @@ pub fn exposition_of(d: &Dump, file_name: &str, gpus: &[NvmlDevice]) -> Option<S
             push("oomshim_failure_device_free_bytes", &l, f.to_string());
         }
     }
-    if let (Some(k), Some(r)) = (d.framework.as_ref().and_then(|f| f.kinds.as_ref()), failed) {
-        let mut l = base.clone();
-        l.extend(device_labels(
-            r.device,
-            d.devices.iter().find(|x| x.index == r.device),
-            visible,
-            gpus,
-        ));
-        for (kind, bytes) in [
-            ("parameters", Some(k.parameters_bytes)),
-            ("gradients", Some(k.gradients_bytes)),
-            ("optimizer_state", Some(k.optimizer_state_bytes)),
-            ("activations", k.activations_bytes),
-            ("cache", k.cache_bytes),
-        ] {
+    let kinds = d.framework.as_ref().and_then(|f| f.kinds.as_ref());
+    if let (Some(k), Some(l)) = (kinds, &failing) {
+        for (kind, bytes) in dump::view::kinds_by_name(k) {
             if let Some(b) = bytes {
                 let mut lk = l.clone();
                 lk.push(("kind", kind.to_string()));

@@ -141,24 +141,12 @@ fn render_one(out: &mut String, e: &RegionEntry, read: Result<Snapshot, ReadErro
         rate.map(|r| format!(" ({r:.1}/s)")).unwrap_or_default()
     );
     if let Some(lk) = &s.kinds {
-        let k = &lk.kinds;
-        let mut parts = vec![
-            format!("parameters {}", human_bytes(k.parameters_bytes)),
-            format!("gradients {}", human_bytes(k.gradients_bytes)),
-            format!("optimizer state {}", human_bytes(k.optimizer_state_bytes)),
-        ];
-        if let Some(a) = k.activations_bytes {
-            parts.push(format!("activations {}", human_bytes(a)));
-        }
-        if let Some(c) = k.cache_bytes {
-            parts.push(format!("torch's cache {}", human_bytes(c)));
-        }
         let _ = writeln!(
             out,
             "  by kind on device {} ({:.1} s ago): {}",
             lk.device,
             now_ms.saturating_sub(lk.unix_ms) as f64 / 1000.0,
-            parts.join(", ")
+            dump::view::kinds_in_words(&lk.kinds)
         );
     }
     if let Some(g) = &d.growth {

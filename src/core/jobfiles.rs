@@ -206,18 +206,7 @@ fn cut(s: &str, max: usize) -> &str {
 /// Torch's memory by kind at the failure, in words (absent without the Python hook's count).
 fn kinds_words(dump: &Dump) -> Option<String> {
     let k = dump.framework.as_ref()?.kinds.as_ref()?;
-    let mut parts = vec![
-        format!("parameters {}", human_bytes(k.parameters_bytes)),
-        format!("gradients {}", human_bytes(k.gradients_bytes)),
-        format!("optimizer state {}", human_bytes(k.optimizer_state_bytes)),
-    ];
-    if let Some(a) = k.activations_bytes {
-        parts.push(format!("activations {}", human_bytes(a)));
-    }
-    if let Some(c) = k.cache_bytes {
-        parts.push(format!("torch's cache {}", human_bytes(c)));
-    }
-    Some(parts.join(", "))
+    Some(dump::view::kinds_in_words(k))
 }
 
 /// The program's line the verdict points at: the growing site of a leak, else the program's own

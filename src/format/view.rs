@@ -2,7 +2,7 @@
 //! reporters and the live shim naming a site): which frames name a stack, frame labels, the
 //! order of sites, used bytes. Pure functions of the dump model.
 
-use super::model::{Dump, Frame, FrameKind, Site};
+use super::model::{Dump, Frame, FrameKind, Kinds, Site};
 use super::units::{self, clean};
 
 /// oomshim's own Python hook: its frames are on the stack when a framework's word arrives
@@ -128,6 +128,35 @@ pub fn sorted_sites(dump: &Dump) -> Vec<&Site> {
     let mut sites: Vec<&Site> = dump.sites.iter().collect();
     sites.sort_by_key(|s| std::cmp::Reverse(s.bytes));
     sites
+}
+
+/// Torch's memory by kind, by the names metrics and JSON use (`parameters`, `gradients`,
+/// `optimizer_state`, `activations`, `cache`), each `None` when not counted.
+pub fn kinds_by_name(k: &Kinds) -> [(&'static str, Option<u64>); 5] {
+    [
+        ("parameters", Some(k.parameters_bytes)),
+        ("gradients", Some(k.gradients_bytes)),
+        ("optimizer_state", Some(k.optimizer_state_bytes)),
+        ("activations", k.activations_bytes),
+        ("cache", k.cache_bytes),
+    ]
+}
+
+/// Torch's memory by kind in words: `parameters 1.00 GiB, gradients …, optimizer state …,
+/// activations …, torch's cache …` (the last two when counted).
+pub fn kinds_in_words(k: &Kinds) -> String {
+    kinds_by_name(k)
+        .iter()
+        .filter_map(|(name, bytes)| {
+            let word = match *name {
+                "optimizer_state" => "optimizer state",
+                "cache" => "torch's cache",
+                n => n,
+            };
+            bytes.map(|b| format!("{word} {}", units::human_bytes(b)))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A device's per-process cap in words: "the 2.00 GiB cap set by
