@@ -45,45 +45,7 @@ pub struct Row {
     pub retry: Option<String>,
 }
 
-/// One process's memory by kind, as `merge` lists it per rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RankKinds {
-    pub parameters_bytes: u64,
-    pub gradients_bytes: u64,
-    pub optimizer_state_bytes: u64,
-    pub activations_bytes: Option<u64>,
-}
-
-impl RankKinds {
-    fn of(k: &dump::model::Kinds) -> RankKinds {
-        RankKinds {
-            parameters_bytes: k.parameters_bytes,
-            gradients_bytes: k.gradients_bytes,
-            optimizer_state_bytes: k.optimizer_state_bytes,
-            activations_bytes: k.activations_bytes,
-        }
-    }
-
-    /// The kind holding the most (`parameters`, `gradients`, `optimizer_state`, `activations`),
-    /// ties to the first; `None` when nothing was counted.
-    pub fn dominant(&self) -> Option<&'static str> {
-        [
-            ("parameters", self.parameters_bytes),
-            ("gradients", self.gradients_bytes),
-            ("optimizer_state", self.optimizer_state_bytes),
-            ("activations", self.activations_bytes.unwrap_or(0)),
-        ]
-        .into_iter()
-        .fold(None, |best: Option<(&str, u64)>, (k, b)| {
-            if b > best.map_or(0, |x| x.1) {
-                Some((k, b))
-            } else {
-                best
-            }
-        })
-        .map(|b| b.0)
-    }
-}
+pub use super::why_rank::RankKinds;
 
 /// How `merge` compares clocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -326,8 +288,11 @@ fn rank_facts<'a>(rows: &'a [Row], procs: &[Proc]) -> Vec<super::why_rank::RankF
                 .filter(|r| mine(r))
                 .filter_map(|r| r.failed_unix_ms)
                 .min();
+            let r = &rows[p.peak_row];
             super::why_rank::RankFacts {
-                row: &rows[p.peak_row],
+                rank: r.rank,
+                host: &r.host,
+                pid: r.pid,
                 kinds,
                 failed_ms,
             }

@@ -21,7 +21,6 @@
 //! expert clearly more (1.5×), and a collective's timeout is seconds to minutes (NCCL's default
 //! 10 min) while failures of one cause land within a step of each other.
 
-use super::merge::{RankKinds, Row};
 use dump::units::human_bytes;
 
 pub const RANK0_FULL_COPY: &str = "rank0_full_copy";
@@ -76,10 +75,52 @@ impl Why {
     }
 }
 
-/// A rank's kinds and its failure, as the rules read them.
+/// One process's memory by kind, as `merge` lists it per rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankKinds {
+    pub parameters_bytes: u64,
+    pub gradients_bytes: u64,
+    pub optimizer_state_bytes: u64,
+    pub activations_bytes: Option<u64>,
+}
+
+impl RankKinds {
+    pub fn of(k: &dump::model::Kinds) -> RankKinds {
+        RankKinds {
+            parameters_bytes: k.parameters_bytes,
+            gradients_bytes: k.gradients_bytes,
+            optimizer_state_bytes: k.optimizer_state_bytes,
+            activations_bytes: k.activations_bytes,
+        }
+    }
+
+    /// The kind holding the most (`parameters`, `gradients`, `optimizer_state`, `activations`),
+    /// ties to the first; `None` when nothing was counted.
+    pub fn dominant(&self) -> Option<&'static str> {
+        [
+            ("parameters", self.parameters_bytes),
+            ("gradients", self.gradients_bytes),
+            ("optimizer_state", self.optimizer_state_bytes),
+            ("activations", self.activations_bytes.unwrap_or(0)),
+        ]
+        .into_iter()
+        .fold(None, |best: Option<(&str, u64)>, (k, b)| {
+            if b > best.map_or(0, |x| x.1) {
+                Some((k, b))
+            } else {
+                best
+            }
+        })
+        .map(|b| b.0)
+    }
+}
+
+/// A process's kinds and its failure, as the rules read them.
 #[derive(Debug, Clone, Copy)]
 pub struct RankFacts<'a> {
-    pub row: &'a Row,
+    pub rank: Option<u32>,
+    pub host: &'a str,
+    pub pid: u32,
     pub kinds: Option<RankKinds>,
     /// When it failed (an out-of-memory dump, or its death in a post-mortem), ms.
     pub failed_ms: Option<u64>,
@@ -125,7 +166,7 @@ pub fn ranks_words(ranks: &[u32]) -> String {
 pub fn why(ranks: &[RankFacts], clock_skew_ms: u64) -> Vec<Why> {
     let ranked: Vec<(u32, RankKinds)> = ranks
         .iter()
-        .filter_map(|r| Some((r.row.rank?, r.kinds?)))
+        .filter_map(|r| Some((r.rank?, r.kinds?)))
         .collect();
     vec![
         rank0_full_copy(&ranked),
@@ -303,7 +344,7 @@ fn cascade(ranks: &[RankFacts], clock_skew_ms: u64) -> Why {
     let rest = &failed[1..];
     let gap = rest[0].1 - t0;
     let spread = rest.last().expect("one or more").1 - rest[0].1;
-    let other_host = rest.iter().any(|(r, _)| r.row.host != first.row.host);
+    let other_host = rest.iter().any(|(r, _)| r.host != first.host);
     if other_host && gap < clock_skew_ms {
         return Why::no(
             CASCADE,
@@ -329,18 +370,18 @@ fn cascade(ranks: &[RankFacts], clock_skew_ms: u64) -> Why {
             ),
         );
     }
-    let who = |r: &RankFacts| match r.row.rank {
+    let who = |r: &RankFacts| match r.rank {
         Some(k) => format!("rank {k}"),
-        None => format!("pid {}", r.row.pid),
+        None => format!("pid {}", r.pid),
     };
-    let later: Vec<u32> = rest.iter().filter_map(|(r, _)| r.row.rank).collect();
+    let later: Vec<u32> = rest.iter().filter_map(|(r, _)| r.rank).collect();
     let later_words = if later.len() == rest.len() {
         ranks_words(&later)
     } else {
         format!("{} processes", rest.len())
     };
     let mut named = later.clone();
-    named.insert(0, first.row.rank.unwrap_or(u32::MAX));
+    named.insert(0, first.rank.unwrap_or(u32::MAX));
     named.retain(|r| *r != u32::MAX);
     Why::yes(
         CASCADE,

@@ -1,19 +1,14 @@
 //! Which Kubernetes pod a process runs in, from the variables a pod spec sets with the downward
 //! API, so that metrics and dumps carry the `pod`, `namespace` and `container` labels that
 //! DCGM-exporter gives the same GPU, and the node it calls `Hostname`. Nothing is asked of the
-//! cluster: a pod that does not set them gets none.
-//!
-//! ```yaml
-//! env:
-//!   - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
-//!   - {name: POD_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
-//!   - {name: NODE_NAME, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
-//!   - {name: CONTAINER_NAME, value: trainer}   # the downward API has no field for it
-//! ```
+//! cluster: a pod that does not set them gets none. In the pod spec's `env` (docs/operations.md
+//! shows it whole): `POD_NAME` from `fieldRef: metadata.name`, `POD_NAMESPACE` from
+//! `metadata.namespace`, `NODE_NAME` from `spec.nodeName`, and `CONTAINER_NAME` as a literal
+//! `value` (the downward API has no field for it).
 
 pub use dump::model::Kubernetes;
 
-/// (field, variable), in the order the fields are documented.
+/// The variables read, in the order the fields are documented.
 pub const VARIABLES: &[&str] = &["POD_NAME", "POD_NAMESPACE", "CONTAINER_NAME", "NODE_NAME"];
 
 /// Longest value kept: Kubernetes names are at most 253 characters.

@@ -270,6 +270,12 @@ impl Shim {
         SHIM.get()
     }
 
+    /// Allocations recorded since start (an atomic load: safe where only async-signal-safe
+    /// calls are).
+    fn total_allocations(&self) -> u64 {
+        self.ledger.total_allocations()
+    }
+
     /// The settings read at start.
     fn config(&self) -> &Config {
         &self.config

@@ -224,7 +224,14 @@ fn json_report_keys_are_stable() {
         );
         assert_eq!(
             keys(&v["verdict"]),
-            ["evidence", "findings", "kind", "suggestions", "summary"]
+            [
+                "evidence",
+                "findings",
+                "kind",
+                "retry",
+                "suggestions",
+                "summary"
+            ]
         );
         for f in v["verdict"]["findings"].as_array().unwrap() {
             assert_eq!(

@@ -186,7 +186,7 @@ fn take(status: i32) -> bool {
     if status == 0 || p.pid.load(Ordering::Relaxed) != std::process::id() {
         return false;
     }
-    let since = crate::live::Shim::started().map_or(0, |s| s.ledger.total_allocations());
+    let since = crate::live::Shim::started().map_or(0, |s| s.total_allocations());
     if since != p.allocations.load(Ordering::Relaxed) {
         return false;
     }
