@@ -973,3 +973,72 @@ fn a_failure_leaves_a_textfile_node_exporter_reads_until_its_dump_is_removed() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A running process whose allocation failed and got its dump: the exporter says its verdict's
+/// kind and retry hint, so an alert can tell "retry elsewhere" from "change the job".
+#[test]
+fn the_last_failure_is_exported_with_its_verdict_and_retry_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    // 1 GiB device: flight_leak's 8 MiB a step runs out within two seconds, and it goes on.
+    let child = Command::new(testbed::client("flight_leak"))
+        .env("LD_PRELOAD", shim_lib())
+        .env("OOMSHIM_LIVE_DIR", &live)
+        .env("OOMSHIM_LIVE_INTERVAL", "100ms")
+        .env("OOMSHIM_DIR", dir.path().join("dumps"))
+        .env("OOMSHIM_SETTLE", "0.2s")
+        .env("SIMCUDA_CAPACITY", "1G")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let program = Stopped(child);
+    let pid = program.0.id();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let failure = loop {
+        let found = list_regions(&live)
+            .iter()
+            .filter_map(|r| read_region(&r.path).ok())
+            .find_map(|s| s.summary.last_failure.filter(|f| f.retry.is_some()));
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no failure with a dump was published"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = cli()
+        .args(["exporter", "--once", "--dir"])
+        .arg(&live)
+        .env("LD_LIBRARY_PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let samples = parse_exposition(&text);
+    let pid = pid.to_string();
+    let info = find(&samples, "oomshim_last_oom_info", &[("pid", &pid)]);
+    assert_eq!(info.len(), 1, "{text}");
+    assert_eq!(info[0].value, 1.0);
+    assert_eq!(
+        info[0].labels["retry"],
+        failure.retry.clone().unwrap(),
+        "{text}"
+    );
+    assert_eq!(
+        info[0].labels["kind"],
+        failure.kind.clone().unwrap(),
+        "{text}"
+    );
+    assert_eq!(info[0].labels["device"], "0");
+    let at = find(
+        &samples,
+        "oomshim_last_oom_timestamp_seconds",
+        &[("pid", &pid)],
+    );
+    assert_eq!((at[0].value * 1000.0).round() as u64, failure.unix_ms);
+    promtool_check(&text);
+    drop(program);
+}

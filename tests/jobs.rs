@@ -599,3 +599,22 @@ fn exit_codes_follow_the_retry_hint_only_when_asked() {
     other.kill().ok();
     other.wait().ok();
 }
+
+/// The GPU check of this feature (tests/gpu/check_torchrun_rank.py) parses torchrun's output
+/// right: its self-test, here, so a broken parser does not cost a GPU session to find.
+#[test]
+fn the_gpu_checks_parsing_passes_its_self_test() {
+    if !common::require("python3") {
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gpu/check_torchrun_rank.py");
+    let mut cmd = Command::new("python3");
+    cmd.arg(script)
+        .arg("--self-test")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let o = common::wait_with_watchdog(cmd, Duration::from_secs(60));
+    assert!(o.status.success(), "{}{}", text(&o.stdout), text(&o.stderr));
+    assert!(text(&o.stdout).starts_with("[PASS] check_torchrun_rank self-test"));
+}
