@@ -534,6 +534,56 @@ fn a_termination_message_is_left_by_a_failure_that_ends_the_process_and_only_the
     assert_eq!(o.status.code(), Some(3));
 }
 
+/// A process that ends by `_exit` right after its failure (no exit handler runs): the answer
+/// prepared at the failure is written with system calls only: the error file (created, as none
+/// exists) and the termination message.
+#[test]
+fn a_raw_exit_after_the_failure_still_leaves_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("termination-log");
+    let error = dir.path().join("error.json");
+    let dumps = dir.path().join("dumps");
+    let o = run_client(
+        "rank_worker",
+        &[],
+        &[
+            ("RANK", "1"),
+            ("SIM_LEAK_RANK", "1"),
+            ("SIM_RAW_EXIT", "1"),
+            ("TORCHELASTIC_ERROR_FILE", error.to_str().unwrap()),
+            ("OOMSHIM_TERMINATION_LOG", log.to_str().unwrap()),
+            ("OOMSHIM_DIR", dumps.to_str().unwrap()),
+            // The dump is on disk before the failing call returns (as for a program that aborts
+            // at once): its answer is prepared by then.
+            ("OOMSHIM_SETTLE", "0"),
+        ],
+        true,
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    let d = &oom_dumps(&dumps)[0];
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&error).unwrap()).unwrap();
+    let stack = v["message"]["extraInfo"]["py_callstack"].as_str().unwrap();
+    assert!(stack.contains(d.verdict.headline()), "{stack}");
+    let msg = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        msg.starts_with("oomshim: CUDA out of memory on device 0"),
+        "{msg}"
+    );
+    assert!(msg.ends_with('\n') && msg.len() <= 4096);
+    // Without the raw exit, the same program's normal exit writes the same answer.
+    let bare = run_client(
+        "rank_worker",
+        &[],
+        &[("RANK", "1"), ("SIM_LEAK_RANK", "1"), ("SIM_RAW_EXIT", "1")],
+        false,
+    );
+    assert_eq!(
+        bare.status.code(),
+        Some(3),
+        "the program's own status, as bare"
+    );
+}
+
 /// `oomshim run --exit-code`: 78 for the program's own memory, 75 for another process's, the
 /// program's own status when the verdict cannot tell, and without the flag always.
 #[test]

@@ -10,6 +10,8 @@
  *   SIM_LATE_OOM_RANK=M   rank M waits SIM_LATE_OOM_MS (default 300) after its steps and then
  *                         asks for 64 GiB at once, which fails; it prints and exits 3 too.
  *   SIM_STEPS             steps of the other ranks (default 8).
+ *   SIM_RAW_EXIT=1        the leaking rank ends by _exit(3) instead (no exit handlers run), as
+ *                         a signal handler or a forked worker would.
  *
  * Other ranks print "rank N: done" and exit 0.
  */
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MiB ((size_t)1 << 20)
 
@@ -68,6 +71,8 @@ int main(void) {
         for (int step = 0;; step++) {
             if (train_step(step, 1) != 0) {
                 printf("rank %d: out of memory at step %d\n", rank, step);
+                fflush(stdout);
+                if (getenv("SIM_RAW_EXIT") != NULL) _exit(3);
                 return 3;
             }
         }

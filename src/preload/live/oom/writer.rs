@@ -281,8 +281,10 @@ impl OomTracker {
         );
         if !provisional {
             print_summary(&dump, &written);
-            job::arm(&dump, &written);
         }
+        // A provisional dump's answer too: a process that ends by `_exit` before the outcome is
+        // known has only that one (the exit flush of a normal exit replaces it with the final).
+        job::arm(&dump, &written);
         let mut st = self.lock();
         writing.done(&mut st);
         let mut path = None;
