@@ -996,20 +996,24 @@ fn the_last_failure_is_exported_with_its_verdict_and_retry_hint() {
     let program = Stopped(child);
     let pid = program.0.id();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let failure = loop {
-        let found = list_regions(&live)
+    let published = || {
+        list_regions(&live)
             .iter()
             .filter_map(|r| read_region(&r.path).ok())
-            .find_map(|s| s.summary.last_failure.filter(|f| f.retry.is_some()));
-        if let Some(f) = found {
-            break f;
-        }
+            .find_map(|s| s.summary.last_failure.filter(|f| f.retry.is_some()))
+    };
+    while published().is_none() {
         assert!(
             Instant::now() < deadline,
             "no failure with a dump was published"
         );
         std::thread::sleep(Duration::from_millis(50));
-    };
+    }
+    // It goes on failing: stopped, so that its region holds still while it is read twice.
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+    common::wait_until_stopped(pid);
+    let failure = published().expect("still published");
     let out = cli()
         .args(["exporter", "--once", "--dir"])
         .arg(&live)

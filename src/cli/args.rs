@@ -154,7 +154,7 @@ pub enum Cmd {
         /// Print JSON instead of text.
         #[arg(long, conflicts_with = "html")]
         json: bool,
-        /// Write the merge as one self-contained HTML page to this file instead.
+        /// Write the merge as one self-contained HTML page to this file instead (`-`: stdout).
         #[arg(long, value_name = "OUT.html")]
         html: Option<PathBuf>,
     },

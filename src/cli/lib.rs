@@ -410,6 +410,9 @@ pub fn merge(
     }
     if let Some(out) = html {
         let page = crate::report::merge_html::merge_page(&m);
+        if out == Path::new("-") {
+            return Ok(page);
+        }
         dump::write::write_file_atomically(out, page.as_bytes(), 0o644)
             .map_err(|e| format!("cannot write {}: {e}", clean_path(out)))?;
         return Ok(format!(

@@ -109,13 +109,22 @@ static REMOVED: AtomicBool = AtomicBool::new(false);
 static REAL_EXIT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A device allocation failed (the cold out-of-memory path): noted for the next publish, which
-/// comes at once.
+/// comes at once. The same failure again (same device, size and API: a repeat, which gets no
+/// dump of its own within `OOMSHIM_MIN_INTERVAL`) keeps the dump and verdict of the one before,
+/// so a program failing in a loop shows its answer rather than a failure without one.
 pub fn note_failure(device: i32, bytes: u64, api: &str, mem_info: Option<(u64, u64)>) {
     let Some(mut last) = failure_slot() else {
         return;
     };
+    let me = std::process::id();
+    let (kept_dump, headline, kind, retry) = match last.take() {
+        Some((pid, f)) if pid == me && f.device == device && f.bytes == bytes && f.api == api => {
+            (f.dump, f.headline, f.kind, f.retry)
+        }
+        _ => (None, None, None, None),
+    };
     *last = Some((
-        std::process::id(),
+        me,
         LiveFailure {
             unix_ms: dump::time::unix_ms(std::time::SystemTime::now()),
             device,
@@ -123,10 +132,10 @@ pub fn note_failure(device: i32, bytes: u64, api: &str, mem_info: Option<(u64, u
             api: api.to_string(),
             free_bytes: mem_info.map(|m| m.0),
             total_bytes: mem_info.map(|m| m.1),
-            dump: None,
-            headline: None,
-            kind: None,
-            retry: None,
+            dump: kept_dump,
+            headline,
+            kind,
+            retry,
         },
     ));
     drop(last);
