@@ -134,6 +134,11 @@ pub const SETTINGS: &[Setting] = &[
         meaning: "How often the live summary is republished (100ms–60s); a failed allocation republishes at once. A publish that took `t` waits at least 50·`t`, so the publisher never takes more than 2% of a core.",
     },
     Setting {
+        name: "OOMSHIM_LIVE_CHANGE",
+        default: "64M",
+        meaning: "The live summary is also republished when the process's tracked device memory moved by more than this since the last publish (`64M`, `1G`, a byte count; 1M–1T), at most every 100ms (and 50·`t` after a publish that took `t`): a process killed at any moment has a post-mortem at most this far, or that long, from its last state. `0`: only the first allocation and `OOMSHIM_LIVE_INTERVAL` publish.",
+    },
+    Setting {
         name: "OOMSHIM_CGROUP_ROOT",
         default: "/sys/fs/cgroup",
         meaning: "Where `oomshim run` finds the cgroup filesystem, to read the program's `memory.events` (`oom_kill`), `memory.max` and `memory.current` for a post-mortem dump.",
@@ -633,6 +638,26 @@ pub fn parse_mode(s: &str) -> Option<u32> {
     (m <= 0o777 && m & 0o002 == 0).then_some(m)
 }
 
+/// Parses a byte count: `64M`, `64MiB`, `1.5G`, `512k`, `4096` (binary units; `B` and `iB` are
+/// optional, case is not significant).
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t
+        .strip_suffix("ib")
+        .or_else(|| t.strip_suffix('b'))
+        .unwrap_or(&t);
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, 'k')) => (&t[..i], 10),
+        Some((i, 'm')) => (&t[..i], 20),
+        Some((i, 'g')) => (&t[..i], 30),
+        Some((i, 't')) => (&t[..i], 40),
+        _ => (t, 0),
+    };
+    let x: f64 = num.trim().parse().ok()?;
+    let bytes = x * (1u64 << shift) as f64;
+    (x.is_finite() && x >= 0.0 && bytes < u64::MAX as f64).then_some(bytes.round() as u64)
+}
+
 /// Parses `10s`, `1.5s`, `500ms`, `2m`, or a bare number of seconds.
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
@@ -663,6 +688,19 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn byte_counts_in_binary_units() {
+        assert_eq!(parse_bytes("64M"), Some(64 << 20));
+        assert_eq!(parse_bytes(" 64MiB "), Some(64 << 20));
+        assert_eq!(parse_bytes("1.5g"), Some(3 << 29));
+        assert_eq!(parse_bytes("512kB"), Some(512 << 10));
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("0"), Some(0));
+        for bad in ["", "M", "-1M", "1X", "nan", "inf", "99999999999T"] {
+            assert_eq!(parse_bytes(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -206,22 +206,58 @@ pub struct Allocation {
 
 /// Live bytes and peak of one device. The live count is not kept here: it is derived from the
 /// shards when asked (rarely), which saves an atomic update on every call.
-#[derive(Default)]
+///
+/// `wake_above` / `wake_below`: the live summary's watch ([`Ledger::watch`]). Bytes moving past
+/// either ring the publisher's doorbell (`sys::doorbell`): one relaxed load and a compare per
+/// allocation and free, in the cache line the update touches anyway; no lock, no system call
+/// unless a mark is crossed.
 struct Counters {
     bytes: AtomicU64,
     peak_bytes: AtomicU64,
+    wake_above: AtomicU64,
+    wake_below: AtomicU64,
 }
 
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            bytes: AtomicU64::new(0),
+            peak_bytes: AtomicU64::new(0),
+            wake_above: AtomicU64::new(UNWATCHED_ABOVE),
+            wake_below: AtomicU64::new(0),
+        }
+    }
+}
+
+/// A mark no byte count reaches: nothing watched.
+const UNWATCHED_ABOVE: u64 = u64::MAX;
+
 impl Counters {
+    #[inline]
     fn add(&self, bytes: u64) {
         let now = self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
         // A plain load first: the read-modify-write is needed only when a new peak is set.
         if now > self.peak_bytes.load(Ordering::Relaxed) {
             self.peak_bytes.fetch_max(now, Ordering::Relaxed);
         }
+        if now >= self.wake_above.load(Ordering::Relaxed) {
+            crate::sys::doorbell::ring();
+        }
     }
+    #[inline]
     fn sub(&self, bytes: u64) {
-        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        let now = self
+            .bytes
+            .fetch_sub(bytes, Ordering::Relaxed)
+            .wrapping_sub(bytes);
+        if now < self.wake_below.load(Ordering::Relaxed) {
+            crate::sys::doorbell::ring();
+        }
+    }
+    /// Rings when the bytes reach `above` or fall below `below`.
+    fn watch(&self, above: u64, below: u64) {
+        self.wake_below.store(below, Ordering::Relaxed);
+        self.wake_above.store(above, Ordering::Relaxed);
     }
 }
 
@@ -696,6 +732,30 @@ impl Ledger {
         if shard.get(addr as u64).is_none() && shard.insert(r).is_ok() {
             drop(shard);
             self.counters(r.slot()).add(r.bytes());
+        }
+    }
+
+    /// Arms the live summary's watch (see [`Counters`]): each device's bytes moving more than
+    /// `threshold` away from what they are now ring the doorbell once. `None` disarms it.
+    pub fn watch(&self, threshold: Option<u64>) {
+        for c in self.devices.iter() {
+            match threshold {
+                Some(t) => {
+                    let now = c.bytes.load(Ordering::Relaxed);
+                    c.watch(
+                        now.saturating_add(t.max(1)),
+                        now.saturating_sub(t.max(1)).min(now),
+                    );
+                }
+                None => c.watch(UNWATCHED_ABOVE, 0),
+            }
+        }
+    }
+
+    /// Arms the watch for the first device allocation: any byte recorded rings.
+    pub fn watch_first(&self) {
+        for c in self.devices.iter() {
+            c.watch(1, 0);
         }
     }
 

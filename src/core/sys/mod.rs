@@ -5,6 +5,7 @@
 //! each other.
 
 pub mod dl;
+pub mod doorbell;
 pub mod fn_ptr;
 pub mod fork;
 pub mod guard;
