@@ -17,6 +17,7 @@
 //! | 32 | 8 | the writer's start time (`/proc/PID/stat` field 22, clock ticks since boot) |
 //! | 40 | 8 | generation of the newest complete payload (0: none yet) |
 //! | 48 + 32·i | 32 | slot i: `seq` (odd while being written), `len`, `checksum` (FNV-1a 64 of the payload), `generation` |
+//! | 112 | 8 | the writer's pid namespace (inode of `/proc/self/ns/pid`; 0 from older writers) |
 //!
 //! Payload slot i starts at `HEADER_BYTES + i · SLOT_BYTES`: JSON of
 //! [`crate::flight::LiveSummary`]. Generation g goes to slot `g % 2`, so the slot being
@@ -46,6 +47,10 @@ const OFF_SLOTS: u64 = 48;
 const SLOT_DESC_BYTES: u64 = 32;
 /// Bytes a header needs to be parsed (the fixed fields and both slot descriptors).
 pub const MIN_HEADER: usize = (OFF_SLOTS + 2 * SLOT_DESC_BYTES) as usize;
+/// After the slot descriptors; read as 0 where an older writer left nothing.
+const OFF_PID_NS: u64 = MIN_HEADER as u64;
+/// The header a writer writes.
+const WRITTEN_HEADER: usize = MIN_HEADER + 8;
 
 // Shared with the symbol cache (src/core/stacks); lives with the dump format, re-exported here.
 pub use dump::checksum::checksum;
@@ -70,8 +75,20 @@ pub struct Header {
     pub pid: u32,
     pub uid: u32,
     pub start_ticks: u64,
+    /// 0 in regions of older writers.
+    pub pid_ns: u64,
     pub latest: u64,
     pub slots: [SlotDesc; 2],
+}
+
+impl Header {
+    /// Whether this header is that of the region named `id` (a region of an older writer
+    /// names no namespace in its header: its name's then decides).
+    pub fn is_of(&self, id: &super::RegionId) -> bool {
+        self.pid == id.pid
+            && self.start_ticks == id.start_ticks
+            && (self.pid_ns == id.pid_ns || self.pid_ns == 0)
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -122,6 +139,11 @@ pub fn parse_header(b: &[u8]) -> Result<Header, String> {
         pid: u32_at(b, OFF_PID),
         uid: u32_at(b, OFF_UID),
         start_ticks: u64_at(b, OFF_START),
+        pid_ns: if b.len() >= WRITTEN_HEADER {
+            u64_at(b, OFF_PID_NS)
+        } else {
+            0
+        },
         latest: u64_at(b, OFF_LATEST),
         slots: [slot(0), slot(1)],
     })
@@ -136,10 +158,11 @@ pub struct RegionWriter {
 }
 
 impl RegionWriter {
-    /// Initialises `file` (already created 0600 by the caller) as an empty region of `pid`.
-    pub fn init(file: File, pid: u32, uid: u32, start_ticks: u64) -> io::Result<RegionWriter> {
+    /// Initialises `file` (already created 0600 by the caller) as an empty region of `id`.
+    pub fn init(file: File, id: &super::RegionId, uid: u32) -> io::Result<RegionWriter> {
+        let (pid, start_ticks) = (id.pid, id.start_ticks);
         file.set_len(0)?; // sparse: it grows as slots are written, up to REGION_BYTES
-        let mut h = vec![0u8; OFF_SLOTS as usize + 2 * SLOT_DESC_BYTES as usize];
+        let mut h = vec![0u8; WRITTEN_HEADER];
         h[..8].copy_from_slice(&MAGIC);
         h[8..12].copy_from_slice(&VERSION.to_le_bytes());
         h[12..16].copy_from_slice(&(HEADER_BYTES as u32).to_le_bytes());
@@ -147,6 +170,7 @@ impl RegionWriter {
         h[24..28].copy_from_slice(&pid.to_le_bytes());
         h[28..32].copy_from_slice(&uid.to_le_bytes());
         h[32..40].copy_from_slice(&start_ticks.to_le_bytes());
+        h[OFF_PID_NS as usize..WRITTEN_HEADER].copy_from_slice(&id.pid_ns.to_le_bytes());
         file.write_all_at(&h, 0)?;
         Ok(RegionWriter {
             file: Some(file),
@@ -246,7 +270,12 @@ mod tests {
     fn a_region_never_grows_past_its_documented_16_mib() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r");
-        let mut w = RegionWriter::init(File::create(&path).unwrap(), 1, 2, 3).unwrap();
+        let id = super::super::RegionId {
+            pid_ns: 9,
+            pid: 1,
+            start_ticks: 3,
+        };
+        let mut w = RegionWriter::init(File::create(&path).unwrap(), &id, 2).unwrap();
         // The largest payload a slot takes, in both slots: the file is then exactly the region.
         let full = vec![b'x'; SLOT_BYTES as usize];
         assert_eq!(w.publish(&full).unwrap(), 1);
@@ -266,8 +295,8 @@ mod tests {
         let h = parse_header(&bytes[..HEADER_BYTES as usize]).unwrap();
         assert_eq!(h.latest, 2);
         assert_eq!((h.slots[0].len, h.slots[1].len), (SLOT_BYTES, SLOT_BYTES));
-        // The header's slot descriptors never reach into the first payload.
-        assert!(bytes[slot_desc_offset(2) as usize..HEADER_BYTES as usize]
+        // The header's fields never reach into the first payload.
+        assert!(bytes[WRITTEN_HEADER..HEADER_BYTES as usize]
             .iter()
             .all(|&b| b == 0));
     }
@@ -277,11 +306,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r");
         let f = File::create(&path).unwrap();
-        let mut w = RegionWriter::init(f, 42, 1000, 777).unwrap();
+        let id = super::super::RegionId {
+            pid_ns: 4026531836,
+            pid: 42,
+            start_ticks: 777,
+        };
+        let mut w = RegionWriter::init(f, &id, 1000).unwrap();
         w.publish(b"{}").unwrap();
         let mut bytes = std::fs::read(&path).unwrap();
         let h = parse_header(&bytes[..HEADER_BYTES as usize]).unwrap();
         assert_eq!((h.pid, h.uid, h.start_ticks, h.latest), (42, 1000, 777, 1));
+        assert_eq!(h.pid_ns, 4026531836);
+        assert!(h.is_of(&id));
+        assert!(!h.is_of(&super::super::RegionId { pid_ns: 1, ..id }));
         assert_eq!(h.slots[1].len, 2);
         assert_eq!(h.slots[1].seq % 2, 0);
         bytes[8] = 9;

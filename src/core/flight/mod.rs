@@ -6,6 +6,7 @@
 //! last state behind for `oomshim run` to turn into a post-mortem dump ([`postmortem`]), and
 //! `oomshim top` can show every live process.
 
+pub mod expire;
 pub mod layout;
 pub mod postmortem;
 pub mod read;
@@ -19,8 +20,13 @@ use std::path::PathBuf;
 pub const LIVE_SCHEMA: &str = "oomshim.live/1";
 /// Host RSS samples kept in a summary (one per publish).
 pub const RSS_SAMPLES: usize = 64;
-/// Region files are `PID-STARTTICKS` + this suffix.
+/// Region files are `PIDNS-PID-STARTTICKS` + this suffix ([`RegionId`]).
 pub const REGION_SUFFIX: &str = ".live";
+/// A region of a process that is gone, or of another pid namespace, that nobody has written for
+/// this long is removed by the next shimmed process that creates its own region in the same
+/// directory (a live writer publishes at least every `OOMSHIM_LIVE_INTERVAL`, 60 s at most; a
+/// post-mortem is written the moment `oomshim run` reaps its program).
+pub const EXPIRE_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
 /// Set by `oomshim run` for the program it starts (`PID-STARTTICKS` of the `oomshim run`
 /// process) and inherited by the program's descendants; each writes it into its summary, so
 /// that `oomshim run` finds the regions of its whole tree, even of a process that lived for a
@@ -32,7 +38,11 @@ pub const SUPERVISOR_ENV: &str = "OOMSHIM_SUPERVISOR";
 pub struct LiveSummary {
     /// Always [`LIVE_SCHEMA`].
     pub schema: String,
+    /// The writer's pid in its own pid namespace (see [`RegionId`]).
     pub pid: u32,
+    /// The writer's pid namespace (see [`RegionId`]); absent from older writers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_ns: Option<u64>,
     /// `/proc/PID/stat` field 22 of the writer: with the pid, it names one process for good.
     pub start_ticks: u64,
     /// Publish number (the region's generation) and when it was taken.
@@ -96,9 +106,122 @@ pub fn live_dir() -> PathBuf {
     live_dir_from(std::env::var_os("OOMSHIM_LIVE_DIR"))
 }
 
-/// The region file name of one process.
+/// Which process a region is of, on the whole host: its pid namespace (the inode of
+/// `/proc/self/ns/pid`), its pid there and its start time (`/proc/self/stat` field 22). Pids
+/// alone are not: containers that share `/dev/shm` (`docker --ipc=host`, pods with hostIPC)
+/// each have their own pid 1, and two of them started in the same clock tick would share a name.
+/// `pid_ns` 0: a region an older version named `PID-STARTTICKS.live`, taken to be of the
+/// reader's own namespace, as that version did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RegionId {
+    pub pid_ns: u64,
+    pub pid: u32,
+    pub start_ticks: u64,
+}
+
+impl RegionId {
+    /// The region's file name: `PIDNS-PID-STARTTICKS.live` (an older one without its namespace).
+    pub fn file_name(&self) -> String {
+        if self.pid_ns == 0 {
+            format!("{}-{}{REGION_SUFFIX}", self.pid, self.start_ticks)
+        } else {
+            format!(
+                "{}-{}-{}{REGION_SUFFIX}",
+                self.pid_ns, self.pid, self.start_ticks
+            )
+        }
+    }
+
+    /// The id a region's file name gives; `None` for any other name.
+    pub fn parse(name: &str) -> Option<RegionId> {
+        let stem = name.strip_suffix(REGION_SUFFIX)?;
+        let parts: Vec<&str> = stem.split('-').collect();
+        let num = |s: &str| -> Option<u64> {
+            (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse().ok())
+                .flatten()
+        };
+        match parts.as_slice() {
+            [pid, ticks] => Some(RegionId {
+                pid_ns: 0,
+                pid: u32::try_from(num(pid)?).ok()?,
+                start_ticks: num(ticks)?,
+            }),
+            [ns, pid, ticks] => Some(RegionId {
+                pid_ns: num(ns).filter(|n| *n != 0)?,
+                pid: u32::try_from(num(pid)?).ok()?,
+                start_ticks: num(ticks)?,
+            }),
+            _ => None,
+        }
+    }
+
+    /// This process's id, as its region is named; `None` when /proc cannot say.
+    pub fn of_this_process() -> Option<RegionId> {
+        Some(RegionId {
+            pid_ns: own_pid_ns()?,
+            // SAFETY: getpid cannot fail.
+            pid: unsafe { libc::getpid() } as u32,
+            start_ticks: parse_start_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?,
+        })
+    }
+}
+
+/// The inode of this process's pid namespace (`/proc/self/ns/pid`).
+pub fn own_pid_ns() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
+}
+
+/// The region file name of a process of this process's pid namespace.
 pub fn region_name(pid: u32, start_ticks: u64) -> String {
-    format!("{pid}-{start_ticks}{REGION_SUFFIX}")
+    RegionId {
+        pid_ns: own_pid_ns().unwrap_or(0),
+        pid,
+        start_ticks,
+    }
+    .file_name()
+}
+
+/// Whether this process can tell by `/proc/PID` whether the processes of pid namespace `ns`
+/// run: it is this process's own namespace (0: a name without one, taken as its own), and
+/// `/proc` shows that namespace (one mounted for another, as under `unshare --pid --fork`
+/// without `--mount-proc`, gives other processes these numbers).
+pub fn judges_namespace(ns: u64) -> bool {
+    static VIEW: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let own = *VIEW.get_or_init(|| {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let shown: u32 = stat.split_whitespace().next()?.parse().ok()?;
+        // SAFETY: getpid cannot fail.
+        (shown == unsafe { libc::getpid() } as u32)
+            .then(own_pid_ns)
+            .flatten()
+    });
+    own.is_some_and(|own| ns == 0 || ns == own)
+}
+
+/// What can be said of a region's writer from here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// Runs (or is stopped, or is a zombie not yet reaped).
+    Running,
+    /// Ended: no process of its namespace has its pid and start time any more.
+    Gone,
+    /// Of another pid namespace (another container, or a `/proc` that shows another one):
+    /// whether it runs cannot be told from here, and its region is never judged gone.
+    OtherNamespace,
+}
+
+/// [`Liveness`] of the writer of a region named `id`.
+pub fn liveness(id: &RegionId) -> Liveness {
+    if !judges_namespace(id.pid_ns) {
+        return Liveness::OtherNamespace;
+    }
+    if start_ticks_of(id.pid) == Some(id.start_ticks) {
+        Liveness::Running
+    } else {
+        Liveness::Gone
+    }
 }
 
 /// `/proc/PID/stat` field 22 (start time in clock ticks since boot) from the file's text: the
@@ -155,10 +278,9 @@ pub fn process_now(pid: u32, start_ticks: u64) -> ProcessNow {
     }
 }
 
-/// The pid and start time a region's file name gives (`PID-STARTTICKS.live`).
+/// The pid and start time a region's file name gives (see [`RegionId::parse`]).
 pub fn parse_region_name(name: &str) -> Option<(u32, u64)> {
-    let (pid, ticks) = name.strip_suffix(REGION_SUFFIX)?.split_once('-')?;
-    Some((pid.parse().ok()?, ticks.parse().ok()?))
+    RegionId::parse(name).map(|id| (id.pid, id.start_ticks))
 }
 
 #[cfg(test)]
@@ -203,6 +325,32 @@ mod tests {
         assert_eq!(parse_region_name("4242-500.live"), Some((4242, 500)));
         assert_eq!(parse_region_name("4242-500.live.tmp"), None);
         assert_eq!(parse_region_name("x-500.live"), None);
+        assert_eq!(parse_region_name("+1-500.live"), None);
+        let id = RegionId {
+            pid_ns: 4026531836,
+            pid: 1,
+            start_ticks: 77,
+        };
+        assert_eq!(id.file_name(), "4026531836-1-77.live");
+        assert_eq!(RegionId::parse(&id.file_name()), Some(id));
+        assert_eq!(RegionId::parse("0-1-77.live"), None);
+        assert_eq!(RegionId::parse("1-2-3-4.live"), None);
+        let me = RegionId::of_this_process().unwrap();
+        assert_eq!(liveness(&me), Liveness::Running);
+        assert_eq!(
+            liveness(&RegionId {
+                pid_ns: me.pid_ns + 1,
+                ..me
+            }),
+            Liveness::OtherNamespace
+        );
+        assert_eq!(
+            liveness(&RegionId {
+                start_ticks: me.start_ticks + 1,
+                ..me
+            }),
+            Liveness::Gone
+        );
         let me = std::process::id();
         assert!(matches!(
             process_now(me, start_ticks_of(me).unwrap()),

@@ -24,10 +24,14 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionEntry {
     pub path: PathBuf,
+    /// Whose it is, as its name says (the header must say the same to be read).
+    pub id: super::RegionId,
     pub pid: u32,
     pub start_ticks: u64,
-    /// The process named by pid and start time still runs (a reused pid has another start
-    /// time).
+    /// Whether its writer runs, as far as can be told from here.
+    pub liveness: super::Liveness,
+    /// Not known to be gone: the process named by namespace, pid and start time still runs (a
+    /// reused pid has another start time), or it is of another pid namespace.
     pub alive: bool,
 }
 
@@ -118,7 +122,7 @@ pub fn scan(dir: &Path) -> Listing {
         let Ok(name) = e.file_name().into_string() else {
             continue;
         };
-        let Some((pid, start_ticks)) = super::parse_region_name(&name) else {
+        let Some(id) = super::RegionId::parse(&name) else {
             continue;
         };
         let path = e.path();
@@ -138,14 +142,19 @@ pub fn scan(dir: &Path) -> Listing {
                 }
             }
         }
+        let liveness = super::liveness(&id);
         listing.regions.push(RegionEntry {
             path,
-            pid,
-            start_ticks,
-            alive: super::start_ticks_of(pid) == Some(start_ticks),
+            id,
+            pid: id.pid,
+            start_ticks: id.start_ticks,
+            liveness,
+            alive: liveness != super::Liveness::Gone,
         });
     }
-    listing.regions.sort_by_key(|r| (r.pid, r.start_ticks));
+    listing
+        .regions
+        .sort_by_key(|r| (r.id.pid_ns, r.pid, r.start_ticks));
     listing.ignored.sort();
     listing
 }
@@ -268,7 +277,18 @@ pub fn read_region(path: &Path) -> Result<Snapshot, ReadError> {
     if let Some(e) = remembered(key, meta.len(), &first) {
         return Err(e);
     }
-    let result = read_validated(&file, first.clone());
+    let named = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(super::RegionId::parse);
+    let result = read_validated(&file, first.clone()).and_then(|snap| match named {
+        // Read through its name: the header must be of the process the name says, or another
+        // process's region sits under this name (or this one's under another).
+        Some(id) if !snap.header.is_of(&id) => Err(ReadError::Invalid(
+            "its header names another process than its file name".into(),
+        )),
+        _ => Ok(snap),
+    });
     match &result {
         Err(e @ (ReadError::Torn(_) | ReadError::Invalid(_))) => {
             remember(key, meta.len(), first, Some(e))
@@ -357,7 +377,10 @@ fn finish(
     header: Header,
     from_previous: bool,
 ) -> Result<Snapshot, ReadError> {
-    if summary.pid != header.pid || summary.start_ticks != header.start_ticks {
+    if summary.pid != header.pid
+        || summary.start_ticks != header.start_ticks
+        || summary.pid_ns.unwrap_or(0) != header.pid_ns
+    {
         return Err(ReadError::Invalid(
             "the payload names another process than the header".into(),
         ));
