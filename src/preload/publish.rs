@@ -1,8 +1,15 @@
-//! The writing side, inside the shimmed process: creates the process's region at start-up (on
-//! the publisher thread, never on a hooked call), republishes the ledger's summary about once a
-//! second and right after a failure, and removes the region at a normal exit. Nothing here runs
-//! on the allocation path: the thread reads the ledger's existing summaries, as an on-demand
-//! dump does, and the hooks never wait for it or for any reader.
+//! The writing side, inside the shimmed process: creates the process's region at its first
+//! device allocation (on the publisher thread, never on a hooked call: the hook only rings the
+//! doorbell), publishes the ledger's summary then, again whenever the tracked bytes moved by more
+//! than [`Settings::change`] since the last publish (at most every [`MIN_CHANGE_GAP`]), about once
+//! an interval otherwise and right after a failure, and removes the region at a normal exit.
+//! Nothing here runs on the allocation path: the ledger's watch (`Ledger::watch`) compares the
+//! device's bytes with two marks and rings `sys::doorbell` when one is crossed; the thread reads
+//! the ledger's existing summaries, as an on-demand dump does, and the hooks never wait for it
+//! or for any reader.
+//!
+//! A program that never allocates device memory has no region: `oomshim run` writes no
+//! post-mortem of it.
 
 use dump::model::Dump;
 use oomshim_core::flight::layout::RegionWriter;
@@ -14,7 +21,7 @@ use std::ffi::c_int;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Holders and sites kept in a published summary.
@@ -22,16 +29,26 @@ pub const TOP: usize = 20;
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
 pub const MAX_INTERVAL: Duration = Duration::from_secs(60);
+/// `OOMSHIM_LIVE_CHANGE`'s default and range.
+pub const DEFAULT_CHANGE: u64 = 64 << 20;
+pub const MIN_CHANGE: u64 = 1 << 20;
+pub const MAX_CHANGE: u64 = 1 << 40;
+/// Publishes for a change (or a failure) come at most this often: a program that allocates
+/// gigabytes a second gets ten summaries a second, not one per allocation.
+pub const MIN_CHANGE_GAP: Duration = Duration::from_millis(100);
 /// The publisher spends at most 1/BUDGET_FACTOR of one core: after publishes that took `t`, the
 /// next waits at least `BUDGET_FACTOR · t`.
 const BUDGET_FACTOR: u32 = 50;
 
-/// `OOMSHIM_LIVE`, `OOMSHIM_LIVE_DIR`, `OOMSHIM_LIVE_INTERVAL`.
+/// `OOMSHIM_LIVE`, `OOMSHIM_LIVE_DIR`, `OOMSHIM_LIVE_INTERVAL`, `OOMSHIM_LIVE_CHANGE`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     pub enabled: bool,
     pub dir: PathBuf,
     pub interval: Duration,
+    /// Tracked bytes that move this far from the last publish trigger the next; `None`: only
+    /// the interval does (after the first publish at the first allocation).
+    pub change: Option<u64>,
     /// `OOMSHIM_SUPERVISOR` (src/core/flight): the `oomshim run` whose tree this process is in.
     pub supervisor: Option<String>,
 }
@@ -63,6 +80,20 @@ pub fn settings_from(lookup: impl Fn(&str) -> Option<String>) -> (Settings, Vec<
             }
         },
     };
+    let change = match lookup("OOMSHIM_LIVE_CHANGE") {
+        None => Some(DEFAULT_CHANGE),
+        Some(v) => match oomshim_core::config::parse_bytes(&v) {
+            Some(0) => None,
+            Some(b) if (MIN_CHANGE..=MAX_CHANGE).contains(&b) => Some(b),
+            _ => {
+                warnings.push(format!(
+                    "OOMSHIM_LIVE_CHANGE={}: expected 0 or a size from 1M to 1T; using 64M",
+                    dump::units::clean(&v)
+                ));
+                Some(DEFAULT_CHANGE)
+            }
+        },
+    };
     let dir = oomshim_core::flight::live_dir_from(lookup("OOMSHIM_LIVE_DIR").map(Into::into));
     // Only ever written by `oomshim run`; anything else is not a token and is left out.
     let supervisor = lookup(oomshim_core::flight::SUPERVISOR_ENV).filter(|v| {
@@ -73,21 +104,13 @@ pub fn settings_from(lookup: impl Fn(&str) -> Option<String>) -> (Settings, Vec<
             enabled,
             dir,
             interval,
+            change,
             supervisor,
         },
         warnings,
     )
 }
 
-struct Wake {
-    pending: Mutex<bool>,
-    cv: Condvar,
-}
-
-static WAKE: Wake = Wake {
-    pending: Mutex::new(false),
-    cv: Condvar::new(),
-};
 /// The last device allocation failure, with the pid that noted it (a forked child inherits the
 /// memory, not the failure).
 static LAST_FAILURE: Mutex<Option<(u32, LiveFailure)>> = Mutex::new(None);
@@ -99,11 +122,18 @@ static LIVE_KINDS: Mutex<Option<LiveKinds>> = Mutex::new(None);
 pub fn note_kinds(kinds: LiveKinds) {
     *LIVE_KINDS.lock().unwrap_or_else(|e| e.into_inner()) = Some(kinds);
 }
-/// The region this process created: its path, as a C string made once (for [`remove_at_exit`],
+/// The region this process creates: its path, as a C string made once (for [`remove_at_exit`],
 /// which may run in a signal handler or a vfork child and must not allocate), and the pid that
-/// created it.
+/// creates it. Set before the file is created, so that an exit while it is being created
+/// removes it too.
 static REGION: OnceLock<(std::ffi::CString, u32)> = OnceLock::new();
+/// Set by the first [`remove_at_exit`]: the process is ending on purpose; no region is created
+/// or published from then on.
 static REMOVED: AtomicBool = AtomicBool::new(false);
+/// Set by the publisher while it creates the region: [`remove_at_exit`] waits for it, so that a
+/// region created while the process exits is removed all the same (the two are ordered by
+/// sequentially consistent accesses of `REMOVED` and this: one of them sees the other's).
+static CREATING: AtomicBool = AtomicBool::new(false);
 /// The C library's `_exit` (0: not looked up yet), for the shim's own `_exit`
 /// (src/preload/ffi/process_exit.rs); looked up when the region is created.
 static REAL_EXIT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -142,11 +172,11 @@ pub fn note_failure(device: i32, bytes: u64, api: &str, mem_info: Option<(u64, u
     wake();
 }
 
-/// The last failure's slot, when this process may note one. Before its region exists (the first
-/// publish comes one interval after start) a failure is noted all the same, or a program that
-/// runs out early would never show it; but then this may be a child forked before its parent had
-/// a region, by a thread that held the lock at that moment: never wait for it. Not in a child
-/// of a process that had a region: its publisher thread did not survive the fork.
+/// The last failure's slot, when this process may note one. Before its region exists (a first
+/// allocation that failed creates it) a failure is noted all the same, or a program that runs
+/// out at once would never show it; but then this may be a child forked before its parent had a
+/// region, by a thread that held the lock at that moment: never wait for it. Not in a child of a
+/// process that had a region: its publisher thread did not survive the fork.
 fn failure_slot() -> Option<std::sync::MutexGuard<'static, Option<(u32, LiveFailure)>>> {
     match REGION.get() {
         Some((_, pid)) if *pid == std::process::id() => {
@@ -223,24 +253,26 @@ fn refused_by_limits() -> Option<&'static str> {
 }
 
 fn wake() {
-    *WAKE.pending.lock().unwrap_or_else(|e| e.into_inner()) = true;
-    WAKE.cv.notify_one();
+    oomshim_core::sys::doorbell::ring();
 }
 
-/// Sleeps `d`, or less when woken.
-fn wait(d: Duration) {
-    let pending = WAKE.pending.lock().unwrap_or_else(|e| e.into_inner());
-    let (mut pending, _) = WAKE
-        .cv
-        .wait_timeout_while(pending, d, |p| !*p)
-        .unwrap_or_else(|e| e.into_inner());
-    *pending = false;
+/// What the publisher asks of the shim's state.
+#[derive(Clone, Copy)]
+pub struct Source {
+    /// The ledger's summary (a dump with reason `live`, run inside the shim's guard).
+    pub live_dump: fn() -> Option<Dump>,
+    /// Arms the ledger's watch (`Ledger::watch`): `Some(bytes)` rings the doorbell when the
+    /// tracked bytes move that far from now; `None` disarms it.
+    pub watch: fn(Option<u64>),
+    /// Arms the watch for the first device allocation (`Ledger::watch_first`).
+    pub watch_first: fn(),
+    /// Registers [`remove_at_exit`] to run at exit.
+    pub on_start: fn(),
 }
 
-/// Starts the publisher thread. `live_dump` assembles the ledger's summary (a dump with reason
-/// `live`, run inside the shim's guard); `on_created` runs once the region exists (the exit
-/// handler that removes it is registered there).
-pub fn start(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
+/// Starts the publisher thread, on the thread of the first hooked call: the exit handler is
+/// registered and the first allocation is watched before that call goes on.
+pub fn start(settings: Settings, source: Source) {
     if !settings.enabled {
         return;
     }
@@ -248,15 +280,57 @@ pub fn start(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn
         tracing::debug!(why, "no live summary");
         return;
     }
+    (source.on_start)();
+    (source.watch_first)();
     let spawned = std::thread::Builder::new()
         .name("oomshim-live".into())
-        .spawn(move || run(settings, live_dump, on_created));
+        .spawn(move || run(settings, source));
     if spawned.is_err() {
+        (source.watch)(None);
         oomshim_core::say!("oomshim: the live summary is off: cannot start its thread");
     }
 }
 
-fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
+/// When the publisher looks next: a change or a failure is published at `change_at` at the
+/// earliest, and the state is republished at `interval_at` regardless.
+struct Schedule {
+    change_at: Instant,
+    interval_at: Instant,
+}
+
+impl Schedule {
+    /// After a publish that ended at `end` and took `spent` (the one before it took `previous`).
+    fn after(end: Instant, spent: Duration, previous: Duration, settings: &Settings) -> Schedule {
+        // The cheaper of the last two: one slow publish (new stacks to symbolise, the first
+        // one's debug information) does not stall the next; steadily slow ones are spaced out.
+        let budget = spent.min(previous) * BUDGET_FACTOR;
+        Schedule {
+            change_at: end + MIN_CHANGE_GAP.max(budget),
+            interval_at: end + settings.interval.max(budget),
+        }
+    }
+
+    /// Sleeps until the next publish is due: the interval, or a ring (rate-limited).
+    fn wait(&self) {
+        loop {
+            let now = Instant::now();
+            if now >= self.interval_at {
+                return;
+            }
+            if oomshim_core::sys::doorbell::wait(Some(self.interval_at - now)) {
+                let now = Instant::now();
+                if now < self.change_at {
+                    // Rings meanwhile are taken by this publish: it reads the state then.
+                    std::thread::sleep(self.change_at - now);
+                    let _ = oomshim_core::sys::doorbell::wait(Some(Duration::ZERO));
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn run(settings: Settings, source: Source) {
     // Signals are the program's: a process-directed one must never land on this thread (a
     // handler of the program's would run here, with this thread's locks held).
     // SAFETY: a zeroed sigset_t filled by sigfillset; this thread's own mask.
@@ -265,62 +339,45 @@ fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
     }
-    let pid = std::process::id();
-    let Some(start_ticks) = oomshim_core::flight::start_ticks_of(pid) else {
-        oomshim_core::say!("oomshim: the live summary is off: /proc/self/stat is unreadable");
+    let Some(id) = oomshim_core::flight::RegionId::of_this_process() else {
+        (source.watch)(None);
+        oomshim_core::say!(
+            "oomshim: the live summary is off: /proc/self cannot say which process this is"
+        );
         return;
     };
-    // Not at once: programs rearrange their descriptors at start-up (close fd 2, open a log
-    // that must become fd 2), and a descriptor opened meanwhile would take the number.
-    wait(settings.interval);
-    if REMOVED.load(Ordering::Relaxed) {
+    // No region before the first device allocation (or failure): a program that never uses
+    // CUDA has none, and `oomshim run` writes no post-mortem of it.
+    while !oomshim_core::sys::doorbell::wait(None) {}
+    let Some((mut writer, path, ino)) = create_region(&settings.dir, &id) else {
+        (source.watch)(None);
         return;
-    }
-    let (mut writer, path, ino) = match create(&settings.dir, pid, start_ticks) {
-        Ok((mut writer, path, ino)) => {
-            writer.release_file(); // each publish opens the region anew
-            (writer, path, ino)
-        }
-        Err(e) => {
-            oomshim_core::say!(
-                "oomshim: the live summary is off: cannot create it in {} ({e}); post-mortem dumps and `oomshim top` will not see this process",
-                settings.dir.display()
-            );
-            return;
-        }
     };
-    let c_path = {
-        use std::os::unix::ffi::OsStrExt;
-        std::ffi::CString::new(path.as_os_str().as_bytes()).ok()
-    };
-    if let Some(c_path) = c_path {
-        let _ = REGION.set((c_path, pid));
-    }
     // Resolved here, on this thread: `_exit` may later run where a lookup is not safe.
     // SAFETY: RTLD_NEXT is always a valid handle.
     let real_exit = unsafe { oomshim_core::sys::real_dlsym_not_ours(libc::RTLD_NEXT, c"_exit") };
     REAL_EXIT.store(real_exit, Ordering::Release);
-    on_created();
     oomshim_core::stacks::cache_on_this_thread();
     let mut rss: Vec<RssSample> = Vec::new();
     let mut said = false;
     let mut previous = Duration::ZERO;
     loop {
-        if REMOVED.load(Ordering::Relaxed) {
+        if REMOVED.load(Ordering::SeqCst) {
             return;
         }
         let began = Instant::now();
+        // Armed before the state is read: a change while it is published rings for the next.
+        (source.watch)(settings.change);
         if let Err(e) = publish_once(
             &mut writer,
             &path,
             ino,
-            pid,
-            start_ticks,
+            &id,
             &settings,
             &mut rss,
-            live_dump,
+            source.live_dump,
         ) {
-            if REMOVED.load(Ordering::Relaxed) {
+            if REMOVED.load(Ordering::SeqCst) {
                 return;
             }
             if !said {
@@ -332,19 +389,58 @@ fn run(settings: Settings, live_dump: fn() -> Option<Dump>, on_created: fn()) {
         }
         let spent = began.elapsed();
         tracing::debug!(?spent, "live summary published");
-        // The cheaper of the last two: one slow publish (new stacks to symbolise, the first
-        // one's debug information) does not stall the next; steadily slow ones are spaced out.
-        let cost = spent.min(previous);
+        Schedule::after(Instant::now(), spent, previous, &settings).wait();
         previous = spent;
-        wait(settings.interval.max(cost * BUDGET_FACTOR));
+    }
+}
+
+/// Creates this process's region in `dir` (said once and `None` when it cannot), ordered with
+/// [`remove_at_exit`] so that a process exiting meanwhile leaves none; a region that cannot be
+/// initialised (a full `/dev/shm`) is removed at once. Then expires what others left behind.
+fn create_region(
+    dir: &std::path::Path,
+    id: &oomshim_core::flight::RegionId,
+) -> Option<(RegionWriter, PathBuf, (u64, u64))> {
+    let path = dir.join(id.file_name());
+    let c_path = {
+        use std::os::unix::ffi::OsStrExt;
+        std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?
+    };
+    if REGION.set((c_path, id.pid)).is_err() {
+        return None; // made once per process
+    }
+    CREATING.store(true, Ordering::SeqCst);
+    if REMOVED.load(Ordering::SeqCst) {
+        CREATING.store(false, Ordering::SeqCst);
+        return None;
+    }
+    let created = create(dir, &path, id);
+    if created.is_err() {
+        // Never a region that cannot be read: not even an empty file.
+        let _ = std::fs::remove_file(&path);
+    }
+    CREATING.store(false, Ordering::SeqCst);
+    match created {
+        Ok((mut writer, ino)) => {
+            writer.release_file(); // each publish opens the region anew
+            oomshim_core::flight::expire::expire_stale(dir, id);
+            Some((writer, path, ino))
+        }
+        Err(e) => {
+            oomshim_core::say!(
+                "oomshim: the live summary is off: cannot create it in {} ({e}); post-mortem dumps and `oomshim top` will not see this process",
+                dump::units::clean_path(dir)
+            );
+            None
+        }
     }
 }
 
 fn create(
     dir: &std::path::Path,
-    pid: u32,
-    start_ticks: u64,
-) -> std::io::Result<(RegionWriter, PathBuf, (u64, u64))> {
+    path: &std::path::Path,
+    id: &oomshim_core::flight::RegionId,
+) -> std::io::Result<(RegionWriter, (u64, u64))> {
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent)?;
     }
@@ -357,21 +453,20 @@ fn create(
             why,
         ));
     }
-    let path = dir.join(oomshim_core::flight::region_name(pid, start_ticks));
-    // The same pid and start time: this process before an exec; its region is stale.
-    let _ = std::fs::remove_file(&path);
+    // The same namespace, pid and start time: this process before an exec; its region is stale.
+    let _ = std::fs::remove_file(path);
     let file = std::fs::OpenOptions::new()
         .write(true)
         .read(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)?;
+        .open(path)?;
     let file = oomshim_core::own_fd::high_file(file);
     let meta = file.metadata()?;
     // SAFETY: geteuid cannot fail.
-    let writer = RegionWriter::init(file, pid, unsafe { libc::geteuid() }, start_ticks)?;
-    Ok((writer, path, (meta.dev(), meta.ino())))
+    let writer = RegionWriter::init(file, id, unsafe { libc::geteuid() })?;
+    Ok((writer, (meta.dev(), meta.ino())))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -379,8 +474,7 @@ fn publish_once(
     writer: &mut RegionWriter,
     path: &std::path::Path,
     ino: (u64, u64),
-    pid: u32,
-    start_ticks: u64,
+    id: &oomshim_core::flight::RegionId,
     settings: &Settings,
     rss: &mut Vec<RssSample>,
     live_dump: fn() -> Option<Dump>,
@@ -406,10 +500,12 @@ fn publish_once(
             bytes,
         });
     }
+    let pid = id.pid;
     let mut summary = LiveSummary {
         schema: LIVE_SCHEMA.to_string(),
         pid,
-        start_ticks,
+        pid_ns: Some(id.pid_ns),
+        start_ticks: id.start_ticks,
         generation: 0, // set below, once known
         published_unix_ms: now,
         interval_ms: settings.interval.as_millis() as u64,
@@ -456,17 +552,41 @@ fn write_summary(writer: &mut RegionWriter, summary: &mut LiveSummary) -> std::i
     Ok(())
 }
 
+/// How long an exit waits for a region being created, at most (creating one is a few system
+/// calls; a stalled file system must not hold the program's exit).
+const EXIT_WAITS_FOR_CREATION: Duration = Duration::from_millis(500);
+
 /// At every deliberate end the region goes (a region left behind means the process did not
-/// end on purpose): `exit` (the handler registered when it was created), and `_exit` / `_Exit`
-/// (the shim's own, src/preload/ffi/process_exit.rs), which Python's `os._exit`, forked workers
-/// and programs that skip their teardown call. Only the process that created it removes it: a
-/// forked child ending does not. Async-signal-safe: atomics, a `getpid` and an `unlink` of a path
-/// made when the region was created.
+/// end on purpose): `exit` (the handler registered when the publisher started), and `_exit` /
+/// `_Exit` (the shim's own, src/preload/ffi/process_exit.rs), which Python's `os._exit`, forked
+/// workers and programs that skip their teardown call. A region being created meanwhile is waited
+/// for and removed too. Only the process that created it removes it: a forked child ending does
+/// not. Async-signal-safe: atomics, `getpid`, `nanosleep` and an `unlink` of a path made before
+/// the region was created.
 pub fn remove_at_exit() {
+    if let Some((_, pid)) = REGION.get() {
+        // SAFETY: getpid cannot fail.
+        if *pid != unsafe { libc::getpid() } as u32 {
+            return; // a forked child: the region is its parent's
+        }
+    }
+    if REMOVED.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let mut waited = Duration::ZERO;
+    while CREATING.load(Ordering::SeqCst) && waited < EXIT_WAITS_FOR_CREATION {
+        let nap = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        // SAFETY: a valid timespec; an early wake by a signal only shortens the nap.
+        unsafe { libc::nanosleep(&nap, std::ptr::null_mut()) };
+        waited += Duration::from_millis(1);
+    }
     if let Some((c_path, pid)) = REGION.get() {
         // SAFETY: getpid cannot fail.
-        if *pid == unsafe { libc::getpid() } as u32 && !REMOVED.swap(true, Ordering::Relaxed) {
-            // SAFETY: a NUL-terminated path made when the region was created.
+        if *pid == unsafe { libc::getpid() } as u32 {
+            // SAFETY: a NUL-terminated path made before the region was created.
             unsafe { libc::unlink(c_path.as_ptr()) };
         }
     }

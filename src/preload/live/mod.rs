@@ -124,9 +124,23 @@ fn start_triggers(s: &'static Shim) {
     for w in &warnings {
         oomshim_core::say!("oomshim: {w}");
     }
-    crate::publish::start(live, live_dump, || {
-        oomshim_core::sys::register_live_cleanup(crate::publish::remove_at_exit)
-    });
+    crate::publish::start(
+        live,
+        crate::publish::Source {
+            live_dump,
+            watch: |threshold| {
+                if let Some(s) = SHIM.get() {
+                    s.ledger.watch(threshold);
+                }
+            },
+            watch_first: || {
+                if let Some(s) = SHIM.get() {
+                    s.ledger.watch_first();
+                }
+            },
+            on_start: || oomshim_core::sys::register_live_cleanup(crate::publish::remove_at_exit),
+        },
+    );
 }
 
 /// The ledger's summary for the live region (src/core/flight): an on-demand dump's content, with
@@ -364,9 +378,12 @@ impl Shim {
     }
 
     /// `fork` parent and child: lets go of locks 11 to 8; in the child, the OOM tracker forgets
-    /// the parent's requests.
+    /// the parent's requests, and the ledger watches for no publisher (none runs in a child).
     fn release_state_after_fork(&self, child: bool) {
         self.ledger.after_fork();
+        if child {
+            self.ledger.watch(None);
+        }
         self.py_stacks.after_fork();
         self.stacks.after_fork();
         self.oom.release_after_fork(child);
