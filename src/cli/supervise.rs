@@ -301,6 +301,19 @@ struct Watched {
     targets: oomshim_core::jobfiles::Targets,
 }
 
+impl Watched {
+    /// The region this process would have in `live_dir`: named in oomshim's own pid namespace,
+    /// where its children and the orphans it reaps are.
+    fn region(&self, live_dir: &Path) -> Option<PathBuf> {
+        let id = flight::RegionId {
+            pid_ns: flight::own_pid_ns()?,
+            pid: self.pid as u32,
+            start_ticks: self.start_ticks?,
+        };
+        Some(live_dir.join(id.file_name()))
+    }
+}
+
 /// Runs the program to its end. Returns the exit code to end with; a program killed by a signal
 /// makes oomshim kill itself with it (this returns only if that failed).
 pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
@@ -403,7 +416,6 @@ pub fn supervise(opts: &RunOptions) -> Result<i32, RunError> {
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
-        first_publish_within: first_publish_within(opts),
         written: std::cell::RefCell::new(Vec::new()),
     };
 
@@ -451,41 +463,26 @@ struct PostMortems {
     main_pid: i32,
     started_unix_ms: u64,
     command: Vec<String>,
-    /// How long after its start a program's first live summary is due (its publish interval,
-    /// with room for a loaded machine); `None` when the live summary is off.
-    first_publish_within: Option<u64>,
     /// The post-mortems written in this run (`--exit-code` reads their retry hints).
     written: std::cell::RefCell<Vec<dump::model::Dump>>,
 }
 
 impl PostMortems {
-    /// The post-mortem of one process that ended with `status`, when it left its region (or,
-    /// for the program itself, when it was SIGKILLed before its region was due).
+    /// The post-mortem of one process that ended with `status`, when it left its region. A
+    /// process without one never allocated device memory (the shim creates the region at the
+    /// first allocation): nothing of it is about GPU memory, and no dump is written.
     fn after(&self, w: &Watched, status: libc::c_int) {
         let death = flight::postmortem::Death::from_status(status, now_ms(), None);
-        let region = w
-            .start_ticks
-            .map(|ticks| self.live_dir.join(flight::region_name(w.pid as u32, ticks)));
-        match region {
-            Some(region) if region.exists() => {
-                post_mortem(self, w, &region, &death);
-                let _ = std::fs::remove_file(&region);
-            }
-            _ => {
-                let early = self.first_publish_within.is_some_and(|within| {
-                    death.unix_ms.saturating_sub(self.started_unix_ms) <= within
-                });
-                if w.pid == self.main_pid && early {
-                    self.unpublished(w, &death);
-                }
-            }
+        if let Some(region) = w.region(&self.live_dir).filter(|r| r.exists()) {
+            post_mortem(self, w, &region, &death);
+            let _ = std::fs::remove_file(&region);
         }
     }
 
-    /// The post-mortem of a process SIGKILLed before it published anything (the OOM killer, a
-    /// scheduler over its limit): what is known. Other early ends say something of their own (a
-    /// crash its message, an exit its status), and a program stopped at once with Ctrl-C or
-    /// SIGTERM needs no dump.
+    /// The post-mortem of a process SIGKILLed after its first device allocation but before its
+    /// first publish finished (the OOM killer, a scheduler over its limit): what is known. Other
+    /// early ends say something of their own (a crash its message, an exit its status), and a
+    /// program stopped at once with Ctrl-C or SIGTERM needs no dump.
     fn unpublished(&self, w: &Watched, death: &flight::postmortem::Death) {
         if death.signal != Some(libc::SIGKILL) {
             return;
@@ -512,28 +509,6 @@ impl PostMortems {
     }
 }
 
-/// How long after its start the program's first live summary is due: its publish interval
-/// (`OOMSHIM_LIVE_INTERVAL` as the shim reads it, 1 s by default) and 2 s more for a loaded
-/// machine. `None` when the live summary is off (`OOMSHIM_LIVE=0`).
-fn first_publish_within(opts: &RunOptions) -> Option<u64> {
-    let var = |k: &str| {
-        opts.extra_env
-            .iter()
-            .rev()
-            .find(|(name, _)| name == k)
-            .map(|(_, v)| v.to_string_lossy().into_owned())
-            .or_else(|| std::env::var(k).ok())
-    };
-    if var("OOMSHIM_LIVE").as_deref().map(str::trim) == Some("0") {
-        return None;
-    }
-    let interval = var("OOMSHIM_LIVE_INTERVAL")
-        .and_then(|v| oomshim_core::config::parse_duration(&v))
-        .filter(|d| d.as_millis() >= 100 && d.as_secs() <= 60)
-        .unwrap_or(std::time::Duration::from_secs(1));
-    Some(interval.as_millis() as u64 + 2000)
-}
-
 fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is writable for its whole length; gethostname writes at most that.
@@ -553,8 +528,8 @@ fn hostname() -> String {
 /// unknown.
 struct Tree {
     token: String,
-    /// Regions seen, by (pid, start time) → the member when it is this tree's.
-    seen: std::collections::HashMap<(u32, u64), Option<Member>>,
+    /// Regions seen, by whose they are → the member when it is this tree's.
+    seen: std::collections::HashMap<flight::RegionId, Option<Member>>,
     next_scan: Instant,
 }
 
@@ -597,7 +572,7 @@ impl Tree {
         // The regions `top` and the exporter would trust: a private directory, private files.
         let regions = flight::read::list_regions(&pm.live_dir);
         for r in &regions {
-            let key = (r.pid, r.start_ticks);
+            let key = r.id;
             if !self.seen.contains_key(&key) {
                 let member = match flight::read::read_region(&r.path) {
                     Err(flight::read::ReadError::Empty) => continue, // not published yet
@@ -620,7 +595,9 @@ impl Tree {
             let Some(Some(m)) = self.seen.get_mut(&key) else {
                 continue;
             };
-            if m.pid == main {
+            // The program's end comes through `reap`; a member of another pid namespace (the
+            // program made one) cannot be looked up by its pid from here.
+            if m.pid == main || r.liveness == flight::Liveness::OtherNamespace {
                 continue;
             }
             let death = match flight::process_now(r.pid, r.start_ticks) {
@@ -649,11 +626,8 @@ impl Tree {
             let _ = std::fs::remove_file(&r.path);
             self.seen.insert(key, None);
         }
-        self.seen.retain(|&(pid, ticks), _| {
-            regions
-                .iter()
-                .any(|r| (r.pid, r.start_ticks) == (pid, ticks))
-        });
+        self.seen
+            .retain(|id, _| regions.iter().any(|r| r.id == *id));
     }
 }
 
