@@ -539,14 +539,15 @@ pub struct SizeBin {
 /// History of live device bytes per allocation site (src/preload/live/growth.rs).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Growth {
-    /// `"step"` when steps are marked or detected, else `"second"` (1 s buckets).
+    /// `"step"` when steps are marked or detected, else `"second"` (growth over time).
     pub unit: String,
     /// Where the steps came from: `"marked"` (the program calls `oomshim_step()`),
     /// `"optimizer"` (every `torch.optim` optimizer step, marked by oomshim's Python hook),
     /// `"forward"` (every forward pass of the program's outermost `torch.nn.Module`, marked by
-    /// the hook), `"detected"` (a repeating allocation pattern, see `detected`) or `"time"` (no
-    /// steps: one sample per second). Absent in dumps of older versions (`unit` tells marked
-    /// from time).
+    /// the hook), `"detected"` (a repeating allocation pattern, see `detected`), `"timeline"` (no
+    /// steps: growth over time fitted from the live allocations' own timestamps, see `timeline`)
+    /// or `"time"` (no steps, in dumps of older versions: one sample per second). Absent in
+    /// dumps of older versions still (`unit` tells marked from time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steps: Option<String>,
     /// How the steps were detected, when `steps` is `"detected"`.
@@ -578,6 +579,49 @@ pub struct Growth {
     /// that grows steadily (positive slope, R² ≥ 0.9, ≥ 4 samples); absent when there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fit: Option<GrowthFit>,
+    /// How growth over time was measured, when `steps` is `"timeline"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Timeline>,
+}
+
+/// Growth over time from the allocation timeline (see [`Growth::timeline`]): the device bytes
+/// the process still holds, summed by when each live allocation was made. A series of that
+/// kind never falls; what it shows is what was kept. `tracked` and `fit` are in seconds since
+/// the shim started, fitted from `samples` points over the span from the oldest live allocation
+/// to the dump.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timeline {
+    /// Milliseconds from the first device allocation to the dump.
+    pub age_ms: u64,
+    /// Milliseconds the fitted growth lasted (from its first sample to the dump); 0 without a fit.
+    pub span_ms: u64,
+    /// Live allocations made during the fitted growth.
+    pub allocations: u64,
+    /// Allocations made during the fitted growth that were freed since (at least this many:
+    /// counted from allocation sequence numbers, those made before its oldest live one are
+    /// not seen).
+    pub freed: u64,
+    /// Allocations freed since the first one, of every kind: a program that frees nothing
+    /// keeps all it allocated, and its timeline is its whole history.
+    pub freed_all: u64,
+    /// Milliseconds since the newest live allocation of the growing sites: growth that stopped
+    /// long before the dump is not growing now.
+    pub quiet_ms: u64,
+    /// What the process's tracked bytes did over (most of) the fitted growth, as sampled once a
+    /// second with frees counted: `actual_bytes` grown against `kept_bytes` that the live
+    /// allocations made then add up to, over `over_ms`. Absent when fewer than two samples fall
+    /// into the growth (a program younger than two seconds). Far less actual than kept growth
+    /// means memory was freed meanwhile (a cache that evicts as it adds): no leak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_check: Option<KeptCheck>,
+}
+
+/// See [`Timeline::kept_check`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptCheck {
+    pub over_ms: u64,
+    pub actual_bytes: i64,
+    pub kept_bytes: u64,
 }
 
 /// Steady growth of the whole process's tracked bytes (see [`Growth::fit`]).

@@ -16,6 +16,144 @@ pub const LEAK_NAMED_SHARE: f64 = 0.5;
 /// weights layer by layer) also repeats, and its growth is no leak.
 pub const DETECTED_MIN_FREEING_SHARE: f64 = 0.5;
 
+/// Growth over time from the allocation timeline (`growth.steps` `"timeline"`) is judged a leak
+/// only when it lasted at least this long: a start-up spike (a first batch, a model being
+/// loaded) grows steadily for a moment too.
+pub const TIMELINE_MIN_SPAN_MS: u64 = 2000;
+/// ... and kept at least this many allocations: a handful of large ones (a model's few layers)
+/// fit a line by chance.
+pub const TIMELINE_MIN_ALLOCATIONS: u64 = 16;
+/// Growth is "still going on" unless its sites have been quiet for longer than this, or than
+/// [`TIMELINE_QUIET_GAPS`] of their usual gaps between allocations, whichever is longer.
+pub const TIMELINE_MAX_QUIET_MS: u64 = 1000;
+pub const TIMELINE_QUIET_GAPS: u64 = 4;
+/// When the once-a-second samples (frees counted) cover the growth, the tracked bytes must have
+/// grown by at least this share of what the live allocations made then add up to: a cache that
+/// evicts as it adds keeps recent allocations only, which look like growth without being one.
+pub const TIMELINE_MIN_KEPT_SHARE: f64 = 0.5;
+
+/// Functions that load or move a model's weights onto the device (`file suffix`, `function`):
+/// growth inside them is a model being loaded, not a leak.
+const LOADING_FUNCTIONS: &[(&str, &str)] = &[
+    ("torch/nn/modules/module.py", "_apply"),
+    ("torch/nn/modules/module.py", "to"),
+    ("torch/nn/modules/module.py", "cuda"),
+    ("torch/nn/modules/module.py", "to_empty"),
+    ("torch/nn/modules/module.py", "load_state_dict"),
+    ("torch/nn/modules/module.py", "_load_from_state_dict"),
+    ("torch/serialization.py", "load"),
+    ("safetensors/torch.py", "load_file"),
+    ("safetensors/torch.py", "load"),
+    ("transformers/modeling_utils.py", "from_pretrained"),
+    ("transformers/modeling_utils.py", "_load_pretrained_model"),
+    (
+        "transformers/modeling_utils.py",
+        "_load_state_dict_into_meta_model",
+    ),
+    (
+        "accelerate/utils/modeling.py",
+        "set_module_tensor_to_device",
+    ),
+    ("accelerate/utils/modeling.py", "load_checkpoint_in_model"),
+    ("accelerate/big_modeling.py", "dispatch_model"),
+    ("accelerate/big_modeling.py", "load_checkpoint_and_dispatch"),
+];
+
+/// What growth over time from the allocation timeline comes to, when it is not a leak.
+#[derive(Debug, Clone)]
+pub enum NotALeak {
+    /// Growing steadily, but for less than [`TIMELINE_MIN_SPAN_MS`] or with fewer than
+    /// [`TIMELINE_MIN_ALLOCATIONS`] allocations: too little to call it a leak.
+    Young,
+    /// The growing site is inside a function that loads a model (`function`, from its stack),
+    /// or the framework counts the growth as the model's parameters.
+    Loading { function: String },
+    /// It grew, then its sites stopped allocating `quiet_ms` before the dump.
+    Stopped { quiet_ms: u64 },
+    /// The tracked bytes did not grow as the live allocations suggest (see
+    /// [`TIMELINE_MIN_KEPT_SHARE`]): what was allocated was freed as fast.
+    NotKept,
+}
+
+/// Steady growth over time that is judged no leak, and why, with the numbers the words need.
+pub struct OverTime<'a> {
+    pub growth: &'a Growth,
+    pub fit: GrowthFit,
+    pub timeline: &'a dump::model::Timeline,
+    /// The growing site with the largest share, when one carries [`LEAK_NAMED_SHARE`].
+    pub top: Option<&'a GrowthSite>,
+    pub why: NotALeak,
+}
+
+/// The timeline's verdict on growth over time: `Ok(())` when the leak rules may go on (it
+/// lasted long enough, kept enough allocations, still grows, was kept, and loads no model),
+/// else why it is no leak. `None` for dumps without a timeline or without steady growth.
+pub fn timeline_judgement(dump: &Dump) -> Option<Result<(), OverTime<'_>>> {
+    let g = dump.growth.as_ref()?;
+    if g.steps.as_deref() != Some("timeline") {
+        return None;
+    }
+    let t = g.timeline.as_ref()?;
+    let fit = growth_fit(g)?;
+    if fit.bytes_per_step < LEAK_MIN_BYTES_PER_STEP {
+        return None;
+    }
+    let top = g
+        .sites
+        .iter()
+        .max_by(|a, b| a.share.unwrap_or(0.0).total_cmp(&b.share.unwrap_or(0.0)))
+        .filter(|s| s.share.unwrap_or(0.0) >= LEAK_NAMED_SHARE);
+    let not = |why| {
+        Some(Err(OverTime {
+            growth: g,
+            fit: fit.clone(),
+            timeline: t,
+            top,
+            why,
+        }))
+    };
+    if let Some(k) = &t.kept_check {
+        if (k.actual_bytes as f64) < TIMELINE_MIN_KEPT_SHARE * k.kept_bytes as f64 {
+            return not(NotALeak::NotKept);
+        }
+    }
+    let gap = t.span_ms / t.allocations.max(1);
+    if t.quiet_ms > TIMELINE_MAX_QUIET_MS.max(TIMELINE_QUIET_GAPS.saturating_mul(gap)) {
+        return not(NotALeak::Stopped {
+            quiet_ms: t.quiet_ms,
+        });
+    }
+    if let Some(function) = top.and_then(|s| loading_function(&s.stack)) {
+        return not(NotALeak::Loading { function });
+    }
+    if loading_parameters(dump, g) {
+        return not(NotALeak::Loading {
+            function: "the model's parameters (the framework's count)".to_string(),
+        });
+    }
+    if t.span_ms < TIMELINE_MIN_SPAN_MS || t.allocations < TIMELINE_MIN_ALLOCATIONS {
+        // Recent allocations of an older program that frees memory are not growth: they may
+        // be its working set, which the next frees give back.
+        if t.span_ms.saturating_mul(2) < t.age_ms && t.freed_all > 0 {
+            return None;
+        }
+        return not(NotALeak::Young);
+    }
+    Some(Ok(()))
+}
+
+/// The loading function a stack is inside, as `function (file)`, when it is one of
+/// [`LOADING_FUNCTIONS`].
+fn loading_function(stack: &[dump::model::Frame]) -> Option<String> {
+    stack.iter().find_map(|f| {
+        let (file, function) = (f.file.as_deref()?, f.function.as_deref()?);
+        LOADING_FUNCTIONS
+            .iter()
+            .find(|(suffix, name)| file.ends_with(suffix) && function == *name)
+            .map(|(suffix, name)| format!("{name} ({suffix})"))
+    })
+}
+
 /// The process's growth per step, when it is a leak (see [`LEAK`](super::LEAK)).
 pub(super) struct LeakFinding<'a> {
     pub(super) growth: &'a Growth,
@@ -29,6 +167,8 @@ pub(super) struct LeakFinding<'a> {
     /// Judged over time (`growth.unit` `second`): the program marks no steps and repeats no
     /// pattern; rates are per second.
     pub(super) over_time: bool,
+    /// How the growth over time was measured, when from the allocation timeline.
+    pub(super) timeline: Option<&'a dump::model::Timeline>,
 }
 
 /// The process's fitted growth: the dump's own, or (dumps of older versions) fitted from its
@@ -88,6 +228,9 @@ pub(super) fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
         .filter(|g| g.unit == "step" || g.unit == "second")?;
     let over_time = g.unit == "second";
     if over_time && loading_parameters(dump, g) {
+        return None;
+    }
+    if g.steps.as_deref() == Some("timeline") && !matches!(timeline_judgement(dump), Some(Ok(()))) {
         return None;
     }
     let steps = g.steps.as_deref();
@@ -150,6 +293,7 @@ pub(super) fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
         detected,
         grown,
         over_time,
+        timeline: g.timeline.as_ref().filter(|_| over_time),
     })
 }
 
@@ -255,6 +399,7 @@ mod tests {
             sites,
             fit: None,
             framework_live: vec![],
+            timeline: None,
         });
         d
     }
@@ -556,8 +701,9 @@ mod tests {
             "{}",
             f.summary
         );
-        assert!(f.evidence.iter().any(|e| e
-            .starts_with("growth of the process: 32.00 MiB per second (R² 1.00 over 10 seconds)")));
+        assert!(f.evidence.iter().any(|e| e.starts_with(
+            "growth of the process: 32.00 MiB per second (R² 1.00 over the last 10 seconds)"
+        )));
         assert!(f.suggestions.iter().any(|s| s.contains("Mark steps")));
     }
 
@@ -750,6 +896,121 @@ mod tests {
                 && leak.headline.contains(spread),
             "{}",
             leak.headline
+        );
+    }
+    /// Growth over time from the allocation timeline: one site keeping `per_s` a second over
+    /// `span_ms`, in `allocations`, quiet for `quiet_ms` at the end.
+    fn on_timeline(name: &str, per_s: u64, span_ms: u64, allocations: u64, quiet_ms: u64) -> Dump {
+        let mut d = with_growth("second", vec![growth_site(name, per_s, 10)]);
+        let g = d.growth.as_mut().unwrap();
+        g.steps = Some("timeline".into());
+        g.sites[0].share = Some(1.0);
+        g.timeline = Some(Timeline {
+            age_ms: span_ms,
+            span_ms,
+            allocations,
+            freed: 0,
+            freed_all: 0,
+            quiet_ms,
+            kept_check: None,
+        });
+        d
+    }
+
+    fn why(d: &Dump) -> Option<Result<(), String>> {
+        crate::verdict::timeline_judgement(d).map(|r| r.map_err(|o| format!("{:?}", o.why)))
+    }
+
+    #[test]
+    fn growth_over_time_is_a_leak_only_when_long_enough_kept_and_still_going() {
+        use crate::verdict::{TIMELINE_MIN_ALLOCATIONS, TIMELINE_MIN_SPAN_MS};
+        // 8 MiB every 30 ms for 2.7 s: a leak.
+        let leak = on_timeline("session_cache", 266 * MIB, 2_700, 90, 20);
+        assert_eq!(why(&leak), Some(Ok(())));
+        let v = judge(&leak);
+        assert_eq!(v.kind, LEAK, "{}", v.summary);
+        let h = &v.findings[0].headline;
+        assert!(
+            h.contains("session_cache (train.py:12) grows by 266.00 MiB every second")
+                && h.contains("steadily over its last 2.7 s, 90 allocations kept"),
+            "{h}"
+        );
+        assert!(v.findings[0]
+            .summary
+            .contains("fitted from the live allocations' own timestamps"));
+        // (span ms, allocations, quiet ms, why)
+        let cases: Vec<(u64, u64, u64, &str)> = vec![
+            (TIMELINE_MIN_SPAN_MS - 1, 90, 20, "Young"),
+            (2_700, TIMELINE_MIN_ALLOCATIONS - 1, 20, "Young"),
+            (2_700, 90, 1_500, "Stopped { quiet_ms: 1500 }"),
+            // A slow leak's usual gap is long: four gaps of quiet are still growing.
+            (60_000, 30, 3_000, ""),
+        ];
+        for (span, allocations, quiet, expect) in cases {
+            let d = on_timeline("keep", 8 * MIB, span, allocations, quiet);
+            match why(&d) {
+                Some(Ok(())) => assert_eq!(expect, "", "{span} {allocations} {quiet}"),
+                Some(Err(w)) => assert_eq!(w, expect, "{span} {allocations} {quiet}"),
+                None => panic!("judged: {span} {allocations} {quiet}"),
+            }
+            if !expect.is_empty() {
+                assert_ne!(judge(&d).kind, LEAK, "{expect}");
+            }
+        }
+        // Young growth in a program that frees and is much older: recent allocations, said
+        // nothing of.
+        let mut recent = on_timeline("keep", 8 * MIB, 500, 16, 20);
+        let t = recent.growth.as_mut().unwrap().timeline.as_mut().unwrap();
+        t.age_ms = 10_000;
+        t.freed_all = 300;
+        assert!(why(&recent).is_none());
+        // The samples with frees saw the tracked bytes stay flat: an evicting cache.
+        let mut evicting = on_timeline("bounded_cache", 266 * MIB, 5_000, 160, 20);
+        evicting
+            .growth
+            .as_mut()
+            .unwrap()
+            .timeline
+            .as_mut()
+            .unwrap()
+            .kept_check = Some(KeptCheck {
+            over_ms: 4_000,
+            actual_bytes: 8 * MIB as i64,
+            kept_bytes: 1_000 * MIB,
+        });
+        assert_eq!(why(&evicting), Some(Err("NotKept".into())));
+        assert_ne!(judge(&evicting).kind, LEAK);
+    }
+
+    #[test]
+    fn growth_inside_a_function_that_loads_a_model_is_loading() {
+        let mut d = on_timeline("main", 2 * GIB, 5_000, 300, 20);
+        let site = &mut d.growth.as_mut().unwrap().sites[0];
+        site.stack.push(Frame {
+            address: "0x2".into(),
+            function: Some("_apply".into()),
+            file: Some("/usr/lib/python3/site-packages/torch/nn/modules/module.py".into()),
+            line: Some(900),
+            ..Frame::default()
+        });
+        match crate::verdict::timeline_judgement(&d) {
+            Some(Err(o)) => {
+                assert!(matches!(o.why, crate::verdict::NotALeak::Loading { .. }));
+                let line = crate::verdict::words::leak::not_a_leak(&o);
+                assert!(
+                    line.starts_with("loading: main (train.py:12) grew by")
+                        && line.contains("inside _apply (torch/nn/modules/module.py): a model being loaded, not a leak"),
+                    "{line}"
+                );
+            }
+            _ => panic!("not judged loading"),
+        }
+        let v = judge(&d);
+        assert_ne!(v.kind, LEAK);
+        assert!(
+            v.evidence.iter().any(|e| e.starts_with("loading: ")),
+            "{:?}",
+            v.evidence
         );
     }
 }

@@ -86,7 +86,11 @@ pub use fragmentation::{
 };
 pub use framework_cache::FRAMEWORK_CACHE_MIN_REQUEST_SHARE;
 pub use host_memory::{CGROUP_MAX_USAGE_SHARE, HOST_MIN_AVAILABLE_SHARE};
-pub use leak::{DETECTED_MIN_FREEING_SHARE, LEAK_MIN_BYTES_PER_STEP, LEAK_NAMED_SHARE};
+pub use leak::{
+    timeline_judgement, NotALeak, OverTime, DETECTED_MIN_FREEING_SHARE, LEAK_MIN_BYTES_PER_STEP,
+    LEAK_NAMED_SHARE, TIMELINE_MAX_QUIET_MS, TIMELINE_MIN_ALLOCATIONS, TIMELINE_MIN_KEPT_SHARE,
+    TIMELINE_MIN_SPAN_MS, TIMELINE_QUIET_GAPS,
+};
 pub use other_processes::OTHER_PROCESSES_MIN_SHARE;
 pub use post_mortem::{
     host_growth, EXITED_AFTER_FAILURE, HOST_GROWTH_MIN_BYTES, HOST_OOM_KILL, KILLED_BY_SIGNAL,
@@ -116,7 +120,8 @@ pub fn judge_post_mortem(dump: &Dump) -> Verdict {
         words::post_mortem::leak_by_records(&l, dump)
             .unwrap_or_else(|| words::post_mortem::leak(&l))
     });
-    let mut death = words::post_mortem::death_finding(dump, pm, post_mortem::how_it_ended(pm));
+    let mut death =
+        words::post_mortem::death_finding(dump, pm, post_mortem::how_it_ended(pm), leak.is_some());
     if let Some(l) = &leak {
         words::post_mortem::add_leak(&mut death, l);
     }
@@ -204,6 +209,10 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
         }
     }
     let retry = retry::of_oom(&c, &findings);
+    let mut evidence = evidence;
+    if let Some(Err(o)) = leak::timeline_judgement(dump) {
+        evidence.push(words::leak::not_a_leak(&o));
+    }
     Verdict {
         kind: findings[0].kind.clone(),
         summary,
@@ -211,6 +220,29 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
         suggestions,
         findings,
         retry: Some(retry),
+    }
+}
+
+/// The growth of the process in one line, as the verdict judges it (`oomshim top`): `leak: …`
+/// when it is one, else what the growth over time is (`growing: …`, `loading: …`); `None`
+/// without growth to speak of.
+pub fn growth_line(dump: &Dump) -> Option<String> {
+    if let Some(l) = leak::leak_finding(dump) {
+        let f = if dump.post_mortem.is_some() || dump.failed_request.is_none() {
+            words::post_mortem::leak(&l)
+        } else {
+            return dump
+                .verdict
+                .findings
+                .iter()
+                .find(|f| f.kind == LEAK)
+                .map(|f| f.headline.clone());
+        };
+        return Some(f.headline);
+    }
+    match leak::timeline_judgement(dump) {
+        Some(Err(o)) => Some(words::leak::not_a_leak(&o)),
+        _ => None,
     }
 }
 

@@ -79,6 +79,7 @@ pub(crate) fn growth(steps: &str, site: GrowthSite, detected: Option<DetectedSte
         sites: vec![site],
         fit: None,
         framework_live: vec![],
+        timeline: None,
     }
 }
 

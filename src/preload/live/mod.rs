@@ -312,7 +312,7 @@ impl Shim {
 
     /// The growth history as it is now, copied for a failure's dump (see `growth::Tracker::freeze`).
     fn frozen_growth(&self) -> Option<growth::Frozen> {
-        self.growth.freeze(self.ledger.total_allocations())
+        self.growth.freeze(&self.ledger, self, self.now_ns())
     }
 
     /// The growth for a dump assembled now (see `growth::Tracker::analyse`).
@@ -322,7 +322,7 @@ impl Shim {
         name: impl FnMut(&[growth::StackPair]) -> Vec<Vec<dump::model::Frame>>,
     ) -> Option<dump::model::Growth> {
         self.growth
-            .analyse(free_bytes, self.ledger.total_allocations(), name)
+            .analyse(free_bytes, &self.ledger, self, self.now_ns(), name)
     }
 
     /// The request-size summary for a dump.

@@ -271,12 +271,102 @@ pub(in crate::verdict) fn seconds_left(free: u64, rate: u64) -> Option<String> {
     })
 }
 
+/// How long growth over time was measured, for a headline: `over its last 2.7 s, 67
+/// allocations kept` (from the allocation timeline) or `over the last 12 seconds` (one-second
+/// samples, dumps of older versions).
+pub(in crate::verdict) fn over_time_span(l: &LeakFinding) -> String {
+    match l.timeline {
+        Some(t) => format!(
+            "over its last {}, {} kept",
+            seconds(t.span_ms),
+            count_word(t.allocations, "allocation", "allocations")
+        ),
+        None => format!("over the last {} seconds", thousands(l.fit.samples)),
+    }
+}
+
+/// `2.7 s`.
+pub(in crate::verdict) fn seconds(ms: u64) -> String {
+    format!("{:.1} s", ms as f64 / 1000.0)
+}
+
+/// How the growth over time was measured, in a sentence (the summary's parenthesis).
+fn over_time_how(l: &LeakFinding, r2: f64) -> String {
+    match l.timeline {
+        Some(t) => format!(
+            "fitted from the live allocations' own timestamps: {} made over the last {} and still held, from {} at              second {} to {} at second {} of the program, R² {r2:.2}{}",
+            count_word(t.allocations, "allocation", "allocations"),
+            seconds(t.span_ms),
+            human_bytes(l.fit.first.bytes),
+            l.fit.first.step,
+            human_bytes(l.fit.last.bytes),
+            l.fit.last.step,
+            match &t.kept_check {
+                Some(k) => format!(
+                    "; sampled with its frees, the tracked bytes grew {} over {} of it",
+                    human_bytes(k.actual_bytes.max(0) as u64),
+                    seconds(k.over_ms)
+                ),
+                None => String::new(),
+            }
+        ),
+        None => format!(
+            "{} one-second samples, from {} at second {} to {} at second {} of the program, R² {r2:.2}",
+            thousands(l.fit.samples),
+            human_bytes(l.fit.first.bytes),
+            l.fit.first.step,
+            human_bytes(l.fit.last.bytes),
+            l.fit.last.step
+        ),
+    }
+}
+
+/// Growth over time that is no leak, in one line with its numbers (the post-mortem's device
+/// words, the out-of-memory verdict's evidence, `oomshim top`).
+pub(in crate::verdict) fn not_a_leak(o: &crate::verdict::OverTime) -> String {
+    use crate::verdict::NotALeak;
+    let label = o
+        .top
+        .map(|s| short_label(&s.stack))
+        .unwrap_or_else(|| "the process".to_string());
+    let rate = human_bytes(o.top.map_or(o.fit.bytes_per_step, |s| s.bytes_per_step));
+    let grown = human_bytes(o.fit.last.bytes.saturating_sub(o.fit.first.bytes));
+    let t = o.timeline;
+    match &o.why {
+        NotALeak::Young => format!(
+            "growing: {label} +{rate} per second over its {}, {} kept (too little to call it a leak: that takes {} and {} allocations)",
+            seconds(t.span_ms),
+            count_word(t.allocations, "allocation", "allocations"),
+            seconds(crate::verdict::TIMELINE_MIN_SPAN_MS),
+            crate::verdict::TIMELINE_MIN_ALLOCATIONS
+        ),
+        NotALeak::Loading { function } => format!(
+            "loading: {label} grew by {grown} over {} inside {}: a model being loaded, not a leak",
+            seconds(t.span_ms),
+            clean(function)
+        ),
+        NotALeak::Stopped { quiet_ms } => format!(
+            "{label} grew by {grown} at {rate} per second, then stopped {} before: not growing now",
+            seconds(*quiet_ms)
+        ),
+        NotALeak::NotKept => match &t.kept_check {
+            Some(k) => format!(
+                "no growth kept: the live allocations made over the last {} add up to {}, but the tracked bytes grew {} then (what was allocated was freed as fast)",
+                seconds(k.over_ms),
+                human_bytes(k.kept_bytes),
+                human_bytes(k.actual_bytes.max(0) as u64)
+            ),
+            None => "no growth kept".to_string(),
+        },
+    }
+}
+
 /// A leak judged over time: the program marks no steps and repeats no step pattern (a C
-/// program, a service, a loop that only allocates), so its growth is sampled once a second.
+/// program, a service, a loop that only allocates), so its growth is measured over time.
 fn finding_over_time(c: &Ctx, l: &LeakFinding) -> Finding {
     let fw = framework(c.dump);
     let rate = human_bytes(l.fit.bytes_per_step);
-    let secs = thousands(l.fit.samples);
+    let span = over_time_span(l);
     let r2 = l.fit.r_squared;
     let top = l
         .sites
@@ -290,19 +380,19 @@ fn finding_over_time(c: &Ctx, l: &LeakFinding) -> Finding {
         .collect();
     let headline = match top {
         Some((site, share)) => format!(
-            "{} grows by {} every second (steadily over the last {secs} seconds, R² {r2:.2}; {} so far, {} of the growth)",
+            "{} grows by {} every second (steadily {span}, R² {r2:.2}; {} so far, {} of the growth)",
             site_name(site),
             human_bytes(site.bytes_per_step),
             human_bytes(l.grown),
             percent(Some((share * 100.0).min(100.0))),
         ),
         None if !parts.is_empty() => format!(
-            "the process grows by {rate} every second (steadily over the last {secs} seconds, R² {r2:.2}; {} so far), spread over sites: {}",
+            "the process grows by {rate} every second (steadily {span}, R² {r2:.2}; {} so far), spread over sites: {}",
             human_bytes(l.grown),
             parts.join(", ")
         ),
         None => format!(
-            "the process grows by {rate} every second (steadily over the last {secs} seconds, R² {r2:.2}; {} so far)",
+            "the process grows by {rate} every second (steadily {span}, R² {r2:.2}; {} so far)",
             human_bytes(l.grown)
         ),
     };
@@ -317,21 +407,17 @@ fn finding_over_time(c: &Ctx, l: &LeakFinding) -> Finding {
         l.grown,
         headline,
         format!(
-            "A leak over time: this process's tracked memory grows by {rate} every second ({secs} one-second samples, \
-             from {} at second {} to {} at second {} of the program, R² {r2:.2}), and it was still that high when {} \
-             more was requested on device {}.{named} The program marks no steps and no repeating step was found, so \
-             its growth is measured per second: memory that is never given back, or a working set still being built \
-             (a model or a cache being loaded) that was going to be larger than the device.",
-            human_bytes(l.fit.first.bytes),
-            l.fit.first.step,
-            human_bytes(l.fit.last.bytes),
-            l.fit.last.step,
+            "A leak over time: this process's tracked memory grows by {rate} every second ({}), and it was still that \
+             high when {} more was requested on device {}.{named} The program marks no steps and no repeating step \
+             was found, so its growth is measured per second: memory that is never given back, or a working set still \
+             being built (a cache filling) that was going to be larger than the device.",
+            over_time_how(l, r2),
             c.req,
             c.dev,
         ),
     );
     f.evidence.push(format!(
-        "growth of the process: {rate} per second (R² {r2:.2} over {secs} seconds), {} from second {} to {}; {} tracked at the failure",
+        "growth of the process: {rate} per second (R² {r2:.2} {span}), {} from second {} to {}; {} tracked at the failure",
         human_bytes(l.fit.last.bytes.saturating_sub(l.fit.first.bytes)),
         l.fit.first.step,
         l.fit.last.step,
@@ -348,8 +434,14 @@ fn finding_over_time(c: &Ctx, l: &LeakFinding) -> Finding {
             site.last.step
         ));
     }
-    f.evidence
-        .push("steps: none marked and none detected; growth sampled once a second".to_string());
+    f.evidence.push(
+        if l.timeline.is_some() {
+            "steps: none marked and none detected; growth fitted from when each live allocation was made"
+        } else {
+            "steps: none marked and none detected; growth sampled once a second"
+        }
+        .to_string(),
+    );
     let label = top
         .map(|(s, _)| site_name(s))
         .or_else(|| l.sites.first().map(|(s, _)| site_name(s)))

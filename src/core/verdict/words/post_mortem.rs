@@ -56,8 +56,14 @@ fn ran_for(pm: &PostMortem) -> String {
         .unwrap_or_default()
 }
 
-/// The finding of how the program died.
-pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Death) -> Finding {
+/// The finding of how the program died. `leak`: a device leak will be added to it (`add_leak`),
+/// which names the growing site itself.
+pub(in crate::verdict) fn death_finding(
+    dump: &Dump,
+    pm: &PostMortem,
+    death: Death,
+    leak: bool,
+) -> Finding {
     let h = &pm.host;
     let tracked = tracked_all(dump);
     let peak: u64 = dump.devices.iter().map(|d| d.peak_tracked_bytes).sum();
@@ -130,8 +136,22 @@ pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Dea
         None => format!(
             "device memory was not full: no device allocation had failed ({} tracked, peak {})",
             human_bytes(tracked),
-            human_bytes(peak)
+            human_bytes(peak),
         ),
+    };
+    // What the device memory is: growth over time that is no leak, said with its numbers (a
+    // program killed during its start-up spike shows what it was doing), else the site that
+    // holds the most (a leak is added after, by `add_leak`, and names its own site).
+    let growth = match crate::verdict::timeline_judgement(dump) {
+        Some(Err(o)) if !leak => Some(super::leak::not_a_leak(&o)),
+        _ => None,
+    };
+    let device_words = match (&pm.last_failure, growth) {
+        (_, Some(g)) => format!("{device_words}; {g}"),
+        (None, None) if pm.generation > 0 && !leak => {
+            format!("{device_words}{}", largest_site(dump))
+        }
+        _ => device_words,
     };
     let host_words = match host_growth(pm) {
         Some((rate, unit)) => format!(
@@ -220,6 +240,24 @@ pub(in crate::verdict) fn death_finding(dump: &Dump, pm: &PostMortem, death: Dea
         evidence,
         suggestions,
     }
+}
+
+/// `; the largest site, grow_cache (prog.c:12), holds 640.00 MiB in 20 allocations`: the site
+/// holding the most tracked memory, when the dump names one.
+fn largest_site(dump: &Dump) -> String {
+    dump.sites
+        .iter()
+        .max_by_key(|s| s.bytes)
+        .filter(|s| s.bytes > 0)
+        .map(|s| {
+            format!(
+                "; the largest site, {}, holds {} in {}",
+                short_label(&s.stack),
+                human_bytes(s.bytes),
+                super::count_word(s.count, "allocation", "allocations")
+            )
+        })
+        .unwrap_or_default()
 }
 
 /// The device leak of a post-mortem dump, in the leak finding's terms.
@@ -329,8 +367,9 @@ fn leak_over_time(l: &LeakFinding) -> Finding {
         .filter(|(_, share)| *share >= LEAK_NAMED_SHARE)
         .map(|(s, share)| (short_label(&s.stack), s.bytes_per_step, *share));
     let over = format!(
-        "steadily over the last {} seconds, R² {:.2}",
-        l.fit.samples, l.fit.r_squared
+        "steadily {}, R² {:.2}",
+        super::leak::over_time_span(l),
+        l.fit.r_squared
     );
     let headline = match &named {
         Some((label, rate, share)) => format!(
@@ -354,7 +393,12 @@ fn leak_over_time(l: &LeakFinding) -> Finding {
         bytes: l.grown,
         summary: format!(
             "{headline}. Device memory was growing steadily over time when the program died (it marks no steps, so \
-             growth is measured per second).{runs_out}"
+             growth is measured per second{}).{runs_out}",
+            if l.timeline.is_some() {
+                ", from when each allocation it still held was made"
+            } else {
+                ""
+            }
         ),
         headline,
         evidence: site_evidence(l, "second"),

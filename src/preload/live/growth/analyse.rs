@@ -4,11 +4,15 @@
 //! history grows.
 
 use super::history::{AutoMode, Histories, History};
-use super::{SiteKey, StackPair, StepSource, Tracker, MAX_REPORTED, SUSPECT_MIN_SAMPLES};
+use super::timeline::Timeline;
+use super::{
+    SiteKey, SiteKeyer, StackPair, StepSource, Tracker, MAX_REPORTED, SUSPECT_MIN_SAMPLES,
+};
 use dump::fit;
 use dump::model::{
     AllocationSpan, DetectedSteps, Frame, Growth, GrowthFit, GrowthPoint, GrowthSite,
 };
+use oomshim_core::ledger::Ledger;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
@@ -31,37 +35,45 @@ impl Tracker {
                 .is_some_and(|(f, _)| f.slope >= min_bytes_per_step as f64)
     }
 
-    /// The growth for a dump; `None` before two samples. `free_bytes`: the failing (or current)
-    /// device's free bytes, for projections; `seq_now`: the allocation count now; `name`: frames
-    /// of representative stack pairs (symbolised in one batch).
+    /// The growth for a dump; `None` before two samples of steps, or without steps before any
+    /// live device allocation. `free_bytes`: the failing (or current) device's free bytes, for
+    /// projections; `now_ns`: the shim's clock now; `name`: frames of representative stack
+    /// pairs (symbolised in one batch).
     pub fn analyse(
         &self,
         free_bytes: Option<u64>,
-        seq_now: u64,
+        ledger: &Ledger,
+        keyer: &dyn SiteKeyer,
+        now_ns: u64,
         name: impl FnMut(&[StackPair]) -> Vec<Vec<Frame>>,
     ) -> Option<Growth> {
-        Some(self.freeze(seq_now)?.growth(free_bytes, name))
+        Some(self.freeze(ledger, keyer, now_ns)?.growth(free_bytes, name))
     }
 
     /// The history a dump will describe, copied now (a failure's, taken on the failing thread:
     /// a program that keeps stepping after its failure must not push the growth that led to it
-    /// out of the rings before the dump is written). `None` before two samples. Copies at most
-    /// [`MAX_SITES`](super::MAX_SITES) × [`RING`](super::RING) samples; names nothing.
-    pub fn freeze(&self, seq_now: u64) -> Option<Frozen> {
+    /// out of the rings before the dump is written). With steps, `None` before two samples;
+    /// copies at most [`MAX_SITES`](super::MAX_SITES) × [`RING`](super::RING) samples. Without
+    /// steps, the live allocations binned by time ([`super::timeline`]). Names nothing.
+    pub fn freeze(&self, ledger: &Ledger, keyer: &dyn SiteKeyer, now_ns: u64) -> Option<Frozen> {
+        let seq_now = ledger.total_allocations();
         let copy = {
-            let h = self.lock()?;
+            let mut h = self.lock()?;
             let source = self.chosen_source(&h);
             let (history, steps) = match source {
                 Some(s) => (&h.marked[s as usize], s.word()),
                 // Marks stopped detection and time buckets: what those sampled is stale.
                 None if self.marked_any() => return None,
-                None => (
-                    &h.auto,
-                    match h.auto_mode {
-                        AutoMode::Time => "time",
-                        AutoMode::Detected => "detected",
-                    },
-                ),
+                None if h.auto_mode == AutoMode::Time => {
+                    // Growth over time: the allocations' own timestamps, with the once-a-second
+                    // samples (frees counted) as the check of what was kept.
+                    let actual: Vec<(u64, u64)> = h.auto.totals.iter().copied().collect();
+                    let first_ns = h.first_ns;
+                    let Histories { keys, .. } = &mut *h;
+                    return super::timeline::capture(ledger, keyer, keys, now_ns, first_ns, actual)
+                        .map(|t| Frozen(FrozenKind::Timeline(t)));
+                }
+                None => (&h.auto, "detected"),
             };
             if history.samples < 2 {
                 return None;
@@ -101,7 +113,7 @@ impl Tracker {
                 since,
                 anchor,
             });
-        Some(Frozen { copy, detected })
+        Some(Frozen(FrozenKind::History { copy, detected }))
     }
 
     /// The marked source whose history describes the phase at hand: the program's own marks
@@ -140,9 +152,17 @@ fn history_view(h: &History) -> View<'_> {
 /// A history copied out at one moment ([`Tracker::freeze`]), turned into the dump's growth
 /// later, on whichever thread writes the dump.
 #[derive(Clone)]
-pub(crate) struct Frozen {
-    copy: Copy,
-    detected: Option<Detected>,
+pub(crate) struct Frozen(FrozenKind);
+
+#[derive(Clone)]
+enum FrozenKind {
+    /// Samples at steps (marked or detected).
+    History {
+        copy: Copy,
+        detected: Option<Detected>,
+    },
+    /// No steps: the allocation timeline.
+    Timeline(Timeline),
 }
 
 impl Frozen {
@@ -152,7 +172,10 @@ impl Frozen {
         free_bytes: Option<u64>,
         name: impl FnMut(&[StackPair]) -> Vec<Vec<Frame>>,
     ) -> Growth {
-        self.copy.growth(free_bytes, self.detected, name)
+        match self.0 {
+            FrozenKind::History { copy, detected } => copy.growth(free_bytes, detected, name),
+            FrozenKind::Timeline(t) => t.growth(free_bytes, name),
+        }
     }
 }
 
@@ -198,11 +221,13 @@ pub(super) struct Detected {
 }
 
 /// Sites whose growth is attributed together: those with the same name.
-struct Group {
-    key: SiteKey,
+pub(super) struct Group {
+    pub(super) key: SiteKey,
+    /// The sites in it.
+    pub(super) members: Vec<SiteKey>,
     /// The member with the most bytes at the end names the group.
-    stack: Vec<Frame>,
-    series: Vec<(u64, u64)>,
+    pub(super) stack: Vec<Frame>,
+    pub(super) series: Vec<(u64, u64)>,
 }
 
 impl Copy {
@@ -355,6 +380,7 @@ impl Copy {
             tracked: self.totals.iter().map(|&p| point(p)).collect(),
             framework_live: self.framework_live.iter().map(|&p| point(p)).collect(),
             fit: fit_out,
+            timeline: None,
         }
     }
 }
@@ -370,7 +396,10 @@ fn round3(x: f64) -> f64 {
 /// Groups sites by the frame that names them (native stacks that differ only inside the
 /// framework or the CUDA runtime are one site); sites without a named frame stay apart. Each
 /// group's series is the sum of its members' samples at each x.
-fn group(sites: Vec<(SiteKey, StackPair, Series)>, frames: Vec<Vec<Frame>>) -> Vec<Group> {
+pub(super) fn group(
+    sites: Vec<(SiteKey, StackPair, Series)>,
+    frames: Vec<Vec<Frame>>,
+) -> Vec<Group> {
     let mut groups: Vec<(Option<String>, Group, u64)> = Vec::new();
     for ((key, _, series), stack) in sites.into_iter().zip(frames) {
         let label = dump::view::named_frames(&stack)
@@ -383,13 +412,23 @@ fn group(sites: Vec<(SiteKey, StackPair, Series)>, frames: Vec<Vec<Frame>>) -> V
         match found {
             Some(i) => {
                 let g = &mut groups[i];
+                g.1.members.push(key);
                 g.1.series = add_series(&g.1.series, &series);
                 if last > g.2 {
                     g.1.stack = stack;
                     g.2 = last;
                 }
             }
-            None => groups.push((label, Group { key, stack, series }, last)),
+            None => groups.push((
+                label,
+                Group {
+                    key,
+                    members: vec![key],
+                    stack,
+                    series,
+                },
+                last,
+            )),
         }
     }
     groups.into_iter().map(|g| g.1).collect()

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 
 /// Site names remembered per stack (a cache in front of Python-stack resolution); cleared when
 /// full.
-const MAX_KEY_CACHE: usize = 1 << 16;
+pub(super) const MAX_KEY_CACHE: usize = 1 << 16;
 
 /// Allocations to wait after a detected-step sample that found `live` allocations.
 pub(super) fn sample_spacing(live: u64) -> u64 {
@@ -66,6 +66,9 @@ pub(super) struct Histories {
     pub(super) auto_mode: AutoMode,
     /// Site of each stack pair seen (by Python stack when there is one).
     pub(super) keys: FxHashMap<StackPair, SiteKey>,
+    /// Shim clock of the first time-bucket sample: the first device allocation (the bucket
+    /// check is due at once).
+    pub(super) first_ns: Option<u64>,
 }
 
 pub(super) fn push_ring(ring: &mut VecDeque<(u64, u64)>, point: (u64, u64)) {

@@ -39,6 +39,7 @@ pub(crate) mod detect;
 mod history;
 mod sizes;
 mod steps;
+mod timeline;
 
 pub(crate) use analyse::Frozen;
 pub(crate) use sizes::summarize_sizes;
@@ -213,7 +214,9 @@ impl Tracker {
         Tracker {
             histories: Mutex::new(Histories::default()),
             lock_gave_up: AtomicBool::new(false),
-            next_bucket_ns: AtomicU64::new(BUCKET_NS),
+            // Due at the first allocation: its sample notes when the process began to allocate
+            // (the timeline's start, `timeline.rs`).
+            next_bucket_ns: AtomicU64::new(0),
             marks: Default::default(),
             forwards_since_optimizer: AtomicU64::new(0),
             anchor: AtomicU64::new(NO_ANCHOR),

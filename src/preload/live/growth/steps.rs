@@ -80,6 +80,7 @@ impl Tracker {
         if h.auto_mode != AutoMode::Time || self.marked_any() {
             return;
         }
+        h.first_ns.get_or_insert(now_ns);
         let Histories { auto, keys, .. } = &mut *h;
         sample(
             auto,

@@ -82,7 +82,7 @@ impl Run {
     }
     fn growth(&self) -> Option<Growth> {
         self.t
-            .analyse(Some(1 << 30), self.ledger.total_allocations(), namer)
+            .analyse(Some(1 << 30), &self.ledger, &keyer, 0, namer)
     }
     /// One training step: the leak (site 1) and working memory (site 2) freed at once.
     fn step(&mut self) {
@@ -92,41 +92,134 @@ impl Run {
     }
 }
 
+/// An allocation of `bytes` at site `stack`, made `ms` into the run.
+fn at(ledger: &Ledger, t: &Tracker, addr: usize, stack: u32, bytes: u64, ms: u64) -> Allocation {
+    let a = Allocation {
+        bytes,
+        api: Api::CudaMalloc,
+        device: 0,
+        stream: 0,
+        thread: 1,
+        time_ns: ms * 1_000_000,
+        seq: ledger.next_seq(),
+        stack: StackId(stack),
+        py_stack: StackId::EMPTY,
+    };
+    ledger.record_alloc(addr, a);
+    t.on_alloc(ledger, &keyer, &a);
+    a
+}
+
 #[test]
-fn time_buckets_until_the_first_step_mark() {
+fn without_steps_growth_is_fitted_from_the_allocations_own_times_until_a_step_mark() {
     let ledger = Ledger::new();
     let t = Tracker::new();
-    assert!(!t.bucket_due(BUCKET_NS - 1));
-    for sec in 1..=5u64 {
-        ledger.record_alloc(
-            sec as usize * 4096,
-            Allocation {
-                bytes: MIB,
-                api: Api::CudaMalloc,
-                device: 0,
-                stream: 0,
-                thread: 1,
-                time_ns: 0,
-                seq: sec,
-                stack: StackId(7),
-                py_stack: StackId::EMPTY,
-            },
-        );
-        let now = sec * BUCKET_NS + 5;
-        assert!(t.bucket_due(now), "bucket {sec}");
-        assert!(!t.bucket_due(now + 1), "one sample per bucket");
-        t.sample_bucket(&ledger, &keyer, now);
+    assert!(t.bucket_due(0), "the first allocation samples at once");
+    let t = Tracker::new();
+    // Site 7 keeps 8 MiB every 30 ms for 2.7 s; site 9 one 100 MiB block at the start.
+    at(&ledger, &t, 1 << 30, 9, 100 * MIB, 0);
+    for i in 0..90u64 {
+        at(&ledger, &t, (i as usize + 1) << 20, 7, 8 * MIB, 10 + i * 30);
     }
-    let g = t.analyse(None, 0, namer).unwrap();
-    assert_eq!((g.unit.as_str(), g.current, g.samples), ("second", 5, 5));
-    assert_eq!(g.steps.as_deref(), Some("time"));
-    assert_eq!(g.fit.as_ref().unwrap().bytes_per_step, MIB);
-    assert_eq!(g.sites[0].bytes_per_step, MIB);
-    assert_eq!(g.projected_oom_step, None, "no free bytes known");
-    // A step mark stops the buckets; the marked history has one sample yet.
+    let now = 2_700 * 1_000_000;
+    let g = t
+        .analyse(Some(1 << 30), &ledger, &keyer, now, namer)
+        .unwrap();
+    assert_eq!(g.unit, "second");
+    assert_eq!(g.steps.as_deref(), Some("timeline"));
+    assert_eq!(g.current, 2);
+    let f = g.fit.as_ref().expect("a steady growth");
+    // 8 MiB per 30 ms is 266.7 MiB a second.
+    let rate = 8.0 * MIB as f64 / 0.030;
+    assert!(
+        (f.bytes_per_step as f64 - rate).abs() < rate * 0.05,
+        "{f:?}"
+    );
+    assert!(f.r_squared > 0.97, "{f:?}");
+    assert_eq!(g.sites[0].stack[0].function.as_deref(), Some("fn7"));
+    assert!(g.sites[0].share.unwrap() > 0.95, "{:?}", g.sites);
+    assert!(g
+        .sites
+        .iter()
+        .all(|s| s.stack[0].function.as_deref() != Some("fn9")));
+    let tl = g.timeline.as_ref().unwrap();
+    assert_eq!(tl.age_ms, 2_700);
+    assert!((2_000..=2_700).contains(&tl.span_ms), "{tl:?}");
+    assert!(tl.allocations >= 60 && tl.allocations <= 91, "{tl:?}");
+    assert_eq!((tl.freed, tl.freed_all), (0, 0));
+    assert!(tl.quiet_ms <= 40, "{tl:?}");
+    // The once-a-second samples (frees counted) saw the same growth the timeline kept.
+    let k = tl.kept_check.expect("samples at seconds 0, 1 and 2");
+    assert!(
+        k.actual_bytes > 0 && k.actual_bytes as u64 >= k.kept_bytes / 2,
+        "{k:?}"
+    );
+    // The tracked series is shown at whole seconds, ending now.
+    assert_eq!(g.tracked.first().unwrap().step, 0);
+    assert_eq!(g.tracked.last().unwrap().step, 2);
+    assert_eq!(
+        g.tracked.last().unwrap().bytes,
+        100 * MIB + 90 * 8 * MIB,
+        "all that is live"
+    );
+    // A step mark ends the timeline: growth is per step from then on (one sample yet).
     assert_eq!(t.step(&ledger, &keyer, StepSource::Program, None), 1);
     assert!(!t.bucket_due(u64::MAX - 1));
-    assert!(t.analyse(None, 0, namer).is_none());
+    assert!(t.analyse(None, &ledger, &keyer, now, namer).is_none());
+}
+
+#[test]
+fn a_cache_that_evicts_as_it_adds_is_no_growth_by_its_samples() {
+    let ledger = Ledger::new();
+    let t = Tracker::new();
+    // 16 slots of 8 MiB, one replaced every 30 ms, for 6 s: 128 MiB all along.
+    let mut slots: Vec<Option<usize>> = vec![None; 16];
+    for i in 0..200u64 {
+        let slot = (i % 16) as usize;
+        if let Some(addr) = slots[slot].take() {
+            ledger.take(addr);
+        }
+        let addr = (i as usize + 1) << 20;
+        at(&ledger, &t, addr, 7, 8 * MIB, i * 30);
+        slots[slot] = Some(addr);
+    }
+    let g = t
+        .analyse(None, &ledger, &keyer, 6_000 * 1_000_000, namer)
+        .unwrap();
+    let tl = g.timeline.as_ref().unwrap();
+    assert_eq!(tl.freed_all, 200 - 16);
+    // Whatever the live allocations' times suggest, the samples saw no growth.
+    if let Some(k) = tl.kept_check {
+        assert!(
+            k.actual_bytes <= 0 || (k.actual_bytes as u64) < k.kept_bytes / 2,
+            "{k:?}"
+        );
+    }
+    assert!(
+        tl.span_ms * 2 < tl.age_ms,
+        "recent allocations only: {tl:?}"
+    );
+}
+
+#[test]
+fn a_spike_killed_early_is_a_timeline_of_its_first_second() {
+    let ledger = Ledger::new();
+    let t = Tracker::new();
+    for i in 0..20u64 {
+        at(&ledger, &t, (i as usize + 1) << 20, 3, 32 * MIB, i * 20);
+    }
+    let g = t
+        .analyse(None, &ledger, &keyer, 600 * 1_000_000, namer)
+        .unwrap();
+    let tl = g.timeline.as_ref().unwrap();
+    assert_eq!(tl.age_ms, 600);
+    // Its growth as it was (20 allocations over 0.4 s), then 0.2 s quiet before the end.
+    assert_eq!(tl.allocations, 20, "{tl:?}");
+    assert!((180..=240).contains(&tl.quiet_ms), "{tl:?}");
+    let f = g.fit.as_ref().expect("the spike's growth");
+    assert!(f.bytes_per_step > 1 << 30, "{f:?}");
+    assert_eq!(g.tracked.last().unwrap().bytes, 640 * MIB);
+    assert_eq!(g.sites[0].stack[0].function.as_deref(), Some("fn3"));
 }
 
 #[test]
@@ -160,7 +253,7 @@ fn ring_and_site_bounds() {
     // The smallest sites are the ones left out.
     assert!(!marked.sites.contains_key(&SiteKey::Native(StackId(1000))));
     drop(h);
-    let g = t.analyse(Some(1 << 30), 0, namer).unwrap();
+    let g = t.analyse(Some(1 << 30), &ledger, &keyer, 0, namer).unwrap();
     assert_eq!(g.unit, "step");
     assert_eq!(g.steps.as_deref(), Some("marked"));
     assert_eq!(g.current, RING as u64 + 10);
@@ -175,7 +268,11 @@ fn a_repeating_step_is_detected_and_the_process_growth_fitted() {
     for _ in 0..4 {
         r.step();
     }
-    assert!(r.growth().is_none(), "not confirmed yet");
+    assert_eq!(
+        r.growth().and_then(|g| g.steps),
+        Some("timeline".to_string()),
+        "not confirmed yet: growth over time"
+    );
     for _ in 4..20 {
         r.step();
     }
@@ -219,7 +316,11 @@ fn a_loop_that_only_allocates_one_site_is_not_a_step() {
     for _ in 0..500 {
         r.alloc(5, 64 * MIB);
     }
-    assert!(r.growth().is_none());
+    assert_eq!(
+        r.growth().and_then(|g| g.steps),
+        Some("timeline".to_string()),
+        "no steps: growth over time"
+    );
 }
 
 #[test]
