@@ -192,7 +192,8 @@ fn main() -> ExitCode {
                 }
                 let now = dump::time::unix_ms(std::time::SystemTime::now());
                 text.push_str(&cli::top::frame(&dir, pid, now));
-                return print_out(&text);
+                let (cols, rows) = cli::top::screen_size();
+                return print_out(&cli::top::clip(&text, cols, rows));
             }
             cli::top::live(&dir, pid, prune)
         }

@@ -11,6 +11,7 @@
 
 use dump::units::{clean, human_bytes};
 use oomshim_core::flight::read::{read_region, scan, ReadError, RegionEntry, Snapshot};
+use oomshim_core::flight::Liveness;
 use oomshim_core::verdict::short_label;
 use std::fmt::Write;
 use std::path::Path;
@@ -18,24 +19,35 @@ use std::path::Path;
 /// Sites shown per process.
 const SITES_SHOWN: usize = 5;
 
-/// One frame: every region in `dir` (only `pid`'s when given). What is not this user's (the
+/// One frame: every region in `dir` (only `pid`'s when given), the running processes first (and
+/// those of other pid namespaces, which cannot be told apart from running ones from here), the
+/// regions of gone processes folded into one line at the end. What is not this user's (the
 /// directory, a region) is not read, and said once at the end of the frame.
 pub fn frame(dir: &Path, pid: Option<u32>, now_ms: u64) -> String {
     let listing = scan(dir);
-    let entries: Vec<RegionEntry> = listing
+    let mut entries: Vec<RegionEntry> = listing
         .regions
         .into_iter()
         .filter(|r| pid.is_none_or(|p| r.pid == p))
         .collect();
+    // Running first, then other namespaces, each by pid; gone ones are listed apart.
+    entries.sort_by_key(|e| (e.liveness != Liveness::Running, e.pid, e.id));
+    let (shown, gone): (Vec<RegionEntry>, Vec<RegionEntry>) = entries
+        .into_iter()
+        .partition(|e| e.liveness != Liveness::Gone);
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "oomshim top — {} process{} (regions in {})",
-        entries.len(),
-        if entries.len() == 1 { "" } else { "es" },
+        "oomshim top — {}{} (regions in {})",
+        dump::units::plural(shown.len() as u64, "process", "processes"),
+        if gone.is_empty() {
+            String::new()
+        } else {
+            format!(", {} gone", gone.len())
+        },
         dump::units::clean_path(dir)
     );
-    if entries.is_empty() {
+    if shown.is_empty() && gone.is_empty() {
         let _ = writeln!(
             out,
             "{}",
@@ -45,13 +57,35 @@ pub fn frame(dir: &Path, pid: Option<u32>, now_ms: u64) -> String {
             }
         );
     }
-    for e in &entries {
+    // A single pid asked for by name is shown in full, gone or not.
+    let (shown, gone) = if pid.is_some() {
+        (shown.into_iter().chain(gone).collect(), Vec::new())
+    } else {
+        (shown, gone)
+    };
+    for e in &shown {
         let read = read_region(&e.path);
         if matches!(read, Err(ReadError::Gone)) {
             continue; // exited normally since the listing
         }
         out.push('\n');
         render_one(&mut out, e, read, now_ms);
+    }
+    if !gone.is_empty() {
+        let pids: Vec<String> = gone
+            .iter()
+            .take(GONE_PIDS_SHOWN)
+            .map(|e| e.pid.to_string())
+            .collect();
+        let _ = writeln!(
+            out,
+            "\n{} left {} behind (they did not exit normally): pid{} {}{}; `p` or --prune removes them, `--pid PID` shows one",
+            dump::units::plural(gone.len() as u64, "gone process", "gone processes"),
+            if gone.len() == 1 { "its region" } else { "their regions" },
+            if gone.len() == 1 { "" } else { "s" },
+            pids.join(", "),
+            if gone.len() > GONE_PIDS_SHOWN { ", …" } else { "" }
+        );
     }
     if !listing.ignored.is_empty() {
         out.push('\n');
@@ -62,11 +96,68 @@ pub fn frame(dir: &Path, pid: Option<u32>, now_ms: u64) -> String {
     out
 }
 
+/// Pids of gone processes named on their folded line.
+const GONE_PIDS_SHOWN: usize = 8;
+
+/// Columns and rows of the screen a frame goes to: the terminal's when standard output is one,
+/// else `COLUMNS` and `LINES` when set; `None` for no limit.
+pub fn screen_size() -> (Option<usize>, Option<usize>) {
+    use std::io::IsTerminal;
+    if std::io::stdout().is_terminal() {
+        // SAFETY: `winsize` is plain data; TIOCGWINSZ writes it or fails.
+        let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+        // SAFETY: an ioctl that fills the local `winsize`.
+        if unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_col > 0 {
+            return (
+                Some(ws.ws_col as usize),
+                Some(ws.ws_row as usize).filter(|r| *r > 0),
+            );
+        }
+    }
+    let env = |k: &str| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|n| *n > 0)
+    };
+    (env("COLUMNS"), env("LINES"))
+}
+
+/// `text` cut to `cols` characters a line and `rows` lines, the last of them saying how many
+/// were left out; unchanged where a limit is `None`.
+pub fn clip(text: &str, cols: Option<usize>, rows: Option<usize>) -> String {
+    let mut lines: Vec<String> = text
+        .lines()
+        .map(|l| match cols {
+            Some(c) => truncate(l, c.max(2)),
+            None => l.to_string(),
+        })
+        .collect();
+    if let Some(r) = rows.map(|r| r.max(2)) {
+        if lines.len() > r {
+            let left = lines.len() - (r - 1);
+            lines.truncate(r - 1);
+            let note = format!("… {left} more lines (a larger terminal, or --pid PID, shows them)");
+            lines.push(match cols {
+                Some(c) => truncate(&note, c.max(2)),
+                None => note,
+            });
+        }
+    }
+    let mut out = lines.join("\n");
+    out.push('\n');
+    out
+}
+
 fn render_one(out: &mut String, e: &RegionEntry, read: Result<Snapshot, ReadError>, now_ms: u64) {
-    let state = if e.alive {
-        "running"
-    } else {
-        "gone (its region was left behind: it did not exit normally; `p` or --prune removes it)"
+    let state = match e.liveness {
+        Liveness::Running => "running",
+        Liveness::OtherNamespace => {
+            "in another pid namespace (its pid there; whether it still runs cannot be told from here)"
+        }
+        Liveness::Gone => {
+            "gone (its region was left behind: it did not exit normally; `p` or --prune removes it)"
+        }
     };
     let snap = match read {
         Ok(s) => s,
@@ -149,7 +240,13 @@ fn render_one(out: &mut String, e: &RegionEntry, read: Result<Snapshot, ReadErro
             dump::view::kinds_in_words(&lk.kinds)
         );
     }
-    if let Some(g) = &d.growth {
+    if d.growth.as_ref().and_then(|g| g.steps.as_deref()) == Some("timeline") {
+        // Growth over time, as the verdict judges it: a leak, or growing (young), loading,
+        // stopped, with its numbers.
+        if let Some(line) = oomshim_core::verdict::growth_line(d) {
+            let _ = writeln!(out, "  {}", truncate(&clean(&line), 200));
+        }
+    } else if let Some(g) = &d.growth {
         for site in g.sites.iter().take(SITES_SHOWN) {
             let _ = writeln!(
                 out,
@@ -212,7 +309,11 @@ pub const PRUNE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Returns one line per region removed or that could not be removed.
 pub fn prune(dir: &Path) -> Vec<String> {
     let mut said = Vec::new();
-    for e in scan(dir).regions.into_iter().filter(|e| !e.alive) {
+    for e in scan(dir)
+        .regions
+        .into_iter()
+        .filter(|e| e.liveness == Liveness::Gone)
+    {
         let idle = std::fs::symlink_metadata(&e.path)
             .and_then(|m| m.modified())
             .ok()
@@ -338,6 +439,9 @@ pub fn live(dir: &Path, pid: Option<u32>, prune_each: bool) -> std::process::Exi
             text.push_str(&format!("{line}\n"));
         }
         let clear = if tty { "\x1b[H\x1b[2J" } else { "" };
+        // The legend and the line above it stay on screen: the frame is cut to the rest.
+        let (cols, rows) = screen_size();
+        let text = clip(&text, cols, rows.map(|r| r.saturating_sub(2)));
         let page = format!("{clear}{text}\n{}\n", legend(keys.is_some()));
         let mut out = std::io::stdout().lock();
         if out
