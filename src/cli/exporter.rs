@@ -531,117 +531,368 @@ fn add_process(
     );
 }
 
-/// Connections served at once; one more is answered 503 and closed at once, so a crowd of
-/// stalled clients costs threads up to this cap and never blocks the accepting loop.
-const MAX_CONNECTIONS: usize = 32;
+/// Connections held at once, at most (fewer where `RLIMIT_NOFILE` is low: half of it).
+const MAX_CONNECTIONS: usize = 512;
+/// Unfinished connections one peer may hold; one more from it is answered 503 at once. A peer
+/// is a local user (its uid, from the kernel's socket table) on loopback, else an address: a
+/// neighbour holding connections open (a slowloris) blinds only itself.
+const PER_PEER: usize = 8;
 /// Unread request bytes (a body, pipelined requests, an oversized head) read and dropped after
 /// the answer, so that closing does not reset the connection before the client read it.
 const DRAIN_BYTES: usize = 1 << 20;
 /// The longest the drain may take.
 const DRAIN_TIME: Duration = Duration::from_millis(500);
 
+/// Who is on the other end of a connection, for fairness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Peer {
+    /// A local user (a loopback connection whose socket the kernel's table names).
+    Uid(u32),
+    Addr(IpAddr),
+}
+
+/// What a connection is doing.
+enum Phase {
+    /// Reading the request head (up to [`MAX_REQUEST_HEAD`]).
+    Head(Vec<u8>),
+    /// Writing the answer from `at`.
+    Answer { out: Vec<u8>, at: usize },
+    /// Answered: reading what the client still sends, then closing.
+    Drain { read: usize },
+}
+
+struct Conn {
+    stream: TcpStream,
+    peer: Peer,
+    accepted: std::time::Instant,
+    /// When this phase gives up: the whole head ([`IO_TIMEOUT`]), the answer, the drain.
+    deadline: std::time::Instant,
+    phase: Phase,
+}
+
 /// Serves `GET /metrics` on `listener` until the process is ended; every other request gets
-/// 404. Each connection has a thread of its own (at most [`MAX_CONNECTIONS`]) and
-/// [`IO_TIMEOUT`] for its whole request, however slowly its bytes arrive: one slow client never
-/// holds another's scrape.
+/// 404. One thread serves every connection (non-blocking, `poll`): nothing a client does or
+/// fails to do holds another's answer. Each connection has [`IO_TIMEOUT`] for its whole request
+/// head however slowly its bytes arrive, and as long to take its answer; a peer holds at most
+/// [`PER_PEER`] connections, and when all [`MAX_CONNECTIONS`] are taken the peer holding the
+/// most loses its oldest, so a new peer is always served.
 pub fn serve(listener: TcpListener, dir: &Path) -> ! {
-    let dir: std::sync::Arc<std::path::PathBuf> = std::sync::Arc::new(dir.to_path_buf());
-    let active = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let _ = listener.set_nonblocking(true);
+    let local = listener.local_addr().ok();
+    let cap = connection_cap();
+    let mut conns: Vec<Conn> = Vec::new();
     loop {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-                    active.fetch_sub(1, Ordering::AcqRel);
-                    refuse_busy(stream);
-                    continue;
-                }
-                let (dir, done) = (dir.clone(), active.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("oomshim-exporter-conn".into())
-                    .stack_size(256 << 10)
-                    .spawn(move || {
-                        let _ = handle(stream, &dir);
-                        done.fetch_sub(1, Ordering::AcqRel);
-                    });
-                if spawned.is_err() {
-                    active.fetch_sub(1, Ordering::AcqRel);
-                }
+        let now = std::time::Instant::now();
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(conns.len() + 1);
+        {
+            use std::os::fd::AsRawFd;
+            fds.push(libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            for c in &conns {
+                fds.push(libc::pollfd {
+                    fd: c.stream.as_raw_fd(),
+                    events: match c.phase {
+                        Phase::Answer { .. } => libc::POLLOUT,
+                        _ => libc::POLLIN,
+                    },
+                    revents: 0,
+                });
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(50)), // EMFILE and the like
+        }
+        let wait_ms = conns
+            .iter()
+            .map(|c| c.deadline.saturating_duration_since(now).as_millis() as i32 + 1)
+            .min()
+            .unwrap_or(-1);
+        // SAFETY: `fds.len()` initialised `pollfd`s in a live vector.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
+        if n < 0 {
+            continue; // EINTR
+        }
+        let ready: Vec<bool> = fds[1..].iter().map(|f| f.revents != 0).collect();
+        // Each ready or overdue connection moves on; those that are done are dropped (closed).
+        let now = std::time::Instant::now();
+        let mut i = 0;
+        conns.retain_mut(|c| {
+            let keep = if ready[i] || now >= c.deadline {
+                step(c, dir, now)
+            } else {
+                true
+            };
+            i += 1;
+            keep
+        });
+        if fds[0].revents != 0 {
+            accept_all(&listener, local, &mut conns, cap);
         }
     }
 }
 
-/// Over the connection cap: a short 503, never waiting on the client.
+/// [`MAX_CONNECTIONS`], or half of `RLIMIT_NOFILE` when that is lower (at least 16).
+fn connection_cap() -> usize {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out-parameter.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        return 64;
+    }
+    ((rl.rlim_cur / 2) as usize).clamp(16, MAX_CONNECTIONS)
+}
+
+/// Takes every pending connection: over its peer's share it gets a 503 at once; when all
+/// connections are taken, the peer with the most loses its oldest to make room.
+fn accept_all(
+    listener: &TcpListener,
+    local: Option<SocketAddr>,
+    conns: &mut Vec<Conn>,
+    cap: usize,
+) {
+    loop {
+        let (stream, addr) = match listener.accept() {
+            Ok(a) => a,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(_) => return, // EMFILE and the like: tried again at the next wake
+        };
+        if stream.set_nonblocking(true).is_err() {
+            continue;
+        }
+        let peer = peer_of(addr, local);
+        let held = conns.iter().filter(|c| c.peer == peer).count();
+        if held >= PER_PEER {
+            refuse_busy(stream);
+            continue;
+        }
+        if conns.len() >= cap {
+            // The peer holding the most gives up its oldest connection.
+            let mut counts: std::collections::HashMap<Peer, usize> = Default::default();
+            for c in conns.iter() {
+                *counts.entry(c.peer).or_default() += 1;
+            }
+            let greedy = counts.into_iter().max_by_key(|(_, n)| *n).map(|(p, _)| p);
+            match conns
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| Some(c.peer) == greedy)
+                .min_by_key(|(_, c)| c.accepted)
+                .map(|(i, _)| i)
+            {
+                Some(i) => drop(conns.swap_remove(i)),
+                None => {
+                    refuse_busy(stream);
+                    continue;
+                }
+            }
+        }
+        let now = std::time::Instant::now();
+        conns.push(Conn {
+            stream,
+            peer,
+            accepted: now,
+            deadline: now + IO_TIMEOUT,
+            phase: Phase::Head(Vec::with_capacity(1024)),
+        });
+    }
+}
+
+/// Who `addr` is: on loopback, the local user whose socket it is (the kernel's table of TCP
+/// sockets names its uid), else its address.
+fn peer_of(addr: SocketAddr, local: Option<SocketAddr>) -> Peer {
+    if is_loopback(addr.ip()) {
+        if let Some(uid) = local.and_then(|l| socket_uid(addr, l)) {
+            return Peer::Uid(uid);
+        }
+    }
+    Peer::Addr(addr.ip())
+}
+
+/// The uid owning the TCP socket bound to `addr` and connected to `to` (the client's end of
+/// a loopback connection), from `/proc/net/tcp` or `/proc/net/tcp6`.
+fn socket_uid(addr: SocketAddr, to: SocketAddr) -> Option<u32> {
+    use std::io::BufRead;
+    let hex = |a: &SocketAddr| -> String {
+        let ip = match a.ip() {
+            IpAddr::V4(v4) => format!("{:08X}", u32::from_ne_bytes(v4.octets())),
+            IpAddr::V6(v6) => v6
+                .octets()
+                .chunks(4)
+                .map(|w| format!("{:08X}", u32::from_ne_bytes([w[0], w[1], w[2], w[3]])))
+                .collect(),
+        };
+        format!("{ip}:{:04X}", a.port())
+    };
+    let (mine, theirs) = (hex(&addr), hex(&to));
+    let table = if addr.is_ipv4() {
+        "/proc/net/tcp"
+    } else {
+        "/proc/net/tcp6"
+    };
+    let file = std::fs::File::open(table).ok()?;
+    std::io::BufReader::new(file)
+        .lines()
+        .skip(1)
+        .map_while(Result::ok)
+        .find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f.len() > 7 && f[1] == mine && f[2] == theirs)
+                .then(|| f[7].parse().ok())
+                .flatten()
+        })
+}
+
+/// Moves a connection on as far as it can go without waiting; false when it is done (closed).
+fn step(c: &mut Conn, dir: &Path, now: std::time::Instant) -> bool {
+    loop {
+        match &mut c.phase {
+            Phase::Head(buf) => {
+                if now >= c.deadline {
+                    // Its whole head took too long, however its bytes trickled in.
+                    answer(
+                        c,
+                        "400 Bad Request",
+                        "",
+                        "text/plain",
+                        b"bad request\n",
+                        now,
+                    );
+                    continue;
+                }
+                let mut chunk = [0u8; 4096];
+                match c.stream.read(&mut chunk) {
+                    Ok(0) => return false,
+                    Ok(n) => {
+                        // Only the new bytes and the three before them can complete the head.
+                        let from = buf.len().saturating_sub(3);
+                        buf.extend_from_slice(&chunk[..n]);
+                        if let Some(end) = head_end(&buf[from..]) {
+                            let head = String::from_utf8(buf[..from + end].to_vec()).ok();
+                            let (status, extra, ctype, body) = route(head.as_deref(), dir);
+                            answer(c, status, extra, ctype, &body, now);
+                        } else if buf.len() > MAX_REQUEST_HEAD {
+                            answer(
+                                c,
+                                "400 Bad Request",
+                                "",
+                                "text/plain",
+                                b"bad request\n",
+                                now,
+                            );
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+                    Err(_) => return false,
+                }
+            }
+            Phase::Answer { out, at } => {
+                if now >= c.deadline {
+                    return false; // it would not take its answer
+                }
+                match c.stream.write(&out[*at..]) {
+                    Ok(n) => {
+                        *at += n;
+                        if *at == out.len() {
+                            // Answered: read what it still sends before closing, so the close
+                            // does not reset the connection under the answer.
+                            let _ = c.stream.shutdown(std::net::Shutdown::Write);
+                            c.phase = Phase::Drain { read: 0 };
+                            c.deadline = now + DRAIN_TIME;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+                    Err(_) => return false,
+                }
+            }
+            Phase::Drain { read } => {
+                if now >= c.deadline || *read >= DRAIN_BYTES {
+                    return false;
+                }
+                let mut chunk = [0u8; 16 << 10];
+                match c.stream.read(&mut chunk) {
+                    Ok(0) => return false,
+                    Ok(n) => *read += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+                    Err(_) => return false,
+                }
+            }
+        }
+    }
+}
+
+/// Starts writing an answer on `c`.
+fn answer(
+    c: &mut Conn,
+    status: &str,
+    extra: &str,
+    ctype: &str,
+    body: &[u8],
+    now: std::time::Instant,
+) {
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\n{extra}Content-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(body);
+    c.phase = Phase::Answer { out, at: 0 };
+    c.deadline = now + IO_TIMEOUT;
+}
+
+/// The answer to a request head (`None`: not HTTP): (status, extra header lines, content type,
+/// body).
+fn route(head: Option<&str>, dir: &Path) -> (&'static str, &'static str, &'static str, Vec<u8>) {
+    let Some(head) = head else {
+        return (
+            "400 Bad Request",
+            "",
+            "text/plain",
+            b"bad request\n".to_vec(),
+        );
+    };
+    let request_line = head.lines().next().unwrap_or("");
+    let mut parts = request_line.split(' ');
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    if method == "GET" && path == "/metrics" {
+        let now = dump::time::unix_ms(std::time::SystemTime::now());
+        (
+            "200 OK",
+            "",
+            CONTENT_TYPE,
+            exposition(dir, now).into_bytes(),
+        )
+    } else if path == "/metrics" {
+        // The resource is there, the method is not served: 405, not "not found".
+        (
+            "405 Method Not Allowed",
+            "Allow: GET\r\n",
+            "text/plain",
+            b"method not allowed: GET /metrics\n".to_vec(),
+        )
+    } else {
+        (
+            "404 Not Found",
+            "",
+            "text/plain",
+            b"not found: the metrics are at /metrics\n".to_vec(),
+        )
+    }
+}
+
+/// Over its peer's share: a short 503, never waiting on the client.
 fn refuse_busy(mut stream: TcpStream) {
     let _ = stream.set_nonblocking(true);
     let _ = stream.write_all(
         b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n",
     );
     let _ = stream.shutdown(std::net::Shutdown::Write);
-}
-
-fn handle(mut stream: TcpStream, dir: &Path) -> std::io::Result<()> {
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let deadline = std::time::Instant::now() + IO_TIMEOUT;
-    let answered = match read_head(&mut stream, deadline)? {
-        None => respond(
-            &mut stream,
-            "400 Bad Request",
-            "text/plain",
-            b"bad request\n",
-        ),
-        Some(head) => {
-            let request_line = head.lines().next().unwrap_or("");
-            let mut parts = request_line.split(' ');
-            let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-            let path = target.split('?').next().unwrap_or("");
-            if method == "GET" && path == "/metrics" {
-                let now = dump::time::unix_ms(std::time::SystemTime::now());
-                let body = exposition(dir, now);
-                respond(&mut stream, "200 OK", CONTENT_TYPE, body.as_bytes())
-            } else if path == "/metrics" {
-                // The resource is there, the method is not served: 405, not "not found".
-                respond_with(
-                    &mut stream,
-                    "405 Method Not Allowed",
-                    "Allow: GET\r\n",
-                    "text/plain",
-                    b"method not allowed: GET /metrics\n",
-                )
-            } else {
-                respond(
-                    &mut stream,
-                    "404 Not Found",
-                    "text/plain",
-                    b"not found: the metrics are at /metrics\n",
-                )
-            }
-        }
-    };
-    answered?;
-    drain(&mut stream);
-    Ok(())
-}
-
-/// Ends the answer and reads what the client still sends (bounded in bytes and time) before
-/// the socket closes: a close with unread bytes resets the connection, and the client would
-/// lose the answer.
-fn drain(stream: &mut TcpStream) {
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-    let until = std::time::Instant::now() + DRAIN_TIME;
-    let mut chunk = [0u8; 16 << 10];
-    let mut total = 0;
-    while total < DRAIN_BYTES {
-        let left = until.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
-            return;
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => total += n,
-        }
-    }
 }
 
 /// Where the request head ends (just past its blank line), with CRLF or bare LF line ends.
@@ -656,67 +907,4 @@ pub fn head_end(buf: &[u8]) -> Option<usize> {
             _ => None,
         }
     })
-}
-
-/// The request head (up to the blank line), `None` when it is not HTTP, too large, or not
-/// complete by `deadline`.
-fn read_head(
-    stream: &mut TcpStream,
-    deadline: std::time::Instant,
-) -> std::io::Result<Option<String>> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return Ok(None);
-        }
-        stream.set_read_timeout(Some(left))?;
-        let n = match stream.read(&mut chunk) {
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Ok(None)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if n == 0 {
-            return Ok(None);
-        }
-        // Only the new bytes and the three before them can complete the blank line.
-        let from = buf.len().saturating_sub(3);
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(end) = head_end(&buf[from..]) {
-            return Ok(String::from_utf8(buf[..from + end].to_vec()).ok());
-        }
-        if buf.len() > MAX_REQUEST_HEAD {
-            return Ok(None);
-        }
-    }
-}
-
-fn respond(stream: &mut TcpStream, status: &str, ctype: &str, body: &[u8]) -> std::io::Result<()> {
-    respond_with(stream, status, "", ctype, body)
-}
-
-/// [`respond`] with more header lines (`extra`: each ending in CRLF).
-fn respond_with(
-    stream: &mut TcpStream,
-    status: &str,
-    extra: &str,
-    ctype: &str,
-    body: &[u8],
-) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {status}\r\n{extra}Content-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body)?;
-    stream.flush()
 }
