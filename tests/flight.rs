@@ -347,26 +347,10 @@ fn start_grow(args: &[&str], env: &[(&str, &str)]) -> Run {
 /// judges the growth over time, per second, and names the line (issue 23).
 #[test]
 fn a_program_that_only_allocates_killed_by_sigkill_gets_a_leak_over_time() {
+    // "ready" after 50 chunks (5 s of growth); the summary keeps up with each 48 MiB (below
+    // OOMSHIM_LIVE_CHANGE's 64 MiB, the interval republishes).
     let run = start_grow(&["killme"], &[("OOMSHIM_LIVE_INTERVAL", "100ms")]);
-    // A summary with 5 one-second samples of growth (the program grows for 5 s before "ready").
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let samples = oomshim_core::flight::read::list_regions(&run.live)
-            .iter()
-            .filter_map(|r| read_region(&r.path).ok())
-            .filter_map(|s| s.summary.dump.growth)
-            .filter(|g| g.unit == "second")
-            .map(|g| g.samples)
-            .max();
-        if samples.is_some_and(|n| n >= 5) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no growth published: {samples:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    std::thread::sleep(Duration::from_millis(300));
     let pid = program_pid(&run.live);
     // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
@@ -378,7 +362,7 @@ fn a_program_that_only_allocates_killed_by_sigkill_gets_a_leak_over_time() {
     let top = &v.findings[0].headline;
     assert!(
         top.contains("device memory was growing: leak: grow_forever (grow_only.c:")
-            && top.contains(" every second (steadily over the last "),
+            && top.contains(" every second (steadily over its last "),
         "{top}"
     );
     let leak = v
@@ -398,22 +382,61 @@ fn a_program_that_only_allocates_killed_by_sigkill_gets_a_leak_over_time() {
     );
 }
 
-/// A program SIGKILLed in its first second, before its first live summary: a post-mortem still
-/// says what is known (how it died, when, the host), and that its device memory is not.
-#[test]
-fn a_program_killed_in_its_first_second_still_gets_a_post_mortem() {
-    let run = start_grow(&["early"], &[]);
+/// `oomshim run -- flight_growth MODE` with its own live and dump directories (the live
+/// summary on its defaults: the first allocation and changes publish), once the program printed
+/// "ready".
+fn start_growth(mode: &str) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let dumps = dir.path().join("dumps");
+    let mut child = cli()
+        .args(["run", "--dir"])
+        .arg(&dumps)
+        .arg("--")
+        .arg(testbed::client("flight_growth"))
+        .arg(mode)
+        .env("OOMSHIM_LIVE_DIR", &live)
+        .env("SIMCUDA_CAPACITY", "64G")
+        .env_remove("LD_PRELOAD")
+        .env_remove("OOMSHIM_LIVE_INTERVAL")
+        .env_remove("OOMSHIM_LIVE_CHANGE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut buf = [0u8; 6];
+    out.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ready\n");
+    Run {
+        child,
+        live,
+        dumps,
+        _dir: dir,
+    }
+}
+
+/// The program `oomshim run` started (its child named `comm`, not oomshim's sentinel).
+fn child_named(run: &Run, comm: &str) -> i32 {
     let run_pid = run.child.id();
-    let children =
-        fs::read_to_string(format!("/proc/{run_pid}/task/{run_pid}/children")).unwrap_or_default();
-    // The program, not oomshim run's sentinel.
-    let pid: i32 = children
+    fs::read_to_string(format!("/proc/{run_pid}/task/{run_pid}/children"))
+        .unwrap_or_default()
         .split_whitespace()
         .filter_map(|p| p.parse().ok())
         .find(|p: &i32| {
-            fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "grow_only")
+            fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == comm)
         })
-        .expect("oomshim run's child");
+        .expect("oomshim run's child")
+}
+
+/// Issue 40: a program that spikes at start-up (20 × 32 MiB in 0.4 s) and is SIGKILLed 0.2 s
+/// later, long before a first interval: its first allocation created its region and published,
+/// and each 64 MiB since republished, so the post-mortem names the site and the 640 MiB.
+#[test]
+fn a_program_killed_in_its_first_second_gets_a_post_mortem_of_its_allocations() {
+    let run = start_growth("spike");
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = child_named(&run, "flight_growth");
     // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     let (out, dumps, _run) = finish(run);
@@ -422,47 +445,327 @@ fn a_program_killed_in_its_first_second_still_gets_a_post_mortem() {
         Some(libc::SIGKILL)
     );
     assert_eq!(dumps.len(), 1, "{dumps:?} {}", text(&out.stderr));
-    let (path, dump) = &dumps[0];
+    let (_, dump) = &dumps[0];
     assert_eq!(dump.reason, "post_mortem");
     assert_eq!(dump.process.pid, pid as u32);
-    assert!(dump.process.command_line[0].ends_with("grow_only"));
-    let pm = dump.post_mortem.as_ref().expect("post_mortem section");
-    assert_eq!(pm.generation, 0, "nothing was published");
-    assert_eq!(pm.signal_name.as_deref(), Some("SIGKILL"));
-    let ran = pm.died_unix_ms - pm.started_unix_ms.expect("when it started");
-    assert!(ran < 3000, "{ran} ms");
-    let v = &dump.verdict;
-    assert_eq!(v.kind, oomshim_core::verdict::KILLED_BY_SIGNAL, "{v:#?}");
-    let top = &v.findings[0].headline;
+    let pm = dump.post_mortem.as_ref().unwrap();
+    assert!(pm.generation >= 1, "published before it died");
+    assert_eq!(dump.devices[0].tracked_bytes, 640 << 20);
+    let top = &dump.verdict.findings[0].headline;
     assert!(
         top.starts_with("killed by SIGKILL from outside")
-            && top.contains("its device memory is not known: it died ")
-            && top.ends_with("s after it started, before its first live summary"),
+            && top.contains("(640.00 MiB tracked, peak 640.00 MiB)")
+            && top.contains("grow_cache (flight_growth.c:"),
         "{top}"
     );
-    assert!(v.findings[0]
-        .evidence
-        .iter()
-        .any(|e| e.starts_with("the program published no live summary before it died")));
-    let err = text(&out.stderr);
+    // Young growth is said with its numbers, never called a leak.
     assert!(
-        err.contains(&format!("oomshim: post-mortem (reconstructed): {top}")),
-        "{err}"
+        top.contains("growing: grow_cache (flight_growth.c:"),
+        "{top}"
     );
-    let report = cli().arg("report").arg(path).output().unwrap();
-    assert!(report.status.success(), "{}", text(&report.stderr));
-    // The report's first line says it, wrapped to 80 columns.
-    let flat = text(&report.stdout)
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
+    assert!(top.contains("too little to call it a leak"), "{top}");
+    assert!(!dump.verdict.findings.iter().any(|f| f.kind == "leak"));
     assert!(
-        flat.starts_with(
-            "Post-mortem dump, reconstructed by oomshim run: the program was killed by SIGKILL before it published any state"
-        ),
+        text(&out.stderr).contains(&format!("oomshim: post-mortem (reconstructed): {top}")),
         "{}",
-        text(&report.stdout)
+        text(&out.stderr)
     );
+}
+
+/// Issue 40: a service loop that marks no steps and frees nothing (8 MiB a request, 30 ms
+/// apart), SIGKILLed after 3 s: the post-mortem judges its growth over time from the live
+/// allocations' own times, a leak at its line, in bytes per second.
+#[test]
+fn pure_growth_without_steps_killed_after_three_seconds_is_a_leak_per_second() {
+    let run = start_growth("slow");
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = child_named(&run, "flight_growth");
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let (out, dumps, _run) = finish(run);
+    assert_eq!(dumps.len(), 1, "{}", text(&out.stderr));
+    let v = &dumps[0].1.verdict;
+    let leak = v
+        .findings
+        .iter()
+        .find(|f| f.kind == "leak")
+        .unwrap_or_else(|| panic!("no leak finding: {v:#?}"));
+    assert!(
+        leak.headline
+            .starts_with("leak: session_cache (flight_growth.c:")
+            && leak
+                .headline
+                .contains(" every second (steadily over its last "),
+        "{}",
+        leak.headline
+    );
+    // About 8 MiB / 30 ms (a loaded machine stretches the naps: less, never more).
+    let g = dumps[0].1.growth.as_ref().unwrap();
+    assert_eq!(g.steps.as_deref(), Some("timeline"));
+    let rate = g.sites[0].bytes_per_step;
+    assert!((100 << 20..=300 << 20).contains(&rate), "{rate}");
+    assert!(v.findings[0]
+        .headline
+        .contains("device memory was growing: leak: session_cache"));
+}
+
+/// Issue 40: a program that never touches CUDA (a shell script) has no region, and a SIGKILL
+/// under `oomshim run` writes no post-mortem about GPU memory.
+#[test]
+fn a_program_that_never_used_cuda_gets_no_post_mortem() {
+    let dir = tempfile::tempdir().unwrap();
+    let dumps = dir.path().join("dumps");
+    for program in [
+        vec!["sh", "-c", "sleep 0.5; kill -9 $$"],
+        vec![
+            testbed::client("flight_growth").to_str().unwrap(),
+            "nothing",
+        ],
+    ] {
+        let mut cmd = cli();
+        cmd.args(["run", "--dir"])
+            .arg(&dumps)
+            .arg("--")
+            .args(&program)
+            .env("OOMSHIM_LIVE_DIR", dir.path().join("live"))
+            .env_remove("LD_PRELOAD")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let child = cmd.spawn().unwrap();
+        if program[0] != "sh" {
+            std::thread::sleep(Duration::from_millis(500));
+            let run = Run {
+                child,
+                live: dir.path().join("live"),
+                dumps: dumps.clone(),
+                _dir: tempfile::tempdir().unwrap(),
+            };
+            let pid = child_named(&run, "flight_growth");
+            // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let (out, _, _) = finish(run);
+            assert!(
+                !text(&out.stderr).contains("post-mortem"),
+                "{}",
+                text(&out.stderr)
+            );
+        } else {
+            let out = child.wait_with_output().unwrap();
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&out.status),
+                Some(libc::SIGKILL)
+            );
+            assert!(
+                !text(&out.stderr).contains("post-mortem"),
+                "{}",
+                text(&out.stderr)
+            );
+        }
+        assert!(
+            !dumps.exists() || fs::read_dir(&dumps).unwrap().next().is_none(),
+            "{program:?} got a dump"
+        );
+        assert!(oomshim_core::flight::read::list_regions(&dir.path().join("live")).is_empty());
+    }
+}
+
+/// Issue 40: programs that hit an out-of-memory error and then exit normally under plain
+/// `LD_PRELOAD` leave no region (the failure used to wake the publisher in the middle of the
+/// exit, which created the region and never removed it).
+#[test]
+fn programs_that_exit_after_an_oom_under_preload_leave_no_region() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    for client in [
+        "leak_until_oom",
+        "steps_leak",
+        "grow_only",
+        "retry_after_oom",
+    ] {
+        let mut cmd = Command::new(testbed::client(client));
+        cmd.env("LD_PRELOAD", common::shim_lib())
+            .env("OOMSHIM_DIR", dir.path().join("dumps"))
+            .env("OOMSHIM_LIVE_DIR", &live)
+            .env("SIMCUDA_CAPACITY", "2G")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let out = common::wait_with_watchdog(cmd, Duration::from_secs(60));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{client}: {}",
+            text(&out.stderr)
+        );
+        let left: Vec<_> = fs::read_dir(&live)
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{client} left {left:?}");
+    }
+}
+
+/// Issue 40: a live directory on a full or tiny tmpfs (`/dev/shm` out of room) loses no
+/// program and leaves no region: one that cannot be initialised is removed at once, one whose
+/// publishes fail is removed at exit.
+#[test]
+fn a_full_or_tiny_tmpfs_live_dir_leaves_no_region() {
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        common::skip("root (to mount a tmpfs)");
+        return;
+    }
+    let mnt = tempfile::tempdir().unwrap();
+    let m = mnt.path().to_str().unwrap().to_string();
+    let ok = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=64k,mode=0700",
+            "oomshim-live",
+            &m,
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        common::skip_unless_machine_allows("permission to mount a tmpfs (CAP_SYS_ADMIN)");
+        return;
+    }
+    struct Unmount(String);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(m.clone());
+    let live = mnt.path().join("live");
+    let run = |what: &str| {
+        let mut cmd = Command::new(testbed::client("steps_leak"));
+        cmd.env("LD_PRELOAD", common::shim_lib())
+            .env("OOMSHIM_DIR", mnt.path().join("no-dumps-here"))
+            .env("OOMSHIM_LIVE_DIR", &live)
+            .env("OOMSHIM_SETTLE", "0")
+            .env("SIMCUDA_CAPACITY", "2G")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let out = common::wait_with_watchdog(cmd, Duration::from_secs(60));
+        assert_eq!(out.status.code(), Some(0), "{what}: {}", text(&out.stderr));
+        let left: Vec<String> = fs::read_dir(&live)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".live"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{what}: left {left:?}");
+        text(&out.stderr)
+    };
+    // 64 KiB: the header fits, the summaries do not.
+    let said = run("a tiny tmpfs");
+    assert!(
+        said.matches("live summary").count() <= 1,
+        "said once: {said}"
+    );
+    // Full: not even the header fits.
+    private_dir(&live);
+    let filler = live.join("filler");
+    let mut f = fs::File::create(&filler).unwrap();
+    let chunk = vec![0u8; 4096];
+    while std::io::Write::write_all(&mut f, &chunk).is_ok() {}
+    drop(f);
+    let said = run("a full tmpfs");
+    assert!(said.contains("the live summary is off"), "{said}");
+}
+
+/// Issue 40: two programs in pid namespaces of their own (containers sharing `/dev/shm`), each
+/// pid 1 there, share one live directory: each keeps its own region, and `top` in the parent
+/// namespace shows both, in another pid namespace, neither as gone.
+#[test]
+fn programs_in_other_pid_namespaces_keep_their_own_regions_and_are_never_gone() {
+    if !common::on_path("unshare") {
+        common::skip_unless_machine_allows("unshare (util-linux)");
+        return;
+    }
+    let probe = Command::new("unshare")
+        .args(["--pid", "--fork", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !probe {
+        common::skip_unless_machine_allows("unshare --pid (root, or user namespaces)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let mut children = Vec::new();
+    for _ in 0..2 {
+        let mut child = Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child"])
+            .arg(testbed::client("flight_growth"))
+            .arg("slow")
+            .env("LD_PRELOAD", common::shim_lib())
+            .env("OOMSHIM_DIR", dir.path().join("dumps"))
+            .env("OOMSHIM_LIVE_DIR", &live)
+            .env("SIMCUDA_CAPACITY", "64G")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut buf = [0u8; 6];
+        child.stdout.take().unwrap().read_exact(&mut buf).unwrap();
+        children.push(child);
+    }
+    // Both published (the first allocation does).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let regions = loop {
+        let regions = oomshim_core::flight::read::list_regions(&live);
+        let read = regions
+            .iter()
+            .filter(|r| read_region(&r.path).is_ok())
+            .count();
+        if read == 2 || Instant::now() > deadline {
+            break regions;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(regions.len(), 2, "{regions:?}");
+    assert!(regions.iter().all(|r| r.pid == 1), "{regions:?}");
+    assert_ne!(regions[0].id, regions[1].id);
+    assert!(regions
+        .iter()
+        .all(|r| r.liveness == oomshim_core::flight::Liveness::OtherNamespace && r.alive));
+    let out = cli()
+        .args(["top", "--once", "--dir"])
+        .arg(&live)
+        .output()
+        .unwrap();
+    let frame = text(&out.stdout);
+    assert!(
+        frame.starts_with("oomshim top — 2 processes (regions"),
+        "{frame}"
+    );
+    assert_eq!(
+        frame.matches("in another pid namespace").count(),
+        2,
+        "{frame}"
+    );
+    assert!(!frame.contains("gone"), "{frame}");
+    // `--prune` never takes a region whose writer cannot be judged from here.
+    let out = cli()
+        .args(["top", "--once", "--prune", "--dir"])
+        .arg(&live)
+        .output()
+        .unwrap();
+    assert!(
+        !text(&out.stdout).contains("pruned"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(oomshim_core::flight::read::list_regions(&live).len(), 2);
+    for mut c in children {
+        // SAFETY: `kill` takes integers only and touches no memory; unshare is this test's child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+        let _ = c.wait();
+    }
 }
 
 #[test]
@@ -501,6 +804,15 @@ fn private_dir(dir: &Path) {
     fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).unwrap();
 }
 
+/// The id of a region of process `pid` of this pid namespace.
+fn id_of(pid: u32, start_ticks: u64) -> oomshim_core::flight::RegionId {
+    oomshim_core::flight::RegionId {
+        pid_ns: oomshim_core::flight::own_pid_ns().unwrap(),
+        pid,
+        start_ticks,
+    }
+}
+
 /// A region of this test process (so it counts as running), holding `dump` as its summary.
 fn region_with(dir: &Path, dump: &Dump) -> (PathBuf, RegionWriter, Vec<u8>) {
     let pid = std::process::id();
@@ -515,10 +827,12 @@ fn region_with(dir: &Path, dump: &Dump) -> (PathBuf, RegionWriter, Vec<u8>) {
         .open(&path)
         .unwrap();
     // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
-    let w = RegionWriter::init(file, pid, unsafe { libc::geteuid() }, ticks).unwrap();
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
+    let w = RegionWriter::init(file, &id_of(pid, ticks), unsafe { libc::geteuid() }).unwrap();
     let summary = LiveSummary {
         schema: LIVE_SCHEMA.into(),
         pid,
+        pid_ns: Some(id_of(pid, ticks).pid_ns),
         start_ticks: ticks,
         generation: 1,
         published_unix_ms: 0,
@@ -638,11 +952,24 @@ fn hostile_regions_get_a_clear_message_never_a_crash() {
         !frame.contains('\x1b'),
         "no terminal escapes pass: {frame:?}"
     );
-    assert_eq!(
-        frame.matches("not a valid oomshim live region").count(),
-        3,
+    // The three invalid regions name processes that are gone: folded into one line, each said
+    // in full when asked for by its pid.
+    assert!(
+        frame.contains("3 gone processes left their regions behind"),
         "{frame}"
     );
+    let mut said = 0;
+    for p in [pid + 1, pid + 2, pid + 9] {
+        let out = cli()
+            .args(["top", "--once", "--pid", &p.to_string(), "--dir"])
+            .arg(&live)
+            .output()
+            .unwrap();
+        let one = text(&out.stdout);
+        assert!(!one.contains('\x1b'), "{one:?}");
+        said += one.matches("not a valid oomshim live region").count();
+    }
+    assert_eq!(said, 3);
 }
 
 /// The exporter's exposition for `live` (`oomshim exporter --once`), and its stderr.
@@ -720,7 +1047,7 @@ fn a_live_directory_or_region_that_is_not_the_users_is_not_read() {
         .open(&forged)
         .unwrap();
     fs::set_permissions(&forged, fs::Permissions::from_mode(0o600)).unwrap();
-    let mut fw = RegionWriter::init(file, pid, me.wrapping_add(1), ticks).unwrap();
+    let mut fw = RegionWriter::init(file, &id_of(pid + 1, ticks), me.wrapping_add(1)).unwrap();
     fw.publish(&payload).unwrap();
     let e = read_region(&forged).unwrap_err();
     assert!(matches!(e, ReadError::Foreign(_)), "{e:?}");
@@ -790,7 +1117,7 @@ fn a_region_that_stays_torn_costs_one_read_not_eight_per_scrape() {
         fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
         let mut w =
             // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
-            RegionWriter::init(file, pid + 1 + i, unsafe { libc::geteuid() }, ticks).unwrap();
+            RegionWriter::init(file, &id_of(pid + 1 + i, ticks), unsafe { libc::geteuid() }).unwrap();
         w.publish(b"{}").unwrap();
         w.publish(b"{}").unwrap();
         // Both slots claim a full payload whose checksum fails; the file is sparse.
