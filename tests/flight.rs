@@ -1242,3 +1242,36 @@ fn a_program_reusing_descriptor_numbers_keeps_its_own_files_while_the_summary_pu
         );
     }
 }
+
+/// Issue 40: every path in the shim's messages is escaped as the CLI's are: a newline in
+/// `OOMSHIM_DIR` (a directory name may hold one) cannot split the `dump:` line into a second,
+/// forged `oomshim:` line, nor an escape sequence drive the terminal.
+#[test]
+fn a_newline_in_the_dump_directory_cannot_split_the_shims_dump_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let dumps = dir.path().join("dumps\noomshim: forged line \x1b[2J");
+    let mut cmd = Command::new(testbed::client("leak_until_oom"));
+    cmd.env("LD_PRELOAD", common::shim_lib())
+        .env("OOMSHIM_DIR", &dumps)
+        .env("OOMSHIM_LIVE_DIR", dir.path().join("live"))
+        .env("OOMSHIM_SETTLE", "0")
+        .env("SIMCUDA_CAPACITY", "1G")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let out = common::wait_with_watchdog(cmd, Duration::from_secs(60));
+    let err = text(&out.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err:?}");
+    assert!(
+        lines[0].starts_with("oomshim: CUDA out of memory"),
+        "{err:?}"
+    );
+    assert!(
+        lines[1].starts_with("oomshim:   dump: ")
+            && lines[1].contains("dumps\\noomshim: forged line \\u{1b}[2J/"),
+        "{err:?}"
+    );
+    assert!(!err.contains('\x1b'), "{err:?}");
+    // The dump is where the line says, under the name with its newline.
+    assert_eq!(common::dump_files(&dumps).len(), 1);
+}

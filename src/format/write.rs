@@ -112,7 +112,7 @@ pub fn write_dump_with_mode(
         }),
         Err(first) => {
             let fallback = fallback_dir();
-            let why = format!("cannot write to {}: {first}", dir.display());
+            let why = format!("cannot write to {}: {first}", crate::units::clean_path(dir));
             match prepare_private_dir(&fallback)
                 .and_then(|_| write_in(&fallback, name, bytes, mode))
             {
@@ -123,7 +123,7 @@ pub fn write_dump_with_mode(
                 Err(second) => Err(WriteError {
                     message: format!(
                         "{why}; fallback {} failed too: {second}",
-                        fallback.display()
+                        crate::units::clean_path(&fallback)
                     ),
                 }),
             }
@@ -197,7 +197,7 @@ fn open_target_dir(dir: &Path) -> io::Result<(std::fs::File, PathBuf)> {
             io::ErrorKind::PermissionDenied,
             format!(
                 "{} is not a private directory of this user",
-                private.display()
+                crate::units::clean_path(&private)
             ),
         ));
     }
@@ -279,7 +279,7 @@ fn process_exists(pid: u32) -> bool {
 /// outcome is now known), with `bytes`: readers see the old file or the new one, never a mix.
 pub fn rewrite_dump(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     let fail = |e: io::Error| WriteError {
-        message: format!("cannot rewrite {}: {e}", path.display()),
+        message: format!("cannot rewrite {}: {e}", crate::units::clean_path(path)),
     };
     let dir = path
         .parent()

@@ -788,7 +788,10 @@ pub fn dump_now(reason: &str, context: FailureContext) -> bool {
     let dump = gather::assemble_now(s, reason, &capture, None, None, facts);
     match oom::writer::write(s, &dump) {
         Ok(w) => {
-            oomshim_core::say!("oomshim: dump ({reason}) written: {}", w.path.display());
+            oomshim_core::say!(
+                "oomshim: dump ({reason}) written: {}",
+                dump::units::clean_path(&w.path)
+            );
             true
         }
         Err(e) => {

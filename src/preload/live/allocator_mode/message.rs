@@ -46,8 +46,8 @@ pub fn out_of_memory_text(
     match dump {
         Some(p) => text.push_str(&format!(
             " Dump: {} (oomshim report {})",
-            p.display(),
-            p.display()
+            dump::units::clean_path(p),
+            dump::units::clean_path(p)
         )),
         None => text.push_str(" (no oomshim dump was written; see stderr)"),
     }

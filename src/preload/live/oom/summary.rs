@@ -18,7 +18,7 @@ pub(super) fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) 
 pub(super) fn summary_lines(dump: &Dump, written: &Result<Written, WriteError>) -> Option<String> {
     let req = dump.failed_request.as_ref()?;
     let where_ = match written {
-        Ok(w) => format!("dump: {}", w.path.display()),
+        Ok(w) => format!("dump: {}", dump::units::clean_path(&w.path)),
         Err(e) => format!("no dump written: {e}"),
     };
     if req.recovered == Some(true) {
@@ -87,7 +87,10 @@ pub(super) fn summary_lines(dump: &Dump, written: &Result<Written, WriteError>) 
     );
     out.push_str(&format!("oomshim:   {where_}"));
     if let Ok(w) = written {
-        out.push_str(&format!("  (details: oomshim report {})", w.path.display()));
+        out.push_str(&format!(
+            "  (details: oomshim report {})",
+            dump::units::clean_path(&w.path)
+        ));
     }
     // For a scheduler's restart policy, and for the reader deciding whether to resubmit.
     if let Some(r) = &dump.verdict.retry {

@@ -451,7 +451,7 @@ pub(in crate::live) fn write(s: &Shim, dump: &Dump) -> Result<Written, WriteErro
         if !FALLBACK_SAID.swap(true, Ordering::Relaxed) {
             oomshim_core::say!(
                 "oomshim: {why}; writing dumps to {} instead",
-                written.path.parent().unwrap_or(&written.path).display()
+                dump::units::clean_path(written.path.parent().unwrap_or(&written.path))
             );
         }
     }
