@@ -1046,3 +1046,69 @@ fn the_last_failure_is_exported_with_its_verdict_and_retry_hint() {
     promtool_check(&text);
     drop(program);
 }
+
+/// Issue 40: a local user holding connections open (a slowloris: 64 unfinished requests,
+/// renewed as the server cuts them off) cannot blind the exporter: at least 9 of 10 scrapes
+/// from another user are answered. Needs root (to be the other user).
+#[test]
+fn a_neighbour_holding_64_connections_open_does_not_blind_the_exporter() {
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        common::skip("root (to hold the connections as another user)");
+        return;
+    }
+    if !std::path::Path::new("/bin/bash").exists() {
+        common::skip_unless_machine_allows("/bin/bash (its /dev/tcp opens the connections)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, port) = start_server(&dir.path().join("live"));
+    // As nobody (65534): 64 connections, each with half a request head, all renewed every 2 s
+    // (the server cuts a head off after 5 s).
+    let script = format!(
+        "fds=(); while :; do for fd in \"${{fds[@]}}\"; do exec {{fd}}>&-; done; fds=(); \
+         for i in $(seq 64); do exec {{fd}}<>/dev/tcp/127.0.0.1/{port} 2>/dev/null || continue; \
+         printf 'GET /metrics HTTP/1.1\\r\\nX-Slow: ' >&$fd 2>/dev/null; fds+=($fd); done; \
+         echo held; sleep 2; done"
+    );
+    let mut attacker = {
+        use std::os::unix::process::CommandExt;
+        Command::new("/bin/bash")
+            .args(["-c", &script])
+            .uid(65534)
+            .gid(65534)
+            .current_dir("/")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut line = String::new();
+    BufReader::new(attacker.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "held");
+    let mut answered = 0;
+    let mut refused = Vec::new();
+    for _ in 0..10 {
+        match exchange(
+            port,
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+            Duration::from_secs(3),
+        ) {
+            Ok(a) if a.starts_with("HTTP/1.1 200") => answered += 1,
+            Ok(a) => refused.push(a.lines().next().unwrap_or("").to_string()),
+            Err(e) => refused.push(e),
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // SAFETY: `kill` takes integers only and touches no memory; the attacker is this test's child.
+    unsafe { libc::kill(attacker.id() as i32, libc::SIGKILL) };
+    let _ = attacker.wait();
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert!(
+        answered >= 9,
+        "{answered} of 10 answered; the others: {refused:?}"
+    );
+}

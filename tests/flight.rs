@@ -1275,3 +1275,194 @@ fn a_newline_in_the_dump_directory_cannot_split_the_shims_dump_line() {
     // The dump is where the line says, under the name with its newline.
     assert_eq!(common::dump_files(&dumps).len(), 1);
 }
+
+/// A region file of process `id` in `live`, published once, last written `age` ago.
+fn aged_region(live: &Path, id: oomshim_core::flight::RegionId, age: Duration) -> PathBuf {
+    private_dir(live);
+    let path = live.join(id.file_name());
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
+    let mut w = RegionWriter::init(file, &id, unsafe { libc::geteuid() }).unwrap();
+    w.publish(b"{}").unwrap();
+    let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_modified(std::time::SystemTime::now() - age).unwrap();
+    path
+}
+
+/// Issue 40: regions of dead processes do not pile up in shared memory: one nobody wrote for
+/// an hour (gone, or of another pid namespace) is removed when the next shimmed process creates
+/// its own region there; a running process's region is never removed, whatever its age, and a
+/// recent one of a gone process is left for `oomshim run` or `top`.
+#[test]
+fn stale_regions_expire_when_a_process_creates_its_own_and_running_ones_never_do() {
+    use oomshim_core::flight::{own_pid_ns, RegionId, EXPIRE_AFTER};
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let ns = own_pid_ns().unwrap();
+    let me = RegionId::of_this_process().unwrap();
+    let old = EXPIRE_AFTER + Duration::from_secs(60);
+    let running = aged_region(&live, me, old);
+    let gone_old = aged_region(
+        &live,
+        RegionId {
+            start_ticks: me.start_ticks + 1,
+            ..me
+        },
+        old,
+    );
+    let gone_recent = aged_region(
+        &live,
+        RegionId {
+            start_ticks: me.start_ticks + 2,
+            ..me
+        },
+        Duration::from_secs(5),
+    );
+    let foreign_old = aged_region(
+        &live,
+        RegionId {
+            pid_ns: ns + 1,
+            pid: 1,
+            start_ticks: 7,
+        },
+        old,
+    );
+    let foreign_recent = aged_region(
+        &live,
+        RegionId {
+            pid_ns: ns + 1,
+            pid: 2,
+            start_ticks: 7,
+        },
+        Duration::from_secs(5),
+    );
+    // A shimmed program that allocates creates its region, sweeps, then publishes.
+    let mut child = Command::new(testbed::client("flight_growth"))
+        .arg("slow")
+        .env("LD_PRELOAD", common::shim_lib())
+        .env("OOMSHIM_DIR", dir.path().join("dumps"))
+        .env("OOMSHIM_LIVE_DIR", &live)
+        .env("SIMCUDA_CAPACITY", "64G")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 6];
+    child.stdout.take().unwrap().read_exact(&mut buf).unwrap();
+    let own = live.join(
+        RegionId {
+            pid_ns: ns,
+            pid: child.id(),
+            start_ticks: start_ticks_of(child.id()).unwrap(),
+        }
+        .file_name(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while read_region(&own).is_err() {
+        assert!(Instant::now() < deadline, "no publish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for (path, kept) in [
+        (&running, true),
+        (&gone_old, false),
+        (&gone_recent, true),
+        (&foreign_old, false),
+        (&foreign_recent, true),
+    ] {
+        assert_eq!(path.exists(), kept, "{path:?}");
+    }
+}
+
+/// Issue 40: a region is read only under its own name: a file whose header names another
+/// process (a region copied or renamed over another's) is refused, so nothing takes it for
+/// the process its name says.
+#[test]
+fn a_region_whose_header_names_another_process_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let (path, mut w, payload) = region_with(&live, &fixture_dump());
+    w.publish(&payload).unwrap();
+    assert!(read_region(&path).is_ok());
+    let pid = std::process::id();
+    let other = live.join(region_name(pid + 1, start_ticks_of(pid).unwrap()));
+    fs::copy(&path, &other).unwrap();
+    let e = read_region(&other).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("its header names another process than its file name"),
+        "{e}"
+    );
+}
+
+/// Issue 40: `top` on a small terminal keeps its header and the running processes: the regions
+/// gone processes left fold into one line, and every line fits the width.
+#[test]
+fn top_lists_running_processes_first_folds_gone_ones_and_fits_the_terminal() {
+    use oomshim_core::flight::RegionId;
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let (_path, mut w, payload) = region_with(&live, &fixture_dump());
+    w.publish(&payload).unwrap();
+    let me = RegionId::of_this_process().unwrap();
+    for i in 1..=40 {
+        aged_region(
+            &live,
+            RegionId {
+                start_ticks: me.start_ticks + i,
+                ..me
+            },
+            Duration::from_secs(1),
+        );
+    }
+    let out = cli()
+        .args(["top", "--once", "--dir"])
+        .arg(&live)
+        .env("COLUMNS", "60")
+        .env("LINES", "12")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let frame = text(&out.stdout);
+    let lines: Vec<&str> = frame.lines().collect();
+    assert!(lines.len() <= 12, "{frame}");
+    assert!(lines.iter().all(|l| l.chars().count() <= 60), "{frame}");
+    assert!(
+        lines[0].starts_with("oomshim top — 1 process, 40 gone"),
+        "{frame}"
+    );
+    assert!(
+        lines[2].starts_with(&format!("pid {}  running", me.pid)),
+        "{frame}"
+    );
+    // Unclipped, the gone ones are one line, after the running one.
+    let full = cli()
+        .args(["top", "--once", "--dir"])
+        .arg(&live)
+        .env_remove("COLUMNS")
+        .env_remove("LINES")
+        .output()
+        .unwrap();
+    let full = text(&full.stdout);
+    assert_eq!(
+        full.matches("left their regions behind").count(),
+        1,
+        "{full}"
+    );
+    assert!(
+        full.contains("40 gone processes left their regions behind"),
+        "{full}"
+    );
+    assert!(
+        full.find("running").unwrap() < full.find("gone processes").unwrap(),
+        "{full}"
+    );
+    assert!(!full.contains(" gone (its region"), "folded: {full}");
+}

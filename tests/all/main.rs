@@ -9,6 +9,29 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+/// Every process a test starts publishes its live summary into this run's own directory unless
+/// the test names another: never into the user's `/dev/shm/oomshim-UID`, where the regions of
+/// the programs tests kill on purpose would pile up (and `oomshim top` would show them). Set
+/// before `main`, while the process has one thread; the directory goes when the run ends.
+#[used]
+#[link_section = ".init_array"]
+static OWN_LIVE_DIR: extern "C" fn() = own_live_dir;
+
+extern "C" fn own_live_dir() {
+    if std::env::var_os("OOMSHIM_LIVE_DIR").is_some() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("oomshim-tests-live-{}", std::process::id()));
+    std::env::set_var("OOMSHIM_LIVE_DIR", &dir);
+    extern "C" fn remove_own_live_dir() {
+        if let Some(dir) = std::env::var_os("OOMSHIM_LIVE_DIR") {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    // SAFETY: registers a function that only removes a directory.
+    unsafe { libc::atexit(remove_own_live_dir) };
+}
+
 #[path = "../build_graph.rs"]
 mod build_graph;
 #[path = "../cli.rs"]

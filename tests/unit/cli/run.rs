@@ -9,9 +9,8 @@ use std::path::{Path, PathBuf};
 fn a_killed_childs_region_is_removed_once_it_is_reaped() {
     let live = tempfile::tempdir().unwrap();
     // The child plays a shimmed process killed outright: it creates its region (named by
-    // its pid and start time, as the shim names it) and SIGKILLs itself.
-    let script =
-        r#"t=$(cut -d' ' -f22 /proc/$$/stat); : > "$OOMSHIM_LIVE_DIR/$$-$t.live"; kill -9 $$"#;
+    // its pid namespace, pid and start time, as the shim names it) and SIGKILLs itself.
+    let script = r#"t=$(cut -d' ' -f22 /proc/$$/stat); ns=$(stat -L -c %i /proc/$$/ns/pid); : > "$OOMSHIM_LIVE_DIR/$ns-$$-$t.live"; kill -9 $$"#;
     let command = [
         OsString::from("sh"),
         OsString::from("-c"),
