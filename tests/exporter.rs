@@ -1061,8 +1061,17 @@ fn a_neighbour_holding_64_connections_open_does_not_blind_the_exporter() {
         common::skip_unless_machine_allows("/bin/bash (its /dev/tcp opens the connections)");
         return;
     }
+    /// Killed and reaped however the test ends.
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let dir = tempfile::tempdir().unwrap();
-    let (mut server, port) = start_server(&dir.path().join("live"));
+    let (server, port) = start_server(&dir.path().join("live"));
+    let _server = Reaped(server);
     // As nobody (65534): 64 connections, each with half a request head, all renewed every 2 s
     // (the server cuts a head off after 5 s).
     let script = format!(
@@ -1083,10 +1092,10 @@ fn a_neighbour_holding_64_connections_open_does_not_blind_the_exporter() {
             .spawn()
             .unwrap()
     };
+    let out = attacker.stdout.take().unwrap();
+    let _attacker = Reaped(attacker);
     let mut line = String::new();
-    BufReader::new(attacker.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    BufReader::new(out).read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "held");
     let mut answered = 0;
     let mut refused = Vec::new();
@@ -1102,11 +1111,6 @@ fn a_neighbour_holding_64_connections_open_does_not_blind_the_exporter() {
         }
         std::thread::sleep(Duration::from_millis(300));
     }
-    // SAFETY: `kill` takes integers only and touches no memory; the attacker is this test's child.
-    unsafe { libc::kill(attacker.id() as i32, libc::SIGKILL) };
-    let _ = attacker.wait();
-    server.kill().unwrap();
-    server.wait().unwrap();
     assert!(
         answered >= 9,
         "{answered} of 10 answered; the others: {refused:?}"

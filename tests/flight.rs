@@ -694,6 +694,14 @@ fn programs_in_other_pid_namespaces_keep_their_own_regions_and_are_never_gone() 
         common::skip_unless_machine_allows("unshare --pid (root, or user namespaces)");
         return;
     }
+    /// `unshare --kill-child`: its program dies with it, however the test ends.
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live");
     let mut children = Vec::new();
@@ -710,9 +718,10 @@ fn programs_in_other_pid_namespaces_keep_their_own_regions_and_are_never_gone() 
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        let out = child.stdout.take().unwrap();
+        children.push(Reaped(child));
         let mut buf = [0u8; 6];
-        child.stdout.take().unwrap().read_exact(&mut buf).unwrap();
-        children.push(child);
+        { out }.read_exact(&mut buf).unwrap();
     }
     // Both published (the first allocation does).
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -761,11 +770,7 @@ fn programs_in_other_pid_namespaces_keep_their_own_regions_and_are_never_gone() 
         text(&out.stdout)
     );
     assert_eq!(oomshim_core::flight::read::list_regions(&live).len(), 2);
-    for mut c in children {
-        // SAFETY: `kill` takes integers only and touches no memory; unshare is this test's child.
-        unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
-        let _ = c.wait();
-    }
+    drop(children);
 }
 
 #[test]
