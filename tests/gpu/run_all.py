@@ -942,7 +942,8 @@ def check_flight_recorder():
             regions = sorted((f for f in os.listdir(live) if f.endswith(".live")),
                              key=lambda f: os.path.getmtime(os.path.join(live, f))) if os.path.isdir(live) else []
             top = run([CLI, "top", "--once", "--dir", live], timeout=30).stdout
-            pid = int(regions[-1].split("-")[0]) if regions else None
+            # PIDNS-PID-STARTTICKS.live: the pid is the second field from the end.
+            pid = int(regions[-1].split("-")[-2]) if regions else None
             if pid:
                 os.kill(pid, signal.SIGKILL)
             _, err = p.communicate(timeout=60)
