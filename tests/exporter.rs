@@ -1061,17 +1061,9 @@ fn a_neighbour_holding_64_connections_open_does_not_blind_the_exporter() {
         common::skip_unless_machine_allows("/bin/bash (its /dev/tcp opens the connections)");
         return;
     }
-    /// Killed and reaped however the test ends.
-    struct Reaped(std::process::Child);
-    impl Drop for Reaped {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let dir = tempfile::tempdir().unwrap();
     let (server, port) = start_server(&dir.path().join("live"));
-    let _server = Reaped(server);
+    let _server = common::KillOnDrop(server);
     // As nobody (65534): 64 connections, each with half a request head, all renewed every 2 s
     // (the server cuts a head off after 5 s).
     let script = format!(
@@ -1093,7 +1085,7 @@ fn a_neighbour_holding_64_connections_open_does_not_blind_the_exporter() {
             .unwrap()
     };
     let out = attacker.stdout.take().unwrap();
-    let _attacker = Reaped(attacker);
+    let _attacker = common::KillOnDrop(attacker);
     let mut line = String::new();
     BufReader::new(out).read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "held");

@@ -27,9 +27,9 @@ struct Run {
     _dir: tempfile::TempDir,
 }
 
-/// `oomshim run -- flight_leak ARGS` with its own live and dump directories, once the program
-/// printed "ready" (40 leaking steps) and published since.
-fn start_leak(args: &[&str], env: &[(&str, &str)]) -> Run {
+/// `oomshim run -- CLIENT ARGS` with its own live and dump directories and `env`, once the
+/// program printed "ready".
+fn start_run(client: &str, args: &[&str], env: &[(&str, &str)], unset: &[&str]) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live");
     let dumps = dir.path().join("dumps");
@@ -37,30 +37,44 @@ fn start_leak(args: &[&str], env: &[(&str, &str)]) -> Run {
     cmd.args(["run", "--dir"])
         .arg(&dumps)
         .arg("--")
-        .arg(testbed::client("flight_leak"))
+        .arg(testbed::client(client))
         .args(args)
         .env("OOMSHIM_LIVE_DIR", &live)
-        .env("OOMSHIM_LIVE_INTERVAL", "100ms")
         .env("SIMCUDA_CAPACITY", "64G")
         .env_remove("LD_PRELOAD")
-        .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    for k in unset {
+        cmd.env_remove(k);
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut buf = [0u8; 6];
-    out.read_exact(&mut buf).unwrap();
-    assert_eq!(&buf, b"ready\n");
-    // A few publishes after step 40 (one every 100 ms, a step every 20 ms): a summary of step 60.
-    common::wait_for_published_step(&live, 60);
     Run {
-        child,
+        child: spawn_ready(&mut cmd),
         live,
         dumps,
         _dir: dir,
     }
+}
+
+/// Spawns `cmd` with its stdout piped and waits for the program's "ready" line.
+fn spawn_ready(cmd: &mut Command) -> Child {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+    let mut buf = [0u8; 6];
+    child.stdout.as_mut().unwrap().read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ready\n");
+    child
+}
+
+/// `oomshim run -- flight_leak ARGS` with its own live and dump directories, once the program
+/// printed "ready" (40 leaking steps) and published since.
+fn start_leak(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut with = vec![("OOMSHIM_LIVE_INTERVAL", "100ms")];
+    with.extend_from_slice(env);
+    let run = start_run("flight_leak", args, &with, &[]);
+    // A few publishes after step 40 (one every 100 ms, a step every 20 ms): a summary of step 60.
+    common::wait_for_published_step(&run.live, 60);
+    run
 }
 
 /// The program's pid: the one region in the live directory.
@@ -312,35 +326,7 @@ fn top_once_shows_a_running_programs_growing_site() {
 /// `oomshim run -- grow_only ARGS` with its own live and dump directories, once the program
 /// printed "ready".
 fn start_grow(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let dir = tempfile::tempdir().unwrap();
-    let live = dir.path().join("live");
-    let dumps = dir.path().join("dumps");
-    let mut cmd = cli();
-    cmd.args(["run", "--dir"])
-        .arg(&dumps)
-        .arg("--")
-        .arg(testbed::client("grow_only"))
-        .args(args)
-        .env("OOMSHIM_LIVE_DIR", &live)
-        .env("SIMCUDA_CAPACITY", "64G")
-        .env_remove("LD_PRELOAD")
-        .env_remove("OOMSHIM_LIVE_INTERVAL")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut buf = [0u8; 6];
-    out.read_exact(&mut buf).unwrap();
-    assert_eq!(&buf, b"ready\n");
-    Run {
-        child,
-        live,
-        dumps,
-        _dir: dir,
-    }
+    start_run("grow_only", args, env, &["OOMSHIM_LIVE_INTERVAL"])
 }
 
 /// A program that only allocates (no marks, no repeating step) and is SIGKILLed: its post-mortem
@@ -386,34 +372,23 @@ fn a_program_that_only_allocates_killed_by_sigkill_gets_a_leak_over_time() {
 /// summary on its defaults: the first allocation and changes publish), once the program printed
 /// "ready".
 fn start_growth(mode: &str) -> Run {
-    let dir = tempfile::tempdir().unwrap();
-    let live = dir.path().join("live");
-    let dumps = dir.path().join("dumps");
-    let mut child = cli()
-        .args(["run", "--dir"])
-        .arg(&dumps)
-        .arg("--")
-        .arg(testbed::client("flight_growth"))
-        .arg(mode)
-        .env("OOMSHIM_LIVE_DIR", &live)
-        .env("SIMCUDA_CAPACITY", "64G")
-        .env_remove("LD_PRELOAD")
-        .env_remove("OOMSHIM_LIVE_INTERVAL")
-        .env_remove("OOMSHIM_LIVE_CHANGE")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut buf = [0u8; 6];
-    out.read_exact(&mut buf).unwrap();
-    assert_eq!(&buf, b"ready\n");
-    Run {
-        child,
-        live,
-        dumps,
-        _dir: dir,
-    }
+    start_run(
+        "flight_growth",
+        &[mode],
+        &[],
+        &["OOMSHIM_LIVE_INTERVAL", "OOMSHIM_LIVE_CHANGE"],
+    )
+}
+
+/// `run`'s flight_growth SIGKILLed `after` it said "ready", and what `oomshim run` then did:
+/// (the program's pid, oomshim run's output, the dumps).
+fn killed_after(run: Run, after: Duration) -> (i32, Output, Vec<(PathBuf, Dump)>) {
+    std::thread::sleep(after);
+    let pid = child_named(&run, "flight_growth");
+    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let (out, dumps, _run) = finish(run);
+    (pid, out, dumps)
 }
 
 /// The program `oomshim run` started (its child named `comm`, not oomshim's sentinel).
@@ -434,12 +409,7 @@ fn child_named(run: &Run, comm: &str) -> i32 {
 /// and each 64 MiB since republished, so the post-mortem names the site and the 640 MiB.
 #[test]
 fn a_program_killed_in_its_first_second_gets_a_post_mortem_of_its_allocations() {
-    let run = start_growth("spike");
-    std::thread::sleep(Duration::from_millis(200));
-    let pid = child_named(&run, "flight_growth");
-    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let (out, dumps, _run) = finish(run);
+    let (pid, out, dumps) = killed_after(start_growth("spike"), Duration::from_millis(200));
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&out.status),
         Some(libc::SIGKILL)
@@ -477,12 +447,7 @@ fn a_program_killed_in_its_first_second_gets_a_post_mortem_of_its_allocations() 
 /// allocations' own times, a leak at its line, in bytes per second.
 #[test]
 fn pure_growth_without_steps_killed_after_three_seconds_is_a_leak_per_second() {
-    let run = start_growth("slow");
-    std::thread::sleep(Duration::from_secs(3));
-    let pid = child_named(&run, "flight_growth");
-    // SAFETY: `kill` takes integers only and touches no memory; the target is a process this test started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    let (out, dumps, _run) = finish(run);
+    let (_, out, dumps) = killed_after(start_growth("slow"), Duration::from_secs(3));
     assert_eq!(dumps.len(), 1, "{}", text(&out.stderr));
     let v = &dumps[0].1.verdict;
     let leak = v
@@ -694,34 +659,21 @@ fn programs_in_other_pid_namespaces_keep_their_own_regions_and_are_never_gone() 
         common::skip_unless_machine_allows("unshare --pid (root, or user namespaces)");
         return;
     }
-    /// `unshare --kill-child`: its program dies with it, however the test ends.
-    struct Reaped(std::process::Child);
-    impl Drop for Reaped {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live");
     let mut children = Vec::new();
     for _ in 0..2 {
-        let mut child = Command::new("unshare")
-            .args(["--pid", "--fork", "--kill-child"])
+        // `--kill-child`: the program dies with unshare, which dies with the test.
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--pid", "--fork", "--kill-child"])
             .arg(testbed::client("flight_growth"))
             .arg("slow")
             .env("LD_PRELOAD", common::shim_lib())
             .env("OOMSHIM_DIR", dir.path().join("dumps"))
             .env("OOMSHIM_LIVE_DIR", &live)
             .env("SIMCUDA_CAPACITY", "64G")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        children.push(Reaped(child));
-        let mut buf = [0u8; 6];
-        { out }.read_exact(&mut buf).unwrap();
+            .stderr(Stdio::null());
+        children.push(common::KillOnDrop(spawn_ready(&mut cmd)));
     }
     // Both published (the first allocation does).
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -742,12 +694,7 @@ fn programs_in_other_pid_namespaces_keep_their_own_regions_and_are_never_gone() 
     assert!(regions
         .iter()
         .all(|r| r.liveness == oomshim_core::flight::Liveness::OtherNamespace && r.alive));
-    let out = cli()
-        .args(["top", "--once", "--dir"])
-        .arg(&live)
-        .output()
-        .unwrap();
-    let frame = text(&out.stdout);
+    let frame = top_once(&live, &[]);
     assert!(
         frame.starts_with("oomshim top — 2 processes (regions"),
         "{frame}"
@@ -759,16 +706,8 @@ fn programs_in_other_pid_namespaces_keep_their_own_regions_and_are_never_gone() 
     );
     assert!(!frame.contains("gone"), "{frame}");
     // `--prune` never takes a region whose writer cannot be judged from here.
-    let out = cli()
-        .args(["top", "--once", "--prune", "--dir"])
-        .arg(&live)
-        .output()
-        .unwrap();
-    assert!(
-        !text(&out.stdout).contains("pruned"),
-        "{}",
-        text(&out.stdout)
-    );
+    let pruned = top_once(&live, &["--prune"]);
+    assert!(!pruned.contains("pruned"), "{pruned}");
     assert_eq!(oomshim_core::flight::read::list_regions(&live).len(), 2);
     drop(children);
 }
@@ -818,12 +757,11 @@ fn id_of(pid: u32, start_ticks: u64) -> oomshim_core::flight::RegionId {
     }
 }
 
-/// A region of this test process (so it counts as running), holding `dump` as its summary.
-fn region_with(dir: &Path, dump: &Dump) -> (PathBuf, RegionWriter, Vec<u8>) {
-    let pid = std::process::id();
-    let ticks = start_ticks_of(pid).unwrap();
+/// An empty region of process `id` in `dir` (created as the shim creates its directory), and
+/// its writer.
+fn new_region(dir: &Path, id: oomshim_core::flight::RegionId) -> (PathBuf, RegionWriter) {
     private_dir(dir);
-    let path = dir.join(region_name(pid, ticks));
+    let path = dir.join(id.file_name());
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -832,8 +770,15 @@ fn region_with(dir: &Path, dump: &Dump) -> (PathBuf, RegionWriter, Vec<u8>) {
         .open(&path)
         .unwrap();
     // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
-    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
-    let w = RegionWriter::init(file, &id_of(pid, ticks), unsafe { libc::geteuid() }).unwrap();
+    let w = RegionWriter::init(file, &id, unsafe { libc::geteuid() }).unwrap();
+    (path, w)
+}
+
+/// A region of this test process (so it counts as running), holding `dump` as its summary.
+fn region_with(dir: &Path, dump: &Dump) -> (PathBuf, RegionWriter, Vec<u8>) {
+    let pid = std::process::id();
+    let ticks = start_ticks_of(pid).unwrap();
+    let (path, w) = new_region(dir, id_of(pid, ticks));
     let summary = LiveSummary {
         schema: LIVE_SCHEMA.into(),
         pid,
@@ -849,6 +794,27 @@ fn region_with(dir: &Path, dump: &Dump) -> (PathBuf, RegionWriter, Vec<u8>) {
         kinds: None,
     };
     (path, w, serde_json::to_vec(&summary).unwrap())
+}
+
+/// `oomshim top --once ARGS --dir LIVE`'s frame (it exits 0).
+fn top_once(live: &Path, args: &[&str]) -> String {
+    let out = cli()
+        .args(["top", "--once"])
+        .args(args)
+        .arg("--dir")
+        .arg(live)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// A live directory (`DIR/live`) holding this process's region with the fixture published.
+fn published_own_region() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, mut w, payload) = region_with(&dir.path().join("live"), &fixture_dump());
+    w.publish(&payload).unwrap();
+    (dir, path)
 }
 
 fn fixture_dump() -> Dump {
@@ -1283,17 +1249,7 @@ fn a_newline_in_the_dump_directory_cannot_split_the_shims_dump_line() {
 
 /// A region file of process `id` in `live`, published once, last written `age` ago.
 fn aged_region(live: &Path, id: oomshim_core::flight::RegionId, age: Duration) -> PathBuf {
-    private_dir(live);
-    let path = live.join(id.file_name());
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
-    // SAFETY: `geteuid` takes no argument, touches no memory and cannot fail.
-    let mut w = RegionWriter::init(file, &id, unsafe { libc::geteuid() }).unwrap();
+    let (path, mut w) = new_region(live, id);
     w.publish(b"{}").unwrap();
     let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.set_modified(std::time::SystemTime::now() - age).unwrap();
@@ -1348,18 +1304,14 @@ fn stale_regions_expire_when_a_process_creates_its_own_and_running_ones_never_do
         Duration::from_secs(5),
     );
     // A shimmed program that allocates creates its region, sweeps, then publishes.
-    let mut child = Command::new(testbed::client("flight_growth"))
-        .arg("slow")
+    let mut cmd = Command::new(testbed::client("flight_growth"));
+    cmd.arg("slow")
         .env("LD_PRELOAD", common::shim_lib())
         .env("OOMSHIM_DIR", dir.path().join("dumps"))
         .env("OOMSHIM_LIVE_DIR", &live)
         .env("SIMCUDA_CAPACITY", "64G")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut buf = [0u8; 6];
-    child.stdout.take().unwrap().read_exact(&mut buf).unwrap();
+        .stderr(Stdio::null());
+    let mut child = spawn_ready(&mut cmd);
     let own = live.join(
         RegionId {
             pid_ns: ns,
@@ -1391,10 +1343,8 @@ fn stale_regions_expire_when_a_process_creates_its_own_and_running_ones_never_do
 /// the process its name says.
 #[test]
 fn a_region_whose_header_names_another_process_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, path) = published_own_region();
     let live = dir.path().join("live");
-    let (path, mut w, payload) = region_with(&live, &fixture_dump());
-    w.publish(&payload).unwrap();
     assert!(read_region(&path).is_ok());
     let pid = std::process::id();
     let other = live.join(region_name(pid + 1, start_ticks_of(pid).unwrap()));
@@ -1412,10 +1362,8 @@ fn a_region_whose_header_names_another_process_is_refused() {
 #[test]
 fn top_lists_running_processes_first_folds_gone_ones_and_fits_the_terminal() {
     use oomshim_core::flight::RegionId;
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, _) = published_own_region();
     let live = dir.path().join("live");
-    let (_path, mut w, payload) = region_with(&live, &fixture_dump());
-    w.publish(&payload).unwrap();
     let me = RegionId::of_this_process().unwrap();
     for i in 1..=40 {
         aged_region(

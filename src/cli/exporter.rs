@@ -752,20 +752,14 @@ fn step(c: &mut Conn, dir: &Path, now: std::time::Instant) -> bool {
             Phase::Head(buf) => {
                 if now >= c.deadline {
                     // Its whole head took too long, however its bytes trickled in.
-                    answer(
-                        c,
-                        "400 Bad Request",
-                        "",
-                        "text/plain",
-                        b"bad request\n",
-                        now,
-                    );
+                    bad_request(c, now);
                     continue;
                 }
                 let mut chunk = [0u8; 4096];
-                match c.stream.read(&mut chunk) {
-                    Ok(0) => return false,
-                    Ok(n) => {
+                match read_now(&mut c.stream, &mut chunk) {
+                    Got::End => return false,
+                    Got::Later => return true,
+                    Got::Bytes(n) => {
                         // Only the new bytes and the three before them can complete the head.
                         let from = buf.len().saturating_sub(3);
                         buf.extend_from_slice(&chunk[..n]);
@@ -774,19 +768,9 @@ fn step(c: &mut Conn, dir: &Path, now: std::time::Instant) -> bool {
                             let (status, extra, ctype, body) = route(head.as_deref(), dir);
                             answer(c, status, extra, ctype, &body, now);
                         } else if buf.len() > MAX_REQUEST_HEAD {
-                            answer(
-                                c,
-                                "400 Bad Request",
-                                "",
-                                "text/plain",
-                                b"bad request\n",
-                                now,
-                            );
+                            bad_request(c, now);
                         }
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
-                    Err(_) => return false,
                 }
             }
             Phase::Answer { out, at } => {
@@ -814,16 +798,47 @@ fn step(c: &mut Conn, dir: &Path, now: std::time::Instant) -> bool {
                     return false;
                 }
                 let mut chunk = [0u8; 16 << 10];
-                match c.stream.read(&mut chunk) {
-                    Ok(0) => return false,
-                    Ok(n) => *read += n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
-                    Err(_) => return false,
+                match read_now(&mut c.stream, &mut chunk) {
+                    Got::End => return false,
+                    Got::Later => return true,
+                    Got::Bytes(n) => *read += n,
                 }
             }
         }
     }
+}
+
+/// What one read of a non-blocking connection gave.
+enum Got {
+    Bytes(usize),
+    /// Nothing now: wait for `poll`.
+    Later,
+    /// The client closed, or the connection failed.
+    End,
+}
+
+fn read_now(stream: &mut TcpStream, buf: &mut [u8]) -> Got {
+    loop {
+        match stream.read(buf) {
+            Ok(0) => return Got::End,
+            Ok(n) => return Got::Bytes(n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Got::Later,
+            Err(_) => return Got::End,
+        }
+    }
+}
+
+/// A 400 for a head that is not HTTP, too large, or not complete in time.
+fn bad_request(c: &mut Conn, now: std::time::Instant) {
+    answer(
+        c,
+        "400 Bad Request",
+        "",
+        "text/plain",
+        b"bad request\n",
+        now,
+    );
 }
 
 /// Starts writing an answer on `c`.

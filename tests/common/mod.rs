@@ -556,6 +556,17 @@ pub fn wait_until_stopped(pid: u32) {
     }
 }
 
+/// A process a test started, killed and reaped however the test ends (a failed assertion
+/// included): a program that runs until it is killed never outlives its test.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The CLI under test, with `liboomshim.so` built first (for `run` and `demo`) and without an
 /// inherited `LD_PRELOAD` (a test sets one on the command when it means to).
 pub fn cli() -> Command {

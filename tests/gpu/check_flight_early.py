@@ -102,22 +102,30 @@ def _killed_run(cli, lib, script, ready_word, wait_after, dumps, live, timeout):
     return p.returncode, err, pms, said.strip()
 
 
-def _case_load(lib, cli, out_dir):
-    work = os.path.join(out_dir, "flight-early-load")
+def _killed(lib, cli, out_dir, case, name, source, marker, ready_word, wait_after):
+    """Writes `source` as `name` in a folder of its own and runs it, killed `wait_after` s after
+    it said `ready_word`: (its one post-mortem, saved as OUT/flight-early-CASE-post-mortem.json,
+    or None and why; what it said; `name:line` of `marker`)."""
+    work = os.path.join(out_dir, f"flight-early-{case}")
     os.makedirs(work, exist_ok=True)
-    script = os.path.join(work, "load_model.py")
+    script = os.path.join(work, name)
     with open(script, "w") as f:
-        f.write(LOAD)
-    want = f"load_model.py:{_line(LOAD, 'LOAD_LINE')}"
-    rc, err, pms, said = _killed_run(cli, lib, script, "loaded", 0.3, os.path.join(work, "dumps"),
+        f.write(source)
+    rc, err, pms, said = _killed_run(cli, lib, script, ready_word, wait_after, os.path.join(work, "dumps"),
                                      os.path.join(work, "live"), 90)
-    rows = []
+    want = f"{name}:{_line(source, marker)}"
     if len(pms) != 1:
-        return [("flight early: a model load killed 0.3 s after it has a post-mortem", False,
-                 f"{len(pms)} post-mortems; rc {rc}; program said {said!r}; stderr {err[-800:]}")]
-    pm = pms[0]
-    with open(os.path.join(out_dir, "flight-early-load-post-mortem.json"), "w") as f:
-        json.dump(pm, f)
+        return None, f"{len(pms)} post-mortems; rc {rc}; program said {said!r}; stderr {err[-800:]}", said, want
+    with open(os.path.join(out_dir, f"flight-early-{case}-post-mortem.json"), "w") as f:
+        json.dump(pms[0], f)
+    return pms[0], "", said, want
+
+
+def _case_load(lib, cli, out_dir):
+    pm, why, said, want = _killed(lib, cli, out_dir, "load", "load_model.py", LOAD, "LOAD_LINE", "loaded", 0.3)
+    rows = []
+    if pm is None:
+        return [("flight early: a model load killed 0.3 s after it has a post-mortem", False, why)]
     head = pm["verdict"]["findings"][0]["headline"]
     rows.append(("flight early: a model load killed 0.3 s after it has a post-mortem",
                  pm["post_mortem"]["signal_name"] == "SIGKILL" and pm["post_mortem"]["generation"] >= 1,
@@ -133,20 +141,9 @@ def _case_load(lib, cli, out_dir):
 
 
 def _case_leak(lib, cli, out_dir):
-    work = os.path.join(out_dir, "flight-early-leak")
-    os.makedirs(work, exist_ok=True)
-    script = os.path.join(work, "slow_leak.py")
-    with open(script, "w") as f:
-        f.write(LEAK)
-    want = f"slow_leak.py:{_line(LEAK, 'KEEP_LINE')}"
-    rc, err, pms, said = _killed_run(cli, lib, script, "started", 15, os.path.join(work, "dumps"),
-                                     os.path.join(work, "live"), 90)
-    if len(pms) != 1:
-        return [("flight early: a slow leak killed after 15 s has a post-mortem", False,
-                 f"{len(pms)} post-mortems; rc {rc}; program said {said!r}; stderr {err[-800:]}")]
-    pm = pms[0]
-    with open(os.path.join(out_dir, "flight-early-leak-post-mortem.json"), "w") as f:
-        json.dump(pm, f)
+    pm, why, said, want = _killed(lib, cli, out_dir, "leak", "slow_leak.py", LEAK, "KEEP_LINE", "started", 15)
+    if pm is None:
+        return [("flight early: a slow leak killed after 15 s has a post-mortem", False, why)]
     findings = pm["verdict"]["findings"]
     head = findings[0]["headline"]
     leak = [f for f in findings if f["kind"] == "leak"]

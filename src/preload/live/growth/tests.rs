@@ -56,19 +56,8 @@ impl Run {
     }
     fn alloc_py(&mut self, site: u32, py: u32, bytes: u64) -> usize {
         self.next_addr += 4096;
-        let a = Allocation {
-            bytes,
-            api: Api::CudaMalloc,
-            device: 0,
-            stream: 0,
-            thread: 1,
-            time_ns: 0, // no time bucket ever closes
-            seq: self.ledger.next_seq(),
-            stack: StackId(site),
-            py_stack: StackId(py),
-        };
-        self.ledger.record_alloc(self.next_addr, a);
-        self.t.on_alloc(&self.ledger, &keyer, &a);
+        // At time 0: no time bucket ever closes after the first.
+        record(&self.ledger, &self.t, self.next_addr, (site, py), bytes, 0);
         self.next_addr
     }
     fn alloc(&mut self, site: u32, bytes: u64) -> usize {
@@ -92,8 +81,9 @@ impl Run {
     }
 }
 
-/// An allocation of `bytes` at site `stack`, made `ms` into the run.
-fn at(ledger: &Ledger, t: &Tracker, addr: usize, stack: u32, bytes: u64, ms: u64) -> Allocation {
+/// Records an allocation of `bytes` at `(native, python)` stacks, made `ms` into the run, as
+/// `record_alloc` does: into the ledger, then the tracker's hot path.
+fn record(ledger: &Ledger, t: &Tracker, addr: usize, stacks: (u32, u32), bytes: u64, ms: u64) {
     let a = Allocation {
         bytes,
         api: Api::CudaMalloc,
@@ -102,12 +92,16 @@ fn at(ledger: &Ledger, t: &Tracker, addr: usize, stack: u32, bytes: u64, ms: u64
         thread: 1,
         time_ns: ms * 1_000_000,
         seq: ledger.next_seq(),
-        stack: StackId(stack),
-        py_stack: StackId::EMPTY,
+        stack: StackId(stacks.0),
+        py_stack: StackId(stacks.1),
     };
     ledger.record_alloc(addr, a);
     t.on_alloc(ledger, &keyer, &a);
-    a
+}
+
+/// An allocation of `bytes` at native site `stack`, made `ms` into the run.
+fn at(ledger: &Ledger, t: &Tracker, addr: usize, stack: u32, bytes: u64, ms: u64) {
+    record(ledger, t, addr, (stack, 0), bytes, ms);
 }
 
 #[test]
