@@ -342,7 +342,7 @@ fn top_prune_removes_the_regions_of_gone_processes_only() {
     let out = top(false);
     assert!(out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("--prune removes it"),
+        String::from_utf8_lossy(&out.stdout).contains("--prune removes them"),
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );

@@ -131,12 +131,12 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "OOMSHIM_LIVE_INTERVAL",
         default: "1s",
-        meaning: "How often the live summary is republished (100ms–60s; any other value is said once on stderr and `1s` is used); the first device allocation creates the region and publishes at once, a failed allocation republishes at once, and so does a change of `OOMSHIM_LIVE_CHANGE`. A publish that took `t` waits at least 50·`t`, so the publisher never takes more than 2% of a core.",
+        meaning: "How often the live summary is republished (100ms–60s; any other value is said once on stderr and `1s` is used); the first device allocation creates the region and publishes at once, a failed allocation republishes at once, and so does a change of `OOMSHIM_LIVE_CHANGE`. The publisher takes at most 2% of a core over time: it earns 1/50 of the time that passes as publishing time (200 ms saved up at most, and at start), and a publish that overspends waits 50 times its debt.",
     },
     Setting {
         name: "OOMSHIM_LIVE_CHANGE",
         default: "64M",
-        meaning: "The live summary is also republished when the process's tracked device memory moved by more than this since the last publish (`64M`, `1G`, a byte count; 1M–1T), at most every 100ms (and 50·`t` after a publish that took `t`): a process killed at any moment has a post-mortem at most this far, or that long, from its last state. `0`: only the first allocation, failures and `OOMSHIM_LIVE_INTERVAL` publish. Any other value is said once on stderr and `64M` is used.",
+        meaning: "The live summary is also republished when the process's tracked device memory moved by more than this since the last publish (`64M`, `1G`, a byte count; 1M–1T), at most every 100ms (later once the 2% budget of `OOMSHIM_LIVE_INTERVAL` is spent): a process killed at any moment has a post-mortem at most this far, or that long, from its last state. `0`: only the first allocation, failures and `OOMSHIM_LIVE_INTERVAL` publish. Any other value is said once on stderr and `64M` is used.",
     },
     Setting {
         name: "OOMSHIM_CGROUP_ROOT",

@@ -36,9 +36,14 @@ pub const MAX_CHANGE: u64 = 1 << 40;
 /// Publishes for a change (or a failure) come at most this often: a program that allocates
 /// gigabytes a second gets ten summaries a second, not one per allocation.
 pub const MIN_CHANGE_GAP: Duration = Duration::from_millis(100);
-/// The publisher spends at most 1/BUDGET_FACTOR of one core: after publishes that took `t`, the
-/// next waits at least `BUDGET_FACTOR · t`.
+/// The publisher spends at most 1/BUDGET_FACTOR of one core over time: it earns that share of
+/// the time that passes as publishing time, up to [`BUDGET_BURST`], spends what each publish
+/// takes, and waits out a debt (at `BUDGET_FACTOR` times its length) before the next.
 const BUDGET_FACTOR: u32 = 50;
+/// Publishing time saved up at most (and at start): a start-up spike is followed closely (the
+/// first publishes symbolise new stacks and read debug information, and cost more), while a
+/// program that changes all the time still pays no more than its share.
+const BUDGET_BURST: Duration = Duration::from_millis(200);
 
 /// `OOMSHIM_LIVE`, `OOMSHIM_LIVE_DIR`, `OOMSHIM_LIVE_INTERVAL`, `OOMSHIM_LIVE_CHANGE`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -298,15 +303,43 @@ struct Schedule {
     interval_at: Instant,
 }
 
+/// The publisher's time budget (see [`BUDGET_FACTOR`]): publishing time earned, less spent.
+struct Budget {
+    /// Negative: a debt to wait out.
+    credit_ns: i128,
+    since: Instant,
+}
+
+impl Budget {
+    fn new() -> Budget {
+        Budget {
+            credit_ns: BUDGET_BURST.as_nanos() as i128,
+            since: Instant::now(),
+        }
+    }
+
+    /// A publish that took `spent` ended at `end`: how long the next must wait at least.
+    fn spend(&mut self, spent: Duration, end: Instant) -> Duration {
+        let earned = end.saturating_duration_since(self.since).as_nanos() as i128
+            / i128::from(BUDGET_FACTOR);
+        self.since = end;
+        self.credit_ns = (self.credit_ns + earned).min(BUDGET_BURST.as_nanos() as i128)
+            - spent.as_nanos() as i128;
+        Duration::from_nanos(
+            (-self.credit_ns)
+                .max(0)
+                .saturating_mul(i128::from(BUDGET_FACTOR))
+                .min(u64::MAX as i128) as u64,
+        )
+    }
+}
+
 impl Schedule {
-    /// After a publish that ended at `end` and took `spent` (the one before it took `previous`).
-    fn after(end: Instant, spent: Duration, previous: Duration, settings: &Settings) -> Schedule {
-        // The cheaper of the last two: one slow publish (new stacks to symbolise, the first
-        // one's debug information) does not stall the next; steadily slow ones are spaced out.
-        let budget = spent.min(previous) * BUDGET_FACTOR;
+    /// After a publish that ended at `end`, the next to wait at least `debt`.
+    fn after(end: Instant, debt: Duration, settings: &Settings) -> Schedule {
         Schedule {
-            change_at: end + MIN_CHANGE_GAP.max(budget),
-            interval_at: end + settings.interval.max(budget),
+            change_at: end + MIN_CHANGE_GAP.max(debt),
+            interval_at: end + settings.interval.max(debt),
         }
     }
 
@@ -360,7 +393,7 @@ fn run(settings: Settings, source: Source) {
     oomshim_core::stacks::cache_on_this_thread();
     let mut rss: Vec<RssSample> = Vec::new();
     let mut said = false;
-    let mut previous = Duration::ZERO;
+    let mut budget = Budget::new();
     loop {
         if REMOVED.load(Ordering::SeqCst) {
             return;
@@ -389,8 +422,8 @@ fn run(settings: Settings, source: Source) {
         }
         let spent = began.elapsed();
         tracing::debug!(?spent, "live summary published");
-        Schedule::after(Instant::now(), spent, previous, &settings).wait();
-        previous = spent;
+        let end = Instant::now();
+        Schedule::after(end, budget.spend(spent, end), &settings).wait();
     }
 }
 
@@ -602,6 +635,33 @@ pub fn real_exit() -> Option<unsafe extern "C" fn(c_int) -> !> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_budget_allows_a_burst_then_two_percent_of_a_core() {
+        let mut b = Budget::new();
+        let t0 = b.since;
+        // Start-up: ten publishes of 10 ms, 100 ms apart, come without waiting (the burst).
+        let mut t = t0;
+        for _ in 0..10 {
+            t += Duration::from_millis(100);
+            assert_eq!(b.spend(Duration::from_millis(10), t), Duration::ZERO);
+        }
+        // Steadily 10 ms a publish: the burst is spent, and each now waits about 50 × its cost.
+        let mut waits = Vec::new();
+        for _ in 0..20 {
+            let wait = b.spend(Duration::from_millis(10), t);
+            waits.push(wait);
+            t += wait.max(Duration::from_millis(100));
+        }
+        let last = *waits.last().unwrap();
+        assert!(
+            (Duration::from_millis(400)..=Duration::from_millis(600)).contains(&last),
+            "{waits:?}"
+        );
+        // Over the whole run: at most 2% of the time, plus the burst.
+        let spent = Duration::from_millis(10) * 30;
+        assert!(spent <= (t - t0) / 50 + BUDGET_BURST, "{:?} over {:?}", spent, t - t0);
+    }
 
     #[test]
     fn settings_default_and_warn_on_nonsense() {

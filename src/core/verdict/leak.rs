@@ -17,8 +17,8 @@ pub const LEAK_NAMED_SHARE: f64 = 0.5;
 pub const DETECTED_MIN_FREEING_SHARE: f64 = 0.5;
 
 /// Growth over time from the allocation timeline (`growth.steps` `"timeline"`) is judged a leak
-/// only when it lasted at least this long: a start-up spike (a first batch, a model being
-/// loaded) grows steadily for a moment too.
+/// only in a program that began allocating at least this long ago: a start-up spike (a first
+/// batch, a model being loaded) grows steadily for a moment too.
 pub const TIMELINE_MIN_SPAN_MS: u64 = 2000;
 /// ... and kept at least this many allocations: a handful of large ones (a model's few layers)
 /// fit a line by chance.
@@ -62,8 +62,9 @@ const LOADING_FUNCTIONS: &[(&str, &str)] = &[
 /// What growth over time from the allocation timeline comes to, when it is not a leak.
 #[derive(Debug, Clone)]
 pub enum NotALeak {
-    /// Growing steadily, but for less than [`TIMELINE_MIN_SPAN_MS`] or with fewer than
-    /// [`TIMELINE_MIN_ALLOCATIONS`] allocations: too little to call it a leak.
+    /// Growing steadily, but in a program that began allocating less than
+    /// [`TIMELINE_MIN_SPAN_MS`] ago, or over fewer than [`TIMELINE_MIN_ALLOCATIONS`]
+    /// allocations: too little to call it a leak.
     Young,
     /// The growing site is inside a function that loads a model (`function`, from its stack),
     /// or the framework counts the growth as the model's parameters.
@@ -131,12 +132,14 @@ pub fn timeline_judgement(dump: &Dump) -> Option<Result<(), OverTime<'_>>> {
             function: "the model's parameters (the framework's count)".to_string(),
         });
     }
-    if t.span_ms < TIMELINE_MIN_SPAN_MS || t.allocations < TIMELINE_MIN_ALLOCATIONS {
-        // Recent allocations of an older program that frees memory are not growth: they may
-        // be its working set, which the next frees give back.
-        if t.span_ms.saturating_mul(2) < t.age_ms && t.freed_all > 0 {
-            return None;
-        }
+    // A short growth means something only where nothing was freed (then what is kept is the
+    // whole history): recent allocations of an older program that frees memory may be its
+    // working set, which the next frees give back.
+    let short = t.span_ms < TIMELINE_MIN_SPAN_MS && t.freed_all > 0;
+    if short && t.span_ms.saturating_mul(2) < t.age_ms {
+        return None;
+    }
+    if short || t.age_ms < TIMELINE_MIN_SPAN_MS || t.allocations < TIMELINE_MIN_ALLOCATIONS {
         return not(NotALeak::Young);
     }
     Some(Ok(()))
@@ -941,13 +944,23 @@ mod tests {
         // (span ms, allocations, quiet ms, why)
         let cases: Vec<(u64, u64, u64, &str)> = vec![
             (TIMELINE_MIN_SPAN_MS - 1, 90, 20, "Young"),
+            // A growth fitted over less than the program's age is judged by the age.
+            (1_500, 90, 20, "age 3000"),
             (2_700, TIMELINE_MIN_ALLOCATIONS - 1, 20, "Young"),
             (2_700, 90, 1_500, "Stopped { quiet_ms: 1500 }"),
             // A slow leak's usual gap is long: four gaps of quiet are still growing.
             (60_000, 30, 3_000, ""),
         ];
         for (span, allocations, quiet, expect) in cases {
-            let d = on_timeline("keep", 8 * MIB, span, allocations, quiet);
+            let mut d = on_timeline("keep", 8 * MIB, span, allocations, quiet);
+            let expect = match expect.strip_prefix("age ") {
+                Some(age) => {
+                    let t = d.growth.as_mut().unwrap().timeline.as_mut().unwrap();
+                    t.age_ms = age.parse().unwrap();
+                    ""
+                }
+                None => expect,
+            };
             match why(&d) {
                 Some(Ok(())) => assert_eq!(expect, "", "{span} {allocations} {quiet}"),
                 Some(Err(w)) => assert_eq!(w, expect, "{span} {allocations} {quiet}"),

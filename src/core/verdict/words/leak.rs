@@ -334,9 +334,14 @@ pub(in crate::verdict) fn not_a_leak(o: &crate::verdict::OverTime) -> String {
     let t = o.timeline;
     match &o.why {
         NotALeak::Young => format!(
-            "growing: {label} +{rate} per second over its {}, {} kept (too little to call it a leak: that takes {} and {} allocations)",
+            "growing: {label} +{rate} per second over its {}, {} kept (too little to call it a leak: {}; a leak is judged once the program has allocated for {}, over {} allocations)",
             seconds(t.span_ms),
             count_word(t.allocations, "allocation", "allocations"),
+            if t.age_ms < crate::verdict::TIMELINE_MIN_SPAN_MS {
+                format!("it began allocating {} ago", seconds(t.age_ms))
+            } else {
+                format!("{} only", count_word(t.allocations, "allocation", "allocations"))
+            },
             seconds(crate::verdict::TIMELINE_MIN_SPAN_MS),
             crate::verdict::TIMELINE_MIN_ALLOCATIONS
         ),

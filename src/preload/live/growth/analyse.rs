@@ -220,16 +220,6 @@ pub(super) struct Detected {
     pub anchor: StackPair,
 }
 
-/// Sites whose growth is attributed together: those with the same name.
-pub(super) struct Group {
-    pub(super) key: SiteKey,
-    /// The sites in it.
-    pub(super) members: Vec<SiteKey>,
-    /// The member with the most bytes at the end names the group.
-    pub(super) stack: Vec<Frame>,
-    pub(super) series: Vec<(u64, u64)>,
-}
-
 impl Copy {
     pub fn of(v: View<'_>, steps: &'static str) -> Copy {
         Copy {
@@ -281,7 +271,7 @@ impl Copy {
             .and_then(|_| frames.pop())
             .unwrap_or_default();
 
-        let groups = group(self.sites, frames);
+        let groups = super::grouping::group(self.sites, frames);
         // The step in which the free bytes run out at this rate: the step in progress is
         // `current + 1`, and each whole step's worth of free bytes lets one more complete.
         let projected = |rate: f64| -> Option<u64> {
@@ -391,55 +381,4 @@ fn point((step, bytes): (u64, u64)) -> GrowthPoint {
 
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
-}
-
-/// Groups sites by the frame that names them (native stacks that differ only inside the
-/// framework or the CUDA runtime are one site); sites without a named frame stay apart. Each
-/// group's series is the sum of its members' samples at each x.
-pub(super) fn group(
-    sites: Vec<(SiteKey, StackPair, Series)>,
-    frames: Vec<Vec<Frame>>,
-) -> Vec<Group> {
-    let mut groups: Vec<(Option<String>, Group, u64)> = Vec::new();
-    for ((key, _, series), stack) in sites.into_iter().zip(frames) {
-        let label = dump::view::named_frames(&stack)
-            .next()
-            .map(|f| format!("{}|{}", key.word(), dump::view::frame_label(f, usize::MAX)));
-        let last = series.last().map_or(0, |p| p.1);
-        let found = label
-            .as_ref()
-            .and_then(|l| groups.iter().position(|g| g.0.as_deref() == Some(l)));
-        match found {
-            Some(i) => {
-                let g = &mut groups[i];
-                g.1.members.push(key);
-                g.1.series = add_series(&g.1.series, &series);
-                if last > g.2 {
-                    g.1.stack = stack;
-                    g.2 = last;
-                }
-            }
-            None => groups.push((
-                label,
-                Group {
-                    key,
-                    members: vec![key],
-                    stack,
-                    series,
-                },
-                last,
-            )),
-        }
-    }
-    groups.into_iter().map(|g| g.1).collect()
-}
-
-/// The pointwise sum of two series sampled at the same xs (a series that starts later counts
-/// 0 before its first sample).
-fn add_series(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut out: std::collections::BTreeMap<u64, u64> = a.iter().copied().collect();
-    for &(x, y) in b {
-        *out.entry(x).or_insert(0) += y;
-    }
-    out.into_iter().collect()
 }

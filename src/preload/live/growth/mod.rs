@@ -36,6 +36,7 @@
 
 mod analyse;
 pub(crate) mod detect;
+mod grouping;
 mod history;
 mod sizes;
 mod steps;

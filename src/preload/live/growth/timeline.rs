@@ -208,7 +208,7 @@ impl Timeline {
         let newest: FxHashMap<SiteKey, u64> =
             self.sites.iter().map(|s| (s.key, s.newest_ms)).collect();
         let newest_all = self.sites.iter().map(|s| s.newest_ms).max();
-        let groups = super::analyse::group(series, frames);
+        let groups = super::grouping::group(series, frames);
         let secs = |ms: u64| ms / 1000;
         let mut quiet_from = None::<u64>;
         let mut sites: Vec<(f64, GrowthSite)> = Vec::new();
