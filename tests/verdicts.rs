@@ -226,7 +226,8 @@ fn a_program_that_only_allocates_is_judged_a_leak_over_time() {
     let f = &v.findings[0];
     assert!(
         f.headline.starts_with("grow_forever (grow_only.c:")
-            && f.headline.contains(" every second (steadily over its last "),
+            && f.headline
+                .contains(" every second (steadily over its last "),
         "{}",
         f.headline
     );

@@ -660,7 +660,12 @@ mod tests {
         );
         // Over the whole run: at most 2% of the time, plus the burst.
         let spent = Duration::from_millis(10) * 30;
-        assert!(spent <= (t - t0) / 50 + BUDGET_BURST, "{:?} over {:?}", spent, t - t0);
+        assert!(
+            spent <= (t - t0) / 50 + BUDGET_BURST,
+            "{:?} over {:?}",
+            spent,
+            t - t0
+        );
     }
 
     #[test]
