@@ -8,6 +8,9 @@ use dump::model::Frame;
 /// A site's samples: (x, live bytes), x a step, a second or a millisecond.
 type Series = Vec<(u64, u64)>;
 
+/// A site to group: its key, a representative stack pair, its samples.
+pub(super) type SiteSeries = (SiteKey, StackPair, Series);
+
 /// Sites whose growth is attributed together: those with the same name.
 pub(super) struct Group {
     pub(super) key: SiteKey,
@@ -21,10 +24,7 @@ pub(super) struct Group {
 /// Groups sites by the frame that names them (native stacks that differ only inside the
 /// framework or the CUDA runtime are one site); sites without a named frame stay apart. Each
 /// group's series is the sum of its members' samples at each x.
-pub(super) fn group(
-    sites: Vec<(SiteKey, StackPair, Series)>,
-    frames: Vec<Vec<Frame>>,
-) -> Vec<Group> {
+pub(super) fn group(sites: Vec<SiteSeries>, frames: Vec<Vec<Frame>>) -> Vec<Group> {
     let mut groups: Vec<(Option<String>, Group, u64)> = Vec::new();
     for ((key, _, series), stack) in sites.into_iter().zip(frames) {
         let label = dump::view::named_frames(&stack)

@@ -197,7 +197,7 @@ impl Timeline {
         let pairs: Vec<StackPair> = self.sites.iter().map(|s| s.stack).collect();
         let mut frames = name(&pairs);
         frames.resize(pairs.len(), Vec::new());
-        let series: Vec<(SiteKey, StackPair, Vec<(u64, u64)>)> = self
+        let series: Vec<super::grouping::SiteSeries> = self
             .sites
             .iter()
             .map(|s| {
