@@ -372,6 +372,7 @@ fn run(settings: Settings, source: Source) {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
     }
+    descriptors_of_its_own();
     let Some(id) = oomshim_core::flight::RegionId::of_this_process() else {
         (source.watch)(None);
         oomshim_core::say!(
@@ -424,6 +425,38 @@ fn run(settings: Settings, source: Source) {
         tracing::debug!(?spent, "live summary published");
         let end = Instant::now();
         Schedule::after(end, budget.spend(spent, end), &settings).wait();
+    }
+}
+
+/// Gives this thread a descriptor table of its own, holding only a copy of stderr (the shim's
+/// messages): the region and the files a publish reads (`/proc`, debug information) are opened
+/// there, so a descriptor of the publisher's never takes a number the program is about to get.
+/// The program owns its table, and may close fd 2 and open a log that must become fd 2 right
+/// after its first allocation, while the publisher creates the region. The copy of the program's
+/// other descriptors is closed at once: a file the program closes is closed. Where `unshare` is
+/// refused (a seccomp filter) the table stays shared, as it was; each publish still holds a
+/// descriptor only while it runs.
+fn descriptors_of_its_own() {
+    // SAFETY: unshare(CLONE_FILES) changes this thread's own descriptor table only.
+    if unsafe { libc::unshare(libc::CLONE_FILES) } != 0 {
+        return;
+    }
+    // SAFETY: closes descriptors of this thread's private copy of the table only (0, 1, and
+    // everything from 3 on); the program's own are untouched.
+    unsafe {
+        libc::close(0);
+        libc::close(1);
+        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
+            // Before Linux 5.9: every number up to the limit.
+            let mut rl = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl);
+            for fd in 3..(rl.rlim_cur.min(1 << 20) as libc::c_int) {
+                libc::close(fd);
+            }
+        }
     }
 }
 
