@@ -58,7 +58,7 @@ impl Tracker {
     pub fn freeze(&self, ledger: &Ledger, keyer: &dyn SiteKeyer, now_ns: u64) -> Option<Frozen> {
         let seq_now = ledger.total_allocations();
         let copy = {
-            let mut h = self.lock()?;
+            let h = self.lock()?;
             let source = self.chosen_source(&h);
             let (history, steps) = match source {
                 Some(s) => (&h.marked[s as usize], s.word()),
@@ -69,9 +69,14 @@ impl Tracker {
                     // samples (frees counted) as the check of what was kept.
                     let actual: Vec<(u64, u64)> = h.auto.totals.iter().copied().collect();
                     let first_ns = h.first_ns;
-                    let Histories { keys, .. } = &mut *h;
-                    return super::timeline::capture(ledger, keyer, keys, now_ns, first_ns, actual)
-                        .map(|t| Frozen(FrozenKind::Timeline(t)));
+                    // The walk of every live allocation happens without the histories' lock: a
+                    // time-bucket sample on an allocating thread waits for that lock.
+                    drop(h);
+                    let mut keys = rustc_hash::FxHashMap::default();
+                    return super::timeline::capture(
+                        ledger, keyer, &mut keys, now_ns, first_ns, actual,
+                    )
+                    .map(|t| Frozen(FrozenKind::Timeline(t)));
                 }
                 None => (&h.auto, "detected"),
             };

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 
 /// Site names remembered per stack (a cache in front of Python-stack resolution); cleared when
 /// full.
-pub(super) const MAX_KEY_CACHE: usize = 1 << 16;
+const MAX_KEY_CACHE: usize = 1 << 16;
 
 /// Allocations to wait after a detected-step sample that found `live` allocations.
 pub(super) fn sample_spacing(live: u64) -> u64 {

@@ -57,8 +57,9 @@ pub(crate) struct Timeline {
     actual: Vec<(u64, u64)>,
 }
 
-/// Walks the live device allocations once; `None` when there are none. `actual`: the tracker's
-/// samples of the tracked bytes, once a second.
+/// Walks the live device allocations once; `None` when there are none. `keys`: the site of each
+/// stack pair, filled as needed; `first_ns`: when the first device allocation was made;
+/// `actual`: the tracker's samples of the tracked bytes, once a second.
 pub(crate) fn capture(
     ledger: &Ledger,
     keyer: &dyn SiteKeyer,
@@ -79,9 +80,6 @@ pub(crate) fn capture(
     let oldest = live.iter().map(|e| e.0).min()?;
     // From the first allocation: what was allocated and freed since is part of the history too.
     let t0_ms = first_ns.map_or(oldest, |f| (f / 1_000_000).min(oldest));
-    if keys.len() > super::history::MAX_KEY_CACHE {
-        keys.clear();
-    }
     let now_ms = (now_ns / 1_000_000).max(t0_ms + 1);
     let width_ms = (now_ms - t0_ms).div_ceil(BINS as u64).max(1);
     let bin = |t: u64| (((t - t0_ms) / width_ms) as usize).min(BINS - 1);
