@@ -1443,3 +1443,40 @@ fn top_lists_running_processes_first_folds_gone_ones_and_fits_the_terminal() {
     );
     assert!(!full.contains(" gone (its region"), "folded: {full}");
 }
+
+/// A program that closes its stderr while it keeps running gives its reader the end of that
+/// stream at once, as bare: the live summary's publisher holds no copy of the program's stderr.
+#[test]
+fn a_program_closing_its_stderr_gives_its_reader_the_end_while_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(testbed::client("closes_stderr"))
+        .env("LD_PRELOAD", common::shim_lib())
+        .env("OOMSHIM_DIR", dir.path().join("dumps"))
+        .env("OOMSHIM_LIVE_DIR", dir.path().join("live"))
+        .env("OOMSHIM_LIVE_INTERVAL", "100ms")
+        .env("SIMCUDA_CAPACITY", "1G")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let mut line = [0u8; 7];
+    stdout.read_exact(&mut line).unwrap();
+    assert_eq!(&line, b"closed\n");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        let _ = stderr.read_to_end(&mut rest);
+        let _ = tx.send(rest);
+    });
+    let ended = rx.recv_timeout(Duration::from_millis(1500));
+    let still_running = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        ended.is_ok(),
+        "stderr did not end when the program closed it (the program runs 3 s more)"
+    );
+    assert!(still_running, "the program ended before the check");
+}

@@ -428,12 +428,14 @@ fn run(settings: Settings, source: Source) {
     }
 }
 
-/// Gives this thread a descriptor table of its own, holding only a copy of stderr (the shim's
-/// messages): the region and the files a publish reads (`/proc`, debug information) are opened
+/// Gives this thread a descriptor table of its own, holding none of the program's descriptors:
+/// the region and the files a publish reads (`/proc`, debug information) are opened
 /// there, so a descriptor of the publisher's never takes a number the program is about to get.
 /// The program owns its table, and may close fd 2 and open a log that must become fd 2 right
 /// after its first allocation, while the publisher creates the region. The copy of the program's
-/// other descriptors is closed at once: a file the program closes is closed. Where `unshare` is
+/// descriptors is closed at once, stderr's too: a file the program closes is closed, and its
+/// reader sees the end. The shim's messages from this thread borrow the program's fd 2 for each
+/// write (`say::on_a_table_of_its_own`). Where `unshare` is
 /// refused (a seccomp filter) the table stays shared, as it was; each publish still holds a
 /// descriptor only while it runs.
 fn descriptors_of_its_own() {
@@ -441,11 +443,19 @@ fn descriptors_of_its_own() {
     if unsafe { libc::unshare(libc::CLONE_FILES) } != 0 {
         return;
     }
-    // SAFETY: closes descriptors of this thread's private copy of the table only (0, 1, and
-    // everything from 3 on); the program's own are untouched.
+    // SAFETY: closes descriptors of this thread's private copy of the table only; the
+    // program's own are untouched.
     unsafe {
-        libc::close(0);
-        libc::close(1);
+        for fd in 0..3 {
+            libc::close(fd);
+        }
+        oomshim_core::sys::say::on_a_table_of_its_own();
+        // 0, 1 and 2 are taken by /dev/null, so that no file this thread opens gets one of
+        // them: a write to "stderr" here (a panic's message) must land nowhere, not in the
+        // region.
+        for _ in 0..3 {
+            libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        }
         if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
             // Before Linux 5.9: every number up to the limit.
             let mut rl = libc::rlimit {

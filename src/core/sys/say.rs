@@ -19,10 +19,18 @@
 //!   raises SIGPIPE, whose default action kills the host program. SIGPIPE is blocked on the
 //!   writing thread around the write, and the one the write raised is consumed
 //!   (`dump::signals::with_signal_held`): the write fails with `EPIPE` and the program goes on.
+//! - **A descriptor table of its own.** A shim thread that works in a private copy of the
+//!   descriptor table (the live summary's publisher) holds no copy of fd 2: a copy would keep
+//!   the program's stderr open after the program closed it, and its reader would never see the
+//!   end. Such a thread calls [`on_a_table_of_its_own`]; its messages then borrow the program's
+//!   fd 2 for the one write (`pidfd_getfd`, else reopening `/proc/self/fd/2`), checked against
+//!   the identity noted at load like any other, and close it again. Where neither works (an old
+//!   kernel, a socket under a seccomp filter) the message is not written.
 //! - **Terminal controls.** Messages carry strings from outside (a dump reason the program
 //!   passed, paths from the environment): control characters other than the newline are
 //!   shown escaped, and a message is cut at [`MAX_MESSAGE_BYTES`].
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 /// Longest message written, in bytes (the OOM summary is two lines of a few hundred).
@@ -30,11 +38,78 @@ pub const MAX_MESSAGE_BYTES: usize = 4096;
 
 /// Prints `text` on stderr as described in the module documentation, adding the final newline.
 pub fn say(text: &str) {
+    if OWN_TABLE.with(Cell::get) {
+        let Some(fd) = borrowed_stderr_if_unchanged() else {
+            return;
+        };
+        let line = prepare(text);
+        dump::signals::with_signal_held(libc::SIGPIPE, || write_all(fd, line.as_bytes()));
+        // SAFETY: `fd` was opened above, in this thread's own table, and is closed once.
+        unsafe { libc::close(fd) };
+        return;
+    }
     let Some(fd) = stderr_if_unchanged() else {
         return;
     };
     let line = prepare(text);
     dump::signals::with_signal_held(libc::SIGPIPE, || write_all(fd, line.as_bytes()));
+}
+
+thread_local! {
+    /// This thread works in a descriptor table of its own, without the program's fd 2.
+    static OWN_TABLE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as one that has a descriptor table of its own (after
+/// `unshare(CLONE_FILES)`) and has closed its copy of fd 2: its messages borrow the program's.
+pub fn on_a_table_of_its_own() {
+    OWN_TABLE.with(|own| own.set(true));
+}
+
+/// A descriptor of this thread's own for the program's fd 2, when that is still the file it
+/// was at load time; the caller closes it.
+fn borrowed_stderr_if_unchanged() -> Option<libc::c_int> {
+    if STATE.load(Ordering::Acquire) != OPEN {
+        return None;
+    }
+    let fd = program_stderr_copy()?;
+    // SAFETY: `stat` is plain integers, for which all zeroes is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fstat` writes only the `stat` it is given.
+    let same = unsafe { libc::fstat(fd, &mut st) } == 0
+        && (st.st_dev, st.st_ino) == (DEV.load(Ordering::Relaxed), INO.load(Ordering::Relaxed));
+    if same {
+        Some(fd)
+    } else {
+        // SAFETY: `fd` is ours, opened by `program_stderr_copy`.
+        unsafe { libc::close(fd) };
+        None
+    }
+}
+
+/// A copy of the process's fd 2 (in the table the program uses) opened in this thread's table:
+/// `pidfd_getfd` duplicates it whatever it is; where that is refused, `/proc/self/fd/2` (the
+/// thread group leader's table) is reopened for writing, which serves files, pipes and
+/// terminals but not sockets.
+fn program_stderr_copy() -> Option<libc::c_int> {
+    // SAFETY: pidfd_open and pidfd_getfd take integers and return a new descriptor or -1.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0u32);
+        if pidfd >= 0 {
+            let fd = libc::syscall(libc::SYS_pidfd_getfd, pidfd as libc::c_int, 2i32, 0u32);
+            libc::close(pidfd as libc::c_int);
+            if fd >= 0 {
+                let fd = fd as libc::c_int;
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                return Some(fd);
+            }
+        }
+        let fd = libc::open(
+            c"/proc/self/fd/2".as_ptr(),
+            libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NOCTTY,
+        );
+        (fd >= 0).then_some(fd)
+    }
 }
 
 /// `eprintln!` for the shim: `say!("oomshim: {what}")` formats and prints one message through
