@@ -1,7 +1,7 @@
 //! oomshim's Python hook (shim/python/oomshim_hook) on a Python program's path, whatever
-//! launched it. The hook is Python's `sitecustomize`: it waits for the program to import torch
-//! (or jax) and then attaches torch's OOM observer, the step marks and allocator mode; see the
-//! hook's docstring.
+//! launched it. The hook is Python's `sitecustomize`, which starts the package `_oomshim_hook`:
+//! it waits for the program to import torch (or jax) and then attaches torch's OOM observer, the
+//! step marks and allocator mode; see the package's docstring.
 //!
 //! `oomshim run` puts the hook's directory first on `PYTHONPATH` for the program. Under plain
 //! `LD_PRELOAD=liboomshim.so python train.py` the shim does the same from its load-time
@@ -13,31 +13,31 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-/// The hook and the `oomshim` package it imports, as (path below the hook directory, text).
+/// The hook, as (path below the hook directory, text): `sitecustomize.py`, which Python runs at
+/// start-up, and the one package it imports, `_oomshim_hook`. The package carries its own copies
+/// of `oomshim.torch` (allocator mode) and of the code that finds the library, so a program gets
+/// no importable name of oomshim's but `_oomshim_hook` (see shim/python/oomshim/torch.py for how a
+/// program's own `oomshim.torch` shares the copy's state).
 pub const FILES: &[(&str, &str)] = &[
     (
         "sitecustomize.py",
         include_str!("../../shim/python/oomshim_hook/sitecustomize.py"),
     ),
     (
-        "kinds.py",
-        include_str!("../../shim/python/oomshim_hook/kinds.py"),
+        "_oomshim_hook/__init__.py",
+        include_str!("../../shim/python/oomshim_hook/_oomshim_hook/__init__.py"),
     ),
     (
-        "oomshim/__init__.py",
-        include_str!("../../shim/python/oomshim/__init__.py"),
+        "_oomshim_hook/kinds.py",
+        include_str!("../../shim/python/oomshim_hook/_oomshim_hook/kinds.py"),
     ),
     (
-        "oomshim/torch.py",
+        "_oomshim_hook/allocator.py",
         include_str!("../../shim/python/oomshim/torch.py"),
     ),
     (
-        "oomshim/_locate.py",
+        "_oomshim_hook/_locate.py",
         include_str!("../../shim/python/oomshim/_locate.py"),
-    ),
-    (
-        "oomshim/__main__.py",
-        include_str!("../../shim/python/oomshim/__main__.py"),
     ),
 ];
 

@@ -11,11 +11,15 @@ The package is pure Python and never loads CUDA or torch; without the shim in th
 dump() raises RuntimeError saying how to load it.
 """
 
-import ctypes
-
-import sys
+import ctypes as _ctypes
+import sys as _sys
 
 __all__ = ["dump", "loaded", "step", "set_recording", "recording", "RECORDING_MODES"]
+
+
+def __dir__():
+    return sorted(__all__)
+
 
 # The modes of oomshim_set_recording, by their C numbers.
 RECORDING_MODES = ("pass-through", "totals", "native", "all", "python")
@@ -23,7 +27,7 @@ RECORDING_MODES = ("pass-through", "totals", "native", "all", "python")
 
 def _entry():
     try:
-        return ctypes.CDLL(None).oomshim_dump
+        return _ctypes.CDLL(None).oomshim_dump
     except (AttributeError, OSError):
         return None
 
@@ -42,8 +46,8 @@ def dump(reason="python"):
             "liboomshim.so is not loaded in this process: start the program with "
             "`oomshim run -- python ...` or LD_PRELOAD=/path/to/liboomshim.so"
         )
-    fn.argtypes = [ctypes.c_char_p]
-    fn.restype = ctypes.c_int
+    fn.argtypes = [_ctypes.c_char_p]
+    fn.restype = _ctypes.c_int
     return fn(str(reason).encode("utf-8", "replace")) == 0
 
 
@@ -71,12 +75,16 @@ def _shim_function(name):
     """`name` in the shim of this process: the preloaded one (global scope), else the one
     allocator mode loaded (oomshim.torch, a private ctypes handle); None without a shim."""
     try:
-        return getattr(ctypes.CDLL(None), name)
+        return getattr(_ctypes.CDLL(None), name)
     except (AttributeError, OSError):
         pass
-    torch_mode = sys.modules.get(__name__ + ".torch")
-    lib = torch_mode._state["lib"] if torch_mode is not None else None
-    return getattr(lib, name, None) if lib is not None else None
+    # `oomshim.torch` is oomshim's Python hook's copy where the hook turned allocator mode on.
+    for module in (__name__ + ".torch", "_oomshim_hook.allocator"):
+        state = getattr(_sys.modules.get(module), "_state", None)
+        lib = state.get("lib") if isinstance(state, dict) else None
+        if lib is not None:
+            return getattr(lib, name, None)
+    return None
 
 
 def set_recording(mode):
@@ -91,8 +99,8 @@ def set_recording(mode):
     fn = _shim_function("oomshim_set_recording")
     if fn is None:
         raise RuntimeError("liboomshim.so is not loaded in this process")
-    fn.argtypes = [ctypes.c_int]
-    fn.restype = ctypes.c_int
+    fn.argtypes = [_ctypes.c_int]
+    fn.restype = _ctypes.c_int
     before = fn(RECORDING_MODES.index(mode))
     if before < 0:
         raise RuntimeError("the shim is off in this process (see its message on stderr)")
@@ -105,6 +113,6 @@ def recording():
     if fn is None:
         return None
     fn.argtypes = []
-    fn.restype = ctypes.c_int
+    fn.restype = _ctypes.c_int
     mode = fn()
     return RECORDING_MODES[mode] if 0 <= mode < len(RECORDING_MODES) else None

@@ -88,6 +88,31 @@ _ALLOC = "oomshim_torch_alloc"
 _FREE = "oomshim_torch_free"
 
 _state = {"lib": None, "path": None, "allocator": None, "keep": [], "observer": None, "code_watcher": False}
+# The shape of this module's state: a copy that has the same one can stand in for another
+# (oomshim's Python hook carries a copy, see the end of this file).
+_STATE_FORMAT = 1
+
+
+def __dir__():
+    return sorted(__all__)
+
+
+def _import_torch():
+    """torch, or an ImportError that says what to do when this Python cannot import it."""
+    try:
+        import torch
+    except ImportError as e:
+        missing = getattr(e, "name", None) == "torch"
+        error = ModuleNotFoundError if missing else ImportError
+        raise error(
+            f"oomshim.torch needs PyTorch, which this Python ({sys.executable}) cannot import "
+            f"({type(e).__name__}: {e}). Install it into this environment (`{sys.executable} -m pip "
+            "install torch`, or the command for your CUDA version from "
+            "https://pytorch.org/get-started/locally/), or run the program with the Python that "
+            "has it.",
+            name="torch",
+        ) from (None if missing else e)
+    return torch
 
 
 def library_path():
@@ -139,9 +164,9 @@ def enabled():
 def enable(patch_torch=True):
     """Makes oomshim PyTorch's CUDA allocator. Must run before CUDA is initialised (before the
     first CUDA tensor, `torch.cuda.set_device`, `current_device()`...): torch cannot swap an
-    allocator that already handed out memory. Calling it again is harmless."""
-    import torch
-
+    allocator that already handed out memory. Calling it again is harmless. Raises ImportError
+    (ModuleNotFoundError) saying how to install PyTorch when this Python cannot import it."""
+    torch = _import_torch()
     if _state["allocator"] is not None:
         return
     if torch.cuda.is_initialized():
@@ -584,9 +609,7 @@ def _nested(flat):
 
 def _device_index(device=None):
     if device is None:
-        import torch
-
-        return torch.cuda.current_device()
+        return _import_torch().cuda.current_device()
     if isinstance(device, int):
         return device
     index = getattr(device, "index", None)
@@ -594,9 +617,7 @@ def _device_index(device=None):
         return index
     if isinstance(device, str) and ":" in device:
         return int(device.rsplit(":", 1)[1])
-    import torch
-
-    return torch.cuda.current_device()
+    return _import_torch().cuda.current_device()
 
 
 def _json_call(fn, device):
@@ -684,7 +705,7 @@ def snapshot():
     the Python frames of the blocks allocated meanwhile (torch's keys; Python frames only, no C++
     frames; like torch, each snapshot taken while it is on adds a `snapshot` entry). A segment of a CUDA graph capture has `segment_pool_id` (capture id,
     0): oomshim keys graph memory by capture, not by torch's pool ids."""
-    import torch
+    torch = _import_torch()
 
     devices = torch.cuda.device_count() if torch.cuda.is_initialized() else 0
     segments = []
@@ -758,3 +779,13 @@ def dump(reason="python"):
 def exception_kind():
     """The Python exception an allocation failure raises in this process."""
     return _lib().oomshim_torch_exception_kind().decode()
+
+
+# One allocator mode per process. oomshim's Python hook carries a copy of this file as
+# `_oomshim_hook.allocator` and loads it to turn allocator mode on (`oomshim run
+# --torch-allocator`); a program that then imports `oomshim.torch` gets that copy, so `enabled()`,
+# the observers and the history have one state. (The hook uses this module instead when the
+# program imported it first.)
+_HOOK_COPY = "_oomshim_hook.allocator"
+if __name__ != _HOOK_COPY and getattr(sys.modules.get(_HOOK_COPY), "_STATE_FORMAT", None) == _STATE_FORMAT:
+    sys.modules[__name__] = sys.modules[_HOOK_COPY]

@@ -12,7 +12,10 @@ pub const PROGRAM_API: &[&str] = &[
     "oomshim_step",
     "oomshim_mark_step",
     "oomshim_mark_step_live",
+    "oomshim_note_step",
+    "oomshim_steps_grow",
     "oomshim_framework_attached",
+    "oomshim_framework_oom_wanted",
     "oomshim_framework_oom",
     "oomshim_framework_kinds",
     "oomshim_set_recording",
@@ -126,6 +129,55 @@ fn mark_step(source: c_int, live: Option<live::FrameworkLive>) -> c_int {
             live::growing(source)
         })
         .map_or(0, c_int::from)
+}
+
+/// [`oomshim_mark_step_live`] without its answer: marks a step of `source` (codes of
+/// [`oomshim_mark_step`]) with the framework's figures (`live_bytes` `u64::MAX`: none;
+/// `live_allocations` `u64::MAX`: no count). Costs the mark alone: whether the steps grow (a fit
+/// over the history) is [`oomshim_steps_grow`], which the Python hook asks less often.
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_note_step(source: c_int, live_bytes: u64, live_allocations: u64) {
+    let live =
+        (live_bytes != u64::MAX).then(|| live::FrameworkLive::new(live_bytes, live_allocations));
+    let Some(source) = live::StepSource::from_code(source) else {
+        return;
+    };
+    if let Some(guard) = Guard::enter() {
+        guard.run(|| live::step(source, live));
+    }
+}
+
+/// 1 when the process has grown steadily with `source`'s marked steps so far (see
+/// [`oomshim_mark_step`]), else 0.
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_steps_grow(source: c_int) -> c_int {
+    let Some(source) = live::StepSource::from_code(source) else {
+        return 0;
+    };
+    let Some(guard) = Guard::enter() else {
+        return 0;
+    };
+    guard.run(|| live::growing(source)).map_or(0, c_int::from)
+}
+
+/// Whether the out-of-memory error a framework raises now on the calling thread (`request_bytes`
+/// on `device`) will get a dump, asked before it gathers its account: 1 yes (the account is
+/// wanted), 0 no (a repeat of a dumped failure within `OOMSHIM_MIN_INTERVAL`, or over
+/// `OOMSHIM_MAX_DUMPS`: the shim only counts it, and `oomshim_framework_oom` with the request
+/// alone is enough), -1 when the shim is off.
+#[no_mangle]
+pub unsafe extern "C" fn oomshim_framework_oom_wanted(device: c_int, request_bytes: u64) -> c_int {
+    let Some(guard) = Guard::enter() else {
+        return -1;
+    };
+    match guard
+        .run(|| live::framework_oom_wanted(device, request_bytes))
+        .flatten()
+    {
+        Some(true) => 1,
+        Some(false) => 0,
+        None => -1,
+    }
 }
 
 /// oomshim's Python hook attached to a framework's out-of-memory reporting (torch's OOM

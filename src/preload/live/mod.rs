@@ -650,6 +650,13 @@ pub fn framework_oom(
     }
 }
 
+/// Whether the framework's word about the out-of-memory error it raises now on this thread
+/// would go into a dump (see `OomTracker::framework_word_wanted`); None when the shim is off.
+pub fn framework_oom_wanted(device: i32, bytes: u64) -> Option<bool> {
+    let s = shim()?;
+    Some(s.oom.framework_word_wanted(s, thread_id(), device, bytes))
+}
+
 /// Removes a live allocation before it is freed; unknown pointers are counted.
 pub fn take(addr: usize) -> Option<oomshim_core::ledger::Taken> {
     shim()?.ledger.take(addr)

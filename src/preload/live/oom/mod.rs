@@ -177,7 +177,17 @@ impl OomTracker {
                 st.trim();
                 return Handled::Repeat(path);
             }
-            Admitted::NoDump => return Handled::NoDump,
+            Admitted::NoDump => {
+                // Remembered as a repeat is: the framework's word about it then finds it, and
+                // neither gathers its account nor counts it a second time.
+                let mut st = self.lock();
+                st.requests.push(
+                    Request::first_failure(id, thread, ev.device, ev.bytes, last, now)
+                        .repeating(None),
+                );
+                st.trim();
+                return Handled::NoDump;
+            }
         };
         let mut st = self.lock();
         match mode {
@@ -241,6 +251,31 @@ impl OomTracker {
         }
     }
 
+    /// Whether a framework's word about the failure it raises now on `thread` (`bytes` on
+    /// `device`) would go into a dump or beside one: false for a repeat of a dumped failure and
+    /// a failure over the dump cap, which get none. Asked before the framework gathers its
+    /// account (torch's snapshot and the memory by kind take up to seconds in a large process);
+    /// changes nothing.
+    pub(crate) fn framework_word_wanted(
+        &self,
+        s: &Shim,
+        thread: u64,
+        device: i32,
+        bytes: u64,
+    ) -> bool {
+        let now = Instant::now();
+        let st = self.lock();
+        match st
+            .requests
+            .iter()
+            .rev()
+            .find(|r| r.raised_by_framework(thread, device, now))
+        {
+            Some(r) => r.stage != Stage::Repeat,
+            None => st.would_admit(s, device, bytes, now),
+        }
+    }
+
     /// A framework raised its out-of-memory error on `thread` (torch's OOM observer, through the
     /// Python hook): the matching request stood and gets the framework's account; without one
     /// (torch refused without asking CUDA: a memory-fraction cap) the framework's failure is a
@@ -256,14 +291,12 @@ impl OomTracker {
         let now = Instant::now();
         {
             let mut st = self.lock();
-            if let Some(r) = st.requests.iter_mut().rev().find(|r| {
-                r.thread == thread
-                    && r.device == note.device
-                    && !r.framework_only
-                    // A failure that recovered is not the one the framework raises now.
-                    && r.outcome() != Some(Resolution::RetrySucceeded)
-                    && now.duration_since(r.started) < FRAMEWORK_MATCH
-            }) {
+            if let Some(r) = st
+                .requests
+                .iter_mut()
+                .rev()
+                .find(|r| r.raised_by_framework(thread, note.device, now))
+            {
                 if r.stage == Stage::Repeat {
                     return Handled::Repeat(r.path.clone());
                 }

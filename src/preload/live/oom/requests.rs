@@ -121,6 +121,18 @@ impl Request {
         }
     }
 
+    /// The request a framework's out-of-memory error raised now on `thread` for `device` is
+    /// about: this thread's, on that device, failed in CUDA (not the framework's own refusal),
+    /// not recovered, and recent.
+    pub(super) fn raised_by_framework(&self, thread: u64, device: i32, now: Instant) -> bool {
+        self.thread == thread
+            && self.device == device
+            && !self.framework_only
+            // A failure that recovered is not the one the framework raises now.
+            && self.outcome() != Some(Resolution::RetrySucceeded)
+            && now.duration_since(self.started) < FRAMEWORK_MATCH
+    }
+
     pub(super) fn is_open(&self) -> bool {
         matches!(self.stage, Stage::Open { .. })
     }
@@ -247,6 +259,29 @@ impl State {
                 }
             });
         }
+    }
+
+    /// Whether [`State::admit`] would give a failure of `bytes` on `device` a dump now. Without
+    /// the failure's stack (it is asked before the failure is recorded), a dumped failure of that
+    /// size on that device within the interval counts as the same one. Changes nothing.
+    pub(super) fn would_admit(&self, s: &Shim, device: i32, bytes: u64, now: Instant) -> bool {
+        let interval = s.config().min_interval;
+        if self
+            .dumped
+            .iter()
+            .any(|d| d.device == device && d.bytes == bytes && now.duration_since(d.at) < interval)
+        {
+            return false;
+        }
+        let minute = Duration::from_secs(60);
+        s.config().max_dumps_per_minute.is_none_or(|max| {
+            (self
+                .recent
+                .iter()
+                .filter(|t| now.duration_since(**t) < minute)
+                .count() as u64)
+                < max
+        })
     }
 
     /// Repeat, over the cap, or a new dump (then counted against the cap and remembered).

@@ -3,11 +3,17 @@ gradients, optimizer state (per optimizer), activations and other live tensors, 
 the phase the program was in (forward and in which module, backward, the optimizer step,
 inference, outside any step) and the batch that was running.
 
-Computed once per failure by `kinds(...)`, called from the OOM observer in sitecustomize.py (in
-allocator mode, where torch calls no OOM observer, oomshim's allocator calls it through
-oomshim.torch before it writes the dump). Nothing here runs per allocation: the step hooks only
-remember the models and optimizers they saw (weak references). The phase and the module come
-from the failing thread's Python stack at the failure, not from hooks on every module call.
+Computed once per failure that gets a dump by `kinds(...)`, called from the OOM observer in
+this package's __init__.py (in allocator mode, where torch calls no OOM observer, oomshim's
+allocator calls it through oomshim.torch before it writes the dump). Nothing here runs per
+allocation: the step hooks only remember the models and optimizers they saw (weak references).
+The phase and the module come from the failing thread's Python stack at the failure, not from
+hooks on every module call.
+
+Nothing it touches outlives the call: the program's frames are read without `f_locals` up to
+CPython 3.12 (`_frame_locals`), and every object found is referenced from this call's own
+variables only, so the program's `except` that follows frees with its `del` what it would free
+without the shim.
 
 Never raises into the program; bounded in time (OOMSHIM_KINDS_BUDGET_MS, default 2000).
 """
@@ -26,6 +32,35 @@ _MAX_HOOKS = 8
 _last_input_shape = None
 
 
+def _is(obj, cls):
+    """isinstance by the object's type alone. isinstance() looks up `obj.__class__` when the type
+    does not match, which runs the object's own `__getattribute__`: a deprecated torch object
+    warns into the program's stderr, a lazy module imports. Nothing the hook reads of the
+    program's objects may run their code."""
+    return issubclass(type(obj), cls)
+
+
+def _plain_dict(obj):
+    """`obj.__dict__` when reading it runs none of the object's code (its type keeps object's
+    attribute lookup), else None."""
+    t = type(obj)
+    if t.__getattribute__ is not object.__getattribute__ or issubclass(t, type):
+        return None
+    d = getattr(obj, "__dict__", None)
+    return d if type(d) is dict else None
+
+
+def _function_code(v):
+    """The code of a plain function (or a static or class method's), else None; nothing else is
+    asked for a `__code__` (a module's `__getattr__` would run)."""
+    if type(v) in (staticmethod, classmethod):
+        v = v.__func__
+    return v.__code__ if type(v) is _FunctionType else None
+
+
+_FunctionType = type(_is)
+
+
 def seen_model(module):
     """The outermost module of a forward pass, as the step hooks found it."""
     try:
@@ -34,17 +69,17 @@ def seen_model(module):
         pass
 
 
-def seen_forward(args):
-    """The model's forward just ran on `args`: the shape of its first tensor is the batch its
-    backward pass will run (a backward runs on autograd's threads, where no forward is on the
-    stack to read it from). Once per model forward: the shape only, no reference kept."""
+def seen_forward(args, tensor):
+    """The model's forward just ran on `args`: the shape of its first tensor (of type `tensor`) is
+    the batch its backward pass will run (a backward runs on autograd's threads, where no forward
+    is on the stack to read it from). Once per model forward, with OOMSHIM_AUTO_STEPS=forward:
+    the shape only, no reference kept."""
     global _last_input_shape
     found = None
     try:
         for a in args:
-            shape = getattr(a, "shape", None)
-            if shape is not None and hasattr(a, "dim"):
-                found = [int(x) for x in shape] or None
+            if _is(a, tensor):
+                found = [int(x) for x in a.shape] or None
                 break
     except Exception:
         pass
@@ -58,6 +93,143 @@ def seen_optimizer(optimizer):
             _optimizers.add(optimizer)
     except TypeError:
         pass
+
+
+# A frame's locals. `frame.f_locals` of a function's frame on CPython 3.10-3.12 leaves a dict in
+# the frame that holds every local of that moment until the frame returns (the snapshot of
+# PyFrame_FastToLocals): a program that catches the OOM in that frame and `del`s its batch would
+# free nothing. 3.13's `f_locals` is a view of the frame (PEP 667) and keeps nothing. Up to 3.12
+# the locals are read from the frame's own slots, at offsets checked on every frame against two
+# fields whose values are known (its code object, and its frame object or globals); a frame that
+# does not match, or an interpreter not listed, has no locals to read.
+_CO_OPTIMIZED = 0x1
+
+
+def _slot_layout():
+    """Where a frame's local slots are on this interpreter (3.10-3.12, 64-bit, release build), as
+    (kind, offsets...), or None."""
+    if sys.implementation.name != "cpython" or hasattr(sys, "gettotalrefcount"):
+        return None
+    import struct
+
+    if struct.calcsize("P") != 8:
+        return None
+    v = sys.version_info[:2]
+    if v == (3, 10):
+        # PyFrameObject: f_code at 32, f_globals at 48, f_valuestack at 64 (right after the
+        # slots), the slots (f_localsplus) at 352.
+        return ("inline", 32, 48, 64, 352)
+    if v == (3, 11):
+        # PyFrameObject.f_frame at 24 -> _PyInterpreterFrame: f_code at 32, frame_obj at 40,
+        # localsplus at 72.
+        return ("interpreter", 24, 32, 40, 72)
+    if v == (3, 12):
+        return ("interpreter", 24, 0, 48, 72)
+    return None
+
+
+_LAYOUT = _slot_layout()
+
+
+def _slot_names(code):
+    """The names of a function frame's slots, in order: locals (arguments first), cells that are
+    not arguments (3.11+; 3.10 gives every cell a slot of its own), free variables."""
+    if sys.version_info[:2] == (3, 10):
+        return code.co_varnames + code.co_cellvars + code.co_freevars
+    cells = tuple(n for n in code.co_cellvars if n not in code.co_varnames)
+    return code.co_varnames + cells + code.co_freevars
+
+
+def _frame_locals(frame, only=None):
+    """[(name, value)] of `frame`'s bound locals (those named in `only`, when given), without
+    leaving anything in the frame. Cells are read through."""
+    code = frame.f_code
+    if sys.version_info >= (3, 13) or not code.co_flags & _CO_OPTIMIZED:
+        # A view (3.13), or the namespace itself (a module's or class body's frame).
+        try:
+            loc = frame.f_locals
+            if only is not None:
+                return [(n, loc[n]) for n in only if n in loc]
+            return list(loc.items())
+        except Exception:
+            return []
+    if _LAYOUT is None:
+        return []
+    import ctypes
+
+    def word(addr):
+        return ctypes.c_void_p.from_address(addr).value or 0
+
+    names = _slot_names(code)
+    base = id(frame)
+    if _LAYOUT[0] == "inline":
+        _, code_at, globals_at, stack_at, slots_at = _LAYOUT
+        slots = base + slots_at
+        if (word(base + code_at) != id(code) or word(base + globals_at) != id(frame.f_globals)
+                or word(base + stack_at) != slots + 8 * len(names)):
+            return []
+    else:
+        _, interpreter_at, code_at, owner_at, slots_at = _LAYOUT
+        interpreter = word(base + interpreter_at)
+        if not interpreter or word(interpreter + code_at) != id(code) or word(interpreter + owner_at) != base:
+            return []
+        slots = interpreter + slots_at
+    cells = set(code.co_cellvars) | set(code.co_freevars)
+    out = []
+    for i, name in enumerate(names):
+        if only is not None and name not in only:
+            continue
+        p = word(slots + 8 * i)
+        if not p:
+            continue  # unbound
+        value = ctypes.cast(p, ctypes.py_object).value
+        if name in cells and type(value).__name__ == "cell":
+            try:
+                value = value.cell_contents
+            except ValueError:
+                continue
+        out.append((name, value))
+    return out
+
+
+def _frame_local(frame, name):
+    """One local of `frame` (see _frame_locals), or None."""
+    try:
+        found = _frame_locals(frame, (name,))
+    except Exception:
+        return None
+    return found[0][1] if found else None
+
+
+def _code_of(fn):
+    """The code object a method or function finally runs (through functools.partial, bound
+    methods and decorators that set __wrapped__)."""
+    for _ in range(8):
+        if fn is None:
+            return None
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            return code
+        fn = getattr(fn, "func", None) or getattr(fn, "__func__", None) or getattr(fn, "__wrapped__", None)
+    return None
+
+
+def _module_running(code, deadline):
+    """The module of a seen model whose forward is `code`, when exactly one is (the fallback where
+    a frame's locals cannot be read)."""
+    found = None
+    for root in list(_models):
+        try:
+            for i, (_, m) in enumerate(root.named_modules()):
+                if i & 255 == 0 and time.monotonic() > deadline:
+                    return None
+                if _code_of(getattr(m, "forward", None)) is code:
+                    if found is not None and found is not m:
+                        return None
+                    found = m
+        except Exception:
+            continue
+    return found
 
 
 class _Out(Exception):
@@ -123,7 +295,7 @@ class _Counter:
         """Bytes of `t`'s storage not counted before (0 if it was, or if `t` is not on the
         failing device)."""
         self.tick()
-        if t is None or not isinstance(t, self.torch.Tensor) or not self.on_device(t):
+        if t is None or not _is(t, self.torch.Tensor) or not self.on_device(t):
             return 0
         key, n = self.storage(t)
         if key in self.seen:
@@ -148,9 +320,9 @@ def _find_roots(torch, deadline):
                 complete = False
                 break
             try:
-                if isinstance(obj, Module):
+                if _is(obj, Module):
                     found_modules.append(obj)
-                elif Optimizer is not None and isinstance(obj, Optimizer) and obj not in optimizers:
+                elif Optimizer is not None and _is(obj, Optimizer) and obj not in optimizers:
                     optimizers.append(obj)
             except Exception:
                 continue
@@ -213,7 +385,7 @@ def _caller_of_backward(torch):
     return None
 
 
-def _stack_view(torch, frame):
+def _stack_view(torch, frame, deadline):
     """The phase, modules and frames of the failing thread's stack, innermost first."""
     Module = torch.nn.Module
     Optimizer = getattr(torch.optim, "Optimizer", None)
@@ -241,20 +413,19 @@ def _stack_view(torch, frame):
             if _runs_backward(code, fname):
                 backward = True
             if name == "forward" or name == "step" or name.startswith("_call_impl") or name == "_wrapped_call_impl":
-                try:
-                    owner = f.f_locals.get("self")
-                except Exception:
-                    owner = None
+                owner = _frame_local(f, "self")
+                if owner is None and name == "forward":
+                    owner = _module_running(code, deadline)
                 if owner is not None:
                     try:
-                        if name == "forward" and isinstance(owner, Module):
+                        if name == "forward" and _is(owner, Module):
                             if inner_module is None:
                                 inner_module = owner
                                 inner_where = (fname, f.f_lineno)
                             outer_module, outer_frame = owner, f
                             if "Loss" in type(owner).__name__:
                                 in_loss = True
-                        elif Optimizer is not None and isinstance(owner, Optimizer) and in_optimizer is None:
+                        elif Optimizer is not None and _is(owner, Optimizer) and in_optimizer is None:
                             in_optimizer = owner
                     except Exception:
                         pass
@@ -310,16 +481,16 @@ def _input_shape(torch, frame):
         return None
     try:
         code = frame.f_code
-        loc = frame.f_locals
         n = code.co_argcount + code.co_kwonlyargcount
         names = list(code.co_varnames[1:n])
         if code.co_flags & 0x04:  # *args
             names.append(code.co_varnames[n])
+        loc = dict(_frame_locals(frame, tuple(names)))
         for name in names:
             v = loc.get(name)
-            if isinstance(v, (tuple, list)):
-                v = next((x for x in v if isinstance(x, torch.Tensor)), None)
-            if isinstance(v, torch.Tensor) and v.dim() >= 1:
+            if _is(v, (tuple, list)):
+                v = next((x for x in v if _is(x, torch.Tensor)), None)
+            if _is(v, torch.Tensor) and v.dim() >= 1:
                 return [int(x) for x in v.shape]
     except Exception:
         pass
@@ -355,7 +526,8 @@ def _program_hooks(models, deadline):
                 if not hooks:
                     continue
                 for fn in list(hooks.values()):
-                    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__func__", None), "__code__", None)
+                    code = _function_code(fn) or _function_code(getattr(fn, "__func__", None)
+                                                                if type(fn).__name__ == "method" else None)
                     if code is None or _library_file(code.co_filename) or _own_file(code.co_filename):
                         continue
                     out.append({"function": getattr(fn, "__qualname__", code.co_name), "file": code.co_filename,
@@ -390,7 +562,7 @@ def live(torch, device, budget_ms=50):
                     params += c.count(p)  # a parameter of no model seen
                     grads += c.count(getattr(p, "grad", None))
             for st in list(getattr(o, "state", {}).values()):
-                if isinstance(st, dict):
+                if _is(st, dict):
                     for v in st.values():
                         state += c.count(v)
     except _Out:
@@ -419,12 +591,12 @@ _CONTAINERS = (list, dict, tuple, set)
 
 
 def _is_container(v):
-    if isinstance(v, _CONTAINERS):
+    if _is(v, _CONTAINERS):
         return True
     try:
         import collections
 
-        return isinstance(v, collections.deque)
+        return _is(v, collections.deque)
     except Exception:
         return False
 
@@ -442,39 +614,31 @@ def _held_bytes(torch, c, v, seen, deadline):
     tuples, a dict of outputs). Storages counted once (`seen`), parameters, gradients and
     optimizer state not at all (the counter saw them first)."""
     total = count = 0
-    budget = [_MAX_ELEMENTS]
-
-    def items(x):
-        return x.values() if isinstance(x, dict) else x
-
-    def one(t):
-        nonlocal total, count
-        if not isinstance(t, torch.Tensor) or not c.on_device(t):
-            return
-        key, n = c.storage(t)
-        if key in c.seen or key in seen:
-            return
-        seen.add(key)
-        total += n
-        count += 1
-
-    def walk(x, depth):
-        for e in items(x):
-            budget[0] -= 1
-            if budget[0] <= 0 or (budget[0] & 1023 == 0 and time.monotonic() > deadline):
-                raise _Out()
-            if isinstance(e, torch.Tensor):
-                one(e)
-            elif depth and _is_container(e):
-                walk(e, depth - 1)
-            elif depth and isinstance(getattr(e, "__dict__", None), dict) and not isinstance(e, type):
-                # An object of plain attributes (a record of a step's outputs).
-                walk(e.__dict__, 0)
-
+    budget = _MAX_ELEMENTS
+    # (container, depth left): an explicit stack, no recursive closure (a function that refers
+    # to itself is a reference cycle only the garbage collector frees, with what it touched).
+    todo = [(v, 1)]
     try:
-        walk(v, 1)
-    except _Out:
-        pass
+        while todo:
+            x, depth = todo.pop()
+            for e in (x.values() if _is(x, dict) else x):
+                budget -= 1
+                if budget <= 0 or (budget & 1023 == 0 and time.monotonic() > deadline):
+                    return total, count
+                if _is(e, torch.Tensor):
+                    if not c.on_device(e):
+                        continue
+                    key, n = c.storage(e)
+                    if key in c.seen or key in seen:
+                        continue
+                    seen.add(key)
+                    total += n
+                    count += 1
+                elif depth and _is_container(e):
+                    todo.append((e, depth - 1))
+                elif depth and _plain_dict(e) is not None:
+                    # An object of plain attributes (a record of a step's outputs).
+                    todo.append((_plain_dict(e), 0))
     except Exception:
         pass
     return total, count
@@ -571,16 +735,17 @@ def _keepers(torch, c, frame, models, deadline):
         if f.f_code.co_name == "<module>":
             continue
         try:
-            local = dict(f.f_locals)
+            local = dict(_frame_locals(f))
         except Exception:
             continue
         for name, v in local.items():
             consider(v, name, f"a local of {f.f_code.co_name}",
                      lambda f=f: _codes_of([f.f_code], time.monotonic() + _KEEPERS_MS / 1000.0))
         owner = local.get("self")
-        if owner is not None and isinstance(getattr(owner, "__dict__", None), dict):
+        attributes = _plain_dict(owner) if owner is not None else None
+        if attributes is not None:
             cls = type(owner).__name__
-            for name, v in list(owner.__dict__.items()):
+            for name, v in list(attributes.items()):
                 if not name.startswith("_"):
                     consider(v, name, f"an attribute of {cls}", lambda o=owner: _method_codes(o), True)
     for g in modules:
@@ -622,7 +787,7 @@ def _module_codes(g, frames):
     functions, with what they define inside."""
     roots = [f.f_code for f in frames if f.f_globals is g]
     for v in list(g.values())[:2000]:
-        code = getattr(v, "__code__", None)
+        code = _function_code(v)
         if code is not None and not _library_file(code.co_filename):
             roots.append(code)
     return _codes_of(roots, time.monotonic() + _KEEPERS_MS / 1000.0)
@@ -632,7 +797,7 @@ def _method_codes(obj):
     roots = []
     for cls in type(obj).__mro__[:8]:
         for v in list(vars(cls).values()):
-            code = getattr(v, "__code__", None)
+            code = _function_code(v)
             if code is not None and not _library_file(code.co_filename):
                 roots.append(code)
     return _codes_of(roots, time.monotonic() + _KEEPERS_MS / 1000.0)
@@ -666,7 +831,7 @@ def kinds(torch, device, request_bytes, frame=None, budget_ms=None):
         allocated = reserved = None
     out["torch_allocated_bytes"] = allocated
     out["torch_reserved_bytes"] = reserved
-    view = _stack_view(torch, frame)
+    view = _stack_view(torch, frame, deadline)
     c = _Counter(torch, device, deadline)
     models, optimizers, complete = _find_roots(torch, deadline)
     out["complete"] = complete
@@ -723,7 +888,7 @@ def kinds(torch, device, request_bytes, frame=None, budget_ms=None):
                 for p in group.get("params", []):
                     params.append(p)
             for p in params:
-                if not isinstance(p, torch.Tensor) or not c.on_device(p):
+                if not _is(p, torch.Tensor) or not c.on_device(p):
                     continue
                 key, n = c.storage(p)
                 pbytes += n
@@ -733,7 +898,7 @@ def kinds(torch, device, request_bytes, frame=None, budget_ms=None):
                     grad_total += c.count(getattr(p, "grad", None))
             sbytes = 0
             for st in list(getattr(o, "state", {}).values()):
-                if isinstance(st, dict):
+                if _is(st, dict):
                     for v in st.values():
                         sbytes += c.count(v)
             short, full = _qualname(o)
