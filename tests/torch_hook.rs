@@ -25,9 +25,12 @@ class _C:
     def _cuda_attach_out_of_memory_observer(fn):
         _observers.append(fn)
 
+_snapshots = [0]  # how often torch's view was asked for
+
 class _Memory:
     @staticmethod
     def _snapshot():
+        _snapshots[0] += 1
         segs = []
         for i in range(3):
             base = (i + 1) << 32
@@ -447,7 +450,10 @@ for batch in range(1000):
 torch._fake_oom(0, 64 * MiB, 2 << 30, 0)
 print("ok")
 "#;
-    python(&e, Launcher::Preload, &program(evaluation), &[]);
+    // Forward passes are steps when the program asks for them (every module call pays for the
+    // global hooks that see them).
+    let forward = [("OOMSHIM_AUTO_STEPS", "forward")];
+    python(&e, Launcher::Preload, &program(evaluation), &forward);
     let d = dump::read::read_dump(&dumps(&e.dumps)[0]).unwrap();
     let g = d.growth.as_ref().expect("growth");
     assert_eq!(g.steps.as_deref(), Some("forward"));
@@ -459,12 +465,13 @@ print("ok")
         "{}",
         d.verdict.findings[0].headline
     );
-    // The global module hooks are gone once the model is found: only its own hook runs.
-    let check = "from torch.nn.modules import module as m\nm_model = m.Module(children=[m.Module()])\nm_model(1)\nassert not m._pre and not m._post, (m._pre, m._post)\nprint('ok')\n";
-    assert_eq!(
-        stdout(&python(&e, Launcher::Preload, &program(check), &[])),
-        "ok"
-    );
+    // Nothing is ever put on the program's modules (it would travel with torch.save, deepcopy and
+    // torch.jit.script); by default no module hook at all, so no module call pays for one.
+    let check = "from torch.nn.modules import module as m\nm_model = m.Module(children=[m.Module()])\nm_model(1)\nprint(len(m._pre), len(m._post), len(m_model._hooks), len(m_model.children[0]._hooks))\n";
+    for (env, want) in [(&[][..], "0 0 0 0"), (&forward[..], "1 1 0 0")] {
+        let out = python(&e, Launcher::Preload, &program(check), env);
+        assert_eq!(stdout(&out), want, "{env:?}: {}", stderr(&out));
+    }
 }
 
 #[test]
@@ -531,11 +538,16 @@ fn python_can_ask_the_shim_for_a_dump() {
         .unwrap();
     assert!(!bare.status.success());
     assert!(String::from_utf8_lossy(&bare.stderr).contains("liboomshim.so is not loaded"));
-    // Under the shim, with the package on no path of the program's own: the hook's directory
-    // carries it, so `import oomshim` works under plain LD_PRELOAD and under oomshim run.
+    // Under the shim, with the package where the program has it (installed, or on its path).
+    let pythonpath = side.pythonpath(&[&e.fake, &e.user_site]);
     for launcher in [Launcher::Preload, Launcher::Run] {
         let _ = std::fs::remove_dir_all(&e.dumps);
-        let out = python(&e, launcher, program, &[]);
+        let out = python(
+            &e,
+            launcher,
+            program,
+            &[("PYTHONPATH", pythonpath.to_str().unwrap())],
+        );
         assert_eq!(stdout(&out), "True True", "{}", stderr(&out));
         let dumps = dumps(&e.dumps);
         assert_eq!(dumps.len(), 1);
@@ -544,14 +556,50 @@ fn python_can_ask_the_shim_for_a_dump() {
     }
 }
 
+/// The hook adds no importable name to the program but its one package, `_oomshim_hook`: where
+/// the program cannot import `oomshim` (or `kinds`, a file the hook once had) bare, it cannot
+/// under the shim either, and a module of the program's own by such a name is the one it gets.
+#[test]
+fn the_hook_adds_no_name_a_program_could_import() {
+    let Some(e) = env() else { return };
+    if common::python_side().installed {
+        return; // `oomshim` is installed there: importable bare too
+    }
+    let own = tempfile::tempdir().unwrap();
+    std::fs::write(own.path().join("kinds.py"), "WHOSE = 'the program'\n").unwrap();
+    let probe = "import sys\nfor name in ('oomshim', 'kinds', 'allocator', '_locate'):\n    try:\n        m = __import__(name)\n        print(name, getattr(m, 'WHOSE', 'oomshim'))\n    except ImportError:\n        print(name, 'none')\nprint(any('python-hook' in p for p in sys.path))\n";
+    let pythonpath = format!(
+        "{}:{}:{}",
+        e.fake.display(),
+        e.user_site.display(),
+        own.path().display()
+    );
+    let bare = python_args(None, &["-c", probe], Some(&pythonpath), &[]);
+    assert_eq!(
+        stdout(&bare),
+        "oomshim none\nkinds the program\nallocator none\n_locate none\nFalse"
+    );
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let out = python_args(Some(launcher), &["-c", probe], Some(&pythonpath), &[]);
+        assert_eq!(
+            stdout(&out),
+            stdout(&bare),
+            "{launcher:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
 #[test]
 fn the_same_oom_caught_again_and_again_is_one_dump_and_a_count() {
     let Some(e) = env() else { return };
     // Three OutOfMemoryErrors from one line, as a loop that catches them and goes on.
-    let body =
-        "for _ in range(3):\n    torch._fake_oom(0, 2 << 30, 80 << 30, 512 << 20)\nprint('ok')\n";
+    let body = "for _ in range(3):\n    torch._fake_oom(0, 2 << 30, 80 << 30, 512 << 20)\nprint('ok', torch._snapshots[0])\n";
     let out = python(&e, Launcher::Preload, &program(body), &[]);
     assert_eq!(dumps(&e.dumps).len(), 1, "default interval: one");
+    // torch's view (its snapshot, the memory by kind: seconds in a large process) is gathered
+    // for the one dump only; the repeats cost the shim's count.
+    assert_eq!(stdout(&out), "ok 1", "{}", stderr(&out));
     assert!(
         stderr(&out)
             .contains("2 out-of-memory failures after the last dump got no dump of their own"),
@@ -559,13 +607,26 @@ fn the_same_oom_caught_again_and_again_is_one_dump_and_a_count() {
         stderr(&out)
     );
     let again = env().unwrap();
-    python(
+    let out = python(
         &again,
         Launcher::Preload,
         &program(body),
         &[("OOMSHIM_MIN_INTERVAL", "0")],
     );
     assert_eq!(dumps(&again.dumps).len(), 3, "no interval: one each");
+    assert_eq!(stdout(&out), "ok 3");
+    // Over the cap (OOMSHIM_MAX_DUMPS a minute): failures of other sizes get no dump, and no
+    // view is gathered for them.
+    let capped = env().unwrap();
+    let body = "for n in range(1, 4):\n    torch._fake_oom(0, n << 30, 80 << 30, 512 << 20)\nprint('ok', torch._snapshots[0])\n";
+    let out = python(
+        &capped,
+        Launcher::Preload,
+        &program(body),
+        &[("OOMSHIM_MAX_DUMPS", "1")],
+    );
+    assert_eq!(dumps(&capped.dumps).len(), 1, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "ok 1", "{}", stderr(&out));
 }
 
 #[test]
@@ -727,7 +788,7 @@ fn the_hooks_copy_of_the_package_never_runs_a_file_from_a_shared_temporary_direc
         ("TMPDIR", tmp.path().to_str().unwrap()),
         ("PATH", "/usr/bin:/bin"),
     ];
-    let program = "import oomshim._locate as L\nprint(L.__file__)\ntry:\n    print(L.cli_path())\nexcept FileNotFoundError:\n    print('none')\n";
+    let program = "import _oomshim_hook._locate as L\nprint(L.__file__)\ntry:\n    print(L.cli_path())\nexcept FileNotFoundError:\n    print('none')\n";
     let out = python_args(Some(Launcher::Preload), &["-c", program], None, &env);
     let text = stdout(&out);
     let (file, cli) = text.split_once('\n').expect("two lines");
@@ -838,12 +899,11 @@ fn a_second_hook_directory_on_the_path_is_not_taken_for_the_users_sitecustomize(
     let tmp = tempfile::tempdir().unwrap();
     let other = tmp.path().join("oomshim-0").join("python-hook-other-build");
     std::fs::create_dir_all(&other).unwrap();
-    let hook = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shim/python/oomshim_hook");
-    for entry in std::fs::read_dir(&hook).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|x| x == "py") {
-            std::fs::copy(&path, other.join(path.file_name().unwrap())).unwrap();
-        }
+    // Another build's hook directory, as the library writes its own.
+    for (name, text) in oomshim_core::pyhook::FILES {
+        let path = other.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text.replace("oomshim's hook", "another build's hook")).unwrap();
     }
     let pythonpath = format!("{}:{}", other.display(), e.user_site.display());
     let program = "import os\nprint('ran', os.environ.get('USER_SITECUSTOMIZE_RAN'))\n";

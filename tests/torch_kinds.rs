@@ -113,7 +113,7 @@ def empty(*shape, dtype=float32):
 # torch's cache, as far as the records go: `_cache_grow` reserves a segment (one cudaMalloc, at
 # whatever line runs then), `empty_cached` carves a tensor from it (no cudaMalloc); with history
 # on, each tensor is recorded with its frames (innermost first), as `_snapshot()` gives them.
-_pool, _records, _history_on = [], [], [False]
+_pool, _records, _history_on, _history_calls = [], [], [False], []
 
 def _cache_grow(n):
     _pool.append([_allocate(n), n, 0])
@@ -147,6 +147,9 @@ class no_grad:
         _grad_enabled[0] = self.before
 
 class _C:
+    @staticmethod
+    def _cuda_isHistoryEnabled():
+        return _history_on[0]
     @staticmethod
     def _cuda_attach_out_of_memory_observer(fn):
         if _current is not None:
@@ -202,6 +205,7 @@ class _Memory:
         return {"segments": [seg] if n else [], "device_traces": [[]]}
     @staticmethod
     def _record_memory_history(**kw):
+        _history_calls.append(kw)
         _history_on[0] = True
 
 class cuda:
@@ -457,6 +461,11 @@ torch._fake_cuda_init()
 "#;
 
 fn run(e: &Env, launcher: Launcher, body: &str) -> Output {
+    run_with(e, launcher, body, &[])
+}
+
+/// [`run`] with `extra` in the program's environment.
+fn run_with(e: &Env, launcher: Launcher, body: &str, extra: &[(&str, &str)]) -> Output {
     let _ = std::fs::remove_dir_all(&e.dumps);
     let side = common::python_side();
     let mut cmd = match launcher {
@@ -482,6 +491,7 @@ fn run(e: &Env, launcher: Launcher, body: &str) -> Output {
         .env("PYTHONPATH", &e.site)
         .env("SIMCUDA_CAPACITY", "2G")
         .env_remove("OOMSHIM_TORCH_HOOK")
+        .envs(extra.iter().copied())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let out = common::wait_with_watchdog(cmd, std::time::Duration::from_secs(60));
@@ -530,9 +540,18 @@ const MIB: u64 = 1 << 20;
 
 /// Each program under both launchers: its dump, the report, stderr.
 fn each_launcher(body: &str, check: impl Fn(Launcher, &dump::model::Dump, &str, &str)) {
+    each_launcher_with(body, &[], check)
+}
+
+/// [`each_launcher`] with `extra` in the program's environment.
+fn each_launcher_with(
+    body: &str,
+    extra: &[(&str, &str)],
+    check: impl Fn(Launcher, &dump::model::Dump, &str, &str),
+) {
     let Some(e) = env() else { return };
     for launcher in [Launcher::Preload, Launcher::Run, Launcher::Allocator] {
-        let out = run(&e, launcher, body);
+        let out = run_with(&e, launcher, body, extra);
         let (path, d) = the_dump(&e.dumps);
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         if launcher == Launcher::Allocator {
@@ -686,34 +705,52 @@ except torch.OutOfMemoryError:
 fn a_backward_pass_that_does_not_fit_names_the_backward_call_its_batch_and_the_largest_holder() {
     let buffer = line_of(BACKWARD_DOES_NOT_FIT, "buffer = ");
     let backward = line_of(BACKWARD_DOES_NOT_FIT, "out.backward()");
-    each_launcher(BACKWARD_DOES_NOT_FIT, |launcher, d, report, err| {
+    // The batch of a backward pass is the last forward's, which only the forward marks see
+    // (OOMSHIM_AUTO_STEPS=forward). Without them the dump says no batch rather than a stale one,
+    // and the rest is the same.
+    each_launcher(BACKWARD_DOES_NOT_FIT, |launcher, d, _, _| {
         let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
         assert_eq!(k.phase.as_deref(), Some("backward"), "{launcher:?} {k:#?}");
-        assert_eq!(k.input_shape, vec![64, 16], "{launcher:?} {k:#?}");
-        assert_eq!(k.batch, Some(64));
-        let program = k
-            .program_frame
-            .as_ref()
-            .unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
+        assert!(k.input_shape.is_empty() && k.batch.is_none(), "{k:#?}");
+        let program = k.program_frame.as_ref().unwrap();
         assert_eq!(program.line, backward, "{launcher:?} {k:#?}");
-        let top = &d.verdict.findings[0];
-        assert_eq!(top.kind, "own_allocations");
-        let want = [
-            "activations and other live tensors fill device 0: ".to_string(),
-            format!("; the largest holder: 1.00 GiB at <module> (<string>:{buffer})"),
-            "; in the backward pass, batch 64 (64×16); the 512.00 MiB request at ".to_string(),
-            format!("(<string>:{backward}) failed"),
-        ];
-        for w in &want {
-            assert!(
-                top.headline.contains(w.as_str()),
-                "{launcher:?}: want {w:?} in\n{}",
-                top.headline
-            );
-        }
-        assert!(err.contains(&top.headline), "{launcher:?}\n{err}");
-        assert!(report.contains(&format!("<string>:{buffer}")), "{report}");
+        assert!(d.verdict.findings[0].headline.contains(&format!(
+            "; the largest holder: 1.00 GiB at <module> (<string>:{buffer})"
+        )));
     });
+    let forward = [("OOMSHIM_AUTO_STEPS", "forward")];
+    each_launcher_with(
+        BACKWARD_DOES_NOT_FIT,
+        &forward,
+        |launcher, d, report, err| {
+            let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+            assert_eq!(k.phase.as_deref(), Some("backward"), "{launcher:?} {k:#?}");
+            assert_eq!(k.input_shape, vec![64, 16], "{launcher:?} {k:#?}");
+            assert_eq!(k.batch, Some(64));
+            let program = k
+                .program_frame
+                .as_ref()
+                .unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
+            assert_eq!(program.line, backward, "{launcher:?} {k:#?}");
+            let top = &d.verdict.findings[0];
+            assert_eq!(top.kind, "own_allocations");
+            let want = [
+                "activations and other live tensors fill device 0: ".to_string(),
+                format!("; the largest holder: 1.00 GiB at <module> (<string>:{buffer})"),
+                "; in the backward pass, batch 64 (64×16); the 512.00 MiB request at ".to_string(),
+                format!("(<string>:{backward}) failed"),
+            ];
+            for w in &want {
+                assert!(
+                    top.headline.contains(w.as_str()),
+                    "{launcher:?}: want {w:?} in\n{}",
+                    top.headline
+                );
+            }
+            assert!(err.contains(&top.headline), "{launcher:?}\n{err}");
+            assert!(report.contains(&format!("<string>:{buffer}")), "{report}");
+        },
+    );
 }
 
 #[test]
@@ -870,7 +907,10 @@ except torch.OutOfMemoryError:
         .position(|l| l.starts_with("def keep"))
         .unwrap() as u32
         + 1;
-    each_launcher(body, |launcher, d, report, _| {
+    // An evaluation loop, no optimizer: its forward passes are the steps the leak is counted
+    // in, which the hook marks when asked (OOMSHIM_AUTO_STEPS=forward; without, the shim detects
+    // steps of its own, later and with fewer samples).
+    each_launcher_with(body, &[("OOMSHIM_AUTO_STEPS", "forward")], |launcher, d, report, _| {
         let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
         assert_eq!(k.forward_hooks.len(), 1, "{launcher:?} {k:#?}");
         let h = &k.forward_hooks[0];
@@ -1015,7 +1055,10 @@ except torch.OutOfMemoryError:
     print("oom")
 "#;
     let line = line_of(body, "history.append(out)");
-    each_launcher(body, |launcher, d, _, _| {
+    // An evaluation loop, no optimizer: its forward passes are the steps the leak is counted
+    // in, which the hook marks when asked (OOMSHIM_AUTO_STEPS=forward; without, the shim detects
+    // steps of its own, later and with fewer samples).
+    each_launcher_with(body, &[("OOMSHIM_AUTO_STEPS", "forward")], |launcher, d, _, _| {
         let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
         let top = &d.verdict.findings[0];
         assert_eq!(top.kind, "leak", "{launcher:?} {:#?}", d.verdict);
@@ -1071,7 +1114,10 @@ except torch.OutOfMemoryError:
     print("oom")
 "#;
     let line = line_of(body, "preds[step] = model(x)");
-    each_launcher(body, |launcher, d, _, _| {
+    // An evaluation loop, no optimizer: its forward passes are the steps the leak is counted
+    // in, which the hook marks when asked (OOMSHIM_AUTO_STEPS=forward; without, the shim detects
+    // steps of its own, later and with fewer samples).
+    each_launcher_with(body, &[("OOMSHIM_AUTO_STEPS", "forward")], |launcher, d, _, _| {
         let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
         let top = &d.verdict.findings[0];
         assert_eq!(top.kind, "leak", "{launcher:?} {:#?}", d.verdict);
@@ -1420,4 +1466,88 @@ except torch.OutOfMemoryError:
         err.contains(&format!("{}: {}", top.kind, top.headline)),
         "{err}"
     );
+}
+
+/// An OOM-retry loop in the program's own function (halve the batch until it fits): each failed
+/// batch is freed by the program's `del` as the next line runs, as without the shim. Reading the
+/// function's locals at the failure (the keepers, the forward's `self` and input) must leave
+/// nothing behind in its frame: CPython's `frame.f_locals` up to 3.12 would.
+#[test]
+fn an_oom_retry_loop_frees_each_failed_batch_at_its_del() {
+    let body = r#"
+import weakref
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(MiB)
+    def forward(self, x):
+        return torch.empty(x.shape[0], 256 * MiB)   # 1 GiB a sample
+model = Net()
+history = []
+def fit(n):
+    alive = []
+    while True:
+        x = torch.empty(n, 4)
+        seen = weakref.ref(x)
+        kept = [x]
+        try:
+            history.append(model(x))
+            return n, alive
+        except torch.OutOfMemoryError:
+            pass
+        del x, kept
+        alive.append(seen() is not None)
+        n //= 2
+print(fit(8))
+"#;
+    let Some(e) = env() else { return };
+    for launcher in [Launcher::Preload, Launcher::Run, Launcher::Allocator] {
+        let out = run(&e, launcher, body);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "(1, [False, False, False])",
+            "{launcher:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A program that records torch's memory history itself (for pytorch.org/memory_viz) keeps its
+/// settings: the hook never calls `_record_memory_history` over them, and the program's records
+/// serve the dump (the line that keeps the growth).
+#[test]
+fn the_programs_own_memory_history_is_left_as_it_chose() {
+    let body = format!(
+        r#"
+torch.cuda.memory._record_memory_history(enabled="all", max_entries=77)
+{KEPT_FROM_STEP_SEGMENTS}
+try:
+    for step in range(1, 100000):
+        opt.step()
+        kept.append(torch.empty_cached(4 * MiB))   # 16 MiB kept a step
+except torch.OutOfMemoryError:
+    print("oom")
+print(torch._history_calls)
+"#
+    );
+    let body = body.as_str();
+    let Some(e) = env() else { return };
+    let kept = line_of(body, "kept.append(");
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let out = run(&e, launcher, body);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "oom\n[{'enabled': 'all', 'max_entries': 77}]",
+            "{launcher:?}: {err}"
+        );
+        let (_, d) = the_dump(&e.dumps);
+        let top = &d.verdict.findings[0];
+        assert!(
+            top.headline
+                .starts_with(&format!("<module> (<string>:{kept}) holds the growth")),
+            "{launcher:?}: {}\n{err}",
+            top.headline
+        );
+    }
 }

@@ -21,6 +21,10 @@ def main():
     if os.environ.get("OOMSHIM_RANKS_DUMP_AFTER_INIT") == "1":
         # A dump while the communicator (and NCCL's buffers) is alive; the exit dump comes after
         # destroy_process_group has freed them.
+        # The package from the checkout (oomshim's hook adds no importable name of its own).
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shim", "python"))
         import oomshim
 
         result["dumped"] = oomshim.dump("after_all_reduce")

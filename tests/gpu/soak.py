@@ -81,6 +81,8 @@ def main():
     result = {"digests": [out[i][0] for i in range(THREADS)], "ooms": out[0][1], "seconds": seconds,
               "fork_child": child_status, "static_rc": static.returncode, "static_out": static.stdout.strip()}
     try:
+        # The package from the checkout (oomshim's hook adds no importable name of its own).
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shim", "python"))
         import oomshim
 
         if oomshim.loaded():

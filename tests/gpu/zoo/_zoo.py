@@ -72,6 +72,13 @@ def load_weights(leave_fraction):
 
 
 def mark_step():
+    # The package from the checkout (oomshim's hook adds no importable name of its own).
+    import os
+    import sys
+
+    package = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shim", "python")
+    if package not in sys.path:
+        sys.path.insert(0, package)
     try:
         import oomshim
     except ImportError:

@@ -365,43 +365,53 @@ def _on_torch_oom(torch, device, alloc, device_total, device_free):
         if _allocator_on():
             _on_allocator_oom(torch, device, alloc, device_total, device_free)
             return
-        if not _dump_wanted(device, alloc):
-            # The shim counts it (and says so at exit); torch's view would go nowhere.
-            _tell_shim(_torch_account(torch, device, alloc, device_total, device_free, stats=False))
-            return
-        import pickle
-        import socket
+        snapshot = name = None
+        wanted = _dump_wanted(device, alloc)
+        # A failure that gets no dump (a repeat, over the cap) is counted by the shim from the
+        # request alone: torch's view would go nowhere.
+        account = _torch_account(torch, device, alloc, device_total, device_free, stats=wanted)
+        if wanted:
+            import socket
 
-        _count += 1
-        snapshot = torch.cuda.memory._snapshot()
-        rank = os.environ.get("RANK")
-        name = f"oomshim-torch-{socket.gethostname()}-{os.getpid()}" + (f"-r{rank}" if rank else "") + f"-{_count}"
-        account = _torch_account(torch, device, alloc, device_total, device_free)
-        account.update({
-            "cache": _free_block_summary(snapshot, device),
-            "snapshot_file": name + ".pickle",
-            "memory_cap": _memory_cap(torch, device, device_total),
-        })
-        if _history["on"]:
-            account["attribution"] = _attribution(snapshot, device)
-        account["kinds"] = _kinds_of(torch, device, alloc, sys._getframe(1))
+            _count += 1
+            snapshot = torch.cuda.memory._snapshot()
+            rank = os.environ.get("RANK")
+            name = f"oomshim-torch-{socket.gethostname()}-{os.getpid()}" + (f"-r{rank}" if rank else "") + f"-{_count}"
+            account.update({
+                "cache": _free_block_summary(snapshot, device),
+                "snapshot_file": name + ".pickle",
+                "memory_cap": _memory_cap(torch, device, device_total),
+            })
+            if _history["on"]:
+                account["attribution"] = _attribution(snapshot, device)
+            account["kinds"] = _kinds_of(torch, device, alloc, sys._getframe(1))
+        # One call for both (the shim tells a repeat by the Python stack it is called from).
         rc, dump = _tell_shim(account)
-        if dump is None or rc == 2:
+        if not wanted or dump is None or rc == 2:
             return  # no dump explains it, or an earlier dump does (a repeat): nothing to add
-        d = os.path.dirname(dump)
-        _write_private(os.path.join(d, name + ".pickle"), pickle.dumps(snapshot))
-        if rc == 1:
-            # The dump was final before torch's word arrived (OOMSHIM_SETTLE=0): `oomshim report`
-            # merges this side file, matched by pid, device and request.
-            import json
-            import time
-
-            side = dict(account, schema="oomshim.torch/1", pid=os.getpid(), host=socket.gethostname(),
-                        rank=int(rank) if rank and rank.isdigit() else None,
-                        time_unix_ms=int(time.time() * 1000), dump=os.path.basename(dump))
-            _write_private(os.path.join(d, name + ".json"), json.dumps(side, indent=1).encode())
+        _save_torch_view(account, snapshot, name, dump, rc)
     except Exception as e:  # never into the program
         _warn(f"could not give the shim torch's view ({type(e).__name__}: {e})")
+
+
+def _save_torch_view(account, snapshot, name, dump, rc):
+    """torch's snapshot beside the dump (for memory_viz), and with `rc` 1 (the dump was final
+    before torch's word arrived, OOMSHIM_SETTLE=0) its account as a side file, which `oomshim
+    report` merges (matched by pid, device and request)."""
+    import pickle
+
+    d = os.path.dirname(dump)
+    _write_private(os.path.join(d, name + ".pickle"), pickle.dumps(snapshot))
+    if rc == 1:
+        import json
+        import socket
+        import time
+
+        rank = os.environ.get("RANK")
+        side = dict(account, schema="oomshim.torch/1", pid=os.getpid(), host=socket.gethostname(),
+                    rank=int(rank) if rank and rank.isdigit() else None,
+                    time_unix_ms=int(time.time() * 1000), dump=os.path.basename(dump))
+        _write_private(os.path.join(d, name + ".json"), json.dumps(side, indent=1).encode())
 
 
 def _on_allocator_oom(torch, device, alloc, device_total, device_free):
@@ -635,6 +645,7 @@ def _mark_forwards(torch, mark, is_compiling):
     from torch.nn.modules import module as torch_module
 
     tracing = _tracing_of(torch, is_compiling)
+    tensor = getattr(torch, "Tensor", None)
     local = threading.local()
 
     def pre(module, args):
@@ -658,7 +669,8 @@ def _mark_forwards(torch, mark, is_compiling):
                 return None
             kinds = _kinds()
             kinds.seen_model(module)
-            kinds.seen_forward(args, torch.Tensor)
+            if isinstance(tensor, type):
+                kinds.seen_forward(args, tensor)
             mark(2, _GROWTH_EVERY_S)
         except Exception as e:
             _warn(f"a forward pass was not marked ({type(e).__name__}: {e})")
