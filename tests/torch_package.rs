@@ -323,6 +323,31 @@ print("ok", ot.exception_kind())
     assert_eq!(out.trim(), "ok none");
 }
 
+/// The package's namespace is its API: `dir()` lists what `__all__` does, not the modules it
+/// uses (`ctypes`, `sys`...).
+#[test]
+fn the_packages_namespace_is_its_public_api() {
+    let Some(e) = env() else { return };
+    let out = python(
+        &e,
+        "import oomshim, oomshim.torch as ot\nfor m in (oomshim, ot):\n    print(dir(m) == sorted(m.__all__), [n for n in ('ctypes', 'sys', 'os', 'json', 're', 'functools') if n in dir(m)])\n",
+        &[],
+    );
+    assert_eq!(ok(&out).trim(), "True []\nTrue []");
+}
+
+/// `oomshim.torch.enable()` in a Python that cannot import torch says so and how to install it,
+/// as an ImportError (ModuleNotFoundError) naming torch, not a bare traceback of the import.
+#[test]
+fn enable_without_torch_says_how_to_install_it() {
+    let Some(e) = env() else { return };
+    let program = "import sys\nsys.modules['torch'] = None  # torch cannot be imported here\nimport oomshim.torch as ot\ntry:\n    ot.enable()\nexcept ModuleNotFoundError as x:\n    print(x.name, '|', x)\n";
+    let text = ok(&python(&e, program, &[]));
+    assert!(text.starts_with("torch | oomshim.torch needs PyTorch, which this Python ("), "{text}");
+    assert!(text.contains("-m pip install torch"), "{text}");
+    assert!(text.contains("https://pytorch.org/get-started/locally/"), "{text}");
+}
+
 #[test]
 fn enable_after_cuda_initialised_says_how_to_fix_it() {
     let Some(e) = env() else { return };
@@ -399,10 +424,9 @@ print(ot.memory_allocated(), ot.library_path())
         .arg("--")
         .arg(&side.python)
         .args(["-c", program])
-        .env(
-            "PYTHONPATH",
-            format!("{}:{}", e.fake.display(), user_site.display()),
-        )
+        // The program's own `oomshim` (installed, or on its path): it shares allocator mode's
+        // state with the hook's copy that turned it on.
+        .env("PYTHONPATH", side.pythonpath(&[&e.fake, &user_site]))
         .env("SIM_CUDART", oomshim_cli::testbed::sim_cudart())
         .env_remove("OOMSHIM_LIB")
         .output()
@@ -891,7 +915,7 @@ fn oomshim_run_torch_allocator_keeps_torchs_allocator_for_a_program_that_asks_fo
             .arg(&side.python)
             .arg(&script)
             .current_dir(&dir)
-            .env("PYTHONPATH", e.fake.display().to_string())
+            .env("PYTHONPATH", side.pythonpath(&[&e.fake]))
             .env("SIM_CUDART", oomshim_cli::testbed::sim_cudart())
             .env_remove("OOMSHIM_LIB");
         for (k, v) in extra {
