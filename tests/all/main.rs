@@ -68,6 +68,8 @@ mod oom_patterns;
 mod pystack;
 #[path = "../ranks.rs"]
 mod ranks;
+#[path = "../real_torch.rs"]
+mod real_torch;
 #[path = "../recording.rs"]
 mod recording;
 #[path = "../reliability.rs"]

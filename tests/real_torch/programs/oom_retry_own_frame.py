@@ -38,7 +38,7 @@ def train_step(batch_size):
             loss.backward()
             opt.step()
             opt.zero_grad()
-            return batch_size, alive, float(loss)
+            return batch_size, alive, loss.item()
         except torch.OutOfMemoryError as e:
             print("oom at", batch_size, str(e).split(".")[0])
         # The error (and the frames of its traceback) is gone here: only `x` holds the batch.

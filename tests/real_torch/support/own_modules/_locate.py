@@ -1,0 +1,1 @@
+NAME = "the program's _locate"

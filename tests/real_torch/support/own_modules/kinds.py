@@ -1,0 +1,2 @@
+"""The program's own module named like a file of oomshim's hook."""
+KINDS = ("train", "eval")

@@ -1,0 +1,2 @@
+"""The program's own module named `oomshim` (oomshim not installed)."""
+MINE = True
