@@ -495,9 +495,11 @@ def _live_kinds(torch, lib):
 
 # oomshim_note_step's "unknown" (no figure of torch's).
 _UNKNOWN = (1 << 64) - 1
-# How often, at most, a forward mark asks the shim whether the steps grow (a fit over its samples,
-# about 100 µs): torch's records are turned on at most this much later than the growth shows.
-_GROWTH_EVERY_S = 1.0
+# A mark asks the shim whether the steps grow (a fit over its samples, about 80 µs; the mark itself
+# about 3 µs) only once this many times the last answer's time has passed since it: at most 1/20th
+# of the program's time goes to it, every step of a slow loop is asked about, and the forwards of
+# OOMSHIM_AUTO_STEPS=forward share one ask among dozens.
+_GROWTH_SHARE = 20
 
 
 def _auto_steps():
@@ -592,9 +594,9 @@ def _mark_steps(torch, lib):
     grows = getattr(lib, "oomshim_steps_grow", None)
     next_ask = [0.0]
 
-    def mark(source, every=0.0):
-        """One step of `source` (1 optimizer, 2 forward); asks whether the steps grow at most
-        every `every` seconds."""
+    def mark(source):
+        """One step of `source` (1 optimizer, 2 forward); asks whether the steps grow as often as
+        _GROWTH_SHARE allows."""
         allocator = _allocator_on()
         live = None if allocator else _torch_live(torch)
         if note is None or grows is None:
@@ -605,11 +607,11 @@ def _mark_steps(torch, lib):
             note(source, *(live or (_UNKNOWN, _UNKNOWN)))
             if allocator or not record or _history["on"] or _history.get("tried"):
                 return
-            now = time.monotonic()
+            now = time.perf_counter()
             if now < next_ask[0]:
                 return
-            next_ask[0] = now + every
             growing = grows(source)
+            next_ask[0] = now + (time.perf_counter() - now) * (_GROWTH_SHARE + 1)
         if growing == 1 and record and not allocator:
             _record_history(torch)
 
@@ -648,30 +650,29 @@ def _mark_forwards(torch, mark, is_compiling):
     tensor = getattr(torch, "Tensor", None)
     local = threading.local()
 
+    # Every module call runs both: the depth is all they keep up, the rest is for the outermost
+    # call (a tracer's calls count too, and are left alone there).
     def pre(module, args):
         if is_compiling():
             return None
         try:
-            if not tracing():
-                local.depth = getattr(local, "depth", 0) + 1
-        except Exception:
-            pass
+            local.depth += 1
+        except AttributeError:
+            local.depth = 1
         return None
 
     def post(module, args, output):
         if is_compiling():
             return None
         try:
-            if tracing():
-                return None
-            local.depth = getattr(local, "depth", 1) - 1
-            if local.depth != 0 or next(module.parameters(), None) is None:
+            local.depth -= 1
+            if local.depth != 0 or tracing() or next(module.parameters(), None) is None:
                 return None
             kinds = _kinds()
             kinds.seen_model(module)
             if isinstance(tensor, type):
                 kinds.seen_forward(args, tensor)
-            mark(2, _GROWTH_EVERY_S)
+            mark(2)
         except Exception as e:
             _warn(f"a forward pass was not marked ({type(e).__name__}: {e})")
         return None
