@@ -910,31 +910,35 @@ except torch.OutOfMemoryError:
     // An evaluation loop, no optimizer: its forward passes are the steps the leak is counted
     // in, which the hook marks when asked (OOMSHIM_AUTO_STEPS=forward; without, the shim detects
     // steps of its own, later and with fewer samples).
-    each_launcher_with(body, &[("OOMSHIM_AUTO_STEPS", "forward")], |launcher, d, report, _| {
-        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
-        assert_eq!(k.forward_hooks.len(), 1, "{launcher:?} {k:#?}");
-        let h = &k.forward_hooks[0];
-        assert_eq!((h.function.as_str(), h.module.as_str()), ("keep", "fc"));
-        assert_eq!(h.line, line, "the hook's own line in the program");
-        let top = &d.verdict.findings[0];
-        assert_eq!(top.kind, "leak", "{:#?}", d.verdict);
-        assert!(
-            top.headline.ends_with(&format!(
+    each_launcher_with(
+        body,
+        &[("OOMSHIM_AUTO_STEPS", "forward")],
+        |launcher, d, report, _| {
+            let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+            assert_eq!(k.forward_hooks.len(), 1, "{launcher:?} {k:#?}");
+            let h = &k.forward_hooks[0];
+            assert_eq!((h.function.as_str(), h.module.as_str()), ("keep", "fc"));
+            assert_eq!(h.line, line, "the hook's own line in the program");
+            let top = &d.verdict.findings[0];
+            assert_eq!(top.kind, "leak", "{:#?}", d.verdict);
+            assert!(
+                top.headline.ends_with(&format!(
                 "possibly kept by keep (<string>:{line}), a forward hook of the program on `fc`"
             )),
-            "{}",
-            top.headline
-        );
-        assert!(
-            d.verdict
-                .suggestions
-                .iter()
-                .any(|s| s.contains("detach().cpu()")),
-            "{:#?}",
-            d.verdict.suggestions
-        );
-        assert!(report.contains("By kind"), "{report}");
-    });
+                "{}",
+                top.headline
+            );
+            assert!(
+                d.verdict
+                    .suggestions
+                    .iter()
+                    .any(|s| s.contains("detach().cpu()")),
+                "{:#?}",
+                d.verdict.suggestions
+            );
+            assert!(report.contains("By kind"), "{report}");
+        },
+    );
 }
 
 #[test]
@@ -1058,40 +1062,44 @@ except torch.OutOfMemoryError:
     // An evaluation loop, no optimizer: its forward passes are the steps the leak is counted
     // in, which the hook marks when asked (OOMSHIM_AUTO_STEPS=forward; without, the shim detects
     // steps of its own, later and with fewer samples).
-    each_launcher_with(body, &[("OOMSHIM_AUTO_STEPS", "forward")], |launcher, d, _, _| {
-        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
-        let top = &d.verdict.findings[0];
-        assert_eq!(top.kind, "leak", "{launcher:?} {:#?}", d.verdict);
-        let keeper = k
-            .keepers
-            .first()
-            .unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
-        assert_eq!(
-            (
-                keeper.container.as_str(),
-                keeper.name.as_str(),
-                keeper.scope.as_str()
-            ),
-            ("list", "history", "a global of __main__"),
-            "{launcher:?} {k:#?}"
-        );
-        assert_eq!(
-            (keeper.file.as_deref(), keeper.line),
-            (Some("<string>"), Some(line))
-        );
-        assert_eq!(keeper.bytes, keeper.tensors * 96 * MIB, "{keeper:#?}");
-        assert!(keeper.tensors >= 10, "{keeper:#?}");
-        let held = format!(
+    each_launcher_with(
+        body,
+        &[("OOMSHIM_AUTO_STEPS", "forward")],
+        |launcher, d, _, _| {
+            let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+            let top = &d.verdict.findings[0];
+            assert_eq!(top.kind, "leak", "{launcher:?} {:#?}", d.verdict);
+            let keeper = k
+                .keepers
+                .first()
+                .unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
+            assert_eq!(
+                (
+                    keeper.container.as_str(),
+                    keeper.name.as_str(),
+                    keeper.scope.as_str()
+                ),
+                ("list", "history", "a global of __main__"),
+                "{launcher:?} {k:#?}"
+            );
+            assert_eq!(
+                (keeper.file.as_deref(), keeper.line),
+                (Some("<string>"), Some(line))
+            );
+            assert_eq!(keeper.bytes, keeper.tensors * 96 * MIB, "{keeper:#?}");
+            assert!(keeper.tensors >= 10, "{keeper:#?}");
+            let held = format!(
             "; held in list `history` (<string>:{line}, a global of __main__: {} in {} tensors)",
             dump::units::human_bytes(keeper.bytes),
             keeper.tensors
         );
-        assert!(
-            top.headline.ends_with(&held),
-            "{launcher:?}\n{}\n{held}",
-            top.headline
-        );
-    });
+            assert!(
+                top.headline.ends_with(&held),
+                "{launcher:?}\n{}\n{held}",
+                top.headline
+            );
+        },
+    );
 }
 
 #[test]
@@ -1117,32 +1125,36 @@ except torch.OutOfMemoryError:
     // An evaluation loop, no optimizer: its forward passes are the steps the leak is counted
     // in, which the hook marks when asked (OOMSHIM_AUTO_STEPS=forward; without, the shim detects
     // steps of its own, later and with fewer samples).
-    each_launcher_with(body, &[("OOMSHIM_AUTO_STEPS", "forward")], |launcher, d, _, _| {
-        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
-        let top = &d.verdict.findings[0];
-        assert_eq!(top.kind, "leak", "{launcher:?} {:#?}", d.verdict);
-        let keeper = k
-            .keepers
-            .first()
-            .unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
-        assert_eq!(
-            (
-                keeper.container.as_str(),
-                keeper.name.as_str(),
-                keeper.scope.as_str()
-            ),
-            ("dict", "preds", "a local of train"),
-            "{launcher:?} {k:#?}"
-        );
-        assert_eq!(keeper.line, Some(line));
-        assert!(
-            top.headline.contains(&format!(
-                "; held in dict `preds` (<string>:{line}, a local of train: "
-            )),
-            "{launcher:?} {}",
-            top.headline
-        );
-    });
+    each_launcher_with(
+        body,
+        &[("OOMSHIM_AUTO_STEPS", "forward")],
+        |launcher, d, _, _| {
+            let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+            let top = &d.verdict.findings[0];
+            assert_eq!(top.kind, "leak", "{launcher:?} {:#?}", d.verdict);
+            let keeper = k
+                .keepers
+                .first()
+                .unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
+            assert_eq!(
+                (
+                    keeper.container.as_str(),
+                    keeper.name.as_str(),
+                    keeper.scope.as_str()
+                ),
+                ("dict", "preds", "a local of train"),
+                "{launcher:?} {k:#?}"
+            );
+            assert_eq!(keeper.line, Some(line));
+            assert!(
+                top.headline.contains(&format!(
+                    "; held in dict `preds` (<string>:{line}, a local of train: "
+                )),
+                "{launcher:?} {}",
+                top.headline
+            );
+        },
+    );
 }
 
 /// Starts `body` (after [`PRELUDE`]) under plain preload or in allocator mode, publishing its

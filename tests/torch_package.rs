@@ -343,9 +343,15 @@ fn enable_without_torch_says_how_to_install_it() {
     let Some(e) = env() else { return };
     let program = "import sys\nsys.modules['torch'] = None  # torch cannot be imported here\nimport oomshim.torch as ot\ntry:\n    ot.enable()\nexcept ModuleNotFoundError as x:\n    print(x.name, '|', x)\n";
     let text = ok(&python(&e, program, &[]));
-    assert!(text.starts_with("torch | oomshim.torch needs PyTorch, which this Python ("), "{text}");
+    assert!(
+        text.starts_with("torch | oomshim.torch needs PyTorch, which this Python ("),
+        "{text}"
+    );
     assert!(text.contains("-m pip install torch"), "{text}");
-    assert!(text.contains("https://pytorch.org/get-started/locally/"), "{text}");
+    assert!(
+        text.contains("https://pytorch.org/get-started/locally/"),
+        "{text}"
+    );
 }
 
 #[test]
