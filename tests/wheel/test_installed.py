@@ -104,7 +104,10 @@ class Installed(unittest.TestCase):
         # Nothing loaded, no OOMSHIM_LIB: oomshim.torch finds the bundled copy.
         os.environ.pop("OOMSHIM_LIB", None)
         self.assertEqual(oomshim.torch.library_path(), lib)
-        self.assertTrue(os.path.isfile(os.path.join(PURELIB, "oomshim_hook", "sitecustomize.py")))
+        # The hook is the library's own copy, written out where it runs: the wheel installs no
+        # package of it, which every program in the environment could import.
+        self.assertFalse(os.path.exists(os.path.join(PURELIB, "oomshim_hook")))
+        self.assertFalse(os.path.exists(os.path.join(PURELIB, "_oomshim_hook")))
 
     def test_the_demo_runs_from_the_installed_cli(self):
         out = run([shutil.which("oomshim", path=SCRIPTS), "demo"], cwd=self.tmp)
