@@ -100,18 +100,18 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         name: "OOMSHIM_AUTO_STEPS",
-        default: "1",
-        meaning: "Steps the Python hook marks in PyTorch programs: `1` every `torch.optim` optimizer step and every forward pass of the program's outermost module, `optimizer` the first only, `0` none (then only `oomshim.step()` and detected steps).",
+        default: "optimizer",
+        meaning: "Steps the Python hook marks in PyTorch programs: `optimizer` (also `1`) every `torch.optim` optimizer step (through torch's global step post-hook; nothing per forward pass); `forward` also every forward pass of the program's outermost module, seen by two global module hooks that every module call pays for (+64 µs a forward of a 6-module MLP on the 2-core VM: docs/performance.md) and that are never removed (`torch.compile` warns that global hooks are in place and traces them as no-ops); `0` none (then only `oomshim.step()` and detected steps). Any other value is said once on stderr and means `optimizer`.",
     },
     Setting {
         name: "OOMSHIM_TORCH_HISTORY",
         default: "1",
-        meaning: "`1`: once the shim sees the process grow step after step under plain preload, the Python hook asks torch to record the Python stack of each new tensor (`torch.cuda.memory._record_memory_history`, about 2 µs per allocation from then on), so the dump names the lines that hold the growth. `0` never asks.",
+        meaning: "`1`: once the shim sees the process grow step after step under plain preload, the Python hook asks torch to record the Python stack of each new tensor (`torch.cuda.memory._record_memory_history`, about 2 µs per allocation from then on), so the dump names the lines that hold the growth; never when the program records torch's history itself (its `enabled`, `max_entries` and `stacks` stay as it chose, and its records serve the dump). `0` never asks.",
     },
     Setting {
         name: "OOMSHIM_KINDS_BUDGET_MS",
         default: "2000",
-        meaning: "Time the Python hook may spend counting torch's memory by kind at one OOM (walking the garbage collector for models and optimizers, counting their tensors); what is not counted in time is marked `complete: false`.",
+        meaning: "Time the Python hook may spend counting torch's memory by kind at one OOM (walking the garbage collector for models and optimizers, counting their tensors); what is not counted in time is marked `complete: false`. Spent only on failures that get a dump: a repeat within `OOMSHIM_MIN_INTERVAL` or a failure over `OOMSHIM_MAX_DUMPS` costs microseconds. A value that is no whole number means 2000.",
     },
     Setting {
         name: "OOMSHIM_TORCH_ALLOCATOR",
