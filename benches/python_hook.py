@@ -19,9 +19,11 @@ Prints `[FIGURE] name: value vs goal X; detail` lines; exits 0 (figures, not pas
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -139,10 +141,14 @@ def main():
     hook = (med["hook"] - med["no_hook"]) * 1000
     detail = (f"import torch median of {args.pairs}: bare {med['bare']:.3f} s, shimmed {med['hook']:.3f} s, "
               f"hook off {med['no_hook']:.3f} s")
-    hook_dir = run("import os, _oomshim_hook as h; print(os.path.dirname(os.path.dirname(h.__file__)))",
-                   {}, lib).strip()
+    written = run("import os, _oomshim_hook as h; print(os.path.dirname(os.path.dirname(h.__file__)))",
+                  {}, lib).strip()
+    # A copy: with the hook off the shim takes its own directory off PYTHONPATH again.
+    hook_dir = os.path.join(tempfile.mkdtemp(prefix="oomshim-bench-"), "hook")
+    shutil.copytree(written, hook_dir)
     attach = statistics.median(float(run(ATTACH, {"OOMSHIM_TORCH_HOOK": "0", "PYTHONPATH": hook_dir}, lib))
                                for _ in range(args.pairs))
+    shutil.rmtree(os.path.dirname(hook_dir), ignore_errors=True)
     figure("import torch, the Python hook's work at the import (in-process)", f"{attach * 1000:.1f} ms", "50 ms",
            f"median of {args.pairs} processes: attaching to torch (observer, step hook) timed where it runs")
     figure("import torch, added by the Python hook", f"{hook:+.0f} ms", "50 ms", detail)

@@ -101,7 +101,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "OOMSHIM_AUTO_STEPS",
         default: "optimizer",
-        meaning: "Steps the Python hook marks in PyTorch programs: `optimizer` (also `1`) every `torch.optim` optimizer step (through torch's global step post-hook; nothing per forward pass); `forward` also every forward pass of the program's outermost module, seen by two global module hooks that every module call pays for (+64 µs a forward of a 6-module MLP on the 2-core VM: docs/performance.md) and that are never removed (`torch.compile` warns that global hooks are in place and traces them as no-ops); `0` none (then only `oomshim.step()` and detected steps). Any other value is said once on stderr and means `optimizer`.",
+        meaning: "Steps the Python hook marks in PyTorch programs: `optimizer` (also `1`) every `torch.optim` optimizer step (through torch's global step post-hook; nothing per forward pass); `forward` also every forward pass of the program's outermost module, seen by two global module hooks that every module call pays for (+38 µs a forward of a 6-module MLP on the 2-core VM: docs/performance.md) and that are never removed (`torch.compile` warns that global hooks are in place and traces them as no-ops); `0` none (then only `oomshim.step()` and detected steps). Any other value is said once on stderr and means `optimizer`.",
     },
     Setting {
         name: "OOMSHIM_TORCH_HISTORY",
