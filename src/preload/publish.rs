@@ -37,8 +37,8 @@ pub const MAX_CHANGE: u64 = 1 << 40;
 /// gigabytes a second gets ten summaries a second, not one per allocation.
 pub const MIN_CHANGE_GAP: Duration = Duration::from_millis(100);
 /// The publisher spends at most 1/BUDGET_FACTOR of one core over time: it earns that share of
-/// the time that passes as publishing time, up to [`BUDGET_BURST`], spends what each publish
-/// takes, and waits out a debt (at `BUDGET_FACTOR` times its length) before the next.
+/// the time that passes as publishing time, up to [`BUDGET_BURST`], spends the CPU time each
+/// publish takes, and waits out a debt (at `BUDGET_FACTOR` times its length) before the next.
 const BUDGET_FACTOR: u32 = 50;
 /// Publishing time saved up at most (and at start): a start-up spike is followed closely (the
 /// first publishes symbolise new stacks and read debug information, and cost more), while a
@@ -296,6 +296,17 @@ pub fn start(settings: Settings, source: Source) {
     }
 }
 
+/// CPU time the calling thread has used, `None` where the clock cannot be read.
+fn thread_cpu_time() -> Option<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only the timespec it is given.
+    (unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0)
+        .then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
 /// When the publisher looks next: a change or a failure is published at `change_at` at the
 /// earliest, and the state is republished at `interval_at` regardless.
 struct Schedule {
@@ -400,6 +411,7 @@ fn run(settings: Settings, source: Source) {
             return;
         }
         let began = Instant::now();
+        let began_cpu = thread_cpu_time().unwrap_or_default();
         // Armed before the state is read: a change while it is published rings for the next.
         (source.watch)(settings.change);
         if let Err(e) = publish_once(
@@ -422,9 +434,13 @@ fn run(settings: Settings, source: Source) {
             }
         }
         let spent = began.elapsed();
-        tracing::debug!(?spent, "live summary published");
+        // The budget is charged what the publish cost the machine's cores (this thread's CPU
+        // time), not the wall time: on a loaded machine a publish waits for a core, and charging
+        // the wait would starve the summaries (a start-up spike never published before a kill).
+        let cost = thread_cpu_time().map_or(spent, |now| now.saturating_sub(began_cpu));
+        tracing::debug!(?spent, ?cost, "live summary published");
         let end = Instant::now();
-        Schedule::after(end, budget.spend(spent, end), &settings).wait();
+        Schedule::after(end, budget.spend(cost, end), &settings).wait();
     }
 }
 
