@@ -4,6 +4,7 @@ carried along. Usage: python3 tests/gpu/run_all.py [OUT_DIR]"""
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1268,6 +1269,66 @@ def allocator_cost_figures(name, stdout):
              f"{d['pass_through_step_ms']:.1f} ms a step, torch native {d.get('native_step_ms', 0):.1f} ms (other process)")]
 
 
+ROW_LINE = re.compile(r"^\[(PASS|FAIL|INFO|FIGURE)\] ([^:]*): ?(.*)$")
+
+
+def script_check(script, extra=(), timeout=300, env=None):
+    """Runs a standalone check script (`python3 tests/gpu/<script> OUT_DIR`, the build under test in
+    OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI) and takes its `[PASS]`/`[FAIL]`/`[INFO]`/`[FIGURE]` lines as
+    rows of this table. A script that ran out of time keeps the rows it printed and adds a failed
+    one; a script that printed no row at all is a failed row. Its whole output goes to
+    OUT/<script>.log."""
+    name = os.path.splitext(os.path.basename(script))[0]
+    out_dir = os.path.join(OUT, name)
+    os.makedirs(out_dir, exist_ok=True)
+    e = {"OOMSHIM_GPU_LIB": LIB, "OOMSHIM_GPU_CLI": CLI}
+    e.update(env or {})
+    p = run([sys.executable, os.path.join(ROOT, "tests/gpu", script), out_dir] + list(extra), env=e, timeout=timeout)
+    with open(os.path.join(OUT, f"{name}.log"), "w") as f:
+        f.write(f"$ {script} (exit {p.returncode})\n{p.stdout}\n{p.stderr}")
+    seen = 0
+    for line in p.stdout.splitlines():
+        m = ROW_LINE.match(line.strip())
+        if not m:
+            continue
+        seen += 1
+        status, check, detail = m.groups()
+        check = f"{name}: {check}"
+        if status == "INFO":
+            info(check, detail)
+        elif status == "FIGURE":
+            value, _, rest = detail.partition(" vs goal ")
+            goal, _, more = rest.partition(";")
+            figure(check, value.strip(), goal.strip() or "?", more.strip())
+        else:
+            row(check, status == "PASS", detail)
+    if p.returncode == 124:
+        row(f"{name}: finished", False, f"out of its {timeout} s budget after {seen} rows")
+    elif not seen:
+        row(f"{name}: printed its rows", False, f"exit {p.returncode}, no row: {(p.stdout + p.stderr)[-300:]!r}")
+
+
+def check_hook_same():
+    """The Python hook changes nothing: an OOM-retry loop and torch.compile under fail_on_recompile,
+    bare against LD_PRELOAD, `oomshim run` and `oomshim run --torch-allocator` (about 3 min)."""
+    script_check("check_hook_same.py", timeout=330)
+
+
+def check_flight_early():
+    """Post-mortems of a model load killed after 0.3 s and a slow leak killed after 15 s (about 40 s)."""
+    script_check("check_flight_early.py", timeout=150)
+
+
+def check_torchrun_rank():
+    """torchrun's root cause, the termination message and merge name the rank that ran out (about 1 min)."""
+    script_check("check_torchrun_rank.py", timeout=240)
+
+
+def check_readme_excerpt():
+    """What a PyTorch user sees at an OOM under both launchers, and the README's excerpt (about 2 min)."""
+    script_check("check_readme_excerpt.py", timeout=330)
+
+
 def absent(path):
     """An extra check file that is not there: fails when asked for by name, is said otherwise."""
     name = os.path.splitext(os.path.basename(path))[0]
@@ -1313,6 +1374,7 @@ def main():
     # Check files other work adds, run when present (check_kinds reads the zoo's runs).
     checks += [("check_allocator_matrix", extra_check_allocator_matrix), ("check_kinds", extra_check_kinds),
                ("check_allocator_costs", check_allocator_costs)]
+    checks += [(c.__name__, c) for c in (check_hook_same, check_flight_early, check_torchrun_rank, check_readme_excerpt)]
     only = requested()
     unknown = [n for n in only if n not in dict(checks)]
     if unknown:

@@ -122,5 +122,42 @@ class Wheel(unittest.TestCase):
         self.assertIsNone(check_wheel.newest_wheel([]))
 
 
+class ScriptCheck(unittest.TestCase):
+    """A standalone check script's lines become rows; silence and timeouts are failures."""
+
+    def script(self, body):
+        d = tempfile.mkdtemp(prefix="oomshim-script-check-")
+        path = os.path.join(d, "check_fake.py")
+        with open(path, "w") as f:
+            f.write(body)
+        return path
+
+    def rows_of(self, path, timeout=30):
+        before = len(run_all.rows)
+        run_all.script_check(path, timeout=timeout)
+        return run_all.rows[before:]
+
+    def test_each_kind_of_line_is_its_row(self):
+        got = self.rows_of(self.script(
+            "print('[PASS] a: fine')\nprint('noise')\nprint('[FAIL] b: broke')\n"
+            "print('[INFO] c: a fact')\nprint('[FIGURE] d: 1.02x vs goal <= 1.05x; 5 rounds')\n"))
+        self.assertEqual([(c, r, a) for c, r, _, a in got], [
+            ("check_fake: a", "PASS", True), ("check_fake: b", "FAIL", True),
+            ("check_fake: c", "INFO", False), ("check_fake: d", "1.02x vs goal <= 1.05x", False)])
+        self.assertEqual(got[3][2], "5 rounds")
+
+    def test_a_script_that_printed_no_row_fails(self):
+        got = self.rows_of(self.script("import sys\nprint('Traceback: boom')\nsys.exit(1)\n"))
+        self.assertEqual(len(got), 1)
+        self.assertEqual(got[0][1], "FAIL")
+        self.assertIn("boom", got[0][2])
+
+    def test_a_script_out_of_time_keeps_its_rows_and_fails(self):
+        got = self.rows_of(self.script(
+            "import time\nprint('[PASS] first: done', flush=True)\ntime.sleep(30)\n"), timeout=2)
+        self.assertEqual([r for _, r, _, _ in got], ["PASS", "FAIL"])
+        self.assertIn("out of its 2 s budget after 1 rows", got[1][2])
+
+
 if __name__ == "__main__":
     unittest.main()
