@@ -1480,3 +1480,22 @@ fn a_program_closing_its_stderr_gives_its_reader_the_end_while_it_runs() {
     );
     assert!(still_running, "the program ended before the check");
 }
+
+/// A model moved onto an H100 (6 layers, 19.71 GiB through `Module.to`), SIGKILLed a second
+/// after the load: its post-mortem (the dump `oomshim run` wrote there, stacks trimmed) must
+/// name the program's line and call it a load, not the anonymous "process" that "stopped".
+#[test]
+fn a_model_load_killed_after_it_is_named_a_load_at_the_programs_line() {
+    let p =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/post_mortem_model_load.json");
+    let dump: Dump = serde_json::from_slice(&fs::read(p).unwrap()).unwrap();
+    let verdict = oomshim_core::verdict::judge_post_mortem(&dump);
+    let top = &verdict.findings[0].headline;
+    assert!(top.starts_with("killed by SIGKILL from outside"), "{top}");
+    assert!(
+        top.contains("load_model.py:14"),
+        "the program's line: {top}"
+    );
+    assert!(top.contains("a model being loaded, not a leak"), "{top}");
+    assert!(!verdict.findings.iter().any(|f| f.kind == "leak"));
+}

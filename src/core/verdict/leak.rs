@@ -99,11 +99,7 @@ pub fn timeline_judgement(dump: &Dump) -> Option<Result<(), OverTime<'_>>> {
     if fit.bytes_per_step < LEAK_MIN_BYTES_PER_STEP {
         return None;
     }
-    let top = g
-        .sites
-        .iter()
-        .max_by(|a, b| a.share.unwrap_or(0.0).total_cmp(&b.share.unwrap_or(0.0)))
-        .filter(|s| s.share.unwrap_or(0.0) >= LEAK_NAMED_SHARE);
+    let top = top_growing_site(g);
     let not = |why| {
         Some(Err(OverTime {
             growth: g,
@@ -118,18 +114,19 @@ pub fn timeline_judgement(dump: &Dump) -> Option<Result<(), OverTime<'_>>> {
             return not(NotALeak::NotKept);
         }
     }
-    let gap = t.span_ms / t.allocations.max(1);
-    if t.quiet_ms > TIMELINE_MAX_QUIET_MS.max(TIMELINE_QUIET_GAPS.saturating_mul(gap)) {
-        return not(NotALeak::Stopped {
-            quiet_ms: t.quiet_ms,
-        });
-    }
+    // A load says more than that the growth stopped: a model loaded, then idle, is a load.
     if let Some(function) = top.and_then(|s| loading_function(&s.stack)) {
         return not(NotALeak::Loading { function });
     }
     if loading_parameters(dump, g) {
         return not(NotALeak::Loading {
             function: "the model's parameters (the framework's count)".to_string(),
+        });
+    }
+    let gap = t.span_ms / t.allocations.max(1);
+    if t.quiet_ms > TIMELINE_MAX_QUIET_MS.max(TIMELINE_QUIET_GAPS.saturating_mul(gap)) {
+        return not(NotALeak::Stopped {
+            quiet_ms: t.quiet_ms,
         });
     }
     // A short growth means something only where nothing was freed (then what is kept is the
@@ -145,6 +142,26 @@ pub fn timeline_judgement(dump: &Dump) -> Option<Result<(), OverTime<'_>>> {
     Some(Ok(()))
 }
 
+/// The growing site named for the growth: the one with the largest share of the fitted growth
+/// when it carries [`LEAK_NAMED_SHARE`]. Where the process's growth had no steady fit (it grew,
+/// then stopped), the sites carry no share: then the one that grew most, when it grew at least
+/// that share of what all sites grew.
+fn top_growing_site(g: &Growth) -> Option<&GrowthSite> {
+    if g.sites.iter().any(|s| s.share.is_some()) {
+        return g
+            .sites
+            .iter()
+            .max_by(|a, b| a.share.unwrap_or(0.0).total_cmp(&b.share.unwrap_or(0.0)))
+            .filter(|s| s.share.unwrap_or(0.0) >= LEAK_NAMED_SHARE);
+    }
+    let grown = |s: &GrowthSite| s.last.bytes.saturating_sub(s.first.bytes);
+    let all: u64 = g.sites.iter().map(grown).sum();
+    g.sites
+        .iter()
+        .max_by_key(|s| grown(s))
+        .filter(|s| all > 0 && grown(s) as f64 >= LEAK_NAMED_SHARE * all as f64)
+}
+
 /// The loading function a stack is inside, as `function (file)`, when it is one of
 /// [`LOADING_FUNCTIONS`].
 fn loading_function(stack: &[dump::model::Frame]) -> Option<String> {
@@ -152,7 +169,13 @@ fn loading_function(stack: &[dump::model::Frame]) -> Option<String> {
         let (file, function) = (f.file.as_deref()?, f.function.as_deref()?);
         LOADING_FUNCTIONS
             .iter()
-            .find(|(suffix, name)| file.ends_with(suffix) && function == *name)
+            .find(|(suffix, name)| {
+                // CPython 3.11 and later name methods by their qualified name (`Module.to`).
+                let method = function
+                    .strip_suffix(name)
+                    .is_some_and(|head| head.is_empty() || head.ends_with('.'));
+                file.ends_with(suffix) && method
+            })
             .map(|(suffix, name)| format!("{name} ({suffix})"))
     })
 }
