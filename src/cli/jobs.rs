@@ -53,8 +53,8 @@ pub fn planned_path(dir: &Path, name: &dump::write::DumpName) -> PathBuf {
 }
 
 /// The torchelastic error file of a process that died (written before its dump, for the race
-/// with torchrun's agent). `reaped`: asked right after, whether the process's parent has reaped
-/// it, so the agent may have read no file. Says on stderr what went wrong.
+/// with torchrun's agent). `reaped`: asked once the file is written, whether the process's parent
+/// has reaped it, so the agent may have read no file. Says on stderr what went wrong.
 pub fn error_file_after_death(
     dump: &Dump,
     dump_path: &Path,
@@ -68,12 +68,16 @@ pub fn error_file_after_death(
     if !jobfiles::post_mortem_leaves_answer(dump) {
         return;
     }
-    let missed = reaped();
     let answer = Answer::of(dump, Some(dump_path));
-    match jobfiles::write_error_file(path, &answer) {
+    let written = jobfiles::write_error_file(path, &answer);
+    // Asked once the file is in place: the agent reaps a worker, then reads its file, so a
+    // parent that had not reaped by now reads this file; one that had may have read none (a
+    // reap between a check made before the write and the write itself would go unsaid).
+    let missed = reaped();
+    match written {
         Ok(_) if missed => say(&format!(
-            "oomshim:   its parent reaped PID {} before oomshim wrote its error file {}: torchrun's root cause \
-             shows the signal only",
+            "oomshim:   its parent reaped PID {} before oomshim's error file {} was in place: torchrun's root cause \
+             may show the signal only",
             dump.process.pid,
             path.display()
         )),
