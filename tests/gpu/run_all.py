@@ -784,9 +784,14 @@ def zoo_rows(written, expected, returncode):
     by = {}
     for r in scored:
         by.setdefault(r["launcher"], []).append(r)
-        if not r.get("ok"):
+        if r.get("skipped"):
+            # Never a pass: a program that could not run on this machine proves nothing.
+            out.append((f"zoo {r['case']} ({r['launcher']})", False, f"not run: {r['skipped']} missing on this machine"))
+        elif not r.get("ok"):
+            broken = r.get("broken") or []
             out.append((f"zoo {r['case']} ({r['launcher']})", False,
-                        f"out {r.get('output_unchanged')}, dumps {r.get('stood')}/{r.get('dumps')}, verdict {r.get('verdicts')}, "
+                        (f"broken: {', '.join(map(str, broken))}; " if broken else "")
+                        + f"out {r.get('output_unchanged')}, dumps {r.get('stood')}/{r.get('dumps')}, verdict {r.get('verdicts')}, "
                         f"line {r.get('line_ok')} (want {r.get('line')}), agree {r.get('agree')}: {r.get('headline', '')[:160]}"))
     for launcher, rs in by.items():
         n = len(rs)

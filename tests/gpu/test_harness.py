@@ -72,6 +72,15 @@ class Zoo(unittest.TestCase):
         rows = run_all.zoo_rows([scored("a", "run", line_ok=False)], [("a", "run")], 1)
         self.assertEqual([ok for c, ok, _ in rows], [False, False])
 
+    def test_a_skipped_program_fails_saying_what_is_missing_and_broken_promises_are_named(self):
+        skipped = {"case": "a", "launcher": "run", "skipped": "timm", "ok": False}
+        broken = dict(scored("b", "run", verdict_ok=False), broken=["verdict right"])
+        rows = run_all.zoo_rows([skipped, broken], [("a", "run"), ("b", "run")], 1)
+        detail = {c: (ok, d) for c, ok, d in rows}
+        self.assertEqual(detail["zoo a (run)"], (False, "not run: timm missing on this machine"))
+        self.assertFalse(detail["zoo b (run)"][0])
+        self.assertTrue(detail["zoo b (run)"][1].startswith("broken: verdict right; "), detail["zoo b (run)"][1])
+
     def test_nothing_scored_or_out_of_time_fails(self):
         self.assertFalse(all(ok for _, ok, _ in run_all.zoo_rows([], [], 0)))
         rows = run_all.zoo_rows([scored("a", "run")], [("a", "run")], 124)
