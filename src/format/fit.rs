@@ -65,9 +65,37 @@ pub fn growing(points: &[(u64, u64)]) -> Option<Fit> {
 /// grew and then stopped ends in a flat stretch that does not grow. Returns the fit and the
 /// index of the stretch's first point.
 pub fn growing_suffix(points: &[(u64, u64)]) -> Option<(Fit, usize)> {
+    let mut start = change_point(points);
+    // A growth that only changed pace at the change point (a program slowed by a busy machine,
+    // a leak that sped up) began before it: the stretch goes back over every earlier segment
+    // that grew at a comparable rate, as long as the whole still grows steadily. A flat start or
+    // a load far steeper than what follows stays cut off.
+    while start > 0 {
+        let (Some(before), Some(after)) = (line(&points[..start]), line(&points[start..])) else {
+            break;
+        };
+        let comparable = before.slope > 0.0
+            && after.slope > 0.0
+            && before.slope * SAME_GROWTH_PACE >= after.slope
+            && before.slope <= after.slope * SAME_GROWTH_PACE;
+        let earlier = change_point(&points[..start]);
+        if !comparable || growing(&points[earlier..]).is_none() {
+            break;
+        }
+        start = earlier;
+    }
+    growing(&points[start..]).map(|f| (f, start))
+}
+
+/// Two stretches of growth whose rates differ by less than this factor are one growth.
+const SAME_GROWTH_PACE: f64 = 4.0;
+
+/// Where the series changed course last: the first point of the second segment of the best
+/// two-segment fit, when BIC prefers it to one line; 0 otherwise.
+fn change_point(points: &[(u64, u64)]) -> usize {
     let n = points.len();
-    if n < MIN_SAMPLES {
-        return None;
+    if n < 2 + MIN_SAMPLES {
+        return 0;
     }
     let total_sse = sse(points);
     // An exact fit has zero error; a floor relative to the series' spread keeps the logarithm
@@ -83,8 +111,7 @@ pub fn growing_suffix(points: &[(u64, u64)]) -> Option<(Fit, usize)> {
             best = (b, k);
         }
     }
-    let start = best.1;
-    growing(&points[start..]).map(|f| (f, start))
+    best.1
 }
 
 /// Squared error of the least-squares line through `points` (0 for fewer than three).

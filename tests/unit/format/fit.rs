@@ -61,3 +61,32 @@ fn the_suffix_starts_where_steady_growth_starts() {
     assert_eq!(start, 0, "{f:?}");
     assert!((f.slope - 10_000.0).abs() < 200.0, "{f:?}");
 }
+
+/// (ms, bytes) of a series that adds `per` bytes every `every` ms, from `from`.
+fn steady(n: usize, t0: u64, every: u64, b0: u64, per: u64) -> Vec<(u64, u64)> {
+    (0..n as u64)
+        .map(|i| (t0 + i * every, b0 + i * per))
+        .collect()
+}
+
+#[test]
+fn a_flat_start_is_cut_off_and_a_growth_that_changed_pace_is_one_growth() {
+    // Flat for 10 points, then growing: the growth starts at the change.
+    let mut flat_then_leak = steady(10, 0, 100, 1 << 30, 0);
+    flat_then_leak.extend(steady(10, 1000, 100, (1 << 30) + (48 << 20), 48 << 20));
+    let (_, start) = growing_suffix(&flat_then_leak).unwrap();
+    assert!((9..=10).contains(&start), "{start}");
+    // The same leak, slowed to half its pace for its last 8 points (a starved program): one
+    // growth from its first point, not the last 8 alone.
+    let mut slowed = steady(20, 0, 100, 0, 48 << 20);
+    let (t, b) = *slowed.last().unwrap();
+    slowed.extend(steady(8, t + 200, 200, b + (48 << 20), 48 << 20));
+    let (f, start) = growing_suffix(&slowed).unwrap();
+    assert_eq!(start, 0, "{f:?}");
+    // A load twenty times steeper than the leak after it stays cut off.
+    let mut load_then_leak = steady(6, 0, 100, 0, 960 << 20);
+    let (t, b) = *load_then_leak.last().unwrap();
+    load_then_leak.extend(steady(14, t + 100, 100, b + (48 << 20), 48 << 20));
+    let (_, start) = growing_suffix(&load_then_leak).unwrap();
+    assert!(start >= 5, "{start}");
+}
