@@ -288,7 +288,7 @@ pub struct FrameworkOom {
 /// Python hook (shim/python/oomshim_hook/kinds.py). Tensors sharing a storage count once.
 /// `activations_bytes` is torch's allocated bytes less the parameters, gradients and optimizer
 /// state: activations, temporaries, inputs and any other live tensor.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Kinds {
     /// Torch's `allocated_bytes.all.current` and `reserved_bytes.all.current` on the device.
     #[serde(default)]
@@ -306,12 +306,33 @@ pub struct Kinds {
     /// Reserved by torch's cache but not allocated to a tensor.
     #[serde(default)]
     pub cache_bytes: Option<u64>,
-    /// The top-level models whose parameters are on the device, at most 16.
+    /// The top-level models whose parameters are on the device, at most 16: the one running
+    /// first, then the largest. The totals count every model found, listed or not.
     #[serde(default)]
     pub models: Vec<ModelKind>,
-    /// The optimizers found, at most 16.
+    /// Top-level models counted in the totals but not listed in `models`, and their parameter
+    /// bytes (0 in dumps of earlier versions, which counted only the models they listed).
+    #[serde(default)]
+    pub more_models: u64,
+    #[serde(default)]
+    pub more_models_bytes: u64,
+    /// The optimizers found, at most 16, the largest state first.
     #[serde(default)]
     pub optimizers: Vec<OptimizerKind>,
+    /// Optimizers counted in the totals but not listed in `optimizers`, and their state bytes.
+    #[serde(default)]
+    pub more_optimizers: u64,
+    #[serde(default)]
+    pub more_optimizers_bytes: u64,
+    /// Top-level models held more than once: copies of one class with the same parameter
+    /// shapes, each with storages of its own; the most bytes first, at most 8.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub duplicates: Vec<DuplicateModel>,
+    /// The kinds the walk could not finish before its time budget ran out (`parameters`,
+    /// `gradients`, `optimizer_state`): each may be short of the truth, and activations (the
+    /// rest of torch's allocated bytes) may be long by as much. Empty when `complete`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub short_kinds: Vec<String>,
     /// `forward`, `backward`, `optimizer`, `inference` (a forward without autograd), `outside`
     /// (no step on the stack), `unknown`.
     #[serde(default)]
@@ -344,11 +365,49 @@ pub struct Kinds {
     /// `hooks` (the step hooks saw a model or optimizer) or `gc` (found at the failure only).
     #[serde(default)]
     pub found_by: Option<String>,
-    /// False when the time budget ran out before every model and optimizer was counted.
+    /// False when the time budget ran out before every model and optimizer was counted
+    /// (`short_kinds` says which kinds; dumps of earlier versions also said false for more than
+    /// 16 models, of which they counted 16).
     #[serde(default = "yes")]
     pub complete: bool,
     #[serde(default)]
     pub elapsed_ms: Option<f64>,
+}
+
+/// Counted in full unless said otherwise, as a dump without `complete` reads.
+impl Default for Kinds {
+    fn default() -> Kinds {
+        Kinds {
+            torch_allocated_bytes: Default::default(),
+            torch_reserved_bytes: Default::default(),
+            parameters_bytes: Default::default(),
+            gradients_bytes: Default::default(),
+            optimizer_state_bytes: Default::default(),
+            activations_bytes: Default::default(),
+            cache_bytes: Default::default(),
+            models: Default::default(),
+            more_models: Default::default(),
+            more_models_bytes: Default::default(),
+            optimizers: Default::default(),
+            more_optimizers: Default::default(),
+            more_optimizers_bytes: Default::default(),
+            duplicates: Default::default(),
+            short_kinds: Default::default(),
+            phase: Default::default(),
+            module: Default::default(),
+            outer_module: Default::default(),
+            input_shape: Default::default(),
+            batch: Default::default(),
+            in_loss: Default::default(),
+            framework_frame: Default::default(),
+            program_frame: Default::default(),
+            forward_hooks: Default::default(),
+            keepers: Default::default(),
+            found_by: Default::default(),
+            complete: true,
+            elapsed_ms: Default::default(),
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -376,6 +435,18 @@ pub struct ModelKind {
     /// Index in `models` of an earlier model with the same parameter shapes: a second copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duplicate_of: Option<usize>,
+}
+
+/// A model held more than once: `copies` top-level models of one class with the same
+/// parameter shapes and dtypes, none sharing a storage with another.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DuplicateModel {
+    pub class: String,
+    #[serde(default)]
+    pub qualified_class: String,
+    pub copies: u64,
+    /// The parameter bytes of one copy on the device.
+    pub bytes_each: u64,
 }
 
 /// One optimizer's state on the device, against the parameters it steps.

@@ -2,7 +2,7 @@
 //! reporters and the live shim naming a site): which frames name a stack, frame labels, the
 //! order of sites, used bytes. Pure functions of the dump model.
 
-use super::model::{Dump, Frame, FrameKind, Kinds, Site};
+use super::model::{Dump, DuplicateModel, Frame, FrameKind, Kinds, Site};
 use super::units::{self, clean};
 
 /// oomshim's own Python hook: its frames are on the stack when a framework's word arrives
@@ -157,6 +157,186 @@ pub fn kinds_in_words(k: &Kinds) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The kinds the hook counts one by one (activations are what is left of torch's allocated
+/// bytes), by the names `short_kinds` uses.
+pub const COUNTED_KINDS: [&str; 3] = ["parameters", "gradients", "optimizer_state"];
+
+/// The counted kinds that may be short of the truth: the hook's walk ran out of its time budget
+/// before it finished them (`short_kinds`); in a dump of an earlier version that says it is not
+/// `complete` without saying which, any of them.
+pub fn short_kinds(k: &Kinds) -> Vec<&'static str> {
+    if k.short_kinds.is_empty() {
+        return if k.complete {
+            Vec::new()
+        } else {
+            COUNTED_KINDS.to_vec()
+        };
+    }
+    COUNTED_KINDS
+        .into_iter()
+        .filter(|kind| k.short_kinds.iter().any(|s| s == kind))
+        .collect()
+}
+
+/// The kind holding the most, by name and bytes, when the count can tell: with every kind
+/// counted, the largest (ties to the first of `parameters`, `gradients`, `optimizer_state`,
+/// `activations`); with some short, the largest finished kind that is at least what any other
+/// kind can be (a short kind may be short by as much as activations holds; activations, the
+/// rest, may then be long, so it is never named). `None` when nothing was counted, or the count
+/// cannot tell.
+pub fn named_dominant(k: &Kinds) -> Option<(&'static str, u64)> {
+    let act = k.activations_bytes;
+    let all = [
+        ("parameters", k.parameters_bytes),
+        ("gradients", k.gradients_bytes),
+        ("optimizer_state", k.optimizer_state_bytes),
+        ("activations", act.unwrap_or(0)),
+    ];
+    let (name, bytes) = all.into_iter().fold(None, |best: Option<(&str, u64)>, x| {
+        if x.1 > best.map_or(0, |b| b.1) {
+            Some(x)
+        } else {
+            best
+        }
+    })?;
+    let short = short_kinds(k);
+    if short.is_empty() {
+        return Some((name, bytes));
+    }
+    let act = act?;
+    if name == "activations" || short.contains(&name) {
+        return None;
+    }
+    let most = |(other, b): (&str, u64)| {
+        if short.contains(&other) {
+            b.saturating_add(act)
+        } else {
+            b
+        }
+    };
+    all.into_iter()
+        .filter(|&(other, _)| other != name && other != "activations")
+        .all(|x| most(x) <= bytes)
+        .then_some((name, bytes))
+}
+
+/// `parameters, gradients and optimizer state`.
+fn kinds_list(names: &[&str]) -> String {
+    let words: Vec<String> = names.iter().map(|n| n.replace('_', " ")).collect();
+    match words.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        Some((last, _)) => last.clone(),
+        None => String::new(),
+    }
+}
+
+/// What a count out of time says, the same in the verdict and the report: "counted in part: the
+/// time budget ran out before gradients and optimizer state were all counted; they may be short,
+/// and activations (the rest) long"; `None` when every kind was counted.
+pub fn short_phrase(k: &Kinds) -> Option<String> {
+    let short = short_kinds(k);
+    let (verb, pronoun) = if short.len() > 1 {
+        ("were", "they")
+    } else {
+        ("was", "it")
+    };
+    (!short.is_empty()).then(|| {
+        format!(
+            "counted in part: the time budget ran out before {} {verb} all counted; {pronoun} may be \
+             short, and activations (the rest) long",
+            kinds_list(&short)
+        )
+    })
+}
+
+/// The models held more than once: the hook's `duplicates`; in a dump of an earlier version, the
+/// listed models marked `duplicate_of` an earlier one, grouped by it.
+pub fn duplicates(k: &Kinds) -> Vec<DuplicateModel> {
+    if !k.duplicates.is_empty() {
+        return k.duplicates.clone();
+    }
+    let mut out: Vec<(usize, DuplicateModel)> = Vec::new();
+    for m in &k.models {
+        let Some(first) = m.duplicate_of.and_then(|j| k.models.get(j).map(|f| (j, f))) else {
+            continue;
+        };
+        match out.iter_mut().find(|(j, _)| *j == first.0) {
+            Some((_, d)) => d.copies += 1,
+            None => out.push((
+                first.0,
+                DuplicateModel {
+                    class: first.1.class.clone(),
+                    qualified_class: first.1.qualified_class.clone(),
+                    copies: 2,
+                    bytes_each: first.1.bytes,
+                },
+            )),
+        }
+    }
+    let mut out: Vec<DuplicateModel> = out.into_iter().map(|(_, d)| d).collect();
+    out.sort_by_key(|d| std::cmp::Reverse(d.copies.saturating_mul(d.bytes_each)));
+    out
+}
+
+/// "twice", "4 times".
+fn times(n: u64) -> String {
+    if n == 2 {
+        "twice".to_string()
+    } else {
+        format!("{n} times")
+    }
+}
+
+/// A model held more than once in words, the same in the stderr line, the verdict and the
+/// report: "the Sequential model is held 4 times (4 × 16.00 GiB, identical parameter shapes)";
+/// "at least" when the parameters may be short (copies the walk did not reach).
+pub fn held_phrase(k: &Kinds, d: &DuplicateModel) -> String {
+    format!(
+        "{} ({} × {}, identical parameter shapes)",
+        held_head(k, d),
+        d.copies,
+        units::human_bytes(d.bytes_each)
+    )
+}
+
+/// "the Sequential model is held 4 times" ([`held_phrase`] without the numbers).
+pub fn held_head(k: &Kinds, d: &DuplicateModel) -> String {
+    let at_least = if short_kinds(k).contains(&"parameters") {
+        "at least "
+    } else {
+        ""
+    };
+    format!(
+        "the {} model is held {at_least}{}",
+        clean(&d.class),
+        times(d.copies)
+    )
+}
+
+/// The models and optimizers counted but not listed: "24 more models not listed: 12.00 GiB of
+/// parameters", "2 more optimizers not listed: 1.00 GiB of state".
+pub fn more_phrases(k: &Kinds) -> Vec<String> {
+    [
+        (k.more_models, k.more_models_bytes, "model", "parameters"),
+        (
+            k.more_optimizers,
+            k.more_optimizers_bytes,
+            "optimizer",
+            "state",
+        ),
+    ]
+    .into_iter()
+    .filter(|&(n, ..)| n > 0)
+    .map(|(n, bytes, what, of)| {
+        format!(
+            "{n} more {what}{} not listed: {} of {of}",
+            if n == 1 { "" } else { "s" },
+            units::human_bytes(bytes)
+        )
+    })
+    .collect()
 }
 
 /// A device's per-process cap in words: "the 2.00 GiB cap set by

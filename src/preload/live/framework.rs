@@ -85,6 +85,18 @@ fn bounded(mut k: Kinds) -> Kinds {
         o.class = cut(std::mem::take(&mut o.class), 256);
         o.qualified_class = cut(std::mem::take(&mut o.qualified_class), 512);
     }
+    k.duplicates.truncate(8);
+    for d in &mut k.duplicates {
+        d.class = cut(std::mem::take(&mut d.class), 256);
+        d.qualified_class = cut(std::mem::take(&mut d.qualified_class), 512);
+    }
+    // Only the kinds the hook counts; any of them short means the count is not complete.
+    k.short_kinds = dump::view::COUNTED_KINDS
+        .iter()
+        .filter(|kind| k.short_kinds.iter().any(|s| s == *kind))
+        .map(|kind| kind.to_string())
+        .collect();
+    k.complete &= k.short_kinds.is_empty();
     for m in [&mut k.module, &mut k.outer_module].into_iter().flatten() {
         m.class = cut(std::mem::take(&mut m.class), 256);
         m.qualified_class = cut(std::mem::take(&mut m.qualified_class), 512);
@@ -315,6 +327,18 @@ mod tests {
             k.models[0].duplicate_of, None,
             "an index past the list is dropped"
         );
+        // The kinds a count out of time names: only the counted ones, once each, and never a
+        // complete count with any of them; at most 8 groups of copies.
+        let json = format!(
+            r#"{{"schema":"oomshim.framework-oom/1","framework":"torch","device":0,"kinds":{{
+                "short_kinds":["optimizer_state","x","gradients","gradients"],"complete":true,
+                "duplicates":[{}]}}}}"#,
+            vec![r#"{"class":"M","copies":2,"bytes_each":1}"#; 20].join(",")
+        );
+        let k = parse(json.as_bytes()).unwrap().0.account.kinds.unwrap();
+        assert_eq!(k.short_kinds, ["gradients", "optimizer_state"]);
+        assert!(!k.complete);
+        assert_eq!(k.duplicates.len(), 8);
         for kinds in ["null", r#""nonsense""#, r#"{"parameters_bytes":-5}"#] {
             let json = format!(
                 r#"{{"schema":"oomshim.framework-oom/1","framework":"torch","device":0,"kinds":{kinds}}}"#

@@ -8,4 +8,5 @@ mod read;
 mod signals;
 mod time;
 mod units;
+mod view;
 mod write;
