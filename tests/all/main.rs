@@ -70,6 +70,8 @@ mod pystack;
 mod ranks;
 #[path = "../real_torch.rs"]
 mod real_torch;
+#[path = "../real_torch_kinds.rs"]
+mod real_torch_kinds;
 #[path = "../recording.rs"]
 mod recording;
 #[path = "../reliability.rs"]

@@ -1,0 +1,188 @@
+//! Memory by kind counted over real PyTorch objects on the CPU: the hook's walk at a failure
+//! (shim/python/oomshim_hook/_oomshim_hook/kinds.py) finds real `nn.Module` trees, parameters
+//! and storages through the garbage collector, and its totals must equal the program's own count
+//! under plain LD_PRELOAD and under `oomshim run`. A machine without a GPU has no CUDA tensor and
+//! no CUDA failure: torch's out-of-memory path is tests/real_torch/support/_oomsim.py (torch's
+//! observers, then its error), and the program has the walk count the CPU's tensors, which
+//! here stand where the failing device's would (`_DEVICE_TYPE`, set only under the shim).
+//! Allocator mode needs CUDA: the stand-in torch of tests/torch_kinds.rs covers it.
+//!
+//! Needs a Python with torch: `OOMSHIM_TEST_TORCH_PYTHON`, else `python3` (a machine without it
+//! skips, CI fails).
+
+use crate::common;
+
+use crate::torch_kinds::{flat, printed, OWN_PARAMETERS};
+use dump::model::{Dump, Kinds};
+use std::path::Path;
+use std::process::Command;
+
+const MIB: u64 = 1 << 20;
+
+/// Every program's start: torch's failure path without a GPU, and the walk pointed at the CPU.
+const PRELUDE: &str = r#"
+import torch
+from torch import nn
+from _oomsim import fail
+try:
+    import _oomshim_hook.kinds as _hook_kinds   # only under the shim
+    _hook_kinds._DEVICE_TYPE = "cpu"
+except ImportError:
+    pass
+torch.manual_seed(0)
+"#;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Launcher {
+    Preload,
+    Run,
+}
+
+fn torch_python() -> Option<String> {
+    let python = std::env::var("OOMSHIM_TEST_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_torch = Command::new(&python)
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if has_torch {
+        Some(python)
+    } else {
+        common::skip("torch");
+        None
+    }
+}
+
+/// Runs PRELUDE + `body` under `launcher`; returns its stdout, its stderr, the report of its
+/// one dump (every run of whitespace one space) and the dump.
+fn run(python: &str, launcher: Launcher, body: &str) -> (String, String, String, Dump) {
+    let tmp = tempfile::tempdir().unwrap();
+    let program = tmp.path().join("prog.py");
+    std::fs::write(&program, format!("{PRELUDE}{OWN_PARAMETERS}{body}")).unwrap();
+    let dumps = tmp.path().join("dumps");
+    let support = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/real_torch/support");
+    let side = common::python_side();
+    let mut cmd = match launcher {
+        Launcher::Preload => {
+            let mut c = Command::new(python);
+            c.env("LD_PRELOAD", &side.lib).env("OOMSHIM_DIR", &dumps);
+            c
+        }
+        Launcher::Run => {
+            let mut c = Command::new(&side.cli);
+            c.arg("run").arg("--dir").arg(&dumps).arg("--").arg(python);
+            c.env_remove("LD_PRELOAD");
+            c
+        }
+    };
+    cmd.arg(&program)
+        .current_dir(tmp.path())
+        .env("PYTHONPATH", &support)
+        .env("OMP_NUM_THREADS", "1")
+        .env_remove("OOMSHIM_TORCH_HOOK")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = common::wait_with_watchdog(cmd, std::time::Duration::from_secs(180));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{launcher:?}: {stdout}\n{stderr}");
+    assert!(!stderr.contains("python hook"), "{stderr}");
+    let found = common::dump_files(&dumps);
+    assert_eq!(found.len(), 1, "{launcher:?}: {found:?} {stderr}");
+    let report = Command::new(&side.cli)
+        .arg("report")
+        .arg(&found[0])
+        .output()
+        .unwrap();
+    let report = flat(&String::from_utf8_lossy(&report.stdout));
+    let d = dump::read::read_dump(&found[0]).unwrap();
+    (stdout, stderr, report, d)
+}
+
+fn kinds(d: &Dump) -> &Kinds {
+    d.framework
+        .as_ref()
+        .and_then(|f| f.kinds.as_ref())
+        .unwrap_or_else(|| panic!("no kinds: {:#?}", d.framework))
+}
+
+#[test]
+fn forty_real_models_are_all_counted_and_sixteen_listed() {
+    let Some(python) = torch_python() else { return };
+    let body = r#"
+models = [nn.Sequential(nn.Linear(32 + i, 64), nn.ReLU(), nn.Linear(64, 8)) for i in range(40)]
+print("own parameters", own_parameters(models))
+try:
+    fail(1 << 30)   # loading the data set's first batch
+except torch.OutOfMemoryError:
+    print("oom")
+"#;
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let (out, err, report, d) = run(&python, launcher, body);
+        let k = kinds(&d);
+        let own = printed(&out, "own parameters");
+        assert!(own > 0);
+        assert_eq!(k.parameters_bytes, own, "{launcher:?} {k:#?}\n{err}");
+        assert_eq!(k.models.len(), 16, "{k:#?}");
+        assert_eq!(k.more_models, 24, "{k:#?}");
+        let listed: u64 = k.models.iter().map(|m| m.bytes).sum();
+        assert_eq!(listed + k.more_models_bytes, own);
+        assert!(k.complete && k.duplicates.is_empty(), "{k:#?}");
+        assert!(report.contains("24 more models"), "{report}");
+    }
+}
+
+#[test]
+fn real_models_loaded_without_any_step_are_counted_and_named_by_the_copies() {
+    let Some(python) = torch_python() else { return };
+    // Four copies of a 10 MiB model kept, the fifth built layer by layer when its 21st layer's
+    // weights do not fit (torch raises from inside the layer's constructor).
+    let body = r#"
+copies, building = [], []
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        if len(copies) == 4 and len(building) == 20:
+            fail(256 * 256 * 4)
+        self.weight = nn.Parameter(torch.randn(256, 256))   # 256 KiB
+
+def load():
+    building.clear()
+    for _ in range(40):
+        building.append(Layer())
+    model = nn.Sequential(*building)
+    building.clear()
+    return model
+
+try:
+    for _ in range(8):
+        copies.append(load())
+except torch.OutOfMemoryError:
+    print("own parameters", own_parameters(copies + building))
+"#;
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let (out, err, report, d) = run(&python, launcher, body);
+        let k = kinds(&d);
+        assert_eq!(
+            k.parameters_bytes,
+            printed(&out, "own parameters"),
+            "{launcher:?} {k:#?}\n{err}"
+        );
+        assert_eq!(k.parameters_bytes, (4 * 40 + 20) * 256 * 1024);
+        assert_eq!(k.phase.as_deref(), Some("outside"));
+        assert_eq!(k.duplicates.len(), 1, "{:#?}", k.duplicates);
+        assert_eq!(
+            (
+                k.duplicates[0].class.as_str(),
+                k.duplicates[0].copies,
+                k.duplicates[0].bytes_each
+            ),
+            ("Sequential", 4, 10 * MIB)
+        );
+        // No device memory is tracked on a machine without a GPU, so the verdict is not about
+        // the weights here (tests/torch_kinds.rs checks the headline): the report's account is.
+        let words =
+            "the Sequential model is held 4 times (4 × 10.00 MiB, identical parameter shapes)";
+        assert!(report.contains(words), "{report}");
+    }
+}
