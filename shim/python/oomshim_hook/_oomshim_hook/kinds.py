@@ -15,6 +15,10 @@ CPython 3.12 (`_frame_locals`), and every object found is referenced from this c
 variables only, so the program's `except` that follows frees with its `del` what it would free
 without the shim.
 
+Every model and optimizer found is counted, the same way under every launcher and in every phase;
+the dump lists the largest and says what the rest hold, names a model held more than once by the
+model (never by its layers), and says which kinds a count out of time did not finish.
+
 Never raises into the program; bounded in time (OOMSHIM_KINDS_BUDGET_MS, default 2000).
 """
 
@@ -26,6 +30,7 @@ import weakref
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _models = weakref.WeakSet()
 _optimizers = weakref.WeakSet()
+# Models and optimizers a dump lists, at most (every one found is counted).
 _MAX_MODELS = 16
 _MAX_HOOKS = 8
 # The input shape of the model's last forward (seen_forward).
@@ -261,6 +266,11 @@ def _qualname(obj):
     return name, (f"{mod}.{name}" if mod and mod != "builtins" else name)
 
 
+# The device type whose tensors are counted: the failing allocator's. A test on a machine without
+# a GPU sets "cpu" (tests/real_torch_kinds.rs): real torch's modules and storages, where they are.
+_DEVICE_TYPE = "cuda"
+
+
 class _Counter:
     def __init__(self, torch, device, deadline):
         self.torch = torch
@@ -274,10 +284,16 @@ class _Counter:
         if self.ticks & 255 == 0 and time.monotonic() > self.deadline:
             raise _Out()
 
+    def check(self):
+        """Raises _Out once the budget is spent; once per model or optimizer (reaching one costs
+        its own code's time, however few tensors it has)."""
+        if time.monotonic() > self.deadline:
+            raise _Out()
+
     def on_device(self, t):
         try:
             d = t.device
-            if d.type != "cuda":
+            if d.type != _DEVICE_TYPE:
                 return False
             return (d.index if d.index is not None else self.device) == self.device
         except Exception:
@@ -291,17 +307,23 @@ class _Counter:
         except Exception:
             return (t.data_ptr(), int(t.numel()) * int(t.element_size()))
 
+    def claim(self, t):
+        """(key, bytes, new) of tensor `t`'s storage, `new` its bytes when not counted before,
+        else 0; None when `t` is no tensor on the failing device."""
+        self.tick()
+        if t is None or not _is(t, self.torch.Tensor) or not self.on_device(t):
+            return None
+        key, n = self.storage(t)
+        if key in self.seen:
+            return key, n, 0
+        self.seen.add(key)
+        return key, n, n
+
     def count(self, t):
         """Bytes of `t`'s storage not counted before (0 if it was, or if `t` is not on the
         failing device)."""
-        self.tick()
-        if t is None or not _is(t, self.torch.Tensor) or not self.on_device(t):
-            return 0
-        key, n = self.storage(t)
-        if key in self.seen:
-            return 0
-        self.seen.add(key)
-        return n
+        found = self.claim(t)
+        return found[2] if found else 0
 
 
 def _find_roots(torch, deadline):
@@ -810,6 +832,216 @@ def _describe_module(m, path):
     return {"class": short, "qualified_class": full, "path": path}
 
 
+# The kinds the walk counts, in the order it counts them: a walk out of time has finished the
+# ones before the kind it was counting.
+_KINDS = ("parameters", "gradients", "optimizer_state")
+# Groups of copies of a model the dump names, at most.
+_MAX_DUPLICATES = 8
+
+
+class _Model:
+    """One top-level model as counted: its module, its entry in the dump, its parameters on the
+    device, the bytes of their storages (`full`) and the shapes that make two models copies."""
+
+    __slots__ = ("module", "entry", "params", "full", "shapes")
+
+    def __init__(self, module, entry, params=(), full=0, shapes=None):
+        self.module, self.entry, self.params, self.full, self.shapes = module, entry, params, full, shapes
+
+
+def _model_entry(cls_of, nbytes=0, count=0, dtypes=None, training=True):
+    short, full = _qualname(cls_of) if cls_of is not None else ("", "")
+    return {"class": short, "qualified_class": full, "bytes": nbytes, "tensors": count, "dtypes": dtypes or {},
+            "training": training, "grad_bytes": 0}
+
+
+def _count_model(c, m):
+    """A _Model of `m`'s parameters on the device (storages not counted before are its bytes),
+    or None when it has none there."""
+    params, shapes, keys = [], [], set()
+    nbytes = count = full = 0
+    dtypes = {}
+    for p in m.parameters():
+        found = c.claim(p)
+        if found is None:
+            continue
+        key, size, new = found
+        params.append(p)
+        shapes.append((tuple(int(x) for x in p.shape), str(p.dtype)))
+        if key not in keys:
+            keys.add(key)
+            full += size
+        if new:
+            nbytes += new
+            count += 1
+            name = str(p.dtype).replace("torch.", "")
+            dtypes[name] = dtypes.get(name, 0) + new
+    if not params:
+        return None
+    entry = _model_entry(m, nbytes, count, dtypes, bool(getattr(m, "training", True)))
+    return _Model(m, entry, params, full, tuple(shapes))
+
+
+def _optimizer_params(torch, c, o):
+    """The tensors on the device an optimizer steps."""
+    out = []
+    for group in getattr(o, "param_groups", []):
+        for p in group.get("params", []):
+            if _is(p, torch.Tensor) and c.on_device(p):
+                out.append(p)
+    return out
+
+
+def _count(c, models, optimizers, running, building):
+    """Parameters of every model and optimizer found, then their gradients, then the optimizers'
+    state, each kind for all of them before the next (a walk out of time names the kinds it did
+    not finish: `short_kinds`). Every model and optimizer is in the totals; the dump lists the
+    one running (`running`) and the largest, at most _MAX_MODELS of each, and says how many more
+    there are. Also the copies of a model held more than once (_duplicates)."""
+    torch = c.torch
+    records, opts = [], []
+    done = 0
+    try:
+        for m in models:
+            c.check()
+            try:
+                r = _count_model(c, m)
+            except _Out:
+                raise
+            except Exception:
+                continue  # a module half built, or whose own code fails: not one to count
+            if r is not None:
+                records.append(r)
+        for o in optimizers:
+            c.check()
+            try:
+                params = _optimizer_params(torch, c, o)
+            except Exception:
+                continue
+            short, full = _qualname(o)
+            entry = {"class": short, "qualified_class": full, "bytes": 0,
+                     "param_bytes": sum(c.storage(p)[1] for p in params)}
+            opts.append((o, entry))
+            loose = [p for p in params if c.storage(p)[0] not in c.seen]
+            n = sum(c.count(p) for p in loose)
+            if n:
+                # Parameters of no model found: parameters all the same.
+                records.append(_Model(None, dict(_model_entry(None, n), **{
+                    "class": f"(parameters of {short} outside any model)"}), loose))
+        done = 1
+        for r in records:
+            c.check()
+            g = sum(c.count(getattr(p, "grad", None)) for p in r.params)
+            r.entry["grad_bytes"] = g
+        done = 2
+        for o, entry in opts:
+            c.check()
+            for st in list(getattr(o, "state", {}).values()):
+                if _is(st, dict):
+                    for v in st.values():
+                        entry["bytes"] += c.count(v)
+        done = 3
+    except _Out:
+        pass
+    records.sort(key=lambda r: (r.module is None or r.module is not running, -r.entry["bytes"]))
+    listed = records[:_MAX_MODELS]
+    groups = _duplicates(records, building, c.deadline) if done else []
+    for group in groups:
+        # Each listed copy after the first listed one points at it (what older readers read).
+        first = next((i for i, r in enumerate(listed) if r in group), None)
+        for i, r in enumerate(listed):
+            if first is not None and i > first and r in group:
+                r.entry["duplicate_of"] = first
+    opts.sort(key=lambda x: -x[1]["bytes"])
+    out = {
+        "parameters_bytes": sum(r.entry["bytes"] for r in records),
+        "gradients_bytes": sum(r.entry["grad_bytes"] for r in records),
+        "optimizer_state_bytes": sum(e["bytes"] for _, e in opts),
+        "models": [r.entry for r in listed],
+        "more_models": len(records) - len(listed),
+        "more_models_bytes": sum(r.entry["bytes"] for r in records[_MAX_MODELS:]),
+        "optimizers": [e for _, e in opts[:_MAX_MODELS]],
+        "more_optimizers": max(len(opts) - _MAX_MODELS, 0),
+        "more_optimizers_bytes": sum(e["bytes"] for _, e in opts[_MAX_MODELS:]),
+        "duplicates": [{"class": g[0].entry["class"], "qualified_class": g[0].entry["qualified_class"],
+                        "copies": len(g), "bytes_each": g[0].full} for g in groups],
+        "short_kinds": list(_KINDS[done:]),
+        # Popped by the caller: the listed models' modules (never into the dump).
+        "_listed": [r.module for r in listed if r.module is not None],
+    }
+    return out
+
+
+def _building(torch, frame):
+    """The modules the failing thread was building or moving (the `self` of a module's
+    `__init__` or `_apply` on its stack), by id, and the classes being constructed: a model built
+    layer by layer fails with its finished layers still loose, each a top-level module that is no
+    copy of a model."""
+    Module = torch.nn.Module
+    ids, classes = set(), set()
+    f = frame
+    depth = 0
+    while f is not None and depth < 400:
+        depth += 1
+        name = f.f_code.co_name
+        if name in ("__init__", "_apply"):
+            owner = _frame_local(f, "self")
+            if owner is not None and _is(owner, Module):
+                ids.add(id(owner))
+                if name == "__init__":
+                    classes.add(type(owner))
+        f = f.f_back
+    return ids, classes
+
+
+def _duplicates(records, building, deadline):
+    """Groups of top-level models held more than once: two or more of one class with the same
+    parameter shapes and dtypes, none sharing a storage with another (a model that shares its
+    encoder with another is no copy of it), the most bytes first. Not a group: modules being
+    built (their finished layers are loose until the model holds them, see _building), nor
+    modules of a class that is a repeated layer of another model found (loose layers)."""
+    ids, classes = building
+    groups = {}
+    for r in records:
+        m = r.module
+        if m is None or not r.full or r.entry["bytes"] != r.full or id(m) in ids or type(m) in classes:
+            continue
+        groups.setdefault((type(m), r.shapes), []).append(r)
+    out = []
+    for (cls, _), members in groups.items():
+        if len(members) > 1 and not _repeated_layer(cls, records, members, deadline):
+            out.append(members)
+    out.sort(key=lambda g: -len(g) * g[0].full)
+    return out[:_MAX_DUPLICATES]
+
+
+def _repeated_layer(cls, records, members, deadline):
+    """Whether another model found holds two or more modules of class `cls` (a layer it repeats);
+    True too when there is no time left to tell (no group is named then)."""
+    inside = {id(r) for r in members}
+    for r in records:
+        if r.module is None or id(r) in inside:
+            continue
+        n = 0
+        try:
+            for i, (_, sub) in enumerate(r.module.named_modules()):
+                if i & 255 == 0 and time.monotonic() > deadline:
+                    return True
+                if type(sub) is cls:
+                    n += 1
+                    if n > 1:
+                        return True
+        except Exception:
+            continue
+    return False
+
+
+def _largest_first(models, listed):
+    """`models` with the listed ones (the running model, then the largest) first."""
+    ids = {id(m) for m in listed}
+    return list(listed) + [m for m in models if id(m) not in ids]
+
+
 def kinds(torch, device, request_bytes, frame=None, budget_ms=None):
     """The account of memory by kind on `device` at this failure, as a dict for the dump's
     framework account (`kinds`), or None when it cannot be had."""
@@ -840,83 +1072,15 @@ def kinds(torch, device, request_bytes, frame=None, budget_ms=None):
     if outer is not None:
         top = next((m for m in models if m is outer or _module_path(m, outer, deadline) is not None), outer)
         models = [top] + [m for m in models if m is not top]
-    param_total = grad_total = state_total = 0
-    model_list = []
-    signatures = {}
-    opt_list = []
-    try:
-        for m in models:
-            if len(model_list) >= _MAX_MODELS:
-                out["complete"] = False
-                break
-            nbytes = count = 0
-            dtypes = {}
-            shapes = []
-            g = 0
-            for p in m.parameters():
-                n = c.count(p)
-                if not c.on_device(p):
-                    continue
-                shapes.append((tuple(int(x) for x in p.shape), str(p.dtype)))
-                if n:
-                    nbytes += n
-                    count += 1
-                    key = str(p.dtype).replace("torch.", "")
-                    dtypes[key] = dtypes.get(key, 0) + n
-            if not shapes:
-                continue
-            short, full = _qualname(m)
-            entry = {"class": short, "qualified_class": full, "bytes": nbytes, "tensors": count,
-                     "dtypes": dtypes, "training": bool(getattr(m, "training", True))}
-            sig = hash(tuple(shapes))
-            if sig in signatures and nbytes:
-                entry["duplicate_of"] = signatures[sig]
-            elif nbytes:
-                signatures[sig] = len(model_list)
-            model_list.append(entry)
-            param_total += nbytes
-            for p in m.parameters():
-                g += c.count(getattr(p, "grad", None))
-            entry["grad_bytes"] = g
-            grad_total += g
-        for o in optimizers:
-            groups = getattr(o, "param_groups", [])
-            pbytes = 0
-            loose = 0
-            params = []
-            for group in groups:
-                for p in group.get("params", []):
-                    params.append(p)
-            for p in params:
-                if not _is(p, torch.Tensor) or not c.on_device(p):
-                    continue
-                key, n = c.storage(p)
-                pbytes += n
-                if key not in c.seen:
-                    # A parameter of no model found: it is a parameter all the same.
-                    loose += c.count(p)
-                    grad_total += c.count(getattr(p, "grad", None))
-            sbytes = 0
-            for st in list(getattr(o, "state", {}).values()):
-                if _is(st, dict):
-                    for v in st.values():
-                        sbytes += c.count(v)
-            short, full = _qualname(o)
-            opt_list.append({"class": short, "qualified_class": full, "bytes": sbytes, "param_bytes": pbytes})
-            state_total += sbytes
-            if loose:
-                model_list.append({"class": "(parameters of " + short + " outside any model)", "qualified_class": "",
-                                   "bytes": loose, "tensors": 0, "dtypes": {}, "training": True})
-                param_total += loose
-            if len(opt_list) >= _MAX_MODELS:
-                break
-    except _Out:
-        out["complete"] = False
-    out["models"] = model_list
-    out["optimizers"] = opt_list
-    out["parameters_bytes"] = param_total
-    out["gradients_bytes"] = grad_total
-    out["optimizer_state_bytes"] = state_total
+    counted = _count(c, models, optimizers, models[0] if outer is not None else None, _building(torch, frame))
+    if not complete:
+        # Models and optimizers the walk did not reach are in no kind.
+        counted["short_kinds"] = list(_KINDS)
+    counted["complete"] = complete and not counted["short_kinds"]
+    out.update(counted)
+    param_total = out["parameters_bytes"]
+    grad_total = out["gradients_bytes"]
+    state_total = out["optimizer_state_bytes"]
     if allocated is not None:
         out["activations_bytes"] = max(allocated - param_total - grad_total - state_total, 0)
     if allocated is not None and reserved is not None:
@@ -944,11 +1108,12 @@ def kinds(torch, device, request_bytes, frame=None, budget_ms=None):
         out["program_frame"] = program_frame
     if view["optimizer"] is not None:
         out["step_optimizer"] = _qualname(view["optimizer"])[0]
-    hooks = _program_hooks(models[:_MAX_MODELS], deadline)
+    searched = _largest_first(models, out.pop("_listed"))[:_MAX_MODELS]
+    hooks = _program_hooks(searched, deadline)
     if hooks:
         out["forward_hooks"] = hooks
     try:
-        keepers = _keepers(torch, c, frame, models[:_MAX_MODELS],
+        keepers = _keepers(torch, c, frame, searched,
                            min(deadline, time.monotonic() + _KEEPERS_MS / 1000.0))
     except Exception:
         keepers = None
