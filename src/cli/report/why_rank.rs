@@ -82,6 +82,8 @@ pub struct RankKinds {
     pub gradients_bytes: u64,
     pub optimizer_state_bytes: u64,
     pub activations_bytes: Option<u64>,
+    /// [`dump::view::named_dominant`]: `None` too where the hook's count cannot tell.
+    pub dominant: Option<&'static str>,
 }
 
 impl RankKinds {
@@ -91,27 +93,14 @@ impl RankKinds {
             gradients_bytes: k.gradients_bytes,
             optimizer_state_bytes: k.optimizer_state_bytes,
             activations_bytes: k.activations_bytes,
+            dominant: dump::view::named_dominant(k).map(|(name, _)| name),
         }
     }
 
     /// The kind holding the most (`parameters`, `gradients`, `optimizer_state`, `activations`),
-    /// ties to the first; `None` when nothing was counted.
+    /// ties to the first; `None` when nothing was counted or a count out of time cannot tell.
     pub fn dominant(&self) -> Option<&'static str> {
-        [
-            ("parameters", self.parameters_bytes),
-            ("gradients", self.gradients_bytes),
-            ("optimizer_state", self.optimizer_state_bytes),
-            ("activations", self.activations_bytes.unwrap_or(0)),
-        ]
-        .into_iter()
-        .fold(None, |best: Option<(&str, u64)>, (k, b)| {
-            if b > best.map_or(0, |x| x.1) {
-                Some((k, b))
-            } else {
-                best
-            }
-        })
-        .map(|b| b.0)
+        self.dominant
     }
 }
 

@@ -2,7 +2,7 @@
 //! Python hook): which kind dominates, and the numbers the advice is quantified with. The
 //! sentences are in `words/kinds.rs`.
 
-use dump::model::{Dump, Kinds};
+use dump::model::{Dump, DuplicateModel, Kinds};
 
 /// A kind of the framework's live memory the advice can act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,16 +28,17 @@ pub(crate) fn by_kind(k: &Kinds) -> [(Kind, u64); 4] {
     ]
 }
 
-/// The kind holding the most, when anything was counted (ties: the first in [`by_kind`]'s
-/// order).
+/// The kind holding the most, when the count can tell ([`dump::view::named_dominant`]: never a
+/// kind the hook's walk could not finish, nor activations then, which are what is left).
 pub(crate) fn dominant(k: &Kinds) -> Option<(Kind, u64)> {
-    let mut best: Option<(Kind, u64)> = None;
-    for (kind, bytes) in by_kind(k) {
-        if bytes > best.map_or(0, |b| b.1) {
-            best = Some((kind, bytes));
-        }
-    }
-    best
+    let (name, bytes) = dump::view::named_dominant(k)?;
+    let kind = match name {
+        "parameters" => Kind::Parameters,
+        "gradients" => Kind::Gradients,
+        "optimizer_state" => Kind::OptimizerState,
+        _ => Kind::Activations,
+    };
+    Some((kind, bytes))
 }
 
 /// Activation bytes per sample of the batch that was running, counting the failed request as
@@ -61,13 +62,12 @@ pub(crate) fn largest_batch(k: &Kinds, request: u64, device_free: Option<u64>) -
     Some(budget / per)
 }
 
-/// A model with the same parameter shapes as an earlier one, and its bytes: a second copy.
-pub(crate) fn duplicate_model(k: &Kinds) -> Option<(usize, usize, u64)> {
-    k.models
-        .iter()
-        .enumerate()
-        .find_map(|(i, m)| m.duplicate_of.map(|j| (i, j, m.bytes)))
-        .filter(|&(_, _, b)| b > 0)
+/// The model held most times over by bytes: copies of one class with the same parameter
+/// shapes, each with storages of its own ([`dump::view::duplicates`]).
+pub(crate) fn duplicate_model(k: &Kinds) -> Option<DuplicateModel> {
+    dump::view::duplicates(k)
+        .into_iter()
+        .find(|d| d.copies > 1 && d.bytes_each > 0)
 }
 
 /// The dtype most parameter bytes are in, and its bytes.
@@ -108,6 +108,7 @@ mod tests {
     use dump::model::ModelKind;
 
     const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
 
     fn kinds(p: u64, g: u64, o: u64, a: u64) -> Kinds {
         Kinds {
@@ -115,6 +116,7 @@ mod tests {
             gradients_bytes: g,
             optimizer_state_bytes: o,
             activations_bytes: Some(a),
+            complete: true,
             ..Default::default()
         }
     }
@@ -144,22 +146,66 @@ mod tests {
     }
 
     #[test]
-    fn a_second_model_of_the_same_shapes_is_a_duplicate() {
-        let mut k = kinds(2, 0, 0, 0);
-        k.models = vec![
-            ModelKind {
-                class: "M".into(),
-                bytes: 1,
-                ..Default::default()
-            },
-            ModelKind {
-                class: "M".into(),
-                bytes: 1,
-                duplicate_of: Some(0),
-                ..Default::default()
-            },
-        ];
-        assert_eq!(duplicate_model(&k), Some((1, 0, 1)));
+    fn the_hooks_copies_are_the_duplicate_and_an_older_dumps_marks_still_read() {
+        let mut k = kinds(4 * MIB, 0, 0, 0);
+        let model = |duplicate_of| ModelKind {
+            class: "M".into(),
+            bytes: MIB,
+            duplicate_of,
+            ..Default::default()
+        };
+        // An earlier version's dump: each later copy marked against the first listed one.
+        k.models = vec![model(None), model(Some(0)), model(Some(0)), model(Some(0))];
+        let d = duplicate_model(&k).unwrap();
+        assert_eq!((d.class.as_str(), d.copies, d.bytes_each), ("M", 4, MIB));
+        // The hook's groups count every copy found, listed or not.
+        k.duplicates = vec![DuplicateModel {
+            class: "M".into(),
+            copies: 77,
+            bytes_each: MIB,
+            ..Default::default()
+        }];
+        assert_eq!(duplicate_model(&k).unwrap().copies, 77);
+        k.duplicates.clear();
+        k.models = vec![model(None), model(None)];
+        assert_eq!(duplicate_model(&k), None);
+    }
+
+    #[test]
+    fn a_kind_the_walk_did_not_finish_is_never_named_dominant() {
+        // Parameters counted in full, gradients and optimizer state not: the parameters are
+        // named only when no short kind could be larger, even with all of the rest.
+        let mut k = kinds(10 * GIB, GIB, 0, 2 * GIB);
+        k.complete = false;
+        k.short_kinds = vec!["gradients".into(), "optimizer_state".into()];
+        assert_eq!(dominant(&k), Some((Kind::Parameters, 10 * GIB)));
+        k.activations_bytes = Some(12 * GIB);
+        assert_eq!(dominant(&k), None, "activations, the rest, may be long");
+        let mut k = kinds(10 * GIB, 2 * GIB, 0, 9 * GIB);
+        k.complete = false;
+        k.short_kinds = vec!["gradients".into()];
+        assert_eq!(
+            dominant(&k),
+            None,
+            "the gradients may hold up to 11 GiB: more than the parameters"
+        );
+        k.gradients_bytes = 0;
+        k.short_kinds = vec!["optimizer_state".into()];
+        k.activations_bytes = Some(5 * GIB);
+        assert_eq!(dominant(&k), Some((Kind::Parameters, 10 * GIB)));
+        // The dominant kind itself short: never named.
+        k.short_kinds = vec!["parameters".into()];
+        assert_eq!(dominant(&k), None);
+        // Unknown activations: a short kind's most is unknown.
+        k.short_kinds = vec!["gradients".into()];
+        k.activations_bytes = None;
+        assert_eq!(dominant(&k), None);
+        // An earlier version's dump that says only "not complete": any kind may be short.
+        let mut k = kinds(10 * GIB, 0, 0, GIB);
+        k.complete = false;
+        assert_eq!(dominant(&k), None);
+        k.complete = true;
+        assert_eq!(dominant(&k), Some((Kind::Parameters, 10 * GIB)));
     }
 
     #[test]

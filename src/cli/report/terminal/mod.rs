@@ -704,12 +704,16 @@ fn by_kind(out: &mut String, c: &Ctx, dump: &Dump) {
             dtypes.join(", "),
             match m.duplicate_of.and_then(|j| k.models.get(j)) {
                 Some(first) => format!(
-                    "; same parameter shapes as {}: a second copy",
+                    "; a copy of the {} above",
                     truncate_middle(&clean(&first.class), MAX_CELL)
                 ),
                 None => String::new(),
             }
         ));
+    }
+    notes.extend(dump::view::more_phrases(k));
+    for d in dump::view::duplicates(k).iter().take(2) {
+        notes.push(dump::view::held_phrase(k, d));
     }
     for o in k.optimizers.iter().take(4) {
         notes.push(format!(
@@ -737,8 +741,8 @@ fn by_kind(out: &mut String, c: &Ctx, dump: &Dump) {
         .unwrap_or_default();
     let batch = k.batch.map(|b| format!(", batch {b}")).unwrap_or_default();
     notes.push(format!("phase: {phase}{module}{batch}"));
-    if !k.complete {
-        notes.push("(counted in part: the hook's time budget ran out)".to_string());
+    if let Some(short) = dump::view::short_phrase(k) {
+        notes.push(format!("({short})"));
     }
     for note in notes {
         for line in wrap(&note, c.width, "  ", "    ") {

@@ -9,6 +9,7 @@ use crate::verdict::kinds::{
 };
 use dump::model::{Kinds, ModuleAt, PyFrame};
 use dump::units::{clean, human_bytes, thousands};
+use dump::view::{duplicates, held_head, held_phrase, more_phrases, short_phrase};
 
 /// How the kinds are called in sentences.
 pub(in crate::verdict) fn kind_name(k: Kind) -> &'static str {
@@ -131,14 +132,15 @@ pub(in crate::verdict) fn headline(
             ),
             _ => kind_name(kind).to_string(),
         },
-        Kind::Parameters => match duplicate_model(k) {
-            Some((i, _, _)) => format!("parameters ({} loaded twice)", clean(&k.models[i].class)),
-            None => kind_name(kind).to_string(),
-        },
         Kind::Gradients if gradients_kept_into_forward(k) => {
             "gradients kept from the last step".to_string()
         }
         _ => kind_name(kind).to_string(),
+    };
+    // The weights fill the device because a model is held more than once: the copies.
+    let held = match duplicate_model(k) {
+        Some(d) if kind == Kind::Parameters => format!("; {}", held_phrase(k, &d)),
+        _ => String::new(),
     };
     let phase = phase_text(k);
     let phase = if phase.is_empty() {
@@ -155,7 +157,7 @@ pub(in crate::verdict) fn headline(
         failing.to_string()
     };
     Some(format!(
-        "{what} fill device {}: {}{of} ({}){holder}{phase}; the {} request{program} failed",
+        "{what} fill device {}: {}{of} ({}){holder}{held}{phase}; the {} request{program} failed",
         c.dev,
         human_bytes(bytes),
         rest.join(", "),
@@ -232,11 +234,9 @@ pub(in crate::verdict) fn evidence(c: &Ctx, k: &Kinds) -> Vec<String> {
         "memory by kind on device {} when torch failed: {}{}",
         c.dev,
         parts.join(", "),
-        if k.complete {
-            ""
-        } else {
-            " (counted in part: the time budget ran out)"
-        }
+        short_phrase(k)
+            .map(|p| format!(" ({p})"))
+            .unwrap_or_default()
     )];
     for m in k.models.iter().take(4) {
         let dtypes: Vec<String> = m
@@ -254,13 +254,14 @@ pub(in crate::verdict) fn evidence(c: &Ctx, k: &Kinds) -> Vec<String> {
                 format!(" ({})", dtypes.join(", "))
             },
             match m.duplicate_of.and_then(|j| k.models.get(j)) {
-                Some(first) => format!(
-                    "; the same parameter shapes as {}: a second copy",
-                    clean(&first.class)
-                ),
+                Some(first) => format!("; a copy of the {} above", clean(&first.class)),
                 None => String::new(),
             }
         ));
+    }
+    out.extend(more_phrases(k));
+    for d in duplicates(k).iter().take(2) {
+        out.push(held_phrase(k, d));
     }
     for o in k.optimizers.iter().take(4) {
         out.push(format!(
@@ -286,13 +287,17 @@ pub(in crate::verdict) fn advice(c: &Ctx, k: &Kinds) -> Vec<String> {
     };
     let request = c.request.bytes;
     let mut out = Vec::new();
-    if let Some((i, j, b)) = duplicate_model(k) {
+    if let Some(d) = duplicate_model(k) {
+        let more = d.copies - 1;
+        let head = held_head(k, &d);
         out.push(format!(
-            "{} is loaded twice: a second model with the same parameter shapes as {} holds another {}. Keep one \
-             (`del` the other copy and every reference to it, then `gc.collect()`), or share its weights.",
-            clean(&k.models[i].class),
-            clean(&k.models[j].class),
-            human_bytes(b)
+            "{}{}: {more} more {} {} {} beside the one in use. Keep one (`del` the others and every reference to \
+             them, then `gc.collect()`), or share one copy's weights.",
+            head[..1].to_uppercase(),
+            &head[1..],
+            if more == 1 { "copy" } else { "copies" },
+            if more == 1 { "holds" } else { "hold" },
+            human_bytes(more.saturating_mul(d.bytes_each))
         ));
     }
     if gradients_kept_into_forward(k) {
