@@ -1329,6 +1329,12 @@ def check_torchrun_rank():
     script_check("check_torchrun_rank.py", timeout=240)
 
 
+def check_kinds_counts():
+    """Memory by kind counts every model (40 models), names four copies by the model and calls
+    48 identical blocks no copy, under every launcher (about 3 min)."""
+    script_check("check_kinds_counts.py", timeout=330)
+
+
 def check_readme_excerpt():
     """What a PyTorch user sees at an OOM under both launchers, and the README's excerpt (about 2 min)."""
     script_check("check_readme_excerpt.py", timeout=330)
@@ -1379,7 +1385,8 @@ def main():
     # Check files other work adds, run when present (check_kinds reads the zoo's runs).
     checks += [("check_allocator_matrix", extra_check_allocator_matrix), ("check_kinds", extra_check_kinds),
                ("check_allocator_costs", check_allocator_costs)]
-    checks += [(c.__name__, c) for c in (check_hook_same, check_flight_early, check_torchrun_rank, check_readme_excerpt)]
+    checks += [(c.__name__, c) for c in (check_hook_same, check_flight_early, check_torchrun_rank, check_readme_excerpt,
+                                                   check_kinds_counts)]
     only = requested()
     unknown = [n for n in only if n not in dict(checks)]
     if unknown:
