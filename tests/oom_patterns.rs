@@ -135,6 +135,57 @@ fn a_cache_whose_retry_fails_stood_in_one_dump_with_its_retry() {
 }
 
 #[test]
+fn a_recovered_request_followed_by_one_that_stands_is_one_story() {
+    // An op's output recovers after the cache is released; the next op's, of the same size,
+    // finds nothing left to release and the program dies of it. The user reads one failure: no
+    // "recovered" line before the alarm, one dump, which counts the recovery just before it.
+    // `twice-dumped`: the first request's provisional dump is on disk before it recovers (a
+    // process killed then keeps it), and goes when the second request's story takes it in.
+    for arg in ["twice", "twice-dumped"] {
+        one_story_after_a_recovery(arg);
+    }
+}
+
+fn one_story_after_a_recovery(arg: &str) {
+    let (dir, _, shim) = run(&["cache", arg], "2G", &[]);
+    let out = stdout(&shim);
+    assert!(
+        out.contains("activation allocated after 1 failure(s)")
+            && out.contains("next activation refused after 2 failure(s)"),
+        "{out}"
+    );
+    assert_eq!(shim.status.code(), Some(1));
+    let err = stderr(&shim);
+    assert!(!err.contains("(recovered)"), "{err}");
+    let files = dump_files(dir.path());
+    let all = dumps(dir.path());
+    assert_eq!(all.len(), 1, "{err}");
+    let req = all[0].failed_request.as_ref().unwrap();
+    assert_eq!(req.bytes, 512 * MIB);
+    assert_eq!(req.recovered, Some(false));
+    assert_eq!(req.failures_in_burst, 2, "the failure and its retry");
+    assert_eq!(req.recovered_before, 1, "the request just before it");
+    let lines = summaries(&err);
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains(
+            "cudaMalloc of 512.00 MiB failed; 2 failures with its retries; 1 earlier request \
+             recovered just before)"
+        ),
+        "{}",
+        lines[0]
+    );
+    agree(&lines[0], &files[0], &all[0]);
+    // Nothing else in the directory: the first request's provisional dump went with it.
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+}
+
+#[test]
 fn two_failures_of_different_sizes_ms_apart_get_two_dumps_and_a_repeat_none() {
     let (dir, _, shim) = run(&["two"], "2G", &[]);
     let files = dump_files(dir.path());

@@ -590,6 +590,228 @@ fn the_hook_adds_no_name_a_program_could_import() {
     }
 }
 
+/// torch's caching allocator at a block it cannot find, on the simulated device: `cudaMalloc`,
+/// and when it fails the cached segments freed (`cudaFree`) and the same size asked again; when
+/// that fails too, the OOM observers called, then OutOfMemoryError raised. `cache` holds what
+/// the program freed (torch keeps it), `kept` what it still uses.
+const TORCH_RETRY: &str = r#"
+sim.simcall_free.argtypes = [ctypes.c_void_p]
+import time
+GiB = 1 << 30
+kept, cache = [], []
+
+class OutOfMemoryError(RuntimeError):
+    pass
+
+def torch_malloc(n):
+    p = sim.simcall_alloc(n)
+    if p:
+        return p
+    while cache:
+        sim.simcall_free(cache.pop())
+    p = sim.simcall_alloc(n)
+    if p:
+        return p
+    torch._fake_oom(0, n, 2 * GiB, 0)
+    raise OutOfMemoryError(f"CUDA out of memory. Tried to allocate {n >> 20} MiB")
+
+def fill(cached_mib, free_mib):
+    """The device (2 GiB, 256 MiB of it the context's) as kept 128 MiB blocks, `cached_mib` of
+    them in torch's cache, and `free_mib` left free."""
+    for _ in range((1792 - free_mib) // 128):
+        kept.append(sim.simcall_alloc(128 * MiB))
+    assert all(kept), "the device is not as full as planned"
+    for _ in range(cached_mib // 128):
+        cache.append(kept.pop())
+
+def step(n):
+    """One op's output of `n` bytes; the program's own line for the dump."""
+    return torch_malloc(n)  # the program's line
+
+def caught(n):
+    try:
+        step(n)
+        return "fits"
+    except OutOfMemoryError:
+        return "OutOfMemoryError"
+"#;
+
+/// The stderr lines of the out-of-memory path: summaries (`CUDA out of memory`) and recovered
+/// requests' quiet lines, in order.
+fn stories(err: &str) -> Vec<String> {
+    err.lines()
+        .filter(|l| {
+            l.starts_with("oomshim: CUDA out of memory")
+                || l.contains("then its retry succeeded (recovered)")
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// stderr's summary `line` says the top finding of the dump at `path`, and `oomshim report`
+/// judges that dump the same.
+fn agrees(line: &str, path: &Path) {
+    let d = dump::read::read_dump(path).unwrap();
+    let top = &d.verdict.findings[0];
+    assert!(
+        line.ends_with(&format!("{}: {}", top.kind, top.headline)),
+        "stderr says\n  {line}\nthe dump says\n  {}: {}",
+        top.kind,
+        top.headline
+    );
+    let rep = Command::new(&common::python_side().cli)
+        .args(["report", "--json"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
+    assert_eq!(j["verdict"]["kind"], d.verdict.kind.as_str());
+    assert_eq!(
+        j["verdict"]["findings"][0]["headline"],
+        top.headline.as_str()
+    );
+}
+
+/// (resolution, bytes, recovered_before) of each dump in `dir`, in the order written.
+fn outcomes(dir: &Path) -> Vec<(String, u64, u32)> {
+    common::dumps(dir)
+        .iter()
+        .map(|d| {
+            let r = d.failed_request.as_ref().unwrap();
+            (
+                r.resolution.clone().unwrap_or_default(),
+                r.bytes,
+                r.recovered_before,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn torchs_free_the_cache_and_retry_is_one_story_whatever_its_outcome() {
+    let mib = 1u64 << 20;
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        // The retry succeeds: one quiet line, its dump says so.
+        let e = env().unwrap();
+        let body = "fill(512, 128)\nprint(caught(512 * MiB))\n";
+        let out = python(&e, launcher, &program(&format!("{TORCH_RETRY}{body}")), &[]);
+        assert_eq!(stdout(&out), "fits");
+        assert_eq!(
+            outcomes(&e.dumps),
+            [("retry_succeeded".to_string(), 512 * mib, 0)]
+        );
+        assert_eq!(
+            stories(&stderr(&out)),
+            [format!(
+                "oomshim: cudaMalloc of 512.00 MiB on device 0 failed, then its retry succeeded \
+                 (recovered); dump: {}",
+                dump::units::clean_path(&dumps(&e.dumps)[0])
+            )]
+        );
+
+        // The retry fails and torch raises: one dump with both failures, one story.
+        let e = env().unwrap();
+        let body = "fill(128, 128)\nprint(caught(512 * MiB))\n";
+        let out = python(&e, launcher, &program(&format!("{TORCH_RETRY}{body}")), &[]);
+        assert_eq!(stdout(&out), "OutOfMemoryError");
+        assert_eq!(
+            outcomes(&e.dumps),
+            [("framework_raised".to_string(), 512 * mib, 0)]
+        );
+        let lines = stories(&stderr(&out));
+        assert_eq!(lines.len(), 1, "{launcher:?}: {}", stderr(&out));
+        assert!(
+            lines[0].contains(
+                "(cudaMalloc of 512.00 MiB failed; 2 failures with its retries; torch raised \
+                 OutOfMemoryError)"
+            ),
+            "{}",
+            lines[0]
+        );
+        agrees(&lines[0], &dumps(&e.dumps)[0]);
+
+        // Two ops' outputs of one size back to back: the first recovers (the cache freed for
+        // it), the second finds nothing left to free and torch raises. One story: no
+        // "recovered" line before the alarm, one dump that counts the recovery.
+        let e = env().unwrap();
+        let body = "fill(512, 128)\nprint(caught(512 * MiB), caught(512 * MiB))\n";
+        let out = python(&e, launcher, &program(&format!("{TORCH_RETRY}{body}")), &[]);
+        assert_eq!(stdout(&out), "fits OutOfMemoryError");
+        assert_eq!(
+            outcomes(&e.dumps),
+            [("framework_raised".to_string(), 512 * mib, 1)]
+        );
+        let lines = stories(&stderr(&out));
+        assert_eq!(lines.len(), 1, "{launcher:?}: {}", stderr(&out));
+        assert!(
+            lines[0].contains(
+                "(cudaMalloc of 512.00 MiB failed; 2 failures with its retries; torch raised \
+                 OutOfMemoryError; 1 earlier request recovered just before)"
+            ),
+            "{}",
+            lines[0]
+        );
+        agrees(&lines[0], &dumps(&e.dumps)[0]);
+        assert_eq!(
+            files(&e.dumps, "json").len(),
+            1,
+            "nothing left of the recovered request"
+        );
+    }
+}
+
+#[test]
+fn a_smaller_retry_after_torch_raised_is_a_new_request_and_a_new_story() {
+    let mib = 1u64 << 20;
+    // The program catches OutOfMemoryError, drops its batch (torch caches it) and tries half the
+    // size: cudaMalloc fails while torch holds the batch, torch frees it and the retry succeeds.
+    let e = env().unwrap();
+    let body = "fill(128, 128)\nprint(caught(GiB))\ncache.extend(kept.pop() for _ in range(4))\nprint(caught(GiB // 2))\n";
+    let out = python(
+        &e,
+        Launcher::Preload,
+        &program(&format!("{TORCH_RETRY}{body}")),
+        &[],
+    );
+    assert_eq!(stdout(&out), "OutOfMemoryError\nfits");
+    assert_eq!(
+        outcomes(&e.dumps),
+        [
+            ("framework_raised".to_string(), 1024 * mib, 0),
+            ("retry_succeeded".to_string(), 512 * mib, 0)
+        ]
+    );
+    let lines = stories(&stderr(&out));
+    assert_eq!(lines.len(), 2, "{}", stderr(&out));
+    assert!(lines[0].contains("(cudaMalloc of 1.00 GiB failed; 2 failures with its retries; torch raised OutOfMemoryError)"), "{}", lines[0]);
+    agrees(&lines[0], &dumps(&e.dumps)[0]);
+    assert!(lines[1].starts_with("oomshim: cudaMalloc of 512.00 MiB on device 0 failed, then its retry succeeded (recovered)"), "{}", lines[1]);
+
+    // Half the size fails too (nothing to free): torch raises again, a second story.
+    let e = env().unwrap();
+    let body = "fill(128, 128)\nprint(caught(GiB))\nprint(caught(GiB // 2))\n";
+    let out = python(
+        &e,
+        Launcher::Preload,
+        &program(&format!("{TORCH_RETRY}{body}")),
+        &[],
+    );
+    assert_eq!(stdout(&out), "OutOfMemoryError\nOutOfMemoryError");
+    assert_eq!(
+        outcomes(&e.dumps),
+        [
+            ("framework_raised".to_string(), 1024 * mib, 0),
+            ("framework_raised".to_string(), 512 * mib, 0)
+        ]
+    );
+    let lines = stories(&stderr(&out));
+    assert_eq!(lines.len(), 2, "{}", stderr(&out));
+    for (line, path) in lines.iter().zip(dumps(&e.dumps)) {
+        assert!(line.contains("torch raised OutOfMemoryError"), "{line}");
+        agrees(line, &path);
+    }
+}
+
 #[test]
 fn the_same_oom_caught_again_and_again_is_one_dump_and_a_count() {
     let Some(e) = env() else { return };

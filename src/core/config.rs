@@ -66,7 +66,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "OOMSHIM_SETTLE",
         default: "2s",
-        meaning: "How long a failure's dump waits to learn whether a retry recovered it (at most 600s); torch's word (through the Python hook) ends the wait at once, and with the hook attached the wait is at least 30s. Without a framework hook a provisional dump is written at once and replaced when the outcome is known. `0` writes the dump before the failing call returns (with `recovered: null`); it blocks that thread only.",
+        meaning: "How long a failure's dump waits to learn whether a retry recovered it (at most 600s); torch's word (through the Python hook) ends the wait at once, and with the hook attached the wait is at least 30s. Without a framework hook a provisional dump is written at once and replaced when the outcome is known. A recovered failure then waits as long again: a failure on its device by then tells its story (no line or dump of its own). `0` writes the dump before the failing call returns (with `recovered: null`); it blocks that thread only.",
     },
     Setting {
         name: "OOMSHIM_LOG",
@@ -294,7 +294,8 @@ pub struct Config {
     /// failures over it are counted in the next dump.
     pub max_dumps_per_minute: Option<u64>,
     /// `OOMSHIM_SETTLE`: how long the writer waits after a failure to learn whether a retry
-    /// recovered it, before writing the dump and the summary.
+    /// recovered it, before writing the dump and the summary; and how long a recovered failure
+    /// waits for a failure on its device that would tell its story.
     pub settle: Duration,
     /// `OOMSHIM_LOG`: a tracing filter (e.g. `debug`) for the shim's own logs; off when unset.
     pub log: Option<String>,

@@ -55,6 +55,7 @@ pub fn oom_dump(request: u64, total: Option<u64>, free: Option<u64>, tracked: u6
             recovered: None,
             resolution: None,
             last_failure: None,
+            recovered_before: 0,
         }),
         devices: vec![DeviceInfo {
             index: 0,

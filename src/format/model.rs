@@ -924,6 +924,11 @@ pub struct FailedRequest {
     /// State at the last failure of the burst (after the framework freed what it could).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<LastFailure>,
+    /// Failed requests on this device whose retry succeeded just before this one failed (within
+    /// `OOMSHIM_SETTLE` of their recovery): the same running out of memory, told in this dump
+    /// instead of dumps of their own. 0 (absent) when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub recovered_before: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1122,8 +1127,8 @@ pub struct FreeBlocks {
 /// Blocks a dump's `segment_map` holds at most (about 100 bytes of JSON each).
 pub const SEGMENT_MAP_MAX_BLOCKS: usize = 100_000;
 
-fn is_zero(n: &u64) -> bool {
-    *n == 0
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 /// One segment the allocator got from CUDA, with its blocks in address order.

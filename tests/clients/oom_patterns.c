@@ -8,6 +8,13 @@
  *                   succeeds and the loop goes on to its end.
  *   cache raise     the same, but the cache is too small: the retry fails too and the
  *                   "framework" raises (prints OutOfMemoryError and exits 1).
+ *   cache twice     two requests of the same size back to back, as an op's output and the next
+ *                   op's (attention scores, then their softmax): the first fails, the cache is
+ *                   released and its retry succeeds; the second fails with nothing left to
+ *                   release, its retry fails too and the "framework" raises (exits 1).
+ *   cache twice-dumped  as `twice`, but the cache is released only once a dump is in
+ *                   $OOMSHIM_DIR (at most 5 s; at once without the shim): the first request's
+ *                   provisional dump is on disk before it recovers.
  *   two             two distinct failures 3 ms apart on one thread: 256 MiB (caught: the
  *                   program allocates 4 KiB and goes on), then 96 MiB; then the 96 MiB failure
  *                   again after another success (a repeat).
@@ -94,6 +101,16 @@ static void program_step(void) {
 #define CACHE_MAX 4096
 static void *g_cache[CACHE_MAX];
 static int g_ncache;
+/* `cache twice-dumped`: a failure waits for a dump on disk before the cache is released. */
+static int g_wait_dump;
+static int has_dump(const char *dir);
+
+/* Waits (at most `ms`) for a finished dump in $OOMSHIM_DIR; at once without the shim. */
+static void wait_for_dump(long ms) {
+    if (!dlsym(RTLD_DEFAULT, "oomshim_step")) return;
+    const char *dir = getenv("OOMSHIM_DIR");
+    for (long waited = 0; waited < ms && !has_dump(dir); waited += 10) sleep_ms(10);
+}
 
 NAMED static int cache_release_all(void) {
     int n = g_ncache;
@@ -109,6 +126,7 @@ NAMED static void *cache_malloc(size_t n, int *failures) {
     void *p = NULL;
     if (cudaMalloc(&p, n) == cudaSuccess) return p;
     (*failures)++;
+    if (g_wait_dump) wait_for_dump(5000);
     cache_release_all();
     if (cudaMalloc(&p, n) == cudaSuccess) return p;
     (*failures)++;
@@ -120,18 +138,24 @@ NAMED static void cache_free(void *p) {
     else cudaFree(p);
 }
 
-NAMED static int train_with_cache(int recover) {
+NAMED static int train_with_cache(int recover, int twice) {
     /* Warm the cache: 64 MiB blocks used once and "freed" into the cache. */
     int failures = 0;
-    int warm = recover ? 8 : 1;
+    int warm = recover || twice ? 8 : 1;
     void *tmp[8];
     for (int i = 0; i < warm; i++) tmp[i] = cache_malloc(64 * MiB, &failures);
     for (int i = 0; i < warm; i++) cache_free(tmp[i]);
     /* The model: fills the device up to 256 MiB short. */
     fill_leaving(256 * MiB);
     /* A large activation: no room, until the cache is released. */
-    void *big = cache_malloc(recover ? 512 * MiB : 768 * MiB, &failures);
+    void *big = cache_malloc(recover || twice ? 512 * MiB : 768 * MiB, &failures);
     printf("activation %s after %d failure(s)\n", big ? "allocated" : "refused", failures);
+    if (big && twice) {
+        /* The next op's output, of the same size: the cache was released for the first. */
+        failures = 0;
+        big = cache_malloc(512 * MiB, &failures);
+        printf("next activation %s after %d failure(s)\n", big ? "allocated" : "refused", failures);
+    }
     if (!big) {
         printf("OutOfMemoryError\n");
         return 1;
@@ -393,7 +417,10 @@ NAMED static int fill_then_abort(long ms, int until_dumped) {
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     const char *arg = argc > 2 ? argv[2] : "";
-    if (!strcmp(mode, "cache")) return train_with_cache(!strcmp(arg, "recover"));
+    if (!strcmp(mode, "cache")) {
+        g_wait_dump = !strcmp(arg, "twice-dumped");
+        return train_with_cache(!strcmp(arg, "recover"), !strcmp(arg, "twice") || g_wait_dump);
+    }
     if (!strcmp(mode, "two")) return two_failures();
     if (!strcmp(mode, "spread")) return spread_leak();
     if (!strcmp(mode, "nofree")) return never_free(atoi(arg));
@@ -404,6 +431,6 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "grow")) return growing_inputs();
     if (!strcmp(mode, "abort")) return fill_then_abort(atol(arg), 0);
     if (!strcmp(mode, "abort-dumped")) return fill_then_abort(atol(arg), 1);
-    fprintf(stderr, "usage: oom_patterns cache recover|raise | two | spread | nofree 0|1 | layers | load | late N | static | abort MS | abort-dumped MS\n");
+    fprintf(stderr, "usage: oom_patterns cache recover|raise|twice|twice-dumped | two | spread | nofree 0|1 | layers | load | late N | static | abort MS | abort-dumped MS\n");
     return 2;
 }

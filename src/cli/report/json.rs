@@ -22,7 +22,8 @@ use dump::view::{frame_label, named_frames};
 /// - `post_mortem`: `null`, or the dump's `post_mortem` section as it is (a dump that
 ///   `oomshim run` reconstructed after its program died: docs/dump-schema.md).
 /// - `failed_request`: `null` or `bytes`, `bytes_human`, `api`, `device`, `error_code`,
-///   `recovery` (`recovered` | `stood` | `unknown`), `failures_in_burst`, `top_frames`,
+///   `recovery` (`recovered` | `stood` | `unknown`), `failures_in_burst`, `recovered_before`
+///   (requests that recovered just before it, told in its dump), `top_frames`,
 ///   `last_failure` (`null` or `bytes`, `api`, `time_unix_ms`, `tracked_bytes`, `free_bytes`,
 ///   `total_bytes`).
 /// - `devices[]`: `index`, `name`, `total_bytes`, `free_bytes`, `used_bytes`, `tracked_bytes`,
@@ -231,7 +232,7 @@ pub fn process_json(dump: &Dump) -> Value {
 }
 
 /// The failed request, without its stack: `bytes`, `api`, `device`, `error_code`, `recovery`,
-/// `failures_in_burst`, `last_failure` (both reports' `failed_request`).
+/// `failures_in_burst`, `recovered_before`, `last_failure` (both reports' `failed_request`).
 pub fn failed_request_json(r: &RequestView) -> Value {
     let req = r.request;
     json!({
@@ -241,6 +242,7 @@ pub fn failed_request_json(r: &RequestView) -> Value {
         "error_code": req.error_code,
         "recovery": r.recovery.word(),
         "failures_in_burst": req.failures_in_burst,
+        "recovered_before": req.recovered_before,
         "last_failure": req.last_failure.as_ref().map(last_failure_json),
     })
 }

@@ -48,6 +48,8 @@ pub(crate) struct BurstInfo {
     /// Failures before this one that got no dump (repeats, over the cap).
     pub repeats: u64,
     pub suppressed: u64,
+    /// Requests that recovered just before this one failed, told in its dump.
+    pub recovered_before: u32,
 }
 
 /// What is read outside CUDA about a failure, as soon after it as possible (the writer reads it
@@ -258,6 +260,7 @@ pub(crate) fn assemble(
             recovered: burst.and_then(|b| b.resolution.recovered()),
             resolution: burst.map(|b| b.resolution.word().to_string()),
             last_failure: burst.map(|b| b.last.clone()),
+            recovered_before: burst.map_or(0, |b| b.recovered_before),
         }
     });
     let free_blocks = framework

@@ -315,6 +315,7 @@ fn json_report_keys_are_stable() {
                     "error_code",
                     "failures_in_burst",
                     "last_failure",
+                    "recovered_before",
                     "recovery",
                     "top_frames"
                 ]

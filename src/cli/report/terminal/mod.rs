@@ -440,12 +440,20 @@ fn failed_request(out: &mut String, c: &Ctx, view: &RequestView) {
         Recovery::Unknown => "unknown: the dump was written before a retry could be seen",
     };
     kv_wrapped(out, c, "outcome", outcome);
-    kv_wrapped(
-        out,
-        c,
-        "burst",
-        &plural(r.failures_in_burst.into(), "failure", "failures"),
-    );
+    let mut burst = plural(r.failures_in_burst.into(), "failure", "failures");
+    if r.recovered_before > 0 {
+        // Told here rather than in dumps of their own (see the dump's `recovered_before`).
+        let _ = write!(
+            burst,
+            "; {} just before recovered",
+            plural(
+                r.recovered_before.into(),
+                "earlier request",
+                "earlier requests"
+            )
+        );
+    }
+    kv_wrapped(out, c, "burst", &burst);
     if let Some(l) = &r.last_failure {
         let mut text = format!(
             "{} via {}",

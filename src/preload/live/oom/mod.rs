@@ -62,6 +62,9 @@ struct State {
     writer_pid: u32,
     /// Requests being written by a thread now (the exit flush waits for them).
     writing: u32,
+    /// Provisional dumps of requests that ended without a dump of their own (absorbed into a
+    /// later failure's story), for the writer to remove.
+    stale: Vec<PathBuf>,
 }
 
 /// Requests kept once done (for matching a late framework word and for tests); older ones go.
@@ -157,6 +160,11 @@ impl OomTracker {
             self.open.fetch_sub(1, Ordering::Relaxed);
             self.changed.notify_all();
         }
+        // A new request: recovered ones on its device that are still held are its story's.
+        let recovered_before = st.absorb_recovered(ev.device, now, s.config().settle);
+        if !st.stale.is_empty() {
+            self.changed.notify_all();
+        }
         st.next_id += 1;
         let id = st.next_id;
         // After the exit flush the writer thread may never run again (the process is ending):
@@ -202,6 +210,7 @@ impl OomTracker {
                     }),
                     repeats,
                     suppressed,
+                    recovered_before,
                     ..Request::first_failure(id, thread, ev.device, ev.bytes, last, now)
                 });
                 self.open.fetch_add(1, Ordering::Relaxed);
@@ -224,6 +233,7 @@ impl OomTracker {
                     stacks,
                     thread,
                     started: now,
+                    recovered_before,
                 };
                 self.write_now(s, st, failure)
             }
@@ -239,7 +249,7 @@ impl OomTracker {
         }
         let mut st = self.lock();
         if let Some(r) = st.open_request_of(thread) {
-            if r.success(bytes) {
+            if r.success(bytes, Instant::now()) {
                 let id = r.id;
                 self.open.fetch_sub(1, Ordering::Relaxed);
                 // A recovered failure is no failure to repeat (the same one again is news), and
@@ -357,7 +367,12 @@ impl OomTracker {
                 ..super::FailureContext::without_cuda(Some(note.device), mem_info)
             },
         };
-        let capture = match self.admit_and_capture(s, self.lock(), &ev, stacks, now, 0) {
+        let mut st = self.lock();
+        let recovered_before = st.absorb_recovered(ev.device, now, s.config().settle);
+        if !st.stale.is_empty() {
+            self.changed.notify_all();
+        }
+        let capture = match self.admit_and_capture(s, st, &ev, stacks, now, 0) {
             Admitted::Capture(capture) => capture,
             Admitted::Repeat(p, _) => return Handled::Repeat(p),
             Admitted::NoDump => return Handled::NoDump,
@@ -371,6 +386,7 @@ impl OomTracker {
             stacks,
             thread,
             started: now,
+            recovered_before,
         };
         self.write_now(s, self.lock(), failure)
     }

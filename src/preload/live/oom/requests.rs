@@ -36,12 +36,21 @@ pub(super) struct Request {
     /// A framework's own refusal (no CUDA call failed): a later word of the framework is a new
     /// failure, never about this one.
     pub(super) framework_only: bool,
+    /// When its retry succeeded. A recovered request waits `OOMSHIM_SETTLE` after it before its
+    /// dump and line: a failure on its device by then is the same running out of memory, and
+    /// tells its story ([`State::absorb_recovered`]).
+    pub(super) recovered_at: Option<Instant>,
+    /// Recovered requests its story tells (they got no dump of their own).
+    pub(super) recovered_before: u32,
+    /// The writer is writing its provisional dump now (the job is out).
+    pub(super) provisional_writing: bool,
 }
 
 /// Where a request is. Every change of stage is one of `Request`'s methods below:
 /// - Open, `retry`: stays Open (same thread, device and size, no success in between);
 /// - Open, `success` smaller than the request: Open with `moved_on` (the next failure is new);
-/// - Open, `success` at least the request's size: Stood(RetrySucceeded);
+/// - Open, `success` at least the request's size: Stood(RetrySucceeded), held for
+///   `OOMSHIM_SETTLE` (a new failure on its device by then absorbs it: Done, no dump);
 /// - Open, `provisional_written`: Open with `provisional`;
 /// - Open, `stand(outcome)`: Stood(outcome) (next request failed, framework raised, settle
 ///   expired, process exit);
@@ -98,6 +107,9 @@ impl Request {
             repeats: 0,
             suppressed: 0,
             framework_only: false,
+            recovered_at: None,
+            recovered_before: 0,
+            provisional_writing: false,
         }
     }
 
@@ -169,14 +181,15 @@ impl Request {
         is_retry
     }
 
-    /// A successful allocation of `bytes` on its thread while open: true when it is the retry
-    /// that recovered (then it stood), else the thread moved on.
-    pub(super) fn success(&mut self, bytes: u64) -> bool {
+    /// A successful allocation of `bytes` on its thread at `now` while open: true when it is the
+    /// retry that recovered (then it stood), else the thread moved on.
+    pub(super) fn success(&mut self, bytes: u64, now: Instant) -> bool {
         let Stage::Open { moved_on, .. } = &mut self.stage else {
             return false;
         };
         if !*moved_on && bytes >= self.bytes {
             self.stage = Stage::Stood(Resolution::RetrySucceeded);
+            self.recovered_at = Some(now);
             true
         } else {
             *moved_on = true;
@@ -192,6 +205,25 @@ impl Request {
             self.stage = Stage::Stood(outcome);
         }
         was_open
+    }
+
+    /// Recovered, its dump not written yet, and within `hold` of its recovery at `now`: a
+    /// failure on its device now tells its story.
+    pub(super) fn held_recovered(&self, now: Instant, hold: Duration) -> bool {
+        self.stage == Stage::Stood(Resolution::RetrySucceeded)
+            && (self.job.is_some() || self.provisional_writing)
+            && self
+                .recovered_at
+                .is_some_and(|at| now.saturating_duration_since(at) <= hold)
+    }
+
+    /// Until when a recovered request whose dump is not written yet waits (`hold` after its
+    /// recovery); None for any other.
+    pub(super) fn hold_until(&self, hold: Duration) -> Option<Instant> {
+        match self.stage {
+            Stage::Stood(Resolution::RetrySucceeded) => self.recovered_at.map(|at| at + hold),
+            _ => None,
+        }
     }
 
     /// Its provisional dump was written (or tried).
@@ -243,6 +275,23 @@ impl State {
             std::mem::take(&mut self.repeats),
             std::mem::take(&mut self.suppressed),
         )
+    }
+
+    /// A new failure on `device` at `now`: the recovered requests there still within `hold` of
+    /// their recovery end without a dump of their own (Done): the program is running out of
+    /// memory again, and the new failure's story tells them. Returns how many (with those they
+    /// had absorbed); their provisional dumps are left in `stale` for the writer to remove.
+    pub(super) fn absorb_recovered(&mut self, device: i32, now: Instant, hold: Duration) -> u32 {
+        let mut count = 0;
+        for r in self.requests.iter_mut() {
+            if r.device == device && r.held_recovered(now, hold) {
+                count += 1 + r.recovered_before;
+                r.job = None;
+                r.finish();
+                self.stale.extend(r.path.take());
+            }
+        }
+        count
     }
 
     /// Forgets the oldest done requests beyond [`KEEP_DONE`].
@@ -388,10 +437,10 @@ mod tests {
             "another device is another request"
         );
         // A smaller success: the thread moved on, and the same size again is a new request.
-        assert!(!r.success(GIB / 2));
+        assert!(!r.success(GIB / 2, Instant::now()));
         assert!(!r.retry(0, GIB, last(GIB)));
         assert!(
-            !r.success(2 * GIB),
+            !r.success(2 * GIB, Instant::now()),
             "after moving on no success is its retry"
         );
         assert_eq!(r.failures, 2);
@@ -420,10 +469,51 @@ mod tests {
     #[test]
     fn a_retry_that_gets_at_least_its_size_recovers_it() {
         let mut r = open(1);
-        assert!(r.success(GIB));
+        assert!(r.success(GIB, Instant::now()));
         assert_eq!(r.stage, Stage::Stood(Resolution::RetrySucceeded));
-        assert!(!r.success(GIB), "it stood already");
+        assert!(!r.success(GIB, Instant::now()), "it stood already");
         assert!(!r.retry(0, GIB, last(GIB)));
+    }
+
+    #[test]
+    fn a_new_failure_within_the_hold_takes_in_the_recovered_requests_of_its_device() {
+        let hold = Duration::from_secs(2);
+        let t0 = Instant::now();
+        // Recovered at t0, its provisional dump on disk and being rewritten (no job to hand).
+        let recovered = |id: u64, device: i32, before: u32| {
+            let mut r = Request::first_failure(id, 7, device, GIB, last(GIB), t0);
+            assert!(r.success(GIB, t0));
+            r.path = Some(format!("/tmp/d-{id}.json").into());
+            r.provisional_writing = true;
+            r.recovered_before = before;
+            r
+        };
+        let mut st = State::default();
+        st.requests.push(recovered(1, 0, 2));
+        st.requests.push(recovered(2, 1, 0));
+        st.requests.push(open(3));
+        assert_eq!(st.requests[0].hold_until(hold), Some(t0 + hold));
+        assert_eq!(st.requests[2].hold_until(hold), None, "not recovered");
+        // After the hold, nothing is taken in.
+        assert_eq!(st.absorb_recovered(0, t0 + 2 * hold, hold), 0);
+        assert!(st.stale.is_empty());
+        // Within it: the one of device 0, with the two it had taken in; device 1's stays, and
+        // so does the open request.
+        assert_eq!(st.absorb_recovered(0, t0 + hold / 2, hold), 3);
+        assert_eq!(
+            st.requests[0].stage,
+            Stage::Done(Resolution::RetrySucceeded)
+        );
+        assert!(st.requests[0].hold_until(hold).is_none() && st.requests[0].path.is_none());
+        assert_eq!(st.stale, [std::path::PathBuf::from("/tmp/d-1.json")]);
+        assert!(st.requests[1].held_recovered(t0, hold));
+        assert!(st.requests[2].is_open());
+        // Taken in once only.
+        assert_eq!(st.absorb_recovered(0, t0 + hold / 2, hold), 0);
+        // A recovered request whose dump is being written for good (no job, not provisional)
+        // tells its own story.
+        st.requests[1].provisional_writing = false;
+        assert_eq!(st.absorb_recovered(1, t0, hold), 0);
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub(super) fn summary_lines(dump: &Dump, written: &Result<Written, WriteError>) 
     {
         notes.push("torch raised OutOfMemoryError".to_string());
     }
+    if req.recovered_before > 0 {
+        notes.push(recovered_before_note(req.recovered_before));
+    }
     let r = &dump.recording;
     if r.repeated_failures + r.suppressed_dumps > 0 {
         notes.push(format!(
@@ -97,6 +100,18 @@ pub(super) fn summary_lines(dump: &Dump, written: &Result<Written, WriteError>) 
         out.push_str(&format!("; retry: {}", r.hint));
     }
     Some(out)
+}
+
+/// The requests on the device that recovered just before this failure (told in its story).
+fn recovered_before_note(n: u32) -> String {
+    if n == 1 {
+        "1 earlier request recovered just before".to_string()
+    } else {
+        format!(
+            "{} earlier requests recovered just before",
+            thousands(n.into())
+        )
+    }
 }
 
 /// Said once at exit: the failures after the last dump that got none of their own, and the
@@ -200,6 +215,21 @@ mod summary_tests {
                 "oomshim: CUDA out of memory on device 0 (cudaMalloc of 2.00 GiB failed; 3 failures with its retries; \
                  torch raised OutOfMemoryError; 2 earlier failures without a dump): own_allocations"
             ),
+            "{text}"
+        );
+        // Requests that recovered just before it are part of its story.
+        d.failed_request.as_mut().unwrap().recovered_before = 1;
+        let text = summary_lines(&d, &written()).unwrap();
+        assert!(
+            text.contains(
+                "torch raised OutOfMemoryError; 1 earlier request recovered just before; 2 earlier"
+            ),
+            "{text}"
+        );
+        d.failed_request.as_mut().unwrap().recovered_before = 1200;
+        let text = summary_lines(&d, &written()).unwrap();
+        assert!(
+            text.contains("; 1,200 earlier requests recovered just before;"),
             "{text}"
         );
     }

@@ -26,6 +26,8 @@ pub(super) struct WriteNow<'a> {
     pub(super) stacks: (StackId, StackId),
     pub(super) thread: u64,
     pub(super) started: Instant,
+    /// Recovered requests its story tells.
+    pub(super) recovered_before: u32,
 }
 
 impl OomTracker {
@@ -46,6 +48,7 @@ impl OomTracker {
             stacks,
             thread,
             started,
+            recovered_before,
         } = failure;
         let (repeats, suppressed) = st.take_without_dump();
         let writing = self.start_writing(&mut st);
@@ -57,6 +60,7 @@ impl OomTracker {
             last,
             repeats,
             suppressed,
+            recovered_before,
         };
         let (dump, written) = assemble_and_write(s, &capture, burst, framework, facts, None);
         print_summary(&dump, &written);
@@ -143,6 +147,7 @@ impl OomTracker {
                     }
                 }
                 Work::Write { id, provisional } => self.write_request(s, id, provisional),
+                Work::Remove(paths) => remove_all(&paths),
             }
         }
     }
@@ -153,6 +158,9 @@ impl OomTracker {
         loop {
             let now = Instant::now();
             let flushing = st.flushing;
+            if !st.stale.is_empty() {
+                return Work::Remove(std::mem::take(&mut st.stale));
+            }
             // Facts first, for every new request.
             if let Some(r) = st
                 .requests
@@ -173,6 +181,17 @@ impl OomTracker {
                 } else {
                     s.config().settle
                 };
+                if let Some(until) = r.hold_until(s.config().settle) {
+                    // Recovered: a failure on its device within the hold tells its story.
+                    if !flushing && now < until {
+                        wait = wait.min(until - now);
+                        continue;
+                    }
+                    return Work::Write {
+                        id: r.id,
+                        provisional: false,
+                    };
+                }
                 let deadline = r.started + settle;
                 if !r.is_open() || flushing || now >= deadline {
                     return Work::Write {
@@ -230,6 +249,7 @@ impl OomTracker {
             }
         };
         let Some(job) = r.job.take() else { return };
+        r.provisional_writing = provisional;
         if resolution == Resolution::RetrySucceeded {
             // The first recovered failure gets its dump and one quiet line; later ones (a cache
             // that keeps running full and recovering) are counted and said once at exit.
@@ -259,6 +279,7 @@ impl OomTracker {
             last: r.last.clone(),
             repeats: r.repeats,
             suppressed: r.suppressed,
+            recovered_before: r.recovered_before,
         };
         let framework = r.framework.clone();
         let existing = r.path.clone();
@@ -289,15 +310,23 @@ impl OomTracker {
         writing.done(&mut st);
         let mut path = None;
         if let Some(r) = st.requests.iter_mut().find(|r| r.id == id) {
-            if let Ok(w) = &written {
-                r.path = Some(w.path.clone());
-            }
-            path = r.path.clone();
-            if provisional {
-                r.provisional_written();
-                r.job = Some(job);
+            r.provisional_writing = false;
+            if provisional && r.is_done() {
+                // A later failure's story took it in while this was written: no dump of its own.
+                if let Ok(w) = &written {
+                    let _ = std::fs::remove_file(&w.path);
+                }
             } else {
-                r.finish();
+                if let Ok(w) = &written {
+                    r.path = Some(w.path.clone());
+                }
+                path = r.path.clone();
+                if provisional {
+                    r.provisional_written();
+                    r.job = Some(job);
+                } else {
+                    r.finish();
+                }
             }
         }
         if let Some(d) = st.dumped.iter_mut().find(|d| d.request == id) {
@@ -339,6 +368,7 @@ impl OomTracker {
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
         }
+        remove_all(&std::mem::take(&mut st.stale));
         let (repeats, suppressed, recovered) = (st.repeats, st.suppressed, st.recovered_quiet);
         if (repeats > 0 || suppressed > 0 || recovered > 0) && !st.said_at_exit {
             st.said_at_exit = true;
@@ -412,7 +442,18 @@ impl Drop for Writing<'_> {
 
 enum Work {
     Facts(u64, i32),
-    Write { id: u64, provisional: bool },
+    Write {
+        id: u64,
+        provisional: bool,
+    },
+    /// Provisional dumps of requests that ended without one of their own.
+    Remove(Vec<std::path::PathBuf>),
+}
+
+fn remove_all(paths: &[std::path::PathBuf]) {
+    for p in paths {
+        let _ = std::fs::remove_file(p);
+    }
 }
 
 /// Assembles the dump of a failed request from its capture and `facts` (read at the failure)
