@@ -813,6 +813,55 @@ fn a_smaller_retry_after_torch_raised_is_a_new_request_and_a_new_story() {
 }
 
 #[test]
+fn a_process_killed_before_torch_speaks_keeps_a_provisional_dump() {
+    // The failure's first moments: torch frees its cache and retries (seconds on a busy
+    // device) before its observer speaks. A process SIGKILLed then keeps a dump of the
+    // failure: provisional (its outcome unknown), written at once in the background.
+    let Some(e) = env() else { return };
+    let body = r#"
+import signal, time
+kept = []
+while True:
+    p = sim.simcall_alloc(128 * MiB)
+    if not p:
+        break
+    kept.append(p)
+d = os.environ["OOMSHIM_DIR"]
+for _ in range(500):
+    if any(n.endswith(".json") for n in os.listdir(d)):
+        break
+    time.sleep(0.01)
+os.kill(os.getpid(), signal.SIGKILL)
+"#;
+    let side = common::python_side();
+    let mut cmd = Command::new(&side.python);
+    cmd.env("LD_PRELOAD", &side.lib)
+        .env("OOMSHIM_DIR", &e.dumps)
+        .args(["-c", &program(body), e.simcall.to_str().unwrap()])
+        .env(
+            "PYTHONPATH",
+            format!("{}:{}", e.fake.display(), e.user_site.display()),
+        )
+        .env("SIMCUDA_CAPACITY", "2G")
+        .env_remove("OOMSHIM_TORCH_HOOK")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    std::fs::create_dir_all(&e.dumps).unwrap();
+    let out = common::wait_with_watchdog(cmd, std::time::Duration::from_secs(60));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(9), "{}", stderr(&out));
+    let all = common::dumps(&e.dumps);
+    assert_eq!(all.len(), 1, "{}", stderr(&out));
+    let req = all[0].failed_request.as_ref().unwrap();
+    assert_eq!(req.bytes, 128 << 20);
+    assert_eq!(
+        req.recovered, None,
+        "provisional: the outcome was not known"
+    );
+    assert_eq!(req.resolution.as_deref(), Some("unknown"));
+}
+
+#[test]
 fn the_same_oom_caught_again_and_again_is_one_dump_and_a_count() {
     let Some(e) = env() else { return };
     // Three OutOfMemoryErrors from one line, as a loop that catches them and goes on.

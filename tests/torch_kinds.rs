@@ -1328,6 +1328,13 @@ sys.stdin.readline()
         let (mut child, first) = start_with_live_region(&e, launcher, body, &live);
         let start = std::time::Instant::now();
         let mut top = String::new();
+        // The dump is final once torch raised ("ready"); the region may show its provisional
+        // dump's headline until the next publish.
+        let final_headline = if first == "ready" {
+            the_dump(&e.dumps).1.verdict.headline().to_string()
+        } else {
+            String::new()
+        };
         while first == "ready" && start.elapsed() < std::time::Duration::from_secs(20) {
             let out = Command::new(&side.cli)
                 .args(["top", "--once", "--dir"])
@@ -1335,7 +1342,7 @@ sys.stdin.readline()
                 .output()
                 .unwrap();
             top = String::from_utf8_lossy(&out.stdout).into_owned();
-            if top.contains("(dump ") {
+            if top.contains(&format!("{final_headline}  (dump ")) {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(200));

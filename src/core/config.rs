@@ -66,7 +66,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "OOMSHIM_SETTLE",
         default: "2s",
-        meaning: "How long a failure's dump waits to learn whether a retry recovered it (at most 600s); torch's word (through the Python hook) ends the wait at once, and with the hook attached the wait is at least 30s. Without a framework hook a provisional dump is written at once and replaced when the outcome is known. A recovered failure then waits as long again: a failure on its device by then tells its story (no line or dump of its own). `0` writes the dump before the failing call returns (with `recovered: null`); it blocks that thread only.",
+        meaning: "How long a failure's dump waits to learn whether a retry recovered it (at most 600s); torch's word (through the Python hook) ends the wait at once, and with the hook attached the wait is at least 30s. A provisional dump is written at once in the background and replaced when the outcome is known. A recovered failure then waits as long again: a failure on its device by then tells its story (no line or dump of its own). `0` writes the dump before the failing call returns (with `recovered: null`); it blocks that thread only.",
     },
     Setting {
         name: "OOMSHIM_LOG",

@@ -199,15 +199,15 @@ impl OomTracker {
                         provisional: false,
                     };
                 }
-                if !r.hooked
-                    && matches!(
-                        r.stage,
-                        Stage::Open {
-                            provisional: false,
-                            ..
-                        }
-                    )
-                {
+                // A provisional dump at once, framework hook or not: a process killed before
+                // the outcome is known (SIGKILL while torch empties its cache) keeps it.
+                if matches!(
+                    r.stage,
+                    Stage::Open {
+                        provisional: false,
+                        ..
+                    }
+                ) {
                     return Work::Write {
                         id: r.id,
                         provisional: true,
@@ -499,12 +499,14 @@ pub(in crate::live) fn write(s: &Shim, dump: &Dump) -> Result<Written, WriteErro
     Ok(written)
 }
 
-/// Replaces this process's provisional dump at `path` with `dump`.
+/// Replaces this process's provisional dump at `path` with `dump`, and the headline the live
+/// summary shows with its own.
 fn rewrite(path: &std::path::Path, dump: &Dump) -> Result<Written, WriteError> {
     let bytes = serde_json::to_vec_pretty(dump).map_err(|e| WriteError {
         message: e.to_string(),
     })?;
     dump::write::rewrite_dump(path, &bytes)?;
+    crate::publish::note_dump(dump, path);
     Ok(Written {
         path: path.to_path_buf(),
         fell_back: None,
