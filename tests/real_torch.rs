@@ -63,3 +63,112 @@ fn real_torch_programs_compute_and_see_exactly_what_they_do_bare() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Runs `python prog.py ARGS` in `dir` under `oomshim run --torch-allocator`: (stdout, the
+/// shim's line saying allocator mode is off, if any).
+fn under_allocator_mode(python: &str, dir: &Path, args: &[&str]) -> (String, Option<String>) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_oomshim"));
+    cmd.args(["run", "--torch-allocator", "--lib"])
+        .arg(common::shim_lib())
+        .arg("--dir")
+        .arg(dir.join("dumps"))
+        .args(["--", python, "prog.py"])
+        .args(args)
+        .current_dir(dir)
+        .env_remove("LD_PRELOAD")
+        .env_remove("PYTHONPATH")
+        .env_remove("OOMSHIM_TORCH_ALLOCATOR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = common::wait_with_watchdog(cmd, std::time::Duration::from_secs(300));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    let off = err
+        .lines()
+        .find(|l| l.starts_with("oomshim: allocator mode is off"))
+        .map(str::to_string);
+    (String::from_utf8_lossy(&out.stdout).trim().to_string(), off)
+}
+
+/// Writes `files` (path below `dir`, text) into a fresh `dir`.
+fn program_dir(dir: &Path, files: &[(&str, &str)]) {
+    for (name, text) in files {
+        let path = dir.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+}
+
+#[test]
+fn allocator_mode_is_decided_by_what_the_program_imports() {
+    let python = std::env::var("OOMSHIM_TEST_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_torch = Command::new(&python)
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_torch {
+        common::skip("torch");
+        return;
+    }
+    const PRINT_BACKEND: &str = "print(torch.cuda.get_allocator_backend())\n";
+    let tmp = tempfile::tempdir().unwrap();
+
+    // prog.py imports only torch; a sibling it never imports asks for CUDA graphs, so does a
+    // config beside it that nothing names: allocator mode stays on.
+    let alone = tmp.path().join("alone");
+    program_dir(
+        &alone,
+        &[
+            ("prog.py", &format!("import torch\n{PRINT_BACKEND}")),
+            (
+                "other.py",
+                "import torch\nf = torch.compile(lambda x: x, mode=\"reduce-overhead\")\n",
+            ),
+            ("conf.yaml", "compile:\n  mode: max-autotune\n"),
+        ],
+    );
+    assert_eq!(
+        under_allocator_mode(&python, &alone, &[]),
+        ("pluggable".to_string(), None)
+    );
+
+    // prog.py imports a package whose module asks for CUDA graphs (through a relative import):
+    // torch keeps its allocator, and the line names that module's line.
+    let imports = tmp.path().join("imports");
+    program_dir(
+        &imports,
+        &[
+            (
+                "prog.py",
+                &format!("import torch\nfrom helpers import model\n{PRINT_BACKEND}"),
+            ),
+            ("helpers/__init__.py", ""),
+            ("helpers/model.py", "import torch\nfrom . import compiled\n"),
+            (
+                "helpers/compiled.py",
+                "import torch\n\nstep = torch.compile(lambda x: x, mode=\"reduce-overhead\")\n",
+            ),
+            ("unused.py", "import torch\npool = torch.cuda.MemPool()\n"),
+        ],
+    );
+    let (backend, off) = under_allocator_mode(&python, &imports, &[]);
+    assert_eq!(backend, "native");
+    assert_eq!(
+        off.as_deref(),
+        Some(
+            "oomshim: allocator mode is off for this process, torch keeps its own allocator \
+             (watched as under LD_PRELOAD): helpers/compiled.py:3 uses torch.compile with CUDA \
+             graphs (mode=\"reduce-overhead\"), which torch cannot run on a pluggable allocator \
+             (OOMSHIM_TORCH_ALLOCATOR=force overrides)"
+        )
+    );
+
+    // A config the command line names is what the program runs with.
+    let (backend, off) = under_allocator_mode(&python, &alone, &["--config", "conf.yaml"]);
+    assert_eq!(backend, "native");
+    assert!(
+        off.as_deref().is_some_and(|l| l
+            .contains(": conf.yaml:2 uses torch.compile with CUDA graphs (mode=\"max-autotune\")")),
+        "{off:?}"
+    );
+}

@@ -835,10 +835,21 @@ fn the_program_is_read_for_features_no_pluggable_allocator_serves() {
     let Some(e) = env() else { return };
     let dir = e.tmp.path().join("prog");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("train.py"), "import torch\nx = 1\n").unwrap();
+    // train.py imports model.py; a sibling it never imports, a comment and a docstring ask for
+    // CUDA graphs too, and a config names them: only what the program runs counts.
+    std::fs::write(
+        dir.join("train.py"),
+        "\"\"\"Train. Not with mode=\"reduce-overhead\".\"\"\"\nimport torch\nimport model  # cudnn.benchmark = True was slower\nx = 1\n",
+    )
+    .unwrap();
     std::fs::write(
         dir.join("model.py"),
         "import torch\n\n\npool = torch.cuda.MemPool()\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("other.py"),
+        "import torch\nf = torch.compile(lambda x: x, mode=\"reduce-overhead\")\n",
     )
     .unwrap();
     std::fs::write(dir.join("conf.yaml"), "compile:\n  mode: max-autotune\n").unwrap();
@@ -854,11 +865,15 @@ fn the_program_is_read_for_features_no_pluggable_allocator_serves() {
 import oomshim.torch as ot
 for row in ot.unservable_uses([{train:?}]):
     print(*row, sep=" | ")
+print("-")
+for row in ot.unservable_uses([{train:?}, "--config", {conf:?}]):
+    print(*row, sep=" | ")
 print("--")
 print(ot.unservable_uses([{serve:?}, "--lr", "0.1"]))
 print(ot.unservable_uses(["-c", "--compile-mode", "reduce-overhead"]))
 "#,
         train = dir.join("train.py").display().to_string(),
+        conf = dir.join("conf.yaml").display().to_string(),
         serve = clean.join("serve.py").display().to_string(),
     );
     let out = python(&e, &program, &[]);
@@ -871,6 +886,8 @@ print(ot.unservable_uses(["-c", "--compile-mode", "reduce-overhead"]))
     assert_eq!(
         text.lines().collect::<Vec<_>>(),
         [
+            format!("{}:4 | torch.cuda.MemPool", rel("model.py")).as_str(),
+            "-",
             format!(
                 "{}:2 | torch.compile with CUDA graphs (mode=\"max-autotune\")",
                 rel("conf.yaml")

@@ -116,7 +116,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "OOMSHIM_TORCH_ALLOCATOR",
         default: "0",
-        meaning: "`1` makes the injected hook enable allocator mode right after the program imports torch (what `oomshim run --torch-allocator` sets), unless the program's command line, script or the sources beside it ask for a feature torch cannot run on a pluggable allocator (CUDA-graph `torch.compile`, `MemPool`, `cudnn.benchmark`): then torch keeps its own allocator, watched as under `LD_PRELOAD`, and one line says why. `force` skips that reading.",
+        meaning: "`1` makes the injected hook enable allocator mode right after the program imports torch (what `oomshim run --torch-allocator` sets), unless the program's command line, the config files it names, its script or the modules of its own that it imports ask for a feature torch cannot run on a pluggable allocator (CUDA-graph `torch.compile`, `MemPool`, `cudnn.benchmark`): then torch keeps its own allocator, watched as under `LD_PRELOAD`, and one line says why. `force` skips that reading.",
     },
     Setting {
         name: "OOMSHIM_LIVE",

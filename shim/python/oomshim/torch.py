@@ -543,44 +543,61 @@ _UNSERVABLE = [
     (re.compile(r"\bMemPool\b|\buse_mem_pool\b"), "torch.cuda.MemPool"),
     (re.compile(r"cudnn\.benchmark\s*=\s*True"), "cudnn.benchmark (torch asks the allocator for cacheInfo)"),
 ]
-# How much of a program is read: the main script, then the Python sources and small configs
-# beside it (not below), until one of these limits.
+# How much of a program is read: the main script, then the program's own modules it imports
+# (transitively, in the order met) and the config files its command line names, until one of
+# these limits.
 _SCAN_FILES = 200
 _SCAN_BYTES = 8 << 20
-_SCAN_EXTS = (".py", ".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")
+_CONFIG_EXTS = (".yaml", ".yml", ".json", ".toml", ".cfg", ".ini")
+# Modules never read as the program's: torch (its own sources name every feature) and oomshim.
+_NOT_THE_PROGRAM = ("torch", "oomshim", "_oomshim_hook")
+# Import statements (a `from` list in parentheses, or continued with backslashes) and imports by
+# a literal name. Read by pattern, not parsed: a program's whole sources are read before its
+# first CUDA call, and Python's parser takes seconds for megabytes.
+_IMPORT = re.compile(r"^[ \t]*import[ \t]+([^\n#;]*(?:\\\n[^\n#;]*)*)", re.M)
+_FROM_IMPORT = re.compile(
+    r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]*(\([^)]*\)|[^\n#;]*(?:\\\n[^\n#;]*)*)", re.M
+)
+_IMPORT_BY_NAME = re.compile(r"(?:import_module|__import__)\(\s*[\"']([\w.]+)[\"']")
 
 
 def unservable_uses(argv=None):
     """Where this program asks for a feature torch cannot run on a pluggable allocator: a list of
-    (where, feature), read from the command line, the main script and the sources and configs in
-    its directory. Empty when none is seen (a program can still reach one through a library or a
-    computed string: `enable()` keeps those working, see the module's docstring)."""
+    (where, feature), read from the command line, the config files it names, the main script
+    and the program's own modules that it imports (those found on `sys.path` outside the
+    standard library and installed packages, followed from import to import; comments and
+    docstrings do not count). A file the program does not import is not read. Empty when none
+    is seen (a program can still reach one through a library or a computed string: `enable()`
+    keeps those working, see the module's docstring)."""
     argv = sys.argv if argv is None else argv
     found = []
 
-    def look(where, text):
+    def look(where, text, python):
         for pattern, feature in _UNSERVABLE:
+            if any(f == feature for _, f in found):
+                continue
             m = pattern.search(text)
-            if m and not any(f == feature for _, f in found):
+            if m and python:
+                # Only the code counts: the text again with comments and docstrings blanked.
+                m = pattern.search(_code_only(text))
+            if m:
                 line = text.count("\n", 0, m.start()) + 1
                 found.append((f"{where}:{line}" if where != "the command line" else where, feature))
 
-    look("the command line", " ".join(str(a) for a in argv[1:]))
-    script = argv[0] if argv else ""
-    if not script or not os.path.isfile(script):
-        return found
-    script = os.path.abspath(script)
-    paths = [script]
-    try:
-        here = os.path.dirname(script)
-        paths += sorted(
-            os.path.join(here, n) for n in os.listdir(here) if n.endswith(_SCAN_EXTS)
-        )
-    except OSError:
-        pass
-    budget, seen = _SCAN_BYTES, set()
-    for path in paths[: _SCAN_FILES + 1]:
-        if path in seen or budget <= 0:
+    look("the command line", " ".join(str(a) for a in argv[1:]), False)
+    # Config files named on the command line (`--config train.yaml`, `--config=train.yaml`).
+    configs = [a for a in (str(a).partition("=")[2] or str(a) for a in argv[1:])
+               if a.endswith(_CONFIG_EXTS) and os.path.isfile(a)]
+    script = os.path.abspath(str(argv[0])) if argv and os.path.isfile(str(argv[0])) else None
+    # The script's directory is where Python imports its modules from first (sys.path[0]),
+    # except under `python -m`, where that is the working directory (on sys.path already).
+    by_module = argv is sys.argv and getattr(sys.modules.get("__main__"), "__spec__", None) is not None
+    resolve = _OwnModules([os.path.dirname(script)] if script and not by_module else [])
+    paths = ([script] if script else []) + configs
+    budget, seen, read = _SCAN_BYTES, set(), 0
+    while paths and read <= _SCAN_FILES and budget > 0:
+        path = os.path.abspath(paths.pop(0))
+        if path in seen:
             continue
         seen.add(path)
         try:
@@ -590,9 +607,140 @@ def unservable_uses(argv=None):
                 data = f.read(budget)
         except OSError:
             continue
+        read += 1
         budget -= len(data)
-        look(os.path.relpath(path), data.decode("utf-8", "replace"))
+        text = data.decode("utf-8", "replace")
+        python = path.endswith(".py")
+        look(os.path.relpath(path), text, python)
+        if python:
+            paths += [p for p in resolve.imported_by(path, text) if p not in seen]
     return found
+
+
+def _code_only(text):
+    """`text` (Python source) with its comments and docstrings (strings that are statements of
+    their own) blanked, lines kept; the text itself when it does not tokenize."""
+    import io
+    import tokenize
+
+    lines = io.StringIO(text).readlines()
+    blank = []
+    try:
+        previous = tokenize.NEWLINE
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            statement_start = previous in (tokenize.NEWLINE, tokenize.NL, tokenize.INDENT,
+                                           tokenize.DEDENT, tokenize.ENCODING)
+            if tok.type == tokenize.COMMENT or (tok.type == tokenize.STRING and statement_start):
+                blank.append((tok.start, tok.end))
+            if tok.type not in (tokenize.COMMENT, tokenize.NL):
+                previous = tok.type
+        for (r0, c0), (r1, c1) in reversed(blank):
+            for r in range(r0, r1 + 1):
+                line = lines[r - 1]
+                a = c0 if r == r0 else 0
+                b = c1 if r == r1 else len(line.rstrip("\r\n"))
+                lines[r - 1] = line[:a] + " " * (b - a) + line[b:]
+    except (tokenize.TokenError, SyntaxError, IndexError):
+        return text
+    return "".join(lines)
+
+
+class _OwnModules:
+    """Finds the files of the program's own modules an import names: on `sys.path` as Python
+    searches it, where the first entry that has the name is not the standard library or an
+    installed package's directory."""
+
+    def __init__(self, first=()):
+        import sysconfig
+
+        libraries = set()
+        paths = sysconfig.get_paths()
+        for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+            if paths.get(key):
+                libraries.add(os.path.realpath(paths[key]))
+        self._libraries = libraries
+        self._entries = [os.path.realpath(e or os.getcwd())
+                         for e in [*first, *sys.path] if isinstance(e, str)]
+        self._top = {}
+
+    def _library(self, entry):
+        parts = entry.split(os.sep)
+        return ("site-packages" in parts or "dist-packages" in parts
+                or any(entry == lib or entry.startswith(lib + os.sep) for lib in self._libraries))
+
+    def _root_of(self, top):
+        """The sys.path entry that Python imports `top` from when it is the program's own, else
+        None."""
+        if top not in self._top:
+            root = None
+            if top not in sys.builtin_module_names and top not in _NOT_THE_PROGRAM:
+                for entry in self._entries:
+                    here = os.path.join(entry, top)
+                    if os.path.isdir(here) or os.path.isfile(here + ".py"):
+                        root = None if self._library(entry) else entry
+                        break
+            self._top[top] = root
+        return self._top[top]
+
+    @staticmethod
+    def _files_below(base, parts):
+        """The files that run when `parts` is imported from directory `base`: each package's
+        `__init__.py` on the way and the module itself ([] when it is not there)."""
+        files = []
+        for i, part in enumerate(parts):
+            here = os.path.join(base, part)
+            init = os.path.join(here, "__init__.py")
+            if os.path.isfile(init):
+                files.append(init)
+            elif i == len(parts) - 1 and os.path.isfile(here + ".py"):
+                return files + [here + ".py"]
+            elif not os.path.isdir(here):
+                return []
+            base = here
+        return files
+
+    def _absolute(self, name):
+        parts = [p for p in name.split(".") if p]
+        root = self._root_of(parts[0]) if parts else None
+        return self._files_below(root, parts) if root else []
+
+    def imported_by(self, path, text):
+        """The own modules' files the Python source `text` (of `path`) imports."""
+        out = []
+        for m in _IMPORT.finditer(text):
+            for name in _names(m.group(1)):
+                out += self._absolute(name)
+        for m in _FROM_IMPORT.finditer(text):
+            dots, module, names = m.group(1), m.group(2), _names(m.group(3))
+            if dots:
+                # Relative to the importing file's package.
+                base = os.path.dirname(path)
+                for _ in range(len(dots) - 1):
+                    base = os.path.dirname(base)
+                parts = [p for p in module.split(".") if p]
+                files = self._files_below(base, parts) if parts else []
+                out += files
+                below = os.path.join(base, *parts)
+                for n in names:
+                    out += self._files_below(below, [n])[-1:]
+            elif module:
+                out += self._absolute(module)
+                for n in names:
+                    out += self._absolute(f"{module}.{n}")[-1:]
+        for m in _IMPORT_BY_NAME.finditer(text):
+            out += self._absolute(m.group(1))
+        return out
+
+
+def _names(text):
+    """The module names of an import list (`a.b as c, d`, in parentheses or continued)."""
+    text = re.sub(r"#[^\n]*", "", text).replace("\\\n", " ").strip().strip("()")
+    names = []
+    for item in text.split(","):
+        name = item.split(" as ")[0].strip().split()
+        if name and name[0] != "*":
+            names.append(name[0])
+    return names
 
 
 def _nested(flat):

@@ -10,8 +10,9 @@ package (`_start`) and takes the directory off `sys.path` again. The hook:
 - waits for the program to import torch or jax itself (it never imports either into a program
   that doesn't, and never initialises CUDA);
 - torch, with `OOMSHIM_TORCH_ALLOCATOR=1` (`oomshim run --torch-allocator`): makes oomshim torch's
-  CUDA allocator right after torch is imported, unless the program's text asks for a feature torch
-  cannot run on a pluggable allocator (`unservable_uses` of `allocator.py`, the copy of
+  CUDA allocator right after torch is imported, unless the program's own code (its main script,
+  the modules of its own that it imports, the config files its command line names) asks for a
+  feature torch cannot run on a pluggable allocator (`unservable_uses` of `allocator.py`, the copy of
   `oomshim.torch` in this package; then one line says so and the next point applies; `force`
   skips the reading). A program that imports `oomshim.torch` itself shares that copy's state;
 - torch: registers torch's out-of-memory observer (through torch's lazy-initialisation queue; in
