@@ -624,7 +624,10 @@ for c in torch.compiled[1:]:
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 1, "one line, once: {err}");
     assert!(
-        lines[0].starts_with("oomshim: torch.compile runs without CUDA graphs in allocator mode (mode=\"reduce-overhead\""),
+        lines[0].starts_with(
+            "oomshim: torch.compile runs without CUDA graphs in allocator mode \
+             (mode=\"reduce-overhead\" at <string>:7 asked for them;"
+        ),
         "{err}"
     );
 }
@@ -962,8 +965,10 @@ fn oomshim_run_torch_allocator_keeps_torchs_allocator_for_a_program_that_asks_fo
     assert_eq!(ok(&out).trim(), "True default");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.trim()
-            .starts_with("oomshim: torch.compile runs without CUDA graphs in allocator mode"),
+        err.trim().starts_with(
+            "oomshim: torch.compile runs without CUDA graphs in allocator mode \
+             (mode=\"reduce-overhead\" at serve.py:2 asked for them;"
+        ),
         "{err}"
     );
 }

@@ -490,6 +490,15 @@ def _say_once(key, line):
 _GRAPH_MODES = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 
+def _called_at(frame):
+    """` at FILE:LINE` of the program's call in `frame` (its path relative to the working
+    directory), or nothing when it cannot be told."""
+    try:
+        return f" at {os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
+    except (AttributeError, ValueError, OSError):
+        return ""
+
+
 def _patch_compile(torch):
     """In allocator mode `torch.compile` runs without CUDA graphs: torch's CUDA graph trees
     checkpoint the allocator's pool between replays and re-attach their own deleters to live
@@ -523,7 +532,8 @@ def _patch_compile(torch):
         if asked:
             _say_once(
                 "compile",
-                f"oomshim: torch.compile runs without CUDA graphs in allocator mode ({asked} asked "
+                f"oomshim: torch.compile runs without CUDA graphs in allocator mode ({asked}"
+                f"{_called_at(sys._getframe(1))} asked "
                 "for them; torch's CUDA graph trees checkpoint the allocator, which a pluggable "
                 "allocator cannot serve): same kernels and results, the launch overhead stays. "
                 "Run without --torch-allocator to keep them.",
