@@ -553,6 +553,9 @@ _UNSERVABLE = [
     (re.compile(r"\bMemPool\b|\buse_mem_pool\b"), "torch.cuda.MemPool"),
     (re.compile(r"cudnn\.benchmark\s*=\s*True"), "cudnn.benchmark (torch asks the allocator for cacheInfo)"),
 ]
+# What every match of each pattern above contains: a file without it is not searched.
+_UNSERVABLE_WORDS = [("reduce-overhead",), ("max-autotune",), ("cudagraph",), ("MemPool", "use_mem_pool"),
+                     ("cudnn",)]
 # How much of a program is read: the main script, then the program's own modules it imports
 # (transitively, in the order met) and the config files its command line names, until one of
 # these limits.
@@ -583,16 +586,19 @@ def unservable_uses(argv=None):
     found = []
 
     def look(where, text, python):
-        for pattern, feature in _UNSERVABLE:
-            if any(f == feature for _, f in found):
+        prose = None
+        for (pattern, feature), words in zip(_UNSERVABLE, _UNSERVABLE_WORDS):
+            if any(f == feature for _, f in found) or not any(w in text for w in words):
                 continue
-            m = pattern.search(text)
-            if m and python:
-                # Only the code counts: the text again with comments and docstrings blanked.
-                m = pattern.search(_code_only(text))
-            if m:
+            for m in pattern.finditer(text):
+                if python:
+                    # Only the code counts, not its comments and docstrings.
+                    prose = prose or _Prose(text)
+                    if prose.covers(m.start()):
+                        continue
                 line = text.count("\n", 0, m.start()) + 1
                 found.append((f"{where}:{line}" if where != "the command line" else where, feature))
+                break
 
     look("the command line", " ".join(str(a) for a in argv[1:]), False)
     # Config files named on the command line (`--config train.yaml`, `--config=train.yaml`).
@@ -627,32 +633,46 @@ def unservable_uses(argv=None):
     return found
 
 
-def _code_only(text):
-    """`text` (Python source) with its comments and docstrings (strings that are statements of
-    their own) blanked, lines kept; the text itself when it does not tokenize."""
-    import io
-    import tokenize
+class _Prose:
+    """The comments and docstrings (strings that are statements of their own) of a Python
+    source, found by tokenizing it only as far as asked."""
 
-    lines = io.StringIO(text).readlines()
-    blank = []
-    try:
-        previous = tokenize.NEWLINE
-        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-            statement_start = previous in (tokenize.NEWLINE, tokenize.NL, tokenize.INDENT,
-                                           tokenize.DEDENT, tokenize.ENCODING)
+    def __init__(self, text):
+        import io
+        import tokenize
+
+        self._starts = [0]
+        for line in io.StringIO(text).readlines():
+            self._starts.append(self._starts[-1] + len(line))
+        self._tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+        self._previous = tokenize.NEWLINE
+        self._spans = []
+        self._upto = 0
+        self._done = False
+
+    def _offset(self, row_col):
+        row, col = row_col
+        return self._starts[min(row, len(self._starts)) - 1] + col
+
+    def covers(self, offset):
+        """Whether `offset` lies in a comment or a docstring. Past where the source stops
+        tokenizing, nothing does (what follows counts as code)."""
+        import tokenize
+
+        while not self._done and self._upto <= offset:
+            try:
+                tok = next(self._tokens)
+            except (StopIteration, tokenize.TokenError, SyntaxError):
+                self._done = True
+                break
+            statement_start = self._previous in (tokenize.NEWLINE, tokenize.NL, tokenize.INDENT,
+                                                 tokenize.DEDENT)
             if tok.type == tokenize.COMMENT or (tok.type == tokenize.STRING and statement_start):
-                blank.append((tok.start, tok.end))
+                self._spans.append((self._offset(tok.start), self._offset(tok.end)))
             if tok.type not in (tokenize.COMMENT, tokenize.NL):
-                previous = tok.type
-        for (r0, c0), (r1, c1) in reversed(blank):
-            for r in range(r0, r1 + 1):
-                line = lines[r - 1]
-                a = c0 if r == r0 else 0
-                b = c1 if r == r1 else len(line.rstrip("\r\n"))
-                lines[r - 1] = line[:a] + " " * (b - a) + line[b:]
-    except (tokenize.TokenError, SyntaxError, IndexError):
-        return text
-    return "".join(lines)
+                self._previous = tok.type
+            self._upto = self._offset(tok.end)
+        return any(a <= offset < b for a, b in self._spans)
 
 
 class _OwnModules:
