@@ -42,3 +42,39 @@ fn the_gpu_harness_logic_passes_its_tests() {
 fn the_zoo_corpus_logic_passes_its_tests() {
     python_unittest("tests/gpu/zoo/test_corpus.py");
 }
+
+/// The GPU checks of one story per failure and of allocator mode's choice, without a GPU: their
+/// programs compile, their judges accept the outputs they expect and refuse the ones the work
+/// removed, and the reading names the line they expect (each script's `--dry-run`).
+#[test]
+fn the_one_story_and_allocator_choice_checks_pass_their_dry_runs() {
+    if !common::require("python3") {
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for script in [
+        "tests/gpu/check_one_story.py",
+        "tests/gpu/check_allocator_choice.py",
+    ] {
+        let out_dir = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new("python3");
+        cmd.arg(root.join(script))
+            .arg(out_dir.path())
+            .arg("--dry-run")
+            .current_dir(root)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let out = common::wait_with_watchdog(cmd, Duration::from_secs(120));
+        let rows = std::fs::read_to_string(out_dir.path().join("rows.txt")).unwrap_or_default();
+        assert!(
+            out.status.success() && rows.lines().count() >= 2,
+            "{script}: {rows}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            rows.lines().all(|l| l.starts_with("[PASS] ")),
+            "{script}: {rows}"
+        );
+    }
+}

@@ -4,10 +4,8 @@
 
 use crate::common;
 
-use common::{dump_files, dumps, run_client};
-use dump::model::Dump;
+use common::{agree, dump_files, dumps, run_client};
 use dump::read::read_dump;
-use std::path::Path;
 use std::process::{Command, Output};
 
 const MIB: u64 = 1 << 20;
@@ -26,48 +24,6 @@ fn summaries(err: &str) -> Vec<String> {
         .filter(|l| l.starts_with("oomshim: CUDA out of memory"))
         .map(str::to_string)
         .collect()
-}
-
-/// The verdict `oomshim report --json` gives the dump file: (kind, top finding's headline).
-fn report_verdict(path: &Path) -> (String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_oomshim"))
-        .args(["report", "--json"])
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let kind = v["verdict"]["kind"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    // The headline of the top finding as judged now (recorded_verdict keeps the stored one).
-    let headline = v["verdict"]["findings"][0]["headline"]
-        .as_str()
-        .map(str::to_string)
-        .unwrap_or_else(|| {
-            v["recorded_verdict"]["findings"][0]["headline"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string()
-        });
-    (kind, headline)
-}
-
-/// stderr's line for `dump` says its top finding, and `oomshim report` judges it the same.
-fn agree(line: &str, path: &Path, dump: &Dump) {
-    let top = &dump.verdict.findings[0];
-    assert!(
-        line.ends_with(&format!("{}: {}", top.kind, top.headline)),
-        "stderr says\n  {line}\nthe dump says\n  {}: {}",
-        top.kind,
-        top.headline
-    );
-    let (kind, headline) = report_verdict(path);
-    assert_eq!(kind, dump.verdict.kind, "report vs dump");
-    if !headline.is_empty() {
-        assert_eq!(headline, top.headline, "report vs dump");
-    }
 }
 
 fn run(

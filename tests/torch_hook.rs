@@ -648,168 +648,112 @@ fn stories(err: &str) -> Vec<String> {
         .collect()
 }
 
-/// stderr's summary `line` says the top finding of the dump at `path`, and `oomshim report`
-/// judges that dump the same.
-fn agrees(line: &str, path: &Path) {
-    let d = dump::read::read_dump(path).unwrap();
-    let top = &d.verdict.findings[0];
-    assert!(
-        line.ends_with(&format!("{}: {}", top.kind, top.headline)),
-        "stderr says\n  {line}\nthe dump says\n  {}: {}",
-        top.kind,
-        top.headline
-    );
-    let rep = Command::new(&common::python_side().cli)
-        .args(["report", "--json"])
-        .arg(path)
-        .output()
-        .unwrap();
-    let j: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
-    assert_eq!(j["verdict"]["kind"], d.verdict.kind.as_str());
-    assert_eq!(
-        j["verdict"]["findings"][0]["headline"],
-        top.headline.as_str()
-    );
-}
-
-/// (resolution, bytes, recovered_before) of each dump in `dir`, in the order written.
-fn outcomes(dir: &Path) -> Vec<(String, u64, u32)> {
-    common::dumps(dir)
+/// Runs the program `body` after [`TORCH_RETRY`] under `launcher` and checks what a user reads:
+/// what it printed, each dump's (resolution, MiB, recovered_before) in order, and the stories on
+/// stderr in the same order: the summary of a dump that stood, containing `says[i]` (its top
+/// finding, and `oomshim report`'s, the dump's), or a recovered request's line, starting with it.
+/// Nothing else is left in the dump directory.
+fn stories_are(
+    launcher: Launcher,
+    body: &str,
+    printed: &str,
+    want: &[(&str, u64, u32)],
+    says: &[&str],
+) {
+    let e = env().unwrap();
+    let out = python(&e, launcher, &program(&format!("{TORCH_RETRY}{body}")), &[]);
+    let err = stderr(&out);
+    assert_eq!(stdout(&out), printed, "{launcher:?}: {err}");
+    let got: Vec<(String, u64, u32)> = common::dumps(&e.dumps)
         .iter()
         .map(|d| {
             let r = d.failed_request.as_ref().unwrap();
-            (
-                r.resolution.clone().unwrap_or_default(),
-                r.bytes,
-                r.recovered_before,
-            )
+            let resolution = r.resolution.clone().unwrap_or_default();
+            (resolution, r.bytes >> 20, r.recovered_before)
         })
-        .collect()
+        .collect();
+    let want: Vec<(String, u64, u32)> = want
+        .iter()
+        .map(|(r, m, b)| (r.to_string(), *m, *b))
+        .collect();
+    assert_eq!(got, want, "{launcher:?}: {err}");
+    let lines = stories(&err);
+    assert_eq!(lines.len(), says.len(), "{launcher:?}: {err}");
+    let paths = dumps(&e.dumps);
+    for ((line, said), (path, (resolution, ..))) in
+        lines.iter().zip(says).zip(paths.iter().zip(&got))
+    {
+        if resolution == "retry_succeeded" {
+            assert!(line.starts_with(said), "{launcher:?}: {line}");
+            assert!(line.ends_with(&dump::units::clean_path(path)), "{line}");
+        } else {
+            assert!(line.contains(said), "{launcher:?}: {line}");
+            common::agree(line, path, &dump::read::read_dump(path).unwrap());
+        }
+    }
+    assert_eq!(
+        files(&e.dumps, "json").len(),
+        got.len(),
+        "{launcher:?}: nothing but the dumps"
+    );
 }
+
+const RECOVERED_512: &str =
+    "oomshim: cudaMalloc of 512.00 MiB on device 0 failed, then its retry succeeded (recovered)";
+const RAISED_512: &str =
+    "(cudaMalloc of 512.00 MiB failed; 2 failures with its retries; torch raised OutOfMemoryError";
 
 #[test]
 fn torchs_free_the_cache_and_retry_is_one_story_whatever_its_outcome() {
-    let mib = 1u64 << 20;
     for launcher in [Launcher::Preload, Launcher::Run] {
         // The retry succeeds: one quiet line, its dump says so.
-        let e = env().unwrap();
         let body = "fill(512, 128)\nprint(caught(512 * MiB))\n";
-        let out = python(&e, launcher, &program(&format!("{TORCH_RETRY}{body}")), &[]);
-        assert_eq!(stdout(&out), "fits");
-        assert_eq!(
-            outcomes(&e.dumps),
-            [("retry_succeeded".to_string(), 512 * mib, 0)]
-        );
-        assert_eq!(
-            stories(&stderr(&out)),
-            [format!(
-                "oomshim: cudaMalloc of 512.00 MiB on device 0 failed, then its retry succeeded \
-                 (recovered); dump: {}",
-                dump::units::clean_path(&dumps(&e.dumps)[0])
-            )]
-        );
-
+        let recovered = [("retry_succeeded", 512, 0)];
+        stories_are(launcher, body, "fits", &recovered, &[RECOVERED_512]);
         // The retry fails and torch raises: one dump with both failures, one story.
-        let e = env().unwrap();
         let body = "fill(128, 128)\nprint(caught(512 * MiB))\n";
-        let out = python(&e, launcher, &program(&format!("{TORCH_RETRY}{body}")), &[]);
-        assert_eq!(stdout(&out), "OutOfMemoryError");
-        assert_eq!(
-            outcomes(&e.dumps),
-            [("framework_raised".to_string(), 512 * mib, 0)]
-        );
-        let lines = stories(&stderr(&out));
-        assert_eq!(lines.len(), 1, "{launcher:?}: {}", stderr(&out));
-        assert!(
-            lines[0].contains(
-                "(cudaMalloc of 512.00 MiB failed; 2 failures with its retries; torch raised \
-                 OutOfMemoryError)"
-            ),
-            "{}",
-            lines[0]
-        );
-        agrees(&lines[0], &dumps(&e.dumps)[0]);
-
+        let raised = [("framework_raised", 512, 0)];
+        let says = format!("{RAISED_512})");
+        stories_are(launcher, body, "OutOfMemoryError", &raised, &[&says]);
         // Two ops' outputs of one size back to back: the first recovers (the cache freed for
         // it), the second finds nothing left to free and torch raises. One story: no
         // "recovered" line before the alarm, one dump that counts the recovery.
-        let e = env().unwrap();
         let body = "fill(512, 128)\nprint(caught(512 * MiB), caught(512 * MiB))\n";
-        let out = python(&e, launcher, &program(&format!("{TORCH_RETRY}{body}")), &[]);
-        assert_eq!(stdout(&out), "fits OutOfMemoryError");
-        assert_eq!(
-            outcomes(&e.dumps),
-            [("framework_raised".to_string(), 512 * mib, 1)]
-        );
-        let lines = stories(&stderr(&out));
-        assert_eq!(lines.len(), 1, "{launcher:?}: {}", stderr(&out));
-        assert!(
-            lines[0].contains(
-                "(cudaMalloc of 512.00 MiB failed; 2 failures with its retries; torch raised \
-                 OutOfMemoryError; 1 earlier request recovered just before)"
-            ),
-            "{}",
-            lines[0]
-        );
-        agrees(&lines[0], &dumps(&e.dumps)[0]);
-        assert_eq!(
-            files(&e.dumps, "json").len(),
-            1,
-            "nothing left of the recovered request"
-        );
+        let one = [("framework_raised", 512, 1)];
+        let says = format!("{RAISED_512}; 1 earlier request recovered just before)");
+        stories_are(launcher, body, "fits OutOfMemoryError", &one, &[&says]);
     }
 }
 
 #[test]
 fn a_smaller_retry_after_torch_raised_is_a_new_request_and_a_new_story() {
-    let mib = 1u64 << 20;
+    let raised_1g = "(cudaMalloc of 1.00 GiB failed; 2 failures with its retries; torch raised \
+                     OutOfMemoryError)";
     // The program catches OutOfMemoryError, drops its batch (torch caches it) and tries half the
     // size: cudaMalloc fails while torch holds the batch, torch frees it and the retry succeeds.
-    let e = env().unwrap();
-    let body = "fill(128, 128)\nprint(caught(GiB))\ncache.extend(kept.pop() for _ in range(4))\nprint(caught(GiB // 2))\n";
-    let out = python(
-        &e,
+    let body = "fill(128, 128)\nprint(caught(GiB))\ncache.extend(kept.pop() for _ in range(4))\n\
+                print(caught(GiB // 2))\n";
+    let want = [("framework_raised", 1024, 0), ("retry_succeeded", 512, 0)];
+    let says = [raised_1g, RECOVERED_512];
+    stories_are(
         Launcher::Preload,
-        &program(&format!("{TORCH_RETRY}{body}")),
-        &[],
+        body,
+        "OutOfMemoryError\nfits",
+        &want,
+        &says,
     );
-    assert_eq!(stdout(&out), "OutOfMemoryError\nfits");
-    assert_eq!(
-        outcomes(&e.dumps),
-        [
-            ("framework_raised".to_string(), 1024 * mib, 0),
-            ("retry_succeeded".to_string(), 512 * mib, 0)
-        ]
-    );
-    let lines = stories(&stderr(&out));
-    assert_eq!(lines.len(), 2, "{}", stderr(&out));
-    assert!(lines[0].contains("(cudaMalloc of 1.00 GiB failed; 2 failures with its retries; torch raised OutOfMemoryError)"), "{}", lines[0]);
-    agrees(&lines[0], &dumps(&e.dumps)[0]);
-    assert!(lines[1].starts_with("oomshim: cudaMalloc of 512.00 MiB on device 0 failed, then its retry succeeded (recovered)"), "{}", lines[1]);
-
     // Half the size fails too (nothing to free): torch raises again, a second story.
-    let e = env().unwrap();
     let body = "fill(128, 128)\nprint(caught(GiB))\nprint(caught(GiB // 2))\n";
-    let out = python(
-        &e,
+    let want = [("framework_raised", 1024, 0), ("framework_raised", 512, 0)];
+    let raised = format!("{RAISED_512})");
+    let says = [raised_1g, raised.as_str()];
+    stories_are(
         Launcher::Preload,
-        &program(&format!("{TORCH_RETRY}{body}")),
-        &[],
+        body,
+        "OutOfMemoryError\nOutOfMemoryError",
+        &want,
+        &says,
     );
-    assert_eq!(stdout(&out), "OutOfMemoryError\nOutOfMemoryError");
-    assert_eq!(
-        outcomes(&e.dumps),
-        [
-            ("framework_raised".to_string(), 1024 * mib, 0),
-            ("framework_raised".to_string(), 512 * mib, 0)
-        ]
-    );
-    let lines = stories(&stderr(&out));
-    assert_eq!(lines.len(), 2, "{}", stderr(&out));
-    for (line, path) in lines.iter().zip(dumps(&e.dumps)) {
-        assert!(line.contains("torch raised OutOfMemoryError"), "{line}");
-        agrees(line, &path);
-    }
 }
 
 #[test]

@@ -624,3 +624,45 @@ pub fn only_dump(dir: &std::path::Path) -> dump::model::Dump {
     );
     dump::read::read_dump(&files[0]).unwrap_or_else(|e| panic!("{}: {e}", files[0].display()))
 }
+
+/// The verdict `oomshim report --json` gives the dump file: (kind, top finding's headline).
+pub fn report_verdict(path: &std::path::Path) -> (String, String) {
+    let out = cli().args(["report", "--json"]).arg(path).output().unwrap();
+    let (report, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&report).unwrap();
+    let kind = v["verdict"]["kind"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // The headline of the top finding as judged now (recorded_verdict keeps the stored one).
+    let headline = v["verdict"]["findings"][0]["headline"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| {
+            v["recorded_verdict"]["findings"][0]["headline"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        });
+    (kind, headline)
+}
+
+/// stderr's line for `dump` says its top finding, and `oomshim report` judges it the same.
+pub fn agree(line: &str, path: &std::path::Path, dump: &dump::model::Dump) {
+    let top = &dump.verdict.findings[0];
+    assert!(
+        line.ends_with(&format!("{}: {}", top.kind, top.headline)),
+        "stderr says\n  {line}\nthe dump says\n  {}: {}",
+        top.kind,
+        top.headline
+    );
+    let (kind, headline) = report_verdict(path);
+    assert_eq!(kind, dump.verdict.kind, "report vs dump");
+    if !headline.is_empty() {
+        assert_eq!(headline, top.headline, "report vs dump");
+    }
+}

@@ -18,10 +18,10 @@ H100 (most of it importing torch and compiling).
 
     main(root, lib, cli, out_dir) -> [(check, ok, detail)]
 
-Run alone: python3 tests/gpu/check_allocator_choice.py OUT_DIR (OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI
-name the build, default target/release/...). `--dry-run` writes the folders to OUT_DIR and checks
-that their files compile and that the reading (shim/python/oomshim/torch.py) names the marked
-line, without a GPU."""
+Run alone: python3 tests/gpu/check_allocator_choice.py OUT_DIR (tests/gpu/standalone.py:
+OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI name the build, default target/release/...). `--dry-run` writes
+the folders to OUT_DIR and checks that their files compile and that the reading
+(shim/python/oomshim/torch.py) names the marked line, without a GPU."""
 
 import os
 import subprocess
@@ -57,7 +57,8 @@ print(torch.cuda.get_allocator_backend(), bool(torch.allclose(y, x * 2 + 1)))
 ''',
         "helpers/__init__.py": "",
         "helpers/model.py": "from . import compiled\n\nstep = compiled.step\n",
-        "helpers/compiled.py": 'import torch\n\nstep = torch.compile(lambda x: x * 2 + 1, backend="cudagraphs")  # COMPILE_LINE\n',
+        "helpers/compiled.py": ('import torch\n\n'
+                                'step = torch.compile(lambda x: x * 2 + 1, backend="cudagraphs")  # COMPILE_LINE\n'),
     },
 }
 
@@ -153,25 +154,7 @@ def _dry_run(root, out):
     return rows
 
 
-def _keep(out_dir, line):
-    print(line, flush=True)
-    with open(os.path.join(out_dir, "rows.txt"), "a") as f:
-        f.write(line + "\n")
-
-
 if __name__ == "__main__":
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    args = [a for a in sys.argv[1:] if a != "--dry-run"]
-    out = args[0] if args else "/tmp/oomshim-allocator-choice"
-    os.makedirs(out, exist_ok=True)
-    if "--dry-run" in sys.argv:
-        results = _dry_run(here, out)
-    else:
-        lib = os.environ.get("OOMSHIM_GPU_LIB") or os.path.join(here, "target/release/liboomshim.so")
-        cli = os.environ.get("OOMSHIM_GPU_CLI") or os.path.join(here, "target/release/oomshim")
-        results = main(here, lib, cli, out)
-    failed = False
-    for c, ok, detail in results:
-        failed |= not ok
-        _keep(out, f"[{'PASS' if ok else 'FAIL'}] {c}: {detail}")
-    sys.exit(1 if failed else 0)
+    import standalone
+
+    sys.exit(standalone.run(main, _dry_run, "/tmp/oomshim-allocator-choice"))

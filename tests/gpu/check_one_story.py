@@ -28,10 +28,10 @@ run has a 180 s timeout; about 2-3 minutes in all on an H100.
 
     main(root, lib, cli, out_dir) -> [(check, ok, detail)]  (ok None: an [INFO] row)
 
-Run alone: python3 tests/gpu/check_one_story.py OUT_DIR (OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI name
-the build, default target/release/...). `--dry-run` writes the program to OUT_DIR, checks it
-compiles and that the checks of each case accept the outputs they expect and refuse the two
-stories this work removed, without a GPU."""
+Run alone: python3 tests/gpu/check_one_story.py OUT_DIR (tests/gpu/standalone.py:
+OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI name the build, default target/release/...). `--dry-run` writes
+the program to OUT_DIR, checks it compiles and that the checks of each case accept the outputs
+they expect and refuse the two stories this work removed, without a GPU."""
 
 import glob
 import json
@@ -217,7 +217,7 @@ def main(root, lib, cli, out_dir):
     return rows
 
 
-def _dry_run(out):
+def _dry_run(root, out):
     """Without a GPU: the program compiles, and each case's judge accepts what the case should
     print and refuses the two stories of one failure."""
     compile(PROGRAM, "one_story.py", "exec")
@@ -251,28 +251,7 @@ def _dry_run(out):
     return rows
 
 
-def _keep(out_dir, line):
-    print(line, flush=True)
-    with open(os.path.join(out_dir, "rows.txt"), "a") as f:
-        f.write(line + "\n")
-
-
 if __name__ == "__main__":
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    args = [a for a in sys.argv[1:] if a != "--dry-run"]
-    out = args[0] if args else "/tmp/oomshim-one-story"
-    os.makedirs(out, exist_ok=True)
-    if "--dry-run" in sys.argv:
-        results = _dry_run(out)
-    else:
-        lib = os.environ.get("OOMSHIM_GPU_LIB") or os.path.join(here, "target/release/liboomshim.so")
-        cli = os.environ.get("OOMSHIM_GPU_CLI") or os.path.join(here, "target/release/oomshim")
-        results = main(here, lib, cli, out)
-    failed = False
-    for c, ok, detail in results:
-        if ok is None:
-            _keep(out, f"[INFO] {c}: {detail}")
-            continue
-        failed |= not ok
-        _keep(out, f"[{'PASS' if ok else 'FAIL'}] {c}: {detail}")
-    sys.exit(1 if failed else 0)
+    import standalone
+
+    sys.exit(standalone.run(main, _dry_run, "/tmp/oomshim-one-story"))
