@@ -213,8 +213,15 @@ def judge(name, run, cpu):
     headline = top.get("headline", "")
     own = printed(out, "own parameters")
     counted = k.get("parameters_bytes")
-    rows = [("parameters as the program counts them", own is not None and counted == own,
-             f"dump {counted} B, program {own} B; short {k.get('short_kinds')}, {k.get('elapsed_ms')} ms")]
+    if name == "forty-eight blocks":
+        # The program counts the blocks it finished; the walk also finds the layers of the block
+        # being built when the device ran out (device memory too): within the 5%, never less.
+        ok = own is not None and counted is not None and own <= counted <= own * 1.05
+        what = "parameters as the program counts them, within 5% (the block being built counted too)"
+    else:
+        ok = own is not None and counted == own
+        what = "parameters as the program counts them"
+    rows = [(what, ok, f"dump {counted} B, program {own} B; short {k.get('short_kinds')}, {k.get('elapsed_ms')} ms")]
     held = " ".join(str(d) for d in k.get("duplicates") or [])
     if name == "forty models":
         listed, more = len(k.get("models") or []), k.get("more_models")

@@ -1335,6 +1335,18 @@ def check_kinds_counts():
     script_check("check_kinds_counts.py", timeout=330)
 
 
+def check_one_story():
+    """One story per failure with real torch: recovered, raised, back to back, a smaller retry,
+    under every launcher (about 3 min)."""
+    script_check("check_one_story.py", timeout=330)
+
+
+def check_allocator_choice():
+    """Allocator mode decided by what the program imports: an unused sibling keeps it on, an
+    imported module asking for CUDA graphs turns it off naming its line (about 1 min)."""
+    script_check("check_allocator_choice.py", timeout=240)
+
+
 def check_readme_excerpt():
     """What a PyTorch user sees at an OOM under both launchers, and the README's excerpt (about 2 min)."""
     script_check("check_readme_excerpt.py", timeout=330)
@@ -1386,7 +1398,7 @@ def main():
     checks += [("check_allocator_matrix", extra_check_allocator_matrix), ("check_kinds", extra_check_kinds),
                ("check_allocator_costs", check_allocator_costs)]
     checks += [(c.__name__, c) for c in (check_hook_same, check_flight_early, check_torchrun_rank, check_readme_excerpt,
-                                                   check_kinds_counts)]
+                                                   check_kinds_counts, check_one_story, check_allocator_choice)]
     only = requested()
     unknown = [n for n in only if n not in dict(checks)]
     if unknown:
