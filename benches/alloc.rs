@@ -8,7 +8,7 @@
 //! `cargo bench -p oomshim-benches --bench alloc`
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use oomshim_core::alloc::{AllocConfig, CachingAllocator, MemorySource};
+use oomshim_host::alloc::{AllocConfig, CachingAllocator, MemorySource};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};

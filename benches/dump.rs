@@ -21,7 +21,7 @@ const FRAMES: usize = 32;
 /// Return addresses of a real stack of this process, cycled to `FRAMES`.
 fn pool() -> Vec<usize> {
     let mut buf = [0usize; 64];
-    let n = oomshim_core::stacks::capture(&mut buf, false);
+    let n = oomshim_host::stacks::capture(&mut buf, false);
     assert!(n >= 3, "a real stack to vary");
     (0..FRAMES).map(|i| buf[i % n]).collect()
 }

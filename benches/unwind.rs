@@ -8,7 +8,7 @@
 //! `cargo bench -p oomshim-benches --bench unwind` (needs gcc for the C groups; they are skipped without it).
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use oomshim_core::stacks;
+use oomshim_host::stacks;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

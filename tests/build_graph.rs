@@ -106,6 +106,7 @@ fn the_demo_the_tests_and_the_wheel_build_every_shared_crate_with_the_same_featu
         "oomshim",
         "oomshim-preload",
         "oomshim-core",
+        "oomshim-host",
         "oomshim-format",
     ] {
         assert!(
@@ -164,6 +165,7 @@ fn no_doc_example_goes_untested() {
         "Cargo.toml",
         "src/format/Cargo.toml",
         "src/core/Cargo.toml",
+        "src/host/Cargo.toml",
         "src/preload/Cargo.toml",
     ] {
         let text = std::fs::read_to_string(root.join(manifest)).unwrap();

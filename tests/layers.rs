@@ -1,6 +1,7 @@
 //! The layers of the source tree. The workspace's crates are the layers, lowest first: the dump
-//! format (`src/format`, named `dump`), the core (`src/core`), the preload shim (`src/preload`,
-//! the crate `oomshim` that builds liboomshim.so) and the CLI (`src/cli`). Cargo refuses an import
+//! format (`src/format`, named `dump`), the core (`src/core`), the shim's machinery inside the
+//! host program (`src/host`), the preload shim (`src/preload`, the crate `oomshim` that builds
+//! liboomshim.so) and the CLI (`src/cli`, which names neither of the two above the core). Cargo refuses an import
 //! of a crate that is not a dependency, so this test keeps the dependencies themselves pointing
 //! down (each crate's Cargo.toml), keeps the CLI from naming the preload crate it depends on only
 //! so that building the CLI builds the shim, and, inside each crate, keeps its top-level modules
@@ -17,10 +18,16 @@ const CRATES: &[(&str, &str, &str, &[&str])] = &[
     ("src/format", "dump", "oomshim-format", &[]),
     ("src/core", "oomshim_core", "oomshim-core", &["dump"]),
     (
+        "src/host",
+        "oomshim_host",
+        "oomshim-host",
+        &["dump", "oomshim_core"],
+    ),
+    (
         "src/preload",
         "oomshim",
         "oomshim-preload",
-        &["dump", "oomshim_core"],
+        &["dump", "oomshim_core", "oomshim_host"],
     ),
     // The CLI depends on the preload crate only to build it: its code never names it.
     (

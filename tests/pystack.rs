@@ -15,7 +15,7 @@ use crate::common;
 use common::only_dump;
 use dump::model::{Dump, Frame, FrameKind, Holder, StackMerge};
 use oomshim_cli::testbed;
-use oomshim_core::pystack::MAX_PY_FRAMES;
+use oomshim_host::pystack::MAX_PY_FRAMES;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -780,7 +780,7 @@ print(json.dumps(out))
 
 #[test]
 fn line_tables_decode_like_cpython() {
-    use oomshim_core::pystack::{line_for, LineFormat};
+    use oomshim_host::pystack::{line_for, LineFormat};
     let Some(pythons) = pythons_or_skip() else {
         return;
     };

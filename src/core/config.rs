@@ -608,21 +608,6 @@ pub fn parse_fault(s: &str) -> Option<Fault> {
     }
 }
 
-/// The injected fault of this process, read from the environment on the first call.
-pub fn fault() -> Fault {
-    static FAULT: std::sync::OnceLock<Fault> = std::sync::OnceLock::new();
-    *FAULT.get_or_init(|| match std::env::var("OOMSHIM_FAULT") {
-        Err(_) => Fault::None,
-        Ok(v) => parse_fault(&v).unwrap_or_else(|| {
-            crate::say!(
-                "oomshim: ignoring OOMSHIM_FAULT={v:?}: expected `panic-in-alloc[:N]` or \
-                 `symbolize` (a test hook); using none"
-            );
-            Fault::None
-        }),
-    })
-}
-
 /// Default permission bits of a dump file (defined with the writer that applies them).
 pub use dump::write::DEFAULT_DUMP_MODE;
 

@@ -1,15 +1,13 @@
-//! oomshim-core: what the shim knows and concludes, as plain Rust testable without CUDA. Above
-//! the dump format (`dump`), below the hooks (`oomshim`, src/preload) and the CLI (src/cli).
+//! oomshim-core: what the shim and the CLI share, as plain Rust testable without CUDA: the
+//! settings ([`config`]), facts about the process and its machine ([`facts`]), the live
+//! region's format and reader ([`flight`]), the files a job leaves for its scheduler
+//! ([`jobfiles`]), the Python hook's files that both launchers install ([`pyhook`]) and the
+//! verdict ([`verdict`]). Above the dump format (`dump`), below the shim's machinery
+//! (`oomshim_host`, src/host), the hooks (`oomshim`, src/preload) and the CLI (src/cli).
 
-pub mod alloc;
 pub mod config;
 pub mod facts;
 pub mod flight;
 pub mod jobfiles;
-pub mod ledger;
-pub mod own_fd;
 pub mod pyhook;
-pub mod pystack;
-pub mod stacks;
-pub mod sys;
 pub mod verdict;

@@ -16,7 +16,7 @@ use oomshim_core::flight::layout::RegionWriter;
 use oomshim_core::flight::{
     LiveFailure, LiveKinds, LiveSummary, RssSample, LIVE_SCHEMA, RSS_SAMPLES,
 };
-use oomshim_core::sys::fn_ptr::FnPtr;
+use oomshim_host::sys::fn_ptr::FnPtr;
 use std::ffi::c_int;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
@@ -258,7 +258,7 @@ fn refused_by_limits() -> Option<&'static str> {
 }
 
 fn wake() {
-    oomshim_core::sys::doorbell::ring();
+    oomshim_host::sys::doorbell::ring();
 }
 
 /// What the publisher asks of the shim's state.
@@ -292,7 +292,7 @@ pub fn start(settings: Settings, source: Source) {
         .spawn(move || run(settings, source));
     if spawned.is_err() {
         (source.watch)(None);
-        oomshim_core::say!("oomshim: the live summary is off: cannot start its thread");
+        oomshim_host::say!("oomshim: the live summary is off: cannot start its thread");
     }
 }
 
@@ -361,12 +361,12 @@ impl Schedule {
             if now >= self.interval_at {
                 return;
             }
-            if oomshim_core::sys::doorbell::wait(Some(self.interval_at - now)) {
+            if oomshim_host::sys::doorbell::wait(Some(self.interval_at - now)) {
                 let now = Instant::now();
                 if now < self.change_at {
                     // Rings meanwhile are taken by this publish: it reads the state then.
                     std::thread::sleep(self.change_at - now);
-                    let _ = oomshim_core::sys::doorbell::wait(Some(Duration::ZERO));
+                    let _ = oomshim_host::sys::doorbell::wait(Some(Duration::ZERO));
                 }
                 return;
             }
@@ -386,23 +386,23 @@ fn run(settings: Settings, source: Source) {
     descriptors_of_its_own();
     let Some(id) = oomshim_core::flight::RegionId::of_this_process() else {
         (source.watch)(None);
-        oomshim_core::say!(
+        oomshim_host::say!(
             "oomshim: the live summary is off: /proc/self cannot say which process this is"
         );
         return;
     };
     // No region before the first device allocation (or failure): a program that never uses
     // CUDA has none, and `oomshim run` writes no post-mortem of it.
-    while !oomshim_core::sys::doorbell::wait(None) {}
+    while !oomshim_host::sys::doorbell::wait(None) {}
     let Some((mut writer, path, ino)) = create_region(&settings.dir, &id) else {
         (source.watch)(None);
         return;
     };
     // Resolved here, on this thread: `_exit` may later run where a lookup is not safe.
     // SAFETY: RTLD_NEXT is always a valid handle.
-    let real_exit = unsafe { oomshim_core::sys::real_dlsym_not_ours(libc::RTLD_NEXT, c"_exit") };
+    let real_exit = unsafe { oomshim_host::sys::real_dlsym_not_ours(libc::RTLD_NEXT, c"_exit") };
     REAL_EXIT.store(real_exit, Ordering::Release);
-    oomshim_core::stacks::cache_on_this_thread();
+    oomshim_host::stacks::cache_on_this_thread();
     let mut rss: Vec<RssSample> = Vec::new();
     let mut said = false;
     let mut budget = Budget::new();
@@ -428,7 +428,7 @@ fn run(settings: Settings, source: Source) {
             }
             if !said {
                 said = true;
-                oomshim_core::say!(
+                oomshim_host::say!(
                     "oomshim: the live summary could not be updated ({e}); the program continues"
                 );
             }
@@ -465,7 +465,7 @@ fn descriptors_of_its_own() {
         for fd in 0..3 {
             libc::close(fd);
         }
-        oomshim_core::sys::say::on_a_table_of_its_own();
+        oomshim_host::sys::say::on_a_table_of_its_own();
         // 0, 1 and 2 are taken by /dev/null, so that no file this thread opens gets one of
         // them: a write to "stderr" here (a panic's message) must land nowhere, not in the
         // region.
@@ -519,7 +519,7 @@ fn create_region(
             Some((writer, path, ino))
         }
         Err(e) => {
-            oomshim_core::say!(
+            oomshim_host::say!(
                 "oomshim: the live summary is off: cannot create it in {} ({e}); post-mortem dumps and `oomshim top` will not see this process",
                 dump::units::clean_path(dir)
             );
@@ -554,7 +554,7 @@ fn create(
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)?;
-    let file = oomshim_core::own_fd::high_file(file);
+    let file = oomshim_host::own_fd::high_file(file);
     let meta = file.metadata()?;
     // SAFETY: geteuid cannot fail.
     let writer = RegionWriter::init(file, id, unsafe { libc::geteuid() })?;
@@ -618,7 +618,7 @@ fn publish_once(
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)?;
-    let file = oomshim_core::own_fd::high_file(file);
+    let file = oomshim_host::own_fd::high_file(file);
     let meta = file.metadata()?;
     if (meta.dev(), meta.ino()) != ino {
         return Err(std::io::Error::other("the region file was replaced"));

@@ -703,7 +703,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     return fail(rc);
 }
 
-/* ---------- exported: events and stream capture (allocator mode, src/core/alloc) ----------
+/* ---------- exported: events and stream capture (allocator mode, src/host/alloc) ----------
  *
  * Streams get simulated work: simcuda_stream_launch() queues one unit of work on a stream, which
  * completes only when the stream (or the device) is synchronised or simcuda_stream_complete() is

@@ -52,7 +52,7 @@ const OFF_PID_NS: u64 = MIN_HEADER as u64;
 /// The header a writer writes.
 const WRITTEN_HEADER: usize = MIN_HEADER + 8;
 
-// Shared with the symbol cache (src/core/stacks); lives with the dump format, re-exported here.
+// Shared with the symbol cache (src/host/stacks); lives with the dump format, re-exported here.
 pub use dump::checksum::checksum;
 
 pub const fn slot_desc_offset(slot: u64) -> u64 {

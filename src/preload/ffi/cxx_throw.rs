@@ -19,7 +19,7 @@
 //! function-pointer types here use the `"C-unwind"` ABI (and why nothing on the way holds a lock
 //! or a value with a destructor).
 
-use oomshim_core::sys::fn_ptr::FnPtr;
+use oomshim_host::sys::fn_ptr::FnPtr;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::OnceLock;
 
@@ -95,7 +95,7 @@ unsafe impl Sync for Runtime {}
 fn sym_in(name: &CStr, sonames: &[&CStr]) -> Option<usize> {
     // Quiet lookups: the program's `dlerror()` never sees a probe of the shim's.
     // SAFETY: RTLD_DEFAULT is always a valid handle.
-    let p = unsafe { oomshim_core::sys::quiet_dlsym(libc::RTLD_DEFAULT, name) };
+    let p = unsafe { oomshim_host::sys::quiet_dlsym(libc::RTLD_DEFAULT, name) };
     if p != 0 {
         return Some(p);
     }
@@ -103,11 +103,11 @@ fn sym_in(name: &CStr, sonames: &[&CStr]) -> Option<usize> {
         // SAFETY: a NUL-terminated soname.
         let h = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
         if h.is_null() {
-            oomshim_core::sys::clear_dl_error();
+            oomshim_host::sys::clear_dl_error();
             return None;
         }
         // SAFETY: a handle dlopen just returned, kept open (never closed here).
-        let p = unsafe { oomshim_core::sys::quiet_dlsym(h, name) };
+        let p = unsafe { oomshim_host::sys::quiet_dlsym(h, name) };
         (p != 0).then_some(p)
     })
 }

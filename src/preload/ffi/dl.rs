@@ -18,7 +18,7 @@
 //! constructor ran (another library's constructor). The shim's own code must never call the
 //! exported `dlsym` for a handle lookup: it uses [`real_dlsym`].
 
-use oomshim_core::sys::dl::{ensure_real_dlsym, quiet_fn, real_dlsym, REAL_DLSYM};
+use oomshim_host::sys::dl::{ensure_real_dlsym, quiet_fn, real_dlsym, REAL_DLSYM};
 use std::ffi::{c_char, c_void};
 
 /// glibc calls `.init_array` functions with the program's `argc`, `argv` and `envp`.

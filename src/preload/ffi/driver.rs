@@ -16,9 +16,9 @@
 use super::real::{driver_handle, RealFn};
 use super::{cstr, Guard};
 use crate::live;
-use oomshim_core::ledger::Api;
-use oomshim_core::sys::fn_ptr::FnPtr;
-use oomshim_core::sys::{object_base, real_dlsym_not_ours};
+use oomshim_host::ledger::Api;
+use oomshim_host::sys::fn_ptr::FnPtr;
+use oomshim_host::sys::{object_base, real_dlsym_not_ours};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 

@@ -25,7 +25,7 @@ pub const PROGRAM_API: &[&str] = &[
 
 /// Lets the shim's Python stacks know a code object by its address once they identified it, for
 /// as long as no code object is created or destroyed (CPython 3.12+: a code watcher counts both;
-/// see `oomshim_core::pystack::watch_code_objects`): the full check of each frame's code object
+/// see `oomshim_host::pystack::watch_code_objects`): the full check of each frame's code object
 /// is then paid once per code object instead of on every allocation. Must be called with the GIL
 /// held (oomshim's Python code calls it through `ctypes.PyDLL`). Returns 1 when a watcher counts
 /// (again 1 on later calls), 0 when none could be registered (another Python version, the GIL not
@@ -37,7 +37,7 @@ pub extern "C" fn oomshim_watch_python_code() -> c_int {
         return -1;
     };
     guard
-        .run(|| oomshim_core::pystack::watch_code_objects(code_event))
+        .run(|| oomshim_host::pystack::watch_code_objects(code_event))
         .map_or(-1, c_int::from)
 }
 
@@ -45,7 +45,7 @@ pub extern "C" fn oomshim_watch_python_code() -> c_int {
 /// which CPython takes as success. Runs under the GIL wherever a code object is created or
 /// destroyed; an atomic add, so it cannot fail or panic.
 extern "C" fn code_event(_event: i32, _code: *mut std::ffi::c_void) -> i32 {
-    oomshim_core::pystack::note_code_event();
+    oomshim_host::pystack::note_code_event();
     0
 }
 

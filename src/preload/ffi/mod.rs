@@ -22,9 +22,9 @@ pub use torch_alloc::EXPORTED_NAMES as TORCH_ALLOCATOR_EXPORTS;
 pub use process_exit::EXPORTED_NAMES as PROCESS_EXIT_EXPORTS;
 pub use real::RealFn;
 
-// The boundary and the real `dlsym` live in `oomshim_core::sys`, below both this module and `live`.
-pub use oomshim_core::sys::cuda_error;
-pub(crate) use oomshim_core::sys::Guard;
+// The boundary and the real `dlsym` live in `oomshim_host::sys`, below both this module and `live`.
+pub use oomshim_host::sys::cuda_error;
+pub(crate) use oomshim_host::sys::Guard;
 
 use std::ffi::CStr;
 use std::panic::catch_unwind;
@@ -40,12 +40,12 @@ pub(crate) const fn cstr(s: &'static str) -> &'static CStr {
 
 /// What the shim notes the moment it is loaded, before the program's `main` can change it:
 /// the identity of fd 2 (so the shim never writes into a file that later took that number,
-/// `oomshim_core::sys::say`) and the working directory (a relative `OOMSHIM_DIR` is relative to where
+/// `oomshim_host::sys::say`) and the working directory (a relative `OOMSHIM_DIR` is relative to where
 /// the program started, not to where it has moved by its first CUDA call). One `fstat` and one
 /// `getcwd` into a static buffer: nothing is allocated, nothing can fail loudly.
 extern "C" fn note_load_time_facts() {
     let _ = catch_unwind(|| {
-        oomshim_core::sys::say::note_stderr_at_load();
+        oomshim_host::sys::say::note_stderr_at_load();
         crate::live::note_start_dir();
     });
 }
@@ -78,7 +78,7 @@ const _: () = assert!(
 /// learnt. Asks nothing when the failure would be dropped (pass-through, the shim off).
 pub(crate) fn record_oom(
     layer: &Layer,
-    api: oomshim_core::ledger::Api,
+    api: oomshim_host::ledger::Api,
     bytes: u64,
     device: i32,
     rc: i32,
@@ -158,7 +158,7 @@ pub(crate) fn on_demand_context(
 /// `OOMSHIM_FAULT=panic-in-alloc[:N]` (a test hook, see RELIABILITY.md section 7): a panic in
 /// the hook path of the Nth successful allocation, caught by [`Guard::run`] like any other.
 fn inject_alloc_fault() {
-    if let oomshim_core::config::Fault::PanicInAlloc(n) = oomshim_core::config::fault() {
+    if let oomshim_core::config::Fault::PanicInAlloc(n) = oomshim_host::sys::fault() {
         static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         if SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == n {
             panic!("injected fault, OOMSHIM_FAULT=panic-in-alloc:{n}");
@@ -170,7 +170,7 @@ fn inject_alloc_fault() {
 pub(crate) fn after_alloc(
     layer: &Layer,
     guard: &Guard,
-    api: oomshim_core::ledger::Api,
+    api: oomshim_host::ledger::Api,
     rc: std::ffi::c_int,
     addr: usize,
     bytes: u64,
@@ -229,7 +229,7 @@ pub(crate) fn free_with(
 #[cfg(test)]
 mod tests {
     use super::{driver, runtime};
-    use oomshim_core::ledger::Api;
+    use oomshim_host::ledger::Api;
 
     /// Every row of both hook tables, as (exported name, the `Api` it records).
     fn rows() -> Vec<(&'static str, Option<Api>)> {

@@ -7,7 +7,7 @@
 //! driver library already loaded ([`driver_handle`]). Resolved once, lazily, on first use; racing
 //! threads resolve the same pointer, so no lock is needed.
 
-use oomshim_core::sys::fn_ptr::FnPtr;
+use oomshim_host::sys::fn_ptr::FnPtr;
 use std::ffi::{c_void, CStr};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -114,7 +114,7 @@ impl<F: FnPtr> RealFn<F> {
     fn resolve_now(&self) -> Option<usize> {
         if self.kind == Kind::Driver {
             // SAFETY: `driver_handle` returns an open handle or RTLD_NEXT.
-            let p = unsafe { oomshim_core::sys::real_dlsym_not_ours(driver_handle(), self.name) };
+            let p = unsafe { oomshim_host::sys::real_dlsym_not_ours(driver_handle(), self.name) };
             if p != 0 {
                 self.ptr.store(p, Ordering::Release);
             }
@@ -133,7 +133,7 @@ fn resolve(name: &CStr) -> Option<usize> {
     // Never resolve to a hook of this library (e.g. a second copy's lookup landing here).
     let not_ours = |handle: *mut c_void| -> Option<usize> {
         // SAFETY: RTLD_NEXT or a handle dlopen returned below and still open.
-        let p = unsafe { oomshim_core::sys::real_dlsym_not_ours(handle, name) };
+        let p = unsafe { oomshim_host::sys::real_dlsym_not_ours(handle, name) };
         (p != 0).then_some(p)
     };
     if let Some(p) = not_ours(libc::RTLD_NEXT) {
@@ -146,7 +146,7 @@ fn resolve(name: &CStr) -> Option<usize> {
         // SAFETY: a NUL-terminated soname.
         let handle = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
         if handle.is_null() {
-            oomshim_core::sys::clear_dl_error(); // the program's dlerror() never sees it
+            oomshim_host::sys::clear_dl_error(); // the program's dlerror() never sees it
             continue;
         }
         if let Some(p) = not_ours(handle) {
@@ -191,6 +191,6 @@ pub(super) fn driver_handle() -> *mut c_void {
         HANDLE.store(h as usize, Ordering::Release);
         return h;
     }
-    oomshim_core::sys::clear_dl_error(); // the program's dlerror() never sees it
+    oomshim_host::sys::clear_dl_error(); // the program's dlerror() never sees it
     libc::RTLD_NEXT
 }

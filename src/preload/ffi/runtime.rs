@@ -18,7 +18,7 @@ use super::cuda_error::{INITIALIZATION_ERROR, SUCCESS};
 use super::driver::substitute_entry_point;
 use super::real::real_fn;
 use super::{cstr, Guard, RealFn};
-use oomshim_core::ledger::Api;
+use oomshim_host::ledger::Api;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 type Stream = *mut c_void;

@@ -2,7 +2,7 @@
 //! `oomshim.torch.enable()` made oomshim its CUDA allocator.
 //!
 //! - `oomshim_torch_alloc(size, device, stream)` / `oomshim_torch_free(ptr, size, device,
-//!   stream)`: every tensor. The caching allocator ([`oomshim_core::alloc`]) serves it from segments it
+//!   stream)`: every tensor. The caching allocator ([`oomshim_host::alloc`]) serves it from segments it
 //!   gets from the real `cudaMalloc` (never through this library's own hook, so the ledger holds
 //!   tensors, not segments), and the tensor is recorded with its stack.
 //! - `oomshim_torch_empty_cache()`, `oomshim_torch_record_stream(ptr, stream)`,
@@ -25,7 +25,7 @@
 //! hands whatever `alloc` returns to the tensor unchecked, so NULL is never returned to it.
 //!
 //! CUDA graphs: an allocation on a stream that is being captured belongs to that capture
-//! (`oomshim_core::alloc` keeps such blocks for the graph's replays); the segment `cudaMalloc` then runs
+//! (`oomshim_host::alloc` keeps such blocks for the graph's replays); the segment `cudaMalloc` then runs
 //! in relaxed capture mode, as torch's own allocator does, so it cannot invalidate the capture.
 //!
 //! This file is the C side only: the entry points, their arguments turned into Rust values, the
@@ -39,8 +39,8 @@ use crate::live::allocator_mode::{
     self as mode, c_message, judged_mem_info, Call, CudaRuntime, Failure, MESSAGE_BYTES,
 };
 use dump::units::human_bytes;
-use oomshim_core::alloc::OutOfMemory;
-use oomshim_core::sys::fn_ptr::FnPtr;
+use oomshim_host::alloc::OutOfMemory;
+use oomshim_host::sys::fn_ptr::FnPtr;
 use std::ffi::{c_char, c_double, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -281,10 +281,10 @@ fn unserved(oom: &OutOfMemory, stream: Stream, context: u32, outermost: bool) ->
     Failure::OutOfMemory(Box::new(message))
 }
 
-/// Runs shim code inside the shim's panic boundary ([`oomshim_core::sys::contain`]): a panic turns the
+/// Runs shim code inside the shim's panic boundary ([`oomshim_host::sys::contain`]): a panic turns the
 /// shim off (one message) instead of unwinding into torch.
 fn contained<R>(f: impl FnOnce() -> R) -> Option<R> {
-    oomshim_core::sys::contain(f, |_| "internal error in allocator mode".to_string())
+    oomshim_host::sys::contain(f, |_| "internal error in allocator mode".to_string())
 }
 
 /// `void* alloc(size_t size, int device, cudaStream_t stream)`, called by torch for every

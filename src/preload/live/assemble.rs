@@ -12,8 +12,8 @@
 use super::{unix_ms, FailureContext};
 use dump::model::*;
 use oomshim_core::config::{Config, StackMode};
-use oomshim_core::ledger::{Allocation, Api, Snapshot, StackId};
-use oomshim_core::pystack::PyFrame;
+use oomshim_host::ledger::{Allocation, Api, Snapshot, StackId};
+use oomshim_host::pystack::PyFrame;
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -413,13 +413,13 @@ const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
 /// the Python frames follow the native ones (they are the callers of everything captured).
 pub(crate) fn merge_stacks(
     native: Vec<Frame>,
-    python: &[oomshim_core::pystack::PyFrame],
+    python: &[oomshim_host::pystack::PyFrame],
     native_captured: bool,
 ) -> (Vec<Frame>, Option<StackMerge>) {
     if python.is_empty() {
         return (native, None);
     }
-    let py_frame = |p: &oomshim_core::pystack::PyFrame| Frame {
+    let py_frame = |p: &oomshim_host::pystack::PyFrame| Frame {
         address: format!("{:#x}", p.code),
         function: Some(p.function.clone()),
         file: Some(p.file.clone()),
@@ -472,7 +472,7 @@ pub(crate) fn merge_stacks(
 }
 
 fn has_stream(api: Api) -> bool {
-    api.has_stream() // runtime and driver stream-ordered APIs (src/core/ledger.rs)
+    api.has_stream() // runtime and driver stream-ordered APIs (src/host/ledger.rs)
 }
 
 /// Live device memory by library (from every live allocation's interned stack, looked at once
@@ -535,8 +535,8 @@ mod tests {
         }
     }
 
-    fn py(name: &str, group_end: bool) -> oomshim_core::pystack::PyFrame {
-        oomshim_core::pystack::PyFrame {
+    fn py(name: &str, group_end: bool) -> oomshim_host::pystack::PyFrame {
+        oomshim_host::pystack::PyFrame {
             function: name.into(),
             file: "train.py".into(),
             line: Some(7),
@@ -684,8 +684,8 @@ mod pure_tests {
         }
     }
 
-    fn totals(bytes: u64, count: u64) -> oomshim_core::ledger::Totals {
-        oomshim_core::ledger::Totals {
+    fn totals(bytes: u64, count: u64) -> oomshim_host::ledger::Totals {
+        oomshim_host::ledger::Totals {
             bytes,
             count,
             peak_bytes: bytes,

@@ -143,7 +143,7 @@ struct DeviceNames {
 /// Device names and UUIDs asked so far ([`cached_device_identity`]).
 static DEVICE_NAMES: Mutex<Vec<DeviceNames>> = Mutex::new(Vec::new());
 
-oomshim_core::fork_held! {
+oomshim_host::fork_held! {
     static DEVICE_NAMES_HELD: MutexGuard<'static, Vec<DeviceNames>>;
 }
 

@@ -1,14 +1,14 @@
 //! The shim's `fork` handlers, registered once at start ([`register`]). The forking thread
-//! holds every lock of the shim's across `fork` (see `oomshim_core::sys::fork`), taken in this
+//! holds every lock of the shim's across `fork` (see `oomshim_host::sys::fork`), taken in this
 //! order:
 //!
 //! 1. the growth tracker's step detector, then 2. its histories (`growth`: a sample holds the
 //!    histories while it reads the Python code table and the stack tables' shards);
 //! 3. the VMM state (`vmm`);
 //! 4. the thread-name cache, then 5. the device-name cache (`context`);
-//! 6. the Python code table (`oomshim_core::pystack`);
+//! 6. the Python code table (`oomshim_host::pystack`);
 //! 7. the unwinder's module snapshot, with this thread marked busy meanwhile
-//!    (`oomshim_core::stacks`);
+//!    (`oomshim_host::stacks`);
 //! 8. the OOM tracker's state (`oom`);
 //! 9. the native stack table's shards, 10. the Python stack table's shards, then 11. the
 //!    ledger's shards;
@@ -26,7 +26,7 @@ use std::sync::MutexGuard;
 
 /// Registers the handlers below (once per process; later calls do nothing).
 pub(super) fn register() {
-    oomshim_core::sys::register_fork_handlers(prepare, parent, child);
+    oomshim_host::sys::register_fork_handlers(prepare, parent, child);
 }
 
 fn prepare() {
@@ -61,7 +61,7 @@ fn release_growth_locks() {
     }
 }
 
-oomshim_core::fork_held! {
+oomshim_host::fork_held! {
     static THREAD_NAMES_HELD: MutexGuard<'static, Vec<(u64, String)>>;
 }
 
@@ -74,13 +74,13 @@ fn hold_leaf_locks() {
             .unwrap_or_else(|e| e.into_inner()),
     );
     super::context::fork_prepare();
-    oomshim_core::pystack::fork_prepare();
-    oomshim_core::stacks::fork_prepare();
+    oomshim_host::pystack::fork_prepare();
+    oomshim_host::stacks::fork_prepare();
 }
 
 fn release_leaf_locks() {
-    oomshim_core::stacks::fork_release();
-    oomshim_core::pystack::fork_release();
+    oomshim_host::stacks::fork_release();
+    oomshim_host::pystack::fork_release();
     super::context::fork_release();
     THREAD_NAMES_HELD.release();
     super::vmm::fork_release();

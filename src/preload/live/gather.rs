@@ -8,8 +8,8 @@ use super::assemble::{
 };
 use super::Shim;
 use dump::model::{Dump, Frame, ProcessInfo};
-use oomshim_core::ledger::StackId;
-use oomshim_core::pystack::PyFrame;
+use oomshim_host::ledger::StackId;
+use oomshim_host::pystack::PyFrame;
 
 /// Reads the process, the shim's state and the stack tables now, and assembles the dump of `cap`
 /// from them and `facts` (read at the failure by whoever caught it).
@@ -74,7 +74,7 @@ impl ProcessSnapshot {
                 (None, None),
             )
             .env,
-            python: oomshim_core::pystack::interpreter(),
+            python: oomshim_host::pystack::interpreter(),
         }
     }
 }
@@ -118,11 +118,11 @@ impl Lookups for LiveLookups<'_> {
     }
 
     fn symbolize(&self, addrs: &[usize]) -> Vec<Vec<Frame>> {
-        oomshim_core::stacks::symbolize(addrs)
+        oomshim_host::stacks::symbolize(addrs)
     }
 
     fn python_stack(&self, id: StackId) -> Vec<PyFrame> {
-        oomshim_core::pystack::resolve(&self.0.python_frames(id))
+        oomshim_host::pystack::resolve(&self.0.python_frames(id))
     }
 
     fn thread_name(&self, tid: u64) -> Option<String> {

@@ -1,5 +1,5 @@
 //! The live side of torch's memory history in allocator mode (the trace itself is kept by the
-//! allocator, `oomshim_core::alloc`): the Python stack an allocation or free passes to it, and the
+//! allocator, `oomshim_host::alloc`): the Python stack an allocation or free passes to it, and the
 //! JSON the Python package turns into `_snapshot()`'s `device_traces` and `frames`.
 //!
 //! A stack id here is the shim's interned Python stack (the same table the ledger's stacks
@@ -7,8 +7,8 @@
 //! `{filename, line, name}` frames, innermost first as torch lists them, only when a snapshot
 //! asks for it.
 
-use oomshim_core::alloc::{SegmentView, TraceEntry};
-use oomshim_core::ledger::StackId;
+use oomshim_host::alloc::{SegmentView, TraceEntry};
+use oomshim_host::ledger::StackId;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeSet;
 
@@ -27,7 +27,7 @@ pub fn history_json(trace: &[TraceEntry], segments: &[SegmentView]) -> String {
         .iter()
         .map(|e| {
             named.insert(e.context);
-            let place = if e.action == oomshim_core::alloc::TraceAction::Oom {
+            let place = if e.action == oomshim_host::alloc::TraceAction::Oom {
                 "device_free"
             } else {
                 "addr"
@@ -53,7 +53,7 @@ pub fn history_json(trace: &[TraceEntry], segments: &[SegmentView]) -> String {
     let mut stacks = Map::new();
     if let Some(s) = super::shim() {
         for id in named {
-            let frames: Vec<Value> = oomshim_core::pystack::resolve(
+            let frames: Vec<Value> = oomshim_host::pystack::resolve(
                 &s.python_frames(StackId(id)),
             )
             .into_iter()

@@ -21,7 +21,7 @@ pub use oom::{FrameworkNote, OomEvent};
 pub use recording::Recording;
 
 use oomshim_core::config::{Config, StackMode};
-use oomshim_core::ledger::{Allocation, Api, Ledger, StackId, StackTable};
+use oomshim_host::ledger::{Allocation, Api, Ledger, StackId, StackTable};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
@@ -45,7 +45,7 @@ pub struct Shim {
 static SHIM: OnceLock<Shim> = OnceLock::new();
 
 // The off switch lives with the guard, below the hooks and this module.
-pub use oomshim_core::sys::{disable, disabled};
+pub use oomshim_host::sys::{disable, disabled};
 
 /// Says once that a real CUDA runtime function could not be found.
 pub fn report_missing(name: &str) {
@@ -56,7 +56,7 @@ pub fn report_missing(name: &str) {
 /// One message per layer for the whole process: the first missing function names the problem.
 fn say_missing_once(said: &AtomicBool, name: &str, layer: &str, returns: &str) {
     if !said.swap(true, Ordering::Relaxed) {
-        oomshim_core::say!(
+        oomshim_host::say!(
             "oomshim: the real {name} was not found in this process (is the CUDA {layer} loaded?); \
              calls to it return {returns}"
         );
@@ -81,22 +81,22 @@ fn start_triggers(s: &'static Shim) {
     if let Some(signo) = s.config.dump_signal {
         // The handler posts a semaphore (no descriptor the program could close or reuse,
         // see `sys::wait_for_dump_signal`); this thread writes the dump.
-        let spawned = oomshim_core::sys::dump_signal_init()
+        let spawned = oomshim_host::sys::dump_signal_init()
             && std::thread::Builder::new()
                 .name("oomshim-signal".into())
                 .spawn(|| loop {
-                    oomshim_core::sys::wait_for_dump_signal();
-                    oomshim_core::sys::guarded(|| {
+                    oomshim_host::sys::wait_for_dump_signal();
+                    oomshim_host::sys::guarded(|| {
                         dump_now("signal", FailureContext::without_cuda(None, None))
                     });
                 })
                 .is_ok();
-        match spawned.then(|| oomshim_core::sys::install_dump_signal(signo)) {
+        match spawned.then(|| oomshim_host::sys::install_dump_signal(signo)) {
             Some(Ok(())) => tracing::debug!(signo, "dump signal installed"),
             Some(Err(e)) => {
-                oomshim_core::say!("oomshim: OOMSHIM_SIGNAL: cannot install the handler ({e})")
+                oomshim_host::say!("oomshim: OOMSHIM_SIGNAL: cannot install the handler ({e})")
             }
-            None => oomshim_core::say!("oomshim: OOMSHIM_SIGNAL: cannot start the dump thread"),
+            None => oomshim_host::say!("oomshim: OOMSHIM_SIGNAL: cannot start the dump thread"),
         }
     }
     if let Some(every) = s.config.interval {
@@ -104,16 +104,16 @@ fn start_triggers(s: &'static Shim) {
             .name("oomshim-interval".into())
             .spawn(move || loop {
                 std::thread::sleep(every);
-                oomshim_core::sys::guarded(|| {
+                oomshim_host::sys::guarded(|| {
                     dump_now("interval", FailureContext::without_cuda(None, None))
                 });
             });
         if spawned.is_err() {
-            oomshim_core::say!("oomshim: OOMSHIM_INTERVAL: cannot start the dump thread");
+            oomshim_host::say!("oomshim: OOMSHIM_INTERVAL: cannot start the dump thread");
         }
     }
     if s.config.at_exit {
-        oomshim_core::sys::register_exit_dump(at_exit_dump);
+        oomshim_host::sys::register_exit_dump(at_exit_dump);
     }
     // The flight recorder (src/core/flight): its own settings, read once here like the others.
     let (mut live, warnings) = crate::publish::settings_from(|k| std::env::var(k).ok());
@@ -122,7 +122,7 @@ fn start_triggers(s: &'static Shim) {
     let base = start_dir().or_else(|| std::env::current_dir().ok());
     live.dir = oomshim_core::config::resolve_dir(&live.dir, base.as_deref());
     for w in &warnings {
-        oomshim_core::say!("oomshim: {w}");
+        oomshim_host::say!("oomshim: {w}");
     }
     crate::publish::start(
         live,
@@ -138,7 +138,7 @@ fn start_triggers(s: &'static Shim) {
                     s.ledger.watch_first();
                 }
             },
-            on_start: || oomshim_core::sys::register_live_cleanup(crate::publish::remove_at_exit),
+            on_start: || oomshim_host::sys::register_live_cleanup(crate::publish::remove_at_exit),
         },
     );
 }
@@ -147,7 +147,7 @@ fn start_triggers(s: &'static Shim) {
 /// reason `live`, asked of nothing but the ledger and /proc (no CUDA, no NVML), taken inside
 /// the guard on the publisher's thread.
 fn live_dump() -> Option<dump::model::Dump> {
-    oomshim_core::sys::guarded(|| {
+    oomshim_host::sys::guarded(|| {
         let s = SHIM.get()?;
         if disabled() || !room_for_dump(s) {
             return None;
@@ -173,7 +173,7 @@ fn live_dump() -> Option<dump::model::Dump> {
 /// `OOMSHIM_AT_EXIT`: what is still live when the program ends (a leak report).
 pub fn at_exit_dump() {
     if SHIM.get().is_some() {
-        oomshim_core::sys::guarded(|| dump_now("exit", FailureContext::without_cuda(None, None)));
+        oomshim_host::sys::guarded(|| dump_now("exit", FailureContext::without_cuda(None, None)));
     }
 }
 
@@ -181,14 +181,14 @@ impl Shim {
     fn start() -> Shim {
         let (mut config, warnings) = Config::from_lookup(|k| std::env::var(k).ok());
         for w in &warnings {
-            oomshim_core::say!("oomshim: {w}");
+            oomshim_host::say!("oomshim: {w}");
         }
         // Once, now: a relative directory is relative to where the program started (noted
         // when the shim was loaded), whatever it chdirs to later; messages name it absolutely.
         let base = start_dir().or_else(|| std::env::current_dir().ok());
         config.dir = oomshim_core::config::resolve_dir(&config.dir, base.as_deref());
         dump::write::set_file_mode(config.dump_mode);
-        let _ = oomshim_core::config::fault(); // the test hook is read once, now
+        let _ = oomshim_host::sys::fault(); // the test hook is read once, now
         if let Some(filter) = &config.log {
             // `Targets` ("debug", "oomshim=trace,warn"), not `EnvFilter`: the same
             // directives a user writes here, without a regex engine in the library (issue 27).
@@ -204,7 +204,7 @@ impl Shim {
                         .with(targets)
                         .try_init();
                 }
-                Err(e) => oomshim_core::say!(
+                Err(e) => oomshim_host::say!(
                     "oomshim: OOMSHIM_LOG={filter:?} is not a filter ({e}): the shim's own diagnostics stay off"
                 ),
             }
@@ -214,11 +214,11 @@ impl Shim {
         std::panic::set_hook(Box::new(|_| {}));
         if config.stacks.native() {
             // Learn the loaded objects now, once, rather than inside a later allocation.
-            oomshim_core::stacks::refresh_modules();
+            oomshim_host::stacks::refresh_modules();
         }
         if config.stacks.python() {
             // One dlsym lookup; a process without Python pays nothing more.
-            oomshim_core::pystack::init();
+            oomshim_host::pystack::init();
         }
         recording::start(Recording::from_stacks(config.stacks));
         tracing::debug!(?config, "oomshim started");
@@ -269,11 +269,11 @@ impl Shim {
     }
 
     fn capture_py_stack(&self) -> StackId {
-        if !oomshim_core::pystack::active() {
+        if !oomshim_host::pystack::active() {
             return StackId::EMPTY; // no Python in this process: nothing more to pay
         }
         let table = &self.py_stacks;
-        StackId(oomshim_core::pystack::capture_interned(
+        StackId(oomshim_host::pystack::capture_interned(
             table.tag(),
             |frames| table.intern(frames).0,
         ))
@@ -296,7 +296,7 @@ impl Shim {
     }
 
     /// The ledger's live allocations now, its largest `OOMSHIM_TOP` sites in full.
-    fn snapshot(&self) -> oomshim_core::ledger::Snapshot {
+    fn snapshot(&self) -> oomshim_host::ledger::Snapshot {
         self.ledger.snapshot(self.config.top)
     }
 
@@ -393,7 +393,7 @@ impl Shim {
     /// without hashing when the stack is unchanged (see `stacks::capture_interned`).
     fn capture_stack(&self) -> StackId {
         let table = &self.stacks;
-        StackId(oomshim_core::stacks::capture_interned(
+        StackId(oomshim_host::stacks::capture_interned(
             self.config.depth,
             true,
             table.tag(),
@@ -583,13 +583,13 @@ impl growth::SiteKeyer for Shim {
     fn key(&self, native: StackId, python: StackId) -> growth::SiteKey {
         if python != StackId::EMPTY {
             let frames = self.py_stacks.frames(python);
-            return match oomshim_core::pystack::user_line(&frames) {
+            return match oomshim_host::pystack::user_line(&frames) {
                 Some((code, line)) => growth::SiteKey::PyLine(code, line),
                 None => growth::SiteKey::PyStack(python),
             };
         }
         let python_recorded = recording::current().stacks().is_some_and(StackMode::python);
-        if python_recorded && oomshim_core::pystack::active() {
+        if python_recorded && oomshim_host::pystack::active() {
             return growth::SiteKey::NoPython;
         }
         growth::SiteKey::Native(native)
@@ -658,12 +658,12 @@ pub fn framework_oom_wanted(device: i32, bytes: u64) -> Option<bool> {
 }
 
 /// Removes a live allocation before it is freed; unknown pointers are counted.
-pub fn take(addr: usize) -> Option<oomshim_core::ledger::Taken> {
+pub fn take(addr: usize) -> Option<oomshim_host::ledger::Taken> {
     shim()?.ledger.take(addr)
 }
 
 /// Puts back an allocation whose free failed.
-pub fn reinstate(addr: usize, taken: oomshim_core::ledger::Taken) {
+pub fn reinstate(addr: usize, taken: oomshim_host::ledger::Taken) {
     if let Some(s) = shim() {
         s.ledger.reinstate(addr, taken);
     }
@@ -696,7 +696,7 @@ pub fn record_oom(event: OomEvent) {
 pub fn record_pinned_failure(api: Api, bytes: u64) {
     let Some(s) = shim() else { return };
     if s.pinned_failures.fetch_add(1, Ordering::Relaxed) == 0 {
-        oomshim_core::say!(
+        oomshim_host::say!(
             "oomshim: {} of {} of page-locked host memory failed (host memory, not device memory)",
             api.name(),
             dump::units::human_bytes(bytes)
@@ -725,12 +725,12 @@ pub(crate) fn room_for_dump(s: &Shim) -> bool {
     let need = (4usize << 20)
         .saturating_add(live.saturating_mul(1024))
         .saturating_add(environment_bytes().saturating_mul(2));
-    if oomshim_core::stacks::address_space_headroom(need) {
+    if oomshim_host::stacks::address_space_headroom(need) {
         return true;
     }
     static SAID: AtomicBool = AtomicBool::new(false);
     if !SAID.swap(true, Ordering::Relaxed) {
-        oomshim_core::say!(
+        oomshim_host::say!(
             "oomshim: no dump written: the process is out of host address space ({} needed); the program continues",
             dump::units::human_bytes(need as u64)
         );
@@ -795,14 +795,14 @@ pub fn dump_now(reason: &str, context: FailureContext) -> bool {
     let dump = gather::assemble_now(s, reason, &capture, None, None, facts);
     match oom::writer::write(s, &dump) {
         Ok(w) => {
-            oomshim_core::say!(
+            oomshim_host::say!(
                 "oomshim: dump ({reason}) written: {}",
                 dump::units::clean_path(&w.path)
             );
             true
         }
         Err(e) => {
-            oomshim_core::say!("oomshim: could not write the dump ({reason}): {e}");
+            oomshim_host::say!("oomshim: could not write the dump ({reason}): {e}");
             false
         }
     }

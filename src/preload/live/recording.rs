@@ -98,10 +98,10 @@ pub fn current() -> Recording {
 pub fn set(mode: Recording) -> Recording {
     if let Some(stacks) = mode.stacks() {
         if stacks.native() {
-            oomshim_core::stacks::refresh_modules();
+            oomshim_host::stacks::refresh_modules();
         }
         if stacks.python() {
-            oomshim_core::pystack::init();
+            oomshim_host::pystack::init();
         }
     }
     CHOSEN.store(true, Ordering::Relaxed);

@@ -13,7 +13,7 @@
 //! same handle or address back the moment the driver frees it) and undone if the call fails.
 //! The state lock is held only for bookkeeping, never across a call into CUDA.
 
-use oomshim_core::ledger::{Api, Taken};
+use oomshim_host::ledger::{Api, Taken};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
@@ -52,7 +52,7 @@ fn state() -> MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-oomshim_core::fork_held! {
+oomshim_host::fork_held! {
     /// The VMM state's lock, held by the forking thread across `fork`.
     static FORK_HELD: MutexGuard<'static, State>;
 }

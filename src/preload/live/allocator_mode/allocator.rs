@@ -11,9 +11,9 @@ use super::message::{c_message, judged_mem_info, memory_cap, out_of_memory_text,
 use super::source::{self, CudaRuntime, CudaSource};
 use dump::model::FreeBlocks;
 use dump::units::human_bytes;
-use oomshim_core::alloc::{CachingAllocator, HistoryConfig, OomCause, OutOfMemory, RecordContext};
-use oomshim_core::ledger::Api;
-use oomshim_core::sys::cuda_error::MEMORY_ALLOCATION;
+use oomshim_host::alloc::{CachingAllocator, HistoryConfig, OomCause, OutOfMemory, RecordContext};
+use oomshim_host::ledger::Api;
+use oomshim_host::sys::cuda_error::MEMORY_ALLOCATION;
 use std::sync::OnceLock;
 
 /// The allocator, created on the first call from torch (never at load time).
@@ -81,7 +81,7 @@ pub fn alloc(
                 size as u64,
                 device,
                 stream as usize,
-                native_tensor_stacks() || !oomshim_core::pystack::active(),
+                native_tensor_stacks() || !oomshim_host::pystack::active(),
             );
             Ok(block.addr)
         }
@@ -112,7 +112,7 @@ pub fn free(cuda: &'static dyn CudaRuntime, device: i32, ptr: u64) -> bool {
 /// A plain segment of `size` bytes on `device`, outside the cache: the pass-through when the
 /// shim itself failed.
 pub fn pass_through_alloc(cuda: &'static dyn CudaRuntime, size: usize, device: i32) -> Option<u64> {
-    use oomshim_core::alloc::MemorySource;
+    use oomshim_host::alloc::MemorySource;
     CudaSource(cuda)
         .alloc_segment(device, size.max(1) as u64)
         .ok()
@@ -120,7 +120,7 @@ pub fn pass_through_alloc(cuda: &'static dyn CudaRuntime, size: usize, device: i
 
 /// Gives a pass-through allocation back to CUDA.
 pub fn pass_through_free(cuda: &'static dyn CudaRuntime, device: i32, ptr: u64, size: usize) {
-    use oomshim_core::alloc::MemorySource;
+    use oomshim_host::alloc::MemorySource;
     let _ = CudaSource(cuda).free_segment(device, ptr, size as u64);
 }
 

@@ -1,6 +1,6 @@
 //! Allocator mode's configuration, read from the environment on its first use.
 
-use oomshim_core::alloc::AllocConfig;
+use oomshim_host::alloc::AllocConfig;
 use std::sync::OnceLock;
 
 /// The cache policy torch's own `PYTORCH_CUDA_ALLOC_CONF` asks for, where it applies:
@@ -22,7 +22,7 @@ fn alloc_config(conf: Option<&str>) -> AllocConfig {
             if k.trim() == "max_split_size_mb" {
                 match v.trim().parse::<u64>() {
                     Ok(mb) if mb > 20 => config.max_split_size = Some(mb << 20),
-                    _ => oomshim_core::say!(
+                    _ => oomshim_host::say!(
                         "oomshim: PYTORCH_CUDA_ALLOC_CONF max_split_size_mb={v} ignored (must be a number above 20)"
                     ),
                 }

@@ -1,7 +1,7 @@
 //! The allocator's free-block state as the dump's `free_blocks` object.
 
 use dump::model::{FreeBlocks, HistogramBin};
-use oomshim_core::alloc::{CachingAllocator, MemorySource};
+use oomshim_host::alloc::{CachingAllocator, MemorySource};
 
 /// The dump's `free_blocks` for `device`, from the allocator's continuously kept counters.
 pub fn free_blocks_for_dump<S: MemorySource>(a: &CachingAllocator<S>, device: i32) -> FreeBlocks {
@@ -37,7 +37,7 @@ pub fn free_blocks_with_segment_map<S: MemorySource>(
     device: i32,
 ) -> FreeBlocks {
     use dump::model::{SegmentBlock, SegmentEntry, SEGMENT_MAP_MAX_BLOCKS};
-    use oomshim_core::alloc::{BlockState, PoolKind};
+    use oomshim_host::alloc::{BlockState, PoolKind};
     let mut fb = free_blocks_for_dump(a, device);
     let mut blocks = 0usize;
     for seg in a.segments(device) {
@@ -79,7 +79,7 @@ pub fn free_blocks_with_segment_map<S: MemorySource>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use oomshim_core::alloc::AllocConfig;
+    use oomshim_host::alloc::AllocConfig;
 
     /// Segments at made-up addresses, never refused.
     struct Bump(std::sync::atomic::AtomicU64);

@@ -2,7 +2,7 @@
 //! exception's message, and the capacity under a memory-fraction cap.
 
 use dump::units::human_bytes;
-use oomshim_core::alloc::{OomCause, OutOfMemory};
+use oomshim_host::alloc::{OomCause, OutOfMemory};
 
 /// Room for the exception message (torch's own OOM text is about 600 bytes).
 pub const MESSAGE_BYTES: usize = 2048;
@@ -121,7 +121,7 @@ mod tests {
             segment_bytes: 3 << 30,
             cause,
             released_before_failing: 0,
-            free_blocks: oomshim_core::alloc::FreeBlockSummary {
+            free_blocks: oomshim_host::alloc::FreeBlockSummary {
                 reserved_bytes: 6 << 30,
                 ..Default::default()
             },

@@ -4,8 +4,8 @@
 //! around a segment allocated during a CUDA graph capture, and the runtime's last-error state
 //! cleared after every call of ours that failed.
 
-use oomshim_core::alloc::MemorySource;
-use oomshim_core::sys::cuda_error::{INITIALIZATION_ERROR, MEMORY_ALLOCATION, SUCCESS};
+use oomshim_host::alloc::MemorySource;
+use oomshim_host::sys::cuda_error::{INITIALIZATION_ERROR, MEMORY_ALLOCATION, SUCCESS};
 use std::cell::Cell;
 
 /// `cudaErrorNotReady`.

@@ -12,7 +12,7 @@ use dump::fit;
 use dump::model::{
     AllocationSpan, DetectedSteps, Frame, Growth, GrowthFit, GrowthPoint, GrowthSite,
 };
-use oomshim_core::ledger::Ledger;
+use oomshim_host::ledger::Ledger;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 

@@ -6,7 +6,7 @@
 use super::{
     SiteKey, SiteKeyer, StackPair, MAX_SITES, RING, SAMPLE_FREE_LIVE, SAMPLE_MAX_VISITS_PER_ALLOC,
 };
-use oomshim_core::ledger::Ledger;
+use oomshim_host::ledger::Ledger;
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 

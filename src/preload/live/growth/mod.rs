@@ -48,7 +48,7 @@ pub(crate) use sizes::summarize_sizes;
 use detect::{Detector, NO_ANCHOR};
 use dump::model::RequestSizes;
 use history::Histories;
-use oomshim_core::ledger::{Allocation, Ledger, StackId};
+use oomshim_host::ledger::{Allocation, Ledger, StackId};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -190,10 +190,10 @@ pub(crate) struct Tracker {
     sizes: Box<[AtomicU64]>,
 }
 
-oomshim_core::fork_held! {
+oomshim_host::fork_held! {
     static DETECTOR_HELD: std::sync::MutexGuard<'static, Detector<StackPair>>;
 }
-oomshim_core::fork_held! {
+oomshim_host::fork_held! {
     static HISTORIES_HELD: std::sync::MutexGuard<'static, Histories>;
 }
 
@@ -300,7 +300,7 @@ impl Tracker {
             std::thread::yield_now();
         }
         if !self.lock_gave_up.swap(true, Ordering::Relaxed) {
-            oomshim_core::say!(
+            oomshim_host::say!(
                 "oomshim: the growth tracker's lock stayed busy for {} s: that sample was skipped \
                  (said once; growth over steps may miss it)",
                 LOCK_PATIENCE.as_secs()

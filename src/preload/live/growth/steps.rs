@@ -5,7 +5,7 @@
 use super::detect::{Event, NO_ANCHOR};
 use super::history::{push_ring, sample, sample_spacing, AutoMode, Histories, History};
 use super::{FrameworkLive, SiteKeyer, StackPair, StepSource, Tracker, BUCKET_NS};
-use oomshim_core::ledger::Ledger;
+use oomshim_host::ledger::Ledger;
 use std::sync::atomic::Ordering;
 
 impl Tracker {

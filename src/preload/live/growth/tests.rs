@@ -1,7 +1,7 @@
 use super::history::sample_spacing;
 use super::*;
 use dump::model::{Frame, Growth};
-use oomshim_core::ledger::{Allocation, Api};
+use oomshim_host::ledger::{Allocation, Api};
 
 const MIB: u64 = 1 << 20;
 

@@ -17,7 +17,7 @@
 use super::{SiteKey, SiteKeyer, StackPair, MAX_REPORTED, MAX_SITES};
 use dump::fit;
 use dump::model::{Frame, Growth, GrowthFit, GrowthPoint, GrowthSite, KeptCheck};
-use oomshim_core::ledger::Ledger;
+use oomshim_host::ledger::Ledger;
 use rustc_hash::FxHashMap;
 
 /// Stretches of time the span is cut into: the fit's points.

@@ -3,7 +3,7 @@
 //! too, and depends on nothing else of the tracker.
 
 use dump::model::{FrameworkOom, FreeBlocks};
-use oomshim_core::ledger::Api;
+use oomshim_host::ledger::Api;
 
 /// What the hook saw when an allocation failed, and what only the failing thread could ask.
 pub struct OomEvent {

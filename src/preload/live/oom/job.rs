@@ -90,7 +90,7 @@ static ARMED: Mutex<Option<Armed>> = Mutex::new(None);
 /// Runs [`at_exit`] when the process exits (once; the first failure registers it, before its
 /// dump is written).
 pub(super) fn watch_exit() {
-    oomshim_core::sys::register_exit_with_status(at_exit);
+    oomshim_host::sys::register_exit_with_status(at_exit);
 }
 
 /// Prepares the answer of a failure whose dump was just written (or failed to be): committed

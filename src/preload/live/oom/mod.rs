@@ -33,7 +33,7 @@ pub use event::{FrameworkNote, OomEvent};
 use super::assemble::{Capture, Failing};
 use super::{unix_ms, Shim};
 use dump::model::LastFailure;
-use oomshim_core::ledger::{Api, StackId};
+use oomshim_host::ledger::{Api, StackId};
 use requests::{Admit, Dumped, Job, Request, Stage};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -359,7 +359,7 @@ impl OomTracker {
             api: Api::FrameworkAllocator,
             bytes,
             device: note.device,
-            error_code: oomshim_core::sys::cuda_error::MEMORY_ALLOCATION,
+            error_code: oomshim_host::sys::cuda_error::MEMORY_ALLOCATION,
             stream: 0,
             // The framework's thread may hold its allocator's lock: CUDA is not asked here.
             context: super::FailureContext {
@@ -471,7 +471,7 @@ pub(super) fn last_failure(s: &Shim, ev: &OomEvent, time: SystemTime) -> LastFai
     }
 }
 
-oomshim_core::fork_held! {
+oomshim_host::fork_held! {
     /// The OOM tracker's lock, held by the forking thread across `fork` (see `super::fork`).
     static FORK_HELD: MutexGuard<'static, State>;
 }

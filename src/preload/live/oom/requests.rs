@@ -6,7 +6,7 @@ use super::{State, FRAMEWORK_MATCH, KEEP_DONE};
 use crate::live::assemble::{Capture, Facts};
 use crate::live::Shim;
 use dump::model::LastFailure;
-use oomshim_core::ledger::StackId;
+use oomshim_host::ledger::StackId;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -343,7 +343,7 @@ impl State {
         request: u64,
     ) -> Admit {
         // Whatever becomes of this failure, the exit says what got no dump.
-        oomshim_core::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
+        oomshim_host::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
         // And, should it end the process, what it leaves for the job (after that flush).
         super::job::watch_exit();
         let interval = s.config().min_interval;

@@ -4,11 +4,11 @@
 use dump::model::Dump;
 use dump::units::{human_bytes, thousands};
 use dump::write::{WriteError, Written};
-use oomshim_core::ledger::Api;
+use oomshim_host::ledger::Api;
 
 pub(super) fn print_summary(dump: &Dump, written: &Result<Written, WriteError>) {
     if let Some(text) = summary_lines(dump, written) {
-        oomshim_core::sys::say::say(&text);
+        oomshim_host::sys::say::say(&text);
     }
 }
 
@@ -150,7 +150,7 @@ fn without_dump_line(repeats: u64, suppressed: u64) -> String {
 }
 
 pub(super) fn say(text: &str) {
-    oomshim_core::sys::say::say(&format!("oomshim: {text}"));
+    oomshim_host::sys::say::say(&format!("oomshim: {text}"));
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use crate::live::assemble::{BurstInfo, Capture, Facts};
 use crate::live::Shim;
 use dump::model::{Dump, LastFailure};
 use dump::write::{write_dump, DumpName, WriteError, Written};
-use oomshim_core::ledger::{Api, StackId};
+use oomshim_host::ledger::{Api, StackId};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
@@ -114,17 +114,17 @@ impl OomTracker {
         let spawned = std::thread::Builder::new()
             .name("oomshim-writer".into())
             .spawn(move || {
-                let _ = oomshim_core::sys::guarded(|| self.writer_loop(s));
+                let _ = oomshim_host::sys::guarded(|| self.writer_loop(s));
                 // The loop ends only by a panic (the shim is pass-through now): the exit flush
                 // writes what is still queued itself rather than wait for this thread.
                 self.writer_gone();
             });
         if spawned.is_ok() {
             st.writer_pid = pid;
-            oomshim_core::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
+            oomshim_host::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
         } else {
             // No writer thread: write on the failing threads' exits instead (the exit flush).
-            oomshim_core::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
+            oomshim_host::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
         }
     }
 
@@ -490,7 +490,7 @@ pub(in crate::live) fn write(s: &Shim, dump: &Dump) -> Result<Written, WriteErro
     crate::publish::note_dump(dump, &written.path);
     if let Some(why) = &written.fell_back {
         if !FALLBACK_SAID.swap(true, Ordering::Relaxed) {
-            oomshim_core::say!(
+            oomshim_host::say!(
                 "oomshim: {why}; writing dumps to {} instead",
                 dump::units::clean_path(written.path.parent().unwrap_or(&written.path))
             );

@@ -99,7 +99,7 @@ struct ThreadState {
     stack_hi: u64,
     /// Where [`capture_interned`] walks: the caller gets an id, never the frames, so no buffer
     /// of its own is zeroed on every call.
-    frames: Box<[usize; crate::config::MAX_DEPTH]>,
+    frames: Box<[usize; oomshim_core::config::MAX_DEPTH]>,
     #[cfg(target_arch = "x86_64")]
     dwarf: dwarf::ThreadUnwinder,
 }
@@ -108,7 +108,7 @@ impl ThreadState {
     fn new() -> Box<ThreadState> {
         Box::new(ThreadState {
             stack_hi: thread_stack_top().unwrap_or(0),
-            frames: Box::new([0; crate::config::MAX_DEPTH]),
+            frames: Box::new([0; oomshim_core::config::MAX_DEPTH]),
             #[cfg(target_arch = "x86_64")]
             dwarf: dwarf::ThreadUnwinder::new(),
         })
@@ -217,7 +217,7 @@ pub fn capture_interned(
     tag: u64,
     intern: impl FnOnce(&[usize]) -> u32,
 ) -> u32 {
-    let depth = depth.min(crate::config::MAX_DEPTH);
+    let depth = depth.min(oomshim_core::config::MAX_DEPTH);
     if depth == 0 {
         return 0;
     }

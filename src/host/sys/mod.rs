@@ -1,11 +1,13 @@
 //! The shim's process plumbing, below everything that runs inside the host program: the guard
-//! at the boundary, the real `dlsym`, addresses made typed functions (`fn_ptr`),
-//! `atexit`/`atfork`/signal registration, and the CUDA error codes the shim answers with.
+//! at the boundary and the fault the reliability tests inject into it, the real `dlsym`,
+//! addresses made typed functions (`fn_ptr`), `atexit`/`atfork`/signal registration, and the
+//! CUDA error codes the shim answers with.
 //! Imports nothing above it, so the hooks and the live state can both use it without importing
 //! each other.
 
 pub mod dl;
 pub mod doorbell;
+pub mod fault;
 pub mod fn_ptr;
 pub mod fork;
 pub mod guard;
@@ -13,6 +15,7 @@ pub mod process;
 pub mod say;
 
 pub use dl::{clear_dl_error, object_base, quiet_dlsym, real_dlsym, real_dlsym_not_ours};
+pub use fault::fault;
 pub use fork::{register_fork_handlers, ForkHeld};
 pub use guard::{contain, guarded, Guard};
 pub use guard::{disable, disabled};

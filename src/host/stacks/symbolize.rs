@@ -103,7 +103,7 @@ fn bare_frame(addr: usize, module: Option<String>) -> Frame {
 }
 
 fn symbolize_inner(addrs: &[usize]) -> Vec<Vec<Frame>> {
-    if crate::config::fault() == crate::config::Fault::Symbolize {
+    if crate::sys::fault() == oomshim_core::config::Fault::Symbolize {
         panic!("injected fault, OOMSHIM_FAULT=symbolize"); // caught just above: raw addresses
     }
     let lookups: Vec<u64> = addrs
