@@ -52,16 +52,6 @@
 use context::{cache, Ctx};
 use dump::model::{Dump, FailedRequest, Finding, Verdict};
 
-pub const REQUEST_EXCEEDS_DEVICE: &str = "request_exceeds_device";
-pub const FRAGMENTATION: &str = "fragmentation";
-pub const FRAMEWORK_CACHE: &str = "framework_cache";
-pub const OTHER_PROCESSES: &str = "other_processes";
-pub const UNTRACKED_MEMORY: &str = "untracked_memory";
-pub const OWN_ALLOCATIONS: &str = "own_allocations";
-pub const LEAK: &str = "leak";
-pub const HOST_MEMORY: &str = "host_memory";
-pub const SNAPSHOT: &str = "snapshot";
-
 mod context;
 mod fragmentation;
 mod framework;
@@ -69,6 +59,7 @@ mod framework_cache;
 mod host_memory;
 mod kinds;
 mod leak;
+mod names;
 mod other_processes;
 mod own_allocations;
 mod post_mortem;
@@ -91,10 +82,13 @@ pub use leak::{
     LEAK_NAMED_SHARE, TIMELINE_MAX_QUIET_MS, TIMELINE_MIN_ALLOCATIONS, TIMELINE_MIN_KEPT_SHARE,
     TIMELINE_MIN_SPAN_MS, TIMELINE_QUIET_GAPS,
 };
-pub use other_processes::OTHER_PROCESSES_MIN_SHARE;
-pub use post_mortem::{
-    host_growth, EXITED_AFTER_FAILURE, HOST_GROWTH_MIN_BYTES, HOST_OOM_KILL, KILLED_BY_SIGNAL,
+pub use names::{
+    EXITED_AFTER_FAILURE, FRAGMENTATION, FRAMEWORK_CACHE, HOST_MEMORY, HOST_OOM_KILL,
+    KILLED_BY_SIGNAL, LEAK, OTHER_PROCESSES, OWN_ALLOCATIONS, REQUEST_EXCEEDS_DEVICE, SNAPSHOT,
+    UNTRACKED_MEMORY,
 };
+pub use other_processes::OTHER_PROCESSES_MIN_SHARE;
+pub use post_mortem::{host_growth, HOST_GROWTH_MIN_BYTES};
 pub use sites::short_label;
 pub use untracked_memory::UNTRACKED_MIN_SHARE;
 

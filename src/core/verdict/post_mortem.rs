@@ -7,14 +7,6 @@
 
 use dump::model::{HostKill, PostMortem};
 
-/// Killed by the kernel's OOM killer: SIGKILL while the cgroup's `memory.events` counted a new
-/// `oom_kill`. Host memory, not device memory, ran out.
-pub const HOST_OOM_KILL: &str = "host_oom_kill";
-/// Ended by a signal other than the OOM killer's: SIGKILL or SIGTERM from outside (a scheduler
-/// over its limit, `timeout`, a person), or a crash (SIGSEGV, SIGABRT, SIGBUS).
-pub const KILLED_BY_SIGNAL: &str = "killed_by_signal";
-/// Exited non-zero right after a failed device allocation whose dump was never written.
-pub const EXITED_AFTER_FAILURE: &str = "exited_after_failure";
 /// Host memory growth per step (or per second) below which the RSS samples are not called
 /// growth: allocator noise and caches.
 pub const HOST_GROWTH_MIN_BYTES: u64 = 1 << 20;

@@ -20,11 +20,11 @@
 //! device gives the program the same cap.
 
 use super::context::Ctx;
-use super::post_mortem::{host_growth, Death};
-use super::{
+use super::names::{
     FRAGMENTATION, FRAMEWORK_CACHE, HOST_MEMORY, LEAK, OTHER_PROCESSES, OWN_ALLOCATIONS,
     REQUEST_EXCEEDS_DEVICE, UNTRACKED_MEMORY,
 };
+use super::post_mortem::{host_growth, Death};
 use dump::model::{Finding, PostMortem, RetryHint};
 use dump::units::human_bytes;
 

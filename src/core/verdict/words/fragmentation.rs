@@ -3,7 +3,7 @@
 use super::new_finding;
 use crate::verdict::context::{Cache, Ctx};
 use crate::verdict::fragmentation::{dynamic_shapes, expandable_segments_on};
-use crate::verdict::FRAGMENTATION;
+use crate::verdict::names::FRAGMENTATION;
 use dump::model::{Dump, Finding};
 use dump::units::{clean, human_bytes, thousands};
 

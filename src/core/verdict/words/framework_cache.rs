@@ -2,7 +2,7 @@
 
 use super::new_finding;
 use crate::verdict::context::{Cache, Ctx};
-use crate::verdict::FRAMEWORK_CACHE;
+use crate::verdict::names::FRAMEWORK_CACHE;
 use dump::model::Finding;
 use dump::units::{clean, human_bytes};
 

@@ -4,7 +4,7 @@
 use super::{count_word, new_finding};
 use crate::verdict::context::Ctx;
 use crate::verdict::host_memory::{host_pressure, HostPressure};
-use crate::verdict::HOST_MEMORY;
+use crate::verdict::names::HOST_MEMORY;
 use dump::model::{Dump, Finding};
 use dump::units::{clean, human_bytes, percent, share};
 

@@ -5,8 +5,9 @@ use super::{count_word, new_finding, segment_note, steps_word};
 use crate::verdict::context::{tracked_all, Ctx};
 use crate::verdict::framework::{framework, Framework};
 use crate::verdict::leak::LeakFinding;
+use crate::verdict::names::LEAK;
 use crate::verdict::sites::{short_label, site_name};
-use crate::verdict::{LEAK, LEAK_NAMED_SHARE};
+use crate::verdict::LEAK_NAMED_SHARE;
 use dump::model::{AttributedLine, Finding, GrowthSite};
 use dump::units::{clean, human_bytes, percent, share, thousands, truncate_function};
 

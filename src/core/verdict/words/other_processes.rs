@@ -2,7 +2,7 @@
 
 use super::{count_word, new_finding};
 use crate::verdict::context::Ctx;
-use crate::verdict::OTHER_PROCESSES;
+use crate::verdict::names::OTHER_PROCESSES;
 use dump::model::Finding;
 use dump::model::{GpuProcess, Relation};
 use dump::units::{clean, human_bytes};

@@ -5,11 +5,10 @@ use super::leak::LEAK_SITES_NAMED;
 use super::steps_word;
 use crate::verdict::context::tracked_all;
 use crate::verdict::leak::LeakFinding;
+use crate::verdict::names::{EXITED_AFTER_FAILURE, HOST_OOM_KILL, KILLED_BY_SIGNAL, LEAK};
 use crate::verdict::post_mortem::{host_growth, oom_kill_counted, Death};
 use crate::verdict::sites::short_label;
-use crate::verdict::{
-    EXITED_AFTER_FAILURE, HOST_OOM_KILL, KILLED_BY_SIGNAL, LEAK, LEAK_NAMED_SHARE,
-};
+use crate::verdict::LEAK_NAMED_SHARE;
 use dump::model::{Dump, Finding, PostMortem};
 use dump::units::{clean, human_bytes, percent};
 

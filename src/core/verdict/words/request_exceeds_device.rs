@@ -2,7 +2,7 @@
 
 use super::new_finding;
 use crate::verdict::context::Ctx;
-use crate::verdict::REQUEST_EXCEEDS_DEVICE;
+use crate::verdict::names::REQUEST_EXCEEDS_DEVICE;
 use dump::model::Finding;
 use dump::units::{bytes_with_exact, human_bytes};
 

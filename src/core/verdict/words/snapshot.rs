@@ -2,8 +2,8 @@
 
 use super::count_word;
 use super::evidence::growth_evidence;
+use crate::verdict::names::SNAPSHOT;
 use crate::verdict::snapshot::Held;
-use crate::verdict::SNAPSHOT;
 use dump::model::{Dump, Finding, Verdict};
 use dump::units::{clean, human_bytes, percent, share};
 use dump::view::used_bytes;

@@ -2,7 +2,7 @@
 
 use super::new_finding;
 use crate::verdict::context::Ctx;
-use crate::verdict::UNTRACKED_MEMORY;
+use crate::verdict::names::UNTRACKED_MEMORY;
 use dump::model::Finding;
 use dump::units::{human_bytes, percent, share};
 
