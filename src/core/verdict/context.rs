@@ -1,9 +1,11 @@
 //! What the rules read from a dump, gathered once: the failing device's numbers, the largest
-//! site, the framework's free blocks, the other processes on the device. The labels carried here
-//! (the largest site's, the request's size) are computed once for the sentences in `words/`.
+//! site, the framework's free blocks, the other processes on the device, and the rules' readings
+//! of the whole dump ([`Readings`], made by `mod.rs`). The labels carried here (the largest
+//! site's, the request's size) are computed once for the sentences in `words/`.
 
+use super::found::{Readings, TopSite};
 use super::sites::{site_label, Line, NO_PYTHON_FRAMES};
-use dump::model::{DeviceInfo, Dump, FailedRequest, MemoryCap, Site};
+use dump::model::{DeviceInfo, Dump, FailedRequest, MemoryCap};
 use dump::model::{GpuProcess, Relation};
 use dump::units::human_bytes;
 use dump::view::{free_blocks_available, sorted_sites, used_bytes};
@@ -59,14 +61,6 @@ impl DeviceNumbers {
     }
 }
 
-/// The largest site, its line and how to name it.
-pub(super) struct TopSite<'a> {
-    pub(super) site: &'a Site,
-    /// Its line; `None` when no frame of its stack has a name.
-    pub(super) line: Option<Line<'a>>,
-    pub(super) label: String,
-}
-
 pub(super) fn top_site(dump: &Dump) -> Option<TopSite<'_>> {
     let site = *sorted_sites(dump).first()?;
     // A Python process records a tensor's Python stack only: none means a thread without
@@ -110,11 +104,17 @@ pub(super) struct Ctx<'a> {
     pub(super) others_bytes: u64,
     /// The per-process cap the failure was judged against (`n.total` is the cap then).
     pub(super) cap: Option<&'a MemoryCap>,
+    pub(super) readings: Readings<'a>,
 }
 
 impl<'a> Ctx<'a> {
-    /// The numbers of the failing device and its other processes.
-    pub(super) fn of(dump: &'a Dump, request: &'a FailedRequest) -> Ctx<'a> {
+    /// The numbers of the failing device and its other processes, with the rules' readings of
+    /// the whole dump.
+    pub(super) fn of(
+        dump: &'a Dump,
+        request: &'a FailedRequest,
+        readings: Readings<'a>,
+    ) -> Ctx<'a> {
         let n = DeviceNumbers::of(dump, request);
         let used = n.used();
         let tracked = n.tracked.unwrap_or(0);
@@ -137,6 +137,7 @@ impl<'a> Ctx<'a> {
                 .iter()
                 .find(|d| d.index == request.device)
                 .and_then(|d| d.memory_cap.as_ref()),
+            readings,
         }
     }
 

@@ -2,6 +2,7 @@
 //! block that large; dynamic shapes as its cause. Its sentences are in `words/fragmentation.rs`.
 
 use super::context::{alloc_conf, Cache};
+use super::found::DynamicShapes;
 use dump::model::Dump;
 
 /// Smallest free share of what the framework's cache reserves for [`FRAGMENTATION`](super::FRAGMENTATION): when less
@@ -33,13 +34,18 @@ pub(super) fn expandable_segments_on(dump: &Dump) -> bool {
 }
 
 /// Many distinct large request sizes in the recent history: dynamic shapes (see
-/// [`DYNAMIC_MIN_DISTINCT_LARGE`]). Returns (distinct large sizes, large requests, window).
-pub(super) fn dynamic_shapes(dump: &Dump) -> Option<(u64, u64, u64)> {
+/// [`DYNAMIC_MIN_DISTINCT_LARGE`]).
+pub(super) fn dynamic_shapes(dump: &Dump) -> Option<DynamicShapes> {
     let r = dump.request_sizes.as_ref()?;
     (r.distinct_large >= DYNAMIC_MIN_DISTINCT_LARGE
         && r.large > 0
         && r.distinct_large as f64 >= DYNAMIC_MIN_DISTINCT_SHARE * r.large as f64)
-        .then_some((r.distinct_large, r.large, r.window))
+        .then_some(DynamicShapes {
+            distinct: r.distinct_large,
+            large: r.large,
+            window: r.window,
+            large_bytes: r.large_bytes,
+        })
 }
 
 #[cfg(test)]

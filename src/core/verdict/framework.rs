@@ -1,20 +1,10 @@
 //! Which framework the program uses, so that advice speaks its terms.
 
+use super::found::Framework;
 use dump::model::Dump;
 
 /// The framework the program uses, for advice (from the dump's list of loaded frameworks;
 /// dumps of older versions: torch's version, or Python frames).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Framework {
-    Torch,
-    Jax,
-    Cupy,
-    /// Python without a known framework.
-    Python,
-    /// C, C++ or any program without Python.
-    Native,
-}
-
 pub(super) fn framework(dump: &Dump) -> Framework {
     let config = dump.config.as_ref();
     let listed = |name: &str| config.is_some_and(|c| c.frameworks.iter().any(|f| f == name));

@@ -1,6 +1,7 @@
 //! [`HOST_MEMORY`](super::HOST_MEMORY): a failed page-locked host request, or host memory low
 //! besides the device's failure. Its sentences are in `words/host_memory.rs`.
 
+use super::found::HostPressure;
 use dump::api;
 use dump::model::Dump;
 
@@ -9,15 +10,9 @@ pub const HOST_MIN_AVAILABLE_SHARE: f64 = 0.05;
 /// ... or when the cgroup's usage is at least this share of its limit.
 pub const CGROUP_MAX_USAGE_SHARE: f64 = 0.95;
 
-/// Why host memory counts as low: the host's available memory, or the cgroup's usage.
-pub(super) enum HostPressure {
-    /// `MemAvailable` below [`HOST_MIN_AVAILABLE_SHARE`] of `MemTotal`.
-    Available { available: u64, total: u64 },
-    /// The cgroup at [`CGROUP_MAX_USAGE_SHARE`] of its limit or more.
-    Cgroup { usage: u64, limit: u64 },
-}
-
-/// Host memory is low, when it is (the host's numbers first, then the cgroup's).
+/// Host memory is low, when it is (the host's numbers first, then the cgroup's): `MemAvailable`
+/// below [`HOST_MIN_AVAILABLE_SHARE`] of `MemTotal`, or the cgroup at
+/// [`CGROUP_MAX_USAGE_SHARE`] of its limit or more.
 pub(super) fn host_pressure(dump: &Dump) -> Option<HostPressure> {
     let h = dump.host.as_ref()?;
     if let (Some(avail), Some(total)) = (h.available_bytes, h.total_bytes) {

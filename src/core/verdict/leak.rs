@@ -3,7 +3,8 @@
 //! `words/leak.rs`.
 
 use super::context::tracked_all;
-use dump::model::{DetectedSteps, Dump, Growth, GrowthFit, GrowthSite};
+use super::found::{GrowingShapes, LeakFinding, NotALeak, OverTime, Recorded};
+use dump::model::{Dump, Growth, GrowthFit, GrowthSite};
 
 /// Smallest growth per step of the process for [`LEAK`](super::LEAK): below it, growth is noise (counters,
 /// small caches), not what fills a device.
@@ -59,33 +60,6 @@ const LOADING_FUNCTIONS: &[(&str, &str)] = &[
     ("accelerate/big_modeling.py", "load_checkpoint_and_dispatch"),
 ];
 
-/// What growth over time from the allocation timeline comes to, when it is not a leak.
-#[derive(Debug, Clone)]
-pub enum NotALeak {
-    /// Growing steadily, but in a program that began allocating less than
-    /// [`TIMELINE_MIN_SPAN_MS`] ago, or over fewer than [`TIMELINE_MIN_ALLOCATIONS`]
-    /// allocations: too little to call it a leak.
-    Young,
-    /// The growing site is inside a function that loads a model (`function`, from its stack),
-    /// or the framework counts the growth as the model's parameters.
-    Loading { function: String },
-    /// It grew, then its sites stopped allocating `quiet_ms` before the dump.
-    Stopped { quiet_ms: u64 },
-    /// The tracked bytes did not grow as the live allocations suggest (see
-    /// [`TIMELINE_MIN_KEPT_SHARE`]): what was allocated was freed as fast.
-    NotKept,
-}
-
-/// Steady growth over time that is judged no leak, and why, with the numbers the words need.
-pub struct OverTime<'a> {
-    pub growth: &'a Growth,
-    pub fit: GrowthFit,
-    pub timeline: &'a dump::model::Timeline,
-    /// The growing site with the largest share, when one carries [`LEAK_NAMED_SHARE`].
-    pub top: Option<&'a GrowthSite>,
-    pub why: NotALeak,
-}
-
 /// The timeline's verdict on growth over time: `Ok(())` when the leak rules may go on (it
 /// lasted long enough, kept enough allocations, still grows, was kept, and loads no model),
 /// else why it is no leak. `None` for dumps without a timeline or without steady growth.
@@ -137,7 +111,11 @@ pub fn timeline_judgement(dump: &Dump) -> Option<Result<(), OverTime<'_>>> {
         return None;
     }
     if short || t.age_ms < TIMELINE_MIN_SPAN_MS || t.allocations < TIMELINE_MIN_ALLOCATIONS {
-        return not(NotALeak::Young);
+        return not(NotALeak::Young {
+            too_recent: t.age_ms < TIMELINE_MIN_SPAN_MS,
+            min_span_ms: TIMELINE_MIN_SPAN_MS,
+            min_allocations: TIMELINE_MIN_ALLOCATIONS,
+        });
     }
     Some(Ok(()))
 }
@@ -180,23 +158,6 @@ fn loading_function(stack: &[dump::model::Frame]) -> Option<String> {
     })
 }
 
-/// The process's growth per step, when it is a leak (see [`LEAK`](super::LEAK)).
-pub(super) struct LeakFinding<'a> {
-    pub(super) growth: &'a Growth,
-    pub(super) fit: GrowthFit,
-    /// Its largest parts, largest first, each with its share (0–1).
-    pub(super) sites: Vec<(&'a GrowthSite, f64)>,
-    /// Set when the steps were detected, not marked.
-    pub(super) detected: Option<DetectedSteps>,
-    /// Bytes grown from the first fitted sample to the failure.
-    pub(super) grown: u64,
-    /// Judged over time (`growth.unit` `second`): the program marks no steps and repeats no
-    /// pattern; rates are per second.
-    pub(super) over_time: bool,
-    /// How the growth over time was measured, when from the allocation timeline.
-    pub(super) timeline: Option<&'a dump::model::Timeline>,
-}
-
 /// The process's fitted growth: the dump's own, or (dumps of older versions) fitted from its
 /// tracked samples.
 pub(super) fn growth_fit(g: &Growth) -> Option<GrowthFit> {
@@ -232,14 +193,17 @@ fn accumulated(fit: &GrowthFit) -> bool {
 
 /// The process's steady growth when it is no leak because nothing accumulated: the same
 /// number of allocations, larger each step. With how its steps were found (`growth.steps`).
-pub(super) fn growing_shapes(dump: &Dump) -> Option<(GrowthFit, Option<&str>)> {
+pub(super) fn growing_shapes(dump: &Dump) -> Option<GrowingShapes<'_>> {
     let g = dump.growth.as_ref().filter(|g| g.unit == "step")?;
     let fit = growth_fit(g)?;
     (fit.bytes_per_step >= LEAK_MIN_BYTES_PER_STEP
         && fit.samples >= dump::fit::MIN_SAMPLES as u64
         && fit.live_allocations.is_some()
         && !accumulated(&fit))
-    .then_some((fit, g.steps.as_deref()))
+    .then_some(GrowingShapes {
+        fit,
+        steps: g.steps.as_deref(),
+    })
 }
 
 /// The process's growth when it is a leak (see [`LEAK`](super::LEAK)).
@@ -312,15 +276,23 @@ pub(super) fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
         .bytes
         .saturating_sub(fit.first.bytes)
         .saturating_add(now.saturating_sub(fit.last.bytes).min(fit.bytes_per_step));
-    Some(LeakFinding {
+    let named = sites
+        .first()
+        .copied()
+        .filter(|(_, share)| *share >= LEAK_NAMED_SHARE);
+    let mut leak = LeakFinding {
         growth: g,
         fit,
         sites,
+        named,
         detected,
         grown,
         over_time,
         timeline: g.timeline.as_ref().filter(|_| over_time),
-    })
+        records: None,
+    };
+    leak.records = recorded(&leak, dump);
+    Some(leak)
 }
 
 /// True when the framework counted its live memory at the failure and the model's parameters
@@ -347,7 +319,7 @@ fn loading_parameters(dump: &Dump, g: &Growth) -> bool {
 /// names no line of the program (`no_python`, or no site over [`LEAK_NAMED_SHARE`]) or that line
 /// holds at least [`LEAK_NAMED_SHARE`] of what was recorded. One rule for the out-of-memory
 /// verdict and the post-mortem's.
-pub(super) fn recorded<'a>(l: &LeakFinding, dump: &'a Dump) -> Option<Recorded<'a>> {
+fn recorded<'a>(l: &LeakFinding, dump: &'a Dump) -> Option<Recorded<'a>> {
     if l.over_time {
         return None;
     }
@@ -370,24 +342,10 @@ pub(super) fn recorded<'a>(l: &LeakFinding, dump: &'a Dump) -> Option<Recorded<'
         attribution: a,
         share,
         names_it: !same_as_shim && (!named_by_shim || share >= LEAK_NAMED_SHARE),
+        // No line of the records holds [`LEAK_NAMED_SHARE`] of what they recorded: the growth
+        // is spread over lines, and none of them is to be named as holding it.
+        spread: share < LEAK_NAMED_SHARE,
     })
-}
-
-/// What [`recorded`] found.
-pub(super) struct Recorded<'a> {
-    pub(super) attribution: &'a dump::model::Attribution,
-    /// The top line's share of the recorded bytes (0–1).
-    pub(super) share: f64,
-    /// The records name the leak (their top line), not the shim's top site.
-    pub(super) names_it: bool,
-}
-
-impl Recorded<'_> {
-    /// No line of the records holds [`LEAK_NAMED_SHARE`] of what they recorded: the growth is
-    /// spread over lines, and none of them is to be named as holding it.
-    pub(super) fn spread(&self) -> bool {
-        self.share < LEAK_NAMED_SHARE
-    }
 }
 
 #[cfg(test)]
@@ -943,8 +901,15 @@ mod tests {
         d
     }
 
+    /// Why the timeline judges the growth no leak, as the variant's name (with its fields but
+    /// for `Young`'s, which carry the thresholds).
     fn why(d: &Dump) -> Option<Result<(), String>> {
-        crate::verdict::timeline_judgement(d).map(|r| r.map_err(|o| format!("{:?}", o.why)))
+        crate::verdict::timeline_judgement(d).map(|r| {
+            r.map_err(|o| match o.why {
+                crate::verdict::NotALeak::Young { .. } => "Young".to_string(),
+                why => format!("{why:?}"),
+            })
+        })
     }
 
     #[test]

@@ -41,18 +41,27 @@
 //! it after its program died) is judged by [`judge_post_mortem`] (how it died:
 //! src/core/verdict/post_mortem.rs).
 //!
-//! This folder: this file holds the entry points and the order in which the rules are tried,
-//! and is the only caller of `words/`; each kind has a file of its own (`leak.rs`,
-//! `fragmentation.rs`, ...) that decides whether its finding holds, with its thresholds and its
-//! tests; `context.rs` gathers the numbers every rule reads; `sites.rs` says which line a site is
-//! (what the rules compare) and how it is named; `words/` turns what the rules found into
-//! headlines, sentences, evidence and advice, one file per kind, and never decides what holds.
+//! This folder, as a one-way pipeline (rules → data → words):
+//! - this file holds the entry points and the order in which the rules are tried, and is the
+//!   only caller of `words/`; it also makes the rules' readings of the whole dump
+//!   ([`found::Readings`]: the framework, the growth's fit, dynamic shapes, low host memory, …);
+//! - each kind has a file of its own (`leak.rs`, `fragmentation.rs`, ...) that decides whether
+//!   its finding holds and finds everything its sentences need, with its thresholds and its
+//!   tests; `context.rs` gathers the numbers every rule reads; `sites.rs` says which line a site
+//!   is (what the rules compare) and how it is named; `names.rs` names the kinds;
+//! - `found.rs` is what the rules found, as data;
+//! - `words/` turns it into headlines, sentences, evidence and advice, one file per kind: it
+//!   reads `found.rs`, `context.rs`, `sites.rs` and `names.rs`, and calls no rule (tests/layers.rs
+//!   keeps it so; `words/kinds.rs` still calls the kinds rules).
+//!
 //! `tests.rs` holds the fixtures the tests share and the tests across kinds.
 
 use context::{cache, Ctx};
 use dump::model::{Dump, FailedRequest, Finding, Verdict};
+use found::Readings;
 
 mod context;
+mod found;
 mod fragmentation;
 mod framework;
 mod framework_cache;
@@ -72,15 +81,16 @@ pub(crate) mod tests;
 mod untracked_memory;
 mod words;
 
+pub use found::{NotALeak, OverTime};
 pub use fragmentation::{
     DYNAMIC_MIN_DISTINCT_LARGE, DYNAMIC_MIN_DISTINCT_SHARE, FRAGMENTATION_MIN_RESERVED_SHARE,
 };
 pub use framework_cache::FRAMEWORK_CACHE_MIN_REQUEST_SHARE;
 pub use host_memory::{CGROUP_MAX_USAGE_SHARE, HOST_MIN_AVAILABLE_SHARE};
 pub use leak::{
-    timeline_judgement, NotALeak, OverTime, DETECTED_MIN_FREEING_SHARE, LEAK_MIN_BYTES_PER_STEP,
-    LEAK_NAMED_SHARE, TIMELINE_MAX_QUIET_MS, TIMELINE_MIN_ALLOCATIONS, TIMELINE_MIN_KEPT_SHARE,
-    TIMELINE_MIN_SPAN_MS, TIMELINE_QUIET_GAPS,
+    timeline_judgement, DETECTED_MIN_FREEING_SHARE, LEAK_MIN_BYTES_PER_STEP, LEAK_NAMED_SHARE,
+    TIMELINE_MAX_QUIET_MS, TIMELINE_MIN_ALLOCATIONS, TIMELINE_MIN_KEPT_SHARE, TIMELINE_MIN_SPAN_MS,
+    TIMELINE_QUIET_GAPS,
 };
 pub use names::{
     EXITED_AFTER_FAILURE, FRAGMENTATION, FRAMEWORK_CACHE, HOST_MEMORY, HOST_OOM_KILL,
@@ -99,7 +109,23 @@ pub fn judge(dump: &Dump) -> Verdict {
     }
     match &dump.failed_request {
         Some(request) => judge_oom(dump, request),
-        None => words::snapshot::verdict(dump, snapshot::held(dump)),
+        None => words::snapshot::verdict(dump, snapshot::held(dump), &readings(dump)),
+    }
+}
+
+/// The rules' readings of the whole dump that the words of several findings use.
+fn readings(dump: &Dump) -> Readings<'_> {
+    Readings {
+        framework: framework::framework(dump),
+        growth_fit: dump.growth.as_ref().and_then(leak::growth_fit),
+        dynamic_shapes: fragmentation::dynamic_shapes(dump),
+        expandable_segments: fragmentation::expandable_segments_on(dump),
+        growing_shapes: leak::growing_shapes(dump),
+        host_low: host_memory::host_pressure(dump),
+        kinds: kinds::kinds_of(dump),
+        tracked_all: context::tracked_all(dump),
+        alloc_conf: context::alloc_conf(dump),
+        not_a_leak: leak::timeline_judgement(dump).and_then(Result::err),
     }
 }
 
@@ -110,17 +136,17 @@ pub fn judge_post_mortem(dump: &Dump) -> Verdict {
     let Some(pm) = &dump.post_mortem else {
         return judge(dump);
     };
+    let readings = readings(dump);
+    let ended = post_mortem::ended(pm);
     let leak = leak::leak_finding(dump).map(|l| {
-        words::post_mortem::leak_by_records(&l, dump)
-            .unwrap_or_else(|| words::post_mortem::leak(&l))
+        words::post_mortem::leak_by_records(&l).unwrap_or_else(|| words::post_mortem::leak(&l))
     });
-    let mut death =
-        words::post_mortem::death_finding(dump, pm, post_mortem::how_it_ended(pm), leak.is_some());
+    let mut death = words::post_mortem::death_finding(dump, pm, &ended, &readings, leak.is_some());
     if let Some(l) = &leak {
         words::post_mortem::add_leak(&mut death, l);
     }
     death.evidence.push(words::post_mortem::reconstructed(pm));
-    let retry = retry::of_post_mortem(pm, &post_mortem::how_it_ended(pm));
+    let retry = retry::of_post_mortem(pm, &ended);
     let mut findings = vec![death];
     findings.extend(leak);
     let top = findings[0].clone();
@@ -146,47 +172,9 @@ pub fn judge_post_mortem(dump: &Dump) -> Verdict {
 /// failed page-locked host request, or a request larger than the device, stands alone; else
 /// every finding that holds, then low host memory; ranked by the bytes each explains.
 fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
-    let c = Ctx::of(dump, request);
-    let evidence = words::evidence::general_evidence(&c);
-    let host_low = host_memory::host_pressure(dump);
-
-    let mut findings = Vec::new();
-    if host_memory::is_pinned_api(&request.api) {
-        findings.push(words::host_memory::pinned_request_failed(&c));
-    } else if request_exceeds_device::holds(&c) {
-        findings.push(words::request_exceeds_device::finding(&c));
-    } else {
-        let cache = cache(dump);
-        let fragmented = cache
-            .as_ref()
-            .is_some_and(|k| fragmentation::holds(k, request.bytes));
-        if fragmented {
-            findings.push(words::fragmentation::finding(
-                &c,
-                cache.as_ref().expect("fragmented"),
-            ));
-        } else if let Some(k) = cache.as_ref().filter(|k| framework_cache::holds(&c, k)) {
-            findings.push(words::framework_cache::finding(&c, k));
-        }
-        let others_found = other_processes::holds(&c);
-        if others_found {
-            findings.push(words::other_processes::finding(&c));
-        }
-        let untracked = untracked_memory::Untracked::of(&c, others_found);
-        if untracked.holds() {
-            findings.push(words::untracked_memory::finding(&c, untracked.unexplained));
-        }
-        let leak = leak::leak_finding(dump);
-        if let Some(l) = &leak {
-            findings.push(words::leak::finding(&c, l));
-        }
-        let specific =
-            leak.is_some() || fragmented || findings.iter().any(|f| f.kind == FRAMEWORK_CACHE);
-        if own_allocations::holds(untracked.mostly_untracked, specific, !findings.is_empty()) {
-            findings.push(words::own_allocations::finding(&c, cache.as_ref()));
-        }
-    }
-    if let Some(low) = &host_low {
+    let c = Ctx::of(dump, request, readings(dump));
+    let mut findings = findings(&c);
+    if let Some(low) = &c.readings.host_low {
         if !findings.iter().any(|f| f.kind == HOST_MEMORY) {
             findings.push(words::host_memory::host_low(dump, low));
         }
@@ -203,9 +191,9 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
         }
     }
     let retry = retry::of_oom(&c, &findings);
-    let mut evidence = evidence;
-    if let Some(Err(o)) = leak::timeline_judgement(dump) {
-        evidence.push(words::leak::not_a_leak(&o));
+    let mut evidence = words::evidence::general_evidence(&c);
+    if let Some(o) = &c.readings.not_a_leak {
+        evidence.push(words::leak::not_a_leak(o));
     }
     Verdict {
         kind: findings[0].kind.clone(),
@@ -215,6 +203,53 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
         findings,
         retry: Some(retry),
     }
+}
+
+/// The device's findings of an out-of-memory dump, in the order the rules are tried: a failed
+/// page-locked host request, or a request larger than the device, stands alone; else every
+/// finding that holds.
+fn findings(c: &Ctx) -> Vec<Finding> {
+    let (dump, request) = (c.dump, c.request);
+    let mut findings = Vec::new();
+    if host_memory::is_pinned_api(&request.api) {
+        findings.push(words::host_memory::pinned_request_failed(c));
+        return findings;
+    }
+    if request_exceeds_device::holds(c) {
+        findings.push(words::request_exceeds_device::finding(c));
+        return findings;
+    }
+    let cache = cache(dump);
+    let fragmented = cache
+        .as_ref()
+        .is_some_and(|k| fragmentation::holds(k, request.bytes));
+    if fragmented {
+        findings.push(words::fragmentation::finding(
+            c,
+            cache.as_ref().expect("fragmented"),
+        ));
+    } else if let Some(k) = cache.as_ref().filter(|k| framework_cache::holds(c, k)) {
+        findings.push(words::framework_cache::finding(c, k));
+    }
+    let others_found = other_processes::holds(c);
+    if others_found {
+        findings.push(words::other_processes::finding(c));
+    }
+    let untracked = untracked_memory::Untracked::of(c, others_found);
+    if untracked.holds() {
+        findings.push(words::untracked_memory::finding(c, untracked.unexplained));
+    }
+    let leak = leak::leak_finding(dump);
+    if let Some(l) = &leak {
+        findings.push(words::leak::finding(c, l));
+    }
+    let specific =
+        leak.is_some() || fragmented || findings.iter().any(|f| f.kind == FRAMEWORK_CACHE);
+    if own_allocations::holds(untracked.mostly_untracked, specific, !findings.is_empty()) {
+        let own = own_allocations::find(c);
+        findings.push(words::own_allocations::finding(c, &own, cache.as_ref()));
+    }
+    findings
 }
 
 /// The growth of the process in one line, as the verdict judges it (`oomshim top`): `leak: …`

@@ -1,9 +1,12 @@
 //! [`OWN_ALLOCATIONS`](super::OWN_ALLOCATIONS): the residual account, and which line to name
 //! after the largest holder. Its sentences are in `words/own_allocations.rs`.
 
+use super::context::Ctx;
+use super::found::{Framework, NextHolder, OwnAllocations};
 use super::sites::Line;
+use dump::api;
 use dump::model::{Dump, FailedRequest, FrameKind};
-use dump::view::{is_cuda_api_frame, named_frames};
+use dump::view::{free_blocks_available, is_cuda_api_frame, is_library_python_frame, named_frames};
 
 /// This process's tracked allocations are most of the memory in use and no more specific account
 /// of them (leak, fragmentation, framework cache) holds; or no other finding holds at all.
@@ -11,21 +14,41 @@ pub(super) fn holds(mostly_untracked: bool, specific: bool, found_any: bool) -> 
     (!mostly_untracked && !specific) || !found_any
 }
 
+/// What the finding names besides the numbers: the failing line, the lines that alone hold the
+/// request, XLA's pool, and whether fragmentation can only be hinted at.
+pub(super) fn find<'a>(c: &Ctx<'a>) -> OwnAllocations<'a> {
+    let (dump, request) = (c.dump, c.request);
+    let failing_line = failing_line(dump, request);
+    let largest = c.top.as_ref().and_then(|t| t.line);
+    let fw = c.readings.framework;
+    OwnAllocations {
+        failing_line,
+        // A request whose stack holds only torch's own Python code (a thread of the
+        // framework's, not the program's) is named at the program's line the hook found
+        // instead: the line that called the backward pass, say, rather than a frame inside
+        // torch.
+        failing_inside_framework: matches!(failing_line, Some(Line::Frame(f)) if is_library_python_frame(f)),
+        next_holder: next_holder(dump, request.bytes, largest, failing_line),
+        // Any line but the failing one, the largest holder included: when the headline does
+        // not name it as the largest holder, it may still hold the request's size alone.
+        room: next_holder(dump, request.bytes, None, failing_line),
+        xla_refused: request.api == api::FRAMEWORK_ALLOCATOR
+            && dump.framework.as_ref().is_some_and(|f| f.name == "xla"),
+        xla_pool: fw == Framework::Jax && request.api == api::FRAMEWORK_ALLOCATOR,
+        fragmentation_unseen: fw == Framework::Torch
+            && !free_blocks_available(dump)
+            && !c.readings.expandable_segments,
+    }
+}
+
 /// The line of the failing call, when the finding names it: the program's line, not a frame of
 /// the CUDA API; in a Python program only a Python line (a backward thread's native frames name
 /// the framework's internals).
-pub(super) fn failing_line<'a>(dump: &Dump, request: &'a FailedRequest) -> Option<Line<'a>> {
+fn failing_line<'a>(dump: &Dump, request: &'a FailedRequest) -> Option<Line<'a>> {
     let frame = named_frames(&request.stack).next()?;
     let python_program = dump.recording.python.is_some();
     ((!python_program || frame.kind == FrameKind::Python) && !is_cuda_api_frame(frame))
         .then_some(Line::Frame(frame))
-}
-
-/// A line that holds at least the request by itself, its sites summed.
-pub(super) struct NextHolder<'a> {
-    pub(super) line: Line<'a>,
-    pub(super) bytes: u64,
-    pub(super) count: u64,
 }
 
 /// The line holding the most after the largest holder, when it alone holds at least the request
@@ -34,7 +57,7 @@ pub(super) struct NextHolder<'a> {
 /// the line they are ([`Line`]); the largest holder's line and the failing line are not
 /// repeated, and memory allocated without Python frames is no such line (autograd's buffers in
 /// a backward pass: no line of the program frees them).
-pub(super) fn next_holder<'a>(
+fn next_holder<'a>(
     dump: &'a Dump,
     request: u64,
     largest: Option<Line<'_>>,

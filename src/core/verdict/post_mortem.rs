@@ -5,6 +5,7 @@
 //! This file decides how the program died; `words/post_mortem.rs` says it; `judge_post_mortem`
 //! (`mod.rs`) puts the two together.
 
+use super::found::{Death, Ended};
 use dump::model::{HostKill, PostMortem};
 
 /// Host memory growth per step (or per second) below which the RSS samples are not called
@@ -37,31 +38,29 @@ pub fn host_growth(pm: &PostMortem) -> Option<(u64, &'static str)> {
     (slope >= HOST_GROWTH_MIN_BYTES).then_some((slope, unit))
 }
 
-/// How the program ended, as the kinds tell it apart.
-pub(super) enum Death {
-    /// SIGKILL while its cgroup counted a new OOM kill: the kernel's OOM killer
-    /// ([`HOST_OOM_KILL`]).
-    OomKilled,
-    /// Any other signal ([`KILLED_BY_SIGNAL`]).
-    Signalled(i32),
-    /// No signal: it exited ([`EXITED_AFTER_FAILURE`]).
-    Exited,
-    /// Neither a signal nor an exit status: it ended without exiting on purpose (its region was
-    /// left behind) and its own parent reaped it first ([`KILLED_BY_SIGNAL`], the signal unknown).
-    Unseen,
-}
-
 /// Whether the cgroup counted a new OOM kill while the program ran; `None` when its
 /// `memory.events` was not read both at the start and after the death.
-pub(super) fn oom_kill_counted(h: &HostKill) -> Option<bool> {
+fn oom_kill_counted(h: &HostKill) -> Option<bool> {
     match (h.oom_kill_before, h.oom_kill_after) {
         (Some(b), Some(a)) => Some(a > b),
         _ => None,
     }
 }
 
+/// How the program ended, with what its words quote: the cgroup's OOM kills and the growth of
+/// its host memory. The kinds: [`Death::OomKilled`] is [`HOST_OOM_KILL`](super::HOST_OOM_KILL),
+/// [`Death::Exited`] [`EXITED_AFTER_FAILURE`](super::EXITED_AFTER_FAILURE), any other
+/// [`KILLED_BY_SIGNAL`](super::KILLED_BY_SIGNAL).
+pub(super) fn ended(pm: &PostMortem) -> Ended {
+    Ended {
+        death: how_it_ended(pm),
+        oom_kill_counted: oom_kill_counted(&pm.host),
+        host_growth: host_growth(pm),
+    }
+}
+
 /// How the program ended: a SIGKILL is the OOM killer's only when the cgroup counted it.
-pub(super) fn how_it_ended(pm: &PostMortem) -> Death {
+fn how_it_ended(pm: &PostMortem) -> Death {
     match (pm.signal, oom_kill_counted(&pm.host)) {
         (Some(libc::SIGKILL), Some(true)) => Death::OomKilled,
         (Some(sig), _) => Death::Signalled(sig),

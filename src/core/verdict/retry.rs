@@ -20,11 +20,11 @@
 //! device gives the program the same cap.
 
 use super::context::Ctx;
+use super::found::{Death, Ended};
 use super::names::{
     FRAGMENTATION, FRAMEWORK_CACHE, HOST_MEMORY, LEAK, OTHER_PROCESSES, OWN_ALLOCATIONS,
     REQUEST_EXCEEDS_DEVICE, UNTRACKED_MEMORY,
 };
-use super::post_mortem::{host_growth, Death};
 use dump::model::{Finding, PostMortem, RetryHint};
 use dump::units::human_bytes;
 
@@ -151,8 +151,8 @@ pub(super) fn of_oom(c: &Ctx, findings: &[Finding]) -> RetryHint {
 }
 
 /// The hint of a post-mortem dump: how the program died decides.
-pub(super) fn of_post_mortem(pm: &PostMortem, death: &Death) -> RetryHint {
-    if matches!(death, Death::OomKilled) {
+pub(super) fn of_post_mortem(pm: &PostMortem, ended: &Ended) -> RetryHint {
+    if matches!(ended.death, Death::OomKilled) {
         if let Some(max) = pm.host.memory_max {
             return hint(
                 AFTER_CHANGE,
@@ -163,7 +163,7 @@ pub(super) fn of_post_mortem(pm: &PostMortem, death: &Death) -> RetryHint {
                 ),
             );
         }
-        if let Some((rate, unit)) = host_growth(pm) {
+        if let Some((rate, unit)) = ended.host_growth {
             return hint(
                 AFTER_CHANGE,
                 format!(
@@ -197,7 +197,7 @@ pub(super) fn of_post_mortem(pm: &PostMortem, death: &Death) -> RetryHint {
     }
     hint(
         UNKNOWN,
-        match death {
+        match ended.death {
             Death::Exited => "it exited after a failed allocation whose dump was never written",
             _ => "it was killed from outside or crashed: how it died says nothing about a retry",
         }

@@ -2,18 +2,9 @@
 //! out-of-memory dump that records none): what was held. Its sentences are in
 //! `words/snapshot.rs`.
 
-use super::context::{top_site, TopSite};
+use super::context::top_site;
+use super::found::Held;
 use dump::model::Dump;
-
-/// What a snapshot's verdict sums up.
-pub(super) struct Held<'a> {
-    /// Tracked bytes and allocations over every device.
-    pub(super) tracked: u64,
-    pub(super) count: u64,
-    /// Devices holding tracked memory.
-    pub(super) holding: usize,
-    pub(super) top: Option<TopSite<'a>>,
-}
 
 /// What a dump without a failed request holds.
 pub(super) fn held(dump: &Dump) -> Held<'_> {

@@ -3,22 +3,28 @@
 
 use super::count_word;
 use super::fragmentation::dynamic_shapes_evidence;
-use super::host_memory::pressure_text;
+use super::host_memory::pressure;
 use super::other_processes::process_line;
-use crate::verdict::context::{alloc_conf, Ctx};
-use crate::verdict::leak::growth_fit;
+use crate::verdict::context::Ctx;
 use crate::verdict::sites::{short_label, site_name, MAX_FUNCTION};
-use dump::model::Dump;
+use dump::model::{Dump, GrowthFit};
 use dump::units::{bytes_with_exact, clean, human_bytes, percent, share, thousands};
 use dump::view::{frame_label, free_blocks_available, named_frames};
 
 /// The dump's numbers that every finding rests on.
 pub(in crate::verdict) fn general_evidence(c: &Ctx) -> Vec<String> {
-    let (dump, request, n, dev, used, tracked) =
-        (c.dump, c.request, &c.n, c.dev, c.used, c.tracked);
-    let fb = &dump.free_blocks;
-    let req = &c.req;
     let mut evidence = Vec::new();
+    request(c, &mut evidence);
+    device(c, &mut evidence);
+    growth_evidence(c.dump, c.readings.growth_fit.as_ref(), &mut evidence);
+    settings_and_burst(c, &mut evidence);
+    cache_and_processes(c, &mut evidence);
+    evidence
+}
+
+/// The failed request, its call, and the cap it was judged against.
+fn request(c: &Ctx, evidence: &mut Vec<String>) {
+    let (request, dev) = (c.request, c.dev);
     evidence.push(format!(
         "failed request: {} via {} on device {dev} (error {})",
         bytes_with_exact(request.bytes),
@@ -31,17 +37,23 @@ pub(in crate::verdict) fn general_evidence(c: &Ctx) -> Vec<String> {
             frame_label(frame, MAX_FUNCTION)
         ));
     }
-    let when = if n.from_last_failure {
-        " at the last failure of the burst"
-    } else {
-        ""
-    };
     if c.cap.is_some() {
         evidence.push(format!(
             "{}: the device's numbers below are the cap's",
             c.place()
         ));
     }
+}
+
+/// The device's numbers: in use, tracked, free, untracked, and the largest site.
+fn device(c: &Ctx, evidence: &mut Vec<String>) {
+    let (request, n, dev, used, tracked) = (c.request, &c.n, c.dev, c.used, c.tracked);
+    let req = &c.req;
+    let when = if n.from_last_failure {
+        " at the last failure of the burst"
+    } else {
+        ""
+    };
     match (n.total, used) {
         (Some(total), Some(used)) => evidence.push(format!(
             "device {dev}{when}: {} of {} in use; {} tracked ({} of used)",
@@ -103,11 +115,15 @@ pub(in crate::verdict) fn general_evidence(c: &Ctx) -> Vec<String> {
             count_word(top.site.count, "allocation", "allocations"),
         ));
     }
-    growth_evidence(dump, &mut evidence);
-    if let Some(text) = pressure_text(dump) {
-        evidence.push(text);
+}
+
+/// Low host memory, the allocator's setting, the devices holding memory, and the burst.
+fn settings_and_burst(c: &Ctx, evidence: &mut Vec<String>) {
+    let (dump, request) = (c.dump, c.request);
+    if let Some(low) = &c.readings.host_low {
+        evidence.push(pressure(low));
     }
-    if let Some(conf) = alloc_conf(dump) {
+    if let Some(conf) = c.readings.alloc_conf {
         evidence.push(format!("PYTORCH_CUDA_ALLOC_CONF={}", clean(conf)));
     }
     let devices_holding = dump.devices.iter().filter(|d| d.tracked_bytes > 0).count();
@@ -138,6 +154,13 @@ pub(in crate::verdict) fn general_evidence(c: &Ctx) -> Vec<String> {
         text += &format!("; {} tracked", human_bytes(last.tracked_bytes));
         evidence.push(text);
     }
+}
+
+/// The framework's free blocks and cache, dynamic shapes, whether a retry recovered, and the
+/// other processes on the device.
+fn cache_and_processes(c: &Ctx, evidence: &mut Vec<String>) {
+    let (dump, request, dev) = (c.dump, c.request, c.dev);
+    let fb = &dump.free_blocks;
     if free_blocks_available(dump) {
         if let (Some(total), Some(largest)) = (fb.total_free_bytes, fb.largest_free_bytes) {
             let frag = fb
@@ -164,8 +187,8 @@ pub(in crate::verdict) fn general_evidence(c: &Ctx) -> Vec<String> {
             ));
         }
     }
-    if let Some(text) = dynamic_shapes_evidence(dump) {
-        evidence.push(text);
+    if let Some(d) = &c.readings.dynamic_shapes {
+        evidence.push(dynamic_shapes_evidence(d));
     }
     evidence.push(
         match request.recovered {
@@ -191,12 +214,15 @@ pub(in crate::verdict) fn general_evidence(c: &Ctx) -> Vec<String> {
         }
         None => {}
     }
-    evidence
 }
 
-/// The growth in a few lines: how steps were found, the process's fit, the growing sites (at
-/// most 3), from the dump's `growth`.
-pub(in crate::verdict) fn growth_evidence(dump: &Dump, evidence: &mut Vec<String>) {
+/// The growth in a few lines: how steps were found, the process's fit (`fit`, as the rules
+/// fitted it), the growing sites (at most 3), from the dump's `growth`.
+pub(in crate::verdict) fn growth_evidence(
+    dump: &Dump,
+    fit: Option<&GrowthFit>,
+    evidence: &mut Vec<String>,
+) {
     let Some(g) = &dump.growth else { return };
     if let (Some("detected"), Some(d)) = (g.steps.as_deref(), &g.detected) {
         evidence.push(format!(
@@ -207,7 +233,7 @@ pub(in crate::verdict) fn growth_evidence(dump: &Dump, evidence: &mut Vec<String
         ));
     }
     let unit = clean(&g.unit);
-    if let Some(f) = growth_fit(g) {
+    if let Some(f) = fit {
         evidence.push(format!(
             "growth of the process: {} per {unit} (R² {:.2} over {} samples, {} at {unit} {} to {} at {unit} {})",
             human_bytes(f.bytes_per_step),

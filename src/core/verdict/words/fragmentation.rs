@@ -2,33 +2,32 @@
 
 use super::new_finding;
 use crate::verdict::context::{Cache, Ctx};
-use crate::verdict::fragmentation::{dynamic_shapes, expandable_segments_on};
+use crate::verdict::found::DynamicShapes;
 use crate::verdict::names::FRAGMENTATION;
-use dump::model::{Dump, Finding};
+use dump::model::Finding;
 use dump::units::{clean, human_bytes, thousands};
 
 pub(in crate::verdict) const BUCKETING: &str = "Pad or bucket variable-length inputs to a few fixed shapes (sequence lengths, image sizes, batch sizes), so freed blocks are reused instead of split into ever new sizes.";
 
-/// The evidence line of dynamic shapes, when they are.
-pub(in crate::verdict) fn dynamic_shapes_evidence(dump: &Dump) -> Option<String> {
-    let (distinct, large, window) = dynamic_shapes(dump)?;
-    let large_bytes = dump
-        .request_sizes
-        .as_ref()
-        .map_or(1 << 20, |r| r.large_bytes);
-    Some(format!(
+/// The evidence line of dynamic shapes.
+pub(in crate::verdict) fn dynamic_shapes_evidence(d: &DynamicShapes) -> String {
+    format!(
         "dynamic shapes: {} distinct sizes among the {} requests of at least {} in the last {} requests",
-        thousands(distinct),
-        thousands(large),
-        human_bytes(large_bytes),
-        thousands(window)
-    ))
+        thousands(d.distinct),
+        thousands(d.large),
+        human_bytes(d.large_bytes),
+        thousands(d.window)
+    )
 }
 
 pub(in crate::verdict) fn finding(c: &Ctx, k: &Cache) -> Finding {
     let dump = c.dump;
     let req = &c.req;
-    let dynamic = dynamic_shapes_evidence(dump);
+    let dynamic = c
+        .readings
+        .dynamic_shapes
+        .as_ref()
+        .map(dynamic_shapes_evidence);
     let cause = if dynamic.is_some() {
         " Many distinct large request sizes point to dynamic shapes as the cause: each new size splits cached blocks \
          differently."
@@ -71,7 +70,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, k: &Cache) -> Finding {
         f.evidence.push(d.clone());
         f.suggestions.push(BUCKETING.to_string());
     }
-    if !expandable_segments_on(dump) {
+    if !c.readings.expandable_segments {
         f.suggestions.push(
             "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so the cache grows segments instead of needing one contiguous free block.".to_string(),
         );

@@ -3,7 +3,7 @@
 
 use super::{count_word, new_finding};
 use crate::verdict::context::Ctx;
-use crate::verdict::host_memory::{host_pressure, HostPressure};
+use crate::verdict::found::HostPressure;
 use crate::verdict::names::HOST_MEMORY;
 use dump::model::{Dump, Finding};
 use dump::units::{clean, human_bytes, percent, share};
@@ -30,11 +30,6 @@ pub(in crate::verdict) fn pressure(p: &HostPressure) -> String {
     }
 }
 
-/// Evidence that host memory is low, when it is.
-pub(in crate::verdict) fn pressure_text(dump: &Dump) -> Option<String> {
-    host_pressure(dump).map(|p| pressure(&p))
-}
-
 /// The finding of a failed page-locked host request: the only one.
 pub(in crate::verdict) fn pinned_request_failed(c: &Ctx) -> Finding {
     let mut f = new_finding(
@@ -58,8 +53,8 @@ pub(in crate::verdict) fn pinned_request_failed(c: &Ctx) -> Finding {
         human_bytes(c.dump.pinned_host.bytes),
         count_word(c.dump.pinned_host.count, "allocation", "allocations")
     ));
-    if let Some(text) = pressure_text(c.dump) {
-        f.evidence.push(text);
+    if let Some(low) = &c.readings.host_low {
+        f.evidence.push(pressure(low));
     }
     f.suggestions.push(HOST_SUGGESTION.to_string());
     f

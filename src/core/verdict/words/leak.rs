@@ -2,13 +2,11 @@
 //! steps were found, and what to change in the program's framework.
 
 use super::{count_word, new_finding, segment_note, steps_word};
-use crate::verdict::context::{tracked_all, Ctx};
-use crate::verdict::framework::{framework, Framework};
-use crate::verdict::leak::LeakFinding;
+use crate::verdict::context::Ctx;
+use crate::verdict::found::{Framework, LeakFinding, NotALeak, OverTime, Recorded};
 use crate::verdict::names::LEAK;
 use crate::verdict::sites::{short_label, site_name};
-use crate::verdict::LEAK_NAMED_SHARE;
-use dump::model::{AttributedLine, Finding, GrowthSite};
+use dump::model::{AttributedLine, Finding, GrowthSite, Kinds};
 use dump::units::{clean, human_bytes, percent, share, thousands, truncate_function};
 
 /// Sites named with their share in a leak's summary.
@@ -29,26 +27,44 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
     if l.over_time {
         return finding_over_time(c, l);
     }
-    let g = l.growth;
-    let steps_word = steps_word(g.steps.as_deref());
-    let fw = framework(c.dump);
-    let rate = human_bytes(l.fit.bytes_per_step);
-    let n_steps = thousands(l.fit.samples);
-    let projected = g.projected_oom_step;
-    let top = l
-        .sites
-        .first()
-        .filter(|(_, share)| *share >= LEAK_NAMED_SHARE);
-    let parts: Vec<String> = l
-        .sites
+    let steps = steps_word(l.growth.steps.as_deref());
+    let parts = parts(l, "step");
+    let kinds = c.readings.kinds;
+    let keeper = kinds.and_then(super::kinds::hook_keeper);
+    let headline = held_and_kept(headline(c, l, steps, &parts), kinds, keeper.as_deref());
+    let mut f = new_finding(LEAK, l.grown, headline, summary(c, l, steps, &parts));
+    f.evidence = evidence(c, l, steps);
+    if let Some(k) = kinds {
+        f.evidence.extend(super::kinds::evidence(c, k));
+    }
+    f.suggestions = suggestions(c, l, keeper.as_deref());
+    f
+}
+
+/// The growth's largest parts, as [`share_text`] names them, per `unit`.
+fn parts(l: &LeakFinding, unit: &str) -> Vec<String> {
+    l.sites
         .iter()
         .take(LEAK_SITES_NAMED)
-        .map(|(s, share)| share_text(s, *share, "step"))
-        .collect();
+        .map(|(s, share)| share_text(s, *share, unit))
+        .collect()
+}
+
+/// Torch's records of the growth, when they name the leak rather than the shim's sites.
+fn named_by_records<'a>(l: &'a LeakFinding) -> Option<&'a Recorded<'a>> {
+    l.records.as_ref().filter(|r| r.names_it)
+}
+
+/// The headline of a leak by step: the line torch's records name, the growing site, or the
+/// process's growth and how it is spread; and when free memory runs out.
+fn headline(c: &Ctx, l: &LeakFinding, steps_word: &str, parts: &[String]) -> String {
+    let g = l.growth;
+    let rate = human_bytes(l.fit.bytes_per_step);
+    let n_steps = thousands(l.fit.samples);
     // The step in progress at the failure: when the projection is later, a request larger than
     // one step's growth came first.
     let failing_step = g.current + 1;
-    let runs_out = match projected {
+    let runs_out = match g.projected_oom_step {
         Some(p) if p > failing_step => format!(
             "; free memory would run out at step {p}, but the {} request failed earlier, in step {failing_step}",
             c.req
@@ -59,12 +75,9 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
     // Under preload oomshim sees torch's segments: when its sites name no line of the program
     // (new segments come from the backward pass), torch's own records of where the live tensors
     // were allocated, kept since the growth began, name the line.
-    let by_records = crate::verdict::leak::recorded(l, c.dump);
-    let recorded = by_records.as_ref().map(|r| r.attribution);
-    let named_by_records = by_records.as_ref().filter(|r| r.names_it);
-    let headline = match (top, named_by_records) {
+    match (l.named, named_by_records(l)) {
         // No line holds the growth, by the records either: say how it is spread.
-        (_, Some(r)) if r.spread() => format!(
+        (_, Some(r)) if r.spread => format!(
             "the process grows by {rate} every step (over the last {n_steps} {}; {} so far), spread over lines \
              (torch's records of the tensors allocated since it began): {}{runs_out}",
             steps_word,
@@ -83,8 +96,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
                 human_bytes(l.grown),
             )
         }
-        _ => match top {
-        Some((site, share)) => format!(
+        (Some((site, share)), None) => format!(
             "{} grows by {} every step (over the last {n_steps} {}; {} so far, {} of the growth){runs_out}",
             site_name(site),
             human_bytes(site.bytes_per_step),
@@ -92,41 +104,95 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
             human_bytes(l.grown),
             percent(Some((share * 100.0).min(100.0))),
         ),
-        None if !parts.is_empty() => format!(
+        (None, None) if !parts.is_empty() => format!(
             "the process grows by {rate} every step (over the last {n_steps} {}; {} so far), spread over sites: {}{runs_out}",
             steps_word,
             human_bytes(l.grown),
             parts.join(", ")
         ),
-        None => format!(
+        (None, None) => format!(
             "the process grows by {rate} every step (over the last {n_steps} {}; {} so far){runs_out}",
             steps_word,
             human_bytes(l.grown)
         ),
-        },
-    };
-    // The program's container that holds the leaked tensors, and its own forward hook, when the
-    // hook found them: what keeps the growth, next to the line that allocated it.
-    let kinds = crate::verdict::kinds::kinds_of(c.dump);
+    }
+}
+
+/// The program's container that holds the leaked tensors, and its own forward hook (`keeper`),
+/// when the hook found them: what keeps the growth, next to the line that allocated it.
+fn held_and_kept(headline: String, kinds: Option<&Kinds>, keeper: Option<&str>) -> String {
     let headline = match kinds.and_then(super::kinds::container_keeper) {
         Some(held) => format!("{headline}; held in {held}"),
         None => headline,
     };
-    let keeper = kinds.and_then(super::kinds::hook_keeper);
-    let headline = match &keeper {
+    match keeper {
         Some(k) => format!("{headline}; possibly kept by {k}"),
         None => headline,
-    };
-    let records = recorded
-        .map(|a| {
+    }
+}
+
+/// The summary of a leak by step: what grows, by how much, over which steps, where from,
+/// torch's records, when free memory runs out and how the steps were found.
+fn summary(c: &Ctx, l: &LeakFinding, steps_word: &str, parts: &[String]) -> String {
+    let g = l.growth;
+    let rate = human_bytes(l.fit.bytes_per_step);
+    let records = l
+        .records
+        .as_ref()
+        .map(|r| {
             format!(
                 " torch's records of the {} of tensors allocated since the growth began put {}.",
-                human_bytes(a.recorded_bytes),
-                recorded_parts(a)
+                human_bytes(r.attribution.recorded_bytes),
+                recorded_parts(r.attribution)
             )
         })
         .unwrap_or_default();
-    let how = match (&l.detected, g.steps.as_deref()) {
+    let named = if parts.is_empty() {
+        " No single site carries the growth (it is spread over more sites than are kept)."
+            .to_string()
+    } else {
+        format!(" The growth per step comes from: {}.", parts.join("; "))
+    };
+    let projection = match g.projected_oom_step {
+        Some(p) => {
+            let next = g.current + 1;
+            if p > next {
+                format!(
+                    " At that rate the device's free memory would run out at step {p}; the failure came earlier, at step \
+                     {next}, because the failed request of {} is larger than what was still free.",
+                    c.req
+                )
+            } else {
+                format!(" At that rate the device's free memory runs out at step {p}.")
+            }
+        }
+        None => String::new(),
+    };
+    format!(
+        "A leak: {} grows by {rate} every step ({} {} observed, from {} at step {} to \
+         {} at step {}, R² {:.2}), and it was still that high when {} more was requested on device {}.{named}{records}{projection}{}{}",
+        if l.fit.of.as_deref() == Some("framework_live") {
+            "the memory of torch's live tensors (its `memory_allocated()` at every step)"
+        } else {
+            "this process's tracked memory"
+        },
+        thousands(l.fit.samples),
+        steps_word,
+        human_bytes(l.fit.first.bytes),
+        l.fit.first.step,
+        human_bytes(l.fit.last.bytes),
+        l.fit.last.step,
+        l.fit.r_squared,
+        c.req,
+        c.dev,
+        how_steps_were_found(l),
+        segment_note(c),
+    )
+}
+
+/// How the steps were found, in a sentence: detected, or marked by the Python hook.
+fn how_steps_were_found(l: &LeakFinding) -> String {
+    match (&l.detected, l.growth.steps.as_deref()) {
         (Some(d), _) => format!(
             " Steps were detected automatically (the program marks none): a cycle of {} repeats, \
              anchored at {}; {} of {} sampled intervals freed working memory.",
@@ -145,63 +211,25 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
                 .to_string()
         }
         _ => String::new(),
-    };
-    let named = if parts.is_empty() {
-        " No single site carries the growth (it is spread over more sites than are kept)."
-            .to_string()
-    } else {
-        format!(" The growth per step comes from: {}.", parts.join("; "))
-    };
-    let projection = match projected {
-        Some(p) => {
-            let next = g.current + 1;
-            if p > next {
-                format!(
-                    " At that rate the device's free memory would run out at step {p}; the failure came earlier, at step \
-                     {next}, because the failed request of {} is larger than what was still free.",
-                    c.req
-                )
-            } else {
-                format!(" At that rate the device's free memory runs out at step {p}.")
-            }
-        }
-        None => String::new(),
-    };
-    let mut f = new_finding(
-        LEAK,
-        l.grown,
-        headline,
-        format!(
-            "A leak: {} grows by {rate} every step ({n_steps} {} observed, from {} at step {} to \
-             {} at step {}, R² {:.2}), and it was still that high when {} more was requested on device {}.{named}{records}{projection}{how}{}",
-            if l.fit.of.as_deref() == Some("framework_live") {
-                "the memory of torch's live tensors (its `memory_allocated()` at every step)"
-            } else {
-                "this process's tracked memory"
-            },
-            steps_word,
-            human_bytes(l.fit.first.bytes),
-            l.fit.first.step,
-            human_bytes(l.fit.last.bytes),
-            l.fit.last.step,
-            l.fit.r_squared,
-            c.req,
-            c.dev,
-            segment_note(c.dump),
-        ),
-    );
-    f.evidence.push(format!(
-        "growth of the process: {rate} per step (R² {:.2} over {} {}), {} from step {} to {}; {} tracked at the failure",
+    }
+}
+
+/// The evidence of a leak by step: the process's fit, its growing sites and how the steps were
+/// found.
+fn evidence(c: &Ctx, l: &LeakFinding, steps_word: &str) -> Vec<String> {
+    let mut evidence = vec![format!(
+        "growth of the process: {} per step (R² {:.2} over {} {}), {} from step {} to {}; {} tracked at the failure",
+        human_bytes(l.fit.bytes_per_step),
         l.fit.r_squared,
-        n_steps,
+        thousands(l.fit.samples),
         steps_word,
         human_bytes(l.fit.last.bytes.saturating_sub(l.fit.first.bytes)),
         l.fit.first.step,
         l.fit.last.step,
-        human_bytes(tracked_all(c.dump))
-    ));
+        human_bytes(c.readings.tracked_all)
+    )];
     for (site, share) in l.sites.iter().take(LEAK_SITES_NAMED) {
-        f.evidence.push(format!(
+        evidence.push(format!(
             "growth: {} ({} of it, R² {:.2}, {} at step {} to {} at step {})",
             share_text(site, *share, "step"),
             percent(Some((share * 100.0).min(100.0))),
@@ -212,52 +240,55 @@ pub(in crate::verdict) fn finding(c: &Ctx, l: &LeakFinding) -> Finding {
             site.last.step
         ));
     }
-    if let Some(d) = &l.detected {
-        f.evidence.push(format!(
+    evidence.push(match &l.detected {
+        Some(d) => format!(
             "steps: detected, not marked (a cycle of {}; {}; {} since the last)",
             count_word(d.period, "allocation", "allocations"),
             count_word(d.steps, "step", "steps"),
             count_word(d.allocations_since_last_step, "allocation", "allocations")
-        ));
-    } else {
-        f.evidence.push(format!(
+        ),
+        None => format!(
             "steps: {}",
-            match g.steps.as_deref() {
+            match l.growth.steps.as_deref() {
                 Some("optimizer") =>
                     "optimizer steps (torch.optim), marked by oomshim's Python hook",
                 Some("forward") =>
                     "forward passes of the outermost module, marked by oomshim's Python hook",
                 _ => "marked by the program (oomshim_step)",
             }
-        ));
-    }
-    // What the advice asks to look at: the line or site that holds the growth, or, when it is
-    // spread, each of those the headline lists (never the first of them as if it were the leak).
-    let label = match (named_by_records, top) {
-        (Some(r), _) if r.spread() => "each of the lines named above".to_string(),
+        ),
+    });
+    evidence
+}
+
+/// What to change for a leak by step: the program's own forward hook when it keeps the growth,
+/// then what to look for at the line or site that holds it (each of those the headline lists
+/// when it is spread, never the first of them as if it were the leak).
+fn suggestions(c: &Ctx, l: &LeakFinding, keeper: Option<&str>) -> Vec<String> {
+    let fw = c.readings.framework;
+    let label = match (named_by_records(l), l.named) {
+        (Some(r), _) if r.spread => "each of the lines named above".to_string(),
         (Some(r), _) => recorded_label(&r.attribution.lines[0]),
         (None, Some((s, _))) => site_name(s),
         (None, None) if !l.sites.is_empty() => "each of the sites named above".to_string(),
         (None, None) => "each step".to_string(),
     };
-    if let Some(k) = &keeper {
-        f.suggestions.push(format!(
+    let mut suggestions = Vec::new();
+    if let Some(k) = keeper {
+        suggestions.push(format!(
             "{k} runs on every forward pass: if it stores the outputs (in a list or dict), they stay on the device with              their autograd graph; store `output.detach().cpu()` or a number (`.item()`), or remove the hook."
         ));
     }
-    if let Some(k) = kinds {
-        f.evidence.extend(super::kinds::evidence(c, k));
-    }
-    f.suggestions.extend(leak_advice(fw, &label));
+    suggestions.extend(leak_advice(fw, &label));
     if l.detected.is_some() {
-        f.suggestions.push(match fw {
+        suggestions.push(match fw {
             Framework::Native => {
                 "Mark steps with `oomshim_step()` (from `liboomshim.so`) to confirm the growth per step.".to_string()
             }
             _ => "Mark steps with `oomshim.step()` to confirm the growth per step.".to_string(),
         });
     }
-    f
+    suggestions
 }
 
 /// Seconds until `free` bytes are used up at `rate` bytes a second, in words (`about 12 s`).
@@ -324,8 +355,7 @@ fn over_time_how(l: &LeakFinding, r2: f64) -> String {
 
 /// Growth over time that is no leak, in one line with its numbers (the post-mortem's device
 /// words, the out-of-memory verdict's evidence, `oomshim top`).
-pub(in crate::verdict) fn not_a_leak(o: &crate::verdict::OverTime) -> String {
-    use crate::verdict::NotALeak;
+pub(in crate::verdict) fn not_a_leak(o: &OverTime) -> String {
     let label = o
         .top
         .map(|s| short_label(&s.stack))
@@ -334,17 +364,21 @@ pub(in crate::verdict) fn not_a_leak(o: &crate::verdict::OverTime) -> String {
     let grown = human_bytes(o.fit.last.bytes.saturating_sub(o.fit.first.bytes));
     let t = o.timeline;
     match &o.why {
-        NotALeak::Young => format!(
+        NotALeak::Young {
+            too_recent,
+            min_span_ms,
+            min_allocations,
+        } => format!(
             "growing: {label} +{rate} per second over its {}, {} kept (too little to call it a leak: {}; a leak is judged once the program has allocated for {}, over {} allocations)",
             seconds(t.span_ms),
             count_word(t.allocations, "allocation", "allocations"),
-            if t.age_ms < crate::verdict::TIMELINE_MIN_SPAN_MS {
+            if *too_recent {
                 format!("it began allocating {} ago", seconds(t.age_ms))
             } else {
                 format!("{} only", count_word(t.allocations, "allocation", "allocations"))
             },
-            seconds(crate::verdict::TIMELINE_MIN_SPAN_MS),
-            crate::verdict::TIMELINE_MIN_ALLOCATIONS
+            seconds(*min_span_ms),
+            min_allocations
         ),
         NotALeak::Loading { function } => format!(
             "loading: {label} grew by {grown} over {} inside {}: a model being loaded, not a leak",
@@ -370,21 +404,51 @@ pub(in crate::verdict) fn not_a_leak(o: &crate::verdict::OverTime) -> String {
 /// A leak judged over time: the program marks no steps and repeats no step pattern (a C
 /// program, a service, a loop that only allocates), so its growth is measured over time.
 fn finding_over_time(c: &Ctx, l: &LeakFinding) -> Finding {
-    let fw = framework(c.dump);
+    let fw = c.readings.framework;
+    let rate = human_bytes(l.fit.bytes_per_step);
+    let r2 = l.fit.r_squared;
+    let parts = parts(l, "second");
+    let named = if parts.is_empty() {
+        " No single site carries the growth (it is spread over more sites than are kept)."
+            .to_string()
+    } else {
+        format!(" The growth per second comes from: {}.", parts.join("; "))
+    };
+    let mut f = new_finding(
+        LEAK,
+        l.grown,
+        headline_over_time(l, &parts),
+        format!(
+            "A leak over time: this process's tracked memory grows by {rate} every second ({}), and it was still that \
+             high when {} more was requested on device {}.{named} The program marks no steps and no repeating step \
+             was found, so its growth is measured per second: memory that is never given back, or a working set still \
+             being built (a cache filling) that was going to be larger than the device.",
+            over_time_how(l, r2),
+            c.req,
+            c.dev,
+        ),
+    );
+    f.evidence = evidence_over_time(c, l);
+    let label = l
+        .named
+        .map(|(s, _)| site_name(s))
+        .or_else(|| l.sites.first().map(|(s, _)| site_name(s)))
+        .unwrap_or_else(|| "the program".to_string());
+    f.suggestions.extend(leak_advice(fw, &label));
+    f.suggestions.push(match fw {
+        Framework::Native => "Mark steps with `oomshim_step()` (from `liboomshim.so`) so growth is judged per step, not per second.".to_string(),
+        _ => "Mark steps with `oomshim.step()` so growth is judged per step, not per second.".to_string(),
+    });
+    f
+}
+
+/// The headline of a leak over time: the growing site, or the process's growth and how it is
+/// spread.
+fn headline_over_time(l: &LeakFinding, parts: &[String]) -> String {
     let rate = human_bytes(l.fit.bytes_per_step);
     let span = over_time_span(l);
     let r2 = l.fit.r_squared;
-    let top = l
-        .sites
-        .first()
-        .filter(|(_, share)| *share >= LEAK_NAMED_SHARE);
-    let parts: Vec<String> = l
-        .sites
-        .iter()
-        .take(LEAK_SITES_NAMED)
-        .map(|(s, share)| share_text(s, *share, "second"))
-        .collect();
-    let headline = match top {
+    match l.named {
         Some((site, share)) => format!(
             "{} grows by {} every second (steadily {span}, R² {r2:.2}; {} so far, {} of the growth)",
             site_name(site),
@@ -401,36 +465,24 @@ fn finding_over_time(c: &Ctx, l: &LeakFinding) -> Finding {
             "the process grows by {rate} every second (steadily {span}, R² {r2:.2}; {} so far)",
             human_bytes(l.grown)
         ),
-    };
-    let named = if parts.is_empty() {
-        " No single site carries the growth (it is spread over more sites than are kept)."
-            .to_string()
-    } else {
-        format!(" The growth per second comes from: {}.", parts.join("; "))
-    };
-    let mut f = new_finding(
-        LEAK,
-        l.grown,
-        headline,
-        format!(
-            "A leak over time: this process's tracked memory grows by {rate} every second ({}), and it was still that \
-             high when {} more was requested on device {}.{named} The program marks no steps and no repeating step \
-             was found, so its growth is measured per second: memory that is never given back, or a working set still \
-             being built (a cache filling) that was going to be larger than the device.",
-            over_time_how(l, r2),
-            c.req,
-            c.dev,
-        ),
-    );
-    f.evidence.push(format!(
-        "growth of the process: {rate} per second (R² {r2:.2} {span}), {} from second {} to {}; {} tracked at the failure",
+    }
+}
+
+/// The evidence of a leak over time: the process's fit, its growing sites, and how the growth
+/// was measured.
+fn evidence_over_time(c: &Ctx, l: &LeakFinding) -> Vec<String> {
+    let r2 = l.fit.r_squared;
+    let mut evidence = vec![format!(
+        "growth of the process: {} per second (R² {r2:.2} {}), {} from second {} to {}; {} tracked at the failure",
+        human_bytes(l.fit.bytes_per_step),
+        over_time_span(l),
         human_bytes(l.fit.last.bytes.saturating_sub(l.fit.first.bytes)),
         l.fit.first.step,
         l.fit.last.step,
-        human_bytes(tracked_all(c.dump))
-    ));
+        human_bytes(c.readings.tracked_all)
+    )];
     for (site, share) in l.sites.iter().take(LEAK_SITES_NAMED) {
-        f.evidence.push(format!(
+        evidence.push(format!(
             "growth: {} (R² {:.2}, {} at second {} to {} at second {})",
             share_text(site, *share, "second"),
             site.r_squared,
@@ -440,7 +492,7 @@ fn finding_over_time(c: &Ctx, l: &LeakFinding) -> Finding {
             site.last.step
         ));
     }
-    f.evidence.push(
+    evidence.push(
         if l.timeline.is_some() {
             "steps: none marked and none detected; growth fitted from when each live allocation was made"
         } else {
@@ -448,16 +500,7 @@ fn finding_over_time(c: &Ctx, l: &LeakFinding) -> Finding {
         }
         .to_string(),
     );
-    let label = top
-        .map(|(s, _)| site_name(s))
-        .or_else(|| l.sites.first().map(|(s, _)| site_name(s)))
-        .unwrap_or_else(|| "the program".to_string());
-    f.suggestions.extend(leak_advice(fw, &label));
-    f.suggestions.push(match fw {
-        Framework::Native => "Mark steps with `oomshim_step()` (from `liboomshim.so`) so growth is judged per step, not per second.".to_string(),
-        _ => "Mark steps with `oomshim.step()` so growth is judged per step, not per second.".to_string(),
-    });
-    f
+    evidence
 }
 
 /// `function (file:line)` of a line from the framework's records, with the file's base name.

@@ -1,5 +1,6 @@
 //! The verdict's wording: every headline, summary, line of evidence and suggestion, apart from
-//! the rules that decide which findings hold (`src/core/verdict/<kind>.rs`). One file per kind; the
+//! the rules that decide which findings hold (`src/core/verdict/<kind>.rs`). The words read what
+//! the rules found (`../found.rs`, `../context.rs`) and call no rule. One file per kind; the
 //! sentences that several kinds share are here; the labels of sites are in `../sites.rs`.
 
 pub(super) mod evidence;
@@ -16,10 +17,10 @@ pub(super) mod snapshot;
 pub(super) mod untracked_memory;
 
 use super::context::Ctx;
-use super::framework::{framework, Framework};
+use super::found::Framework;
 use super::sites::{short_label, MAX_FUNCTION};
 use dump::api;
-use dump::model::{Dump, Finding};
+use dump::model::Finding;
 use dump::units::{human_bytes, percent, share, thousands};
 use dump::view::{frame_label, named_frames};
 
@@ -98,8 +99,9 @@ pub(in crate::verdict) fn new_finding(
 
 /// Under LD_PRELOAD with torch's caching allocator, what a site means (a segment's first
 /// allocation) and what torch says holds the segments now.
-pub(in crate::verdict) fn segment_note(dump: &Dump) -> String {
-    let torch_segments = framework(dump) == Framework::Torch
+pub(in crate::verdict) fn segment_note(c: &Ctx) -> String {
+    let dump = c.dump;
+    let torch_segments = c.readings.framework == Framework::Torch
         && dump.failed_request.as_ref().is_some_and(|r| {
             matches!(
                 r.api.as_str(),

@@ -4,21 +4,16 @@
 use super::fragmentation::{dynamic_shapes_evidence, BUCKETING};
 use super::{new_finding, segment_note, steps_word};
 use crate::verdict::context::{Cache, Ctx};
-use crate::verdict::fragmentation::expandable_segments_on;
-use crate::verdict::framework::{framework, Framework};
-use crate::verdict::leak::growing_shapes;
+use crate::verdict::found::{Framework, NextHolder, OwnAllocations};
 use crate::verdict::names::OWN_ALLOCATIONS;
-use crate::verdict::own_allocations::{failing_line, next_holder};
-use crate::verdict::sites::{short_label, Line};
-use dump::api;
+use crate::verdict::sites::short_label;
 use dump::model::{Finding, GrowthFit};
 use dump::units::{clean, human_bytes, percent, share, thousands};
-use dump::view::{free_blocks_available, is_library_python_frame};
 
 const GROWING_SHAPES: &str = "The memory a step needs grows with its inputs: find the largest input the program will see \
      (the longest sequence, the largest batch or image) and cap it, split it, or lower the batch size so that one fits.";
 
-/// The evidence line for [`growing_shapes`].
+/// The evidence line of growing shapes (the same allocations, larger each step).
 fn growing_shapes_evidence(fit: &GrowthFit, steps: &str) -> String {
     let c = fit.live_allocations.unwrap_or_default();
     let what = if fit.of.as_deref() == Some("framework_live") {
@@ -78,93 +73,72 @@ fn own_advice(fw: Framework, site: &str) -> Vec<String> {
     }
 }
 
-/// `700.00 MiB (×5) at forward (train.py:34)`: the line [`next_holder`] names.
-fn next_holder_text(c: &Ctx, largest: Option<Line>, failing: Option<Line>) -> Option<String> {
-    next_holder(c.dump, c.request.bytes, largest, failing).map(|h| {
-        format!(
-            "{}{} at {}",
-            human_bytes(h.bytes),
-            if h.count > 1 {
-                format!(" (×{})", thousands(h.count))
-            } else {
-                String::new()
-            },
-            h.line.short_label()
-        )
-    })
+/// `700.00 MiB (×5) at forward (train.py:34)`: a line that alone holds the request.
+fn holder_text(h: &NextHolder) -> String {
+    format!(
+        "{}{} at {}",
+        human_bytes(h.bytes),
+        if h.count > 1 {
+            format!(" (×{})", thousands(h.count))
+        } else {
+            String::new()
+        },
+        h.line.short_label()
+    )
 }
 
-pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
-    let (dev, tracked, used, req) = (c.dev, c.tracked, c.used, &c.req);
-    let dump = c.dump;
-    let request = c.request;
-    let site = c
-        .top
-        .as_ref()
-        .map(|t| t.label.as_str())
-        .unwrap_or("the largest allocation sites");
+pub(in crate::verdict) fn finding(c: &Ctx, own: &OwnAllocations, cache: Option<&Cache>) -> Finding {
+    let (headline, by_kind) = headline(c, own);
+    let mut suggestions = advice(c, own, by_kind);
+    if c.readings.growing_shapes.is_some() {
+        suggestions.push(GROWING_SHAPES.to_string());
+    }
+    fragmentation_hint(c, own, &mut suggestions);
+    let summary = summary(c, own, &mut suggestions);
+    let mut f = new_finding(OWN_ALLOCATIONS, c.tracked, headline, summary);
+    f.evidence = evidence(c, own, cache);
+    f.suggestions = suggestions;
+    f
+}
+
+/// The headline, and whether it is the kinds' (when the hook counted them): else whose
+/// allocations fill the device, with the largest holder, the failing line and the next line that
+/// alone holds the request.
+fn headline(c: &Ctx, own: &OwnAllocations) -> (String, bool) {
+    let (dev, tracked, used) = (c.dev, c.tracked, c.used);
     // The largest site as the headlines name it: its line, else its stack's label.
     let top_label = c.top.as_ref().map(|t| match t.line {
         Some(line) => line.short_label(),
         None => short_label(&t.site.stack),
     });
-    let largest = match (&c.top, &top_label) {
-        (Some(t), Some(label)) => format!(
-            "; largest: {}{} at {label}",
-            human_bytes(t.site.bytes),
-            if t.site.count > 1 {
-                format!(" (×{})", thousands(t.site.count))
-            } else {
-                String::new()
-            },
-        ),
-        _ => String::new(),
-    };
     // Where the program asked for the memory that did not fit, when that is not the largest
     // holder itself: the line a user goes to first.
-    let failing_at = failing_line(dump, request);
+    let failing_at = own.failing_line;
     let failing = failing_at
         .map(|l| format!(" at {}", l.short_label()))
         .unwrap_or_default();
-    let largest_at = c.top.as_ref().and_then(|t| t.line);
-    let largest = if failing_at.is_some() && c.top.is_some() && largest_at != failing_at {
-        format!("{largest}; the {req} request{failing} failed")
-    } else {
-        largest
-    };
-    let largest = match next_holder_text(c, largest_at, failing_at) {
-        Some(next) => format!("{largest}; next: {next}"),
-        None => largest,
-    };
-    let kinds = crate::verdict::kinds::kinds_of(dump);
     // The largest holder beside the kinds, unless it is the failing line the headline names.
     let holder = c
         .top
         .as_ref()
-        .zip(top_label)
+        .zip(top_label.clone())
         .filter(|(t, _)| failing_at.is_none() || t.line != failing_at)
         .map(|(t, label)| (t.site.bytes, label));
-    // A request whose stack holds only torch's own Python code (a thread of the framework's,
-    // not the program's) is named at the program's line the hook found instead: the line that
-    // called the backward pass, say, rather than a frame inside torch.
-    let inside_framework = matches!(failing_at, Some(Line::Frame(f)) if is_library_python_frame(f));
-    let by_kind = kinds.and_then(|k| {
-        let failing = if inside_framework && k.program_frame.is_some() {
+    let by_kind = c.readings.kinds.and_then(|k| {
+        let failing = if own.failing_inside_framework && k.program_frame.is_some() {
             ""
         } else {
             failing.as_str()
         };
-        // Any line but the failing one, the largest holder included: when the headline does not
-        // name it as the largest holder, it may still hold the request's size alone.
-        let room = next_holder_text(c, None, failing_at);
+        let room = own.room.as_ref().map(holder_text);
         super::kinds::headline(c, k, failing, holder, room)
     });
+    if let Some(headline) = by_kind {
+        return (headline, true);
+    }
+    let largest = largest_text(c, own, top_label.as_deref(), &failing);
     let headline = match used {
-        _ if by_kind.is_some() => by_kind.clone().unwrap_or_default(),
-        Some(_)
-            if request.api == api::FRAMEWORK_ALLOCATOR
-                && dump.framework.as_ref().is_some_and(|f| f.name == "xla") =>
-        {
+        Some(_) if own.xla_refused => {
             format!(
                 "XLA's memory pool on device {dev} is full: {} tracked, the pool included{largest}",
                 human_bytes(tracked)
@@ -181,18 +155,58 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
             human_bytes(tracked)
         ),
     };
-    let fw = framework(dump);
-    let xla_pool = fw == Framework::Jax && request.api == api::FRAMEWORK_ALLOCATOR;
-    let kind_advice = kinds
-        .filter(|_| by_kind.is_some())
+    (headline, false)
+}
+
+/// `; largest: 1.00 GiB (×5) at forward (model.py:9)`, the failed request at its line when
+/// that is not the largest holder's, and the next line that alone holds the request.
+fn largest_text(c: &Ctx, own: &OwnAllocations, top_label: Option<&str>, failing: &str) -> String {
+    let req = &c.req;
+    let largest = match (&c.top, top_label) {
+        (Some(t), Some(label)) => format!(
+            "; largest: {}{} at {label}",
+            human_bytes(t.site.bytes),
+            if t.site.count > 1 {
+                format!(" (×{})", thousands(t.site.count))
+            } else {
+                String::new()
+            },
+        ),
+        _ => String::new(),
+    };
+    let largest_at = c.top.as_ref().and_then(|t| t.line);
+    let largest = if own.failing_line.is_some() && c.top.is_some() && largest_at != own.failing_line
+    {
+        format!("{largest}; the {req} request{failing} failed")
+    } else {
+        largest
+    };
+    match own.next_holder.as_ref().map(holder_text) {
+        Some(next) => format!("{largest}; next: {next}"),
+        None => largest,
+    }
+}
+
+/// What to change: by the dominant kind when the headline is the kinds', else in the program's
+/// framework's terms; XLA's pool first when that is what filled.
+fn advice(c: &Ctx, own: &OwnAllocations, by_kind: bool) -> Vec<String> {
+    let site = c
+        .top
+        .as_ref()
+        .map(|t| t.label.as_str())
+        .unwrap_or("the largest allocation sites");
+    let kind_advice = c
+        .readings
+        .kinds
+        .filter(|_| by_kind)
         .map(|k| super::kinds::advice(c, k))
         .unwrap_or_default();
     let mut suggestions = if kind_advice.is_empty() {
-        own_advice(fw, site)
+        own_advice(c.readings.framework, site)
     } else {
         kind_advice
     };
-    if xla_pool {
+    if own.xla_pool {
         suggestions.insert(
             0,
             "XLA allocates its pool up front (75% of the device by default) and serves arrays from it, so oomshim sees \
@@ -202,11 +216,18 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
                 .to_string(),
         );
     }
-    let mut evidence = match kinds {
+    suggestions
+}
+
+/// The evidence: by kind, XLA's refusal, the framework's cache too small to help, dynamic
+/// shapes and growing shapes.
+fn evidence(c: &Ctx, own: &OwnAllocations, cache: Option<&Cache>) -> Vec<String> {
+    let (dump, req) = (c.dump, &c.req);
+    let mut evidence = match c.readings.kinds {
         Some(k) => super::kinds::evidence(c, k),
         None => Vec::new(),
     };
-    if let Some(f) = dump.framework.as_ref().filter(|_| xla_pool) {
+    if let Some(f) = dump.framework.as_ref().filter(|_| own.xla_pool) {
         evidence.push(format!(
             "XLA refused {req} inside its own pool{}",
             f.message
@@ -222,6 +243,19 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
             human_bytes(k.releasable)
         ));
     }
+    if let Some(d) = &c.readings.dynamic_shapes {
+        evidence.push(dynamic_shapes_evidence(d));
+    }
+    if let Some(g) = &c.readings.growing_shapes {
+        evidence.push(growing_shapes_evidence(&g.fit, steps_word(g.steps)));
+    }
+    evidence
+}
+
+/// Possible fragmentation, when the shim cannot see the framework's free blocks: hinted by a
+/// burst of failures, free memory not less than the request, and dynamic shapes.
+fn fragmentation_hint(c: &Ctx, own: &OwnAllocations, suggestions: &mut Vec<String>) {
+    let (request, req) = (c.request, &c.req);
     let mut hints = Vec::new();
     if request.failures_in_burst > 1 {
         hints.push(format!(
@@ -238,31 +272,31 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
             human_bytes(free)
         ));
     }
-    let dynamic = dynamic_shapes_evidence(dump);
+    if !own.fragmentation_unseen || hints.is_empty() {
+        return;
+    }
+    let dynamic = c
+        .readings
+        .dynamic_shapes
+        .as_ref()
+        .map(dynamic_shapes_evidence);
     if let Some(d) = &dynamic {
-        evidence.push(d.clone());
+        hints.push(d.clone());
     }
-    if let Some((fit, steps)) = growing_shapes(dump) {
-        evidence.push(growing_shapes_evidence(&fit, steps_word(steps)));
-        suggestions.push(GROWING_SHAPES.to_string());
+    suggestions.push(format!(
+        "Possibly fragmentation ({}), though the shim cannot see the framework's free blocks here, so this is not \
+         established: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` may help if it is.",
+        hints.join("; ")
+    ));
+    if dynamic.is_some() {
+        suggestions.push(BUCKETING.to_string());
     }
-    if fw == Framework::Torch
-        && !hints.is_empty()
-        && !free_blocks_available(dump)
-        && !expandable_segments_on(dump)
-    {
-        if let Some(d) = &dynamic {
-            hints.push(d.clone());
-        }
-        suggestions.push(format!(
-            "Possibly fragmentation ({}), though the shim cannot see the framework's free blocks here, so this is not \
-             established: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` may help if it is.",
-            hints.join("; ")
-        ));
-        if dynamic.is_some() {
-            suggestions.push(BUCKETING.to_string());
-        }
-    }
+}
+
+/// The summary: whose allocations fill the device and how much, XLA's pool, or the tracked
+/// bytes alone (then `nvidia-smi` is suggested); growing shapes said as no leak.
+fn summary(c: &Ctx, own: &OwnAllocations, suggestions: &mut Vec<String>) -> String {
+    let (dev, tracked, used, req) = (c.dev, c.tracked, c.used, &c.req);
     let summary = match (c.n.total, used) {
         (Some(total), Some(0)) => format!(
             "Device {dev} showed no memory in use when the dump was written ({} total), so the state at capture does not \
@@ -270,7 +304,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
             human_bytes(total),
             c.top_text(used)
         ),
-        (Some(total), Some(used)) if xla_pool => format!(
+        (Some(total), Some(used)) if own.xla_pool => format!(
             "XLA's memory pool is full: XLA refused {req} inside the pool it allocated from device {dev}, which holds {} \
              of this process's tracked {} ({} of the device's {}). The program's own arrays fill the pool; oomshim cannot \
              see which ones, since XLA hands them out of one allocation.{}",
@@ -293,7 +327,7 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
             percent(share(tracked, used)),
             human_bytes(total),
             c.top_text(Some(used)),
-            segment_note(dump)
+            segment_note(c)
         ),
         _ => {
             suggestions.push(format!(
@@ -308,18 +342,14 @@ pub(in crate::verdict) fn finding(c: &Ctx, cache: Option<&Cache>) -> Finding {
             )
         }
     };
-    let summary = match growing_shapes(dump) {
-        Some((fit, steps)) => format!(
+    match &c.readings.growing_shapes {
+        Some(g) => format!(
             "{summary} The memory grew {}/step over the last {} {}, but as many allocations were live at the end as at \
              the start: they grew larger (inputs of growing shape), none accumulated, so this is no leak.",
-            human_bytes(fit.bytes_per_step),
-            fit.samples,
-            steps_word(steps)
+            human_bytes(g.fit.bytes_per_step),
+            g.fit.samples,
+            steps_word(g.steps)
         ),
         None => summary,
-    };
-    let mut f = new_finding(OWN_ALLOCATIONS, tracked, headline, summary);
-    f.evidence = evidence;
-    f.suggestions = suggestions;
-    f
+    }
 }

@@ -3,12 +3,9 @@
 
 use super::leak::LEAK_SITES_NAMED;
 use super::steps_word;
-use crate::verdict::context::tracked_all;
-use crate::verdict::leak::LeakFinding;
+use crate::verdict::found::{Death, Ended, LeakFinding, Readings};
 use crate::verdict::names::{EXITED_AFTER_FAILURE, HOST_OOM_KILL, KILLED_BY_SIGNAL, LEAK};
-use crate::verdict::post_mortem::{host_growth, oom_kill_counted, Death};
 use crate::verdict::sites::short_label;
-use crate::verdict::LEAK_NAMED_SHARE;
 use dump::model::{Dump, Finding, PostMortem};
 use dump::units::{clean, human_bytes, percent};
 
@@ -60,115 +57,19 @@ fn ran_for(pm: &PostMortem) -> String {
 pub(in crate::verdict) fn death_finding(
     dump: &Dump,
     pm: &PostMortem,
-    death: Death,
+    ended: &Ended,
+    readings: &Readings,
     leak: bool,
 ) -> Finding {
-    let h = &pm.host;
-    let tracked = tracked_all(dump);
-    let peak: u64 = dump.devices.iter().map(|d| d.peak_tracked_bytes).sum();
-    let mut evidence = Vec::new();
-    match (&pm.signal, &pm.signal_name) {
-        (Some(sig), Some(name)) => evidence.push(format!(
-            "ended by {} (signal {sig}){}",
-            clean(name),
-            if pm.core_dumped { ", core dumped" } else { "" }
-        )),
-        _ => match pm.exit_code {
-            Some(code) => evidence.push(format!("exited with status {code}")),
-            None => evidence.push(format!(
-                "how it ended is not known: its parent{} reaped it before oomshim could read its status; it ran no exit handler (its live region was left behind), so a signal ended it",
-                pm.reaped_by.map(|p| format!(" (PID {p})")).unwrap_or_default()
-            )),
-        },
-    }
-    if let (Some(parent), Some(_)) = (pm.reaped_by, pm.signal.or(pm.exit_code)) {
-        evidence.push(format!(
-            "its parent (PID {parent}) reaped it; oomshim read its status first"
-        ));
-    }
-    if let (Some(b), Some(a)) = (h.oom_kill_before, h.oom_kill_after) {
-        evidence.push(format!(
-            "cgroup {}: memory.events oom_kill {b} at the start, {a} after the death",
-            clean(h.cgroup.as_deref().unwrap_or("?"))
-        ));
-    }
-    let counted = oom_kill_counted(h);
-    if let Some(max) = h.memory_max {
-        evidence.push(format!(
-            "cgroup memory.max {}; memory.peak {}",
-            human_bytes(max),
-            h.memory_peak
-                .map(human_bytes)
-                .unwrap_or_else(|| "unknown".into())
-        ));
-    }
-    if let (Some(total), Some(avail)) = (h.mem_total, h.mem_available) {
-        evidence.push(format!(
-            "host: {} available of {} after the death",
-            human_bytes(avail),
-            human_bytes(total)
-        ));
-    }
-    if let (Some(first), Some(last)) = (pm.rss.first(), pm.rss.last()) {
-        evidence.push(format!(
-            "the program's resident host memory: {} → {} over its last {} publishes",
-            human_bytes(first.bytes),
-            human_bytes(last.bytes),
-            pm.rss.len()
-        ));
-    }
-    let device_words = match &pm.last_failure {
-        None if pm.generation == 0 => format!(
-            "its device memory is not known: it died{}, before its first live summary",
-            ran_for(pm)
-        ),
-        Some(f) => format!(
-            "its last device allocation ({} of {} on device {}) had failed{}",
-            human_bytes(f.bytes),
-            clean(&f.api),
-            f.device,
-            match &f.dump {
-                Some(d) => format!(" (dump {})", clean(d)),
-                None => ", and no dump of it was written".into(),
-            }
-        ),
-        None => format!(
-            "device memory was not full: no device allocation had failed ({} tracked, peak {})",
-            human_bytes(tracked),
-            human_bytes(peak),
-        ),
-    };
-    // What the device memory is: growth over time that is no leak, said with its numbers (a
-    // program killed during its start-up spike shows what it was doing), else the site that
-    // holds the most (a leak is added after, by `add_leak`, and names its own site).
-    let growth = match crate::verdict::timeline_judgement(dump) {
-        Some(Err(o)) if !leak => Some(super::leak::not_a_leak(&o)),
-        _ => None,
-    };
-    let device_words = match (&pm.last_failure, growth) {
-        (_, Some(g)) => format!("{device_words}; {g}"),
-        (None, None) if pm.generation > 0 && !leak => {
-            format!("{device_words}{}", largest_site(dump))
-        }
-        _ => device_words,
-    };
-    let host_words = match host_growth(pm) {
-        Some((rate, unit)) => format!(
-            "host memory grew {} per {unit} (the program's resident size)",
-            human_bytes(rate)
-        ),
-        None => match pm.rss.last() {
-            Some(l) => format!("the program held {} of host memory", human_bytes(l.bytes)),
-            None => "host memory was not sampled".into(),
-        },
-    };
+    let device_words = device_words(dump, pm, readings, leak);
+    let host_words = host_words(pm, ended);
     let sig_name = clean(pm.signal_name.as_deref().unwrap_or_default());
     let holds = if pm.generation == 0 {
         "The dump holds what oomshim run saw of its death."
     } else {
         "The dump holds the device memory as the program last published it."
     };
-    let (kind, headline, summary, suggestions) = match death {
+    let (kind, headline, summary, suggestions) = match ended.death {
         Death::OomKilled => (
             HOST_OOM_KILL,
             format!("killed by the kernel's OOM killer (SIGKILL): {host_words}"),
@@ -180,33 +81,14 @@ pub(in crate::verdict) fn death_finding(
                 "Raise the job's host memory limit (memory.max of its cgroup, the scheduler's --mem) if the working set is simply larger.".to_string(),
             ],
         ),
-        Death::Signalled(sig) => {
-            let cause = match sig {
-                libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE | libc::SIGABRT => {
-                    format!("crashed with {sig_name}")
-                }
-                libc::SIGKILL => format!(
-                    "killed by SIGKILL from outside ({})",
-                    match counted {
-                        Some(false) => "not the kernel's OOM killer: its cgroup counted no OOM kill",
-                        _ => "the cgroup's OOM kills could not be read",
-                    }
-                ),
-                _ => format!("ended by {sig_name} from outside"),
-            };
-            (
-                KILLED_BY_SIGNAL,
-                format!("{cause}; {device_words}"),
-                format!(
-                    "The program was {cause}; {device_words}; {host_words}. {holds}"
-                ),
-                if sig == libc::SIGKILL {
-                    vec!["A scheduler kills a job that exceeds its memory or time limit with SIGKILL: check the job's log for its limit.".to_string()]
-                } else {
-                    Vec::new()
-                },
-            )
-        }
+        Death::Signalled(sig) => signalled(
+            sig,
+            &sig_name,
+            ended.oom_kill_counted,
+            &device_words,
+            &host_words,
+            holds,
+        ),
         Death::Unseen => {
             let cause = "ended by a signal (which one is not known: its parent reaped it first)";
             (
@@ -233,11 +115,159 @@ pub(in crate::verdict) fn death_finding(
     };
     Finding {
         kind: kind.to_string(),
-        bytes: tracked,
+        bytes: readings.tracked_all,
         headline,
         summary,
-        evidence,
+        evidence: death_evidence(pm),
         suggestions,
+    }
+}
+
+/// A death by a signal other than the OOM killer's: a crash, a SIGKILL from outside, or another
+/// signal; as (kind, headline, summary, suggestions).
+fn signalled(
+    sig: i32,
+    sig_name: &str,
+    counted: Option<bool>,
+    device_words: &str,
+    host_words: &str,
+    holds: &str,
+) -> (&'static str, String, String, Vec<String>) {
+    let cause = match sig {
+        libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE | libc::SIGABRT => {
+            format!("crashed with {sig_name}")
+        }
+        libc::SIGKILL => format!(
+            "killed by SIGKILL from outside ({})",
+            match counted {
+                Some(false) => "not the kernel's OOM killer: its cgroup counted no OOM kill",
+                _ => "the cgroup's OOM kills could not be read",
+            }
+        ),
+        _ => format!("ended by {sig_name} from outside"),
+    };
+    (
+        KILLED_BY_SIGNAL,
+        format!("{cause}; {device_words}"),
+        format!("The program was {cause}; {device_words}; {host_words}. {holds}"),
+        if sig == libc::SIGKILL {
+            vec!["A scheduler kills a job that exceeds its memory or time limit with SIGKILL: check the job's log for its limit.".to_string()]
+        } else {
+            Vec::new()
+        },
+    )
+}
+
+/// The evidence of how the program ended: the signal or status, who reaped it, the cgroup's
+/// OOM kills and limit, the host's memory and the program's resident size.
+fn death_evidence(pm: &PostMortem) -> Vec<String> {
+    let h = &pm.host;
+    let mut evidence = Vec::new();
+    match (&pm.signal, &pm.signal_name) {
+        (Some(sig), Some(name)) => evidence.push(format!(
+            "ended by {} (signal {sig}){}",
+            clean(name),
+            if pm.core_dumped { ", core dumped" } else { "" }
+        )),
+        _ => match pm.exit_code {
+            Some(code) => evidence.push(format!("exited with status {code}")),
+            None => evidence.push(format!(
+                "how it ended is not known: its parent{} reaped it before oomshim could read its status; it ran no exit handler (its live region was left behind), so a signal ended it",
+                pm.reaped_by.map(|p| format!(" (PID {p})")).unwrap_or_default()
+            )),
+        },
+    }
+    if let (Some(parent), Some(_)) = (pm.reaped_by, pm.signal.or(pm.exit_code)) {
+        evidence.push(format!(
+            "its parent (PID {parent}) reaped it; oomshim read its status first"
+        ));
+    }
+    if let (Some(b), Some(a)) = (h.oom_kill_before, h.oom_kill_after) {
+        evidence.push(format!(
+            "cgroup {}: memory.events oom_kill {b} at the start, {a} after the death",
+            clean(h.cgroup.as_deref().unwrap_or("?"))
+        ));
+    }
+    if let Some(max) = h.memory_max {
+        evidence.push(format!(
+            "cgroup memory.max {}; memory.peak {}",
+            human_bytes(max),
+            h.memory_peak
+                .map(human_bytes)
+                .unwrap_or_else(|| "unknown".into())
+        ));
+    }
+    if let (Some(total), Some(avail)) = (h.mem_total, h.mem_available) {
+        evidence.push(format!(
+            "host: {} available of {} after the death",
+            human_bytes(avail),
+            human_bytes(total)
+        ));
+    }
+    if let (Some(first), Some(last)) = (pm.rss.first(), pm.rss.last()) {
+        evidence.push(format!(
+            "the program's resident host memory: {} → {} over its last {} publishes",
+            human_bytes(first.bytes),
+            human_bytes(last.bytes),
+            pm.rss.len()
+        ));
+    }
+    evidence
+}
+
+/// What the device memory was: the failed allocation, not full, or not known; growth over time
+/// that is no leak, else the largest site (a leak is added after, and names its own site).
+fn device_words(dump: &Dump, pm: &PostMortem, readings: &Readings, leak: bool) -> String {
+    let tracked = readings.tracked_all;
+    let peak: u64 = dump.devices.iter().map(|d| d.peak_tracked_bytes).sum();
+    let device_words = match &pm.last_failure {
+        None if pm.generation == 0 => format!(
+            "its device memory is not known: it died{}, before its first live summary",
+            ran_for(pm)
+        ),
+        Some(f) => format!(
+            "its last device allocation ({} of {} on device {}) had failed{}",
+            human_bytes(f.bytes),
+            clean(&f.api),
+            f.device,
+            match &f.dump {
+                Some(d) => format!(" (dump {})", clean(d)),
+                None => ", and no dump of it was written".into(),
+            }
+        ),
+        None => format!(
+            "device memory was not full: no device allocation had failed ({} tracked, peak {})",
+            human_bytes(tracked),
+            human_bytes(peak),
+        ),
+    };
+    // What the device memory is: growth over time that is no leak, said with its numbers (a
+    // program killed during its start-up spike shows what it was doing), else the site that
+    // holds the most (a leak is added after, by `add_leak`, and names its own site).
+    let growth = match &readings.not_a_leak {
+        Some(o) if !leak => Some(super::leak::not_a_leak(o)),
+        _ => None,
+    };
+    match (&pm.last_failure, growth) {
+        (_, Some(g)) => format!("{device_words}; {g}"),
+        (None, None) if pm.generation > 0 && !leak => {
+            format!("{device_words}{}", largest_site(dump))
+        }
+        _ => device_words,
+    }
+}
+
+/// What the host memory did: grew per step or second, or what the program held.
+fn host_words(pm: &PostMortem, ended: &Ended) -> String {
+    match ended.host_growth {
+        Some((rate, unit)) => format!(
+            "host memory grew {} per {unit} (the program's resident size)",
+            human_bytes(rate)
+        ),
+        None => match pm.rss.last() {
+            Some(l) => format!("the program held {} of host memory", human_bytes(l.bytes)),
+            None => "host memory was not sampled".into(),
+        },
     }
 }
 
@@ -266,10 +296,8 @@ pub(in crate::verdict) fn leak(l: &LeakFinding) -> Finding {
     }
     let steps_word = steps_word(l.growth.steps.as_deref());
     let named = l
-        .sites
-        .first()
-        .filter(|(_, share)| *share >= LEAK_NAMED_SHARE)
-        .map(|(s, share)| (short_label(&s.stack), s.bytes_per_step, *share));
+        .named
+        .map(|(s, share)| (short_label(&s.stack), s.bytes_per_step, share));
     let headline = match &named {
         Some((label, rate, share)) => format!(
             "leak: {label} grows by {} every step (over the last {} {}; {} of the growth)",
@@ -303,13 +331,13 @@ pub(in crate::verdict) fn leak(l: &LeakFinding) -> Finding {
 /// out-of-memory verdict uses too): under preload the shim sees torch's segments, which the
 /// allocator may cut during the optimizer step, so its site can name `opt.step()` where the
 /// records name the line that keeps tensors.
-pub(in crate::verdict) fn leak_by_records(l: &LeakFinding, dump: &Dump) -> Option<Finding> {
-    let r = crate::verdict::leak::recorded(l, dump).filter(|r| r.names_it)?;
+pub(in crate::verdict) fn leak_by_records(l: &LeakFinding) -> Option<Finding> {
+    let r = l.records.as_ref().filter(|r| r.names_it)?;
     let (a, share) = (r.attribution, r.share);
     let line = &a.lines[0];
     let label = super::leak::recorded_label(line);
     let mut f = leak(l);
-    let headline = if r.spread() {
+    let headline = if r.spread {
         // No line holds the growth, by the records either: say how it is spread.
         format!(
             "leak: the process grows by {} every step (over the last {} {}), spread over lines (torch's records of the tensors allocated since it began): {}",
@@ -361,10 +389,8 @@ fn site_evidence(l: &LeakFinding, unit: &str) -> Vec<String> {
 /// The same, for growth judged over time (the program marked no steps and repeated none).
 fn leak_over_time(l: &LeakFinding) -> Finding {
     let named = l
-        .sites
-        .first()
-        .filter(|(_, share)| *share >= LEAK_NAMED_SHARE)
-        .map(|(s, share)| (short_label(&s.stack), s.bytes_per_step, *share));
+        .named
+        .map(|(s, share)| (short_label(&s.stack), s.bytes_per_step, share));
     let over = format!(
         "steadily {}, R² {:.2}",
         super::leak::over_time_span(l),
