@@ -3,11 +3,12 @@
 
 use super::device::{DeviceState, PendingFree};
 use super::history::{HistoryConfig, RecordContext, Trace, TraceAction, TraceEntry};
-use super::lock::{SpinGuard, SpinLock};
-use super::{
-    AllocConfig, Block, DeviceStats, FreeBlockSummary, MemorySource, OomCause, OutOfMemory,
-    PoolKind, SegmentView, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_MEMORY_ALLOCATION, MAX_DEVICES,
+use super::interface::{
+    AllocConfig, Block, FreeBlockSummary, MemorySource, OomCause, OutOfMemory, SegmentView,
+    CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_MEMORY_ALLOCATION, MAX_DEVICES,
 };
+use super::lock::{SpinGuard, SpinLock};
+use super::stats::{DeviceStats, PoolKind};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 

@@ -5,11 +5,11 @@
 //! `allocator.rs` does the calls between the lock's critical sections.
 
 use super::history::{Trace, TraceAction};
-use super::stats::DeviceStats;
-use super::{
+use super::interface::{
     AllocConfig, Block, BlockState, BlockView, FreeBlockSummary, HistBin, OomCause, OutOfMemory,
-    PoolKind, SegmentView,
+    SegmentView,
 };
+use super::stats::{DeviceStats, PoolKind};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeMap, VecDeque};
 

@@ -1,7 +1,12 @@
 //! Torch's `memory_stats` counters (c10 `DeviceStats`), kept with torch's meanings so that
 //! `torch_keys()` can stand in for `torch.cuda.memory_stats()` when oomshim is the allocator.
 
-use super::PoolKind;
+/// Torch's two block pools: small (≤ 1 MiB requests, 2 MiB segments) and large.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PoolKind {
+    Small,
+    Large,
+}
 
 /// One torch `Stat`: the current value, its peak since the last `reset_peak_stats`, and the sums
 /// of all increases (`allocated`) and decreases (`freed`) since the last `reset_accumulated_stats`.
