@@ -218,7 +218,7 @@ pub fn occasion_sentence(model: &ReportModel) -> String {
             )
         }
         Occasion::PostMortem(pm) => {
-            let words = super::post_mortem_words(pm);
+            let words = post_mortem_words(pm);
             let mut s = words[..1].to_uppercase();
             s.push_str(&words[1..]);
             s.push('.');
@@ -359,4 +359,24 @@ fn common_dir(files: &[&str]) -> Option<String> {
         }
     }
     (prefix.len() > 1).then(|| prefix.to_string())
+}
+
+/// The report's words for a post-mortem dump: reconstructed, how the program died, and how old
+/// the state it shows is.
+pub fn post_mortem_words(pm: &dump::model::PostMortem) -> String {
+    let how = match (&pm.signal_name, pm.exit_code) {
+        (Some(name), _) => format!("killed by {}", dump::units::clean(name)),
+        (None, Some(code)) => format!("exited with status {code}"),
+        _ => "ended".to_string(),
+    };
+    if pm.generation == 0 {
+        // It died before its first live summary: nothing of its state is in the dump.
+        return format!(
+            "post-mortem dump, reconstructed by oomshim run: the program was {how} before it published any state"
+        );
+    }
+    format!(
+        "post-mortem dump, reconstructed by oomshim run: the program was {how}; its state as published {:.1} s before",
+        pm.died_unix_ms.saturating_sub(pm.published_unix_ms) as f64 / 1000.0
+    )
 }

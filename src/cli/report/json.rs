@@ -9,10 +9,13 @@
 use serde_json::{json, Value};
 
 use super::model::{known_age, shown_frames, DeviceView, Occasion, ReportModel, RequestView};
-use super::{ReportOptions, REPORT_SCHEMA};
+use super::options::ReportOptions;
 use dump::model::{Dump, Finding, Frame, LastFailure, PinnedHost, Verdict};
 use dump::units::human_bytes;
 use dump::view::{frame_label, named_frames};
+
+/// Identifies the layout of [`render_json`]'s output; bumped when a key changes meaning or goes.
+pub const REPORT_SCHEMA: &str = "oomshim.report/1";
 
 /// The report model as JSON. Keys (all always present; `null` where unknown):
 ///

@@ -10,8 +10,8 @@
 
 use std::path::Path;
 
+use super::options::FRAMES_SHOWN;
 use super::torch_cache::TorchCache;
-use super::FRAMES_SHOWN;
 use dump::model::{
     DeviceInfo, Dump, FailedRequest, Frame, FreeBlocks, GpuProcess, GpuProcesses, Growth, Holder,
     PostMortem, Site, Verdict,

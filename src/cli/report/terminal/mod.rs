@@ -11,7 +11,7 @@ pub mod layout;
 
 use super::glance::{self, is_system_frame, SourcePaths};
 use super::model::{group_holders, Recovery, ReportModel, RequestView};
-use super::{Layout, ReportOptions};
+use super::options::{Layout, ReportOptions, MAX_WIDTH, MIN_WIDTH};
 use dump::model::{Dump, Frame};
 use dump::units::{
     bytes_with_exact, clean, human_age, human_bytes, percent, thousands, truncate_function,
@@ -49,7 +49,7 @@ impl Ctx {
     fn new(model: &ReportModel, opts: &ReportOptions, layout: &Layout) -> Ctx {
         Ctx {
             s: Style { color: opts.color },
-            width: layout.width.clamp(super::MIN_WIDTH, super::MAX_WIDTH),
+            width: layout.width.clamp(MIN_WIDTH, MAX_WIDTH),
             paths: SourcePaths::of(model.dump),
             source: layout.source.clone(),
         }
