@@ -252,7 +252,7 @@ fn payload_with(model: &ReportModel, paths: &SourcePaths) -> Value {
         "occasion": glance::occasion_sentence(model),
         "headline": model.verdict.headline(),
         "change": glance::first_change(model),
-        "fill": glance::device_fill(dump),
+        "fill": crate::report::fill::device_fill(dump),
         // Verdict texts name files as the dump has them; the page shows them from this root.
         "source_root": paths.root,
         // Evidence the page shows in another section (the failed request, NVML's error).

@@ -8,6 +8,7 @@
 
 pub mod diff;
 pub mod export;
+pub mod fill;
 pub mod glance;
 pub mod html;
 pub mod json;

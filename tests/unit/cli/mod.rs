@@ -11,6 +11,7 @@ mod locate;
 mod report;
 mod report_diff;
 mod report_export;
+mod report_fill;
 mod report_glance;
 mod report_html;
 mod report_json;

@@ -216,9 +216,9 @@ fn first_screen_into(out: &mut String, c: &Ctx, model: &ReportModel, alone: bool
 
 /// The bar of what fills the device, and its legend (wrapped), within the width.
 fn fill_lines(c: &Ctx, dump: &Dump) -> (Vec<String>, Vec<String>) {
-    let Some(fill) = glance::device_fill(dump) else {
+    let Some(fill) = super::fill::device_fill(dump) else {
         // Without the device's total there is no bar: say what is known.
-        let Some(device) = glance::focus_device(dump) else {
+        let Some(device) = super::fill::focus_device(dump) else {
             return (vec![], vec![]);
         };
         let tracked = dump
