@@ -1,52 +1,12 @@
-//! What a report shows before its details, the same in the terminal and on the page: what
-//! fills the device (by kind where the framework counted its kinds), the one change to make,
-//! and how stack frames are shown to a person (paths relative to the program's source root,
-//! the C runtime's start-up frames as system frames). The JSON report keeps every path as the
-//! dump has it.
+//! Words a report shows before its details, the same in the terminal and on the page: what
+//! happened, in one sentence, and how stack frames are shown to a person (paths relative to the
+//! program's source root, the C runtime's start-up frames as system frames). The JSON report
+//! keeps every path as the dump has it. What fills the device and the one change to make are
+//! the model's (`model.rs`).
 
 use super::model::{Occasion, ReportModel};
 use dump::model::{Dump, Frame, FrameKind};
 use dump::view::{is_library_file, named_frames};
-
-/// Evidence lines that repeat what a report's Failed request and Processes sections show (the
-/// request, its call, its burst and outcome; NVML's error): reports leave them out of the
-/// evidence, so each fact is said once. The dump and the JSON report keep them.
-const EVIDENCE_SHOWN_ELSEWHERE: [&str; 5] = [
-    "failed request: ",
-    "failing call: ",
-    "failures in this burst: ",
-    "last failure of the burst: ",
-    "recovered: ",
-];
-
-/// Whether a line of the verdict's evidence repeats another section of the report.
-pub fn said_elsewhere(model: &ReportModel, evidence: &str) -> bool {
-    if model.failed_request.is_some()
-        && EVIDENCE_SHOWN_ELSEWHERE
-            .iter()
-            .any(|p| evidence.starts_with(p))
-    {
-        return true;
-    }
-    // NVML's error is the Processes section's line.
-    model
-        .gpu_processes
-        .as_ref()
-        .is_some_and(|g| g.list.error.is_some())
-        && evidence.starts_with("other processes on device ")
-        && evidence.contains(": unknown (")
-}
-
-/// The one change to make: the top finding's first suggestion.
-pub fn first_change<'a>(model: &'a ReportModel) -> Option<&'a str> {
-    model
-        .verdict
-        .findings
-        .first()
-        .and_then(|f| f.suggestions.first())
-        .or_else(|| model.verdict.suggestions.first())
-        .map(String::as_str)
-}
 
 /// What happened, in one sentence: the failed request and its outcome, how the program died,
 /// or why an on-demand dump was written.

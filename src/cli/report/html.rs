@@ -251,15 +251,12 @@ fn payload_with(model: &ReportModel, paths: &SourcePaths) -> Value {
         // The answer, as the terminal report's first screen has it.
         "occasion": glance::occasion_sentence(model),
         "headline": model.verdict.headline(),
-        "change": glance::first_change(model),
-        "fill": crate::report::fill::device_fill(dump),
+        "change": model.first_change,
+        "fill": model.fill,
         // Verdict texts name files as the dump has them; the page shows them from this root.
         "source_root": paths.root,
         // Evidence the page shows in another section (the failed request, NVML's error).
-        "said_elsewhere": model.verdict.evidence.iter()
-            .chain(model.verdict.findings.iter().flat_map(|f| f.evidence.iter()))
-            .filter(|e| glance::said_elsewhere(model, e))
-            .collect::<std::collections::BTreeSet<_>>(),
+        "said_elsewhere": model.said_elsewhere,
         "reason": dump.reason,
         "time": dump.time,
         "process": process_json(dump),

@@ -2,14 +2,17 @@
 //!
 //! The terminal report ([`super::terminal`]), the JSON report ([`super::json`]) and the HTML
 //! page's payload ([`super::html`]) are renderings of a [`ReportModel`]: the verdict is judged,
-//! holders and sites are ranked, and every derived number (used bytes, shares, the growth
-//! chart's capacity, whether there are free blocks at all) is computed here, so the three cannot
-//! disagree. The renderers only choose words, units and layout. Sections that every reporter
+//! holders and sites are ranked, and every derived number and choice (used bytes, shares, the
+//! growth chart's capacity, whether there are free blocks at all, what fills the device, the one
+//! change to make, which evidence another section says) is made here, so the three cannot
+//! disagree. The renderers only choose words, units and layout, and call nothing that decides. Sections that every reporter
 //! shows as the dump has them (process, recording, host memory, configuration, …) are read from
 //! [`ReportModel::dump`].
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
+use super::fill::{device_fill, focus_device, Fill};
 use super::options::FRAMES_SHOWN;
 use super::torch_cache::TorchCache;
 use dump::model::{
@@ -49,6 +52,16 @@ pub struct ReportModel<'a> {
     /// PyTorch's summary of its cache found next to the dump, already merged into it (see
     /// [`super::torch_cache::apply`]); set by [`ReportModel::with_torch_cache`].
     pub torch_cache: Option<TorchCacheNote<'a>>,
+    /// The device the report is about: the failing one, else the one holding the most.
+    pub focus_device: Option<i32>,
+    /// What fills that device, when its total is known.
+    pub fill: Option<Fill>,
+    /// The one change to make: the top finding's first suggestion, else the verdict's.
+    pub first_change: Option<String>,
+    /// The lines of the verdict's evidence (its own and its findings') that repeat another
+    /// section of the report: the reports leave them out of the evidence, so each fact is said
+    /// once. The dump and the JSON report keep them.
+    pub said_elsewhere: BTreeSet<String>,
 }
 
 /// Identical holders (same size, API, device and stack: a leak's activations, one per step)
@@ -245,10 +258,21 @@ impl<'a> ReportModel<'a> {
             })
             .collect();
         let fb = &dump.free_blocks;
+        let verdict = judge(dump);
+        let gpu_processes = dump.gpu_processes.as_ref().map(|list| {
+            let mut largest_first: Vec<&GpuProcess> = list.processes.iter().collect();
+            largest_first.sort_by_key(|p| std::cmp::Reverse(p.used_bytes.unwrap_or(0)));
+            GpuProcessesView {
+                list,
+                largest_first,
+            }
+        });
         ReportModel {
             dump,
             occasion,
-            verdict: judge(dump),
+            first_change: first_change(&verdict).map(str::to_string),
+            said_elsewhere: said_elsewhere(dump, &verdict),
+            verdict,
             failed_request: dump.failed_request.as_ref().map(|request| RequestView {
                 request,
                 recovery: Recovery::from_recovered(request.recovered),
@@ -266,15 +290,10 @@ impl<'a> ReportModel<'a> {
                 growth,
                 capacity_bytes: growth_capacity(dump),
             }),
-            gpu_processes: dump.gpu_processes.as_ref().map(|list| {
-                let mut largest_first: Vec<&GpuProcess> = list.processes.iter().collect();
-                largest_first.sort_by_key(|p| std::cmp::Reverse(p.used_bytes.unwrap_or(0)));
-                GpuProcessesView {
-                    list,
-                    largest_first,
-                }
-            }),
+            gpu_processes,
             torch_cache: None,
+            focus_device: focus_device(dump),
+            fill: device_fill(dump),
         }
     }
 
@@ -290,6 +309,51 @@ impl<'a> ReportModel<'a> {
         let recorded = self.dump.verdict.kind.as_str();
         (!recorded.is_empty() && recorded != self.verdict.kind).then_some(recorded)
     }
+}
+
+/// Evidence lines that repeat what a report's Failed request and Processes sections show (the
+/// request, its call, its burst and outcome; NVML's error).
+const EVIDENCE_SHOWN_ELSEWHERE: [&str; 5] = [
+    "failed request: ",
+    "failing call: ",
+    "failures in this burst: ",
+    "last failure of the burst: ",
+    "recovered: ",
+];
+
+/// The lines of `verdict`'s evidence and its findings' that repeat another section of the
+/// report: the failed request's (when the dump has one), NVML's error (the Processes section's
+/// line).
+fn said_elsewhere(dump: &Dump, verdict: &Verdict) -> BTreeSet<String> {
+    let nvml_error = dump
+        .gpu_processes
+        .as_ref()
+        .is_some_and(|g| g.error.is_some());
+    verdict
+        .evidence
+        .iter()
+        .chain(verdict.findings.iter().flat_map(|f| f.evidence.iter()))
+        .filter(|evidence| {
+            dump.failed_request.is_some()
+                && EVIDENCE_SHOWN_ELSEWHERE
+                    .iter()
+                    .any(|p| evidence.starts_with(p))
+                || nvml_error
+                    && evidence.starts_with("other processes on device ")
+                    && evidence.contains(": unknown (")
+        })
+        .cloned()
+        .collect()
+}
+
+/// The one change to make: the top finding's first suggestion, else the verdict's first.
+fn first_change(verdict: &Verdict) -> Option<&str> {
+    verdict
+        .findings
+        .first()
+        .and_then(|f| f.suggestions.first())
+        .or_else(|| verdict.suggestions.first())
+        .map(String::as_str)
 }
 
 /// The frames a report shows for a stack: the first `FRAMES_SHOWN` (3) that have a name,

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 pub mod layout;
 
 use super::glance::{self, is_system_frame, SourcePaths};
-use super::model::{group_holders, Recovery, ReportModel, RequestView};
+use super::model::{group_holders, HolderGroup, Recovery, ReportModel, RequestView};
 use super::options::{Layout, ReportOptions, MAX_WIDTH, MIN_WIDTH};
 use dump::model::{Dump, Frame};
 use dump::units::{
@@ -117,7 +117,6 @@ struct ShownWhole {
 /// they are); returns what it showed whole.
 fn first_screen_into(out: &mut String, c: &Ctx, model: &ReportModel, alone: bool) -> ShownWhole {
     let w = c.width;
-    let s = &c.s;
     let what = wrap(&glance::occasion_sentence(model), w, "", "  ");
     let mut place = Vec::new();
     if let Some(r) = &model.failed_request {
@@ -129,11 +128,11 @@ fn first_screen_into(out: &mut String, c: &Ctx, model: &ReportModel, alone: bool
             place.push(fit(&format!("  at {}", frames.join(" ← ")), w));
         }
     }
-    let (bar, legend) = fill_lines(c, model.dump);
+    let (bar, legend) = fill_lines(c, model);
     let v = &model.verdict;
     let verdict_text = format!("{}: {}", v.kind, c.paths.in_text(&clean(v.headline())));
     let verdict_lines = wrap(&verdict_text, w, "Verdict: ", "  ");
-    let change = glance::first_change(model);
+    let change = model.first_change.as_deref();
     let change_lines = change
         .map(|t| wrap(&c.paths.in_text(&clean(t)), w, "Change: ", "  "))
         .unwrap_or_default();
@@ -147,7 +146,29 @@ fn first_screen_into(out: &mut String, c: &Ctx, model: &ReportModel, alone: bool
         format!("Details below; as a page: {report} --html report.html")
     };
     let details = wrap(&details_text, w, "", "  ");
-    // Within the budget: cut the least telling first.
+    let blocks = [
+        &what,
+        &place,
+        &bar,
+        &legend,
+        &verdict_lines,
+        &change_lines,
+        &details,
+    ];
+    let keep = within_first_screen(&blocks);
+    print_first_screen(out, c, &blocks, keep);
+    out.push('\n');
+    ShownWhole {
+        verdict: keep[4] >= verdict_lines.len(),
+        change: keep[5] >= change_lines.len(),
+    }
+}
+
+/// How many lines of each block of the first screen fit in [`FIRST_SCREEN_LINES`]: within the
+/// budget, the least telling are cut first. The blocks: what happened, where, the bar, its
+/// legend, the verdict, the change, where the details are.
+fn within_first_screen(blocks: &[&Vec<String>; 7]) -> [usize; 7] {
+    let [what, place, bar, legend, verdict_lines, change_lines, details] = *blocks;
     let mut keep = [
         what.len().min(2),
         place.len(),
@@ -173,15 +194,12 @@ fn first_screen_into(out: &mut String, c: &Ctx, model: &ReportModel, alone: bool
         }
         keep[block] = keep[block].min(to);
     }
-    let blocks = [
-        &what,
-        &place,
-        &bar,
-        &legend,
-        &verdict_lines,
-        &change_lines,
-        &details,
-    ];
+    keep
+}
+
+/// The first screen's blocks, `keep` lines of each, the titles styled.
+fn print_first_screen(out: &mut String, c: &Ctx, blocks: &[&Vec<String>; 7], keep: [usize; 7]) {
+    let (s, w) = (&c.s, c.width);
     for (i, (block, n)) in blocks.iter().zip(keep).enumerate() {
         for (j, line) in at_most(block.to_vec(), n, w).into_iter().enumerate() {
             let styled = match (i, j) {
@@ -207,21 +225,17 @@ fn first_screen_into(out: &mut String, c: &Ctx, model: &ReportModel, alone: bool
             let _ = writeln!(out, "{styled}");
         }
     }
-    out.push('\n');
-    ShownWhole {
-        verdict: keep[4] >= verdict_lines.len(),
-        change: keep[5] >= change_lines.len(),
-    }
 }
 
 /// The bar of what fills the device, and its legend (wrapped), within the width.
-fn fill_lines(c: &Ctx, dump: &Dump) -> (Vec<String>, Vec<String>) {
-    let Some(fill) = super::fill::device_fill(dump) else {
+fn fill_lines(c: &Ctx, model: &ReportModel) -> (Vec<String>, Vec<String>) {
+    let Some(fill) = &model.fill else {
         // Without the device's total there is no bar: say what is known.
-        let Some(device) = super::fill::focus_device(dump) else {
+        let Some(device) = model.focus_device else {
             return (vec![], vec![]);
         };
-        let tracked = dump
+        let tracked = model
+            .dump
             .devices
             .iter()
             .find(|d| d.index == device)
@@ -490,7 +504,7 @@ fn failed_request(out: &mut String, c: &Ctx, view: &RequestView) {
 }
 
 fn shown_elsewhere(model: &ReportModel, evidence: &str) -> bool {
-    glance::said_elsewhere(model, evidence)
+    model.said_elsewhere.contains(evidence)
 }
 
 /// The verdict's explanation: the summary, every finding with its evidence, the evidence, and
@@ -519,7 +533,27 @@ fn verdict(out: &mut String, c: &Ctx, model: &ReportModel, whole: ShownWhole) {
         };
         let _ = writeln!(out, "  {} {} ({gloss})", s.title("Retry:"), clean(&r.hint));
     }
-    // The ranked findings, top first, each with the bytes it explains.
+    findings(out, c, model);
+    let evidence: Vec<&String> = v
+        .evidence
+        .iter()
+        .filter(|e| !shown_elsewhere(model, e))
+        .collect();
+    if !evidence.is_empty() {
+        let _ = writeln!(out, "  {}", s.title("Evidence"));
+        for e in evidence {
+            for line in wrap(&c.paths.in_text(e), w, "    - ", "      ") {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+    }
+    suggestions(out, c, model, change_shown);
+}
+
+/// The ranked findings, top first, each with the bytes it explains and its evidence (when the
+/// verdict has more than one).
+fn findings(out: &mut String, c: &Ctx, model: &ReportModel) {
+    let (v, s, w) = (&model.verdict, &c.s, c.width);
     if v.findings.len() > 1 {
         let _ = writeln!(out, "  {}", s.title("Findings (by bytes explained)"));
         for (i, f) in v.findings.iter().enumerate() {
@@ -540,20 +574,13 @@ fn verdict(out: &mut String, c: &Ctx, model: &ReportModel, whole: ShownWhole) {
             }
         }
     }
-    let evidence: Vec<&String> = v
-        .evidence
-        .iter()
-        .filter(|e| !shown_elsewhere(model, e))
-        .collect();
-    if !evidence.is_empty() {
-        let _ = writeln!(out, "  {}", s.title("Evidence"));
-        for e in evidence {
-            for line in wrap(&c.paths.in_text(e), w, "    - ", "      ") {
-                let _ = writeln!(out, "{line}");
-            }
-        }
-    }
-    let first = glance::first_change(model);
+}
+
+/// The suggestions (the first one only when the first screen did not show it whole), and the
+/// verdict the shim recorded when the rules judge otherwise now.
+fn suggestions(out: &mut String, c: &Ctx, model: &ReportModel, change_shown: bool) {
+    let (v, s, w) = (&model.verdict, &c.s, c.width);
+    let first = model.first_change.as_deref();
     let rest: Vec<&String> = v
         .suggestions
         .iter()
@@ -883,32 +910,12 @@ fn holders(out: &mut String, c: &Ctx, model: &ReportModel, top: usize) {
     let all = &model.holders;
     let groups = group_holders(all);
     let shown = groups.len().min(top);
-    let listed = if groups.len() == all.len() {
-        format!("{} listed in the dump", shown_of(shown, all.len()))
-    } else {
-        format!(
-            "{} listed in the dump, identical ones grouped: {}",
-            thousands(all.len() as u64),
-            if shown == groups.len() {
-                plural(groups.len() as u64, "row", "rows")
-            } else {
-                format!(
-                    "top {} of {} rows",
-                    thousands(shown as u64),
-                    thousands(groups.len() as u64)
-                )
-            }
-        )
-    };
-    let note = format!(
-        "({listed}; {})",
-        plural(
-            model.dump.recording.live_allocations,
-            "live allocation",
-            "live allocations"
-        )
+    section_title(
+        out,
+        c,
+        "Largest holders",
+        &holders_note(model, groups.len(), shown),
     );
-    section_title(out, c, "Largest holders", &note);
     if shown == 0 {
         let _ = writeln!(
             out,
@@ -921,8 +928,44 @@ fn holders(out: &mut String, c: &Ctx, model: &ReportModel, top: usize) {
         );
         return;
     }
+    holders_table(out, c, &groups[..shown]);
+}
+
+/// `(12 of 40 listed in the dump; 1,024 live allocations)`, with how identical ones are grouped.
+fn holders_note(model: &ReportModel, groups: usize, shown: usize) -> String {
+    let all = &model.holders;
+    let listed = if groups == all.len() {
+        format!("{} listed in the dump", shown_of(shown, all.len()))
+    } else {
+        format!(
+            "{} listed in the dump, identical ones grouped: {}",
+            thousands(all.len() as u64),
+            if shown == groups {
+                plural(groups as u64, "row", "rows")
+            } else {
+                format!(
+                    "top {} of {} rows",
+                    thousands(shown as u64),
+                    thousands(groups as u64)
+                )
+            }
+        )
+    };
+    format!(
+        "({listed}; {})",
+        plural(
+            model.dump.recording.live_allocations,
+            "live allocation",
+            "live allocations"
+        )
+    )
+}
+
+/// The table of the holders' rows shown: bytes, count × size where some row is a group, API,
+/// device, age, thread, and each row's frames.
+fn holders_table(out: &mut String, c: &Ctx, shown: &[HolderGroup]) {
     // The COUNT × SIZE column only where some row is a group.
-    let grouped = groups.iter().take(shown).any(|g| g.count > 1);
+    let grouped = shown.iter().any(|g| g.count > 1);
     let mut columns = vec![("#", Align::Right), ("BYTES", Align::Right)];
     if grouped {
         columns.push(("COUNT × SIZE", Align::Right));
@@ -935,7 +978,7 @@ fn holders(out: &mut String, c: &Ctx, model: &ReportModel, top: usize) {
     ]);
     let api_column = columns.len() - 4;
     let mut t = Table::new(&columns).within(c.width, api_column);
-    for (i, g) in groups.iter().take(shown).enumerate() {
+    for (i, g) in shown.iter().enumerate() {
         let h = g.first;
         let (each, age) = if g.count == 1 {
             (human_bytes(h.bytes), human_age(h.age_s))
