@@ -4,7 +4,7 @@
 //! shim does on an out-of-memory failure, with the default `OOMSHIM_TOP` (20) and with every
 //! site written (`OOMSHIM_TOP=10000`: all 10,000 stacks symbolised). Goal: ≤ 1 s.
 //!
-//! And the large case of issue 16: 1,000,000 live allocations over 100,000 stacks at the
+//! And the large case: 1,000,000 live allocations over 100,000 stacks at the
 //! default top (goal ≤ 1 s), with the host memory the ledger takes per live allocation, from glibc's heap
 //! statistics before and after building it (stacks measured apart).
 //!

@@ -1,6 +1,6 @@
 //! Instructions the shim adds to a cudaMalloc + cudaFree pair, counted with valgrind
 //! (cachegrind), so the figure is the same on any machine and under any load, unlike time
-//! (issue 26: the goal is at most 1,200 at 32 frames with all stacks). Also the host memory the
+//! (the goal is at most 1,200 at 32 frames with all stacks). Also the host memory the
 //! shim holds per live allocation (resident set, bare against shim, 1,000,000 live) and the
 //! peak while a dump runs, also as slopes between 100,000 and 1,000,000 live (what grows with
 //! the number of allocations, apart from what a dump costs once).

@@ -153,7 +153,7 @@ fn oomshim_capture() -> usize {
     n
 }
 
-/// Issue 5's goal is stated for 40 frames: the same capture, 40 deep.
+/// The unwinding goal is stated for 40 frames: the same capture, 40 deep.
 #[inline(never)]
 fn oomshim_capture_40() -> usize {
     let mut buf = [0usize; 40];

@@ -1,6 +1,6 @@
 //! The `oomshim` command line's arguments (clap): here in the library rather than in
 //! src/cli/main.rs so that their test runs in the library's test binary and the CLI binary is not
-//! compiled a second time as a test harness (issue 27: `test = false` on the [[bin]]).
+//! compiled a second time as a test harness (`test = false` on the [[bin]]).
 
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;

@@ -6,7 +6,7 @@ pub mod api;
 pub mod checksum;
 pub mod fit;
 /// Hand-built dumps for the tests of every crate. Always compiled (a few small functions): a
-/// feature for them would give `cargo test` another build of every crate above (issue 27).
+/// feature for them would give `cargo test` another build of every crate above.
 #[doc(hidden)]
 pub mod fixtures;
 pub mod model;

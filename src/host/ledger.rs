@@ -271,8 +271,8 @@ pub struct Totals {
 
 /// What a dump needs of the ledger, gathered in one pass over the shards, each under its own
 /// lock: allocations racing with the pass may or may not be counted, but none twice. No copy of
-/// every entry is made (issue 26: the peak host memory of a dump stays near what the ledger
-/// holds): the largest holders are kept to the asked number, the rest is summed per site.
+/// every entry is made, so that the peak host memory of a dump stays near what the ledger
+/// holds: the largest holders are kept to the asked number, the rest is summed per site.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     /// The largest device allocations (pinned host memory is not a holder), largest first,

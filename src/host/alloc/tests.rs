@@ -1399,7 +1399,7 @@ fn run_model(config: AllocConfig, ops: &[Op]) -> Result<(), TestCaseError> {
 /// seed (the same cases every run). A failing sequence is shrunk
 /// (operations removed one at a time while it still fails) and printed with its case number.
 /// Hand-written rather than proptest: proptest and its dependencies (rand, regex-syntax) were
-/// about 23 s of CPU in every fresh `cargo test` (issue 27) for these two tests.
+/// about 23 s of CPU in every fresh `cargo test` for these two tests.
 fn check_random_sequences(config: AllocConfig) {
     for case in 0..256u64 {
         let mut r = Rng(0x9E37_79B9_7F4A_7C15 ^ (case + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));

@@ -1,6 +1,6 @@
 //! The storage of one ledger shard: live allocations as dense 32-byte [`Record`]s, found by
-//! address through an open-addressing index of 4-byte slots (issue 26: at most 64 bytes of host
-//! memory per live allocation). What an allocation shares with others of its thread and call
+//! address through an open-addressing index of 4-byte slots, so that a live allocation costs at
+//! most 64 bytes of host memory. What an allocation shares with others of its thread and call
 //! site (stacks, API, device, stream, thread) is not in the record: it is interned once in the
 //! ledger's context table, and the record keeps its 32-bit id.
 //!

@@ -678,7 +678,7 @@ __attribute__((noinline)) void c_outer(cb_t cb, void *ctx) {
         results
     }
 
-    /// The memo cliff of issue 26: a thread's first stack shallow, the next ones deeper. The
+    /// The memo cliff: a thread's first stack shallow, the next ones deeper. The
     /// memo was replaced only after a full walk, and a deeper walk always matched the shallow
     /// memo near the stack's bottom, so every deeper capture walked all its frames again. Now a
     /// walk that matched after walking frames of its own becomes the memo: a repeated capture

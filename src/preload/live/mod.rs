@@ -191,7 +191,7 @@ impl Shim {
         let _ = oomshim_host::sys::fault(); // the test hook is read once, now
         if let Some(filter) = &config.log {
             // `Targets` ("debug", "oomshim=trace,warn"), not `EnvFilter`: the same
-            // directives a user writes here, without a regex engine in the library (issue 27).
+            // directives a user writes here, without a regex engine to compile into the library.
             use tracing_subscriber::layer::SubscriberExt;
             use tracing_subscriber::util::SubscriberInitExt;
             match filter.parse::<tracing_subscriber::filter::Targets>() {
@@ -887,7 +887,7 @@ mod tests {
     }
 }
 
-// ---------- driver API and VMM glue (issue #3; owned by src/preload/ffi/driver.rs and vmm.rs) ----------
+// ---------- driver API and VMM glue (called by the hooks of src/preload/ffi/driver.rs; the state is vmm.rs) ----------
 
 mod vmm;
 

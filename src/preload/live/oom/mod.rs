@@ -454,7 +454,7 @@ pub(super) fn failure_capture(s: &Shim, ev: &OomEvent, stacks: (StackId, StackId
             ..ev.context.clone()
         },
         // The growth up to this failure: a program that keeps stepping after its error would
-        // fill the rings with flat samples before a settled dump is written (issue 27).
+        // fill the rings with flat samples before a settled dump is written.
         growth: s.frozen_growth(),
     }
 }
