@@ -200,52 +200,14 @@ fn payload_with(model: &ReportModel, paths: &SourcePaths) -> Value {
         ),
     };
     let devices: Vec<Value> = model.devices.iter().map(device_json).collect();
-    let holders: Vec<Value> = dump
-        .largest_holders
-        .iter()
-        .map(|h| {
-            json!([
-                h.bytes,
-                h.address,
-                h.api,
-                h.device,
-                h.stream,
-                h.thread,
-                h.thread_name,
-                known_age(h),
-                h.seq,
-                interner.stack(&h.stack),
-            ])
-        })
-        .collect();
+    let holders = holders(dump, &mut interner);
     let sites: Vec<Value> = dump
         .sites
         .iter()
         .map(|s| json!([s.bytes, s.count, interner.stack(&s.stack)]))
         .collect();
     let fb = model.free_blocks.blocks;
-    let growth = model.growth.as_ref().map(|view| {
-        let g = view.growth;
-        json!({
-            "unit": g.unit,
-            "steps": g.steps,
-            "samples": g.samples,
-            "current": g.current,
-            "free_bytes": g.free_bytes,
-            "projected_oom_step": g.projected_oom_step,
-            "capacity_bytes": view.capacity_bytes,
-            "tracked": g.tracked.iter().map(|p| json!([p.step, p.bytes])).collect::<Vec<_>>(),
-            "sites": g.sites.iter().map(|s| json!({
-                "bytes_per_step": s.bytes_per_step,
-                "r_squared": if s.r_squared.is_finite() { json!(s.r_squared) } else { Value::Null },
-                "samples": s.samples,
-                "first": [s.first.step, s.first.bytes],
-                "last": [s.last.step, s.last.bytes],
-                "projected_oom_step": s.projected_oom_step,
-                "stack": interner.stack(&s.stack),
-            })).collect::<Vec<_>>(),
-        })
-    });
+    let growth = growth(model, &mut interner);
     json!({
         "schema": dump.schema,
         // The answer, as the terminal report's first screen has it.
@@ -289,6 +251,53 @@ fn payload_with(model: &ReportModel, paths: &SourcePaths) -> Value {
             "rows": rows,
         })),
         "recording": recording_json(dump),
+    })
+}
+
+/// Each holder as a row of [`HOLDER_COLUMNS`], its stack interned.
+fn holders<'a>(dump: &'a Dump, interner: &mut Interner<'a>) -> Vec<Value> {
+    dump.largest_holders
+        .iter()
+        .map(|h| {
+            json!([
+                h.bytes,
+                h.address,
+                h.api,
+                h.device,
+                h.stream,
+                h.thread,
+                h.thread_name,
+                known_age(h),
+                h.seq,
+                interner.stack(&h.stack),
+            ])
+        })
+        .collect()
+}
+
+/// The growth samples and fits for the chart, the sites' stacks interned; null without growth.
+fn growth<'a>(model: &ReportModel<'a>, interner: &mut Interner<'a>) -> Option<Value> {
+    model.growth.as_ref().map(|view| {
+        let g = view.growth;
+        json!({
+            "unit": g.unit,
+            "steps": g.steps,
+            "samples": g.samples,
+            "current": g.current,
+            "free_bytes": g.free_bytes,
+            "projected_oom_step": g.projected_oom_step,
+            "capacity_bytes": view.capacity_bytes,
+            "tracked": g.tracked.iter().map(|p| json!([p.step, p.bytes])).collect::<Vec<_>>(),
+            "sites": g.sites.iter().map(|s| json!({
+                "bytes_per_step": s.bytes_per_step,
+                "r_squared": if s.r_squared.is_finite() { json!(s.r_squared) } else { Value::Null },
+                "samples": s.samples,
+                "first": [s.first.step, s.first.bytes],
+                "last": [s.last.step, s.last.bytes],
+                "projected_oom_step": s.projected_oom_step,
+                "stack": interner.stack(&s.stack),
+            })).collect::<Vec<_>>(),
+        })
     })
 }
 

@@ -75,7 +75,63 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
     let dump = model.dump;
     let process = &dump.process;
     let verdict = &model.verdict;
-    let failed_request = match &model.failed_request {
+    let mut report = json!({
+        "report": REPORT_SCHEMA,
+        "dump_schema": dump.schema,
+        "header": with(process_json(dump), json!({
+            "reason": dump.reason,
+            "oom": matches!(model.occasion, Occasion::OutOfMemory(_)),
+            "time": dump.time,
+            "time_unix_ms": dump.time_unix_ms,
+            "launcher": process.launcher,
+            "job_id": process.job_id,
+            "oomshim_version": dump.recording.version,
+        })),
+        "failed_request": failed_request(model),
+        "post_mortem": dump.post_mortem,
+        "devices": devices(model),
+        "verdict": verdict_json(verdict),
+        "recorded_verdict": {
+            "kind": dump.verdict.kind,
+            "summary": dump.verdict.summary,
+            "evidence": dump.verdict.evidence,
+            "suggestions": dump.verdict.suggestions,
+        },
+        "top_holders": holders(model, opts.top),
+        "holders_total": dump.largest_holders.len(),
+        "top_sites": sites(model, opts.top),
+        "sites_total": dump.sites.len(),
+        "pinned_host": pinned_host_json(&dump.pinned_host),
+        "free_blocks": free_blocks(model),
+        "growth": growth_json(model),
+        "gpu_processes": dump.gpu_processes,
+        "host": dump.host,
+        "request_sizes": dump.request_sizes,
+        "config": dump.config,
+        "pools": dump.pools,
+        "vmm": dump.vmm,
+        "library_memory": dump.library_memory,
+        // The failing device by kind (torch's parameters, gradients, optimizer state,
+        // activations, cache; outside torch; other processes; free) and the framework's whole
+        // account of the kinds; null when the framework counted none.
+        "by_kind": by_kind(dump),
+        "recording": with(recording_json(dump), json!({
+            "python_merge": dump.recording.python_merge,
+        })),
+    });
+    if let (Some(obj), Some(torch)) = (report.as_object_mut(), &model.torch_cache) {
+        // Lossy: a path that is not UTF-8 cannot be a JSON string, and must not stop the report.
+        obj.insert(
+            "torch_cache_file".into(),
+            json!(torch.path.to_string_lossy()),
+        );
+    }
+    report
+}
+
+/// The failed request with its size in words and its top frames; null without one.
+fn failed_request(model: &ReportModel) -> Value {
+    match &model.failed_request {
         None => Value::Null,
         Some(r) => with(
             failed_request_json(r),
@@ -84,8 +140,12 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
                 "top_frames": frames_json(&r.request.stack),
             }),
         ),
-    };
-    let devices: Vec<Value> = model
+    }
+}
+
+/// Each device with its UUID and the share of its used memory that is tracked.
+fn devices(model: &ReportModel) -> Vec<Value> {
+    model
         .devices
         .iter()
         .map(|v| {
@@ -97,11 +157,15 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
                 }),
             )
         })
-        .collect();
-    let holders: Vec<Value> = model
+        .collect()
+}
+
+/// The `top` largest holders, ranked.
+fn holders(model: &ReportModel, top: usize) -> Vec<Value> {
+    model
         .holders
         .iter()
-        .take(opts.top)
+        .take(top)
         .enumerate()
         .map(|(i, h)| {
             json!({
@@ -120,11 +184,15 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
                 "top_frames": frames_json(&h.stack),
             })
         })
-        .collect();
-    let sites: Vec<Value> = model
+        .collect()
+}
+
+/// The `top` largest sites, ranked, with their share of the tracked bytes.
+fn sites(model: &ReportModel, top: usize) -> Vec<Value> {
+    model
         .sites
         .iter()
-        .take(opts.top)
+        .take(top)
         .enumerate()
         .map(|(i, v)| {
             let s = v.site;
@@ -137,36 +205,15 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
                 "top_frames": frames_json(&s.stack),
             })
         })
-        .collect();
+        .collect()
+}
+
+/// The free blocks with their histogram, the cache's numbers and the segment map.
+fn free_blocks(model: &ReportModel) -> Value {
     let fb = model.free_blocks.blocks;
-    let mut report = json!({
-        "report": REPORT_SCHEMA,
-        "dump_schema": dump.schema,
-        "header": with(process_json(dump), json!({
-            "reason": dump.reason,
-            "oom": matches!(model.occasion, Occasion::OutOfMemory(_)),
-            "time": dump.time,
-            "time_unix_ms": dump.time_unix_ms,
-            "launcher": process.launcher,
-            "job_id": process.job_id,
-            "oomshim_version": dump.recording.version,
-        })),
-        "failed_request": failed_request,
-        "post_mortem": dump.post_mortem,
-        "devices": devices,
-        "verdict": verdict_json(verdict),
-        "recorded_verdict": {
-            "kind": dump.verdict.kind,
-            "summary": dump.verdict.summary,
-            "evidence": dump.verdict.evidence,
-            "suggestions": dump.verdict.suggestions,
-        },
-        "top_holders": holders,
-        "holders_total": dump.largest_holders.len(),
-        "top_sites": sites,
-        "sites_total": dump.sites.len(),
-        "pinned_host": pinned_host_json(&dump.pinned_host),
-        "free_blocks": with(free_blocks_json(model), json!({
+    with(
+        free_blocks_json(model),
+        json!({
             "histogram": fb.histogram.iter().map(|b| json!({
                 "lo": b.lo, "hi": b.hi, "count": b.count, "bytes": b.bytes,
             })).collect::<Vec<_>>(),
@@ -176,40 +223,23 @@ pub fn render(model: &ReportModel, opts: &ReportOptions) -> Value {
             "segments": fb.segments,
             "segment_map": fb.segment_map,
             "segment_map_omitted": fb.segment_map_omitted,
-        })),
-        "growth": growth_json(model),
-        "gpu_processes": dump.gpu_processes,
-        "host": dump.host,
-        "request_sizes": dump.request_sizes,
-        "config": dump.config,
-        "pools": dump.pools,
-        "vmm": dump.vmm,
-        "library_memory": dump.library_memory,
-        // The failing device by kind (torch's parameters, gradients, optimizer state,
-        // activations, cache; outside torch; other processes; free) and the framework's whole
-        // account of the kinds; null when the framework counted none.
-        "by_kind": dump::view::kind_rows(dump).map(|(device, rows)| json!({
-            "device": device,
-            "rows": rows.iter().map(|r| json!({
-                "kind": r.key,
-                "label": r.label,
-                "bytes": r.bytes,
-                "bytes_human": human_bytes(r.bytes),
-            })).collect::<Vec<_>>(),
-            "kinds": dump.framework.as_ref().and_then(|f| f.kinds.as_ref()),
-        })),
-        "recording": with(recording_json(dump), json!({
-            "python_merge": dump.recording.python_merge,
-        })),
-    });
-    if let (Some(obj), Some(torch)) = (report.as_object_mut(), &model.torch_cache) {
-        // Lossy: a path that is not UTF-8 cannot be a JSON string, and must not stop the report.
-        obj.insert(
-            "torch_cache_file".into(),
-            json!(torch.path.to_string_lossy()),
-        );
-    }
-    report
+        }),
+    )
+}
+
+/// The failing device by kind and the framework's account of the kinds; null when the
+/// framework counted none.
+fn by_kind(dump: &Dump) -> Value {
+    json!(dump::view::kind_rows(dump).map(|(device, rows)| json!({
+        "device": device,
+        "rows": rows.iter().map(|r| json!({
+            "kind": r.key,
+            "label": r.label,
+            "bytes": r.bytes,
+            "bytes_human": human_bytes(r.bytes),
+        })).collect::<Vec<_>>(),
+        "kinds": dump.framework.as_ref().and_then(|f| f.kinds.as_ref()),
+    })))
 }
 
 /// `base` (an object) with the keys of `extra` (an object) added.

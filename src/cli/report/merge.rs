@@ -651,6 +651,15 @@ fn room(m: &Merged, others: &[&Proc]) -> Option<String> {
 
 pub fn render_merge(m: &Merged) -> String {
     let mut out = format!("{}\n", plural(m.rows.len() as u64, "dump", "dumps"));
+    rank_table(&mut out, m);
+    kinds_table(&mut out, m);
+    notes(&mut out, m);
+    out
+}
+
+/// One row per dump: rank, host, pid, device, reason, tracked and peak bytes, the device's free
+/// and total bytes, the verdict.
+fn rank_table(out: &mut String, m: &Merged) {
     // The reason column is as wide as its longest reason (`manual:step-1000` whole, not cut to
     // fit a fixed width), within reason: a hostile dump's reason is cut in the middle.
     let reasons: Vec<String> = m
@@ -701,6 +710,12 @@ pub fn render_merge(m: &Merged) -> String {
             dump::units::clean(&r.verdict)
         ));
     }
+}
+
+/// Torch's live memory by kind at each failure (PyTorch processes whose hook counted it), and
+/// the median of each kind when more than one rank counted them.
+fn kinds_table(out: &mut String, m: &Merged) {
+    let opt = |b: Option<u64>| b.map(human_bytes).unwrap_or_else(|| "-".into());
     if m.rows.iter().any(|r| r.kinds.is_some()) {
         // Torch's live memory by kind at each failure (PyTorch processes whose hook counted it).
         out.push_str("\nBy kind\n");
@@ -738,6 +753,10 @@ pub fn render_merge(m: &Merged) -> String {
             ));
         }
     }
+}
+
+/// Why this rank, the ranks by host, the balance findings and the dumps not read.
+fn notes(out: &mut String, m: &Merged) {
     if !m.why.is_empty() {
         out.push_str("\nWhy this rank\n");
         let applying: Vec<&super::why_rank::Why> = m.why.iter().filter(|w| w.applies).collect();
@@ -785,7 +804,6 @@ pub fn render_merge(m: &Merged) -> String {
             out.push_str(&format!("  - {}\n", dump::units::clean(p)));
         }
     }
-    out
 }
 
 pub fn merge_json(m: &Merged) -> Value {

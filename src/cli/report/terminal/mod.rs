@@ -917,18 +917,23 @@ fn holders(out: &mut String, c: &Ctx, model: &ReportModel, top: usize) {
         &holders_note(model, groups.len(), shown),
     );
     if shown == 0 {
-        let _ = writeln!(
-            out,
-            "  {}",
-            if all.is_empty() {
-                "(none recorded)"
-            } else {
-                "(not shown)"
-            }
-        );
+        nothing_shown(out, all.is_empty());
         return;
     }
     holders_table(out, c, &groups[..shown]);
+}
+
+/// The line of a table that shows no row: none recorded, or `--top 0`.
+fn nothing_shown(out: &mut String, none_recorded: bool) {
+    let _ = writeln!(
+        out,
+        "  {}",
+        if none_recorded {
+            "(none recorded)"
+        } else {
+            "(not shown)"
+        }
+    );
 }
 
 /// `(12 of 40 listed in the dump; 1,024 live allocations)`, with how identical ones are grouped.
@@ -1036,15 +1041,7 @@ fn sites(out: &mut String, c: &Ctx, model: &ReportModel, top: usize) {
     );
     section_title(out, c, "Allocation sites", &note);
     if shown == 0 {
-        let _ = writeln!(
-            out,
-            "  {}",
-            if all.is_empty() {
-                "(none recorded)"
-            } else {
-                "(not shown)"
-            }
-        );
+        nothing_shown(out, all.is_empty());
         return;
     }
     let mut t = Table::new(&[
