@@ -202,3 +202,39 @@ pub(super) struct Held<'a> {
     pub(super) holding: usize,
     pub(super) top: Option<TopSite<'a>>,
 }
+
+/// Whether running the same job again can succeed ([`Retry::hint`]: one of `retry.rs`'s
+/// constants), and why (`W`: [`OomRetryWhy`] or [`DeathRetryWhy`]).
+pub(super) struct Retry<W> {
+    pub(super) hint: &'static str,
+    pub(super) why: W,
+}
+
+/// Why an out-of-memory dump's retry hint is what it is, with the numbers its reason quotes.
+pub(super) enum OomRetryWhy {
+    /// Other processes hold the device; this process's own memory (`own`) and the request fit
+    /// the device's `total` alone.
+    FitsAlone { own: u64, total: u64 },
+    /// Other processes are the top finding, but this process's own memory and the request
+    /// exceed the device's `total` even alone.
+    ExceedsAlone { own: u64, total: u64 },
+    /// The top finding's kind decides (empty: no finding).
+    Top(String),
+}
+
+/// Why a post-mortem dump's retry hint is what it is: how the program died.
+pub(super) enum DeathRetryWhy {
+    /// The kernel's OOM killer ended the program at its cgroup's memory limit (`max`).
+    AtCgroupLimit { max: u64 },
+    /// The OOM killer ended it while its host memory grew `rate` per `unit`.
+    HostGrowing { rate: u64, unit: &'static str },
+    /// The OOM killer ended it, its cgroup without a limit of its own.
+    OomKilledUnlimited,
+    /// Its last device allocation had failed, and that failure's verdict (`kind`) gave the
+    /// hint.
+    LastFailure { kind: Option<String> },
+    /// It exited after a failed allocation whose dump was never written.
+    ExitedAfterFailure,
+    /// Killed from outside, or crashed.
+    Killed,
+}

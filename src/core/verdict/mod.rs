@@ -146,7 +146,7 @@ pub fn judge_post_mortem(dump: &Dump) -> Verdict {
         words::post_mortem::add_leak(&mut death, l);
     }
     death.evidence.push(words::post_mortem::reconstructed(pm));
-    let retry = retry::of_post_mortem(pm, &ended);
+    let retry = words::retry::of_post_mortem(&retry::of_post_mortem(pm, &ended));
     let mut findings = vec![death];
     findings.extend(leak);
     let top = findings[0].clone();
@@ -190,7 +190,7 @@ fn judge_oom(dump: &Dump, request: &FailedRequest) -> Verdict {
             }
         }
     }
-    let retry = retry::of_oom(&c, &findings);
+    let retry = words::retry::of_oom(&c, &retry::of_oom(&c, &findings));
     let mut evidence = words::evidence::general_evidence(&c);
     if let Some(o) = &c.readings.not_a_leak {
         evidence.push(words::leak::not_a_leak(o));

@@ -18,15 +18,15 @@
 //!
 //! A per-process cap (torch's `set_per_process_memory_fraction`) is never `elsewhere`: a free
 //! device gives the program the same cap.
+//!
+//! This file decides the hint and the case that gives it; `words/retry.rs` says the reason.
 
 use super::context::Ctx;
-use super::found::{Death, Ended};
+use super::found::{Death, DeathRetryWhy, Ended, OomRetryWhy, Retry};
 use super::names::{
-    FRAGMENTATION, FRAMEWORK_CACHE, HOST_MEMORY, LEAK, OTHER_PROCESSES, OWN_ALLOCATIONS,
-    REQUEST_EXCEEDS_DEVICE, UNTRACKED_MEMORY,
+    FRAGMENTATION, FRAMEWORK_CACHE, LEAK, OTHER_PROCESSES, OWN_ALLOCATIONS, REQUEST_EXCEEDS_DEVICE,
 };
-use dump::model::{Finding, PostMortem, RetryHint};
-use dump::units::human_bytes;
+use dump::model::{Finding, PostMortem};
 
 /// The memory was someone else's: the same program fits on a free device.
 pub const ELSEWHERE: &str = "elsewhere";
@@ -51,15 +51,8 @@ pub fn exit_code(hint: &str) -> Option<i32> {
     }
 }
 
-fn hint(hint: &str, reason: String) -> RetryHint {
-    RetryHint {
-        hint: hint.to_string(),
-        reason,
-    }
-}
-
-/// The hint of an out-of-memory dump from its ranked findings (top first).
-pub(super) fn of_oom(c: &Ctx, findings: &[Finding]) -> RetryHint {
+/// The hint of an out-of-memory dump from its ranked findings (top first), and why.
+pub(super) fn of_oom(c: &Ctx, findings: &[Finding]) -> Retry<OomRetryWhy> {
     let others = findings.iter().any(|f| f.kind == OTHER_PROCESSES);
     if others && c.cap.is_none() {
         if let Some(total) = c.n.total {
@@ -69,116 +62,54 @@ pub(super) fn of_oom(c: &Ctx, findings: &[Finding]) -> RetryHint {
                 .map_or(c.tracked, |u| u.saturating_sub(c.others_bytes));
             let need = own.saturating_add(c.request.bytes);
             if need <= total {
-                return hint(
-                    ELSEWHERE,
-                    format!(
-                        "other processes hold {} of {}; this process's own {} and the {} request \
-                         fit its {} alone: the same job fits on a free device",
-                        human_bytes(c.others_bytes),
-                        c.place(),
-                        human_bytes(own),
-                        c.req,
-                        human_bytes(total)
-                    ),
-                );
+                return Retry {
+                    hint: ELSEWHERE,
+                    why: OomRetryWhy::FitsAlone { own, total },
+                };
             }
             if findings.first().is_some_and(|f| f.kind == OTHER_PROCESSES) {
-                return hint(
-                    AFTER_CHANGE,
-                    format!(
-                        "even alone on {}, this process's own {} and the {} request exceed its {}: \
-                         a free device of this size runs out too",
-                        c.place(),
-                        human_bytes(own),
-                        c.req,
-                        human_bytes(total)
-                    ),
-                );
+                return Retry {
+                    hint: AFTER_CHANGE,
+                    why: OomRetryWhy::ExceedsAlone { own, total },
+                };
             }
         }
     }
     let top = findings.first().map_or("", |f| f.kind.as_str());
-    match top {
-        REQUEST_EXCEEDS_DEVICE => hint(
-            AFTER_CHANGE,
-            format!(
-                "the {} request alone is larger than {}: no device of this size holds it",
-                c.req,
-                c.place()
-            ),
-        ),
-        LEAK => hint(
-            AFTER_CHANGE,
-            "the process's own memory grows step after step: the same configuration runs out again"
-                .into(),
-        ),
-        FRAGMENTATION => hint(
-            AFTER_CHANGE,
-            "the program's own cache is fragmented: the same configuration fragments it again \
-             until the allocator setting the advice names is changed"
-                .into(),
-        ),
-        FRAMEWORK_CACHE => hint(
-            AFTER_CHANGE,
-            "the framework's cache of this program holds the memory: the same configuration fills \
-             it again"
-                .into(),
-        ),
-        OWN_ALLOCATIONS | OTHER_PROCESSES => hint(
-            AFTER_CHANGE,
-            format!(
-                "this process's own allocations fill {}: the same configuration fails again; the \
-                 advice says what to change",
-                c.place()
-            ),
-        ),
-        UNTRACKED_MEMORY => hint(
-            UNKNOWN,
-            "memory that no hooked API allocated fills the device (the CUDA context, libraries' \
-             own, or a process not visible from here, such as another container's): whether a \
-             retry fits is not known"
-                .into(),
-        ),
-        HOST_MEMORY => hint(
-            UNKNOWN,
-            "host memory, shared with the host's other processes, ran short".into(),
-        ),
-        _ => hint(
-            UNKNOWN,
-            "the verdict names no cause a retry depends on".into(),
-        ),
+    let hint = match top {
+        REQUEST_EXCEEDS_DEVICE
+        | LEAK
+        | FRAGMENTATION
+        | FRAMEWORK_CACHE
+        | OWN_ALLOCATIONS
+        | OTHER_PROCESSES => AFTER_CHANGE,
+        _ => UNKNOWN,
+    };
+    Retry {
+        hint,
+        why: OomRetryWhy::Top(top.to_string()),
     }
 }
 
-/// The hint of a post-mortem dump: how the program died decides.
-pub(super) fn of_post_mortem(pm: &PostMortem, ended: &Ended) -> RetryHint {
+/// The hint of a post-mortem dump, and why: how the program died decides.
+pub(super) fn of_post_mortem(pm: &PostMortem, ended: &Ended) -> Retry<DeathRetryWhy> {
     if matches!(ended.death, Death::OomKilled) {
         if let Some(max) = pm.host.memory_max {
-            return hint(
-                AFTER_CHANGE,
-                format!(
-                    "the kernel's OOM killer ended it at its cgroup's memory limit ({}): the same \
-                     job reaches that limit again",
-                    human_bytes(max)
-                ),
-            );
+            return Retry {
+                hint: AFTER_CHANGE,
+                why: DeathRetryWhy::AtCgroupLimit { max },
+            };
         }
         if let Some((rate, unit)) = ended.host_growth {
-            return hint(
-                AFTER_CHANGE,
-                format!(
-                    "its host memory grew {} per {unit} until the kernel's OOM killer ended it: \
-                     the same job grows the same way",
-                    human_bytes(rate)
-                ),
-            );
+            return Retry {
+                hint: AFTER_CHANGE,
+                why: DeathRetryWhy::HostGrowing { rate, unit },
+            };
         }
-        return hint(
-            UNKNOWN,
-            "the kernel's OOM killer ended it with no memory limit of its own cgroup: host \
-             memory is shared with the host's other processes"
-                .into(),
-        );
+        return Retry {
+            hint: UNKNOWN,
+            why: DeathRetryWhy::OomKilledUnlimited,
+        };
     }
     if let Some(f) = &pm.last_failure {
         if let Some(h) = f
@@ -186,32 +117,35 @@ pub(super) fn of_post_mortem(pm: &PostMortem, ended: &Ended) -> RetryHint {
             .as_deref()
             .filter(|h| [ELSEWHERE, AFTER_CHANGE].contains(h))
         {
-            return hint(
-                h,
-                format!(
-                    "its last device allocation had failed, and that failure's verdict ({}) says {h}",
-                    f.kind.as_deref().unwrap_or("unknown")
-                ),
-            );
+            return Retry {
+                hint: if h == ELSEWHERE {
+                    ELSEWHERE
+                } else {
+                    AFTER_CHANGE
+                },
+                why: DeathRetryWhy::LastFailure {
+                    kind: f.kind.clone(),
+                },
+            };
         }
     }
-    hint(
-        UNKNOWN,
-        match ended.death {
-            Death::Exited => "it exited after a failed allocation whose dump was never written",
-            _ => "it was killed from outside or crashed: how it died says nothing about a retry",
-        }
-        .into(),
-    )
+    Retry {
+        hint: UNKNOWN,
+        why: match ended.death {
+            Death::Exited => DeathRetryWhy::ExitedAfterFailure,
+            _ => DeathRetryWhy::Killed,
+        },
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::verdict::tests::{oom_dump, process, with_processes, GIB, MIB};
-    use crate::verdict::{judge, judge_post_mortem};
+    use crate::verdict::{judge, judge_post_mortem, UNTRACKED_MEMORY};
     use dump::model::{
         Dump, FreeBlocks, GpuProcesses, HostKill, LiveFailure, MemoryCap, PostMortem, Relation,
+        RetryHint,
     };
 
     fn retry(d: &Dump) -> RetryHint {

@@ -13,6 +13,7 @@ pub(super) mod other_processes;
 pub(super) mod own_allocations;
 pub(super) mod post_mortem;
 pub(super) mod request_exceeds_device;
+pub(super) mod retry;
 pub(super) mod snapshot;
 pub(super) mod untracked_memory;
 
