@@ -12,11 +12,16 @@ from _zoo import kinds_truth, total_bytes
 # Three float32 D×D layers are 1/100 of the device.
 D = max(256, int((total_bytes() / 100 / 12) ** 0.5) // 256 * 256)
 trials = []
+# The layers of the trial being built: when the failure comes while building one, its first layers
+# are parameters too, and the account must see them (the handler never sees build's locals).
+building = []
 
 
 def build():
-    model = nn.Sequential(nn.Linear(D, D, device="cuda"), nn.ReLU(), nn.Linear(D, D, device="cuda"), nn.ReLU(),
-                          nn.Linear(D, D, device="cuda"))  # EXPECT-LINE
+    building.clear()
+    for _ in range(3):
+        building.append(nn.Linear(D, D, device="cuda"))  # EXPECT-LINE
+    model = nn.Sequential(building[0], nn.ReLU(), building[1], nn.ReLU(), building[2])
     for p in list(model[0].parameters()) + list(model[2].parameters()):
         p.requires_grad_(False)  # the backbone is frozen
     return model
@@ -40,5 +45,6 @@ except torch.OutOfMemoryError:
     print("out of memory")
     # How many trials fit depends on the allocator (allocator mode's differs): stderr, not the output.
     sys.stderr.write(f"{len(trials)} trials kept\n")
-    kinds_truth("hparam_search_keeps", "parameters", [m for _, m in trials] + ([model] if model is not None else []),
+    kinds_truth("hparam_search_keeps", "parameters",
+                [m for _, m in trials] + ([model] if model is not None else []) + building,
                 [opt] if opt is not None else [])
