@@ -186,3 +186,55 @@ except torch.OutOfMemoryError:
         assert!(report.contains(words), "{report}");
     }
 }
+
+/// A forward pass that fails part of the way through: the dump says how far it came by the
+/// model's leaf modules in their registration order (the batch advice scales the activations held
+/// to the whole pass by it), and says nothing under activation checkpointing, where what is held
+/// is no share of a pass.
+#[test]
+fn a_forward_that_fails_part_way_says_how_far_it_came() {
+    let Some(python) = torch_python() else { return };
+    let body = r#"
+import sys
+from torch.utils.checkpoint import checkpoint
+
+class Boom(nn.Module):
+    def forward(self, x):
+        fail(1 << 30)
+
+def block():
+    return nn.Sequential(nn.Linear(8, 8), nn.GELU())
+
+model = nn.Sequential(*[block() for _ in range(3)], nn.Sequential(Boom(), nn.Linear(8, 8)),
+                      *[block() for _ in range(2)])
+x = torch.randn(4, 8)
+try:
+    if sys.argv[1:] == ["checkpointed"]:
+        checkpoint(model, x, use_reentrant=False)
+    else:
+        model(x)
+except torch.OutOfMemoryError:
+    print("oom")
+"#;
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let (_, err, _, d) = run(&python, launcher, body);
+        let k = kinds(&d);
+        assert_eq!(k.phase.as_deref(), Some("forward"), "{err}");
+        assert_eq!(k.module.as_ref().and_then(|m| m.path.as_deref()), Some("3.0"));
+        // 3 blocks of 2 leaves before it; 12 leaves in all.
+        assert_eq!(
+            k.forward_progress,
+            Some(dump::model::ForwardProgress {
+                leaves_before: 6,
+                leaves_in_module: 1,
+                leaves: 12
+            }),
+            "{launcher:?} {k:#?}"
+        );
+    }
+    let checkpointed = body.replace("if sys.argv[1:] == [\"checkpointed\"]:", "if True:");
+    let (_, err, _, d) = run(&python, Launcher::Preload, &checkpointed);
+    let k = kinds(&d);
+    assert_eq!(k.phase.as_deref(), Some("forward"), "{err}");
+    assert_eq!(k.forward_progress, None, "{k:#?}");
+}

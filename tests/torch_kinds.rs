@@ -321,6 +321,8 @@ class Module:
         yield prefix, self
         for name, m in self._modules.items():
             yield from m.named_modules(prefix + "." + name if prefix else name)
+    def children(self):
+        yield from self._modules.values()
     def parameters(self):
         for _, m in self.named_modules():
             yield from m._parameters.values()
@@ -669,10 +671,20 @@ fn a_batch_too_big_is_activations_in_the_forward_of_a_module_with_the_batch_that
             top.headline
         );
         let advice = d.verdict.suggestions.join("\n");
-        // (1.5 GiB held + the 512 MiB request) / 64 = 32 MiB a sample; what was there (1.5 GiB
-        // and the free rest of the device) fits fewer than 64.
+        // (1.5 GiB held + the 512 MiB request) / 64 = 32 MiB a sample; the failing module is the
+        // last of the model's four leaves, so that is the whole pass's rate; what was there
+        // (1.5 GiB and the free rest of the device) fits fewer than 64.
+        assert_eq!(
+            k.forward_progress,
+            Some(dump::model::ForwardProgress {
+                leaves_before: 3,
+                leaves_in_module: 1,
+                leaves: 4
+            })
+        );
         assert!(
-            advice.contains("The batch of 64 needs at least 32.00 MiB of activations per sample"),
+            advice.contains("The batch of 64 failed 100% of the way through its forward pass")
+                && advice.contains("about 32.00 MiB per sample for the whole pass"),
             "{advice}"
         );
         let fits: u64 = advice

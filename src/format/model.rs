@@ -350,6 +350,10 @@ pub struct Kinds {
     /// A loss function was on the failing stack (the request is likely the logits' loss).
     #[serde(default)]
     pub in_loss: bool,
+    /// How far a forward pass had come at the failure, by the model's leaf modules; absent
+    /// outside a forward, in the loss, under activation checkpointing and in older dumps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_progress: Option<ForwardProgress>,
     /// The innermost frame of installed code (the framework) and of the program's own code.
     #[serde(default)]
     pub framework_frame: Option<PyFrame>,
@@ -399,6 +403,7 @@ impl Default for Kinds {
             input_shape: Default::default(),
             batch: Default::default(),
             in_loss: Default::default(),
+            forward_progress: Default::default(),
             framework_frame: Default::default(),
             program_frame: Default::default(),
             forward_hooks: Default::default(),
@@ -474,6 +479,17 @@ pub struct ModuleAt {
     pub file: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub line: Option<u32>,
+}
+
+/// The failing module's place in the forward pass, counted in the model's leaf modules (those
+/// with no children) in the order they were registered, which is the order most models run them
+/// in: `leaves_before` came before it, `leaves_in_module` are its own (1 for a leaf), `leaves` in
+/// all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardProgress {
+    pub leaves_before: u64,
+    pub leaves_in_module: u64,
+    pub leaves: u64,
 }
 
 /// A Python frame (function, file, line).

@@ -41,19 +41,46 @@ pub(crate) fn dominant(k: &Kinds) -> Option<(Kind, u64)> {
     Some((kind, bytes))
 }
 
+/// The share of a forward pass with autograd that had run when it failed, by the model's leaf
+/// modules ([`dump::model::ForwardProgress`]): the leaves before the failing module, and the
+/// failing module whole when it is a leaf (the failed request is its output) or half of it when it
+/// holds several (the failure came somewhere inside). Only with autograd on: every activation of
+/// the pass is then kept for the backward, so what is held grows with the share run; without it
+/// each layer's are freed as the next runs and what is held is already the pass's need.
+pub(crate) fn forward_share(k: &Kinds) -> Option<f64> {
+    let p = k
+        .forward_progress
+        .filter(|p| p.leaves > 0 && p.leaves_in_module > 0)?;
+    if k.phase.as_deref() != Some("forward") || k.in_loss {
+        return None;
+    }
+    let in_module = if p.leaves_in_module == 1 {
+        1.0
+    } else {
+        p.leaves_in_module as f64 / 2.0
+    };
+    let share = (p.leaves_before as f64 + in_module) / p.leaves as f64;
+    (share > 0.0).then_some(share.min(1.0))
+}
+
 /// Activation bytes per sample of the batch that was running, counting the failed request as
-/// part of what the step needed (a lower bound of the step's need: the rest of the step would
-/// have needed more).
+/// part of what the step needed: scaled to the whole forward pass by [`forward_share`] where it
+/// is known, else a lower bound (the rest of the step would have needed more).
 pub(crate) fn bytes_per_sample(k: &Kinds, request: u64) -> Option<u64> {
     let batch = k.batch.filter(|&b| b > 0)?;
     let act = k.activations_bytes?;
-    Some(act.saturating_add(request) / batch)
+    let held = act.saturating_add(request) / batch;
+    Some(match forward_share(k) {
+        Some(share) => (held as f64 / share).ceil() as u64,
+        None => held,
+    })
 }
 
 /// The largest batch that would have fit at [`bytes_per_sample`]: the activations and the
 /// device's free bytes are what a batch can use (not torch's cache: torch frees what it can of it
 /// and retries before it raises, so what is left there could not serve the request); `None` when
-/// the rate is unknown. An upper bound: the part of the step not yet run needs more.
+/// the rate is unknown. Without a [`forward_share`] an upper bound: the part of the step not yet
+/// run needs more.
 pub(crate) fn largest_batch(k: &Kinds, request: u64, device_free: Option<u64>) -> Option<u64> {
     let per = bytes_per_sample(k, request).filter(|&p| p > 0)?;
     let budget = k
@@ -143,6 +170,46 @@ mod tests {
         assert_eq!(largest_batch(&k, 24 * MIB, Some(200 * MIB)), Some(75));
         k.batch = None;
         assert_eq!(largest_batch(&k, 24 * MIB, Some(200 * MIB)), None);
+    }
+
+    /// Two failures seen on an H200 (139.80 GiB), each at a batch about 4 times what fits, with
+    /// the largest batch that fits found by bisecting the same program: the advice must land
+    /// between 90% of the real largest and the real largest, never above.
+    #[test]
+    fn a_forward_that_failed_part_way_is_scaled_to_the_whole_pass() {
+        use dump::model::ForwardProgress;
+        let progress = |before, inside, all| ForwardProgress {
+            leaves_before: before,
+            leaves_in_module: inside,
+            leaves: all,
+        };
+        // A 24-layer TransformerEncoder (8 leaves a layer), failing inside `layers.6` at a batch
+        // of 559; 152 fits, 157 does not.
+        let mut t = kinds(1_209_237_504, 0, 0, 147_024_162_816);
+        t.batch = Some(559);
+        t.phase = Some("forward".into());
+        t.forward_progress = Some(progress(48, 8, 192));
+        let free = 1 << 30; // about what was free: the dumps' own figures
+        let fits = largest_batch(&t, 4_689_231_872, Some(free)).unwrap();
+        assert!((141..=152).contains(&fits), "{fits}");
+        // Unscaled, the same numbers said 3.7 times too many.
+        t.forward_progress = None;
+        assert!(largest_batch(&t, 4_689_231_872, Some(free)).unwrap() > 500);
+        // Four blocks of Linear, GELU, Linear (12 leaves) in eval mode with autograd on, failing
+        // at the third leaf (`0.2`) at a batch of 2,094,166; 507,180 fits, 515,360 does not.
+        let mut e = kinds(537_018_368, 0, 0, 145_855_569_920);
+        e.batch = Some(2_094_166);
+        e.phase = Some("forward".into());
+        e.forward_progress = Some(progress(2, 1, 12));
+        let fits = largest_batch(&e, 8_579_448_832, Some(1 << 30)).unwrap();
+        assert!((463_824..=507_180).contains(&fits), "{fits}");
+        // Without autograd the held activations are the pass's need already; in the loss the
+        // pass is over.
+        e.phase = Some("inference".into());
+        assert_eq!(forward_share(&e), None);
+        e.phase = Some("forward".into());
+        e.in_loss = true;
+        assert_eq!(forward_share(&e), None);
     }
 
     #[test]

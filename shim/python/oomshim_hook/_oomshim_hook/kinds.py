@@ -407,6 +407,9 @@ def _caller_of_backward(torch):
     return None
 
 
+_CHECKPOINT_FILE = os.path.join("torch", "utils", "checkpoint.py")
+
+
 def _stack_view(torch, frame, deadline):
     """The phase, modules and frames of the failing thread's stack, innermost first."""
     Module = torch.nn.Module
@@ -415,6 +418,9 @@ def _stack_view(torch, frame, deadline):
     in_optimizer = None
     backward = False
     in_loss = False
+    # Under activation checkpointing the activations of a pass are recomputed block by block:
+    # what is held at a failure is no share of a whole pass's.
+    checkpointed = False
     framework_frame = program_frame = None
     f = frame
     depth = 0
@@ -430,6 +436,8 @@ def _stack_view(torch, frame, deadline):
             elif program_frame is None:
                 program_frame = where
             name = code.co_name
+            if fname.endswith(_CHECKPOINT_FILE):
+                checkpointed = True
             if "loss" in name.lower() or name in ("cross_entropy", "nll_loss", "log_softmax"):
                 in_loss = True
             if _runs_backward(code, fname):
@@ -492,6 +500,7 @@ def _stack_view(torch, frame, deadline):
         "outer_frame": outer_frame,
         "optimizer": in_optimizer,
         "in_loss": in_loss,
+        "checkpointed": checkpointed,
         "framework_frame": framework_frame,
         "program_frame": program_frame,
     }
@@ -533,6 +542,36 @@ def _module_path(root, target, deadline):
     except Exception:
         pass
     return None
+
+
+def _forward_progress(root, inner, deadline):
+    """How far the forward pass had come when it failed, by the root model's leaf modules in
+    the order they were registered (the order most models run them in): the leaves before the
+    failing module, the leaves inside it (1 for a leaf), and the root's leaves in all. The
+    activations held at the failure are only that share of the pass's; the batch advice scales
+    them by it. None when the walk cannot tell (no module, the root itself, out of time)."""
+    if root is None or inner is None or root is inner:
+        return None
+    try:
+        before = inside = total = 0
+        below = None  # the failing module's own name prefix once reached
+        for i, (name, m) in enumerate(root.named_modules()):
+            if i & 255 == 0 and time.monotonic() > deadline:
+                return None
+            if m is inner:
+                below = name + "."
+            leaf = next(iter(m.children()), None) is None
+            if leaf:
+                total += 1
+                if below is None:
+                    before += 1
+                elif m is inner or name.startswith(below):
+                    inside += 1
+        if below is None or total == 0:
+            return None
+        return {"leaves_before": before, "leaves_in_module": max(inside, 1), "leaves": total}
+    except Exception:
+        return None
 
 
 def _program_hooks(models, deadline):
@@ -1092,6 +1131,10 @@ def kinds(torch, device, request_bytes, frame=None, budget_ms=None):
     if out["module"] and view["inner_where"]:
         out["module"]["file"], out["module"]["line"] = view["inner_where"]
     out["outer_module"] = _describe_module(outer, _module_path(root, outer, deadline))
+    if view["phase"] == "forward" and not view["in_loss"] and not view["checkpointed"]:
+        progress = _forward_progress(root, inner, deadline)
+        if progress:
+            out["forward_progress"] = progress
     shape = _input_shape(torch, view["outer_frame"])
     if not shape and view["phase"] == "backward":
         shape = _last_input_shape

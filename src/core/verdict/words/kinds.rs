@@ -4,8 +4,8 @@
 
 use crate::verdict::context::Ctx;
 use crate::verdict::kinds::{
-    bytes_per_sample, dominant, duplicate_model, gradients_kept_into_forward, largest_batch,
-    logits_in_loss, main_dtype, Kind,
+    bytes_per_sample, dominant, duplicate_model, forward_share, gradients_kept_into_forward,
+    largest_batch, logits_in_loss, main_dtype, Kind,
 };
 use dump::model::{Kinds, ModuleAt, PyFrame};
 use dump::units::{clean, human_bytes, thousands};
@@ -23,6 +23,11 @@ pub(in crate::verdict) fn kind_name(k: Kind) -> &'static str {
 
 /// A file as the headline shows it: below `site-packages/` (`transformers/models/gpt2/…`), else
 /// its base name.
+/// A share of a forward pass as a whole percent ("27%"), at least 1%.
+fn percent_of_pass(share: f64) -> String {
+    format!("{:.0}%", (share * 100.0).clamp(1.0, 100.0))
+}
+
 fn short_file(path: &str) -> String {
     let p = clean(path);
     for marker in ["/site-packages/", "/dist-packages/"] {
@@ -312,12 +317,28 @@ pub(in crate::verdict) fn advice(c: &Ctx, k: &Kinds) -> Vec<String> {
         Kind::Activations => {
             let per = bytes_per_sample(k, request);
             let fits = largest_batch(k, request, c.n.free);
+            let share = forward_share(k);
             match (k.batch, per, fits) {
                 (Some(b), Some(per), Some(0)) => out.push(format!(
                     "At {} per sample not even one sample of this batch of {b} would fit: the activations are not this \
                      batch's alone. Look for tensors kept from earlier steps (outputs or losses stored in a list or dict, \
                      a hook that keeps them) before lowering the batch.",
                     human_bytes(per)
+                )),
+                (Some(b), Some(per), Some(fits)) if share.is_some() => out.push(format!(
+                    "The batch of {b} failed {} of the way through its forward pass (by the model's modules), holding {} \
+                     of activations plus the {} request: about {} per sample for the whole pass, so at most {} would have \
+                     fit, fewer if the backward pass needs more: lower the batch (or sequence length) to that, and keep \
+                     the effective batch with gradient accumulation.",
+                    percent_of_pass(share.unwrap_or(1.0)),
+                    human_bytes(k.activations_bytes.unwrap_or(0)),
+                    c.req,
+                    human_bytes(per),
+                    if fits < b {
+                        format!("a batch of {}", thousands(fits))
+                    } else {
+                        format!("a batch of about {}", thousands(fits))
+                    }
                 )),
                 (Some(b), Some(per), Some(fits)) => out.push(format!(
                     "The batch of {b} needs at least {} of activations per sample ({} held, plus the {} request); at this \
