@@ -220,7 +220,10 @@ except torch.OutOfMemoryError:
         let (_, err, _, d) = run(&python, launcher, body);
         let k = kinds(&d);
         assert_eq!(k.phase.as_deref(), Some("forward"), "{err}");
-        assert_eq!(k.module.as_ref().and_then(|m| m.path.as_deref()), Some("3.0"));
+        assert_eq!(
+            k.module.as_ref().and_then(|m| m.path.as_deref()),
+            Some("3.0")
+        );
         // 3 blocks of 2 leaves before it; 12 leaves in all.
         assert_eq!(
             k.forward_progress,

@@ -110,7 +110,11 @@ pub fn timeline_judgement(dump: &Dump) -> Option<Result<(), OverTime<'_>>> {
     if short && t.span_ms.saturating_mul(2) < t.age_ms {
         return None;
     }
-    if short || t.age_ms < TIMELINE_MIN_SPAN_MS || t.allocations < TIMELINE_MIN_ALLOCATIONS {
+    let young = short || t.age_ms < TIMELINE_MIN_SPAN_MS;
+    if young && t.allocations >= TIMELINE_MIN_ALLOCATIONS && kept_by_a_container(dump, &fit) {
+        return Some(Ok(()));
+    }
+    if young || t.allocations < TIMELINE_MIN_ALLOCATIONS {
         return not(NotALeak::Young {
             too_recent: t.age_ms < TIMELINE_MIN_SPAN_MS,
             min_span_ms: TIMELINE_MIN_SPAN_MS,
@@ -293,6 +297,21 @@ pub(super) fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
     };
     leak.records = recorded(&leak, dump);
     Some(leak)
+}
+
+/// True when the framework's count found a container of the program's own (a list or dict bound
+/// to a name) holding at least half of what the growth added, in at least
+/// [`TIMELINE_MIN_ALLOCATIONS`] tensors beyond the parameters, gradients and optimizer state:
+/// then the growth is kept by the program however fast it came (a fast card fills in a fraction
+/// of a second), where the time rule waits [`TIMELINE_MIN_SPAN_MS`] because a first batch or a
+/// model being loaded also grows steadily for a moment; their tensors are held by autograd or by
+/// modules, never by such a container.
+fn kept_by_a_container(dump: &Dump, fit: &GrowthFit) -> bool {
+    let Some(keeper) = super::kinds::kinds_of(dump).and_then(|k| k.keepers.first()) else {
+        return false;
+    };
+    let grew = fit.last.bytes.saturating_sub(fit.first.bytes);
+    grew > 0 && keeper.tensors >= TIMELINE_MIN_ALLOCATIONS && keeper.bytes.saturating_mul(2) >= grew
 }
 
 /// True when the framework counted its live memory at the failure and the model's parameters
@@ -981,6 +1000,57 @@ mod tests {
         });
         assert_eq!(why(&evicting), Some(Err("NotKept".into())));
         assert_ne!(judge(&evicting).kind, LEAK);
+    }
+
+    /// A loop keeping each output in a global list fills an H200 in 0.2 s: too young for the
+    /// time rule, but the framework's count found the list holding the growth, so it is a leak
+    /// (named with the list); the same young growth with no container, or a container holding
+    /// little of it, stays too young to judge.
+    #[test]
+    fn young_growth_held_by_a_container_of_the_program_is_a_leak() {
+        use dump::model::{Keeper, Kinds};
+        let young = || {
+            let mut d = on_timeline("keep", 8 * GIB, 200, 76, 5);
+            d.growth.as_mut().unwrap().timeline.as_mut().unwrap().age_ms = 300;
+            d
+        };
+        let d = young();
+        assert_eq!(why(&d), Some(Err("Young".into())));
+        let grew = {
+            let fit = super::growth_fit(d.growth.as_ref().unwrap()).unwrap();
+            fit.last.bytes - fit.first.bytes
+        };
+        let with_keeper = |bytes: u64, tensors: u64| {
+            let mut d = young();
+            let mut fw = d.framework.clone().unwrap_or_default();
+            fw.kinds = Some(Kinds {
+                activations_bytes: Some(grew),
+                keepers: vec![Keeper {
+                    container: "list".into(),
+                    name: "history".into(),
+                    scope: "a global of __main__".into(),
+                    bytes,
+                    tensors,
+                    file: Some("train.py".into()),
+                    line: Some(20),
+                }],
+                ..Default::default()
+            });
+            d.framework = Some(fw);
+            d
+        };
+        let kept = with_keeper(grew, 76);
+        assert_eq!(why(&kept), Some(Ok(())));
+        let v = judge(&kept);
+        assert_eq!(v.kind, LEAK, "{}", v.summary);
+        assert!(
+            v.findings[0].headline.contains("list `history`"),
+            "{}",
+            v.findings[0].headline
+        );
+        // A container holding a third of the growth, or a handful of tensors, is not the reason.
+        assert_eq!(why(&with_keeper(grew / 3, 76)), Some(Err("Young".into())));
+        assert_eq!(why(&with_keeper(grew, 4)), Some(Err("Young".into())));
     }
 
     #[test]

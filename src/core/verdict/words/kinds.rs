@@ -23,6 +23,16 @@ pub(in crate::verdict) fn kind_name(k: Kind) -> &'static str {
 
 /// A file as the headline shows it: below `site-packages/` (`transformers/models/gpt2/…`), else
 /// its base name.
+/// The largest batch that fits, said against the batch that failed: "about" when it is not
+/// smaller (the estimate says the batch was not the reason).
+fn fits_phrase(fits: u64, batch: u64) -> String {
+    if fits < batch {
+        format!("a batch of {}", thousands(fits))
+    } else {
+        format!("a batch of about {}", thousands(fits))
+    }
+}
+
 /// A share of a forward pass as a whole percent ("27%"), at least 1%.
 fn percent_of_pass(share: f64) -> String {
     format!("{:.0}%", (share * 100.0).clamp(1.0, 100.0))
@@ -326,32 +336,26 @@ pub(in crate::verdict) fn advice(c: &Ctx, k: &Kinds) -> Vec<String> {
                     human_bytes(per)
                 )),
                 (Some(b), Some(per), Some(fits)) if share.is_some() => out.push(format!(
-                    "The batch of {b} failed {} of the way through its forward pass (by the model's modules), holding {} \
+                    "The batch of {} failed {} of the way through its forward pass (by the model's modules), holding {} \
                      of activations plus the {} request: about {} per sample for the whole pass, so at most {} would have \
                      fit, fewer if the backward pass needs more: lower the batch (or sequence length) to that, and keep \
                      the effective batch with gradient accumulation.",
+                    thousands(b),
                     percent_of_pass(share.unwrap_or(1.0)),
                     human_bytes(k.activations_bytes.unwrap_or(0)),
                     c.req,
                     human_bytes(per),
-                    if fits < b {
-                        format!("a batch of {}", thousands(fits))
-                    } else {
-                        format!("a batch of about {}", thousands(fits))
-                    }
+                    fits_phrase(fits, b),
                 )),
                 (Some(b), Some(per), Some(fits)) => out.push(format!(
-                    "The batch of {b} needs at least {} of activations per sample ({} held, plus the {} request); at this \
+                    "The batch of {} needs at least {} of activations per sample ({} held, plus the {} request); at this \
                      rate at most {} would have fit, fewer since the rest of the step needs more: lower the batch (or \
                      sequence length) well below that, and keep the effective batch with gradient accumulation.",
+                    thousands(b),
                     human_bytes(per),
                     human_bytes(k.activations_bytes.unwrap_or(0)),
                     c.req,
-                    if fits < b {
-                        format!("a batch of {}", thousands(fits))
-                    } else {
-                        format!("a batch of about {}", thousands(fits))
-                    }
+                    fits_phrase(fits, b),
                 )),
                 _ => out.push(format!(
                     "Activations and other live tensors hold {}: lower the batch size or sequence length (gradient \

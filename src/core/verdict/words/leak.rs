@@ -414,10 +414,11 @@ fn finding_over_time(c: &Ctx, l: &LeakFinding) -> Finding {
     } else {
         format!(" The growth per second comes from: {}.", parts.join("; "))
     };
+    let kinds = c.readings.kinds;
     let mut f = new_finding(
         LEAK,
         l.grown,
-        headline_over_time(l, &parts),
+        held_and_kept(headline_over_time(l, &parts), kinds, None),
         format!(
             "A leak over time: this process's tracked memory grows by {rate} every second ({}), and it was still that \
              high when {} more was requested on device {}.{named} The program marks no steps and no repeating step \
