@@ -404,6 +404,28 @@ class DryRun(unittest.TestCase):
                 else:
                     os.environ[k] = v
 
+    def test_a_budget_leaves_out_what_would_end_past_it_and_still_tables(self):
+        out = tempfile.mkdtemp(prefix="zoo-dry-budget-")
+        # A dry run takes no time: the budget lets in the shorter case alone.
+        short, long = sorted(("kinds_logits_loss", "too_large"), key=lambda n: run_zoo.seconds_of(run_zoo.chosen([n])[0]))
+        first = run_zoo.seconds_of(run_zoo.chosen([short])[0])
+        self.assertLess(first, run_zoo.seconds_of(run_zoo.chosen([long])[0]))
+        env = dict(os.environ, ZOO_DRY="1", ZOO_DRY_DIR=self.runs, ZOO_LAUNCHERS="",
+                   ZOO_CASES=f"{long},{short}", ZOO_BUDGET=str(first + 1))
+        p = subprocess.run([sys.executable, os.path.join(HERE, "run_zoo.py"), out], env=env,
+                           capture_output=True, text=True, timeout=120)
+        with open(os.path.join(out, "zoo.jsonl")) as f:
+            cases = {json.loads(line)["case"] for line in f}
+        self.assertEqual(cases, {short})
+        self.assertIn(f"not run, over ZOO_BUDGET's {first + 1} s: {long}", p.stdout)
+        self.assertTrue(os.path.exists(os.path.join(out, "zoo.md")))
+        for bad in ("soon", "-5"):
+            env["ZOO_BUDGET"] = bad
+            p = subprocess.run([sys.executable, os.path.join(HERE, "run_zoo.py"), out], env=env,
+                               capture_output=True, text=True, timeout=120)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("ZOO_BUDGET", p.stderr)
+
     def test_a_missing_package_is_not_run_never_passed(self):
         for launcher in ("preload", "run", "alloc"):
             r = self.rows[("peft_lora_trainer", launcher)]
