@@ -47,8 +47,9 @@ struct State {
     next_id: u64,
     requests: Vec<Request>,
     dumped: Vec<Dumped>,
-    /// When the last dumps were started (for `OOMSHIM_MAX_DUMPS` per minute).
-    recent: std::collections::VecDeque<Instant>,
+    /// When the last dumps were started, each with its request's id (0: written at once), for
+    /// `OOMSHIM_MAX_DUMPS` per minute: a request that recovers gives back its own place.
+    recent: std::collections::VecDeque<(Instant, u64)>,
     /// Failures without a dump since the last dump: repeats, and over the cap.
     repeats: u64,
     suppressed: u64,
@@ -255,7 +256,7 @@ impl OomTracker {
                 // A recovered failure is no failure to repeat (the same one again is news), and
                 // takes no place under the dump cap.
                 st.dumped.retain(|d| d.request != id);
-                st.recent.pop_back();
+                st.recent.retain(|&(_, request)| request != id);
                 self.changed.notify_all();
             }
         }
@@ -496,5 +497,66 @@ impl OomTracker {
             self.open.store(0, Ordering::Relaxed);
         }
         drop(state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::requests::Admit;
+    use super::*;
+    use oomshim_core::config::Config;
+
+    const GIB: u64 = 1 << 30;
+
+    fn event(bytes: u64) -> OomEvent {
+        OomEvent {
+            api: Api::CudaMalloc,
+            bytes,
+            device: 0,
+            error_code: 2,
+            stream: 0,
+            context: crate::live::FailureContext::default(),
+        }
+    }
+
+    /// Admits a failure of `bytes` at `at` as queued request `id` of `thread`, open, as
+    /// `on_failure` does.
+    fn fail(t: &OomTracker, s: &Shim, id: u64, thread: u64, bytes: u64, at: Instant) {
+        let mut st = t.lock();
+        let stacks = (StackId(id as u32), StackId::EMPTY);
+        assert!(matches!(
+            st.admit(s, &event(bytes), stacks, at, id),
+            Admit::New
+        ));
+        let last = last_failure(s, &event(bytes), SystemTime::now());
+        st.requests
+            .push(Request::first_failure(id, thread, 0, bytes, last, at));
+        t.open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request that recovers gives back its own place under `OOMSHIM_MAX_DUMPS`, not the
+    /// newest one, which may be another thread's failure: the cap counts the dumps of the last
+    /// minute as they were started.
+    #[test]
+    fn a_recovered_request_gives_back_its_own_place_under_the_dump_cap() {
+        let s = Shim::empty(Config {
+            max_dumps_per_minute: Some(2),
+            min_interval: Duration::ZERO,
+            ..Config::default()
+        });
+        let t = OomTracker::new();
+        let t0 = Instant::now();
+        // Thread 1 fails at t0, thread 2 at t0 + 30 s; thread 1's retry then succeeds.
+        fail(&t, &s, 1, 1, GIB, t0);
+        fail(&t, &s, 2, 2, 2 * GIB, t0 + Duration::from_secs(30));
+        t.note_success(1, GIB);
+        // Thread 3 fails at t0 + 31 s: one dump (thread 2's) started within the minute.
+        fail(&t, &s, 3, 3, 3 * GIB, t0 + Duration::from_secs(31));
+        // At t0 + 61 s thread 2's and thread 3's dumps are both less than a minute old: the cap
+        // of two is reached.
+        let st = t.lock();
+        assert!(!st.would_admit(&s, 0, 4 * GIB, t0 + Duration::from_secs(61)));
+        // Once thread 2's is a minute old, there is room again.
+        assert!(st.would_admit(&s, 0, 4 * GIB, t0 + Duration::from_secs(91)));
     }
 }

@@ -327,7 +327,7 @@ impl State {
             (self
                 .recent
                 .iter()
-                .filter(|t| now.duration_since(**t) < minute)
+                .filter(|(t, _)| now.duration_since(*t) < minute)
                 .count() as u64)
                 < max
         })
@@ -363,7 +363,7 @@ impl State {
         while self
             .recent
             .front()
-            .is_some_and(|t| now.duration_since(*t) >= Duration::from_secs(60))
+            .is_some_and(|(t, _)| now.duration_since(*t) >= Duration::from_secs(60))
         {
             self.recent.pop_front();
         }
@@ -373,7 +373,7 @@ impl State {
                 return Admit::Capped;
             }
         }
-        self.recent.push_back(now);
+        self.recent.push_back((now, request));
         self.dumped.push(Dumped {
             request,
             device: ev.device,

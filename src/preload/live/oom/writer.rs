@@ -121,11 +121,10 @@ impl OomTracker {
             });
         if spawned.is_ok() {
             st.writer_pid = pid;
-            oomshim_host::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
-        } else {
-            // No writer thread: write on the failing threads' exits instead (the exit flush).
-            oomshim_host::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
         }
+        // With a writer thread or without: the exit flush waits for the first's queue, and
+        // writes the queue itself when no writer thread runs in this process (`flush`).
+        oomshim_host::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
     }
 
     /// The writer thread: reads the facts of new requests at once (NVML's view at the failure,
