@@ -161,11 +161,6 @@ impl OomTracker {
             self.open.fetch_sub(1, Ordering::Relaxed);
             self.changed.notify_all();
         }
-        // A new request: recovered ones on its device that are still held are its story's.
-        let recovered_before = st.absorb_recovered(ev.device, now, s.config().settle);
-        if !st.stale.is_empty() {
-            self.changed.notify_all();
-        }
         st.next_id += 1;
         let id = st.next_id;
         // After the exit flush the writer thread may never run again (the process is ending):
@@ -174,30 +169,31 @@ impl OomTracker {
         let settle_now = mode == Mode::Settle && (s.config().settle.is_zero() || flushing);
         let queued = mode == Mode::Settle && !settle_now;
         let request = if queued { id } else { 0 };
-        let capture = match self.admit_and_capture(s, st, &ev, stacks, now, request) {
-            Admitted::Capture(capture) => capture,
-            Admitted::Repeat(path, mut st) => {
-                // Remembered, so the framework's word about this failure finds it (and makes
-                // no dump of its own).
-                st.requests.push(
-                    Request::first_failure(id, thread, ev.device, ev.bytes, last, now)
-                        .repeating(path.clone()),
-                );
-                st.trim();
-                return Handled::Repeat(path);
-            }
-            Admitted::NoDump => {
-                // Remembered as a repeat is: the framework's word about it then finds it, and
-                // neither gathers its account nor counts it a second time.
-                let mut st = self.lock();
-                st.requests.push(
-                    Request::first_failure(id, thread, ev.device, ev.bytes, last, now)
-                        .repeating(None),
-                );
-                st.trim();
-                return Handled::NoDump;
-            }
-        };
+        let (capture, recovered_before) =
+            match self.admit_and_capture(s, st, &ev, stacks, now, request) {
+                Admitted::Capture(capture, recovered_before) => (capture, recovered_before),
+                Admitted::Repeat(path, mut st) => {
+                    // Remembered, so the framework's word about this failure finds it (and makes
+                    // no dump of its own).
+                    st.requests.push(
+                        Request::first_failure(id, thread, ev.device, ev.bytes, last, now)
+                            .repeating(path.clone()),
+                    );
+                    st.trim();
+                    return Handled::Repeat(path);
+                }
+                Admitted::NoDump => {
+                    // Remembered as a repeat is: the framework's word about it then finds it, and
+                    // neither gathers its account nor counts it a second time.
+                    let mut st = self.lock();
+                    st.requests.push(
+                        Request::first_failure(id, thread, ev.device, ev.bytes, last, now)
+                            .repeating(None),
+                    );
+                    st.trim();
+                    return Handled::NoDump;
+                }
+            };
         let mut st = self.lock();
         match mode {
             Mode::Settle if queued => {
@@ -368,13 +364,9 @@ impl OomTracker {
                 ..super::FailureContext::without_cuda(Some(note.device), mem_info)
             },
         };
-        let mut st = self.lock();
-        let recovered_before = st.absorb_recovered(ev.device, now, s.config().settle);
-        if !st.stale.is_empty() {
-            self.changed.notify_all();
-        }
-        let capture = match self.admit_and_capture(s, st, &ev, stacks, now, 0) {
-            Admitted::Capture(capture) => capture,
+        let st = self.lock();
+        let (capture, recovered_before) = match self.admit_and_capture(s, st, &ev, stacks, now, 0) {
+            Admitted::Capture(capture, recovered_before) => (capture, recovered_before),
             Admitted::Repeat(p, _) => return Handled::Repeat(p),
             Admitted::NoDump => return Handled::NoDump,
         };
@@ -398,8 +390,9 @@ impl OomTracker {
 /// rather than through a box allocated on the out-of-memory path.
 #[allow(clippy::large_enum_variant)]
 enum Admitted<'a> {
-    /// A new dump: the state it describes, captured now.
-    Capture(Capture),
+    /// A new dump: the state it describes, captured now, and the recovered requests its story
+    /// tells.
+    Capture(Capture, u32),
     /// A repeat of an earlier dumped failure: that dump, with the tracker's lock still held
     /// (the caller may remember the repeat under it).
     Repeat(Option<PathBuf>, MutexGuard<'a, State>),
@@ -426,11 +419,17 @@ impl OomTracker {
             Admit::Capped => return Admitted::NoDump,
             Admit::New => {}
         }
+        // A new dump: recovered requests on its device that are still held are its story's
+        // (only now: a failure without a dump would leave them told nowhere).
+        let recovered_before = st.absorb_recovered(ev.device, now, s.config().settle);
+        if !st.stale.is_empty() {
+            self.changed.notify_all();
+        }
         drop(st);
         if !super::room_for_dump(s) {
             return Admitted::NoDump;
         }
-        Admitted::Capture(failure_capture(s, ev, stacks))
+        Admitted::Capture(failure_capture(s, ev, stacks), recovered_before)
     }
 }
 
@@ -509,10 +508,14 @@ mod tests {
     const GIB: u64 = 1 << 30;
 
     fn event(bytes: u64) -> OomEvent {
+        event_on(0, bytes)
+    }
+
+    fn event_on(device: i32, bytes: u64) -> OomEvent {
         OomEvent {
             api: Api::CudaMalloc,
             bytes,
-            device: 0,
+            device,
             error_code: 2,
             stream: 0,
             context: crate::live::FailureContext::default(),
@@ -522,15 +525,30 @@ mod tests {
     /// Admits a failure of `bytes` at `at` as queued request `id` of `thread`, open, as
     /// `on_failure` does.
     fn fail(t: &OomTracker, s: &Shim, id: u64, thread: u64, bytes: u64, at: Instant) {
+        fail_on(t, s, 0, (id, thread), bytes, at);
+    }
+
+    /// [`fail`] on `device`, with the capture the writer would wait with.
+    fn fail_on(
+        t: &OomTracker,
+        s: &Shim,
+        device: i32,
+        (id, thread): (u64, u64),
+        bytes: u64,
+        at: Instant,
+    ) {
         let mut st = t.lock();
         let stacks = (StackId(id as u32), StackId::EMPTY);
-        assert!(matches!(
-            st.admit(s, &event(bytes), stacks, at, id),
-            Admit::New
-        ));
-        let last = last_failure(s, &event(bytes), SystemTime::now());
-        st.requests
-            .push(Request::first_failure(id, thread, 0, bytes, last, at));
+        let ev = event_on(device, bytes);
+        assert!(matches!(st.admit(s, &ev, stacks, at, id), Admit::New));
+        let last = last_failure(s, &ev, SystemTime::now());
+        st.requests.push(Request {
+            job: Some(Job {
+                capture: failure_capture(s, &ev, stacks),
+                facts: None,
+            }),
+            ..Request::first_failure(id, thread, device, bytes, last, at)
+        });
         t.open.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -558,5 +576,33 @@ mod tests {
         assert!(!st.would_admit(&s, 0, 4 * GIB, t0 + Duration::from_secs(61)));
         // Once thread 2's is a minute old, there is room again.
         assert!(st.would_admit(&s, 0, 4 * GIB, t0 + Duration::from_secs(91)));
+    }
+
+    /// A recovered request waits for a failure on its device to tell its story. A failure that
+    /// gets no dump (over the cap, a repeat) tells none: the recovered request keeps its own
+    /// dump rather than vanish without a word.
+    #[test]
+    fn a_failure_without_a_dump_leaves_a_recovered_request_its_own() {
+        let s: &'static Shim = Box::leak(Box::new(Shim::empty(Config {
+            max_dumps_per_minute: Some(1),
+            min_interval: Duration::ZERO,
+            settle: Duration::from_secs(60),
+            ..Config::default()
+        })));
+        let t: &'static OomTracker = Box::leak(Box::new(OomTracker::new()));
+        let t0 = Instant::now();
+        // Thread 1's request on device 0 recovers (it gave back its place under the cap); a
+        // failure on device 1 then takes the one place of the minute.
+        fail_on(t, s, 0, (1, 1), GIB, t0);
+        t.note_success(1, GIB);
+        fail_on(t, s, 1, (2, 2), GIB, t0);
+        // Thread 3 fails on device 0, over the cap: no dump.
+        let stacks = (StackId(3), StackId::EMPTY);
+        let handled = t.on_failure(s, event(2 * GIB), stacks, 3, Mode::Settle, None);
+        assert!(matches!(handled, Handled::NoDump));
+        let st = t.lock();
+        let recovered = st.requests.iter().find(|r| r.id == 1).unwrap();
+        assert_eq!(recovered.stage, Stage::Stood(Resolution::RetrySucceeded));
+        assert!(recovered.job.is_some(), "its dump is still to be written");
     }
 }
