@@ -3,6 +3,7 @@
 //! recording switch); [`publish`] keeps the flight recorder's live summary. Everything it
 //! decides with comes from `oomshim_core`, and everything it writes is in the `dump` format.
 
+mod cuda;
 pub mod ffi;
 pub mod live;
 pub mod publish;

@@ -13,8 +13,10 @@
 
 #![allow(non_snake_case, reason = "CUDA's exported names")]
 
-use super::real::{driver_handle, RealFn};
 use super::{cstr, Guard};
+use crate::cuda::queries::driver::current_device;
+use crate::cuda::queries::DRIVER;
+use crate::cuda::real::driver_handle;
 use crate::live;
 use oomshim_host::ledger::Api;
 use oomshim_host::sys::fn_ptr::FnPtr;
@@ -178,7 +180,7 @@ driver_functions! {
         let rc = real(dptr, bytesize, pool, stream);
         if let Some(g) = &guard {
             if rc == CUDA_SUCCESS {
-                g.run(|| super::pools::note(current_device(), Some(pool as usize)));
+                g.run(|| crate::cuda::pools::note(current_device(), Some(pool as usize)));
             }
             after_alloc(g, API, rc, read(dptr), bytesize as u64, stream as usize);
         }
@@ -377,7 +379,7 @@ fn real_addr(i: usize) -> Option<usize> {
     ensure_built();
     let p = REAL[i].load(Ordering::Acquire);
     if p == 0 {
-        live::report_missing_driver(NAMES[i].to_str().unwrap_or("?"));
+        crate::cuda::real::report_missing_driver(NAMES[i].to_str().unwrap_or("?"));
         return None;
     }
     Some(p)
@@ -447,74 +449,6 @@ pub(crate) unsafe fn substitute_entry_point(pfn: *mut *mut c_void) {
     unsafe { substitute_out(pfn) }
 }
 
-// ---------- helpers the wrappers use (driver functions the shim calls, not exports) ----------
-
-/// The calling thread's current device (its context's), or 0.
-pub(crate) fn current_device() -> i32 {
-    // SAFETY: `CUresult cuCtxGetDevice(CUdevice *device)`.
-    static GET: RealFn<unsafe extern "C" fn(*mut c_int) -> CUresult> =
-        unsafe { RealFn::driver(c"cuCtxGetDevice") };
-    let Some(f) = GET.get() else { return 0 };
-    let mut d: c_int = 0;
-    // SAFETY: a valid out-parameter.
-    if unsafe { f(&mut d) } == CUDA_SUCCESS {
-        d
-    } else {
-        0
-    }
-}
-
-/// (free, total) of the calling thread's current device, from `cuMemGetInfo_v2`.
-pub(crate) fn mem_info() -> Option<(u64, u64)> {
-    // SAFETY: `CUresult cuMemGetInfo_v2(size_t *free, size_t *total)`.
-    static GET: RealFn<unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult> =
-        unsafe { RealFn::driver(c"cuMemGetInfo_v2") };
-    let f = GET.get()?;
-    let (mut free, mut total) = (0usize, 0usize);
-    // SAFETY: valid out-parameters.
-    (unsafe { f(&mut free, &mut total) } == CUDA_SUCCESS).then_some((free as u64, total as u64))
-}
-
-pub(crate) fn device_name(device: i32) -> Option<String> {
-    // SAFETY: `CUresult cuDeviceGetName(char *name, int len, CUdevice dev)`.
-    static GET: RealFn<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CUresult> =
-        unsafe { RealFn::driver(c"cuDeviceGetName") };
-    let f = GET.get()?;
-    let mut buf = [0 as c_char; 256];
-    // SAFETY: the buffer holds `len` bytes.
-    if unsafe { f(buf.as_mut_ptr(), buf.len() as c_int, device) } != CUDA_SUCCESS {
-        return None;
-    }
-    buf[255] = 0;
-    // SAFETY: NUL-terminated by the line above at the latest.
-    let name = unsafe { CStr::from_ptr(buf.as_ptr()) };
-    Some(name.to_string_lossy().into_owned())
-}
-
-/// The GPU UUID of CUDA ordinal `device` (`GPU-…`, nvidia-smi's form), from
-/// `cuDeviceGetUuid_v2` (or `cuDeviceGetUuid` on drivers before 11.4): a context-free query.
-pub(crate) fn device_uuid(device: i32) -> Option<String> {
-    type GetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> CUresult;
-    // SAFETY: `CUresult cuDeviceGet(CUdevice *device, int ordinal)`.
-    static GET_DEVICE: RealFn<unsafe extern "C" fn(*mut c_int, c_int) -> CUresult> =
-        unsafe { RealFn::driver(c"cuDeviceGet") };
-    // SAFETY: `CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)`; `CUuuid` is 16 bytes.
-    static V2: RealFn<GetUuid> = unsafe { RealFn::driver(c"cuDeviceGetUuid_v2") };
-    // SAFETY: `cuDeviceGetUuid` has the same signature.
-    static V1: RealFn<GetUuid> = unsafe { RealFn::driver(c"cuDeviceGetUuid") };
-    let get_device = GET_DEVICE.get()?;
-    let get_uuid = V2.get().or_else(|| V1.get())?;
-    let mut dev: c_int = 0;
-    // SAFETY: a valid out-parameter.
-    if unsafe { get_device(&mut dev, device) } != CUDA_SUCCESS {
-        return None;
-    }
-    let mut bytes = [0u8; 16];
-    // SAFETY: a valid 16-byte out-parameter.
-    (unsafe { get_uuid(&mut bytes, dev) } == CUDA_SUCCESS)
-        .then(|| oomshim_core::facts::gpu_processes::uuid_string(&bytes))
-}
-
 /// (host?, device) of a `CUmemAllocationProp`; NULL → the current device.
 ///
 /// # Safety
@@ -558,27 +492,8 @@ unsafe fn read_host(out: *mut *mut c_void) -> u64 {
     }
 }
 
-/// `cuDriverGetVersion`: context-free.
-pub(crate) fn driver_version() -> Option<i32> {
-    // SAFETY: `CUresult cuDriverGetVersion(int *version)`.
-    static GET: RealFn<unsafe extern "C" fn(*mut c_int) -> CUresult> =
-        unsafe { RealFn::driver(c"cuDriverGetVersion") };
-    let f = GET.get()?;
-    let mut v: c_int = 0;
-    // SAFETY: a valid out-parameter.
-    (unsafe { f(&mut v) } == CUDA_SUCCESS && v > 0).then_some(v)
-}
-
-/// The driver layer's answers for the shared bookkeeping (`super::after_alloc`).
-static DRIVER: super::Layer = super::Layer {
-    current_device,
-    mem_info,
-    device_name,
-    runtime_version: || None,
-};
-
 fn oom(api: Api, bytes: u64, device: i32, rc: CUresult, stream: usize) {
-    super::record_oom(&DRIVER, api, bytes, device, rc, stream);
+    live::on_oom(&DRIVER, api, bytes, device, rc, stream);
 }
 
 fn after_alloc(guard: &Guard, api: Api, rc: CUresult, addr: u64, bytes: u64, stream: usize) {

@@ -1,8 +1,7 @@
 //! The `oomshim_*` functions programs (and oomshim's Python package and hook) call. The hooked
 //! CUDA functions are the tables of [`super::runtime`] and [`super::driver`].
 
-use super::runtime::{current_device, device_name, mem_info};
-use super::{Guard, RealFn};
+use super::Guard;
 use crate::live;
 use std::ffi::{c_char, c_int, CStr};
 
@@ -287,29 +286,7 @@ pub unsafe extern "C" fn oomshim_dump(reason: *const c_char) -> c_int {
         // call (this function's contract).
         live::dump_reason(unsafe { CStr::from_ptr(reason) }.to_bytes())
     };
-    let written = guard.run(|| {
-        // Through the runtime when the process has one, else through the driver (a static
-        // runtime or a driver-only program): never a "not found" message for the absent one.
-        // SAFETY: `cudaError_t cudaGetDevice(int *device)`.
-        static RUNTIME: RealFn<unsafe extern "C" fn(*mut c_int) -> c_int> =
-            unsafe { RealFn::optional(c"cudaGetDevice") };
-        type Ask = (
-            fn() -> i32,
-            fn() -> Option<(u64, u64)>,
-            fn(i32) -> Option<String>,
-        );
-        let (current, info_of, name_of): Ask = if RUNTIME.get().is_some() {
-            (current_device, mem_info, device_name)
-        } else {
-            (
-                super::driver::current_device,
-                super::driver::mem_info,
-                super::driver::device_name,
-            )
-        };
-        let device = live::device_for_on_demand_dump(current);
-        live::dump_now(&reason, super::on_demand_context(device, info_of, name_of))
-    });
+    let written = guard.run(|| live::dump_on_demand(&reason));
     match written {
         Some(true) => 0,
         _ => -1,

@@ -2,15 +2,13 @@
 //! (one table each, [`runtime`] and [`driver`]), the exported `oomshim_*` API, finding the real
 //! functions, and the boundary that keeps the shim's own failures (panics, re-entry) from ever
 //! reaching the host program. Bookkeeping lives in [`crate::live`]; this module only translates
-//! between C and it.
+//! between C and it. The real functions and the device queries are `crate::cuda`'s.
 
 mod cxx_throw;
 mod dl;
 mod driver;
 mod hooks;
-mod pools;
 mod process_exit;
-mod real;
 mod runtime;
 mod torch_alloc;
 
@@ -20,7 +18,8 @@ pub use runtime::exported_names as runtime_exported_names;
 pub use torch_alloc::EXPORTED_NAMES as TORCH_ALLOCATOR_EXPORTS;
 
 pub use process_exit::EXPORTED_NAMES as PROCESS_EXIT_EXPORTS;
-pub use real::RealFn;
+
+use crate::cuda::queries::Layer;
 
 // The boundary and the real `dlsym` live in `oomshim_host::sys`, below both this module and `live`.
 pub use oomshim_host::sys::cuda_error;
@@ -54,121 +53,15 @@ extern "C" fn note_load_time_facts() {
 #[unsafe(link_section = ".init_array")]
 static NOTE_LOAD_TIME_FACTS: extern "C" fn() = note_load_time_facts;
 
-/// What the bookkeeping shared by the runtime hooks and the driver hooks asks of its layer.
-/// Both layers report success as 0 and out-of-memory as 2 (`cudaErrorMemoryAllocation`,
-/// `CUDA_ERROR_OUT_OF_MEMORY`), so only these queries differ.
-pub(crate) struct Layer {
-    /// The calling thread's current device (no context is created by asking).
-    pub current_device: fn() -> i32,
-    /// (free, total) of the calling thread's current device.
-    pub mem_info: fn() -> Option<(u64, u64)>,
-    pub device_name: fn(i32) -> Option<String>,
-    /// The runtime's version, where this layer can tell it.
-    pub runtime_version: fn() -> Option<i32>,
-}
-
 // The shared code compares with the runtime's codes; the driver's are the same numbers.
 const _: () = assert!(
     driver::CUDA_SUCCESS == cuda_error::SUCCESS
         && driver::CUDA_ERROR_OUT_OF_MEMORY == cuda_error::MEMORY_ALLOCATION
 );
 
-/// A device allocation failed for lack of memory: asks the layer about the device on the
-/// failing thread (the one place that may ask CUDA safely) and hands the failure on with all it
-/// learnt. Asks nothing when the failure would be dropped (pass-through, the shim off).
-pub(crate) fn record_oom(
-    layer: &Layer,
-    api: oomshim_host::ledger::Api,
-    bytes: u64,
-    device: i32,
-    rc: i32,
-    stream: usize,
-) {
-    if !crate::live::records_failures() {
-        return;
-    }
-    crate::live::record_oom(crate::live::OomEvent {
-        api,
-        bytes,
-        device,
-        error_code: rc,
-        stream,
-        context: failure_context(layer, device),
-    });
-}
-
-/// What a failure on `device` knows, asked on the failing thread: its pools and the VMM layout,
-/// the CUDA versions (asked once per process), free/total of the current device, its name and
-/// UUID (asked once per device), and in allocator mode the allocator's free blocks.
-fn failure_context(layer: &Layer, device: i32) -> crate::live::FailureContext {
-    let pools = pools::snapshot(device);
-    let vmm = crate::live::vmm_summary();
-    let (driver_version, runtime_version) =
-        crate::live::context::note_cuda_versions(driver::driver_version, layer.runtime_version);
-    let mem_info = (layer.mem_info)();
-    let (device_name, device_uuid) = crate::live::context::cached_device_identity(
-        device,
-        layer.device_name,
-        driver::device_uuid,
-    );
-    crate::live::FailureContext {
-        device: Some(device),
-        mem_info,
-        device_name,
-        device_uuid,
-        driver_version,
-        runtime_version,
-        pools,
-        vmm,
-        free_blocks: crate::live::allocator_mode::free_blocks_if_active(device),
-        memory_cap: None,
-    }
-}
-
-/// What an on-demand dump (`oomshim_dump`) knows, asked on the calling thread: about `device`
-/// (the caller's current device, when the process allocated there: asking about another could
-/// create a context) its pools, free/total (`mem_info` asks the current device) and name; the
-/// CUDA versions as far as a failure asked them; in allocator mode the allocator's free blocks.
-pub(crate) fn on_demand_context(
-    device: Option<i32>,
-    mem_info: fn() -> Option<(u64, u64)>,
-    device_name: fn(i32) -> Option<String>,
-) -> crate::live::FailureContext {
-    let pools = device.map(pools::snapshot).unwrap_or_default();
-    let vmm = crate::live::vmm_summary();
-    let mem_info = device.and_then(|_| mem_info());
-    let (device_name, device_uuid) = device
-        .map(|d| crate::live::context::cached_device_identity(d, device_name, driver::device_uuid))
-        .unwrap_or_default();
-    let (driver_version, runtime_version) = crate::live::context::cuda_versions();
-    crate::live::FailureContext {
-        device,
-        mem_info,
-        device_name,
-        device_uuid,
-        driver_version,
-        runtime_version,
-        pools,
-        vmm,
-        free_blocks: crate::live::allocator_mode::free_blocks_if_active(device.unwrap_or(0)),
-        memory_cap: None,
-    }
-}
-
-/// `OOMSHIM_FAULT=panic-in-alloc[:N]` (a test hook, see RELIABILITY.md section 7): a panic in
-/// the hook path of the Nth successful allocation, caught by [`Guard::run`] like any other.
-fn inject_alloc_fault() {
-    if let oomshim_core::config::Fault::PanicInAlloc(n) = oomshim_host::sys::fault() {
-        static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        if SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == n {
-            panic!("injected fault, OOMSHIM_FAULT=panic-in-alloc:{n}");
-        }
-    }
-}
-
-/// Bookkeeping after an allocation call of either layer returned `rc`.
+/// Bookkeeping after an allocation call of either layer returned `rc`, inside the hook's guard.
 pub(crate) fn after_alloc(
-    layer: &Layer,
+    layer: &'static Layer,
     guard: &Guard,
     api: oomshim_host::ledger::Api,
     rc: std::ffi::c_int,
@@ -176,34 +69,7 @@ pub(crate) fn after_alloc(
     bytes: u64,
     stream: usize,
 ) {
-    guard.run(|| {
-        if rc == cuda_error::SUCCESS {
-            if addr != 0 {
-                inject_alloc_fault();
-                if crate::live::recording::current() == crate::live::Recording::PassThrough {
-                    // Nothing is recorded: not even the device is asked.
-                    crate::live::record_alloc(api, addr, bytes, -1, stream);
-                    return;
-                }
-                let device = if api.is_pinned_host() {
-                    -1
-                } else {
-                    (layer.current_device)()
-                };
-                if api.has_stream() {
-                    pools::note(device, None);
-                }
-                crate::live::record_alloc(api, addr, bytes, device, stream);
-            }
-        } else if rc == cuda_error::MEMORY_ALLOCATION {
-            if api.is_pinned_host() {
-                crate::live::record_pinned_failure(api, bytes);
-            } else if crate::live::records_failures() {
-                // (Not even the device is asked in pass-through.)
-                record_oom(layer, api, bytes, (layer.current_device)(), rc, stream);
-            }
-        }
-    });
+    guard.run(|| crate::live::on_alloc(layer, api, rc, addr, bytes, stream));
 }
 
 /// Removes `ptr` from the ledger before the real free runs (the runtime may hand the address

@@ -16,8 +16,9 @@
 
 use super::cuda_error::{INITIALIZATION_ERROR, SUCCESS};
 use super::driver::substitute_entry_point;
-use super::real::real_fn;
-use super::{cstr, Guard, RealFn};
+use super::{cstr, Guard};
+use crate::cuda::queries::RUNTIME;
+use crate::cuda::real::real_fn;
 use oomshim_host::ledger::Api;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
@@ -247,71 +248,6 @@ unsafe fn read_ptr(out: *mut *mut c_void) -> usize {
         (unsafe { *out }) as usize
     }
 }
-
-// The runtime layer's device queries, shared by the hooks here, `oomshim_dump` and allocator
-// mode (`torch_alloc.rs`, for `live::allocator_mode`): one lookup of each real function.
-
-/// The calling thread's current device, from the real runtime (no context is created by it);
-/// `None` when the runtime is missing or the call fails.
-pub(super) fn runtime_device() -> Option<i32> {
-    let f = real_fn!(c"cudaGetDevice", unsafe extern "C" fn(*mut c_int) -> c_int)?;
-    let mut d: c_int = 0;
-    // SAFETY: a valid out-parameter.
-    (unsafe { f(&mut d) } == SUCCESS).then_some(d)
-}
-
-/// The calling thread's current device, 0 when the runtime cannot tell.
-pub(super) fn current_device() -> i32 {
-    runtime_device().unwrap_or(0)
-}
-
-/// (free, total) bytes of the calling thread's current device.
-pub(super) fn mem_info() -> Option<(u64, u64)> {
-    let f = real_fn!(
-        c"cudaMemGetInfo",
-        unsafe extern "C" fn(*mut usize, *mut usize) -> c_int
-    )?;
-    let (mut free, mut total) = (0usize, 0usize);
-    // SAFETY: valid out-parameters.
-    (unsafe { f(&mut free, &mut total) } == SUCCESS).then_some((free as u64, total as u64))
-}
-
-/// The device's name: the leading `char name[256]` of `cudaDeviceProp`, whatever its version.
-pub(super) fn device_name(device: i32) -> Option<String> {
-    type GetProperties = unsafe extern "C" fn(*mut u8, c_int) -> c_int;
-    // SAFETY: `cudaError_t cudaGetDeviceProperties_v2(cudaDeviceProp *prop, int device)`.
-    static V2: RealFn<GetProperties> = unsafe { RealFn::optional(c"cudaGetDeviceProperties_v2") };
-    // SAFETY: `cudaGetDeviceProperties` has the same signature.
-    static V1: RealFn<GetProperties> = unsafe { RealFn::optional(c"cudaGetDeviceProperties") };
-    let f = V2.get().or_else(|| V1.get())?;
-    // Far larger than any cudaDeviceProp so far (about 1 KiB), so any version fits.
-    let mut buf = vec![0u8; 16 * 1024];
-    // SAFETY: the buffer is larger than any `cudaDeviceProp`.
-    if unsafe { f(buf.as_mut_ptr(), device) } != SUCCESS {
-        return None;
-    }
-    let name = CStr::from_bytes_until_nul(&buf[..256]).ok()?;
-    Some(name.to_string_lossy().into_owned())
-}
-
-/// `cudaRuntimeGetVersion` of the runtime in the process (optional: no message when absent).
-fn runtime_version() -> Option<i32> {
-    // SAFETY: `cudaError_t cudaRuntimeGetVersion(int *version)`.
-    static GET: RealFn<unsafe extern "C" fn(*mut c_int) -> c_int> =
-        unsafe { RealFn::optional(c"cudaRuntimeGetVersion") };
-    let f = GET.get()?;
-    let mut v: c_int = 0;
-    // SAFETY: a valid out-parameter.
-    (unsafe { f(&mut v) } == SUCCESS && v > 0).then_some(v)
-}
-
-/// The runtime layer's answers for the shared bookkeeping (`super::after_alloc`).
-static RUNTIME: super::Layer = super::Layer {
-    current_device,
-    mem_info,
-    device_name,
-    runtime_version,
-};
 
 fn after_alloc(guard: &Guard, api: Api, rc: c_int, addr: usize, bytes: u64, stream: usize) {
     super::after_alloc(&RUNTIME, guard, api, rc, addr, bytes, stream);

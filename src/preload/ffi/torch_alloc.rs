@@ -34,7 +34,7 @@
 //! which gets its segments and events through those functions.
 
 use super::cuda_error::SUCCESS;
-use super::RealFn;
+use crate::cuda::real::RealFn;
 use crate::live::allocator_mode::{
     self as mode, c_message, judged_mem_info, Call, CudaRuntime, Failure, MESSAGE_BYTES,
 };
@@ -118,7 +118,7 @@ static CUDA: RealCuda = RealCuda;
 
 impl CudaRuntime for RealCuda {
     fn current_device(&self) -> Option<i32> {
-        super::runtime::runtime_device()
+        crate::cuda::queries::runtime::runtime_device()
     }
 
     fn set_device(&self, device: i32) -> bool {
@@ -220,7 +220,7 @@ impl CudaRuntime for RealCuda {
     }
 
     fn mem_info(&self) -> Option<(u64, u64)> {
-        super::runtime::mem_info()
+        crate::cuda::queries::runtime::mem_info()
     }
 }
 

@@ -9,7 +9,8 @@
 //! two failures assembled in either order, on any thread, each describe their own moment. The
 //! reading happens in `gather.rs`.
 
-use super::{unix_ms, FailureContext};
+use super::unix_ms;
+use crate::cuda::context::FailureContext;
 use dump::model::*;
 use oomshim_core::config::{Config, StackMode};
 use oomshim_host::ledger::{Allocation, Api, Snapshot, StackId};

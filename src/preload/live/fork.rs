@@ -73,7 +73,7 @@ fn hold_leaf_locks() {
             .lock()
             .unwrap_or_else(|e| e.into_inner()),
     );
-    super::context::fork_prepare();
+    crate::cuda::context::fork_prepare();
     oomshim_host::pystack::fork_prepare();
     oomshim_host::stacks::fork_prepare();
 }
@@ -81,7 +81,7 @@ fn hold_leaf_locks() {
 fn release_leaf_locks() {
     oomshim_host::stacks::fork_release();
     oomshim_host::pystack::fork_release();
-    super::context::fork_release();
+    crate::cuda::context::fork_release();
     THREAD_NAMES_HELD.release();
     super::vmm::fork_release();
 }

@@ -44,7 +44,7 @@ impl Facts {
             // Asked only for a device the process uses: NVML is loaded on the calling thread.
             gpu_processes: device.map(oomshim_core::facts::gpu_processes::for_dump),
             host: oomshim_core::facts::host::read(),
-            device_uuids: super::context::known_device_uuids(),
+            device_uuids: crate::cuda::context::known_device_uuids(),
         }
     }
 
@@ -52,7 +52,7 @@ impl Facts {
     /// failure but assembles its dump later, when more devices may have been named.
     pub fn with_current_uuids(self) -> Facts {
         Facts {
-            device_uuids: super::context::known_device_uuids(),
+            device_uuids: crate::cuda::context::known_device_uuids(),
             ..self
         }
     }

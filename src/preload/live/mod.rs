@@ -6,7 +6,6 @@
 
 pub mod allocator_mode;
 mod assemble;
-pub mod context;
 mod fork;
 pub mod framework;
 mod gather;
@@ -15,7 +14,9 @@ pub mod history;
 mod oom;
 pub mod recording;
 
-pub use context::FailureContext;
+pub use crate::cuda::context::FailureContext;
+use crate::cuda::context::Moment;
+use crate::cuda::queries::Layer;
 pub use growth::{FrameworkLive, StepSource};
 pub use oom::{FrameworkNote, OomEvent};
 pub use recording::Recording;
@@ -47,22 +48,6 @@ static SHIM: OnceLock<Shim> = OnceLock::new();
 // The off switch lives with the guard, below the hooks and this module.
 pub use oomshim_host::sys::{disable, disabled};
 
-/// Says once that a real CUDA runtime function could not be found.
-pub fn report_missing(name: &str) {
-    static SAID: AtomicBool = AtomicBool::new(false);
-    say_missing_once(&SAID, name, "runtime", "cudaErrorInitializationError");
-}
-
-/// One message per layer for the whole process: the first missing function names the problem.
-fn say_missing_once(said: &AtomicBool, name: &str, layer: &str, returns: &str) {
-    if !said.swap(true, Ordering::Relaxed) {
-        oomshim_host::say!(
-            "oomshim: the real {name} was not found in this process (is the CUDA {layer} loaded?); \
-             calls to it return {returns}"
-        );
-    }
-}
-
 fn shim() -> Option<&'static Shim> {
     if disabled() {
         return None;
@@ -87,7 +72,7 @@ fn start_triggers(s: &'static Shim) {
                 .spawn(|| loop {
                     oomshim_host::sys::wait_for_dump_signal();
                     oomshim_host::sys::guarded(|| {
-                        dump_now("signal", FailureContext::without_cuda(None, None))
+                        dump_now("signal", context_without_cuda(None, None))
                     });
                 })
                 .is_ok();
@@ -105,7 +90,7 @@ fn start_triggers(s: &'static Shim) {
             .spawn(move || loop {
                 std::thread::sleep(every);
                 oomshim_host::sys::guarded(|| {
-                    dump_now("interval", FailureContext::without_cuda(None, None))
+                    dump_now("interval", context_without_cuda(None, None))
                 });
             });
         if spawned.is_err() {
@@ -157,13 +142,13 @@ fn live_dump() -> Option<dump::model::Dump> {
             time: SystemTime::now(),
             now_ns: s.now_ns(),
             failing: None,
-            context: FailureContext::without_cuda(None, None),
+            context: context_without_cuda(None, None),
             growth: None,
         };
         let facts = assemble::Facts {
             gpu_processes: None,
             host: oomshim_core::facts::host::read(),
-            device_uuids: context::known_device_uuids(),
+            device_uuids: crate::cuda::context::known_device_uuids(),
         };
         Some(gather::assemble_now(s, "live", &capture, None, None, facts))
     })
@@ -173,7 +158,7 @@ fn live_dump() -> Option<dump::model::Dump> {
 /// `OOMSHIM_AT_EXIT`: what is still live when the program ends (a leak report).
 pub fn at_exit_dump() {
     if SHIM.get().is_some() {
-        oomshim_host::sys::guarded(|| dump_now("exit", FailureContext::without_cuda(None, None)));
+        oomshim_host::sys::guarded(|| dump_now("exit", context_without_cuda(None, None)));
     }
 }
 
@@ -632,8 +617,9 @@ pub fn framework_oom(
     let stacks = s.capture_stacks();
     match s
         .oom
-        .on_framework_oom(s, note, thread_id(), stacks, mem_info)
-    {
+        .on_framework_oom(s, note, thread_id(), stacks, |device| {
+            context_without_cuda(Some(device), mem_info)
+        }) {
         oom::Handled::Written { path, .. } => path.map(|p| (p, FrameworkWord::Included)),
         oom::Handled::Explained { path, included } => path.map(|p| {
             (
@@ -676,8 +662,97 @@ pub fn records_failures() -> bool {
     shim().is_some() && recording::current() != Recording::PassThrough
 }
 
+/// `OOMSHIM_FAULT=panic-in-alloc[:N]` (a test hook, see RELIABILITY.md section 7): a panic in
+/// the hook path of the Nth successful allocation, caught by the hook's guard like any other.
+fn inject_alloc_fault() {
+    if let oomshim_core::config::Fault::PanicInAlloc(n) = oomshim_host::sys::fault() {
+        static SEEN: AtomicU64 = AtomicU64::new(0);
+        if SEEN.fetch_add(1, Ordering::Relaxed) + 1 == n {
+            panic!("injected fault, OOMSHIM_FAULT=panic-in-alloc:{n}");
+        }
+    }
+}
+
+/// An allocation call of either layer returned `rc` (called inside the hook's guard).
+pub fn on_alloc(layer: &Layer, api: Api, rc: i32, addr: usize, bytes: u64, stream: usize) {
+    use oomshim_host::sys::cuda_error;
+    if rc == cuda_error::SUCCESS {
+        if addr != 0 {
+            inject_alloc_fault();
+            if recording::current() == Recording::PassThrough {
+                // Nothing is recorded: not even the device is asked.
+                record_alloc(api, addr, bytes, -1, stream);
+                return;
+            }
+            let device = if api.is_pinned_host() {
+                -1
+            } else {
+                (layer.current_device)()
+            };
+            if api.has_stream() {
+                crate::cuda::pools::note(device, None);
+            }
+            record_alloc(api, addr, bytes, device, stream);
+        }
+    } else if rc == cuda_error::MEMORY_ALLOCATION {
+        if api.is_pinned_host() {
+            record_pinned_failure(api, bytes);
+        } else if records_failures() {
+            // (Not even the device is asked in pass-through.)
+            on_oom(layer, api, bytes, (layer.current_device)(), rc, stream);
+        }
+    }
+}
+
+/// A device allocation failed for lack of memory: asks `layer` about the device on the failing
+/// thread (the one place that may ask CUDA safely) and hands the failure on with all it learnt.
+/// Asks nothing when the failure would be dropped (pass-through, the shim off).
+pub fn on_oom(layer: &Layer, api: Api, bytes: u64, device: i32, rc: i32, stream: usize) {
+    if !records_failures() {
+        return;
+    }
+    let context = FailureContext {
+        vmm: vmm::summary(),
+        free_blocks: allocator_mode::free_blocks_if_active(device),
+        ..crate::cuda::context::gather(layer, Some(device), Moment::Failure)
+    };
+    record_oom(OomEvent {
+        api,
+        bytes,
+        device,
+        error_code: rc,
+        stream,
+        context,
+    });
+}
+
+/// `oomshim_dump(reason)`: a dump now, about the caller's current device when the process
+/// allocated there (asking about another could create a context), with what CUDA tells of it
+/// on this thread. True when a dump file was written.
+pub fn dump_on_demand(reason: &str) -> bool {
+    let layer = crate::cuda::queries::present_layer();
+    let device = device_for_on_demand_dump(layer.current_device);
+    let context = FailureContext {
+        vmm: vmm::summary(),
+        free_blocks: allocator_mode::free_blocks_if_active(device.unwrap_or(0)),
+        ..crate::cuda::context::gather(layer, device, Moment::OnDemand)
+    };
+    dump_now(reason, context)
+}
+
+/// The context of a dump taken where CUDA must not be asked (the shim's own signal, interval,
+/// exit and live-summary threads, which could create a context; a framework's word, which
+/// carries its own numbers): what the process learnt before, and in allocator mode the
+/// allocator's free blocks.
+fn context_without_cuda(device: Option<i32>, mem_info: Option<(u64, u64)>) -> FailureContext {
+    FailureContext {
+        free_blocks: allocator_mode::free_blocks(device),
+        ..FailureContext::learnt_before(device, mem_info)
+    }
+}
+
 /// A device allocation failed with cudaErrorMemoryAllocation.
-pub fn record_oom(event: OomEvent) {
+fn record_oom(event: OomEvent) {
     let Some(s) = shim() else { return };
     if recording::current() == Recording::PassThrough {
         return;
@@ -897,12 +972,6 @@ pub use vmm::{
     reserved as vmm_reserved, summary as vmm_summary, totals as vmm_totals, undo as vmm_undo,
     unmap_begin as vmm_unmap_begin, VmmTotals, VmmUndo,
 };
-
-/// Says once that a real CUDA driver function could not be found.
-pub fn report_missing_driver(name: &str) {
-    static SAID: AtomicBool = AtomicBool::new(false);
-    say_missing_once(&SAID, name, "driver", "CUDA_ERROR_NOT_INITIALIZED");
-}
 
 /// Support for benchmarks (`benches/dump.rs`): a shim state built directly, without hooks or a
 /// device, and the dump an out-of-memory failure would write for it. Not part of the API.

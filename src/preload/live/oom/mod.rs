@@ -286,14 +286,15 @@ impl OomTracker {
     /// A framework raised its out-of-memory error on `thread` (torch's OOM observer, through the
     /// Python hook): the matching request stood and gets the framework's account; without one
     /// (torch refused without asking CUDA: a memory-fraction cap) the framework's failure is a
-    /// request of its own, dumped now.
+    /// request of its own, dumped now, with what `without_cuda` tells of its device (the
+    /// framework's numbers, what the process learnt before: CUDA is not asked).
     pub(crate) fn on_framework_oom(
         &self,
         s: &'static Shim,
         note: FrameworkNote,
         thread: u64,
         stacks: (StackId, StackId),
-        mem_info: Option<(u64, u64)>,
+        without_cuda: impl FnOnce(i32) -> super::FailureContext,
     ) -> Handled {
         let now = Instant::now();
         {
@@ -361,7 +362,7 @@ impl OomTracker {
             // The framework's thread may hold its allocator's lock: CUDA is not asked here.
             context: super::FailureContext {
                 memory_cap: note.memory_cap.clone(),
-                ..super::FailureContext::without_cuda(Some(note.device), mem_info)
+                ..without_cuda(note.device)
             },
         };
         let st = self.lock();

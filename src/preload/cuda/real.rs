@@ -10,7 +10,7 @@
 use oomshim_host::sys::fn_ptr::FnPtr;
 use std::ffi::{c_void, CStr};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 const UNRESOLVED: usize = 0;
 const MISSING: usize = 1;
@@ -31,7 +31,8 @@ const RUNTIME_SONAMES: [&CStr; 4] = [
 macro_rules! real_fn {
     ($name:expr, $ty:ty) => {{
         // SAFETY: `$ty` is the C signature of `$name` (this macro's contract).
-        static REAL: $crate::ffi::RealFn<$ty> = unsafe { $crate::ffi::RealFn::new($name) };
+        static REAL: $crate::cuda::real::RealFn<$ty> =
+            unsafe { $crate::cuda::real::RealFn::new($name) };
         REAL.get()
     }};
 }
@@ -123,9 +124,31 @@ impl<F: FnPtr> RealFn<F> {
         let found = resolve(self.name);
         self.ptr.store(found.unwrap_or(MISSING), Ordering::Release);
         if found.is_none() && self.kind == Kind::Required {
-            crate::live::report_missing(self.name());
+            report_missing(self.name());
         }
         found
+    }
+}
+
+/// Says once that a real CUDA runtime function could not be found.
+pub fn report_missing(name: &str) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    say_missing_once(&SAID, name, "runtime", "cudaErrorInitializationError");
+}
+
+/// Says once that a real CUDA driver function could not be found.
+pub fn report_missing_driver(name: &str) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    say_missing_once(&SAID, name, "driver", "CUDA_ERROR_NOT_INITIALIZED");
+}
+
+/// One message per layer for the whole process: the first missing function names the problem.
+fn say_missing_once(said: &AtomicBool, name: &str, layer: &str, returns: &str) {
+    if !said.swap(true, Ordering::Relaxed) {
+        oomshim_host::say!(
+            "oomshim: the real {name} was not found in this process (is the CUDA {layer} loaded?); \
+             calls to it return {returns}"
+        );
     }
 }
 
@@ -172,7 +195,7 @@ fn pin_object_of(addr: usize) {
 
 /// The driver library already loaded by the program (never loads it): by its soname, else
 /// `RTLD_NEXT` relative to the shim (a driver linked by the program).
-pub(super) fn driver_handle() -> *mut c_void {
+pub fn driver_handle() -> *mut c_void {
     static HANDLE: AtomicUsize = AtomicUsize::new(0);
     let h = HANDLE.load(Ordering::Acquire);
     if h != 0 {

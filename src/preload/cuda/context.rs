@@ -4,6 +4,8 @@
 //! Assembly reads it from the value only: two failures close together, on two devices, each keep
 //! their own device's answers, whichever is written first.
 
+use super::pools;
+use super::queries::{driver, Layer};
 use dump::model::{FreeBlocks, MemoryCap, PoolInfo, VmmInfo};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -50,22 +52,47 @@ impl FailureContext {
             ..FailureContext::default()
         }
     }
+}
 
-    /// The context of a dump taken where CUDA must not be asked (the shim's own signal, interval,
-    /// exit and live-summary threads, which could create a context; a framework's word, which
-    /// carries its own numbers): what the process learnt before, and in allocator mode the
-    /// allocator's free blocks.
-    pub fn without_cuda(device: Option<i32>, mem_info: Option<(u64, u64)>) -> FailureContext {
-        FailureContext {
-            free_blocks: super::allocator_mode::free_blocks(device),
-            ..FailureContext::learnt_before(device, mem_info)
-        }
+/// When a context is gathered: at a failure, on the failing thread, which already calls CUDA
+/// (the CUDA versions are asked there the first time), or for an on-demand dump (`oomshim_dump`,
+/// the versions as far as a failure asked them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Moment {
+    Failure,
+    OnDemand,
+}
+
+/// What a dump knows from CUDA about `device`, asked of `layer` on the calling thread: the
+/// device's stream-ordered pools, the CUDA versions, free/total (`layer.mem_info` asks the
+/// current device) and the device's name and UUID (asked once per device). `None`: no device may
+/// be asked (an on-demand dump of a process that never allocated there: asking could create a
+/// context); then only the versions are known. The VMM layout and the allocator's free blocks
+/// are the shim's own state, not CUDA's: the caller adds them.
+pub fn gather(layer: &Layer, device: Option<i32>, moment: Moment) -> FailureContext {
+    let pools = device.map(pools::snapshot).unwrap_or_default();
+    let (driver_version, runtime_version) = match moment {
+        Moment::Failure => note_cuda_versions(driver::driver_version, layer.runtime_version),
+        Moment::OnDemand => cuda_versions(),
+    };
+    let mem_info = device.and_then(|_| (layer.mem_info)());
+    let (device_name, device_uuid) = device
+        .map(|d| cached_device_identity(d, layer.device_name, driver::device_uuid))
+        .unwrap_or_default();
+    FailureContext {
+        device,
+        mem_info,
+        device_name,
+        device_uuid,
+        driver_version,
+        runtime_version,
+        pools,
+        ..FailureContext::default()
     }
 }
 
 // What the process asked CUDA once and remembers: the versions and each device's name and UUID.
-// The hooks ask (`ffi`, on a failing thread, through the functions they pass in); the contexts
-// above read what was asked.
+// A failure asks ([`gather`], on the failing thread); the contexts above read what was asked.
 
 /// `cuDriverGetVersion` (context-free), asked once on a failing thread: a cache, so that CUDA is
 /// asked once per process; each dump carries the versions in its [`FailureContext`].
@@ -126,7 +153,7 @@ pub fn cached_device_uuid(device: i32) -> Option<String> {
 
 /// Every GPU UUID learnt so far (a device's identity never changes): read when a dump is
 /// assembled, for the devices other than the one its context asked about.
-pub(crate) fn known_device_uuids() -> Vec<(i32, String)> {
+pub fn known_device_uuids() -> Vec<(i32, String)> {
     let names = DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner());
     names
         .iter()
@@ -147,12 +174,12 @@ oomshim_host::fork_held! {
     static DEVICE_NAMES_HELD: MutexGuard<'static, Vec<DeviceNames>>;
 }
 
-/// `fork` prepare: holds the device-name cache (lock 5 in `super::fork`).
-pub(super) fn fork_prepare() {
+/// `fork` prepare: holds the device-name cache (lock 5 of the shim's `fork` handlers).
+pub fn fork_prepare() {
     DEVICE_NAMES_HELD.hold(DEVICE_NAMES.lock().unwrap_or_else(|e| e.into_inner()));
 }
 
 /// `fork` parent and child: lets go of it.
-pub(super) fn fork_release() {
+pub fn fork_release() {
     DEVICE_NAMES_HELD.release();
 }

@@ -5,9 +5,9 @@
 //! (`cuMemPoolGetAttribute`) only at an out-of-memory failure, on the failing thread, or by
 //! `oomshim_dump` on the calling thread: a process without stream-ordered allocations asks nothing.
 
-use super::cuda_error::SUCCESS;
 use super::real::RealFn;
 use dump::model::PoolInfo;
+use oomshim_host::sys::cuda_error::SUCCESS;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
