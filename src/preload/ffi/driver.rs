@@ -13,13 +13,15 @@
 
 #![allow(non_snake_case, reason = "CUDA's exported names")]
 
-use super::{cstr, Guard};
+use super::boundary::cstr;
 use crate::cuda::queries::driver::current_device;
 use crate::cuda::queries::DRIVER;
 use crate::cuda::real::driver_handle;
 use crate::live;
 use oomshim_host::ledger::Api;
+use oomshim_host::sys::cuda_error;
 use oomshim_host::sys::fn_ptr::FnPtr;
+use oomshim_host::sys::Guard;
 use oomshim_host::sys::{object_base, real_dlsym_not_ours};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -497,9 +499,16 @@ fn oom(api: Api, bytes: u64, device: i32, rc: CUresult, stream: usize) {
 }
 
 fn after_alloc(guard: &Guard, api: Api, rc: CUresult, addr: u64, bytes: u64, stream: usize) {
-    super::after_alloc(&DRIVER, guard, api, rc, addr as usize, bytes, stream);
+    super::boundary::after_alloc(&DRIVER, guard, api, rc, addr as usize, bytes, stream);
 }
 
 fn free_with(guard: Option<&Guard>, ptr: u64, real_free: impl FnOnce() -> CUresult) -> CUresult {
-    super::free_with(guard, ptr as usize, real_free)
+    super::boundary::free_with(guard, ptr as usize, real_free)
 }
+
+// The shared bookkeeping (`crate::live::on_alloc`) compares with the runtime's codes; the
+// driver's are the same numbers.
+const _: () = assert!(
+    CUDA_SUCCESS == cuda_error::SUCCESS
+        && CUDA_ERROR_OUT_OF_MEMORY == cuda_error::MEMORY_ALLOCATION
+);

@@ -1,8 +1,8 @@
 //! The `oomshim_*` functions programs (and oomshim's Python package and hook) call. The hooked
 //! CUDA functions are the tables of [`super::runtime`] and [`super::driver`].
 
-use super::Guard;
 use crate::live;
+use oomshim_host::sys::Guard;
 use std::ffi::{c_char, c_int, CStr};
 
 /// The `oomshim_*` functions programs (and oomshim's Python package and hook) call.

@@ -4,6 +4,7 @@
 //! reaching the host program. Bookkeeping lives in [`crate::live`]; this module only translates
 //! between C and it. The real functions and the device queries are `crate::cuda`'s.
 
+mod boundary;
 mod cxx_throw;
 mod dl;
 mod driver;
@@ -19,23 +20,7 @@ pub use torch_alloc::EXPORTED_NAMES as TORCH_ALLOCATOR_EXPORTS;
 
 pub use process_exit::EXPORTED_NAMES as PROCESS_EXIT_EXPORTS;
 
-use crate::cuda::queries::Layer;
-
-// The boundary and the real `dlsym` live in `oomshim_host::sys`, below both this module and `live`.
-pub use oomshim_host::sys::cuda_error;
-pub(crate) use oomshim_host::sys::Guard;
-
-use std::ffi::CStr;
 use std::panic::catch_unwind;
-
-/// `s` (which ends in NUL) as a C string, at compile time: the exported names of the hook
-/// tables are generated as `concat!(name, "\0")`.
-pub(crate) const fn cstr(s: &'static str) -> &'static CStr {
-    match CStr::from_bytes_with_nul(s.as_bytes()) {
-        Ok(c) => c,
-        Err(_) => panic!("not NUL-terminated"),
-    }
-}
 
 /// What the shim notes the moment it is loaded, before the program's `main` can change it:
 /// the identity of fd 2 (so the shim never writes into a file that later took that number,
@@ -52,45 +37,6 @@ extern "C" fn note_load_time_facts() {
 #[used]
 #[unsafe(link_section = ".init_array")]
 static NOTE_LOAD_TIME_FACTS: extern "C" fn() = note_load_time_facts;
-
-// The shared code compares with the runtime's codes; the driver's are the same numbers.
-const _: () = assert!(
-    driver::CUDA_SUCCESS == cuda_error::SUCCESS
-        && driver::CUDA_ERROR_OUT_OF_MEMORY == cuda_error::MEMORY_ALLOCATION
-);
-
-/// Bookkeeping after an allocation call of either layer returned `rc`, inside the hook's guard.
-pub(crate) fn after_alloc(
-    layer: &'static Layer,
-    guard: &Guard,
-    api: oomshim_host::ledger::Api,
-    rc: std::ffi::c_int,
-    addr: usize,
-    bytes: u64,
-    stream: usize,
-) {
-    guard.run(|| crate::live::on_alloc(layer, api, rc, addr, bytes, stream));
-}
-
-/// Removes `ptr` from the ledger before the real free runs (the runtime may hand the address
-/// to another thread the moment it is freed; see `Ledger::take`); puts it back if the free fails.
-pub(crate) fn free_with(
-    guard: Option<&Guard>,
-    ptr: usize,
-    real_free: impl FnOnce() -> std::ffi::c_int,
-) -> std::ffi::c_int {
-    let taken = match guard {
-        Some(g) if ptr != 0 => g.run(|| crate::live::take(ptr)).flatten(),
-        _ => None,
-    };
-    let rc = real_free();
-    if rc != cuda_error::SUCCESS {
-        if let (Some(g), Some(a)) = (guard, taken) {
-            g.run(|| crate::live::reinstate(ptr, a));
-        }
-    }
-    rc
-}
 
 #[cfg(test)]
 mod tests {

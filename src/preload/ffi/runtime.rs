@@ -14,12 +14,13 @@
 
 #![allow(non_snake_case, reason = "CUDA's exported names")]
 
-use super::cuda_error::{INITIALIZATION_ERROR, SUCCESS};
+use super::boundary::cstr;
 use super::driver::substitute_entry_point;
-use super::{cstr, Guard};
 use crate::cuda::queries::RUNTIME;
 use crate::cuda::real::real_fn;
 use oomshim_host::ledger::Api;
+use oomshim_host::sys::cuda_error::{INITIALIZATION_ERROR, SUCCESS};
+use oomshim_host::sys::Guard;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 type Stream = *mut c_void;
@@ -250,9 +251,9 @@ unsafe fn read_ptr(out: *mut *mut c_void) -> usize {
 }
 
 fn after_alloc(guard: &Guard, api: Api, rc: c_int, addr: usize, bytes: u64, stream: usize) {
-    super::after_alloc(&RUNTIME, guard, api, rc, addr, bytes, stream);
+    super::boundary::after_alloc(&RUNTIME, guard, api, rc, addr, bytes, stream);
 }
 
 fn free_with(guard: Option<&Guard>, ptr: *mut c_void, real_free: impl FnOnce() -> c_int) -> c_int {
-    super::free_with(guard, ptr as usize, real_free)
+    super::boundary::free_with(guard, ptr as usize, real_free)
 }

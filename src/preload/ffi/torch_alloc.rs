@@ -33,14 +33,15 @@
 //! ([`RealCuda`]). What each call does with the allocator is `crate::live::allocator_mode`,
 //! which gets its segments and events through those functions.
 
-use super::cuda_error::SUCCESS;
 use crate::cuda::real::RealFn;
 use crate::live::allocator_mode::{
     self as mode, c_message, judged_mem_info, Call, CudaRuntime, Failure, MESSAGE_BYTES,
 };
 use dump::units::human_bytes;
 use oomshim_host::alloc::OutOfMemory;
+use oomshim_host::sys::cuda_error::SUCCESS;
 use oomshim_host::sys::fn_ptr::FnPtr;
+use oomshim_host::sys::Guard;
 use std::ffi::{c_char, c_double, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -268,7 +269,7 @@ fn unserved(oom: &OutOfMemory, stream: Stream, context: u32, outermost: bool) ->
     } else {
         None
     };
-    let guard = super::Guard::enter();
+    let guard = Guard::enter();
     let message =
         contained(|| mode::out_of_memory(&CUDA, oom, stream as u64, mem_info, note, context))
             .unwrap_or_else(|| {
@@ -298,7 +299,7 @@ pub unsafe extern "C-unwind" fn oomshim_torch_alloc(
 ) -> *mut c_void {
     // The guard makes any hooked call below (the segment's cudaMalloc, when this library is also
     // preloaded) pass straight through.
-    let guard = super::Guard::enter();
+    let guard = Guard::enter();
     let outermost = guard.is_some();
     let outcome = contained(|| mode::alloc(&CUDA, size, device, stream as u64))
         .unwrap_or(Err(Failure::PassThrough));
@@ -347,7 +348,7 @@ pub unsafe extern "C" fn oomshim_torch_free(
     if ptr.is_null() {
         return;
     }
-    let guard = super::Guard::enter();
+    let guard = Guard::enter();
     let known = contained(|| mode::free(&CUDA, device, ptr as u64));
     drop(guard);
     if known != Some(true) {
@@ -360,7 +361,7 @@ pub unsafe extern "C" fn oomshim_torch_free(
 /// `torch.cuda.empty_cache()` (torch's `set_reset_fn`): returns every fully free segment.
 #[no_mangle]
 pub extern "C" fn oomshim_torch_empty_cache() {
-    let guard = super::Guard::enter();
+    let guard = Guard::enter();
     contained(|| mode::allocator(&CUDA).empty_cache(None));
     drop(guard);
 }
@@ -369,7 +370,7 @@ pub extern "C" fn oomshim_torch_empty_cache() {
 /// until the work queued on `stream` when it is freed has finished.
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_torch_record_stream(ptr: *mut c_void, stream: Stream) {
-    let guard = super::Guard::enter();
+    let guard = Guard::enter();
     contained(|| mode::allocator(&CUDA).record_stream(ptr as u64, stream as u64));
     drop(guard);
 }
@@ -378,7 +379,7 @@ pub unsafe extern "C" fn oomshim_torch_record_stream(ptr: *mut c_void, stream: S
 /// `set_memory_fraction_fn`): caps what the cache may reserve on `device`.
 #[no_mangle]
 pub extern "C" fn oomshim_torch_set_memory_fraction(fraction: c_double, device: c_int) {
-    let guard = super::Guard::enter();
+    let guard = Guard::enter();
     contained(|| mode::set_memory_fraction(&CUDA, fraction, device));
     drop(guard);
 }
@@ -388,7 +389,7 @@ pub extern "C" fn oomshim_torch_set_memory_fraction(fraction: c_double, device: 
 #[no_mangle]
 pub extern "C" fn oomshim_torch_init(device_count: c_int) {
     let _ = device_count;
-    let guard = super::Guard::enter();
+    let guard = Guard::enter();
     contained(|| mode::allocator(&CUDA));
     drop(guard);
 }
@@ -473,7 +474,7 @@ pub extern "C" fn oomshim_torch_record_history(
     max_entries: u64,
     clear: c_int,
 ) -> c_int {
-    let guard = super::Guard::enter();
+    let guard = Guard::enter();
     let rc =
         contained(|| mode::record_history(&CUDA, enabled != 0, context, max_entries, clear != 0))
             .unwrap_or(-1);
