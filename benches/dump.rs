@@ -31,7 +31,7 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("dump");
     g.sample_size(10).measurement_time(Duration::from_secs(20));
     for top in [20usize, 10_000] {
-        let shim = oomshim::live::bench_support::synthetic(ALLOCATIONS, STACKS, &pool, top);
+        let shim = oomshim::shim::bench_support::synthetic(ALLOCATIONS, STACKS, &pool, top);
         let bytes = shim.dump_json().len();
         eprintln!("top {top}: dump of {bytes} bytes");
         g.bench_function(format!("100k_allocs_10k_stacks_top_{top}"), |b| {
@@ -39,9 +39,9 @@ fn bench(c: &mut Criterion) {
         });
     }
     let heap_before = heap_in_use();
-    let stacks_only = oomshim::live::bench_support::synthetic(0, 100_000, &pool, 20);
+    let stacks_only = oomshim::shim::bench_support::synthetic(0, 100_000, &pool, 20);
     let heap_stacks = heap_in_use();
-    let big = oomshim::live::bench_support::synthetic(1_000_000, 100_000, &pool, 20);
+    let big = oomshim::shim::bench_support::synthetic(1_000_000, 100_000, &pool, 20);
     let heap_big = heap_in_use();
     let stacks_bytes = heap_stacks.saturating_sub(heap_before);
     let ledger_bytes = heap_big

@@ -27,7 +27,7 @@ pub(crate) fn after_alloc(
     bytes: u64,
     stream: usize,
 ) {
-    guard.run(|| crate::live::on_alloc(layer, api, rc, addr, bytes, stream));
+    guard.run(|| crate::shim::on_alloc(layer, api, rc, addr, bytes, stream));
 }
 
 /// Removes `ptr` from the ledger before the real free runs (the runtime may hand the address
@@ -38,13 +38,13 @@ pub(crate) fn free_with(
     real_free: impl FnOnce() -> std::ffi::c_int,
 ) -> std::ffi::c_int {
     let taken = match guard {
-        Some(g) if ptr != 0 => g.run(|| crate::live::take(ptr)).flatten(),
+        Some(g) if ptr != 0 => g.run(|| crate::shim::take(ptr)).flatten(),
         _ => None,
     };
     let rc = real_free();
     if rc != cuda_error::SUCCESS {
         if let (Some(g), Some(a)) = (guard, taken) {
-            g.run(|| crate::live::reinstate(ptr, a));
+            g.run(|| crate::shim::reinstate(ptr, a));
         }
     }
     rc

@@ -17,7 +17,7 @@ use super::boundary::cstr;
 use crate::cuda::queries::driver::current_device;
 use crate::cuda::queries::DRIVER;
 use crate::cuda::real::driver_handle;
-use crate::live;
+use crate::shim;
 use oomshim_host::ledger::Api;
 use oomshim_host::sys::cuda_error;
 use oomshim_host::sys::fn_ptr::FnPtr;
@@ -223,10 +223,10 @@ driver_functions! {
             g.run(|| {
                 let (host, device) = location_of(prop);
                 if rc == CUDA_SUCCESS && !handle.is_null() {
-                    live::vmm_created(*handle, size as u64, device, host);
+                    shim::vmm_created(*handle, size as u64, device, host);
                 } else if rc == CUDA_ERROR_OUT_OF_MEMORY {
                     if host {
-                        live::record_pinned_failure(Api::CuMemCreateHost, size as u64);
+                        shim::record_pinned_failure(Api::CuMemCreateHost, size as u64);
                     } else {
                         oom(API, size as u64, device, rc, 0);
                     }
@@ -236,11 +236,11 @@ driver_functions! {
         rc
     }
     cuMemRelease(handle: CUmemGenericAllocationHandle) |real, guard| {
-        let undo = guard.as_ref().and_then(|g| g.run(|| live::vmm_release_begin(handle)).flatten());
+        let undo = guard.as_ref().and_then(|g| g.run(|| shim::vmm_release_begin(handle)).flatten());
         let rc = real(handle);
         if let (Some(g), Some(undo)) = (&guard, undo) {
             if rc != CUDA_SUCCESS {
-                g.run(|| live::vmm_undo(undo));
+                g.run(|| shim::vmm_undo(undo));
             }
         }
         rc
@@ -255,17 +255,17 @@ driver_functions! {
         let rc = real(ptr, size, offset, handle, flags);
         if let Some(g) = &guard {
             if rc == CUDA_SUCCESS {
-                g.run(|| live::vmm_mapped(ptr, size as u64, handle));
+                g.run(|| shim::vmm_mapped(ptr, size as u64, handle));
             }
         }
         rc
     }
     cuMemUnmap(ptr: CUdeviceptr, size: usize) |real, guard| {
-        let undo = guard.as_ref().and_then(|g| g.run(|| live::vmm_unmap_begin(ptr, size as u64)).flatten());
+        let undo = guard.as_ref().and_then(|g| g.run(|| shim::vmm_unmap_begin(ptr, size as u64)).flatten());
         let rc = real(ptr, size);
         if let (Some(g), Some(undo)) = (&guard, undo) {
             if rc != CUDA_SUCCESS {
-                g.run(|| live::vmm_undo(undo));
+                g.run(|| shim::vmm_undo(undo));
             }
         }
         rc
@@ -280,17 +280,17 @@ driver_functions! {
         let rc = real(ptr, size, alignment, addr, flags);
         if let Some(g) = &guard {
             if rc == CUDA_SUCCESS && !ptr.is_null() {
-                g.run(|| live::vmm_reserved(*ptr, size as u64));
+                g.run(|| shim::vmm_reserved(*ptr, size as u64));
             }
         }
         rc
     }
     cuMemAddressFree(ptr: CUdeviceptr, size: usize) |real, guard| {
-        let undo = guard.as_ref().and_then(|g| g.run(|| live::vmm_address_free_begin(ptr)).flatten());
+        let undo = guard.as_ref().and_then(|g| g.run(|| shim::vmm_address_free_begin(ptr)).flatten());
         let rc = real(ptr, size);
         if let (Some(g), Some(undo)) = (&guard, undo) {
             if rc != CUDA_SUCCESS {
-                g.run(|| live::vmm_undo(undo));
+                g.run(|| shim::vmm_undo(undo));
             }
         }
         rc
@@ -495,7 +495,7 @@ unsafe fn read_host(out: *mut *mut c_void) -> u64 {
 }
 
 fn oom(api: Api, bytes: u64, device: i32, rc: CUresult, stream: usize) {
-    live::on_oom(&DRIVER, api, bytes, device, rc, stream);
+    shim::on_oom(&DRIVER, api, bytes, device, rc, stream);
 }
 
 fn after_alloc(guard: &Guard, api: Api, rc: CUresult, addr: u64, bytes: u64, stream: usize) {
@@ -506,7 +506,7 @@ fn free_with(guard: Option<&Guard>, ptr: u64, real_free: impl FnOnce() -> CUresu
     super::boundary::free_with(guard, ptr as usize, real_free)
 }
 
-// The shared bookkeeping (`crate::live::on_alloc`) compares with the runtime's codes; the
+// The shared bookkeeping (`crate::shim::on_alloc`) compares with the runtime's codes; the
 // driver's are the same numbers.
 const _: () = assert!(
     CUDA_SUCCESS == cuda_error::SUCCESS

@@ -1,7 +1,7 @@
 //! The `oomshim_*` functions programs (and oomshim's Python package and hook) call. The hooked
 //! CUDA functions are the tables of [`super::runtime`] and [`super::driver`].
 
-use crate::live;
+use crate::shim;
 use oomshim_host::sys::Guard;
 use std::ffi::{c_char, c_int, CStr};
 
@@ -55,14 +55,14 @@ extern "C" fn code_event(_event: i32, _code: *mut std::ffi::c_void) -> i32 {
 /// For benchmarks that alternate modes inside one process.
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_set_recording(mode: c_int) -> c_int {
-    let Some(mode) = live::Recording::from_code(mode) else {
+    let Some(mode) = shim::Recording::from_code(mode) else {
         return -1;
     };
     let Some(guard) = Guard::enter() else {
         return -1;
     };
     guard
-        .run(|| live::set_recording(mode))
+        .run(|| shim::set_recording(mode))
         .flatten()
         .map_or(-1, |before| before as c_int)
 }
@@ -74,7 +74,7 @@ pub unsafe extern "C" fn oomshim_recording() -> c_int {
         return -1;
     };
     guard
-        .run(live::current_recording)
+        .run(shim::current_recording)
         .flatten()
         .map_or(-1, |m| m as c_int)
 }
@@ -85,7 +85,7 @@ pub unsafe extern "C" fn oomshim_recording() -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_step() {
     if let Some(guard) = Guard::enter() {
-        guard.run(|| live::step(live::StepSource::Program, None));
+        guard.run(|| shim::step(shim::StepSource::Program, None));
     }
 }
 
@@ -111,12 +111,12 @@ pub unsafe extern "C" fn oomshim_mark_step_live(
 ) -> c_int {
     mark_step(
         source,
-        Some(live::FrameworkLive::new(live_bytes, live_allocations)),
+        Some(shim::FrameworkLive::new(live_bytes, live_allocations)),
     )
 }
 
-fn mark_step(source: c_int, live: Option<live::FrameworkLive>) -> c_int {
-    let Some(source) = live::StepSource::from_code(source) else {
+fn mark_step(source: c_int, live: Option<shim::FrameworkLive>) -> c_int {
+    let Some(source) = shim::StepSource::from_code(source) else {
         return 0;
     };
     let Some(guard) = Guard::enter() else {
@@ -124,8 +124,8 @@ fn mark_step(source: c_int, live: Option<live::FrameworkLive>) -> c_int {
     };
     guard
         .run(|| {
-            live::step(source, live);
-            live::growing(source)
+            shim::step(source, live);
+            shim::growing(source)
         })
         .map_or(0, c_int::from)
 }
@@ -137,12 +137,12 @@ fn mark_step(source: c_int, live: Option<live::FrameworkLive>) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_note_step(source: c_int, live_bytes: u64, live_allocations: u64) {
     let live =
-        (live_bytes != u64::MAX).then(|| live::FrameworkLive::new(live_bytes, live_allocations));
-    let Some(source) = live::StepSource::from_code(source) else {
+        (live_bytes != u64::MAX).then(|| shim::FrameworkLive::new(live_bytes, live_allocations));
+    let Some(source) = shim::StepSource::from_code(source) else {
         return;
     };
     if let Some(guard) = Guard::enter() {
-        guard.run(|| live::step(source, live));
+        guard.run(|| shim::step(source, live));
     }
 }
 
@@ -150,13 +150,13 @@ pub unsafe extern "C" fn oomshim_note_step(source: c_int, live_bytes: u64, live_
 /// [`oomshim_mark_step`]), else 0.
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_steps_grow(source: c_int) -> c_int {
-    let Some(source) = live::StepSource::from_code(source) else {
+    let Some(source) = shim::StepSource::from_code(source) else {
         return 0;
     };
     let Some(guard) = Guard::enter() else {
         return 0;
     };
-    guard.run(|| live::growing(source)).map_or(0, c_int::from)
+    guard.run(|| shim::growing(source)).map_or(0, c_int::from)
 }
 
 /// Whether the out-of-memory error a framework raises now on the calling thread (`request_bytes`
@@ -170,7 +170,7 @@ pub unsafe extern "C" fn oomshim_framework_oom_wanted(device: c_int, request_byt
         return -1;
     };
     match guard
-        .run(|| live::framework_oom_wanted(device, request_bytes))
+        .run(|| shim::framework_oom_wanted(device, request_bytes))
         .flatten()
     {
         Some(true) => 1,
@@ -184,13 +184,13 @@ pub unsafe extern "C" fn oomshim_framework_oom_wanted(device: c_int, request_byt
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_framework_attached(_name: *const c_char) {
     if let Some(guard) = Guard::enter() {
-        guard.run(live::framework_attached);
+        guard.run(shim::framework_attached);
     }
 }
 
 /// The framework raised its out-of-memory error on the calling thread. `json`/`len`: the
 /// framework's account as UTF-8 JSON (schema `oomshim.framework-oom/1`, see
-/// `crate::live::framework`). Returns once the dump that explains the failure is written
+/// `crate::shim::framework`). Returns once the dump that explains the failure is written
 /// (bounded): its path is copied into `path_out` (`cap` bytes, NUL-terminated; may be NULL) and
 /// 0 is returned when the account is in that dump, 1 when the dump was final before it arrived,
 /// 2 when the failure repeats an earlier dumped one, 3 when it is given from inside allocator
@@ -204,7 +204,7 @@ pub unsafe extern "C" fn oomshim_framework_oom(
     path_out: *mut c_char,
     cap: usize,
 ) -> c_int {
-    if json.is_null() || len > live::framework::MAX_REPORT_BYTES {
+    if json.is_null() || len > crate::failure::framework::MAX_REPORT_BYTES {
         return -1;
     }
     let Some(guard) = Guard::enter() else {
@@ -215,8 +215,8 @@ pub unsafe extern "C" fn oomshim_framework_oom(
     let bytes = unsafe { std::slice::from_raw_parts(json.cast::<u8>(), len) };
     let path = guard
         .run(|| {
-            let (note, mem_info) = live::framework::parse(bytes)?;
-            live::framework_oom(note, mem_info)
+            let (note, mem_info) = crate::failure::framework::parse(bytes)?;
+            shim::framework_oom(note, mem_info)
         })
         .flatten();
     match path {
@@ -244,7 +244,7 @@ pub unsafe extern "C" fn oomshim_framework_oom(
 /// not (not such JSON, or the shim is off).
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_framework_kinds(json: *const c_char, len: usize) -> c_int {
-    if json.is_null() || len > live::framework::MAX_REPORT_BYTES {
+    if json.is_null() || len > crate::failure::framework::MAX_REPORT_BYTES {
         return -1;
     }
     let Some(guard) = Guard::enter() else {
@@ -254,7 +254,7 @@ pub unsafe extern "C" fn oomshim_framework_kinds(json: *const c_char, len: usize
     // was refused above.
     let bytes = unsafe { std::slice::from_raw_parts(json.cast::<u8>(), len) };
     let taken = guard.run(|| {
-        let (device, kinds, attribution) = live::framework::parse_live_kinds(bytes)?;
+        let (device, kinds, attribution) = crate::failure::framework::parse_live_kinds(bytes)?;
         let unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -284,9 +284,9 @@ pub unsafe extern "C" fn oomshim_dump(reason: *const c_char) -> c_int {
     } else {
         // SAFETY: a non-NULL `reason` is a NUL-terminated string the caller keeps alive for the
         // call (this function's contract).
-        live::dump_reason(unsafe { CStr::from_ptr(reason) }.to_bytes())
+        shim::dump_reason(unsafe { CStr::from_ptr(reason) }.to_bytes())
     };
-    let written = guard.run(|| live::dump_on_demand(&reason));
+    let written = guard.run(|| shim::dump_on_demand(&reason));
     match written {
         Some(true) => 0,
         _ => -1,

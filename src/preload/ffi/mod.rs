@@ -1,7 +1,7 @@
 //! The C ABI of liboomshim.so and nothing else: the hooked CUDA runtime and driver functions
 //! (one table each, [`runtime`] and [`driver`]), the exported `oomshim_*` API, finding the real
 //! functions, and the boundary that keeps the shim's own failures (panics, re-entry) from ever
-//! reaching the host program. Bookkeeping lives in [`crate::live`]; this module only translates
+//! reaching the host program. Bookkeeping lives in [`crate::shim`]; this module only translates
 //! between C and it. The real functions and the device queries are `crate::cuda`'s.
 
 mod boundary;
@@ -30,7 +30,7 @@ use std::panic::catch_unwind;
 extern "C" fn note_load_time_facts() {
     let _ = catch_unwind(|| {
         oomshim_host::sys::say::note_stderr_at_load();
-        crate::live::note_start_dir();
+        crate::state::note_start_dir();
     });
 }
 

@@ -18,7 +18,7 @@ pub const EXPORTED_NAMES: &[&str] = &["_Exit", "_exit"];
 fn end(status: c_int) -> ! {
     // An out-of-memory failure that ends the process leaves its answer for the job (torchrun's
     // error file, Kubernetes' termination message): prepared bytes, system calls only.
-    crate::live::job_files_at_raw_exit(status);
+    crate::shim::job_files_at_raw_exit(status);
     crate::publish::remove_at_exit();
     if let Some(real) = crate::publish::real_exit() {
         // SAFETY: the C library's `_exit`, with the caller's status.

@@ -30,13 +30,14 @@
 //!
 //! This file is the C side only: the entry points, their arguments turned into Rust values, the
 //! panic boundary, the observer call and the C++ exception, and the real runtime functions
-//! ([`RealCuda`]). What each call does with the allocator is `crate::live::allocator_mode`,
+//! ([`RealCuda`]). What each call does with the allocator is `crate::allocator_mode`,
 //! which gets its segments and events through those functions.
 
-use crate::cuda::real::RealFn;
-use crate::live::allocator_mode::{
+use crate::allocator_mode::{
     self as mode, c_message, judged_mem_info, Call, CudaRuntime, Failure, MESSAGE_BYTES,
 };
+use crate::cuda::real::RealFn;
+use crate::shim;
 use dump::units::human_bytes;
 use oomshim_host::alloc::OutOfMemory;
 use oomshim_host::sys::cuda_error::SUCCESS;
@@ -110,7 +111,7 @@ static EVENT_DESTROY: RealFn<EventDestroy> = unsafe { RealFn::new(c"cudaEventDes
 static GET_CAPTURE_INFO: RealFn<GetCaptureInfo> =
     unsafe { RealFn::new(c"cudaStreamGetCaptureInfo") };
 
-/// The real CUDA runtime, as allocator mode calls it (`crate::live::allocator_mode::source`):
+/// The real CUDA runtime, as allocator mode calls it (`crate::allocator_mode::source`):
 /// pointers and streams as integers, out-parameters as return values.
 struct RealCuda;
 
@@ -270,14 +271,23 @@ fn unserved(oom: &OutOfMemory, stream: Stream, context: u32, outermost: bool) ->
         None
     };
     let guard = Guard::enter();
-    let message =
-        contained(|| mode::out_of_memory(&CUDA, oom, stream as u64, mem_info, note, context))
-            .unwrap_or_else(|| {
-                c_message(&format!(
-                    "CUDA out of memory. Tried to allocate {} (oomshim allocator).",
-                    human_bytes(oom.requested)
-                ))
-            });
+    let message = contained(|| {
+        mode::out_of_memory(
+            &CUDA,
+            &shim::ALLOCATOR_HOST,
+            oom,
+            stream as u64,
+            mem_info,
+            note,
+            context,
+        )
+    })
+    .unwrap_or_else(|| {
+        c_message(&format!(
+            "CUDA out of memory. Tried to allocate {} (oomshim allocator).",
+            human_bytes(oom.requested)
+        ))
+    });
     drop(guard);
     Failure::OutOfMemory(Box::new(message))
 }
@@ -301,8 +311,9 @@ pub unsafe extern "C-unwind" fn oomshim_torch_alloc(
     // preloaded) pass straight through.
     let guard = Guard::enter();
     let outermost = guard.is_some();
-    let outcome = contained(|| mode::alloc(&CUDA, size, device, stream as u64))
-        .unwrap_or(Err(Failure::PassThrough));
+    let outcome =
+        contained(|| mode::alloc(&CUDA, &shim::ALLOCATOR_HOST, size, device, stream as u64))
+            .unwrap_or(Err(Failure::PassThrough));
     drop(guard);
     let outcome = match outcome {
         Err(Failure::Unserved(oom, context)) => Err(unserved(&oom, stream, context, outermost)),
@@ -349,7 +360,7 @@ pub unsafe extern "C" fn oomshim_torch_free(
         return;
     }
     let guard = Guard::enter();
-    let known = contained(|| mode::free(&CUDA, device, ptr as u64));
+    let known = contained(|| mode::free(&CUDA, &shim::ALLOCATOR_HOST, device, ptr as u64));
     drop(guard);
     if known != Some(true) {
         // Not one of the allocator's blocks: a pass-through allocation made while the shim was
@@ -482,7 +493,7 @@ pub extern "C" fn oomshim_torch_record_history(
     rc
 }
 
-/// torch's memory history of `device` as JSON (`crate::live::history::history_json`): its
+/// torch's memory history of `device` as JSON (`crate::allocator_mode::history::history_json`): its
 /// trace, the stacks of its live blocks, and those stacks resolved. As torch's snapshot does,
 /// a `snapshot` entry is recorded once the trace was read (it shows in the next one).
 #[no_mangle]
@@ -491,7 +502,8 @@ pub unsafe extern "C" fn oomshim_torch_history(
     buf: *mut c_char,
     cap: usize,
 ) -> usize {
-    let text = contained(|| mode::history_json(&CUDA, device)).unwrap_or_else(|| "{}".into());
+    let text = contained(|| mode::history_json(&CUDA, &shim::ALLOCATOR_HOST, device))
+        .unwrap_or_else(|| "{}".into());
     // SAFETY: the caller hands `cap` writable bytes at `buf`, or NULL (this function's
     // contract, as torch's and the Python package's callers keep it).
     unsafe { copy_out(&text, buf, cap) }

@@ -7,8 +7,11 @@
 use super::captures::OpenCaptures;
 use super::config::{config_from_env, native_tensor_stacks};
 use super::free_blocks::{free_blocks_for_dump, free_blocks_with_segment_map};
+use super::host::Host;
 use super::message::{c_message, judged_mem_info, memory_cap, out_of_memory_text, MESSAGE_BYTES};
 use super::source::{self, CudaRuntime, CudaSource};
+use crate::cuda::context::FailureContext;
+use crate::failure::{FrameworkNote, OomEvent};
 use dump::model::FreeBlocks;
 use dump::units::human_bytes;
 use oomshim_host::alloc::{CachingAllocator, HistoryConfig, OomCause, OutOfMemory, RecordContext};
@@ -59,6 +62,7 @@ pub enum Failure {
 /// A tensor of `size` bytes on `device` for `stream`: its address, recorded in the ledger.
 pub fn alloc(
     cuda: &'static dyn CudaRuntime,
+    host: &dyn Host,
     size: usize,
     device: i32,
     stream: u64,
@@ -70,13 +74,12 @@ pub fn alloc(
         OPEN_CAPTURES.note(stream as usize, id);
     }
     source::set_capturing(capture.is_some());
-    let context = history_stack(a, RecordContext::State);
+    let context = history_stack(host, a, RecordContext::State);
     let result = a.malloc_in_context(device, size as u64, stream, capture, context);
     source::set_capturing(false);
     match result {
         Ok(block) => {
-            crate::live::record_alloc_with(
-                Api::TorchAlloc,
+            host.record_tensor(
                 block.addr as usize,
                 size as u64,
                 device,
@@ -101,11 +104,11 @@ pub fn alloc(
 }
 
 /// Frees a tensor; false when `ptr` is not one of the allocator's blocks.
-pub fn free(cuda: &'static dyn CudaRuntime, device: i32, ptr: u64) -> bool {
+pub fn free(cuda: &'static dyn CudaRuntime, host: &dyn Host, device: i32, ptr: u64) -> bool {
     let a = allocator(cuda);
     retire_ended_captures(cuda, a);
-    let _ = crate::live::take(ptr as usize);
-    let context = history_stack(a, RecordContext::All);
+    host.forget(ptr as usize);
+    let context = history_stack(host, a, RecordContext::All);
     a.free_in_context(device, ptr, context).is_some()
 }
 
@@ -127,9 +130,9 @@ pub fn pass_through_free(cuda: &'static dyn CudaRuntime, device: i32, ptr: u64, 
 /// The caller's Python stack for torch's memory history when it keeps stacks at `level` or
 /// above (an allocation from `state`, a free at `all`); 0 otherwise, after one relaxed load.
 #[inline]
-fn history_stack(a: &CachingAllocator<CudaSource>, level: RecordContext) -> u32 {
+fn history_stack(host: &dyn Host, a: &CachingAllocator<CudaSource>, level: RecordContext) -> u32 {
     match a.history_context() {
-        Some(l) if l >= level => crate::live::history::python_stack(),
+        Some(l) if l >= level => host.python_stack(),
         _ => 0,
     }
 }
@@ -139,10 +142,11 @@ fn history_stack(a: &CachingAllocator<CudaSource>, level: RecordContext) -> u32 
 /// `oom` history entry.
 pub fn out_of_memory(
     cuda: &'static dyn CudaRuntime,
+    host: &dyn Host,
     oom: &OutOfMemory,
     stream: u64,
     mem_info: Option<(u64, u64)>,
-    note: Option<crate::live::FrameworkNote>,
+    note: Option<FrameworkNote>,
     context: u32,
 ) -> [u8; MESSAGE_BYTES] {
     if allocator(cuda).history_context().is_some() {
@@ -150,16 +154,16 @@ pub fn out_of_memory(
         let free = mem_info.map_or(0, |m| m.0);
         allocator(cuda).record_oom(oom.device, oom.rounded, free, stream, context);
     }
-    let outcome = super::oom_now(
-        crate::live::OomEvent {
+    let outcome = host.out_of_memory(
+        OomEvent {
             api: Api::TorchAlloc,
             bytes: oom.requested,
             device: oom.device,
             error_code: MEMORY_ALLOCATION,
             stream: stream as usize,
-            context: crate::live::FailureContext {
+            context: FailureContext {
                 memory_cap: memory_cap(oom, mem_info),
-                ..super::failure_context(
+                ..failure_context(
                     oom.device,
                     judged_mem_info(oom, mem_info),
                     Some(free_blocks_with_segment_map(allocator(cuda), oom.device)),
@@ -230,11 +234,30 @@ pub fn record_history(
     0
 }
 
-/// torch's memory history of `device` as JSON (`crate::live::history::history_json`); as
+/// torch's memory history of `device` as JSON (`crate::allocator_mode::history::history_json`); as
 /// torch's snapshot does, a `snapshot` entry is recorded once the trace was read.
-pub fn history_json(cuda: &'static dyn CudaRuntime, device: i32) -> String {
+pub fn history_json(cuda: &'static dyn CudaRuntime, host: &dyn Host, device: i32) -> String {
     let a = allocator(cuda);
-    let json = crate::live::history::history_json(&a.trace(device), &a.segments(device));
+    let json = super::history::history_json(host, &a.trace(device), &a.segments(device));
     a.record_snapshot(device);
     json
+}
+
+/// What an allocator-mode failure on `device` knows, gathered on the failing thread: free/total
+/// as asked for the exception's message, the allocator's exact free blocks, and what the process
+/// learnt before (the UUID, the CUDA versions); the allocator asks CUDA nothing more.
+fn failure_context(
+    device: i32,
+    mem_info: Option<(u64, u64)>,
+    free_blocks: Option<FreeBlocks>,
+) -> FailureContext {
+    FailureContext {
+        free_blocks,
+        ..FailureContext::learnt_before(Some(device), mem_info)
+    }
+}
+
+/// The allocator's free-block state of `device` (device 0 when none), when allocator mode is on.
+pub(crate) fn free_blocks(device: Option<i32>) -> Option<FreeBlocks> {
+    free_blocks_if_active(device.unwrap_or(0))
 }

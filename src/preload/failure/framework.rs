@@ -3,7 +3,7 @@
 //! segments and free blocks (from `torch.cuda.memory._snapshot()`), which the shim cannot see
 //! under LD_PRELOAD; they become the dump's `free_blocks` before the verdict is judged.
 
-use super::oom::event::FrameworkNote;
+use super::event::FrameworkNote;
 use dump::model::{Attribution, CacheSummary, FrameworkOom, Kinds, MemoryCap, PyFrame};
 use serde::Deserialize;
 

@@ -82,7 +82,7 @@ const UNSET: u8 = u8::MAX;
 static CHOSEN: AtomicBool = AtomicBool::new(false);
 
 /// Sets the starting mode, unless a program already chose one.
-pub(super) fn start(mode: Recording) {
+pub(crate) fn start(mode: Recording) {
     let _ = CURRENT.compare_exchange(UNSET, mode as u8, Ordering::Relaxed, Ordering::Relaxed);
 }
 

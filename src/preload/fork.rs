@@ -20,18 +20,34 @@
 //! threads knew: the OOM tracker forgets the parent's requests, and this (the child's only)
 //! thread's cached id, which is the parent thread's, is read again.
 
-use super::Shim;
 use std::panic::catch_unwind;
-use std::sync::MutexGuard;
+use std::sync::{MutexGuard, OnceLock};
+
+/// The shim's own locks (1, 2 and 8 to 11), as the shim takes and lets go of them: it knows its
+/// state, these handlers only the order. Each does nothing before the shim's state exists.
+pub struct StateLocks {
+    /// Whether the shim's state exists (it may come into being on any thread at any time).
+    pub started: fn() -> bool,
+    /// Locks 1 and 2, and letting go of them.
+    pub hold_growth: fn(),
+    pub release_growth: fn(),
+    /// Locks 8 to 11, and letting go of them (in the child: with what only the parent's other
+    /// threads knew forgotten).
+    pub hold_state: fn(),
+    pub release_state: fn(bool),
+}
+
+static STATE_LOCKS: OnceLock<StateLocks> = OnceLock::new();
 
 /// Registers the handlers below (once per process; later calls do nothing).
-pub(super) fn register() {
+pub(crate) fn register(locks: StateLocks) {
+    let _ = STATE_LOCKS.set(locks);
     oomshim_host::sys::register_fork_handlers(prepare, parent, child);
 }
 
 fn prepare() {
-    if let Some(s) = Shim::started() {
-        s.hold_growth_for_fork();
+    if let Some(l) = STATE_LOCKS.get() {
+        (l.hold_growth)();
     }
     // A panic in the leaves' part still lets the shim's state be locked.
     let _ = catch_unwind(hold_leaf_locks);
@@ -47,7 +63,7 @@ fn parent() {
 fn child() {
     release_state_locks(true);
     let _ = catch_unwind(|| {
-        let _ = super::TID.try_with(|t| t.set(0));
+        let _ = crate::state::TID.try_with(|t| t.set(0));
         release_leaf_locks();
     });
     release_growth_locks();
@@ -56,8 +72,8 @@ fn child() {
 /// Locks 1 and 2. Only what this thread's `prepare` took is let go (the state may have come into
 /// being meanwhile), so no note of holding them is needed.
 fn release_growth_locks() {
-    if let Some(s) = Shim::started() {
-        s.release_growth_after_fork();
+    if let Some(l) = STATE_LOCKS.get() {
+        (l.release_growth)();
     }
 }
 
@@ -67,9 +83,9 @@ oomshim_host::fork_held! {
 
 /// Locks 3 to 7, which live outside the shim's state.
 fn hold_leaf_locks() {
-    super::vmm::fork_prepare();
+    crate::record::vmm::fork_prepare();
     THREAD_NAMES_HELD.hold(
-        super::THREAD_NAMES
+        crate::state::THREAD_NAMES
             .lock()
             .unwrap_or_else(|e| e.into_inner()),
     );
@@ -83,7 +99,7 @@ fn release_leaf_locks() {
     oomshim_host::pystack::fork_release();
     crate::cuda::context::fork_release();
     THREAD_NAMES_HELD.release();
-    super::vmm::fork_release();
+    crate::record::vmm::fork_release();
 }
 
 std::thread_local! {
@@ -95,21 +111,20 @@ std::thread_local! {
 
 /// Locks 8 to 11, the shim's state (none before it exists).
 fn hold_state_locks() {
-    let Some(s) = Shim::started() else {
+    let Some(l) = STATE_LOCKS.get().filter(|l| (l.started)()) else {
         return;
     };
     if STATE_HELD.try_with(|h| h.set(true)).is_err() {
         return; // no note of holding them could be kept: take none
     }
-    s.hold_state_for_fork();
+    (l.hold_state)();
 }
 
 fn release_state_locks(child: bool) {
     if !STATE_HELD.try_with(|h| h.replace(false)).unwrap_or(false) {
         return;
     }
-    let Some(s) = Shim::started() else {
-        return;
-    };
-    s.release_state_after_fork(child);
+    if let Some(l) = STATE_LOCKS.get() {
+        (l.release_state)(child);
+    }
 }

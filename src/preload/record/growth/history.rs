@@ -3,7 +3,7 @@
 //! named with no ledger lock held and the rings pushed. Cold path only; who calls it when is
 //! `steps.rs`'s job.
 
-use super::{
+use super::model::{
     SiteKey, SiteKeyer, StackPair, MAX_SITES, RING, SAMPLE_FREE_LIVE, SAMPLE_MAX_VISITS_PER_ALLOC,
 };
 use oomshim_host::ledger::Ledger;

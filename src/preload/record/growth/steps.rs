@@ -4,7 +4,8 @@
 
 use super::detect::{Event, NO_ANCHOR};
 use super::history::{push_ring, sample, sample_spacing, AutoMode, Histories, History};
-use super::{FrameworkLive, SiteKeyer, StackPair, StepSource, Tracker, BUCKET_NS};
+use super::model::{FrameworkLive, SiteKeyer, StackPair, StepSource, BUCKET_NS};
+use super::tracker::Tracker;
 use oomshim_host::ledger::Ledger;
 use std::sync::atomic::Ordering;
 

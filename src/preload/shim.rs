@@ -4,28 +4,23 @@
 //! for it). Called only from the hooks (the `ffi` module), always inside their guard, never
 //! holding a lock across a call into CUDA.
 
-pub mod allocator_mode;
-mod assemble;
-mod fork;
-pub mod framework;
-mod gather;
-mod growth;
-pub mod history;
-mod oom;
-pub mod recording;
+use crate::allocator_mode;
+use crate::failure::{self, assemble, gather};
+use crate::fork;
+use crate::record::{growth, recording, vmm};
+use crate::state::{allocating_thread_id, coarse_monotonic_ns, start_dir, thread_id};
 
 pub use crate::cuda::context::FailureContext;
 use crate::cuda::context::Moment;
 use crate::cuda::queries::Layer;
-pub use growth::{FrameworkLive, StepSource};
-pub use oom::{FrameworkNote, OomEvent};
-pub use recording::Recording;
+pub use crate::failure::{FrameworkNote, OomEvent};
+pub use crate::record::growth::{FrameworkLive, StepSource};
+pub use crate::record::recording::Recording;
 
 use oomshim_core::config::{Config, StackMode};
 use oomshim_host::ledger::{Allocation, Api, Ledger, StackId, StackTable};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
-use std::time::SystemTime;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 /// The shim's state in this process. Its fields are read here, in this file, only: the children
 /// (the OOM path, gather, fork, history, allocator mode) ask through the methods below.
@@ -36,10 +31,10 @@ pub struct Shim {
     /// Python stacks: packed `(code id, offset)` frames, interned like native ones.
     py_stacks: StackTable,
     start_ns: u64,
-    oom: oom::OomTracker,
+    oom: failure::OomTracker,
     oom_failures: AtomicU64,
     pinned_failures: AtomicU64,
-    /// Live bytes per site over steps or time buckets (src/preload/live/growth.rs).
+    /// Live bytes per site over steps or time buckets (src/preload/record/growth).
     growth: growth::Tracker,
 }
 
@@ -48,7 +43,7 @@ static SHIM: OnceLock<Shim> = OnceLock::new();
 // The off switch lives with the guard, below the hooks and this module.
 pub use oomshim_host::sys::{disable, disabled};
 
-fn shim() -> Option<&'static Shim> {
+pub(crate) fn shim() -> Option<&'static Shim> {
     if disabled() {
         return None;
     }
@@ -62,7 +57,7 @@ fn shim() -> Option<&'static Shim> {
 /// The opt-in on-demand dumps: a signal (`OOMSHIM_SIGNAL`), a period (`OOMSHIM_INTERVAL`) and
 /// the program's exit (`OOMSHIM_AT_EXIT`). These dumps ask CUDA nothing (no device free/total):
 /// from a thread of the shim's own, asking could create a CUDA context.
-fn start_triggers(s: &'static Shim) {
+pub(crate) fn start_triggers(s: &'static Shim) {
     if let Some(signo) = s.config.dump_signal {
         // The handler posts a semaphore (no descriptor the program could close or reuse,
         // see `sys::wait_for_dump_signal`); this thread writes the dump.
@@ -131,26 +126,13 @@ fn start_triggers(s: &'static Shim) {
 /// The ledger's summary for the live region (src/core/flight): an on-demand dump's content, with
 /// reason `live`, asked of nothing but the ledger and /proc (no CUDA, no NVML), taken inside
 /// the guard on the publisher's thread.
-fn live_dump() -> Option<dump::model::Dump> {
+pub(crate) fn live_dump() -> Option<dump::model::Dump> {
     oomshim_host::sys::guarded(|| {
         let s = SHIM.get()?;
-        if disabled() || !room_for_dump(s) {
+        if disabled() {
             return None;
         }
-        let capture = assemble::Capture {
-            snapshot: s.ledger.snapshot(s.config.top),
-            time: SystemTime::now(),
-            now_ns: s.now_ns(),
-            failing: None,
-            context: context_without_cuda(None, None),
-            growth: None,
-        };
-        let facts = assemble::Facts {
-            gpu_processes: None,
-            host: oomshim_core::facts::host::read(),
-            device_uuids: crate::cuda::context::known_device_uuids(),
-        };
-        Some(gather::assemble_now(s, "live", &capture, None, None, facts))
+        failure::on_demand::live(s, context_without_cuda(None, None))
     })
     .flatten()
 }
@@ -163,7 +145,7 @@ pub fn at_exit_dump() {
 }
 
 impl Shim {
-    fn start() -> Shim {
+    pub(crate) fn start() -> Shim {
         let (mut config, warnings) = Config::from_lookup(|k| std::env::var(k).ok());
         for w in &warnings {
             oomshim_host::say!("oomshim: {w}");
@@ -211,17 +193,39 @@ impl Shim {
     }
 
     /// A state with nothing recorded yet, under `config`.
-    fn empty(config: Config) -> Shim {
+    pub(crate) fn empty(config: Config) -> Shim {
         // At shim start, once: from here on a `fork` cannot copy a lock of the shim's own into
         // the child while another thread holds it.
-        fork::register();
+        fork::register(fork::StateLocks {
+            started: || Shim::started().is_some(),
+            hold_growth: || {
+                if let Some(s) = Shim::started() {
+                    s.hold_growth_for_fork();
+                }
+            },
+            release_growth: || {
+                if let Some(s) = Shim::started() {
+                    s.release_growth_after_fork();
+                }
+            },
+            hold_state: || {
+                if let Some(s) = Shim::started() {
+                    s.hold_state_for_fork();
+                }
+            },
+            release_state: |child| {
+                if let Some(s) = Shim::started() {
+                    s.release_state_after_fork(child);
+                }
+            },
+        });
         Shim {
             config,
             ledger: Ledger::new(),
             stacks: StackTable::new(),
             py_stacks: StackTable::new(),
             start_ns: coarse_monotonic_ns(),
-            oom: oom::OomTracker::new(),
+            oom: failure::OomTracker::new(),
             oom_failures: AtomicU64::new(0),
             pinned_failures: AtomicU64::new(0),
             growth: growth::Tracker::new(),
@@ -230,16 +234,16 @@ impl Shim {
 
     /// Nanoseconds since start on the coarse monotonic clock: a few ns to read instead of
     /// ~20, and its millisecond resolution is plenty for allocation ages.
-    fn now_ns(&self) -> u64 {
+    pub(crate) fn now_ns(&self) -> u64 {
         coarse_monotonic_ns().saturating_sub(self.start_ns)
     }
 
     /// The native and the Python stack of the calling thread, as the recording mode says.
-    fn capture_stacks(&self) -> (StackId, StackId) {
+    pub(crate) fn capture_stacks(&self) -> (StackId, StackId) {
         self.capture_stacks_in(recording::current().stacks().unwrap_or(StackMode::Off))
     }
 
-    fn capture_stacks_in(&self, stacks: StackMode) -> (StackId, StackId) {
+    pub(crate) fn capture_stacks_in(&self, stacks: StackMode) -> (StackId, StackId) {
         let native = if stacks.native() {
             self.capture_stack()
         } else {
@@ -253,7 +257,7 @@ impl Shim {
         (native, python)
     }
 
-    fn capture_py_stack(&self) -> StackId {
+    pub(crate) fn capture_py_stack(&self) -> StackId {
         if !oomshim_host::pystack::active() {
             return StackId::EMPTY; // no Python in this process: nothing more to pay
         }
@@ -265,43 +269,38 @@ impl Shim {
     }
 
     /// The state, if the shim started; never starts it (the `fork` handlers, the exit flush).
-    fn started() -> Option<&'static Shim> {
+    pub(crate) fn started() -> Option<&'static Shim> {
         SHIM.get()
     }
 
     /// Allocations recorded since start (an atomic load: safe where only async-signal-safe
     /// calls are).
-    fn total_allocations(&self) -> u64 {
+    pub(crate) fn total_allocations(&self) -> u64 {
         self.ledger.total_allocations()
     }
 
-    /// The settings read at start.
-    fn config(&self) -> &Config {
-        &self.config
-    }
-
     /// The ledger's live allocations now, its largest `OOMSHIM_TOP` sites in full.
-    fn snapshot(&self) -> oomshim_host::ledger::Snapshot {
+    pub(crate) fn snapshot(&self) -> oomshim_host::ledger::Snapshot {
         self.ledger.snapshot(self.config.top)
     }
 
     /// The bytes the ledger holds live on `device`.
-    fn device_bytes(&self, device: i32) -> u64 {
+    pub(crate) fn device_bytes(&self, device: i32) -> u64 {
         self.ledger.device_bytes(device)
     }
 
     /// Device out-of-memory failures recorded so far.
-    fn oom_failures(&self) -> u64 {
+    pub(crate) fn oom_failures(&self) -> u64 {
         self.oom_failures.load(Ordering::Relaxed)
     }
 
     /// The growth history as it is now, copied for a failure's dump (see `growth::Tracker::freeze`).
-    fn frozen_growth(&self) -> Option<growth::Frozen> {
+    pub(crate) fn frozen_growth(&self) -> Option<growth::Frozen> {
         self.growth.freeze(&self.ledger, self, self.now_ns())
     }
 
     /// The growth for a dump assembled now (see `growth::Tracker::analyse`).
-    fn growth_now(
+    pub(crate) fn growth_now(
         &self,
         free_bytes: Option<u64>,
         name: impl FnMut(&[growth::StackPair]) -> Vec<Vec<dump::model::Frame>>,
@@ -311,51 +310,51 @@ impl Shim {
     }
 
     /// The request-size summary for a dump.
-    fn request_sizes(&self) -> Option<dump::model::RequestSizes> {
+    pub(crate) fn request_sizes(&self) -> Option<dump::model::RequestSizes> {
         self.growth.request_sizes()
     }
 
     /// The frames of an interned native stack.
-    fn native_frames(&self, id: StackId) -> Vec<usize> {
+    pub(crate) fn native_frames(&self, id: StackId) -> Vec<usize> {
         self.stacks.frames(id)
     }
 
     /// The packed `(code id, offset)` frames of an interned Python stack.
-    fn python_frames(&self, id: StackId) -> Vec<usize> {
+    pub(crate) fn python_frames(&self, id: StackId) -> Vec<usize> {
         self.py_stacks.frames(id)
     }
 
     /// A device out-of-memory failure on the calling thread, counted by the caller: its stacks
     /// are captured here and the OOM path ([`oom`]) takes it, dumped as `mode` says.
-    fn oom_failure(
+    pub(crate) fn oom_failure(
         &'static self,
         event: OomEvent,
-        mode: oom::Mode,
+        mode: failure::Mode,
         framework: Option<FrameworkNote>,
-    ) -> oom::Handled {
+    ) -> failure::Handled {
         let stacks = self.capture_stacks();
         self.oom
             .on_failure(self, event, stacks, thread_id(), mode, framework)
     }
 
     /// Counts a device out-of-memory failure (the dump's `oom_failures`).
-    fn count_oom_failure(&self) {
+    pub(crate) fn count_oom_failure(&self) {
         self.oom_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     /// `fork` prepare: locks 1 and 2 of `fork`'s order, the growth tracker's.
-    fn hold_growth_for_fork(&'static self) {
+    pub(crate) fn hold_growth_for_fork(&'static self) {
         self.growth.hold_for_fork();
     }
 
     /// `fork` parent and child: lets go of locks 1 and 2.
-    fn release_growth_after_fork(&self) {
+    pub(crate) fn release_growth_after_fork(&self) {
         self.growth.release_after_fork();
     }
 
     /// `fork` prepare: locks 8 to 11 of `fork`'s order, in that order: the OOM tracker's, the
     /// native and the Python stack tables' shards, the ledger's shards.
-    fn hold_state_for_fork(&'static self) {
+    pub(crate) fn hold_state_for_fork(&'static self) {
         self.oom.hold_for_fork();
         self.stacks.before_fork();
         self.py_stacks.before_fork();
@@ -364,7 +363,7 @@ impl Shim {
 
     /// `fork` parent and child: lets go of locks 11 to 8; in the child, the OOM tracker forgets
     /// the parent's requests, and the ledger watches for no publisher (none runs in a child).
-    fn release_state_after_fork(&self, child: bool) {
+    pub(crate) fn release_state_after_fork(&self, child: bool) {
         self.ledger.after_fork();
         if child {
             self.ledger.watch(None);
@@ -376,7 +375,7 @@ impl Shim {
 
     /// The calling thread's stack, interned; the id of this thread's previous stack is reused
     /// without hashing when the stack is unchanged (see `stacks::capture_interned`).
-    fn capture_stack(&self) -> StackId {
+    pub(crate) fn capture_stack(&self) -> StackId {
         let table = &self.stacks;
         StackId(oomshim_host::stacks::capture_interned(
             self.config.depth,
@@ -386,92 +385,6 @@ impl Shim {
         ))
     }
 }
-
-fn coarse_monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `clock_gettime` writes only the `timespec` it is given, a valid local.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-thread_local! {
-    /// The calling thread's kernel id, read once (0: not yet), with [`NAMED`] set once its name
-    /// was noted (one thread-local for both, read once per allocation). A forked child's only
-    /// thread gets a new id: the child's `fork` handler clears it.
-    static TID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// In [`TID`]: the thread's name was noted ([`allocating_thread_id`]).
-const NAMED: u64 = 1 << 63;
-
-fn thread_id() -> u64 {
-    let cached = TID.try_with(|t| t.get()).unwrap_or(0) & !NAMED;
-    if cached != 0 {
-        return cached;
-    }
-    // SAFETY: `gettid` takes no argument and touches no memory.
-    let tid = unsafe { libc::syscall(libc::SYS_gettid) as u64 };
-    let _ = TID.try_with(|t| t.set(tid));
-    tid
-}
-
-/// [`thread_id`] of a thread that allocates: its name is noted at its first allocation.
-#[inline]
-fn allocating_thread_id() -> u64 {
-    let cached = TID.try_with(|t| t.get()).unwrap_or(NAMED);
-    if cached & NAMED != 0 && cached != NAMED {
-        return cached & !NAMED;
-    }
-    first_allocation_of_thread()
-}
-
-#[cold]
-#[inline(never)]
-fn first_allocation_of_thread() -> u64 {
-    let tid = thread_id();
-    if TID.try_with(|t| t.set(tid | NAMED)).is_ok() {
-        note_thread_name(tid);
-    }
-    tid
-}
-
-/// Names of threads seen allocating, from `/proc/self/task/TID/comm` at their first allocation:
-/// the name a dump shows for a thread that has exited by then.
-static THREAD_NAMES: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
-
-/// Reads the calling thread's name, at its first allocation.
-fn note_thread_name(tid: u64) {
-    if let Some(name) = read_thread_name(tid) {
-        let mut names = THREAD_NAMES.lock().unwrap_or_else(|e| e.into_inner());
-        names.retain(|(t, _)| *t != tid);
-        names.push((tid, name));
-    }
-}
-
-fn read_thread_name(tid: u64) -> Option<String> {
-    let raw = std::fs::read(format!("/proc/self/task/{tid}/comm")).ok()?;
-    let name = String::from_utf8_lossy(&raw)
-        .trim_end_matches('\n')
-        .to_string();
-    (!name.is_empty()).then_some(name)
-}
-
-/// A thread's name for a dump: read now when the thread is alive, else as first seen.
-pub(crate) fn thread_name(tid: u64) -> Option<String> {
-    read_thread_name(tid).or_else(|| {
-        THREAD_NAMES
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .find(|(t, _)| *t == tid)
-            .map(|(_, n)| n.clone())
-    })
-}
-
-pub(crate) use dump::time::unix_ms;
 
 /// A successful allocation of `bytes` at `addr`.
 pub fn record_alloc(api: Api, addr: usize, bytes: u64, device: i32, stream: usize) {
@@ -522,7 +435,7 @@ pub fn record_alloc_with(
         s.oom.note_success(thread, bytes);
     }
     // A few relaxed loads and one store: the request size, the step detector's anchor, the time
-    // bucket; samples (cold) at detected steps or once per time bucket (src/preload/live/growth).
+    // bucket; samples (cold) at detected steps or once per time bucket (src/preload/record/growth).
     s.growth.on_alloc(&s.ledger, s, &alloc);
 }
 
@@ -559,6 +472,137 @@ pub fn growing(source: StepSource) -> bool {
             .growth
             .growing(source, oomshim_core::verdict::LEAK_MIN_BYTES_PER_STEP),
         None => false,
+    }
+}
+
+/// The process exits (`exit`, its status): the dumps still settling are written first, so the
+/// answer a failure leaves for the job is the newest failure's.
+fn job_files_at_exit(status: i32) {
+    flush_at_exit();
+    failure::job::at_exit(status, Shim::started().map_or(0, |s| s.total_allocations()));
+}
+
+impl failure::recorder::Recorder for Shim {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn snapshot(&self) -> oomshim_host::ledger::Snapshot {
+        Shim::snapshot(self)
+    }
+
+    fn now_ns(&self) -> u64 {
+        Shim::now_ns(self)
+    }
+
+    fn device_bytes(&self, device: i32) -> u64 {
+        Shim::device_bytes(self, device)
+    }
+
+    fn live_count(&self) -> u64 {
+        self.ledger.live_count()
+    }
+
+    fn oom_failures(&self) -> u64 {
+        Shim::oom_failures(self)
+    }
+
+    fn frozen_growth(&self) -> Option<growth::Frozen> {
+        Shim::frozen_growth(self)
+    }
+
+    fn growth_now(
+        &self,
+        free_bytes: Option<u64>,
+        name: &mut dyn FnMut(&[growth::StackPair]) -> Vec<Vec<dump::model::Frame>>,
+    ) -> Option<dump::model::Growth> {
+        Shim::growth_now(self, free_bytes, name)
+    }
+
+    fn request_sizes(&self) -> Option<dump::model::RequestSizes> {
+        Shim::request_sizes(self)
+    }
+
+    fn native_frames(&self, id: StackId) -> Vec<usize> {
+        Shim::native_frames(self, id)
+    }
+
+    fn python_frames(&self, id: StackId) -> Vec<usize> {
+        Shim::python_frames(self, id)
+    }
+
+    fn watch_exit(&self) {
+        // Whatever becomes of the failure, the exit says what got no dump; and, should it end
+        // the process, what it leaves for the job (registered after the flush, so it runs
+        // first and flushes itself).
+        oomshim_host::sys::flush_dumps_at_exit(flush_at_exit);
+        oomshim_host::sys::register_exit_with_status(job_files_at_exit);
+    }
+}
+
+/// The shim as allocator mode sees it (see `allocator_mode::host::Host`): the hooks pass it with
+/// each call of torch's allocator.
+pub struct AllocatorHost;
+
+/// What the allocator hooks pass.
+pub static ALLOCATOR_HOST: AllocatorHost = AllocatorHost;
+
+impl allocator_mode::host::Host for AllocatorHost {
+    fn record_tensor(&self, addr: usize, bytes: u64, device: i32, stream: usize, native_ok: bool) {
+        record_alloc_with(Api::TorchAlloc, addr, bytes, device, stream, native_ok);
+    }
+
+    fn forget(&self, addr: usize) {
+        let _ = take(addr);
+    }
+
+    fn python_stack(&self) -> u32 {
+        shim().map_or(0, |s| s.capture_py_stack().0)
+    }
+
+    fn python_frames(&self, id: StackId) -> Option<Vec<usize>> {
+        shim().map(|s| s.python_frames(id))
+    }
+
+    /// Records the failure and writes its dump on this thread (the OOM path shared with
+    /// preload), from the context the allocator gathered into `event`, with the framework's
+    /// word from its observers when there is one.
+    fn out_of_memory(
+        &self,
+        event: OomEvent,
+        framework: Option<FrameworkNote>,
+    ) -> allocator_mode::AllocatorOom {
+        use allocator_mode::AllocatorOom;
+        // Pass-through (switched off by the program, or after a failure of the shim's own)
+        // writes no dump, as under preload: the allocator still raises its error with torch's
+        // words.
+        if !records_failures() {
+            return AllocatorOom::default();
+        }
+        let Some(s) = shim() else {
+            return AllocatorOom::default();
+        };
+        s.count_oom_failure();
+        // As under preload (`record_oom`): the live region shows the failure before its dump is
+        // done.
+        crate::publish::note_failure(
+            event.device,
+            event.bytes,
+            event.api.name(),
+            event.context.mem_info,
+        );
+        let mode = failure::Mode::Now(failure::Resolution::Allocator);
+        match s.oom_failure(event, mode, framework) {
+            failure::Handled::Written { path, verdict } => AllocatorOom {
+                path,
+                verdict: Some(verdict),
+            },
+            failure::Handled::Repeat(path) => AllocatorOom {
+                path,
+                verdict: None,
+            },
+            _ => AllocatorOom::default(),
+        }
     }
 }
 
@@ -620,8 +664,8 @@ pub fn framework_oom(
         .on_framework_oom(s, note, thread_id(), stacks, |device| {
             context_without_cuda(Some(device), mem_info)
         }) {
-        oom::Handled::Written { path, .. } => path.map(|p| (p, FrameworkWord::Included)),
-        oom::Handled::Explained { path, included } => path.map(|p| {
+        failure::Handled::Written { path, .. } => path.map(|p| (p, FrameworkWord::Included)),
+        failure::Handled::Explained { path, included } => path.map(|p| {
             (
                 p,
                 if included {
@@ -631,7 +675,7 @@ pub fn framework_oom(
                 },
             )
         }),
-        oom::Handled::Repeat(path) => path.map(|p| (p, FrameworkWord::Repeat)),
+        failure::Handled::Repeat(path) => path.map(|p| (p, FrameworkWord::Repeat)),
         _ => None,
     }
 }
@@ -664,7 +708,7 @@ pub fn records_failures() -> bool {
 
 /// `OOMSHIM_FAULT=panic-in-alloc[:N]` (a test hook, see RELIABILITY.md section 7): a panic in
 /// the hook path of the Nth successful allocation, caught by the hook's guard like any other.
-fn inject_alloc_fault() {
+pub(crate) fn inject_alloc_fault() {
     if let oomshim_core::config::Fault::PanicInAlloc(n) = oomshim_host::sys::fault() {
         static SEEN: AtomicU64 = AtomicU64::new(0);
         if SEEN.fetch_add(1, Ordering::Relaxed) + 1 == n {
@@ -744,7 +788,10 @@ pub fn dump_on_demand(reason: &str) -> bool {
 /// exit and live-summary threads, which could create a context; a framework's word, which
 /// carries its own numbers): what the process learnt before, and in allocator mode the
 /// allocator's free blocks.
-fn context_without_cuda(device: Option<i32>, mem_info: Option<(u64, u64)>) -> FailureContext {
+pub(crate) fn context_without_cuda(
+    device: Option<i32>,
+    mem_info: Option<(u64, u64)>,
+) -> FailureContext {
     FailureContext {
         free_blocks: allocator_mode::free_blocks(device),
         ..FailureContext::learnt_before(device, mem_info)
@@ -752,7 +799,7 @@ fn context_without_cuda(device: Option<i32>, mem_info: Option<(u64, u64)>) -> Fa
 }
 
 /// A device allocation failed with cudaErrorMemoryAllocation.
-fn record_oom(event: OomEvent) {
+pub(crate) fn record_oom(event: OomEvent) {
     let Some(s) = shim() else { return };
     if recording::current() == Recording::PassThrough {
         return;
@@ -764,7 +811,7 @@ fn record_oom(event: OomEvent) {
         event.api.name(),
         event.context.mem_info,
     );
-    s.oom_failure(event, oom::Mode::Settle, None);
+    s.oom_failure(event, failure::Mode::Settle, None);
 }
 
 /// Pinned host memory ran out: host memory, not a device OOM; counted and passed through.
@@ -791,46 +838,6 @@ pub fn device_for_on_demand_dump(current: fn() -> i32) -> Option<i32> {
     (s.ledger.device_peak_bytes(d) > 0).then_some(d)
 }
 
-/// True when the process has the address space a dump needs (about 4 MiB, plus 1 KiB per live
-/// allocation, plus twice the environment, which the configuration snapshot copies; measured
-/// with RLIMIT_AS in tests/reliability.rs): Rust aborts on a failed allocation, so a process out
-/// of host memory gets one message instead of a dump, never an abort. Says so once.
-pub(crate) fn room_for_dump(s: &Shim) -> bool {
-    let live = s.ledger.live_count() as usize;
-    let need = (4usize << 20)
-        .saturating_add(live.saturating_mul(1024))
-        .saturating_add(environment_bytes().saturating_mul(2));
-    if oomshim_host::stacks::address_space_headroom(need) {
-        return true;
-    }
-    static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
-        oomshim_host::say!(
-            "oomshim: no dump written: the process is out of host address space ({} needed); the program continues",
-            dump::units::human_bytes(need as u64)
-        );
-    }
-    false
-}
-
-/// The bytes of the process's environment strings, counted without allocating.
-fn environment_bytes() -> usize {
-    extern "C" {
-        static environ: *const *const libc::c_char;
-    }
-    let mut total = 0usize;
-    // SAFETY: environ is a NULL-terminated array of C strings; it is read, never kept. Another
-    // thread's setenv may replace it meanwhile: the count is an estimate either way.
-    unsafe {
-        let mut p = environ;
-        while !p.is_null() && !(*p).is_null() {
-            total = total.saturating_add(libc::strlen(*p) + 1);
-            p = p.add(1);
-        }
-    }
-    total
-}
-
 /// Longest dump reason kept, in characters: a label, not a log.
 pub const MAX_REASON_CHARS: usize = 200;
 
@@ -854,95 +861,23 @@ pub fn dump_reason(raw: &[u8]) -> String {
 /// Writes an on-demand dump on the calling thread, about what `context` gathered there. True
 /// when a dump file was written.
 pub fn dump_now(reason: &str, context: FailureContext) -> bool {
-    let Some(s) = shim() else { return false };
-    if !room_for_dump(s) {
-        return false;
+    match shim() {
+        Some(s) => failure::on_demand::write(s, reason, context),
+        None => false,
     }
-    let capture = assemble::Capture {
-        snapshot: s.ledger.snapshot(s.config.top),
-        time: SystemTime::now(),
-        now_ns: s.now_ns(),
-        failing: None,
-        context,
-        growth: None,
-    };
-    let facts = assemble::Facts::read(capture.context.device);
-    let dump = gather::assemble_now(s, reason, &capture, None, None, facts);
-    match oom::writer::write(s, &dump) {
-        Ok(w) => {
-            oomshim_host::say!(
-                "oomshim: dump ({reason}) written: {}",
-                dump::units::clean_path(&w.path)
-            );
-            true
-        }
-        Err(e) => {
-            oomshim_host::say!("oomshim: could not write the dump ({reason}): {e}");
-            false
-        }
-    }
-}
-
-/// The working directory when the shim was loaded ([`note_start_dir`]), in a static buffer:
-/// noted from the load-time constructor, where nothing should be allocated.
-struct StartDir {
-    len: std::sync::atomic::AtomicUsize,
-    buf: std::cell::UnsafeCell<[u8; START_DIR_MAX]>,
-}
-/// `PATH_MAX`: a longer working directory is not noted (the one at start-up is used then).
-const START_DIR_MAX: usize = 4096;
-// Safety: `buf` is written once, by `note_start_dir`, before `len` is published (Release);
-// readers read it only after seeing a non-zero `len` (Acquire), and never write it.
-unsafe impl Sync for StartDir {}
-static START_DIR: StartDir = StartDir {
-    len: std::sync::atomic::AtomicUsize::new(0),
-    buf: std::cell::UnsafeCell::new([0; START_DIR_MAX]),
-};
-
-/// Notes the working directory (`getcwd` into the static buffer). Called once, from the
-/// shim's load-time constructor (in `ffi`), when a preloaded shim sees the directory the
-/// program was started in.
-pub(crate) fn note_start_dir() {
-    use std::sync::atomic::Ordering;
-    if START_DIR.len.load(Ordering::Acquire) != 0 {
-        return;
-    }
-    let buf = START_DIR.buf.get().cast::<libc::c_char>();
-    // SAFETY: `buf` is START_DIR_MAX writable bytes, written by no one else: `len` is still 0,
-    // so no reader looks at it, and this runs once, from the load-time constructor.
-    if unsafe { libc::getcwd(buf, START_DIR_MAX) }.is_null() {
-        return; // deleted, unreachable or too long: the directory at start-up is used then
-    }
-    // SAFETY: a successful `getcwd` left a NUL-terminated path inside `buf`.
-    let len = unsafe { libc::strlen(buf) };
-    START_DIR.len.store(len, Ordering::Release);
-}
-
-/// The working directory the shim noted when it was loaded.
-fn start_dir() -> Option<std::path::PathBuf> {
-    use std::os::unix::ffi::OsStrExt;
-    let len = START_DIR.len.load(Ordering::Acquire);
-    if len == 0 {
-        return None;
-    }
-    // SAFETY: a non-zero `len` (Acquire) means the buffer was written before it was published
-    // and is never written again (see `StartDir`'s `Sync`).
-    let all: &[u8; START_DIR_MAX] = unsafe { &*START_DIR.buf.get() };
-    let bytes = &all[..len];
-    Some(std::ffi::OsStr::from_bytes(bytes).into())
 }
 
 /// The process ends by `_exit`/`_Exit` with `status`: a failure that ended it leaves its answer
-/// for the job (async-signal-safe: see `oom::job`).
+/// for the job (async-signal-safe: see `failure::job`).
 pub fn job_files_at_raw_exit(status: i32) {
-    oom::job::at_raw_exit(status);
+    failure::job::at_raw_exit(status, Shim::started().map_or(0, |s| s.total_allocations()));
 }
 
 /// Called at process exit: lets a dump that waits to learn whether its failure was recovered
 /// be written now.
 pub fn flush_at_exit() {
     if let Some(s) = Shim::started() {
-        s.oom.flush(std::time::Duration::from_secs(30));
+        s.oom.flush(Some(s), std::time::Duration::from_secs(30));
     }
 }
 
@@ -964,14 +899,33 @@ mod tests {
 
 // ---------- driver API and VMM glue (called by the hooks of src/preload/ffi/driver.rs; the state is vmm.rs) ----------
 
-mod vmm;
-
 pub use vmm::{
-    address_free_begin as vmm_address_free_begin, created as vmm_created,
-    handle_key as vmm_handle_key, mapped as vmm_mapped, release_begin as vmm_release_begin,
-    reserved as vmm_reserved, summary as vmm_summary, totals as vmm_totals, undo as vmm_undo,
-    unmap_begin as vmm_unmap_begin, VmmTotals, VmmUndo,
+    address_free_begin as vmm_address_free_begin, handle_key as vmm_handle_key,
+    mapped as vmm_mapped, reserved as vmm_reserved, summary as vmm_summary, totals as vmm_totals,
+    VmmTotals, VmmUndo,
 };
+
+/// A successful `cuMemCreate`: its physical memory joins the ledger.
+pub fn vmm_created(handle: u64, bytes: u64, device: i32, host: bool) {
+    vmm::created(handle, bytes, device, host, |api, key, bytes, device| {
+        record_alloc(api, key, bytes, device, 0)
+    });
+}
+
+/// Before `cuMemRelease(handle)`.
+pub fn vmm_release_begin(handle: u64) -> Option<VmmUndo> {
+    vmm::release_begin(handle, take)
+}
+
+/// Before `cuMemUnmap(va, size)`.
+pub fn vmm_unmap_begin(va: u64, size: u64) -> Option<VmmUndo> {
+    vmm::unmap_begin(va, size, take)
+}
+
+/// The real VMM call failed: what its `vmm_*_begin` removed comes back.
+pub fn vmm_undo(u: VmmUndo) {
+    vmm::undo(u, reinstate);
+}
 
 /// Support for benchmarks (`benches/dump.rs`): a shim state built directly, without hooks or a
 /// device, and the dump an out-of-memory failure would write for it. Not part of the API.
@@ -1028,26 +982,21 @@ pub mod bench_support {
         /// writer does; returns the JSON bytes.
         pub fn dump_json(&self) -> Vec<u8> {
             let s = &self.0;
-            let capture = assemble::Capture {
-                snapshot: s.ledger.snapshot(s.config.top),
-                time: SystemTime::now(),
-                now_ns: s.now_ns(),
-                context: FailureContext {
-                    device: Some(0),
-                    mem_info: Some((0, 80 << 30)),
-                    device_name: Some("bench".into()),
-                    ..FailureContext::learnt_before(Some(0), None)
-                },
-                failing: Some(assemble::Failing {
-                    api: Api::CudaMalloc,
-                    bytes: 1 << 30,
-                    device: 0,
-                    error_code: 2,
-                    stack: StackId::EMPTY,
-                    py_stack: StackId::EMPTY,
-                }),
-                growth: None,
+            let context = FailureContext {
+                device: Some(0),
+                mem_info: Some((0, 80 << 30)),
+                device_name: Some("bench".into()),
+                ..FailureContext::learnt_before(Some(0), None)
             };
+            let failing = assemble::Failing {
+                api: Api::CudaMalloc,
+                bytes: 1 << 30,
+                device: 0,
+                error_code: 2,
+                stack: StackId::EMPTY,
+                py_stack: StackId::EMPTY,
+            };
+            let capture = failure::capture::take(s, Some(failing), context);
             let facts = assemble::Facts::read(capture.context.device);
             let dump = gather::assemble_now(s, "oom", &capture, None, None, facts);
             serde_json::to_vec_pretty(&dump).expect("a dump serialises")

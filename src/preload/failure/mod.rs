@@ -21,127 +21,43 @@
 //! `OOMSHIM_MIN_INTERVAL` of its dump is a *repeat*, and no more than `OOMSHIM_MAX_DUMPS` dumps
 //! are written per minute; both are counted in the next dump and said once at exit.
 
-pub(super) mod event;
-pub(super) mod job;
+pub mod assemble;
+pub mod capture;
+pub mod event;
+pub mod framework;
+pub mod gather;
+pub mod job;
+pub mod on_demand;
+pub mod recorder;
 mod requests;
 mod summary;
-pub(super) mod writer;
+pub mod tracker;
+pub mod writer;
 
 pub(crate) use event::Resolution;
 pub use event::{FrameworkNote, OomEvent};
 
-use super::assemble::{Capture, Failing};
-use super::{unix_ms, Shim};
+use crate::cuda::context::FailureContext;
+use assemble::{Capture, Failing};
 use dump::model::LastFailure;
+use dump::time::unix_ms;
 use oomshim_host::ledger::{Api, StackId};
-use requests::{Admit, Dumped, Job, Request, Stage};
+use recorder::Recorder;
+use requests::{Admit, Job, Request, Stage, State};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+use std::time::{Instant, SystemTime};
+use tracker::FRAMEWORK_WAIT;
+pub(crate) use tracker::{Handled, Mode, OomTracker};
 use writer::WriteNow;
 
-/// The tracker's state, under its lock.
-#[derive(Default)]
-struct State {
-    next_id: u64,
-    requests: Vec<Request>,
-    dumped: Vec<Dumped>,
-    /// When the last dumps were started, each with its request's id (0: written at once), for
-    /// `OOMSHIM_MAX_DUMPS` per minute: a request that recovers gives back its own place.
-    recent: std::collections::VecDeque<(Instant, u64)>,
-    /// Failures without a dump since the last dump: repeats, and over the cap.
-    repeats: u64,
-    suppressed: u64,
-    /// Said at exit (once) when failures after the last dump got none.
-    said_at_exit: bool,
-    /// Recovered failures written (the first gets a dump), and those only counted since.
-    recovered_dumps: u64,
-    recovered_quiet: u64,
-    flushing: bool,
-    /// The pid whose writer thread runs (a forked child starts its own).
-    writer_pid: u32,
-    /// Requests being written by a thread now (the exit flush waits for them).
-    writing: u32,
-    /// Provisional dumps of requests that ended without a dump of their own (absorbed into a
-    /// later failure's story), for the writer to remove.
-    stale: Vec<PathBuf>,
-}
-
-/// Requests kept once done (for matching a late framework word and for tests); older ones go.
-const KEEP_DONE: usize = 16;
-/// How long after its failure a framework's word is matched to a request.
-const FRAMEWORK_MATCH: Duration = Duration::from_secs(60);
-/// The least a failure waits for the word of an attached framework hook.
-const HOOKED_SETTLE: Duration = Duration::from_secs(30);
-/// How long the framework's thread waits for the dump its word completes.
-const FRAMEWORK_WAIT: Duration = Duration::from_secs(30);
-
-pub(crate) struct OomTracker {
-    /// Requests not yet resolved: read on every allocation, so the lock is taken only when set.
-    open: AtomicU32,
-    /// A framework hook (torch's OOM observer) is attached in this process.
-    hooked: AtomicBool,
-    state: Mutex<State>,
-    changed: Condvar,
-}
-
-/// The outcome of an allocation failure for its caller.
-pub(crate) enum Handled {
-    /// Dump queued for the writer thread.
-    Queued,
-    /// A retry of an open request.
-    Retry,
-    /// Written on this thread (allocator mode, `OOMSHIM_SETTLE=0`, a framework's own failure).
-    Written {
-        path: Option<PathBuf>,
-        verdict: (String, String),
-    },
-    /// A repeat of an earlier dumped failure: its dump.
-    Repeat(Option<PathBuf>),
-    /// A framework's word about a failure already dumped (or being dumped): the dump, and
-    /// whether the word made it into the dump.
-    Explained {
-        path: Option<PathBuf>,
-        included: bool,
-    },
-    /// Over `OOMSHIM_MAX_DUMPS` (or no room for a dump): no dump.
-    NoDump,
-}
-
-/// How the failing path wants the dump written.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// Preload: by the writer thread once the outcome is known.
-    Settle,
-    /// Now, on this thread, with this resolution.
-    Now(Resolution),
-}
-
 impl OomTracker {
-    pub(crate) fn new() -> Self {
-        OomTracker {
-            open: AtomicU32::new(0),
-            hooked: AtomicBool::new(false),
-            state: Mutex::new(State::default()),
-            changed: Condvar::new(),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A framework hook (torch's OOM observer) is attached: failures wait for its word.
-    pub(crate) fn set_hooked(&self) {
-        self.hooked.store(true, Ordering::Relaxed);
-    }
-
     /// An allocation failed with out-of-memory on `thread`. `framework`: the framework's word,
     /// given before the failure was recorded (allocator mode's observers), for a dump written now.
     pub(crate) fn on_failure(
         &'static self,
-        s: &'static Shim,
+        s: &'static dyn Recorder,
         ev: OomEvent,
         stacks: (StackId, StackId),
         thread: u64,
@@ -265,7 +181,7 @@ impl OomTracker {
     /// changes nothing.
     pub(crate) fn framework_word_wanted(
         &self,
-        s: &Shim,
+        s: &dyn Recorder,
         thread: u64,
         device: i32,
         bytes: u64,
@@ -290,11 +206,11 @@ impl OomTracker {
     /// framework's numbers, what the process learnt before: CUDA is not asked).
     pub(crate) fn on_framework_oom(
         &self,
-        s: &'static Shim,
+        s: &'static dyn Recorder,
         note: FrameworkNote,
         thread: u64,
         stacks: (StackId, StackId),
-        without_cuda: impl FnOnce(i32) -> super::FailureContext,
+        without_cuda: impl FnOnce(i32) -> FailureContext,
     ) -> Handled {
         let now = Instant::now();
         {
@@ -360,7 +276,7 @@ impl OomTracker {
             error_code: oomshim_host::sys::cuda_error::MEMORY_ALLOCATION,
             stream: 0,
             // The framework's thread may hold its allocator's lock: CUDA is not asked here.
-            context: super::FailureContext {
+            context: FailureContext {
                 memory_cap: note.memory_cap.clone(),
                 ..without_cuda(note.device)
             },
@@ -408,7 +324,7 @@ impl OomTracker {
     /// for a dump made sure of, and the failure's state captured on this thread.
     fn admit_and_capture<'a>(
         &'a self,
-        s: &Shim,
+        s: &dyn Recorder,
         mut st: MutexGuard<'a, State>,
         ev: &OomEvent,
         stacks: (StackId, StackId),
@@ -427,7 +343,7 @@ impl OomTracker {
             self.changed.notify_all();
         }
         drop(st);
-        if !super::room_for_dump(s) {
+        if !crate::state::room_for_dump(s.live_count()) {
             return Admitted::NoDump;
         }
         Admitted::Capture(failure_capture(s, ev, stacks), recovered_before)
@@ -436,32 +352,29 @@ impl OomTracker {
 
 /// The ledger and the device as they are at a failure, for its dump: taken on the failing
 /// thread, at once (the most telling moment), with the context the event brought from there.
-pub(super) fn failure_capture(s: &Shim, ev: &OomEvent, stacks: (StackId, StackId)) -> Capture {
-    Capture {
-        snapshot: s.snapshot(),
-        time: SystemTime::now(),
-        now_ns: s.now_ns(),
-        failing: Some(Failing {
-            api: ev.api,
-            bytes: ev.bytes,
-            device: ev.device,
-            error_code: ev.error_code,
-            stack: stacks.0,
-            py_stack: stacks.1,
-        }),
-        context: super::FailureContext {
-            // The dump describes the failing device, whoever gathered the rest.
-            device: Some(ev.device),
-            ..ev.context.clone()
-        },
-        // The growth up to this failure: a program that keeps stepping after its error would
-        // fill the rings with flat samples before a settled dump is written.
-        growth: s.frozen_growth(),
-    }
+pub(super) fn failure_capture(
+    s: &dyn Recorder,
+    ev: &OomEvent,
+    stacks: (StackId, StackId),
+) -> Capture {
+    let failing = Failing {
+        api: ev.api,
+        bytes: ev.bytes,
+        device: ev.device,
+        error_code: ev.error_code,
+        stack: stacks.0,
+        py_stack: stacks.1,
+    };
+    // The dump describes the failing device, whoever gathered the rest.
+    let context = FailureContext {
+        device: Some(ev.device),
+        ..ev.context.clone()
+    };
+    capture::take(s, Some(failing), context)
 }
 
 /// The dump's `last_failure` for `ev`, seen at `time`.
-pub(super) fn last_failure(s: &Shim, ev: &OomEvent, time: SystemTime) -> LastFailure {
+pub(super) fn last_failure(s: &dyn Recorder, ev: &OomEvent, time: SystemTime) -> LastFailure {
     LastFailure {
         bytes: ev.bytes,
         api: ev.api.name().to_string(),
@@ -472,39 +385,13 @@ pub(super) fn last_failure(s: &Shim, ev: &OomEvent, time: SystemTime) -> LastFai
     }
 }
 
-oomshim_host::fork_held! {
-    /// The OOM tracker's lock, held by the forking thread across `fork` (see `super::fork`).
-    static FORK_HELD: MutexGuard<'static, State>;
-}
-
-impl OomTracker {
-    /// `fork` prepare handler: takes the tracker's lock (the ledger's and the stack tables' are
-    /// taken after it, see `super::fork`).
-    pub(super) fn hold_for_fork(&'static self) {
-        FORK_HELD.hold(self.lock());
-    }
-
-    /// `fork` parent and child handler: lets go of it; in the child, with the parent's requests
-    /// forgotten.
-    pub(super) fn release_after_fork(&self, child: bool) {
-        let Some(mut state) = FORK_HELD.take() else {
-            return;
-        };
-        if child {
-            // The child has no writer thread and none of the parent's requests: start afresh. The
-            // parent's are leaked, not dropped (they may hold what a vanished thread was using).
-            std::mem::forget(std::mem::take(&mut *state));
-            self.open.store(0, Ordering::Relaxed);
-        }
-        drop(state);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::requests::Admit;
     use super::*;
+    use crate::shim::Shim;
     use oomshim_core::config::Config;
+    use std::time::Duration;
 
     const GIB: u64 = 1 << 30;
 
@@ -519,20 +406,20 @@ mod tests {
             device,
             error_code: 2,
             stream: 0,
-            context: crate::live::FailureContext::default(),
+            context: FailureContext::default(),
         }
     }
 
     /// Admits a failure of `bytes` at `at` as queued request `id` of `thread`, open, as
     /// `on_failure` does.
-    fn fail(t: &OomTracker, s: &Shim, id: u64, thread: u64, bytes: u64, at: Instant) {
+    fn fail(t: &OomTracker, s: &dyn Recorder, id: u64, thread: u64, bytes: u64, at: Instant) {
         fail_on(t, s, 0, (id, thread), bytes, at);
     }
 
     /// [`fail`] on `device`, with the capture the writer would wait with.
     fn fail_on(
         t: &OomTracker,
-        s: &Shim,
+        s: &dyn Recorder,
         device: i32,
         (id, thread): (u64, u64),
         bytes: u64,

@@ -2,7 +2,7 @@
 //! (native stacks that differ only inside the framework or the CUDA runtime are one site). Shared
 //! by the step histories' analysis (`analyse.rs`) and the timeline's (`timeline.rs`).
 
-use super::{SiteKey, StackPair};
+use super::model::{SiteKey, StackPair};
 use dump::model::Frame;
 
 /// A site's samples: (x, live bytes), x a step, a second or a millisecond.

@@ -1,7 +1,9 @@
 use super::history::sample_spacing;
+use super::model::*;
 use super::*;
 use dump::model::{Frame, Growth};
 use oomshim_host::ledger::{Allocation, Api};
+use oomshim_host::ledger::{Ledger, StackId};
 
 const MIB: u64 = 1 << 20;
 

@@ -4,10 +4,9 @@
 //! history grows.
 
 use super::history::{AutoMode, Histories, History};
+use super::model::{SiteKey, SiteKeyer, StackPair, StepSource, MAX_REPORTED, SUSPECT_MIN_SAMPLES};
 use super::timeline::Timeline;
-use super::{
-    SiteKey, SiteKeyer, StackPair, StepSource, Tracker, MAX_REPORTED, SUSPECT_MIN_SAMPLES,
-};
+use super::tracker::Tracker;
 use dump::fit;
 use dump::model::{
     AllocationSpan, DetectedSteps, Frame, Growth, GrowthFit, GrowthPoint, GrowthSite,
@@ -53,7 +52,7 @@ impl Tracker {
     /// The history a dump will describe, copied now (a failure's, taken on the failing thread:
     /// a program that keeps stepping after its failure must not push the growth that led to it
     /// out of the rings before the dump is written). With steps, `None` before two samples;
-    /// copies at most [`MAX_SITES`](super::MAX_SITES) × [`RING`](super::RING) samples. Without
+    /// copies at most [`MAX_SITES`](super::model::MAX_SITES) × [`RING`](super::model::RING) samples. Without
     /// steps, the live allocations binned by time ([`super::timeline`]). Names nothing.
     pub fn freeze(&self, ledger: &Ledger, keyer: &dyn SiteKeyer, now_ns: u64) -> Option<Frozen> {
         let seq_now = ledger.total_allocations();

@@ -7,21 +7,17 @@
 //! `{filename, line, name}` frames, innermost first as torch lists them, only when a snapshot
 //! asks for it.
 
+use super::host::Host;
 use oomshim_host::alloc::{SegmentView, TraceEntry};
 use oomshim_host::ledger::StackId;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeSet;
 
-/// The calling thread's Python stack as a stack id for the allocator (0: none, or no Python).
-pub fn python_stack() -> u32 {
-    super::shim().map_or(0, |s| s.capture_py_stack().0)
-}
-
 /// `{"trace": [...], "blocks": [[address, stack], ...], "stacks": {"id": [frame, ...]}}` for one
 /// device: its trace, oldest first (`action`, `addr` or `device_free`, `size`, `stream`,
 /// `time_us`, `stack`), the stacks its live blocks were allocated with (non-zero only), and
 /// every stack named, resolved. (Segments get no frames: torch 2.11's snapshot gives none.)
-pub fn history_json(trace: &[TraceEntry], segments: &[SegmentView]) -> String {
+pub fn history_json(host: &dyn Host, trace: &[TraceEntry], segments: &[SegmentView]) -> String {
     let mut named = BTreeSet::new();
     let entries: Vec<Value> = trace
         .iter()
@@ -51,16 +47,15 @@ pub fn history_json(trace: &[TraceEntry], segments: &[SegmentView]) -> String {
     }
     named.remove(&0);
     let mut stacks = Map::new();
-    if let Some(s) = super::shim() {
-        for id in named {
-            let frames: Vec<Value> = oomshim_host::pystack::resolve(
-                &s.python_frames(StackId(id)),
-            )
+    for id in named {
+        let Some(packed) = host.python_frames(StackId(id)) else {
+            break; // the shim is off: no stack is named
+        };
+        let frames: Vec<Value> = oomshim_host::pystack::resolve(&packed)
             .into_iter()
             .map(|f| json!({"filename": f.file, "line": f.line.unwrap_or(0), "name": f.function}))
             .collect();
-            stacks.insert(id.to_string(), Value::Array(frames));
-        }
+        stacks.insert(id.to_string(), Value::Array(frames));
     }
     json!({"trace": entries, "blocks": blocks, "stacks": stacks}).to_string()
 }

@@ -17,6 +17,7 @@
 //!
 //! A forked child never commits its parent's answer: the prepared bytes carry the pid.
 
+use super::recorder::Recorder;
 use dump::model::Dump;
 use dump::write::{WriteError, Written};
 use oomshim_core::jobfiles::{self, Answer, Targets, TERMINATION_MAX, TERMINATION_MIN_ROOM};
@@ -87,31 +88,22 @@ struct Armed {
 
 static ARMED: Mutex<Option<Armed>> = Mutex::new(None);
 
-/// Runs [`at_exit`] when the process exits (once; the first failure registers it, before its
-/// dump is written).
-pub(super) fn watch_exit() {
-    oomshim_host::sys::register_exit_with_status(at_exit);
-}
-
 /// Prepares the answer of a failure whose dump was just written (or failed to be): committed
 /// if the process ends because of it. A recovered failure, or a process with nowhere to write,
 /// prepares nothing; a later failure replaces an earlier one's answer.
-pub(super) fn arm(dump: &Dump, written: &Result<Written, WriteError>) {
+pub(super) fn arm(s: &dyn Recorder, dump: &Dump, written: &Result<Written, WriteError>) {
     let Some(req) = dump.failed_request.as_ref() else {
         return;
     };
     if req.recovered == Some(true) {
         return;
     }
-    let Some(s) = crate::live::Shim::started() else {
-        return;
-    };
     let targets = Targets::of(s.config(), |k| std::env::var(k).ok());
     if targets.is_empty() {
         return;
     }
     let answer = Answer::of(dump, written.as_ref().ok().map(|w| w.path.as_path()));
-    watch_exit();
+    s.watch_exit();
     let mut armed = ARMED.lock().unwrap_or_else(|e| e.into_inner());
     prepare(&answer, &targets, dump.recording.total_allocations);
     *armed = Some(Armed {
@@ -181,13 +173,12 @@ fn copy(dst: &mut [u8], bytes: &[u8]) -> usize {
 /// Whether the process ends because of the prepared failure: a non-zero status, in the process
 /// that failed, with no successful device allocation since. Takes the prepared bytes for good
 /// when it does.
-fn take(status: i32) -> bool {
+fn take(status: i32, allocations_now: u64) -> bool {
     let p = &PREPARED;
     if status == 0 || p.pid.load(Ordering::Relaxed) != std::process::id() {
         return false;
     }
-    let since = crate::live::Shim::started().map_or(0, |s| s.total_allocations());
-    if since != p.allocations.load(Ordering::Relaxed) {
+    if allocations_now != p.allocations.load(Ordering::Relaxed) {
         return false;
     }
     p.state
@@ -196,10 +187,10 @@ fn take(status: i32) -> bool {
 }
 
 /// The process exits (`exit`, its status): the answer is committed when the failure ended it.
-pub fn at_exit(status: i32) {
-    // A dump still settling is written now, so the answer is the newest failure's.
-    crate::live::flush_at_exit();
-    if !take(status) {
+/// `allocations_now`: the allocations recorded by then (0 without a shim); the caller flushed
+/// the dumps still settling first, so the answer is the newest failure's.
+pub fn at_exit(status: i32, allocations_now: u64) {
+    if !take(status, allocations_now) {
         return;
     }
     let armed = ARMED.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -231,8 +222,8 @@ pub fn at_exit(status: i32) {
 
 /// The process ends by `_exit`/`_Exit` (maybe in a signal handler or a vfork child):
 /// async-signal-safe system calls only, on the bytes [`arm`] prepared.
-pub fn at_raw_exit(status: i32) {
-    if !take(status) {
+pub fn at_raw_exit(status: i32, allocations_now: u64) {
+    if !take(status, allocations_now) {
         return;
     }
     // SAFETY: `take` moved the state to COMMITTED: nothing writes the buffers any more.

@@ -14,7 +14,7 @@ pub struct OomEvent {
     pub stream: usize,
     /// The device's answers (free/total, name, pools, …), gathered on the failing thread right
     /// after the failure; they travel with the request to its dump.
-    pub context: crate::live::FailureContext,
+    pub context: crate::cuda::context::FailureContext,
 }
 
 /// How a request's outcome became known (the dump's `failed_request.resolution`).

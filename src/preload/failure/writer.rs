@@ -4,11 +4,12 @@
 
 use super::event::{FrameworkNote, Resolution};
 use super::job;
+use super::recorder::Recorder;
+use super::requests::State;
 use super::requests::{site_of, Request, Stage};
 use super::summary::{print_summary, say, say_without_dumps};
-use super::{Handled, OomTracker, State, HOOKED_SETTLE};
-use crate::live::assemble::{BurstInfo, Capture, Facts};
-use crate::live::Shim;
+use super::tracker::{Handled, OomTracker, HOOKED_SETTLE};
+use crate::failure::assemble::{BurstInfo, Capture, Facts};
 use dump::model::{Dump, LastFailure};
 use dump::write::{write_dump, DumpName, WriteError, Written};
 use oomshim_host::ledger::{Api, StackId};
@@ -36,7 +37,7 @@ impl OomTracker {
     /// (a framework's word about it finds its dump) and its path for repeats.
     pub(super) fn write_now(
         &self,
-        s: &Shim,
+        s: &dyn Recorder,
         mut st: MutexGuard<'_, State>,
         failure: WriteNow<'_>,
     ) -> Handled {
@@ -64,7 +65,7 @@ impl OomTracker {
         };
         let (dump, written) = assemble_and_write(s, &capture, burst, framework, facts, None);
         print_summary(&dump, &written);
-        job::arm(&dump, &written);
+        job::arm(s, &dump, &written);
         let path = written.ok().map(|w| w.path);
         let mut st = self.lock();
         writing.done(&mut st);
@@ -106,7 +107,7 @@ impl OomTracker {
     }
 
     /// Starts this process's writer thread unless it runs.
-    pub(super) fn ensure_writer(&'static self, s: &'static Shim, st: &mut State) {
+    pub(super) fn ensure_writer(&'static self, s: &'static dyn Recorder, st: &mut State) {
         let pid = std::process::id();
         if st.writer_pid == pid {
             return;
@@ -124,13 +125,13 @@ impl OomTracker {
         }
         // With a writer thread or without: the exit flush waits for the first's queue, and
         // writes the queue itself when no writer thread runs in this process (`flush`).
-        oomshim_host::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
+        s.watch_exit();
     }
 
     /// The writer thread: reads the facts of new requests at once (NVML's view at the failure,
     /// not seconds later), writes provisional dumps where no framework will speak, and final
     /// dumps as outcomes become known.
-    fn writer_loop(&self, s: &Shim) {
+    fn writer_loop(&self, s: &dyn Recorder) {
         loop {
             match self.next_work(s) {
                 Work::Facts(id, device) => {
@@ -152,7 +153,7 @@ impl OomTracker {
     }
 
     /// Blocks until there is something to do for the writer.
-    fn next_work(&self, s: &Shim) -> Work {
+    fn next_work(&self, s: &dyn Recorder) -> Work {
         let mut st = self.lock();
         loop {
             let now = Instant::now();
@@ -223,7 +224,7 @@ impl OomTracker {
     }
 
     /// Writes request `id`'s dump: provisional (outcome unknown, no stderr) or final.
-    fn write_request(&self, s: &Shim, id: u64, provisional: bool) {
+    fn write_request(&self, s: &dyn Recorder, id: u64, provisional: bool) {
         let mut st = self.lock();
         let flushing = st.flushing;
         let Some(r) = st.requests.iter_mut().find(|r| r.id == id) else {
@@ -304,7 +305,7 @@ impl OomTracker {
         }
         // A provisional dump's answer too: a process that ends by `_exit` before the outcome is
         // known has only that one (the exit flush of a normal exit replaces it with the final).
-        job::arm(&dump, &written);
+        job::arm(s, &dump, &written);
         let mut st = self.lock();
         writing.done(&mut st);
         let mut path = None;
@@ -336,7 +337,7 @@ impl OomTracker {
 
     /// Ends every settle wait now and waits (at most `limit`) for pending dumps to be written;
     /// says once when failures after the last dump got none.
-    pub(crate) fn flush(&self, limit: Duration) {
+    pub(crate) fn flush(&self, s: Option<&dyn Recorder>, limit: Duration) {
         let until = Instant::now() + limit;
         let mut st = self.lock();
         st.flushing = true;
@@ -347,7 +348,7 @@ impl OomTracker {
                 // No writer thread in this process (a forked child, none could start, or it
                 // died of a panic): nothing will write the queued requests but this thread.
                 drop(st);
-                let wrote = self.write_all_here();
+                let wrote = s.is_some_and(|s| self.write_all_here(s));
                 st = self.lock();
                 if wrote {
                     continue;
@@ -394,12 +395,8 @@ impl OomTracker {
         self.changed.notify_all();
     }
 
-    /// The exit flush's own writing when no writer thread exists; false when there is no shim
-    /// to write with.
-    fn write_all_here(&self) -> bool {
-        let Some(s) = Shim::started() else {
-            return false;
-        };
+    /// The exit flush's own writing when no writer thread exists.
+    fn write_all_here(&self, s: &dyn Recorder) -> bool {
         loop {
             let next = {
                 let st = self.lock();
@@ -459,14 +456,15 @@ fn remove_all(paths: &[std::path::PathBuf]) {
 /// and writes it: over `existing` (this process's provisional dump of it) when given, else as
 /// a new dump.
 fn assemble_and_write(
-    s: &Shim,
+    s: &dyn Recorder,
     capture: &Capture,
     burst: BurstInfo,
     framework: Option<&FrameworkNote>,
     facts: Facts,
     existing: Option<&std::path::Path>,
 ) -> (Dump, Result<Written, WriteError>) {
-    let dump = crate::live::gather::assemble_now(s, "oom", capture, Some(burst), framework, facts);
+    let dump =
+        crate::failure::gather::assemble_now(s, "oom", capture, Some(burst), framework, facts);
     let written = match existing {
         Some(path) => rewrite(path, &dump),
         None => write(s, &dump),
@@ -475,7 +473,7 @@ fn assemble_and_write(
 }
 
 /// Serialises and writes a new dump; a fallback directory is announced once.
-pub(in crate::live) fn write(s: &Shim, dump: &Dump) -> Result<Written, WriteError> {
+pub(crate) fn write(s: &dyn Recorder, dump: &Dump) -> Result<Written, WriteError> {
     static FALLBACK_SAID: AtomicBool = AtomicBool::new(false);
     let bytes = serde_json::to_vec_pretty(dump).map_err(|e| WriteError {
         message: e.to_string(),
@@ -530,7 +528,7 @@ mod writing_tests {
         assert!(panicked.is_err());
         assert_eq!(t.lock().writing, 0);
         let started = Instant::now();
-        t.flush(Duration::from_secs(20));
+        t.flush(None, Duration::from_secs(20));
         assert!(started.elapsed() < Duration::from_secs(5));
 
         // A dump still being written is waited for, up to the limit, and released by `done`.
@@ -538,7 +536,7 @@ mod writing_tests {
         let writing = t.start_writing(&mut st);
         drop(st);
         let started = Instant::now();
-        t.flush(Duration::from_millis(200));
+        t.flush(None, Duration::from_millis(200));
         assert!(started.elapsed() >= Duration::from_millis(200));
         let mut st = t.lock();
         writing.done(&mut st);

@@ -2,13 +2,44 @@
 //! methods), and which failures get a dump at all ([`State::admit`]: repeats and the cap).
 
 use super::event::{FrameworkNote, OomEvent, Resolution};
-use super::{State, FRAMEWORK_MATCH, KEEP_DONE};
-use crate::live::assemble::{Capture, Facts};
-use crate::live::Shim;
+use super::recorder::Recorder;
+use crate::failure::assemble::{Capture, Facts};
 use dump::model::LastFailure;
 use oomshim_host::ledger::StackId;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+/// The tracker's state, under its lock.
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) next_id: u64,
+    pub(super) requests: Vec<Request>,
+    pub(super) dumped: Vec<Dumped>,
+    /// When the last dumps were started, each with its request's id (0: written at once), for
+    /// `OOMSHIM_MAX_DUMPS` per minute: a request that recovers gives back its own place.
+    pub(super) recent: std::collections::VecDeque<(Instant, u64)>,
+    /// Failures without a dump since the last dump: repeats, and over the cap.
+    pub(super) repeats: u64,
+    pub(super) suppressed: u64,
+    /// Said at exit (once) when failures after the last dump got none.
+    pub(super) said_at_exit: bool,
+    /// Recovered failures written (the first gets a dump), and those only counted since.
+    pub(super) recovered_dumps: u64,
+    pub(super) recovered_quiet: u64,
+    pub(super) flushing: bool,
+    /// The pid whose writer thread runs (a forked child starts its own).
+    pub(super) writer_pid: u32,
+    /// Requests being written by a thread now (the exit flush waits for them).
+    pub(super) writing: u32,
+    /// Provisional dumps of requests that ended without a dump of their own (absorbed into a
+    /// later failure's story), for the writer to remove.
+    pub(super) stale: Vec<PathBuf>,
+}
+
+/// Requests kept once done (for matching a late framework word and for tests); older ones go.
+pub(super) const KEEP_DONE: usize = 16;
+/// How long after its failure a framework's word is matched to a request.
+pub(super) const FRAMEWORK_MATCH: Duration = Duration::from_secs(60);
 
 /// One failed request (see the module comment): what it is, and where it is in its life
 /// ([`Stage`]).
@@ -313,7 +344,13 @@ impl State {
     /// Whether [`State::admit`] would give a failure of `bytes` on `device` a dump now. Without
     /// the failure's stack (it is asked before the failure is recorded), a dumped failure of that
     /// size on that device within the interval counts as the same one. Changes nothing.
-    pub(super) fn would_admit(&self, s: &Shim, device: i32, bytes: u64, now: Instant) -> bool {
+    pub(super) fn would_admit(
+        &self,
+        s: &dyn Recorder,
+        device: i32,
+        bytes: u64,
+        now: Instant,
+    ) -> bool {
         let interval = s.config().min_interval;
         if self
             .dumped
@@ -336,16 +373,15 @@ impl State {
     /// Repeat, over the cap, or a new dump (then counted against the cap and remembered).
     pub(super) fn admit(
         &mut self,
-        s: &Shim,
+        s: &dyn Recorder,
         ev: &OomEvent,
         stacks: (StackId, StackId),
         now: Instant,
         request: u64,
     ) -> Admit {
         // Whatever becomes of this failure, the exit says what got no dump.
-        oomshim_host::sys::flush_dumps_at_exit(crate::live::flush_at_exit);
         // And, should it end the process, what it leaves for the job (after that flush).
-        super::job::watch_exit();
+        s.watch_exit();
         let interval = s.config().min_interval;
         self.dumped
             .retain(|d| now.duration_since(d.at) < interval.max(FRAMEWORK_MATCH));

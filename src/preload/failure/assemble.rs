@@ -9,9 +9,9 @@
 //! two failures assembled in either order, on any thread, each describe their own moment. The
 //! reading happens in `gather.rs`.
 
-use super::unix_ms;
 use crate::cuda::context::FailureContext;
 use dump::model::*;
+use dump::time::unix_ms;
 use oomshim_core::config::{Config, StackMode};
 use oomshim_host::ledger::{Allocation, Api, Snapshot, StackId};
 use oomshim_host::pystack::PyFrame;
@@ -30,7 +30,7 @@ pub(crate) struct Capture {
     pub context: FailureContext,
     /// The growth history as it was at that moment (a failure's: taken on the failing thread);
     /// `None`: the history as it is when the dump is assembled.
-    pub growth: Option<super::growth::Frozen>,
+    pub growth: Option<crate::record::growth::Frozen>,
 }
 
 pub(crate) struct Failing {
@@ -44,7 +44,7 @@ pub(crate) struct Failing {
 
 pub(crate) struct BurstInfo {
     pub failures: u32,
-    pub resolution: super::oom::event::Resolution,
+    pub resolution: super::event::Resolution,
     pub last: LastFailure,
     /// Failures before this one that got no dump (repeats, over the cap).
     pub repeats: u64,
@@ -123,7 +123,7 @@ pub(crate) fn assemble(
     reason: &str,
     cap: &Capture,
     burst: Option<BurstInfo>,
-    framework: Option<&super::oom::event::FrameworkNote>,
+    framework: Option<&super::event::FrameworkNote>,
     observed: Observed,
     lookups: &dyn Lookups,
 ) -> Dump {

@@ -6,7 +6,7 @@
 use super::assemble::{
     self, BurstInfo, Capture, Facts, Lookups, Observed, ProcessSnapshot, RecorderState,
 };
-use super::Shim;
+use super::recorder::Recorder;
 use dump::model::{Dump, Frame, ProcessInfo};
 use oomshim_host::ledger::StackId;
 use oomshim_host::pystack::PyFrame;
@@ -14,11 +14,11 @@ use oomshim_host::pystack::PyFrame;
 /// Reads the process, the shim's state and the stack tables now, and assembles the dump of `cap`
 /// from them and `facts` (read at the failure by whoever caught it).
 pub(crate) fn assemble_now(
-    s: &Shim,
+    s: &dyn Recorder,
     reason: &str,
     cap: &Capture,
     burst: Option<BurstInfo>,
-    framework: Option<&super::oom::event::FrameworkNote>,
+    framework: Option<&super::event::FrameworkNote>,
     facts: Facts,
 ) -> Dump {
     let lookups = LiveLookups(s);
@@ -82,15 +82,15 @@ impl ProcessSnapshot {
 impl RecorderState {
     /// The shim's counters and the growth tracker's analysis now, for the dump of `cap`
     /// (projections use the free bytes its context asked).
-    pub fn read(s: &Shim, cap: &Capture, lookups: &dyn Lookups) -> RecorderState {
+    pub fn read(s: &dyn Recorder, cap: &Capture, lookups: &dyn Lookups) -> RecorderState {
         let native_captured = s.config().stacks.native();
         RecorderState {
-            stacks: super::recording::current()
+            stacks: crate::record::recording::current()
                 .stacks()
                 .unwrap_or(oomshim_core::config::StackMode::Off),
             oom_failures: s.oom_failures(),
             growth: {
-                let name = |pairs: &[_]| {
+                let mut name = |pairs: &[_]| {
                     let named = assemble::symbolize_stacks(lookups, native_captured, pairs);
                     pairs
                         .iter()
@@ -100,8 +100,8 @@ impl RecorderState {
                 let free = cap.context.mem_info.map(|m| m.0);
                 match &cap.growth {
                     // The history as it was at the failure.
-                    Some(frozen) => Some(frozen.clone().growth(free, name)),
-                    None => s.growth_now(free, name),
+                    Some(frozen) => Some(frozen.clone().growth(free, &mut name)),
+                    None => s.growth_now(free, &mut name),
                 }
             },
             request_sizes: s.request_sizes(),
@@ -110,7 +110,7 @@ impl RecorderState {
 }
 
 /// The live shim's stack tables, the symboliser and /proc's thread names.
-pub(crate) struct LiveLookups<'a>(pub &'a Shim);
+pub(crate) struct LiveLookups<'a>(pub &'a dyn Recorder);
 
 impl Lookups for LiveLookups<'_> {
     fn native_stack(&self, id: StackId) -> Vec<usize> {
@@ -126,7 +126,7 @@ impl Lookups for LiveLookups<'_> {
     }
 
     fn thread_name(&self, tid: u64) -> Option<String> {
-        super::thread_name(tid)
+        crate::state::thread_name(tid)
     }
 }
 

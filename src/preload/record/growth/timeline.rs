@@ -14,7 +14,7 @@
 //! them into [`BINS`] stretches of time from the oldest to now; [`Timeline::growth`] fits the
 //! bins, with the site names taken then.
 
-use super::{SiteKey, SiteKeyer, StackPair, MAX_REPORTED, MAX_SITES};
+use super::model::{SiteKey, SiteKeyer, StackPair, MAX_REPORTED, MAX_SITES};
 use dump::fit;
 use dump::model::{Frame, Growth, GrowthFit, GrowthPoint, GrowthSite, KeptCheck};
 use oomshim_host::ledger::Ledger;

@@ -59,12 +59,12 @@ oomshim_host::fork_held! {
 
 /// `fork` prepare handler: takes the VMM state's lock (never held while another lock is taken:
 /// the state is dropped before the ledger is reached).
-pub(super) fn fork_prepare() {
+pub(crate) fn fork_prepare() {
     FORK_HELD.hold(state());
 }
 
 /// `fork` parent and child handler: releases it.
-pub(super) fn fork_release() {
+pub(crate) fn fork_release() {
     FORK_HELD.release();
 }
 
@@ -79,19 +79,24 @@ pub enum VmmUndo {
     AddressFree(u64, u64),
 }
 
-/// A successful `cuMemCreate`.
-pub fn created(handle: u64, bytes: u64, device: i32, host: bool) {
+/// A successful `cuMemCreate`, recorded in the ledger by `record(api, key, bytes, device)`.
+pub fn created(
+    handle: u64,
+    bytes: u64,
+    device: i32,
+    host: bool,
+    record: impl FnOnce(Api, usize, u64, i32),
+) {
     let api = if host {
         Api::CuMemCreateHost
     } else {
         Api::CuMemCreate
     };
-    super::record_alloc(
+    record(
         api,
         handle_key(handle),
         bytes,
         if host { -1 } else { device },
-        0,
     );
     state().handles.insert(
         handle,
@@ -102,8 +107,8 @@ pub fn created(handle: u64, bytes: u64, device: i32, host: bool) {
     );
 }
 
-/// Before `cuMemRelease(handle)`.
-pub fn release_begin(handle: u64) -> Option<VmmUndo> {
+/// Before `cuMemRelease(handle)`; `take` removes a freed handle's ledger entry.
+pub fn release_begin(handle: u64, take: impl FnOnce(usize) -> Option<Taken>) -> Option<VmmUndo> {
     let mut st = state();
     let h = st.handles.get_mut(&handle)?;
     let before = *h;
@@ -113,7 +118,7 @@ pub fn release_begin(handle: u64) -> Option<VmmUndo> {
     }
     st.handles.remove(&handle);
     drop(st);
-    let taken = super::take(handle_key(handle));
+    let taken = take(handle_key(handle));
     Some(VmmUndo::Release(handle, before, taken))
 }
 
@@ -127,8 +132,12 @@ pub fn mapped(va: u64, size: u64, handle: u64) {
 }
 
 /// Before `cuMemUnmap(va, size)`: every mapping starting in the range goes; a released handle
-/// whose last mapping goes is freed.
-pub fn unmap_begin(va: u64, size: u64) -> Option<VmmUndo> {
+/// whose last mapping goes is freed (`take` removes its ledger entry).
+pub fn unmap_begin(
+    va: u64,
+    size: u64,
+    mut take: impl FnMut(usize) -> Option<Taken>,
+) -> Option<VmmUndo> {
     let mut st = state();
     let end = va.saturating_add(size.max(1));
     let starts: Vec<u64> = st.mappings.range(va..end).map(|(k, _)| *k).collect();
@@ -152,7 +161,7 @@ pub fn unmap_begin(va: u64, size: u64) -> Option<VmmUndo> {
     drop(st);
     let freed = freed
         .into_iter()
-        .map(|(h, before)| (h, before, super::take(handle_key(h))))
+        .map(|(h, before)| (h, before, take(handle_key(h))))
         .collect();
     Some(VmmUndo::Unmap(removed, freed))
 }
@@ -168,13 +177,14 @@ pub fn address_free_begin(va: u64) -> Option<VmmUndo> {
     Some(VmmUndo::AddressFree(va, size))
 }
 
-/// The real call failed: put back what its `*_begin` removed.
-pub fn undo(u: VmmUndo) {
+/// The real call failed: put back what its `*_begin` removed (`reinstate` puts back a ledger
+/// entry).
+pub fn undo(u: VmmUndo, mut reinstate: impl FnMut(usize, Taken)) {
     match u {
         VmmUndo::Release(handle, before, taken) => {
             state().handles.insert(handle, before);
             if let Some(a) = taken {
-                super::reinstate(handle_key(handle), a);
+                reinstate(handle_key(handle), a);
             }
         }
         VmmUndo::Unmap(removed, freed) => {
@@ -192,7 +202,7 @@ pub fn undo(u: VmmUndo) {
             drop(st);
             for (h, _, taken) in freed {
                 if let Some(a) = taken {
-                    super::reinstate(handle_key(h), a);
+                    reinstate(handle_key(h), a);
                 }
             }
         }
