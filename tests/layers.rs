@@ -47,14 +47,6 @@ const IMPORTED_BY_NOBODY: &[&str] = &["ffi"];
 /// sorted). None is left; any circle fails, and so would an entry here once its circle is gone.
 const KNOWN_FILE_CIRCLES: &[(&str, &[&str])] = &[];
 
-/// Crates whose files may still use their parent's and children's files both ways (such arrows
-/// are left out of the circles). The preload crate only: its `live/`, `ffi/` and `growth/`
-/// folders are each a parent file that the hooks call and that its own files import back, which
-/// the reshaping of the crate into a one-way pipeline (`ffi` → the shim → failure and recording →
-/// CUDA) undoes; until it lands, counting them would only list those three knots. Every other
-/// crate is held to the rule.
-const FOLDER_FILE_EXEMPT: &[&str] = &["src/preload"];
-
 /// Arrows between files that must never exist: (crate dir, from: a module path, or every module
 /// under one when it ends in `::`, to: the modules it may *not* name, as the same patterns,
 /// except those listed, why).
@@ -66,24 +58,101 @@ type Never = (
     &'static str,
 );
 
-/// The arrows that must never exist.
-const NEVER: &[Never] = &[(
-    "src/core",
-    "verdict::words::",
-    &["verdict", "verdict::"],
-    // What the words read: what the rules found, the numbers gathered for them, the sites'
-    // labels and the kinds' names; and each other. `words::kinds` still calls the kinds rules
-    // (its wording is being changed elsewhere; it moves to the same rule when that lands).
-    &[
-        "verdict::words",
+/// The preload crate's modules, every one: what `cuda` and `state`, its floor, may never name.
+const PRELOAD_MODULES: &[&str] = &[
+    "allocator_mode",
+    "allocator_mode::",
+    "cuda",
+    "cuda::",
+    "failure",
+    "failure::",
+    "ffi",
+    "ffi::",
+    "fork",
+    "publish",
+    "record",
+    "record::",
+    "shim",
+    "state",
+];
+
+/// What the preload crate's failure path may never name: the hooks, the shim and allocator
+/// mode above it (what it reads of the shim comes through `failure::recorder`).
+const ABOVE_FAILURE: &[&str] = &["ffi", "ffi::", "shim", "allocator_mode", "allocator_mode::"];
+
+/// What the preload crate's recording may never name: all of [`ABOVE_FAILURE`], and the failure
+/// path beside it (a failure reads growth only through what the shim puts in its capture).
+const ABOVE_RECORD: &[&str] = &[
+    "ffi",
+    "ffi::",
+    "shim",
+    "allocator_mode",
+    "allocator_mode::",
+    "failure",
+    "failure::",
+];
+
+const FAILURE_WHY: &str = "the failure path is below the hooks, the shim and allocator mode";
+const RECORD_WHY: &str = "recording never reads the failure path, nor anything above it";
+const CUDA_WHY: &str = "cuda/ is CUDA as the shim calls it: it imports nothing of the shim";
+const STATE_WHY: &str = "state.rs is the shim's floor: it imports nothing of the shim";
+const ALLOCATOR_WHY: &str =
+    "allocator mode is below the hooks and the shim (it gets the shim as a Host)";
+
+/// The arrows that must never exist. `ffi` is named by nobody ([`IMPORTED_BY_NOBODY`], checked
+/// between top-level modules, which covers every file).
+const NEVER: &[Never] = &[
+    ("src/preload", "failure", ABOVE_FAILURE, &[], FAILURE_WHY),
+    ("src/preload", "failure::", ABOVE_FAILURE, &[], FAILURE_WHY),
+    ("src/preload", "record", ABOVE_RECORD, &[], RECORD_WHY),
+    ("src/preload", "record::", ABOVE_RECORD, &[], RECORD_WHY),
+    (
+        "src/preload",
+        "cuda",
+        PRELOAD_MODULES,
+        &["cuda", "cuda::"],
+        CUDA_WHY,
+    ),
+    (
+        "src/preload",
+        "cuda::",
+        PRELOAD_MODULES,
+        &["cuda", "cuda::"],
+        CUDA_WHY,
+    ),
+    ("src/preload", "state", PRELOAD_MODULES, &[], STATE_WHY),
+    (
+        "src/preload",
+        "allocator_mode",
+        &["ffi", "ffi::", "shim"],
+        &[],
+        ALLOCATOR_WHY,
+    ),
+    (
+        "src/preload",
+        "allocator_mode::",
+        &["ffi", "ffi::", "shim"],
+        &[],
+        ALLOCATOR_WHY,
+    ),
+    (
+        "src/core",
         "verdict::words::",
-        "verdict::found",
-        "verdict::context",
-        "verdict::sites",
-        "verdict::names",
-    ],
-    "the verdict's words only format what the rules found: no rule is called from words/",
-)];
+        &["verdict", "verdict::"],
+        // What the words read: what the rules found, the numbers gathered for them, the sites'
+        // labels and the kinds' names; and each other. `words::kinds` still calls the kinds rules
+        // (its wording is being changed elsewhere; it moves to the same rule when that lands).
+        &[
+            "verdict::words",
+            "verdict::words::",
+            "verdict::found",
+            "verdict::context",
+            "verdict::sites",
+            "verdict::names",
+        ],
+        "the verdict's words only format what the rules found: no rule is called from words/",
+    ),
+];
 
 /// `module` matches `pattern`: the module itself, or, for a pattern ending in `::`, any module
 /// under it.
@@ -418,9 +487,7 @@ type FileArrow = (String, String, String, String);
 /// Every arrow between the files of each crate under `root`: a path in a file's code that names
 /// another file's module (`crate::…`, `super::…`, `self::…`, a child module, or a name a `use`
 /// bound to a module) points at the file of the longest module its path names. A visibility
-/// restriction (`pub(in crate::verdict)`) names no module's content and is no arrow. In the
-/// crates of [`FOLDER_FILE_EXEMPT`], arrows between a file and the files of its parent modules or
-/// of its child modules are left out.
+/// restriction (`pub(in crate::verdict)`) names no module's content and is no arrow.
 fn file_arrows(root: &Path) -> Vec<FileArrow> {
     let mut out = Vec::new();
     for (dir, _, _, _) in CRATES {
@@ -440,7 +507,6 @@ fn file_arrows(root: &Path) -> Vec<FileArrow> {
             })
             .collect();
         let known: BTreeSet<&Vec<String>> = files.iter().map(|(m, _)| m).collect();
-        let is_prefix = |a: &[String], b: &[String]| a.len() < b.len() && b.starts_with(a);
         for (here, file) in &files {
             let code = strip(&std::fs::read_to_string(file).unwrap());
             // Names that stand for a module here: the children, and what `use` binds to one.
@@ -529,8 +595,7 @@ fn file_arrows(root: &Path) -> Vec<FileArrow> {
                 else {
                     continue;
                 };
-                let exempt = FOLDER_FILE_EXEMPT.contains(dir);
-                if to == *here || exempt && (is_prefix(&to, here) || is_prefix(here, &to)) {
+                if to == *here {
                     continue;
                 }
                 let line = p.join("::");
@@ -753,14 +818,69 @@ fn files_inside_a_module_close_no_circle() {
 fn no_arrow_that_must_never_exist_does() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let found = file_arrows(root);
-    // The rule's own scope is real: the words read what the rules found.
+    // The rules' own scopes are real: the words read what the rules found; the failure path
+    // reads the shim through its recorder, and recording is below it.
     let (from, to) = ("verdict::words::leak", "verdict::found");
     assert!(has_file_arrow(&found, from, to), "no {from} -> {to} arrow");
+    for (from, to) in [
+        ("failure::capture", "failure::recorder"),
+        ("failure::recorder", "record::growth"),
+        ("shim", "failure"),
+    ] {
+        assert!(
+            found
+                .iter()
+                .any(|a| a.0 == "src/preload" && a.1 == from && a.2 == to),
+            "no {from} -> {to} arrow"
+        );
+    }
     let bad = never_offences(&found, NEVER);
     assert!(
         bad.is_empty(),
         "arrows that must never exist:\n{}",
         bad.join("\n")
+    );
+}
+
+#[test]
+fn the_never_list_keeps_the_preload_pipeline_one_way() {
+    let files = [
+        (
+            "src/preload/failure/writer.rs",
+            "use crate::shim::Shim;\nfn w() { crate::record::growth::freeze(); }\n",
+        ),
+        (
+            "src/preload/record/growth.rs",
+            "fn g() { crate::failure::writer::w(); }\n",
+        ),
+        (
+            "src/preload/cuda/real.rs",
+            "fn r() { crate::state::now(); }\n",
+        ),
+        ("src/preload/cuda/context.rs", "use super::real;\n"),
+        ("src/preload/state.rs", "fn now() {}\n"),
+        (
+            "src/preload/shim.rs",
+            "fn s() { crate::failure::writer::w(); }\n",
+        ),
+        (
+            "src/preload/allocator_mode/host.rs",
+            "fn h() { crate::shim::s(); }\n",
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (path, text) in files {
+        write_in_tree(dir.path(), path, text);
+    }
+    // Downward arrows (failure to record, the shim to failure, cuda to itself) are no offence.
+    assert_offences(
+        &never_offences(&file_arrows(dir.path()), NEVER),
+        &[
+            "src/preload: allocator_mode::host -> shim (crate::shim::s)",
+            "src/preload: cuda::real -> state (crate::state::now)",
+            "src/preload: failure::writer -> shim (crate::shim::Shim)",
+            "src/preload: record::growth -> failure::writer (crate::failure::writer::w)",
+        ],
     );
 }
 
@@ -828,10 +948,9 @@ fn the_file_scan_catches_circles_through_aliases_groups_and_rings() {
     let w = |p: &str, text: &str| write_in_tree(root, p, text);
     // verdict/ (the core, held to the rule): the parent uses its children and they use it, and
     // `snapshot` and `words/snapshot` use each other through an alias bound by `use`: one
-    // circle; `words/mod.rs` names its parent only as a visibility, which is no arrow. live/
-    // (the preload crate, still exempt): the parent uses `d` and `d` uses it back, no circle;
-    // `a`, `b`, `c` form a ring through a nested group; `d` names `a` only in a comment and a
-    // test module.
+    // circle; `words/mod.rs` names its parent only as a visibility, which is no arrow. live/:
+    // the parent uses `d` and `d` uses it back, a circle as any two files; `a`, `b`, `c` form a
+    // ring through a nested group; `d` names `a` only in a comment and a test module.
     w(
         "src/core/verdict/mod.rs",
         "mod words;\nmod snapshot;\npub const K: u8 = 1;\nfn j() { words::snapshot::say(); snapshot::held(); }\n",
@@ -870,10 +989,14 @@ fn the_file_scan_catches_circles_through_aliases_groups_and_rings() {
         &file_offences(&arrows, &[]),
         &[
             "src/core: circle between files verdict, verdict::snapshot, verdict::words::snapshot",
+            "src/preload: circle between files live, live::d",
             "src/preload: circle between files live::a, live::b, live::c",
         ],
     );
-    assert!(!arrows.iter().any(|a| a.1 == "live::d"), "{arrows:?}");
+    assert!(
+        !arrows.iter().any(|a| a.1 == "live::d" && a.2 == "live::a"),
+        "{arrows:?}"
+    );
     assert!(
         !arrows.iter().any(|a| a.1 == "verdict::words"),
         "{arrows:?}"
