@@ -445,7 +445,7 @@ fn add_process(
             push("hw_gpu_memory_limit_bytes", &labels, t.to_string());
         }
         // The live summary's free blocks are the allocator's for its current device, which
-        // the publisher (having no failing device) asks as device 0 (src/preload/live/allocator_mode.rs).
+        // the publisher (having no failing device) asks as device 0 (src/preload/allocator_mode).
         let fb = &d.free_blocks;
         if dev.index == 0 && fb.source != "unavailable" {
             if let Some(b) = fb.largest_free_bytes {

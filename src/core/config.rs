@@ -246,7 +246,7 @@ pub enum StackMode {
 impl StackMode {
     /// An `OOMSHIM_STACKS` value (case and surrounding blanks ignored); `None` when it names no
     /// mode. The one reading of that variable: the settings and allocator mode's own default
-    /// (`live/allocator_mode/config.rs`) both go through it.
+    /// (`src/preload/allocator_mode/config.rs`) both go through it.
     pub fn parse(value: &str) -> Option<StackMode> {
         match value.trim().to_ascii_lowercase().as_str() {
             "all" | "on" => Some(StackMode::All),

@@ -1,7 +1,7 @@
 //! The answer where a job's scheduler reads it: torchelastic's error file (torchrun's "Root
 //! Cause") and Kubernetes' termination message. Both are written when a failure ends the
 //! process: by the shim at the exit of a process that ran out of device memory
-//! (src/preload/live/oom/job.rs), and by `oomshim run` after a post-mortem
+//! (src/preload/failure/job.rs), and by `oomshim run` after a post-mortem
 //! (src/cli/supervise.rs). Builders are pure functions of a dump; the writers never replace
 //! what the program wrote for another failure.
 //!

@@ -590,7 +590,7 @@ impl CacheSummary {
     }
 }
 
-/// Sizes of the most recent device allocation requests (src/preload/live/growth.rs): a ring of the
+/// Sizes of the most recent device allocation requests (src/preload/record/growth): a ring of the
 /// last `window` requests.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestSizes {
@@ -623,7 +623,7 @@ pub struct SizeBin {
     pub distinct: u64,
 }
 
-/// History of live device bytes per allocation site (src/preload/live/growth.rs).
+/// History of live device bytes per allocation site (src/preload/record/growth).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Growth {
     /// `"step"` when steps are marked or detected, else `"second"` (growth over time).

@@ -109,7 +109,7 @@ pub enum Api {
     CuMemAllocFromPoolAsync,
     CuMemAllocHost,
     CuMemHostAlloc,
-    /// Physical memory of a VMM handle on a device (src/preload/live/vmm.rs).
+    /// Physical memory of a VMM handle on a device (src/preload/record/vmm.rs).
     CuMemCreate,
     /// Physical memory of a VMM handle located in host memory (HOST/HOST_NUMA).
     CuMemCreateHost,

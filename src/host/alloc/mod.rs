@@ -2,7 +2,7 @@
 //!
 //! Set as PyTorch's pluggable allocator, oomshim serves every tensor itself. This module is that
 //! allocator as plain Rust over an abstract [`MemorySource`] (segments and events), so it runs
-//! and is tested without CUDA; `src/preload/live/allocator_mode` runs it over the CUDA runtime,
+//! and is tested without CUDA; `src/preload/allocator_mode` runs it over the CUDA runtime,
 //! behind the C entry points of `src/preload/ffi/torch_alloc.rs`.
 //!
 //! # Policy, and why

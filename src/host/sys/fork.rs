@@ -9,7 +9,7 @@
 //!
 //! Taking them all cannot deadlock because they are always taken in one fixed order, and no
 //! path holds one of them while it waits for one taken earlier in that order. The order is the
-//! preload's (it alone knows every lock): see `live::fork` in `src/preload`.
+//! preload's (it alone knows every lock): see `src/preload/fork.rs`.
 
 use std::cell::RefCell;
 use std::panic::catch_unwind;

@@ -30,9 +30,9 @@ const RUNTIME_SONAMES: [&CStr; 4] = [
 /// The caller states that `$ty` is `$name`'s C signature (what [`RealFn::new`] requires).
 macro_rules! real_fn {
     ($name:expr, $ty:ty) => {{
+        use $crate::cuda::real::RealFn;
         // SAFETY: `$ty` is the C signature of `$name` (this macro's contract).
-        static REAL: $crate::cuda::real::RealFn<$ty> =
-            unsafe { $crate::cuda::real::RealFn::new($name) };
+        static REAL: RealFn<$ty> = unsafe { RealFn::new($name) };
         REAL.get()
     }};
 }
