@@ -868,13 +868,9 @@ fn the_never_list_keeps_the_preload_pipeline_one_way() {
             "fn h() { crate::shim::s(); }\n",
         ),
     ];
-    let dir = tempfile::tempdir().unwrap();
-    for (path, text) in files {
-        write_in_tree(dir.path(), path, text);
-    }
     // Downward arrows (failure to record, the shim to failure, cuda to itself) are no offence.
     assert_offences(
-        &never_offences(&file_arrows(dir.path()), NEVER),
+        &never_offences_in_tree(&files),
         &[
             "src/preload: allocator_mode::host -> shim (crate::shim::s)",
             "src/preload: cuda::real -> state (crate::state::now)",
@@ -908,18 +904,23 @@ fn the_never_list_catches_words_that_call_a_rule() {
         ),
         ("src/core/verdict/words/mod.rs", "mod leak;\nmod post_mortem;\n"),
     ];
-    let dir = tempfile::tempdir().unwrap();
-    for (path, text) in files {
-        write_in_tree(dir.path(), path, text);
-    }
     // Words naming words, or what the rules found, are no offence.
     assert_offences(
-        &never_offences(&file_arrows(dir.path()), NEVER),
+        &never_offences_in_tree(&files),
         &[
             "src/core: verdict::words::leak -> verdict::leak (crate::verdict::leak::recorded)",
             "src/core: verdict::words::post_mortem -> verdict::leak (crate::verdict::leak::recorded)",
         ],
     );
+}
+
+/// The [`NEVER`] offences of a made-up tree of `(path, text)` files.
+fn never_offences_in_tree(files: &[(&str, &str)]) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, text) in files {
+        write_in_tree(dir.path(), path, text);
+    }
+    never_offences(&file_arrows(dir.path()), NEVER)
 }
 
 /// The core has an arrow from the file of module `from` to that of `to`.

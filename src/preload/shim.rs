@@ -576,28 +576,13 @@ impl allocator_mode::host::Host for AllocatorHost {
         // Pass-through (switched off by the program, or after a failure of the shim's own)
         // writes no dump, as under preload: the allocator still raises its error with torch's
         // words.
-        if !records_failures() {
-            return AllocatorOom::default();
-        }
-        let Some(s) = shim() else {
-            return AllocatorOom::default();
-        };
-        s.count_oom_failure();
-        // As under preload (`record_oom`): the live region shows the failure before its dump is
-        // done.
-        crate::publish::note_failure(
-            event.device,
-            event.bytes,
-            event.api.name(),
-            event.context.mem_info,
-        );
         let mode = failure::Mode::Now(failure::Resolution::Allocator);
-        match s.oom_failure(event, mode, framework) {
-            failure::Handled::Written { path, verdict } => AllocatorOom {
+        match record_oom(event, mode, framework) {
+            Some(failure::Handled::Written { path, verdict }) => AllocatorOom {
                 path,
                 verdict: Some(verdict),
             },
-            failure::Handled::Repeat(path) => AllocatorOom {
+            Some(failure::Handled::Repeat(path)) => AllocatorOom {
                 path,
                 verdict: None,
             },
@@ -717,7 +702,9 @@ pub(crate) fn inject_alloc_fault() {
     }
 }
 
-/// An allocation call of either layer returned `rc` (called inside the hook's guard).
+/// An allocation call of either layer returned `rc` (called inside the hook's guard). Inlined
+/// into the hook: the hot path of every allocation.
+#[inline]
 pub fn on_alloc(layer: &Layer, api: Api, rc: i32, addr: usize, bytes: u64, stream: usize) {
     use oomshim_host::sys::cuda_error;
     if rc == cuda_error::SUCCESS {
@@ -760,14 +747,15 @@ pub fn on_oom(layer: &Layer, api: Api, bytes: u64, device: i32, rc: i32, stream:
         free_blocks: allocator_mode::free_blocks_if_active(device),
         ..crate::cuda::context::gather(layer, Some(device), Moment::Failure)
     };
-    record_oom(OomEvent {
+    let event = OomEvent {
         api,
         bytes,
         device,
         error_code: rc,
         stream,
         context,
-    });
+    };
+    record_oom(event, failure::Mode::Settle, None);
 }
 
 /// `oomshim_dump(reason)`: a dump now, about the caller's current device when the process
@@ -798,11 +786,17 @@ pub(crate) fn context_without_cuda(
     }
 }
 
-/// A device allocation failed with cudaErrorMemoryAllocation.
-pub(crate) fn record_oom(event: OomEvent) {
-    let Some(s) = shim() else { return };
+/// A device allocation failed for lack of memory (under preload, or in allocator mode): counted,
+/// shown in the live region before its dump is done, and handed to the failure path, which
+/// writes its dump as `mode` says. `None` when nothing is recorded (the shim off, pass-through).
+pub(crate) fn record_oom(
+    event: OomEvent,
+    mode: failure::Mode,
+    framework: Option<FrameworkNote>,
+) -> Option<failure::Handled> {
+    let s = shim()?;
     if recording::current() == Recording::PassThrough {
-        return;
+        return None;
     }
     s.count_oom_failure();
     crate::publish::note_failure(
@@ -811,7 +805,7 @@ pub(crate) fn record_oom(event: OomEvent) {
         event.api.name(),
         event.context.mem_info,
     );
-    s.oom_failure(event, failure::Mode::Settle, None);
+    Some(s.oom_failure(event, mode, framework))
 }
 
 /// Pinned host memory ran out: host memory, not a device OOM; counted and passed through.

@@ -47,6 +47,15 @@ pub fn present_layer() -> &'static Layer {
     }
 }
 
+/// A positive version number from a `(int *version)` query (`cuDriverGetVersion`,
+/// `cudaRuntimeGetVersion`), when the function exists and succeeds.
+fn version_of(get: &RealFn<unsafe extern "C" fn(*mut c_int) -> c_int>) -> Option<i32> {
+    let f = get.get()?;
+    let mut v: c_int = 0;
+    // SAFETY: a valid out-parameter.
+    (unsafe { f(&mut v) } == oomshim_host::sys::cuda_error::SUCCESS && v > 0).then_some(v)
+}
+
 /// Driver functions the shim calls itself, through their own [`RealFn`]s.
 pub mod driver {
     use crate::cuda::real::RealFn;
@@ -55,7 +64,7 @@ pub mod driver {
 
     /// The calling thread's current device (its context's), or 0.
     pub fn current_device() -> i32 {
-        // SAFETY: `c_int cuCtxGetDevice(CUdevice *device)`.
+        // SAFETY: `CUresult cuCtxGetDevice(CUdevice *device)`.
         static GET: RealFn<unsafe extern "C" fn(*mut c_int) -> c_int> =
             unsafe { RealFn::driver(c"cuCtxGetDevice") };
         let Some(f) = GET.get() else { return 0 };
@@ -70,7 +79,7 @@ pub mod driver {
 
     /// (free, total) of the calling thread's current device, from `cuMemGetInfo_v2`.
     pub fn mem_info() -> Option<(u64, u64)> {
-        // SAFETY: `c_int cuMemGetInfo_v2(size_t *free, size_t *total)`.
+        // SAFETY: `CUresult cuMemGetInfo_v2(size_t *free, size_t *total)`.
         static GET: RealFn<unsafe extern "C" fn(*mut usize, *mut usize) -> c_int> =
             unsafe { RealFn::driver(c"cuMemGetInfo_v2") };
         let f = GET.get()?;
@@ -80,7 +89,7 @@ pub mod driver {
     }
 
     pub fn device_name(device: i32) -> Option<String> {
-        // SAFETY: `c_int cuDeviceGetName(char *name, int len, CUdevice dev)`.
+        // SAFETY: `CUresult cuDeviceGetName(char *name, int len, CUdevice dev)`.
         static GET: RealFn<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int> =
             unsafe { RealFn::driver(c"cuDeviceGetName") };
         let f = GET.get()?;
@@ -99,10 +108,10 @@ pub mod driver {
     /// `cuDeviceGetUuid_v2` (or `cuDeviceGetUuid` on drivers before 11.4): a context-free query.
     pub fn device_uuid(device: i32) -> Option<String> {
         type GetUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
-        // SAFETY: `c_int cuDeviceGet(CUdevice *device, int ordinal)`.
+        // SAFETY: `CUresult cuDeviceGet(CUdevice *device, int ordinal)`.
         static GET_DEVICE: RealFn<unsafe extern "C" fn(*mut c_int, c_int) -> c_int> =
             unsafe { RealFn::driver(c"cuDeviceGet") };
-        // SAFETY: `c_int cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)`; `CUuuid` is 16 bytes.
+        // SAFETY: `CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)`; `CUuuid` is 16 bytes.
         static V2: RealFn<GetUuid> = unsafe { RealFn::driver(c"cuDeviceGetUuid_v2") };
         // SAFETY: `cuDeviceGetUuid` has the same signature.
         static V1: RealFn<GetUuid> = unsafe { RealFn::driver(c"cuDeviceGetUuid") };
@@ -121,13 +130,10 @@ pub mod driver {
 
     /// `cuDriverGetVersion`: context-free.
     pub fn driver_version() -> Option<i32> {
-        // SAFETY: `c_int cuDriverGetVersion(int *version)`.
+        // SAFETY: `CUresult cuDriverGetVersion(int *version)`.
         static GET: RealFn<unsafe extern "C" fn(*mut c_int) -> c_int> =
             unsafe { RealFn::driver(c"cuDriverGetVersion") };
-        let f = GET.get()?;
-        let mut v: c_int = 0;
-        // SAFETY: a valid out-parameter.
-        (unsafe { f(&mut v) } == SUCCESS && v > 0).then_some(v)
+        super::version_of(&GET)
     }
 }
 
@@ -187,9 +193,6 @@ pub mod runtime {
         // SAFETY: `cudaError_t cudaRuntimeGetVersion(int *version)`.
         static GET: RealFn<unsafe extern "C" fn(*mut c_int) -> c_int> =
             unsafe { RealFn::optional(c"cudaRuntimeGetVersion") };
-        let f = GET.get()?;
-        let mut v: c_int = 0;
-        // SAFETY: a valid out-parameter.
-        (unsafe { f(&mut v) } == SUCCESS && v > 0).then_some(v)
+        super::version_of(&GET)
     }
 }
