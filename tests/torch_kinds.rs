@@ -1,4 +1,4 @@
-//! Memory by kind at a torch OOM (issue 23): oomshim's Python hook (shim/python/oomshim_hook/
+//! Memory by kind at a torch OOM: oomshim's Python hook (shim/python/oomshim_hook/
 //! kinds.py) counts parameters per model, gradients, optimizer state and activations, the phase,
 //! the module and the batch, and the verdict words its headline and advice by the kind that
 //! dominates. Against a stand-in `torch` whose tensors take real (simulated) device memory

@@ -98,8 +98,8 @@ pub fn shim_lib() -> PathBuf {
         };
         // The CLI's package is selected too: cargo then resolves the features `cargo run` and
         // `cargo test` do and reuses their build (the library's package alone resolves serde's
-        // derive without clap's `syn/full`: a second build of serde and of every crate above it;
-        // issue 27).
+        // derive without clap's `syn/full`: a second build of serde and of every crate above it,
+        // minutes of a 2-core machine).
         let status = Command::new(env!("CARGO"))
             .args([
                 "build",
@@ -125,7 +125,7 @@ pub fn shim_lib() -> PathBuf {
 
 /// Runs `cmd` to completion under a watchdog: a hang (a deadlock in the shim, say) fails the test
 /// instead of blocking the suite. The program's end is waited for, not polled (a poll every 20 ms
-/// cost each of the suite's hundreds of programs 10 ms on average; issue 27), and its pipes are
+/// cost each of the suite's hundreds of programs 10 ms on average), and its pipes are
 /// read while it runs, so a program that writes more than a pipe holds cannot stall on them.
 pub fn wait_with_watchdog(mut cmd: Command, limit: Duration) -> Output {
     use std::io::Read;

@@ -158,7 +158,7 @@ def check_torch():
     row("torch leak: holders have native stacks", len(top["stack"]) > 3,
         " <- ".join(n for n in names(top["stack"])[:5] if n)[:200])
     # Python stacks: the top site's stack holds the script's own line, and the verdict names it
-    # (not torch's own Python code, which is further in) (issue 5).
+    # (not torch's own Python code, which is further in).
     site = dump["sites"][0] if dump["sites"] else {"stack": []}
     mine = [f for f in site["stack"] if f.get("kind") == "python" and (f.get("file") or "").endswith("torch_leak.py")]
     lines = open(script).read().splitlines()
@@ -906,10 +906,10 @@ def check_perf_table():
         table.append(("host memory per live tensor, shim all - pass-through (1M tensors)",
                       f"{(grown['all'] - grown['pass-through']) * 1024 / 1e6:.0f} bytes",
                       f"grown {grown['all']} KiB with all, {grown['pass-through']} KiB with pass-through"))
-    print("\n| perf (issue 16) | figure | detail |\n|---|---|---|")
+    print("\n| perf | figure | detail |\n|---|---|---|")
     for a, b, c in table:
         print(f"| {a} | {b} | {c} |", flush=True)
-    row("perf table (issue 16)", all(b != "no result" for _, b, _ in table),
+    row("perf table", all(b != "no result" for _, b, _ in table),
         f"{len(table)} rows; see the perf table above and {os.path.join(OUT, 'perf_table.json')}")
 
 
