@@ -578,6 +578,7 @@ fn each_launcher_out(
             assert_eq!(d.free_blocks.source, "oomshim-allocator");
             assert_eq!(std::fs::read_dir(&e.dumps).unwrap().count(), 1, "{err}");
         }
+        common::assert_single_spaced(&serde_json::to_value(&d).unwrap(), &format!("{launcher:?}"));
         // The stderr line says what the dump says.
         let top = &d.verdict.findings[0];
         assert!(

@@ -240,6 +240,7 @@ fn a_program_that_only_allocates_is_judged_a_leak_over_time() {
         f.summary
     );
     assert!(v.suggestions.iter().any(|s| s.contains("oomshim_step()")));
+    common::assert_single_spaced(&serde_json::to_value(&dump).unwrap(), "grow_only");
     let (line1, _) = summary_lines(&stderr(&shim));
     assert_line1_is_top_finding(&line1, "cudaMalloc of 48.00 MiB failed", &dump);
 }

@@ -88,6 +88,8 @@ mod torch_kinds;
 mod torch_package;
 #[path = "../verdicts.rs"]
 mod verdicts;
+#[path = "../words.rs"]
+mod words;
 
 // Unit tests of library crates whose API is public, here rather than in a harness of their own.
 #[path = "../unit/cli/mod.rs"]

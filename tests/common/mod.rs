@@ -634,6 +634,7 @@ pub fn report_verdict(path: &std::path::Path) -> (String, String) {
     );
     assert!(out.status.success(), "{err}");
     let v: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_single_spaced(&v, &path.display().to_string());
     let kind = v["verdict"]["kind"]
         .as_str()
         .unwrap_or_default()
@@ -665,4 +666,40 @@ pub fn agree(line: &str, path: &std::path::Path, dump: &dump::model::Dump) {
     if !headline.is_empty() {
         assert_eq!(headline, top.headline, "report vs dump");
     }
+}
+
+/// The keys whose strings are sentences a user reads: the verdict's and each finding's
+/// headline, summary, evidence and suggestions, the retry's reason.
+const SENTENCE_KEYS: [&str; 5] = ["headline", "summary", "evidence", "suggestions", "reason"];
+
+/// The sentences in `v` (a dump or `oomshim report --json`, anywhere under a key of
+/// [`SENTENCE_KEYS`]) with a run of two or more spaces inside them: a format string whose line
+/// continuation kept the next line's indentation reads as a hole in the sentence.
+pub fn stray_spaces(v: &serde_json::Value) -> Vec<String> {
+    fn walk(v: &serde_json::Value, sentence: bool, found: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    walk(x, sentence || SENTENCE_KEYS.contains(&k.as_str()), found);
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, sentence, found)),
+            serde_json::Value::String(s) if sentence && s.trim().contains("  ") => {
+                found.push(s.clone())
+            }
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    walk(v, false, &mut found);
+    found
+}
+
+/// Fails, naming `what`, when a sentence of `v` has a run of spaces inside ([`stray_spaces`]).
+pub fn assert_single_spaced(v: &serde_json::Value, what: &str) {
+    let found = stray_spaces(v);
+    assert!(
+        found.is_empty(),
+        "{what}: sentences with a run of spaces inside: {found:#?}"
+    );
 }
