@@ -17,24 +17,11 @@ use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 
-/// The Python with torch (`OOMSHIM_TEST_TORCH_PYTHON`, else `python3`); None, after
-/// [`common::skip`], when it has none.
-fn torch_python() -> Option<String> {
-    let python = std::env::var("OOMSHIM_TEST_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_torch = Command::new(&python)
-        .args(["-c", "import torch"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_torch {
-        common::skip("torch");
-        return None;
-    }
-    Some(python)
-}
-
 #[test]
 fn real_torch_programs_compute_and_see_exactly_what_they_do_bare() {
-    let Some(python) = torch_python() else { return };
+    let Some(python) = common::torch_python() else {
+        return;
+    };
     let python = python.as_str();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut cmd = Command::new(python);
@@ -108,7 +95,9 @@ fn program_dir(dir: &Path, files: &[(&str, &str)]) {
 
 #[test]
 fn allocator_mode_is_decided_by_what_the_program_imports() {
-    let Some(python) = torch_python() else { return };
+    let Some(python) = common::torch_python() else {
+        return;
+    };
     const PRINT_BACKEND: &str = "print(torch.cuda.get_allocator_backend())\n";
     let tmp = tempfile::tempdir().unwrap();
 

@@ -38,20 +38,6 @@ enum Launcher {
     Run,
 }
 
-fn torch_python() -> Option<String> {
-    let python = std::env::var("OOMSHIM_TEST_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_torch = Command::new(&python)
-        .args(["-c", "import torch"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if has_torch {
-        Some(python)
-    } else {
-        common::skip("torch");
-        None
-    }
-}
-
 /// Runs PRELUDE + `body` under `launcher`; returns its stdout, its stderr, the report of its
 /// one dump (every run of whitespace one space) and the dump.
 fn run(python: &str, launcher: Launcher, body: &str) -> (String, String, String, Dump) {
@@ -107,7 +93,9 @@ fn kinds(d: &Dump) -> &Kinds {
 
 #[test]
 fn forty_real_models_are_all_counted_and_sixteen_listed() {
-    let Some(python) = torch_python() else { return };
+    let Some(python) = common::torch_python() else {
+        return;
+    };
     let body = r#"
 models = [nn.Sequential(nn.Linear(32 + i, 64), nn.ReLU(), nn.Linear(64, 8)) for i in range(40)]
 print("own parameters", own_parameters(models))
@@ -133,7 +121,9 @@ except torch.OutOfMemoryError:
 
 #[test]
 fn real_models_loaded_without_any_step_are_counted_and_named_by_the_copies() {
-    let Some(python) = torch_python() else { return };
+    let Some(python) = common::torch_python() else {
+        return;
+    };
     // Four copies of a 10 MiB model kept, the fifth built layer by layer when its 21st layer's
     // weights do not fit (torch raises from inside the layer's constructor).
     let body = r#"

@@ -703,3 +703,18 @@ pub fn assert_single_spaced(v: &serde_json::Value, what: &str) {
         "{what}: sentences with a run of spaces inside: {found:#?}"
     );
 }
+
+/// The Python with real torch for the tests that run it (`OOMSHIM_TEST_TORCH_PYTHON`, else
+/// `python3`); None, after [`skip`], when it has none.
+pub fn torch_python() -> Option<String> {
+    let python = std::env::var("OOMSHIM_TEST_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_torch = Command::new(&python)
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_torch {
+        skip("torch");
+        return None;
+    }
+    Some(python)
+}
