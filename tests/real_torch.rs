@@ -12,6 +12,7 @@
 //! colon-separated paths.
 
 use crate::common;
+use common::torch_python;
 
 use std::io::Write;
 use std::path::Path;
@@ -19,9 +20,7 @@ use std::process::Command;
 
 #[test]
 fn real_torch_programs_compute_and_see_exactly_what_they_do_bare() {
-    let Some(python) = common::torch_python() else {
-        return;
-    };
+    let Some(python) = torch_python() else { return };
     let python = python.as_str();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut cmd = Command::new(python);
@@ -95,9 +94,7 @@ fn program_dir(dir: &Path, files: &[(&str, &str)]) {
 
 #[test]
 fn allocator_mode_is_decided_by_what_the_program_imports() {
-    let Some(python) = common::torch_python() else {
-        return;
-    };
+    let Some(python) = torch_python() else { return };
     const PRINT_BACKEND: &str = "print(torch.cuda.get_allocator_backend())\n";
     let tmp = tempfile::tempdir().unwrap();
 

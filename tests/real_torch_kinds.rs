@@ -11,6 +11,7 @@
 //! skips, CI fails).
 
 use crate::common;
+use common::torch_python;
 
 use crate::torch_kinds::{flat, printed, OWN_PARAMETERS};
 use dump::model::{Dump, Kinds};
@@ -93,9 +94,7 @@ fn kinds(d: &Dump) -> &Kinds {
 
 #[test]
 fn forty_real_models_are_all_counted_and_sixteen_listed() {
-    let Some(python) = common::torch_python() else {
-        return;
-    };
+    let Some(python) = torch_python() else { return };
     let body = r#"
 models = [nn.Sequential(nn.Linear(32 + i, 64), nn.ReLU(), nn.Linear(64, 8)) for i in range(40)]
 print("own parameters", own_parameters(models))
@@ -121,9 +120,7 @@ except torch.OutOfMemoryError:
 
 #[test]
 fn real_models_loaded_without_any_step_are_counted_and_named_by_the_copies() {
-    let Some(python) = common::torch_python() else {
-        return;
-    };
+    let Some(python) = torch_python() else { return };
     // Four copies of a 10 MiB model kept, the fifth built layer by layer when its 21st layer's
     // weights do not fit (torch raises from inside the layer's constructor).
     let body = r#"

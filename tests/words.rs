@@ -8,7 +8,13 @@
 use crate::common;
 
 use serde_json::{json, Value};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+
+/// What `oomshim ARGS...` printed; fails unless it succeeded.
+fn cli_output<I: AsRef<OsStr>>(args: impl IntoIterator<Item = I>) -> String {
+    common::succeeded(&common::cli().args(args).output().unwrap())
+}
 
 /// `tests/fixtures/oom_leak_steps.json` changed by `edit`, written into `dir` as `name`.
 fn edited_leak(dir: &Path, name: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {
@@ -52,16 +58,7 @@ fn every_sentence_of_every_report_is_single_spaced() {
         .collect();
     dumps.sort();
     let demo = dir.path().join("demo");
-    let out = common::cli()
-        .args(["demo", "--dir"])
-        .arg(&demo)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cli_output([OsStr::new("demo"), OsStr::new("--dir"), demo.as_os_str()]);
     let demo_dumps = common::dump_files(&demo);
     assert!(!demo_dumps.is_empty(), "the demo wrote no dump");
     dumps.extend(demo_dumps);
@@ -83,25 +80,10 @@ fn every_sentence_of_every_report_is_single_spaced() {
     }));
     for path in &dumps {
         let what = path.display().to_string();
-        let out = common::cli()
-            .args(["report", "--json"])
-            .arg(path)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{what}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let json = cli_output([OsStr::new("report"), OsStr::new("--json"), path.as_os_str()]);
+        let report: Value = serde_json::from_str(&json).unwrap();
         common::assert_single_spaced(&report, &what);
-        let out = common::cli().arg("report").arg(path).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{what}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = cli_output([OsStr::new("report"), path.as_os_str()]);
         let prose = prose_lines(&text);
         assert!(prose.len() >= 2, "{what}: no verdict and why in\n{text}");
         let holes: Vec<&str> = prose
@@ -112,12 +94,8 @@ fn every_sentence_of_every_report_is_single_spaced() {
     }
     // The two edited dumps reached the words they were made for.
     let words = |name: &str| {
-        let out = common::cli()
-            .args(["report", "--json"])
-            .arg(dir.path().join(name))
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let path = dir.path().join(name);
+        cli_output([OsStr::new("report"), OsStr::new("--json"), path.as_os_str()])
     };
     assert!(words("over_time.json").contains("fitted from the live allocations' own timestamps"));
     assert!(words("forward_hook.json").contains("runs on every forward pass"));

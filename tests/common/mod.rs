@@ -718,3 +718,14 @@ pub fn torch_python() -> Option<String> {
     }
     Some(python)
 }
+
+/// The stdout of a program that must have succeeded; fails, with both its outputs, unless it did.
+pub fn succeeded(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "stdout {stdout}\nstderr {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
