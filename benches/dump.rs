@@ -11,23 +11,12 @@
 //! `cargo bench -p oomshim-benches --bench dump`
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use oomshim_benches::{stack_pool, ALLOCATIONS, STACKS};
 use std::hint::black_box;
 use std::time::Duration;
 
-const ALLOCATIONS: usize = 100_000;
-const STACKS: usize = 10_000;
-const FRAMES: usize = 32;
-
-/// Return addresses of a real stack of this process, cycled to `FRAMES`.
-fn pool() -> Vec<usize> {
-    let mut buf = [0usize; 64];
-    let n = oomshim_host::stacks::capture(&mut buf, false);
-    assert!(n >= 3, "a real stack to vary");
-    (0..FRAMES).map(|i| buf[i % n]).collect()
-}
-
 fn bench(c: &mut Criterion) {
-    let pool = pool();
+    let pool = stack_pool();
     let mut g = c.benchmark_group("dump");
     g.sample_size(10).measurement_time(Duration::from_secs(20));
     for top in [20usize, 10_000] {

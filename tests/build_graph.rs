@@ -1,4 +1,4 @@
-//! The README's two set-up commands share one build (issue 27): `cargo run --release -- demo`,
+//! The README's two set-up commands share one build: `cargo run --release -- demo`,
 //! `cargo test --release` and a plain `cargo build --release` (scripts/build-wheel, `pip install .`)
 //! resolve every crate they have in common with the same features. A dev-dependency that turns on
 //! a feature of a shared crate (a test-only feature of our own crates too) gives the tests their

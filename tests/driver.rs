@@ -486,7 +486,7 @@ fn the_driver_table_is_the_single_source_of_the_exports() {
 /// moment. Each dump carries what its own thread learnt of its own device (pools, free/total,
 /// UUID): nothing is lost or swapped between them. The simulated driver holds each thread inside
 /// cuMemGetInfo for a while, so the two dumps are gathered at once: with one process-wide slot
-/// for an on-demand dump's pools (before issue 17) the first dump took the second's pools and
+/// for an on-demand dump's pools (as the shim once had) the first dump took the second's pools and
 /// the second none.
 #[test]
 fn two_devices_failing_together_keep_their_own_context() {

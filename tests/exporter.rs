@@ -1,4 +1,4 @@
-//! `oomshim exporter` (issue 18): a program on the simulated device publishes its live region,
+//! `oomshim exporter`: a program on the simulated device publishes its live region,
 //! and the exporter turns it into Prometheus text, both with `--once` and over a real HTTP
 //! scrape of loopback. The text is checked by a strict parser of the exposition format (and by
 //! `promtool check metrics` where Prometheus is installed).
@@ -516,7 +516,8 @@ fn a_running_programs_tracked_bytes_ranks_and_steps_are_exported_once_and_over_h
 
 #[test]
 fn a_non_loopback_listen_address_is_served_only_when_named_and_host_names_are_refused() {
-    // One rule for the address, with --once (which serves nothing) as without (issue 27).
+    // One rule for the address, with --once (which serves nothing) as without: a `--listen`
+    // that a check with --once accepted must not be refused when the exporter serves it.
     for once in [false, true] {
         let mut cmd = cli();
         cmd.args(["exporter", "--listen", "localhost:9464"]);

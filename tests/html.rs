@@ -410,7 +410,7 @@ fn unescape_html(text: &str) -> String {
 
 /// Loads `page#selftest` in Chromium and returns the self-test's result and the dumped DOM. With
 /// `screenshot`, the same browser run also writes a PNG of the page there (one start of Chromium
-/// per page, not two: issue 27, a faster `cargo test`).
+/// per page, not two: a faster `cargo test`).
 fn browser_selftest(exe: &Path, page: &Path, screenshot: Option<&Path>) -> (Value, String) {
     let dom_file = page.with_extension("dom.html");
     let url = format!("file://{}#selftest", page.display());

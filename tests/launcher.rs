@@ -1,4 +1,4 @@
-//! `oomshim run` as invisible to job control as the program run bare (issue 25, items 1–14):
+//! `oomshim run` as invisible to job control as the program run bare:
 //! each scenario runs the same command bare and under `oomshim run --` and compares what the
 //! user and the caller see. Terminal scenarios drive an interactive `bash --norc --noprofile -i`
 //! in a pty, as a user at a terminal would (Ctrl-Z, `bg`, `fg`, `jobs`, `kill %1`, `echo $?`).

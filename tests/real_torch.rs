@@ -12,25 +12,11 @@
 //! colon-separated paths.
 
 use crate::common;
+use common::torch_python;
 
 use std::io::Write;
 use std::path::Path;
 use std::process::Command;
-
-/// The Python with torch (`OOMSHIM_TEST_TORCH_PYTHON`, else `python3`); None, after
-/// [`common::skip`], when it has none.
-fn torch_python() -> Option<String> {
-    let python = std::env::var("OOMSHIM_TEST_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_torch = Command::new(&python)
-        .args(["-c", "import torch"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_torch {
-        common::skip("torch");
-        return None;
-    }
-    Some(python)
-}
 
 #[test]
 fn real_torch_programs_compute_and_see_exactly_what_they_do_bare() {

@@ -11,6 +11,7 @@
 //! skips, CI fails).
 
 use crate::common;
+use common::torch_python;
 
 use crate::torch_kinds::{flat, printed, OWN_PARAMETERS};
 use dump::model::{Dump, Kinds};
@@ -36,20 +37,6 @@ torch.manual_seed(0)
 enum Launcher {
     Preload,
     Run,
-}
-
-fn torch_python() -> Option<String> {
-    let python = std::env::var("OOMSHIM_TEST_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_torch = Command::new(&python)
-        .args(["-c", "import torch"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if has_torch {
-        Some(python)
-    } else {
-        common::skip("torch");
-        None
-    }
 }
 
 /// Runs PRELUDE + `body` under `launcher`; returns its stdout, its stderr, the report of its

@@ -605,7 +605,7 @@ fn huge_truncated_nested_wrong_typed_and_wrong_schema_files_exit_2_everywhere() 
 }
 
 // ---------------------------------------------------------------------------------------------
-// 6. randomised differential call sequences (issue 8, item 1)
+// 6. randomised differential call sequences
 
 /// SplitMix64: a tiny seeded generator, so a failing sequence is reproduced from its seed.
 struct Rng(u64);
@@ -965,7 +965,7 @@ fn random_call_sequences_behave_the_same_with_and_without_the_shim() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 7. re-entrancy and load order (issue 8, item 3)
+// 7. re-entrancy and load order
 
 /// Runs `client args` bare and under the shim (with `env`, plus `shim_env` for the shim run),
 /// each under a watchdog: stdout and exit status must be the same. Returns the shim run and
@@ -1175,7 +1175,7 @@ fn the_runtime_dlclosed_and_reopened_in_a_loop_while_allocating() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 8. a panic inside a hook (issue 8, item 7)
+// 8. a panic inside a hook
 
 #[test]
 fn an_injected_panic_in_a_hook_switches_the_shim_off_with_one_message() {
@@ -1214,7 +1214,7 @@ fn an_injected_panic_in_a_hook_switches_the_shim_off_with_one_message() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 9. dump file mode (issue 8, item 5)
+// 9. dump file mode
 
 #[test]
 fn oomshim_dump_mode_sets_the_dump_files_permissions_and_refuses_world_writable() {
@@ -1249,7 +1249,7 @@ fn oomshim_dump_mode_sets_the_dump_files_permissions_and_refuses_world_writable(
 }
 
 // ---------------------------------------------------------------------------------------------
-// 10. faults: NVML failing, symbolisation failing, short of host memory (issue 8, item 4)
+// 10. faults: NVML failing, symbolisation failing, short of host memory
 
 #[test]
 fn nvml_present_but_failing_or_hanging_is_said_in_the_dump_and_changes_nothing() {

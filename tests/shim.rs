@@ -201,7 +201,7 @@ fn every_result_and_out_parameter_passes_through_unchanged() {
 
 /// dlopen(3)'s idiom (clear dlerror, dlsym, a non-NULL dlerror is a failure) on libraries that
 /// are not CUDA gives the program's own answers under the shim: its probes for a driver leave
-/// no message behind (issue 25 item 16).
+/// no message behind (a stale dlerror would fail the program's next check).
 #[test]
 fn dlerror_is_left_as_the_programs_own_dlsym_left_it() {
     let bare = run_client("dl_idiom", &[], &[], false);
@@ -639,7 +639,8 @@ fn the_library_exports_the_hooks_and_nothing_else() {
     let mut expected = vec!["dlsym"];
     // The functions programs call (src/preload/ffi/hooks.rs).
     expected.extend(oomshim::ffi::PROGRAM_API_EXPORTS);
-    // The runtime and driver functions come from their single-source tables (issues #3, #17).
+    // The runtime and driver functions come from their single-source tables, so a hook added
+    // there is exported without a second list to forget.
     expected.extend(oomshim::ffi::runtime_exported_names());
     expected.extend(oomshim::ffi::driver_exported_names());
     // Allocator mode's entry points (src/preload/ffi/torch_alloc.rs).

@@ -1,4 +1,4 @@
-//! Memory by kind at a torch OOM (issue 23): oomshim's Python hook (shim/python/oomshim_hook/
+//! Memory by kind at a torch OOM: oomshim's Python hook (shim/python/oomshim_hook/
 //! kinds.py) counts parameters per model, gradients, optimizer state and activations, the phase,
 //! the module and the batch, and the verdict words its headline and advice by the kind that
 //! dominates. Against a stand-in `torch` whose tensors take real (simulated) device memory
@@ -466,9 +466,10 @@ fn run(e: &Env, launcher: Launcher, body: &str) -> Output {
     run_with(e, launcher, body, &[])
 }
 
-/// [`run`] with `extra` in the program's environment.
-fn run_with(e: &Env, launcher: Launcher, body: &str, extra: &[(&str, &str)]) -> Output {
-    let _ = std::fs::remove_dir_all(&e.dumps);
+/// The command that runs `body` (after [`PRELUDE`]) under `launcher` against the stand-in torch
+/// on a simulated device of 2 GiB, its dumps into `e.dumps`: each case adds what it needs (its
+/// environment, its pipes).
+fn command(e: &Env, launcher: Launcher, body: &str) -> Command {
     let side = common::python_side();
     let mut cmd = match launcher {
         Launcher::Preload => {
@@ -492,8 +493,15 @@ fn run_with(e: &Env, launcher: Launcher, body: &str, extra: &[(&str, &str)]) -> 
     cmd.args(["-c", &program, e.simcall.to_str().unwrap()])
         .env("PYTHONPATH", &e.site)
         .env("SIMCUDA_CAPACITY", "2G")
-        .env_remove("OOMSHIM_TORCH_HOOK")
-        .envs(extra.iter().copied())
+        .env_remove("OOMSHIM_TORCH_HOOK");
+    cmd
+}
+
+/// [`run`] with `extra` in the program's environment.
+fn run_with(e: &Env, launcher: Launcher, body: &str, extra: &[(&str, &str)]) -> Output {
+    let _ = std::fs::remove_dir_all(&e.dumps);
+    let mut cmd = command(e, launcher, body);
+    cmd.envs(extra.iter().copied())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let out = common::wait_with_watchdog(cmd, std::time::Duration::from_secs(60));
@@ -540,6 +548,14 @@ fn report(path: &Path) -> String {
 
 const MIB: u64 = 1 << 20;
 
+/// The dump's memory by kind, which every dump of these programs has (the hook ran at the failure).
+fn kinds_of(d: &dump::model::Dump) -> &dump::model::Kinds {
+    d.framework
+        .as_ref()
+        .and_then(|f| f.kinds.as_ref())
+        .unwrap_or_else(|| panic!("no memory by kind in the dump: {:#?}", d.framework))
+}
+
 /// Each program under both launchers: its dump, the report, stderr.
 fn each_launcher(body: &str, check: impl Fn(Launcher, &dump::model::Dump, &str, &str)) {
     each_launcher_with(body, &[], check)
@@ -578,6 +594,7 @@ fn each_launcher_out(
             assert_eq!(d.free_blocks.source, "oomshim-allocator");
             assert_eq!(std::fs::read_dir(&e.dumps).unwrap().count(), 1, "{err}");
         }
+        common::assert_single_spaced(&serde_json::to_value(&d).unwrap(), &format!("{launcher:?}"));
         // The stderr line says what the dump says.
         let top = &d.verdict.findings[0];
         assert!(
@@ -733,7 +750,7 @@ fn a_backward_pass_that_does_not_fit_names_the_backward_call_its_batch_and_the_l
     // (OOMSHIM_AUTO_STEPS=forward). Without them the dump says no batch rather than a stale one,
     // and the rest is the same.
     each_launcher(BACKWARD_DOES_NOT_FIT, |launcher, d, _, _| {
-        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        let k = kinds_of(d);
         assert_eq!(k.phase.as_deref(), Some("backward"), "{launcher:?} {k:#?}");
         assert!(k.input_shape.is_empty() && k.batch.is_none(), "{k:#?}");
         let program = k.program_frame.as_ref().unwrap();
@@ -747,7 +764,7 @@ fn a_backward_pass_that_does_not_fit_names_the_backward_call_its_batch_and_the_l
         BACKWARD_DOES_NOT_FIT,
         &forward,
         |launcher, d, report, err| {
-            let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+            let k = kinds_of(d);
             assert_eq!(k.phase.as_deref(), Some("backward"), "{launcher:?} {k:#?}");
             assert_eq!(k.input_shape, vec![64, 16], "{launcher:?} {k:#?}");
             assert_eq!(k.batch, Some(64));
@@ -796,7 +813,7 @@ except torch.OutOfMemoryError:
     print("oom")
 "#;
     each_launcher(body, |launcher, d, report, _| {
-        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        let k = kinds_of(d);
         assert_eq!(k.parameters_bytes, 1536 * MIB, "{launcher:?} {k:#?}");
         assert_eq!(k.models.len(), 2, "{k:#?}");
         assert_eq!(k.models[1].duplicate_of, Some(0));
@@ -844,7 +861,7 @@ except torch.OutOfMemoryError:
     print("oom")
 "#;
     each_launcher(body, |launcher, d, _, _| {
-        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        let k = kinds_of(d);
         assert_eq!(k.optimizer_state_bytes, 800 * MIB, "{launcher:?} {k:#?}");
         assert_eq!(k.optimizers.len(), 1);
         assert_eq!(k.optimizers[0].class, "Adam");
@@ -890,7 +907,7 @@ except torch.OutOfMemoryError:
     print("oom")
 "#;
     each_launcher(body, |launcher, d, _, _| {
-        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        let k = kinds_of(d);
         assert_eq!(k.gradients_bytes, 512 * MIB, "{launcher:?} {k:#?}");
         assert_eq!(k.parameters_bytes, 512 * MIB);
         assert_eq!(k.phase.as_deref(), Some("forward"));
@@ -941,7 +958,7 @@ except torch.OutOfMemoryError:
         body,
         &[("OOMSHIM_AUTO_STEPS", "forward")],
         |launcher, d, report, _| {
-            let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+            let k = kinds_of(d);
             assert_eq!(k.forward_hooks.len(), 1, "{launcher:?} {k:#?}");
             let h = &k.forward_hooks[0];
             assert_eq!((h.function.as_str(), h.module.as_str()), ("keep", "fc"));
@@ -985,7 +1002,7 @@ except torch.OutOfMemoryError:
     print("oom")
 "#;
     each_launcher(body, |launcher, d, _, _| {
-        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        let k = kinds_of(d);
         assert_eq!(k.phase.as_deref(), Some("outside"), "{launcher:?} {k:#?}");
         assert_eq!(k.found_by.as_deref(), Some("gc"));
         // The model under construction is found by the garbage collector's walk: every live
@@ -1066,16 +1083,68 @@ fn line_of(body: &str, start: &str) -> u32 {
         + 1
 }
 
-#[test]
-fn a_leak_names_the_global_list_that_keeps_it_at_the_line_that_grows_it() {
-    let body = r#"
+/// A model whose forward's output takes 96 MiB a sample (its weights 4 MiB).
+const NET_96_MIB: &str = r#"
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
         self.w = nn.Parameter(MiB)
     def forward(self, x):
         return torch.empty(x.shape[0], 24 * MiB)  # 96 MiB
-model = Net()
+"#;
+
+/// `body`, an evaluation loop that keeps each forward's output, under each launcher: the leak is
+/// the top finding and names its keeper, `(container, name, scope)`, at the line of `body` that
+/// starts with `grows_at`, in the dump and in the headline (`; held in container `name`
+/// (<string>:LINE, scope: `). `more` checks the rest, given the line.
+fn leak_kept_by(
+    body: &str,
+    grows_at: &str,
+    keeper: (&str, &str, &str),
+    more: impl Fn(Launcher, &dump::model::Keeper, &dump::model::Finding, u32),
+) {
+    let line = line_of(body, grows_at);
+    // An evaluation loop, no optimizer: its forward passes are the steps the leak is counted
+    // in, which the hook marks when asked (OOMSHIM_AUTO_STEPS=forward; without, the shim detects
+    // steps of its own, later and with fewer samples).
+    each_launcher_with(
+        body,
+        &[("OOMSHIM_AUTO_STEPS", "forward")],
+        |launcher, d, _, _| {
+            let k = kinds_of(d);
+            let top = &d.verdict.findings[0];
+            assert_eq!(top.kind, "leak", "{launcher:?} {:#?}", d.verdict);
+            let found = k
+                .keepers
+                .first()
+                .unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
+            assert_eq!(
+                (
+                    found.container.as_str(),
+                    found.name.as_str(),
+                    found.scope.as_str()
+                ),
+                keeper,
+                "{launcher:?} {k:#?}"
+            );
+            assert_eq!(found.line, Some(line), "{launcher:?} {found:#?}");
+            let (container, name, scope) = keeper;
+            assert!(
+                top.headline.contains(&format!(
+                    "; held in {container} `{name}` (<string>:{line}, {scope}: "
+                )),
+                "{launcher:?} {}",
+                top.headline
+            );
+            more(launcher, found, top, line);
+        },
+    );
+}
+
+#[test]
+fn a_leak_names_the_global_list_that_keeps_it_at_the_line_that_grows_it() {
+    let body = format!(
+        r#"{NET_96_MIB}model = Net()
 history = []
 unrelated = [1, 2, 3]
 try:
@@ -1084,41 +1153,21 @@ try:
         history.append(out)
 except torch.OutOfMemoryError:
     print("oom")
-"#;
-    let line = line_of(body, "history.append(out)");
-    // An evaluation loop, no optimizer: its forward passes are the steps the leak is counted
-    // in, which the hook marks when asked (OOMSHIM_AUTO_STEPS=forward; without, the shim detects
-    // steps of its own, later and with fewer samples).
-    each_launcher_with(
-        body,
-        &[("OOMSHIM_AUTO_STEPS", "forward")],
-        |launcher, d, _, _| {
-            let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
-            let top = &d.verdict.findings[0];
-            assert_eq!(top.kind, "leak", "{launcher:?} {:#?}", d.verdict);
-            let keeper = k
-                .keepers
-                .first()
-                .unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
-            assert_eq!(
-                (
-                    keeper.container.as_str(),
-                    keeper.name.as_str(),
-                    keeper.scope.as_str()
-                ),
-                ("list", "history", "a global of __main__"),
-                "{launcher:?} {k:#?}"
-            );
-            assert_eq!(
-                (keeper.file.as_deref(), keeper.line),
-                (Some("<string>"), Some(line))
-            );
-            assert_eq!(keeper.bytes, keeper.tensors * 96 * MIB, "{keeper:#?}");
-            assert!(keeper.tensors >= 10, "{keeper:#?}");
+"#
+    );
+    let keeper = ("list", "history", "a global of __main__");
+    leak_kept_by(
+        &body,
+        "history.append(out)",
+        keeper,
+        |launcher, found, top, line| {
+            assert_eq!(found.file.as_deref(), Some("<string>"));
+            assert_eq!(found.bytes, found.tensors * 96 * MIB, "{found:#?}");
+            assert!(found.tensors >= 10, "{found:#?}");
             let held = format!(
             "; held in list `history` (<string>:{line}, a global of __main__: {} in {} tensors)",
-            dump::units::human_bytes(keeper.bytes),
-            keeper.tensors
+            dump::units::human_bytes(found.bytes),
+            found.tensors
         );
             assert!(
                 top.headline.ends_with(&held),
@@ -1131,15 +1180,9 @@ except torch.OutOfMemoryError:
 
 #[test]
 fn a_leak_names_the_local_dict_of_a_function_that_keeps_it() {
-    let body = r#"
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(MiB)
-    def forward(self, x):
-        return torch.empty(x.shape[0], 24 * MiB)  # 96 MiB
-def train(model):
-    preds = {}
+    let body = format!(
+        r#"{NET_96_MIB}def train(model):
+    preds = {{}}
     for step in range(100):
         x = torch.empty(1, 4)
         preds[step] = model(x)
@@ -1147,41 +1190,10 @@ try:
     train(Net())
 except torch.OutOfMemoryError:
     print("oom")
-"#;
-    let line = line_of(body, "preds[step] = model(x)");
-    // An evaluation loop, no optimizer: its forward passes are the steps the leak is counted
-    // in, which the hook marks when asked (OOMSHIM_AUTO_STEPS=forward; without, the shim detects
-    // steps of its own, later and with fewer samples).
-    each_launcher_with(
-        body,
-        &[("OOMSHIM_AUTO_STEPS", "forward")],
-        |launcher, d, _, _| {
-            let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
-            let top = &d.verdict.findings[0];
-            assert_eq!(top.kind, "leak", "{launcher:?} {:#?}", d.verdict);
-            let keeper = k
-                .keepers
-                .first()
-                .unwrap_or_else(|| panic!("{launcher:?} {k:#?}"));
-            assert_eq!(
-                (
-                    keeper.container.as_str(),
-                    keeper.name.as_str(),
-                    keeper.scope.as_str()
-                ),
-                ("dict", "preds", "a local of train"),
-                "{launcher:?} {k:#?}"
-            );
-            assert_eq!(keeper.line, Some(line));
-            assert!(
-                top.headline.contains(&format!(
-                    "; held in dict `preds` (<string>:{line}, a local of train: "
-                )),
-                "{launcher:?} {}",
-                top.headline
-            );
-        },
+"#
     );
+    let keeper = ("dict", "preds", "a local of train");
+    leak_kept_by(&body, "preds[step] = model(x)", keeper, |_, _, _, _| {});
 }
 
 /// Starts `body` (after [`PRELUDE`]) under plain preload or in allocator mode, publishing its
@@ -1195,31 +1207,9 @@ fn start_with_live_region(
     live: &Path,
 ) -> (std::process::Child, String) {
     use std::io::{BufRead, BufReader};
-    let side = common::python_side();
-    let mut cmd = match launcher {
-        Launcher::Preload => {
-            let mut c = Command::new(&side.python);
-            c.env("LD_PRELOAD", &side.lib).env("OOMSHIM_DIR", &e.dumps);
-            c
-        }
-        _ => {
-            let mut c = Command::new(&side.cli);
-            c.args(["run", "--torch-allocator", "--dir"])
-                .arg(&e.dumps)
-                .arg("--")
-                .arg(&side.python);
-            c.env_remove("LD_PRELOAD");
-            c
-        }
-    };
-    let program = format!("{PRELUDE}{body}");
-    let mut child = cmd
-        .args(["-c", &program, e.simcall.to_str().unwrap()])
-        .env("PYTHONPATH", &e.site)
-        .env("SIMCUDA_CAPACITY", "2G")
+    let mut child = command(e, launcher, body)
         .env("OOMSHIM_LIVE_DIR", live)
         .env("OOMSHIM_LIVE_INTERVAL", "100ms")
-        .env_remove("OOMSHIM_TORCH_HOOK")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -1413,22 +1403,11 @@ for step in range(1, 100000):
     let Some(e) = env() else { return };
     let kept = line_of(body, "kept.append(");
     let step = line_of(body, "opt.step()");
-    let side = common::python_side();
     let _ = std::fs::remove_dir_all(&e.dumps);
-    let program = format!("{PRELUDE}{body}");
-    let mut cmd = Command::new(&side.cli);
-    cmd.arg("run")
-        .arg("--dir")
-        .arg(&e.dumps)
-        .arg("--")
-        .arg(&side.python)
-        .args(["-c", &program, e.simcall.to_str().unwrap()])
-        .env_remove("LD_PRELOAD")
-        .env("PYTHONPATH", &e.site)
-        .env("SIMCUDA_CAPACITY", "16G")
+    let mut cmd = command(&e, Launcher::Run, body);
+    cmd.env("SIMCUDA_CAPACITY", "16G")
         .env("OOMSHIM_LIVE_DIR", e.dumps.with_file_name("live-pm"))
         .env("OOMSHIM_LIVE_INTERVAL", "100ms")
-        .env_remove("OOMSHIM_TORCH_HOOK")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let out = common::wait_with_watchdog(cmd, std::time::Duration::from_secs(60));
@@ -1644,7 +1623,7 @@ except torch.OutOfMemoryError:
 "#
     );
     each_launcher_out(&body, &[], |launcher, d, report, err, out| {
-        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        let k = kinds_of(d);
         let own = printed(out, "own parameters");
         assert_eq!(own, 1580 * MIB);
         assert_eq!(k.parameters_bytes, own, "{launcher:?} {k:#?}");
@@ -1711,7 +1690,7 @@ except torch.OutOfMemoryError:
 "#
     );
     each_launcher_out(&body, &[], |launcher, d, report, err, out| {
-        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        let k = kinds_of(d);
         assert!(out.contains("copies 4 building"), "{out}");
         assert!(
             printed(out, "copies 4 building") > 16,
@@ -1766,7 +1745,7 @@ except torch.OutOfMemoryError:
     print("oom")
 "#;
     each_launcher(body, |launcher, d, report, err| {
-        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        let k = kinds_of(d);
         assert_eq!(k.parameters_bytes, 1024 * MIB, "{launcher:?} {k:#?}");
         let words = "the Net model is held 4 times (4 × 256.00 MiB, identical parameter shapes)";
         let top = &d.verdict.findings[0];
@@ -1820,7 +1799,7 @@ class Net(nn.Module):
     );
     for (what, body) in [("while built", while_built), ("whole", whole)] {
         each_launcher(&body, |launcher, d, report, err| {
-            let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+            let k = kinds_of(d);
             assert!(k.duplicates.is_empty(), "{what} {launcher:?} {k:#?}");
             assert!(
                 k.models.iter().all(|m| m.duplicate_of.is_none()),
@@ -1862,7 +1841,7 @@ except torch.OutOfMemoryError:
     print("oom")
 "#;
     each_launcher(body, |launcher, d, report, err| {
-        let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+        let k = kinds_of(d);
         assert_eq!(k.parameters_bytes, 384 * MIB, "{launcher:?} {k:#?}");
         assert!(k.duplicates.is_empty(), "{launcher:?} {k:#?}");
         assert!(k.models.iter().all(|m| m.duplicate_of.is_none()), "{k:#?}");
@@ -1906,7 +1885,7 @@ except torch.OutOfMemoryError:
         body,
         &[("OOMSHIM_KINDS_BUDGET_MS", "300")],
         |launcher, d, report, _| {
-            let k = d.framework.as_ref().and_then(|f| f.kinds.as_ref()).unwrap();
+            let k = kinds_of(d);
             assert!(!k.complete, "{launcher:?} {k:#?}");
             for kind in ["parameters", "gradients", "optimizer_state"] {
                 assert!(

@@ -7,6 +7,7 @@
 //! (tests/gpu/torch_alloc.py).
 
 use crate::common;
+use common::succeeded as ok;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -267,16 +268,6 @@ fn python(e: &Env, program: &str, extra: &[(&str, &str)]) -> Output {
         cmd.env(k, v);
     }
     cmd.output().unwrap()
-}
-
-fn ok(out: &Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "stdout {stdout}\nstderr {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 const MIB: u64 = 1 << 20;

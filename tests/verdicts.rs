@@ -195,7 +195,8 @@ fn a_leak_with_step_marks_is_named_with_bytes_per_step_and_projected_step() {
 }
 
 /// A C program that only allocates (no marks, no repeating step): its growth is judged over
-/// time, per second, and the OOM verdict is a leak named at the line that allocates (issue 23).
+/// time, per second, and the OOM verdict is a leak named at the line that allocates: such a
+/// program has no step for growth to be measured by.
 #[test]
 fn a_program_that_only_allocates_is_judged_a_leak_over_time() {
     let dir = tempfile::tempdir().unwrap();
@@ -213,7 +214,8 @@ fn a_program_that_only_allocates_is_judged_a_leak_over_time() {
     let dump = only_dump(dir.path());
     let g = dump.growth.as_ref().expect("growth key");
     assert_eq!(g.unit, "second");
-    // Fitted from the live allocations' own times (issue 40).
+    // Fitted from the live allocations' own times, not from one-second samples, which a
+    // program younger than two seconds lacks.
     assert_eq!(g.steps.as_deref(), Some("timeline"));
     let fit = g.fit.as_ref().expect("a fit of the growth over time");
     // 480 MiB a second when each nap is 100 ms; a loaded runner naps longer.
@@ -238,12 +240,14 @@ fn a_program_that_only_allocates_is_judged_a_leak_over_time() {
         f.summary
     );
     assert!(v.suggestions.iter().any(|s| s.contains("oomshim_step()")));
+    common::assert_single_spaced(&serde_json::to_value(&dump).unwrap(), "grow_only");
     let (line1, _) = summary_lines(&stderr(&shim));
     assert_line1_is_top_finding(&line1, "cudaMalloc of 48.00 MiB failed", &dump);
 }
 
 /// A program that keeps stepping after its first failure (C programs that ignore errors do):
-/// its dump's growth is the history up to that failure, so the leak is still a leak (issue 27).
+/// its dump's growth is the history up to that failure, so the leak is still a leak (the steps after it
+/// grow nothing and would dilute the rate).
 #[test]
 fn growth_evidence_stops_at_the_first_failure() {
     let dir = tempfile::tempdir().unwrap();

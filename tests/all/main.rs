@@ -1,4 +1,4 @@
-//! Every integration test in one binary (issue 27): one link of the whole workspace instead of
+//! Every integration test in one binary: one link of the whole workspace instead of
 //! one per file. Each file of tests/ stays where it is and is a module here, so its tests are named
 //! `FILE::test`: `cargo test --release --test all shim::` runs tests/shim.rs, and
 //! `cargo test --release --test all -- torch_package:: torch_hook::` two files. tests/common is
@@ -88,6 +88,8 @@ mod torch_kinds;
 mod torch_package;
 #[path = "../verdicts.rs"]
 mod verdicts;
+#[path = "../words.rs"]
+mod words;
 
 // Unit tests of library crates whose API is public, here rather than in a harness of their own.
 #[path = "../unit/cli/mod.rs"]

@@ -1,6 +1,6 @@
 /*
  * count_signals: counts the SIGTERMs and SIGINTs it receives (for `oomshim run`'s signal
- * handling, issue 14). Prints "ready" once the handlers are installed, then waits until 700 ms
+ * handling: each signal the launcher receives reaches the program once). Prints "ready" once the handlers are installed, then waits until 700 ms
  * after the first signal (at most 20 s) and prints "term N int M". Exit 0.
  */
 #include <signal.h>

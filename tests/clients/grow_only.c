@@ -1,6 +1,6 @@
 /*
  * grow_only: programs whose growth has no steps to be measured by, or whose steps go on after
- * their failure (issue 23 item 3, issue 27 item 6).
+ * their failure (C programs that ignore errors).
  *
  *   grow_only            - marks no steps and repeats no pattern: grow_forever keeps 48 MiB every
  *                          100 ms and never frees, until cudaMalloc fails. Output: "failed after

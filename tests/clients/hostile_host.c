@@ -1,6 +1,6 @@
 /*
  * hostile_host: a host program that does unusual but legal things to its own descriptors and
- * working directory while the shim is loaded (issue 14). Every mode allocates 3 MiB first, so
+ * working directory while the shim is loaded. Every mode allocates 3 MiB first, so
  * the shim has started, and prints "done" on stdout at the end; none writes to stderr itself
  * except where said.
  *

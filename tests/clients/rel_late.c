@@ -1,5 +1,5 @@
 /*
- * rel_late: load order (issue 8, item 3). Not linked against the CUDA runtime: it dlopens it.
+ * rel_late: load order. Not linked against the CUDA runtime: it dlopens it.
  *
  *   late-local | late-global
  *       dlopen("libcudart.so.13", RTLD_NOW | RTLD_LOCAL or RTLD_GLOBAL), look up cudaMalloc and

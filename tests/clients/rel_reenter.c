@@ -1,5 +1,5 @@
 /*
- * rel_reenter: hooks called at awkward moments (issue 8, item 3). One mode per run:
+ * rel_reenter: hooks called at awkward moments. One mode per run:
  *
  *   tls      8 threads each allocate, then exit; a pthread_key destructor frees their last
  *            allocation, allocates a new one (kept) and frees a third, at thread exit, after

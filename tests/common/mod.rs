@@ -98,8 +98,8 @@ pub fn shim_lib() -> PathBuf {
         };
         // The CLI's package is selected too: cargo then resolves the features `cargo run` and
         // `cargo test` do and reuses their build (the library's package alone resolves serde's
-        // derive without clap's `syn/full`: a second build of serde and of every crate above it;
-        // issue 27).
+        // derive without clap's `syn/full`: a second build of serde and of every crate above it,
+        // minutes of a 2-core machine).
         let status = Command::new(env!("CARGO"))
             .args([
                 "build",
@@ -125,7 +125,7 @@ pub fn shim_lib() -> PathBuf {
 
 /// Runs `cmd` to completion under a watchdog: a hang (a deadlock in the shim, say) fails the test
 /// instead of blocking the suite. The program's end is waited for, not polled (a poll every 20 ms
-/// cost each of the suite's hundreds of programs 10 ms on average; issue 27), and its pipes are
+/// cost each of the suite's hundreds of programs 10 ms on average), and its pipes are
 /// read while it runs, so a program that writes more than a pipe holds cannot stall on them.
 pub fn wait_with_watchdog(mut cmd: Command, limit: Duration) -> Output {
     use std::io::Read;
@@ -634,6 +634,7 @@ pub fn report_verdict(path: &std::path::Path) -> (String, String) {
     );
     assert!(out.status.success(), "{err}");
     let v: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_single_spaced(&v, &path.display().to_string());
     let kind = v["verdict"]["kind"]
         .as_str()
         .unwrap_or_default()
@@ -665,4 +666,66 @@ pub fn agree(line: &str, path: &std::path::Path, dump: &dump::model::Dump) {
     if !headline.is_empty() {
         assert_eq!(headline, top.headline, "report vs dump");
     }
+}
+
+/// The keys whose strings are sentences a user reads: the verdict's and each finding's
+/// headline, summary, evidence and suggestions, the retry's reason.
+const SENTENCE_KEYS: [&str; 5] = ["headline", "summary", "evidence", "suggestions", "reason"];
+
+/// The sentences in `v` (a dump or `oomshim report --json`, anywhere under a key of
+/// [`SENTENCE_KEYS`]) with a run of two or more spaces inside them: a format string whose line
+/// continuation kept the next line's indentation reads as a hole in the sentence.
+pub fn stray_spaces(v: &serde_json::Value) -> Vec<String> {
+    fn walk(v: &serde_json::Value, sentence: bool, found: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    walk(x, sentence || SENTENCE_KEYS.contains(&k.as_str()), found);
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, sentence, found)),
+            serde_json::Value::String(s) if sentence && s.trim().contains("  ") => {
+                found.push(s.clone())
+            }
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    walk(v, false, &mut found);
+    found
+}
+
+/// Fails, naming `what`, when a sentence of `v` has a run of spaces inside ([`stray_spaces`]).
+pub fn assert_single_spaced(v: &serde_json::Value, what: &str) {
+    let found = stray_spaces(v);
+    assert!(
+        found.is_empty(),
+        "{what}: sentences with a run of spaces inside: {found:#?}"
+    );
+}
+
+/// The Python with real torch for the tests that run it (`OOMSHIM_TEST_TORCH_PYTHON`, else
+/// `python3`); None, after [`skip`], when it has none.
+pub fn torch_python() -> Option<String> {
+    let python = std::env::var("OOMSHIM_TEST_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_torch = Command::new(&python)
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_torch {
+        skip("torch");
+        return None;
+    }
+    Some(python)
+}
+
+/// The stdout of a program that must have succeeded; fails, with both its outputs, unless it did.
+pub fn succeeded(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "stdout {stdout}\nstderr {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }

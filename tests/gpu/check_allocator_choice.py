@@ -1,4 +1,4 @@
-"""GPU check: allocator mode is decided by what the program runs (issue 44, item 5), under
+"""GPU check: allocator mode is decided by what the program runs, under
 `oomshim run --torch-allocator` with real PyTorch on the device. Two program folders, written to
 OUT_DIR/allocator-choice/:
 

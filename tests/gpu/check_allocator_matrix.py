@@ -1,4 +1,4 @@
-"""GPU check that allocator mode never breaks a program (issue 24): each program runs bare
+"""GPU check that allocator mode never breaks a program: each program runs bare
 (`python prog.py`) and under `oomshim run --torch-allocator` (and, where the hook's reading of the
 program keeps torch's allocator, once more with `OOMSHIM_TORCH_ALLOCATOR=force`, which skips that
 reading); stdout and the exit status must be the same, and each row asserts what the user relies on:

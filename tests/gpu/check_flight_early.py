@@ -1,4 +1,4 @@
-"""GPU check of the flight recorder on the two deaths it used to miss (issue 40), both under
+"""GPU check of the flight recorder on the two deaths it used to miss (both early in the program), both under
 `oomshim run` with PyTorch:
 
 - load: a program moves a model onto the device (a few large Linear layers holding about 25% of

@@ -22,20 +22,13 @@ Prints `[PASS]`/`[FAIL]`/`[INFO]` lines and appends them to OUT_DIR/rows.txt; ex
 Bounded: each run has a timeout, the whole script about 3 minutes on an H100.
 """
 
-import glob
-import json
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LIB = os.environ.get("OOMSHIM_GPU_LIB") or os.path.join(ROOT, "target/release/liboomshim.so")
-CLI = os.environ.get("OOMSHIM_GPU_CLI") or os.path.join(ROOT, "target/release/oomshim")
-LAUNCHERS = ("bare", "preload", "run", "allocator")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import standalone  # noqa: E402 (rows, the set-up and one run by each launcher, as every check has them)
+from standalone import LAUNCHERS  # noqa: E402
 
 RETRY = r'''
 import os, sys, weakref
@@ -143,55 +136,14 @@ SHIM_LINE = re.compile(r"^oomshim[: ]")
 TORCH_LOG = re.compile(r"^([WIEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
 
 
-class Rows:
-    def __init__(self, out):
-        self.out = out
-        self.failed = 0
-
-    def keep(self, line):
-        print(line, flush=True)
-        with open(os.path.join(self.out, "rows.txt"), "a") as f:
-            f.write(line + "\n")
-
-    def row(self, name, ok, detail):
-        self.failed += not ok
-        self.keep(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}")
-
-    def info(self, name, detail):
-        self.keep(f"[INFO] {name}: {detail}")
-
-
 def launch(program, launcher, work, cpu, timeout):
     """One run: (stdout, stderr less the shim's lines, exit status, dumps, seconds)."""
-    dumps = os.path.join(work, f"dumps-{launcher}")
-    os.makedirs(dumps, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OOMSHIM_") and k != "LD_PRELOAD"}
-    env.update(OOMSHIM_DIR=dumps, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONHASHSEED="0",
-               TORCHINDUCTOR_CACHE_DIR=os.path.join(work, "inductor-cache"))
-    if cpu:
-        env["PYTHONPATH"] = os.path.join(ROOT, "tests/real_torch/support")
-    cmd = [sys.executable, program] + (["--cpu"] if cpu else [])
-    if launcher == "preload":
-        env["LD_PRELOAD"] = LIB
-    elif launcher in ("run", "allocator"):
-        cmd = [CLI, "run", "--dir", dumps] + (["--torch-allocator"] if launcher == "allocator" else []) + ["--"] + cmd
-    start = time.monotonic()
-    try:
-        p = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True, timeout=timeout)
-        out, err, rc = p.stdout, p.stderr, p.returncode
-    except subprocess.TimeoutExpired:
-        out, err, rc = "", f"timed out after {timeout} s", "timeout"
+    out, err, rc, found, seconds = standalone.launch(
+        program, launcher, os.path.join(work, f"dumps-{launcher}"), work, cpu, timeout,
+        env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": "0",
+             "TORCHINDUCTOR_CACHE_DIR": os.path.join(work, "inductor-cache")})
     err_lines = [TORCH_LOG.sub(r"\1<time pid> ", line) for line in err.splitlines() if not SHIM_LINE.match(line)]
-    found = []
-    for path in sorted(glob.glob(os.path.join(dumps, "**", "oomshim-*.json"), recursive=True)):
-        if os.path.basename(path).startswith("oomshim-torch-"):
-            continue
-        try:
-            with open(path) as f:
-                found.append(json.load(f))
-        except (OSError, ValueError):
-            pass
-    return out, err_lines, rc, found, time.monotonic() - start
+    return out, err_lines, rc, [dump for _, dump in found], seconds
 
 
 def compare(rows, name, runs):
@@ -219,20 +171,8 @@ def compare(rows, name, runs):
                  "; ".join(problems) if problems else f"same stdout, stderr and exit ({seconds:.0f} s)")
 
 
-def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    cpu = "--cpu" in sys.argv
-    out = args[0] if args else tempfile.mkdtemp(prefix="oomshim-hook-same-")
-    os.makedirs(out, exist_ok=True)
-    rows = Rows(out)
-    if not cpu:
-        import torch
-
-        if not torch.cuda.is_available():
-            rows.row("hook same: a GPU", False, "torch sees no CUDA device (--cpu for a dry run)")
-            return 1
-    work = tempfile.mkdtemp(prefix="oomshim-hook-same-work-")
-    started = time.monotonic()
+def compare_all(rows, out, cpu, work):
+    """Each program bare and under every launcher, compared; their outputs kept in `out`."""
     for name, text, timeout in (("OOM-retry loop", RETRY, 120), ("compiled, fail_on_recompile", COMPILED, 180)):
         program = os.path.join(work, re.sub(r"\W+", "_", name) + ".py")
         with open(program, "w") as f:
@@ -261,10 +201,7 @@ def main():
         for launcher in LAUNCHERS:
             with open(os.path.join(out, f"{re.sub(r'[^a-z]+', '-', name.lower())}-{launcher}.txt"), "w") as f:
                 f.write(runs[launcher][0] + "\n--- stderr less oomshim: lines ---\n" + "\n".join(runs[launcher][1]))
-    rows.info("hook same: time", f"{time.monotonic() - started:.0f} s")
-    shutil.rmtree(work, ignore_errors=True)
-    return 1 if rows.failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(standalone.run_with_cpu_mode("hook same", "oomshim-hook-same", compare_all))

@@ -27,20 +27,15 @@ appends them to OUT_DIR/rows.txt; exits 1 on a FAIL. Bounded: each run has a 180
 whole script takes about 3 minutes on an H100.
 """
 
-import glob
-import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_hook_same import Rows  # noqa: E402 (the rows and OUT_DIR/rows.txt, as that check writes them)
+import standalone  # noqa: E402 (rows, the set-up and one run by each launcher, as every check has them)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LIB = os.environ.get("OOMSHIM_GPU_LIB") or os.path.join(ROOT, "target/release/liboomshim.so")
-CLI = os.environ.get("OOMSHIM_GPU_CLI") or os.path.join(ROOT, "target/release/oomshim")
+LIB, CLI = standalone.build()
 LAUNCHERS = ("preload", "run", "allocator")
 TIMEOUT_S = 180
 
@@ -155,30 +150,8 @@ except torch.OutOfMemoryError:
 def launch(program, launcher, work, cpu):
     """One run: (stdout, stderr, exit status, [(dump path, dump)])."""
     dumps = os.path.join(work, f"dumps-{os.path.basename(program)}-{launcher}")
-    os.makedirs(dumps, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OOMSHIM_") and k != "LD_PRELOAD"}
-    env.update(OOMSHIM_DIR=dumps, PYTHONHASHSEED="0")
-    if cpu:
-        env["PYTHONPATH"] = os.path.join(ROOT, "tests/real_torch/support")
-    cmd = [sys.executable, program] + (["--cpu"] if cpu else [])
-    if launcher == "preload":
-        env["LD_PRELOAD"] = LIB
-    else:
-        cmd = [CLI, "run", "--dir", dumps] + (["--torch-allocator"] if launcher == "allocator" else []) + ["--"] + cmd
-    try:
-        p = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True, timeout=TIMEOUT_S)
-        out, err, rc = p.stdout, p.stderr, p.returncode
-    except subprocess.TimeoutExpired:
-        out, err, rc = "", f"timed out after {TIMEOUT_S} s", "timeout"
-    found = []
-    for path in sorted(glob.glob(os.path.join(dumps, "**", "oomshim-*.json"), recursive=True)):
-        if os.path.basename(path).startswith("oomshim-torch-"):
-            continue
-        try:
-            with open(path) as f:
-                found.append((path, json.load(f)))
-        except (OSError, ValueError):
-            pass
+    out, err, rc, found, _ = standalone.launch(program, launcher, dumps, work, cpu, TIMEOUT_S,
+                                               env={"PYTHONHASHSEED": "0"})
     return out, err, rc, found
 
 
@@ -250,20 +223,8 @@ def judge(name, run, cpu):
     return rows
 
 
-def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    cpu = "--cpu" in sys.argv
-    out = args[0] if args else tempfile.mkdtemp(prefix="oomshim-kinds-counts-")
-    os.makedirs(out, exist_ok=True)
-    rows = Rows(out)
-    if not cpu:
-        import torch
-
-        if not torch.cuda.is_available():
-            rows.row("kinds counts: a GPU", False, "torch sees no CUDA device (--cpu for a dry run)")
-            return 1
-    work = tempfile.mkdtemp(prefix="oomshim-kinds-counts-work-")
-    started = time.monotonic()
+def count_all(rows, out, cpu, work):
+    """Each program under every launcher, judged; their outputs kept in `out`."""
     for name, text in (("forty models", FORTY), ("four copies", FOUR), ("forty-eight blocks", BLOCKS)):
         program = os.path.join(work, name.replace(" ", "_").replace("-", "_") + ".py")
         with open(program, "w") as f:
@@ -282,9 +243,7 @@ def main():
                 else:
                     rows.row(f"{name}: {launcher}: {what}", ok, detail)
             rows.info(f"{name}: {launcher}: time", f"{time.monotonic() - t:.0f} s")
-    rows.info("kinds counts: time", f"{time.monotonic() - started:.0f} s")
-    return 1 if rows.failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(standalone.run_with_cpu_mode("kinds counts", "oomshim-kinds-counts", count_all))

@@ -1,4 +1,4 @@
-"""GPU check: one story per failure (issue 44, item 4), with real PyTorch on the device.
+"""GPU check: one story per failure (the stderr line, the dump and the report agree), with real PyTorch on the device.
 
 torch's caching allocator, at a block it cannot find, calls cudaMalloc; when that fails it frees
 its cached segments and asks again; when that fails too it calls its OOM observers and raises

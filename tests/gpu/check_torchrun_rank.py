@@ -18,19 +18,20 @@ Cases:
 
 Every step has a timeout; the one-GPU case takes about a minute.
 
-    main(root, lib, cli, out_dir) -> [(kind, check, ok_or_value, detail)]
+    main(root, lib, cli, out_dir) -> [(check, ok, detail)], ok None for an [INFO] row
 
 Run alone: python3 tests/gpu/check_torchrun_rank.py OUT_DIR (OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI:
 the build to test, default target/release/...). `--self-test` checks the parsing on canned
 torchrun output, without a GPU."""
 
-import glob
 import json
 import os
 import socket
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import standalone  # noqa: E402 (run alone, and the commands and dumps, as every GPU check has them)
+from standalone import dumps_in, load_dumps, run_command  # noqa: E402
 
 # The worker: every rank builds the model once (`COPY_BYTES` of float16 parameters in 1 GiB
 # tensors); rank 1 then builds a second full copy, which does not fit; the others wait at a
@@ -85,17 +86,6 @@ print(json.dumps({"free": free, "total": total, "count": torch.cuda.device_count
 '''
 
 
-def _run(cmd, env=None, timeout=150):
-    e = dict(os.environ)
-    e.update(env or {})
-    try:
-        return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as t:
-        out = t.stdout.decode(errors="replace") if isinstance(t.stdout, bytes) else (t.stdout or "")
-        err = t.stderr.decode(errors="replace") if isinstance(t.stderr, bytes) else (t.stderr or "")
-        return subprocess.CompletedProcess(cmd, 124, out, err + f"\ntimed out after {timeout} s")
-
-
 def root_cause(text):
     """torchrun's "Root Cause (first observed failure)" block, up to its closing rule; None."""
     start = text.find("Root Cause (first observed failure):")
@@ -104,16 +94,6 @@ def root_cause(text):
     rest = text[start:]
     end = rest.find("\n====")
     return rest if end < 0 else rest[:end]
-
-
-def _dumps(d):
-    out = []
-    for p in sorted(glob.glob(os.path.join(d, "oomshim-*.json"))):
-        if os.path.basename(p).startswith("oomshim-torch-"):
-            continue
-        with open(p) as f:
-            out.append((p, json.load(f)))
-    return out
 
 
 def _headline(dump):
@@ -130,7 +110,7 @@ def _free_port():
 
 
 def _case(name, cli, lib, out_dir, nproc, per_gpu, copy_bytes):
-    """One torchrun job; rows of (kind, check, ok_or_value, detail)."""
+    """One torchrun job; rows of (check, ok, detail), ok None for what is only shown."""
     rows = []
     d = os.path.join(out_dir, f"torchrun-rank-{name}")
     dumps = os.path.join(d, "dumps")
@@ -142,79 +122,79 @@ def _case(name, cli, lib, out_dir, nproc, per_gpu, copy_bytes):
     cmd = [cli, "run", "--dir", dumps, "--lib", lib, "--", sys.executable, "-m", "torch.distributed.run",
            f"--nproc_per_node={nproc}", f"--master_port={_free_port()}", "--log-dir", os.path.join(d, "logs"),
            script]
-    p = _run(cmd, env={"COPY_BYTES": str(copy_bytes), "CHECK_PER_GPU": "1" if per_gpu else "0",
-                       "OOMSHIM_TERMINATION_LOG": term, "OMP_NUM_THREADS": "1"}, timeout=150)
+    p = run_command(cmd, env={"COPY_BYTES": str(copy_bytes), "CHECK_PER_GPU": "1" if per_gpu else "0",
+                              "OOMSHIM_TERMINATION_LOG": term, "OMP_NUM_THREADS": "1"}, timeout=150)
     with open(os.path.join(d, "stderr.txt"), "w") as f:
         f.write(p.stderr)
     with open(os.path.join(d, "stdout.txt"), "w") as f:
         f.write(p.stdout)
     cause = root_cause(p.stderr)
     print(f"--- {name}: torchrun's root cause ---\n{cause}\n", flush=True)
-    ooms = [(path, x) for path, x in _dumps(dumps)
+    ooms = [(path, x) for path, x in load_dumps(dumps_in(dumps))
             if x.get("failed_request") and x["process"].get("rank") == 1]
     if cause is None or not ooms:
-        return rows + [("PASS/FAIL", f"torchrun {name}: rank 1 ran out of memory and torchrun named a root cause", False,
-                        f"rc {p.returncode}; {len(ooms)} OOM dumps of rank 1; stderr tail: {p.stderr[-800:]}")]
+        return rows + [(f"torchrun {name}: rank 1 ran out of memory and torchrun named a root cause", False,
+                    f"rc {p.returncode}; {len(ooms)} OOM dumps of rank 1; stderr tail: {p.stderr[-800:]}")]
     path, dump = ooms[0]
     headline = _headline(dump)
     kind = dump["verdict"]["kind"]
     retry = (dump["verdict"].get("retry") or {}).get("hint")
-    rows.append(("PASS/FAIL", f"torchrun {name}: the root cause is rank 1 with its own traceback",
+    rows.append((f"torchrun {name}: the root cause is rank 1 with its own traceback",
                  "rank      : 1" in cause and "OutOfMemoryError" in cause and "Traceback" in cause,
                  cause.splitlines()[3].strip() if len(cause.splitlines()) > 3 else cause[:200]))
-    rows.append(("PASS/FAIL", f"torchrun {name}: the root cause shows oomshim's headline after it",
+    rows.append((f"torchrun {name}: the root cause shows oomshim's headline after it",
                  f"{kind}: {headline}" in cause and cause.find("OutOfMemoryError") < cause.find("oomshim: "),
                  f"{kind}: {headline[:160]}"))
-    rows.append(("PASS/FAIL", f"torchrun {name}: the root cause shows the retry hint and the dump",
+    rows.append((f"torchrun {name}: the root cause shows the retry hint and the dump",
                  retry is not None and f"retry: {retry} (" in cause and path in cause, f"retry {retry}; {path}"))
     try:
         with open(term, "rb") as f:
             message = f.read()
     except OSError as e:
         message = b""
-        rows.append(("PASS/FAIL", f"torchrun {name}: a termination message", False, str(e)))
+        rows.append((f"torchrun {name}: a termination message", False, str(e)))
     text = message.decode(errors="replace")
     print(f"--- {name}: termination message ({len(message)} bytes) ---\n{text}", flush=True)
     if message:
-        rows.append(("PASS/FAIL", f"torchrun {name}: the termination message has the headline, within 4096 bytes",
+        rows.append((f"torchrun {name}: the termination message has the headline, within 4096 bytes",
                      headline in text and len(message) <= 4096, f"{len(message)} bytes"))
-    m = _run([cli, "merge", dumps], timeout=60)
+    m = run_command([cli, "merge", dumps], timeout=60)
     print(f"--- {name}: oomshim merge ---\n{m.stdout}", flush=True)
     with open(os.path.join(d, "merge.txt"), "w") as f:
         f.write(m.stdout + m.stderr)
     first = [line for line in m.stdout.splitlines() if "first to run out of memory" in line]
-    rows.append(("PASS/FAIL", f"torchrun {name}: merge names rank 1 as the first to run out",
+    rows.append((f"torchrun {name}: merge names rank 1 as the first to run out",
                  bool(first) and "rank 1 (" in first[0], first[0].strip() if first else m.stderr[-300:]))
     why = m.stdout.split("\nWhy this rank\n")
-    rows.append(("INFO", f"torchrun {name}: merge's why this rank",
+    rows.append((f"torchrun {name}: merge's why this rank",
                  None, why[1].split("\n\n")[0].strip() if len(why) > 1 else "(no section)"))
-    rows.append(("INFO", f"torchrun {name}: rank 1's verdict", None, f"{kind}; retry {retry}"))
+    rows.append((f"torchrun {name}: rank 1's verdict", None, f"{kind}; retry {retry}"))
     return rows
 
 
 def main(root, lib, cli, out_dir):
     os.makedirs(out_dir, exist_ok=True)
-    probe = _run([sys.executable, "-c", PROBE], timeout=60)
+    probe = run_command([sys.executable, "-c", PROBE], timeout=60)
     try:
         dev = json.loads(probe.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return [("PASS/FAIL", "torchrun rank: the device answered", False, probe.stderr[-300:])]
+        return [("torchrun rank: the device answered", False, probe.stderr[-300:])]
     rows = []
     # Shared GPU: both ranks' first copies fit (2 × 0.38 of free), rank 1's second does not
     # (3 × 0.38 > 1); what is left covers the two CUDA contexts.
     try:
         rows += _case("one_gpu", cli, lib, out_dir, 2, False, int(dev["free"] * 0.38))
     except Exception as e:  # a broken check is a failed row, not a lost table
-        rows.append(("PASS/FAIL", "torchrun one_gpu", False, f"{type(e).__name__}: {e}"))
+        rows.append(("torchrun one_gpu", False, f"{type(e).__name__}: {e}"))
     if dev["count"] < 2:
-        rows.append(("INFO", "torchrun all_gpus", None,
+        rows.append(("torchrun all_gpus", None,
                      f"skipped: {dev['count']} GPU here; runs unchanged with nproc = torch.cuda.device_count()"))
     else:
         # One GPU per rank: one copy fits (0.55 of free), two do not (1.1).
         try:
             rows += _case("all_gpus", cli, lib, out_dir, dev["count"], True, int(dev["free"] * 0.55))
         except Exception as e:
-            rows.append(("PASS/FAIL", "torchrun all_gpus", False, f"{type(e).__name__}: {e}"))
+            rows.append(("torchrun all_gpus", False, f"{type(e).__name__}: {e}"))
     return rows
 
 
@@ -240,19 +220,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--self-test"]:
         _self_test()
         sys.exit(0)
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="oomshim-torchrun-rank-")
-    os.makedirs(out, exist_ok=True)
-    lib = os.environ.get("OOMSHIM_GPU_LIB") or os.path.join(here, "target/release/liboomshim.so")
-    cli = os.environ.get("OOMSHIM_GPU_CLI") or os.path.join(here, "target/release/oomshim")
-    failed = False
-    for kind, check, result, detail in main(here, lib, cli, out):
-        if kind == "INFO":
-            line = f"[INFO] {check}: {detail}"
-        else:
-            line = f"[{'PASS' if result else 'FAIL'}] {check}: {detail}"
-            failed |= not result
-        print(line, flush=True)
-        with open(os.path.join(out, "rows.txt"), "a") as f:
-            f.write(line + "\n")
-    sys.exit(1 if failed else 0)
+    sys.exit(standalone.run(main, None, "/tmp/oomshim-torchrun-rank"))

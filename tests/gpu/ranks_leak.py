@@ -1,4 +1,4 @@
-"""GPU check for issue 18 (run with torchrun --nproc_per_node=2): two ranks sharing the one GPU.
+"""GPU check of ranks in one job (run with torchrun --nproc_per_node=2): two ranks sharing the one GPU.
 Backend from OOMSHIM_RANKS_BACKEND (nccl or gloo). Each rank first does one all_reduce, so NCCL
 allocates its buffers; rank 1 then leaks 1 GiB tensors until it runs out of memory, rank 0 holds a
 steady 8 GiB. Both meet at a barrier and exit cleanly (rank 0's OOMSHIM_AT_EXIT dump is written).

@@ -11,10 +11,13 @@ import sys
 import tempfile
 from statistics import median
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# A command under a time limit and the shim's dumps in a folder, as the standalone checks have them.
+from standalone import ROOT, build, dumps_in  # noqa: E402
+from standalone import run_command as run  # noqa: E402
+
 # OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI: the build to test (carried stripped copies), else the repo's.
-LIB = os.environ.get("OOMSHIM_GPU_LIB") or os.path.join(ROOT, "target/release/liboomshim.so")
-CLI = os.environ.get("OOMSHIM_GPU_CLI") or os.path.join(ROOT, "target/release/oomshim")
+LIB, CLI = build()
 OUT = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="oomshim-gpu-")
 os.makedirs(OUT, exist_ok=True)
 WORK = tempfile.mkdtemp(prefix="oomshim-gpu-work-")
@@ -48,24 +51,6 @@ def info(check, detail):
     """A fact worth printing beside the checks; neither a pass nor a failure."""
     rows.append((check, "INFO", detail, False))
     keep(f"[INFO] {check}: {detail}")
-
-
-def run(cmd, env=None, timeout=300):
-    e = dict(os.environ)
-    e.update(env or {})
-    try:
-        return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as t:
-        # A slow step is a failed row, not a lost table.
-        out = t.stdout.decode(errors="replace") if isinstance(t.stdout, bytes) else (t.stdout or "")
-        err = t.stderr.decode(errors="replace") if isinstance(t.stderr, bytes) else (t.stderr or "")
-        return subprocess.CompletedProcess(cmd, 124, out, err + f"\ntimed out after {timeout} s")
-
-
-def dumps_in(d):
-    """The shim's dumps (not the Python hook's oomshim-torch-* files beside them)."""
-    return sorted(p for p in glob.glob(os.path.join(d, "oomshim-*.json"))
-                  if not os.path.basename(p).startswith("oomshim-torch-"))
 
 
 def load(path):
@@ -158,7 +143,7 @@ def check_torch():
     row("torch leak: holders have native stacks", len(top["stack"]) > 3,
         " <- ".join(n for n in names(top["stack"])[:5] if n)[:200])
     # Python stacks: the top site's stack holds the script's own line, and the verdict names it
-    # (not torch's own Python code, which is further in) (issue 5).
+    # (not torch's own Python code, which is further in).
     site = dump["sites"][0] if dump["sites"] else {"stack": []}
     mine = [f for f in site["stack"] if f.get("kind") == "python" and (f.get("file") or "").endswith("torch_leak.py")]
     lines = open(script).read().splitlines()
@@ -906,10 +891,10 @@ def check_perf_table():
         table.append(("host memory per live tensor, shim all - pass-through (1M tensors)",
                       f"{(grown['all'] - grown['pass-through']) * 1024 / 1e6:.0f} bytes",
                       f"grown {grown['all']} KiB with all, {grown['pass-through']} KiB with pass-through"))
-    print("\n| perf (issue 16) | figure | detail |\n|---|---|---|")
+    print("\n| perf | figure | detail |\n|---|---|---|")
     for a, b, c in table:
         print(f"| {a} | {b} | {c} |", flush=True)
-    row("perf table (issue 16)", all(b != "no result" for _, b, _ in table),
+    row("perf table", all(b != "no result" for _, b, _ in table),
         f"{len(table)} rows; see the perf table above and {os.path.join(OUT, 'perf_table.json')}")
 
 

@@ -818,7 +818,7 @@ int simcu_inject_error(int code, int count) {
     return pending;
 }
 
-/* ---------- fork safety (added for tests/clients/rel_fork.c, issue 8) ----------
+/* ---------- fork safety (for tests/clients/rel_fork.c) ----------
  *
  * Like the simulated runtime, the driver's lock is taken around fork(), so a child forked while
  * another thread is inside the driver does not start with the lock held by a thread it lacks

@@ -113,7 +113,7 @@ class Installed(unittest.TestCase):
         out = run([shutil.which("oomshim", path=SCRIPTS), "demo"], cwd=self.tmp)
         self.assertEqual(out.returncode, 0, out.stderr[-2000:])
         self.assertIn("leak", out.stdout)
-        # The snapshot at step 20 and the out-of-memory dump (issue 27 item 5).
+        # The snapshot at step 20 and the out-of-memory dump: an installed wheel writes both.
         self.assertEqual(len(dumps_in(os.path.join(self.tmp, "oomshim-dumps"))), 2)
 
     def test_python_m_oomshim_run_preloads_the_bundled_library(self):

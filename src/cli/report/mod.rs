@@ -25,8 +25,3 @@ pub use json::{render_json, REPORT_SCHEMA};
 pub use model::ReportModel;
 pub use options::{Layout, ReportOptions, DEFAULT_WIDTH, FRAMES_SHOWN, MAX_WIDTH, MIN_WIDTH};
 pub use terminal::render_terminal;
-
-/// What the failed request's `recovered` means, as one word: `recovered`, `stood`, `unknown`.
-pub fn recovery_word(recovered: Option<bool>) -> &'static str {
-    model::Recovery::from_recovered(recovered).word()
-}

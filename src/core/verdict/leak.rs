@@ -1053,9 +1053,9 @@ mod tests {
         assert_eq!(why(&with_keeper(grew, 4)), Some(Err("Young".into())));
     }
 
-    #[test]
-    fn growth_inside_a_function_that_loads_a_model_is_loading() {
-        let mut d = on_timeline("main", 2 * GIB, 5_000, 300, 20);
+    /// Growth over time at a site inside torch's `Module._apply` (a model moved to the device).
+    fn loading_for(span_ms: u64) -> Dump {
+        let mut d = on_timeline("main", 2 * GIB, span_ms, 300, 20);
         let site = &mut d.growth.as_mut().unwrap().sites[0];
         site.stack.push(Frame {
             address: "0x2".into(),
@@ -1064,6 +1064,12 @@ mod tests {
             line: Some(900),
             ..Frame::default()
         });
+        d
+    }
+
+    #[test]
+    fn growth_inside_a_function_that_loads_a_model_is_loading() {
+        let d = loading_for(5_000);
         match crate::verdict::timeline_judgement(&d) {
             Some(Err(o)) => {
                 assert!(matches!(o.why, crate::verdict::NotALeak::Loading { .. }));
@@ -1083,5 +1089,24 @@ mod tests {
             "{:?}",
             v.evidence
         );
+    }
+
+    /// A load quicker than the timeline's bins has no measured span (0) or one that rounds to
+    /// nothing: the words say how long it took only where that is true, never `over 0.0 s`.
+    #[test]
+    fn a_load_too_quick_to_measure_says_no_span_of_nothing() {
+        for (span_ms, said) in [
+            (0, " GiB inside _apply"),
+            (30, " GiB within 0.1 s inside _apply"),
+            (2_700, " GiB over 2.7 s inside _apply"),
+        ] {
+            let d = loading_for(span_ms);
+            let Some(Err(o)) = crate::verdict::timeline_judgement(&d) else {
+                panic!("{span_ms} ms: not judged loading");
+            };
+            let line = crate::verdict::words::leak::not_a_leak(&o);
+            assert!(line.contains(said), "{span_ms} ms: {line}");
+            assert!(!line.contains("0.0 s"), "{span_ms} ms: {line}");
+        }
     }
 }

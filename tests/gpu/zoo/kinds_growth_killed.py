@@ -1,4 +1,4 @@
-"""Growth without steps (issue 23, item 3): a loop that only allocates (no model, no optimizer,
+"""Growth without steps: a loop that only allocates (no model, no optimizer,
 no marks) and is SIGKILLed at half the device, as an OOM killer or a scheduler would. The
 post-mortem should judge the growth over time (bytes per second, R²). Not yet implemented
 (see the kinds branch's report): this program records the truth for when it is.

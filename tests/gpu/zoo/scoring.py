@@ -19,6 +19,10 @@ A corpus program prints its own account at the failure (tests/gpu/zoo/_zoo.py): 
 import json
 import os
 import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from standalone import load_dumps  # noqa: E402,F401 (the dumps as every GPU check reads them)
 
 TOLERANCE = 0.05
 SLACK = 64 << 20
@@ -336,17 +340,6 @@ def markdown(rows, card, cases=None):
             f"{r.get('verdict')} {yn(r.get('verdict_ok'))}", dom, kinds_cell(r), yn(r.get("line_ok")),
             batch_cell(r), ", ".join(broken(r)) + " |"]))
     return "\n".join(lines) + "\n"
-
-
-def load_dumps(paths):
-    out = []
-    for p in paths:
-        try:
-            with open(p) as f:
-                out.append((p, json.load(f)))
-        except (OSError, ValueError):
-            continue
-    return out
 
 
 def sidecar_kinds(d, dump_path):

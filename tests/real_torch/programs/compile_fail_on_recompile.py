@@ -3,21 +3,11 @@ model.compile(), a compiled function that calls the model) and its optimizer ste
 after the first calls the stance is fail_on_recompile: any recompile raises."""
 import torch
 from torch._dynamo.utils import counters
+from _models import TwoLayers
 
 torch.manual_seed(0)
 
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(6, 6)
-        self.b = torch.nn.Linear(6, 2)
-
-    def forward(self, x):
-        return self.b(torch.sigmoid(self.a(x)))
-
-
-model = Net()
+model = TwoLayers(6, 2, torch.nn.Sigmoid)
 opt = torch.optim.Adam(model.parameters(), lr=0.01)
 x = torch.randn(3, 6)
 model(x).sum().backward()  # eager first
@@ -25,7 +15,7 @@ opt.step()
 opt.zero_grad()
 
 compiled = torch.compile(model, backend="aot_eager")
-other = Net()
+other = TwoLayers(6, 2, torch.nn.Sigmoid)
 other.compile(backend="aot_eager")
 
 

@@ -2,22 +2,11 @@
 import warnings
 
 import torch
+from _models import TwoLayers
 
 warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation notice
 torch.manual_seed(0)
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(6, 6)
-        self.b = torch.nn.Linear(6, 2)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
-
-scripted = torch.jit.script(Net())
+scripted = torch.jit.script(TwoLayers(6, 2, torch.nn.ReLU))
 with torch.no_grad():
     for i in range(3):
         print(i, [round(v, 4) for v in scripted(torch.ones(1, 6) * i).flatten().tolist()])

@@ -1,6 +1,6 @@
 //! The unit tests of the CLI crate (`oomshim_cli`, src/cli), compiled into this one test binary
 //! instead of a test harness of their own, which compiled the whole crate a second time for them
-//! (issue 27, the test build's time). Each file holds the tests of one module of src/cli.
+//! (the test build's time). Each file holds the tests of one module of src/cli.
 
 mod args;
 mod demo;

@@ -375,6 +375,16 @@ def _where(frame):
     return {"function": frame.f_code.co_name, "file": frame.f_code.co_filename, "line": frame.f_lineno}
 
 
+def _frames(frame):
+    """`frame` and its callers, innermost first, at most 400 (a runaway recursion's stack is not
+    worth the time of a walk at a failure)."""
+    depth = 0
+    while frame is not None and depth < 400:
+        depth += 1
+        yield frame
+        frame = frame.f_back
+
+
 def _runs_backward(code, fname):
     """A frame of torch's backward entry points (the program's thread waits in one while
     autograd's threads run the pass)."""
@@ -389,19 +399,16 @@ def _caller_of_backward(torch):
         frames = sys._current_frames()
     except Exception:
         return None
-    for ident, f in frames.items():
+    for ident, top in frames.items():
         waits = False
         program = None
-        depth = 0
-        while f is not None and depth < 400:
-            depth += 1
+        for f in _frames(top):
             code = f.f_code
             fname = code.co_filename
             if _runs_backward(code, fname):
                 waits = True
             elif program is None and _not_ours(f) and not _library_file(fname):
                 program = _where(f)
-            f = f.f_back
         if waits and program is not None:
             return program
     return None
@@ -422,10 +429,7 @@ def _stack_view(torch, frame, deadline):
     # what is held at a failure is no share of a whole pass's.
     checkpointed = False
     framework_frame = program_frame = None
-    f = frame
-    depth = 0
-    while f is not None and depth < 400:
-        depth += 1
+    for f in _frames(frame):
         code = f.f_code
         fname = code.co_filename
         if _not_ours(f):
@@ -459,7 +463,6 @@ def _stack_view(torch, frame, deadline):
                             in_optimizer = owner
                     except Exception:
                         pass
-        f = f.f_back
     try:
         node = torch._C._current_autograd_node()
         if node is not None:
@@ -598,6 +601,16 @@ def _program_hooks(models, deadline):
     return out
 
 
+def _state_counts(c, optimizer):
+    """The bytes `c` had not counted yet of each tensor of an optimizer's state (its tensors per
+    parameter: Adam's moments, say), one by one: a caller adds each as it comes, so what was
+    counted before the budget ran out (`c` raises _Out) is kept."""
+    for st in list(getattr(optimizer, "state", {}).values()):
+        if _is(st, dict):
+            for v in st.values():
+                yield c.count(v)
+
+
 def live(torch, device, budget_ms=50):
     """Memory by kind now, for the live region (`oomshim top`, the exporter): the parameters,
     gradients and optimizer state of the models and optimizers the step hooks saw, and torch's
@@ -622,10 +635,8 @@ def live(torch, device, budget_ms=50):
                 for p in group.get("params", []):
                     params += c.count(p)  # a parameter of no model seen
                     grads += c.count(getattr(p, "grad", None))
-            for st in list(getattr(o, "state", {}).values()):
-                if _is(st, dict):
-                    for v in st.values():
-                        state += c.count(v)
+            for n in _state_counts(c, o):
+                state += n
     except _Out:
         complete = False
     return {
@@ -975,10 +986,8 @@ def _count(c, models, optimizers, running, building):
         done = 2
         for o, entry in opts:
             c.check()
-            for st in list(getattr(o, "state", {}).values()):
-                if _is(st, dict):
-                    for v in st.values():
-                        entry["bytes"] += c.count(v)
+            for n in _state_counts(c, o):
+                entry["bytes"] += n
         done = 3
     except _Out:
         pass
@@ -1018,10 +1027,7 @@ def _building(torch, frame):
     copy of a model."""
     Module = torch.nn.Module
     ids, classes = set(), set()
-    f = frame
-    depth = 0
-    while f is not None and depth < 400:
-        depth += 1
+    for f in _frames(frame):
         name = f.f_code.co_name
         if name in ("__init__", "_apply"):
             owner = _frame_local(f, "self")
@@ -1029,7 +1035,6 @@ def _building(torch, frame):
                 ids.add(id(owner))
                 if name == "__init__":
                     classes.add(type(owner))
-        f = f.f_back
     return ids, classes
 
 

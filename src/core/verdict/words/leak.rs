@@ -276,7 +276,7 @@ fn suggestions(c: &Ctx, l: &LeakFinding, keeper: Option<&str>) -> Vec<String> {
     let mut suggestions = Vec::new();
     if let Some(k) = keeper {
         suggestions.push(format!(
-            "{k} runs on every forward pass: if it stores the outputs (in a list or dict), they stay on the device with              their autograd graph; store `output.detach().cpu()` or a number (`.item()`), or remove the hook."
+            "{k} runs on every forward pass: if it stores the outputs (in a list or dict), they stay on the device with their autograd graph; store `output.detach().cpu()` or a number (`.item()`), or remove the hook."
         ));
     }
     suggestions.extend(leak_advice(fw, &label));
@@ -322,11 +322,23 @@ pub(in crate::verdict) fn seconds(ms: u64) -> String {
     format!("{:.1} s", ms as f64 / 1000.0)
 }
 
+/// How long a growth lasted, for the middle of a sentence: ` over 2.7 s`, ` within 0.1 s` where
+/// that would round to `0.0 s`, and nothing where no span was measured (a load whose allocations
+/// all fall into one bin of the timeline has no fitted growth, and its span reads 0: unknown, not
+/// instant).
+fn over_span(ms: u64) -> String {
+    match ms {
+        0 => String::new(),
+        1..50 => " within 0.1 s".to_string(),
+        _ => format!(" over {}", seconds(ms)),
+    }
+}
+
 /// How the growth over time was measured, in a sentence (the summary's parenthesis).
 fn over_time_how(l: &LeakFinding, r2: f64) -> String {
     match l.timeline {
         Some(t) => format!(
-            "fitted from the live allocations' own timestamps: {} made over the last {} and still held, from {} at              second {} to {} at second {} of the program, R² {r2:.2}{}",
+            "fitted from the live allocations' own timestamps: {} made over the last {} and still held, from {} at second {} to {} at second {} of the program, R² {r2:.2}{}",
             count_word(t.allocations, "allocation", "allocations"),
             seconds(t.span_ms),
             human_bytes(l.fit.first.bytes),
@@ -381,8 +393,8 @@ pub(in crate::verdict) fn not_a_leak(o: &OverTime) -> String {
             min_allocations
         ),
         NotALeak::Loading { function } => format!(
-            "loading: {label} grew by {grown} over {} inside {}: a model being loaded, not a leak",
-            seconds(t.span_ms),
+            "loading: {label} grew by {grown}{} inside {}: a model being loaded, not a leak",
+            over_span(t.span_ms),
             clean(function)
         ),
         NotALeak::Stopped { quiet_ms } => format!(
