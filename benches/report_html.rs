@@ -22,7 +22,7 @@ fn bench(c: &mut Criterion) {
     g.sample_size(10).measurement_time(Duration::from_secs(20));
     for top in [20usize, 1_000] {
         let bytes =
-            oomshim::live::bench_support::synthetic(ALLOCATIONS, STACKS, &pool, top).dump_json();
+            oomshim::shim::bench_support::synthetic(ALLOCATIONS, STACKS, &pool, top).dump_json();
         let dump = dump::read::parse_dump(&bytes, name).expect("the shim's own dump parses");
         let page = oomshim_cli::report::html::render_html(&dump);
         eprintln!(
