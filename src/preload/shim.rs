@@ -632,13 +632,15 @@ pub enum FrameworkWord {
     Held = 3,
 }
 
+/// The most bytes of JSON a framework's word (`framework_oom`, `framework_kinds`) may have.
+pub const MAX_FRAMEWORK_WORD_BYTES: usize = failure::framework::MAX_REPORT_BYTES;
+
 /// A framework raised its out-of-memory error on the calling thread (torch's OOM observer via
-/// the Python hook); `mem_info` is the device's (free, total) as the framework reported it.
-/// Returns the dump that explains it, when there is one, and what became of the word.
-pub fn framework_oom(
-    note: FrameworkNote,
-    mem_info: Option<(u64, u64)>,
-) -> Option<(std::path::PathBuf, FrameworkWord)> {
+/// the Python hook), said as its JSON `report`; the device's (free, total) in it is as the
+/// framework saw them. Returns the dump that explains it, when there is one, and what became of
+/// the word; None for JSON that is not such a word, or when the shim is off.
+pub fn framework_oom(report: &[u8]) -> Option<(std::path::PathBuf, FrameworkWord)> {
+    let (note, mem_info) = failure::framework::parse(report)?;
     let s = shim()?;
     let Some(note) = allocator_mode::hold(note) else {
         return Some((std::path::PathBuf::new(), FrameworkWord::Held));
@@ -663,6 +665,23 @@ pub fn framework_oom(
         failure::Handled::Repeat(path) => path.map(|p| (p, FrameworkWord::Repeat)),
         _ => None,
     }
+}
+
+/// The framework's memory by kind now (`{"device": N, "kinds": {...}}`, with torch's
+/// `"attribution"` while its history is on), for the live region: `oomshim top`, the exporter
+/// and a post-mortem read it there. None for JSON that is not such an account.
+pub fn framework_kinds(account: &[u8]) -> Option<()> {
+    let (device, kinds, attribution) = failure::framework::parse_live_kinds(account)?;
+    let unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    crate::publish::note_kinds(oomshim_core::flight::LiveKinds {
+        unix_ms,
+        device,
+        kinds,
+        attribution,
+    });
+    Some(())
 }
 
 /// Whether the framework's word about the out-of-memory error it raises now on this thread

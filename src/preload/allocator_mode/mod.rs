@@ -2,7 +2,7 @@
 //! (src/preload/ffi/torch_alloc.rs, which keeps only the C side: argument conversion, the panic
 //! boundary, the observer call and the C++ exception) and its side of the dump path: the
 //! allocator and what each call does with it ([`allocator`]), the CUDA runtime it gets its
-//! memory from, as functions the hooks pass in ([`source`]), its configuration ([`config`]), the
+//! memory from (the trait in [`source`], the real functions in [`runtime`]), its configuration ([`config`]), the
 //! graph captures it allocated for ([`captures`]), its free blocks as a dump shows them
 //! ([`free_blocks`]) and what a failure tells the program ([`message`]).
 //!
@@ -25,6 +25,7 @@ pub mod history;
 pub mod host;
 mod message;
 mod observe;
+pub mod runtime;
 mod source;
 
 pub(crate) use allocator::free_blocks;

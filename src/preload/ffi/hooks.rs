@@ -204,7 +204,7 @@ pub unsafe extern "C" fn oomshim_framework_oom(
     path_out: *mut c_char,
     cap: usize,
 ) -> c_int {
-    if json.is_null() || len > crate::failure::framework::MAX_REPORT_BYTES {
+    if json.is_null() || len > shim::MAX_FRAMEWORK_WORD_BYTES {
         return -1;
     }
     let Some(guard) = Guard::enter() else {
@@ -213,12 +213,7 @@ pub unsafe extern "C" fn oomshim_framework_oom(
     // SAFETY: the caller passes `len` readable bytes at `json` (this function's contract); NULL
     // was refused above and `len` is bounded, so the slice cannot exceed what it handed over.
     let bytes = unsafe { std::slice::from_raw_parts(json.cast::<u8>(), len) };
-    let path = guard
-        .run(|| {
-            let (note, mem_info) = crate::failure::framework::parse(bytes)?;
-            shim::framework_oom(note, mem_info)
-        })
-        .flatten();
+    let path = guard.run(|| shim::framework_oom(bytes)).flatten();
     match path {
         Some((p, word)) => {
             if !path_out.is_null() && cap > 0 {
@@ -244,7 +239,7 @@ pub unsafe extern "C" fn oomshim_framework_oom(
 /// not (not such JSON, or the shim is off).
 #[no_mangle]
 pub unsafe extern "C" fn oomshim_framework_kinds(json: *const c_char, len: usize) -> c_int {
-    if json.is_null() || len > crate::failure::framework::MAX_REPORT_BYTES {
+    if json.is_null() || len > shim::MAX_FRAMEWORK_WORD_BYTES {
         return -1;
     }
     let Some(guard) = Guard::enter() else {
@@ -253,19 +248,7 @@ pub unsafe extern "C" fn oomshim_framework_kinds(json: *const c_char, len: usize
     // SAFETY: the caller passes `len` readable bytes at `json` (this function's contract); NULL
     // was refused above.
     let bytes = unsafe { std::slice::from_raw_parts(json.cast::<u8>(), len) };
-    let taken = guard.run(|| {
-        let (device, kinds, attribution) = crate::failure::framework::parse_live_kinds(bytes)?;
-        let unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        crate::publish::note_kinds(oomshim_core::flight::LiveKinds {
-            unix_ms,
-            device,
-            kinds,
-            attribution,
-        });
-        Some(())
-    });
+    let taken = guard.run(|| shim::framework_kinds(bytes));
     match taken.flatten() {
         Some(()) => 0,
         None => -1,
