@@ -300,7 +300,6 @@ pub(in crate::verdict) fn advice(c: &Ctx, k: &Kinds) -> Vec<String> {
     let Some((kind, bytes)) = dominant(k) else {
         return Vec::new();
     };
-    let request = c.request.bytes;
     let mut out = Vec::new();
     if let Some(d) = duplicate_model(k) {
         let more = d.copies - 1;
@@ -324,125 +323,141 @@ pub(in crate::verdict) fn advice(c: &Ctx, k: &Kinds) -> Vec<String> {
         ));
     }
     match kind {
-        Kind::Activations => {
-            let per = bytes_per_sample(k, request);
-            let fits = largest_batch(k, request, c.n.free);
-            let share = forward_share(k);
-            match (k.batch, per, fits) {
-                (Some(b), Some(per), Some(0)) => out.push(format!(
-                    "At {} per sample not even one sample of this batch of {b} would fit: the activations are not this \
-                     batch's alone. Look for tensors kept from earlier steps (outputs or losses stored in a list or dict, \
-                     a hook that keeps them) before lowering the batch.",
-                    human_bytes(per)
-                )),
-                (Some(b), Some(per), Some(fits)) if share.is_some() => out.push(format!(
-                    "The batch of {} failed {} of the way through its forward pass (by the model's modules), holding {} \
-                     of activations plus the {} request: about {} per sample for the whole pass, so at most {} would have \
-                     fit, fewer if the backward pass needs more: lower the batch (or sequence length) to that, and keep \
-                     the effective batch with gradient accumulation.",
-                    thousands(b),
-                    percent_of_pass(share.unwrap_or(1.0)),
-                    human_bytes(k.activations_bytes.unwrap_or(0)),
-                    c.req,
-                    human_bytes(per),
-                    fits_phrase(fits, b),
-                )),
-                (Some(b), Some(per), Some(fits)) => out.push(format!(
-                    "The batch of {} needs at least {} of activations per sample ({} held, plus the {} request); at this \
-                     rate at most {} would have fit, fewer since the rest of the step needs more: lower the batch (or \
-                     sequence length) well below that, and keep the effective batch with gradient accumulation.",
-                    thousands(b),
-                    human_bytes(per),
-                    human_bytes(k.activations_bytes.unwrap_or(0)),
-                    c.req,
-                    fits_phrase(fits, b),
-                )),
-                _ => out.push(format!(
-                    "Activations and other live tensors hold {}: lower the batch size or sequence length (gradient \
-                     accumulation keeps the effective batch).",
-                    human_bytes(bytes)
-                )),
-            }
-            if k.phase.as_deref() == Some("forward")
-                && k.outer_module.is_some()
-                && !k.models.first().is_some_and(|m| m.training)
-            {
-                out.push(
-                    "The model is in eval mode but autograd is on, so every activation is kept for a backward that never \
-                     comes: run evaluation under `torch.inference_mode()` (or `torch.no_grad()`)."
-                        .to_string(),
-                );
-            }
-            if logits_in_loss(k) {
-                out.push(format!(
-                    "The failing request of {} is the loss over the logits (batch × sequence × vocabulary, upcast to \
-                     float32 in the loss): compute the loss in chunks of the sequence (a chunked or fused cross-entropy, \
-                     e.g. Liger's `LigerFusedLinearCrossEntropyLoss`), or only over the positions that need it.",
-                    c.req
-                ));
-            }
-            if k.phase.as_deref() != Some("inference") {
-                out.push(
-                    "Gradient checkpointing recomputes activations in backward instead of keeping them \
-                     (`model.gradient_checkpointing_enable()` for Hugging Face models, `torch.utils.checkpoint` \
-                     otherwise)."
-                        .to_string(),
-                );
-            }
-            if main_dtype(k).is_some_and(|(d, _)| d == "float32") {
-                out.push(
-                    "The weights are float32: `torch.autocast(\"cuda\", dtype=torch.bfloat16)` around the forward pass \
-                     about halves the activations."
-                        .to_string(),
-                );
-            }
-        }
-        Kind::OptimizerState => {
-            let o = k.optimizers.iter().max_by_key(|o| o.bytes);
-            let against = o
-                .filter(|o| o.param_bytes > 0)
-                .map(|o| {
-                    format!(
-                        "{}'s state is {}, {:.1}× the {} of weights it steps",
-                        clean(&o.class),
-                        human_bytes(o.bytes),
-                        o.bytes as f64 / o.param_bytes as f64,
-                        human_bytes(o.param_bytes)
-                    )
-                })
-                .unwrap_or_else(|| format!("The optimizer state is {}", human_bytes(bytes)));
-            out.push(format!(
-                "{against}: an 8-bit optimizer (bitsandbytes `Adam8bit`/`AdamW8bit`) keeps it in about a quarter, a paged \
-                 one (`PagedAdamW`) moves it to host memory under pressure, and sharding it across devices (FSDP, \
-                 DeepSpeed ZeRO stage 1–2) divides it by the number of GPUs."
-            ));
-        }
-        Kind::Parameters => {
-            let dtype = main_dtype(k);
-            if let Some((d, b)) = dtype.filter(|(d, _)| d == "float32") {
-                out.push(format!(
-                    "{} of the weights are {d}: loading them in bfloat16 (`torch_dtype=torch.bfloat16`, or \
-                     `model.to(torch.bfloat16)`) halves them.",
-                    human_bytes(b)
-                ));
-            }
-            out.push(format!(
-                "The weights alone hold {}: shard them across devices (FSDP, DeepSpeed ZeRO-3, `device_map=\"auto\"`), \
-                 offload part to the CPU, or quantise them (8-bit/4-bit).",
-                human_bytes(k.parameters_bytes)
-            ));
-        }
-        Kind::Gradients => {
-            if !gradients_kept_into_forward(k) {
-                out.push(format!(
-                    "Gradients hold {}: with gradient accumulation they live between steps; sharding them (FSDP, ZeRO-2) \
-                     divides them by the number of GPUs.",
-                    human_bytes(bytes)
-                ));
-            }
-        }
+        Kind::Activations => activations_advice(c, k, bytes, &mut out),
+        Kind::OptimizerState => optimizer_state_advice(k, bytes, &mut out),
+        Kind::Parameters => parameters_advice(k, &mut out),
+        Kind::Gradients => gradients_advice(k, bytes, &mut out),
     }
     out
+}
+
+/// Activations dominate: the batch that would have fit, then what keeps fewer of them.
+fn activations_advice(c: &Ctx, k: &Kinds, bytes: u64, out: &mut Vec<String>) {
+    out.push(batch_advice(c, k, bytes));
+    if k.phase.as_deref() == Some("forward")
+        && k.outer_module.is_some()
+        && !k.models.first().is_some_and(|m| m.training)
+    {
+        out.push(
+                "The model is in eval mode but autograd is on, so every activation is kept for a backward that never \
+                 comes: run evaluation under `torch.inference_mode()` (or `torch.no_grad()`)."
+                    .to_string(),
+            );
+    }
+    if logits_in_loss(k) {
+        out.push(format!(
+                "The failing request of {} is the loss over the logits (batch × sequence × vocabulary, upcast to \
+                 float32 in the loss): compute the loss in chunks of the sequence (a chunked or fused cross-entropy, \
+                 e.g. Liger's `LigerFusedLinearCrossEntropyLoss`), or only over the positions that need it.",
+                c.req
+            ));
+    }
+    if k.phase.as_deref() != Some("inference") {
+        out.push(
+                "Gradient checkpointing recomputes activations in backward instead of keeping them \
+                 (`model.gradient_checkpointing_enable()` for Hugging Face models, `torch.utils.checkpoint` \
+                 otherwise)."
+                    .to_string(),
+            );
+    }
+    if main_dtype(k).is_some_and(|(d, _)| d == "float32") {
+        out.push(
+                "The weights are float32: `torch.autocast(\"cuda\", dtype=torch.bfloat16)` around the forward pass \
+                 about halves the activations."
+                    .to_string(),
+            );
+    }
+}
+
+/// The batch that would have fit at this batch's rate per sample, scaled to the whole forward
+/// pass where the failure came part way through it.
+fn batch_advice(c: &Ctx, k: &Kinds, bytes: u64) -> String {
+    let request = c.request.bytes;
+    let per = bytes_per_sample(k, request);
+    let fits = largest_batch(k, request, c.n.free);
+    let share = forward_share(k);
+    match (k.batch, per, fits) {
+            (Some(b), Some(per), Some(0)) => format!(
+                "At {} per sample not even one sample of this batch of {b} would fit: the activations are not this \
+                 batch's alone. Look for tensors kept from earlier steps (outputs or losses stored in a list or dict, \
+                 a hook that keeps them) before lowering the batch.",
+                human_bytes(per)
+            ),
+            (Some(b), Some(per), Some(fits)) if share.is_some() => format!(
+                "The batch of {} failed {} of the way through its forward pass (by the model's modules), holding {} \
+                 of activations plus the {} request: about {} per sample for the whole pass, so at most {} would have \
+                 fit, fewer if the backward pass needs more: lower the batch (or sequence length) to that, and keep \
+                 the effective batch with gradient accumulation.",
+                thousands(b),
+                percent_of_pass(share.unwrap_or(1.0)),
+                human_bytes(k.activations_bytes.unwrap_or(0)),
+                c.req,
+                human_bytes(per),
+                fits_phrase(fits, b),
+            ),
+            (Some(b), Some(per), Some(fits)) => format!(
+                "The batch of {} needs at least {} of activations per sample ({} held, plus the {} request); at this \
+                 rate at most {} would have fit, fewer since the rest of the step needs more: lower the batch (or \
+                 sequence length) well below that, and keep the effective batch with gradient accumulation.",
+                thousands(b),
+                human_bytes(per),
+                human_bytes(k.activations_bytes.unwrap_or(0)),
+                c.req,
+                fits_phrase(fits, b),
+            ),
+            _ => format!(
+                "Activations and other live tensors hold {}: lower the batch size or sequence length (gradient \
+                 accumulation keeps the effective batch).",
+                human_bytes(bytes)
+            ),
+        }
+}
+
+fn optimizer_state_advice(k: &Kinds, bytes: u64, out: &mut Vec<String>) {
+    let o = k.optimizers.iter().max_by_key(|o| o.bytes);
+    let against = o
+        .filter(|o| o.param_bytes > 0)
+        .map(|o| {
+            format!(
+                "{}'s state is {}, {:.1}× the {} of weights it steps",
+                clean(&o.class),
+                human_bytes(o.bytes),
+                o.bytes as f64 / o.param_bytes as f64,
+                human_bytes(o.param_bytes)
+            )
+        })
+        .unwrap_or_else(|| format!("The optimizer state is {}", human_bytes(bytes)));
+    out.push(format!(
+            "{against}: an 8-bit optimizer (bitsandbytes `Adam8bit`/`AdamW8bit`) keeps it in about a quarter, a paged \
+             one (`PagedAdamW`) moves it to host memory under pressure, and sharding it across devices (FSDP, \
+             DeepSpeed ZeRO stage 1–2) divides it by the number of GPUs."
+        ));
+}
+
+fn parameters_advice(k: &Kinds, out: &mut Vec<String>) {
+    let dtype = main_dtype(k);
+    if let Some((d, b)) = dtype.filter(|(d, _)| d == "float32") {
+        out.push(format!(
+                "{} of the weights are {d}: loading them in bfloat16 (`torch_dtype=torch.bfloat16`, or \
+                 `model.to(torch.bfloat16)`) halves them.",
+                human_bytes(b)
+            ));
+    }
+    out.push(format!(
+            "The weights alone hold {}: shard them across devices (FSDP, DeepSpeed ZeRO-3, `device_map=\"auto\"`), \
+             offload part to the CPU, or quantise them (8-bit/4-bit).",
+            human_bytes(k.parameters_bytes)
+        ));
+}
+
+fn gradients_advice(k: &Kinds, bytes: u64, out: &mut Vec<String>) {
+    if !gradients_kept_into_forward(k) {
+        out.push(format!(
+                "Gradients hold {}: with gradient accumulation they live between steps; sharding them (FSDP, ZeRO-2) \
+                 divides them by the number of GPUs.",
+                human_bytes(bytes)
+            ));
+    }
 }
 
 #[cfg(test)]
