@@ -469,8 +469,33 @@ fn list(names: Vec<String>, total: usize) -> String {
 }
 
 fn findings(m: &Merged, procs: &[Proc]) -> Vec<String> {
-    let rows = &m.rows;
     let mut out = Vec::new();
+    first_failure_line(m, procs, &mut out);
+    if procs.len() < 2 {
+        return out;
+    }
+    let rows = &m.rows;
+    let max = procs
+        .iter()
+        .max_by_key(|p| (p.peak, std::cmp::Reverse(p.peak_row)))
+        .expect("two or more");
+    let min = procs.iter().min_by_key(|p| p.peak).expect("two or more");
+    out.push(format!(
+        "peak tracked memory per process: min {}, median {}, max {} ({})",
+        human_bytes(min.peak),
+        human_bytes(m.median_peak_bytes),
+        human_bytes(max.peak),
+        who(&rows[max.peak_row])
+    ));
+    imbalance(m, &mut out);
+    who_ran_out(m, procs, &mut out);
+    nccl_held(m, &mut out);
+    out
+}
+
+/// Which process ran out first, and how sure the order is.
+fn first_failure_line(m: &Merged, procs: &[Proc], out: &mut Vec<String>) {
+    let rows = &m.rows;
     // With one process there is nothing to compare: its own report says it all.
     if let Some(f) = m.first_failure.as_ref().filter(|_| procs.len() > 1) {
         let r = &rows[f.row];
@@ -513,21 +538,11 @@ fn findings(m: &Merged, procs: &[Proc]) -> Vec<String> {
             ));
         }
     }
-    if procs.len() < 2 {
-        return out;
-    }
-    let max = procs
-        .iter()
-        .max_by_key(|p| (p.peak, std::cmp::Reverse(p.peak_row)))
-        .expect("two or more");
-    let min = procs.iter().min_by_key(|p| p.peak).expect("two or more");
-    out.push(format!(
-        "peak tracked memory per process: min {}, median {}, max {} ({})",
-        human_bytes(min.peak),
-        human_bytes(m.median_peak_bytes),
-        human_bytes(max.peak),
-        who(&rows[max.peak_row])
-    ));
+}
+
+/// The processes whose peak is far above the median.
+fn imbalance(m: &Merged, out: &mut Vec<String>) {
+    let rows = &m.rows;
     if let Some((&top, rest)) = m.imbalanced.split_first() {
         let r = &rows[top];
         out.push(format!(
@@ -556,6 +571,11 @@ fn findings(m: &Merged, procs: &[Proc]) -> Vec<String> {
             ));
         }
     }
+}
+
+/// The processes that ran out against those that did not, and whether the others had room.
+fn who_ran_out(m: &Merged, procs: &[Proc], out: &mut Vec<String>) {
+    let rows = &m.rows;
     let oom: Vec<&Proc> = procs.iter().filter(|p| p.first_oom.is_some()).collect();
     if !oom.is_empty() && oom.len() < procs.len() {
         let others: Vec<&Proc> = procs.iter().filter(|p| p.first_oom.is_none()).collect();
@@ -579,6 +599,10 @@ fn findings(m: &Merged, procs: &[Proc]) -> Vec<String> {
             out.push(line);
         }
     }
+}
+
+/// What NCCL holds per process.
+fn nccl_held(m: &Merged, out: &mut Vec<String>) {
     let nccl: Vec<u64> = m.rows.iter().filter_map(|r| r.nccl_bytes).collect();
     if let (Some(lo), Some(hi)) = (nccl.iter().min(), nccl.iter().max()) {
         out.push(format!(
@@ -599,7 +623,6 @@ fn findings(m: &Merged, procs: &[Proc]) -> Vec<String> {
             }
         ));
     }
-    out
 }
 
 /// Whether the processes that did not run out had room for the first failure's request: by
