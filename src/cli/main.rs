@@ -3,7 +3,9 @@
 use clap::Parser;
 use oomshim_cli::args::{Args, Cmd};
 use oomshim_cli::{self as cli, EXIT_BAD_INPUT};
+use std::ffi::OsString;
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 fn color_wanted() -> bool {
@@ -144,38 +146,15 @@ fn main() -> ExitCode {
             exec,
             exit_code,
             command,
-        } => {
-            let lib = match cli::run::find_library(lib.as_deref()) {
-                Ok(l) => l,
-                Err(e) => return fail(&e, cli::run::EXIT_RUN_FAILED),
-            };
-            let opts = cli::run::RunOptions {
-                lib,
-                torch_hook: !no_torch_hook,
-                dir: dir.as_deref(),
-                command: &command,
-                exit_code,
-                extra_env: if torch_allocator {
-                    // `force` (skip the hook's reading of the program) survives the flag.
-                    let forced = std::env::var("OOMSHIM_TORCH_ALLOCATOR")
-                        .is_ok_and(|v| v.trim().eq_ignore_ascii_case("force"));
-                    let value = if forced { "force" } else { "1" };
-                    vec![("OOMSHIM_TORCH_ALLOCATOR".into(), value.into())]
-                } else {
-                    vec![]
-                },
-            };
-            if exec {
-                // Returns only if the program could not be started.
-                let e = cli::run::exec(&opts);
-                return fail(&e.message, e.code);
-            }
-            match cli::supervise::supervise(&opts) {
-                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
-                Err(e) if e.message.is_empty() => ExitCode::from(e.code.clamp(0, 255) as u8),
-                Err(e) => fail(&e.message, e.code),
-            }
-        }
+        } => run_program(
+            dir,
+            lib,
+            no_torch_hook,
+            torch_allocator,
+            exec,
+            exit_code,
+            command,
+        ),
         Cmd::Top {
             pid,
             once,
@@ -203,58 +182,7 @@ fn main() -> ExitCode {
             once,
             textfile_dir,
             dumps,
-        } => {
-            let dir = dir.unwrap_or_else(oomshim_core::flight::live_dir);
-            let dumps = if dumps.is_empty() {
-                vec![std::env::var_os("OOMSHIM_DIR")
-                    .filter(|v| !v.is_empty())
-                    .map(std::path::PathBuf::from)
-                    .unwrap_or_else(|| oomshim_core::config::DEFAULT_DIR.into())]
-            } else {
-                dumps
-            };
-            // Checked with --once too: one rule for the address, whether it is used or not.
-            let addr = match cli::exporter::parse_listen(
-                listen.as_deref().unwrap_or(cli::exporter::DEFAULT_LISTEN),
-            ) {
-                Ok(a) => a,
-                Err(e) => return fail(&e, 2),
-            };
-            if once {
-                if let Some(out) = &textfile_dir {
-                    textfile_pass(out, &dumps);
-                }
-                let now = dump::time::unix_ms(std::time::SystemTime::now());
-                return print_out(&cli::exporter::exposition(&dir, now));
-            }
-            if let Some(w) = cli::exporter::listen_warning(&addr) {
-                note(&format!("{w}\n"));
-            }
-            let listener = match std::net::TcpListener::bind(addr) {
-                Ok(l) => l,
-                Err(e) => return fail(&format!("cannot listen on {addr}: {e}"), 1),
-            };
-            let bound = listener
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_default();
-            note(&format!(
-                "oomshim: exporter serving http://{bound}/metrics (regions in {})\n",
-                dump::units::clean_path(&dir)
-            ));
-            if let Some(out) = textfile_dir {
-                let spawned = std::thread::Builder::new()
-                    .name("oomshim-textfile".into())
-                    .spawn(move || loop {
-                        textfile_pass(&out, &dumps);
-                        std::thread::sleep(cli::textfile::EVERY);
-                    });
-                if let Err(e) = spawned {
-                    return fail(&format!("cannot start the textfile writer: {e}"), 1);
-                }
-            }
-            cli::exporter::serve(listener, &dir)
-        }
+        } => exporter(listen, dir, once, textfile_dir, dumps),
         Cmd::Report {
             dump,
             html: Some(out),
@@ -303,33 +231,7 @@ fn main() -> ExitCode {
             dump,
             memory_viz,
             folded,
-        } => {
-            if memory_viz.as_deref().is_some_and(cli::is_stdout)
-                && folded.as_deref().is_some_and(cli::is_stdout)
-            {
-                return fail(
-                    "--memory-viz - and --folded - would both write to stdout: send one to a file",
-                    2,
-                );
-            }
-            let dump = match cli::dump_or_default(dump.as_deref()) {
-                Ok(d) => d,
-                Err(e) => return fail(&e, EXIT_BAD_INPUT),
-            };
-            if let Some(out) = &memory_viz {
-                match cli::export_memory_viz(&dump, out) {
-                    Ok(text) => note(&text),
-                    Err(e) => return fail(&e, EXIT_BAD_INPUT),
-                }
-            }
-            if let Some(out) = &folded {
-                match cli::export_folded(&dump, out) {
-                    Ok(text) => note(&text),
-                    Err(e) => return fail(&e, EXIT_BAD_INPUT),
-                }
-            }
-            ExitCode::SUCCESS
-        }
+        } => export(dump, memory_viz, folded),
         Cmd::Env => {
             print!("{}", oomshim_core::config::settings_help(100));
             ExitCode::SUCCESS
@@ -348,69 +250,203 @@ fn main() -> ExitCode {
             Ok(text) => print_out(&text),
             Err(e) => fail(&e, EXIT_BAD_INPUT),
         },
-        Cmd::Demo { dir, lib } => {
-            let lib = match cli::run::find_library(lib.as_deref()) {
-                Ok(l) => l,
-                Err(e) => return fail(&e, 1),
-            };
-            note(&format!(
-                "oomshim demo: a training loop that keeps every activation runs on a simulated {} CUDA \
-                 device under the shim until it runs out of memory…\n",
-                cli::demo::DEMO_CAPACITY
+        Cmd::Demo { dir, lib } => demo(dir, lib),
+    }
+}
+
+/// `oomshim run`: the program under the shim, supervised or exec'd.
+fn run_program(
+    dir: Option<PathBuf>,
+    lib: Option<PathBuf>,
+    no_torch_hook: bool,
+    torch_allocator: bool,
+    exec: bool,
+    exit_code: bool,
+    command: Vec<OsString>,
+) -> ExitCode {
+    let lib = match cli::run::find_library(lib.as_deref()) {
+        Ok(l) => l,
+        Err(e) => return fail(&e, cli::run::EXIT_RUN_FAILED),
+    };
+    let opts = cli::run::RunOptions {
+        lib,
+        torch_hook: !no_torch_hook,
+        dir: dir.as_deref(),
+        command: &command,
+        exit_code,
+        extra_env: if torch_allocator {
+            // `force` (skip the hook's reading of the program) survives the flag.
+            let forced = std::env::var("OOMSHIM_TORCH_ALLOCATOR")
+                .is_ok_and(|v| v.trim().eq_ignore_ascii_case("force"));
+            let value = if forced { "force" } else { "1" };
+            vec![("OOMSHIM_TORCH_ALLOCATOR".into(), value.into())]
+        } else {
+            vec![]
+        },
+    };
+    if exec {
+        // Returns only if the program could not be started.
+        let e = cli::run::exec(&opts);
+        return fail(&e.message, e.code);
+    }
+    match cli::supervise::supervise(&opts) {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) if e.message.is_empty() => ExitCode::from(e.code.clamp(0, 255) as u8),
+        Err(e) => fail(&e.message, e.code),
+    }
+}
+
+/// `oomshim exporter`: the metrics once, or served, with the textfile writer beside.
+fn exporter(
+    listen: Option<String>,
+    dir: Option<PathBuf>,
+    once: bool,
+    textfile_dir: Option<PathBuf>,
+    dumps: Vec<PathBuf>,
+) -> ExitCode {
+    let dir = dir.unwrap_or_else(oomshim_core::flight::live_dir);
+    let dumps = if dumps.is_empty() {
+        vec![std::env::var_os("OOMSHIM_DIR")
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| oomshim_core::config::DEFAULT_DIR.into())]
+    } else {
+        dumps
+    };
+    // Checked with --once too: one rule for the address, whether it is used or not.
+    let addr = match cli::exporter::parse_listen(
+        listen.as_deref().unwrap_or(cli::exporter::DEFAULT_LISTEN),
+    ) {
+        Ok(a) => a,
+        Err(e) => return fail(&e, 2),
+    };
+    if once {
+        if let Some(out) = &textfile_dir {
+            textfile_pass(out, &dumps);
+        }
+        let now = dump::time::unix_ms(std::time::SystemTime::now());
+        return print_out(&cli::exporter::exposition(&dir, now));
+    }
+    if let Some(w) = cli::exporter::listen_warning(&addr) {
+        note(&format!("{w}\n"));
+    }
+    let listener = match std::net::TcpListener::bind(addr) {
+        Ok(l) => l,
+        Err(e) => return fail(&format!("cannot listen on {addr}: {e}"), 1),
+    };
+    let bound = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    note(&format!(
+        "oomshim: exporter serving http://{bound}/metrics (regions in {})\n",
+        dump::units::clean_path(&dir)
+    ));
+    if let Some(out) = textfile_dir {
+        let spawned = std::thread::Builder::new()
+            .name("oomshim-textfile".into())
+            .spawn(move || loop {
+                textfile_pass(&out, &dumps);
+                std::thread::sleep(cli::textfile::EVERY);
+            });
+        if let Err(e) = spawned {
+            return fail(&format!("cannot start the textfile writer: {e}"), 1);
+        }
+    }
+    cli::exporter::serve(listener, &dir)
+}
+
+/// `oomshim demo`: the bundled client against the simulated device, then its first screen.
+fn demo(dir: PathBuf, lib: Option<PathBuf>) -> ExitCode {
+    let lib = match cli::run::find_library(lib.as_deref()) {
+        Ok(l) => l,
+        Err(e) => return fail(&e, 1),
+    };
+    note(&format!(
+        "oomshim demo: a training loop that keeps every activation runs on a simulated {} CUDA \
+         device under the shim until it runs out of memory…\n",
+        cli::demo::DEMO_CAPACITY
+    ));
+    match cli::demo::run_demo(lib, &dir) {
+        Ok(out) => {
+            let clean = dump::units::clean_path;
+            let mut text = format!(
+                "oomshim demo: the client exited with status {}; its dump is {}\n",
+                out.client_exit,
+                clean(&out.dump)
+            );
+            if let Some(actual) = out.dump.parent().filter(|d| *d != dir.as_path()) {
+                text.push_str(&format!(
+                    "oomshim demo: the shim could not write to {} and put its dumps in {}\n",
+                    clean(&dir),
+                    clean(actual)
+                ));
+            }
+            if let Some(snapshot) = &out.snapshot {
+                text.push_str(&format!(
+                    "oomshim demo: its snapshot at step {} is {}; what grew between them: \
+                     oomshim diff {} {}\n",
+                    cli::demo::SNAPSHOT_STEP,
+                    clean(snapshot),
+                    clean(snapshot),
+                    clean(&out.dump)
+                ));
+            }
+            text.push_str(&format!(
+                "oomshim demo: the whole report: oomshim report {}\n\n",
+                clean(&out.dump)
             ));
-            match cli::demo::run_demo(lib, &dir) {
-                Ok(out) => {
-                    let clean = dump::units::clean_path;
-                    let mut text = format!(
-                        "oomshim demo: the client exited with status {}; its dump is {}\n",
-                        out.client_exit,
-                        clean(&out.dump)
-                    );
-                    if let Some(actual) = out.dump.parent().filter(|d| *d != dir.as_path()) {
-                        text.push_str(&format!(
-                            "oomshim demo: the shim could not write to {} and put its dumps in {}\n",
-                            clean(&dir),
-                            clean(actual)
-                        ));
-                    }
-                    if let Some(snapshot) = &out.snapshot {
-                        text.push_str(&format!(
-                            "oomshim demo: its snapshot at step {} is {}; what grew between them: \
-                             oomshim diff {} {}\n",
-                            cli::demo::SNAPSHOT_STEP,
-                            clean(snapshot),
-                            clean(snapshot),
-                            clean(&out.dump)
-                        ));
-                    }
-                    text.push_str(&format!(
-                        "oomshim demo: the whole report: oomshim report {}\n\n",
-                        clean(&out.dump)
-                    ));
-                    note(&text);
-                    let style = cli::ReportStyle {
-                        top: 10,
-                        json: false,
-                        color: color_wanted(),
-                        width: report_width(None),
-                        first_screen_only: true,
-                    };
-                    // Named as the user would name it: nothing for the default directory.
-                    let default = dir == std::path::Path::new(oomshim_core::config::DEFAULT_DIR);
-                    let named = match out.dump.parent() {
-                        Some(d) if default && d == dir.as_path() => None,
-                        Some(d) => Some(d.to_path_buf()),
-                        None => Some(out.dump.clone()),
-                    };
-                    match cli::report_as(&out.dump, named.as_deref(), &style) {
-                        Ok(text) => print_out(&text),
-                        Err(e) => fail(&e, 1),
-                    }
-                }
+            note(&text);
+            let style = cli::ReportStyle {
+                top: 10,
+                json: false,
+                color: color_wanted(),
+                width: report_width(None),
+                first_screen_only: true,
+            };
+            // Named as the user would name it: nothing for the default directory.
+            let default = dir == std::path::Path::new(oomshim_core::config::DEFAULT_DIR);
+            let named = match out.dump.parent() {
+                Some(d) if default && d == dir.as_path() => None,
+                Some(d) => Some(d.to_path_buf()),
+                None => Some(out.dump.clone()),
+            };
+            match cli::report_as(&out.dump, named.as_deref(), &style) {
+                Ok(text) => print_out(&text),
                 Err(e) => fail(&e, 1),
             }
         }
+        Err(e) => fail(&e, 1),
     }
+}
+
+/// `oomshim export`: a dump in memory_viz's and flame graphs' formats.
+fn export(dump: Option<PathBuf>, memory_viz: Option<PathBuf>, folded: Option<PathBuf>) -> ExitCode {
+    if memory_viz.as_deref().is_some_and(cli::is_stdout)
+        && folded.as_deref().is_some_and(cli::is_stdout)
+    {
+        return fail(
+            "--memory-viz - and --folded - would both write to stdout: send one to a file",
+            2,
+        );
+    }
+    let dump = match cli::dump_or_default(dump.as_deref()) {
+        Ok(d) => d,
+        Err(e) => return fail(&e, EXIT_BAD_INPUT),
+    };
+    if let Some(out) = &memory_viz {
+        match cli::export_memory_viz(&dump, out) {
+            Ok(text) => note(&text),
+            Err(e) => return fail(&e, EXIT_BAD_INPUT),
+        }
+    }
+    if let Some(out) = &folded {
+        match cli::export_folded(&dump, out) {
+            Ok(text) => note(&text),
+            Err(e) => return fail(&e, EXIT_BAD_INPUT),
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 /// One pass of `--textfile-dir`; each problem said once per exporter process.
