@@ -730,6 +730,13 @@ pub struct GrowthFit {
     pub live_allocations: Option<AllocationSpan>,
 }
 
+impl GrowthFit {
+    /// What the tracked bytes grew by from the first fitted sample to the last (0 if they fell).
+    pub fn grew_bytes(&self) -> u64 {
+        self.last.bytes.saturating_sub(self.first.bytes)
+    }
+}
+
 /// A count at the first and last sample of a stretch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocationSpan {

@@ -59,8 +59,8 @@ pub(crate) fn forward_share(k: &Kinds) -> Option<f64> {
     } else {
         p.leaves_in_module as f64 / 2.0
     };
-    let share = (p.leaves_before as f64 + in_module) / p.leaves as f64;
-    (share > 0.0).then_some(share.min(1.0))
+    // At least one leaf (or half of two) counts as run, so the share is never 0.
+    Some(((p.leaves_before as f64 + in_module) / p.leaves as f64).min(1.0))
 }
 
 /// Activation bytes per sample of the batch that was running, counting the failed request as

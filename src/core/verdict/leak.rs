@@ -257,7 +257,7 @@ pub(super) fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
         Some("framework_live") => dump.free_blocks.allocated_bytes.unwrap_or(fit.last.bytes),
         _ => tracked_all(dump),
     };
-    let fit_grew = fit.last.bytes.saturating_sub(fit.first.bytes);
+    let fit_grew = fit.grew_bytes();
     let may_fall = (fit_grew / 2).max(fit.bytes_per_step.saturating_mul(2));
     if now.saturating_add(may_fall) < fit.last.bytes {
         return None;
@@ -276,9 +276,7 @@ pub(super) fn leak_finding(dump: &Dump) -> Option<LeakFinding<'_>> {
     // Grown over the fitted samples, plus what the step in progress added (at most a step's
     // worth: more than that was not this growth).
     let grown = fit
-        .last
-        .bytes
-        .saturating_sub(fit.first.bytes)
+        .grew_bytes()
         .saturating_add(now.saturating_sub(fit.last.bytes).min(fit.bytes_per_step));
     let named = sites
         .first()
@@ -310,7 +308,7 @@ fn kept_by_a_container(dump: &Dump, fit: &GrowthFit) -> bool {
     let Some(keeper) = super::kinds::kinds_of(dump).and_then(|k| k.keepers.first()) else {
         return false;
     };
-    let grew = fit.last.bytes.saturating_sub(fit.first.bytes);
+    let grew = fit.grew_bytes();
     grew > 0 && keeper.tensors >= TIMELINE_MIN_ALLOCATIONS && keeper.bytes.saturating_mul(2) >= grew
 }
 
@@ -323,7 +321,7 @@ fn loading_parameters(dump: &Dump, g: &Growth) -> bool {
     let Some(fit) = growth_fit(g) else {
         return false;
     };
-    let grew = fit.last.bytes.saturating_sub(fit.first.bytes);
+    let grew = fit.grew_bytes();
     k.parameters_bytes > 0 && k.parameters_bytes.saturating_mul(2) >= grew
 }
 
@@ -1016,10 +1014,9 @@ mod tests {
         };
         let d = young();
         assert_eq!(why(&d), Some(Err("Young".into())));
-        let grew = {
-            let fit = super::growth_fit(d.growth.as_ref().unwrap()).unwrap();
-            fit.last.bytes - fit.first.bytes
-        };
+        let grew = super::growth_fit(d.growth.as_ref().unwrap())
+            .unwrap()
+            .grew_bytes();
         let with_keeper = |bytes: u64, tensors: u64| {
             let mut d = young();
             let mut fw = d.framework.clone().unwrap_or_default();

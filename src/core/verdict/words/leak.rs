@@ -223,7 +223,7 @@ fn evidence(c: &Ctx, l: &LeakFinding, steps_word: &str) -> Vec<String> {
         l.fit.r_squared,
         thousands(l.fit.samples),
         steps_word,
-        human_bytes(l.fit.last.bytes.saturating_sub(l.fit.first.bytes)),
+        human_bytes(l.fit.grew_bytes()),
         l.fit.first.step,
         l.fit.last.step,
         human_bytes(c.readings.tracked_all)
@@ -373,7 +373,7 @@ pub(in crate::verdict) fn not_a_leak(o: &OverTime) -> String {
         .map(|s| short_label(&s.stack))
         .unwrap_or_else(|| "the process".to_string());
     let rate = human_bytes(o.top.map_or(o.fit.bytes_per_step, |s| s.bytes_per_step));
-    let grown = human_bytes(o.fit.last.bytes.saturating_sub(o.fit.first.bytes));
+    let grown = human_bytes(o.fit.grew_bytes());
     let t = o.timeline;
     match &o.why {
         NotALeak::Young {
@@ -489,7 +489,7 @@ fn evidence_over_time(c: &Ctx, l: &LeakFinding) -> Vec<String> {
         "growth of the process: {} per second (R² {r2:.2} {}), {} from second {} to {}; {} tracked at the failure",
         human_bytes(l.fit.bytes_per_step),
         over_time_span(l),
-        human_bytes(l.fit.last.bytes.saturating_sub(l.fit.first.bytes)),
+        human_bytes(l.fit.grew_bytes()),
         l.fit.first.step,
         l.fit.last.step,
         human_bytes(c.readings.tracked_all)
