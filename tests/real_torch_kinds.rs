@@ -181,8 +181,9 @@ except torch.OutOfMemoryError:
 #[test]
 fn a_forward_that_fails_part_way_says_how_far_it_came() {
     let Some(python) = torch_python() else { return };
-    let body = r#"
-import sys
+    // The same model and failure, called plainly or under activation checkpointing.
+    let program = |call: &str| {
+        r#"
 from torch.utils.checkpoint import checkpoint
 
 class Boom(nn.Module):
@@ -196,15 +197,14 @@ model = nn.Sequential(*[block() for _ in range(3)], nn.Sequential(Boom(), nn.Lin
                       *[block() for _ in range(2)])
 x = torch.randn(4, 8)
 try:
-    if sys.argv[1:] == ["checkpointed"]:
-        checkpoint(model, x, use_reentrant=False)
-    else:
-        model(x)
+    CALL
 except torch.OutOfMemoryError:
     print("oom")
-"#;
+"#
+        .replace("CALL", call)
+    };
     for launcher in [Launcher::Preload, Launcher::Run] {
-        let (_, err, _, d) = run(&python, launcher, body);
+        let (_, err, _, d) = run(&python, launcher, &program("model(x)"));
         let k = kinds(&d);
         assert_eq!(k.phase.as_deref(), Some("forward"), "{err}");
         assert_eq!(
@@ -222,7 +222,7 @@ except torch.OutOfMemoryError:
             "{launcher:?} {k:#?}"
         );
     }
-    let checkpointed = body.replace("if sys.argv[1:] == [\"checkpointed\"]:", "if True:");
+    let checkpointed = program("checkpoint(model, x, use_reentrant=False)");
     let (_, err, _, d) = run(&python, Launcher::Preload, &checkpointed);
     let k = kinds(&d);
     assert_eq!(k.phase.as_deref(), Some("forward"), "{err}");
