@@ -65,27 +65,63 @@ pub(crate) fn forward_share(k: &Kinds) -> Option<f64> {
 
 /// Activation bytes per sample of the batch that was running, counting the failed request as
 /// part of what the step needed: scaled to the whole forward pass by [`forward_share`] where it
-/// is known, else a lower bound (the rest of the step would have needed more).
+/// is known (and, in training, with room for the backward's gradients: [`backward_per_sample`]),
+/// else a lower bound (the rest of the step would have needed more).
 pub(crate) fn bytes_per_sample(k: &Kinds, request: u64) -> Option<u64> {
     let batch = k.batch.filter(|&b| b > 0)?;
     let act = k.activations_bytes?;
     let held = act.saturating_add(request) / batch;
     Some(match forward_share(k) {
-        Some(share) => (held as f64 / share).ceil() as u64,
+        Some(share) => {
+            let pass = (held as f64 / share).ceil() as u64;
+            pass.saturating_add(backward_per_sample(k, pass))
+        }
         None => held,
     })
 }
 
+/// A training step's backward pass holds every activation the forward saved and, while it runs
+/// a layer, the gradients of that layer's output and input at once: two activations per sample
+/// beyond the pass, each taken as the average leaf module's share of `pass` (the dump does not
+/// know the widest layer). 0 unless [`counts_backward`].
+fn backward_per_sample(k: &Kinds, pass: u64) -> u64 {
+    match k.forward_progress {
+        Some(p) if counts_backward(k) => (2 * pass).div_ceil(p.leaves),
+        _ => 0,
+    }
+}
+
+/// The estimate makes room for a backward pass: a forward with autograd, scaled by
+/// [`forward_share`], of a model in training mode (the running model is listed first). A model
+/// in eval mode with autograd on never runs a backward.
+pub(crate) fn counts_backward(k: &Kinds) -> bool {
+    forward_share(k).is_some() && k.models.first().is_some_and(|m| m.training)
+}
+
+/// The parameters' gradients a training step's backward pass will allocate: those its
+/// optimizers step, less the gradients already on the device (kept from the last step, or
+/// never freed). Independent of the batch, so a smaller batch still needs them.
+pub(crate) fn gradients_to_come(k: &Kinds) -> u64 {
+    if !counts_backward(k) {
+        return 0;
+    }
+    // Optimizers past the listed ones are not counted: a lower figure, so the batch is not cut
+    // for gradients nobody knows of.
+    let stepped: u64 = k.optimizers.iter().map(|o| o.param_bytes).sum();
+    stepped.saturating_sub(k.gradients_bytes)
+}
+
 /// The largest batch that would have fit at [`bytes_per_sample`]: the activations and the
 /// device's free bytes are what a batch can use (not torch's cache: torch frees what it can of it
-/// and retries before it raises, so what is left there could not serve the request); `None` when
-/// the rate is unknown. Without a [`forward_share`] an upper bound: the part of the step not yet
-/// run needs more.
+/// and retries before it raises, so what is left there could not serve the request), less the
+/// parameters' gradients a training step is still to allocate; `None` when the rate is unknown.
+/// Without a [`forward_share`] an upper bound: the part of the step not yet run needs more.
 pub(crate) fn largest_batch(k: &Kinds, request: u64, device_free: Option<u64>) -> Option<u64> {
     let per = bytes_per_sample(k, request).filter(|&p| p > 0)?;
     let budget = k
         .activations_bytes?
-        .saturating_add(device_free.unwrap_or(0));
+        .saturating_add(device_free.unwrap_or(0))
+        .saturating_sub(gradients_to_come(k));
     Some(budget / per)
 }
 
@@ -210,6 +246,47 @@ mod tests {
         e.phase = Some("forward".into());
         e.in_loss = true;
         assert_eq!(forward_share(&e), None);
+    }
+
+    /// Seen on an H100 (79.18 GiB): the same four-block MLP as above, in training with SGD,
+    /// failing at its third leaf at a batch of 1,186,069; 254,818 fits, 259,452 does not. The
+    /// forward alone said 281,963: the backward's gradients need more.
+    #[test]
+    fn a_training_step_makes_room_for_its_backward() {
+        use dump::model::{ForwardProgress, OptimizerKind};
+        let params = 537_018_368;
+        let mut t = kinds(params, 0, 0, 82_623_922_176);
+        t.batch = Some(1_186_069);
+        t.phase = Some("forward".into());
+        t.forward_progress = Some(ForwardProgress {
+            leaves_before: 2,
+            leaves_in_module: 1,
+            leaves: 12,
+        });
+        t.models = vec![ModelKind {
+            class: "Sequential".into(),
+            bytes: params,
+            training: true,
+            ..Default::default()
+        }];
+        t.optimizers = vec![OptimizerKind {
+            class: "SGD".into(),
+            param_bytes: params,
+            ..Default::default()
+        }];
+        let (request, free) = (4_859_101_184, 564_330_496);
+        assert!(counts_backward(&t));
+        assert_eq!(gradients_to_come(&t), params);
+        let fits = largest_batch(&t, request, Some(free)).unwrap();
+        assert!((233_506..=254_818).contains(&fits), "{fits}");
+        // Gradients kept from the last step are not allocated again.
+        t.gradients_bytes = params;
+        assert_eq!(gradients_to_come(&t), 0);
+        // The same model in eval mode never runs a backward: the forward alone.
+        t.models[0].training = false;
+        assert!(!counts_backward(&t));
+        assert_eq!(gradients_to_come(&t), 0);
+        assert!(largest_batch(&t, request, Some(free)).unwrap() > 270_000);
     }
 
     #[test]

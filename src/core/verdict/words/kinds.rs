@@ -4,7 +4,7 @@
 
 use crate::verdict::context::Ctx;
 use crate::verdict::kinds::{
-    bytes_per_sample, dominant, duplicate_model, forward_share, gradients_kept_into_forward,
+    bytes_per_sample, counts_backward, dominant, duplicate_model, forward_share, gradients_kept_into_forward,
     largest_batch, logits_in_loss, main_dtype, Kind,
 };
 use dump::model::{Kinds, ModuleAt, PyFrame};
@@ -376,6 +376,9 @@ fn batch_advice(c: &Ctx, k: &Kinds, bytes: u64) -> String {
     let per = bytes_per_sample(k, request);
     let fits = largest_batch(k, request, c.n.free);
     let share = forward_share(k);
+    // In training the estimate already counts the backward's gradients (one average layer's
+    // output and input per sample, and the parameters' gradients still to come).
+    let training_room = counts_backward(k);
     match (k.batch, per, fits) {
             (Some(b), Some(per), Some(0)) => format!(
                 "At {} per sample not even one sample of this batch of {b} would fit: the activations are not this \
@@ -385,15 +388,17 @@ fn batch_advice(c: &Ctx, k: &Kinds, bytes: u64) -> String {
             ),
             (Some(b), Some(per), Some(fits)) if share.is_some() => format!(
                 "The batch of {} failed {} of the way through its forward pass (by the model's modules), holding {} \
-                 of activations plus the {} request: about {} per sample for the whole pass, so at most {} would have \
-                 fit, fewer if the backward pass needs more: lower the batch (or sequence length) to that, and keep \
-                 the effective batch with gradient accumulation.",
+                 of activations plus the {} request: about {} per sample for the whole pass{}, so at most {} would \
+                 have fit{}: lower the batch (or sequence length) to that, and keep the effective batch with gradient \
+                 accumulation.",
                 thousands(b),
                 percent_of_pass(share.unwrap_or(1.0)),
                 human_bytes(k.activations_bytes.unwrap_or(0)),
                 c.req,
                 human_bytes(per),
+                if training_room { " and the backward's gradients" } else { "" },
                 fits_phrase(fits, b),
+                if training_room { "" } else { ", fewer if a backward pass follows" },
             ),
             (Some(b), Some(per), Some(fits)) => format!(
                 "The batch of {} needs at least {} of activations per sample ({} held, plus the {} request); at this \
