@@ -228,3 +228,122 @@ except torch.OutOfMemoryError:
     assert_eq!(k.phase.as_deref(), Some("forward"), "{err}");
     assert_eq!(k.forward_progress, None, "{k:#?}");
 }
+
+/// Where a forward runs inside another frame that is no forward of a module: a loss function
+/// that calls the model (HF Trainer's `compute_loss`), an optimizer step that runs the forward in
+/// its closure (as Lightning runs every training step), and torch.compile's generated code, which
+/// runs the whole graph with no module's forward on the stack. Each is the forward pass of the
+/// model, with the batch and (where the modules ran) how far it came; a loss that runs after the
+/// model is the loss.
+#[test]
+fn a_forward_inside_a_loss_function_a_step_closure_or_compiled_code_is_the_forward() {
+    let Some(python) = torch_python() else { return };
+    let program = |call: &str| {
+        r#"
+class Boom(nn.Module):
+    def forward(self, x):
+        fail(1 << 30)
+
+model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), Boom(), nn.Linear(8, 8))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(4, 8)
+
+def compute_loss(model, x):
+    return model(x).sum()
+
+def closure():
+    opt.zero_grad()
+    loss = compute_loss(model, x)
+    loss.backward()
+    return loss
+
+try:
+    CALL
+except torch.OutOfMemoryError:
+    print("oom")
+"#
+        .replace("CALL", call)
+    };
+    let progress = Some(dump::model::ForwardProgress {
+        leaves_before: 2,
+        leaves_in_module: 1,
+        leaves: 4,
+    });
+    for call in ["compute_loss(model, x)", "opt.step(closure)"] {
+        let (_, err, report, d) = run(&python, Launcher::Preload, &program(call));
+        let k = kinds(&d);
+        assert_eq!(k.phase.as_deref(), Some("forward"), "{call}: {err}");
+        assert!(!k.in_loss, "{call}: {k:#?}");
+        assert_eq!(k.forward_progress, progress, "{call}: {k:#?}");
+        assert_eq!(k.batch, Some(4), "{call}");
+        assert!(report.contains("phase: forward, module Boom at 2, batch 4"), "{call}: {report}");
+    }
+    // The loss itself failing, after the model ran: in the loss, and no share of a pass.
+    let after = r#"
+model = nn.Sequential(nn.Linear(8, 8), nn.GELU())
+x = torch.randn(4, 8)
+
+def my_loss(out):
+    fail(1 << 30)
+
+def compute_loss(model, x):
+    return my_loss(model(x))
+
+try:
+    compute_loss(model, x)
+except torch.OutOfMemoryError:
+    print("oom")
+"#;
+    let (_, err, _, d) = run(&python, Launcher::Preload, after);
+    let k = kinds(&d);
+    assert!(k.in_loss, "{err} {k:#?}");
+    assert_eq!(k.forward_progress, None);
+
+    let compiled = r#"
+import os, sys
+import _oomsim
+sys.path.insert(0, os.path.join(os.path.dirname(_oomsim.__file__), "site-packages"))
+import failop
+# Inductor's code cache where a user may put it: no `torchinductor_` in its path.
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath("compiled")
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(torch.ops.oomshim_test.allocate(self.a(x)))
+
+model = Net()
+compiled = torch.compile(model)
+x = torch.randn(6, 8)
+try:
+    compiled(x)  # THE-LINE
+except torch.OutOfMemoryError:
+    print("oom")
+"#;
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let (out, err, report, d) = run(&python, launcher, compiled);
+        assert!(out.contains("oom"), "{out}\n{err}");
+        let k = kinds(&d);
+        assert_eq!(k.phase.as_deref(), Some("forward"), "{launcher:?}: {err}");
+        assert_eq!(
+            k.outer_module.as_ref().map(|m| m.class.as_str()),
+            Some("Net"),
+            "{k:#?}"
+        );
+        assert_eq!(k.batch, Some(6), "{k:#?}");
+        // The program's line, not the generated module that ran the graph.
+        let own = k.program_frame.as_ref().expect("a program frame");
+        assert!(own.file.ends_with("prog.py"), "{own:?}");
+        let line = compiled
+            .lines()
+            .position(|l| l.contains("THE-LINE"))
+            .unwrap();
+        assert!(own.line as usize > line, "{own:?}");
+        // (dynamo runs the graph from the model's own forward's frame)
+        assert!(report.contains("stack Net.forward (prog.py:"), "{launcher:?}: {report}");
+    }
+}

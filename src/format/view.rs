@@ -12,15 +12,41 @@ pub fn is_hook_file(path: &str) -> bool {
 }
 
 /// Python code that is not the program's own: installed packages (`site-packages`,
-/// `dist-packages`), the standard library (`…/lib/python3.N/…`) and frozen modules.
+/// `dist-packages`), the standard library (`…/lib/python3.N/…`), frozen modules and the code
+/// torch.compile generated ([`is_compiled_graph_file`]).
 pub fn is_library_file(path: &str) -> bool {
     path.contains("/site-packages/")
         || path.contains("/dist-packages/")
         || path.starts_with("<frozen")
         || is_hook_file(path)
+        || is_compiled_graph_file(path)
         || path
             .split('/')
             .any(|c| c.starts_with("python3.") || c.starts_with("python2."))
+}
+
+/// A module torch.compile's inductor wrote to its code cache: under its default cache
+/// (`/tmp/torchinductor_<user>/`), or anywhere as `XY/cXY<hash>.py` (`c` and 51 characters
+/// of base32), the folder named by the hash's 2nd and 3rd characters (a cache moved by `TORCHINDUCTOR_CACHE_DIR`). Its frames run
+/// the compiled graph; the program's line is further out. The hook's `_inductor_output` says
+/// the same.
+pub fn is_compiled_graph_file(path: &str) -> bool {
+    if path.split('/').any(|c| c.starts_with("torchinductor_")) {
+        return true;
+    }
+    let mut parts = path.rsplit('/');
+    let (Some(name), Some(folder)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let Some(stem) = name.strip_suffix(".py") else {
+        return false;
+    };
+    stem.len() == 52
+        && stem.starts_with('c')
+        && stem.get(1..3) == Some(folder)
+        && stem
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
 /// Frames that carry a function name, innermost first. Frames without one (addresses the

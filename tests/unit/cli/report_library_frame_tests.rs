@@ -61,3 +61,32 @@ fn sites_are_named_after_the_programs_own_line() {
         1
     )));
 }
+
+/// The module torch.compile generated runs the graph: the site is the program's line that called
+/// the compiled model, under inductor's default cache or one moved anywhere.
+#[test]
+fn code_torch_compile_generated_is_not_the_programs() {
+    let generated = [
+        "/tmp/torchinductor_ada/oh/coh56zsgghx3wm54icrqrecicbc27bhvoqq6k7zl4luiqtly3php.py",
+        "/scratch/cache/oh/coh56zsgghx3wm54icrqrecicbc27bhvoqq6k7zl4luiqtly3php.py",
+    ];
+    for file in generated {
+        let stack = vec![
+            py("call", file, 605),
+            py("train_step", "/home/ada/train.py", 32),
+        ];
+        let names: Vec<&str> = named_frames(&stack)
+            .map(|f| f.function.as_deref().unwrap())
+            .collect();
+        assert_eq!(names, ["train_step"], "{file}");
+    }
+    // The program's own files that only look alike are its own.
+    for own in [
+        "/home/ada/oh/coh56zsgghx3wm54icrqrecicbc27bhvoqq6k7zl4luiqt.py",
+        "/home/ada/xy/coh56zsgghx3wm54icrqrecicbc27bhvoqq6k7zl4luiqtly3php.py",
+        "/home/ada/oh/coh56zsgg.py",
+        "/home/ada/oh/cOH56zsgghx3wm54icrqrecicbc27bhvoqq6k7zl4luiqtly3php.py",
+    ] {
+        assert!(!is_library_python_frame(&py("f", own, 1)), "{own}");
+    }
+}

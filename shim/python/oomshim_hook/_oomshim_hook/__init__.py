@@ -307,9 +307,28 @@ def _attribution(snapshot, device):
 
 
 def _library_file(path):
-    """Installed packages, the standard library, frozen modules: not the program's own code."""
+    """Installed packages, the standard library, frozen modules and the code torch.compile
+    generated: not the program's own code."""
+    parts = path.split("/")
     return ("/site-packages/" in path or "/dist-packages/" in path or path.startswith("<frozen")
-            or any(part.startswith(("python3.", "python2.")) for part in path.split("/")))
+            or any(part.startswith(("python3.", "python2.", "torchinductor_")) for part in parts)
+            or _inductor_output(parts))
+
+
+def _inductor_output(parts):
+    """A module torch.compile's inductor wrote to its code cache, wherever the cache is
+    (TORCHINDUCTOR_CACHE_DIR): `XY/cXY<hash>.py` (`c` and 51 characters of base32), the folder
+    named by the hash's 2nd and 3rd characters. Its frames run the compiled graph; the program's
+    line is further out. src/format/view.rs `is_compiled_graph_file` says the same."""
+    if len(parts) < 2:
+        return False
+    name, folder = parts[-1], parts[-2]
+    stem = name[:-3]
+    return (name.endswith(".py") and len(stem) == 52 and stem[0] == "c" and folder == stem[1:3]
+            and all(ch in _HASH_CHARS for ch in stem))
+
+
+_HASH_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 
 
 def _kinds():

@@ -27,6 +27,8 @@ import sys
 import time
 import weakref
 
+from . import _library_file
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _models = weakref.WeakSet()
 _optimizers = weakref.WeakSet()
@@ -241,11 +243,6 @@ class _Out(Exception):
     """The time budget is spent."""
 
 
-def _library_file(path):
-    return ("/site-packages/" in path or "/dist-packages/" in path or path.startswith("<frozen")
-            or any(part.startswith(("python3.", "python2.")) for part in path.split("/")))
-
-
 def _own_file(path):
     return os.path.dirname(os.path.abspath(path)) == _HERE if path and not path.startswith("<") else False
 
@@ -415,6 +412,16 @@ def _caller_of_backward(torch):
 
 
 _CHECKPOINT_FILE = os.path.join("torch", "utils", "checkpoint.py")
+_AOT_AUTOGRAD = os.path.join("torch", "_functorch", "_aot_autograd") + os.sep
+
+
+def _compiled_model(owner, Module):
+    """The model a torch.compile wrapper (dynamo's `OptimizedModule`) runs, or None."""
+    if type(owner).__name__ != "OptimizedModule" or not _is(owner, Module):
+        return None
+    modules = (_plain_dict(owner) or {}).get("_modules")
+    orig = modules.get("_orig_mod") if type(modules) is dict else None
+    return orig if _is(orig, Module) else None
 
 
 def _stack_view(torch, frame, deadline):
@@ -428,6 +435,7 @@ def _stack_view(torch, frame, deadline):
     # Under activation checkpointing the activations of a pass are recomputed block by block:
     # what is held at a failure is no share of a whole pass's.
     checkpointed = False
+    compiled_training = False
     framework_frame = program_frame = None
     for f in _frames(frame):
         code = f.f_code
@@ -442,24 +450,41 @@ def _stack_view(torch, frame, deadline):
             name = code.co_name
             if fname.endswith(_CHECKPOINT_FILE):
                 checkpointed = True
-            if "loss" in name.lower() or name in ("cross_entropy", "nll_loss", "log_softmax"):
+            # A loss runs when its frame is inner to every module's forward: a loss function
+            # further out called the model (HF Trainer's `compute_loss`), and the model runs.
+            if inner_module is None and ("loss" in name.lower()
+                                         or name in ("cross_entropy", "nll_loss", "log_softmax")):
                 in_loss = True
             if _runs_backward(code, fname):
                 backward = True
+            if name == "forward" and _AOT_AUTOGRAD in fname:
+                # A compiled training graph's forward runs as an autograd Function's, where grad
+                # mode is off; the graph saves its activations for the backward all the same.
+                compiled_training = True
             if name == "forward" or name == "step" or name.startswith("_call_impl") or name == "_wrapped_call_impl":
                 owner = _frame_local(f, "self")
                 if owner is None and name == "forward":
                     owner = _module_running(code, deadline)
                 if owner is not None:
                     try:
-                        if name == "forward" and _is(owner, Module):
+                        compiled = _compiled_model(owner, Module) if name != "forward" else None
+                        if compiled is not None:
+                            # torch.compile runs the model's whole graph in generated code, with
+                            # no module's forward on the stack: the compiled model is the module.
+                            if inner_module is None:
+                                inner_module = compiled
+                            outer_module, outer_frame = compiled, f
+                        elif name == "forward" and _is(owner, Module):
                             if inner_module is None:
                                 inner_module = owner
                                 inner_where = (fname, f.f_lineno)
+                                if "Loss" in type(owner).__name__:
+                                    in_loss = True
                             outer_module, outer_frame = owner, f
-                            if "Loss" in type(owner).__name__:
-                                in_loss = True
-                        elif Optimizer is not None and _is(owner, Optimizer) and in_optimizer is None:
+                        elif (Optimizer is not None and _is(owner, Optimizer) and in_optimizer is None
+                              and inner_module is None):
+                            # A forward inside the step (a closure, as Lightning runs every
+                            # training step) is the forward's phase, not the optimizer's.
                             in_optimizer = owner
                     except Exception:
                         pass
@@ -485,6 +510,7 @@ def _stack_view(torch, frame, deadline):
             grad = False
     except Exception:
         pass
+    grad = grad or compiled_training
     if backward:
         phase = "backward"
     elif in_optimizer is not None:
