@@ -690,7 +690,7 @@ fn a_batch_too_big_is_activations_in_the_forward_of_a_module_with_the_batch_that
         let advice = d.verdict.suggestions.join("\n");
         // (1.5 GiB held + the 512 MiB request) / 64 = 32 MiB a sample; the failing module is the
         // last of the model's four leaves, so that is the whole pass's rate; the model is in
-        // training mode, so its backward needs two leaves' gradients more (8 MiB each): 48 MiB.
+        // training mode, so its backward needs one and a half leaves' more (8 MiB each): 44 MiB.
         assert_eq!(
             k.forward_progress,
             Some(dump::model::ForwardProgress {
@@ -701,7 +701,7 @@ fn a_batch_too_big_is_activations_in_the_forward_of_a_module_with_the_batch_that
         );
         assert!(
             advice.contains("The batch of 64 failed 100% of the way through its forward pass")
-                && advice.contains("about 48.00 MiB per sample for the whole pass and the backward's gradients"),
+                && advice.contains("about 44.00 MiB per sample for the whole pass and the backward's gradients"),
             "{advice}"
         );
         let fits: u64 = advice
@@ -710,8 +710,8 @@ fn a_batch_too_big_is_activations_in_the_forward_of_a_module_with_the_batch_that
             .and_then(|t| t.split(' ').next())
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("{advice}"));
-        // The device's 2 GiB less the 64 MiB of weights, at 48 MiB a sample: at most 41.
-        assert!((25..=41).contains(&fits), "{advice}");
+        // The device's 2 GiB less the 64 MiB of weights, at 44 MiB a sample: at most 45.
+        assert!((25..=45).contains(&fits), "{advice}");
         assert!(advice.contains("Gradient checkpointing"), "{advice}");
         assert!(advice.contains("autocast"), "{advice}");
         assert!(report.contains("By kind"), "{report}");

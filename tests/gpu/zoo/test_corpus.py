@@ -205,7 +205,7 @@ class BatchClaim(unittest.TestCase):
     def test_the_rust_sentences_are_the_ones_parsed(self):
         src = rust_sentence()
         self.assertIn("at this rate at most {} would have fit", src)
-        self.assertIn("for the whole pass, so at most {} would have fit", src)
+        self.assertIn("for the whole pass{}, so at most {} would have fit", src)
         self.assertIn('format!("a batch of about {}", thousands(fits))', src)
         self.assertIn('format!("a batch of {}", thousands(fits))', src)
         self.assertIn("not even one sample of this batch of {b} would fit", src)
