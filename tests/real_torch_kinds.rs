@@ -276,7 +276,10 @@ except torch.OutOfMemoryError:
         assert!(!k.in_loss, "{call}: {k:#?}");
         assert_eq!(k.forward_progress, progress, "{call}: {k:#?}");
         assert_eq!(k.batch, Some(4), "{call}");
-        assert!(report.contains("phase: forward, module Boom at 2, batch 4"), "{call}: {report}");
+        assert!(
+            report.contains("phase: forward, module Boom at 2, batch 4"),
+            "{call}: {report}"
+        );
     }
     // The loss itself failing, after the model ran: in the loss, and no share of a pass.
     let after = r#"
@@ -344,6 +347,9 @@ except torch.OutOfMemoryError:
             .unwrap();
         assert!(own.line as usize > line, "{own:?}");
         // (dynamo runs the graph from the model's own forward's frame)
-        assert!(report.contains("stack Net.forward (prog.py:"), "{launcher:?}: {report}");
+        assert!(
+            report.contains("stack Net.forward (prog.py:"),
+            "{launcher:?}: {report}"
+        );
     }
 }

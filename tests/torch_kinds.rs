@@ -69,13 +69,19 @@ def _allocate(n):
         if not p:
             raise OutOfMemoryError(f"CUDA out of memory. Tried to allocate {n} bytes (pluggable)")
         return p
+    p = _reserve(n)
+    _allocated[0] += n
+    _count[0] += 1
+    return p
+
+def _reserve(n):
+    """A segment of torch's cache (one cudaMalloc): device memory that torch's count of its live
+    tensors leaves out until a tensor is carved from it."""
     p = _alloc(n)
     if not p:
         for fn in _observers:
             fn(0, n, 2 << 30, 0)
         raise OutOfMemoryError(f"CUDA out of memory. Tried to allocate {n} bytes")
-    _allocated[0] += n
-    _count[0] += 1
     return p
 
 class Tensor:
@@ -701,7 +707,9 @@ fn a_batch_too_big_is_activations_in_the_forward_of_a_module_with_the_batch_that
         );
         assert!(
             advice.contains("The batch of 64 failed 100% of the way through its forward pass")
-                && advice.contains("about 44.00 MiB per sample for the whole pass and the backward's gradients"),
+                && advice.contains(
+                    "about 44.00 MiB per sample for the whole pass and the backward's gradients"
+                ),
             "{advice}"
         );
         let fits: u64 = advice
@@ -1535,6 +1543,109 @@ print(fit(8))
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// A curriculum under preload: the sequence grows by 4 MiB of input a step, and each step's
+/// tensors go back into torch's cache, which keeps a segment for every size it served (what the
+/// shim tracks grows by each new segment); `KEEP` is what the program keeps from each step
+/// beyond that. The step's input is gone by the optimizer step (the forward and backward run
+/// in a function of their own).
+const CURRICULUM: &str = r#"
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(MiB)
+    def forward(self, x):
+        return x
+model = Net()
+opt = torch.optim.SGD(model.parameters())
+cache = {}
+kept = []
+
+def carved(nbytes):
+    # A tensor torch carves from its cache: live in its count, no new device memory.
+    if nbytes not in cache:
+        cache[nbytes] = torch._reserve(nbytes)
+    torch._allocated[0] += nbytes
+    torch._count[0] += 1
+    return nbytes
+
+def freed(nbytes):
+    torch._allocated[0] -= nbytes
+    torch._count[0] -= 1
+
+def forward_backward(length):
+    x = carved(length * MiB)
+    y = carved(2 * length * MiB)   # the forward's activations
+    freed(y)
+    if KEEP:
+        kept.append(torch.empty(KEEP * MiB // 4))
+    freed(x)
+
+try:
+    for step in range(40):
+        length = 4 * (step + 1)
+        forward_backward(length)
+        opt.step()
+except torch.OutOfMemoryError:
+    print("oom at length", length)
+"#;
+
+/// `KEEP` MiB kept from each step of [`CURRICULUM`], under plain preload and `oomshim run`
+/// (in allocator mode oomshim's allocator is the cache, and what it tracks is tensors): the
+/// verdict's kind, the stderr line saying what the dump says, and the report's `Why:`.
+fn curriculum_verdicts(keep: u64, check: impl Fn(Launcher, &dump::model::Dump, &str)) {
+    let Some(e) = env() else { return };
+    let body = CURRICULUM.replace("kept = []", &format!("kept = []\nKEEP = {keep}"));
+    for launcher in [Launcher::Preload, Launcher::Run] {
+        let out = run(&e, launcher, &body);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("oom at length"),
+            "{launcher:?}: {err}"
+        );
+        let (path, d) = the_dump(&e.dumps);
+        let top = &d.verdict.findings[0];
+        assert!(
+            err.contains(&format!("{}: {}", top.kind, top.headline)),
+            "{launcher:?}\n{err}\n{top:#?}"
+        );
+        let report = flat(&report(&path));
+        assert!(
+            report.contains(&format!("Why: {}", top.kind)),
+            "{launcher:?}: {report}"
+        );
+        check(launcher, &d, &report);
+    }
+}
+
+#[test]
+fn a_sequence_that_grows_until_it_fails_is_no_leak_under_preload() {
+    curriculum_verdicts(0, |launcher, d, report| {
+        let g = d.growth.as_ref().unwrap();
+        assert_eq!(g.steps.as_deref(), Some("optimizer"), "{launcher:?}");
+        assert!(!g.framework_live.is_empty(), "{launcher:?} {g:#?}");
+        assert_eq!(
+            d.verdict.kind, "own_allocations",
+            "{launcher:?} {:#?}",
+            d.verdict
+        );
+        assert!(
+            report.contains("what grew is torch's cache"),
+            "{launcher:?}: {report}\n{g:?}"
+        );
+    });
+}
+
+#[test]
+fn what_each_step_keeps_beside_a_growing_sequence_is_a_leak() {
+    curriculum_verdicts(24, |launcher, d, _| {
+        assert_eq!(d.verdict.kind, "leak", "{launcher:?} {:?}", d.growth);
+        let fit = d.growth.as_ref().unwrap().fit.as_ref().unwrap();
+        assert_eq!(fit.of.as_deref(), Some("framework_live"), "{launcher:?}");
+        // The kept tensors, one a step: not the batch's growth.
+        assert_eq!(fit.bytes_per_step / MIB, 24, "{launcher:?} {fit:#?}");
+    });
 }
 
 /// A program that records torch's memory history itself (for pytorch.org/memory_viz) keeps its

@@ -4,7 +4,7 @@
 
 use super::sites::Line;
 use dump::model::{
-    Attribution, DetectedSteps, Growth, GrowthFit, GrowthSite, Kinds, Site, Timeline,
+    Attribution, DetectedSteps, Growth, GrowthFit, GrowthPoint, GrowthSite, Kinds, Site, Timeline,
 };
 
 /// The framework the program uses, so that advice speaks its terms.
@@ -64,11 +64,15 @@ pub(super) struct DynamicShapes {
 }
 
 /// Steady growth per step that is no leak: as many allocations live at the end as at the
-/// start, larger each step (inputs of growing shape).
+/// start, larger each step (inputs of growing shape); or, with `live`, the framework's cache
+/// growing for larger steps while its live tensors do not.
 pub(super) struct GrowingShapes<'a> {
     pub(super) fit: GrowthFit,
     /// How the steps were found (`growth.steps`).
     pub(super) steps: Option<&'a str>,
+    /// The framework's live tensors at the first and last step of `fit` (a fit of the tracked
+    /// bytes, which grew without them), when the growth is its cache's.
+    pub(super) live: Option<(GrowthPoint, GrowthPoint)>,
 }
 
 /// Why host memory counts as low: the host's available memory, or the cgroup's usage.

@@ -164,10 +164,24 @@ fn loading_function(stack: &[dump::model::Frame]) -> Option<String> {
 
 /// The process's fitted growth: the dump's own, or (dumps of older versions) fitted from its
 /// tracked samples.
+///
+/// A dump that carries the framework's count of its live tensors at the steps was written by a
+/// version that fits that count and writes no `fit` when it does not grow steadily: then nothing
+/// grew step after step. Its tracked bytes are the framework's segments under preload, which
+/// its cache adds for each larger batch without any tensor being kept; fitting them instead
+/// would call that cache a leak.
 pub(super) fn growth_fit(g: &Growth) -> Option<GrowthFit> {
     if let Some(f) = &g.fit {
         return Some(f.clone());
     }
+    if !g.framework_live.is_empty() {
+        return None;
+    }
+    tracked_fit(g)
+}
+
+/// The steady growth of the tracked samples, however the dump's writer fitted them.
+fn tracked_fit(g: &Growth) -> Option<GrowthFit> {
     let points: Vec<(u64, u64)> = g.tracked.iter().map(|p| (p.step, p.bytes)).collect();
     let (f, start) = dump::fit::growing_suffix(&points)?;
     Some(GrowthFit {
@@ -196,9 +210,15 @@ fn accumulated(fit: &GrowthFit) -> bool {
 }
 
 /// The process's steady growth when it is no leak because nothing accumulated: the same
-/// number of allocations, larger each step. With how its steps were found (`growth.steps`).
+/// number of allocations, larger each step; or the framework's segments growing while its live
+/// tensors at the steps do not ([`cache_for_larger_steps`]). With how its steps were found
+/// (`growth.steps`).
 pub(super) fn growing_shapes(dump: &Dump) -> Option<GrowingShapes<'_>> {
     let g = dump.growth.as_ref().filter(|g| g.unit == "step")?;
+    let steps = g.steps.as_deref();
+    if let Some(cache) = cache_for_larger_steps(g) {
+        return Some(cache);
+    }
     let fit = growth_fit(g)?;
     (fit.bytes_per_step >= LEAK_MIN_BYTES_PER_STEP
         && fit.samples >= dump::fit::MIN_SAMPLES as u64
@@ -206,7 +226,37 @@ pub(super) fn growing_shapes(dump: &Dump) -> Option<GrowingShapes<'_>> {
         && !accumulated(&fit))
     .then_some(GrowingShapes {
         fit,
+        steps,
+        live: None,
+    })
+}
+
+/// The tracked bytes grow steadily step after step, but the framework's own count of its live
+/// tensors at the same steps does not grow by [`LEAK_MIN_BYTES_PER_STEP`] (no fit of it, or a
+/// slower one) and adds less than half of what the tracked bytes added over their stretch: what
+/// grew is the framework's cache (under preload its segments are what is tracked), reserved for
+/// the larger working memory of later steps (a batch or a sequence that grows). Nothing was
+/// kept from step to step. The growth of the tracked bytes, with the live tensors at the first
+/// and last sample of its stretch.
+fn cache_for_larger_steps(g: &Growth) -> Option<GrowingShapes<'_>> {
+    if g.framework_live.is_empty()
+        || g.fit.as_ref().is_some_and(|f| {
+            f.of.as_deref() != Some("framework_live") || f.bytes_per_step >= LEAK_MIN_BYTES_PER_STEP
+        })
+    {
+        return None;
+    }
+    let fit = tracked_fit(g)?;
+    if fit.bytes_per_step < LEAK_MIN_BYTES_PER_STEP || fit.samples < dump::fit::MIN_SAMPLES as u64 {
+        return None;
+    }
+    let at = |step: u64| g.framework_live.iter().find(|p| p.step == step);
+    let (first, last) = (at(fit.first.step)?, at(fit.last.step)?);
+    let live_grew = last.bytes.saturating_sub(first.bytes);
+    (live_grew.saturating_mul(2) < fit.grew_bytes()).then(|| GrowingShapes {
         steps: g.steps.as_deref(),
+        live: Some((first.clone(), last.clone())),
+        fit,
     })
 }
 
@@ -1048,6 +1098,155 @@ mod tests {
         // A container holding a third of the growth, or a handful of tensors, is not the reason.
         assert_eq!(why(&with_keeper(grew / 3, 76)), Some(Err("Young".into())));
         assert_eq!(why(&with_keeper(grew, 4)), Some(Err("Young".into())));
+    }
+
+    /// The curriculum of an H100 run under preload: the batch doubles every two optimizer steps
+    /// and nothing is kept across steps. torch's segments (`tracked`) grow with each larger
+    /// batch; torch's own count of its live tensors at the step ends (`framework_live`) grows
+    /// only by the step's input, still live when the optimizer steps; the dump's writer fitted
+    /// that count and found no steady growth (no `fit`). `live` and `tracked` in MiB per step.
+    fn batch_doubling(live: &[u64], tracked: &[u64]) -> Dump {
+        let mut d = oom_dump(9 * GIB, Some(79 * GIB), Some(8 * GIB), 70 * GIB);
+        let series = |v: &[u64]| -> Vec<GrowthPoint> {
+            v.iter()
+                .enumerate()
+                .map(|(i, &b)| GrowthPoint {
+                    step: i as u64 + 1,
+                    bytes: b * MIB,
+                })
+                .collect()
+        };
+        d.growth = Some(Growth {
+            unit: "step".into(),
+            steps: Some("optimizer".into()),
+            samples: tracked.len() as u64,
+            current: tracked.len() as u64,
+            free_bytes: Some(8 * GIB),
+            tracked: series(tracked),
+            framework_live: series(live),
+            ..Default::default()
+        });
+        d.framework = Some(FrameworkOom {
+            kinds: Some(Kinds {
+                parameters_bytes: 512 * MIB,
+                optimizer_state_bytes: 512 * MIB,
+                activations_bytes: Some(68 * GIB),
+                phase: Some("forward".into()),
+                batch: Some(296_448),
+                complete: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        d
+    }
+
+    /// The H100 run's series (rounded to MiB).
+    const CURRICULUM_TRACKED: [u64; 16] = [
+        2010, 2146, 2504, 2504, 3818, 3818, 6428, 6428, 11648, 11648, 22070, 22070, 42914, 42914,
+        46152, 47310,
+    ];
+    const CURRICULUM_LIVE: [u64; 16] = [
+        1606, 1606, 1610, 1610, 1619, 1619, 1637, 1637, 1674, 1674, 1746, 1746, 1891, 1891, 2181,
+        2181,
+    ];
+
+    #[test]
+    fn a_batch_that_doubles_grows_torchs_cache_not_a_leak() {
+        let d = batch_doubling(&CURRICULUM_LIVE, &CURRICULUM_TRACKED);
+        let v = judge(&d);
+        check_common(&v);
+        assert_eq!(v.kind, OWN_ALLOCATIONS, "{}", v.summary);
+        let top = &v.findings[0];
+        assert!(
+            top.headline
+                .starts_with("activations and other live tensors fill device 0"),
+            "{}",
+            top.headline
+        );
+        // Says why the growth is none: torch's segments grew, its live tensors did not.
+        let line = top
+            .evidence
+            .iter()
+            .find(|e| e.starts_with("torch's segments grew"))
+            .unwrap_or_else(|| panic!("{:#?}", top.evidence));
+        assert!(
+            line.contains("over the last 9 optimizer steps")
+                && line.contains(
+                    "while its live tensors at the step ends went from 1.60 GiB to 2.13 GiB"
+                )
+                && line.contains("no leak"),
+            "{line}"
+        );
+        assert!(
+            top.summary.contains("what grew is torch's cache"),
+            "{}",
+            top.summary
+        );
+        assert!(
+            top.suggestions
+                .iter()
+                .any(|s| s.contains("grows with its inputs")),
+            "{:#?}",
+            top.suggestions
+        );
+        assert!(!v
+            .evidence
+            .iter()
+            .any(|e| e.starts_with("growth of the process")));
+    }
+
+    /// Shapes beside the curriculum: each `(name, live, tracked, kind)`, MiB per step.
+    #[test]
+    fn batch_growth_is_no_leak_and_what_is_kept_beside_it_is() {
+        let doubling_each_step: Vec<u64> = (0..8).map(|i| 500 << i).collect();
+        let live_flat = vec![1600; 8];
+        let once_then_flat: Vec<u64> = (0..12).map(|i| if i < 3 { 2000 } else { 9000 }).collect();
+        // A leak that keeps 300 MiB a step while the batch doubles: the framework's count grows
+        // (the writer fitted it), with a tensor more at each step end.
+        let leak_live: Vec<u64> = (0..8).map(|i| 1600 + 300 * i).collect();
+        let cases: Vec<(&str, Dump, &str)> = vec![
+            (
+                "the batch doubles every step, the live tensors stay",
+                batch_doubling(&live_flat, &doubling_each_step),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "the batch grows once and then stays",
+                batch_doubling(&live_flat, &once_then_flat),
+                OWN_ALLOCATIONS,
+            ),
+            (
+                "a leak beside a growing batch",
+                batch_doubling(&leak_live, &doubling_each_step).tap(|d| {
+                    let g = d.growth.as_mut().unwrap();
+                    g.fit = Some(GrowthFit {
+                        bytes_per_step: 300 * MIB,
+                        r_squared: 1.0,
+                        samples: 8,
+                        first: g.framework_live[0].clone(),
+                        last: g.framework_live[7].clone(),
+                        of: Some("framework_live".into()),
+                        live_allocations: Some(AllocationSpan {
+                            first: 60,
+                            last: 67,
+                        }),
+                    });
+                    d.free_blocks.allocated_bytes = Some(g.framework_live[7].bytes);
+                }),
+                LEAK,
+            ),
+            (
+                "no framework count (an older dump, or no hook): the tracked bytes are fitted",
+                batch_doubling(&[], &leak_live),
+                LEAK,
+            ),
+        ];
+        for (name, dump, kind) in cases {
+            let v = judge(&dump);
+            check_common(&v);
+            assert_eq!(v.kind, kind, "{name}: {}", v.summary);
+        }
     }
 
     /// Growth over time at a site inside torch's `Module._apply` (a model moved to the device).

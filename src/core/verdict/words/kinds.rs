@@ -4,8 +4,8 @@
 
 use crate::verdict::context::Ctx;
 use crate::verdict::kinds::{
-    bytes_per_sample, counts_backward, dominant, duplicate_model, forward_share, gradients_kept_into_forward,
-    largest_batch, logits_in_loss, main_dtype, Kind,
+    bytes_per_sample, counts_backward, dominant, duplicate_model, forward_share,
+    gradients_kept_into_forward, largest_batch, logits_in_loss, main_dtype, Kind,
 };
 use dump::model::{Kinds, ModuleAt, PyFrame};
 use dump::units::{clean, human_bytes, thousands};

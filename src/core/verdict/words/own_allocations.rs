@@ -4,17 +4,32 @@
 use super::fragmentation::{dynamic_shapes_evidence, BUCKETING};
 use super::{new_finding, segment_note, steps_word};
 use crate::verdict::context::{Cache, Ctx};
-use crate::verdict::found::{Framework, NextHolder, OwnAllocations};
+use crate::verdict::found::{Framework, GrowingShapes, NextHolder, OwnAllocations};
 use crate::verdict::names::OWN_ALLOCATIONS;
 use crate::verdict::sites::short_label;
-use dump::model::{Finding, GrowthFit};
+use dump::model::Finding;
 use dump::units::{clean, human_bytes, percent, share, thousands};
 
 const GROWING_SHAPES: &str = "The memory a step needs grows with its inputs: find the largest input the program will see \
      (the longest sequence, the largest batch or image) and cap it, split it, or lower the batch size so that one fits.";
 
-/// The evidence line of growing shapes (the same allocations, larger each step).
-fn growing_shapes_evidence(fit: &GrowthFit, steps: &str) -> String {
+/// The evidence line of growing shapes (the same allocations, larger each step; or the
+/// framework's cache growing for larger steps while its live tensors do not).
+fn growing_shapes_evidence(g: &GrowingShapes, steps: &str) -> String {
+    let fit = &g.fit;
+    if let Some((first, last)) = &g.live {
+        return format!(
+            "torch's segments grew {}/step over the last {} {steps} ({} → {}) while its live tensors at the step ends \
+             went from {} to {}: the cache grew for steps that need more working memory (a growing batch or sequence), \
+             nothing was kept from step to step, so this is no leak",
+            human_bytes(fit.bytes_per_step),
+            fit.samples,
+            human_bytes(fit.first.bytes),
+            human_bytes(fit.last.bytes),
+            human_bytes(first.bytes),
+            human_bytes(last.bytes)
+        );
+    }
     let c = fit.live_allocations.unwrap_or_default();
     let what = if fit.of.as_deref() == Some("framework_live") {
         "the framework's live tensors"
@@ -247,7 +262,7 @@ fn evidence(c: &Ctx, own: &OwnAllocations, cache: Option<&Cache>) -> Vec<String>
         evidence.push(dynamic_shapes_evidence(d));
     }
     if let Some(g) = &c.readings.growing_shapes {
-        evidence.push(growing_shapes_evidence(&g.fit, steps_word(g.steps)));
+        evidence.push(growing_shapes_evidence(g, steps_word(g.steps)));
     }
     evidence
 }
@@ -343,6 +358,14 @@ fn summary(c: &Ctx, own: &OwnAllocations, suggestions: &mut Vec<String>) -> Stri
         }
     };
     match &c.readings.growing_shapes {
+        Some(g @ GrowingShapes { live: Some(_), .. }) => format!(
+            "{summary} The tracked memory grew {}/step over the last {} {}, but torch's live tensors at the step ends \
+             did not: what grew is torch's cache, holding the larger working memory of later steps (a growing batch or \
+             sequence); nothing was kept from step to step, so this is no leak.",
+            human_bytes(g.fit.bytes_per_step),
+            g.fit.samples,
+            steps_word(g.steps)
+        ),
         Some(g) => format!(
             "{summary} The memory grew {}/step over the last {} {}, but as many allocations were live at the end as at \
              the start: they grew larger (inputs of growing shape), none accumulated, so this is no leak.",
