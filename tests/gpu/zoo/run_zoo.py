@@ -15,6 +15,7 @@ per launcher with `skipped`), never passed. Exit status 0 when every run is ok, 
     python3 tests/gpu/zoo/run_zoo.py OUT [CASE ...]
     ZOO_CASES=a,b ZOO_LAUNCHERS=preload,alloc python3 tests/gpu/zoo/run_zoo.py OUT
     ZOO_DRY=1 ZOO_DRY_DIR=RUNS python3 tests/gpu/zoo/run_zoo.py OUT   # score recorded runs, no GPU
+    ZOO_DRY=1 ZOO_REVERDICT=1 ZOO_DRY_DIR=RUNS ...   # the same, each dump judged by this build's CLI
 
 Environment: ZOO_BUDGET (seconds: cases that would end past it are not started), ZOO_CASES (comma-separated,
 in the order to run; or as arguments), ZOO_SET
@@ -22,7 +23,10 @@ in the order to run; or as arguments), ZOO_SET
 (of preload, run, alloc; bare always runs), ZOO_GPUS (GPU indices or `all`: one case at a time on
 each, in parallel; unset: the default device), ZOO_TIMEOUT (seconds a run, 120), ZOO_WORK (where
 each run's dumps and output go, OUT/runs), ZOO_BISECT_ALL=1 (bisect under every launcher too,
-not only bare), OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI (the build to test).
+not only bare), OOMSHIM_GPU_LIB / OOMSHIM_GPU_CLI (the build to test), ZOO_REVERDICT=1 (dry runs
+only: every recorded dump's verdict replaced by the one `oomshim report --json` gives it with the
+CLI at hand, as for a dump read by a newer build; what the dump recorded, kinds and all, is the
+GPU's, and stderr's line is then not scored, being the recording build's).
 """
 import datetime
 import glob
@@ -306,18 +310,29 @@ def dry():
     return os.environ.get("ZOO_DRY") == "1"
 
 
-def report_kind(dump_path):
-    """The verdict `oomshim report --json` gives the dump; in a dry run the recorded
-    `<dump>.report.json` beside it stands for the CLI."""
+def reverdict():
+    if os.environ.get("ZOO_REVERDICT") == "1" and not dry():
+        raise ValueError("ZOO_REVERDICT=1 judges recorded runs again: it needs ZOO_DRY=1")
+    return os.environ.get("ZOO_REVERDICT") == "1"
+
+
+def report_json(dump_path):
+    """What `oomshim report --json` says of the dump; in a dry run the recorded
+    `<dump>.report.json` beside it stands for the CLI (not under ZOO_REVERDICT)."""
     recorded = dump_path[:-len(".json")] + ".report.json"
-    if dry() and os.path.exists(recorded):
+    if dry() and not reverdict() and os.path.exists(recorded):
         text = open(recorded).read()
     else:
         text = run([CLI, "report", "--json", dump_path], {}, 60)[1]
     try:
-        return json.loads(text)["verdict"]["kind"]
+        return json.loads(text)
     except Exception:
-        return None
+        return {"verdict": {}}
+
+
+def report_kind(dump_path):
+    """The verdict kind `oomshim report --json` gives the dump."""
+    return (report_json(dump_path).get("verdict") or {}).get("kind")
 
 
 def score(case, launcher, bare, result, d, line):
@@ -330,6 +345,9 @@ def score(case, launcher, bare, result, d, line):
     bare_truth = scoring.kinds_truth(bare[2]) if case.corpus else None
     files = dumps_in(d)
     loaded = scoring.load_dumps(files)
+    if reverdict():
+        for path, x in loaded:
+            x["verdict"] = report_json(path)["verdict"]
     stood = scoring.stood(loaded)
     row["dumps"] = len(files)
     row["stood"] = len(stood)
@@ -378,7 +396,11 @@ def score(case, launcher, bare, result, d, line):
     row["stderr_line"] = said[:300]
     judged = report_kind(final_path)
     row["report_kind"] = judged
-    row["agree"] = bool(said) and said.endswith(f"{top.get('kind')}: {top.get('headline')}") and judged == row["verdict"]
+    if reverdict():
+        # stderr is the recording build's: only the report and the dump can agree.
+        row["agree"] = judged == row["verdict"]
+    else:
+        row["agree"] = bool(said) and said.endswith(f"{top.get('kind')}: {top.get('headline')}") and judged == row["verdict"]
     row["resolution"] = (final.get("failed_request") or {}).get("resolution")
     g = final.get("growth") or {}
     row["steps"] = g.get("steps")
