@@ -817,6 +817,8 @@ fn region_with(dir: &Path, dump: &Dump) -> (PathBuf, RegionWriter, Vec<u8>) {
         rss: vec![],
         last_failure: None,
         supervisor: None,
+        error_file: None,
+        termination_log: None,
         dump: dump.clone(),
         kinds: None,
     };

@@ -375,11 +375,22 @@ fn a_worker_failing_for_another_reason_shows_its_own_text_only() {
 /// death. When it loses that race it says so, and the run is tried once more.
 #[test]
 fn a_worker_sigkilled_under_oomshim_run_gets_its_post_mortem_as_the_root_cause() {
+    worker_sigkilled_after(5);
+}
+
+/// Killed at its first publish, before `oomshim run`'s scan (every 0.5 s) has seen it alive: its
+/// environment is gone by then, and the error file it names is read from what it published.
+#[test]
+fn a_worker_killed_before_oomshim_first_saw_it_alive_still_gets_its_error_file() {
+    worker_sigkilled_after(1);
+}
+
+fn worker_sigkilled_after(publishes: u64) {
     if !torchrun_available() {
         return;
     }
     for attempt in 0..3 {
-        let (o, cause, dumps) = sigkilled_worker();
+        let (o, cause, dumps) = sigkilled_worker(publishes);
         let err = text(&o.stderr);
         if err.contains("before oomshim's error file") && attempt < 2 {
             // Lost the race with the agent's poll (likelier on a loaded machine) and said so,
@@ -413,7 +424,9 @@ fn a_worker_sigkilled_under_oomshim_run_gets_its_post_mortem_as_the_root_cause()
     }
 }
 
-fn sigkilled_worker() -> (Output, String, Vec<Dump>) {
+/// A torchrun job of two `flight_leak` workers under `oomshim run`, rank 1 SIGKILLed (as the
+/// kernel's OOM killer would, the stand-in cgroup saying so) once its region has `publishes`.
+fn sigkilled_worker(publishes: u64) -> (Output, String, Vec<Dump>) {
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live");
     let dumps = dir.path().join("dumps");
@@ -472,7 +485,7 @@ fn sigkilled_worker() -> (Output, String, Vec<Dump>) {
                 std::fs::read(format!("/proc/{}/environ", r.pid))
                     .is_ok_and(|e| e.split(|&b| b == 0).any(|v| v == b"RANK=1"))
                     && oomshim_core::flight::read::read_region(&r.path)
-                        .is_ok_and(|s| s.summary.generation >= 5)
+                        .is_ok_and(|s| s.summary.generation >= publishes)
             });
         if let Some(r) = found {
             break r.pid;
@@ -481,7 +494,7 @@ fn sigkilled_worker() -> (Output, String, Vec<Dump>) {
             std::time::Instant::now() < deadline,
             "rank 1 never published"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(if publishes > 1 { 50 } else { 2 }));
     };
     std::fs::write(&events, "oom 1\noom_kill 1\n").unwrap();
     // SAFETY: `kill` takes integers only; the target is a worker of the job this test started.

@@ -578,12 +578,21 @@ impl Tree {
                     Err(flight::read::ReadError::Empty) => continue, // not published yet
                     Ok(snap) if snap.summary.supervisor.as_deref() == Some(&self.token) => {
                         let pid = r.pid as i32;
+                        // What the member published of its own settings; else (an older
+                        // writer) its environment, read while it runs: a zombie's is gone.
+                        let published = oomshim_core::jobfiles::Targets {
+                            error_file: snap.summary.error_file.clone(),
+                            termination_log: snap.summary.termination_log.clone(),
+                        };
                         Some(Member {
                             pid,
                             start_ticks: r.start_ticks,
                             parent: None,
-                            // Read while it runs: a zombie's environment is gone.
-                            targets: super::jobs::targets_of_pid(pid),
+                            targets: if published.is_empty() {
+                                super::jobs::targets_of_pid(pid)
+                            } else {
+                                published
+                            },
                             // The program's own end comes through `reap`.
                             pidfd: (pid != main).then(|| pidfd_open(pid)).flatten(),
                         })

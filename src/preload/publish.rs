@@ -56,6 +56,8 @@ pub struct Settings {
     pub change: Option<u64>,
     /// `OOMSHIM_SUPERVISOR` (src/core/flight): the `oomshim run` whose tree this process is in.
     pub supervisor: Option<String>,
+    /// Where this process's answer goes when it dies, for the supervisor's post-mortem.
+    pub targets: oomshim_core::jobfiles::Targets,
 }
 
 /// The settings from `lookup`, with a warning for each malformed value (its default applies).
@@ -104,6 +106,11 @@ pub fn settings_from(lookup: impl Fn(&str) -> Option<String>) -> (Settings, Vec<
     let supervisor = lookup(oomshim_core::flight::SUPERVISOR_ENV).filter(|v| {
         v.len() <= 64 && !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit() || b == b'-')
     });
+    // The settings' own warnings are said where they are read for the failure path.
+    let targets = oomshim_core::jobfiles::Targets::of(
+        &oomshim_core::config::Config::from_lookup(&lookup).0,
+        &lookup,
+    );
     (
         Settings {
             enabled,
@@ -111,6 +118,7 @@ pub fn settings_from(lookup: impl Fn(&str) -> Option<String>) -> (Settings, Vec<
             interval,
             change,
             supervisor,
+            targets,
         },
         warnings,
     )
@@ -609,6 +617,8 @@ fn publish_once(
             .filter(|(noted_by, _)| *noted_by == pid)
             .map(|(_, failure)| failure.clone()),
         supervisor: settings.supervisor.clone(),
+        error_file: settings.targets.error_file.clone(),
+        termination_log: settings.targets.termination_log.clone(),
         dump,
         kinds: LIVE_KINDS.lock().unwrap_or_else(|e| e.into_inner()).clone(),
     };

@@ -58,6 +58,13 @@ pub struct LiveSummary {
     /// [`SUPERVISOR_ENV`] as the process started with it: the `oomshim run` whose tree it is in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub supervisor: Option<String>,
+    /// Where the writer's answer goes when it dies (its torchelastic error file, its termination
+    /// log), as its own settings say: the supervisor that writes its post-mortem may first see it
+    /// dead, when its environment can no longer be read. Absent in regions of older writers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_file: Option<std::path::PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_log: Option<std::path::PathBuf>,
     /// The ledger as last published, in the dump schema (`reason: "live"`): devices with their
     /// tracked and peak bytes, the largest holders and sites with symbolised stacks, growth
     /// samples and steps, host memory. Holders and sites are cut to `oomshim::publish::TOP`.
