@@ -872,10 +872,13 @@ print(ot.unservable_uses(["-c", "--compile-mode", "reduce-overhead"]))
     );
     let out = python(&e, &program, &[]);
     let text = ok(&out);
+    // As the messages name a file: relative to the working directory when below it, else whole.
     let rel = |n: &str| {
         let p = dir.join(n);
         let cwd = std::env::current_dir().unwrap();
-        pathdiff(&p, &cwd)
+        p.strip_prefix(&cwd)
+            .map(|r| r.display().to_string())
+            .unwrap_or_else(|_| p.display().to_string())
     };
     assert_eq!(
         text.lines().collect::<Vec<_>>(),
@@ -895,20 +898,6 @@ print(ot.unservable_uses(["-c", "--compile-mode", "reduce-overhead"]))
     );
 }
 
-/// `path` relative to `base`, as Python's os.path.relpath writes it.
-fn pathdiff(path: &std::path::Path, base: &std::path::Path) -> String {
-    let out = Command::new(&common::python_side().python)
-        .args([
-            "-c",
-            "import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))",
-        ])
-        .arg(path)
-        .arg(base)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 #[test]
 fn oomshim_run_torch_allocator_keeps_torchs_allocator_for_a_program_that_asks_for_cuda_graphs() {
     let Some(e) = env() else { return };
@@ -921,7 +910,7 @@ fn oomshim_run_torch_allocator_keeps_torchs_allocator_for_a_program_that_asks_fo
         "import torch, oomshim.torch as ot\nf = torch.compile(lambda x: x, mode=\"reduce-overhead\")\nprint(ot.enabled(), torch.compiled[-1][\"mode\"])\n",
     )
     .unwrap();
-    let run = |extra: &[(&str, &str)]| {
+    let run_in = |cwd: &std::path::Path, extra: &[(&str, &str)]| {
         let mut cmd = Command::new(&side.cli);
         cmd.args(["run", "--torch-allocator", "--dir"])
             .arg(e.tmp.path().join("dumps"));
@@ -931,7 +920,7 @@ fn oomshim_run_torch_allocator_keeps_torchs_allocator_for_a_program_that_asks_fo
         cmd.arg("--")
             .arg(&side.python)
             .arg(&script)
-            .current_dir(&dir)
+            .current_dir(cwd)
             .env("PYTHONPATH", side.pythonpath(&[&e.fake]))
             .env("SIM_CUDART", oomshim_cli::testbed::sim_cudart())
             .env_remove("OOMSHIM_LIB");
@@ -940,6 +929,7 @@ fn oomshim_run_torch_allocator_keeps_torchs_allocator_for_a_program_that_asks_fo
         }
         cmd.output().unwrap()
     };
+    let run = |extra: &[(&str, &str)]| run_in(&dir, extra);
     // Read before the swap: torch keeps its allocator (and its CUDA graphs), one line says why.
     let out = run(&[]);
     assert_eq!(ok(&out).trim(), "False reduce-overhead");
@@ -951,6 +941,16 @@ fn oomshim_run_torch_allocator_keeps_torchs_allocator_for_a_program_that_asks_fo
          (mode=\"reduce-overhead\"), which torch cannot run on a pluggable allocator \
          (OOMSHIM_TORCH_ALLOCATOR=force overrides)"
     );
+    // Run from a folder beside the program's: the file is named whole, not as `../…`.
+    let elsewhere = e.tmp.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let out = run_in(&elsewhere, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let whole = format!(
+        ": {}:2 uses torch.compile with CUDA graphs",
+        script.display()
+    );
+    assert!(err.contains(&whole), "{whole}\n{err}");
     // Forced: allocator mode, and the compile goes on without CUDA graphs.
     let out = run(&[("OOMSHIM_TORCH_ALLOCATOR", "force")]);
     assert_eq!(ok(&out).trim(), "True default");

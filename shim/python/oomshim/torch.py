@@ -490,11 +490,21 @@ def _say_once(key, line):
 _GRAPH_MODES = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 
-def _called_at(frame):
-    """` at FILE:LINE` of the program's call in `frame` (its path relative to the working
-    directory), or nothing when it cannot be told."""
+def _shown(path):
+    """`path` as a message names it: relative to the working directory when it lies below it,
+    else whole (`../../../../work/train.py` says less than `/work/train.py`)."""
     try:
-        return f" at {os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return os.path.abspath(path) if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
+
+
+def _called_at(frame):
+    """` at FILE:LINE` of the program's call in `frame` (see _shown), or nothing when it cannot
+    be told."""
+    try:
+        return f" at {_shown(frame.f_code.co_filename)}:{frame.f_lineno}"
     except (AttributeError, ValueError, OSError):
         return ""
 
@@ -627,7 +637,7 @@ def unservable_uses(argv=None):
         budget -= len(data)
         text = data.decode("utf-8", "replace")
         python = path.endswith(".py")
-        look(os.path.relpath(path), text, python)
+        look(_shown(path), text, python)
         if python:
             paths += [p for p in resolve.imported_by(path, text) if p not in seen]
     return found
