@@ -1293,7 +1293,8 @@ mod tests {
     fn a_load_too_quick_to_measure_says_no_span_of_nothing() {
         for (span_ms, said) in [
             (0, " GiB inside _apply"),
-            (30, " GiB within 0.1 s inside _apply"),
+            (30, " GiB over 30 ms inside _apply"),
+            (300, " GiB over 300 ms inside _apply"),
             (2_700, " GiB over 2.7 s inside _apply"),
         ] {
             let d = loading_for(span_ms);

@@ -317,19 +317,22 @@ pub(in crate::verdict) fn over_time_span(l: &LeakFinding) -> String {
     }
 }
 
-/// `2.7 s`.
+/// `2.7 s`, and `14 ms` under a second (a growth that filled a device in a fraction of one
+/// reads `over its last 14 ms`, never `0.0 s`).
 pub(in crate::verdict) fn seconds(ms: u64) -> String {
-    format!("{:.1} s", ms as f64 / 1000.0)
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    }
 }
 
-/// How long a growth lasted, for the middle of a sentence: ` over 2.7 s`, ` within 0.1 s` where
-/// that would round to `0.0 s`, and nothing where no span was measured (a load whose allocations
-/// all fall into one bin of the timeline has no fitted growth, and its span reads 0: unknown, not
-/// instant).
+/// How long a growth lasted, for the middle of a sentence: ` over 2.7 s`, ` over 30 ms`, and
+/// nothing where no span was measured (a load whose allocations all fall into one bin of the
+/// timeline has no fitted growth, and its span reads 0: unknown, not instant).
 fn over_span(ms: u64) -> String {
     match ms {
         0 => String::new(),
-        1..50 => " within 0.1 s".to_string(),
         _ => format!(" over {}", seconds(ms)),
     }
 }
