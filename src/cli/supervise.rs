@@ -490,7 +490,7 @@ impl PostMortems {
         let ranks = oomshim_core::facts::ranks::current();
         let process = dump::model::ProcessInfo {
             pid: w.pid as u32,
-            host: hostname(),
+            host: dump::write::hostname().unwrap_or_else(|| "unknown".to_string()),
             command_line: if w.pid == self.main_pid {
                 self.command.clone()
             } else {
@@ -507,16 +507,6 @@ impl PostMortems {
         let dump = flight::postmortem::unpublished(process, self.started_unix_ms, death, host);
         write_post_mortem(self, w, &dump);
     }
-}
-
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is writable for its whole length; gethostname writes at most that.
-    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
-        return "unknown".to_string();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 /// The processes of this run's tree that published a region (their summary carries this run's

@@ -295,7 +295,7 @@ pub fn rewrite_dump(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
         .open(dir)
         .map_err(fail)?;
     let dfd = dir_fd.as_raw_fd();
-    let host = hostname_for_temp();
+    let host = hostname().unwrap_or_else(|| "host".to_string());
     let c_tmp = c_name(&temp_name(&host, std::process::id())).map_err(fail)?;
     write_temp(dfd, &c_tmp, bytes, file_mode() & 0o775).map_err(fail)?;
     let c_to = c_name(file).map_err(fail)?;
@@ -310,14 +310,16 @@ pub fn rewrite_dump(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     Ok(())
 }
 
-fn hostname_for_temp() -> String {
+/// This machine's host name (a dump's `process.host`, a temporary file's name), `None` when the
+/// system will not say.
+pub fn hostname() -> Option<String> {
     let mut buf = [0u8; 256];
     // SAFETY: `gethostname` writes at most `buf.len()` bytes into the local buffer.
     if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
-        return "host".to_string();
+        return None;
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
+    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
 fn write_in(dir: &Path, name: &DumpName, bytes: &[u8], mode: u32) -> io::Result<PathBuf> {

@@ -142,7 +142,7 @@ fn process_info() -> ProcessInfo {
     let ranks = oomshim_core::facts::ranks::current();
     ProcessInfo {
         pid: std::process::id(),
-        host: hostname(),
+        host: dump::write::hostname().unwrap_or_else(|| "unknown".to_string()),
         command_line,
         rank: ranks.rank,
         local_rank: ranks.local_rank,
@@ -151,14 +151,4 @@ fn process_info() -> ProcessInfo {
         job_id: ranks.job_id,
         kubernetes: oomshim_core::facts::kubernetes::current(),
     }
-}
-
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is writable for its whole length; gethostname writes at most that.
-    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
-        return "unknown".to_string();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
