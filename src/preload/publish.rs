@@ -56,7 +56,8 @@ pub struct Settings {
     pub change: Option<u64>,
     /// `OOMSHIM_SUPERVISOR` (src/core/flight): the `oomshim run` whose tree this process is in.
     pub supervisor: Option<String>,
-    /// Where this process's answer goes when it dies, for the supervisor's post-mortem.
+    /// Where this process's answer goes when it dies, for the supervisor's post-mortem (from the
+    /// process's settings, which the shim has read already: none here).
     pub targets: oomshim_core::jobfiles::Targets,
 }
 
@@ -106,11 +107,6 @@ pub fn settings_from(lookup: impl Fn(&str) -> Option<String>) -> (Settings, Vec<
     let supervisor = lookup(oomshim_core::flight::SUPERVISOR_ENV).filter(|v| {
         v.len() <= 64 && !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit() || b == b'-')
     });
-    // The settings' own warnings are said where they are read for the failure path.
-    let targets = oomshim_core::jobfiles::Targets::of(
-        &oomshim_core::config::Config::from_lookup(&lookup).0,
-        &lookup,
-    );
     (
         Settings {
             enabled,
@@ -118,7 +114,7 @@ pub fn settings_from(lookup: impl Fn(&str) -> Option<String>) -> (Settings, Vec<
             interval,
             change,
             supervisor,
-            targets,
+            targets: Default::default(),
         },
         warnings,
     )

@@ -101,6 +101,7 @@ pub(crate) fn start_triggers(s: &'static Shim) {
     // program started, not to where it is when the publisher thread creates the region.
     let base = start_dir().or_else(|| std::env::current_dir().ok());
     live.dir = oomshim_core::config::resolve_dir(&live.dir, base.as_deref());
+    live.targets = oomshim_core::jobfiles::Targets::of(&s.config, |k| std::env::var(k).ok());
     for w in &warnings {
         oomshim_host::say!("oomshim: {w}");
     }
