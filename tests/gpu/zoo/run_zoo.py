@@ -394,12 +394,13 @@ def score(case, launcher, bare, result, d, line):
     lines = summaries(err)
     said = lines[i] if len(lines) == len(stood) else (lines[-1] if lines else "")
     row["stderr_line"] = said[:300]
-    judged = report_kind(final_path)
-    row["report_kind"] = judged
     if reverdict():
-        # stderr is the recording build's: only the report and the dump can agree.
-        row["agree"] = judged == row["verdict"]
+        # The verdict is the report's already, and stderr the recording build's: not scored.
+        row["report_kind"] = row["verdict"]
+        row["agree"] = None
     else:
+        judged = report_kind(final_path)
+        row["report_kind"] = judged
         row["agree"] = bool(said) and said.endswith(f"{top.get('kind')}: {top.get('headline')}") and judged == row["verdict"]
     row["resolution"] = (final.get("failed_request") or {}).get("resolution")
     g = final.get("growth") or {}
@@ -627,6 +628,7 @@ def main():
     try:
         launcher_filter()
         budget_seconds()
+        reverdict()
         names = case_names()
         devices = gpus()
     except ValueError as e:

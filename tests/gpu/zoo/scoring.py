@@ -193,7 +193,7 @@ def run_ok(row):
     program also the dominant kind, each kind within 5% and the largest batch (where scored);
     allocator mode as the case expects. A promise that does not apply is None."""
     return bool(row.get("output_unchanged") and row.get("dump_ok") and row.get("verdict_ok")
-                and row.get("line_ok") is not False and row.get("agree")
+                and row.get("line_ok") is not False and row.get("agree") is not False
                 and row.get("dominant_ok") is not False and row.get("kinds_ok") is not False
                 and (row.get("batch") or {}).get("ok") is not False and row.get("alloc_mode_ok") is not False
                 and row.get("alloc_off_line_ok") is not False)

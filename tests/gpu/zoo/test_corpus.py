@@ -340,6 +340,33 @@ class DryRun(unittest.TestCase):
         with open(os.path.join(self.out, "zoo.json")) as f:
             self.ordered = [r["case"] for r in json.load(f)]
 
+    def test_reverdict_judges_each_recorded_dump_by_the_cli_at_hand(self):
+        # A CLI whose report calls every dump a leak: the rows take its verdict, and stderr (the
+        # recording build's) is not scored.
+        cli = os.path.join(self.runs, "stub-oomshim")
+        with open(cli, "w") as f:
+            f.write("#!" + sys.executable + "\nimport json\nprint(json.dumps({'verdict': {'kind': 'leak', "
+                    "'summary': '', 'findings': [{'kind': 'leak', 'headline': 'x grows'}], 'suggestions': []}}))\n")
+        os.chmod(cli, 0o755)
+        out = tempfile.mkdtemp(prefix="zoo-reverdict-out-")
+        env = dict(os.environ, ZOO_DRY="1", ZOO_REVERDICT="1", ZOO_DRY_DIR=self.runs, ZOO_CASES="kinds_logits_loss",
+                   ZOO_LAUNCHERS="", OOMSHIM_GPU_CLI=cli)
+        p = subprocess.run([sys.executable, os.path.join(HERE, "run_zoo.py"), out], env=env,
+                           capture_output=True, text=True, timeout=120)
+        with open(os.path.join(out, "zoo.jsonl")) as f:
+            rows = {(r["case"], r["launcher"]): r for r in map(json.loads, f)}
+        r = rows[("kinds_logits_loss", "preload")]
+        self.assertEqual((r["verdict"], r["report_kind"]), ("leak", "leak"), p.stderr)
+        self.assertFalse(r["verdict_ok"])
+        self.assertIsNone(r["agree"])
+        self.assertEqual(self.rows[("kinds_logits_loss", "preload")]["verdict"], "own_allocations")
+        # Only recorded runs can be judged again.
+        env.pop("ZOO_DRY")
+        p = subprocess.run([sys.executable, os.path.join(HERE, "run_zoo.py"), out], env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("ZOO_REVERDICT=1 judges recorded runs again: it needs ZOO_DRY=1", p.stderr)
+
     def test_a_run_right_in_every_column(self):
         r = self.rows[("kinds_logits_loss", "preload")]
         for key in ("output_unchanged", "verdict_ok", "dominant_ok", "kinds_ok", "line_ok", "agree", "ok"):
