@@ -376,8 +376,8 @@ fn batch_advice(c: &Ctx, k: &Kinds, bytes: u64) -> String {
     let per = bytes_per_sample(k, request);
     let fits = largest_batch(k, request, c.n.free);
     let share = forward_share(k);
-    // In training the estimate already counts the backward's gradients (one average layer's
-    // output and input per sample, and the parameters' gradients still to come).
+    // In training the estimate already counts the backward's gradients (one and a half average
+    // layers per sample, and the parameters' gradients still to come).
     let training_room = counts_backward(k);
     match (k.batch, per, fits) {
             (Some(b), Some(per), Some(0)) => format!(
