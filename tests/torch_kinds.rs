@@ -702,7 +702,14 @@ fn a_batch_too_big_is_activations_in_the_forward_of_a_module_with_the_batch_that
             Some(dump::model::ForwardProgress {
                 leaves_before: 3,
                 leaves_in_module: 1,
-                leaves: 4
+                leaves: 4,
+                // The leaves are of no kind the hook sizes: each keeps the input's 16 a sample.
+                elements_before: Some(48),
+                elements_in_module: Some(16),
+                elements: Some(64),
+                failing_leaf_io: Some(32),
+                largest_leaf_io: Some(32),
+                last_leaf_elements: Some(16),
             })
         );
         assert!(

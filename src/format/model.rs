@@ -350,6 +350,9 @@ pub struct Kinds {
     /// A loss function was on the failing stack (the request is likely the logits' loss).
     #[serde(default)]
     pub in_loss: bool,
+    /// Autocast was on for the failing device at the failure (mixed precision).
+    #[serde(default)]
+    pub autocast: bool,
     /// How far a forward pass had come at the failure, by the model's leaf modules; absent
     /// outside a forward, in the loss, under activation checkpointing and in older dumps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -403,6 +406,7 @@ impl Default for Kinds {
             input_shape: Default::default(),
             batch: Default::default(),
             in_loss: Default::default(),
+            autocast: Default::default(),
             forward_progress: Default::default(),
             framework_frame: Default::default(),
             program_frame: Default::default(),
@@ -484,12 +488,29 @@ pub struct ModuleAt {
 /// The failing module's place in the forward pass, counted in the model's leaf modules (those
 /// with no children) in the order they were registered, which is the order most models run them
 /// in: `leaves_before` came before it, `leaves_in_module` are its own (1 for a leaf), `leaves` in
-/// all.
+/// all. The `elements` fields weigh each leaf by its output's elements per sample, as the hook
+/// estimates them from the model input's shape and each leaf's own sizes without running
+/// anything (absent when it could not): the outputs of the leaves before the failing module,
+/// those inside it, and all; `failing_leaf_io` and `largest_leaf_io` are the input and output
+/// elements per sample of the failing module's largest leaf and of the model's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ForwardProgress {
     pub leaves_before: u64,
     pub leaves_in_module: u64,
     pub leaves: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elements_before: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elements_in_module: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elements: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_leaf_io: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub largest_leaf_io: Option<u64>,
+    /// The last leaf's output elements per sample (a language model's logits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_leaf_elements: Option<u64>,
 }
 
 /// A Python frame (function, file, line).

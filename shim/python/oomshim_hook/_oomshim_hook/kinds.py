@@ -573,16 +573,24 @@ def _module_path(root, target, deadline):
     return None
 
 
-def _forward_progress(root, inner, deadline):
+def _forward_progress(root, inner, deadline, input_shape=None):
     """How far the forward pass had come when it failed, by the root model's leaf modules in
     the order they were registered (the order most models run them in): the leaves before the
-    failing module, the leaves inside it (1 for a leaf), and the root's leaves in all. The
-    activations held at the failure are only that share of the pass's; the batch advice scales
-    them by it. None when the walk cannot tell (no module, the root itself, out of time)."""
+    failing module, the leaves inside it (1 for a leaf), and the root's leaves in all; and the
+    same weighed by each leaf's output size per sample as `_OutputSizes` estimates it from the
+    input's shape and the leaves' own sizes (a language model's output layer is then as wide as
+    its vocabulary, a CNN's first layers as large as their images). With autograd the
+    activations held at the failure are only that share of the pass's; without it only the
+    running leaf's input and output are held, so the largest of those (`largest_leaf_io`) against
+    the failing module's (`failing_leaf_io`) is what the pass needs more. The batch advice scales
+    by them. None when the walk cannot tell (no module, the root itself, out of time)."""
     if root is None or inner is None or root is inner:
         return None
     try:
         before = inside = total = 0
+        sizes = _OutputSizes(input_shape)
+        e_before = e_inside = 0
+        io_failing = io_largest = last = 0
         below = None  # the failing module's own name prefix once reached
         for i, (name, m) in enumerate(root.named_modules()):
             if i & 255 == 0 and time.monotonic() > deadline:
@@ -592,15 +600,167 @@ def _forward_progress(root, inner, deadline):
             leaf = next(iter(m.children()), None) is None
             if leaf:
                 total += 1
+                held = sizes.current()
+                n = sizes.after(m)
+                io_largest = max(io_largest, held + n)
+                last = n
                 if below is None:
                     before += 1
+                    e_before += n
                 elif m is inner or name.startswith(below):
                     inside += 1
+                    e_inside += n
+                    io_failing = max(io_failing, held + n)
         if below is None or total == 0:
             return None
-        return {"leaves_before": before, "leaves_in_module": max(inside, 1), "leaves": total}
+        out = {"leaves_before": before, "leaves_in_module": max(inside, 1), "leaves": total}
+        if sizes.known and sizes.total > 0:
+            out.update(elements_before=e_before, elements_in_module=e_inside, elements=sizes.total,
+                       failing_leaf_io=io_failing, largest_leaf_io=io_largest, last_leaf_elements=last)
+        return out
     except Exception:
         return None
+
+
+class _OutputSizes:
+    """Each leaf module's output size per sample (elements), estimated without running anything:
+    from the model input's shape, each leaf applied in turn to the tensor before it, its shape
+    (spatial dimensions, channels) changed by what the leaf's own attributes say it does: an
+    embedding or a linear layer sets the channels, a strided convolution or a pooling layer
+    shrinks the spatial dimensions, a flatten merges them, anything else (norms, activations,
+    dropout) keeps them. A leaf whose input channels are not those of the tensor before it reads
+    an earlier one (a residual branch's downsampling, attention's output projection after its
+    fused input projection): the latest one with those channels. Only attributes in the module's
+    own `__dict__` are read; nothing runs."""
+
+    def __init__(self, input_shape):
+        self.known = bool(input_shape) and len(input_shape) >= 2
+        self.shape = None  # (spatial dims, channels) of the tensor so far
+        self.seen = []  # earlier (spatial, channels), latest last, a few
+        self.total = 0
+        self.input_shape = input_shape
+
+    def _start(self, first):
+        shape = [max(int(x), 1) for x in self.input_shape[1:]]
+        if _embedding(first):
+            return (tuple(shape), 1)  # token ids: every dimension is a position
+        if len(shape) >= 3:
+            return (tuple(shape[1:]), shape[0])  # N, C, H, W...
+        return (tuple(shape[:-1]), shape[-1])
+
+    def _reading(self, channels):
+        """The latest tensor with these channels, the current one first."""
+        if self.shape[1] == channels:
+            return self.shape
+        for s in reversed(self.seen):
+            if s[1] == channels:
+                return s
+        return self.shape
+
+    def current(self):
+        """The elements per sample of the tensor so far (the next leaf's input), 0 before the
+        first leaf."""
+        if not self.known or self.shape is None:
+            return 0
+        n = self.shape[1]
+        for s in self.shape[0]:
+            n *= s
+        return n
+
+    def after(self, m):
+        """The leaf's output elements per sample, the tensor after it becoming the current one."""
+        if not self.known:
+            return 0
+        try:
+            if self.shape is None:
+                self.shape = self._start(m)
+            d = _plain_dict(m) or {}
+            spatial, channels = self.shape
+            if _embedding(m):
+                spatial, channels = spatial, _int(d.get("embedding_dim"))
+            elif _int(d.get("out_features")) and _int(d.get("in_features")):
+                spatial, _ = self._reading(_int(d["in_features"]))
+                channels = _int(d["out_features"])
+            elif _int(d.get("nf")) and type(m).__name__ == "Conv1D":  # transformers' GPT-2 layers
+                weight = (d.get("_parameters") or {}).get("weight")
+                if weight is not None and len(weight.shape) == 2:
+                    spatial, _ = self._reading(int(weight.shape[0]))
+                channels = _int(d["nf"])
+            elif _int(d.get("out_channels")) and _int(d.get("in_channels")):
+                spatial, _ = self._reading(_int(d["in_channels"]))
+                spatial = _strided(spatial, d.get("kernel_size"), d.get("stride"), d.get("padding"),
+                                   d.get("dilation"))
+                channels = _int(d["out_channels"])
+            elif "output_size" in d and type(m).__name__.startswith("Adaptive"):
+                want = d["output_size"]
+                want = tuple(want) if _is(want, (tuple, list)) else (want,) * len(spatial)
+                if len(want) == len(spatial):
+                    spatial = tuple(s if w is None else max(int(w), 1) for s, w in zip(spatial, want))
+            elif "kernel_size" in d and "stride" in d and "Pool" in type(m).__name__:
+                spatial = _strided(spatial, d["kernel_size"], d["stride"] or d["kernel_size"],
+                                   d.get("padding", 0), d.get("dilation", 1))
+            elif type(m).__name__ == "Flatten" and _int(d.get("start_dim")) == 1:
+                n = channels
+                for s in spatial:
+                    n *= s
+                spatial, channels = (), n
+            if channels <= 0:
+                raise ValueError
+            if (spatial, channels) != self.shape:
+                self.seen = (self.seen + [self.shape])[-64:]
+                self.shape = (spatial, channels)
+            n = channels
+            for s in spatial:
+                n *= s
+            if d.get("inplace") is True:
+                n = 0  # it writes over its input: no memory of its own
+            self.total += n
+            return n
+        except Exception:
+            self.known = False
+            return 0
+
+
+def _embedding(m):
+    d = _plain_dict(m) or {}
+    return bool(_int(d.get("num_embeddings")) and _int(d.get("embedding_dim")))
+
+
+def _int(v):
+    return int(v) if type(v) is int and v > 0 else 0
+
+
+def _strided(spatial, kernel, stride, padding, dilation):
+    """Spatial dimensions after a convolution or pooling window (PyTorch's formula; a `same`
+    padding keeps them, divided by the stride)."""
+    n = len(spatial)
+
+    def each(v, default):
+        if v is None:
+            return (default,) * n
+        if type(v) is int:
+            return (v,) * n
+        return tuple(int(x) for x in v) if len(v) == n else (default,) * n
+
+    k, s, d = each(kernel, 1), each(stride, 1), each(dilation, 1)
+    if type(padding) is str:
+        return tuple(max(-(-x // si), 1) if padding == "same" else max((x - di * (ki - 1) - 1) // si + 1, 1)
+                     for x, ki, si, di in zip(spatial, k, s, d))
+    p = each(padding, 0)
+    return tuple(max((x + 2 * pi - di * (ki - 1) - 1) // si + 1, 1) for x, ki, si, pi, di in zip(spatial, k, s, p, d))
+
+
+def _autocast_on(torch):
+    """Autocast was on for the failing device's type (a question only: it changes nothing)."""
+    try:
+        return bool(torch.is_autocast_enabled(_DEVICE_TYPE))
+    except TypeError:  # before torch 2.4: CUDA's only
+        try:
+            return bool(torch.is_autocast_enabled()) if _DEVICE_TYPE == "cuda" else False
+        except Exception:
+            return False
+    except Exception:
+        return False
 
 
 def _program_hooks(models, deadline):
@@ -1162,17 +1322,18 @@ def kinds(torch, device, request_bytes, frame=None, budget_ms=None):
     if out["module"] and view["inner_where"]:
         out["module"]["file"], out["module"]["line"] = view["inner_where"]
     out["outer_module"] = _describe_module(outer, _module_path(root, outer, deadline))
-    if view["phase"] == "forward" and not view["in_loss"] and not view["checkpointed"]:
-        progress = _forward_progress(root, inner, deadline)
-        if progress:
-            out["forward_progress"] = progress
     shape = _input_shape(torch, view["outer_frame"])
     if not shape and view["phase"] == "backward":
         shape = _last_input_shape
+    if view["phase"] in ("forward", "inference") and not view["in_loss"] and not view["checkpointed"]:
+        progress = _forward_progress(root, inner, deadline, shape)
+        if progress:
+            out["forward_progress"] = progress
     if shape:
         out["input_shape"] = shape
         out["batch"] = shape[0]
     out["in_loss"] = view["in_loss"]
+    out["autocast"] = _autocast_on(torch)
     if view["framework_frame"]:
         out["framework_frame"] = view["framework_frame"]
     program_frame = view["program_frame"]

@@ -5,7 +5,8 @@
 use crate::verdict::context::Ctx;
 use crate::verdict::kinds::{
     bytes_per_sample, counts_backward, dominant, duplicate_model, forward_share,
-    gradients_kept_into_forward, largest_batch, logits_in_loss, main_dtype, Kind,
+    gradients_kept_into_forward, inference_scale, largest_batch, logits_in_loss, main_dtype,
+    share_is_weighed, Kind,
 };
 use dump::model::{Kinds, ModuleAt, PyFrame};
 use dump::units::{clean, human_bytes, thousands};
@@ -387,18 +388,35 @@ fn batch_advice(c: &Ctx, k: &Kinds, bytes: u64) -> String {
                 human_bytes(per)
             ),
             (Some(b), Some(per), Some(fits)) if share.is_some() => format!(
-                "The batch of {} failed {} of the way through its forward pass (by the model's modules), holding {} \
+                "The batch of {} failed {} of the way through its forward pass ({}), holding {} \
                  of activations plus the {} request: about {} per sample for the whole pass{}, so at most {} would \
                  have fit{}: lower the batch (or sequence length) to that, and keep the effective batch with gradient \
                  accumulation.",
                 thousands(b),
                 percent_of_pass(share.unwrap_or(1.0)),
+                if share_is_weighed(k) {
+                    "by the sizes of its modules' outputs"
+                } else {
+                    "by the model's modules"
+                },
                 human_bytes(k.activations_bytes.unwrap_or(0)),
                 c.req,
                 human_bytes(per),
                 if training_room { " and the backward's gradients" } else { "" },
                 fits_phrase(fits, b),
                 if training_room { "" } else { ", fewer if a backward pass follows" },
+            ),
+            (Some(b), Some(per), Some(fits)) if inference_scale(k).is_some() => format!(
+                "The batch of {} failed in a forward pass without autograd, holding {} of activations plus the {} \
+                 request; its largest layer (by the sizes of its modules' inputs and outputs) needs {:.1} times what \
+                 the failing one held: about {} per sample, so at most {} would have fit, fewer if the program keeps \
+                 more as it goes (a generation's key/value cache): lower the batch (or sequence length) to that.",
+                thousands(b),
+                human_bytes(k.activations_bytes.unwrap_or(0)),
+                c.req,
+                inference_scale(k).unwrap_or(1.0),
+                human_bytes(per),
+                fits_phrase(fits, b),
             ),
             (Some(b), Some(per), Some(fits)) => format!(
                 "The batch of {} needs at least {} of activations per sample ({} held, plus the {} request); at this \
