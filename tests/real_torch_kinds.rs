@@ -225,6 +225,7 @@ except torch.OutOfMemoryError:
                 elements: Some(96),
                 failing_leaf_io: Some(16),
                 largest_leaf_io: Some(16),
+                widest_leaf_elements: Some(8),
                 last_leaf_elements: Some(8),
             }),
             "{launcher:?} {k:#?}"
@@ -281,6 +282,7 @@ except torch.OutOfMemoryError:
         elements: Some(32),
         failing_leaf_io: Some(16),
         largest_leaf_io: Some(16),
+        widest_leaf_elements: Some(8),
         last_leaf_elements: Some(8),
     });
     for call in ["compute_loss(model, x)", "opt.step(closure)"] {
@@ -425,7 +427,10 @@ fn the_hooks_share_of_a_forward_pass_is_where_real_models_keep_their_activations
             .any(|q| !(0.70..=1.15).contains(&q))
     };
     for name in ["llama", "resnet50", "convnext"] {
-        assert!(outside(name), "leaves alike would pass for {name}: {stdout}");
+        assert!(
+            outside(name),
+            "leaves alike would pass for {name}: {stdout}"
+        );
     }
     // Convolutions, pools and their downsampling branches are sized exactly.
     for name in ["resnet50", "convnext"] {

@@ -709,6 +709,7 @@ fn a_batch_too_big_is_activations_in_the_forward_of_a_module_with_the_batch_that
                 elements: Some(64),
                 failing_leaf_io: Some(32),
                 largest_leaf_io: Some(32),
+                widest_leaf_elements: Some(16),
                 last_leaf_elements: Some(16),
             })
         );

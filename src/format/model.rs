@@ -492,7 +492,8 @@ pub struct ModuleAt {
 /// estimates them from the model input's shape and each leaf's own sizes without running
 /// anything (absent when it could not): the outputs of the leaves before the failing module,
 /// those inside it, and all; `failing_leaf_io` and `largest_leaf_io` are the input and output
-/// elements per sample of the failing module's largest leaf and of the model's.
+/// elements per sample of the failing module's largest leaf and of the model's,
+/// `widest_leaf_elements` the largest output's and `last_leaf_elements` the last leaf's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ForwardProgress {
     pub leaves_before: u64,
@@ -508,6 +509,9 @@ pub struct ForwardProgress {
     pub failing_leaf_io: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub largest_leaf_io: Option<u64>,
+    /// The largest leaf output's elements per sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub widest_leaf_elements: Option<u64>,
     /// The last leaf's output elements per sample (a language model's logits).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_leaf_elements: Option<u64>,

@@ -590,7 +590,7 @@ def _forward_progress(root, inner, deadline, input_shape=None):
         before = inside = total = 0
         sizes = _OutputSizes(input_shape)
         e_before = e_inside = 0
-        io_failing = io_largest = last = 0
+        io_failing = io_largest = widest = last = 0
         below = None  # the failing module's own name prefix once reached
         for i, (name, m) in enumerate(root.named_modules()):
             if i & 255 == 0 and time.monotonic() > deadline:
@@ -603,6 +603,7 @@ def _forward_progress(root, inner, deadline, input_shape=None):
                 held = sizes.current()
                 n = sizes.after(m)
                 io_largest = max(io_largest, held + n)
+                widest = max(widest, n)
                 last = n
                 if below is None:
                     before += 1
@@ -616,7 +617,8 @@ def _forward_progress(root, inner, deadline, input_shape=None):
         out = {"leaves_before": before, "leaves_in_module": max(inside, 1), "leaves": total}
         if sizes.known and sizes.total > 0:
             out.update(elements_before=e_before, elements_in_module=e_inside, elements=sizes.total,
-                       failing_leaf_io=io_failing, largest_leaf_io=io_largest, last_leaf_elements=last)
+                       failing_leaf_io=io_failing, largest_leaf_io=io_largest, widest_leaf_elements=widest,
+                       last_leaf_elements=last)
         return out
     except Exception:
         return None

@@ -361,7 +361,7 @@ fn activations_advice(c: &Ctx, k: &Kinds, bytes: u64, out: &mut Vec<String>) {
                     .to_string(),
             );
     }
-    if main_dtype(k).is_some_and(|(d, _)| d == "float32") {
+    if !k.autocast && main_dtype(k).is_some_and(|(d, _)| d == "float32") {
         out.push(
                 "The weights are float32: `torch.autocast(\"cuda\", dtype=torch.bfloat16)` around the forward pass \
                  about halves the activations."
