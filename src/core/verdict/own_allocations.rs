@@ -290,6 +290,49 @@ mod tests {
         assert!(!v.1.contains("alone holds"), "{}", v.1);
     }
 
+    /// float32 weights under autocast (accelerate's and Lightning's mixed precision keep them so):
+    /// the activations are already bf16, and autocast is no advice; without it, it is.
+    #[test]
+    fn autocast_is_advised_only_to_a_program_not_under_it() {
+        let mut d = oom_dump(8 * GIB, Some(80 * GIB), Some(GIB), 70 * GIB);
+        let model = ModelKind {
+            class: "Net".into(),
+            bytes: GIB,
+            dtypes: [("float32".to_string(), GIB)].into_iter().collect(),
+            training: true,
+            ..Default::default()
+        };
+        d.framework = Some(FrameworkOom {
+            kinds: Some(Kinds {
+                parameters_bytes: GIB,
+                activations_bytes: Some(60 * GIB),
+                phase: Some("forward".into()),
+                models: vec![model],
+                complete: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let advice = |d: &Dump| judge(d).suggestions.join("\n");
+        assert!(
+            advice(&d).contains("The weights are float32"),
+            "{}",
+            advice(&d)
+        );
+        d.framework
+            .as_mut()
+            .unwrap()
+            .kinds
+            .as_mut()
+            .unwrap()
+            .autocast = true;
+        assert!(
+            !advice(&d).contains("The weights are float32"),
+            "{}",
+            advice(&d)
+        );
+    }
+
     #[test]
     fn fragmentation_is_only_a_possibility_when_free_blocks_unavailable() {
         let v = judge(&oom_dump(2 * GIB, Some(80 * GIB), Some(GIB), 78 * GIB));
