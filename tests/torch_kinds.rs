@@ -721,7 +721,7 @@ fn a_batch_too_big_is_activations_in_the_forward_of_a_module_with_the_batch_that
             "{advice}"
         );
         let fits: u64 = advice
-            .split("at most a batch of ")
+            .split("so a batch of about ")
             .nth(1)
             .and_then(|t| t.split(' ').next())
             .and_then(|n| n.parse().ok())

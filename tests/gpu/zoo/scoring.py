@@ -147,7 +147,7 @@ def compare_kinds(k, truth):
 
 
 BATCH_CLAIMS = (
-    (re.compile(r"at most a batch of (?:about )?([\d,]+) would have fit"), lambda m: int(m.group(1).replace(",", ""))),
+    (re.compile(r"(?:at most|so) a batch of (?:about )?([\d,]+) would have fit"), lambda m: int(m.group(1).replace(",", ""))),
     (re.compile(r"not even one sample of this batch of [\d,]+ would fit"), lambda m: 0),
 )
 

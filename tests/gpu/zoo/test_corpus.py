@@ -205,13 +205,16 @@ class BatchClaim(unittest.TestCase):
     def test_the_rust_sentences_are_the_ones_parsed(self):
         src = rust_sentence()
         self.assertIn("at this rate at most {} would have fit", src)
-        self.assertIn("for the whole pass{}, so at most {} would have fit", src)
+        self.assertIn("for the whole pass{}, so {} would have fit", src)
+        self.assertIn("per sample, so {} would have fit", src)
         self.assertIn('format!("a batch of about {}", thousands(fits))', src)
         self.assertIn('format!("a batch of {}", thousands(fits))', src)
         self.assertIn("not even one sample of this batch of {b} would fit", src)
         for fits, expected in (("a batch of 1,234", 1234), ("a batch of about 75", 75)):
             said = f"The batch of 4,096 needs ... at this rate at most {fits} would have fit, fewer since ..."
             self.assertEqual(scoring.batch_claim({"verdict": {"suggestions": ["other", said]}}), expected)
+        whole = "... about 2.62 GiB per sample for the whole pass and the backward's gradients, so a batch of about 29 would have fit: ..."
+        self.assertEqual(scoring.batch_claim({"verdict": {"suggestions": [whole]}}), 29)
         zero = "At 16.00 MiB per sample not even one sample of this batch of 64 would fit: ..."
         self.assertEqual(scoring.batch_claim({"verdict": {"suggestions": [zero]}}), 0)
         self.assertIsNone(scoring.batch_claim({"verdict": {"suggestions": ["lower the batch"]}}))

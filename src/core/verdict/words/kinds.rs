@@ -30,8 +30,14 @@ fn fits_phrase(fits: u64, batch: u64) -> String {
     if fits < batch {
         format!("a batch of {}", thousands(fits))
     } else {
-        format!("a batch of about {}", thousands(fits))
+        estimated_fits_phrase(fits)
     }
+}
+
+/// The largest batch a whole-pass estimate puts as fitting: "about", since the estimate can be
+/// a few percent above the real largest batch as well as below it (measured in the corpus).
+fn estimated_fits_phrase(fits: u64) -> String {
+    format!("a batch of about {}", thousands(fits))
 }
 
 /// A share of a forward pass as a whole percent ("27%"), at least 1%.
@@ -377,8 +383,8 @@ fn batch_advice(c: &Ctx, k: &Kinds, bytes: u64) -> String {
     let per = bytes_per_sample(k, request);
     let fits = largest_batch(k, request, c.n.free);
     let share = forward_share(k);
-    // In training the estimate already counts the backward's gradients (one and a half average
-    // layers per sample, and the parameters' gradients still to come).
+    // In training the estimate already counts the backward's gradients (one and a half of the
+    // widest layer's output per sample, and the parameters' gradients still to come).
     let training_room = counts_backward(k);
     match (k.batch, per, fits) {
             (Some(b), Some(per), Some(0)) => format!(
@@ -389,7 +395,7 @@ fn batch_advice(c: &Ctx, k: &Kinds, bytes: u64) -> String {
             ),
             (Some(b), Some(per), Some(fits)) if share.is_some() => format!(
                 "The batch of {} failed {} of the way through its forward pass ({}), holding {} \
-                 of activations plus the {} request: about {} per sample for the whole pass{}, so at most {} would \
+                 of activations plus the {} request: about {} per sample for the whole pass{}, so {} would \
                  have fit{}: lower the batch (or sequence length) to that, and keep the effective batch with gradient \
                  accumulation.",
                 thousands(b),
@@ -403,20 +409,20 @@ fn batch_advice(c: &Ctx, k: &Kinds, bytes: u64) -> String {
                 c.req,
                 human_bytes(per),
                 if training_room { " and the backward's gradients" } else { "" },
-                fits_phrase(fits, b),
+                estimated_fits_phrase(fits),
                 if training_room { "" } else { ", fewer if a backward pass follows" },
             ),
             (Some(b), Some(per), Some(fits)) if inference_scale(k).is_some() => format!(
                 "The batch of {} failed in a forward pass without autograd, holding {} of activations plus the {} \
                  request; its largest layer (by the sizes of its modules' inputs and outputs) needs {:.1} times what \
-                 the failing one held: about {} per sample, so at most {} would have fit, fewer if the program keeps \
+                 the failing one held: about {} per sample, so {} would have fit, fewer if the program keeps \
                  more as it goes (a generation's key/value cache): lower the batch (or sequence length) to that.",
                 thousands(b),
                 human_bytes(k.activations_bytes.unwrap_or(0)),
                 c.req,
                 inference_scale(k).unwrap_or(1.0),
                 human_bytes(per),
-                fits_phrase(fits, b),
+                estimated_fits_phrase(fits),
             ),
             (Some(b), Some(per), Some(fits)) => format!(
                 "The batch of {} needs at least {} of activations per sample ({} held, plus the {} request); at this \
