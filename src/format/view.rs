@@ -27,9 +27,9 @@ pub fn is_library_file(path: &str) -> bool {
 
 /// A module torch.compile's inductor wrote to its code cache: under its default cache
 /// (`/tmp/torchinductor_<user>/`), or anywhere as `XY/cXY<hash>.py` (`c` and 51 characters
-/// of base32), the folder named by the hash's 2nd and 3rd characters (a cache moved by `TORCHINDUCTOR_CACHE_DIR`). Its frames run
-/// the compiled graph; the program's line is further out. The hook's `_inductor_output` says
-/// the same.
+/// of base32), the folder named by the hash's 2nd and 3rd characters (a cache moved by
+/// `TORCHINDUCTOR_CACHE_DIR`). Its frames run the compiled graph; the program's line is further
+/// out. The hook's `_inductor_output` says the same.
 pub fn is_compiled_graph_file(path: &str) -> bool {
     if path.split('/').any(|c| c.starts_with("torchinductor_")) {
         return true;

@@ -664,10 +664,7 @@ class _OutputSizes:
         first leaf."""
         if not self.known or self.shape is None:
             return 0
-        n = self.shape[1]
-        for s in self.shape[0]:
-            n *= s
-        return n
+        return _elements(*self.shape)
 
     def after(self, m):
         """The leaf's output elements per sample, the tensor after it becoming the current one."""
@@ -702,18 +699,13 @@ class _OutputSizes:
                 spatial = _strided(spatial, d["kernel_size"], d["stride"] or d["kernel_size"],
                                    d.get("padding", 0), d.get("dilation", 1))
             elif type(m).__name__ == "Flatten" and _int(d.get("start_dim")) == 1:
-                n = channels
-                for s in spatial:
-                    n *= s
-                spatial, channels = (), n
+                spatial, channels = (), _elements(spatial, channels)
             if channels <= 0:
                 raise ValueError
             if (spatial, channels) != self.shape:
                 self.seen = (self.seen + [self.shape])[-64:]
                 self.shape = (spatial, channels)
-            n = channels
-            for s in spatial:
-                n *= s
+            n = _elements(spatial, channels)
             if d.get("inplace") is True:
                 n = 0  # it writes over its input: no memory of its own
             self.total += n
@@ -721,6 +713,14 @@ class _OutputSizes:
         except Exception:
             self.known = False
             return 0
+
+
+def _elements(spatial, channels):
+    """Elements per sample of a tensor of these spatial dimensions and channels."""
+    n = channels
+    for s in spatial:
+        n *= s
+    return n
 
 
 def _embedding(m):

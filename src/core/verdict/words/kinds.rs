@@ -383,6 +383,7 @@ fn batch_advice(c: &Ctx, k: &Kinds, bytes: u64) -> String {
     let per = bytes_per_sample(k, request);
     let fits = largest_batch(k, request, c.n.free);
     let share = forward_share(k);
+    let scale = inference_scale(k);
     // In training the estimate already counts the backward's gradients (one and a half of the
     // widest layer's output per sample, and the parameters' gradients still to come).
     let training_room = counts_backward(k);
@@ -412,7 +413,7 @@ fn batch_advice(c: &Ctx, k: &Kinds, bytes: u64) -> String {
                 estimated_fits_phrase(fits),
                 if training_room { "" } else { ", fewer if a backward pass follows" },
             ),
-            (Some(b), Some(per), Some(fits)) if inference_scale(k).is_some() => format!(
+            (Some(b), Some(per), Some(fits)) if scale.is_some() => format!(
                 "The batch of {} failed in a forward pass without autograd, holding {} of activations plus the {} \
                  request; its largest layer (by the sizes of its modules' inputs and outputs) needs {:.1} times what \
                  the failing one held: about {} per sample, so {} would have fit, fewer if the program keeps \
@@ -420,7 +421,7 @@ fn batch_advice(c: &Ctx, k: &Kinds, bytes: u64) -> String {
                 thousands(b),
                 human_bytes(k.activations_bytes.unwrap_or(0)),
                 c.req,
-                inference_scale(k).unwrap_or(1.0),
+                scale.unwrap_or(1.0),
                 human_bytes(per),
                 estimated_fits_phrase(fits),
             ),
